@@ -1,0 +1,79 @@
+# fp4rollout build. `make` builds build/fp4rollout and the module libraries;
+# `make test` installs missing packages, builds and runs every CPU test;
+# `make demo` installs, builds and runs the main job on a built-in default.
+# CUDA sources (*.cu) build for sm_90a when nvcc is on the PATH; without it the
+# CPU backend builds alone.
+
+BUILD    ?= build
+CC       ?= cc
+NVCC     ?= nvcc
+HAVE_NVCC := $(shell command -v $(NVCC) >/dev/null 2>&1 && echo 1)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
+
+WARN     := -Wall -Wextra -Werror
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=c11 -ffp-contract=off -D_GNU_SOURCE -fPIC -pthread $(WARN) -I. -MMD -MP
+LDLIBS   := -lopenblas -lcjson -lm -pthread
+NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
+            -Xcompiler -fPIC,-Wall,-Wextra -Werror all-warnings -I. -MMD -MP
+
+# One static library per module, in dependency order (a module may use the
+# ones after it in this list, never the ones before).
+MODULES  := rollout kvcache attention
+lib_of    = $(BUILD)/lib$(1).a
+srcs_of   = $(filter-out $(1)/main.c,$(wildcard $(1)/*.c))
+cusrcs_of = $(if $(HAVE_NVCC),$(wildcard $(1)/*.cu))
+objs_of   = $(patsubst %.c,$(BUILD)/obj/%.o,$(call srcs_of,$(1))) \
+            $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(call cusrcs_of,$(1)))
+LIBS     := $(foreach m,$(MODULES),$(call lib_of,$(m)))
+ifeq ($(HAVE_NVCC),1)
+CFLAGS   += -DFR_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+endif
+
+BIN        := $(BUILD)/fp4rollout
+UNIT_HELP  := tests/unit/test_util.c
+UNIT_SRCS  := $(filter-out $(UNIT_HELP),$(wildcard tests/unit/test_*.c))
+UNIT_BINS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
+UNIT_HOBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(UNIT_HELP))
+
+.PHONY: all deps test unit integration demo clean
+all: $(BIN) $(UNIT_BINS)
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+define module_rule
+$(call lib_of,$(1)): $(call objs_of,$(1))
+	@mkdir -p $$(dir $$@)
+	rm -f $$@ && ar rcs $$@ $$^
+endef
+$(foreach m,$(MODULES),$(eval $(call module_rule,$(m))))
+
+$(BIN): $(BUILD)/obj/rollout/main.o $(LIBS)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(UNIT_HOBJ) $(LIBS) -o $@ -lcmocka $(LDLIBS)
+
+test: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/run-tests.sh $(BUILD)
+
+demo: deps
+	@$(MAKE) --no-print-directory $(BIN)
+	$(BIN) demo
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,29 @@
+/* The fp4rollout command line: one binary, one subcommand per job. Each
+ * subcommand is a function taking its own argv (argv[0] = its name) and
+ * returning the process exit status; each prints its usage on --help. */
+#ifndef FR_CLI_H
+#define FR_CLI_H
+
+#include <stdio.h>
+
+typedef struct {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv);
+} fr_cli_command;
+
+int fr_cli_quant(int argc, char **argv);
+int fr_cli_demo(int argc, char **argv);
+
+/* Small helpers so every subcommand parses and reports the same way. */
+
+/* True when argv holds -h or --help. */
+int fr_cli_wants_help(int argc, char **argv);
+/* Parses a whole decimal int in [lo, hi]; on failure prints
+ * "fp4rollout CMD: --flag expects ..." and returns -1. */
+int fr_cli_int(const char *cmd, const char *flag, const char *text, long lo, long hi, int *out);
+int fr_cli_float(const char *cmd, const char *flag, const char *text, float *out);
+/* Prints "fp4rollout CMD: message" and a hint to --help; returns exit status 2. */
+int fr_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

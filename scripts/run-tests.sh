@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs every CPU test: the cmocka unit tests under BUILD/tests, then the
+# integration scripts in tests/integration (each starts real processes).
+# Prints one summary line, "N passed, N failed", and exits non-zero on failure.
+set -uo pipefail
+build=${1:-build}
+passed=0; failed=0; failures=()
+
+for t in "$build"/tests/test_*; do
+  [ -x "$t" ] || continue
+  name=$(basename "$t")
+  if out=$("$t" 2>&1); then
+    passed=$((passed + 1)); echo "ok   unit/$name"
+  else
+    failed=$((failed + 1)); failures+=("unit/$name"); echo "FAIL unit/$name"; echo "$out" | tail -40
+  fi
+  echo "$out" | grep -E "SKIP|skipped" | sed 's/^/     /' || true
+done
+
+for t in tests/integration/*.sh; do
+  [ -f "$t" ] || continue
+  name=$(basename "$t" .sh)
+  if out=$(BUILD="$build" bash "$t" 2>&1); then
+    passed=$((passed + 1)); echo "ok   integration/$name"
+  else
+    failed=$((failed + 1)); failures+=("integration/$name"); echo "FAIL integration/$name"; echo "$out" | tail -40
+  fi
+done
+
+[ $failed -gt 0 ] && printf 'failed: %s\n' "${failures[@]}"
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]

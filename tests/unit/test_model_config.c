@@ -1,0 +1,272 @@
+/* Qwen3 config.json parsing: both RoPE spellings, eos forms, and rejections. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rollout/model_config.h"
+#include "tests/unit/test_util.h"
+
+#define LABEL "cfg/config.json"
+
+/* The tq6 config as transformers 5 writes it (rope_parameters spelling). */
+static const char *TQ6 =
+    "{\"architectures\":[\"Qwen3ForCausalLM\"],\"attention_bias\":false,\"bos_token_id\":256,"
+    "\"dtype\":\"bfloat16\",\"eos_token_id\":257,\"head_dim\":128,\"hidden_act\":\"silu\","
+    "\"hidden_size\":512,\"intermediate_size\":1536,\"max_position_embeddings\":32768,"
+    "\"model_type\":\"qwen3\",\"num_attention_heads\":8,\"num_hidden_layers\":6,"
+    "\"num_key_value_heads\":2,\"pad_token_id\":258,\"rms_norm_eps\":1e-06,"
+    "\"rope_parameters\":{\"rope_theta\":1000000.0,\"rope_type\":\"default\"},"
+    "\"sliding_window\":null,\"tie_word_embeddings\":false,\"use_sliding_window\":false,"
+    "\"vocab_size\":272}";
+
+/* Qwen3-4B's config as published (top-level rope_theta, rope_scaling null). */
+static const char *QWEN3_4B =
+    "{\"architectures\":[\"Qwen3ForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+    "\"bos_token_id\":151643,\"eos_token_id\":151645,\"head_dim\":128,\"hidden_act\":\"silu\","
+    "\"hidden_size\":2560,\"initializer_range\":0.02,\"intermediate_size\":9728,"
+    "\"max_position_embeddings\":40960,\"max_window_layers\":36,\"model_type\":\"qwen3\","
+    "\"num_attention_heads\":32,\"num_hidden_layers\":36,\"num_key_value_heads\":8,"
+    "\"rms_norm_eps\":1e-06,\"rope_scaling\":null,\"rope_theta\":1000000,\"sliding_window\":null,"
+    "\"tie_word_embeddings\":true,\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.51.0\","
+    "\"use_cache\":true,\"use_sliding_window\":false,\"vocab_size\":151936}";
+
+static void assert_msg_has(const char *needle)
+{
+    if (!strstr(fr_last_error(), needle))
+        fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
+}
+
+static fr_status parse_text(const char *text, fr_model_config *cfg)
+{
+    return fr_model_config_parse(text, strlen(text), LABEL, cfg);
+}
+
+/* Parses base with top-level `key` replaced by the JSON `value` (NULL
+ * deletes the key). */
+static fr_status parse_edit(const char *base, const char *key, const char *value, fr_model_config *cfg)
+{
+    cJSON *doc = cJSON_Parse(base);
+    assert_non_null(doc);
+    cJSON_DeleteItemFromObjectCaseSensitive(doc, key);
+    if (value) {
+        cJSON *v = cJSON_Parse(value);
+        assert_non_null(v);
+        cJSON_AddItemToObject(doc, key, v);
+    }
+    char *text = cJSON_PrintUnformatted(doc);
+    cJSON_Delete(doc);
+    assert_non_null(text);
+    fr_status rc = parse_text(text, cfg);
+    cJSON_free(text);
+    return rc;
+}
+
+/* Expects the edit to fail with `want` and a message naming the file and `needle`. */
+static void expect_edit_fails(const char *key, const char *value, fr_status want, const char *needle)
+{
+    fr_model_config cfg;
+    fr_status rc = parse_edit(TQ6, key, value, &cfg);
+    if (rc != want)
+        fail_msg("%s = %s: got status %d (%s), want %d", key, value ? value : "(deleted)", rc,
+                 fr_last_error(), want);
+    assert_msg_has(LABEL);
+    assert_msg_has(needle);
+    assert_int_equal(cfg.hidden_size, 0); /* nothing half-filled */
+}
+
+static void test_tq6_spelling(void **state)
+{
+    (void)state;
+    fr_model_config c;
+    assert_int_equal(parse_text(TQ6, &c), FR_OK);
+    assert_string_equal(c.architecture, "Qwen3ForCausalLM");
+    assert_int_equal(c.vocab_size, 272);
+    assert_int_equal(c.hidden_size, 512);
+    assert_int_equal(c.num_layers, 6);
+    assert_int_equal(c.num_heads, 8);
+    assert_int_equal(c.num_kv_heads, 2);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.intermediate_size, 1536);
+    assert_int_equal(c.max_position, 32768);
+    assert_true(c.rms_norm_eps == 1e-6f);
+    assert_true(c.rope_theta == 1e6);
+    assert_int_equal(c.tie_word_embeddings, 0);
+    assert_int_equal(c.bos_id, 256);
+    assert_int_equal(c.pad_id, 258);
+    assert_int_equal(c.n_eos, 1);
+    assert_int_equal(c.eos_ids[0], 257);
+}
+
+static void test_official_spelling(void **state)
+{
+    (void)state;
+    fr_model_config c;
+    assert_int_equal(parse_text(QWEN3_4B, &c), FR_OK);
+    assert_true(c.rope_theta == 1e6);
+    assert_int_equal(c.hidden_size, 2560);
+    assert_int_equal(c.head_dim, 128); /* not 2560 / 32 */
+    assert_int_equal(c.num_kv_heads, 8);
+    assert_int_equal(c.tie_word_embeddings, 1);
+    assert_int_equal(c.pad_id, -1);
+    assert_int_equal(c.n_eos, 1);
+    assert_int_equal(c.eos_ids[0], 151645);
+
+    /* rope_scaling may also be absent, or a "default" object. */
+    assert_int_equal(parse_edit(QWEN3_4B, "rope_scaling", NULL, &c), FR_OK);
+    assert_int_equal(parse_edit(QWEN3_4B, "rope_scaling", "{\"rope_type\":\"default\"}", &c), FR_OK);
+}
+
+static void test_rope_variants(void **state)
+{
+    (void)state;
+    fr_model_config c;
+    /* Both spellings at once are fine when they agree, an error when not. */
+    assert_int_equal(parse_edit(TQ6, "rope_theta", "1000000", &c), FR_OK);
+    assert_true(c.rope_theta == 1e6);
+    expect_edit_fails("rope_theta", "10000", FR_EFORMAT, "rope_theta");
+    /* No theta anywhere. */
+    expect_edit_fails("rope_parameters", NULL, FR_EFORMAT, "rope_theta");
+    expect_edit_fails("rope_parameters", "{\"rope_type\":\"default\"}", FR_EFORMAT, "rope_theta");
+    expect_edit_fails("rope_parameters", "{\"rope_theta\":-1}", FR_EFORMAT, "rope_theta");
+    expect_edit_fails("rope_parameters", "5", FR_EFORMAT, "rope_parameters");
+    /* Scaled RoPE is refused, whichever key carries it. */
+    expect_edit_fails("rope_parameters", "{\"rope_theta\":1e6,\"rope_type\":\"yarn\",\"factor\":4}",
+                      FR_EUNSUPPORTED, "yarn");
+    expect_edit_fails("rope_scaling", "{\"type\":\"linear\",\"factor\":2}", FR_EUNSUPPORTED, "linear");
+}
+
+static void test_eos_forms(void **state)
+{
+    (void)state;
+    fr_model_config c;
+    assert_int_equal(parse_edit(TQ6, "eos_token_id", "[257, 258, 3]", &c), FR_OK);
+    assert_int_equal(c.n_eos, 3);
+    assert_int_equal(c.eos_ids[0], 257);
+    assert_int_equal(c.eos_ids[2], 3);
+    assert_int_equal(parse_edit(TQ6, "eos_token_id", "[]", &c), FR_OK);
+    assert_int_equal(c.n_eos, 0);
+    assert_int_equal(parse_edit(TQ6, "eos_token_id", NULL, &c), FR_OK);
+    assert_int_equal(c.n_eos, 0);
+    assert_int_equal(parse_edit(TQ6, "bos_token_id", "null", &c), FR_OK);
+    assert_int_equal(c.bos_id, -1);
+
+    expect_edit_fails("eos_token_id", "[1,2,3,4,5,6,7,8,9]", FR_EUNSUPPORTED, "eos_token_id");
+    expect_edit_fails("eos_token_id", "[257, \"x\"]", FR_EFORMAT, "eos_token_id");
+    expect_edit_fails("eos_token_id", "272", FR_EFORMAT, "eos_token_id"); /* outside vocab */
+    expect_edit_fails("bos_token_id", "-1", FR_EFORMAT, "bos_token_id");
+    expect_edit_fails("pad_token_id", "1.5", FR_EFORMAT, "pad_token_id");
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    fr_model_config c;
+    assert_int_equal(parse_edit(TQ6, "head_dim", NULL, &c), FR_OK);
+    assert_int_equal(c.head_dim, 64); /* 512 / 8 */
+    assert_int_equal(parse_edit(TQ6, "head_dim", "null", &c), FR_OK);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(parse_edit(TQ6, "tie_word_embeddings", NULL, &c), FR_OK);
+    assert_int_equal(c.tie_word_embeddings, 0);
+    assert_int_equal(parse_edit(TQ6, "num_key_value_heads", NULL, &c), FR_OK);
+    assert_int_equal(c.num_kv_heads, 8);
+}
+
+static void test_missing_keys(void **state)
+{
+    (void)state;
+    const char *required[] = {"architectures", "model_type", "vocab_size", "hidden_size",
+                              "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                              "max_position_embeddings", "rms_norm_eps"};
+    for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
+        expect_edit_fails(required[i], NULL, FR_EFORMAT, required[i]);
+        assert_msg_has("missing");
+    }
+}
+
+static void test_wrong_values(void **state)
+{
+    (void)state;
+    expect_edit_fails("hidden_size", "\"512\"", FR_EFORMAT, "hidden_size");
+    expect_edit_fails("hidden_size", "512.5", FR_EFORMAT, "hidden_size");
+    expect_edit_fails("hidden_size", "0", FR_EFORMAT, "hidden_size");
+    expect_edit_fails("num_hidden_layers", "-6", FR_EFORMAT, "num_hidden_layers");
+    expect_edit_fails("vocab_size", "1e12", FR_EFORMAT, "vocab_size");
+    expect_edit_fails("head_dim", "0", FR_EFORMAT, "head_dim");
+    expect_edit_fails("num_key_value_heads", "3", FR_EFORMAT, "num_key_value_heads");
+    expect_edit_fails("rms_norm_eps", "0", FR_EFORMAT, "rms_norm_eps");
+    expect_edit_fails("rms_norm_eps", "\"1e-6\"", FR_EFORMAT, "rms_norm_eps");
+    expect_edit_fails("tie_word_embeddings", "1", FR_EFORMAT, "tie_word_embeddings");
+    expect_edit_fails("architectures", "\"Qwen3ForCausalLM\"", FR_EFORMAT, "architectures");
+    expect_edit_fails("architectures", "[1]", FR_EFORMAT, "architectures");
+    expect_edit_fails("model_type", "7", FR_EFORMAT, "model_type");
+}
+
+static void test_unsupported_models(void **state)
+{
+    (void)state;
+    expect_edit_fails("architectures", "[\"LlamaForCausalLM\"]", FR_EUNSUPPORTED, "LlamaForCausalLM");
+    expect_edit_fails("architectures", "[]", FR_EUNSUPPORTED, "architectures");
+    expect_edit_fails("model_type", "\"qwen3_moe\"", FR_EUNSUPPORTED, "qwen3_moe");
+    expect_edit_fails("attention_bias", "true", FR_EUNSUPPORTED, "attention_bias");
+    expect_edit_fails("use_sliding_window", "true", FR_EUNSUPPORTED, "use_sliding_window");
+    expect_edit_fails("hidden_act", "\"gelu\"", FR_EUNSUPPORTED, "hidden_act");
+
+    /* Listing Qwen3 among others is fine. */
+    fr_model_config c;
+    assert_int_equal(parse_edit(TQ6, "architectures", "[\"Other\", \"Qwen3ForCausalLM\"]", &c), FR_OK);
+    assert_string_equal(c.architecture, "Qwen3ForCausalLM");
+}
+
+static void test_malformed(void **state)
+{
+    (void)state;
+    fr_model_config c;
+    const char *bad[] = {"", "{", "[1]", "{\"a\":1} trailing", "null", "{\"hidden_size\":}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(parse_text(bad[i], &c), FR_EFORMAT);
+        assert_msg_has(LABEL);
+    }
+    /* The length bounds the input: a valid document cut short is malformed. */
+    assert_int_equal(fr_model_config_parse(TQ6, strlen(TQ6) - 1, LABEL, &c), FR_EFORMAT);
+    assert_int_equal(fr_model_config_parse(NULL, 5, LABEL, &c), FR_EINVAL);
+    assert_int_equal(fr_model_config_parse(TQ6, strlen(TQ6), LABEL, NULL), FR_EINVAL);
+}
+
+static void test_load(void **state)
+{
+    (void)state;
+    fr_model_config c;
+    assert_int_equal(fr_model_config_load("/nonexistent/dir/config.json", &c), FR_EIO);
+    assert_msg_has("/nonexistent/dir/config.json");
+    assert_int_equal(fr_model_config_load("/", &c), FR_EIO);
+    assert_int_equal(fr_model_config_load(NULL, &c), FR_EINVAL);
+
+    const char *dir = fr_test_require_tq6();
+    if (!dir) skip();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (fr_model_config_load(path, &c) != FR_OK) fail_msg("%s", fr_last_error());
+    assert_int_equal(c.num_layers, 6);
+    assert_int_equal(c.head_dim, 128);
+    assert_true(c.rope_theta == 1e6);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tq6_spelling),   cmocka_unit_test(test_official_spelling),
+        cmocka_unit_test(test_rope_variants),  cmocka_unit_test(test_eos_forms),
+        cmocka_unit_test(test_defaults),       cmocka_unit_test(test_missing_keys),
+        cmocka_unit_test(test_wrong_values),   cmocka_unit_test(test_unsupported_models),
+        cmocka_unit_test(test_malformed),      cmocka_unit_test(test_load),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,42 @@
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+const char *fr_test_tq6_dir(void)
+{
+    const char *env = getenv("FR_TQ6_DIR");
+    const char *dir = env && *env ? env : "../shared/models/tq6";
+    static char probe[4096];
+    struct stat st;
+    snprintf(probe, sizeof probe, "%s/config.json", dir);
+    return stat(probe, &st) == 0 ? dir : NULL;
+}
+
+const char *fr_test_require_tq6(void)
+{
+    const char *dir = fr_test_tq6_dir();
+    if (!dir)
+        fprintf(stderr, "SKIP: tq6 checkpoint not found (set FR_TQ6_DIR or place it at "
+                        "../shared/models/tq6)\n");
+    return dir;
+}
+
+uint64_t fr_test_u64(fr_test_rng *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+float fr_test_uniform(fr_test_rng *r) { return (float)(fr_test_u64(r) >> 40) * 0x1p-24f; }
+
+float fr_test_normal(fr_test_rng *r)
+{
+    float u1 = fr_test_uniform(r), u2 = fr_test_uniform(r);
+    if (u1 < 1e-12f) u1 = 1e-12f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
+}

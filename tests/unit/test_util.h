@@ -1,0 +1,20 @@
+/* Helpers shared by the unit tests: where test data lives and a seeded RNG. */
+#ifndef FR_TEST_UTIL_H
+#define FR_TEST_UTIL_H
+
+#include <stdint.h>
+
+/* The tq6 checkpoint folder ($FR_TQ6_DIR, else ../shared/models/tq6 relative
+ * to the repository root the tests run from), or NULL when it is absent. A
+ * test that needs it calls fr_test_require_tq6() and is skipped with a clear
+ * message when it returns NULL. */
+const char *fr_test_tq6_dir(void);
+const char *fr_test_require_tq6(void);
+
+/* A small deterministic generator (splitmix64) so test data is reproducible. */
+typedef struct { uint64_t s; } fr_test_rng;
+uint64_t fr_test_u64(fr_test_rng *r);
+float fr_test_uniform(fr_test_rng *r);          /* [0, 1) */
+float fr_test_normal(fr_test_rng *r);           /* N(0, 1), Box-Muller */
+
+#endif
