@@ -72,6 +72,7 @@ test: deps
 demo: deps
 	@$(MAKE) --no-print-directory $(BIN)
 	$(BIN) demo
+	$(BIN) generate --model synthetic:tiny --kv nvfp4 --n 2 --max-tokens 24 --temperature 0.8 --seed 1
 
 clean:
 	rm -rf $(BUILD)

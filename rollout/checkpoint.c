@@ -212,14 +212,6 @@ const st_tensor *fr_checkpoint_find(const fr_checkpoint *c, const char *name)
     return e ? e->t : NULL;
 }
 
-static void fmt_shape(char *buf, size_t size, int ndim, const int64_t *shape)
-{
-    size_t used = (size_t)snprintf(buf, size, "[");
-    for (int i = 0; i < ndim && used < size; i++)
-        used += (size_t)snprintf(buf + used, size - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (used < size) snprintf(buf + used, size - used, "]");
-}
-
 fr_status fr_checkpoint_load_f32(const fr_checkpoint *c, const char *name, int ndim,
                                  const int64_t *shape, float *dst)
 {
@@ -234,8 +226,8 @@ fr_status fr_checkpoint_load_f32(const fr_checkpoint *c, const char *name, int n
     for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
     if (!same) {
         char have[200], want[200];
-        fmt_shape(have, sizeof have, t->ndim, t->shape);
-        fmt_shape(want, sizeof want, ndim, shape);
+        st_shape_str(have, sizeof have, t->ndim, t->shape);
+        st_shape_str(want, sizeof want, ndim, shape);
         return fr_fail(FR_EFORMAT, "%s: tensor %s has shape %s, expected %s", file, name, have, want);
     }
     if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16)

@@ -3,6 +3,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -42,7 +43,18 @@ size_t st_tensor_numel(const st_tensor *t)
     return n;
 }
 
+void st_shape_str(char *buf, size_t size, int ndim, const int64_t *shape)
+{
+    if (!size) return;
+    size_t used = (size_t)snprintf(buf, size, "[");
+    for (int i = 0; i < ndim && used < size; i++)
+        used += (size_t)snprintf(buf + used, size - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (used < size) snprintf(buf + used, size - used, "]");
+}
+
 /* ---- header parsing ------------------------------------------------------- */
+
+#define ST_MAX_HEADER_BYTES 100000000
 
 struct st_header {
     int n;
@@ -114,11 +126,13 @@ static fr_status parse_entry(const cJSON *e, const char *label, const char *name
                        "%s: tensor %s: data_offsets [%llu, %llu] out of range of the %llu-byte data region",
                        label, name, (unsigned long long)begin, (unsigned long long)end,
                        (unsigned long long)data_len);
-    if (end - begin != nbytes)
-        return fr_fail(FR_EFORMAT,
-                       "%s: tensor %s: data_offsets span %llu bytes, but %s shape needs %llu",
-                       label, name, (unsigned long long)(end - begin), st_dtype_name(t->dtype),
-                       (unsigned long long)nbytes);
+    if (end - begin != nbytes) {
+        char dims[200];
+        st_shape_str(dims, sizeof dims, t->ndim, t->shape);
+        return fr_fail(FR_EFORMAT, "%s: tensor %s: data_offsets span %llu bytes, but %s %s needs %zu",
+                       label, name, (unsigned long long)(end - begin), st_dtype_name(t->dtype), dims,
+                       nbytes);
+    }
     t->nbytes = nbytes;
     t->data = data + begin;
     return FR_OK;
@@ -152,6 +166,11 @@ fr_status st_parse_header(const uint8_t *buf, size_t len, const char *label, st_
 
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++) hlen |= (uint64_t)buf[i] << (8 * i);
+    /* The reference implementation's cap; it also bounds the header copy a
+     * hostile length could otherwise make us allocate. */
+    if (hlen > ST_MAX_HEADER_BYTES)
+        return fr_fail(FR_EFORMAT, "%s: header length %llu exceeds the %d-byte limit", label,
+                       (unsigned long long)hlen, ST_MAX_HEADER_BYTES);
     if (hlen > len - 8)
         return fr_fail(FR_EFORMAT, "%s: header length %llu runs past the end of the %zu-byte file",
                        label, (unsigned long long)hlen, len);

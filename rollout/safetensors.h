@@ -40,6 +40,9 @@ typedef struct {
 
 size_t st_tensor_numel(const st_tensor *t);
 
+/* Writes "[2, 3]" into buf (truncated to size), for error messages. */
+void st_shape_str(char *buf, size_t size, int ndim, const int64_t *shape);
+
 /* ---- parsed header over a caller-owned image --------------------------- */
 
 typedef struct st_header st_header;

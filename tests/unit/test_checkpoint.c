@@ -224,7 +224,7 @@ static void test_shard_defects(void **state)
     expect_open_fails(FR_EIO, "s-9.safetensors", NULL);
 
     /* A corrupt shard: its own error, naming it. */
-    write_text("s-3.safetensors", "\x02\0\0\0\0\0\0\0{");
+    write_file("s-3.safetensors", "\x02\0\0\0\0\0\0\0{", 9);
     write_text("model.safetensors.index.json", "{\"weight_map\":{\"a\":\"s-3.safetensors\"}}");
     expect_open_fails(FR_EFORMAT, "s-3.safetensors", NULL);
 

@@ -255,6 +255,7 @@ static void test_reject_framing(void **state)
     memset(b, 0xff, 8);
     assert_int_equal(st_parse_header(b, len, LABEL, &h), FR_EFORMAT);
     assert_msg_has(LABEL);
+    assert_msg_has("limit");
     memset(b, 0, 8);
     assert_int_equal(st_parse_header(b, len, LABEL, &h), FR_EFORMAT); /* empty header */
     assert_msg_has(LABEL);

@@ -1,0 +1,454 @@
+#include "kv_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/fp_formats.h"
+#include "attention/hadamard.h"
+#include "block_allocator.h"
+#include "block_table.h"
+
+enum { T = FR_PAGE_TOKENS, SINK = FR_SINK_TOKENS };
+
+typedef struct {
+    int used;
+    int len;
+    fr_block_table table;
+} kv_seq;
+
+struct fr_kv_cache {
+    fr_kv_cache_config cfg;
+    fr_page_layout layout;
+    size_t block_bytes;
+    uint8_t *pool;              /* n_blocks * block_bytes */
+    fr_block_allocator *alloc;
+    kv_seq *seqs;               /* max_seqs */
+    uint16_t *recent;           /* [max_seqs][layers][kvh][T][d] K then V, BF16 */
+    uint16_t *sink;             /* [max_seqs][layers][kvh][SINK][d] K then V, BF16 */
+    float *key_mean;            /* [layers][kvh][d] */
+    float *fp8_scales;          /* [layers][kvh][2] */
+    size_t slot_elems;          /* elements of one K (or V) recent slot per sequence */
+    size_t sink_elems;
+};
+
+static int is_fp4(const fr_kv_cache *c) { return fr_kv_dtype_is_fp4(c->cfg.dtype); }
+static int keeps_bf16(const fr_kv_cache *c) { return is_fp4(c) && c->cfg.recipe.sink_recent; }
+static fr_fp4_format fmt(const fr_kv_cache *c) { return fr_kv_dtype_fp4_format(c->cfg.dtype); }
+
+fr_status fr_kv_cache_new(const fr_kv_cache_config *cfg, fr_kv_cache **out)
+{
+    *out = NULL;
+    const int L = cfg->n_layers, H = cfg->n_kv_heads, d = cfg->head_dim;
+    if (L < 1 || H < 1 || d < 1 || d > FR_MAX_HEAD_DIM || cfg->n_blocks < 1 || cfg->max_seqs < 1)
+        return fr_fail(FR_EINVAL, "kv cache: invalid sizes (layers %d, kv heads %d, head_dim %d, "
+                                  "blocks %d, sequences %d)", L, H, d, cfg->n_blocks, cfg->max_seqs);
+    if (fr_kv_dtype_is_fp4(cfg->dtype)) {
+        int B = fr_fp4_block_size(fr_kv_dtype_fp4_format(cfg->dtype));
+        if (d % B) return fr_fail(FR_EINVAL, "kv cache: head_dim %d is not a multiple of the %s block %d",
+                                  d, fr_kv_dtype_name(cfg->dtype), B);
+        if (cfg->recipe.rotate && (d & (d - 1)))
+            return fr_fail(FR_EINVAL, "kv cache: Hadamard rotation needs a power-of-two head_dim, not %d", d);
+    }
+    fr_kv_cache *c = calloc(1, sizeof *c);
+    if (!c) return fr_fail(FR_ENOMEM, "kv cache: out of memory");
+    c->cfg = *cfg;
+    c->cfg.key_mean = c->cfg.fp8_scales = NULL;
+    c->layout = fr_page_layout_for(cfg->dtype, d);
+    c->block_bytes = c->layout.head_page_bytes * (size_t)(L * H);
+    c->slot_elems = (size_t)L * H * T * d;
+    c->sink_elems = (size_t)L * H * SINK * d;
+    c->pool = calloc((size_t)cfg->n_blocks, c->block_bytes);
+    c->seqs = calloc((size_t)cfg->max_seqs, sizeof *c->seqs);
+    c->recent = malloc(sizeof(uint16_t) * 2 * c->slot_elems * (size_t)cfg->max_seqs);
+    c->sink = malloc(sizeof(uint16_t) * 2 * c->sink_elems * (size_t)cfg->max_seqs);
+    c->key_mean = calloc((size_t)(L * H * d), sizeof(float));
+    c->fp8_scales = malloc(sizeof(float) * (size_t)(L * H * 2));
+    fr_status st = FR_OK;
+    if (!c->pool || !c->seqs || !c->recent || !c->sink || !c->key_mean || !c->fp8_scales)
+        st = fr_fail(FR_ENOMEM, "kv cache: cannot allocate %d blocks of %zu bytes", cfg->n_blocks,
+                     c->block_bytes);
+    if (!st) st = fr_block_allocator_new(cfg->n_blocks, &c->alloc);
+    if (st) {
+        fr_kv_cache_destroy(&c);
+        return st;
+    }
+    if (cfg->key_mean) memcpy(c->key_mean, cfg->key_mean, sizeof(float) * (size_t)(L * H * d));
+    for (int i = 0; i < L * H * 2; i++) c->fp8_scales[i] = cfg->fp8_scales ? cfg->fp8_scales[i] : 1.0f;
+    for (int i = 0; i < L * H * 2; i++)
+        if (!(c->fp8_scales[i] > 0.0f)) {
+            fr_kv_cache_destroy(&c);
+            return fr_fail(FR_EINVAL, "kv cache: FP8 scale %d is not positive", i);
+        }
+    *out = c;
+    return FR_OK;
+}
+
+void fr_kv_cache_destroy(fr_kv_cache **pc)
+{
+    fr_kv_cache *c = pc ? *pc : NULL;
+    if (!c) return;
+    if (c->seqs)
+        for (int s = 0; s < c->cfg.max_seqs; s++)
+            if (c->seqs[s].used) fr_block_table_release(&c->seqs[s].table, c->alloc);
+    fr_block_allocator_destroy(&c->alloc);
+    free(c->pool); free(c->seqs); free(c->recent); free(c->sink); free(c->key_mean); free(c->fp8_scales);
+    free(c);
+    *pc = NULL;
+}
+
+const fr_kv_cache_config *fr_kv_cache_config_of(const fr_kv_cache *c) { return &c->cfg; }
+const fr_page_layout *fr_kv_layout(const fr_kv_cache *c) { return &c->layout; }
+size_t fr_kv_block_bytes(const fr_kv_cache *c) { return c->block_bytes; }
+int fr_kv_free_blocks(const fr_kv_cache *c) { return fr_block_free_count(c->alloc); }
+
+fr_attn_params fr_kv_attn_params(const fr_kv_cache *c, int group)
+{
+    fr_ref_config rc = fr_ref_config_default(c->cfg.dtype);
+    rc.compute = c->cfg.compute;
+    rc.recipe = c->cfg.recipe;
+    rc.tau = c->cfg.tau;
+    return fr_ref_attn_params(&rc, c->cfg.head_dim, group);
+}
+
+/* ---- slots ---- */
+
+static uint16_t *slot_k(const fr_kv_cache *c, int seq, int layer, int head)
+{
+    size_t base = (size_t)seq * 2 * c->slot_elems;
+    return c->recent + base + ((size_t)layer * c->cfg.n_kv_heads + head) * T * c->cfg.head_dim;
+}
+static uint16_t *slot_v(const fr_kv_cache *c, int seq, int layer, int head)
+{
+    return slot_k(c, seq, layer, head) + c->slot_elems;
+}
+static uint16_t *sink_k(const fr_kv_cache *c, int seq, int layer, int head)
+{
+    size_t base = (size_t)seq * 2 * c->sink_elems;
+    return c->sink + base + ((size_t)layer * c->cfg.n_kv_heads + head) * SINK * c->cfg.head_dim;
+}
+static uint16_t *sink_v(const fr_kv_cache *c, int seq, int layer, int head)
+{
+    return sink_k(c, seq, layer, head) + c->sink_elems;
+}
+
+static uint8_t *head_page(const fr_kv_cache *c, int block, int layer, int head)
+{
+    return c->pool + (size_t)block * c->block_bytes +
+           ((size_t)layer * c->cfg.n_kv_heads + head) * c->layout.head_page_bytes;
+}
+
+/* ---- sequences ---- */
+
+static fr_status check_seq(const fr_kv_cache *c, int seq)
+{
+    if (seq < 0 || seq >= c->cfg.max_seqs || !c->seqs[seq].used)
+        return fr_fail(FR_EINVAL, "kv cache: sequence %d does not exist", seq);
+    return FR_OK;
+}
+
+fr_status fr_kv_seq_new(fr_kv_cache *c, int *seq)
+{
+    for (int s = 0; s < c->cfg.max_seqs; s++)
+        if (!c->seqs[s].used) {
+            c->seqs[s].used = 1;
+            c->seqs[s].len = 0;
+            fr_block_table_init(&c->seqs[s].table);
+            *seq = s;
+            return FR_OK;
+        }
+    return fr_fail(FR_ENOMEM, "kv cache: all %d sequence slots are in use", c->cfg.max_seqs);
+}
+
+fr_status fr_kv_seq_fork(fr_kv_cache *c, int src, int *dst)
+{
+    fr_status st = check_seq(c, src);
+    if (st) return st;
+    int d;
+    if ((st = fr_kv_seq_new(c, &d))) return st;
+    kv_seq *a = &c->seqs[src], *b = &c->seqs[d];
+    st = fr_block_table_fork(&a->table, a->len / T, c->alloc, &b->table);
+    if (st) {
+        b->used = 0;
+        return st;
+    }
+    b->len = a->len;
+    memcpy(slot_k(c, d, 0, 0), slot_k(c, src, 0, 0), sizeof(uint16_t) * 2 * c->slot_elems);
+    memcpy(sink_k(c, d, 0, 0), sink_k(c, src, 0, 0), sizeof(uint16_t) * 2 * c->sink_elems);
+    *dst = d;
+    return FR_OK;
+}
+
+void fr_kv_seq_free(fr_kv_cache *c, int seq)
+{
+    if (check_seq(c, seq)) return;
+    fr_block_table_release(&c->seqs[seq].table, c->alloc);
+    c->seqs[seq].used = 0;
+}
+
+int fr_kv_seq_len(const fr_kv_cache *c, int seq)
+{
+    return check_seq(c, seq) ? -1 : c->seqs[seq].len;
+}
+
+int fr_kv_blocks_needed(const fr_kv_cache *c, int seq, int n)
+{
+    if (check_seq(c, seq)) return 0;
+    int need = (c->seqs[seq].len + n + T - 1) / T - c->seqs[seq].table.n;
+    return need > 0 ? need : 0;
+}
+
+fr_status fr_kv_reserve(fr_kv_cache *c, int seq, int n)
+{
+    fr_status st = check_seq(c, seq);
+    if (st) return st;
+    int need = fr_kv_blocks_needed(c, seq, n);
+    if (!need) return FR_OK;
+    int *blocks = malloc(sizeof(int) * (size_t)need);
+    if (!blocks) return fr_fail(FR_ENOMEM, "kv cache: out of memory");
+    st = fr_block_alloc_n(c->alloc, need, blocks);
+    for (int i = 0; !st && i < need; i++) {
+        st = fr_block_table_push(&c->seqs[seq].table, blocks[i]);
+        if (st)   /* give back what the table did not take */
+            for (int j = i; j < need; j++) fr_block_decref(c->alloc, blocks[j]);
+    }
+    free(blocks);
+    return st;
+}
+
+/* ---- numerics of storing ---- */
+
+/* Smoothing and rotation of n key rows, without rounding. */
+static void transform_keys(const fr_kv_cache *c, int layer, int n, float *k)
+{
+    const int H = c->cfg.n_kv_heads, d = c->cfg.head_dim;
+    if (!is_fp4(c)) return;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < H; h++) {
+            float *x = k + ((size_t)i * H + h) * d;
+            if (c->cfg.recipe.smooth) {
+                const float *mu = c->key_mean + ((size_t)layer * H + h) * d;
+                for (int j = 0; j < d; j++) x[j] -= mu[j];
+            }
+            if (c->cfg.recipe.rotate) fr_hadamard(x, d);
+        }
+}
+
+void fr_kv_key_form(const fr_kv_cache *c, int layer, int n, float *k)
+{
+    transform_keys(c, layer, n, k);
+    size_t total = (size_t)n * c->cfg.n_kv_heads * c->cfg.head_dim;
+    for (size_t i = 0; i < total; i++) k[i] = fr_bf16_round(k[i]);
+}
+
+void fr_kv_value_form(const fr_kv_cache *c, int n, float *v)
+{
+    size_t total = (size_t)n * c->cfg.n_kv_heads * c->cfg.head_dim;
+    for (size_t i = 0; i < total; i++) v[i] = fr_bf16_round(v[i]);
+}
+
+void fr_kv_query_form(const fr_kv_cache *c, int rows, float *q)
+{
+    if (!is_fp4(c) || !c->cfg.recipe.rotate) return;
+    for (int r = 0; r < rows; r++) fr_hadamard(q + (size_t)r * c->cfg.head_dim, c->cfg.head_dim);
+}
+
+/* Quantizes T tokens of one head (k, v as [T][d] floats) into a head page. */
+static void write_head_page(const fr_kv_cache *c, int layer, int head, const float *k,
+                            const float *v, uint8_t *page)
+{
+    const int d = c->cfg.head_dim;
+    const fr_page_layout *l = &c->layout;
+    if (c->cfg.dtype == FR_KV_BF16) {
+        uint16_t *pk = (uint16_t *)(page + l->k_codes), *pv = (uint16_t *)(page + l->v_codes);
+        for (int i = 0; i < T * d; i++) { pk[i] = fr_bf16_encode(k[i]); pv[i] = fr_bf16_encode(v[i]); }
+        return;
+    }
+    if (c->cfg.dtype == FR_KV_FP8) {
+        const float *sc = c->fp8_scales + ((size_t)layer * c->cfg.n_kv_heads + head) * 2;
+        for (int i = 0; i < T * d; i++) {
+            page[l->k_codes + i] = fr_e4m3_encode(k[i] / sc[0]);
+            page[l->v_codes + i] = fr_e4m3_encode(v[i] / sc[1]);
+        }
+        return;
+    }
+    fr_fp4_format f = fmt(c);
+    const int B = fr_fp4_block_size(f);
+    for (int t = 0; t < T; t++)
+        fr_fp4_quantize_row(f, c->cfg.recipe.scale_search, k + (size_t)t * d, d,
+                            page + l->k_codes + (size_t)t * d / 2, page + l->k_scales + (size_t)t * d / B);
+    float col[FR_MAX_FP4_BLOCK];
+    uint8_t codes[FR_MAX_FP4_BLOCK];
+    for (int j = 0; j < d; j++)
+        for (int b = 0; b < T / B; b++) {
+            for (int i = 0; i < B; i++) col[i] = v[(size_t)(b * B + i) * d + j];
+            page[l->v_scales + (size_t)j * (T / B) + b] = fr_fp4_quantize_block(f, 0, col, codes);
+            fr_fp4_pack(codes, B, page + l->v_codes + (size_t)j * T / 2 + b * B / 2);
+        }
+}
+
+static void read_head_page(const fr_kv_cache *c, int layer, int head, const uint8_t *page,
+                           float *k, float *v)
+{
+    const int d = c->cfg.head_dim;
+    const fr_page_layout *l = &c->layout;
+    if (c->cfg.dtype == FR_KV_BF16) {
+        const uint16_t *pk = (const uint16_t *)(page + l->k_codes), *pv = (const uint16_t *)(page + l->v_codes);
+        for (int i = 0; i < T * d; i++) { k[i] = fr_bf16_decode(pk[i]); v[i] = fr_bf16_decode(pv[i]); }
+        return;
+    }
+    if (c->cfg.dtype == FR_KV_FP8) {
+        const float *sc = c->fp8_scales + ((size_t)layer * c->cfg.n_kv_heads + head) * 2;
+        for (int i = 0; i < T * d; i++) {
+            k[i] = sc[0] * fr_e4m3_decode(page[l->k_codes + i]);
+            v[i] = sc[1] * fr_e4m3_decode(page[l->v_codes + i]);
+        }
+        return;
+    }
+    fr_fp4_format f = fmt(c);
+    const int B = fr_fp4_block_size(f);
+    for (int t = 0; t < T; t++)
+        fr_fp4_dequantize_row(f, page + l->k_codes + (size_t)t * d / 2,
+                              page + l->k_scales + (size_t)t * d / B, d, k + (size_t)t * d);
+    for (int j = 0; j < d; j++) {
+        const uint8_t *codes = page + l->v_codes + (size_t)j * T / 2;
+        const uint8_t *scales = page + l->v_scales + (size_t)j * (T / B);
+        for (int t = 0; t < T; t++) {
+            uint8_t code = (t & 1) ? codes[t / 2] >> 4 : codes[t / 2] & 0xF;
+            v[(size_t)t * d + j] = fr_fp4_scale_value(f, scales[t / B]) * fr_e2m1_decode(code);
+        }
+    }
+}
+
+static fr_status promote(fr_kv_cache *c, int seq, int page)
+{
+    const int d = c->cfg.head_dim;
+    float *k = malloc(sizeof(float) * 2 * T * (size_t)d), *v = k ? k + T * d : NULL;
+    if (!k) return fr_fail(FR_ENOMEM, "kv cache: out of memory");
+    int block = c->seqs[seq].table.blocks[page];
+    for (int l = 0; l < c->cfg.n_layers; l++)
+        for (int h = 0; h < c->cfg.n_kv_heads; h++) {
+            const uint16_t *sk = slot_k(c, seq, l, h), *sv = slot_v(c, seq, l, h);
+            for (int i = 0; i < T * d; i++) { k[i] = fr_bf16_decode(sk[i]); v[i] = fr_bf16_decode(sv[i]); }
+            write_head_page(c, l, h, k, v, head_page(c, block, l, h));
+        }
+    free(k);
+    return FR_OK;
+}
+
+fr_status fr_kv_append(fr_kv_cache *c, int seq, int n, const float *k, const float *v,
+                       size_t layer_stride)
+{
+    fr_status st = check_seq(c, seq);
+    if (st) return st;
+    if (n < 0 || (n > 0 && (!k || !v))) return fr_fail(FR_EINVAL, "kv append: invalid arguments");
+    if (fr_kv_blocks_needed(c, seq, n))
+        return fr_fail(FR_EINTERNAL, "kv append: sequence %d has no block reserved for %d more tokens", seq, n);
+    const int H = c->cfg.n_kv_heads, d = c->cfg.head_dim;
+    float *row = malloc(sizeof(float) * (size_t)(H * d) * 2), *vrow = row ? row + H * d : NULL;
+    if (!row) return fr_fail(FR_ENOMEM, "kv cache: out of memory");
+    kv_seq *s = &c->seqs[seq];
+    for (int i = 0; i < n && !st; i++) {
+        int pos = s->len, t = pos % T;
+        for (int l = 0; l < c->cfg.n_layers; l++) {
+            size_t off = (size_t)l * layer_stride + (size_t)i * H * d;
+            memcpy(row, k + off, sizeof(float) * (size_t)(H * d));
+            memcpy(vrow, v + off, sizeof(float) * (size_t)(H * d));
+            fr_kv_key_form(c, l, 1, row);
+            for (int h = 0; h < H; h++) {
+                const float *kr = row + h * d, *vr = vrow + h * d;
+                uint16_t *dk = slot_k(c, seq, l, h) + (size_t)t * d, *dv = slot_v(c, seq, l, h) + (size_t)t * d;
+                for (int j = 0; j < d; j++) { dk[j] = fr_bf16_encode(kr[j]); dv[j] = fr_bf16_encode(vr[j]); }
+                if (pos < SINK) {
+                    memcpy(sink_k(c, seq, l, h) + (size_t)pos * d, dk, sizeof(uint16_t) * (size_t)d);
+                    memcpy(sink_v(c, seq, l, h) + (size_t)pos * d, dv, sizeof(uint16_t) * (size_t)d);
+                }
+            }
+        }
+        s->len++;
+        if (s->len % T == 0) st = promote(c, seq, s->len / T - 1);
+    }
+    free(row);
+    return st;
+}
+
+/* Unpaged tokens read as a page would hold them (vanilla FP4, FP8): keys per
+ * token, values per block of B tokens from the page start, zero padded. */
+static void quantize_on_the_fly(const fr_kv_cache *c, int layer, int head, int n, float *k, float *v)
+{
+    const int d = c->cfg.head_dim;
+    if (c->cfg.dtype == FR_KV_FP8) {
+        const float *sc = c->fp8_scales + ((size_t)layer * c->cfg.n_kv_heads + head) * 2;
+        for (int i = 0; i < n * d; i++) {
+            k[i] = sc[0] * fr_e4m3_round(k[i] / sc[0]);
+            v[i] = sc[1] * fr_e4m3_round(v[i] / sc[1]);
+        }
+        return;
+    }
+    fr_fp4_format f = fmt(c);
+    const int B = fr_fp4_block_size(f);
+    for (int t = 0; t < n; t++)
+        fr_fp4_fake_quantize(f, c->cfg.recipe.scale_search, k + (size_t)t * d, d, k + (size_t)t * d);
+    float col[FR_MAX_FP4_BLOCK];
+    for (int a = 0; a < n; a += B)
+        for (int j = 0; j < d; j++) {
+            for (int i = 0; i < B; i++) col[i] = a + i < n ? v[(size_t)(a + i) * d + j] : 0.0f;
+            fr_fp4_fake_quantize(f, 0, col, B, col);
+            for (int i = 0; i < B && a + i < n; i++) v[(size_t)(a + i) * d + j] = col[i];
+        }
+}
+
+fr_status fr_kv_gather(const fr_kv_cache *c, int seq, int layer, int head, int n_step,
+                       const float *step_k, const float *step_v, float *k_out, float *v_out,
+                       fr_kv_view *view)
+{
+    fr_status st = check_seq(c, seq);
+    if (st) return st;
+    if (layer < 0 || layer >= c->cfg.n_layers || head < 0 || head >= c->cfg.n_kv_heads || n_step < 0 ||
+        (n_step > 0 && (!step_k || !step_v)))
+        return fr_fail(FR_EINVAL, "kv gather: invalid layer %d, head %d or step of %d tokens", layer, head, n_step);
+    const int d = c->cfg.head_dim, H = c->cfg.n_kv_heads;
+    const kv_seq *s = &c->seqs[seq];
+    const int len = s->len, n = len + n_step, full = len / T * T;
+    for (int p = 0; p < len / T; p++)
+        read_head_page(c, layer, head, head_page(c, s->table.blocks[p], layer, head),
+                       k_out + (size_t)p * T * d, v_out + (size_t)p * T * d);
+    const uint16_t *sk = slot_k(c, seq, layer, head), *sv = slot_v(c, seq, layer, head);
+    for (int t = full; t < len; t++)
+        for (int j = 0; j < d; j++) {
+            k_out[(size_t)t * d + j] = fr_bf16_decode(sk[(size_t)(t - full) * d + j]);
+            v_out[(size_t)t * d + j] = fr_bf16_decode(sv[(size_t)(t - full) * d + j]);
+        }
+    if (n_step > 0) {
+        float *row = malloc(sizeof(float) * (size_t)(H * d));
+        if (!row) return fr_fail(FR_ENOMEM, "kv cache: out of memory");
+        for (int i = 0; i < n_step; i++) {
+            memcpy(row, step_k + (size_t)i * H * d, sizeof(float) * (size_t)(H * d));
+            transform_keys(c, layer, 1, row);
+            memcpy(k_out + (size_t)(len + i) * d, row + head * d, sizeof(float) * (size_t)d);
+            memcpy(v_out + (size_t)(len + i) * d, step_v + ((size_t)i * H + head) * d, sizeof(float) * (size_t)d);
+        }
+        free(row);
+    }
+    *view = (fr_kv_view){.n_tokens = n, .k = k_out, .v = v_out};
+    if (keeps_bf16(c)) {
+        view->n_sink = n < SINK ? n : SINK;
+        view->fp4_end = full;
+        const uint16_t *zk = sink_k(c, seq, layer, head), *zv = sink_v(c, seq, layer, head);
+        int ns = len < SINK ? len : SINK;   /* stored sink tokens; step tokens stay as computed */
+        for (int t = 0; t < ns; t++)
+            for (int j = 0; j < d; j++) {
+                k_out[(size_t)t * d + j] = fr_bf16_decode(zk[(size_t)t * d + j]);
+                v_out[(size_t)t * d + j] = fr_bf16_decode(zv[(size_t)t * d + j]);
+            }
+    } else if (c->cfg.dtype != FR_KV_BF16) {
+        quantize_on_the_fly(c, layer, head, n - full, k_out + (size_t)full * d, v_out + (size_t)full * d);
+        if (is_fp4(c)) view->fp4_end = n;
+    }
+    return FR_OK;
+}
+
+const uint8_t *fr_kv_page(const fr_kv_cache *c, int seq, int page)
+{
+    if (check_seq(c, seq) || page < 0 || page >= c->seqs[seq].len / T) return NULL;
+    return c->pool + (size_t)c->seqs[seq].table.blocks[page] * c->block_bytes;
+}

@@ -1,0 +1,87 @@
+/* The paged KV cache of one engine (one rank's KV heads).
+ *
+ * Lifecycle of a token's K and V (docs/formats.md):
+ *  - during the step that computes them, attention reads them at the
+ *    precision of the step's own activations (fr_kv_gather's step_k/step_v:
+ *    float32 on the CPU, BF16 on the GPU), smoothed and rotated like stored
+ *    keys (vanilla FP4 and FP8 quantize them on the fly like stored ones);
+ *  - fr_kv_append then stores them, in "store form" (FP4 dtypes: key minus the
+ *    calibrated mean, Hadamard-rotated), rounded to BF16, in the sequence's
+ *    recent slot, and the first 16 tokens also in its sink slot;
+ *  - when a page's 128th token is appended, the page is promoted: quantized
+ *    from the BF16 slot into the block reserved for it.
+ * Attention reads full pages in the dtype's format, the sink and recent slot in
+ * BF16 (full recipe) or quantized on the fly like a page (vanilla FP4, FP8).
+ *
+ * Samples of one prompt share its full pages (reference counted blocks) and
+ * copy the slots.
+ */
+#ifndef FR_KV_CACHE_H
+#define FR_KV_CACHE_H
+
+#include <stdint.h>
+
+#include "attention/ref_attention.h"
+#include "page_layout.h"
+
+typedef struct {
+    int n_layers, n_kv_heads, head_dim;
+    fr_kv_dtype dtype;
+    fr_fp4_compute compute;
+    fr_recipe recipe;
+    float tau;                 /* P threshold (FR_P_TAU unless calibrated) */
+    int n_blocks;              /* pool size in 128-token pages */
+    int max_seqs;              /* sequences alive at once (slots) */
+    const float *key_mean;     /* [layers][kv_heads][d], NULL = zeros; copied */
+    const float *fp8_scales;   /* [layers][kv_heads][2] (k, v), NULL = 1; copied */
+} fr_kv_cache_config;
+
+typedef struct fr_kv_cache fr_kv_cache;
+
+fr_status fr_kv_cache_new(const fr_kv_cache_config *cfg, fr_kv_cache **out);
+void fr_kv_cache_destroy(fr_kv_cache **c);
+const fr_kv_cache_config *fr_kv_cache_config_of(const fr_kv_cache *c);
+const fr_page_layout *fr_kv_layout(const fr_kv_cache *c);
+size_t fr_kv_block_bytes(const fr_kv_cache *c);
+int fr_kv_free_blocks(const fr_kv_cache *c);
+
+/* The attention parameters the cache's numerics imply for group size G. */
+fr_attn_params fr_kv_attn_params(const fr_kv_cache *c, int group);
+
+/* Sequences. */
+fr_status fr_kv_seq_new(fr_kv_cache *c, int *seq);
+/* A new sequence with src's tokens: full pages shared, slots copied. */
+fr_status fr_kv_seq_fork(fr_kv_cache *c, int src, int *dst);
+void fr_kv_seq_free(fr_kv_cache *c, int seq);
+int fr_kv_seq_len(const fr_kv_cache *c, int seq);
+/* Blocks the sequence needs to grow by n tokens (0 when already reserved). */
+int fr_kv_blocks_needed(const fr_kv_cache *c, int seq, int n);
+/* Reserves every block for tokens [0, len + n); all or nothing. */
+fr_status fr_kv_reserve(fr_kv_cache *c, int seq, int n);
+
+/* Store form of n key rows of one layer (in place, [n][kv_heads][d]):
+ * FP4 dtypes subtract the key mean and rotate per the recipe; then every
+ * dtype rounds to BF16. fr_kv_value_form only rounds. */
+void fr_kv_key_form(const fr_kv_cache *c, int layer, int n, float *k);
+void fr_kv_value_form(const fr_kv_cache *c, int n, float *v);
+/* The query for an FP4 cache: rotated when the keys are ([rows][d]). */
+void fr_kv_query_form(const fr_kv_cache *c, int rows, float *q);
+
+/* Appends n tokens after the forward step that computed them. k and v are
+ * raw post-RoPE keys and values, layer l at k + l * layer_stride, each
+ * [n][kv_heads][d]. Needs fr_kv_reserve(c, seq, n) first. */
+fr_status fr_kv_append(fr_kv_cache *c, int seq, int n, const float *k, const float *v,
+                       size_t layer_stride);
+
+/* The keys and values of (seq, layer, head) as attention sees them, for the
+ * len stored tokens followed by n_step tokens of the current step (raw,
+ * [n_step][kv_heads][d] at step_k/step_v; NULL when n_step is 0). k_out and
+ * v_out hold (len + n_step) * d floats; view describes the regions. */
+fr_status fr_kv_gather(const fr_kv_cache *c, int seq, int layer, int head, int n_step,
+                       const float *step_k, const float *step_v, float *k_out, float *v_out,
+                       fr_kv_view *view);
+
+/* Raw access for byte-exact comparisons: the block holding page p of seq. */
+const uint8_t *fr_kv_page(const fr_kv_cache *c, int seq, int page);
+
+#endif

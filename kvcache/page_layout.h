@@ -1,0 +1,29 @@
+/* Byte layout of one KV cache block (docs/formats.md, "Page layout").
+ *
+ * A block holds one 128-token page of one sequence for every layer and KV
+ * head. Inside it, the (layer, head) pages follow each other
+ * (offset = (layer * n_kv_heads + head) * head_page_bytes), and each head page
+ * is, for T = 128 tokens, head_dim d and FP4 block size B:
+ *   FP4   K codes [T][d/2] | K scales [T][d/B] | V codes [d][T/2] | V scales [d][T/B]
+ *   FP8   K [T][d] E4M3    | V [T][d] E4M3
+ *   BF16  K [T][d] BF16    | V [T][d] BF16
+ * Keys are packed along head_dim (one scale per B channels of a token),
+ * values along tokens (one scale per B tokens of a channel), as the two
+ * attention products need them.
+ */
+#ifndef FR_PAGE_LAYOUT_H
+#define FR_PAGE_LAYOUT_H
+
+#include <stddef.h>
+
+#include "attention/kv_numerics.h"
+
+typedef struct {
+    size_t k_codes, k_scales, v_codes, v_scales; /* offsets inside a head page */
+    size_t head_page_bytes;
+} fr_page_layout;
+
+/* The layout for a dtype and head_dim (FP4 dtypes need d a multiple of B). */
+fr_page_layout fr_page_layout_for(fr_kv_dtype t, int head_dim);
+
+#endif

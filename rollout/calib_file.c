@@ -1,0 +1,98 @@
+#include "calib_file.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "attention/prob_quant.h"
+#include "safetensors.h"
+
+static fr_status load_tensor(const st_file *f, const char *path, const char *name, int ndim,
+                             const int64_t *shape, float **out)
+{
+    const st_tensor *t = st_file_find(f, name);
+    *out = NULL;
+    if (!t) return FR_OK;
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char got[64], want[64];
+        st_shape_str(got, sizeof got, t->ndim, t->shape);
+        st_shape_str(want, sizeof want, ndim, shape);
+        return fr_fail(FR_EFORMAT, "%s: tensor %s has shape %s, the model needs %s", path, name, got, want);
+    }
+    size_t n = st_tensor_numel(t);
+    *out = malloc(sizeof(float) * (n ? n : 1));
+    if (!*out) return fr_fail(FR_ENOMEM, "%s: out of memory", path);
+    fr_status st = st_tensor_to_f32(t, *out, n);
+    if (st) { free(*out); *out = NULL; }
+    return st;
+}
+
+fr_status fr_calib_load(const char *path, const fr_model_config *cfg, fr_calib *out)
+{
+    memset(out, 0, sizeof *out);
+    out->tau = FR_P_TAU;
+    st_file *f;
+    fr_status st = st_file_open(path, &f);
+    if (st) return st;
+    int64_t km[3] = {cfg->num_layers, cfg->num_kv_heads, cfg->head_dim};
+    int64_t fs[3] = {cfg->num_layers, cfg->num_kv_heads, 2};
+    int64_t one[1] = {1};
+    float *tau = NULL;
+    st = load_tensor(f, path, "key_mean", 3, km, &out->key_mean);
+    if (!st && !out->key_mean) st = fr_fail(FR_EFORMAT, "%s: missing tensor key_mean", path);
+    if (!st) st = load_tensor(f, path, "tau", 1, one, &tau);
+    if (!st) st = load_tensor(f, path, "fp8_scales", 3, fs, &out->fp8_scales);
+    if (!st && tau) {
+        if (!(tau[0] > 0.0f && tau[0] < 6.0f)) st = fr_fail(FR_EFORMAT, "%s: tau %g out of range", path, tau[0]);
+        out->tau = tau[0];
+        out->has_tau = 1;
+    }
+    free(tau);
+    st_file_close(&f);
+    if (st) fr_calib_free(out);
+    return st;
+}
+
+void fr_calib_free(fr_calib *c)
+{
+    free(c->key_mean);
+    free(c->fp8_scales);
+    c->key_mean = c->fp8_scales = NULL;
+}
+
+/* Writes a safetensors file: header JSON padded to 8 bytes, then the data. */
+fr_status fr_calib_save(const char *path, const fr_model_config *cfg, const fr_calib *c)
+{
+    size_t nk = (size_t)cfg->num_layers * cfg->num_kv_heads * cfg->head_dim;
+    size_t nf = c->fp8_scales ? (size_t)cfg->num_layers * cfg->num_kv_heads * 2 : 0;
+    char header[1024];
+    int len = snprintf(header, sizeof header,
+                       "{\"key_mean\":{\"dtype\":\"F32\",\"shape\":[%d,%d,%d],\"data_offsets\":[0,%zu]},"
+                       "\"tau\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[%zu,%zu]}",
+                       cfg->num_layers, cfg->num_kv_heads, cfg->head_dim, nk * 4, nk * 4, nk * 4 + 4);
+    if (nf)
+        len += snprintf(header + len, sizeof header - (size_t)len,
+                        ",\"fp8_scales\":{\"dtype\":\"F32\",\"shape\":[%d,%d,2],\"data_offsets\":[%zu,%zu]}",
+                        cfg->num_layers, cfg->num_kv_heads, nk * 4 + 4, nk * 4 + 4 + nf * 4);
+    len += snprintf(header + len, sizeof header - (size_t)len, "}");
+    while (len % 8) header[len++] = ' ';
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *fp = fopen(tmp, "wb");
+    if (!fp) return fr_fail(FR_EIO, "cannot create %s", tmp);
+    uint64_t hl = (uint64_t)len;
+    uint8_t le[8];
+    for (int i = 0; i < 8; i++) le[i] = (uint8_t)(hl >> (8 * i));
+    int ok = fwrite(le, 1, 8, fp) == 8 && fwrite(header, 1, (size_t)len, fp) == (size_t)len &&
+             fwrite(c->key_mean, 4, nk, fp) == nk && fwrite(&c->tau, 4, 1, fp) == 1 &&
+             (!nf || fwrite(c->fp8_scales, 4, nf, fp) == nf);
+    if (fclose(fp) != 0) ok = 0;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return fr_fail(FR_EIO, "cannot write %s", path);
+    }
+    return FR_OK;
+}

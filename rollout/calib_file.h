@@ -1,0 +1,26 @@
+/* The calibration file (`fp4rollout calibrate` writes it, `--calib` reads it):
+ * a safetensors file beside the model with
+ *   key_mean    F32 [layers][kv_heads][head_dim]  post-RoPE key mean (Appendix B)
+ *   tau         F32 [1]                           P threshold (Appendix C), optional
+ *   fp8_scales  F32 [layers][kv_heads][2]         FP8 K and V scales, optional
+ */
+#ifndef FR_CALIB_FILE_H
+#define FR_CALIB_FILE_H
+
+#include "model_config.h"
+#include "attention/fr_status.h"
+
+typedef struct {
+    float *key_mean;     /* [layers][kv_heads][d] */
+    float tau;           /* FR_P_TAU when absent */
+    int has_tau;
+    float *fp8_scales;   /* NULL when absent */
+} fr_calib;
+
+/* Loads and checks shapes against the model config. */
+fr_status fr_calib_load(const char *path, const fr_model_config *cfg, fr_calib *out);
+/* Writes key_mean, tau and (when non-NULL) fp8_scales. */
+fr_status fr_calib_save(const char *path, const fr_model_config *cfg, const fr_calib *c);
+void fr_calib_free(fr_calib *c);
+
+#endif

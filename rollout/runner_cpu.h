@@ -1,0 +1,39 @@
+/* The CPU model runner: one forward step of the Qwen3 model over a batch of
+ * sequences, reading and writing the paged KV cache. Plain float32 with
+ * OpenBLAS matrix products; the numerical reference for the CUDA runner.
+ *
+ * A step takes, for each sequence, the n new tokens to run (a prefill chunk,
+ * or one decode token). Attention of a step with one new token runs paper
+ * Algorithm 1 through attention/ref_attention (FP4 exact math included);
+ * a longer chunk runs causal attention with unquantized query and
+ * probabilities over the same stored keys and values (what a prefill kernel
+ * over dequantized pages computes). After the step the new tokens' K and V
+ * are appended to the cache. */
+#ifndef FR_RUNNER_CPU_H
+#define FR_RUNNER_CPU_H
+
+#include "kvcache/kv_cache.h"
+#include "model.h"
+
+typedef struct {
+    int seq;             /* KV cache sequence */
+    int n;               /* new tokens this step */
+    const int *tokens;   /* [n] */
+    int all_logits;      /* 1: logits for every new token; 0: for the last one */
+} fr_step_seq;
+
+typedef struct fr_runner_cpu fr_runner_cpu;
+
+/* max_step_tokens bounds the tokens of one step (sum of n). */
+fr_status fr_runner_cpu_new(const fr_model *m, fr_kv_cache *kv, int max_step_tokens,
+                            fr_runner_cpu **out);
+void fr_runner_cpu_destroy(fr_runner_cpu **r);
+
+/* Rows of logits the step produces (in sequence order). */
+int fr_step_logit_rows(const fr_step_seq *seqs, int n_seqs);
+
+/* Runs one step. logits receives fr_step_logit_rows() rows of vocab floats.
+ * Blocks for the new tokens are reserved here; on FR_ENOMEM nothing changed. */
+fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_seqs, float *logits);
+
+#endif

@@ -1,0 +1,179 @@
+#include "session.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+const char fr_engine_opts_usage[] =
+    "  --model M            checkpoint directory, or synthetic:tiny[:SEED] (default)\n"
+    "  --kv T               KV cache dtype: bf16 (default), fp8, nvfp4, mxfp4\n"
+    "  --fp4-compute C      exact (default: FP4 query and probabilities, as native\n"
+    "                       FP4 MMAs compute) or bf16 (unquantized query and P)\n"
+    "  --recipe R           full (default) or vanilla, optionally followed by\n"
+    "                       switches: full,-rotate,-search,-smooth,-dual,-pscale,-sink\n"
+    "  --calib FILE         calibration file (key mean, tau) from fp4rollout calibrate\n"
+    "  --chunk N            prefill chunk in tokens (default 512)\n";
+
+void fr_engine_opts_default(fr_engine_opts *o)
+{
+    *o = (fr_engine_opts){.model = "synthetic:tiny", .kv = FR_KV_BF16, .compute = FR_COMPUTE_EXACT,
+                          .recipe = fr_recipe_full(), .calib = NULL, .chunk = 512};
+}
+
+int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engine_opts *o)
+{
+    const char *a = argv[*i];
+    static const char *const flags[] = {"--model", "--kv", "--fp4-compute", "--recipe", "--calib", "--chunk"};
+    int which = -1;
+    for (int f = 0; f < 6; f++)
+        if (strcmp(a, flags[f]) == 0) which = f;
+    if (which < 0) return 0;
+    if (*i + 1 >= argc) {
+        fr_cli_usage_error(cmd, "%s needs a value", a);
+        return -1;
+    }
+    const char *v = argv[++*i];
+    fr_status st = FR_OK;
+    switch (which) {
+    case 0: o->model = v; break;
+    case 1: st = fr_kv_dtype_parse(v, &o->kv); break;
+    case 2: st = fr_fp4_compute_parse(v, &o->compute); break;
+    case 3: st = fr_recipe_parse(v, &o->recipe); break;
+    case 4: o->calib = v; break;
+    case 5: return fr_cli_int(cmd, "--chunk", v, 1, 1 << 20, &o->chunk) ? -1 : 1;
+    }
+    if (st) {
+        fr_cli_usage_error(cmd, "%s", fr_last_error());
+        return -1;
+    }
+    return 1;
+}
+
+fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_blocks, int max_seqs,
+                                fr_session *s)
+{
+    memset(s, 0, sizeof *s);
+    s->model = m;
+    fr_status st = FR_OK;
+    if (o->calib) {
+        if ((st = fr_calib_load(o->calib, &m->cfg, &s->calib))) return st;
+        s->has_calib = 1;
+    }
+    fr_kv_cache_config kc = {
+        .n_layers = m->cfg.num_layers, .n_kv_heads = m->cfg.num_kv_heads, .head_dim = m->cfg.head_dim,
+        .dtype = o->kv, .compute = o->compute, .recipe = o->recipe,
+        .tau = s->has_calib ? s->calib.tau : FR_P_TAU, .n_blocks = n_blocks, .max_seqs = max_seqs,
+        .key_mean = s->has_calib ? s->calib.key_mean : NULL,
+        .fp8_scales = s->has_calib ? s->calib.fp8_scales : NULL,
+    };
+    st = fr_kv_cache_new(&kc, &s->kv);
+    if (!st) st = fr_runner_cpu_new(m, s->kv, o->chunk > max_seqs ? o->chunk : max_seqs, &s->runner);
+    if (st) {
+        s->model = NULL;
+        fr_session_close(s);
+    }
+    return st;
+}
+
+fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, fr_session *s)
+{
+    fr_model *m;
+    fr_status st = fr_model_load(o->model, &m);
+    if (st) return st;
+    st = fr_session_open_model(o, m, n_blocks, max_seqs, s);
+    if (st) fr_model_destroy(&m);
+    return st;
+}
+
+void fr_session_close(fr_session *s)
+{
+    fr_runner_cpu_destroy(&s->runner);
+    fr_kv_cache_destroy(&s->kv);
+    if (s->has_calib) fr_calib_free(&s->calib);
+    fr_model_destroy(&s->model);
+    memset(s, 0, sizeof *s);
+}
+
+fr_status fr_session_prefill(fr_session *s, const int *tokens, int n, int chunk, int *seq,
+                             float *last_logits, float *all_logits)
+{
+    const int V = s->model->cfg.vocab_size;
+    fr_status st = fr_kv_seq_new(s->kv, seq);
+    if (st) return st;
+    for (int i = 0; i < n && !st; i += chunk) {
+        int m = n - i < chunk ? n - i : chunk;
+        fr_step_seq step = {.seq = *seq, .n = m, .tokens = tokens + i, .all_logits = all_logits != NULL};
+        float *out = all_logits ? all_logits + (size_t)i * V : last_logits;
+        st = fr_runner_cpu_step(s->runner, &step, 1, out);
+        if (!st && all_logits && i + m == n && last_logits)
+            memcpy(last_logits, all_logits + (size_t)(n - 1) * V, sizeof(float) * (size_t)V);
+    }
+    if (st) fr_kv_seq_free(s->kv, *seq);
+    return st;
+}
+
+fr_status fr_parse_ids(const char *text, int **ids, int *n)
+{
+    int cap = 64, count = 0;
+    int *out = malloc(sizeof(int) * (size_t)cap);
+    if (!out) return fr_fail(FR_ENOMEM, "out of memory");
+    const char *p = text;
+    while (*p) {
+        while (*p && (isspace((unsigned char)*p) || *p == ',')) p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > 0x7fffffff || (*end && !isspace((unsigned char)*end) && *end != ',')) {
+            free(out);
+            return fr_fail(FR_EINVAL, "token ids: '%.20s' is not a non-negative integer", p);
+        }
+        if (count == cap) {
+            int *grown = realloc(out, sizeof(int) * (size_t)(cap *= 2));
+            if (!grown) { free(out); return fr_fail(FR_ENOMEM, "out of memory"); }
+            out = grown;
+        }
+        out[count++] = (int)v;
+        p = end;
+    }
+    *ids = out;
+    *n = count;
+    return FR_OK;
+}
+
+fr_status fr_read_ids_file(const char *path, int **ids, int *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return fr_fail(FR_EIO, "cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = size >= 0 ? malloc((size_t)size + 1) : NULL;
+    fr_status st = FR_OK;
+    if (!buf || fread(buf, 1, (size_t)size, f) != (size_t)size) st = fr_fail(FR_EIO, "cannot read %s", path);
+    fclose(f);
+    if (!st) {
+        buf[size] = 0;
+        st = fr_parse_ids(buf, ids, n);
+        if (st) st = fr_fail(st, "%s: %s", path, fr_last_error());
+    }
+    free(buf);
+    return st;
+}
+
+fr_status fr_check_prompt(const fr_model_config *cfg, const int *ids, int n, int extra)
+{
+    if (n < 1) return fr_fail(FR_EINVAL, "the prompt is empty");
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= cfg->vocab_size)
+            return fr_fail(FR_EINVAL, "prompt token %d is id %d, outside the vocabulary of %d", i, ids[i],
+                           cfg->vocab_size);
+    if (n >= cfg->max_position || (long)n + extra > cfg->max_position)
+        return fr_fail(FR_EINVAL, "the prompt (%d tokens) plus %d new tokens exceeds the context window of %d",
+                       n, extra, cfg->max_position);
+    return FR_OK;
+}

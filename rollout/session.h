@@ -1,0 +1,54 @@
+/* A CPU inference session: a model, its KV cache configured from the
+ * command-line numerics options, and a runner. Shared by generate, score and
+ * the evaluation commands so they all build the engine the same way. */
+#ifndef FR_SESSION_H
+#define FR_SESSION_H
+
+#include "calib_file.h"
+#include "runner_cpu.h"
+
+typedef struct {
+    const char *model;          /* DIR or synthetic:tiny[:SEED] */
+    fr_kv_dtype kv;
+    fr_fp4_compute compute;
+    fr_recipe recipe;
+    const char *calib;          /* calibration file or NULL */
+    int chunk;                  /* prefill chunk (tokens per step) */
+} fr_engine_opts;
+
+void fr_engine_opts_default(fr_engine_opts *o);
+/* Consumes argv[*i] (and its value) when it is an engine option: returns 1
+ * when consumed, 0 when not an engine option, -1 after printing an error. */
+int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engine_opts *o);
+/* The usage lines of the engine options. */
+extern const char fr_engine_opts_usage[];
+
+typedef struct {
+    fr_model *model;
+    fr_kv_cache *kv;
+    fr_runner_cpu *runner;
+    fr_calib calib;
+    int has_calib;
+} fr_session;
+
+fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, fr_session *s);
+/* Opens a session on an already loaded model, which it owns on success. */
+fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_blocks, int max_seqs,
+                                fr_session *s);
+void fr_session_close(fr_session *s);
+
+/* Prefills tokens into a new KV sequence in chunks; logits of the last token
+ * go to last_logits (vocab floats) and, when all_logits is non-NULL, every
+ * position's logits to all_logits [n][vocab]. */
+fr_status fr_session_prefill(fr_session *s, const int *tokens, int n, int chunk, int *seq,
+                             float *last_logits, float *all_logits);
+
+/* Parses "1,2,3" (commas and/or whitespace) into a new array. */
+fr_status fr_parse_ids(const char *text, int **ids, int *n);
+/* Reads a file of ids in the same syntax. */
+fr_status fr_read_ids_file(const char *path, int **ids, int *n);
+/* Checks a prompt against the model: non-empty, ids in the vocabulary, fits
+ * the context window together with extra tokens. */
+fr_status fr_check_prompt(const fr_model_config *cfg, const int *ids, int n, int extra);
+
+#endif

@@ -1,0 +1,232 @@
+/* The CPU engine against Hugging Face transformers on the tq6 checkpoint
+ * (golden.safetensors: float32 logits and greedy continuations of seven
+ * prompts), and the FP4 cache's effect on the decode path. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "rollout/kl_metrics.h"
+#include "rollout/safetensors.h"
+#include "rollout/sampler.h"
+#include "rollout/session.h"
+#include "test_util.h"
+
+static char model_dir[4096], golden_path[4096];
+
+static int have_tq6(void)
+{
+    const char *d = fr_test_require_tq6();
+    if (!d) return 0;
+    snprintf(model_dir, sizeof model_dir, "%s", d);
+    snprintf(golden_path, sizeof golden_path, "%s/golden.safetensors", d);
+    return 1;
+}
+
+static const st_tensor *golden(const st_file *g, int p, const char *what)
+{
+    char name[64];
+    snprintf(name, sizeof name, "p%d.%s", p, what);
+    const st_tensor *t = st_file_find(g, name);
+    assert_non_null(t);
+    return t;
+}
+
+static int *golden_ids(const st_file *g, int p, int *n)
+{
+    const st_tensor *t = golden(g, p, "ids");
+    *n = (int)t->shape[0];
+    int *ids = malloc(sizeof(int) * (size_t)*n);
+    memcpy(ids, t->data, sizeof(int) * (size_t)*n);
+    return ids;
+}
+
+static float max_abs(const float *x, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
+    return m;
+}
+
+static float max_diff(const float *a, const float *b, size_t n)
+{
+    float m = 0;
+    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i] - b[i]));
+    return m;
+}
+
+static void open_session(fr_session *s, fr_kv_dtype kv, int n_tokens, int chunk)
+{
+    fr_engine_opts o;
+    fr_engine_opts_default(&o);
+    o.model = model_dir;
+    o.kv = kv;
+    o.chunk = chunk;
+    fr_status st = fr_session_open(&o, n_tokens / 128 + 2, 2, s);
+    if (st) fail_msg("session: %s", fr_last_error());
+}
+
+static float *score(fr_session *s, const int *ids, int n, int decode)
+{
+    int V = s->model->cfg.vocab_size, seq;
+    float *logits = malloc(sizeof(float) * (size_t)n * V);
+    if (!decode) {
+        assert_int_equal(fr_session_prefill(s, ids, n, n, &seq, NULL, logits), FR_OK);
+    } else {
+        assert_int_equal(fr_kv_seq_new(s->kv, &seq), FR_OK);
+        for (int i = 0; i < n; i++) {
+            fr_step_seq step = {.seq = seq, .n = 1, .tokens = ids + i, .all_logits = 1};
+            if (fr_runner_cpu_step(s->runner, &step, 1, logits + (size_t)i * V)) fail_msg("%s", fr_last_error());
+        }
+    }
+    fr_kv_seq_free(s->kv, seq);
+    return logits;
+}
+
+/* Prefill logits of all seven prompts within 1e-3 x max |golden|. */
+static void test_prefill_matches_golden(void **state)
+{
+    (void)state;
+    if (!have_tq6()) skip();
+    st_file *g;
+    assert_int_equal(st_file_open(golden_path, &g), FR_OK);
+    for (int p = 0; p < 7; p++) {
+        int n;
+        int *ids = golden_ids(g, p, &n);
+        fr_session s;
+        open_session(&s, FR_KV_BF16, n, n);
+        float *ours = score(&s, ids, n, 0);
+        const st_tensor *t = golden(g, p, "logits_f32");
+        size_t count = st_tensor_numel(t);
+        float *ref = malloc(sizeof(float) * count);
+        assert_int_equal(st_tensor_to_f32(t, ref, count), FR_OK);
+        float d = max_diff(ours, ref, count), m = max_abs(ref, count);
+        printf("  p%d (%5d tokens): max |diff| %.3g, max |golden| %.3g, ratio %.2e\n", p, n, d, m, d / m);
+        assert_true(d <= 1e-3f * m);
+        free(ref); free(ours); free(ids);
+        fr_session_close(&s);
+    }
+    st_file_close(&g);
+}
+
+/* The decode path (token by token through the cache) against one prefill:
+ * with a BF16 cache the cached keys and values carry BF16 rounding (2^-9
+ * relative) that the prefill's float32 activations do not, so the bound
+ * here is the BF16 budget, 4e-3 of max |logit|; the measured ratio prints. */
+static void test_decode_matches_prefill(void **state)
+{
+    (void)state;
+    if (!have_tq6()) skip();
+    st_file *g;
+    assert_int_equal(st_file_open(golden_path, &g), FR_OK);
+    const int prompts[] = {1, 2, 3, 6};
+    for (int i = 0; i < 4; i++) {
+        int n, p = prompts[i];
+        int *ids = golden_ids(g, p, &n);
+        fr_session s;
+        open_session(&s, FR_KV_BF16, n, n);
+        float *pre = score(&s, ids, n, 0), *dec = score(&s, ids, n, 1);
+        size_t count = (size_t)n * s.model->cfg.vocab_size;
+        float d = max_diff(pre, dec, count), m = max_abs(pre, count);
+        printf("  p%d decode vs prefill: max |diff| %.3g, ratio %.2e\n", p, d, d / m);
+        assert_true(d <= 4e-3f * m);
+        assert_true(d > 0.0f);   /* the decode path really reads the BF16 cache */
+        free(pre); free(dec); free(ids);
+        fr_session_close(&s);
+    }
+    st_file_close(&g);
+}
+
+/* Greedy continuations equal transformers' 64 tokens. */
+static void test_greedy_matches_golden(void **state)
+{
+    (void)state;
+    if (!have_tq6()) skip();
+    st_file *g;
+    assert_int_equal(st_file_open(golden_path, &g), FR_OK);
+    fr_sampler *smp;
+    assert_int_equal(fr_sampler_new(272, &smp), FR_OK);
+    fr_sampling_params greedy = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
+    for (int p = 0; p < 7; p++) {
+        int n;
+        int *ids = golden_ids(g, p, &n);
+        const st_tensor *want = golden(g, p, "greedy");
+        int n_new = (int)want->shape[0], seq, tok;
+        fr_session s;
+        open_session(&s, FR_KV_BF16, n + n_new, 512);
+        float logits[272];
+        assert_int_equal(fr_session_prefill(&s, ids, n, 512, &seq, logits, NULL), FR_OK);
+        int matched = 0;
+        for (int i = 0; i < n_new; i++) {
+            assert_int_equal(fr_sample(smp, logits, &greedy, 0, (uint64_t)i, &tok, NULL), FR_OK);
+            int expect;
+            memcpy(&expect, (const char *)want->data + 4 * i, 4);
+            if (tok != expect) {
+                fail_msg("p%d: greedy token %d is %d, transformers has %d", p, i, tok, expect);
+            }
+            matched++;
+            fr_step_seq step = {.seq = seq, .n = 1, .tokens = &tok, .all_logits = 0};
+            assert_int_equal(fr_runner_cpu_step(s.runner, &step, 1, logits), FR_OK);
+        }
+        printf("  p%d: %d/%d greedy tokens equal\n", p, matched, n_new);
+        free(ids);
+        fr_session_close(&s);
+    }
+    fr_sampler_destroy(&smp);
+    st_file_close(&g);
+}
+
+/* An NVFP4 cache changes the decode-path logits (the cache really is 4-bit)
+ * and stays close to BF16: mean KL over BF16's top-128 tokens. */
+static void test_nvfp4_decode_close(void **state)
+{
+    (void)state;
+    if (!have_tq6()) skip();
+    st_file *g;
+    assert_int_equal(st_file_open(golden_path, &g), FR_OK);
+    const int prompts[] = {3, 6};
+    double kl_sum = 0.0;
+    long positions = 0, agree = 0;
+    for (int i = 0; i < 2; i++) {
+        int n, p = prompts[i];
+        int *ids = golden_ids(g, p, &n);
+        fr_session a, b;
+        open_session(&a, FR_KV_BF16, n, n);
+        open_session(&b, FR_KV_NVFP4, n, n);
+        float *ref = score(&a, ids, n, 1), *fp4 = score(&b, ids, n, 1);
+        int V = a.model->cfg.vocab_size;
+        /* Past the first page, attention reads FP4 pages: logits must move. */
+        assert_true(max_diff(ref + (size_t)200 * V, fp4 + (size_t)200 * V, (size_t)(n - 200) * V) > 1e-3f);
+        for (int t = 0; t < n; t++) {
+            fr_kl_result r;
+            assert_int_equal(fr_kl_topk(ref + (size_t)t * V, fp4 + (size_t)t * V, V, FR_KL_TOP_K, -1, &r), FR_OK);
+            kl_sum += r.kl;
+            agree += r.top1_match;
+            positions++;
+        }
+        free(ref); free(fp4); free(ids);
+        fr_session_close(&a);
+        fr_session_close(&b);
+    }
+    double mean = kl_sum / positions;
+    printf("  nvfp4 (full recipe, no calibration) vs bf16 decode path: mean KL %.3f e-3 nats, "
+           "top-1 agreement %.2f%% over %ld positions\n", 1e3 * mean, 100.0 * agree / positions, positions);
+    assert_true(mean > 0.0 && mean < 0.02);
+    st_file_close(&g);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prefill_matches_golden),
+        cmocka_unit_test(test_greedy_matches_golden),
+        cmocka_unit_test(test_decode_matches_prefill),
+        cmocka_unit_test(test_nvfp4_decode_close),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
