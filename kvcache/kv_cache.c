@@ -79,6 +79,8 @@ fr_status fr_kv_cache_new(const fr_kv_cache_config *cfg, fr_kv_cache **out)
             fr_kv_cache_destroy(&c);
             return fr_fail(FR_EINVAL, "kv cache: FP8 scale %d is not positive", i);
         }
+    c->cfg.key_mean = c->key_mean;   /* the config now points at the cache's own copies */
+    c->cfg.fp8_scales = c->fp8_scales;
     *out = c;
     return FR_OK;
 }

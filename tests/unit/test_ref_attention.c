@@ -426,15 +426,17 @@ static void test_combine(void **state)
 
 /* ---- split-KV in every mode --------------------------------------------------------- */
 
-typedef struct { const char *name; fr_kv_dtype t; int compute_bf16, vanilla, exact; } mode;
+typedef struct { const char *name; fr_kv_dtype t; int compute_bf16; const char *recipe; int exact; } mode;
 static const mode modes[] = {
-    {"bf16", FR_KV_BF16, 0, 0, 0},
-    {"fp8", FR_KV_FP8, 0, 0, 0},
-    {"nvfp4 exact", FR_KV_NVFP4, 0, 0, 1},
-    {"nvfp4 bf16-compute", FR_KV_NVFP4, 1, 0, 0},
-    {"mxfp4 exact", FR_KV_MXFP4, 0, 0, 1},
-    {"mxfp4 bf16-compute", FR_KV_MXFP4, 1, 0, 0},
-    {"nvfp4 vanilla", FR_KV_NVFP4, 0, 1, 1},
+    {"bf16", FR_KV_BF16, 0, "full", 0},
+    {"fp8", FR_KV_FP8, 0, "full", 0},
+    {"nvfp4 exact", FR_KV_NVFP4, 0, "full", 1},
+    {"nvfp4 bf16-compute", FR_KV_NVFP4, 1, "full", 0},
+    {"mxfp4 exact", FR_KV_MXFP4, 0, "full", 1},
+    {"mxfp4 bf16-compute", FR_KV_MXFP4, 1, "full", 0},
+    {"nvfp4 vanilla", FR_KV_NVFP4, 0, "vanilla", 1},
+    {"nvfp4 single-q", FR_KV_NVFP4, 0, "full,-dual", 1},
+    {"nvfp4 plain-P", FR_KV_NVFP4, 0, "full,-pscale", 1},
 };
 enum { N_MODES = sizeof modes / sizeof modes[0] };
 
@@ -442,7 +444,7 @@ static fr_ref_config mode_config(const mode *m)
 {
     fr_ref_config cfg = fr_ref_config_default(m->t);
     if (m->compute_bf16) cfg.compute = FR_COMPUTE_BF16;
-    if (m->vanilla) cfg.recipe = fr_recipe_vanilla();
+    assert_int_equal(fr_recipe_parse(m->recipe, &cfg.recipe), FR_OK);
     if (m->t == FR_KV_FP8) { cfg.fp8_k_scale = 0.1f; cfg.fp8_v_scale = 0.02f; }
     return cfg;
 }
