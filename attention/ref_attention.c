@@ -313,7 +313,11 @@ fr_status fr_ref_prepare_kv(const fr_ref_config *cfg, int head_dim, int n, const
         /* Line 2, values: the quantized range starts at token 0 (page aligned)
          * so the blocks match the cache's; sink values are kept in BF16. */
         memmove(v_out, v, sizeof(float) * (size_t)n * d);
-        quantize_values(f, d, 0, view->fp4_end, v, v_out);
+        /* The sink's quantized copy is masked: its values are zeroed before
+         * quantizing so they do not set the scales of their block-mates. */
+        for (int t = 0; t < view->n_sink && t < view->fp4_end; t++)
+            memset(v_out + (size_t)t * d, 0, sizeof(float) * (size_t)d);
+        quantize_values(f, d, 0, view->fp4_end, v_out, v_out);
         for (int t = 0; t < n; t++)
             if (t < view->n_sink || t >= view->fp4_end)
                 for (int j = 0; j < d; j++) v_out[(size_t)t * d + j] = fr_bf16_round(v[(size_t)t * d + j]);

@@ -331,6 +331,9 @@ static fr_status promote(fr_kv_cache *c, int seq, int page)
         for (int h = 0; h < c->cfg.n_kv_heads; h++) {
             const uint16_t *sk = slot_k(c, seq, l, h), *sv = slot_v(c, seq, l, h);
             for (int i = 0; i < T * d; i++) { k[i] = fr_bf16_decode(sk[i]); v[i] = fr_bf16_decode(sv[i]); }
+            /* The sink's page copy is masked; zeroing its values keeps them
+             * out of the value scales of tokens 16..B-1 (MXFP4 blocks span 32). */
+            if (page == 0 && keeps_bf16(c)) memset(v, 0, sizeof(float) * SINK * (size_t)d);
             write_head_page(c, l, h, k, v, head_page(c, block, l, h));
         }
     free(k);
