@@ -38,6 +38,7 @@ UNIT_BINS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 UNIT_HOBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(UNIT_HELP))
 
 .PHONY: all deps test unit integration demo clean
+.SECONDARY: $(UNIT_HOBJ)
 all: $(BIN) $(UNIT_BINS)
 
 deps:

@@ -14,18 +14,12 @@ static fr_status load_tensor(const st_file *f, const char *path, const char *nam
     const st_tensor *t = st_file_find(f, name);
     *out = NULL;
     if (!t) return FR_OK;
-    int ok = t->ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
-    if (!ok) {
-        char got[64], want[64];
-        st_shape_str(got, sizeof got, t->ndim, t->shape);
-        st_shape_str(want, sizeof want, ndim, shape);
-        return fr_fail(FR_EFORMAT, "%s: tensor %s has shape %s, the model needs %s", path, name, got, want);
-    }
+    fr_status st = st_check_shape(t, path, ndim, shape);
+    if (st) return st;
     size_t n = st_tensor_numel(t);
     *out = malloc(sizeof(float) * (n ? n : 1));
     if (!*out) return fr_fail(FR_ENOMEM, "%s: out of memory", path);
-    fr_status st = st_tensor_to_f32(t, *out, n);
+    st = st_tensor_to_f32(t, *out, n);
     if (st) { free(*out); *out = NULL; }
     return st;
 }

@@ -222,14 +222,8 @@ fr_status fr_checkpoint_load_f32(const fr_checkpoint *c, const char *name, int n
     const st_tensor *t = e->t;
     const char *file = st_file_path(c->files[e->file]);
 
-    int same = t->ndim == ndim;
-    for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
-    if (!same) {
-        char have[200], want[200];
-        st_shape_str(have, sizeof have, t->ndim, t->shape);
-        st_shape_str(want, sizeof want, ndim, shape);
-        return fr_fail(FR_EFORMAT, "%s: tensor %s has shape %s, expected %s", file, name, have, want);
-    }
+    fr_status st = st_check_shape(t, file, ndim, shape);
+    if (st) return st;
     if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16)
         return fr_fail(FR_EUNSUPPORTED, "%s: tensor %s has dtype %s; expected F32, F16 or BF16", file,
                        name, st_dtype_name(t->dtype));

@@ -400,3 +400,14 @@ fr_status st_tensor_to_f32(const st_tensor *t, float *dst, size_t n_elems)
                        t->name, st_dtype_name(t->dtype));
     }
 }
+
+fr_status st_check_shape(const st_tensor *t, const char *file, int ndim, const int64_t *shape)
+{
+    int same = t->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
+    if (same) return FR_OK;
+    char have[200], want[200];
+    st_shape_str(have, sizeof have, t->ndim, t->shape);
+    st_shape_str(want, sizeof want, ndim, shape);
+    return fr_fail(FR_EFORMAT, "%s: tensor %s has shape %s, expected %s", file, t->name, have, want);
+}

@@ -42,6 +42,9 @@ size_t st_tensor_numel(const st_tensor *t);
 
 /* Writes "[2, 3]" into buf (truncated to size), for error messages. */
 void st_shape_str(char *buf, size_t size, int ndim, const int64_t *shape);
+/* FR_OK when t has exactly this shape, else FR_EFORMAT with
+ * "FILE: tensor NAME has shape [..], expected [..]". */
+fr_status st_check_shape(const st_tensor *t, const char *file, int ndim, const int64_t *shape);
 
 /* ---- parsed header over a caller-owned image --------------------------- */
 

@@ -35,21 +35,7 @@ static int make_dir(void **state)
     return mkdtemp(tmpdir) ? 0 : -1;
 }
 
-/* Removes every file in dir (no subfolders), then dir itself. */
-static void clear_dir(const char *dir, int remove_self)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-    closedir(d);
-    if (remove_self) rmdir(dir);
-}
+static void clear_dir(const char *dir, int remove_self) { fr_test_clear_dir(dir, remove_self); }
 
 static int remove_dir(void **state)
 {

@@ -213,19 +213,7 @@ static void test_bad_specs(void **state)
 
 static char tmpdir[] = "/tmp/fr_model_XXXXXX";
 
-static void clear_dir(void)
-{
-    DIR *d = opendir(tmpdir);
-    if (!d) return;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-            unlink(p);
-        }
-    closedir(d);
-}
+static void clear_dir(void) { fr_test_clear_dir(tmpdir, 0); }
 
 static int make_dir(void **state)
 {

@@ -361,17 +361,7 @@ static int make_dir(void **state)
 static int remove_dir(void **state)
 {
     (void)state;
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        struct dirent *e;
-        char p[512];
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
+    fr_test_clear_dir(tmpdir, 0);
     return rmdir(tmpdir);
 }
 

@@ -1,6 +1,9 @@
 #include "test_util.h"
 
+#include <dirent.h>
 #include <math.h>
+#include <string.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -39,4 +42,19 @@ float fr_test_normal(fr_test_rng *r)
     float u1 = fr_test_uniform(r), u2 = fr_test_uniform(r);
     if (u1 < 1e-12f) u1 = 1e-12f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
+}
+
+void fr_test_clear_dir(const char *dir, int remove_self)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char p[4096];
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    closedir(d);
+    if (remove_self) rmdir(dir);
 }

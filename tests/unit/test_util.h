@@ -11,6 +11,9 @@
 const char *fr_test_tq6_dir(void);
 const char *fr_test_require_tq6(void);
 
+/* Removes every file in dir (no subfolders), and dir itself when remove_self. */
+void fr_test_clear_dir(const char *dir, int remove_self);
+
 /* A small deterministic generator (splitmix64) so test data is reproducible. */
 typedef struct { uint64_t s; } fr_test_rng;
 uint64_t fr_test_u64(fr_test_rng *r);
