@@ -3,8 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "atomic_file.h"
 #include "attention/prob_quant.h"
 #include "safetensors.h"
 
@@ -73,20 +73,17 @@ fr_status fr_calib_save(const char *path, const fr_model_config *cfg, const fr_c
                         cfg->num_layers, cfg->num_kv_heads, nk * 4 + 4, nk * 4 + 4 + nf * 4);
     len += snprintf(header + len, sizeof header - (size_t)len, "}");
     while (len % 8) header[len++] = ' ';
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) return fr_fail(FR_EIO, "cannot create %s", tmp);
+    fr_atomic_file out;
+    fr_status st = fr_atomic_file_open(&out, path);
+    if (st) return st;
     uint64_t hl = (uint64_t)len;
     uint8_t le[8];
     for (int i = 0; i < 8; i++) le[i] = (uint8_t)(hl >> (8 * i));
+    FILE *fp = out.f;
     int ok = fwrite(le, 1, 8, fp) == 8 && fwrite(header, 1, (size_t)len, fp) == (size_t)len &&
              fwrite(c->key_mean, 4, nk, fp) == nk && fwrite(&c->tau, 4, 1, fp) == 1 &&
              (!nf || fwrite(c->fp8_scales, 4, nf, fp) == nf);
-    if (fclose(fp) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return fr_fail(FR_EIO, "cannot write %s", path);
-    }
-    return FR_OK;
+    st = fr_atomic_file_close(&out, ok);
+    if (!ok && !st) st = fr_fail(FR_EIO, "cannot write %s", path);
+    return st;
 }

@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "attention/microscale.h"
+#include "atomic_file.h"
 #include "cli.h"
 
 static const char usage_text[] =
@@ -82,20 +82,19 @@ int fr_cli_quant(int argc, char **argv)
         return 1;
     }
     FILE *in = fopen(paths[0], "rb");
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", paths[1], (int)getpid());
-    FILE *out = in ? fopen(tmp, "wb") : NULL;
-    if (!in || !out) {
-        fprintf(stderr, "fp4rollout quant: cannot open '%s'\n", in ? tmp : paths[0]);
-        if (in) fclose(in);
+    if (!in) {
+        fprintf(stderr, "fp4rollout quant: cannot open '%s'\n", paths[0]);
         return 1;
     }
-    fr_status st = quantize_file(in, out, f, search, dual, d);
+    fr_atomic_file out;
+    fr_status st = fr_atomic_file_open(&out, paths[1]);
+    if (!st) {
+        st = quantize_file(in, out.f, f, search, dual, d);
+        fr_status cst = fr_atomic_file_close(&out, st == FR_OK);
+        if (!st) st = cst;
+    }
     fclose(in);
-    if (fclose(out) != 0 && !st) st = fr_fail(FR_EIO, "write failed");
-    if (!st && rename(tmp, paths[1]) != 0) st = fr_fail(FR_EIO, "cannot create '%s'", paths[1]);
     if (st) {
-        unlink(tmp);
         fprintf(stderr, "fp4rollout quant: %s\n", fr_last_error());
         return 1;
     }

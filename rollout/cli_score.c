@@ -2,8 +2,8 @@
  * by token through the decode path and the cache. */
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "atomic_file.h"
 #include "cli.h"
 #include "session.h"
 
@@ -22,18 +22,14 @@ static const char usage_text[] =
     "  --decode             one decode step per token instead of a prefill\n"
     "engine options:\n";
 
-static int write_all(const char *path, const float *x, size_t n)
+static fr_status write_all(const char *path, const float *x, size_t n)
 {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
-    int ok = f && fwrite(x, sizeof(float), n, f) == n;
-    if (f && fclose(f) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return fr_fail(FR_EIO, "cannot write %s", path);
-    }
-    return FR_OK;
+    fr_atomic_file out;
+    fr_status st = fr_atomic_file_open(&out, path);
+    if (st) return st;
+    int ok = fwrite(x, sizeof(float), n, out.f) == n;
+    st = fr_atomic_file_close(&out, ok);
+    return ok || st ? st : fr_fail(FR_EIO, "cannot write %s", path);
 }
 
 int fr_cli_score(int argc, char **argv)
