@@ -219,25 +219,23 @@ fr_status fr_kv_reserve(fr_kv_cache *c, int seq, int n)
 
 /* ---- numerics of storing ---- */
 
-/* Smoothing and rotation of n key rows, without rounding. */
-static void transform_keys(const fr_kv_cache *c, int layer, int n, float *k)
+/* Smoothing and rotation of one head's key, without rounding. */
+static void transform_key(const fr_kv_cache *c, int layer, int head, float *x)
 {
-    const int H = c->cfg.n_kv_heads, d = c->cfg.head_dim;
+    const int d = c->cfg.head_dim;
     if (!is_fp4(c)) return;
-    for (int i = 0; i < n; i++)
-        for (int h = 0; h < H; h++) {
-            float *x = k + ((size_t)i * H + h) * d;
-            if (c->cfg.recipe.smooth) {
-                const float *mu = c->key_mean + ((size_t)layer * H + h) * d;
-                for (int j = 0; j < d; j++) x[j] -= mu[j];
-            }
-            if (c->cfg.recipe.rotate) fr_hadamard(x, d);
-        }
+    if (c->cfg.recipe.smooth) {
+        const float *mu = c->key_mean + ((size_t)layer * c->cfg.n_kv_heads + head) * d;
+        for (int j = 0; j < d; j++) x[j] -= mu[j];
+    }
+    if (c->cfg.recipe.rotate) fr_hadamard(x, d);
 }
 
 void fr_kv_key_form(const fr_kv_cache *c, int layer, int n, float *k)
 {
-    transform_keys(c, layer, n, k);
+    const int H = c->cfg.n_kv_heads, d = c->cfg.head_dim;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < H; h++) transform_key(c, layer, h, k + ((size_t)i * H + h) * d);
     size_t total = (size_t)n * c->cfg.n_kv_heads * c->cfg.head_dim;
     for (size_t i = 0; i < total; i++) k[i] = fr_bf16_round(k[i]);
 }
@@ -423,16 +421,11 @@ fr_status fr_kv_gather(const fr_kv_cache *c, int seq, int layer, int head, int n
             k_out[(size_t)t * d + j] = fr_bf16_decode(sk[(size_t)(t - full) * d + j]);
             v_out[(size_t)t * d + j] = fr_bf16_decode(sv[(size_t)(t - full) * d + j]);
         }
-    if (n_step > 0) {
-        float *row = malloc(sizeof(float) * (size_t)(H * d));
-        if (!row) return fr_fail(FR_ENOMEM, "kv cache: out of memory");
-        for (int i = 0; i < n_step; i++) {
-            memcpy(row, step_k + (size_t)i * H * d, sizeof(float) * (size_t)(H * d));
-            transform_keys(c, layer, 1, row);
-            memcpy(k_out + (size_t)(len + i) * d, row + head * d, sizeof(float) * (size_t)d);
-            memcpy(v_out + (size_t)(len + i) * d, step_v + ((size_t)i * H + head) * d, sizeof(float) * (size_t)d);
-        }
-        free(row);
+    for (int i = 0; i < n_step; i++) {   /* only this head's rows: no work for the others */
+        float *kt = k_out + (size_t)(len + i) * d;
+        memcpy(kt, step_k + ((size_t)i * H + head) * d, sizeof(float) * (size_t)d);
+        transform_key(c, layer, head, kt);
+        memcpy(v_out + (size_t)(len + i) * d, step_v + ((size_t)i * H + head) * d, sizeof(float) * (size_t)d);
     }
     *view = (fr_kv_view){.n_tokens = n, .k = k_out, .v = v_out};
     if (keeps_bf16(c)) {
