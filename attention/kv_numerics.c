@@ -12,17 +12,17 @@ fr_recipe fr_recipe_full(void)
 
 fr_recipe fr_recipe_vanilla(void) { return (fr_recipe){0}; }
 
-static const char *const dtype_names[] = {"bf16", "fp8", "nvfp4", "mxfp4"};
+static const char *const dtype_names[] = {"bf16", "fp8", "nvfp4", "mxfp4", "f32"};
 
 fr_status fr_kv_dtype_parse(const char *s, fr_kv_dtype *out)
 {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (s && strcmp(s, dtype_names[i]) == 0) { *out = (fr_kv_dtype)i; return FR_OK; }
-    return fr_fail(FR_EINVAL, "unknown kv dtype '%s' (expected bf16, fp8, nvfp4 or mxfp4)",
+    return fr_fail(FR_EINVAL, "unknown kv dtype '%s' (expected bf16, fp8, nvfp4, mxfp4 or f32)",
                    s ? s : "(null)");
 }
 
-const char *fr_kv_dtype_name(fr_kv_dtype t) { return (unsigned)t < 4 ? dtype_names[t] : "?"; }
+const char *fr_kv_dtype_name(fr_kv_dtype t) { return (unsigned)t < 5 ? dtype_names[t] : "?"; }
 
 int fr_kv_dtype_is_fp4(fr_kv_dtype t) { return t == FR_KV_NVFP4 || t == FR_KV_MXFP4; }
 

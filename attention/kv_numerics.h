@@ -8,7 +8,9 @@
 #include "microscale.h"
 #include "prob_quant.h"
 
-typedef enum { FR_KV_BF16 = 0, FR_KV_FP8, FR_KV_NVFP4, FR_KV_MXFP4 } fr_kv_dtype;
+/* f32 is the CPU backend's exact storage: no rounding anywhere, so the decode
+ * path can be checked against a float32 prefill to float32 precision. */
+typedef enum { FR_KV_BF16 = 0, FR_KV_FP8, FR_KV_NVFP4, FR_KV_MXFP4, FR_KV_F32 } fr_kv_dtype;
 
 /* exact: dual FP4 query and FP4 probabilities, as native FP4 MMAs compute;
  * bf16: query and probabilities unquantized. */

@@ -291,6 +291,8 @@ fr_status fr_ref_prepare_kv(const fr_ref_config *cfg, int head_dim, int n, const
                 if (cfg->kv_dtype == FR_KV_FP8) {
                     kt[j] = cfg->fp8_k_scale * fr_e4m3_round(kv / cfg->fp8_k_scale);
                     v_out[(size_t)t * d + j] = cfg->fp8_v_scale * fr_e4m3_round(vv / cfg->fp8_v_scale);
+                } else if (cfg->kv_dtype == FR_KV_F32) {
+                    v_out[(size_t)t * d + j] = vv;
                 } else {
                     kt[j] = fr_bf16_round(kv);
                     v_out[(size_t)t * d + j] = fr_bf16_round(vv);

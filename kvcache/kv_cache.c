@@ -23,8 +23,10 @@ struct fr_kv_cache {
     uint8_t *pool;              /* n_blocks * block_bytes */
     fr_block_allocator *alloc;
     kv_seq *seqs;               /* max_seqs */
-    uint16_t *recent;           /* [max_seqs][layers][kvh][T][d] K then V, BF16 */
-    uint16_t *sink;             /* [max_seqs][layers][kvh][SINK][d] K then V, BF16 */
+    /* Slots hold float32 values already rounded to the slot precision (BF16,
+     * or none for f32), so reading them back is a plain copy. */
+    float *recent;              /* [max_seqs][layers][kvh][T][d] K then V */
+    float *sink;                /* [max_seqs][layers][kvh][SINK][d] K then V */
     float *key_mean;            /* [layers][kvh][d] */
     float *fp8_scales;          /* [layers][kvh][2] */
     size_t slot_elems;          /* elements of one K (or V) recent slot per sequence */
@@ -34,6 +36,11 @@ struct fr_kv_cache {
 static int is_fp4(const fr_kv_cache *c) { return fr_kv_dtype_is_fp4(c->cfg.dtype); }
 static int keeps_bf16(const fr_kv_cache *c) { return is_fp4(c) && c->cfg.recipe.sink_recent; }
 static fr_fp4_format fmt(const fr_kv_cache *c) { return fr_kv_dtype_fp4_format(c->cfg.dtype); }
+/* The precision of the slots and of the store form: BF16, except f32. */
+static float slot_round(const fr_kv_cache *c, float x)
+{
+    return c->cfg.dtype == FR_KV_F32 ? x : fr_bf16_round(x);
+}
 
 fr_status fr_kv_cache_new(const fr_kv_cache_config *cfg, fr_kv_cache **out)
 {
@@ -59,8 +66,8 @@ fr_status fr_kv_cache_new(const fr_kv_cache_config *cfg, fr_kv_cache **out)
     c->sink_elems = (size_t)L * H * SINK * d;
     c->pool = calloc((size_t)cfg->n_blocks, c->block_bytes);
     c->seqs = calloc((size_t)cfg->max_seqs, sizeof *c->seqs);
-    c->recent = malloc(sizeof(uint16_t) * 2 * c->slot_elems * (size_t)cfg->max_seqs);
-    c->sink = malloc(sizeof(uint16_t) * 2 * c->sink_elems * (size_t)cfg->max_seqs);
+    c->recent = malloc(sizeof(float) * 2 * c->slot_elems * (size_t)cfg->max_seqs);
+    c->sink = malloc(sizeof(float) * 2 * c->sink_elems * (size_t)cfg->max_seqs);
     c->key_mean = calloc((size_t)(L * H * d), sizeof(float));
     c->fp8_scales = malloc(sizeof(float) * (size_t)(L * H * 2));
     fr_status st = FR_OK;
@@ -114,21 +121,21 @@ fr_attn_params fr_kv_attn_params(const fr_kv_cache *c, int group)
 
 /* ---- slots ---- */
 
-static uint16_t *slot_k(const fr_kv_cache *c, int seq, int layer, int head)
+static float *slot_k(const fr_kv_cache *c, int seq, int layer, int head)
 {
     size_t base = (size_t)seq * 2 * c->slot_elems;
     return c->recent + base + ((size_t)layer * c->cfg.n_kv_heads + head) * T * c->cfg.head_dim;
 }
-static uint16_t *slot_v(const fr_kv_cache *c, int seq, int layer, int head)
+static float *slot_v(const fr_kv_cache *c, int seq, int layer, int head)
 {
     return slot_k(c, seq, layer, head) + c->slot_elems;
 }
-static uint16_t *sink_k(const fr_kv_cache *c, int seq, int layer, int head)
+static float *sink_k(const fr_kv_cache *c, int seq, int layer, int head)
 {
     size_t base = (size_t)seq * 2 * c->sink_elems;
     return c->sink + base + ((size_t)layer * c->cfg.n_kv_heads + head) * SINK * c->cfg.head_dim;
 }
-static uint16_t *sink_v(const fr_kv_cache *c, int seq, int layer, int head)
+static float *sink_v(const fr_kv_cache *c, int seq, int layer, int head)
 {
     return sink_k(c, seq, layer, head) + c->sink_elems;
 }
@@ -174,8 +181,8 @@ fr_status fr_kv_seq_fork(fr_kv_cache *c, int src, int *dst)
         return st;
     }
     b->len = a->len;
-    memcpy(slot_k(c, d, 0, 0), slot_k(c, src, 0, 0), sizeof(uint16_t) * 2 * c->slot_elems);
-    memcpy(sink_k(c, d, 0, 0), sink_k(c, src, 0, 0), sizeof(uint16_t) * 2 * c->sink_elems);
+    memcpy(slot_k(c, d, 0, 0), slot_k(c, src, 0, 0), sizeof(float) * 2 * c->slot_elems);
+    memcpy(sink_k(c, d, 0, 0), sink_k(c, src, 0, 0), sizeof(float) * 2 * c->sink_elems);
     *dst = d;
     return FR_OK;
 }
@@ -237,13 +244,13 @@ void fr_kv_key_form(const fr_kv_cache *c, int layer, int n, float *k)
     for (int i = 0; i < n; i++)
         for (int h = 0; h < H; h++) transform_key(c, layer, h, k + ((size_t)i * H + h) * d);
     size_t total = (size_t)n * c->cfg.n_kv_heads * c->cfg.head_dim;
-    for (size_t i = 0; i < total; i++) k[i] = fr_bf16_round(k[i]);
+    for (size_t i = 0; i < total; i++) k[i] = slot_round(c, k[i]);
 }
 
 void fr_kv_value_form(const fr_kv_cache *c, int n, float *v)
 {
     size_t total = (size_t)n * c->cfg.n_kv_heads * c->cfg.head_dim;
-    for (size_t i = 0; i < total; i++) v[i] = fr_bf16_round(v[i]);
+    for (size_t i = 0; i < total; i++) v[i] = slot_round(c, v[i]);
 }
 
 void fr_kv_query_form(const fr_kv_cache *c, int rows, float *q)
@@ -261,6 +268,11 @@ static void write_head_page(const fr_kv_cache *c, int layer, int head, const flo
     if (c->cfg.dtype == FR_KV_BF16) {
         uint16_t *pk = (uint16_t *)(page + l->k_codes), *pv = (uint16_t *)(page + l->v_codes);
         for (int i = 0; i < T * d; i++) { pk[i] = fr_bf16_encode(k[i]); pv[i] = fr_bf16_encode(v[i]); }
+        return;
+    }
+    if (c->cfg.dtype == FR_KV_F32) {
+        memcpy(page + l->k_codes, k, sizeof(float) * T * (size_t)d);
+        memcpy(page + l->v_codes, v, sizeof(float) * T * (size_t)d);
         return;
     }
     if (c->cfg.dtype == FR_KV_FP8) {
@@ -296,6 +308,11 @@ static void read_head_page(const fr_kv_cache *c, int layer, int head, const uint
         for (int i = 0; i < T * d; i++) { k[i] = fr_bf16_decode(pk[i]); v[i] = fr_bf16_decode(pv[i]); }
         return;
     }
+    if (c->cfg.dtype == FR_KV_F32) {
+        memcpy(k, page + l->k_codes, sizeof(float) * T * (size_t)d);
+        memcpy(v, page + l->v_codes, sizeof(float) * T * (size_t)d);
+        return;
+    }
     if (c->cfg.dtype == FR_KV_FP8) {
         const float *sc = c->fp8_scales + ((size_t)layer * c->cfg.n_kv_heads + head) * 2;
         for (int i = 0; i < T * d; i++) {
@@ -327,8 +344,8 @@ static fr_status promote(fr_kv_cache *c, int seq, int page)
     int block = c->seqs[seq].table.blocks[page];
     for (int l = 0; l < c->cfg.n_layers; l++)
         for (int h = 0; h < c->cfg.n_kv_heads; h++) {
-            const uint16_t *sk = slot_k(c, seq, l, h), *sv = slot_v(c, seq, l, h);
-            for (int i = 0; i < T * d; i++) { k[i] = fr_bf16_decode(sk[i]); v[i] = fr_bf16_decode(sv[i]); }
+            memcpy(k, slot_k(c, seq, l, h), sizeof(float) * T * (size_t)d);
+            memcpy(v, slot_v(c, seq, l, h), sizeof(float) * T * (size_t)d);
             /* The sink's page copy is masked; zeroing its values keeps them
              * out of the value scales of tokens 16..B-1 (MXFP4 blocks span 32). */
             if (page == 0 && keeps_bf16(c)) memset(v, 0, sizeof(float) * SINK * (size_t)d);
@@ -359,11 +376,11 @@ fr_status fr_kv_append(fr_kv_cache *c, int seq, int n, const float *k, const flo
             fr_kv_key_form(c, l, 1, row);
             for (int h = 0; h < H; h++) {
                 const float *kr = row + h * d, *vr = vrow + h * d;
-                uint16_t *dk = slot_k(c, seq, l, h) + (size_t)t * d, *dv = slot_v(c, seq, l, h) + (size_t)t * d;
-                for (int j = 0; j < d; j++) { dk[j] = fr_bf16_encode(kr[j]); dv[j] = fr_bf16_encode(vr[j]); }
+                float *dk = slot_k(c, seq, l, h) + (size_t)t * d, *dv = slot_v(c, seq, l, h) + (size_t)t * d;
+                for (int j = 0; j < d; j++) { dk[j] = kr[j]; dv[j] = slot_round(c, vr[j]); }
                 if (pos < SINK) {
-                    memcpy(sink_k(c, seq, l, h) + (size_t)pos * d, dk, sizeof(uint16_t) * (size_t)d);
-                    memcpy(sink_v(c, seq, l, h) + (size_t)pos * d, dv, sizeof(uint16_t) * (size_t)d);
+                    memcpy(sink_k(c, seq, l, h) + (size_t)pos * d, dk, sizeof(float) * (size_t)d);
+                    memcpy(sink_v(c, seq, l, h) + (size_t)pos * d, dv, sizeof(float) * (size_t)d);
                 }
             }
         }
@@ -415,12 +432,8 @@ fr_status fr_kv_gather(const fr_kv_cache *c, int seq, int layer, int head, int n
     for (int p = 0; p < len / T; p++)
         read_head_page(c, layer, head, head_page(c, s->table.blocks[p], layer, head),
                        k_out + (size_t)p * T * d, v_out + (size_t)p * T * d);
-    const uint16_t *sk = slot_k(c, seq, layer, head), *sv = slot_v(c, seq, layer, head);
-    for (int t = full; t < len; t++)
-        for (int j = 0; j < d; j++) {
-            k_out[(size_t)t * d + j] = fr_bf16_decode(sk[(size_t)(t - full) * d + j]);
-            v_out[(size_t)t * d + j] = fr_bf16_decode(sv[(size_t)(t - full) * d + j]);
-        }
+    memcpy(k_out + (size_t)full * d, slot_k(c, seq, layer, head), sizeof(float) * (size_t)(len - full) * d);
+    memcpy(v_out + (size_t)full * d, slot_v(c, seq, layer, head), sizeof(float) * (size_t)(len - full) * d);
     for (int i = 0; i < n_step; i++) {   /* only this head's rows: no work for the others */
         float *kt = k_out + (size_t)(len + i) * d;
         memcpy(kt, step_k + ((size_t)i * H + head) * d, sizeof(float) * (size_t)d);
@@ -431,14 +444,10 @@ fr_status fr_kv_gather(const fr_kv_cache *c, int seq, int layer, int head, int n
     if (keeps_bf16(c)) {
         view->n_sink = n < SINK ? n : SINK;
         view->fp4_end = full;
-        const uint16_t *zk = sink_k(c, seq, layer, head), *zv = sink_v(c, seq, layer, head);
         int ns = len < SINK ? len : SINK;   /* stored sink tokens; step tokens stay as computed */
-        for (int t = 0; t < ns; t++)
-            for (int j = 0; j < d; j++) {
-                k_out[(size_t)t * d + j] = fr_bf16_decode(zk[(size_t)t * d + j]);
-                v_out[(size_t)t * d + j] = fr_bf16_decode(zv[(size_t)t * d + j]);
-            }
-    } else if (c->cfg.dtype != FR_KV_BF16) {
+        memcpy(k_out, sink_k(c, seq, layer, head), sizeof(float) * (size_t)ns * d);
+        memcpy(v_out, sink_v(c, seq, layer, head), sizeof(float) * (size_t)ns * d);
+    } else if (c->cfg.dtype != FR_KV_BF16 && c->cfg.dtype != FR_KV_F32) {
         quantize_on_the_fly(c, layer, head, n - full, k_out + (size_t)full * d, v_out + (size_t)full * d);
         if (is_fp4(c)) view->fp4_end = n;
     }

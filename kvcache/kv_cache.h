@@ -6,7 +6,7 @@
  *    float32 on the CPU, BF16 on the GPU), smoothed and rotated like stored
  *    keys (vanilla FP4 and FP8 quantize them on the fly like stored ones);
  *  - fr_kv_append then stores them, in "store form" (FP4 dtypes: key minus the
- *    calibrated mean, Hadamard-rotated), rounded to BF16, in the sequence's
+ *    calibrated mean, Hadamard-rotated), rounded to BF16 (f32: not rounded), in the sequence's
  *    recent slot, and the first 16 tokens also in its sink slot;
  *  - when a page's 128th token is appended, the page is promoted: quantized
  *    from the BF16 slot into the block reserved for it.
@@ -61,7 +61,7 @@ fr_status fr_kv_reserve(fr_kv_cache *c, int seq, int n);
 
 /* Store form of n key rows of one layer (in place, [n][kv_heads][d]):
  * FP4 dtypes subtract the key mean and rotate per the recipe; then every
- * dtype rounds to BF16. fr_kv_value_form only rounds. */
+ * dtype but f32 rounds to BF16. fr_kv_value_form only rounds. */
 void fr_kv_key_form(const fr_kv_cache *c, int layer, int n, float *k);
 void fr_kv_value_form(const fr_kv_cache *c, int n, float *v);
 /* The query for an FP4 cache: rotated when the keys are ([rows][d]). */

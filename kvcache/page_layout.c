@@ -12,7 +12,7 @@ fr_page_layout fr_page_layout_for(fr_kv_dtype t, int head_dim)
         l.v_scales = l.v_codes + d * T / 2;
         l.head_page_bytes = l.v_scales + d * T / B;
     } else {
-        size_t elem = t == FR_KV_FP8 ? 1 : 2;
+        size_t elem = t == FR_KV_FP8 ? 1 : t == FR_KV_F32 ? 4 : 2;
         l.k_codes = 0;
         l.v_codes = T * d * elem;
         l.k_scales = l.v_scales = l.v_codes;   /* no per-page scales */

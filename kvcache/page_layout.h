@@ -7,6 +7,7 @@
  *   FP4   K codes [T][d/2] | K scales [T][d/B] | V codes [d][T/2] | V scales [d][T/B]
  *   FP8   K [T][d] E4M3    | V [T][d] E4M3
  *   BF16  K [T][d] BF16    | V [T][d] BF16
+ *   F32   K [T][d] float32 | V [T][d] float32 (CPU reference)
  * Keys are packed along head_dim (one scale per B channels of a token),
  * values along tokens (one scale per B tokens of a channel), as the two
  * attention products need them.

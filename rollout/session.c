@@ -10,7 +10,8 @@
 
 const char fr_engine_opts_usage[] =
     "  --model M            checkpoint directory, or synthetic:tiny[:SEED] (default)\n"
-    "  --kv T               KV cache dtype: bf16 (default), fp8, nvfp4, mxfp4\n"
+    "  --kv T               KV cache dtype: bf16 (default), fp8, nvfp4, mxfp4, or\n"
+    "                       f32 (exact float32 storage, the CPU reference)\n"
     "  --fp4-compute C      exact (default: FP4 query and probabilities, as native\n"
     "                       FP4 MMAs compute) or bf16 (unquantized query and P)\n"
     "  --recipe R           full (default) or vanilla, optionally followed by\n"

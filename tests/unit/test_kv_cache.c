@@ -118,9 +118,9 @@ static void store_form(const tcase *tc, const float *K, const float *V, int N, i
     for (int t = 0; t < n; t++) {
         key_transform(tc, l, h, raw_at(tc, K, N, l, t, h), ks + (size_t)t * d);
         const float *vr = raw_at(tc, V, N, l, t, h);
-        for (int j = 0; j < d; j++) {
-            ks[(size_t)t * d + j] = fr_bf16_round(ks[(size_t)t * d + j]);
-            vs[(size_t)t * d + j] = fr_bf16_round(vr[j]);
+        for (int j = 0; j < d; j++) {   /* f32 storage keeps every bit */
+            ks[(size_t)t * d + j] = tc->dt == FR_KV_F32 ? ks[(size_t)t * d + j] : fr_bf16_round(ks[(size_t)t * d + j]);
+            vs[(size_t)t * d + j] = tc->dt == FR_KV_F32 ? vr[j] : fr_bf16_round(vr[j]);
         }
     }
 }
@@ -141,7 +141,7 @@ static layout_t my_layout(fr_kv_dtype dt, int d)
         o.vs = o.vc + D * T / 2;
         o.bytes = o.vs + D * T / B;
     } else {
-        size_t e = dt == FR_KV_FP8 ? 1 : 2;
+        size_t e = dt == FR_KV_FP8 ? 1 : dt == FR_KV_F32 ? 4 : 2;
         o.vc = o.ks = o.vs = T * D * e;
         o.bytes = 2 * T * D * e;
     }
@@ -160,6 +160,11 @@ static void encode_head_page(const tcase *tc, int l, int h, const float *ks, con
             memcpy(page + o.kc + 2 * (size_t)i, &a, 2);
             memcpy(page + o.vc + 2 * (size_t)i, &b, 2);
         }
+        return;
+    }
+    if (tc->dt == FR_KV_F32) {
+        memcpy(page + o.kc, ks, sizeof(float) * T * (size_t)d);
+        memcpy(page + o.vc, vs, sizeof(float) * T * (size_t)d);
         return;
     }
     if (tc->dt == FR_KV_FP8) {
@@ -253,7 +258,7 @@ static void test_page_layout_sizes(void **state)
 {
     (void)state;
     static const struct { fr_kv_dtype dt; size_t per_token; } want[] = {
-        {FR_KV_NVFP4, 144}, {FR_KV_MXFP4, 136}, {FR_KV_FP8, 256}, {FR_KV_BF16, 512}};
+        {FR_KV_NVFP4, 144}, {FR_KV_MXFP4, 136}, {FR_KV_FP8, 256}, {FR_KV_BF16, 512}, {FR_KV_F32, 1024}};
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         fr_page_layout l = fr_page_layout_for(want[i].dt, 128);
         assert_int_equal(l.head_page_bytes, want[i].per_token * 128);
@@ -361,6 +366,7 @@ static void test_promotion_fp8_bf16(void **state)
     for (int d = 64; d <= 128; d *= 2) {
         promotion_case(FR_KV_FP8, "full", d, 200 + (uint64_t)d);   /* recipe has no effect on FP8 */
         promotion_case(FR_KV_BF16, "full", d, 300 + (uint64_t)d);
+        promotion_case(FR_KV_F32, "full", d, 350 + (uint64_t)d);
     }
 }
 
@@ -412,7 +418,7 @@ static void expected_gather(const tcase *tc, const float *K, const float *V, int
         memcpy(ve + (size_t)(len + i) * d, stepV + ((size_t)i * NH + h) * d, sizeof(float) * (size_t)d);
     }
     *view = (fr_kv_view){.n_tokens = n};
-    if (tc->dt == FR_KV_BF16) return;
+    if (tc->dt == FR_KV_BF16 || tc->dt == FR_KV_F32) return;
     const fr_fp4_format f = tc_fmt(tc);
     const int B = tc_block(tc);
     const float *sc = tc->fp8 + ((size_t)l * NH + h) * 2;
@@ -520,7 +526,7 @@ static void test_gather_regions(void **state)
         {FR_KV_NVFP4, "full"},      {FR_KV_NVFP4, "vanilla"}, {FR_KV_NVFP4, "full,-sink"},
         {FR_KV_NVFP4, "full,-rotate"}, {FR_KV_MXFP4, "full"}, {FR_KV_MXFP4, "vanilla"},
         {FR_KV_MXFP4, "vanilla,+search,+smooth"}, {FR_KV_FP8, "full"}, {FR_KV_BF16, "full"},
-        {FR_KV_FP8, "vanilla"}};
+        {FR_KV_FP8, "vanilla"}, {FR_KV_F32, "full"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         gather_case(cases[i].dt, cases[i].recipe, 128, 300, 3, 400 + i);
         gather_case(cases[i].dt, cases[i].recipe, 64, 300, 3, 500 + i);
@@ -532,11 +538,11 @@ static void test_gather_regions(void **state)
 static void test_gather_edges(void **state)
 {
     (void)state;
-    static const fr_kv_dtype dts[] = {FR_KV_NVFP4, FR_KV_MXFP4, FR_KV_FP8, FR_KV_BF16};
+    static const fr_kv_dtype dts[] = {FR_KV_NVFP4, FR_KV_MXFP4, FR_KV_FP8, FR_KV_BF16, FR_KV_F32};
     static const char *recipes[] = {"full", "vanilla"};
     static const int lens[][2] = {{10, 3}, {1, 0}, {16, 2}, {128, 0}, {256, 5}, {129, 1}};
     uint64_t seed = 600;
-    for (size_t a = 0; a < 4; a++)
+    for (size_t a = 0; a < 5; a++)
         for (size_t r = 0; r < 2; r++)
             for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
                 gather_case(dts[a], recipes[r], 64, lens[i][0], lens[i][1], seed++);
@@ -1076,6 +1082,7 @@ static void test_matches_reference_exact_inputs(void **state)
     ref_case(FR_KV_NVFP4, "vanilla,+smooth,+search", 0, 804);
     ref_case(FR_KV_FP8, "full", 0, 805);
     ref_case(FR_KV_BF16, "full", 0, 806);
+    ref_case(FR_KV_F32, "full", 0, 807);
 }
 
 static void test_matches_reference_bf16_inputs(void **state)
