@@ -36,10 +36,17 @@ UNIT_HELP  := tests/unit/test_util.c
 UNIT_SRCS  := $(filter-out $(UNIT_HELP),$(wildcard tests/unit/test_*.c))
 UNIT_BINS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 UNIT_HOBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(UNIT_HELP))
+# GPU tests (tests/gpu/test_*.c, cmocka) and their helpers (tests/gpu/*.cu, any
+# other tests/gpu/*.c) build only with nvcc; they run on a machine with a GPU.
+GPU_SRCS   := $(if $(HAVE_NVCC),$(wildcard tests/gpu/test_*.c))
+GPU_BINS   := $(patsubst tests/gpu/%.c,$(BUILD)/gpu/%,$(GPU_SRCS))
+GPU_HELP   := $(if $(HAVE_NVCC),$(filter-out $(GPU_SRCS),$(wildcard tests/gpu/*.c)) $(wildcard tests/gpu/*.cu))
+GPU_HOBJ   := $(patsubst %.c,$(BUILD)/obj/%.o,$(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(GPU_HELP)))
 
-.PHONY: all deps test unit integration demo clean
-.SECONDARY: $(UNIT_HOBJ)
-all: $(BIN) $(UNIT_BINS)
+.PHONY: all deps test unit integration demo gpu clean
+.SECONDARY: $(UNIT_HOBJ) $(GPU_HOBJ)
+all: $(BIN) $(UNIT_BINS) $(GPU_BINS)
+gpu: $(GPU_BINS)
 
 deps:
 	@scripts/install-deps.sh
@@ -65,6 +72,10 @@ $(BIN): $(BUILD)/obj/rollout/main.o $(LIBS)
 $(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(UNIT_HOBJ) $(LIBS) -o $@ -lcmocka $(LDLIBS)
+
+$(BUILD)/gpu/%: tests/gpu/%.c $(UNIT_HOBJ) $(GPU_HOBJ) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(UNIT_HOBJ) $(GPU_HOBJ) $(LIBS) -o $@ -lcmocka $(LDLIBS)
 
 test: deps
 	@$(MAKE) --no-print-directory all

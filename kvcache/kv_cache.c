@@ -64,10 +64,13 @@ fr_status fr_kv_cache_new(const fr_kv_cache_config *cfg, fr_kv_cache **out)
     c->block_bytes = c->layout.head_page_bytes * (size_t)(L * H);
     c->slot_elems = (size_t)L * H * T * d;
     c->sink_elems = (size_t)L * H * SINK * d;
-    c->pool = calloc((size_t)cfg->n_blocks, c->block_bytes);
+    /* One byte stands in for the storage of a bookkeeping-only cache, so
+     * the allocation checks below stay uniform. */
+    const size_t store = cfg->bookkeeping_only ? 0 : 1;
+    c->pool = calloc(store ? (size_t)cfg->n_blocks : 1, store ? c->block_bytes : 1);
     c->seqs = calloc((size_t)cfg->max_seqs, sizeof *c->seqs);
-    c->recent = malloc(sizeof(float) * 2 * c->slot_elems * (size_t)cfg->max_seqs);
-    c->sink = malloc(sizeof(float) * 2 * c->sink_elems * (size_t)cfg->max_seqs);
+    c->recent = malloc(store ? sizeof(float) * 2 * c->slot_elems * (size_t)cfg->max_seqs : 1);
+    c->sink = malloc(store ? sizeof(float) * 2 * c->sink_elems * (size_t)cfg->max_seqs : 1);
     c->key_mean = calloc((size_t)(L * H * d), sizeof(float));
     c->fp8_scales = malloc(sizeof(float) * (size_t)(L * H * 2));
     fr_status st = FR_OK;
@@ -181,6 +184,10 @@ fr_status fr_kv_seq_fork(fr_kv_cache *c, int src, int *dst)
         return st;
     }
     b->len = a->len;
+    if (c->cfg.bookkeeping_only) {
+        *dst = d;
+        return FR_OK;
+    }
     memcpy(slot_k(c, d, 0, 0), slot_k(c, src, 0, 0), sizeof(float) * 2 * c->slot_elems);
     memcpy(sink_k(c, d, 0, 0), sink_k(c, src, 0, 0), sizeof(float) * 2 * c->sink_elems);
     *dst = d;
@@ -360,9 +367,14 @@ fr_status fr_kv_append(fr_kv_cache *c, int seq, int n, const float *k, const flo
 {
     fr_status st = check_seq(c, seq);
     if (st) return st;
-    if (n < 0 || (n > 0 && (!k || !v))) return fr_fail(FR_EINVAL, "kv append: invalid arguments");
+    if (n < 0 || (n > 0 && !c->cfg.bookkeeping_only && (!k || !v)))
+        return fr_fail(FR_EINVAL, "kv append: invalid arguments");
     if (fr_kv_blocks_needed(c, seq, n))
         return fr_fail(FR_EINTERNAL, "kv append: sequence %d has no block reserved for %d more tokens", seq, n);
+    if (c->cfg.bookkeeping_only) {
+        c->seqs[seq].len += n;
+        return FR_OK;
+    }
     const int H = c->cfg.n_kv_heads, d = c->cfg.head_dim;
     float *row = malloc(sizeof(float) * (size_t)(H * d) * 2), *vrow = row ? row + H * d : NULL;
     if (!row) return fr_fail(FR_ENOMEM, "kv cache: out of memory");
@@ -423,6 +435,7 @@ fr_status fr_kv_gather(const fr_kv_cache *c, int seq, int layer, int head, int n
 {
     fr_status st = check_seq(c, seq);
     if (st) return st;
+    if (c->cfg.bookkeeping_only) return fr_fail(FR_EINVAL, "kv gather: this cache keeps no storage");
     if (layer < 0 || layer >= c->cfg.n_layers || head < 0 || head >= c->cfg.n_kv_heads || n_step < 0 ||
         (n_step > 0 && (!step_k || !step_v)))
         return fr_fail(FR_EINVAL, "kv gather: invalid layer %d, head %d or step of %d tokens", layer, head, n_step);
@@ -456,6 +469,13 @@ fr_status fr_kv_gather(const fr_kv_cache *c, int seq, int layer, int head, int n
 
 const uint8_t *fr_kv_page(const fr_kv_cache *c, int seq, int page)
 {
-    if (check_seq(c, seq) || page < 0 || page >= c->seqs[seq].len / T) return NULL;
+    if (check_seq(c, seq) || c->cfg.bookkeeping_only || page < 0 || page >= c->seqs[seq].len / T) return NULL;
     return c->pool + (size_t)c->seqs[seq].table.blocks[page] * c->block_bytes;
+}
+
+const int *fr_kv_seq_blocks(const fr_kv_cache *c, int seq, int *n_blocks)
+{
+    if (check_seq(c, seq)) return NULL;
+    if (n_blocks) *n_blocks = c->seqs[seq].table.n;
+    return c->seqs[seq].table.blocks;
 }

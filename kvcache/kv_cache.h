@@ -34,6 +34,10 @@ typedef struct {
     int max_seqs;              /* sequences alive at once (slots) */
     const float *key_mean;     /* [layers][kv_heads][d], NULL = zeros; copied */
     const float *fp8_scales;   /* [layers][kv_heads][2] (k, v), NULL = 1; copied */
+    /* 1: bookkeeping only (sequences, lengths, block tables) for a backend
+     * that keeps the blocks and slots itself (the GPU); append then only
+     * advances the length, and gather and fr_kv_page are unavailable. */
+    int bookkeeping_only;
 } fr_kv_cache_config;
 
 typedef struct fr_kv_cache fr_kv_cache;
@@ -83,5 +87,9 @@ fr_status fr_kv_gather(const fr_kv_cache *c, int seq, int layer, int head, int n
 
 /* Raw access for byte-exact comparisons: the block holding page p of seq. */
 const uint8_t *fr_kv_page(const fr_kv_cache *c, int seq, int page);
+
+/* The block ids of seq's pages (reserved ones included) and their count; the
+ * array stays valid until the sequence's table changes. NULL for a bad seq. */
+const int *fr_kv_seq_blocks(const fr_kv_cache *c, int seq, int *n_blocks);
 
 #endif

@@ -1147,10 +1147,47 @@ static void test_matches_reference_on_store_form(void **state)
     }
 }
 
+/* A bookkeeping-only cache (the GPU keeps the storage): lengths, block
+ * tables, forks and frees behave as usual; data access is refused. */
+static void test_bookkeeping_only(void **state)
+{
+    (void)state;
+    tcase tc;
+    tc_init(&tc, FR_KV_NVFP4, "full", 128, 6, 3, 1234);
+    tc.cfg.bookkeeping_only = 1;
+    fr_kv_cache *c = tc_cache(&tc);
+    int s, f, n;
+    assert_int_equal(fr_kv_seq_new(c, &s), FR_OK);
+    assert_int_equal(fr_kv_reserve(c, s, 300), FR_OK);
+    assert_int_equal(fr_kv_append(c, s, 300, NULL, NULL, 0), FR_OK);
+    assert_int_equal(fr_kv_seq_len(c, s), 300);
+    const int *b = fr_kv_seq_blocks(c, s, &n);
+    assert_non_null(b);
+    assert_int_equal(n, 3);
+    assert_int_equal(fr_kv_free_blocks(c), 3);
+    assert_int_equal(fr_kv_seq_fork(c, s, &f), FR_OK);   /* shares pages 0, 1 */
+    assert_int_equal(fr_kv_reserve(c, f, 1), FR_OK);     /* copies nothing: a new partial block */
+    assert_int_equal(fr_kv_free_blocks(c), 2);
+    const int *fb = fr_kv_seq_blocks(c, f, &n);
+    assert_int_equal(n, 3);
+    assert_int_equal(fb[0], b[0]);
+    assert_int_equal(fb[1], b[1]);
+    assert_null(fr_kv_page(c, s, 0));
+    float kbuf[4], vbuf[4];
+    fr_kv_view view;
+    assert_int_equal(fr_kv_gather(c, s, 0, 0, 0, NULL, NULL, kbuf, vbuf, &view), FR_EINVAL);
+    assert_null(fr_kv_seq_blocks(c, 2, &n));
+    fr_kv_seq_free(c, s);
+    fr_kv_seq_free(c, f);
+    assert_int_equal(fr_kv_free_blocks(c), 6);
+    fr_kv_cache_destroy(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_page_layout_sizes),
+        cmocka_unit_test(test_bookkeeping_only),
         cmocka_unit_test(test_promotion_fp4),
         cmocka_unit_test(test_promotion_fp8_bf16),
         cmocka_unit_test(test_search_changes_bytes),
