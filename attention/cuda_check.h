@@ -9,6 +9,10 @@
 
 #include "fr_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Evaluates a cudaError_t expression; on failure records a message and
  * returns FR_EINTERNAL from the calling function (which must return fr_status). */
 #define FR_CUDA_TRY(call)                                                                    \
@@ -21,5 +25,9 @@
 
 /* After a kernel launch: reports a bad launch configuration at once. */
 #define FR_CUDA_LAUNCHED() FR_CUDA_TRY(cudaGetLastError())
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

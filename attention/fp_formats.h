@@ -10,6 +10,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define FR_E2M1_MAX 6.0f
 #define FR_E4M3_MAX 448.0f
 #define FR_E4M3_NAN 0x7Fu   /* the canonical E4M3 NaN code (0xFF is NaN too) */
@@ -40,5 +44,9 @@ float fr_bf16_round(float x);
 
 /* floor(log2(|x|)) for finite x != 0, exact (no log2f rounding). */
 int fr_floor_log2(float x);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -7,6 +7,10 @@
 #ifndef FR_STATUS_H
 #define FR_STATUS_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum {
     FR_OK = 0,
     FR_EINVAL,      /* bad argument or request */
@@ -27,5 +31,9 @@ const char *fr_last_error(void);
 
 /* A short name for a status code ("invalid argument", ...). */
 const char *fr_status_name(fr_status st);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -7,9 +7,17 @@
 
 #include "fr_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define FR_HADAMARD_MAX 512
 
 /* In place on x[n], n a power of two from 1 to 512. */
 fr_status fr_hadamard(float *x, int n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

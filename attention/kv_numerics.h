@@ -8,6 +8,10 @@
 #include "microscale.h"
 #include "prob_quant.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* f32 is the CPU backend's exact storage: no rounding anywhere, so the decode
  * path can be checked against a float32 prefill to float32 precision. */
 typedef enum { FR_KV_BF16 = 0, FR_KV_FP8, FR_KV_NVFP4, FR_KV_MXFP4, FR_KV_F32 } fr_kv_dtype;
@@ -44,5 +48,9 @@ const char *fr_fp4_compute_name(fr_fp4_compute c);
 fr_status fr_recipe_parse(const char *s, fr_recipe *out);
 /* Writes the canonical "full,-rotate" form into buf. */
 void fr_recipe_format(const fr_recipe *r, char *buf, int len);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -12,6 +12,10 @@
 
 #include "fr_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum { FR_NVFP4 = 0, FR_MXFP4 = 1 } fr_fp4_format;
 
 #define FR_MAX_FP4_BLOCK 32
@@ -58,5 +62,9 @@ fr_status fr_fp4_quantize_dual(fr_fp4_format f, int search, const float *x, int 
 /* Two codes per byte, element 0 in the low nibble; n even. */
 void fr_fp4_pack(const uint8_t *codes, int n, uint8_t *packed);
 void fr_fp4_unpack(const uint8_t *packed, int n, uint8_t *codes);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

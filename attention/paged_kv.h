@@ -18,6 +18,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     const int *block_table; /* the sequence's blocks: page p lives in block block_table[p] */
     int len;                /* tokens cached before this step */
@@ -41,5 +45,9 @@ typedef struct {
     const uint16_t *step_k, *step_v;
     int layer, n_layers, n_kv_heads, head_dim;
 } fr_paged_kv;
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -15,6 +15,10 @@
 
 #include "microscale.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define FR_P_SCALE_C 8.0f
 #define FR_P_TAU (21.0f / 1024.0f)
 
@@ -35,5 +39,9 @@ uint8_t fr_pquant_scale(fr_fp4_format f, const fr_pquant_params *pp, float p_max
  * dequantized values (what the MMA multiplies) to out[n]; returns the scale. */
 float fr_pquant_block(fr_fp4_format f, const fr_pquant_params *pp, const float *cp, float p_max,
                       float *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -19,6 +19,10 @@
 
 #include "kv_numerics.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define FR_MAX_HEAD_DIM 256
 #define FR_MAX_GROUP 16
 
@@ -108,5 +112,9 @@ fr_status fr_ref_prepare_kv(const fr_ref_config *cfg, int head_dim, int n, const
  * (q[G][d] -> q_out), unquantized; fr_ref_attn_partial quantizes it. */
 fr_status fr_ref_prepare_query(const fr_ref_config *cfg, int head_dim, int group, const float *q,
                                float *q_out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

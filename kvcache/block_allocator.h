@@ -16,6 +16,10 @@
 
 #include "attention/fr_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct fr_block_allocator fr_block_allocator;
 
 /* n_blocks >= 1. */
@@ -41,5 +45,9 @@ fr_status fr_block_decref(fr_block_allocator *a, int block);
 int fr_block_refcount(const fr_block_allocator *a, int block);
 int fr_block_free_count(const fr_block_allocator *a);   /* 0 for NULL */
 int fr_block_total(const fr_block_allocator *a);        /* 0 for NULL */
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

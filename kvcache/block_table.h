@@ -11,6 +11,10 @@
 #include "attention/fr_status.h"
 #include "kvcache/block_allocator.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct { int *blocks; int n; int cap; } fr_block_table;
 
 /* An empty table; owns no memory until the first push. */
@@ -31,5 +35,9 @@ fr_status fr_block_table_fork(const fr_block_table *src, int n_shared,
 /* Decrefs every block into a (the allocator they came from), frees the
  * memory and leaves t empty and reusable. Safe on an empty table. */
 void fr_block_table_release(fr_block_table *t, fr_block_allocator *a);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

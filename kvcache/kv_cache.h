@@ -24,6 +24,10 @@
 #include "attention/ref_attention.h"
 #include "page_layout.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     int n_layers, n_kv_heads, head_dim;
     fr_kv_dtype dtype;
@@ -91,5 +95,9 @@ const uint8_t *fr_kv_page(const fr_kv_cache *c, int seq, int page);
 /* The block ids of seq's pages (reserved ones included) and their count; the
  * array stays valid until the sequence's table changes. NULL for a bad seq. */
 const int *fr_kv_seq_blocks(const fr_kv_cache *c, int seq, int *n_blocks);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

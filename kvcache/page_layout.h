@@ -19,6 +19,10 @@
 
 #include "attention/kv_numerics.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     size_t k_codes, k_scales, v_codes, v_scales; /* offsets inside a head page */
     size_t head_page_bytes;
@@ -26,5 +30,9 @@ typedef struct {
 
 /* The layout for a dtype and head_dim (FP4 dtypes need d a multiple of B). */
 fr_page_layout fr_page_layout_for(fr_kv_dtype t, int head_dim);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -8,6 +8,10 @@
 
 #include "attention/fr_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     FILE *f;              /* write here */
     char path[4096];
@@ -18,5 +22,9 @@ fr_status fr_atomic_file_open(fr_atomic_file *a, const char *path);
 /* ok != 0: close and rename into place (FR_EIO if that fails);
  * ok == 0: close and remove the temporary, returning FR_OK. */
 fr_status fr_atomic_file_close(fr_atomic_file *a, int ok);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

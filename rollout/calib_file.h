@@ -10,6 +10,10 @@
 #include "model_config.h"
 #include "attention/fr_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     float *key_mean;     /* [layers][kv_heads][d] */
     float tau;           /* FR_P_TAU when absent */
@@ -22,5 +26,9 @@ fr_status fr_calib_load(const char *path, const fr_model_config *cfg, fr_calib *
 /* Writes key_mean, tau and (when non-NULL) fp8_scales. */
 fr_status fr_calib_save(const char *path, const fr_model_config *cfg, const fr_calib *c);
 void fr_calib_free(fr_calib *c);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -14,6 +14,10 @@
 #include "rollout/model_config.h"
 #include "rollout/safetensors.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct fr_checkpoint fr_checkpoint;
 
 fr_status fr_checkpoint_open(const char *dir, fr_checkpoint **out);
@@ -29,5 +33,9 @@ fr_status fr_checkpoint_load_f32(const fr_checkpoint *c, const char *name, int n
                                  const int64_t *shape, float *dst);
 
 void fr_checkpoint_close(fr_checkpoint **c); /* sets *c = NULL; accepts NULL */
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -6,6 +6,10 @@
 
 #include <stdio.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     const char *name;
     const char *summary;
@@ -27,5 +31,9 @@ int fr_cli_int(const char *cmd, const char *flag, const char *text, long lo, lon
 int fr_cli_float(const char *cmd, const char *flag, const char *text, float *out);
 /* Prints "fp4rollout CMD: message" and a hint to --help; returns exit status 2. */
 int fr_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -8,6 +8,10 @@
 
 #include "attention/fr_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define FR_KL_TOP_K 128
 
 typedef struct {
@@ -19,5 +23,9 @@ typedef struct {
 /* token: the chosen token whose log-prob difference is reported, or -1. */
 fr_status fr_kl_topk(const float *ref_logits, const float *logits, int vocab, int k, int token,
                      fr_kl_result *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

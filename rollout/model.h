@@ -16,7 +16,9 @@
  *                           converted to float32 (BF16/F16/F32) and every shape
  *                           is checked;
  *   "synthetic:tiny"        the built-in random model below, seed 1;
- *   "synthetic:tiny:SEED"   the same with another seed (decimal, 0..2^64-1).
+ *   "synthetic:tiny:SEED"   the same with another seed (decimal, 0..2^64-1);
+ *   "synthetic:qwen3-4b[:SEED]"  Qwen3-4B's shape, for benchmarks on the GPU
+ *                           backend (host loading refuses it).
  *
  * synthetic:tiny is a Qwen3 with the byte tokenizer of tq6: vocab 272 (ids
  * 0..255 bytes, 256 BOS, 257 EOS, 258 PAD), hidden 128, 2 layers, 4 heads,
@@ -32,6 +34,10 @@
 
 #include "attention/fr_status.h"
 #include "rollout/model_config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef struct {
     float *attn_norm;   /* [hidden] input_layernorm */
@@ -95,8 +101,22 @@ void fr_synthetic_tiny_config(fr_model_config *cfg);
  * returns. */
 fr_status fr_model_synthetic_tiny(uint64_t seed, fr_model **out);
 
-/* Parses the part of a spec after "synthetic:" ("tiny" or "tiny:SEED") and
- * builds that model. Unknown names and malformed seeds are FR_EINVAL. */
+/* The configuration of synthetic:qwen3-4b, the shape of Qwen3-4B (36 layers,
+ * hidden 2560, 32 query and 8 KV heads of 128, intermediate 9728, vocab
+ * 151936, tied embeddings). Its weights follow the same generator as tiny's
+ * but are made on the GPU (rollout/weights_cuda.h): 4.0e9 float32 values do
+ * not belong in host memory. */
+void fr_synthetic_qwen3_4b_config(fr_model_config *cfg);
+/* Resolves the part of a spec after "synthetic:" ("tiny", "qwen3-4b", either
+ * with ":SEED") to its configuration and seed. FR_EINVAL for unknown names
+ * and malformed seeds. */
+fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *seed);
+/* Builds a synthetic model in host memory; FR_EUNSUPPORTED for the ones
+ * made on the GPU only. */
 fr_status fr_model_synthetic(const char *rest, fr_model **out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

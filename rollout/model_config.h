@@ -12,6 +12,10 @@
 
 #include "attention/fr_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     char architecture[64];   /* "Qwen3ForCausalLM" */
     int vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, head_dim,
@@ -31,5 +35,9 @@ fr_status fr_model_config_parse(const char *json, size_t len, const char *label,
 
 /* Reads and parses the file at path. */
 fr_status fr_model_config_load(const char *path, fr_model_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -13,6 +13,10 @@
 #ifndef FR_OPS_CPU_H
 #define FR_OPS_CPU_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Qwen3RMSNorm, per row r < rows of n values:
  *   var = mean(x*x)          (squares rounded to float32, summed in double,
  *                             the sum rounded to float32, then / n in float32,
@@ -55,5 +59,9 @@ void fr_matmul(float *y, const float *x, const float *w, int M, int N, int K);
  * against the vocabulary before calling. A negative id writes a zero row
  * rather than reading out of bounds. */
 void fr_embed(float *out, const float *table, const int *ids, int n, int hidden);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

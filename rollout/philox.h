@@ -11,6 +11,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Ten rounds with the standard multipliers 0xD2511F53, 0xCD9E8D57 and Weyl
  * key increments 0x9E3779B9, 0xBB67AE85. Matches the Random123 known-answer
  * vectors (checked in tests/unit/test_sampler.c). */
@@ -24,5 +28,9 @@ void fr_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out
  * in [0, 1 - 2^-24] with no rounding, on any compiler or device. Only out[0]
  * is used; out[1..3] are discarded. */
 float fr_philox_uniform(uint64_t seed, uint64_t sequence, uint64_t step);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -15,6 +15,10 @@
 #include "kvcache/kv_cache.h"
 #include "model.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     int seq;             /* KV cache sequence */
     int n;               /* new tokens this step */
@@ -35,5 +39,9 @@ int fr_step_logit_rows(const fr_step_seq *seqs, int n_seqs);
 /* Runs one step. logits receives fr_step_logit_rows() rows of vocab floats.
  * Blocks for the new tokens are reserved here; on FR_ENOMEM nothing changed. */
 fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_seqs, float *logits);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -20,6 +20,10 @@
 
 #include "attention/fr_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define ST_MAX_DIMS 8
 
 typedef enum {
@@ -74,5 +78,9 @@ void st_file_close(st_file **f);                                   /* sets *f = 
  * infinities and NaNs included). n_elems must equal the tensor's element
  * count; other dtypes give FR_EUNSUPPORTED. */
 fr_status st_tensor_to_f32(const st_tensor *t, float *dst, size_t n_elems);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

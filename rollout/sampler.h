@@ -10,6 +10,10 @@
 
 #include "attention/fr_status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     float temperature;   /* 0 means greedy; otherwise finite and > 0 */
     int top_k;           /* 0 or >= vocab means off */
@@ -56,5 +60,9 @@ fr_status fr_sample(fr_sampler *s, const float *logits, const fr_sampling_params
  * -log(count of +inf), the rest -inf). temperature 0 means 1, as for a greedy
  * fr_sample, so logprobs and KL checks agree on greedy requests. */
 fr_status fr_log_softmax(const float *logits, int vocab, float temperature, float *out);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -7,6 +7,10 @@
 #include "calib_file.h"
 #include "runner_cpu.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     const char *model;          /* DIR or synthetic:tiny[:SEED] */
     fr_kv_dtype kv;
@@ -50,5 +54,9 @@ fr_status fr_read_ids_file(const char *path, int **ids, int *n);
 /* Checks a prompt against the model: non-empty, ids in the vocabulary, fits
  * the context window together with extra tokens. */
 fr_status fr_check_prompt(const fr_model_config *cfg, const int *ids, int n, int extra);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -140,17 +140,39 @@ fr_status fr_model_synthetic_tiny(uint64_t seed, fr_model **out)
     return FR_OK;
 }
 
-fr_status fr_model_synthetic(const char *rest, fr_model **out)
+void fr_synthetic_qwen3_4b_config(fr_model_config *cfg)
 {
-    if (!out) return fr_fail(FR_EINVAL, "fr_model_synthetic: out is NULL");
-    *out = NULL;
-    if (!rest) return fr_fail(FR_EINVAL, "fr_model_synthetic: name is NULL");
+    if (!cfg) return;
+    fr_synthetic_tiny_config(cfg);   /* tokenizer ids; every size below replaces tiny's */
+    cfg->vocab_size = 151936;
+    cfg->hidden_size = 2560;
+    cfg->num_layers = 36;
+    cfg->num_heads = 32;
+    cfg->num_kv_heads = 8;
+    cfg->head_dim = 128;
+    cfg->intermediate_size = 9728;
+    cfg->max_position = 40960;
+    cfg->rope_theta = 1000000.0;
+    cfg->tie_word_embeddings = 1;
+    cfg->bos_id = 151643;
+    cfg->pad_id = 151643;
+    cfg->n_eos = 1;
+    cfg->eos_ids[0] = 151645;
+}
+
+fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *seed_out)
+{
+    if (!rest || !cfg || !seed_out) return fr_fail(FR_EINVAL, "fr_synthetic_parse: NULL argument");
     const char *colon = strchr(rest, ':');
     size_t name_len = colon ? (size_t)(colon - rest) : strlen(rest);
-    if (name_len != 4 || strncmp(rest, "tiny", 4) != 0)
-        return fr_fail(FR_EINVAL, "unknown synthetic model \"%.*s\" in spec \"%s%s\" (known: %stiny[:SEED])",
-                       (int)(name_len > 64 ? 64 : name_len), rest, FR_SYNTHETIC_PREFIX, rest,
-                       FR_SYNTHETIC_PREFIX);
+    if (name_len == 4 && strncmp(rest, "tiny", 4) == 0)
+        fr_synthetic_tiny_config(cfg);
+    else if (name_len == 8 && strncmp(rest, "qwen3-4b", 8) == 0)
+        fr_synthetic_qwen3_4b_config(cfg);
+    else
+        return fr_fail(FR_EINVAL, "unknown synthetic model \"%.*s\" in spec \"%s%s\" (known: %stiny[:SEED], "
+                       "%sqwen3-4b[:SEED])", (int)(name_len > 64 ? 64 : name_len), rest, FR_SYNTHETIC_PREFIX,
+                       rest, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX);
     uint64_t seed = FR_SYNTHETIC_DEFAULT_SEED;
     if (colon) {
         const char *s = colon + 1;
@@ -163,5 +185,20 @@ fr_status fr_model_synthetic(const char *rest, fr_model **out)
                            FR_SYNTHETIC_PREFIX, rest, s);
         seed = (uint64_t)v;
     }
+    *seed_out = seed;
+    return FR_OK;
+}
+
+fr_status fr_model_synthetic(const char *rest, fr_model **out)
+{
+    if (!out) return fr_fail(FR_EINVAL, "fr_model_synthetic: out is NULL");
+    *out = NULL;
+    fr_model_config cfg;
+    uint64_t seed;
+    fr_status st = fr_synthetic_parse(rest, &cfg, &seed);
+    if (st) return st;
+    if (cfg.num_layers != 2)   /* only tiny fits in host memory as float32 */
+        return fr_fail(FR_EUNSUPPORTED, "%s%s: the weights of this synthetic model are generated on the GPU; "
+                       "it needs --backend cuda", FR_SYNTHETIC_PREFIX, rest);
     return fr_model_synthetic_tiny(seed, out);
 }

@@ -4,6 +4,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* The tq6 checkpoint folder ($FR_TQ6_DIR, else ../shared/models/tq6 relative
  * to the repository root the tests run from), or NULL when it is absent. A
  * test that needs it calls fr_test_require_tq6() and is skipped with a clear
@@ -19,5 +23,9 @@ typedef struct { uint64_t s; } fr_test_rng;
 uint64_t fr_test_u64(fr_test_rng *r);
 float fr_test_uniform(fr_test_rng *r);          /* [0, 1) */
 float fr_test_normal(fr_test_rng *r);           /* N(0, 1), Box-Muller */
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

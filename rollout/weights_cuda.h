@@ -1,0 +1,54 @@
+/* weights_cuda: a Qwen3 model's weights in GPU memory, BF16, in one device
+ * allocation. Made from a host model (a checkpoint or synthetic:tiny, whose
+ * float32 values are rounded to BF16: exact for BF16 checkpoints) or generated
+ * on the GPU for the synthetic models too large for host memory, with the
+ * same generator as rollout/synthetic_model.c, so synthetic:tiny made either
+ * way holds the same bits.
+ *
+ * Layout choices made for the GPU forward pass:
+ *   gate_up  [2 * intermediate][hidden]: gate_proj's rows, then up_proj's, so
+ *            one matrix product yields [rows][gate | up] for the SwiGLU;
+ *   lm_head  points at embed when the model ties them.
+ */
+#ifndef FR_WEIGHTS_CUDA_H
+#define FR_WEIGHTS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attention/fr_status.h"
+#include "rollout/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    uint16_t *attn_norm, *q_norm, *k_norm, *mlp_norm;  /* [hidden] / [head_dim] */
+    uint16_t *q_proj, *k_proj, *v_proj, *o_proj;       /* HF shapes, row-major */
+    uint16_t *gate_up;                                 /* [2 * intermediate][hidden] */
+    uint16_t *down_proj;                               /* [hidden][intermediate] */
+} fr_layer_weights_gpu;
+
+typedef struct {
+    fr_model_config cfg;
+    uint16_t *embed;        /* [vocab][hidden] */
+    uint16_t *final_norm;   /* [hidden] */
+    uint16_t *lm_head;      /* [vocab][hidden], == embed when tied */
+    fr_layer_weights_gpu *layers; /* host array of device pointers */
+    void *block_;           /* the one device allocation */
+    size_t bytes;           /* its size */
+} fr_weights_gpu;
+
+/* Copies a host model to the GPU as BF16. */
+fr_status fr_weights_gpu_from_model(const fr_model *m, fr_weights_gpu **out);
+/* Generates a synthetic model ("tiny" or "qwen3-4b", with its seed: see
+ * fr_synthetic_parse) directly on the GPU. */
+fr_status fr_weights_gpu_synthetic(const fr_model_config *cfg, uint64_t seed, fr_weights_gpu **out);
+void fr_weights_gpu_destroy(fr_weights_gpu **w);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
