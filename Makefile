@@ -1,8 +1,8 @@
 # fp4rollout build. `make` builds build/fp4rollout and the module libraries;
 # `make test` installs missing packages, builds and runs every CPU test;
 # `make demo` installs, builds and runs the main job on a built-in default.
-# CUDA sources (*.cu) build for sm_90a when nvcc is on the PATH; without it the
-# CPU backend builds alone.
+# CUDA sources (*.cu, and C files named *_cuda.c) build for sm_90a when nvcc
+# is on the PATH; without it the CPU backend builds alone (FR_HAVE_CUDA unset).
 
 BUILD    ?= build
 CC       ?= cc
@@ -21,7 +21,8 @@ NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
 # ones after it in this list, never the ones before).
 MODULES  := rollout kvcache attention
 lib_of    = $(BUILD)/lib$(1).a
-srcs_of   = $(filter-out $(1)/main.c,$(wildcard $(1)/*.c))
+# C files named *_cuda.c call the CUDA runtime: built only when nvcc is.
+srcs_of   = $(filter-out $(1)/main.c $(if $(HAVE_NVCC),,$(1)/%_cuda.c),$(wildcard $(1)/*.c))
 cusrcs_of = $(if $(HAVE_NVCC),$(wildcard $(1)/*.cu))
 objs_of   = $(patsubst %.c,$(BUILD)/obj/%.o,$(call srcs_of,$(1))) \
             $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(call cusrcs_of,$(1)))

@@ -1,0 +1,46 @@
+/* The CUDA model runner: one forward step of the Qwen3 model over a batch of
+ * sequences on the GPU, with the same contract as the CPU runner
+ * (runner_cpu.h): a step takes, for each sequence, its n new tokens, and
+ * appends their keys and values to the cache.
+ *
+ * Weights are BF16 on the device (weights_cuda.h); the residual stream is
+ * float32; matrix products take BF16 and accumulate in FP32 (gemm_cuda.h).
+ * Keys and values live in the device cache (kvcache/kv_store_cuda.h), whose
+ * sequences and block tables are kept by a bookkeeping-only fr_kv_cache on the
+ * host. Every buffer is allocated at creation; a step allocates nothing.
+ * docs/gpu_engine.md describes the step, the buffers and the CUDA graphs. */
+#ifndef FR_RUNNER_CUDA_H
+#define FR_RUNNER_CUDA_H
+
+#include "kvcache/kv_cache.h"
+#include "rollout/runner_cpu.h"
+#include "rollout/weights_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fr_runner_cuda fr_runner_cuda;
+
+/* book: the bookkeeping-only cache (cfg.bookkeeping_only = 1) whose config
+ * also sizes the device cache; max_step_tokens bounds the tokens of a step. */
+fr_status fr_runner_cuda_new(const fr_weights_gpu *w, fr_kv_cache *book, int max_step_tokens,
+                             fr_runner_cuda **out);
+void fr_runner_cuda_destroy(fr_runner_cuda **r);
+
+/* Runs one step; logits (host) receives fr_step_logit_rows() rows of vocab
+ * floats. Blocks for the new tokens are reserved here; on FR_ENOMEM nothing
+ * changed. */
+fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, float *logits);
+
+/* After fr_kv_seq_fork(book, src, &dst): gives dst a copy of src's device slots. */
+fr_status fr_runner_cuda_fork(fr_runner_cuda *r, int src_seq, int dst_seq);
+
+/* Whether a CUDA device is usable (for --backend auto). */
+int fr_cuda_available(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
