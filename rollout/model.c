@@ -119,6 +119,36 @@ void fr_model_destroy(fr_model **m)
     *m = NULL;
 }
 
+void fr_model_drop_weights(fr_model *m)
+{
+    if (!m) return;
+    free(m->data_);
+    m->data_ = NULL;
+    m->n_data_ = 0;
+    fr_layer_weights *layers = m->w.layers;
+    memset(layers, 0, sizeof *layers * (size_t)m->cfg.num_layers);
+    m->w = (fr_weights){.layers = layers};
+}
+
+fr_status fr_model_config_only(const fr_model_config *cfg, const char *name, fr_model **out)
+{
+    if (!out || !cfg) return fr_fail(FR_EINVAL, "fr_model_config_only: NULL argument");
+    *out = NULL;
+    if (cfg->num_layers <= 0) return fr_fail(FR_EINVAL, "%s: model sizes must be positive", name ? name : "model");
+    fr_model *m = calloc(1, sizeof *m);
+    fr_layer_weights *layers = calloc((size_t)cfg->num_layers, sizeof *layers);
+    if (!m || !layers) {
+        free(m);
+        free(layers);
+        return fr_fail(FR_ENOMEM, "no memory for the model structure");
+    }
+    m->cfg = *cfg;
+    m->w.layers = layers;
+    snprintf(m->name, sizeof m->name, "%s", name ? name : "");
+    *out = m;
+    return FR_OK;
+}
+
 size_t fr_model_param_count(const fr_model *m) { return m ? m->n_data_ : 0; }
 
 float *fr_model_data(const fr_model *m, size_t *n_floats)

@@ -80,6 +80,12 @@ fr_status fr_model_load(const char *spec, fr_model **out);
 /* Sets *m = NULL; accepts NULL and *m == NULL. */
 void fr_model_destroy(fr_model **m);
 
+/* Frees the host weights, keeping the config and name: for a backend that
+ * holds its own copy (the GPU). Weight pointers become NULL. */
+void fr_model_drop_weights(fr_model *m);
+/* A model with a config and name but no host weights (their values live on
+ * the GPU): what fr_model_drop_weights leaves. */
+fr_status fr_model_config_only(const fr_model_config *cfg, const char *name, fr_model **out);
 /* Number of float32 parameters held (lm_head counted only when untied). */
 size_t fr_model_param_count(const fr_model *m);
 
