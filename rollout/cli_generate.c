@@ -153,7 +153,7 @@ int fr_cli_generate(int argc, char **argv)
     /* One prefill; the other samples fork it (full pages shared, the partial
      * page copied). */
     if (!st) st = fr_session_prefill(&s, ids, n_ids, eo.chunk, &smp[0].seq, logits, NULL);
-    for (int i = 1; !st && i < n_samples; i++) st = fr_kv_seq_fork(s.kv, smp[0].seq, &smp[i].seq);
+    for (int i = 1; !st && i < n_samples; i++) st = fr_session_fork(&s, smp[0].seq, &smp[i].seq);
     for (int i = 0; i < n_samples; i++) rows[i] = 0;   /* every sample starts from the prefill logits */
     int active = n_samples;
     while (!st && active > 0) {
@@ -178,7 +178,7 @@ int fr_cli_generate(int argc, char **argv)
             steps[n_step] = (fr_step_seq){.seq = x->seq, .n = 1, .tokens = &step_tok[i], .all_logits = 0};
             rows[i] = n_step++;
         }
-        if (!st && n_step > 0) st = fr_runner_cpu_step(s.runner, steps, n_step, logits);
+        if (!st && n_step > 0) st = fr_session_step(&s, steps, n_step, logits);
     }
     if (!st)
         for (int i = 0; i < n_samples; i++) print_sample(&smp[i], i, json, V == 272 && mc->bos_id == 256);

@@ -79,7 +79,7 @@ int fr_cli_score(int argc, char **argv)
             st = fr_kv_seq_new(s.kv, &seq);
             for (int i = 0; i < n && !st; i++) {
                 fr_step_seq step = {.seq = seq, .n = 1, .tokens = ids + i, .all_logits = 1};
-                st = fr_runner_cpu_step(s.runner, &step, 1, logits + (size_t)i * V);
+                st = fr_session_step(&s, &step, 1, logits + (size_t)i * V);
             }
         }
         if (!st) st = write_all(out, logits, (size_t)n * V);

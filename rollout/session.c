@@ -9,7 +9,10 @@
 #include "cli.h"
 
 const char fr_engine_opts_usage[] =
-    "  --model M            checkpoint directory, or synthetic:tiny[:SEED] (default)\n"
+    "  --model M            checkpoint directory, or synthetic:tiny[:SEED] (default);\n"
+    "                       synthetic:qwen3-4b[:SEED] (Qwen3-4B's shape) on --backend cuda\n"
+    "  --backend B          auto (default: cuda when a GPU is present and supports\n"
+    "                       the configuration, else cpu), cpu or cuda\n"
     "  --kv T               KV cache dtype: bf16 (default), fp8, nvfp4, mxfp4, or\n"
     "                       f32 (exact float32 storage, the CPU reference)\n"
     "  --fp4-compute C      exact (default: FP4 query and probabilities, as native\n"
@@ -21,16 +24,17 @@ const char fr_engine_opts_usage[] =
 
 void fr_engine_opts_default(fr_engine_opts *o)
 {
-    *o = (fr_engine_opts){.model = "synthetic:tiny", .kv = FR_KV_BF16, .compute = FR_COMPUTE_EXACT,
+    *o = (fr_engine_opts){.model = "synthetic:tiny", .backend = FR_BACKEND_AUTO, .kv = FR_KV_BF16, .compute = FR_COMPUTE_EXACT,
                           .recipe = fr_recipe_full(), .calib = NULL, .chunk = 512};
 }
 
 int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engine_opts *o)
 {
     const char *a = argv[*i];
-    static const char *const flags[] = {"--model", "--kv", "--fp4-compute", "--recipe", "--calib", "--chunk"};
+    static const char *const flags[] = {"--model", "--kv", "--fp4-compute", "--recipe", "--calib", "--chunk",
+                                        "--backend"};
     int which = -1;
-    for (int f = 0; f < 6; f++)
+    for (int f = 0; f < 7; f++)
         if (strcmp(a, flags[f]) == 0) which = f;
     if (which < 0) return 0;
     if (*i + 1 >= argc) {
@@ -46,6 +50,12 @@ int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engi
     case 3: st = fr_recipe_parse(v, &o->recipe); break;
     case 4: o->calib = v; break;
     case 5: return fr_cli_int(cmd, "--chunk", v, 1, 1 << 20, &o->chunk) ? -1 : 1;
+    case 6:
+        if (strcmp(v, "auto") == 0) o->backend = FR_BACKEND_AUTO;
+        else if (strcmp(v, "cpu") == 0) o->backend = FR_BACKEND_CPU;
+        else if (strcmp(v, "cuda") == 0) o->backend = FR_BACKEND_CUDA;
+        else st = fr_fail(FR_EINVAL, "unknown backend '%s' (expected auto, cpu or cuda)", v);
+        break;
     }
     if (st) {
         fr_cli_usage_error(cmd, "%s", fr_last_error());
@@ -54,11 +64,21 @@ int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engi
     return 1;
 }
 
-fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_blocks, int max_seqs,
-                                fr_session *s)
+const char *fr_backend_name(fr_backend b)
+{
+    return b == FR_BACKEND_CPU ? "cpu" : b == FR_BACKEND_CUDA ? "cuda" : "auto";
+}
+
+/* Builds the cache and the runner for model m on backend b (CPU or CUDA).
+ * On the CUDA backend, wg holds the device weights (the session takes them)
+ * and m only its config. */
+static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, fr_weights_gpu *wg, int n_blocks,
+                         int max_seqs, fr_session *s)
 {
     memset(s, 0, sizeof *s);
     s->model = m;
+    s->backend = b;
+    s->gpu_weights = wg;
     fr_status st = FR_OK;
     if (o->calib) {
         if ((st = fr_calib_load(o->calib, &m->cfg, &s->calib))) return st;
@@ -70,9 +90,77 @@ fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_bloc
         .tau = s->has_calib ? s->calib.tau : FR_P_TAU, .n_blocks = n_blocks, .max_seqs = max_seqs,
         .key_mean = s->has_calib ? s->calib.key_mean : NULL,
         .fp8_scales = s->has_calib ? s->calib.fp8_scales : NULL,
+        .bookkeeping_only = b == FR_BACKEND_CUDA,
     };
+    const int step_tokens = o->chunk > max_seqs ? o->chunk : max_seqs;
     st = fr_kv_cache_new(&kc, &s->kv);
-    if (!st) st = fr_runner_cpu_new(m, s->kv, o->chunk > max_seqs ? o->chunk : max_seqs, &s->runner);
+    if (!st && b == FR_BACKEND_CPU) st = fr_runner_cpu_new(m, s->kv, step_tokens, &s->runner);
+#ifdef FR_HAVE_CUDA
+    if (!st && b == FR_BACKEND_CUDA) st = fr_runner_cuda_new(wg, s->kv, step_tokens, &s->gpu);
+#endif
+    return st;
+}
+
+#ifdef FR_HAVE_CUDA
+/* The device weights for a spec: synthetic models are generated on the GPU;
+ * checkpoints are loaded on the host, copied, and their host weights freed. */
+static fr_status gpu_weights_for(const char *spec, fr_model **m, fr_weights_gpu **wg)
+{
+    *m = NULL;
+    *wg = NULL;
+    size_t plen = strlen(FR_SYNTHETIC_PREFIX);
+    fr_status st;
+    if (strncmp(spec, FR_SYNTHETIC_PREFIX, plen) == 0) {
+        fr_model_config cfg;
+        uint64_t seed;
+        if ((st = fr_synthetic_parse(spec + plen, &cfg, &seed))) return st;
+        if ((st = fr_model_config_only(&cfg, spec, m))) return st;
+        st = fr_weights_gpu_synthetic(&cfg, seed, wg);
+    } else {
+        if ((st = fr_model_load(spec, m))) return st;
+        st = fr_weights_gpu_from_model(*m, wg);
+        if (!st) fr_model_drop_weights(*m);
+    }
+    if (st) fr_model_destroy(m);
+    return st;
+}
+#endif
+
+/* The backend a session should use, before anything is loaded. */
+static fr_status resolve_backend(fr_backend want, fr_backend *out)
+{
+#ifdef FR_HAVE_CUDA
+    int gpu = fr_cuda_available();
+#else
+    int gpu = 0;
+#endif
+    if (want == FR_BACKEND_CUDA && !gpu) {
+#ifdef FR_HAVE_CUDA
+        return fr_fail(FR_EUNSUPPORTED, "--backend cuda: no usable CUDA device");
+#else
+        return fr_fail(FR_EUNSUPPORTED, "--backend cuda: this build has no CUDA support (nvcc was absent)");
+#endif
+    }
+    *out = want == FR_BACKEND_AUTO ? (gpu ? FR_BACKEND_CUDA : FR_BACKEND_CPU) : want;
+    return FR_OK;
+}
+
+fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_blocks, int max_seqs,
+                                fr_session *s)
+{
+    fr_backend b = FR_BACKEND_CPU;
+    fr_status st = resolve_backend(o->backend, &b);
+    if (st) return st;
+    fr_weights_gpu *wg = NULL;
+#ifdef FR_HAVE_CUDA
+    if (b == FR_BACKEND_CUDA && (st = fr_weights_gpu_from_model(m, &wg))) return st;
+#endif
+    st = open_on(o, b, m, wg, n_blocks, max_seqs, s);
+    if (st && o->backend == FR_BACKEND_AUTO && b == FR_BACKEND_CUDA && st == FR_EUNSUPPORTED) {
+        s->model = NULL;   /* the caller's model: keep it */
+        fr_session_close(s);
+        return open_on(o, FR_BACKEND_CPU, m, NULL, n_blocks, max_seqs, s);
+    }
     if (st) {
         s->model = NULL;
         fr_session_close(s);
@@ -82,21 +170,57 @@ fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_bloc
 
 fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, fr_session *s)
 {
-    fr_model *m;
-    fr_status st = fr_model_load(o->model, &m);
+    memset(s, 0, sizeof *s);
+    fr_backend b = FR_BACKEND_CPU;
+    fr_status st = resolve_backend(o->backend, &b);
     if (st) return st;
-    st = fr_session_open_model(o, m, n_blocks, max_seqs, s);
-    if (st) fr_model_destroy(&m);
+    fr_model *m = NULL;
+#ifdef FR_HAVE_CUDA
+    if (b == FR_BACKEND_CUDA) {
+        fr_weights_gpu *wg;
+        if ((st = gpu_weights_for(o->model, &m, &wg))) return st;
+        st = open_on(o, b, m, wg, n_blocks, max_seqs, s);
+        if (!st) return FR_OK;
+        fr_session_close(s);   /* frees m and wg */
+        if (o->backend != FR_BACKEND_AUTO || st != FR_EUNSUPPORTED) return st;
+        b = FR_BACKEND_CPU;    /* auto: this configuration runs on the CPU only */
+    }
+#endif
+    if ((st = fr_model_load(o->model, &m))) return st;
+    st = open_on(o, b, m, NULL, n_blocks, max_seqs, s);
+    if (st) fr_session_close(s);
     return st;
 }
 
 void fr_session_close(fr_session *s)
 {
     fr_runner_cpu_destroy(&s->runner);
+#ifdef FR_HAVE_CUDA
+    fr_runner_cuda_destroy(&s->gpu);
+    fr_weights_gpu_destroy(&s->gpu_weights);
+#endif
     fr_kv_cache_destroy(&s->kv);
     if (s->has_calib) fr_calib_free(&s->calib);
     fr_model_destroy(&s->model);
     memset(s, 0, sizeof *s);
+}
+
+fr_status fr_session_step(fr_session *s, const fr_step_seq *seqs, int n_seqs, float *logits)
+{
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA) return fr_runner_cuda_step(s->gpu, seqs, n_seqs, logits);
+#endif
+    return fr_runner_cpu_step(s->runner, seqs, n_seqs, logits);
+}
+
+fr_status fr_session_fork(fr_session *s, int src, int *dst)
+{
+    fr_status st = fr_kv_seq_fork(s->kv, src, dst);
+#ifdef FR_HAVE_CUDA
+    if (!st && s->backend == FR_BACKEND_CUDA && (st = fr_runner_cuda_fork(s->gpu, src, *dst)))
+        fr_kv_seq_free(s->kv, *dst);
+#endif
+    return st;
 }
 
 fr_status fr_session_prefill(fr_session *s, const int *tokens, int n, int chunk, int *seq,
@@ -109,7 +233,7 @@ fr_status fr_session_prefill(fr_session *s, const int *tokens, int n, int chunk,
         int m = n - i < chunk ? n - i : chunk;
         fr_step_seq step = {.seq = *seq, .n = m, .tokens = tokens + i, .all_logits = all_logits != NULL};
         float *out = all_logits ? all_logits + (size_t)i * V : last_logits;
-        st = fr_runner_cpu_step(s->runner, &step, 1, out);
+        st = fr_session_step(s, &step, 1, out);
         if (!st && all_logits && i + m == n && last_logits)
             memcpy(last_logits, all_logits + (size_t)(n - 1) * V, sizeof(float) * (size_t)V);
     }

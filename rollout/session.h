@@ -1,18 +1,24 @@
-/* A CPU inference session: a model, its KV cache configured from the
- * command-line numerics options, and a runner. Shared by generate, score and
- * the evaluation commands so they all build the engine the same way. */
+/* An inference session: a model, its KV cache configured from the
+ * command-line numerics options, and a runner on the chosen backend (the CPU
+ * reference, or CUDA). Shared by generate, score and the evaluation commands
+ * so they all build the engine the same way. */
 #ifndef FR_SESSION_H
 #define FR_SESSION_H
 
 #include "calib_file.h"
 #include "runner_cpu.h"
+#include "runner_cuda.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* auto: CUDA when a GPU is present and supports the configuration, else CPU. */
+typedef enum { FR_BACKEND_AUTO = 0, FR_BACKEND_CPU, FR_BACKEND_CUDA } fr_backend;
+
 typedef struct {
-    const char *model;          /* DIR or synthetic:tiny[:SEED] */
+    const char *model;          /* DIR or synthetic:NAME[:SEED] */
+    fr_backend backend;
     fr_kv_dtype kv;
     fr_fp4_compute compute;
     fr_recipe recipe;
@@ -28,9 +34,12 @@ int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engi
 extern const char fr_engine_opts_usage[];
 
 typedef struct {
-    fr_model *model;
-    fr_kv_cache *kv;
-    fr_runner_cpu *runner;
+    fr_model *model;            /* config always; host weights on the CPU backend only */
+    fr_kv_cache *kv;            /* the cache (CPU) or its bookkeeping (CUDA) */
+    fr_backend backend;         /* CPU or CUDA once open */
+    fr_runner_cpu *runner;      /* CPU backend */
+    fr_runner_cuda *gpu;        /* CUDA backend */
+    fr_weights_gpu *gpu_weights;
     fr_calib calib;
     int has_calib;
 } fr_session;
@@ -40,6 +49,12 @@ fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, f
 fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_blocks, int max_seqs,
                                 fr_session *s);
 void fr_session_close(fr_session *s);
+const char *fr_backend_name(fr_backend b);
+
+/* One forward step on the session's backend (fr_runner_cpu_step's contract). */
+fr_status fr_session_step(fr_session *s, const fr_step_seq *seqs, int n_seqs, float *logits);
+/* A new sequence holding src's tokens (shared full pages, copied slots). */
+fr_status fr_session_fork(fr_session *s, int src, int *dst);
 
 /* Prefills tokens into a new KV sequence in chunks; logits of the last token
  * go to last_logits (vocab floats) and, when all_logits is non-NULL, every

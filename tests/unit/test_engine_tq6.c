@@ -65,6 +65,7 @@ static void open_session(fr_session *s, fr_kv_dtype kv, int n_tokens, int chunk)
     fr_engine_opts o;
     fr_engine_opts_default(&o);
     o.model = model_dir;
+    o.backend = FR_BACKEND_CPU;   /* this test checks the CPU engine, also where a GPU is present */
     o.kv = kv;
     o.chunk = chunk;
     fr_status st = fr_session_open(&o, n_tokens / 128 + 2, 2, s);

@@ -1,0 +1,271 @@
+#include "runner_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/attn_bf16.h"
+#include "attention/cuda_check.h"
+#include "kvcache/kv_store_cuda.h"
+#include "rollout/gemm_cuda.h"
+#include "rollout/ops_cuda.h"
+
+enum { T = FR_PAGE_TOKENS };
+
+struct fr_runner_cuda {
+    const fr_weights_gpu *w;
+    fr_kv_cache *book;
+    fr_kv_store_gpu *store;
+    fr_gemm *gemm;
+    cudaStream_t stream;
+    int max_tokens, max_seqs, max_pages;
+    /* device buffers */
+    float *x, *q, *k, *v, *gu, *logits;
+    int logit_cap;              /* rows of the logits buffer; the LM head runs in slices of it */
+    uint16_t *xn, *att, *h, *step_k, *step_v;
+    int *ids, *pos, *tables, *logit_rows;
+    fr_paged_seq *seqs;
+    float *rope_cos, *rope_sin;
+    void *attn_ws;
+    size_t attn_ws_bytes;
+    /* pinned host mirrors of the step metadata */
+    int *h_ids, *h_pos, *h_tables, *h_logit_rows;
+    fr_paged_seq *h_seqs;
+};
+
+int fr_cuda_available(void)
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define DEV_ALLOC(ptr, count)                                                                     \
+    do {                                                                                          \
+        if (!st && cudaMalloc((void **)&(ptr), sizeof(*(ptr)) * (size_t)(count)) != cudaSuccess)  \
+            st = fr_fail(FR_ENOMEM, "CUDA runner: cannot allocate %s (%zu bytes) on the device", \
+                         #ptr, sizeof(*(ptr)) * (size_t)(count));                                 \
+    } while (0)
+#define HOST_ALLOC(ptr, count)                                                                         \
+    do {                                                                                               \
+        if (!st && cudaMallocHost((void **)&(ptr), sizeof(*(ptr)) * (size_t)(count)) != cudaSuccess)   \
+            st = fr_fail(FR_ENOMEM, "CUDA runner: cannot allocate %s (%zu bytes) of pinned memory", #ptr, \
+                         sizeof(*(ptr)) * (size_t)(count));                                            \
+    } while (0)
+
+fr_status fr_runner_cuda_new(const fr_weights_gpu *w, fr_kv_cache *book, int max_step_tokens,
+                             fr_runner_cuda **out)
+{
+    *out = NULL;
+    const fr_model_config *c = &w->cfg;
+    const fr_kv_cache_config *kc = fr_kv_cache_config_of(book);
+    if (!kc->bookkeeping_only)
+        return fr_fail(FR_EINVAL, "CUDA runner: the host cache must be bookkeeping-only");
+    if (max_step_tokens < 1) return fr_fail(FR_EINVAL, "CUDA runner: max_step_tokens must be positive");
+    if (kc->n_layers != c->num_layers || kc->n_kv_heads != c->num_kv_heads || kc->head_dim != c->head_dim)
+        return fr_fail(FR_EINVAL, "CUDA runner: the cache's shape does not match the model's");
+    if (kc->dtype != FR_KV_BF16)
+        return fr_fail(FR_EUNSUPPORTED, "CUDA runner: kv dtype %s needs the FP4/FP8 decode kernels, "
+                       "not built yet; use --kv bf16 on the GPU", fr_kv_dtype_name(kc->dtype));
+    fr_runner_cuda *r = calloc(1, sizeof *r);
+    if (!r) return fr_fail(FR_ENOMEM, "CUDA runner: out of memory");
+    r->w = w;
+    r->book = book;
+    r->max_tokens = max_step_tokens;
+    r->max_seqs = kc->max_seqs;
+    r->max_pages = (c->max_position + T - 1) / T;
+    const int M = max_step_tokens, D = c->hidden_size, d = c->head_dim;
+    const size_t qd = (size_t)c->num_heads * d, kvd = (size_t)c->num_kv_heads * d;
+    const int I = c->intermediate_size, V = c->vocab_size;
+    fr_status st = fr_kv_store_gpu_new(kc, &r->store);
+    if (!st) st = fr_gemm_new(0, &r->gemm);
+    if (!st && cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking) != cudaSuccess)
+        st = fr_fail(FR_EINTERNAL, "CUDA runner: cannot create a stream");
+    DEV_ALLOC(r->x, (size_t)M * D);
+    DEV_ALLOC(r->xn, (size_t)M * D);
+    DEV_ALLOC(r->q, (size_t)M * qd);
+    DEV_ALLOC(r->k, (size_t)M * kvd);
+    DEV_ALLOC(r->v, (size_t)M * kvd);
+    DEV_ALLOC(r->step_k, (size_t)M * kvd);
+    DEV_ALLOC(r->step_v, (size_t)M * kvd);
+    DEV_ALLOC(r->att, (size_t)M * qd);
+    DEV_ALLOC(r->gu, (size_t)M * 2 * I);
+    DEV_ALLOC(r->h, (size_t)M * I);
+    /* Full-vocabulary logits of a whole prefill chunk would not fit for a
+     * large vocabulary: the LM head runs in slices of logit_cap rows. */
+    r->logit_cap = M;
+    if ((size_t)r->logit_cap * V > ((size_t)64 << 20)) r->logit_cap = (int)(((size_t)64 << 20) / V);
+    if (r->logit_cap < r->max_seqs) r->logit_cap = r->max_seqs < M ? r->max_seqs : M;
+    if (r->logit_cap < 1) r->logit_cap = 1;
+    DEV_ALLOC(r->logits, (size_t)r->logit_cap * V);
+    DEV_ALLOC(r->ids, M);
+    DEV_ALLOC(r->pos, M);
+    DEV_ALLOC(r->logit_rows, M);
+    DEV_ALLOC(r->seqs, r->max_seqs);
+    DEV_ALLOC(r->tables, (size_t)r->max_seqs * r->max_pages);
+    HOST_ALLOC(r->h_ids, M);
+    HOST_ALLOC(r->h_pos, M);
+    HOST_ALLOC(r->h_logit_rows, M);
+    HOST_ALLOC(r->h_seqs, r->max_seqs);
+    HOST_ALLOC(r->h_tables, (size_t)r->max_seqs * r->max_pages);
+    if (!st) st = fr_cuda_rope_table_new(c->max_position, d, c->rope_theta, &r->rope_cos, &r->rope_sin);
+    if (!st) {
+        st = fr_attn_bf16_workspace_bytes(r->max_seqs, c->num_heads, c->num_kv_heads, d, c->max_position,
+                                          &r->attn_ws_bytes);
+        DEV_ALLOC(r->attn_ws, r->attn_ws_bytes ? r->attn_ws_bytes : 1);
+    }
+    if (st) {
+        fr_runner_cuda_destroy(&r);
+        return st;
+    }
+    *out = r;
+    return FR_OK;
+}
+
+void fr_runner_cuda_destroy(fr_runner_cuda **pr)
+{
+    fr_runner_cuda *r = pr ? *pr : NULL;
+    if (!r) return;
+    if (r->stream) cudaStreamSynchronize(r->stream);
+    void *dev[] = {r->x, r->xn, r->q, r->k, r->v, r->step_k, r->step_v, r->att, r->gu, r->h, r->logits,
+                   r->ids, r->pos, r->logit_rows, r->seqs, r->tables, r->attn_ws};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
+    void *host[] = {r->h_ids, r->h_pos, r->h_logit_rows, r->h_seqs, r->h_tables};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) cudaFreeHost(host[i]);
+    fr_cuda_rope_table_free(&r->rope_cos, &r->rope_sin);
+    fr_gemm_destroy(&r->gemm);
+    fr_kv_store_gpu_destroy(&r->store);
+    if (r->stream) cudaStreamDestroy(r->stream);
+    free(r);
+    *pr = NULL;
+}
+
+/* Checks the request like the CPU runner and reserves every block first, so
+ * a full cache fails before anything changes. Returns the token count. */
+static fr_status admit(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int *M_out)
+{
+    const fr_model_config *c = &r->w->cfg;
+    if (n_seqs < 1 || n_seqs > r->max_seqs)
+        return fr_fail(FR_EINVAL, "step: %d sequences (1..%d allowed)", n_seqs, r->max_seqs);
+    int M = 0, need = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        if (seqs[s].n < 1 || !seqs[s].tokens)
+            return fr_fail(FR_EINVAL, "step: sequence %d has no tokens", seqs[s].seq);
+        for (int i = 0; i < seqs[s].n; i++)
+            if (seqs[s].tokens[i] < 0 || seqs[s].tokens[i] >= c->vocab_size)
+                return fr_fail(FR_EINVAL, "step: token id %d outside the vocabulary [0, %d)", seqs[s].tokens[i],
+                               c->vocab_size);
+        int len = fr_kv_seq_len(r->book, seqs[s].seq);
+        if (len < 0) return fr_fail(FR_EINVAL, "step: KV sequence %d does not exist", seqs[s].seq);
+        if (len + seqs[s].n > c->max_position)
+            return fr_fail(FR_EINVAL, "step: %d tokens exceed the context window of %d", len + seqs[s].n,
+                           c->max_position);
+        M += seqs[s].n;
+        need += fr_kv_blocks_needed(r->book, seqs[s].seq, seqs[s].n);
+    }
+    if (M > r->max_tokens) return fr_fail(FR_EINVAL, "step: %d tokens exceed the step limit of %d", M, r->max_tokens);
+    if (need > fr_kv_free_blocks(r->book))
+        return fr_fail(FR_ENOMEM, "step: needs %d free KV blocks, %d are free", need, fr_kv_free_blocks(r->book));
+    for (int s = 0; s < n_seqs; s++) {
+        fr_status st = fr_kv_reserve(r->book, seqs[s].seq, seqs[s].n);
+        if (st) return st;
+    }
+    *M_out = M;
+    return FR_OK;
+}
+
+/* Fills the pinned step metadata and sends it on the stream (no sync): token
+ * ids, positions, the fr_paged_seq of each sequence and its block table, and
+ * the rows whose logits are wanted. Returns the number of logit rows. */
+static fr_status upload_metadata(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int M, int *n_logits)
+{
+    int row = 0, lrows = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int len = fr_kv_seq_len(r->book, seqs[s].seq), nb = 0;
+        const int *blocks = fr_kv_seq_blocks(r->book, seqs[s].seq, &nb);
+        int *trow = r->h_tables + (size_t)s * r->max_pages;
+        memcpy(trow, blocks, sizeof(int) * (size_t)nb);
+        r->h_seqs[s] = (fr_paged_seq){.block_table = r->tables + (size_t)s * r->max_pages, .len = len,
+                                      .n_new = seqs[s].n, .q_row = row, .slot = seqs[s].seq};
+        for (int i = 0; i < seqs[s].n; i++) {
+            r->h_ids[row + i] = seqs[s].tokens[i];
+            r->h_pos[row + i] = len + i;
+            if (seqs[s].all_logits || i == seqs[s].n - 1) r->h_logit_rows[lrows++] = row + i;
+        }
+        row += seqs[s].n;
+    }
+    FR_CUDA_TRY(cudaMemcpyAsync(r->ids, r->h_ids, sizeof(int) * (size_t)M, cudaMemcpyHostToDevice, r->stream));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->pos, r->h_pos, sizeof(int) * (size_t)M, cudaMemcpyHostToDevice, r->stream));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->logit_rows, r->h_logit_rows, sizeof(int) * (size_t)lrows,
+                                cudaMemcpyHostToDevice, r->stream));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->seqs, r->h_seqs, sizeof(fr_paged_seq) * (size_t)n_seqs,
+                                cudaMemcpyHostToDevice, r->stream));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->tables, r->h_tables, sizeof(int) * (size_t)n_seqs * r->max_pages,
+                                cudaMemcpyHostToDevice, r->stream));
+    *n_logits = lrows;
+    return FR_OK;
+}
+
+/* One decoder layer on the step's M rows. */
+static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int max_new)
+{
+    const fr_model_config *c = &r->w->cfg;
+    const fr_layer_weights_gpu *lw = &r->w->layers[l];
+    const int D = c->hidden_size, d = c->head_dim, H = c->num_heads, KVH = c->num_kv_heads;
+    const int qd = H * d, kvd = KVH * d, I = c->intermediate_size;
+    cudaStream_t s = r->stream;
+    fr_status st = fr_cuda_rmsnorm(r->xn, r->x, NULL, lw->attn_norm, M, D, c->rms_norm_eps, s);
+    if (!st) st = fr_gemm_bf16(r->gemm, r->q, r->xn, lw->q_proj, M, qd, D, 0.0f, s);
+    if (!st) st = fr_gemm_bf16(r->gemm, r->k, r->xn, lw->k_proj, M, kvd, D, 0.0f, s);
+    if (!st) st = fr_gemm_bf16(r->gemm, r->v, r->xn, lw->v_proj, M, kvd, D, 0.0f, s);
+    if (!st)
+        st = fr_cuda_qk_norm_rope(r->q, r->k, lw->q_norm, lw->k_norm, r->pos, M, H, KVH, d, c->rms_norm_eps,
+                                  r->rope_cos, r->rope_sin, c->max_position, s);
+    if (!st) st = fr_kv_store_gpu_stage(r->store, l, M, r->k, r->v, r->step_k, r->step_v, s);
+    if (!st) {
+        fr_paged_kv view = fr_kv_store_gpu_view(r->store, l, r->step_k, r->step_v);
+        st = fr_attn_bf16(&view, r->seqs, n_seqs, max_new, c->max_position, r->q, r->att, H, r->attn_ws,
+                          r->attn_ws_bytes, s);
+    }
+    /* o_proj and down_proj accumulate into the residual stream (beta = 1). */
+    if (!st) st = fr_gemm_bf16(r->gemm, r->x, r->att, lw->o_proj, M, D, qd, 1.0f, s);
+    if (!st) st = fr_cuda_rmsnorm(r->xn, r->x, NULL, lw->mlp_norm, M, D, c->rms_norm_eps, s);
+    if (!st) st = fr_gemm_bf16(r->gemm, r->gu, r->xn, lw->gate_up, M, 2 * I, D, 0.0f, s);
+    if (!st) st = fr_cuda_swiglu_rows(r->h, r->gu, M, I, s);
+    if (!st) st = fr_gemm_bf16(r->gemm, r->x, r->h, lw->down_proj, M, D, I, 1.0f, s);
+    if (!st)
+        st = fr_kv_store_gpu_commit(r->store, l, r->seqs, n_seqs, (max_new + T - 1) / T, r->step_k, r->step_v, s);
+    return st;
+}
+
+fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, float *logits)
+{
+    const fr_model_config *c = &r->w->cfg;
+    const int D = c->hidden_size, V = c->vocab_size;
+    int M = 0, n_logits = 0, max_new = 0;
+    fr_status st = admit(r, seqs, n_seqs, &M);
+    for (int s = 0; s < n_seqs; s++) max_new = seqs[s].n > max_new ? seqs[s].n : max_new;
+    if (!st) st = upload_metadata(r, seqs, n_seqs, M, &n_logits);
+    if (!st) st = fr_cuda_embed(r->x, r->w->embed, r->ids, M, D, V, r->stream);
+    for (int l = 0; l < c->num_layers && !st; l++) st = layer_forward(r, l, M, n_seqs, max_new);
+    /* Final norm and LM head on the rows that want logits, gathered first. */
+    for (int a = 0; a < n_logits && !st; a += r->logit_cap) {
+        int rows = n_logits - a < r->logit_cap ? n_logits - a : r->logit_cap;
+        st = fr_cuda_rmsnorm_rows(r->xn, r->x, M, r->logit_rows + a, rows, r->w->final_norm, D, c->rms_norm_eps,
+                                  r->stream);
+        if (!st) st = fr_gemm_bf16(r->gemm, r->logits, r->xn, r->w->lm_head, rows, V, D, 0.0f, r->stream);
+        if (!st) {
+            cudaError_t e = cudaMemcpyAsync(logits + (size_t)a * V, r->logits, sizeof(float) * (size_t)rows * V,
+                                            cudaMemcpyDeviceToHost, r->stream);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(r->stream);
+            if (e != cudaSuccess) st = fr_fail(FR_EINTERNAL, "CUDA step failed: %s", cudaGetErrorString(e));
+        }
+    }
+    if (!st) st = fr_kv_store_gpu_check(r->store, r->stream);
+    /* The device cache now holds the step's tokens: advance the bookkeeping. */
+    for (int s = 0; s < n_seqs && !st; s++) st = fr_kv_append(r->book, seqs[s].seq, seqs[s].n, NULL, NULL, 0);
+    return st;
+}
+
+fr_status fr_runner_cuda_fork(fr_runner_cuda *r, int src_seq, int dst_seq)
+{
+    return fr_kv_store_gpu_copy_slot(r->store, src_seq, dst_seq, r->stream);
+}
