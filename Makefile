@@ -43,11 +43,14 @@ GPU_SRCS   := $(if $(HAVE_NVCC),$(wildcard tests/gpu/test_*.c))
 GPU_BINS   := $(patsubst tests/gpu/%.c,$(BUILD)/gpu/%,$(GPU_SRCS))
 GPU_HELP   := $(if $(HAVE_NVCC),$(filter-out $(GPU_SRCS),$(wildcard tests/gpu/*.c)) $(wildcard tests/gpu/*.cu))
 GPU_HOBJ   := $(patsubst %.c,$(BUILD)/obj/%.o,$(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(GPU_HELP)))
+# Benchmarks (bench/*.c, one program each) need a GPU too.
+BENCH_SRCS := $(if $(HAVE_NVCC),$(wildcard bench/*.c))
+BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 
 .PHONY: all deps test unit integration demo gpu clean
 .SECONDARY: $(UNIT_HOBJ) $(GPU_HOBJ)
-all: $(BIN) $(UNIT_BINS) $(GPU_BINS)
-gpu: $(GPU_BINS)
+all: $(BIN) $(UNIT_BINS) $(GPU_BINS) $(BENCH_BINS)
+gpu: $(GPU_BINS) $(BENCH_BINS)
 
 deps:
 	@scripts/install-deps.sh
@@ -77,6 +80,10 @@ $(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBS)
 $(BUILD)/gpu/%: tests/gpu/%.c $(UNIT_HOBJ) $(GPU_HOBJ) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(UNIT_HOBJ) $(GPU_HOBJ) $(LIBS) -o $@ -lcmocka $(LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c $(LIBS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(LIBS) -o $@ $(LDLIBS)
 
 test: deps
 	@$(MAKE) --no-print-directory all

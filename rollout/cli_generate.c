@@ -134,12 +134,15 @@ int fr_cli_generate(int argc, char **argv)
         if (stop) { memcpy(stop, mc->eos_ids, sizeof(int) * (size_t)mc->n_eos); n_stop = mc->n_eos; }
     }
     sample *smp = calloc((size_t)n_samples, sizeof *smp);
-    float *logits = malloc(sizeof(float) * (size_t)V * n_samples);
-    int *step_tok = malloc(sizeof(int) * (size_t)n_samples);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    int *step_tok = malloc(sizeof(int) * (size_t)n_samples), *owner = malloc(sizeof(int) * (size_t)n_samples);
+    int *new_tok = malloc(sizeof(int) * (size_t)n_samples);
+    float *new_lp = malloc(sizeof(float) * (size_t)n_samples);
     fr_step_seq *steps = malloc(sizeof *steps * (size_t)n_samples);
-    int *rows = malloc(sizeof(int) * (size_t)n_samples);
+    fr_decode_row *drows = malloc(sizeof *drows * (size_t)n_samples);
     fr_sampler *sampler = NULL;
-    if (!smp || !logits || !step_tok || !steps || !rows) st = fr_fail(FR_ENOMEM, "out of memory");
+    if (!smp || !logits || !step_tok || !owner || !new_tok || !new_lp || !steps || !drows)
+        st = fr_fail(FR_ENOMEM, "out of memory");
     if (!st) st = fr_check_prompt(mc, ids, n_ids, 0);
     if (!st && n_ids + max_tokens > mc->max_position) max_tokens = mc->max_position - n_ids;
     if (!st) st = fr_sampling_params_check(&sp, V);
@@ -151,40 +154,47 @@ int fr_cli_generate(int argc, char **argv)
         if (!smp[i].tokens || !smp[i].logprobs) st = fr_fail(FR_ENOMEM, "out of memory");
     }
     /* One prefill; the other samples fork it (full pages shared, the partial
-     * page copied). */
+     * page copied). Each sample's first token comes from the prefill's
+     * logits; the following ones from batched decode steps, which sample on
+     * the backend (the GPU when it runs there) with the same draws. */
     if (!st) st = fr_session_prefill(&s, ids, n_ids, eo.chunk, &smp[0].seq, logits, NULL);
     for (int i = 1; !st && i < n_samples; i++) st = fr_session_fork(&s, smp[0].seq, &smp[i].seq);
-    for (int i = 0; i < n_samples; i++) rows[i] = 0;   /* every sample starts from the prefill logits */
     int active = n_samples;
-    while (!st && active > 0) {
+    for (int i = 0; !st && i < n_samples; i++) {
+        st = fr_sample(sampler, logits, &sp, (uint64_t)i, 0, &new_tok[i], &new_lp[i]);
+        owner[i] = i;
+    }
+    int n_new = n_samples;
+    while (!st) {
         int n_step = 0;
-        for (int i = 0; i < n_samples && !st; i++) {
-            sample *x = &smp[i];
-            if (x->done) continue;
-            int tok;
-            float lp;
-            st = fr_sample(sampler, logits + (size_t)rows[i] * V, &sp, (uint64_t)i, (uint64_t)x->n, &tok, &lp);
-            if (st) break;
-            x->tokens[x->n] = tok;
-            x->logprobs[x->n++] = lp;
-            if (is_stop(tok, stop, n_stop) || x->n == max_tokens) {
+        for (int k = 0; k < n_new; k++) {   /* record the tokens just drawn */
+            sample *x = &smp[owner[k]];
+            x->tokens[x->n] = new_tok[k];
+            x->logprobs[x->n++] = new_lp[k];
+            if (is_stop(new_tok[k], stop, n_stop) || x->n == max_tokens) {
                 x->done = 1;
-                x->finish = is_stop(tok, stop, n_stop) ? "stop" : "length";
+                x->finish = is_stop(new_tok[k], stop, n_stop) ? "stop" : "length";
                 fr_kv_seq_free(s.kv, x->seq);
                 active--;
-                continue;
             }
-            step_tok[i] = tok;
-            steps[n_step] = (fr_step_seq){.seq = x->seq, .n = 1, .tokens = &step_tok[i], .all_logits = 0};
-            rows[i] = n_step++;
         }
-        if (!st && n_step > 0) st = fr_session_step(&s, steps, n_step, logits);
+        if (active == 0) break;
+        for (int i = 0; i < n_samples; i++) {
+            sample *x = &smp[i];
+            if (x->done) continue;
+            step_tok[i] = x->tokens[x->n - 1];
+            steps[n_step] = (fr_step_seq){.seq = x->seq, .n = 1, .tokens = &step_tok[i], .all_logits = 0};
+            drows[n_step] = (fr_decode_row){.params = sp, .sequence = (uint64_t)i, .step = (uint64_t)x->n};
+            owner[n_step++] = i;
+        }
+        st = fr_session_decode(&s, steps, drows, n_step, new_tok, new_lp);
+        n_new = n_step;
     }
     if (!st)
         for (int i = 0; i < n_samples; i++) print_sample(&smp[i], i, json, V == 272 && mc->bos_id == 256);
     if (st) fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
     for (int i = 0; smp && i < n_samples; i++) { free(smp[i].tokens); free(smp[i].logprobs); }
-    free(smp); free(logits); free(step_tok); free(steps); free(rows); free(ids); free(stop);
+    free(smp); free(logits); free(step_tok); free(owner); free(new_tok); free(new_lp); free(steps); free(drows); free(ids); free(stop);
     fr_sampler_destroy(&sampler);
     fr_session_close(&s);
     return st ? 1 : 0;

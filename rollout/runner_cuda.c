@@ -8,6 +8,7 @@
 #include "kvcache/kv_store_cuda.h"
 #include "rollout/gemm_cuda.h"
 #include "rollout/ops_cuda.h"
+#include "rollout/sampler_cuda.h"
 
 enum { T = FR_PAGE_TOKENS };
 
@@ -16,19 +17,28 @@ struct fr_runner_cuda {
     fr_kv_cache *book;
     fr_kv_store_gpu *store;
     fr_gemm *gemm;
+    fr_sampler_gpu *sampler;
     cudaStream_t stream;
+    /* Decode graphs, one per batch bucket (powers of two up to max_seqs). */
+    cudaGraphExec_t graphs[FR_CUDA_GRAPH_BUCKETS];
+    int graph_rows[FR_CUDA_GRAPH_BUCKETS];
+    int use_graphs;
     int max_tokens, max_seqs, max_pages;
     /* device buffers */
     float *x, *q, *k, *v, *gu, *logits;
     int logit_cap;              /* rows of the logits buffer; the LM head runs in slices of it */
     uint16_t *xn, *att, *h, *step_k, *step_v;
-    int *ids, *pos, *tables, *logit_rows;
+    int *ids, *pos, *tables, *logit_rows, *tokens_out;
+    float *logprobs_out;
+    fr_sample_row *sample_rows;
     fr_paged_seq *seqs;
     float *rope_cos, *rope_sin;
     void *attn_ws;
     size_t attn_ws_bytes;
     /* pinned host mirrors of the step metadata */
-    int *h_ids, *h_pos, *h_tables, *h_logit_rows;
+    int *h_ids, *h_pos, *h_tables, *h_logit_rows, *h_tokens;
+    float *h_logprobs;
+    fr_sample_row *h_sample_rows;
     fr_paged_seq *h_seqs;
 };
 
@@ -77,6 +87,8 @@ fr_status fr_runner_cuda_new(const fr_weights_gpu *w, fr_kv_cache *book, int max
     const int I = c->intermediate_size, V = c->vocab_size;
     fr_status st = fr_kv_store_gpu_new(kc, &r->store);
     if (!st) st = fr_gemm_new(0, &r->gemm);
+    if (!st) st = fr_sampler_gpu_new(V, r->max_seqs, &r->sampler);
+    r->use_graphs = getenv("FR_CUDA_GRAPHS") == NULL || strcmp(getenv("FR_CUDA_GRAPHS"), "0") != 0;
     if (!st && cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking) != cudaSuccess)
         st = fr_fail(FR_EINTERNAL, "CUDA runner: cannot create a stream");
     DEV_ALLOC(r->x, (size_t)M * D);
@@ -100,6 +112,12 @@ fr_status fr_runner_cuda_new(const fr_weights_gpu *w, fr_kv_cache *book, int max
     DEV_ALLOC(r->pos, M);
     DEV_ALLOC(r->logit_rows, M);
     DEV_ALLOC(r->seqs, r->max_seqs);
+    DEV_ALLOC(r->tokens_out, r->max_seqs);
+    DEV_ALLOC(r->logprobs_out, r->max_seqs);
+    DEV_ALLOC(r->sample_rows, r->max_seqs);
+    HOST_ALLOC(r->h_tokens, r->max_seqs);
+    HOST_ALLOC(r->h_logprobs, r->max_seqs);
+    HOST_ALLOC(r->h_sample_rows, r->max_seqs);
     DEV_ALLOC(r->tables, (size_t)r->max_seqs * r->max_pages);
     HOST_ALLOC(r->h_ids, M);
     HOST_ALLOC(r->h_pos, M);
@@ -125,13 +143,18 @@ void fr_runner_cuda_destroy(fr_runner_cuda **pr)
     fr_runner_cuda *r = pr ? *pr : NULL;
     if (!r) return;
     if (r->stream) cudaStreamSynchronize(r->stream);
+    for (int b = 0; b < FR_CUDA_GRAPH_BUCKETS; b++)
+        if (r->graphs[b]) cudaGraphExecDestroy(r->graphs[b]);
     void *dev[] = {r->x, r->xn, r->q, r->k, r->v, r->step_k, r->step_v, r->att, r->gu, r->h, r->logits,
-                   r->ids, r->pos, r->logit_rows, r->seqs, r->tables, r->attn_ws};
+                   r->ids, r->pos, r->logit_rows, r->seqs, r->tables, r->attn_ws, r->tokens_out,
+                   r->logprobs_out, r->sample_rows};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
-    void *host[] = {r->h_ids, r->h_pos, r->h_logit_rows, r->h_seqs, r->h_tables};
+    void *host[] = {r->h_ids, r->h_pos, r->h_logit_rows, r->h_seqs, r->h_tables, r->h_tokens, r->h_logprobs,
+                    r->h_sample_rows};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) cudaFreeHost(host[i]);
     fr_cuda_rope_table_free(&r->rope_cos, &r->rope_sin);
     fr_gemm_destroy(&r->gemm);
+    fr_sampler_gpu_destroy(&r->sampler);
     fr_kv_store_gpu_destroy(&r->store);
     if (r->stream) cudaStreamDestroy(r->stream);
     free(r);
@@ -174,8 +197,12 @@ static fr_status admit(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, i
 
 /* Fills the pinned step metadata and sends it on the stream (no sync): token
  * ids, positions, the fr_paged_seq of each sequence and its block table, and
- * the rows whose logits are wanted. Returns the number of logit rows. */
-static fr_status upload_metadata(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int M, int *n_logits)
+ * the rows whose logits are wanted. With pad_to > n_seqs (a graph's batch
+ * bucket), the missing sequences get no tokens (n_new 0: attention and the
+ * cache skip them) and one dummy row each, whose logits are computed and
+ * ignored. Returns the number of logit rows. */
+static fr_status upload_metadata(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int pad_to, int M,
+                                 int *n_logits)
 {
     int row = 0, lrows = 0;
     for (int s = 0; s < n_seqs; s++) {
@@ -192,11 +219,20 @@ static fr_status upload_metadata(fr_runner_cuda *r, const fr_step_seq *seqs, int
         }
         row += seqs[s].n;
     }
+    for (int s = n_seqs; s < pad_to; s++, row++) {
+        r->h_seqs[s] = (fr_paged_seq){.block_table = r->tables + (size_t)s * r->max_pages, .len = 0, .n_new = 0,
+                                      .q_row = row, .slot = seqs[0].seq};
+        r->h_ids[row] = 0;
+        r->h_pos[row] = 0;
+        r->h_logit_rows[lrows++] = row;
+    }
+    const int n_meta = pad_to > n_seqs ? pad_to : n_seqs;
+    M = row > M ? row : M;
     FR_CUDA_TRY(cudaMemcpyAsync(r->ids, r->h_ids, sizeof(int) * (size_t)M, cudaMemcpyHostToDevice, r->stream));
     FR_CUDA_TRY(cudaMemcpyAsync(r->pos, r->h_pos, sizeof(int) * (size_t)M, cudaMemcpyHostToDevice, r->stream));
     FR_CUDA_TRY(cudaMemcpyAsync(r->logit_rows, r->h_logit_rows, sizeof(int) * (size_t)lrows,
                                 cudaMemcpyHostToDevice, r->stream));
-    FR_CUDA_TRY(cudaMemcpyAsync(r->seqs, r->h_seqs, sizeof(fr_paged_seq) * (size_t)n_seqs,
+    FR_CUDA_TRY(cudaMemcpyAsync(r->seqs, r->h_seqs, sizeof(fr_paged_seq) * (size_t)n_meta,
                                 cudaMemcpyHostToDevice, r->stream));
     FR_CUDA_TRY(cudaMemcpyAsync(r->tables, r->h_tables, sizeof(int) * (size_t)n_seqs * r->max_pages,
                                 cudaMemcpyHostToDevice, r->stream));
@@ -243,7 +279,7 @@ fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_
     int M = 0, n_logits = 0, max_new = 0;
     fr_status st = admit(r, seqs, n_seqs, &M);
     for (int s = 0; s < n_seqs; s++) max_new = seqs[s].n > max_new ? seqs[s].n : max_new;
-    if (!st) st = upload_metadata(r, seqs, n_seqs, M, &n_logits);
+    if (!st) st = upload_metadata(r, seqs, n_seqs, 0, M, &n_logits);
     if (!st) st = fr_cuda_embed(r->x, r->w->embed, r->ids, M, D, V, r->stream);
     for (int l = 0; l < c->num_layers && !st; l++) st = layer_forward(r, l, M, n_seqs, max_new);
     /* Final norm and LM head on the rows that want logits, gathered first. */
@@ -262,6 +298,90 @@ fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_
     if (!st) st = fr_kv_store_gpu_check(r->store, r->stream);
     /* The device cache now holds the step's tokens: advance the bookkeeping. */
     for (int s = 0; s < n_seqs && !st; s++) st = fr_kv_append(r->book, seqs[s].seq, seqs[s].n, NULL, NULL, 0);
+    return st;
+}
+
+/* The device work of a decode step over `rows` rows (one per sequence,
+ * padding included), from the embedding to the sampled tokens: what a
+ * decode graph holds. */
+static fr_status enqueue_decode(fr_runner_cuda *r, int rows)
+{
+    const fr_model_config *c = &r->w->cfg;
+    const int D = c->hidden_size, V = c->vocab_size;
+    fr_status st = fr_cuda_embed(r->x, r->w->embed, r->ids, rows, D, V, r->stream);
+    for (int l = 0; l < c->num_layers && !st; l++) st = layer_forward(r, l, rows, rows, 1);
+    if (!st)
+        st = fr_cuda_rmsnorm_rows(r->xn, r->x, rows, r->logit_rows, rows, r->w->final_norm, D, c->rms_norm_eps,
+                                  r->stream);
+    if (!st) st = fr_gemm_bf16(r->gemm, r->logits, r->xn, r->w->lm_head, rows, V, D, 0.0f, r->stream);
+    if (!st)
+        st = fr_sampler_gpu_sample(r->sampler, r->logits, r->sample_rows, rows, r->tokens_out, r->logprobs_out,
+                                   r->stream);
+    return st;
+}
+
+/* The smallest bucket (a power of two, capped at max_seqs) holding n rows. */
+static int bucket_of(const fr_runner_cuda *r, int n, int *rows)
+{
+    int b = 0, size = 1;
+    while (size < n) size *= 2, b++;
+    *rows = size < r->max_seqs ? size : r->max_seqs;
+    return b;
+}
+
+fr_status fr_runner_cuda_decode(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
+                                int n_seqs, int *tokens, float *logprobs)
+{
+    const int V = r->w->cfg.vocab_size;
+    for (int s = 0; s < n_seqs; s++) {
+        if (seqs[s].n != 1) return fr_fail(FR_EINVAL, "decode: sequence %d has %d new tokens, not 1", seqs[s].seq, seqs[s].n);
+        fr_status st = fr_sample_row_check(&params[s], V);
+        if (st) return st;
+    }
+    if (r->logit_cap < n_seqs) return fr_fail(FR_EINTERNAL, "decode: logits buffer smaller than the batch");
+    int M = 0, rows, n_logits;
+    fr_status st = admit(r, seqs, n_seqs, &M);
+    if (st) return st;
+    int b = bucket_of(r, n_seqs, &rows);
+    if (!r->use_graphs) rows = n_seqs;
+    if ((st = upload_metadata(r, seqs, n_seqs, rows, M, &n_logits))) return st;
+    memcpy(r->h_sample_rows, params, sizeof(fr_sample_row) * (size_t)n_seqs);
+    for (int s = n_seqs; s < rows; s++)   /* padding rows: greedy, never read */
+        r->h_sample_rows[s] = (fr_sample_row){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
+    FR_CUDA_TRY(cudaMemcpyAsync(r->sample_rows, r->h_sample_rows, sizeof(fr_sample_row) * (size_t)rows,
+                                cudaMemcpyHostToDevice, r->stream));
+    if (!r->use_graphs) {
+        st = enqueue_decode(r, rows);
+    } else if (r->graphs[b] && r->graph_rows[b] == rows) {
+        FR_CUDA_TRY(cudaGraphLaunch(r->graphs[b], r->stream));
+    } else {
+        /* First use of this bucket: run it directly (which also prepares the
+         * matrix-product plans and kernel attributes a capture must not
+         * create), then capture the same launches for the next steps. */
+        st = enqueue_decode(r, rows);
+        cudaGraph_t g = NULL;
+        if (!st) FR_CUDA_TRY(cudaStreamSynchronize(r->stream));
+        if (!st) FR_CUDA_TRY(cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
+        if (!st) {
+            fr_status cap = enqueue_decode(r, rows);
+            cudaError_t e = cudaStreamEndCapture(r->stream, &g);
+            if (cap) st = cap;
+            else if (e != cudaSuccess)
+                st = fr_fail(FR_EINTERNAL, "decode graph capture failed: %s", cudaGetErrorString(e));
+        }
+        if (!st) FR_CUDA_TRY(cudaGraphInstantiate(&r->graphs[b], g, 0));
+        if (g) cudaGraphDestroy(g);
+        r->graph_rows[b] = rows;
+    }
+    if (st) return st;
+    FR_CUDA_TRY(cudaMemcpyAsync(r->h_tokens, r->tokens_out, sizeof(int) * (size_t)n_seqs, cudaMemcpyDeviceToHost,
+                                r->stream));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->h_logprobs, r->logprobs_out, sizeof(float) * (size_t)n_seqs,
+                                cudaMemcpyDeviceToHost, r->stream));
+    if ((st = fr_kv_store_gpu_check(r->store, r->stream))) return st;   /* waits for the stream */
+    memcpy(tokens, r->h_tokens, sizeof(int) * (size_t)n_seqs);
+    if (logprobs) memcpy(logprobs, r->h_logprobs, sizeof(float) * (size_t)n_seqs);
+    for (int s = 0; s < n_seqs && !st; s++) st = fr_kv_append(r->book, seqs[s].seq, 1, NULL, NULL, 0);
     return st;
 }
 

@@ -14,6 +14,7 @@
 
 #include "kvcache/kv_cache.h"
 #include "rollout/runner_cpu.h"
+#include "rollout/sampler_cuda.h"
 #include "rollout/weights_cuda.h"
 
 #ifdef __cplusplus
@@ -21,6 +22,9 @@ extern "C" {
 #endif
 
 typedef struct fr_runner_cuda fr_runner_cuda;
+
+/* Decode graphs are kept per batch bucket: 1, 2, 4, ... up to max_seqs. */
+#define FR_CUDA_GRAPH_BUCKETS 16
 
 /* book: the bookkeeping-only cache (cfg.bookkeeping_only = 1) whose config
  * also sizes the device cache; max_step_tokens bounds the tokens of a step. */
@@ -32,6 +36,14 @@ void fr_runner_cuda_destroy(fr_runner_cuda **r);
  * floats. Blocks for the new tokens are reserved here; on FR_ENOMEM nothing
  * changed. */
 fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, float *logits);
+
+/* A decode step (one new token per sequence) with sampling on the GPU:
+ * tokens[i] and logprobs[i] (may be NULL) receive the token sampled for
+ * seqs[i] with params[i] and its log-prob; only these come back to the host.
+ * The batch is padded to its bucket and replayed from a CUDA graph captured
+ * on the bucket's first use (FR_CUDA_GRAPHS=0 runs the kernels directly). */
+fr_status fr_runner_cuda_decode(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
+                                int n_seqs, int *tokens, float *logprobs);
 
 /* After fr_kv_seq_fork(book, src, &dst): gives dst a copy of src's device slots. */
 fr_status fr_runner_cuda_fork(fr_runner_cuda *r, int src_seq, int dst_seq);

@@ -7,6 +7,9 @@
 #include <string.h>
 
 #include "cli.h"
+#ifdef FR_HAVE_CUDA
+#include "runner_cuda.h"
+#endif
 
 const char fr_engine_opts_usage[] =
     "  --model M            checkpoint directory, or synthetic:tiny[:SEED] (default);\n"
@@ -72,7 +75,7 @@ const char *fr_backend_name(fr_backend b)
 /* Builds the cache and the runner for model m on backend b (CPU or CUDA).
  * On the CUDA backend, wg holds the device weights (the session takes them)
  * and m only its config. */
-static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, fr_weights_gpu *wg, int n_blocks,
+static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, struct fr_weights_gpu *wg, int n_blocks,
                          int max_seqs, fr_session *s)
 {
     memset(s, 0, sizeof *s);
@@ -104,7 +107,7 @@ static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, fr_
 #ifdef FR_HAVE_CUDA
 /* The device weights for a spec: synthetic models are generated on the GPU;
  * checkpoints are loaded on the host, copied, and their host weights freed. */
-static fr_status gpu_weights_for(const char *spec, fr_model **m, fr_weights_gpu **wg)
+static fr_status gpu_weights_for(const char *spec, fr_model **m, struct fr_weights_gpu **wg)
 {
     *m = NULL;
     *wg = NULL;
@@ -151,7 +154,7 @@ fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_bloc
     fr_backend b = FR_BACKEND_CPU;
     fr_status st = resolve_backend(o->backend, &b);
     if (st) return st;
-    fr_weights_gpu *wg = NULL;
+    struct fr_weights_gpu *wg = NULL;
 #ifdef FR_HAVE_CUDA
     if (b == FR_BACKEND_CUDA && (st = fr_weights_gpu_from_model(m, &wg))) return st;
 #endif
@@ -177,7 +180,7 @@ fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, f
     fr_model *m = NULL;
 #ifdef FR_HAVE_CUDA
     if (b == FR_BACKEND_CUDA) {
-        fr_weights_gpu *wg;
+        struct fr_weights_gpu *wg;
         if ((st = gpu_weights_for(o->model, &m, &wg))) return st;
         st = open_on(o, b, m, wg, n_blocks, max_seqs, s);
         if (!st) return FR_OK;
@@ -200,6 +203,8 @@ void fr_session_close(fr_session *s)
     fr_weights_gpu_destroy(&s->gpu_weights);
 #endif
     fr_kv_cache_destroy(&s->kv);
+    fr_sampler_destroy(&s->sampler);
+    free(s->step_logits);
     if (s->has_calib) fr_calib_free(&s->calib);
     fr_model_destroy(&s->model);
     memset(s, 0, sizeof *s);
@@ -211,6 +216,42 @@ fr_status fr_session_step(fr_session *s, const fr_step_seq *seqs, int n_seqs, fl
     if (s->backend == FR_BACKEND_CUDA) return fr_runner_cuda_step(s->gpu, seqs, n_seqs, logits);
 #endif
     return fr_runner_cpu_step(s->runner, seqs, n_seqs, logits);
+}
+
+fr_status fr_session_decode(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
+                            int *tokens, float *logprobs)
+{
+    const int V = s->model->cfg.vocab_size;
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA) {
+        fr_sample_row *p = malloc(sizeof *p * (size_t)(n_seqs > 0 ? n_seqs : 1));
+        if (!p) return fr_fail(FR_ENOMEM, "out of memory");
+        for (int i = 0; i < n_seqs; i++)
+            p[i] = (fr_sample_row){.temperature = rows[i].params.temperature, .top_k = rows[i].params.top_k,
+                                   .top_p = rows[i].params.top_p, .seed = rows[i].params.seed,
+                                   .sequence = rows[i].sequence, .step = rows[i].step};
+        fr_status st = fr_runner_cuda_decode(s->gpu, seqs, p, n_seqs, tokens, logprobs);
+        free(p);
+        return st;
+    }
+#endif
+    for (int i = 0; i < n_seqs; i++) {
+        fr_status st = fr_sampling_params_check(&rows[i].params, V);
+        if (st) return st;
+    }
+    fr_status st = FR_OK;
+    if (!s->sampler && (st = fr_sampler_new(V, &s->sampler))) return st;
+    if (s->step_logits_rows < n_seqs) {
+        float *grown = realloc(s->step_logits, sizeof(float) * (size_t)V * (size_t)n_seqs);
+        if (!grown) return fr_fail(FR_ENOMEM, "out of memory");
+        s->step_logits = grown;
+        s->step_logits_rows = n_seqs;
+    }
+    st = fr_session_step(s, seqs, n_seqs, s->step_logits);
+    for (int i = 0; i < n_seqs && !st; i++)
+        st = fr_sample(s->sampler, s->step_logits + (size_t)i * V, &rows[i].params, rows[i].sequence, rows[i].step,
+                       &tokens[i], logprobs ? &logprobs[i] : NULL);
+    return st;
 }
 
 fr_status fr_session_fork(fr_session *s, int src, int *dst)

@@ -7,7 +7,7 @@
 
 #include "calib_file.h"
 #include "runner_cpu.h"
-#include "runner_cuda.h"
+#include "sampler.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,8 +38,11 @@ typedef struct {
     fr_kv_cache *kv;            /* the cache (CPU) or its bookkeeping (CUDA) */
     fr_backend backend;         /* CPU or CUDA once open */
     fr_runner_cpu *runner;      /* CPU backend */
-    fr_runner_cuda *gpu;        /* CUDA backend */
-    fr_weights_gpu *gpu_weights;
+    struct fr_runner_cuda *gpu; /* CUDA backend (rollout/runner_cuda.h) */
+    struct fr_weights_gpu *gpu_weights;
+    fr_sampler *sampler;        /* CPU sampling scratch of fr_session_decode, made on first use */
+    float *step_logits;         /* its logits buffer, grown to the largest batch */
+    int step_logits_rows;
     fr_calib calib;
     int has_calib;
 } fr_session;
@@ -53,6 +56,21 @@ const char *fr_backend_name(fr_backend b);
 
 /* One forward step on the session's backend (fr_runner_cpu_step's contract). */
 fr_status fr_session_step(fr_session *s, const fr_step_seq *seqs, int n_seqs, float *logits);
+/* Sampling parameters of one row of a decode step: the sample's parameters,
+ * its stream (sequence) and the index of the token being drawn (step), the
+ * Philox keys of rollout/sampler.h. */
+typedef struct {
+    fr_sampling_params params;
+    uint64_t sequence, step;
+} fr_decode_row;
+
+/* A decode step (one new token per sequence) and sampling: tokens[i] and
+ * logprobs[i] receive the next token of seqs[i] drawn with rows[i]. On CUDA
+ * the sampling runs on the GPU and the step replays a CUDA graph; the CPU
+ * samples from the step's logits with the same rules and draws. */
+fr_status fr_session_decode(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
+                            int *tokens, float *logprobs);
+
 /* A new sequence holding src's tokens (shared full pages, copied slots). */
 fr_status fr_session_fork(fr_session *s, int src, int *dst);
 

@@ -30,7 +30,7 @@ typedef struct {
     uint16_t *down_proj;                               /* [hidden][intermediate] */
 } fr_layer_weights_gpu;
 
-typedef struct {
+typedef struct fr_weights_gpu {
     fr_model_config cfg;
     uint16_t *embed;        /* [vocab][hidden] */
     uint16_t *final_norm;   /* [hidden] */

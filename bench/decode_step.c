@@ -1,0 +1,193 @@
+/* End-to-end step times of the CUDA engine against the memory roofline.
+ *
+ * For a model (default synthetic:qwen3-4b, Qwen3-4B's shape with generated
+ * weights) and a KV dtype, it measures in one run:
+ *   - the device-to-device copy bandwidth (the roofline's denominator);
+ *   - prefill throughput: one sequence of --context tokens in --chunk steps;
+ *   - decode step time at each --batches size, every sequence at --context
+ *     tokens (each prefilled for real, with its own random tokens), with
+ *     sampling on the GPU and the step replayed from a CUDA graph, against
+ *     the roofline: (weight bytes + KV bytes read) / copy bandwidth.
+ * A step's time is the wall time of the call (metadata upload, graph launch,
+ * the sampled tokens back on the host); the median of --steps steps after
+ * three warm-up steps is reported.
+ *
+ * usage: decode_step [--model M] [--kv T] [--batches 1,16,64] [--context N]
+ *                    [--chunk N] [--steps N] [--markdown]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime.h>
+
+#include "rollout/runner_cuda.h"
+#include "rollout/session.h"
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Bytes read plus written per second by cudaMemcpy device to device on 2 GiB. */
+static double copy_bandwidth(void)
+{
+    const size_t n = (size_t)2 << 30;
+    void *a = NULL, *b = NULL;
+    if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) return 0.0;
+    cudaMemset(a, 1, n);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    double best = 0.0;
+    for (int rep = 0; rep < 6; rep++) {
+        cudaEventRecord(e0, 0);
+        cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0);
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        double bw = 2.0 * (double)n / (ms * 1e-3);
+        if (rep > 0 && bw > best) best = bw;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return best;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: decode_step [--model M] [--kv T] [--batches 1,16,64] [--context N] [--chunk N]\n"
+               "                   [--steps N] [--markdown]\n"
+               "Decode step time and prefill throughput of the CUDA engine against the memory roofline.\n");
+}
+
+int main(int argc, char **argv)
+{
+    fr_engine_opts eo;
+    fr_engine_opts_default(&eo);
+    eo.model = "synthetic:qwen3-4b";
+    eo.backend = FR_BACKEND_CUDA;
+    eo.chunk = 2048;
+    const char *batches_text = "1,16,64";
+    int context = 4096, n_steps = 20, markdown = 0;
+    for (int i = 1; i < argc; i++) {
+        int used = fr_engine_opts_parse("decode_step", argc, argv, &i, &eo);
+        if (used < 0) return 2;
+        if (used) continue;
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) { usage(stdout); return 0; }
+        else if (strcmp(argv[i], "--batches") == 0 && i + 1 < argc) batches_text = argv[++i];
+        else if (strcmp(argv[i], "--context") == 0 && i + 1 < argc) context = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) n_steps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--markdown") == 0) markdown = 1;
+        else { usage(stderr); return 2; }
+    }
+    int *batches = NULL, n_batches = 0, max_batch = 0;
+    if (fr_parse_ids(batches_text, &batches, &n_batches) || n_batches < 1 || context < 2 || n_steps < 1) {
+        usage(stderr);
+        return 2;
+    }
+    for (int i = 0; i < n_batches; i++) max_batch = batches[i] > max_batch ? batches[i] : max_batch;
+    const int pages = (context + n_steps + 8 + 127) / 128 + 1;
+    fr_session s;
+    double t0 = now_s();
+    if (fr_session_open(&eo, pages * (max_batch + 1), max_batch + 1, &s)) {
+        fprintf(stderr, "decode_step: %s\n", fr_last_error());
+        return 1;
+    }
+    const fr_model_config *c = &s.model->cfg;
+    fprintf(stderr, "model %s loaded on the GPU in %.1f s\n", eo.model, now_s() - t0);
+    double bw = copy_bandwidth();
+    size_t weight_bytes = s.gpu_weights->bytes;
+    double kv_token_bytes = (double)c->num_layers * c->num_kv_heads * 2.0 * c->head_dim * 2.0;   /* BF16 K and V */
+    if (eo.kv != FR_KV_BF16)
+        fprintf(stderr, "note: the roofline counts BF16 KV bytes; %s moves fewer\n", fr_kv_dtype_name(eo.kv));
+
+    /* Prefill throughput: one sequence of `context` tokens. */
+    int *ids = malloc(sizeof(int) * (size_t)context);
+    unsigned rng = 12345;
+    for (int i = 0; i < context; i++) ids[i] = (int)((rng = rng * 1103515245u + 12345u) >> 8) % c->vocab_size;
+    int seq;
+    float *last = malloc(sizeof(float) * (size_t)c->vocab_size);
+    double prefill_s = 0.0;
+    for (int rep = 0; rep < 2; rep++) {   /* the first run warms the plans */
+        double a = now_s();
+        if (fr_session_prefill(&s, ids, context, eo.chunk, &seq, last, NULL)) {
+            fprintf(stderr, "decode_step: %s\n", fr_last_error());
+            return 1;
+        }
+        prefill_s = now_s() - a;
+        fr_kv_seq_free(s.kv, seq);
+    }
+    if (markdown) {
+        printf("| model | kv | copy bandwidth | weights | prefill %d tokens (chunk %d) |\n|---|---|---|---|---|\n",
+               context, eo.chunk);
+        printf("| %s | %s | %.2f TB/s | %.2f GB | %.3f s, %.0f tokens/s |\n\n", eo.model, fr_kv_dtype_name(eo.kv),
+               bw / 1e12, (double)weight_bytes / 1e9, prefill_s, context / prefill_s);
+        printf("| batch | context | step ms (median) | tokens/s | bytes/step | roofline ms | of roofline |\n"
+               "|---|---|---|---|---|---|---|\n");
+    } else {
+        printf("copy bandwidth %.2f TB/s, weights %.2f GB, prefill %d tokens in %.3f s (%.0f tokens/s)\n", bw / 1e12,
+               (double)weight_bytes / 1e9, context, prefill_s, context / prefill_s);
+        printf("%6s %8s %12s %10s %12s %12s %10s\n", "batch", "context", "step ms", "tokens/s", "GB/step",
+               "roofline ms", "ratio");
+    }
+
+    fr_step_seq *steps = malloc(sizeof *steps * (size_t)max_batch);
+    fr_decode_row *rows = malloc(sizeof *rows * (size_t)max_batch);
+    int *seqs = malloc(sizeof(int) * (size_t)max_batch), *tok = malloc(sizeof(int) * (size_t)max_batch);
+    double *times = malloc(sizeof(double) * (size_t)n_steps);
+    for (int bi = 0; bi < n_batches; bi++) {
+        int B = batches[bi];
+        double a = now_s();
+        for (int b = 0; b < B; b++) {   /* each sequence its own tokens */
+            for (int i = 0; i < context; i++) ids[i] = (int)((rng = rng * 1103515245u + 12345u) >> 8) % c->vocab_size;
+            if (fr_session_prefill(&s, ids, context, eo.chunk, &seqs[b], last, NULL)) {
+                fprintf(stderr, "decode_step: %s\n", fr_last_error());
+                return 1;
+            }
+            tok[b] = 0;
+        }
+        fprintf(stderr, "batch %d: %d sequences of %d tokens prefilled in %.1f s\n", B, B, context, now_s() - a);
+        for (int it = 0; it < n_steps + 3; it++) {
+            for (int b = 0; b < B; b++) {
+                steps[b] = (fr_step_seq){.seq = seqs[b], .n = 1, .tokens = &tok[b]};
+                rows[b] = (fr_decode_row){.params = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 7},
+                                          .sequence = (uint64_t)b, .step = (uint64_t)it};
+            }
+            double t = now_s();
+            if (fr_session_decode(&s, steps, rows, B, tok, NULL)) {
+                fprintf(stderr, "decode_step: %s\n", fr_last_error());
+                return 1;
+            }
+            if (it >= 3) times[it - 3] = now_s() - t;
+        }
+        qsort(times, (size_t)n_steps, sizeof(double), cmp_double);
+        double med = times[n_steps / 2];
+        double ctx_mid = context + 3 + n_steps / 2.0;
+        double bytes = (double)weight_bytes + B * ctx_mid * kv_token_bytes;
+        double roof = bytes / bw;
+        if (markdown)
+            printf("| %d | %d | %.3f | %.0f | %.2f GB | %.3f | %.1f%% |\n", B, context, med * 1e3, B / med, bytes / 1e9,
+                   roof * 1e3, 100.0 * roof / med);
+        else
+            printf("%6d %8d %12.3f %10.0f %12.2f %12.3f %9.1f%%\n", B, context, med * 1e3, B / med, bytes / 1e9,
+                   roof * 1e3, 100.0 * roof / med);
+        fflush(stdout);
+        for (int b = 0; b < B; b++) fr_kv_seq_free(s.kv, seqs[b]);
+    }
+    free(steps); free(rows); free(seqs); free(tok); free(times); free(ids); free(last); free(batches);
+    fr_session_close(&s);
+    return 0;
+}
