@@ -1,0 +1,80 @@
+/* Decode attention over an FP4 (NVFP4, MXFP4) or FP8 paged KV cache on
+ * Hopper: paper Algorithm 1 at the memory-bandwidth limit.
+ *
+ * Numerics (docs/formats.md; the CPU reference is attention/ref_attention.h,
+ * and these kernels match it split by split up to summation order):
+ *  - keys and values are read as the cache stores them (kvcache/page_layout.h,
+ *    attention/paged_kv.h): full pages in the dtype's format; with the full
+ *    recipe (sink_recent) tokens 0..15 from the BF16 sink slot (their FP4
+ *    copy in page 0 masked), the partial page from the BF16 recent slot and
+ *    the step's own token from the staging rows, all with the unquantized
+ *    query and probabilities; without it (vanilla FP4, and FP8) the partial
+ *    page and the step token are quantized on the fly as a page would hold
+ *    them (keys per token, values per block of B tokens from the page start,
+ *    zero padded);
+ *  - on FP4 tokens with fp4_compute exact: the dual-residual (or single) FP4
+ *    query, online softmax in base 2 over 128-token tiles (one page), P
+ *    quantized per block against the running maximum with the underflow-aware
+ *    scale (c folded into exp2), block-scaled P.V; with fp4_compute bf16 the
+ *    query and P stay unquantized;
+ *  - the quantized region is cut into tile-aligned splits (the plan of
+ *    fr_ref_split_range), plus one split for the unquantized tokens; split
+ *    outputs carry a base-2 log-sum-exp and a combine kernel joins them.
+ *
+ * Inputs: q, the post-RoPE query [rows][n_heads][d] float32, NOT rotated: the
+ * kernels rotate it when the recipe rotates keys. Output: BF16
+ * [rows][n_heads][d] for the o_proj matrix product. Per-sequence lengths and
+ * block tables are read from device memory, so a decode step can be
+ * captured in a CUDA graph and replayed with new lengths. No allocation, no
+ * host synchronization. */
+#ifndef FR_ATTN_FP4_H
+#define FR_ATTN_FP4_H
+
+#include <stddef.h>
+
+#include <cuda_runtime.h>
+
+#include "fr_status.h"
+#include "paged_kv.h"
+#include "ref_attention.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    fr_kv_dtype dtype;        /* FR_KV_NVFP4, FR_KV_MXFP4 or FR_KV_FP8 */
+    fr_attn_params p;         /* quantized-math parameters (fr_kv_attn_params); p.tile must be 128 */
+    int rotate;               /* keys are Hadamard-rotated: rotate the query too */
+    int sink_recent;          /* FP4 only: BF16 sink and recent tokens (full recipe) */
+    const float *fp8_scales;  /* FP8 only: device [layers][kv_heads][2] (K, V) */
+} fr_attn_fp4_config;
+
+/* Workspace for the split partials and the prepared queries. */
+fr_status fr_attn_fp4_workspace_bytes(const fr_attn_fp4_config *cfg, int max_seqs, int n_heads, int n_kv_heads,
+                                      int max_ctx, size_t *bytes);
+
+/* Decode attention for n_seqs sequences of one new token each (n_new 0:
+ * skipped). max_ctx sizes the split count only. */
+fr_status fr_attn_fp4_decode(const fr_attn_fp4_config *cfg, const fr_paged_kv *kv, const fr_paged_seq *seqs_dev,
+                             int n_seqs, int max_ctx, const float *q, uint16_t *out, int n_heads, void *workspace,
+                             size_t workspace_bytes, cudaStream_t stream);
+
+/* Prefill (chunked) attention over the same cache, for sequences with
+ * n_new > 1 (others skipped): causal, GQA, query and probabilities
+ * unquantized, keys and values exactly as decode reads them (pages
+ * dequantized, sink/recent BF16 or, without sink_recent, the unpaged tokens
+ * and the chunk's own rows quantized on the fly) — what the CPU runner's
+ * chunk attention computes over fr_kv_gather's view. */
+fr_status fr_attn_fp4_prefill(const fr_attn_fp4_config *cfg, const fr_paged_kv *kv, const fr_paged_seq *seqs_dev,
+                              int n_seqs, int max_new, int max_ctx, const float *q, uint16_t *out, int n_heads,
+                              void *workspace, size_t workspace_bytes, cudaStream_t stream);
+/* Workspace of the prefill path (scratch for on-the-fly tokens). */
+fr_status fr_attn_fp4_prefill_workspace_bytes(const fr_attn_fp4_config *cfg, int max_seqs, int max_step_tokens,
+                                              int n_heads, int n_kv_heads, size_t *bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
