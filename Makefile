@@ -47,10 +47,11 @@ GPU_HOBJ   := $(patsubst %.c,$(BUILD)/obj/%.o,$(patsubst %.cu,$(BUILD)/obj/%.cu.
 BENCH_SRCS := $(if $(HAVE_NVCC),$(wildcard bench/*.c))
 BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 
-.PHONY: all deps test unit integration demo gpu clean
+.PHONY: all deps test unit integration demo gpu bench clean
 .SECONDARY: $(UNIT_HOBJ) $(GPU_HOBJ)
-all: $(BIN) $(UNIT_BINS) $(GPU_BINS) $(BENCH_BINS)
-gpu: $(GPU_BINS) $(BENCH_BINS)
+all: $(BIN) $(UNIT_BINS) $(GPU_BINS)
+gpu: $(GPU_BINS) bench
+bench: $(BENCH_BINS)
 
 deps:
 	@scripts/install-deps.sh

@@ -540,6 +540,8 @@ fr_status fr_kv_store_gpu_check(const fr_kv_store_gpu *s, cudaStream_t stream)
 const fr_kv_cache_config *fr_kv_store_gpu_config(const fr_kv_store_gpu *s) { return &s->cfg; }
 const fr_page_layout *fr_kv_store_gpu_layout(const fr_kv_store_gpu *s) { return &s->layout; }
 size_t fr_kv_store_gpu_block_bytes(const fr_kv_store_gpu *s) { return s->block_bytes; }
+const float *fr_kv_store_gpu_fp8_scales(const fr_kv_store_gpu *s) { return s->fp8_scales; }
+
 uint8_t *fr_kv_store_gpu_pool(const fr_kv_store_gpu *s) { return s->pool; }
 size_t fr_kv_store_gpu_slot_elems(const fr_kv_store_gpu *s) { return s->slot_elems; }
 size_t fr_kv_store_gpu_sink_elems(const fr_kv_store_gpu *s) { return s->sink_elems; }

@@ -102,6 +102,8 @@ const fr_kv_cache_config *fr_kv_store_gpu_config(const fr_kv_store_gpu *s); /* k
 const fr_page_layout *fr_kv_store_gpu_layout(const fr_kv_store_gpu *s);
 size_t fr_kv_store_gpu_block_bytes(const fr_kv_store_gpu *s);
 uint8_t *fr_kv_store_gpu_pool(const fr_kv_store_gpu *s);
+/* The FP8 K and V scales on the device, [layers][kv_heads][2] (1.0 unless configured). */
+const float *fr_kv_store_gpu_fp8_scales(const fr_kv_store_gpu *s);
 /* Block `block` of the pool, NULL when out of range. */
 uint8_t *fr_kv_store_gpu_block(const fr_kv_store_gpu *s, int block);
 /* Slot `slot`'s recent slot: K [layers][kv_heads][128][d] BF16, then V
