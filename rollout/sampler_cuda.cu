@@ -55,7 +55,7 @@ constexpr int kCap = FR_SAMPLER_GPU_EXACT_MAX; /* tokens sorted in shared memory
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kMaxVocab = 1 << 21;             /* 2^21 weights <= 1 at 2^106 fit in 128 bits */
 
-/* U: a = z - zmax >= kSigA. exp(-36.75) < 1.0925e-16 < 2^-53 = 1.1102e-16,
+/* U: a = z - zmax >= kSigA. exp(-36.75) = 1.0957e-16 < 2^-53 = 1.1102e-16,
  * so every token outside U weighs less than half an ulp of any sum >= 1, on
  * the CPU as here. The cheap prefilter (xmax - x) > kSigDist * t implies
  * a < kSigA with a wide margin for the roundings of z and zmax. */
