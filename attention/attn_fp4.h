@@ -50,6 +50,25 @@ typedef struct {
     const float *fp8_scales;  /* FP8 only: device [layers][kv_heads][2] (K, V) */
 } fr_attn_fp4_config;
 
+/* Most quantized splits one sequence's pages are cut into. */
+#define FR_ATTN_FP4_MAX_SPLITS 256
+
+/* The decode plan of one call, as fr_attn_fp4_decode computes it: the split
+ * count (fitted to the workspace) and where the split partials lie in the
+ * workspace (for tests that compare split by split):
+ *   o   float [n_seqs][n_kv_heads][n_splits + 1][G][head_dim] at o_part_offset,
+ *   lse float [n_seqs][n_kv_heads][n_splits + 1][G]           at lse_part_offset;
+ * slot i < n_splits is quantized split i of fr_ref_split_range's plan, slot
+ * n_splits the BF16 tokens (-inf / 0 without sink_recent). */
+typedef struct {
+    int n_splits;
+    size_t o_part_offset, lse_part_offset;
+    size_t bytes;   /* workspace the call uses */
+} fr_attn_fp4_plan;
+
+fr_status fr_attn_fp4_plan_for(const fr_attn_fp4_config *cfg, int n_seqs, int n_heads, int n_kv_heads,
+                               int head_dim, int max_ctx, size_t workspace_bytes, fr_attn_fp4_plan *plan);
+
 /* Workspace for the split partials and the prepared queries. */
 fr_status fr_attn_fp4_workspace_bytes(const fr_attn_fp4_config *cfg, int max_seqs, int n_heads, int n_kv_heads,
                                       int max_ctx, size_t *bytes);

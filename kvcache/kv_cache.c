@@ -475,7 +475,8 @@ const uint8_t *fr_kv_page(const fr_kv_cache *c, int seq, int page)
 
 const int *fr_kv_seq_blocks(const fr_kv_cache *c, int seq, int *n_blocks)
 {
+    static const int no_blocks[1] = {-1};   /* a valid sequence never gets NULL, even with no block yet */
     if (check_seq(c, seq)) return NULL;
     if (n_blocks) *n_blocks = c->seqs[seq].table.n;
-    return c->seqs[seq].table.blocks;
+    return c->seqs[seq].table.blocks ? c->seqs[seq].table.blocks : no_blocks;
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "attention/attn_bf16.h"
+#include "attention/attn_fp4.h"
 #include "attention/cuda_check.h"
 #include "kvcache/kv_store_cuda.h"
 #include "rollout/gemm_cuda.h"
@@ -35,6 +36,11 @@ struct fr_runner_cuda {
     float *rope_cos, *rope_sin;
     void *attn_ws;
     size_t attn_ws_bytes;
+    /* FP4/FP8 caches: their decode and prefill kernels, with workspaces. */
+    int quantized_kv;
+    fr_attn_fp4_config fp4;
+    void *fp4_ws, *prefill_ws;
+    size_t fp4_ws_bytes, prefill_ws_bytes;
     /* pinned host mirrors of the step metadata */
     int *h_ids, *h_pos, *h_tables, *h_logit_rows, *h_tokens;
     float *h_logprobs;
@@ -72,9 +78,8 @@ fr_status fr_runner_cuda_new(const fr_weights_gpu *w, fr_kv_cache *book, int max
     if (max_step_tokens < 1) return fr_fail(FR_EINVAL, "CUDA runner: max_step_tokens must be positive");
     if (kc->n_layers != c->num_layers || kc->n_kv_heads != c->num_kv_heads || kc->head_dim != c->head_dim)
         return fr_fail(FR_EINVAL, "CUDA runner: the cache's shape does not match the model's");
-    if (kc->dtype != FR_KV_BF16)
-        return fr_fail(FR_EUNSUPPORTED, "CUDA runner: kv dtype %s needs the FP4/FP8 decode kernels, "
-                       "not built yet; use --kv bf16 on the GPU", fr_kv_dtype_name(kc->dtype));
+    if (kc->dtype == FR_KV_F32)
+        return fr_fail(FR_EUNSUPPORTED, "CUDA runner: kv dtype f32 is the CPU backend's reference only");
     fr_runner_cuda *r = calloc(1, sizeof *r);
     if (!r) return fr_fail(FR_ENOMEM, "CUDA runner: out of memory");
     r->w = w;
@@ -130,6 +135,20 @@ fr_status fr_runner_cuda_new(const fr_weights_gpu *w, fr_kv_cache *book, int max
                                           &r->attn_ws_bytes);
         DEV_ALLOC(r->attn_ws, r->attn_ws_bytes ? r->attn_ws_bytes : 1);
     }
+    if (!st && kc->dtype != FR_KV_BF16) {
+        const int G = c->num_heads / c->num_kv_heads, fp4 = fr_kv_dtype_is_fp4(kc->dtype);
+        r->quantized_kv = 1;
+        r->fp4 = (fr_attn_fp4_config){.dtype = kc->dtype, .p = fr_kv_attn_params(book, G),
+                                      .rotate = fp4 && kc->recipe.rotate, .sink_recent = fp4 && kc->recipe.sink_recent,
+                                      .fp8_scales = fr_kv_store_gpu_fp8_scales(r->store)};
+        st = fr_attn_fp4_workspace_bytes(&r->fp4, r->max_seqs, c->num_heads, c->num_kv_heads, c->max_position,
+                                         &r->fp4_ws_bytes);
+        if (!st)
+            st = fr_attn_fp4_prefill_workspace_bytes(&r->fp4, r->max_seqs, M, c->num_heads, c->num_kv_heads,
+                                                     &r->prefill_ws_bytes);
+        DEV_ALLOC(r->fp4_ws, r->fp4_ws_bytes ? r->fp4_ws_bytes : 1);
+        DEV_ALLOC(r->prefill_ws, r->prefill_ws_bytes ? r->prefill_ws_bytes : 1);
+    }
     if (st) {
         fr_runner_cuda_destroy(&r);
         return st;
@@ -147,7 +166,7 @@ void fr_runner_cuda_destroy(fr_runner_cuda **pr)
         if (r->graphs[b]) cudaGraphExecDestroy(r->graphs[b]);
     void *dev[] = {r->x, r->xn, r->q, r->k, r->v, r->step_k, r->step_v, r->att, r->gu, r->h, r->logits,
                    r->ids, r->pos, r->logit_rows, r->seqs, r->tables, r->attn_ws, r->tokens_out,
-                   r->logprobs_out, r->sample_rows};
+                   r->logprobs_out, r->sample_rows, r->fp4_ws, r->prefill_ws};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     void *host[] = {r->h_ids, r->h_pos, r->h_logit_rows, r->h_seqs, r->h_tables, r->h_tokens, r->h_logprobs,
                     r->h_sample_rows};
@@ -258,8 +277,17 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
     if (!st) st = fr_kv_store_gpu_stage(r->store, l, M, r->k, r->v, r->step_k, r->step_v, s);
     if (!st) {
         fr_paged_kv view = fr_kv_store_gpu_view(r->store, l, r->step_k, r->step_v);
-        st = fr_attn_bf16(&view, r->seqs, n_seqs, max_new, c->max_position, r->q, r->att, H, r->attn_ws,
-                          r->attn_ws_bytes, s);
+        if (!r->quantized_kv) {
+            st = fr_attn_bf16(&view, r->seqs, n_seqs, max_new, c->max_position, r->q, r->att, H, r->attn_ws,
+                              r->attn_ws_bytes, s);
+        } else {
+            /* Each kernel computes its own sequences (n_new 1, or more) and skips the rest. */
+            st = fr_attn_fp4_decode(&r->fp4, &view, r->seqs, n_seqs, c->max_position, r->q, r->att, H, r->fp4_ws,
+                                    r->fp4_ws_bytes, s);
+            if (!st && max_new > 1)
+                st = fr_attn_fp4_prefill(&r->fp4, &view, r->seqs, n_seqs, max_new, c->max_position, r->q, r->att, H,
+                                         r->prefill_ws, r->prefill_ws_bytes, s);
+        }
     }
     /* o_proj and down_proj accumulate into the residual stream (beta = 1). */
     if (!st) st = fr_gemm_bf16(r->gemm, r->x, r->att, lw->o_proj, M, D, qd, 1.0f, s);

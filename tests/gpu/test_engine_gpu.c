@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "attention/fp_formats.h"
+#include "rollout/kl_metrics.h"
 #include "rollout/safetensors.h"
 #include "rollout/sampler.h"
 #include "rollout/runner_cuda.h"
@@ -435,6 +436,62 @@ static void test_decode_graphs(void **state)
     st_file_close(&g);
 }
 
+/* The whole model with an FP4/FP8 cache: tq6 decode-path logits (token by
+ * token, so the FP4 decode kernels and page promotion run) on the GPU against
+ * the CPU backend with the same cache dtype and recipe, p6 (496 tokens, three
+ * full pages): within the same BF16 budget as the BF16 cache (3e-2 of max
+ * |logit|), and the mean KL between them printed next to the KL each has
+ * from the BF16 cache. */
+static void gpu_vs_cpu_case(const st_file *g, fr_kv_dtype kv, fr_fp4_compute comp)
+{
+    int n;
+    int *ids = golden_ids(g, 6, &n);
+    fr_engine_opts o;
+    fr_engine_opts_default(&o);
+    o.model = tq6;
+    o.kv = kv;
+    o.compute = comp;
+    fr_session cpu, gpu;
+    o.backend = FR_BACKEND_CPU;
+    open_or_fail(&o, 8, 2, &cpu);
+    o.backend = FR_BACKEND_CUDA;
+    open_or_fail(&o, 8, 2, &gpu);
+    float *a = score(&cpu, ids, n, 512, 1), *b = score(&gpu, ids, n, 512, 1);
+    float md;
+    double mean, kl = 0.0;
+    diff_stats(a, b, (size_t)n * 272, &md, &mean);
+    float ref = max_abs(a, (size_t)n * 272);
+    int agree = 0;
+    for (int t = 0; t < n; t++) {
+        fr_kl_result r;
+        assert_int_equal(fr_kl_topk(a + (size_t)t * 272, b + (size_t)t * 272, 272, FR_KL_TOP_K, -1, &r), FR_OK);
+        kl += r.kl;
+        agree += r.top1_match;
+    }
+    printf("  p6 %s/%s GPU vs CPU decode path: max |diff| %.4g (%.2e of max |logit|), mean %.3g, "
+           "KL %.3f e-3, top-1 agreement %.1f%%\n", fr_kv_dtype_name(kv), fr_fp4_compute_name(comp), md, md / ref,
+           mean, 1e3 * kl / n, 100.0 * agree / n);
+    assert_true(md <= 3e-2f * ref);
+    free(a);
+    free(b);
+    free(ids);
+    fr_session_close(&cpu);
+    fr_session_close(&gpu);
+}
+
+static void test_tq6_quantized_cache_gpu_vs_cpu(void **state)
+{
+    (void)state;
+    if (!have_tq6_and_gpu()) skip();
+    st_file *g;
+    assert_int_equal(st_file_open(golden_path, &g), FR_OK);
+    gpu_vs_cpu_case(g, FR_KV_NVFP4, FR_COMPUTE_EXACT);
+    gpu_vs_cpu_case(g, FR_KV_NVFP4, FR_COMPUTE_BF16);
+    gpu_vs_cpu_case(g, FR_KV_MXFP4, FR_COMPUTE_EXACT);
+    gpu_vs_cpu_case(g, FR_KV_FP8, FR_COMPUTE_EXACT);
+    st_file_close(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -445,6 +502,7 @@ int main(void)
         cmocka_unit_test(test_tq6_decode_vs_prefill),
         cmocka_unit_test(test_tq6_greedy),
         cmocka_unit_test(test_decode_graphs),
+        cmocka_unit_test(test_tq6_quantized_cache_gpu_vs_cpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

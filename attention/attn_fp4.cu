@@ -1,0 +1,340 @@
+/* Decode attention over an FP4 (NVFP4, MXFP4) or FP8 paged KV cache on
+ * Hopper: the host side (checks, split plan, workspace, launches). The
+ * kernels are in attn_fp4_kernels.cuh; docs/attention_gpu.md describes the
+ * data path; attention/attn_fp4.h is the contract. */
+#include "attn_fp4.h"
+
+#include <atomic>
+#include <climits>
+#include <math.h>
+#include <stdint.h>
+
+#include "attn_fp4_kernels.cuh"
+#include "cuda_check.h"
+
+namespace {
+
+using namespace fr_fp4;
+
+constexpr int kD = 128;                 /* the head_dim the decode kernels are built for */
+constexpr int kMaxSplits = FR_ATTN_FP4_MAX_SPLITS;
+constexpr long kSplitFixedPages = 2;    /* start-up cost of a split, in pages */
+constexpr int kMaxDevices = 64;
+constexpr size_t kAlign = 256;
+
+/* ---- the kernel variants ---- */
+
+/* One decode variant: format x quantized P x query n-tiles. */
+struct Variant {
+    int fmt;      /* kNVFP4, kMXFP4, kFP8 */
+    bool exact;   /* P quantized */
+    int nq;       /* QK^T n-tiles: ceil(2G / 8), 3 rounded up to 4 */
+};
+
+typedef void (*split_fn)(Params);
+typedef void (*prep_fn)(Params);
+
+template <int FMT, bool EX, int NQ> constexpr split_fn split_of() { return split_kernel<FMT, EX, NQ, kD>; }
+
+split_fn split_kernel_for(const Variant &v)
+{
+#define FR_NQ(F, E)                                                                       \
+    return v.nq == 1 ? split_of<F, E, 1>() : v.nq == 2 ? split_of<F, E, 2>() : split_of<F, E, 4>()
+    if (v.fmt == kNVFP4) {
+        if (v.exact) FR_NQ(kNVFP4, true);
+        FR_NQ(kNVFP4, false);
+    }
+    if (v.fmt == kMXFP4) {
+        if (v.exact) FR_NQ(kMXFP4, true);
+        FR_NQ(kMXFP4, false);
+    }
+    FR_NQ(kFP8, false);
+#undef FR_NQ
+}
+
+prep_fn prep_kernel_for(int fmt)
+{
+    return fmt == kNVFP4 ? prep_kernel<kNVFP4, kD> : fmt == kMXFP4 ? prep_kernel<kMXFP4, kD> : prep_kernel<kFP8, kD>;
+}
+
+int split_smem_bytes(const Variant &v)
+{
+    const bool two = v.nq > 2;
+    if (v.fmt == kNVFP4) return two ? Smem<kNVFP4, 2, kD>::total : Smem<kNVFP4, 1, kD>::total;
+    if (v.fmt == kMXFP4) return two ? Smem<kMXFP4, 2, kD>::total : Smem<kMXFP4, 1, kD>::total;
+    return two ? Smem<kFP8, 2, kD>::total : Smem<kFP8, 1, kD>::total;
+}
+
+int page_bytes_of(int fmt)
+{
+    return fmt == kNVFP4 ? Geom<kNVFP4, kD>::page_bytes : fmt == kMXFP4 ? Geom<kMXFP4, kD>::page_bytes
+                                                                         : Geom<kFP8, kD>::page_bytes;
+}
+
+int variant_index(const Variant &v) { return (v.fmt * 2 + (v.exact ? 1 : 0)) * 3 + (v.nq == 1 ? 0 : v.nq == 2 ? 1 : 2); }
+constexpr int kVariants = 3 * 2 * 3;
+
+/* ---- per-device setup: shared-memory limits and occupancy, once ---- */
+
+struct DevInfo {
+    std::atomic<int> sms;
+    std::atomic<int> blocks[kVariants];   /* split-kernel CTAs per SM, 0: not set up */
+};
+DevInfo g_dev[kMaxDevices];
+
+fr_status setup(const Variant &v, int *slots)
+{
+    int dev = 0;
+    FR_CUDA_TRY(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= kMaxDevices)
+        return fr_fail(FR_EUNSUPPORTED, "attn_fp4: device %d beyond the %d supported", dev, kMaxDevices);
+    DevInfo &d = g_dev[dev];
+    int sms = d.sms.load(std::memory_order_acquire);
+    if (!sms) {
+        FR_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        d.sms.store(sms, std::memory_order_release);
+    }
+    const int idx = variant_index(v);
+    int blocks = d.blocks[idx].load(std::memory_order_acquire);
+    if (!blocks) {   /* idempotent: a race only repeats it */
+        const split_fn k = split_kernel_for(v);
+        const int smem = split_smem_bytes(v);
+        FR_CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        FR_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, k, kThreads, smem));
+        if (blocks < 1) blocks = 1;
+        d.blocks[idx].store(blocks, std::memory_order_release);
+    }
+    *slots = sms * blocks;
+    return FR_OK;
+}
+
+/* ---- configuration checks ---- */
+
+struct Shape {
+    Variant v;
+    int group, head_dim, n_kv_heads;
+    bool otf;   /* the partial page is quantized on the fly */
+};
+
+fr_status check_config(const fr_attn_fp4_config *cfg, int n_heads, int n_kv_heads, int head_dim, Shape *sh)
+{
+    if (!cfg) return fr_fail(FR_EINVAL, "attn_fp4: NULL config");
+    const fr_attn_params *p = &cfg->p;
+    if (cfg->dtype != FR_KV_NVFP4 && cfg->dtype != FR_KV_MXFP4 && cfg->dtype != FR_KV_FP8)
+        return fr_fail(FR_EINVAL, "attn_fp4: kv dtype %s has no FP4/FP8 decode kernel", fr_kv_dtype_name(cfg->dtype));
+    if (head_dim != kD)
+        return fr_fail(FR_EUNSUPPORTED, "attn_fp4: head_dim %d (the decode kernels are built for %d)", head_dim, kD);
+    if (n_kv_heads < 1 || n_kv_heads > 65535 || n_heads < n_kv_heads || n_heads % n_kv_heads)
+        return fr_fail(FR_EINVAL, "attn_fp4: %d query heads do not group over %d KV heads", n_heads, n_kv_heads);
+    const int G = n_heads / n_kv_heads;
+    if (G > kMaxGroup) return fr_fail(FR_EINVAL, "attn_fp4: group %d above %d", G, kMaxGroup);
+    if (p->tile != kPage) return fr_fail(FR_EINVAL, "attn_fp4: tile %d (the kernels walk 128-token pages)", p->tile);
+    if (p->head_dim != head_dim || p->group != G)
+        return fr_fail(FR_EINVAL, "attn_fp4: params are for head_dim %d and group %d, the call has %d and %d",
+                       p->head_dim, p->group, head_dim, G);
+    const bool fp8 = cfg->dtype == FR_KV_FP8;
+    if (fp8) {
+        if (!cfg->fp8_scales) return fr_fail(FR_EINVAL, "attn_fp4: FP8 needs the per-head scales");
+        if (cfg->sink_recent) return fr_fail(FR_EINVAL, "attn_fp4: sink_recent is an FP4 recipe");
+        if (p->q_mode != FR_Q_UNQUANTIZED || p->quantize_p)
+            return fr_fail(FR_EINVAL, "attn_fp4: FP8 keeps the query and P unquantized");
+    } else if (p->fmt != fr_kv_dtype_fp4_format(cfg->dtype)) {
+        return fr_fail(FR_EINVAL, "attn_fp4: params quantize in %s for a %s cache", fr_fp4_format_name(p->fmt),
+                       fr_kv_dtype_name(cfg->dtype));
+    }
+    if (p->quantize_p && !p->p.underflow_aware && p->p.c != 1.0f)
+        return fr_fail(FR_EINVAL, "attn_fp4: the plain P rule needs c = 1");
+    if (p->quantize_p && !(p->p.c > 0.0f))
+        return fr_fail(FR_EINVAL, "attn_fp4: P factor c %g is not positive", p->p.c);
+    sh->v.fmt = cfg->dtype == FR_KV_NVFP4 ? kNVFP4 : cfg->dtype == FR_KV_MXFP4 ? kMXFP4 : kFP8;
+    sh->v.exact = p->quantize_p != 0;
+    sh->v.nq = G <= 4 ? 1 : G <= 8 ? 2 : 4;
+    sh->group = G;
+    sh->head_dim = head_dim;
+    sh->n_kv_heads = n_kv_heads;
+    sh->otf = !cfg->sink_recent;
+    return FR_OK;
+}
+
+/* ---- workspace ---- */
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+struct Layout {
+    size_t qfrag, qfrag_bf, qscale, otf, o_part, lse_part, total;
+};
+
+Layout layout_for(const Shape &sh, bool sink_recent, int n_seqs, int n_splits)
+{
+    const size_t pairs = (size_t)n_seqs * sh.n_kv_heads;
+    const size_t frag = pairs * sh.v.nq * (kD / 16) * 32 * 8;
+    Layout l;
+    l.qfrag = 0;
+    l.qfrag_bf = align_up(l.qfrag + frag);
+    l.qscale = align_up(l.qfrag_bf + (sink_recent ? frag : 0));
+    l.otf = align_up(l.qscale + pairs * kMaxGroup * sizeof(float));
+    l.o_part = align_up(l.otf + (sh.otf ? pairs * page_bytes_of(sh.v.fmt) : 0));
+    const size_t rows = pairs * (n_splits + 1) * sh.group;
+    l.lse_part = align_up(l.o_part + rows * kD * sizeof(float));
+    l.total = align_up(l.lse_part + rows * sizeof(float));
+    return l;
+}
+
+/* The split count minimizing (waves of CTAs) x (pages per split + fixed
+ * cost); ties keep fewer splits. The BF16 CTA of each (sequence, head) and
+ * the combine are the same for every count. */
+int plan_splits(int n_seqs, int n_kv_heads, int max_ctx, int slots)
+{
+    const long pages = max_ctx > 0 ? ((long)max_ctx + kPage - 1) / kPage : 1;
+    const long pairs = (long)(n_seqs > 0 ? n_seqs : 1) * n_kv_heads;
+    const int n_max = pages < kMaxSplits ? (int)pages : kMaxSplits;
+    int best = 1;
+    long best_cost = LONG_MAX;
+    for (int n = 1; n <= n_max; n++) {
+        const long waves = (pairs * n + slots - 1) / slots;
+        const long cost = waves * ((pages + n - 1) / n + kSplitFixedPages);
+        if (cost < best_cost) {
+            best_cost = cost;
+            best = n;
+        }
+    }
+    return best;
+}
+
+bool misaligned(const void *p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) != 0; }
+
+fr_status check_view(const fr_attn_fp4_config *cfg, const fr_paged_kv *kv, int fmt)
+{
+    if (kv->layer < 0 || kv->layer >= kv->n_layers)
+        return fr_fail(FR_EINVAL, "attn_fp4: layer %d outside [0, %d)", kv->layer, kv->n_layers);
+    if (!kv->pool || !kv->recent || !kv->step_k || !kv->step_v || (cfg->sink_recent && !kv->sink))
+        return fr_fail(FR_EINVAL, "attn_fp4: the cache view lacks a pool, slots or staging rows");
+    if (misaligned(kv->pool, 16) || misaligned(kv->recent, 16) || misaligned(kv->step_k, 16) ||
+        misaligned(kv->step_v, 16) || (kv->sink && misaligned(kv->sink, 16)) || kv->block_bytes % 16 ||
+        kv->head_page_bytes % 16 || kv->slot_elems % 8 || kv->sink_elems % 8)
+        return fr_fail(FR_EINVAL, "attn_fp4: pointers, blocks and pages must be 16-byte aligned");
+    size_t ks, vc, vs, hp;
+    if (fmt == kNVFP4) {
+        ks = Geom<kNVFP4, kD>::k_scales; vc = Geom<kNVFP4, kD>::v_codes;
+        vs = Geom<kNVFP4, kD>::v_scales; hp = Geom<kNVFP4, kD>::page_bytes;
+    } else if (fmt == kMXFP4) {
+        ks = Geom<kMXFP4, kD>::k_scales; vc = Geom<kMXFP4, kD>::v_codes;
+        vs = Geom<kMXFP4, kD>::v_scales; hp = Geom<kMXFP4, kD>::page_bytes;
+    } else {
+        ks = vs = vc = Geom<kFP8, kD>::v_codes; hp = Geom<kFP8, kD>::page_bytes;
+    }
+    if (kv->k_codes != 0 || kv->v_codes != vc || (fmt != kFP8 && (kv->k_scales != ks || kv->v_scales != vs)) ||
+        kv->head_page_bytes != hp)
+        return fr_fail(FR_EINVAL, "attn_fp4: the view's page layout is not the %s layout of kvcache/page_layout.h",
+                       fr_kv_dtype_name(cfg->dtype));
+    return FR_OK;
+}
+
+} // namespace
+
+extern "C" fr_status fr_attn_fp4_plan_for(const fr_attn_fp4_config *cfg, int n_seqs, int n_heads, int n_kv_heads,
+                                          int head_dim, int max_ctx, size_t workspace_bytes, fr_attn_fp4_plan *plan)
+{
+    if (!plan) return fr_fail(FR_EINVAL, "attn_fp4_plan_for: NULL result");
+    Shape sh;
+    fr_status st = check_config(cfg, n_heads, n_kv_heads, head_dim, &sh);
+    if (st) return st;
+    if (n_seqs < 1) return fr_fail(FR_EINVAL, "attn_fp4_plan_for: %d sequences", n_seqs);
+    int slots;
+    if ((st = setup(sh.v, &slots))) return st;
+    int n = plan_splits(n_seqs, n_kv_heads, max_ctx, slots);
+    Layout l = layout_for(sh, cfg->sink_recent != 0, n_seqs, n);
+    while (n > 1 && l.total > workspace_bytes) {   /* fit the plan to the workspace */
+        n--;
+        l = layout_for(sh, cfg->sink_recent != 0, n_seqs, n);
+    }
+    if (l.total > workspace_bytes)
+        return fr_fail(FR_EINVAL, "attn_fp4: the workspace of %zu bytes is below the %zu one split needs",
+                       workspace_bytes, l.total);
+    plan->n_splits = n;
+    plan->o_part_offset = l.o_part;
+    plan->lse_part_offset = l.lse_part;
+    plan->bytes = l.total;
+    return FR_OK;
+}
+
+extern "C" fr_status fr_attn_fp4_workspace_bytes(const fr_attn_fp4_config *cfg, int max_seqs, int n_heads,
+                                                 int n_kv_heads, int max_ctx, size_t *bytes)
+{
+    if (!bytes) return fr_fail(FR_EINVAL, "attn_fp4_workspace_bytes: NULL result");
+    *bytes = 0;
+    Shape sh;
+    const int d = cfg ? cfg->p.head_dim : 0;
+    fr_status st = check_config(cfg, n_heads, n_kv_heads, d, &sh);
+    if (st) return st;
+    if (max_seqs < 0) return fr_fail(FR_EINVAL, "attn_fp4_workspace_bytes: max_seqs %d < 0", max_seqs);
+    int slots;
+    if ((st = setup(sh.v, &slots))) return st;
+    size_t need = 0;
+    for (int n = 1; n <= max_seqs; n++) {
+        const Layout l = layout_for(sh, cfg->sink_recent != 0, n, plan_splits(n, n_kv_heads, max_ctx, slots));
+        if (l.total > need) need = l.total;
+    }
+    *bytes = need;
+    return FR_OK;
+}
+
+extern "C" fr_status fr_attn_fp4_decode(const fr_attn_fp4_config *cfg, const fr_paged_kv *kv,
+                                        const fr_paged_seq *seqs_dev, int n_seqs, int max_ctx, const float *q,
+                                        uint16_t *out, int n_heads, void *workspace, size_t workspace_bytes,
+                                        cudaStream_t stream)
+{
+    if (!cfg || !kv || !seqs_dev || !q || !out) return fr_fail(FR_EINVAL, "attn_fp4: NULL argument");
+    if (n_seqs < 0 || n_seqs > 65535) return fr_fail(FR_EINVAL, "attn_fp4: %d sequences outside [0, 65535]", n_seqs);
+    if (n_seqs == 0) return FR_OK;
+    Shape sh;
+    fr_status st = check_config(cfg, n_heads, kv->n_kv_heads, kv->head_dim, &sh);
+    if (st) return st;
+    if ((st = check_view(cfg, kv, sh.v.fmt))) return st;
+    if (misaligned(q, 4) || misaligned(out, 2) || !workspace || misaligned(workspace, kAlign))
+        return fr_fail(FR_EINVAL, "attn_fp4: the workspace must be %zu-byte aligned (and q, out aligned)", kAlign);
+    fr_attn_fp4_plan plan;
+    if ((st = fr_attn_fp4_plan_for(cfg, n_seqs, n_heads, kv->n_kv_heads, kv->head_dim, max_ctx, workspace_bytes,
+                                   &plan)))
+        return st;
+    const Layout l = layout_for(sh, cfg->sink_recent != 0, n_seqs, plan.n_splits);
+
+    Params P;
+    P.kv = *kv;
+    P.seqs = seqs_dev;
+    P.q = q;
+    P.out = out;
+    P.fp8_scales = cfg->fp8_scales;
+    P.n_heads = n_heads;
+    P.group = sh.group;
+    P.n_splits = plan.n_splits;
+    P.nq = sh.v.nq;
+    P.sink_recent = cfg->sink_recent != 0;
+    P.rotate = cfg->rotate != 0;
+    P.q_mode = cfg->p.q_mode;
+    P.q_search = cfg->p.q_search;
+    P.quantize_p = cfg->p.quantize_p;
+    P.underflow_aware = cfg->p.quantize_p ? cfg->p.p.underflow_aware : 0;
+    P.c = cfg->p.quantize_p ? cfg->p.p.c : 1.0f;
+    P.log2c = log2f(P.c);
+    P.tau = cfg->p.p.tau;
+    P.gamma = (float)(M_LOG2E / sqrt((double)kD));
+    uint8_t *ws = static_cast<uint8_t *>(workspace);
+    P.qfrag = reinterpret_cast<uint32_t *>(ws + l.qfrag);
+    P.qfrag_bf = reinterpret_cast<uint32_t *>(ws + l.qfrag_bf);
+    P.qscale = reinterpret_cast<float *>(ws + l.qscale);
+    P.otf = ws + l.otf;
+    P.o_part = reinterpret_cast<float *>(ws + l.o_part);
+    P.lse_part = reinterpret_cast<float *>(ws + l.lse_part);
+
+    const int slices = sh.otf ? (sh.v.fmt == kMXFP4 ? kPage / 32 : kPage / 16) : 0;
+    prep_kernel_for(sh.v.fmt)<<<dim3(n_seqs, kv->n_kv_heads, 1 + slices), kPrepThreads, 0, stream>>>(P);
+    FR_CUDA_LAUNCHED();
+    split_kernel_for(sh.v)<<<dim3(plan.n_splits + 1, kv->n_kv_heads, n_seqs), kThreads, split_smem_bytes(sh.v),
+                             stream>>>(P);
+    FR_CUDA_LAUNCHED();
+    combine_kernel<kD><<<dim3(n_heads, n_seqs), kThreads, 0, stream>>>(P);
+    FR_CUDA_LAUNCHED();
+    (void)max_ctx;
+    return FR_OK;
+}

@@ -1,0 +1,195 @@
+/* The few PTX instructions the FP4/FP8 decode kernels (attn_fp4.cu) use,
+ * each behind a small inline function, so the kernels read as plain code
+ * and every hardware-specific step is named once. Device code only. */
+#ifndef FR_ATTN_FP4_PTX_CUH
+#define FR_ATTN_FP4_PTX_CUH
+
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#define FR_PTX __device__ __forceinline__
+
+namespace fr_fp4_ptx {
+
+FR_PTX uint32_t smem_u32(const void *p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+/* ---- tensor cores: D = A (16x16, row) * B (16x8, col) + C, FP32 accumulate ---- */
+
+FR_PTX void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                    uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+FR_PTX void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                     uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Transposes the 8x8 b16 matrix the warp holds in C-fragment order (lane
+ * 4g + t: row g, columns 2t, 2t + 1) into B-fragment order (lane 4g + t:
+ * rows 2t, 2t + 1 of column g). */
+FR_PTX uint32_t movmatrix_trans(uint32_t x)
+{
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+FR_PTX void ldsm_x4(const void *p, uint32_t (&r)[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+
+FR_PTX void ldsm_x4_trans(const void *p, uint32_t (&r)[4])
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p))
+                 : "memory");
+}
+
+/* ---- bit and packed-half arithmetic ---- */
+
+/* (a | b) & mask in one LOP3 (truth table 0xA8). */
+template <uint32_t MASK> FR_PTX uint32_t or_and(uint32_t a, uint32_t b)
+{
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xA8;\n" : "=r"(d) : "r"(a), "r"(b), "n"(MASK));
+    return d;
+}
+
+/* Two FP16 products, each rounded once (never fused into a later add). */
+FR_PTX uint32_t hmul2(uint32_t a, uint32_t b)
+{
+    uint32_t d;
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+/* Two E4M3 bytes (element 0 in the low byte) to FP16x2, exactly. */
+FR_PTX uint32_t e4m3x2_to_f16x2(uint32_t two_bytes)
+{
+    uint32_t d;
+    asm("{\n .reg .b16 t;\n cvt.u16.u32 t, %1;\n cvt.rn.f16x2.e4m3x2 %0, t;\n}\n" : "=r"(d) : "r"(two_bytes));
+    return d;
+}
+
+/* float pairs to packed halves, round to nearest even; lo in the low half. */
+FR_PTX uint32_t pack_f16x2(float lo, float hi)
+{
+    uint32_t d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+FR_PTX uint32_t pack_bf16x2(float lo, float hi)
+{
+    uint32_t d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+/* One float to FP16 bits (round to nearest even, subnormals kept). */
+FR_PTX uint16_t f32_to_f16(float x)
+{
+    uint16_t d;
+    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(d) : "f"(x));
+    return d;
+}
+
+FR_PTX float f16_to_f32(uint16_t h)
+{
+    float d;
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(d) : "h"(h));
+    return d;
+}
+
+FR_PTX float bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+/* 2^x, MUFU (relative error about 2^-22; -inf gives 0). */
+FR_PTX float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+FR_PTX float lg2(float x)
+{
+    float y;
+    asm("lg2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* ---- asynchronous copies ---- */
+
+/* 16 bytes global -> shared through L2; src_bytes 0 writes zeros. */
+FR_PTX void cp_async16(void *dst, const void *src, uint32_t src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+FR_PTX void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+FR_PTX void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+FR_PTX void mbar_init(uint64_t *bar, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+/* Makes the initialized barriers visible to the copy engine. */
+FR_PTX void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+/* Orders this thread's earlier shared-memory accesses (and those a barrier
+ * made visible to it) before later bulk copies into shared memory. */
+FR_PTX void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+FR_PTX void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+}
+
+/* One contiguous copy global -> shared (16-byte aligned, size a multiple
+ * of 16) that signals its bytes on bar. */
+FR_PTX void bulk_copy_g2s(void *dst, const void *src, uint32_t bytes, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+
+/* Waits until the barrier's phase with the given parity has completed. */
+FR_PTX void mbar_wait(uint64_t *bar, uint32_t parity)
+{
+    asm volatile("{\n"
+                 " .reg .pred done;\n"
+                 "wait_%=:\n"
+                 " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 " @!done bra wait_%=;\n"
+                 "}\n" ::"r"(smem_u32(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+
+} // namespace fr_fp4_ptx
+
+#undef FR_PTX
+
+#endif
