@@ -1,5 +1,6 @@
 #include "calib_file.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,21 @@ static fr_status load_tensor(const st_file *f, const char *path, const char *nam
     return st;
 }
 
+/* Finite key means; FP8 scales finite and positive. */
+static fr_status check_values(const char *path, const fr_model_config *cfg, const fr_calib *c, fr_status code)
+{
+    size_t nk = (size_t)cfg->num_layers * cfg->num_kv_heads * cfg->head_dim;
+    size_t nf = (size_t)cfg->num_layers * cfg->num_kv_heads * 2;
+    for (size_t i = 0; i < nk; i++)
+        if (!isfinite(c->key_mean[i]))
+            return fr_fail(code, "%s: key_mean element %zu is not finite", path, i);
+    for (size_t i = 0; c->fp8_scales && i < nf; i++)
+        if (!isfinite(c->fp8_scales[i]) || !(c->fp8_scales[i] > 0.0f))
+            return fr_fail(code, "%s: fp8_scales element %zu (%g) is not a positive finite number", path, i,
+                           c->fp8_scales[i]);
+    return FR_OK;
+}
+
 fr_status fr_calib_load(const char *path, const fr_model_config *cfg, fr_calib *out)
 {
     memset(out, 0, sizeof *out);
@@ -44,6 +60,7 @@ fr_status fr_calib_load(const char *path, const fr_model_config *cfg, fr_calib *
         out->tau = tau[0];
         out->has_tau = 1;
     }
+    if (!st) st = check_values(path, cfg, out, FR_EFORMAT);
     free(tau);
     st_file_close(&f);
     if (st) fr_calib_free(out);
@@ -62,6 +79,10 @@ fr_status fr_calib_save(const char *path, const fr_model_config *cfg, const fr_c
 {
     size_t nk = (size_t)cfg->num_layers * cfg->num_kv_heads * cfg->head_dim;
     size_t nf = c->fp8_scales ? (size_t)cfg->num_layers * cfg->num_kv_heads * 2 : 0;
+    if (!c->key_mean) return fr_fail(FR_EINVAL, "%s: no key mean to write", path);
+    if (!(c->tau > 0.0f && c->tau < 6.0f)) return fr_fail(FR_EINVAL, "%s: tau %g out of range", path, c->tau);
+    fr_status vst = check_values(path, cfg, c, FR_EINVAL);
+    if (vst) return vst;
     char header[1024];
     int len = snprintf(header, sizeof header,
                        "{\"key_mean\":{\"dtype\":\"F32\",\"shape\":[%d,%d,%d],\"data_offsets\":[0,%zu]},"

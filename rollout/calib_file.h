@@ -21,9 +21,11 @@ typedef struct {
     float *fp8_scales;   /* NULL when absent */
 } fr_calib;
 
-/* Loads and checks shapes against the model config. */
+/* Loads and checks shapes against the model config, tau in (0, 6), a finite
+ * key mean and positive finite FP8 scales. */
 fr_status fr_calib_load(const char *path, const fr_model_config *cfg, fr_calib *out);
-/* Writes key_mean, tau and (when non-NULL) fp8_scales. */
+/* Writes key_mean, tau and (when non-NULL) fp8_scales, whole or not at all;
+ * refuses what fr_calib_load would refuse. Little-endian hosts. */
 fr_status fr_calib_save(const char *path, const fr_model_config *cfg, const fr_calib *c);
 void fr_calib_free(fr_calib *c);
 

@@ -20,6 +20,8 @@ int fr_cli_quant(int argc, char **argv);
 int fr_cli_demo(int argc, char **argv);
 int fr_cli_score(int argc, char **argv);
 int fr_cli_generate(int argc, char **argv);
+int fr_cli_calibrate(int argc, char **argv);
+int fr_cli_eval_kl(int argc, char **argv);
 
 /* Small helpers so every subcommand parses and reports the same way. */
 

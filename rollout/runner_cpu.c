@@ -18,6 +18,7 @@ struct fr_runner_cpu {
     /* attention scratch, sized for the longest context */
     float *kbuf, *vbuf, *scores;
     int ctx_cap;
+    fr_forward_observer obs;    /* all callbacks NULL when unset */
 };
 
 enum { PREFILL_ROWS = 256 };   /* query rows per score block in chunked attention */
@@ -66,6 +67,12 @@ fr_status fr_runner_cpu_new(const fr_model *m, fr_kv_cache *kv, int max_step_tok
     }
     *out = r;
     return FR_OK;
+}
+
+void fr_runner_cpu_set_observer(fr_runner_cpu *r, const fr_forward_observer *obs)
+{
+    if (obs) r->obs = *obs;
+    else memset(&r->obs, 0, sizeof r->obs);
 }
 
 int fr_step_logit_rows(const fr_step_seq *seqs, int n_seqs)
@@ -147,6 +154,9 @@ static fr_status attention(fr_runner_cpu *r, int layer, const fr_step_seq *seqs,
             if (st) break;
             if (n == 1) {
                 float lse[FR_MAX_GROUP];
+                if (r->obs.decode_query &&
+                    (st = r->obs.decode_query(r->obs.user, layer, s, h, qs + (size_t)h * G * d, G, &view)))
+                    break;
                 st = fr_ref_attn_decode(&ap, qs + (size_t)h * G * d, &view, 1, os + (size_t)h * G * d, lse);
             } else {
                 attend_chunk(r, qs + (size_t)h * G * d, os + (size_t)h * G * d, len, n, G, &view);
@@ -206,6 +216,7 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
             fr_rope(r->q + (size_t)t * qd, H, d, r->pos[t], c->rope_theta);
             fr_rope(k + (size_t)t * kvd, KVH, d, r->pos[t], c->rope_theta);
         }
+        if (r->obs.layer_kv && (st = r->obs.layer_kv(r->obs.user, l, seqs, n_seqs, k, v))) break;
         if ((st = attention(r, l, seqs, n_seqs))) break;
         fr_matmul(r->hidden_out, r->att, lw->o_proj, M, D, (int)qd);
         for (size_t i = 0; i < (size_t)M * D; i++) r->x[i] += r->hidden_out[i];

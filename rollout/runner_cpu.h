@@ -40,6 +40,30 @@ int fr_step_logit_rows(const fr_step_seq *seqs, int n_seqs);
  * Blocks for the new tokens are reserved here; on FR_ENOMEM nothing changed. */
 fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_seqs, float *logits);
 
+/* Taps into the forward pass for calibration and analysis. Every callback is
+ * optional (NULL: not called); a callback's non-OK status ends the step with
+ * that status (the step's tokens then do not join the cache). The pointers
+ * are valid during the call only. */
+typedef struct {
+    void *user;
+    /* Post-RoPE keys and the values of layer `layer` for every token of the
+     * step, before attention and before they join the cache: k and v are
+     * [rows][kv_heads][head_dim], raw (no key mean, rotation or rounding),
+     * rows in step order (the seqs[0] tokens first). */
+    fr_status (*layer_kv)(void *user, int layer, const fr_step_seq *seqs, int n_seqs, const float *k,
+                          const float *v);
+    /* A decode query (sequence seqs[s] of the step has one new token): the G
+     * query heads of KV head `head` in layer `layer`, q [G][head_dim] as the
+     * attention receives it (rotated when the cache rotates keys, unquantized),
+     * and the keys and values it attends to, new token included. */
+    fr_status (*decode_query)(void *user, int layer, int s, int head, const float *q, int group,
+                              const fr_kv_view *view);
+} fr_forward_observer;
+
+/* Installs obs (copied), or removes it with NULL. Without an observer the
+ * step does no extra work. */
+void fr_runner_cpu_set_observer(fr_runner_cpu *r, const fr_forward_observer *obs);
+
 #ifdef __cplusplus
 }
 #endif

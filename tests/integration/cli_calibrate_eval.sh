@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Black-box checks of `fp4rollout calibrate` and `fp4rollout eval-kl` on the
+# built-in synthetic model: a calibration file from two small texts, loaded
+# by eval-kl, generate and score; eval-kl's JSON; clear errors for bad input.
+set -euo pipefail
+bin=${BUILD:-build}/fp4rollout
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "cli_calibrate_eval: $*" >&2; exit 1; }
+py=/usr/bin/python3
+
+$py - "$dir" <<'PY'
+import random, sys
+random.seed(3)
+words = "def class return import self value index table lookup print for while if else".split()
+for i in range(3):
+    text = " ".join(random.choice(words) for _ in range(80)) + "\n"
+    open(f"{sys.argv[1]}/t{i}.txt", "w").write(text)
+PY
+
+# calibrate: small window, short seeds and continuation
+"$bin" calibrate --model synthetic:tiny --texts "$dir/t0.txt" "$dir/t1.txt" --context 400 --seed-tokens 100 \
+  --continue 16 --tau-steps 8 --chunk 128 --out "$dir/calib.safetensors" > "$dir/cal.out" 2> "$dir/cal.err" ||
+  fail "calibrate failed: $(cat "$dir/cal.err")"
+[ -s "$dir/calib.safetensors" ] || fail "no calibration file"
+grep -q "calibration written to" "$dir/cal.out" || fail "calibrate summary missing"
+grep -q "tau: code" "$dir/cal.out" || fail "calibrate does not report tau"
+grep -q "prefill" "$dir/cal.err" || fail "calibrate shows no progress on stderr"
+$py - "$dir/calib.safetensors" <<'PY' || fail "calibration file malformed"
+import json, math, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n])
+data = raw[8 + n:]
+assert hdr["key_mean"]["shape"] == [2, 2, 64], hdr["key_mean"]
+assert hdr["tau"]["shape"] == [1] and hdr["fp8_scales"]["shape"] == [2, 2, 2]
+a, b = hdr["tau"]["data_offsets"]
+tau = struct.unpack("<f", data[a:b])[0]
+assert 0 < tau < 6, tau
+a, b = hdr["fp8_scales"]["data_offsets"]
+assert all(s > 0 and math.isfinite(s) for s in struct.unpack(f"<{(b - a) // 4}f", data[a:b]))
+assert max(e for _, e in (t["data_offsets"] for t in hdr.values())) == len(data)
+PY
+
+# the file loads wherever --calib is accepted
+"$bin" generate --model synthetic:tiny --kv nvfp4 --calib "$dir/calib.safetensors" --max-tokens 8 --json > /dev/null ||
+  fail "generate --calib failed"
+"$bin" score --model synthetic:tiny --kv fp8 --calib "$dir/calib.safetensors" --prompt-ids 256,1,2,3 --decode \
+  --out "$dir/s.f32" || fail "score --calib failed"
+
+# eval-kl with the calibration, JSON out
+"$bin" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" "$dir/t2.txt" --calib "$dir/calib.safetensors" \
+  --configs bf16,fp8,nvfp4,nvfp4-vanilla,mxfp4-kv --tokens 160 --json > "$dir/kl.jsonl" 2> "$dir/kl.err" ||
+  fail "eval-kl failed: $(cat "$dir/kl.err")"
+$py - "$dir/kl.jsonl" <<'PY' || fail "eval-kl JSON malformed or implausible"
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["config"] for r in rows] == ["bf16", "fp8", "nvfp4", "nvfp4-vanilla", "mxfp4-kv"], rows
+for r in rows:
+    assert r["texts"] == 2 and r["positions"] == 320, r
+    assert len(r["text_kl_1e3"]) == 2 and len(r["text_top1_mismatch_pct"]) == 2
+    assert r["kl_1e3"] >= 0 and 0 <= r["top1_mismatch_pct"] <= 100
+    assert r["calib"].endswith("calib.safetensors")
+bf16, fp8, nv, van, mxkv = rows
+assert bf16["kl_1e3"] == 0 and bf16["top1_mismatch_pct"] == 0
+assert nv["kl_1e3"] > 0 and van["kl_1e3"] > 0 and fp8["kl_1e3"] > 0
+assert nv["baseline"] == "nvfp4" and nv["t_text"] is None and van["baseline"] == "nvfp4"
+assert mxkv["kv"] == "mxfp4" and mxkv["compute"] == "bf16" and mxkv["baseline"] == "mxfp4-kv"
+PY
+
+# the table, the ablation list, and the warning without --calib
+"$bin" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" --tokens 40 --ablation --quiet > "$dir/abl.txt" \
+  2> "$dir/abl.err" || fail "eval-kl --ablation failed"
+for c in nvfp4 nvfp4-no-smooth nvfp4-no-rotate nvfp4-no-search nvfp4-no-dual nvfp4-no-pscale nvfp4-no-sink; do
+  grep -q "^| $c |" "$dir/abl.txt" || fail "ablation table lacks $c"
+done
+grep -q "warning: no --calib" "$dir/abl.err" || fail "no warning without --calib"
+
+expect_error() {
+  local pattern=$1; shift
+  if "$bin" "$@" >/dev/null 2>"$dir/err"; then fail "accepted: $*"; fi
+  grep -q -- "$pattern" "$dir/err" || fail "message for '$*' lacks '$pattern': $(cat "$dir/err")"
+}
+expect_error "--model is required" calibrate --texts "$dir/t0.txt" --out "$dir/x.safetensors"
+expect_error "--texts needs at least one file" calibrate --model synthetic:tiny --out "$dir/x.safetensors"
+expect_error "--out is required" calibrate --model synthetic:tiny --texts "$dir/t0.txt"
+expect_error "cannot read text file" calibrate --model synthetic:tiny --texts "$dir/missing.txt" --out "$dir/x.safetensors"
+expect_error "--kv must be bf16 or f32" calibrate --model synthetic:tiny --texts "$dir/t0.txt" --kv nvfp4 --out "$dir/x.safetensors"
+expect_error "--continue expects" calibrate --model synthetic:tiny --texts "$dir/t0.txt" --continue -1 --out "$dir/x.safetensors"
+expect_error "context" calibrate --model synthetic:tiny --texts "$dir/t0.txt" --context 99999 --out "$dir/x.safetensors"
+expect_error "unknown or incomplete option" calibrate --model synthetic:tiny --bogus
+[ -e "$dir/x.safetensors" ] && fail "a failed calibrate left an output file"
+expect_error "unknown configuration 'nvfp5'" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" --configs nvfp4,nvfp5
+expect_error "unknown recipe switch" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" --configs nvfp4-no-magic
+expect_error "--tokens expects" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" --tokens 0
+expect_error "--texts needs at least one file" eval-kl --model synthetic:tiny
+expect_error "cannot read text file" eval-kl --model synthetic:tiny --texts "$dir/missing.txt"
+expect_error "t0.txt: header length" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" --calib "$dir/t0.txt"
+for c in calibrate eval-kl; do "$bin" $c --help | grep -q "usage: fp4rollout $c" || fail "$c --help"; done
+"$bin" --help | grep -q "eval-kl" || fail "eval-kl missing from the command list"
+echo "cli_calibrate_eval: all checks passed"
