@@ -4,6 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef FR_HAVE_CUDA
+#include "runner_cuda.h"
+#endif
 #include "calibrate.h"
 #include "cli.h"
 #include "eval_kl.h"
@@ -11,7 +14,7 @@
 static const char usage_text[] =
     "usage: fp4rollout eval-kl --model M --texts FILE... [--calib FILE]\n"
     "                          [--configs LIST] [--ablation] [--tokens N] [--json]\n"
-    "                          [--quiet]\n"
+    "                          [--quiet] [--backend B]\n"
     "\n"
     "Teacher-forced KL from a BF16 KV cache (paper Appendix A). Texts are raw bytes,\n"
     "read as BOS followed by one token per byte. A reference pass with a BF16 cache\n"
@@ -41,6 +44,9 @@ static const char usage_text[] =
     "                       default: whole texts, up to the context window)\n"
     "  --json               one JSON object per configuration instead of the table\n"
     "  --quiet              no progress on stderr\n"
+    "  --backend B          auto (default: cuda when a GPU is present), cpu or cuda;\n"
+    "                       on cuda every pass (reference included) runs the GPU\n"
+    "                       kernels, and the default list leaves out f32 (CPU only)\n"
     "\n"
     "configurations:\n"
     "  bf16                 BF16 KV: the reference rerun (0 on this deterministic path)\n"
@@ -146,6 +152,7 @@ int fr_cli_eval_kl(int argc, char **argv)
 {
     const char *cmd = "eval-kl", *model = NULL, *calib_path = NULL, *configs = NULL;
     int tokens = 0, ablation = 0, json = 0, verbose = 1;
+    const char *backend = "auto";
     if (fr_cli_wants_help(argc, argv)) {
         printf("%s", usage_text);
         return 0;
@@ -165,11 +172,25 @@ int fr_cli_eval_kl(int argc, char **argv)
         else if (strcmp(a, "--ablation") == 0) ablation = 1;
         else if (strcmp(a, "--json") == 0) json = 1;
         else if (strcmp(a, "--quiet") == 0) verbose = 0;
+        else if (strcmp(a, "--backend") == 0 && v) backend = argv[++i];
         else { free(files); return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", a); }
         if (bad) { free(files); return 2; }
     }
     fr_eval_config *cfgs = NULL;
-    int n_cfgs = 0, rc = 0;
+    int n_cfgs = 0, rc = 0, on_gpu = 0;
+    if (strcmp(backend, "cuda") == 0 || strcmp(backend, "auto") == 0) {
+#ifdef FR_HAVE_CUDA
+        on_gpu = fr_cuda_available();
+#endif
+        if (!on_gpu && strcmp(backend, "cuda") == 0) {
+            free(files);
+            return fr_cli_usage_error(cmd, "--backend cuda: no usable CUDA device in this build or machine");
+        }
+    } else if (strcmp(backend, "cpu") != 0) {
+        free(files);
+        return fr_cli_usage_error(cmd, "unknown backend '%s' (expected auto, cpu or cuda)", backend);
+    }
+    if (on_gpu && !configs) configs = "fp8,nvfp4,nvfp4-vanilla,nvfp4-kv,mxfp4,mxfp4-vanilla,mxfp4-kv";
     if (!model) rc = fr_cli_usage_error(cmd, "--model is required");
     else if (n_files == 0) rc = fr_cli_usage_error(cmd, "--texts needs at least one file");
     else if (fr_eval_config_list(configs, ablation, &cfgs, &n_cfgs))
@@ -202,12 +223,19 @@ int fr_cli_eval_kl(int argc, char **argv)
                         calib_path);
                 break;
             }
+    struct fr_weights_gpu *gpu = NULL;
+#ifdef FR_HAVE_CUDA
+    if (!st && on_gpu) st = fr_weights_gpu_from_model(m, &gpu);
+#endif
     if (!st) {
         fr_eval_kl_params p = {.n_texts = n_files, .texts = (const int *const *)texts, .lens = lens,
                                .configs = cfgs, .n_configs = n_cfgs, .calib = has_calib ? &calib : NULL,
-                               .verbose = verbose};
+                               .verbose = verbose, .gpu = gpu};
         st = fr_eval_kl(m, &p, &rep);
     }
+#ifdef FR_HAVE_CUDA
+    fr_weights_gpu_destroy(&gpu);
+#endif
     if (!st && json) print_json(&rep, model, has_calib ? calib_path : NULL);
     if (!st && !json) print_table(&rep, model, has_calib ? calib_path : NULL, &calib);
     if (st) fprintf(stderr, "fp4rollout eval-kl: %s\n", fr_last_error());

@@ -8,6 +8,9 @@
 
 #include "kl_metrics.h"
 #include "runner_cpu.h"
+#ifdef FR_HAVE_CUDA
+#include "runner_cuda.h"
+#endif
 
 static double now_s(void)
 {
@@ -175,11 +178,19 @@ static fr_status run_pass(const eval_ctx *e, fr_kv_cache_config kc, const char *
     kc.max_seqs = N;
     fr_kv_cache *kv = NULL;
     fr_runner_cpu *r = NULL;
+#ifdef FR_HAVE_CUDA
+    fr_runner_cuda *gr = NULL;
+    kc.bookkeeping_only = p->gpu != NULL;
+#endif
     int *seq = malloc(sizeof(int) * (size_t)N), *text_of = malloc(sizeof(int) * (size_t)N), opened = 0;
     fr_step_seq *steps = malloc(sizeof *steps * (size_t)N);
     float *logits = malloc(sizeof(float) * (size_t)V * N);
     fr_status st = seq && text_of && steps && logits ? FR_OK : fr_fail(FR_ENOMEM, "eval-kl: out of memory");
     if (!st) st = fr_kv_cache_new(&kc, &kv);
+#ifdef FR_HAVE_CUDA
+    if (!st && p->gpu) st = fr_runner_cuda_new(p->gpu, kv, N, &gr);
+    else
+#endif
     if (!st) st = fr_runner_cpu_new(e->m, kv, N, &r);
     for (int i = 0; i < N && !st; i++)
         if (!(st = fr_kv_seq_new(kv, &seq[i]))) opened++;
@@ -191,6 +202,10 @@ static fr_status run_pass(const eval_ctx *e, fr_kv_cache_config kc, const char *
                 text_of[ns] = i;
                 steps[ns++] = (fr_step_seq){.seq = seq[i], .n = 1, .tokens = p->texts[i] + t, .all_logits = 0};
             }
+#ifdef FR_HAVE_CUDA
+        if (gr) st = fr_runner_cuda_step(gr, steps, ns, logits);
+        else
+#endif
         st = fr_runner_cpu_step(r, steps, ns, logits);
         for (int j = 0; j < ns && !st; j++) st = fn(user, text_of[j], t, logits + (size_t)j * V);
         if (p->verbose && !st && (now_s() - shown > 10.0 || t + 1 == e->max_len)) {
@@ -200,6 +215,9 @@ static fr_status run_pass(const eval_ctx *e, fr_kv_cache_config kc, const char *
     }
     for (int i = 0; i < opened; i++) fr_kv_seq_free(kv, seq[i]);
     fr_runner_cpu_destroy(&r);
+#ifdef FR_HAVE_CUDA
+    fr_runner_cuda_destroy(&gr);
+#endif
     fr_kv_cache_destroy(&kv);
     free(seq); free(text_of); free(steps); free(logits);
     return st;

@@ -65,6 +65,9 @@ typedef struct {
     int n_configs;
     const fr_calib *calib;     /* NULL: zero key mean, default tau, FP8 scales 1 */
     int verbose;               /* progress on stderr */
+    /* Non-NULL: every pass runs on the CUDA backend with these device
+     * weights (rollout/weights_cuda.h); NULL: the CPU backend. */
+    const struct fr_weights_gpu *gpu;
 } fr_eval_kl_params;
 
 typedef struct {
