@@ -18,6 +18,7 @@
 #include <climits>
 #include <stdint.h>
 
+#include "attn_prefill_common.cuh"
 #include "cuda_check.h"
 
 namespace {
@@ -43,73 +44,9 @@ static_assert(kWarps * 16 * 128 * 4 + 4 * kWarps * 16 * 4 + 16 * 4 <= dec_smem_b
 static_assert(kWarps * 16 * 64 * 4 + 4 * kWarps * 16 * 4 + 16 * 4 <= dec_smem_bytes<64>(),
               "decode reduction must fit in the pipeline buffers");
 
-/* ---- PTX wrappers ------------------------------------------------------- */
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/* 16 bytes global -> shared, through L2 only; src_bytes 0 writes zeros. */
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, uint32_t src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int N> __device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4])
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4])
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-
-/* c += A (16x16, row) * B (16x8, col), BF16 in, FP32 accumulate. */
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Two floats -> BF16x2 (round to nearest even), lo in the low half. */
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-__device__ __forceinline__ float fast_exp2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-/* Byte offset of 16-byte piece c of row r in a swizzled [rows][P] tile. */
-template <int P> __device__ __forceinline__ uint32_t swz(int r, int c)
-{
-    return static_cast<uint32_t>((r * P + (c ^ (r & 7))) * 16);
-}
+/* PTX wrappers, the swizzled tile layout and the online-softmax step over a
+ * key tile are shared with the FP4/FP8 prefill: attn_prefill_common.cuh. */
+using namespace fr_pf;
 
 /* ---- where a token's K and V are --------------------------------------- */
 
@@ -218,96 +155,6 @@ __device__ __forceinline__ void load_q(uint32_t (&qa)[D / 16][4], const float *r
     }
 }
 
-/* Online-softmax step over KEYS keys at tb held in swizzled shared tiles sk/sv.
- * Key t is visible to the lane's row g iff t < lim_a (row g + 8: lim_b);
- * need_mask = 0 promises every key is visible. o holds the unnormalized output
- * (this lane's C fragments), m the running maxima, l this lane's share of the
- * running sums. */
-template <int D, int KEYS>
-__device__ __forceinline__ void attend_tile(uint32_t sk, uint32_t sv, const uint32_t (&qa)[D / 16][4],
-                                            float (&o)[D / 8][4], float &m_a, float &m_b, float &l_a,
-                                            float &l_b, int tb, int lim_a, int lim_b, bool need_mask,
-                                            float gamma, int lane)
-{
-    constexpr int P = D / 8, NT = KEYS / 8;
-    float s[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-
-    /* S = Q K^T: B fragments straight from K rows (non-transposed ldmatrix). */
-    const int krow = (lane & 7) + ((lane >> 4) << 3), khi = (lane >> 3) & 1;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-#pragma unroll
-        for (int np = 0; np < KEYS / 16; np++) {
-            uint32_t b[4];
-            ldsm_x4(sk + swz<P>(np * 16 + krow, 2 * kk + khi), b);
-            mma_bf16(s[2 * np], qa[kk], b[0], b[1]);
-            mma_bf16(s[2 * np + 1], qa[kk], b[2], b[3]);
-        }
-    }
-
-    const int c2 = (lane & 3) * 2;
-    float mx_a = kNegInf, mx_b = kNegInf;
-#pragma unroll
-    for (int n = 0; n < NT; n++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float x = s[n][e] * gamma;
-            if (need_mask && tb + n * 8 + c2 + (e & 1) >= (e < 2 ? lim_a : lim_b)) x = kNegInf;
-            s[n][e] = x;
-        }
-        mx_a = fmaxf(mx_a, fmaxf(s[n][0], s[n][1]));
-        mx_b = fmaxf(mx_b, fmaxf(s[n][2], s[n][3]));
-    }
-    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
-    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
-    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
-    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
-    const float new_a = fmaxf(m_a, mx_a), new_b = fmaxf(m_b, mx_b);
-    /* A row with no visible key yet keeps m = -inf; exponentiate against 0. */
-    const float ref_a = new_a == kNegInf ? 0.0f : new_a, ref_b = new_b == kNegInf ? 0.0f : new_b;
-    const float alpha_a = fast_exp2(m_a - ref_a), alpha_b = fast_exp2(m_b - ref_b);
-    m_a = new_a;
-    m_b = new_b;
-    float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-    for (int n = 0; n < NT; n++) {
-        s[n][0] = fast_exp2(s[n][0] - ref_a);
-        s[n][1] = fast_exp2(s[n][1] - ref_a);
-        s[n][2] = fast_exp2(s[n][2] - ref_b);
-        s[n][3] = fast_exp2(s[n][3] - ref_b);
-        sum_a += s[n][0] + s[n][1];
-        sum_b += s[n][2] + s[n][3];
-    }
-    l_a = l_a * alpha_a + sum_a;
-    l_b = l_b * alpha_b + sum_b;
-#pragma unroll
-    for (int j = 0; j < D / 8; j++) {
-        o[j][0] *= alpha_a;
-        o[j][1] *= alpha_a;
-        o[j][2] *= alpha_b;
-        o[j][3] *= alpha_b;
-    }
-
-    /* O += P V: the S accumulators are P's A fragments; V's B fragments come
-     * from transposed ldmatrix of the [token][d] rows. */
-    const int vrow = (lane & 7) + (((lane >> 3) & 1) << 3), vhi = lane >> 4;
-#pragma unroll
-    for (int ks = 0; ks < KEYS / 16; ks++) {
-        const uint32_t pa[4] = {pack_bf16(s[2 * ks][0], s[2 * ks][1]),
-                                pack_bf16(s[2 * ks][2], s[2 * ks][3]),
-                                pack_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                                pack_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-#pragma unroll
-        for (int jj = 0; jj < D / 16; jj++) {
-            uint32_t b[4];
-            ldsm_x4_trans(sv + swz<P>(ks * 16 + vrow, 2 * jj + vhi), b);
-            mma_bf16(o[2 * jj], pa, b[0], b[1]);
-            mma_bf16(o[2 * jj + 1], pa, b[2], b[3]);
-        }
-    }
-}
 
 /* ---- decode: split-KV partials ----------------------------------------- */
 
