@@ -28,6 +28,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "gpu_test.h"
+
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -43,29 +45,6 @@
 enum { PAGE = 128, N_LAYERS = 2, LAYER = 1 };
 static const uint16_t BF16_NAN = 0xFFC1;
 static const double TOL = 1e-2;
-
-#define CUDA_OK(call)                                                                      \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) fail_msg("%s failed: %s", #call, cudaGetErrorString(e_));   \
-    } while (0)
-
-static int have_gpu(void)
-{
-    static int state = -1;
-    if (state < 0) {
-        int n = 0;
-        state = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-        if (!state)
-            fprintf(stderr, "SKIP: no CUDA device; the BF16 attention kernels are not exercised\n");
-    }
-    return state;
-}
-
-#define REQUIRE_GPU()              \
-    do {                           \
-        if (!have_gpu()) skip();   \
-    } while (0)
 
 /* ---- a paged cache in device memory ------------------------------------- */
 

@@ -35,6 +35,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "gpu_test.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,34 +53,6 @@
 
 enum { D = 128, T = FR_PAGE_TOKENS, NL = 2, LAYER = 1, CHUNK = 1024, MAX_SEQS = 16 };
 static const double TOL = 1e-3;
-
-#define CUDA_OK(call)                                                                      \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) fail_msg("%s failed: %s", #call, cudaGetErrorString(e_));   \
-    } while (0)
-
-#define FR_OK_OR_FAIL(call)                                                                \
-    do {                                                                                   \
-        fr_status st_ = (call);                                                            \
-        if (st_ != FR_OK) fail_msg("%s: %s", #call, fr_last_error());                      \
-    } while (0)
-
-static int have_gpu(void)
-{
-    static int state = -1;
-    if (state < 0) {
-        int n = 0;
-        state = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-        if (!state) fprintf(stderr, "SKIP: no CUDA device; the FP4/FP8 decode kernels are not exercised\n");
-    }
-    return state;
-}
-
-#define REQUIRE_GPU()            \
-    do {                         \
-        if (!have_gpu()) skip(); \
-    } while (0)
 
 static void *xmalloc(size_t n)
 {

@@ -12,6 +12,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+#include "gpu_test.h"
 #include <cuda_runtime.h>
 
 #include "attention/fp_formats.h"
@@ -22,13 +24,6 @@
 #include "rollout/session.h"
 #include "rollout/weights_cuda.h"
 #include "tests/unit/test_util.h"
-
-static int have_gpu(void)
-{
-    if (fr_cuda_available()) return 1;
-    printf("  no CUDA device: skipped\n");
-    return 0;
-}
 
 static float max_abs(const float *x, size_t n)
 {
@@ -80,7 +75,7 @@ static float *score(fr_session *s, const int *ids, int n, int chunk, int decode)
 static void test_synthetic_weights_match(void **state)
 {
     (void)state;
-    if (!have_gpu()) skip();
+    if (!fr_gpu_test_available()) skip();
     fr_model *m;
     assert_int_equal(fr_model_load("synthetic:tiny:7", &m), FR_OK);
     fr_weights_gpu *w;
@@ -131,7 +126,7 @@ static void test_synthetic_weights_match(void **state)
 static void test_tiny_cpu_vs_cuda(void **state)
 {
     (void)state;
-    if (!have_gpu()) skip();
+    if (!fr_gpu_test_available()) skip();
     fr_model *m;
     assert_int_equal(fr_model_load("synthetic:tiny", &m), FR_OK);
     size_t nf;
@@ -169,7 +164,7 @@ static char tq6[4096], golden_path[4200];
 
 static int have_tq6_and_gpu(void)
 {
-    if (!have_gpu()) return 0;
+    if (!fr_gpu_test_available()) return 0;
     const char *d = fr_test_require_tq6();
     if (!d) return 0;
     snprintf(tq6, sizeof tq6, "%s", d);
@@ -336,7 +331,7 @@ static void test_tq6_decode_vs_prefill(void **state)
 static void test_fork_on_gpu(void **state)
 {
     (void)state;
-    if (!have_gpu()) skip();
+    if (!fr_gpu_test_available()) skip();
     fr_engine_opts o;
     fr_engine_opts_default(&o);
     o.backend = FR_BACKEND_CUDA;

@@ -20,6 +20,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "gpu_test.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,37 +41,6 @@ enum {
 };
 
 /* ---- GPU presence ---- */
-
-static int gpu_present(void)
-{
-    static int known = -1;
-    if (known < 0) {
-        int n = 0;
-        known = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-    }
-    return known;
-}
-
-#define REQUIRE_GPU()                                                                  \
-    do {                                                                               \
-        if (!gpu_present()) {                                                          \
-            print_message("SKIP: no CUDA device found (cudaGetDeviceCount); the GPU "  \
-                          "KV store tests need one\n");                                \
-            skip();                                                                    \
-        }                                                                              \
-    } while (0)
-
-#define CUDA_OK(call)                                                                  \
-    do {                                                                               \
-        cudaError_t e_ = (call);                                                       \
-        if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_));      \
-    } while (0)
-
-#define FR_OK_OR_FAIL(call)                                                            \
-    do {                                                                               \
-        fr_status st_ = (call);                                                        \
-        if (st_ != FR_OK) fail_msg("%s: %s", #call, fr_last_error());                  \
-    } while (0)
 
 /* ---- a rig: the CPU cache and the GPU store side by side ---- */
 

@@ -45,6 +45,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "gpu_test.h"
+
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
@@ -70,44 +72,13 @@ enum { Q4_HIDDEN = 2560, Q4_HEADS = 32, Q4_KV_HEADS = 8, Q4_HEAD_DIM = 128, Q4_I
 
 /* ---- GPU presence and shared state --------------------------------------- */
 
-static int g_have_gpu = -1;
 static cudaStream_t g_stream;
 static fr_gemm *g_gemm;
-
-static int have_gpu(void)
-{
-    if (g_have_gpu < 0) {
-        int n = 0;
-        cudaError_t e = cudaGetDeviceCount(&n);
-        g_have_gpu = e == cudaSuccess && n > 0;
-        if (!g_have_gpu)
-            fprintf(stderr, "SKIP: no CUDA device (%s); the GPU op tests need one\n",
-                    e == cudaSuccess ? "device count is 0" : cudaGetErrorString(e));
-    }
-    return g_have_gpu;
-}
-
-#define REQUIRE_GPU()              \
-    do {                           \
-        if (!have_gpu()) skip();   \
-    } while (0)
-
-#define OK(call)                                                                       \
-    do {                                                                               \
-        fr_status st_ = (call);                                                        \
-        if (st_ != FR_OK) fail_msg("%s: %s: %s", #call, fr_status_name(st_), fr_last_error()); \
-    } while (0)
-
-#define CU(call)                                                                       \
-    do {                                                                               \
-        cudaError_t e_ = (call);                                                       \
-        if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_));      \
-    } while (0)
 
 static int group_setup(void **state)
 {
     (void)state;
-    if (!have_gpu()) return 0;
+    if (!fr_gpu_test_available()) return 0;
     if (cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess) {
         fprintf(stderr, "cannot create a CUDA stream\n");
         return -1;
@@ -139,14 +110,14 @@ static void *xmalloc(size_t bytes)
 static void *dmalloc(size_t bytes)
 {
     void *p = NULL;
-    CU(cudaMalloc(&p, bytes ? bytes : 1));
+    CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
     return p;
 }
 
 static void upload(void *d, const void *h, size_t bytes)
 {
-    CU(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, g_stream));
-    CU(cudaStreamSynchronize(g_stream));
+    CUDA_OK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, g_stream));
+    CUDA_OK(cudaStreamSynchronize(g_stream));
 }
 
 static void *dup_to_device(const void *h, size_t bytes)
@@ -158,8 +129,8 @@ static void *dup_to_device(const void *h, size_t bytes)
 
 static void download(void *h, const void *d, size_t bytes)
 {
-    CU(cudaStreamSynchronize(g_stream));
-    CU(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaStreamSynchronize(g_stream));
+    CUDA_OK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
 }
 
 static float *randn(fr_test_rng *r, size_t n, float mean, float scale)
@@ -296,7 +267,7 @@ static void check_convert(const float *in, size_t n, size_t offset)
     float *din = dmalloc((n + offset) * sizeof *din);
     uint16_t *dout = dmalloc((n + offset) * sizeof *dout);
     upload(din + offset, in, n * sizeof *in);
-    OK(fr_cuda_f32_to_bf16(dout + offset, din + offset, n, g_stream));
+    FR_OK_OR_FAIL(fr_cuda_f32_to_bf16(dout + offset, din + offset, n, g_stream));
     uint16_t *got = xmalloc(n * sizeof *got);
     download(got, dout + offset, n * sizeof *got);
     for (size_t i = 0; i < n; i++)
@@ -304,8 +275,8 @@ static void check_convert(const float *in, size_t n, size_t offset)
             fail_msg("f32_to_bf16[%zu] of %zu (offset %zu): %.9g (0x%08x) -> 0x%04x, want 0x%04x", i, n, offset,
                      in[i], f32_bits(in[i]), got[i], fr_bf16_encode(in[i]));
     free(got);
-    CU(cudaFree(din));
-    CU(cudaFree(dout));
+    CUDA_OK(cudaFree(din));
+    CUDA_OK(cudaFree(dout));
 }
 
 static void test_f32_to_bf16(void **state)
@@ -364,16 +335,16 @@ static void embed_case(fr_test_rng *r, int n, int hidden, int vocab, size_t offs
     uint16_t *dt = dup_to_device(table, (size_t)vocab * hidden * sizeof *table);
     int *dids = dup_to_device(ids, (size_t)n * sizeof *ids);
     float *dx = dmalloc((nx + offset) * sizeof *dx);
-    CU(cudaMemset(dx, 0xff, (nx + offset) * sizeof *dx));   /* NaN everywhere: every value must be written */
-    OK(fr_cuda_embed(dx + offset, dt, dids, n, hidden, vocab, g_stream));
+    CUDA_OK(cudaMemset(dx, 0xff, (nx + offset) * sizeof *dx));   /* NaN everywhere: every value must be written */
+    FR_OK_OR_FAIL(fr_cuda_embed(dx + offset, dt, dids, n, hidden, vocab, g_stream));
     download(got, dx + offset, nx * sizeof *got);
     char what[96];
     snprintf(what, sizeof what, "embed %dx%d vocab %d offset %zu", n, hidden, vocab, offset);
     expect_bits_f32(what, got, want, nx);
     printf("  %-40s bit-exact\n", what);
-    CU(cudaFree(dt));
-    CU(cudaFree(dids));
-    CU(cudaFree(dx));
+    CUDA_OK(cudaFree(dt));
+    CUDA_OK(cudaFree(dids));
+    CUDA_OK(cudaFree(dx));
     free(table); free(tf); free(ids); free(cpu_ids); free(want); free(got);
 }
 
@@ -419,14 +390,14 @@ static void rmsnorm_case(fr_test_rng *r, int rows, int n, int with_delta, int f3
     cmp_stats s = {0};
     if (f32_out) {
         float *o = (float *)dout + offset;
-        OK(fr_cuda_rmsnorm_f32(o, dx + offset, dd ? dd + offset : NULL, dw + offset, rows, n, EPS, g_stream));
+        FR_OK_OR_FAIL(fr_cuda_rmsnorm_f32(o, dx + offset, dd ? dd + offset : NULL, dw + offset, rows, n, EPS, g_stream));
         float *got = xmalloc(nx * sizeof *got);
         download(got, o, nx * sizeof *got);
         for (size_t i = 0; i < nx; i++) cmp(&s, what, i, got[i], want[i], TOL_F32 * fabs((double)want[i]));
         free(got);
     } else {
         uint16_t *o = (uint16_t *)dout + offset;
-        OK(fr_cuda_rmsnorm(o, dx + offset, dd ? dd + offset : NULL, dw + offset, rows, n, EPS, g_stream));
+        FR_OK_OR_FAIL(fr_cuda_rmsnorm(o, dx + offset, dd ? dd + offset : NULL, dw + offset, rows, n, EPS, g_stream));
         uint16_t *got = xmalloc(nx * sizeof *got);
         download(got, o, nx * sizeof *got);
         for (size_t i = 0; i < nx; i++) cmp_bf16(&s, what, i, got[i], want[i]);
@@ -439,10 +410,10 @@ static void rmsnorm_case(fr_test_rng *r, int rows, int n, int with_delta, int f3
         free(gx);
     }
     report(what, &s, !f32_out);
-    CU(cudaFree(dx));
-    if (dd) CU(cudaFree(dd));
-    CU(cudaFree(dw));
-    if (!in_place) CU(cudaFree(dout));
+    CUDA_OK(cudaFree(dx));
+    if (dd) CUDA_OK(cudaFree(dd));
+    CUDA_OK(cudaFree(dw));
+    if (!in_place) CUDA_OK(cudaFree(dout));
     free(x); free(delta); free(w); free(wf); free(xs); free(want);
 }
 
@@ -470,15 +441,15 @@ static void test_rmsnorm_zero_row(void **state)
     const int n = Q4_HIDDEN;
     float *dx = dmalloc(n * sizeof(float));
     uint16_t *dw = dmalloc(n * sizeof(uint16_t)), *dout = dmalloc(n * sizeof(uint16_t));
-    CU(cudaMemset(dx, 0, n * sizeof(float)));
-    CU(cudaMemset(dw, 0x3f, n * sizeof(uint16_t)));
-    OK(fr_cuda_rmsnorm(dout, dx, NULL, dw, 1, n, EPS, g_stream));
+    CUDA_OK(cudaMemset(dx, 0, n * sizeof(float)));
+    CUDA_OK(cudaMemset(dw, 0x3f, n * sizeof(uint16_t)));
+    FR_OK_OR_FAIL(fr_cuda_rmsnorm(dout, dx, NULL, dw, 1, n, EPS, g_stream));
     uint16_t got[Q4_HIDDEN];
     download(got, dout, sizeof got);
     for (int i = 0; i < n; i++) assert_int_equal(got[i], 0);
-    CU(cudaFree(dx));
-    CU(cudaFree(dw));
-    CU(cudaFree(dout));
+    CUDA_OK(cudaFree(dx));
+    CUDA_OK(cudaFree(dw));
+    CUDA_OK(cudaFree(dout));
 }
 
 static void test_rmsnorm_rows(void **state)
@@ -504,7 +475,7 @@ static void test_rmsnorm_rows(void **state)
         uint16_t *dw = dup_to_device(w, (size_t)n * sizeof *w);
         int *dids = dup_to_device(ids, sizeof ids);
         uint16_t *dout = dmalloc((size_t)n_out * n * sizeof *dout);
-        OK(fr_cuda_rmsnorm_rows(dout, dx, x_rows, dids, n_out, dw, n, EPS, g_stream));
+        FR_OK_OR_FAIL(fr_cuda_rmsnorm_rows(dout, dx, x_rows, dids, n_out, dw, n, EPS, g_stream));
         uint16_t *got = xmalloc((size_t)n_out * n * sizeof *got);
         download(got, dout, (size_t)n_out * n * sizeof *got);
         char what[64];
@@ -519,7 +490,7 @@ static void test_rmsnorm_rows(void **state)
         download(gx, dx, (size_t)x_rows * n * sizeof *gx);
         expect_bits_f32("rmsnorm_rows source", gx, x, (size_t)x_rows * n);
         report(what, &s, 1);
-        CU(cudaFree(dx)); CU(cudaFree(dw)); CU(cudaFree(dids)); CU(cudaFree(dout));
+        CUDA_OK(cudaFree(dx)); CUDA_OK(cudaFree(dw)); CUDA_OK(cudaFree(dids)); CUDA_OK(cudaFree(dout));
         free(x); free(w); free(wf); free(want); free(got); free(gx);
     }
 }
@@ -532,7 +503,7 @@ static void test_rope_table(void **state)
     REQUIRE_GPU();
     const int max_pos = 5000, d = Q4_HEAD_DIM, h = d / 2;
     float *dc = NULL, *ds = NULL;
-    OK(fr_cuda_rope_table_new(max_pos, d, Q4_THETA, &dc, &ds));
+    FR_OK_OR_FAIL(fr_cuda_rope_table_new(max_pos, d, Q4_THETA, &dc, &ds));
     float *c = xmalloc((size_t)max_pos * h * sizeof *c), *s = xmalloc((size_t)max_pos * h * sizeof *s);
     download(c, dc, (size_t)max_pos * h * sizeof *c);
     download(s, ds, (size_t)max_pos * h * sizeof *s);
@@ -600,11 +571,11 @@ static void qk_case(fr_test_rng *r, int rows, int H, int KVH, int d, double thet
     ref_norm_rope(wk, kwf, pos, rows, KVH, d, max_pos, theta);
 
     float *dc, *ds;
-    OK(fr_cuda_rope_table_new(max_pos, d, theta, &dc, &ds));
+    FR_OK_OR_FAIL(fr_cuda_rope_table_new(max_pos, d, theta, &dc, &ds));
     float *dq = H ? dup_to_device(q, nq * sizeof *q) : NULL, *dk = KVH ? dup_to_device(k, nk * sizeof *k) : NULL;
     uint16_t *dqw = dup_to_device(qw, (size_t)d * sizeof *qw), *dkw = dup_to_device(kw, (size_t)d * sizeof *kw);
     int *dpos = dup_to_device(pos, (size_t)rows * sizeof *pos);
-    OK(fr_cuda_qk_norm_rope(dq, dk, dqw, KVH ? dkw : NULL, dpos, rows, H, KVH, d, EPS, dc, ds, max_pos, g_stream));
+    FR_OK_OR_FAIL(fr_cuda_qk_norm_rope(dq, dk, dqw, KVH ? dkw : NULL, dpos, rows, H, KVH, d, EPS, dc, ds, max_pos, g_stream));
     float *gq = xmalloc((nq ? nq : 1) * sizeof *gq), *gk = xmalloc((nk ? nk : 1) * sizeof *gk);
     if (H) download(gq, dq, nq * sizeof *gq);
     if (KVH) download(gk, dk, nk * sizeof *gk);
@@ -626,7 +597,7 @@ static void qk_case(fr_test_rng *r, int rows, int H, int KVH, int d, double thet
             for (size_t i = (size_t)(H + KVH) * d; i < row; i++) qkv[t * row + i] = fr_test_normal(r);
         }
         float *dqkv = dup_to_device(qkv, (size_t)rows * row * sizeof *qkv);
-        OK(fr_cuda_qk_norm_rope_strided(dqkv, row, dqkv + (size_t)H * d, row, dqw, dkw, dpos, rows, H, KVH, d, EPS, dc,
+        FR_OK_OR_FAIL(fr_cuda_qk_norm_rope_strided(dqkv, row, dqkv + (size_t)H * d, row, dqw, dkw, dpos, rows, H, KVH, d, EPS, dc,
                                         ds, max_pos, g_stream));
         float *g2 = xmalloc((size_t)rows * row * sizeof *g2);
         download(g2, dqkv, (size_t)rows * row * sizeof *g2);
@@ -637,14 +608,14 @@ static void qk_case(fr_test_rng *r, int rows, int H, int KVH, int d, double thet
             expect_bits_f32("qk_norm_rope strided v", g2 + t * row + (size_t)(H + KVH) * d,
                             qkv + t * row + (size_t)(H + KVH) * d, (size_t)KVH * d);
         }
-        CU(cudaFree(dqkv));
+        CUDA_OK(cudaFree(dqkv));
         free(qkv);
         free(g2);
     }
     fr_cuda_rope_table_free(&dc, &ds);
-    if (dq) CU(cudaFree(dq));
-    if (dk) CU(cudaFree(dk));
-    CU(cudaFree(dqw)); CU(cudaFree(dkw)); CU(cudaFree(dpos));
+    if (dq) CUDA_OK(cudaFree(dq));
+    if (dk) CUDA_OK(cudaFree(dk));
+    CUDA_OK(cudaFree(dqw)); CUDA_OK(cudaFree(dkw)); CUDA_OK(cudaFree(dpos));
     free(q); free(k); free(qw); free(kw); free(qwf); free(kwf); free(pos); free(wq); free(wk); free(gq); free(gk);
 }
 
@@ -685,14 +656,14 @@ static void test_swiglu(void **state)
         fr_swiglu(want, g, u, (int)n);
         float *dg = dup_to_device(g, n * sizeof *g), *du = dup_to_device(u, n * sizeof *u);
         uint16_t *dout = dmalloc(n * sizeof *dout), *got = xmalloc(n * sizeof *got);
-        OK(fr_cuda_swiglu(dout, dg, du, n, g_stream));
+        FR_OK_OR_FAIL(fr_cuda_swiglu(dout, dg, du, n, g_stream));
         download(got, dout, n * sizeof *got);
         char what[64];
         snprintf(what, sizeof what, "swiglu n %zu", n);
         cmp_stats s = {0};
         for (size_t i = 0; i < n; i++) cmp_bf16(&s, what, i, got[i], want[i]);
         report(what, &s, 1);
-        CU(cudaFree(dg)); CU(cudaFree(du)); CU(cudaFree(dout));
+        CUDA_OK(cudaFree(dg)); CUDA_OK(cudaFree(du)); CUDA_OK(cudaFree(dout));
         free(g); free(u); free(want); free(got);
     }
     const int shapes[][2] = {{1, Q4_INTER}, {5, Q4_INTER}, {64, Q4_INTER}, {3, 13}, {4, 8}};
@@ -710,14 +681,14 @@ static void test_swiglu(void **state)
         fr_swiglu(want, g, u, (int)n);
         float *dgu = dup_to_device(gu, 2 * n * sizeof *gu);
         uint16_t *dout = dmalloc(n * sizeof *dout), *got = xmalloc(n * sizeof *got);
-        OK(fr_cuda_swiglu_rows(dout, dgu, rows, I, g_stream));
+        FR_OK_OR_FAIL(fr_cuda_swiglu_rows(dout, dgu, rows, I, g_stream));
         download(got, dout, n * sizeof *got);
         char what[64];
         snprintf(what, sizeof what, "swiglu_rows %dx%d", rows, I);
         cmp_stats s = {0};
         for (size_t i = 0; i < n; i++) cmp_bf16(&s, what, i, got[i], want[i]);
         report(what, &s, 1);
-        CU(cudaFree(dgu)); CU(cudaFree(dout));
+        CUDA_OK(cudaFree(dgu)); CUDA_OK(cudaFree(dout));
         free(gu); free(g); free(u); free(want); free(got);
     }
 }
@@ -770,16 +741,16 @@ static void gemm_case(fr_test_rng *r, int M, int N, int K, int bf16_out, float b
             upload(dy + offset * ysz, y0, ny * sizeof *y0);
         }
     } else {
-        CU(cudaMemset(dy, 0xff, (ny + offset) * ysz));   /* NaN: beta = 0 must not read y */
+        CUDA_OK(cudaMemset(dy, 0xff, (ny + offset) * ysz));   /* NaN: beta = 0 must not read y */
     }
     fr_gemm_stats before = fr_gemm_get_stats(g_gemm);
     for (int rep = 0; rep < 2; rep++) {   /* the second call of a shape must find its plan */
         if (rep == 1 && y0) break;        /* beta = 1 accumulates: one call */
         if (bf16_out)
-            OK(fr_gemm_bf16_out(g_gemm, (uint16_t *)(dy + offset * ysz), dx + offset, dw + offset, M, N, K, beta,
+            FR_OK_OR_FAIL(fr_gemm_bf16_out(g_gemm, (uint16_t *)(dy + offset * ysz), dx + offset, dw + offset, M, N, K, beta,
                                 g_stream));
         else
-            OK(fr_gemm_bf16(g_gemm, (float *)(dy + offset * ysz), dx + offset, dw + offset, M, N, K, beta, g_stream));
+            FR_OK_OR_FAIL(fr_gemm_bf16(g_gemm, (float *)(dy + offset * ysz), dx + offset, dw + offset, M, N, K, beta, g_stream));
     }
     fr_gemm_stats after = fr_gemm_get_stats(g_gemm);
     assert_true(after.searches - before.searches <= 1);
@@ -812,7 +783,7 @@ static void gemm_case(fr_test_rng *r, int M, int N, int K, int bf16_out, float b
     double lim = bf16_out ? GEMM_NMSE_BF16 : GEMM_NMSE_F32;
     if (!(nmse <= lim)) fail_msg("%s: NMSE %.3g > %.3g", what, nmse, lim);
     printf("  %-40s max err/tol %.3f, NMSE %.2e\n", what, s.worst, nmse);
-    CU(cudaFree(dx)); CU(cudaFree(dw)); CU(cudaFree(dy));
+    CUDA_OK(cudaFree(dx)); CUDA_OK(cudaFree(dw)); CUDA_OK(cudaFree(dy));
     free(hx); free(hw); free(fx); free(fw); free(want); free(y0); free(mx); free(mw); free(got);
 }
 
@@ -845,7 +816,7 @@ static void test_gemm(void **state)
 
     /* The plan cache: repeating a shape searches nothing. */
     fr_gemm_stats s0 = fr_gemm_get_stats(g_gemm);
-    OK(fr_gemm_prepare(g_gemm, 64, qkv, Q4_HIDDEN, 0, NULL, NULL, NULL));
+    FR_OK_OR_FAIL(fr_gemm_prepare(g_gemm, 64, qkv, Q4_HIDDEN, 0, NULL, NULL, NULL));
     fr_gemm_stats s1 = fr_gemm_get_stats(g_gemm);
     assert_int_equal(s1.searches, s0.searches);
     assert_int_equal(s1.plans, s0.plans);
@@ -876,32 +847,32 @@ static void test_graph_capture(void **state)
         upload(dx, x, (size_t)M * D * 4);
         cudaGraph_t graph = NULL;
         if (pass == 1) {
-            OK(fr_gemm_prepare(g_gemm, M, 2 * I, D, 0, dgu, dxn, dw1));
-            OK(fr_gemm_prepare(g_gemm, M, D, I, 0, dx, dh, dw2));
-            CU(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
+            FR_OK_OR_FAIL(fr_gemm_prepare(g_gemm, M, 2 * I, D, 0, dgu, dxn, dw1));
+            FR_OK_OR_FAIL(fr_gemm_prepare(g_gemm, M, D, I, 0, dx, dh, dw2));
+            CUDA_OK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
         }
         long searches = fr_gemm_get_stats(g_gemm).searches;
-        OK(fr_cuda_rmsnorm(dxn, dx, NULL, dn, M, D, EPS, g_stream));
-        OK(fr_gemm_bf16(g_gemm, dgu, dxn, dw1, M, 2 * I, D, 0.0f, g_stream));
-        OK(fr_cuda_swiglu_rows(dh, dgu, M, I, g_stream));
-        OK(fr_gemm_bf16(g_gemm, dx, dh, dw2, M, D, I, 1.0f, g_stream));
+        FR_OK_OR_FAIL(fr_cuda_rmsnorm(dxn, dx, NULL, dn, M, D, EPS, g_stream));
+        FR_OK_OR_FAIL(fr_gemm_bf16(g_gemm, dgu, dxn, dw1, M, 2 * I, D, 0.0f, g_stream));
+        FR_OK_OR_FAIL(fr_cuda_swiglu_rows(dh, dgu, M, I, g_stream));
+        FR_OK_OR_FAIL(fr_gemm_bf16(g_gemm, dx, dh, dw2, M, D, I, 1.0f, g_stream));
         if (pass == 1) {
             assert_int_equal(fr_gemm_get_stats(g_gemm).searches, searches);
-            CU(cudaStreamEndCapture(g_stream, &graph));
+            CUDA_OK(cudaStreamEndCapture(g_stream, &graph));
             cudaGraphExec_t exec = NULL;
-            CU(cudaGraphInstantiate(&exec, graph, 0));
-            CU(cudaGraphLaunch(exec, g_stream));
-            CU(cudaStreamSynchronize(g_stream));
-            CU(cudaGraphExecDestroy(exec));
-            CU(cudaGraphDestroy(graph));
+            CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+            CUDA_OK(cudaGraphLaunch(exec, g_stream));
+            CUDA_OK(cudaStreamSynchronize(g_stream));
+            CUDA_OK(cudaGraphExecDestroy(exec));
+            CUDA_OK(cudaGraphDestroy(graph));
         }
         out[pass] = xmalloc((size_t)M * D * 4);
         download(out[pass], dx, (size_t)M * D * 4);
     }
     expect_bits_f32("graph replay", out[1], out[0], (size_t)M * D);
     printf("  graph replay of norm + gate|up + swiglu + down: bit-identical\n");
-    CU(cudaFree(dw1)); CU(cudaFree(dw2)); CU(cudaFree(dn)); CU(cudaFree(dx)); CU(cudaFree(dgu));
-    CU(cudaFree(dxn)); CU(cudaFree(dh));
+    CUDA_OK(cudaFree(dw1)); CUDA_OK(cudaFree(dw2)); CUDA_OK(cudaFree(dn)); CUDA_OK(cudaFree(dx)); CUDA_OK(cudaFree(dgu));
+    CUDA_OK(cudaFree(dxn)); CUDA_OK(cudaFree(dh));
     free(hw1); free(hw2); free(hn); free(fw1); free(fw2); free(fn); free(x); free(out[0]); free(out[1]);
 }
 
@@ -913,17 +884,17 @@ typedef fr_status (*op_fn)(void *ctx);
 static double time_us(op_fn fn, void *ctx, int iters)
 {
     cudaEvent_t a, b;
-    CU(cudaEventCreate(&a));
-    CU(cudaEventCreate(&b));
-    for (int i = 0; i < 3; i++) OK(fn(ctx));
-    CU(cudaEventRecord(a, g_stream));
-    for (int i = 0; i < iters; i++) OK(fn(ctx));
-    CU(cudaEventRecord(b, g_stream));
-    CU(cudaEventSynchronize(b));
+    CUDA_OK(cudaEventCreate(&a));
+    CUDA_OK(cudaEventCreate(&b));
+    for (int i = 0; i < 3; i++) FR_OK_OR_FAIL(fn(ctx));
+    CUDA_OK(cudaEventRecord(a, g_stream));
+    for (int i = 0; i < iters; i++) FR_OK_OR_FAIL(fn(ctx));
+    CUDA_OK(cudaEventRecord(b, g_stream));
+    CUDA_OK(cudaEventSynchronize(b));
     float ms = 0;
-    CU(cudaEventElapsedTime(&ms, a, b));
-    CU(cudaEventDestroy(a));
-    CU(cudaEventDestroy(b));
+    CUDA_OK(cudaEventElapsedTime(&ms, a, b));
+    CUDA_OK(cudaEventDestroy(a));
+    CUDA_OK(cudaEventDestroy(b));
     return 1000.0 * ms / iters;
 }
 
@@ -970,8 +941,8 @@ static void test_timing_4b(void **state)
     const size_t wmax = (size_t)Q4_VOCAB * Q4_HIDDEN;   /* the LM head is the largest weight */
     uint16_t *w = dmalloc(wmax * 2), *x = dmalloc((size_t)maxM * Q4_INTER * 2);
     float *y = dmalloc((size_t)maxM * Q4_VOCAB * 4);
-    CU(cudaMemset(w, 0x3c, wmax * 2));   /* BF16 0x3c3c = 0.0115 */
-    CU(cudaMemset(x, 0x3c, (size_t)maxM * Q4_INTER * 2));
+    CUDA_OK(cudaMemset(w, 0x3c, wmax * 2));   /* BF16 0x3c3c = 0.0115 */
+    CUDA_OK(cudaMemset(x, 0x3c, (size_t)maxM * Q4_INTER * 2));
     printf("  Qwen3-4B GEMM (BF16 in, FP32 out):\n");
     printf("  %-12s %6s %8s %8s %10s %9s %9s\n", "layer", "M", "N", "K", "us", "TFLOP/s", "GB/s");
     const struct { const char *name; int N, K; } layers[] = {
@@ -989,12 +960,12 @@ static void test_timing_4b(void **state)
                    bytes / us * 1e-3);
         }
     float *dc, *ds;
-    OK(fr_cuda_rope_table_new(4096, Q4_HEAD_DIM, Q4_THETA, &dc, &ds));
+    FR_OK_OR_FAIL(fr_cuda_rope_table_new(4096, Q4_HEAD_DIM, Q4_THETA, &dc, &ds));
     int *ids = dmalloc((size_t)maxM * sizeof(int));
-    CU(cudaMemset(ids, 0, (size_t)maxM * sizeof(int)));
+    CUDA_OK(cudaMemset(ids, 0, (size_t)maxM * sizeof(int)));
     float *fx = dmalloc((size_t)maxM * 2 * Q4_INTER * 4), *delta = dmalloc((size_t)maxM * Q4_HIDDEN * 4);
-    CU(cudaMemset(fx, 0, (size_t)maxM * 2 * Q4_INTER * 4));
-    CU(cudaMemset(delta, 0, (size_t)maxM * Q4_HIDDEN * 4));
+    CUDA_OK(cudaMemset(fx, 0, (size_t)maxM * 2 * Q4_INTER * 4));
+    CUDA_OK(cudaMemset(delta, 0, (size_t)maxM * Q4_HIDDEN * 4));
     printf("  Qwen3-4B ops:\n  %-28s %6s %10s %9s\n", "op", "rows", "us", "GB/s");
     const int rows[] = {1, 64, 256, 1024};
     for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
@@ -1013,8 +984,8 @@ static void test_timing_4b(void **state)
         printf("  %-28s %6d %10.2f %9.0f\n", "embed 2560", R, us, (double)R * Q4_HIDDEN * 6 / us * 1e-3);
     }
     fr_cuda_rope_table_free(&dc, &ds);
-    CU(cudaFree(ids)); CU(cudaFree(fx)); CU(cudaFree(delta));
-    CU(cudaFree(w)); CU(cudaFree(x)); CU(cudaFree(y));
+    CUDA_OK(cudaFree(ids)); CUDA_OK(cudaFree(fx)); CUDA_OK(cudaFree(delta));
+    CUDA_OK(cudaFree(w)); CUDA_OK(cudaFree(x)); CUDA_OK(cudaFree(y));
 }
 
 int main(void)

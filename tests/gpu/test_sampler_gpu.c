@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "gpu_test.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,43 +40,12 @@ enum { QWEN_VOCAB = 151936, SMALL_VOCAB = 272 };
 
 /* ---- GPU presence and shared state --------------------------------------- */
 
-static int g_have_gpu = -1;
 static cudaStream_t g_stream;
-
-static int have_gpu(void)
-{
-    if (g_have_gpu < 0) {
-        int n = 0;
-        cudaError_t e = cudaGetDeviceCount(&n);
-        g_have_gpu = e == cudaSuccess && n > 0;
-        if (!g_have_gpu)
-            fprintf(stderr, "SKIP: no CUDA device (%s); the GPU sampler tests need one\n",
-                    e == cudaSuccess ? "device count is 0" : cudaGetErrorString(e));
-    }
-    return g_have_gpu;
-}
-
-#define REQUIRE_GPU()              \
-    do {                           \
-        if (!have_gpu()) skip();   \
-    } while (0)
-
-#define OK(call)                                                                                \
-    do {                                                                                        \
-        fr_status st_ = (call);                                                                 \
-        if (st_ != FR_OK) fail_msg("%s: %s: %s", #call, fr_status_name(st_), fr_last_error());  \
-    } while (0)
-
-#define CU(call)                                                                                \
-    do {                                                                                        \
-        cudaError_t e_ = (call);                                                                \
-        if (e_ != cudaSuccess) fail_msg("%s: %s", #call, cudaGetErrorString(e_));               \
-    } while (0)
 
 static int group_setup(void **state)
 {
     (void)state;
-    if (!have_gpu()) return 0;
+    if (!fr_gpu_test_available()) return 0;
     if (cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) != cudaSuccess) {
         fprintf(stderr, "cannot create a CUDA stream\n");
         return -1;
@@ -175,36 +146,36 @@ static void batch_open(gpu_batch *b, int vocab, int rows)
     memset(b, 0, sizeof *b);
     b->vocab = vocab;
     b->rows = rows;
-    CU(cudaMalloc((void **)&b->d_logits, (size_t)vocab * rows * sizeof(float)));
-    CU(cudaMalloc((void **)&b->d_rows, (size_t)rows * sizeof(fr_sample_row)));
-    CU(cudaMalloc((void **)&b->d_tok, (size_t)rows * sizeof(int)));
-    CU(cudaMalloc((void **)&b->d_lp, (size_t)rows * sizeof(float)));
-    OK(fr_sampler_gpu_new(vocab, rows, &b->s));
+    CUDA_OK(cudaMalloc((void **)&b->d_logits, (size_t)vocab * rows * sizeof(float)));
+    CUDA_OK(cudaMalloc((void **)&b->d_rows, (size_t)rows * sizeof(fr_sample_row)));
+    CUDA_OK(cudaMalloc((void **)&b->d_tok, (size_t)rows * sizeof(int)));
+    CUDA_OK(cudaMalloc((void **)&b->d_lp, (size_t)rows * sizeof(float)));
+    FR_OK_OR_FAIL(fr_sampler_gpu_new(vocab, rows, &b->s));
 }
 
 static void batch_close(gpu_batch *b)
 {
     fr_sampler_gpu_destroy(&b->s);
     assert_null(b->s);
-    CU(cudaFree(b->d_logits));
-    CU(cudaFree(b->d_rows));
-    CU(cudaFree(b->d_tok));
-    CU(cudaFree(b->d_lp));
+    CUDA_OK(cudaFree(b->d_logits));
+    CUDA_OK(cudaFree(b->d_rows));
+    CUDA_OK(cudaFree(b->d_tok));
+    CUDA_OK(cudaFree(b->d_lp));
 }
 
 static void batch_upload(gpu_batch *b, const float *logits, const fr_sample_row *rows)
 {
-    CU(cudaMemcpy(b->d_logits, logits, (size_t)b->vocab * b->rows * sizeof(float), cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(b->d_rows, rows, (size_t)b->rows * sizeof(fr_sample_row), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(b->d_logits, logits, (size_t)b->vocab * b->rows * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(b->d_rows, rows, (size_t)b->rows * sizeof(fr_sample_row), cudaMemcpyHostToDevice));
 }
 
 static void batch_run(gpu_batch *b, int *tok, float *lp)
 {
-    CU(cudaMemset(b->d_tok, 0xff, (size_t)b->rows * sizeof(int)));
-    OK(fr_sampler_gpu_sample(b->s, b->d_logits, b->d_rows, b->rows, b->d_tok, b->d_lp, g_stream));
-    CU(cudaStreamSynchronize(g_stream));
-    CU(cudaMemcpy(tok, b->d_tok, (size_t)b->rows * sizeof(int), cudaMemcpyDeviceToHost));
-    CU(cudaMemcpy(lp, b->d_lp, (size_t)b->rows * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemset(b->d_tok, 0xff, (size_t)b->rows * sizeof(int)));
+    FR_OK_OR_FAIL(fr_sampler_gpu_sample(b->s, b->d_logits, b->d_rows, b->rows, b->d_tok, b->d_lp, g_stream));
+    CUDA_OK(cudaStreamSynchronize(g_stream));
+    CUDA_OK(cudaMemcpy(tok, b->d_tok, (size_t)b->rows * sizeof(int), cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(lp, b->d_lp, (size_t)b->rows * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 /* ---- the CPU rule written out, to measure how close a draw is to a boundary */
@@ -261,7 +232,7 @@ static void compare_rows(const float *logits, int vocab, const fr_sample_row *ro
                          const float *lp, compare_stats *cs)
 {
     fr_sampler *cpu = NULL;
-    OK(fr_sampler_new(vocab, &cpu));
+    FR_OK_OR_FAIL(fr_sampler_new(vocab, &cpu));
     int *ids = malloc((size_t)vocab * sizeof *ids);
     double *s = malloc((size_t)vocab * sizeof *s);
     assert_non_null(ids);
@@ -318,7 +289,7 @@ static void random_batch_test(int vocab, int rows, uint64_t seed)
     for (int i = 0; i < rows; i++) {
         make_logits(logits + (size_t)i * vocab, vocab, i % K_KINDS, &r);
         p[i] = random_params(vocab, &r);
-        OK(fr_sample_row_check(&p[i], vocab));
+        FR_OK_OR_FAIL(fr_sample_row_check(&p[i], vocab));
     }
     gpu_batch b;
     batch_open(&b, vocab, rows);
@@ -361,18 +332,18 @@ static void test_bad_arguments(void **state)
     assert_int_equal(fr_sampler_gpu_new((1 << 21) + 1, 4, &s), FR_EINVAL);
     assert_int_equal(fr_sampler_gpu_new(10, 4, NULL), FR_EINVAL);
     assert_null(s);
-    OK(fr_sampler_gpu_new(10, 4, &s));
+    FR_OK_OR_FAIL(fr_sampler_gpu_new(10, 4, &s));
     float *d = NULL;
-    CU(cudaMalloc((void **)&d, 64));
+    CUDA_OK(cudaMalloc((void **)&d, 64));
     assert_int_equal(fr_sampler_gpu_sample(s, d, (const fr_sample_row *)d, 5, (int *)d, NULL, g_stream), FR_EINVAL);
     assert_non_null(strstr(fr_last_error(), "rows"));
     assert_int_equal(fr_sampler_gpu_sample(s, NULL, (const fr_sample_row *)d, 1, (int *)d, NULL, g_stream), FR_EINVAL);
     assert_int_equal(fr_sampler_gpu_sample(s, d, NULL, 1, (int *)d, NULL, g_stream), FR_EINVAL);
     assert_int_equal(fr_sampler_gpu_sample(s, d, (const fr_sample_row *)d, 1, NULL, NULL, g_stream), FR_EINVAL);
     assert_int_equal(fr_sampler_gpu_sample(NULL, d, (const fr_sample_row *)d, 1, (int *)d, NULL, g_stream), FR_EINVAL);
-    OK(fr_sampler_gpu_sample(s, NULL, NULL, 0, NULL, NULL, g_stream));   /* zero rows: nothing to do */
+    FR_OK_OR_FAIL(fr_sampler_gpu_sample(s, NULL, NULL, 0, NULL, NULL, g_stream));   /* zero rows: nothing to do */
     assert_int_equal(fr_sampler_gpu_uniforms(NULL, 1, (float *)d, g_stream), FR_EINVAL);
-    CU(cudaFree(d));
+    CUDA_OK(cudaFree(d));
     fr_sampler_gpu_destroy(&s);
     assert_null(s);
     fr_sampler_gpu_destroy(&s);
@@ -401,19 +372,19 @@ static void test_uniforms_match_philox(void **state)
     }
     fr_sample_row *d_p = NULL;
     float *d_u = NULL;
-    CU(cudaMalloc((void **)&d_p, N * sizeof *d_p));
-    CU(cudaMalloc((void **)&d_u, N * sizeof *d_u));
-    CU(cudaMemcpy(d_p, p, N * sizeof *p, cudaMemcpyHostToDevice));
-    OK(fr_sampler_gpu_uniforms(d_p, N, d_u, g_stream));
-    CU(cudaStreamSynchronize(g_stream));
-    CU(cudaMemcpy(u, d_u, N * sizeof *u, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMalloc((void **)&d_p, N * sizeof *d_p));
+    CUDA_OK(cudaMalloc((void **)&d_u, N * sizeof *d_u));
+    CUDA_OK(cudaMemcpy(d_p, p, N * sizeof *p, cudaMemcpyHostToDevice));
+    FR_OK_OR_FAIL(fr_sampler_gpu_uniforms(d_p, N, d_u, g_stream));
+    CUDA_OK(cudaStreamSynchronize(g_stream));
+    CUDA_OK(cudaMemcpy(u, d_u, N * sizeof *u, cudaMemcpyDeviceToHost));
     for (int i = 0; i < N; i++) {
         float want = fr_philox_uniform(p[i].seed, p[i].sequence, p[i].step);
         if (memcmp(&u[i], &want, sizeof want) != 0)
             fail_msg("draw %d: GPU %.9g CPU %.9g", i, (double)u[i], (double)want);
     }
-    CU(cudaFree(d_p));
-    CU(cudaFree(d_u));
+    CUDA_OK(cudaFree(d_p));
+    CUDA_OK(cudaFree(d_u));
     free(p);
     free(u);
 }
@@ -617,23 +588,23 @@ static void test_graph_capture(void **state)
     batch_open(&b, V, ROWS);
     batch_upload(&b, logits, p);
     batch_run(&b, t1, l1);
-    CU(cudaMemset(b.d_tok, 0xff, ROWS * sizeof(int)));
+    CUDA_OK(cudaMemset(b.d_tok, 0xff, ROWS * sizeof(int)));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    CU(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
-    OK(fr_sampler_gpu_sample(b.s, b.d_logits, b.d_rows, ROWS, b.d_tok, b.d_lp, g_stream));
-    CU(cudaStreamEndCapture(g_stream, &graph));
-    CU(cudaGraphInstantiate(&exec, graph, 0));
-    CU(cudaGraphLaunch(exec, g_stream));
-    CU(cudaStreamSynchronize(g_stream));
-    CU(cudaMemcpy(t2, b.d_tok, sizeof t2, cudaMemcpyDeviceToHost));
-    CU(cudaMemcpy(l2, b.d_lp, sizeof l2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+    FR_OK_OR_FAIL(fr_sampler_gpu_sample(b.s, b.d_logits, b.d_rows, ROWS, b.d_tok, b.d_lp, g_stream));
+    CUDA_OK(cudaStreamEndCapture(g_stream, &graph));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphLaunch(exec, g_stream));
+    CUDA_OK(cudaStreamSynchronize(g_stream));
+    CUDA_OK(cudaMemcpy(t2, b.d_tok, sizeof t2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(l2, b.d_lp, sizeof l2, cudaMemcpyDeviceToHost));
     for (int i = 0; i < ROWS; i++) {
         assert_int_equal(t1[i], t2[i]);
         assert_memory_equal(&l1[i], &l2[i], sizeof(float));
     }
-    CU(cudaGraphExecDestroy(exec));
-    CU(cudaGraphDestroy(graph));
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
     batch_close(&b);
     free(logits);
 }
@@ -667,25 +638,25 @@ static void test_timing(void **state)
     gpu_batch b;
     batch_open(&b, V, ROWS);
     cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
     printf("  %d rows x %d logits:\n", ROWS, V);
     for (size_t m = 0; m < sizeof mixes / sizeof mixes[0]; m++) {
         for (int i = 0; i < ROWS; i++)
             p[i] = row_params(mixes[m].t, mixes[m].k, mixes[m].p, 7, (uint64_t)i, (uint64_t)m);
         batch_upload(&b, logits, p);
-        OK(fr_sampler_gpu_sample(b.s, b.d_logits, b.d_rows, ROWS, b.d_tok, b.d_lp, g_stream));   /* warm up */
-        CU(cudaEventRecord(e0, g_stream));
+        FR_OK_OR_FAIL(fr_sampler_gpu_sample(b.s, b.d_logits, b.d_rows, ROWS, b.d_tok, b.d_lp, g_stream));   /* warm up */
+        CUDA_OK(cudaEventRecord(e0, g_stream));
         for (int it = 0; it < ITERS; it++)
-            OK(fr_sampler_gpu_sample(b.s, b.d_logits, b.d_rows, ROWS, b.d_tok, b.d_lp, g_stream));
-        CU(cudaEventRecord(e1, g_stream));
-        CU(cudaEventSynchronize(e1));
+            FR_OK_OR_FAIL(fr_sampler_gpu_sample(b.s, b.d_logits, b.d_rows, ROWS, b.d_tok, b.d_lp, g_stream));
+        CUDA_OK(cudaEventRecord(e1, g_stream));
+        CUDA_OK(cudaEventSynchronize(e1));
         float ms = 0.0f;
-        CU(cudaEventElapsedTime(&ms, e0, e1));
+        CUDA_OK(cudaEventElapsedTime(&ms, e0, e1));
         printf("  %-28s %9.1f us per call\n", mixes[m].name, 1000.0 * ms / ITERS);
     }
-    CU(cudaEventDestroy(e0));
-    CU(cudaEventDestroy(e1));
+    CUDA_OK(cudaEventDestroy(e0));
+    CUDA_OK(cudaEventDestroy(e1));
     batch_close(&b);
     free(logits);
     free(p);

@@ -1,0 +1,43 @@
+/* Helpers shared by the GPU tests (cmocka): whether a CUDA device is there,
+ * and one-line checks that fail the test with CUDA's or the project's
+ * message. Include after <cmocka.h>. */
+#ifndef FR_GPU_TEST_H
+#define FR_GPU_TEST_H
+
+#include <cuda_runtime.h>
+
+#include "attention/fr_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when a CUDA device is usable. The first call that finds none prints why
+ * ("SKIP: no CUDA device ..."), once per process. */
+int fr_gpu_test_available(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+/* Skips the calling test when there is no device. */
+#define REQUIRE_GPU()                              \
+    do {                                           \
+        if (!fr_gpu_test_available()) skip();      \
+    } while (0)
+
+/* Fails the test when a CUDA runtime call fails. */
+#define CUDA_OK(call)                                                                    \
+    do {                                                                                 \
+        cudaError_t e_ = (call);                                                         \
+        if (e_ != cudaSuccess) fail_msg("%s failed: %s", #call, cudaGetErrorString(e_)); \
+    } while (0)
+
+/* Fails the test when a project call does not return FR_OK. */
+#define FR_OK_OR_FAIL(call)                                                                        \
+    do {                                                                                           \
+        fr_status st_ = (call);                                                                    \
+        if (st_ != FR_OK) fail_msg("%s: %s: %s", #call, fr_status_name(st_), fr_last_error());     \
+    } while (0)
+
+#endif
