@@ -3,6 +3,7 @@
 # `make demo` installs, builds and runs the main job on a built-in default.
 # CUDA sources (*.cu, and C files named *_cuda.c) build for sm_90a when nvcc
 # is on the PATH; without it the CPU backend builds alone (FR_HAVE_CUDA unset).
+# Open MPI is required (scripts/install-deps.sh); NCCL is linked with CUDA.
 
 BUILD    ?= build
 CC       ?= cc
@@ -13,13 +14,17 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC) 2>/dev/null))
 WARN     := -Wall -Wextra -Werror
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -ffp-contract=off -D_GNU_SOURCE -fPIC -pthread $(WARN) -I. -MMD -MP
-LDLIBS   := -lopenblas -lcjson -lm -pthread
+# MPI's compile and link flags, as mpicc would pass them.
+MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null || mpicc --showme:compile 2>/dev/null)
+MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null || mpicc --showme:link 2>/dev/null)
+CFLAGS   += $(MPI_CFLAGS)
+LDLIBS   := -lopenblas -lcjson $(MPI_LIBS) -lm -pthread
 NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
             -Xcompiler -fPIC,-Wall,-Wextra -Werror all-warnings -I. -MMD -MP
 
 # One static library per module, in dependency order (a module may use the
 # ones after it in this list, never the ones before).
-MODULES  := rollout kvcache attention
+MODULES  := rollout kvcache attention comm
 lib_of    = $(BUILD)/lib$(1).a
 # C files named *_cuda.c call the CUDA runtime: built only when nvcc is.
 srcs_of   = $(filter-out $(1)/main.c $(if $(HAVE_NVCC),,$(1)/%_cuda.c),$(wildcard $(1)/*.c))
@@ -29,7 +34,7 @@ objs_of   = $(patsubst %.c,$(BUILD)/obj/%.o,$(call srcs_of,$(1))) \
 LIBS     := $(foreach m,$(MODULES),$(call lib_of,$(m)))
 ifeq ($(HAVE_NVCC),1)
 CFLAGS   += -DFR_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-LDLIBS   += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart -lstdc++
 endif
 
 BIN        := $(BUILD)/fp4rollout

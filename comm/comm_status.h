@@ -1,0 +1,43 @@
+/* comm_status: how comm/ reports errors.
+ *
+ * comm/ may use nothing else of the project, so it carries its own small copy
+ * of the project's error convention (attention/fr_status.h) instead of
+ * including it: a public function returns FR_COMM_OK or a failure code and,
+ * on failure, leaves a readable message that fr_comm_last_error() returns
+ * (per thread). Callers in rollout/ and trainer_bridge/ turn a failure into
+ * their own fr_status with the message, e.g.
+ *     if (cs) return fr_fail(FR_EIO, "%s", fr_comm_last_error());
+ * Nothing here aborts on bad input; fr_mpi_world_abort() exists for callers
+ * that decide a failure is fatal to the whole job. */
+#ifndef FR_COMM_STATUS_H
+#define FR_COMM_STATUS_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    FR_COMM_OK = 0,
+    FR_COMM_EINVAL,      /* bad argument or launch layout (e.g. world size not a multiple of tp) */
+    FR_COMM_ENOMEM,      /* allocation failed */
+    FR_COMM_EMPI,        /* an MPI call failed; the message holds MPI's own text */
+    FR_COMM_ENCCL,       /* an NCCL call failed, or a communicator reported an asynchronous error */
+    FR_COMM_ECUDA,       /* a CUDA runtime call failed (device selection, no device) */
+    FR_COMM_EUNSUPPORTED /* valid, but not offered by the MPI/NCCL/CUDA at hand */
+} fr_comm_status;
+
+/* Records a printf-style message for the calling thread and returns st:
+ *     return fr_comm_fail(FR_COMM_EINVAL, "tp %d must be >= 1", tp); */
+fr_comm_status fr_comm_fail(fr_comm_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The calling thread's last message ("" when none was set). */
+const char *fr_comm_last_error(void);
+
+/* A short name for a status code ("MPI error", ...). */
+const char *fr_comm_status_name(fr_comm_status st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,90 @@
+/* The configuration of `fp4rollout serve`: one JSON object, every key
+ * optional with a default, documented key by key in configs/README.md.
+ *
+ * Parsing is strict so that a typo cannot pass silently: an unknown key is an
+ * error naming the key, the file and the nearest known key; a value of the
+ * wrong type or out of range is an error naming its JSON path
+ * ("coordinator.port", "sampling.stop_token_ids[2]"); so is a key given
+ * twice, and so are settings that contradict each other. Checks that need
+ * the model (tp against the head counts, stop ids against the vocabulary)
+ * and the world (tp against mpirun -np) come later, when those are known.
+ *
+ * The struct holds no pointers and owns no memory: copy it freely; nothing
+ * needs freeing. */
+#ifndef FR_SERVE_CONFIG_H
+#define FR_SERVE_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attention/fr_status.h"
+#include "session.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FR_SERVE_PATH_MAX 4096     /* model and calib paths, bytes with the NUL */
+#define FR_SERVE_HOST_MAX 256      /* coordinator.bind */
+#define FR_SERVE_MAX_STOP_IDS 64   /* sampling.stop_token_ids */
+/* kv_blocks 0 on the CPU backend: this many KV pages per sequence slot
+ * (max_seqs of them), i.e. 16 x 128 = 2048 tokens each. */
+#define FR_SERVE_CPU_PAGES_PER_SEQ 16
+
+/* Default sampling parameters of requests that leave them out. */
+typedef struct {
+    fr_sampling_params params;            /* temperature, top_k, top_p, seed */
+    int max_tokens;
+    int n_stop;                            /* 0: stop at the model's EOS ids */
+    int stop_token_ids[FR_SERVE_MAX_STOP_IDS];
+} fr_serve_sampling;
+
+typedef struct {
+    char model[FR_SERVE_PATH_MAX];         /* checkpoint folder or synthetic:NAME[:SEED] */
+    fr_backend backend;
+    int tp;                                /* ranks per engine (tensor parallelism) */
+    fr_kv_dtype kv_dtype;
+    fr_fp4_compute fp4_compute;
+    fr_recipe recipe;
+    char calib[FR_SERVE_PATH_MAX];         /* calibration file; "" when none */
+    int max_seqs;                          /* sequences decoded together by one engine */
+    int kv_blocks;                         /* KV pages per engine; 0: automatic */
+    double kv_memory_fraction;             /* cuda, kv_blocks 0: share of free GPU memory for KV pages */
+    int chunk;                             /* the most tokens of one forward step */
+    struct {
+        char bind[FR_SERVE_HOST_MAX];      /* host or interface the coordinator binds */
+        int port;                          /* trainer-facing: requests and results */
+        int weight_port;                   /* trainer-facing: weight-update buckets */
+        int engine_port;                   /* engine leaders to the coordinator */
+    } coordinator;
+    int metrics_port;                      /* 0: no metrics endpoint */
+    double kl_sample_rate;                 /* share of samples with a BF16-KV shadow */
+    fr_serve_sampling sampling;
+} fr_serve_config;
+
+/* Every key at its default (configs/README.md). */
+void fr_serve_config_default(fr_serve_config *c);
+
+/* Parses the JSON text (len bytes, need not end in NUL) over the defaults.
+ * label names the text in messages (usually the file name). Relative paths
+ * are kept as written. On failure *c is left unchanged. */
+fr_status fr_serve_config_parse(const char *text, size_t len, const char *label, fr_serve_config *c);
+
+/* Reads and parses a file; relative model and calib paths are taken
+ * relative to the file's folder, so a configuration works from any working
+ * directory. On failure *c is left unchanged. */
+fr_status fr_serve_config_load(const char *path, fr_serve_config *c);
+
+/* The engine options of the configuration, pointing into c (valid while c
+ * lives and is unchanged). */
+void fr_serve_config_engine_opts(const fr_serve_config *c, fr_engine_opts *o);
+
+/* The whole configuration as JSON (every key, pretty-printed), which parses
+ * back to the same configuration; *json is malloc'ed, the caller frees it. */
+fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
