@@ -122,6 +122,7 @@ int fr_cli_calibrate(int argc, char **argv)
     else if (eo.backend == FR_BACKEND_CUDA)
         rc = fr_cli_usage_error(cmd, "calibrate runs on the CPU backend (--backend cpu or auto)");
     else if (eo.calib) rc = fr_cli_usage_error(cmd, "--calib does not apply: calibrate makes the calibration");
+    else if (eo.tp > 1) rc = fr_cli_usage_error(cmd, "--tp %d: calibrate runs on one rank (--tp 1)", eo.tp);
     else if (eo.kv != FR_KV_BF16 && eo.kv != FR_KV_F32)
         rc = fr_cli_usage_error(cmd, "--kv must be bf16 or f32 (the calibration measures BF16 logits)");
     if (rc) { free(files); return rc; }

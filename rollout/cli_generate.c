@@ -6,6 +6,7 @@
 #include "cli.h"
 #include "sampler.h"
 #include "session.h"
+#include "tp_launch.h"
 
 static const char usage_text[] =
     "usage: fp4rollout generate [--model M] (--prompt-ids IDS | --prompt-file F)\n"
@@ -16,6 +17,8 @@ static const char usage_text[] =
     "Samples N continuations of the prompt. Each token's log-prob is the\n"
     "full-vocabulary log-softmax of logits / temperature at that token (temperature\n"
     "1 when greedy), whatever top-k and top-p kept: the quantity trainers recompute.\n"
+    "With --tp N under mpirun, every rank runs the same steps and draws (on the\n"
+    "full gathered logits) and world rank 0 prints.\n"
     "\n"
     "  --prompt-ids IDS     comma-separated token ids (default for the synthetic\n"
     "                       model: 256,104,101,108,108,111)\n"
@@ -119,12 +122,20 @@ int fr_cli_generate(int argc, char **argv)
         return 2;
     }
 
+    fr_tp_launch tl;
+    if ((st = fr_tp_launch_open(eo.tp, &tl))) {
+        fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
+        free(ids); free(stop);
+        return 1;
+    }
+    eo.group = tl.group;
     fr_session s;
     int pages = (n_ids + max_tokens + 127) / 128 + 1;
     st = fr_session_open(&eo, pages * n_samples + 1, n_samples, &s);
     if (st) {
         fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
         free(ids); free(stop);
+        fr_tp_launch_close(&tl);
         return 1;
     }
     const fr_model_config *mc = &s.model->cfg;
@@ -190,12 +201,13 @@ int fr_cli_generate(int argc, char **argv)
         st = fr_session_decode(&s, steps, drows, n_step, new_tok, new_lp);
         n_new = n_step;
     }
-    if (!st)
+    if (!st && tl.output_rank)
         for (int i = 0; i < n_samples; i++) print_sample(&smp[i], i, json, V == 272 && mc->bos_id == 256);
     if (st) fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
     for (int i = 0; smp && i < n_samples; i++) { free(smp[i].tokens); free(smp[i].logprobs); }
     free(smp); free(logits); free(step_tok); free(owner); free(new_tok); free(new_lp); free(steps); free(drows); free(ids); free(stop);
     fr_sampler_destroy(&sampler);
     fr_session_close(&s);
+    fr_tp_launch_close(&tl);
     return st ? 1 : 0;
 }

@@ -6,6 +6,7 @@
 #include "atomic_file.h"
 #include "cli.h"
 #include "session.h"
+#include "tp_launch.h"
 
 static const char usage_text[] =
     "usage: fp4rollout score --model M (--prompt-ids IDS | --prompt-file F) --out FILE\n"
@@ -14,7 +15,8 @@ static const char usage_text[] =
     "Writes the float32 logits [tokens][vocab] (little-endian, row-major) at every\n"
     "prompt position to FILE: by one prefill (one chunk of the whole prompt\n"
     "unless --chunk says otherwise), or with --decode token by token through the\n"
-    "decode path, the KV cache and its quantization.\n"
+    "decode path, the KV cache and its quantization. With --tp N under mpirun,\n"
+    "every rank computes and world rank 0 writes FILE.\n"
     "\n"
     "  --prompt-ids IDS     comma-separated token ids, e.g. 256,105,110\n"
     "  --prompt-file F      a file of token ids (commas or whitespace)\n"
@@ -62,6 +64,13 @@ int fr_cli_score(int argc, char **argv)
         return 2;
     }
     if (eo.chunk == 0) eo.chunk = n > 0 ? n : 1;
+    fr_tp_launch tl;
+    if ((st = fr_tp_launch_open(eo.tp, &tl))) {
+        fprintf(stderr, "fp4rollout score: %s\n", fr_last_error());
+        free(ids);
+        return 1;
+    }
+    eo.group = tl.group;
     fr_session s;
     float *logits = NULL;
     int opened = 0;
@@ -82,11 +91,12 @@ int fr_cli_score(int argc, char **argv)
                 st = fr_session_step(&s, &step, 1, logits + (size_t)i * V);
             }
         }
-        if (!st) st = write_all(out, logits, (size_t)n * V);
+        if (!st && tl.output_rank) st = write_all(out, logits, (size_t)n * V);
     }
     if (st) fprintf(stderr, "fp4rollout score: %s\n", fr_last_error());
     free(logits);
     free(ids);
     if (opened) fr_session_close(&s);
+    fr_tp_launch_close(&tl);
     return st ? 1 : 0;
 }

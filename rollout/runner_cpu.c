@@ -6,9 +6,18 @@
 #include <string.h>
 
 #include "ops_cpu.h"
+#include "tp_shard.h"
 
 struct fr_runner_cpu {
     const fr_model *m;
+    /* What this rank computes with: the model's config and weights (tp 1),
+     * or its shard's local head, intermediate and vocabulary counts and
+     * weights (rollout/tp_shard.h). */
+    const fr_model_config *c;
+    const fr_weights *w;
+    fr_tp tp;
+    fr_tp_shard *shard;         /* tp > 1 */
+    float *logits_local;        /* tp > 1: [tokens][vocab / tp], the LM head's slice */
     fr_kv_cache *kv;
     int max_tokens;
     /* activations of one step, [tokens][...] */
@@ -30,6 +39,8 @@ void fr_runner_cpu_destroy(fr_runner_cpu **pr)
     free(r->x); free(r->xn); free(r->q); free(r->att); free(r->gate); free(r->up);
     free(r->hidden_out); free(r->kstep); free(r->vstep); free(r->pos);
     free(r->kbuf); free(r->vbuf); free(r->scores);
+    free(r->logits_local);
+    fr_tp_shard_destroy(&r->shard);
     free(r);
     *pr = NULL;
 }
@@ -37,19 +48,44 @@ void fr_runner_cpu_destroy(fr_runner_cpu **pr)
 fr_status fr_runner_cpu_new(const fr_model *m, fr_kv_cache *kv, int max_step_tokens,
                             fr_runner_cpu **out)
 {
+    return fr_runner_cpu_new_tp(m, kv, max_step_tokens, NULL, out);
+}
+
+fr_status fr_runner_cpu_new_tp(const fr_model *m, fr_kv_cache *kv, int max_step_tokens, const fr_tp *tp,
+                               fr_runner_cpu **out)
+{
     *out = NULL;
-    const fr_model_config *c = &m->cfg;
-    const fr_kv_cache_config *kc = fr_kv_cache_config_of(kv);
-    if (kc->n_layers != c->num_layers || kc->n_kv_heads != c->num_kv_heads || kc->head_dim != c->head_dim)
-        return fr_fail(FR_EINVAL, "runner: KV cache shape (%d layers, %d kv heads, head_dim %d) does not "
-                                  "match the model (%d, %d, %d)", kc->n_layers, kc->n_kv_heads,
-                       kc->head_dim, c->num_layers, c->num_kv_heads, c->head_dim);
+    fr_tp one = {.rank = 0, .size = 1, .group = NULL};
+    if (!tp) tp = &one;
+    if (tp->size > 1 && !tp->group)
+        return fr_fail(FR_EINVAL, "runner: tp %d needs an engine group", tp->size);
     if (max_step_tokens < 1) return fr_fail(FR_EINVAL, "runner: max_step_tokens must be >= 1");
     fr_runner_cpu *r = calloc(1, sizeof *r);
     if (!r) return fr_fail(FR_ENOMEM, "runner: out of memory");
+    r->m = m; r->kv = kv; r->max_tokens = max_step_tokens; r->tp = *tp;
+    r->c = &m->cfg;
+    r->w = &m->w;
+    fr_status st = FR_OK;
+    if (tp->size > 1) {
+        if ((st = fr_tp_shard_new(m, tp->rank, tp->size, &r->shard))) {
+            fr_runner_cpu_destroy(&r);
+            return st;
+        }
+        r->c = &r->shard->cfg;
+        r->w = &r->shard->w;
+    }
+    const fr_model_config *c = r->c;
+    const fr_kv_cache_config *kc = fr_kv_cache_config_of(kv);
+    if (kc->n_layers != c->num_layers || kc->n_kv_heads != c->num_kv_heads || kc->head_dim != c->head_dim) {
+        st = fr_fail(FR_EINVAL, "runner: KV cache shape (%d layers, %d kv heads, head_dim %d) does not "
+                                "match the model (%d, %d, %d)%s", kc->n_layers, kc->n_kv_heads,
+                     kc->head_dim, c->num_layers, c->num_kv_heads, c->head_dim,
+                     tp->size > 1 ? " on this tensor-parallel rank" : "");
+        fr_runner_cpu_destroy(&r);
+        return st;
+    }
     size_t T = (size_t)max_step_tokens, qd = (size_t)c->num_heads * c->head_dim;
     size_t kvd = (size_t)c->num_kv_heads * c->head_dim;
-    r->m = m; r->kv = kv; r->max_tokens = max_step_tokens;
     r->x = malloc(sizeof(float) * T * c->hidden_size);
     r->xn = malloc(sizeof(float) * T * c->hidden_size);
     r->hidden_out = malloc(sizeof(float) * T * c->hidden_size);
@@ -60,13 +96,22 @@ fr_status fr_runner_cpu_new(const fr_model *m, fr_kv_cache *kv, int max_step_tok
     r->kstep = malloc(sizeof(float) * T * kvd * c->num_layers);
     r->vstep = malloc(sizeof(float) * T * kvd * c->num_layers);
     r->pos = malloc(sizeof(int) * T);
+    if (tp->size > 1) r->logits_local = malloc(sizeof(float) * T * c->vocab_size);
     if (!r->x || !r->xn || !r->hidden_out || !r->q || !r->att || !r->gate || !r->up || !r->kstep ||
-        !r->vstep || !r->pos) {
+        !r->vstep || !r->pos || (tp->size > 1 && !r->logits_local)) {
         fr_runner_cpu_destroy(&r);
         return fr_fail(FR_ENOMEM, "runner: cannot allocate activations for %d tokens", max_step_tokens);
     }
     *out = r;
     return FR_OK;
+}
+
+/* Row-parallel matmul epilogue: adds up the ranks' partial sums in place. */
+static fr_status tp_allreduce(const fr_runner_cpu *r, float *buf, size_t n)
+{
+    if (r->tp.size == 1) return FR_OK;
+    fr_comm_status cs = fr_engine_allreduce_sum_f32(r->tp.group, buf, n);
+    return cs ? fr_fail(FR_EIO, "%s", fr_comm_last_error()) : FR_OK;
 }
 
 void fr_runner_cpu_set_observer(fr_runner_cpu *r, const fr_forward_observer *obs)
@@ -86,8 +131,8 @@ static fr_status ensure_ctx(fr_runner_cpu *r, int ctx)
 {
     if (ctx <= r->ctx_cap) return FR_OK;
     int cap = ctx < 1024 ? 1024 : ctx + ctx / 2;
-    size_t d = (size_t)r->m->cfg.head_dim;
-    int G = r->m->cfg.num_heads / r->m->cfg.num_kv_heads;
+    size_t d = (size_t)r->c->head_dim;
+    int G = r->c->num_heads / r->c->num_kv_heads;
     float *k = realloc(r->kbuf, sizeof(float) * d * cap);
     if (k) r->kbuf = k;
     float *v = realloc(r->vbuf, sizeof(float) * d * cap);
@@ -104,7 +149,7 @@ static fr_status ensure_ctx(fr_runner_cpu *r, int ctx)
 static void attend_chunk(fr_runner_cpu *r, const float *q, float *out, int len, int n, int G,
                          const fr_kv_view *view)
 {
-    const int d = r->m->cfg.head_dim, H = r->m->cfg.num_heads;
+    const int d = r->c->head_dim, H = r->c->num_heads;
     const float scale = 1.0f / sqrtf((float)d);
     for (int i0 = 0; i0 < n; i0 += PREFILL_ROWS) {
         int ni = n - i0 < PREFILL_ROWS ? n - i0 : PREFILL_ROWS;
@@ -134,7 +179,7 @@ static void attend_chunk(fr_runner_cpu *r, const float *q, float *out, int len, 
 
 static fr_status attention(fr_runner_cpu *r, int layer, const fr_step_seq *seqs, int n_seqs)
 {
-    const fr_model_config *c = &r->m->cfg;
+    const fr_model_config *c = r->c;
     const int d = c->head_dim, H = c->num_heads, KVH = c->num_kv_heads, G = H / KVH;
     const size_t kvd = (size_t)KVH * d;
     const float *kl = r->kstep + (size_t)layer * r->max_tokens * kvd;
@@ -168,18 +213,19 @@ static fr_status attention(fr_runner_cpu *r, int layer, const fr_step_seq *seqs,
 
 fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_seqs, float *logits)
 {
-    const fr_model_config *c = &r->m->cfg;
-    const fr_weights *w = &r->m->w;
+    const fr_model_config *c = r->c;   /* local head, intermediate and vocabulary counts */
+    const fr_weights *w = r->w;
     const int D = c->hidden_size, d = c->head_dim, H = c->num_heads, KVH = c->num_kv_heads;
+    const int vocab = r->m->cfg.vocab_size;
     const size_t qd = (size_t)H * d, kvd = (size_t)KVH * d;
     int M = 0;
     for (int s = 0; s < n_seqs; s++) {
         if (seqs[s].n < 1 || !seqs[s].tokens)
             return fr_fail(FR_EINVAL, "step: sequence %d has no tokens", seqs[s].seq);
         for (int i = 0; i < seqs[s].n; i++)
-            if (seqs[s].tokens[i] < 0 || seqs[s].tokens[i] >= c->vocab_size)
+            if (seqs[s].tokens[i] < 0 || seqs[s].tokens[i] >= vocab)
                 return fr_fail(FR_EINVAL, "step: token id %d outside the vocabulary [0, %d)",
-                               seqs[s].tokens[i], c->vocab_size);
+                               seqs[s].tokens[i], vocab);
         int len = fr_kv_seq_len(r->kv, seqs[s].seq);
         if (len < 0) return fr_fail(FR_EINVAL, "step: KV sequence %d does not exist", seqs[s].seq);
         if (len + seqs[s].n > c->max_position)
@@ -219,12 +265,14 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
         if (r->obs.layer_kv && (st = r->obs.layer_kv(r->obs.user, l, seqs, n_seqs, k, v))) break;
         if ((st = attention(r, l, seqs, n_seqs))) break;
         fr_matmul(r->hidden_out, r->att, lw->o_proj, M, D, (int)qd);
+        if ((st = tp_allreduce(r, r->hidden_out, (size_t)M * D))) break;
         for (size_t i = 0; i < (size_t)M * D; i++) r->x[i] += r->hidden_out[i];
         fr_rmsnorm(r->xn, r->x, lw->mlp_norm, M, D, c->rms_norm_eps);
         fr_matmul(r->gate, r->xn, lw->gate_proj, M, c->intermediate_size, D);
         fr_matmul(r->up, r->xn, lw->up_proj, M, c->intermediate_size, D);
         fr_swiglu(r->gate, r->gate, r->up, M * c->intermediate_size);
         fr_matmul(r->hidden_out, r->gate, lw->down_proj, M, D, c->intermediate_size);
+        if ((st = tp_allreduce(r, r->hidden_out, (size_t)M * D))) break;
         for (size_t i = 0; i < (size_t)M * D; i++) r->x[i] += r->hidden_out[i];
     }
     if (st) return st;
@@ -243,6 +291,14 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
             memcpy(r->xn + (size_t)out_rows * D, r->x + (size_t)t * D, sizeof(float) * D);
     }
     fr_rmsnorm(r->xn, r->xn, w->final_norm, out_rows, D, c->rms_norm_eps);
-    fr_matmul(logits, r->xn, w->lm_head, out_rows, c->vocab_size, D);
-    return FR_OK;
+    if (r->tp.size == 1) {
+        fr_matmul(logits, r->xn, w->lm_head, out_rows, c->vocab_size, D);
+        return FR_OK;
+    }
+    /* Vocabulary-parallel LM head: this rank's slice, then every rank gets
+     * the full rows (the slices concatenated in tp-rank order). */
+    fr_matmul(r->logits_local, r->xn, w->lm_head, out_rows, c->vocab_size, D);
+    fr_comm_status cs = fr_engine_allgather_f32(r->tp.group, r->logits_local, (size_t)out_rows,
+                                                (size_t)c->vocab_size, logits);
+    return cs ? fr_fail(FR_EIO, "%s", fr_comm_last_error()) : FR_OK;
 }

@@ -14,6 +14,7 @@
 
 #include "kvcache/kv_cache.h"
 #include "model.h"
+#include "tp_shard.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,6 +32,14 @@ typedef struct fr_runner_cpu fr_runner_cpu;
 /* max_step_tokens bounds the tokens of one step (sum of n). */
 fr_status fr_runner_cpu_new(const fr_model *m, fr_kv_cache *kv, int max_step_tokens,
                             fr_runner_cpu **out);
+/* The same for one rank of a tensor-parallel engine (tp NULL or size 1:
+ * fr_runner_cpu_new). The runner shards m's weights at creation
+ * (rollout/tp_shard.h; m must outlive it), kv holds this rank's KV heads
+ * only (fr_tp_layout), and every step is collective over the engine: each
+ * rank calls fr_runner_cpu_step with the same arguments, and each receives
+ * the full logits. The observer then sees this rank's heads. */
+fr_status fr_runner_cpu_new_tp(const fr_model *m, fr_kv_cache *kv, int max_step_tokens, const fr_tp *tp,
+                               fr_runner_cpu **out);
 void fr_runner_cpu_destroy(fr_runner_cpu **r);
 
 /* Rows of logits the step produces (in sequence order). */

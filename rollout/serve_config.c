@@ -52,6 +52,7 @@ void fr_serve_config_engine_opts(const fr_serve_config *c, fr_engine_opts *o)
     o->recipe = c->recipe;
     o->calib = c->calib[0] ? c->calib : NULL;
     o->chunk = c->chunk;
+    o->tp = c->tp;   /* the caller sets o->group (rollout/tp_launch.h) */
 }
 
 /* ---- messages ---------------------------------------------------------- */

@@ -23,21 +23,24 @@ const char fr_engine_opts_usage[] =
     "  --recipe R           full (default) or vanilla, optionally followed by\n"
     "                       switches: full,-rotate,-search,-smooth,-dual,-pscale,-sink\n"
     "  --calib FILE         calibration file (key mean, tau) from fp4rollout calibrate\n"
-    "  --chunk N            prefill chunk in tokens (default 512)\n";
+    "  --chunk N            prefill chunk in tokens (default 512)\n"
+    "  --tp N               tensor parallelism: ranks per engine (default 1); under\n"
+    "                       mpirun -np W the ranks form W/N engines (CPU backend)\n";
 
 void fr_engine_opts_default(fr_engine_opts *o)
 {
     *o = (fr_engine_opts){.model = "synthetic:tiny", .backend = FR_BACKEND_AUTO, .kv = FR_KV_BF16, .compute = FR_COMPUTE_EXACT,
-                          .recipe = fr_recipe_full(), .calib = NULL, .chunk = 512};
+                          .recipe = fr_recipe_full(), .calib = NULL, .chunk = 512,
+                          .tp = 1, .group = NULL};
 }
 
 int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engine_opts *o)
 {
     const char *a = argv[*i];
     static const char *const flags[] = {"--model", "--kv", "--fp4-compute", "--recipe", "--calib", "--chunk",
-                                        "--backend"};
+                                        "--backend", "--tp"};
     int which = -1;
-    for (int f = 0; f < 7; f++)
+    for (int f = 0; f < 8; f++)
         if (strcmp(a, flags[f]) == 0) which = f;
     if (which < 0) return 0;
     if (*i + 1 >= argc) {
@@ -59,6 +62,7 @@ int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engi
         else if (strcmp(v, "cuda") == 0) o->backend = FR_BACKEND_CUDA;
         else st = fr_fail(FR_EINVAL, "unknown backend '%s' (expected auto, cpu or cuda)", v);
         break;
+    case 7: return fr_cli_int(cmd, "--tp", v, 1, 1024, &o->tp) ? -1 : 1;
     }
     if (st) {
         fr_cli_usage_error(cmd, "%s", fr_last_error());
@@ -82,22 +86,42 @@ static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, str
     s->model = m;
     s->backend = b;
     s->gpu_weights = wg;
+    s->tp = (fr_tp){.rank = o->tp > 1 ? o->group->layout.tp_rank : 0, .size = o->tp,
+                    .group = o->tp > 1 ? o->group : NULL};
     fr_status st = FR_OK;
     if (o->calib) {
         if ((st = fr_calib_load(o->calib, &m->cfg, &s->calib))) return st;
         s->has_calib = 1;
     }
+    /* Tensor parallel: this rank's KV heads, and their rows of the
+     * calibration tables. */
+    fr_tp_layout tl;
+    if ((st = fr_tp_layout_of(&m->cfg, s->tp.rank, s->tp.size, &tl))) return st;
+    const int L = m->cfg.num_layers;
+    float *key_mean = NULL, *fp8_scales = NULL;
+    if (s->has_calib && s->tp.size > 1) {
+        key_mean = malloc(sizeof(float) * (size_t)L * tl.n_kv_heads * m->cfg.head_dim);
+        fp8_scales = malloc(sizeof(float) * (size_t)L * tl.n_kv_heads * 2);
+        if (!key_mean || !fp8_scales) {
+            free(key_mean); free(fp8_scales);
+            return fr_fail(FR_ENOMEM, "out of memory");
+        }
+        fr_tp_slice_kv_table(s->calib.key_mean, L, m->cfg.num_kv_heads, m->cfg.head_dim, &tl, key_mean);
+        if (s->calib.fp8_scales) fr_tp_slice_kv_table(s->calib.fp8_scales, L, m->cfg.num_kv_heads, 2, &tl, fp8_scales);
+    }
     fr_kv_cache_config kc = {
-        .n_layers = m->cfg.num_layers, .n_kv_heads = m->cfg.num_kv_heads, .head_dim = m->cfg.head_dim,
+        .n_layers = L, .n_kv_heads = tl.n_kv_heads, .head_dim = m->cfg.head_dim,
         .dtype = o->kv, .compute = o->compute, .recipe = o->recipe,
         .tau = s->has_calib ? s->calib.tau : FR_P_TAU, .n_blocks = n_blocks, .max_seqs = max_seqs,
-        .key_mean = s->has_calib ? s->calib.key_mean : NULL,
-        .fp8_scales = s->has_calib ? s->calib.fp8_scales : NULL,
+        .key_mean = !s->has_calib ? NULL : key_mean ? key_mean : s->calib.key_mean,
+        .fp8_scales = !s->has_calib || !s->calib.fp8_scales ? NULL : fp8_scales ? fp8_scales : s->calib.fp8_scales,
         .bookkeeping_only = b == FR_BACKEND_CUDA,
     };
     const int step_tokens = o->chunk > max_seqs ? o->chunk : max_seqs;
-    st = fr_kv_cache_new(&kc, &s->kv);
-    if (!st && b == FR_BACKEND_CPU) st = fr_runner_cpu_new(m, s->kv, step_tokens, &s->runner);
+    st = fr_kv_cache_new(&kc, &s->kv);   /* copies the tables */
+    free(key_mean);
+    free(fp8_scales);
+    if (!st && b == FR_BACKEND_CPU) st = fr_runner_cpu_new_tp(m, s->kv, step_tokens, &s->tp, &s->runner);
 #ifdef FR_HAVE_CUDA
     if (!st && b == FR_BACKEND_CUDA) st = fr_runner_cuda_new(wg, s->kv, step_tokens, &s->gpu);
 #endif
@@ -129,9 +153,34 @@ static fr_status gpu_weights_for(const char *spec, fr_model **m, struct fr_weigh
 }
 #endif
 
-/* The backend a session should use, before anything is loaded. */
-static fr_status resolve_backend(fr_backend want, fr_backend *out)
+/* The options' tensor parallelism against their engine group. */
+static fr_status check_tp(const fr_engine_opts *o)
 {
+    if (o->tp < 1) return fr_fail(FR_EINVAL, "--tp %d must be >= 1", o->tp);
+    if (o->tp == 1) return FR_OK;
+    if (!o->group)
+        return fr_fail(FR_EINVAL, "--tp %d needs the %d ranks of an engine: launch under mpirun (generate "
+                                  "and score set this up)", o->tp, o->tp);
+    if (o->group->layout.tp_size != o->tp)
+        return fr_fail(FR_EINVAL, "--tp %d does not match the engine group's %d ranks", o->tp,
+                       o->group->layout.tp_size);
+    if (o->backend == FR_BACKEND_CUDA)
+        return fr_fail(FR_EUNSUPPORTED, "--tp %d: tensor parallelism runs on the CPU backend only for now "
+                                        "(use --backend cpu)", o->tp);
+    return FR_OK;
+}
+
+/* The backend a session should use, before anything is loaded. Tensor
+ * parallelism (tp > 1, checked by check_tp) runs on the CPU: auto picks it. */
+static fr_status resolve_backend(const fr_engine_opts *o, fr_backend *out)
+{
+    fr_status st = check_tp(o);
+    if (st) return st;
+    if (o->tp > 1) {
+        *out = FR_BACKEND_CPU;
+        return FR_OK;
+    }
+    const fr_backend want = o->backend;
 #ifdef FR_HAVE_CUDA
     int gpu = fr_cuda_available();
 #else
@@ -152,7 +201,7 @@ fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_bloc
                                 fr_session *s)
 {
     fr_backend b = FR_BACKEND_CPU;
-    fr_status st = resolve_backend(o->backend, &b);
+    fr_status st = resolve_backend(o, &b);
     if (st) return st;
     struct fr_weights_gpu *wg = NULL;
 #ifdef FR_HAVE_CUDA
@@ -175,7 +224,7 @@ fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, f
 {
     memset(s, 0, sizeof *s);
     fr_backend b = FR_BACKEND_CPU;
-    fr_status st = resolve_backend(o->backend, &b);
+    fr_status st = resolve_backend(o, &b);
     if (st) return st;
     fr_model *m = NULL;
 #ifdef FR_HAVE_CUDA

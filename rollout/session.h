@@ -24,6 +24,10 @@ typedef struct {
     fr_recipe recipe;
     const char *calib;          /* calibration file or NULL */
     int chunk;                  /* prefill chunk (tokens per step) */
+    int tp;                     /* ranks per engine (--tp, default 1); > 1 needs group and
+                                 * the CPU backend (docs/tensor_parallel.md) */
+    const fr_engine_group *group; /* this rank's engine when tp > 1 (rollout/tp_launch.h),
+                                 * not owned; NULL for tp 1 */
 } fr_engine_opts;
 
 void fr_engine_opts_default(fr_engine_opts *o);
@@ -45,6 +49,10 @@ typedef struct {
     int step_logits_rows;
     fr_calib calib;
     int has_calib;
+    fr_tp tp;                   /* this rank in its engine; size 1 without tensor parallelism.
+                                 * With size > 1 every session call that steps the model is
+                                 * collective over the engine and the KV cache holds this
+                                 * rank's KV heads only. */
 } fr_session;
 
 fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, fr_session *s);

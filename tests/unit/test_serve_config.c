@@ -72,6 +72,8 @@ static void test_defaults(void **state)
     assert_memory_equal(&o.recipe, &od.recipe, sizeof od.recipe);
     assert_null(o.calib);
     assert_int_equal(o.chunk, od.chunk);
+    assert_int_equal(o.tp, od.tp);
+    assert_null(o.group);
 }
 
 static const char *ALL_KEYS =
@@ -121,6 +123,7 @@ static void test_every_key(void **state)
     assert_int_equal(o.kv, FR_KV_MXFP4);
     assert_int_equal(o.compute, FR_COMPUTE_BF16);
     assert_int_equal(o.chunk, 1024);
+    assert_int_equal(o.tp, 4);
     /* Nested objects keep the defaults of the keys they leave out. */
     assert_int_equal(parse("{\"coordinator\": {\"port\": 7000}, \"sampling\": {\"top_k\": 5}}", &c), FR_OK);
     assert_int_equal(c.coordinator.port, 7000);
