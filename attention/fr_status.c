@@ -2,15 +2,20 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char last_error[1024];
 
 fr_status fr_fail(fr_status st, const char *fmt, ...)
 {
+    /* Formatted apart first: callers may pass fr_last_error() itself as an
+     * argument to prefix it with context. */
+    char message[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
+    memcpy(last_error, message, sizeof last_error);
     return st;
 }
 

@@ -2,15 +2,18 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char last_error[1024];
 
 fr_comm_status fr_comm_fail(fr_comm_status st, const char *fmt, ...)
 {
+    char message[sizeof last_error];   /* the arguments may include fr_comm_last_error() */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
+    memcpy(last_error, message, sizeof last_error);
     return st;
 }
 

@@ -1,0 +1,68 @@
+/* A rollout request and the result of one of its samples.
+ *
+ * A request is a prompt (token ids), n samples that share the prompt's KV
+ * pages, sampling parameters, a token limit, stop ids, and ids the caller
+ * chooses (id, group). Sample i of a request draws its t-th token with the
+ * Philox keys (seed, sequence = i, step = t) of rollout/sampler.h, so a
+ * sample's tokens do not depend on what else runs beside it. */
+#ifndef FR_REQUEST_H
+#define FR_REQUEST_H
+
+#include <stdint.h>
+
+#include "sampler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    FR_FINISH_NONE = 0,   /* still running */
+    FR_FINISH_STOP,       /* drew one of the stop ids (kept as the last token) */
+    FR_FINISH_LENGTH,     /* reached max_tokens (or the context window) */
+    FR_FINISH_ABORT,      /* aborted by the caller; partial tokens kept */
+    FR_FINISH_ERROR       /* the engine failed on it; partial tokens kept */
+} fr_finish_reason;
+
+/* "stop", "length", "abort", "error" ("none" while running). */
+const char *fr_finish_reason_name(fr_finish_reason r);
+
+typedef struct {
+    uint64_t id;                 /* the caller's id */
+    uint64_t group;              /* the caller's group id (e.g. a GRPO group) */
+    const int *prompt;           /* [n_prompt] token ids; copied on submit */
+    int n_prompt;
+    int n;                       /* samples, >= 1 */
+    fr_sampling_params params;
+    int max_tokens;              /* >= 1; lowered to fit the context window */
+    const int *stop_ids;         /* [n_stop]; copied; none: never stops early */
+    int n_stop;
+} fr_request_spec;
+
+/* One finished sample. tokens and logprobs hold n_tokens entries each; a
+ * log-prob is the full-vocabulary log-softmax of logits / temperature at the
+ * chosen token (temperature 1 when greedy). */
+typedef struct {
+    uint64_t request_id, group;
+    int sample;                  /* index within the request, 0..n-1 */
+    int *tokens;
+    float *logprobs;
+    int n_tokens;
+    fr_finish_reason finish;
+    int preemptions;             /* times its KV was dropped and recomputed */
+} fr_sample_result;
+
+/* Frees the arrays of a result taken from fr_scheduler_next_result and
+ * clears it; NULL-safe. */
+void fr_sample_result_free(fr_sample_result *r);
+
+/* Checks a request against a model's vocabulary: prompt non-empty and in the
+ * vocabulary, n and max_tokens >= 1, valid sampling parameters, stop ids in
+ * the vocabulary. FR_EINVAL with a message naming the field otherwise. */
+fr_status fr_request_spec_check(const fr_request_spec *r, int vocab);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

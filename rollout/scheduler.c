@@ -1,0 +1,645 @@
+/* The continuous-batching scheduler: docs/scheduler.md states the policy. */
+#include "scheduler.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum { T = FR_PAGE_TOKENS };
+
+typedef struct req req;
+
+/* A sample: its tokens so far and, while it decodes, its KV sequence. */
+typedef struct {
+    req *r;
+    int index;
+    int seq;               /* -1 when it holds no sequence */
+    int *tokens;           /* [r->max_tokens] */
+    float *logprobs;
+    int n;
+    int done;
+    int preemptions;
+    uint64_t admit;        /* admission number of the work that gave it its sequence */
+} sample;
+
+struct req {
+    uint64_t id, group;
+    int *prompt, n_prompt;
+    int n, max_tokens;
+    fr_sampling_params params;
+    int *stop, n_stop;
+    sample *samples;
+    int open;              /* samples not yet ended */
+};
+
+/* Prefill work: a prompt for all n samples of a request (sample -1), or the
+ * recompute of one preempted sample (its prompt and generated tokens). */
+typedef struct {
+    req *r;
+    int sample;
+    int *buf;              /* recompute: prompt + generated tokens (owned) */
+    const int *tokens;
+    int n_total, done, seq;
+    uint64_t admit;
+} job;
+
+struct fr_scheduler {
+    fr_session *s;
+    fr_scheduler_config cfg;
+    int vocab, n_blocks;
+    req **reqs;
+    int n_reqs, cap_reqs;
+    job *waiting, *prefill;          /* waiting: front first; prefill: in admission order */
+    int n_waiting, cap_waiting, n_prefill, cap_prefill;
+    sample **running;                /* in admission order */
+    int n_running;
+    fr_sample_result *results;       /* queued results (no callback) */
+    int n_results, cap_results, first_result;
+    float *logits;
+    int logit_rows;
+    fr_step_seq *rows;
+    sample **row_samples;
+    int *row_job_m;
+    int cap_rows;
+    fr_sampler *sampler;
+    uint64_t next_admit;
+    fr_scheduler_stats st;
+};
+
+static int blocks_for(int tokens) { return (tokens + T - 1) / T; }
+
+static int grow(void **p, int *cap, int need, size_t elem)
+{
+    if (need <= *cap) return 0;
+    int c = *cap ? *cap : 8;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, elem * (size_t)c);
+    if (!q) return -1;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+static void free_req(req *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        free(r->samples[i].tokens);
+        free(r->samples[i].logprobs);
+    }
+    free(r->samples);
+    free(r->prompt);
+    free(r->stop);
+    free(r);
+}
+
+static void remove_req(fr_scheduler *sch, req *r)
+{
+    for (int i = 0; i < sch->n_reqs; i++)
+        if (sch->reqs[i] == r) {
+            memmove(&sch->reqs[i], &sch->reqs[i + 1], sizeof(req *) * (size_t)(sch->n_reqs - i - 1));
+            sch->n_reqs--;
+            break;
+        }
+    free_req(r);
+}
+
+static void remove_running(fr_scheduler *sch, sample *x)
+{
+    for (int i = 0; i < sch->n_running; i++)
+        if (sch->running[i] == x) {
+            memmove(&sch->running[i], &sch->running[i + 1], sizeof(sample *) * (size_t)(sch->n_running - i - 1));
+            sch->n_running--;
+            return;
+        }
+}
+
+/* Ends a sample: frees its sequence, delivers its result, and frees the
+ * request with its last sample (the request must not be used after). */
+static void finish(fr_scheduler *sch, sample *x, fr_finish_reason why)
+{
+    if (x->done) return;
+    x->done = 1;
+    if (x->seq >= 0) {
+        remove_running(sch, x);
+        fr_kv_seq_free(sch->s->kv, x->seq);
+        x->seq = -1;
+    }
+    req *r = x->r;
+    fr_sample_result res = {.request_id = r->id, .group = r->group, .sample = x->index, .tokens = x->tokens,
+                            .logprobs = x->logprobs, .n_tokens = x->n, .finish = why,
+                            .preemptions = x->preemptions};
+    x->tokens = NULL;
+    x->logprobs = NULL;
+    sch->st.finished++;
+    if (sch->cfg.on_done) {
+        sch->cfg.on_done(sch->cfg.user, &res);
+        fr_sample_result_free(&res);
+    } else {
+        if (sch->first_result > 0 && sch->n_results == sch->cap_results) {
+            memmove(sch->results, sch->results + sch->first_result,
+                    sizeof *sch->results * (size_t)(sch->n_results - sch->first_result));
+            sch->n_results -= sch->first_result;
+            sch->first_result = 0;
+        }
+        if (grow((void **)&sch->results, &sch->cap_results, sch->n_results + 1, sizeof *sch->results)) {
+            /* Out of memory: the result cannot be kept; drop its arrays but
+             * never the accounting (the caller still sees the count). */
+            fr_sample_result_free(&res);
+        } else {
+            sch->results[sch->n_results++] = res;
+        }
+    }
+    if (--r->open == 0) remove_req(sch, r);
+}
+
+static int is_stop(const req *r, int tok)
+{
+    for (int i = 0; i < r->n_stop; i++)
+        if (r->stop[i] == tok) return 1;
+    return 0;
+}
+
+/* Draws the next token of x from logits; returns its finish reason, or
+ * FR_FINISH_NONE when it goes on. */
+static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits)
+{
+    const req *r = x->r;
+    int tok;
+    float lp;
+    if (fr_sample(sch->sampler, logits, &r->params, (uint64_t)x->index, (uint64_t)x->n, &tok, &lp))
+        return FR_FINISH_ERROR;
+    x->tokens[x->n] = tok;
+    x->logprobs[x->n++] = lp;
+    sch->st.tokens_generated++;
+    if (is_stop(r, tok)) return FR_FINISH_STOP;
+    if (x->n >= r->max_tokens) return FR_FINISH_LENGTH;
+    return FR_FINISH_NONE;
+}
+
+static int job_slots(const job *j) { return j->sample < 0 ? j->r->open : 1; }
+
+static int push_waiting(fr_scheduler *sch, job j, int front)
+{
+    if (grow((void **)&sch->waiting, &sch->cap_waiting, sch->n_waiting + 1, sizeof(job))) return -1;
+    if (front) {
+        memmove(sch->waiting + 1, sch->waiting, sizeof(job) * (size_t)sch->n_waiting);
+        sch->waiting[0] = j;
+    } else {
+        sch->waiting[sch->n_waiting] = j;
+    }
+    sch->n_waiting++;
+    return 0;
+}
+
+/* Ends every open sample a job stands for (after its removal). */
+static void fail_job_samples(fr_scheduler *sch, job *j, fr_finish_reason why)
+{
+    req *r = j->r;
+    if (j->seq >= 0) fr_kv_seq_free(sch->s->kv, j->seq);
+    free(j->buf);
+    if (j->sample >= 0) {
+        finish(sch, &r->samples[j->sample], why);
+        return;
+    }
+    int left = r->open, n = r->n;
+    for (int i = 0; left > 0 && i < n; i++)
+        if (!r->samples[i].done) {
+            left--;
+            finish(sch, &r->samples[i], why);   /* the last one may free r */
+        }
+}
+
+static void preempt_sample(fr_scheduler *sch, sample *x)
+{
+    req *r = x->r;
+    remove_running(sch, x);
+    fr_kv_seq_free(sch->s->kv, x->seq);
+    x->seq = -1;
+    x->preemptions++;
+    sch->st.preemptions++;
+    job j = {.r = r, .sample = x->index, .seq = -1, .n_total = r->n_prompt + x->n};
+    j.buf = malloc(sizeof(int) * (size_t)j.n_total);
+    if (!j.buf || push_waiting(sch, j, 1)) {
+        free(j.buf);
+        finish(sch, x, FR_FINISH_ERROR);
+        return;
+    }
+    memcpy(j.buf, r->prompt, sizeof(int) * (size_t)r->n_prompt);
+    memcpy(j.buf + r->n_prompt, x->tokens, sizeof(int) * (size_t)x->n);
+    sch->waiting[0].buf = j.buf;
+    sch->waiting[0].tokens = j.buf;
+}
+
+static void preempt_job(fr_scheduler *sch, int k)
+{
+    job j = sch->prefill[k];
+    memmove(&sch->prefill[k], &sch->prefill[k + 1], sizeof(job) * (size_t)(sch->n_prefill - k - 1));
+    sch->n_prefill--;
+    fr_kv_seq_free(sch->s->kv, j.seq);
+    j.seq = -1;
+    j.done = 0;
+    if (j.sample >= 0) j.r->samples[j.sample].preemptions++;
+    sch->st.preemptions++;
+    if (push_waiting(sch, j, 1)) {
+        j.seq = -1;
+        fail_job_samples(sch, &j, FR_FINISH_ERROR);
+    }
+}
+
+/* Preempts the most recently admitted work (a running sample or a prefill);
+ * returns the preempted sample, or NULL when it was a prefill or nothing. */
+static sample *preempt_newest(fr_scheduler *sch, int *any)
+{
+    int best_run = -1, best_job = -1;
+    uint64_t best = 0;
+    for (int i = 0; i < sch->n_running; i++)
+        if (best_run < 0 || sch->running[i]->admit >= best) { best = sch->running[i]->admit; best_run = i; }
+    for (int k = 0; k < sch->n_prefill; k++)
+        if ((best_run < 0 && best_job < 0) || sch->prefill[k].admit >= best) {
+            best = sch->prefill[k].admit;
+            best_job = k;
+            best_run = -1;
+        }
+    *any = best_run >= 0 || best_job >= 0;
+    if (best_job >= 0) {
+        preempt_job(sch, best_job);
+        return NULL;
+    }
+    if (best_run < 0) return NULL;
+    sample *x = sch->running[best_run];
+    preempt_sample(sch, x);
+    return x;
+}
+
+fr_status fr_scheduler_new(fr_session *s, const fr_scheduler_config *cfg, fr_scheduler **out)
+{
+    if (!out) return fr_fail(FR_EINVAL, "scheduler: out is NULL");
+    *out = NULL;
+    if (!s || !s->kv || !s->model || !cfg) return fr_fail(FR_EINVAL, "scheduler: session or config is NULL");
+    const fr_kv_cache_config *kc = fr_kv_cache_config_of(s->kv);
+    fr_scheduler_config c = *cfg;
+    if (c.max_seqs == 0) c.max_seqs = kc->max_seqs;
+    if (c.chunk == 0) c.chunk = 512;
+    if (c.max_seqs < 1 || c.max_seqs > kc->max_seqs)
+        return fr_fail(FR_EINVAL, "scheduler: max_seqs %d outside [1, %d] (the cache's slots)", c.max_seqs,
+                       kc->max_seqs);
+    if (c.chunk < 1) return fr_fail(FR_EINVAL, "scheduler: chunk must be >= 1 (got %d)", c.chunk);
+    if (c.reserve_blocks < 0) c.reserve_blocks = c.max_seqs / 16 > 1 ? c.max_seqs / 16 : 1;
+    if (c.reserve_blocks >= kc->n_blocks)
+        return fr_fail(FR_EINVAL, "scheduler: reserve_blocks %d leaves nothing of %d blocks", c.reserve_blocks,
+                       kc->n_blocks);
+    fr_scheduler *sch = calloc(1, sizeof *sch);
+    if (!sch) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    sch->s = s;
+    sch->cfg = c;
+    sch->vocab = s->model->cfg.vocab_size;
+    sch->n_blocks = kc->n_blocks;
+    sch->running = malloc(sizeof(sample *) * (size_t)c.max_seqs);
+    fr_status st = sch->running ? fr_sampler_new(sch->vocab, &sch->sampler)
+                                : fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    if (st) {
+        fr_scheduler_destroy(&sch);
+        return st;
+    }
+    *out = sch;
+    return FR_OK;
+}
+
+void fr_scheduler_destroy(fr_scheduler **p)
+{
+    if (!p || !*p) return;
+    fr_scheduler *sch = *p;
+    if (sch->sampler) fr_scheduler_abort_all(sch, NULL);
+    for (int i = sch->first_result; i < sch->n_results; i++) fr_sample_result_free(&sch->results[i]);
+    free(sch->results);
+    free(sch->reqs);
+    free(sch->waiting);
+    free(sch->prefill);
+    free(sch->running);
+    free(sch->logits);
+    free(sch->rows);
+    free(sch->row_samples);
+    free(sch->row_job_m);
+    fr_sampler_destroy(&sch->sampler);
+    free(sch);
+    *p = NULL;
+}
+
+fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
+{
+    if (!sch) return fr_fail(FR_EINVAL, "scheduler: NULL");
+    fr_status st = fr_request_spec_check(spec, sch->vocab);
+    if (st) return st;
+    const fr_model_config *mc = &sch->s->model->cfg;
+    if (spec->n_prompt >= mc->max_position)
+        return fr_fail(FR_EINVAL, "request %llu: the prompt (%d tokens) does not fit the context window of %d",
+                       (unsigned long long)spec->id, spec->n_prompt, mc->max_position);
+    if (spec->n > sch->cfg.max_seqs)
+        return fr_fail(FR_EINVAL, "request %llu: n = %d exceeds the %d sequences the engine runs at once",
+                       (unsigned long long)spec->id, spec->n, sch->cfg.max_seqs);
+    int max_tokens = spec->max_tokens;
+    if (max_tokens > mc->max_position - spec->n_prompt) max_tokens = mc->max_position - spec->n_prompt;
+    if (blocks_for(spec->n_prompt + max_tokens) > sch->n_blocks)
+        return fr_fail(FR_EINVAL, "request %llu: prompt (%d) + max_tokens (%d) needs %d KV blocks, the cache has %d",
+                       (unsigned long long)spec->id, spec->n_prompt, max_tokens,
+                       blocks_for(spec->n_prompt + max_tokens), sch->n_blocks);
+    req *r = calloc(1, sizeof *r);
+    if (!r) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    *r = (req){.id = spec->id, .group = spec->group, .n_prompt = spec->n_prompt, .n = spec->n,
+               .max_tokens = max_tokens, .params = spec->params, .n_stop = spec->n_stop, .open = spec->n};
+    r->prompt = malloc(sizeof(int) * (size_t)spec->n_prompt);
+    r->stop = malloc(sizeof(int) * (size_t)(spec->n_stop > 0 ? spec->n_stop : 1));
+    r->samples = calloc((size_t)spec->n, sizeof(sample));
+    int ok = r->prompt && r->stop && r->samples;
+    for (int i = 0; ok && i < spec->n; i++) {
+        sample *x = &r->samples[i];
+        *x = (sample){.r = r, .index = i, .seq = -1};
+        x->tokens = malloc(sizeof(int) * (size_t)max_tokens);
+        x->logprobs = malloc(sizeof(float) * (size_t)max_tokens);
+        ok = x->tokens && x->logprobs;
+    }
+    if (ok) ok = !grow((void **)&sch->reqs, &sch->cap_reqs, sch->n_reqs + 1, sizeof(req *));
+    if (ok) {
+        memcpy(r->prompt, spec->prompt, sizeof(int) * (size_t)spec->n_prompt);
+        if (spec->n_stop > 0) memcpy(r->stop, spec->stop_ids, sizeof(int) * (size_t)spec->n_stop);
+        job j = {.r = r, .sample = -1, .tokens = r->prompt, .n_total = r->n_prompt, .seq = -1};
+        ok = !push_waiting(sch, j, 0);
+    }
+    if (!ok) {
+        if (r->samples) free_req(r);
+        else { free(r->prompt); free(r->stop); free(r); }
+        return fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    }
+    sch->reqs[sch->n_reqs++] = r;
+    return FR_OK;
+}
+
+int fr_scheduler_idle(const fr_scheduler *sch) { return !sch || sch->n_reqs == 0; }
+
+/* Slots held or promised: running samples plus the samples prefills become. */
+static int slots_committed(const fr_scheduler *sch)
+{
+    int n = sch->n_running;
+    for (int k = 0; k < sch->n_prefill; k++) n += job_slots(&sch->prefill[k]);
+    return n;
+}
+
+/* Admits the waiting queue's head when its prefill fits: 1 admitted, 0 not. */
+static int admit_head(fr_scheduler *sch)
+{
+    if (sch->n_waiting == 0) return 0;
+    job *j = &sch->waiting[0];
+    fr_kv_cache *kv = sch->s->kv;
+    int slots = job_slots(j), free_blocks = fr_kv_free_blocks(kv);
+    if (slots_committed(sch) + slots > sch->cfg.max_seqs) return 0;
+    int blocks = blocks_for(j->n_total);
+    int forks = j->sample < 0 && j->n_total % T ? slots - 1 : 0;   /* partial page copies */
+    int alone = sch->n_running == 0 && sch->n_prefill == 0;
+    if (blocks + forks + sch->cfg.reserve_blocks > free_blocks && !(alone && blocks <= free_blocks)) return 0;
+    if (grow((void **)&sch->prefill, &sch->cap_prefill, sch->n_prefill + 1, sizeof(job))) return 0;
+    int seq;
+    if (fr_kv_seq_new(kv, &seq)) return 0;
+    if (fr_kv_reserve(kv, seq, j->n_total)) {
+        fr_kv_seq_free(kv, seq);
+        return 0;
+    }
+    job a = *j;
+    memmove(sch->waiting, sch->waiting + 1, sizeof(job) * (size_t)(sch->n_waiting - 1));
+    sch->n_waiting--;
+    a.seq = seq;
+    a.done = 0;
+    a.admit = ++sch->next_admit;
+    sch->prefill[sch->n_prefill++] = a;
+    return 1;
+}
+
+/* A finished prefill: first tokens and forks (prompt), or the next token
+ * (recompute). The job is already out of the prefill list. */
+static void complete_job(fr_scheduler *sch, job *j, const float *logits)
+{
+    req *r = j->r;
+    if (j->sample >= 0) {
+        sample *x = &r->samples[j->sample];
+        free(j->buf);
+        x->seq = j->seq;
+        x->admit = j->admit;
+        sch->running[sch->n_running++] = x;
+        fr_finish_reason why = draw(sch, x, logits);
+        if (why) finish(sch, x, why);
+        return;
+    }
+    /* Samples that end on their first token are finished last: the last
+     * finish frees the request. */
+    sample **end = malloc(sizeof(sample *) * (size_t)r->n);
+    fr_finish_reason *whys = malloc(sizeof *whys * (size_t)r->n);
+    if (!end || !whys) {
+        free(end);
+        free(whys);
+        fail_job_samples(sch, j, FR_FINISH_ERROR);
+        return;
+    }
+    int n_end = 0, seq = j->seq;
+    for (int i = 0; i < r->n; i++) {
+        sample *x = &r->samples[i];
+        if (x->done) continue;
+        fr_finish_reason why = draw(sch, x, logits);
+        if (!why && seq >= 0) {        /* the first one keeps the prefill's sequence */
+            x->seq = seq;
+            seq = -1;
+        } else if (!why && fr_session_fork(sch->s, j->seq, &x->seq)) {
+            why = FR_FINISH_ERROR;
+        }
+        if (why) {
+            x->seq = -1;
+            end[n_end] = x;
+            whys[n_end++] = why;
+            continue;
+        }
+        x->admit = j->admit;
+        sch->running[sch->n_running++] = x;
+    }
+    if (seq >= 0) fr_kv_seq_free(sch->s->kv, seq);   /* every sample ended on its first token */
+    for (int k = 0; k < n_end; k++) finish(sch, end[k], whys[k]);   /* the last may free r */
+    free(end);
+    free(whys);
+}
+
+fr_status fr_scheduler_step(fr_scheduler *sch)
+{
+    if (!sch) return fr_fail(FR_EINVAL, "scheduler: NULL");
+    fr_kv_cache *kv = sch->s->kv;
+    /* 1. Every running sample gets the block its next token needs, newest
+     *    work preempted until it does (oldest first, so the oldest advance). */
+    for (int i = 0; i < sch->n_running;) {
+        sample *x = sch->running[i];
+        int need = fr_kv_blocks_needed(kv, x->seq, 1);
+        if (need > fr_kv_free_blocks(kv)) {
+            int any;
+            preempt_newest(sch, &any);
+            if (!any) return fr_fail(FR_EINTERNAL, "scheduler: no block for a decode and nothing to preempt");
+            i = 0;   /* the list changed: start over (reserved ones need nothing) */
+            continue;
+        }
+        if (need && fr_kv_reserve(kv, x->seq, 1))
+            return fr_fail(FR_EINTERNAL, "scheduler: a decode block could not be reserved");
+        i++;
+    }
+    /* 2. The batch: decodes first, then prefill chunks within the budget. */
+    int max_rows = sch->n_running + sch->n_prefill + sch->n_waiting;
+    if (max_rows == 0) return FR_OK;
+    if (grow((void **)&sch->rows, &sch->cap_rows, max_rows, sizeof(fr_step_seq))) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    int cap = sch->cap_rows;
+    sample **rs = realloc(sch->row_samples, sizeof(sample *) * (size_t)cap);
+    if (rs) sch->row_samples = rs;
+    int *rm = rs ? realloc(sch->row_job_m, sizeof(int) * (size_t)cap) : NULL;
+    if (rm) sch->row_job_m = rm;
+    if (!rs || !rm) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    int n_dec = sch->n_running, n_rows = 0;
+    for (int i = 0; i < n_dec; i++) {
+        sample *x = sch->running[i];
+        sch->row_samples[n_rows] = x;
+        sch->rows[n_rows++] = (fr_step_seq){.seq = x->seq, .n = 1, .tokens = &x->tokens[x->n - 1]};
+    }
+    int budget = sch->cfg.chunk - n_dec;
+    if (budget < 1) budget = 1;   /* a prefill always advances (it holds a slot, so the runner has room) */
+    int n_jobs = 0;               /* prefill jobs in the batch: sch->prefill[0..n_jobs) */
+    for (;;) {
+        if (n_jobs == sch->n_prefill && (budget == 0 || !admit_head(sch))) break;
+        if (budget == 0) break;
+        job *j = &sch->prefill[n_jobs];
+        /* A recompute feeds the prompt in chunks, then its generated tokens
+         * one per step, as they first ran: the decode path again. */
+        int end = j->sample >= 0 && j->done < j->r->n_prompt ? j->r->n_prompt : j->n_total;
+        int m = j->sample >= 0 && j->done >= j->r->n_prompt ? 1 : end - j->done;
+        if (m > budget) m = budget;
+        budget -= m;
+        sch->row_job_m[n_rows] = m;
+        sch->rows[n_rows++] = (fr_step_seq){.seq = j->seq, .n = m, .tokens = j->tokens + j->done};
+        n_jobs++;
+    }
+    if (n_rows == 0) return FR_OK;
+    /* 3. The forward step. */
+    const size_t V = (size_t)sch->vocab;
+    if (n_rows > sch->logit_rows) {
+        float *g = realloc(sch->logits, sizeof(float) * V * (size_t)n_rows);
+        if (!g) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
+        sch->logits = g;
+        sch->logit_rows = n_rows;
+    }
+    fr_status st = fr_session_step(sch->s, sch->rows, n_rows, sch->logits);
+    if (st) {
+        /* The step's work ends with reason error; nothing else changes. */
+        while (n_jobs > 0) {
+            job j = sch->prefill[0];
+            memmove(sch->prefill, sch->prefill + 1, sizeof(job) * (size_t)(sch->n_prefill - 1));
+            sch->n_prefill--;
+            n_jobs--;
+            fail_job_samples(sch, &j, FR_FINISH_ERROR);
+        }
+        for (int i = 0; i < n_dec; i++) finish(sch, sch->row_samples[i], FR_FINISH_ERROR);
+        return st;
+    }
+    sch->st.steps++;
+    /* 4. Decode tokens, then the prefills' progress (in batch order). */
+    for (int i = 0; i < n_dec; i++) {
+        sample *x = sch->row_samples[i];
+        fr_finish_reason why = draw(sch, x, sch->logits + (size_t)i * V);
+        if (why) finish(sch, x, why);
+    }
+    /* The batch's jobs are the first n_jobs of the prefill list. */
+    int kept = 0;
+    for (int k = 0; k < n_jobs; k++) {
+        job j = sch->prefill[kept];
+        int m = sch->row_job_m[n_dec + k];
+        j.done += m;
+        sch->st.prefill_tokens += m;
+        if (j.done < j.n_total) {
+            sch->prefill[kept++].done = j.done;
+            continue;
+        }
+        memmove(&sch->prefill[kept], &sch->prefill[kept + 1], sizeof(job) * (size_t)(sch->n_prefill - kept - 1));
+        sch->n_prefill--;
+        complete_job(sch, &j, sch->logits + (size_t)(n_dec + k) * V);
+    }
+    return FR_OK;
+}
+
+fr_status fr_scheduler_run(fr_scheduler *sch)
+{
+    fr_status first = FR_OK;
+    while (!fr_scheduler_idle(sch)) {
+        long long before = sch->st.steps + sch->st.finished;
+        fr_status st = fr_scheduler_step(sch);
+        if (st && !first) first = st;
+        if (st && sch->st.steps + sch->st.finished == before) return st;   /* no progress possible */
+    }
+    return first;
+}
+
+static int abort_matching(fr_scheduler *sch, int all, uint64_t id)
+{
+    int ended = 0;
+    for (int i = 0; i < sch->n_reqs;) {
+        req *r = sch->reqs[i];
+        if (!all && r->id != id) { i++; continue; }
+        /* Drop its prefill work, then end its open samples. */
+        for (int k = 0; k < sch->n_waiting;)
+            if (sch->waiting[k].r == r) {
+                free(sch->waiting[k].buf);
+                memmove(&sch->waiting[k], &sch->waiting[k + 1], sizeof(job) * (size_t)(sch->n_waiting - k - 1));
+                sch->n_waiting--;
+            } else k++;
+        for (int k = 0; k < sch->n_prefill;)
+            if (sch->prefill[k].r == r) {
+                fr_kv_seq_free(sch->s->kv, sch->prefill[k].seq);
+                free(sch->prefill[k].buf);
+                memmove(&sch->prefill[k], &sch->prefill[k + 1], sizeof(job) * (size_t)(sch->n_prefill - k - 1));
+                sch->n_prefill--;
+            } else k++;
+        int left = r->open, n = r->n;
+        ended += left;
+        for (int s = 0; left > 0 && s < n; s++)
+            if (!r->samples[s].done) {
+                left--;
+                finish(sch, &r->samples[s], FR_FINISH_ABORT);   /* the last frees r and removes it */
+            }
+    }
+    return ended;
+}
+
+fr_status fr_scheduler_abort(fr_scheduler *sch, uint64_t id, int *n_ended)
+{
+    if (!sch) return fr_fail(FR_EINVAL, "scheduler: NULL");
+    int n = abort_matching(sch, 0, id);
+    if (n_ended) *n_ended = n;
+    return FR_OK;
+}
+
+fr_status fr_scheduler_abort_all(fr_scheduler *sch, int *n_ended)
+{
+    if (!sch) return fr_fail(FR_EINVAL, "scheduler: NULL");
+    int n = abort_matching(sch, 1, 0);
+    if (n_ended) *n_ended = n;
+    return FR_OK;
+}
+
+int fr_scheduler_next_result(fr_scheduler *sch, fr_sample_result *out)
+{
+    if (!sch || !out || sch->first_result >= sch->n_results) return 0;
+    *out = sch->results[sch->first_result++];
+    if (sch->first_result == sch->n_results) sch->first_result = sch->n_results = 0;
+    return 1;
+}
+
+void fr_scheduler_stats_get(const fr_scheduler *sch, fr_scheduler_stats *out)
+{
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!sch) return;
+    *out = sch->st;
+    out->running = sch->n_running;
+    out->prefilling = sch->n_prefill;
+    out->waiting = 0;
+    for (int k = 0; k < sch->n_waiting; k++) out->waiting += job_slots(&sch->waiting[k]);
+    out->kv_blocks_free = fr_kv_free_blocks(sch->s->kv);
+    out->kv_blocks_used = sch->n_blocks - out->kv_blocks_free;
+}
