@@ -1,6 +1,8 @@
 #include "mpi_world.h"
 
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "comm_internal.h"
 
@@ -126,5 +128,78 @@ fr_comm_status fr_mpi_world_barrier(const fr_mpi_world *w)
 {
     if (!w) return fr_comm_fail(FR_COMM_EINVAL, "fr_mpi_world_barrier: world is NULL");
     FR_MPI_TRY(MPI_Barrier(w->comm));
+    return FR_COMM_OK;
+}
+
+fr_comm_status fr_mpi_world_gather_bytes(const fr_mpi_world *w, const void *buf, size_t bytes, int root,
+                                         void **out, size_t *out_len, size_t *counts)
+{
+    if (!w || !out || !out_len)
+        return fr_comm_fail(FR_COMM_EINVAL, "fr_mpi_world_gather_bytes: world or result is NULL");
+    *out = NULL;
+    *out_len = 0;
+    if (root < 0 || root >= w->size)
+        return fr_comm_fail(FR_COMM_EINVAL, "fr_mpi_world_gather_bytes: root %d outside the world of %d ranks",
+                            root, w->size);
+    if (bytes && !buf) return fr_comm_fail(FR_COMM_EINVAL, "fr_mpi_world_gather_bytes: buffer is NULL");
+    const int is_root = w->rank == root;
+    uint64_t mine = bytes, *sizes = NULL;
+    if (is_root && !(sizes = malloc(sizeof *sizes * (size_t)w->size)))
+        return fr_comm_fail(FR_COMM_ENOMEM, "fr_mpi_world_gather_bytes: out of memory");
+    int rc = MPI_Gather(&mine, 1, MPI_UINT64_T, sizes, 1, MPI_UINT64_T, root, w->comm);
+    if (rc != MPI_SUCCESS) {
+        free(sizes);
+        return fr_comm_mpi_fail(rc, "MPI_Gather");
+    }
+    /* The root allocates, then tells everyone whether it could, so that no
+     * rank is left sending to a root that gave up. */
+    char *all = NULL;
+    size_t total = 0;
+    int ok = 1;
+    if (is_root) {
+        for (int r = 0; r < w->size; r++) total += (size_t)sizes[r];
+        if (total && !(all = malloc(total))) ok = 0;
+    }
+    rc = MPI_Bcast(&ok, 1, MPI_INT, root, w->comm);
+    if (rc != MPI_SUCCESS || !ok) {
+        free(sizes);
+        free(all);
+        if (rc != MPI_SUCCESS) return fr_comm_mpi_fail(rc, "MPI_Bcast");
+        return fr_comm_fail(FR_COMM_ENOMEM, "fr_mpi_world_gather_bytes: rank %d cannot hold %zu bytes", root,
+                            total);
+    }
+    enum { TAG = 0x6762 };
+    fr_comm_status st = FR_COMM_OK;
+    if (!is_root) {
+        for (size_t off = 0; !st && off < bytes; off += FR_COMM_MPI_CHUNK) {
+            size_t n = bytes - off < FR_COMM_MPI_CHUNK ? bytes - off : FR_COMM_MPI_CHUNK;
+            rc = MPI_Send((const char *)buf + off, (int)n, MPI_BYTE, root, TAG, w->comm);
+            if (rc != MPI_SUCCESS) st = fr_comm_mpi_fail(rc, "MPI_Send");
+        }
+        return st;
+    }
+    size_t at = 0;
+    for (int r = 0; r < w->size; r++) {
+        size_t len = (size_t)sizes[r];
+        if (r == root) {
+            if (len) memcpy(all + at, buf, len);
+        } else {
+            for (size_t off = 0; !st && off < len; off += FR_COMM_MPI_CHUNK) {
+                size_t n = len - off < FR_COMM_MPI_CHUNK ? len - off : FR_COMM_MPI_CHUNK;
+                rc = MPI_Recv(all + at + off, (int)n, MPI_BYTE, r, TAG, w->comm, MPI_STATUS_IGNORE);
+                if (rc != MPI_SUCCESS) st = fr_comm_mpi_fail(rc, "MPI_Recv");
+            }
+        }
+        at += len;
+    }
+    if (!st && counts)
+        for (int r = 0; r < w->size; r++) counts[r] = (size_t)sizes[r];
+    free(sizes);
+    if (st) {
+        free(all);
+        return st;
+    }
+    *out = all;
+    *out_len = total;
     return FR_COMM_OK;
 }

@@ -61,6 +61,16 @@ fr_comm_status fr_mpi_world_bcast(const fr_mpi_world *w, void *buf, size_t bytes
  * behind all-or-nothing steps such as switching to new weights. */
 fr_comm_status fr_mpi_world_all_ok(const fr_mpi_world *w, int ok, int *all_ok);
 
+/* Collective. Concatenates every rank's `bytes` bytes of buf (each rank its
+ * own size, 0 allowed) on world rank `root`, in world-rank order: there
+ * *out receives a malloc'd buffer (free it; NULL when the total is 0),
+ * *out_len the total, and counts (may be NULL; w->size entries) each rank's
+ * size. On the other ranks *out is NULL, *out_len 0 and counts untouched.
+ * Any size (pieces of 1 GiB on the wire). When the root cannot allocate,
+ * every rank fails with FR_COMM_ENOMEM. */
+fr_comm_status fr_mpi_world_gather_bytes(const fr_mpi_world *w, const void *buf, size_t bytes, int root,
+                                         void **out, size_t *out_len, size_t *counts);
+
 /* Collective. Waits until every rank has arrived. */
 fr_comm_status fr_mpi_world_barrier(const fr_mpi_world *w);
 

@@ -1,11 +1,14 @@
 /* fp4rollout rollout: an offline batch of prompts through the continuous-
  * batching scheduler, one JSON line per sample. */
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 #include "scheduler.h"
 #include "session.h"
+#include "tp_launch.h"
 
 static const char usage_text[] =
     "usage: fp4rollout rollout --prompts FILE [--n N] [--max-tokens N]\n"
@@ -17,6 +20,9 @@ static const char usage_text[] =
     "(docs/scheduler.md) and prints each sample as it ends; a stats line goes to\n"
     "stderr. Sample i of a request draws token t with the keys (seed, i, t), so\n"
     "the tokens do not depend on --max-seqs, --kv-blocks or the other prompts.\n"
+    "Under mpirun -np W with --tp T, the W / T engines split the prompts (engine\n"
+    "e takes prompts i with i % engines == e) and world rank 0 prints every\n"
+    "sample at the end, in request order, and one stats line for all engines.\n"
     "\n"
     "  --prompts FILE       one prompt per line, comma-separated token ids; blank\n"
     "                       lines are skipped (request indices count prompts)\n"
@@ -38,25 +44,180 @@ static const char usage_text[] =
     "                       (default: a readable line per sample)\n"
     "engine options:\n";
 
+/* A growable byte buffer; `failed` records an allocation that did not succeed. */
 typedef struct {
-    int json;
+    char *data;
+    size_t len, cap;
+    int failed;
+} byte_buf;
+
+static void buf_put(byte_buf *b, const void *p, size_t n)
+{
+    if (b->failed) return;
+    if (b->len + n > b->cap) {
+        size_t c = b->cap ? b->cap : 4096;
+        while (c < b->len + n) c *= 2;
+        char *d = realloc(b->data, c);
+        if (!d) {
+            b->failed = 1;
+            return;
+        }
+        b->data = d;
+        b->cap = c;
+    }
+    if (n) memcpy(b->data + b->len, p, n);
+    b->len += n;
+}
+
+static void buf_printf(byte_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void buf_printf(byte_buf *b, const char *fmt, ...)
+{
+    char small[64];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        b->failed = 1;
+        return;
+    }
+    if ((size_t)n < sizeof small) {
+        buf_put(b, small, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1);
+    if (!big) {
+        b->failed = 1;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    buf_put(b, big, (size_t)n);
+    free(big);
+}
+
+/* Where finished samples go: printed at once (one process), kept as records
+ * for world rank 0 (an engine leader under mpirun), or dropped (the other
+ * ranks of an engine, which compute the same samples). */
+enum { OUT_PRINT, OUT_KEEP, OUT_DROP };
+
+typedef struct {
+    int json, mode;
+    byte_buf line, records;
 } out_ctx;
+
+/* A kept sample: this header, then `len` bytes of its text line. */
+typedef struct {
+    uint64_t request;
+    int32_t sample;
+    uint32_t len;
+} record_head;
+
+/* What every engine leader sends ahead of its records. */
+typedef struct {
+    int64_t requests, samples, tokens, prefill_tokens, steps, preemptions, failed;
+} engine_totals;
 
 static void on_done(void *user, const fr_sample_result *r)
 {
-    const out_ctx *o = user;
+    out_ctx *o = user;
+    if (o->mode == OUT_DROP) return;
+    byte_buf *b = &o->line;
+    b->len = 0;
     if (o->json) {
-        printf("{\"request\":%llu,\"sample\":%d,\"tokens\":[", (unsigned long long)r->request_id, r->sample);
-        for (int i = 0; i < r->n_tokens; i++) printf("%s%d", i ? "," : "", r->tokens[i]);
-        printf("],\"logprobs\":[");
-        for (int i = 0; i < r->n_tokens; i++) printf("%s%.6g", i ? "," : "", r->logprobs[i]);
-        printf("],\"finish_reason\":\"%s\"}\n", fr_finish_reason_name(r->finish));
+        buf_printf(b, "{\"request\":%llu,\"sample\":%d,\"tokens\":[", (unsigned long long)r->request_id, r->sample);
+        for (int i = 0; i < r->n_tokens; i++) buf_printf(b, "%s%d", i ? "," : "", r->tokens[i]);
+        buf_printf(b, "],\"logprobs\":[");
+        for (int i = 0; i < r->n_tokens; i++) buf_printf(b, "%s%.6g", i ? "," : "", r->logprobs[i]);
+        buf_printf(b, "],\"finish_reason\":\"%s\"}\n", fr_finish_reason_name(r->finish));
+    } else {
+        buf_printf(b, "request %llu sample %d (%s, %d tokens):", (unsigned long long)r->request_id, r->sample,
+                   fr_finish_reason_name(r->finish), r->n_tokens);
+        for (int i = 0; i < r->n_tokens; i++) buf_printf(b, " %d", r->tokens[i]);
+        buf_printf(b, "\n");
+    }
+    if (b->failed) return;
+    if (o->mode == OUT_PRINT) {
+        fwrite(b->data, 1, b->len, stdout);
         return;
     }
-    printf("request %llu sample %d (%s, %d tokens):", (unsigned long long)r->request_id, r->sample,
-           fr_finish_reason_name(r->finish), r->n_tokens);
-    for (int i = 0; i < r->n_tokens; i++) printf(" %d", r->tokens[i]);
-    putchar('\n');
+    record_head h = {.request = r->request_id, .sample = r->sample, .len = (uint32_t)b->len};
+    buf_put(&o->records, &h, sizeof h);
+    buf_put(&o->records, b->data, b->len);
+}
+
+typedef struct {
+    record_head head;
+    const char *text;
+} kept_line;
+
+static int kept_cmp(const void *a, const void *b)
+{
+    const record_head *x = &((const kept_line *)a)->head, *y = &((const kept_line *)b)->head;
+    if (x->request != y->request) return x->request < y->request ? -1 : 1;
+    return (x->sample > y->sample) - (x->sample < y->sample);
+}
+
+/* World rank 0: every engine's lines in request order on stdout, and the
+ * engines' totals summed into *sum. */
+static fr_status print_gathered(const char *all, const size_t *counts, int world_size, engine_totals *sum)
+{
+    size_t n_lines = 0, cap = 0;
+    kept_line *lines = NULL;
+    fr_status st = FR_OK;
+    memset(sum, 0, sizeof *sum);
+    const char *p = all;
+    for (int r = 0; !st && r < world_size; p += counts[r], r++) {
+        if (counts[r] == 0) continue;   /* a rank that is not an engine leader */
+        const char *q = p, *end = p + counts[r];
+        engine_totals t;
+        if ((size_t)(end - q) < sizeof t) {
+            st = fr_fail(FR_EIO, "rank %d sent %zu bytes, too few for its totals", r, counts[r]);
+            break;
+        }
+        memcpy(&t, q, sizeof t);
+        q += sizeof t;
+        sum->requests += t.requests;
+        sum->samples += t.samples;
+        sum->tokens += t.tokens;
+        sum->prefill_tokens += t.prefill_tokens;
+        sum->steps += t.steps;
+        sum->preemptions += t.preemptions;
+        sum->failed += t.failed;
+        while (!st && q < end) {
+            kept_line k;
+            if ((size_t)(end - q) < sizeof k.head) {
+                st = fr_fail(FR_EIO, "rank %d sent a truncated result", r);
+                break;
+            }
+            memcpy(&k.head, q, sizeof k.head);
+            q += sizeof k.head;
+            if ((size_t)(end - q) < k.head.len) {
+                st = fr_fail(FR_EIO, "rank %d sent a truncated result", r);
+                break;
+            }
+            k.text = q;
+            q += k.head.len;
+            if (n_lines == cap) {
+                size_t c = cap ? cap * 2 : 256;
+                kept_line *a = realloc(lines, sizeof *a * c);
+                if (!a) {
+                    st = fr_fail(FR_ENOMEM, "out of memory");
+                    break;
+                }
+                lines = a;
+                cap = c;
+            }
+            lines[n_lines++] = k;
+        }
+    }
+    if (!st) {
+        qsort(lines, n_lines, sizeof *lines, kept_cmp);
+        for (size_t i = 0; i < n_lines; i++) fwrite(lines[i].text, 1, lines[i].head.len, stdout);
+    }
+    free(lines);
+    return st;
 }
 
 typedef struct {
@@ -168,11 +329,20 @@ int fr_cli_rollout(int argc, char **argv)
         for (int i = 0; i < pl.n; i++) longest = pl.len[i] > longest ? pl.len[i] : longest;
         kv_blocks = max_seqs * ((longest + max_tokens + 127) / 128);
     }
+    fr_tp_launch tl;
+    if ((st = fr_tp_launch_open(eo.tp, &tl))) {
+        fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
+        prompts_free(&pl);
+        free(stop);
+        return 1;
+    }
+    eo.group = tl.group;
     fr_session s;
     if ((st = fr_session_open(&eo, kv_blocks, max_seqs, &s))) {
         fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
         prompts_free(&pl);
         free(stop);
+        fr_tp_launch_close(&tl);
         return 1;
     }
     const fr_model_config *mc = &s.model->cfg;
@@ -183,12 +353,17 @@ int fr_cli_rollout(int argc, char **argv)
             n_stop = mc->n_eos;
         }
     }
-    out_ctx oc = {.json = json};
+    /* Under mpirun, engine e serves prompts i with i % n_engines == e; all
+     * ranks of an engine run the same scheduler on the same share. */
+    const int multi = tl.world != NULL;
+    out_ctx oc = {.json = json, .mode = !multi ? OUT_PRINT : tl.engine_leader ? OUT_KEEP : OUT_DROP};
     fr_scheduler_config sc = {.max_seqs = max_seqs, .chunk = eo.chunk, .reserve_blocks = -1, .on_done = on_done,
                               .user = &oc};
     fr_scheduler *sch = NULL;
+    int n_requests = 0;
     st = fr_scheduler_new(&s, &sc, &sch);
     for (int i = 0; !st && i < pl.n; i++) {
+        if (i % tl.n_engines != tl.engine) continue;
         fr_request_spec r = {.id = (uint64_t)i, .group = (uint64_t)i, .prompt = pl.ids[i], .n_prompt = pl.len[i],
                              .n = n_samples, .params = sp, .max_tokens = max_tokens, .stop_ids = stop,
                              .n_stop = n_stop};
@@ -196,22 +371,79 @@ int fr_cli_rollout(int argc, char **argv)
             char msg[512];
             snprintf(msg, sizeof msg, "%s", fr_last_error());
             st = fr_fail(st, "prompt %d: %s", i, msg);
+        } else {
+            n_requests++;
         }
     }
     if (!st) st = fr_scheduler_run(sch);
-    if (st) fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
+    if (st && tl.engine_leader) {
+        if (multi) fprintf(stderr, "fp4rollout rollout: engine %d: %s\n", tl.engine, fr_last_error());
+        else fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
+    }
+    fr_scheduler_stats ss = {0};
+    const int had_sch = sch != NULL;
     if (sch) {
-        fr_scheduler_stats ss;
         fr_scheduler_stats_get(sch, &ss);
         fr_scheduler_destroy(&sch);   /* anything left in flight ends with reason abort */
+    }
+    if (!multi && had_sch)
         fprintf(stderr,
                 "rollout: requests %d samples %lld tokens %lld prefill_tokens %lld steps %lld preemptions %lld "
                 "kv_blocks %d backend %s\n",
                 pl.n, ss.finished, ss.tokens_generated, ss.prefill_tokens, ss.steps, ss.preemptions, kv_blocks,
                 fr_backend_name(s.backend));
+    if (multi) {
+        /* Every rank enters the gather, failed or not; the leaders send their
+         * engine's totals and lines, the other ranks nothing. */
+        if (oc.records.failed && !st) st = fr_fail(FR_ENOMEM, "out of memory keeping the results");
+        engine_totals t = {.requests = n_requests, .samples = ss.finished, .tokens = ss.tokens_generated,
+                           .prefill_tokens = ss.prefill_tokens, .steps = ss.steps, .preemptions = ss.preemptions,
+                           .failed = st != FR_OK};
+        byte_buf mine = {0};
+        if (tl.engine_leader) {
+            buf_put(&mine, &t, sizeof t);
+            buf_put(&mine, oc.records.data, oc.records.len);
+            if (mine.failed) {
+                if (!st) st = fr_fail(FR_ENOMEM, "out of memory sending the results");
+                mine.len = 0;
+            }
+        }
+        size_t *counts = tl.output_rank ? calloc((size_t)tl.world_size, sizeof *counts) : NULL;
+        void *all = NULL;
+        size_t all_len = 0;
+        fr_status gst = FR_OK;
+        if (fr_mpi_world_gather_bytes(tl.world, mine.data, mine.len, 0, &all, &all_len, counts))
+            gst = fr_fail(FR_EIO, "%s", fr_comm_last_error());
+        else if (tl.output_rank && !counts)
+            gst = fr_fail(FR_ENOMEM, "out of memory");
+        else if (tl.output_rank) {
+            engine_totals sum = {0};
+            if (all_len) gst = print_gathered(all, counts, tl.world_size, &sum);
+            if (!gst)
+                fprintf(stderr,
+                        "rollout: engines %d x tp %d (world %d) requests %lld samples %lld tokens %lld "
+                        "prefill_tokens %lld steps %lld preemptions %lld kv_blocks %d backend %s\n",
+                        tl.n_engines, eo.tp, tl.world_size, (long long)sum.requests, (long long)sum.samples,
+                        (long long)sum.tokens, (long long)sum.prefill_tokens, (long long)sum.steps,
+                        (long long)sum.preemptions, kv_blocks, fr_backend_name(s.backend));
+        }
+        if (gst) {
+            fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
+            if (!st) st = gst;
+        }
+        /* Every rank exits alike: non-zero when any engine failed. */
+        int all_ok = 0;
+        if (fr_mpi_world_all_ok(tl.world, st == FR_OK, &all_ok)) all_ok = 0;
+        if (!all_ok && !st) st = FR_EIO;
+        free(all);
+        free(counts);
+        free(mine.data);
     }
+    free(oc.line.data);
+    free(oc.records.data);
     fflush(stdout);
     fr_session_close(&s);
+    fr_tp_launch_close(&tl);
     prompts_free(&pl);
     free(stop);
     return st ? 1 : 0;

@@ -8,9 +8,11 @@
  *     fr_tp_launch_close(&l);
  *
  * With world size W and tp N, the ranks form W / N engines
- * (comm/engine_group.h). A command-line job is one request, so every engine
+ * (comm/engine_group.h). generate and score are one request, so every engine
  * runs it alike and world rank 0 (the leader of engine 0) alone prints or
- * writes the result. Without mpirun and with tp 1, MPI is not started. */
+ * writes the result; rollout splits its prompts across the engines (engine
+ * e takes prompts i with i % n_engines == e) and gathers the results on
+ * world rank 0. Without mpirun and with tp 1, MPI is not started. */
 #ifndef FR_TP_LAUNCH_H
 #define FR_TP_LAUNCH_H
 
@@ -27,6 +29,8 @@ typedef struct {
     fr_engine_group *group;     /* this rank's engine; NULL when tp == 1 */
     int world_rank, world_size; /* 0 and 1 without MPI */
     int output_rank;            /* 1 on the rank that prints and writes results */
+    int engine, n_engines;      /* this rank's engine and the engine count (0 and 1 without MPI) */
+    int engine_leader;          /* 1 on tp rank 0 of its engine (and without MPI) */
 } fr_tp_launch;
 
 /* 1 when the process was started by mpirun (OMPI_COMM_WORLD_SIZE is set). */

@@ -143,6 +143,45 @@ static void test_world_bcast_and_vote(void **state)
     assert_int_equal(fr_mpi_world_all_ok(W, 1, NULL), FR_COMM_EINVAL);
 }
 
+static void test_world_gather_bytes(void **state)
+{
+    (void)state;
+    const int root = W->size - 1;
+    /* Rank r sends 3 r + 1 bytes, rank 0 none when the world has several. */
+    size_t mine = W->size > 1 && W->rank == 0 ? 0 : (size_t)W->rank * 3 + 1;
+    unsigned char send[256];
+    for (size_t i = 0; i < mine; i++) send[i] = (unsigned char)(W->rank * 31 + (int)i);
+    void *got = (void *)1, *none = (void *)1;
+    size_t len = 99, none_len = 99, counts[64] = {0};
+    fr_comm_status st_g = fr_mpi_world_gather_bytes(W, mine ? send : NULL, mine, root, &got, &len, counts);
+    fr_comm_status st_e = fr_mpi_world_gather_bytes(W, NULL, 0, 0, &none, &none_len, NULL);
+
+    assert_int_equal(st_g, FR_COMM_OK);
+    assert_int_equal(st_e, FR_COMM_OK);
+    assert_null(none);
+    assert_int_equal(none_len, 0);
+    if (W->rank != root) {
+        assert_null(got);
+        assert_int_equal(len, 0);
+    } else {
+        size_t at = 0;
+        const unsigned char *b = got;
+        for (int r = 0; r < W->size; r++) {
+            size_t n = W->size > 1 && r == 0 ? 0 : (size_t)r * 3 + 1;
+            assert_int_equal(counts[r], n);
+            for (size_t i = 0; i < n; i++) assert_int_equal(b[at + i], (unsigned char)(r * 31 + (int)i));
+            at += n;
+        }
+        assert_int_equal(len, at);
+    }
+    free(got);
+    /* Local argument checks (no collective is entered). */
+    assert_int_equal(fr_mpi_world_gather_bytes(W, send, 1, W->size, &got, &len, NULL), FR_COMM_EINVAL);
+    assert_msg_has("root");
+    assert_int_equal(fr_mpi_world_gather_bytes(W, NULL, 4, 0, &got, &len, NULL), FR_COMM_EINVAL);
+    assert_int_equal(fr_mpi_world_gather_bytes(W, send, 1, 0, NULL, &len, NULL), FR_COMM_EINVAL);
+}
+
 /* ---- engines ---------------------------------------------------------- */
 
 /* The looped tests below run every tp's collectives first and assert after,
@@ -404,6 +443,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_layout_rejects),
         cmocka_unit_test(test_world),
         cmocka_unit_test(test_world_bcast_and_vote),
+        cmocka_unit_test(test_world_gather_bytes),
         cmocka_unit_test(test_engine_split),
         cmocka_unit_test(test_engine_split_rejects),
         cmocka_unit_test(test_allreduce),

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Multi-engine `fp4rollout rollout` on the CPU backend (docs/scheduler.md):
+# mpirun -np 4 --tp 2 makes 2 engines that split the prompts; world rank 0
+# prints every sample once, in request order, with one stats line.
+#  - 64 prompts x 4 samples: 256 lines, each (request, sample) once, and the
+#    tokens of the single-process run. The check uses --kv f32: with BF16 KV
+#    the tp-2 partial sums round differently from tp 1 and a few samples
+#    drift (engines of tp 1 match either way, see below);
+#  - 32 prompts with KV room for 8 sequences: all finish, preemptions > 0.
+# Skipped, with a message, when mpirun is absent.
+set -euo pipefail
+bin=${BUILD:-build}/fp4rollout
+py=/usr/bin/python3
+fail() { echo "rollout_mpi: $*" >&2; exit 1; }
+if ! command -v mpirun >/dev/null 2>&1; then
+  echo "rollout_mpi: SKIP: mpirun not found (install openmpi-bin: scripts/install-deps.sh)"
+  exit 0
+fi
+[ -x "$bin" ] || fail "$bin is missing (run make)"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+# One BLAS thread per rank: ranks share few cores (--oversubscribe).
+export OPENBLAS_NUM_THREADS=1
+mpi=(mpirun --oversubscribe -x OPENBLAS_NUM_THREADS)
+[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+run_np() { local np=$1; shift; timeout 120 "${mpi[@]}" -np "$np" "$bin" "$@"; }
+
+$py - "$dir/prompts.txt" <<'PY'
+import random, sys
+random.seed(7)
+with open(sys.argv[1], "w") as f:
+    for i in range(64):
+        n = random.randint(3, 150)
+        f.write(",".join(["256"] + [str(random.randint(0, 255)) for _ in range(n)]) + "\n")
+PY
+head -32 "$dir/prompts.txt" > "$dir/prompts32.txt"
+args=(rollout --model synthetic:tiny --backend cpu --n 4 --max-tokens 40 --temperature 1 --seed 11 --json)
+
+# check FILE PROMPTS: every (request, sample) once, in request order, ended
+# by stop or length; with a third argument, the same tokens as that file.
+check() {
+  $py - "$@" <<'PY'
+import json, sys
+def load(path, n):
+    rows = [json.loads(l) for l in open(path)]
+    keys = [(r["request"], r["sample"]) for r in rows]
+    assert len(rows) == n * 4, f"{path}: {len(rows)} lines, not {n * 4}"
+    assert set(keys) == {(i, k) for i in range(n) for k in range(4)}, f"{path}: samples missing or repeated"
+    assert keys == sorted(keys), f"{path}: not in request order"
+    for r in rows:
+        assert r["finish_reason"] in ("stop", "length"), r["finish_reason"]
+        assert len(r["tokens"]) == len(r["logprobs"]) >= 1
+    return {k: r["tokens"] for k, r in zip(keys, rows)}
+n = int(sys.argv[2])
+a = load(sys.argv[1], n)
+if len(sys.argv) > 3:
+    b = {(r["request"], r["sample"]): r["tokens"] for r in map(json.loads, open(sys.argv[3]))}
+    same = sum(a[k] == b.get(k) for k in a)
+    print(f"{same}/{len(a)} samples equal to the single-process run")
+    sys.exit(0 if same == len(a) else 1)
+PY
+}
+
+# (a) 2 engines of tp 2 against one process, f32 KV.
+"$bin" "${args[@]}" --prompts "$dir/prompts.txt" --kv f32 > "$dir/one.jsonl" 2> "$dir/one.err" ||
+  fail "single-process run failed: $(cat "$dir/one.err")"
+run_np 4 "${args[@]}" --tp 2 --prompts "$dir/prompts.txt" --kv f32 > "$dir/mpi.jsonl" 2> "$dir/mpi.err" ||
+  fail "mpirun -np 4 --tp 2 failed: $(tail -5 "$dir/mpi.err")"
+echo -n "np 4 tp 2, f32 KV: "; check "$dir/mpi.jsonl" 64 "$dir/one.jsonl" || fail "tokens differ from one process"
+[ "$(grep -c '^rollout: ' "$dir/mpi.err")" -eq 1 ] || fail "not exactly one stats line: $(cat "$dir/mpi.err")"
+grep -q "^rollout: engines 2 x tp 2 (world 4) requests 64 samples 256 " "$dir/mpi.err" ||
+  fail "stats line: $(cat "$dir/mpi.err")"
+
+# 2 engines of tp 1 (BF16 KV, the default): a different batch composition,
+# the same tokens.
+"$bin" "${args[@]}" --prompts "$dir/prompts.txt" > "$dir/one16.jsonl" 2>/dev/null || fail "single-process bf16 run"
+run_np 2 "${args[@]}" --prompts "$dir/prompts.txt" > "$dir/mpi16.jsonl" 2> "$dir/mpi16.err" ||
+  fail "mpirun -np 2 failed: $(tail -5 "$dir/mpi16.err")"
+echo -n "np 2 tp 1, bf16 KV: "; check "$dir/mpi16.jsonl" 64 "$dir/one16.jsonl" || fail "tokens differ from one process"
+grep -q "^rollout: engines 2 x tp 1 (world 2) requests 64 samples 256 " "$dir/mpi16.err" ||
+  fail "stats line: $(cat "$dir/mpi16.err")"
+
+# (b) KV room for 8 sequences per engine: every sample ends, some preempted.
+run_np 4 "${args[@]}" --tp 2 --prompts "$dir/prompts32.txt" --max-seqs 8 --kv-blocks 10 --chunk 64 \
+  > "$dir/tight.jsonl" 2> "$dir/tight.err" || fail "capacity-limited run failed: $(tail -5 "$dir/tight.err")"
+check "$dir/tight.jsonl" 32 || fail "capacity-limited run"
+grep -q "^rollout: engines 2 x tp 2 (world 4) requests 32 samples 128 .* preemptions [1-9]" "$dir/tight.err" ||
+  fail "no preemption reported: $(cat "$dir/tight.err")"
+echo "capacity-limited: $(grep '^rollout: ' "$dir/tight.err")"
+
+# More engines than prompts: the idle engines send totals only.
+head -1 "$dir/prompts.txt" > "$dir/one_prompt.txt"
+run_np 4 "${args[@]}" --tp 1 --prompts "$dir/one_prompt.txt" > "$dir/few.jsonl" 2> "$dir/few.err" ||
+  fail "one prompt over 4 engines failed: $(tail -5 "$dir/few.err")"
+check "$dir/few.jsonl" 1 || fail "one prompt over 4 engines"
+grep -q "^rollout: engines 4 x tp 1 (world 4) requests 1 samples 4 " "$dir/few.err" ||
+  fail "stats line: $(cat "$dir/few.err")"
+echo "rollout_mpi: all checks passed"
