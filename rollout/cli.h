@@ -6,6 +6,8 @@
 
 #include <stdio.h>
 
+#include "sampler.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -32,6 +34,22 @@ int fr_cli_wants_help(int argc, char **argv);
  * "fp4rollout CMD: --flag expects ..." and returns -1. */
 int fr_cli_int(const char *cmd, const char *flag, const char *text, long lo, long hi, int *out);
 int fr_cli_float(const char *cmd, const char *flag, const char *text, float *out);
+
+/* The sampling options generate and rollout share: --n, --max-tokens,
+ * --greedy, --temperature, --top-p, --top-k, --seed, --stop-ids,
+ * --ignore-eos, --json. */
+typedef struct {
+    int n_samples, max_tokens, json, ignore_eos, greedy, seed;
+    const char *stop_text;          /* --stop-ids, or NULL */
+    fr_sampling_params sp;
+} fr_cli_sampling;
+void fr_cli_sampling_default(fr_cli_sampling *o);
+/* Consumes argv[*i] (and its value) when it is a sampling option: 1 when
+ * consumed, 0 when not one, -1 after printing an error. */
+int fr_cli_sampling_parse(const char *cmd, int argc, char **argv, int *i, fr_cli_sampling *o);
+/* After parsing: checks --greedy against --temperature and fills sp (seed,
+ * temperature 0 when greedy); returns 0, or 2 after printing an error. */
+int fr_cli_sampling_finish(const char *cmd, fr_cli_sampling *o);
 /* Prints "fp4rollout CMD: message" and a hint to --help; returns exit status 2. */
 int fr_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -49,3 +49,36 @@ int fr_cli_float(const char *cmd, const char *flag, const char *text, float *out
     *out = v;
     return 0;
 }
+
+void fr_cli_sampling_default(fr_cli_sampling *o)
+{
+    *o = (fr_cli_sampling){.n_samples = 1, .max_tokens = 64,
+                           .sp = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0}};
+}
+
+int fr_cli_sampling_parse(const char *cmd, int argc, char **argv, int *i, fr_cli_sampling *o)
+{
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    int bad = 0;
+    if (strcmp(a, "--greedy") == 0) o->greedy = 1;
+    else if (strcmp(a, "--json") == 0) o->json = 1;
+    else if (strcmp(a, "--ignore-eos") == 0) o->ignore_eos = 1;
+    else if (!v) return 0;
+    else if (strcmp(a, "--stop-ids") == 0) o->stop_text = argv[++*i];
+    else if (strcmp(a, "--n") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 1, 4096, &o->n_samples);
+    else if (strcmp(a, "--max-tokens") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 1, 1 << 24, &o->max_tokens);
+    else if (strcmp(a, "--top-k") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 0, 1 << 30, &o->sp.top_k);
+    else if (strcmp(a, "--seed") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 0, 0x7fffffff, &o->seed);
+    else if (strcmp(a, "--temperature") == 0) bad = fr_cli_float(cmd, a, argv[++*i], &o->sp.temperature);
+    else if (strcmp(a, "--top-p") == 0) bad = fr_cli_float(cmd, a, argv[++*i], &o->sp.top_p);
+    else return 0;
+    return bad ? -1 : 1;
+}
+
+int fr_cli_sampling_finish(const char *cmd, fr_cli_sampling *o)
+{
+    if (o->greedy && o->sp.temperature > 0.0f) return fr_cli_usage_error(cmd, "--greedy contradicts --temperature");
+    if (o->greedy) o->sp.temperature = 0.0f;
+    o->sp.seed = (uint64_t)o->seed;
+    return 0;
+}

@@ -76,9 +76,9 @@ static void print_sample(const sample *s, int idx, int json, int byte_vocab)
 
 int fr_cli_generate(int argc, char **argv)
 {
-    const char *cmd = "generate", *ids_text = NULL, *ids_file = NULL, *stop_text = NULL;
-    int n_samples = 1, max_tokens = 64, json = 0, ignore_eos = 0, greedy = 0, seed = 0;
-    fr_sampling_params sp = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
+    const char *cmd = "generate", *ids_text = NULL, *ids_file = NULL;
+    fr_cli_sampling so;
+    fr_cli_sampling_default(&so);
     fr_engine_opts eo;
     fr_engine_opts_default(&eo);
     if (fr_cli_wants_help(argc, argv)) {
@@ -89,27 +89,18 @@ int fr_cli_generate(int argc, char **argv)
         int r = fr_engine_opts_parse(cmd, argc, argv, &i, &eo);
         if (r < 0) return 2;
         if (r) continue;
+        if ((r = fr_cli_sampling_parse(cmd, argc, argv, &i, &so)) < 0) return 2;
+        if (r) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
         if (strcmp(a, "--prompt-ids") == 0 && v) ids_text = argv[++i];
         else if (strcmp(a, "--prompt-file") == 0 && v) ids_file = argv[++i];
-        else if (strcmp(a, "--stop-ids") == 0 && v) stop_text = argv[++i];
-        else if (strcmp(a, "--n") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 1, 4096, &n_samples);
-        else if (strcmp(a, "--max-tokens") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 1, 1 << 24, &max_tokens);
-        else if (strcmp(a, "--top-k") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 0, 1 << 30, &sp.top_k);
-        else if (strcmp(a, "--seed") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 0, 0x7fffffff, &seed);
-        else if (strcmp(a, "--temperature") == 0 && v) bad = fr_cli_float(cmd, a, argv[++i], &sp.temperature);
-        else if (strcmp(a, "--top-p") == 0 && v) bad = fr_cli_float(cmd, a, argv[++i], &sp.top_p);
-        else if (strcmp(a, "--greedy") == 0) greedy = 1;
-        else if (strcmp(a, "--json") == 0) json = 1;
-        else if (strcmp(a, "--ignore-eos") == 0) ignore_eos = 1;
         else return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", a);
-        if (bad) return 2;
     }
     if (ids_text && ids_file) return fr_cli_usage_error(cmd, "give one of --prompt-ids and --prompt-file");
-    if (greedy && sp.temperature > 0.0f) return fr_cli_usage_error(cmd, "--greedy contradicts --temperature");
-    if (greedy) sp.temperature = 0.0f;
-    sp.seed = (uint64_t)seed;
+    if (fr_cli_sampling_finish(cmd, &so)) return 2;
+    const char *stop_text = so.stop_text;
+    int n_samples = so.n_samples, max_tokens = so.max_tokens, json = so.json, ignore_eos = so.ignore_eos;
+    fr_sampling_params sp = so.sp;
 
     int *ids = NULL, n_ids = 0, *stop = NULL, n_stop = 0;
     fr_status st = FR_OK;
