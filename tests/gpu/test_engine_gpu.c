@@ -172,6 +172,16 @@ static int have_tq6_and_gpu(void)
     return 1;
 }
 
+/* A session on tq6 with the CUDA backend, 2 sequence slots. */
+static void open_tq6_cuda(fr_session *s, int n_blocks)
+{
+    fr_engine_opts o;
+    fr_engine_opts_default(&o);
+    o.backend = FR_BACKEND_CUDA;
+    o.model = tq6;
+    open_or_fail(&o, n_blocks, 2, s);
+}
+
 static int *golden_ids(const st_file *g, int p, int *n)
 {
     char name[32];
@@ -213,12 +223,8 @@ static void test_tq6_vs_golden(void **state)
     if (!have_hf) printf("  FR_HF_BF16_STATS not given: printing our figures only\n");
     st_file *g;
     assert_int_equal(st_file_open(golden_path, &g), FR_OK);
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CUDA;
-    o.model = tq6;
     fr_session s;
-    open_or_fail(&o, 4096 / 128 + 2, 2, &s);
+    open_tq6_cuda(&s, 4096 / 128 + 2);
     for (int p = 0; p < 7; p++) {
         int n;
         int *ids = golden_ids(g, p, &n);
@@ -252,12 +258,8 @@ static void test_tq6_greedy(void **state)
     if (!have_tq6_and_gpu()) skip();
     st_file *g;
     assert_int_equal(st_file_open(golden_path, &g), FR_OK);
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CUDA;
-    o.model = tq6;
     fr_session s;
-    open_or_fail(&o, 4096 / 128 + 4, 2, &s);
+    open_tq6_cuda(&s, 4096 / 128 + 4);
     fr_sampler *smp;
     assert_int_equal(fr_sampler_new(272, &smp), FR_OK);
     fr_sampling_params greedy = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
@@ -304,12 +306,8 @@ static void test_tq6_decode_vs_prefill(void **state)
     if (!have_tq6_and_gpu()) skip();
     st_file *g;
     assert_int_equal(st_file_open(golden_path, &g), FR_OK);
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CUDA;
-    o.model = tq6;
     fr_session s;
-    open_or_fail(&o, 8, 2, &s);
+    open_tq6_cuda(&s, 8);
     int n;
     int *ids = golden_ids(g, 3, &n);
     float *pre = score(&s, ids, n, 512, 0), *dec = score(&s, ids, n, 512, 1);
