@@ -9,22 +9,8 @@
 #  - 32 prompts with KV room for 8 sequences: all finish, preemptions > 0.
 # Skipped, with a message, when mpirun is absent.
 set -euo pipefail
-bin=${BUILD:-build}/fp4rollout
-py=/usr/bin/python3
-fail() { echo "rollout_mpi: $*" >&2; exit 1; }
-if ! command -v mpirun >/dev/null 2>&1; then
-  echo "rollout_mpi: SKIP: mpirun not found (install openmpi-bin: scripts/install-deps.sh)"
-  exit 0
-fi
-[ -x "$bin" ] || fail "$bin is missing (run make)"
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-
-# One BLAS thread per rank: ranks share few cores (--oversubscribe).
-export OPENBLAS_NUM_THREADS=1
-mpi=(mpirun --oversubscribe -x OPENBLAS_NUM_THREADS)
-[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
-run_np() { local np=$1; shift; timeout 120 "${mpi[@]}" -np "$np" "$bin" "$@"; }
+name=rollout_mpi mpi_limit=120
+source "$(dirname "$0")/mpi_setup.bash"
 
 $py - "$dir/prompts.txt" <<'PY'
 import random, sys

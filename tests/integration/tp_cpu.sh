@@ -8,22 +8,8 @@
 #    within the bounds below; generate --greedy --max-tokens 32 same tokens.
 # Skipped, with a message, when mpirun is absent.
 set -euo pipefail
-bin=${BUILD:-build}/fp4rollout
-py=/usr/bin/python3
-fail() { echo "tp_cpu: $*" >&2; exit 1; }
-if ! command -v mpirun >/dev/null 2>&1; then
-  echo "tp_cpu: SKIP: mpirun not found (install openmpi-bin: scripts/install-deps.sh)"
-  exit 0
-fi
-[ -x "$bin" ] || fail "$bin is missing (run make)"
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-
-# One BLAS thread per rank: ranks share few cores (--oversubscribe).
-export OPENBLAS_NUM_THREADS=1
-mpi=(mpirun --oversubscribe -x OPENBLAS_NUM_THREADS)
-[ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
-run_np() { local np=$1; shift; timeout 300 "${mpi[@]}" -np "$np" "$bin" "$@"; }
+name=tp_cpu mpi_limit=300
+source "$(dirname "$0")/mpi_setup.bash"
 
 # compare A B BOUND: max |A - B| <= BOUND x max |A| over two float32 files.
 compare() {
