@@ -211,6 +211,36 @@ static fr_status attention(fr_runner_cpu *r, int layer, const fr_step_seq *seqs,
     return st;
 }
 
+fr_status fr_step_admit(fr_kv_cache *kv, const fr_step_seq *seqs, int n_seqs, int vocab, int max_position,
+                        int max_tokens, int *n_tokens)
+{
+    int M = 0, need = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        if (seqs[s].n < 1 || !seqs[s].tokens)
+            return fr_fail(FR_EINVAL, "step: sequence %d has no tokens", seqs[s].seq);
+        for (int i = 0; i < seqs[s].n; i++)
+            if (seqs[s].tokens[i] < 0 || seqs[s].tokens[i] >= vocab)
+                return fr_fail(FR_EINVAL, "step: token id %d outside the vocabulary [0, %d)", seqs[s].tokens[i],
+                               vocab);
+        int len = fr_kv_seq_len(kv, seqs[s].seq);
+        if (len < 0) return fr_fail(FR_EINVAL, "step: KV sequence %d does not exist", seqs[s].seq);
+        if (len + seqs[s].n > max_position)
+            return fr_fail(FR_EINVAL, "step: %d tokens exceed the context window of %d", len + seqs[s].n,
+                           max_position);
+        M += seqs[s].n;
+        need += fr_kv_blocks_needed(kv, seqs[s].seq, seqs[s].n);
+    }
+    if (M > max_tokens) return fr_fail(FR_EINVAL, "step: %d tokens exceed the step limit of %d", M, max_tokens);
+    if (need > fr_kv_free_blocks(kv))
+        return fr_fail(FR_ENOMEM, "step: needs %d free KV blocks, %d are free", need, fr_kv_free_blocks(kv));
+    for (int s = 0; s < n_seqs; s++) {
+        fr_status st = fr_kv_reserve(kv, seqs[s].seq, seqs[s].n);
+        if (st) return st;
+    }
+    *n_tokens = M;
+    return FR_OK;
+}
+
 fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_seqs, float *logits)
 {
     const fr_model_config *c = r->c;   /* local head, intermediate and vocabulary counts */
@@ -219,32 +249,10 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
     const int vocab = r->m->cfg.vocab_size;
     const size_t qd = (size_t)H * d, kvd = (size_t)KVH * d;
     int M = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        if (seqs[s].n < 1 || !seqs[s].tokens)
-            return fr_fail(FR_EINVAL, "step: sequence %d has no tokens", seqs[s].seq);
-        for (int i = 0; i < seqs[s].n; i++)
-            if (seqs[s].tokens[i] < 0 || seqs[s].tokens[i] >= vocab)
-                return fr_fail(FR_EINVAL, "step: token id %d outside the vocabulary [0, %d)",
-                               seqs[s].tokens[i], vocab);
-        int len = fr_kv_seq_len(r->kv, seqs[s].seq);
-        if (len < 0) return fr_fail(FR_EINVAL, "step: KV sequence %d does not exist", seqs[s].seq);
-        if (len + seqs[s].n > c->max_position)
-            return fr_fail(FR_EINVAL, "step: %d tokens exceed the context window of %d", len + seqs[s].n,
-                           c->max_position);
-        M += seqs[s].n;
-    }
-    if (M > r->max_tokens)
-        return fr_fail(FR_EINVAL, "step: %d tokens exceed the step limit of %d", M, r->max_tokens);
+    fr_status st = fr_step_admit(r->kv, seqs, n_seqs, vocab, c->max_position, r->max_tokens, &M);
+    if (st) return st;
     for (int s = 0, row = 0; s < n_seqs; row += seqs[s].n, s++)
         for (int i = 0; i < seqs[s].n; i++) r->pos[row + i] = fr_kv_seq_len(r->kv, seqs[s].seq) + i;
-    /* Reserve every block first so a full cache fails before anything changes. */
-    int need = 0;
-    for (int s = 0; s < n_seqs; s++) need += fr_kv_blocks_needed(r->kv, seqs[s].seq, seqs[s].n);
-    if (need > fr_kv_free_blocks(r->kv))
-        return fr_fail(FR_ENOMEM, "step: needs %d free KV blocks, %d are free", need, fr_kv_free_blocks(r->kv));
-    fr_status st = FR_OK;
-    for (int s = 0; s < n_seqs && !st; s++) st = fr_kv_reserve(r->kv, seqs[s].seq, seqs[s].n);
-    if (st) return st;
 
     for (int s = 0, row = 0; s < n_seqs; row += seqs[s].n, s++)
         fr_embed(r->x + (size_t)row * D, w->embed, seqs[s].tokens, seqs[s].n, D);

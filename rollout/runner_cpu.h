@@ -45,6 +45,14 @@ void fr_runner_cpu_destroy(fr_runner_cpu **r);
 /* Rows of logits the step produces (in sequence order). */
 int fr_step_logit_rows(const fr_step_seq *seqs, int n_seqs);
 
+/* The checks every backend makes before a step, and its block reservation:
+ * tokens present and inside [0, vocab), sequences existing, the context
+ * window and the step-token limit respected, then every block the step needs
+ * reserved, all or nothing (a full cache fails with FR_ENOMEM before anything
+ * changes). *n_tokens receives the step's token count. */
+fr_status fr_step_admit(fr_kv_cache *kv, const fr_step_seq *seqs, int n_seqs, int vocab, int max_position,
+                        int max_tokens, int *n_tokens);
+
 /* Runs one step. logits receives fr_step_logit_rows() rows of vocab floats.
  * Blocks for the new tokens are reserved here; on FR_ENOMEM nothing changed. */
 fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_seqs, float *logits);

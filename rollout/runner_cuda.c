@@ -180,38 +180,14 @@ void fr_runner_cuda_destroy(fr_runner_cuda **pr)
     *pr = NULL;
 }
 
-/* Checks the request like the CPU runner and reserves every block first, so
- * a full cache fails before anything changes. Returns the token count. */
+/* The shared checks and block reservation (fr_step_admit), within the
+ * runner's sequence bound. */
 static fr_status admit(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int *M_out)
 {
     const fr_model_config *c = &r->w->cfg;
     if (n_seqs < 1 || n_seqs > r->max_seqs)
         return fr_fail(FR_EINVAL, "step: %d sequences (1..%d allowed)", n_seqs, r->max_seqs);
-    int M = 0, need = 0;
-    for (int s = 0; s < n_seqs; s++) {
-        if (seqs[s].n < 1 || !seqs[s].tokens)
-            return fr_fail(FR_EINVAL, "step: sequence %d has no tokens", seqs[s].seq);
-        for (int i = 0; i < seqs[s].n; i++)
-            if (seqs[s].tokens[i] < 0 || seqs[s].tokens[i] >= c->vocab_size)
-                return fr_fail(FR_EINVAL, "step: token id %d outside the vocabulary [0, %d)", seqs[s].tokens[i],
-                               c->vocab_size);
-        int len = fr_kv_seq_len(r->book, seqs[s].seq);
-        if (len < 0) return fr_fail(FR_EINVAL, "step: KV sequence %d does not exist", seqs[s].seq);
-        if (len + seqs[s].n > c->max_position)
-            return fr_fail(FR_EINVAL, "step: %d tokens exceed the context window of %d", len + seqs[s].n,
-                           c->max_position);
-        M += seqs[s].n;
-        need += fr_kv_blocks_needed(r->book, seqs[s].seq, seqs[s].n);
-    }
-    if (M > r->max_tokens) return fr_fail(FR_EINVAL, "step: %d tokens exceed the step limit of %d", M, r->max_tokens);
-    if (need > fr_kv_free_blocks(r->book))
-        return fr_fail(FR_ENOMEM, "step: needs %d free KV blocks, %d are free", need, fr_kv_free_blocks(r->book));
-    for (int s = 0; s < n_seqs; s++) {
-        fr_status st = fr_kv_reserve(r->book, seqs[s].seq, seqs[s].n);
-        if (st) return st;
-    }
-    *M_out = M;
-    return FR_OK;
+    return fr_step_admit(r->book, seqs, n_seqs, c->vocab_size, c->max_position, r->max_tokens, M_out);
 }
 
 /* Fills the pinned step metadata and sends it on the stream (no sync): token
