@@ -45,7 +45,7 @@
  *
  * Output: CSV on stdout, one row per (shape, batch, context, kernel), after
  * '#' comment lines (device, L2, copy bandwidth, command); progress on stderr.
- * A kernel whose call fails (for instance not implemented) gets status n/a and
+ * A kernel whose call fails (an unsupported shape, say) gets status n/a and
  * the error message; the other rows go on.
  */
 #include <math.h>
