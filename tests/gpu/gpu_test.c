@@ -1,6 +1,13 @@
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
 #include "gpu_test.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 int fr_gpu_test_available(void)
 {
@@ -14,4 +21,10 @@ int fr_gpu_test_available(void)
                     e == cudaSuccess ? "device count is 0" : cudaGetErrorString(e));
     }
     return known;
+}
+
+void fr_gpu_test_filter(void)
+{
+    const char *f = getenv("FR_GPU_TEST_FILTER");
+    if (f && *f) cmocka_set_test_filter(f);
 }

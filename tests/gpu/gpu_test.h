@@ -16,6 +16,11 @@ extern "C" {
  * ("SKIP: no CUDA device ..."), once per process. */
 int fr_gpu_test_available(void);
 
+/* Runs only the tests whose names match $FR_GPU_TEST_FILTER (a cmocka
+ * pattern, * and ? wildcards) when it is set: one binary's slow cases can
+ * then run as parallel processes. Call before cmocka_run_group_tests. */
+void fr_gpu_test_filter(void);
+
 #ifdef __cplusplus
 }
 #endif

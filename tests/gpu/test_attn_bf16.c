@@ -588,5 +588,6 @@ int main(void)
         cmocka_unit_test(test_head_dim_64),
         cmocka_unit_test(test_decode_timing),
     };
+    fr_gpu_test_filter();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,9 +18,10 @@
  *
  * Reference: the query rotated like the keys (fr_kv_query_form) and rounded
  * to BF16 as the kernel does, then causal softmax(q.k / sqrt(d)) v in double.
- * Rule: for every (token, query head) the largest |gpu - ref| over the
- * channels is at most 1e-2 times the largest |ref| (P and the output are
- * rounded to BF16 on the GPU), and no output is NaN. Output rows the call
+ * Rule: for every (token, query head, channel j), |gpu - ref| is at most
+ * 1e-3 times the row's largest |ref| plus 2^-8 (sum p |v_j| / sum p +
+ * |ref_j|), the bound of the kernel's BF16 rounding of P and of the output
+ * (see TOL), and no output is NaN. Output rows the call
  * must not write (decode rows, unused rows) keep their NaN sentinel.
  *
  * Cases: nvfp4 and mxfp4 with the recipes full, vanilla, full,-sink and
@@ -60,7 +61,13 @@ enum {
     GAP = 2,                        /* unused q/staging rows before the first sequence */
     MAX_ROWS = 512
 };
-static const double TOL = 1e-2;
+/* The kernel rounds each probability to BF16 for the P.V MMA (relative error
+ * at most 2^-9) and the output once (2^-9 of |out|), so channel j may differ
+ * from the exact result by up to 2^-9 (sum p |v_j| / sum p + |out_j|); twice
+ * that, plus TOL of the row's largest |out| for float32 summation, is the
+ * rule. A wrong scale, mask or page moves outputs by far more. */
+static const double TOL = 1e-3;
+static const double BF16_U = 1.0 / 256.0;
 static const uint16_t OUT_SENTINEL = 0xFFFF;   /* BF16 NaN */
 
 /* ---- GPU presence ---- */
@@ -97,6 +104,7 @@ typedef struct {
     fr_test_rng g;
     int step;
     long compared;          /* (token, head) rows checked */
+    double worst_use;       /* largest |gpu - ref| / limit seen */
 } rig;
 
 typedef struct { int seq, n; } step_item;
@@ -274,7 +282,8 @@ static void check_chunk(rig *r, int l, int seq, const fr_paged_seq *rec, const f
     const int d = r->cs.d, G = r->cs.G, H = r->n_heads, len = rec->len, n = rec->n_new;
     const size_t kvrow = (size_t)NH * d;
     float *kb = malloc(sizeof(float) * (size_t)(len + n) * d), *vb = malloc(sizeof(float) * (size_t)(len + n) * d);
-    double *sc = malloc(sizeof(double) * (size_t)(len + n)), *ref = malloc(sizeof(double) * d);
+    double *sc = malloc(sizeof(double) * (size_t)(len + n)), *ref = malloc(sizeof(double) * d),
+           *aref = malloc(sizeof(double) * d);
     assert_true(kb && vb && sc && ref);
     const double inv_sqrt_d = 1.0 / sqrt((double)d);
     char name[128];
@@ -298,31 +307,43 @@ static void check_chunk(rig *r, int l, int seq, const fr_paged_seq *rec, const f
                     sc[t] = s * inv_sqrt_d;
                     if (sc[t] > mx) mx = sc[t];
                 }
-                for (int j = 0; j < d; j++) ref[j] = 0.0;
+                for (int j = 0; j < d; j++) ref[j] = aref[j] = 0.0;
                 for (int t = 0; t < ctx; t++) {
                     const double p = exp(sc[t] - mx);
                     sum += p;
-                    for (int j = 0; j < d; j++) ref[j] += p * vb[(size_t)t * d + j];
+                    for (int j = 0; j < d; j++) {
+                        ref[j] += p * vb[(size_t)t * d + j];
+                        aref[j] += p * fabs(vb[(size_t)t * d + j]);
+                    }
                 }
-                double max_ref = 0.0, max_diff = 0.0;
-                int worst = 0;
+                double max_ref = 0.0;
                 for (int j = 0; j < d; j++) {
                     ref[j] /= sum;
+                    aref[j] /= sum;
+                    if (fabs(ref[j]) > max_ref) max_ref = fabs(ref[j]);
+                }
+                double worst_excess = -1.0;
+                int worst = 0;
+                for (int j = 0; j < d; j++) {
                     const double gv = fr_bf16_decode(out[row + j]);
                     if (isnan(gv))
                         fail_msg("%s layer %d seq %d (len %d, chunk %d) token %d head %d channel %d: GPU output is NaN",
                                  rig_name(r, name, sizeof name), l, seq, len, n, len + i, h * G + gg, j);
-                    if (fabs(ref[j]) > max_ref) max_ref = fabs(ref[j]);
-                    if (fabs(gv - ref[j]) > max_diff) {
-                        max_diff = fabs(gv - ref[j]);
+                    const double diff = fabs(gv - ref[j]);
+                    const double lim = TOL * max_ref + BF16_U * (aref[j] + fabs(ref[j]));
+                    if (diff / lim > worst_excess) {
+                        worst_excess = diff / lim;
                         worst = j;
                     }
                 }
-                if (max_diff > TOL * max_ref)
-                    fail_msg("%s layer %d seq %d (len %d, chunk %d) token %d head %d: max |gpu - ref| %.4g "
-                             "(channel %d: gpu %.6g, ref %.6g) > %.0e x max |ref| %.4g",
-                             rig_name(r, name, sizeof name), l, seq, len, n, len + i, h * G + gg, max_diff, worst,
-                             fr_bf16_decode(out[row + worst]), ref[worst], TOL, max_ref);
+                if (worst_excess > r->worst_use) r->worst_use = worst_excess;
+                if (worst_excess > 1.0)
+                    fail_msg("%s layer %d seq %d (len %d, chunk %d) token %d head %d channel %d: |gpu - ref| %.4g "
+                             "(gpu %.6g, ref %.6g, sum p|v| / sum p %.4g) > %.0e x max |ref| %.4g + 2^-8 x "
+                             "(sum p|v| / sum p + |ref|)",
+                             rig_name(r, name, sizeof name), l, seq, len, n, len + i, h * G + gg, worst,
+                             fabs(fr_bf16_decode(out[row + worst]) - ref[worst]), fr_bf16_decode(out[row + worst]),
+                             ref[worst], aref[worst], TOL, max_ref);
                 r->compared++;
             }
     }
@@ -330,6 +351,7 @@ static void check_chunk(rig *r, int l, int seq, const fr_paged_seq *rec, const f
     free(vb);
     free(sc);
     free(ref);
+    free(aref);
 }
 
 /* Output rows the call must leave alone: unused rows and decode rows. */
@@ -468,8 +490,9 @@ static void run_case(const case_spec *cs)
     rig_step(r, (step_item[]){{C, 250}, {A, 129}, {B, 60}, {D, 2}}, 4);
     assert_int_equal(fr_kv_seq_len(r->cpu, A), 513);
     assert_true(r->compared > 0);
-    print_message("%s recipe %s d %d G %d%s: %ld (token, head) rows match\n", fr_kv_dtype_name(cs->dt), cs->recipe,
-                  cs->d, cs->G, cs->graph ? " (CUDA graph)" : "", r->compared);
+    print_message("%s recipe %s d %d G %d%s: %ld (token, head) rows match, worst %.2f of the limit\n",
+                  fr_kv_dtype_name(cs->dt), cs->recipe,
+                  cs->d, cs->G, cs->graph ? " (CUDA graph)" : "", r->compared, r->worst_use);
     rig_close(r);
 }
 
@@ -585,5 +608,6 @@ int main(void)
         cmocka_unit_test(test_head_dim_64),
         cmocka_unit_test(test_graph_capture),
     };
+    fr_gpu_test_filter();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

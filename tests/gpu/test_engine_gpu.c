@@ -497,5 +497,6 @@ int main(void)
         cmocka_unit_test(test_decode_graphs),
         cmocka_unit_test(test_tq6_quantized_cache_gpu_vs_cpu),
     };
+    fr_gpu_test_filter();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

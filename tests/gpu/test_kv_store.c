@@ -639,5 +639,6 @@ int main(void)
         cmocka_unit_test(test_store_bf16),
         cmocka_unit_test(test_fork),
     };
+    fr_gpu_test_filter();
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

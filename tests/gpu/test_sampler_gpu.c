@@ -675,5 +675,6 @@ int main(void)
         cmocka_unit_test(test_graph_capture),
         cmocka_unit_test(test_timing),
     };
+    fr_gpu_test_filter();
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
