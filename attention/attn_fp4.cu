@@ -129,6 +129,9 @@ fr_status check_config(const fr_attn_fp4_config *cfg, int n_heads, int n_kv_head
     const int G = n_heads / n_kv_heads;
     if (G > kMaxGroup) return fr_fail(FR_EINVAL, "attn_fp4: group %d above %d", G, kMaxGroup);
     if (p->tile != kPage) return fr_fail(FR_EINVAL, "attn_fp4: tile %d (the kernels walk 128-token pages)", p->tile);
+    if (p->p_row_max)
+        return fr_fail(FR_EUNSUPPORTED, "attn_fp4: the rowmax switch (P against the row's final maximum) is an "
+                                        "analysis of the CPU reference; the kernels run online softmax");
     if (p->head_dim != head_dim || p->group != G)
         return fr_fail(FR_EINVAL, "attn_fp4: params are for head_dim %d and group %d, the call has %d and %d",
                        p->head_dim, p->group, head_dim, G);

@@ -42,6 +42,7 @@ static const struct { const char *name; size_t offset; } switches[] = {
     {"smooth", offsetof(fr_recipe, smooth)},         {"rotate", offsetof(fr_recipe, rotate)},
     {"search", offsetof(fr_recipe, scale_search)},   {"dual", offsetof(fr_recipe, dual_query)},
     {"pscale", offsetof(fr_recipe, p_scaling)},      {"sink", offsetof(fr_recipe, sink_recent)},
+    {"rowmax", offsetof(fr_recipe, p_row_max)},
 };
 enum { N_SWITCHES = sizeof switches / sizeof switches[0] };
 
@@ -68,7 +69,7 @@ fr_status fr_recipe_parse(const char *s, fr_recipe *out)
             }
         if (!found)
             return fr_fail(FR_EINVAL, "unknown recipe switch '%s' (known: smooth, rotate, search, "
-                                      "dual, pscale, sink)", tok + 1);
+                                      "dual, pscale, sink, rowmax)", tok + 1);
     }
     *out = r;
     return FR_OK;

@@ -27,6 +27,10 @@ typedef struct {
     int dual_query;   /* dual-residual FP4 query (exact compute only) */
     int p_scaling;    /* underflow-aware P scaling (exact compute only) */
     int sink_recent;  /* BF16 sink (first 16 tokens) and recent partial page */
+    int p_row_max;    /* analysis only, off in every preset and refused by the GPU
+                         kernels: P blocks quantized against the row's final
+                         maximum over all tokens (as an offline emulation does), not
+                         the running maximum of online softmax (ref_attention.h) */
 } fr_recipe;
 
 #define FR_PAGE_TOKENS 128

@@ -51,9 +51,39 @@ static double dot(const float *a, const float *b, int d)
 
 static int masked(int t, int x0, int x1) { return t >= x0 && t < x1; }
 
+/* Line 7-8's base-2 logit of key k for head h: both query terms, summed in
+ * FP32 after the products. */
+static float logit(const float *q1, const float *q2, const float *k, int d, float gamma)
+{
+    float s1 = (float)dot(q1, k, d), s2 = (float)dot(q2, k, d);
+    return gamma * (s1 + s2);
+}
+
+/* The query terms a split sees: quantized (q2 zero unless dual) or plain. */
+static void split_query(const fr_attn_params *p, const float *q, int quantized, float *q1, float *q2)
+{
+    if (quantized) {
+        quantize_query(p, q, q1, q2);
+    } else {
+        memcpy(q1, q, sizeof(float) * (size_t)(p->group * p->head_dim));
+        memset(q2, 0, sizeof(float) * (size_t)(p->group * p->head_dim));
+    }
+}
+
+/* m0 (NULL: -inf, the online softmax) starts every head's running maximum:
+ * a row maximum there makes every P block relative to it. */
+static fr_status partial(const fr_attn_params *p, const float *q, const fr_kv_view *kv, int t0, int t1, int x0,
+                         int x1, int quantized, const float *m0, float *o, float *lse);
+
 fr_status fr_ref_attn_partial(const fr_attn_params *p, const float *q, const fr_kv_view *kv,
                               int t0, int t1, int x0, int x1, int quantized, float *o,
                               float *lse)
+{
+    return partial(p, q, kv, t0, t1, x0, x1, quantized, NULL, o, lse);
+}
+
+static fr_status partial(const fr_attn_params *p, const float *q, const fr_kv_view *kv, int t0, int t1, int x0,
+                         int x1, int quantized, const float *m0, float *o, float *lse)
 {
     fr_status st = check_params(p);
     if (st) return st;
@@ -77,15 +107,10 @@ fr_status fr_ref_attn_partial(const fr_attn_params *p, const float *q, const fr_
         return fr_fail(FR_ENOMEM, "attention: out of memory");
     }
     float *q2 = q1 + G * d;
-    if (quantized) {
-        quantize_query(p, q, q1, q2);
-    } else {
-        memcpy(q1, q, sizeof(float) * (size_t)(G * d));
-        memset(q2, 0, sizeof(float) * (size_t)(G * d));
-    }
+    split_query(p, q, quantized, q1, q2);
 
     for (int h = 0; h < G; h++) {
-        float m = -INFINITY;      /* running maximum, base-2 logits */
+        float m = m0 ? m0[h] : -INFINITY;   /* running maximum, base-2 logits */
         double l = 0.0;           /* running sum of unquantized c p */
         double *oh = acc + h * d;
         for (int a = t0; a < t1; a += p->tile) {
@@ -95,9 +120,7 @@ fr_status fr_ref_attn_partial(const fr_attn_params *p, const float *q, const fr_
             for (int i = 0; i < n; i++) {
                 int t = a + i;
                 if (masked(t, x0, x1)) { S[i] = -INFINITY; continue; }
-                const float *k = kv->k + (size_t)t * d;
-                float s1 = (float)dot(q1 + h * d, k, d), s2 = (float)dot(q2 + h * d, k, d);
-                S[i] = gamma * (s1 + s2);
+                S[i] = logit(q1 + h * d, q2 + h * d, kv->k + (size_t)t * d, d, gamma);
                 tile_max = fmaxf(tile_max, S[i]);
             }
             if (tile_max == -INFINITY) continue;   /* every key masked: nothing changes */
@@ -183,6 +206,28 @@ void fr_ref_split_range(const fr_kv_view *kv, int tile, int n_splits, int i, int
     *x0 = 0; *x1 = kv->n_sink;   /* the sink's quantized copy */
 }
 
+/* Every head's largest logit over all splits, each with its own query form. */
+static fr_status row_maximum(const fr_attn_params *p, const float *q, const fr_kv_view *kv, int n_splits,
+                             float *mx)
+{
+    const int G = p->group, d = p->head_dim;
+    const float gamma = (float)(M_LOG2E / sqrt((double)d));
+    float *q1 = malloc(sizeof(float) * (size_t)(2 * G * d));
+    if (!q1) return fr_fail(FR_ENOMEM, "attention: out of memory");
+    for (int h = 0; h < G; h++) mx[h] = -INFINITY;
+    for (int i = 0; i <= n_splits; i++) {
+        int t0, t1, x0, x1;
+        fr_ref_split_range(kv, p->tile, n_splits, i, &t0, &t1, &x0, &x1);
+        split_query(p, q, i < n_splits, q1, q1 + G * d);
+        for (int t = t0; t < t1; t++)
+            if (!masked(t, x0, x1))
+                for (int h = 0; h < G; h++)
+                    mx[h] = fmaxf(mx[h], logit(q1 + h * d, q1 + (G + h) * d, kv->k + (size_t)t * d, d, gamma));
+    }
+    free(q1);
+    return FR_OK;
+}
+
 fr_status fr_ref_attn_decode(const fr_attn_params *p, const float *q, const fr_kv_view *kv,
                              int n_splits, float *o, float *lse)
 {
@@ -197,12 +242,14 @@ fr_status fr_ref_attn_decode(const fr_attn_params *p, const float *q, const fr_k
     int G = p->group, d = p->head_dim, total = n_splits + 1;
     float *op = malloc(sizeof(float) * (size_t)(total * G * d));
     float *lp = malloc(sizeof(float) * (size_t)(total * G));
+    float row_max[FR_MAX_GROUP];
     if (!op || !lp) { free(op); free(lp); return fr_fail(FR_ENOMEM, "attention: out of memory"); }
+    if (p->p_row_max && (st = row_maximum(p, q, kv, n_splits, row_max))) { free(op); free(lp); return st; }
     for (int i = 0; i < total && !st; i++) {
         int t0, t1, x0, x1;
         fr_ref_split_range(kv, p->tile, n_splits, i, &t0, &t1, &x0, &x1);
-        st = fr_ref_attn_partial(p, q, kv, t0, t1, x0, x1, i < n_splits, op + (size_t)i * G * d,
-                                 lp + (size_t)i * G);
+        st = partial(p, q, kv, t0, t1, x0, x1, i < n_splits, p->p_row_max ? row_max : NULL,
+                     op + (size_t)i * G * d, lp + (size_t)i * G);
     }
     if (!st) st = fr_ref_attn_combine(total, G, d, op, lp, o, lse);
     free(op); free(lp);
@@ -222,7 +269,7 @@ fr_attn_params fr_ref_attn_params(const fr_ref_config *cfg, int head_dim, int gr
     fr_attn_params p = {.head_dim = head_dim, .group = group, .tile = cfg->tile,
                         .fmt = fr_kv_dtype_fp4_format(cfg->kv_dtype), .q_mode = FR_Q_UNQUANTIZED,
                         .q_search = cfg->recipe.scale_search, .quantize_p = 0,
-                        .p = fr_pquant_plain()};
+                        .p = fr_pquant_plain(), .p_row_max = cfg->recipe.p_row_max};
     if (fr_kv_dtype_is_fp4(cfg->kv_dtype) && cfg->compute == FR_COMPUTE_EXACT) {
         p.q_mode = cfg->recipe.dual_query ? FR_Q_DUAL : FR_Q_SINGLE;
         p.quantize_p = 1;

@@ -40,6 +40,12 @@ typedef struct {
     int q_search;            /* scale search for the query terms */
     int quantize_p;          /* 0: P stays unquantized */
     fr_pquant_params p;      /* c, tau, rule (when quantize_p) */
+    /* Analysis only (recipe switch rowmax): fr_ref_attn_decode quantizes P
+     * blocks against each row's final maximum over every split (the
+     * quantized splits' logits with the quantized query, the others' with
+     * the plain one) instead of the running maximum; fr_ref_attn_partial
+     * alone ignores it. Smaller p, more underflow: the worst case. */
+    int p_row_max;
 } fr_attn_params;
 
 /* Keys and values of one KV head as stored, and which tokens are where:

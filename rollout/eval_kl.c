@@ -22,8 +22,9 @@ static double now_s(void)
 /* ---- configuration names ---- */
 
 static const char config_grammar[] =
-    "expected bf16, f32, fp8, or nvfp4 / mxfp4 optionally followed by -vanilla, -kv and "
-    "-no-X (X: smooth, rotate, search, dual, pscale, sink)";
+    "expected bf16, f32, fp8, or nvfp4 / mxfp4 optionally followed by -vanilla, -kv, "
+    "-no-X (X: smooth, rotate, search, dual, pscale, sink) and -rowmax (CPU analysis: P "
+    "against the row's final maximum)";
 
 fr_status fr_eval_config_parse(const char *name, fr_eval_config *out)
 {
@@ -44,12 +45,15 @@ fr_status fr_eval_config_parse(const char *name, fr_eval_config *out)
     else if (strncmp(name, "mxfp4", 5) == 0) out->kv = FR_KV_MXFP4;
     else return fr_fail(FR_EINVAL, "unknown configuration '%s' (%s)", name, config_grammar);
     char switches[128] = "";    /* ",-rotate,-search" */
-    int vanilla = 0;
+    int vanilla = 0, rowmax = 0;
     const char *p = name + 5;
     while (*p) {
         if (strncmp(p, "-vanilla", 8) == 0 && (p[8] == '-' || !p[8])) {
             vanilla = 1;
             p += 8;
+        } else if (strncmp(p, "-rowmax", 7) == 0 && (p[7] == '-' || !p[7])) {
+            rowmax = 1;
+            p += 7;
         } else if (strncmp(p, "-kv", 3) == 0 && (p[3] == '-' || !p[3])) {
             out->compute = FR_COMPUTE_BF16;
             p += 3;
@@ -65,7 +69,7 @@ fr_status fr_eval_config_parse(const char *name, fr_eval_config *out)
         }
     }
     char recipe[160];
-    snprintf(recipe, sizeof recipe, "%s%s", vanilla ? "vanilla" : "full", switches);
+    snprintf(recipe, sizeof recipe, "%s%s%s", vanilla ? "vanilla" : "full", switches, rowmax ? ",+rowmax" : "");
     if (fr_recipe_parse(recipe, &out->recipe)) {
         char why[256];
         snprintf(why, sizeof why, "%s", fr_last_error());

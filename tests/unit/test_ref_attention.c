@@ -178,7 +178,7 @@ static void test_numerics_parsing(void **state)
 
     fr_recipe rc;
     char buf[128];
-    const fr_recipe all_on = {1, 1, 1, 1, 1, 1}, all_off = {0, 0, 0, 0, 0, 0};
+    const fr_recipe all_on = {1, 1, 1, 1, 1, 1, 0}, all_off = {0, 0, 0, 0, 0, 0, 0};
     assert_int_equal(fr_recipe_parse("full", &rc), FR_OK);
     assert_memory_equal(&rc, &all_on, sizeof rc);
     assert_int_equal(fr_recipe_parse("vanilla", &rc), FR_OK);
@@ -193,6 +193,8 @@ static void test_numerics_parsing(void **state)
     fr_recipe_format(&rc, buf, sizeof buf);
     assert_int_equal(fr_recipe_parse(buf, &back), FR_OK);
     assert_memory_equal(&back, &rc, sizeof rc);
+    assert_int_equal(fr_recipe_parse("full,+rowmax", &rc), FR_OK);
+    assert_true(rc.p_row_max && rc.sink_recent);
     assert_int_equal(fr_recipe_parse("half", &rc), FR_EINVAL);
     assert_int_equal(fr_recipe_parse("full,rotate", &rc), FR_EINVAL);
     assert_int_equal(fr_recipe_parse("full,-foo", &rc), FR_EINVAL);
@@ -702,6 +704,39 @@ static void test_sink_masked(void **state)
         }
 }
 
+/* ---- P against the row's final maximum (the rowmax analysis switch) ---------------------- */
+
+/* One dominant key at token `at`, one split over two full pages: with the
+ * key inside the first FP4 tile the running maximum is the row maximum from
+ * the start, so both ways agree to float rounding (the BF16 sink split
+ * exponentiates against a different reference); with it in the BF16 sink, rowmax quantizes every FP4 block
+ * against a larger maximum (more underflow) and the output moves. */
+static void test_row_max(void **state)
+{
+    (void)state;
+    const int G = 2, d = 128, n = 256;   /* two full FP4 pages, nothing recent */
+    const int ats[2] = {20, 0};
+    for (int w = 0; w < 2; w++) {
+        fr_ref_config cfg = fr_ref_config_default(FR_KV_NVFP4);
+        cache c;
+        cache_init(&c, &cfg, n, d, G, 77);
+        float *k = c.k + (size_t)ats[w] * d;
+        for (int j = 0; j < d; j++) k[j] = c.mu[j] + 4.0f * (c.q[j] + c.q[d + j]);
+        cache_prepare(&c);
+        float o1[2 * 128], l1[2], o2[2 * 128], l2[2];
+        assert_int_equal(c.view.fp4_end, 256);
+        assert_int_equal(fr_ref_attn_decode(&c.p, c.qs, &c.view, 1, o1, l1), FR_OK);
+        fr_attn_params pr = c.p;
+        pr.p_row_max = 1;
+        assert_int_equal(fr_ref_attn_decode(&pr, c.qs, &c.view, 1, o2, l2), FR_OK);
+        const double e = rel_err_ff(o2, o1, G * d);
+        printf("    dominant key at token %d: rowmax moves the output by %.3g (relative)\n", ats[w], e);
+        if (w == 0) assert_true(e < 1e-6);   /* the sink split's float rounding only */
+        else assert_true(e > 1e-4);
+        cache_free(&c);
+    }
+}
+
 /* ---- bad arguments ----------------------------------------------------------------------- */
 
 static void test_bad_arguments(void **state)
@@ -776,6 +811,7 @@ int main(void)
         cmocka_unit_test(test_exact_tile_step_by_step),
         cmocka_unit_test(test_fp4_close_to_bf16),
         cmocka_unit_test(test_sink_masked),
+        cmocka_unit_test(test_row_max),
         cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
