@@ -12,7 +12,12 @@
  * the sampled tokens back on the host); the median of --steps steps after
  * three warm-up steps is reported.
  *
- * usage: decode_step [--model M] [--kv T] [--batches 1,16,64] [--context N]
+ * With --tp N under `mpirun -np N` the engine is tensor parallel over N GPUs
+ * (NCCL); every rank runs the same steps, rank 0 prints, the roofline is one
+ * rank's bytes (its weight shard and its KV heads), and tokens/s is given per
+ * engine and per GPU.
+ *
+ * usage: decode_step [--model M] [--kv T] [--tp N] [--batches 1,16,64] [--context N]
  *                    [--chunk N] [--steps N] [--markdown]
  */
 #include <stdio.h>
@@ -24,6 +29,7 @@
 
 #include "rollout/runner_cuda.h"
 #include "rollout/session.h"
+#include "rollout/tp_launch.h"
 
 static double now_s(void)
 {
@@ -68,7 +74,7 @@ static double copy_bandwidth(void)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: decode_step [--model M] [--kv T] [--batches 1,16,64] [--context N] [--chunk N]\n"
+    fprintf(f, "usage: decode_step [--model M] [--kv T] [--tp N] [--batches 1,16,64] [--context N] [--chunk N]\n"
                "                   [--steps N] [--markdown]\n"
                "Decode step time and prefill throughput of the CUDA engine against the memory roofline.\n");
 }
@@ -100,17 +106,28 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < n_batches; i++) max_batch = batches[i] > max_batch ? batches[i] : max_batch;
     const int pages = (context + n_steps + 8 + 127) / 128 + 1;
+    fr_tp_launch launch;
+    if (fr_tp_launch_open(eo.tp, &launch)) {
+        fprintf(stderr, "decode_step: %s\n", fr_last_error());
+        return 1;
+    }
+    eo.group = launch.group;
+    if (!launch.output_rank) {   /* only rank 0 prints */
+        if (!freopen("/dev/null", "w", stdout)) return 1;
+    }
     fr_session s;
     double t0 = now_s();
     if (fr_session_open(&eo, pages * (max_batch + 1), max_batch + 1, &s)) {
         fprintf(stderr, "decode_step: %s\n", fr_last_error());
+        fr_tp_launch_close(&launch);
         return 1;
     }
     const fr_model_config *c = &s.model->cfg;
     fprintf(stderr, "model %s loaded on the GPU in %.1f s\n", eo.model, now_s() - t0);
     double bw = copy_bandwidth();
     size_t weight_bytes = s.gpu_weights->bytes;
-    double kv_token_bytes = (double)c->num_layers * c->num_kv_heads * 2.0 * c->head_dim * 2.0;   /* BF16 K and V */
+    const int tp = eo.tp, kvh = fr_kv_cache_config_of(s.kv)->n_kv_heads;   /* this rank's KV heads */
+    double kv_token_bytes = (double)c->num_layers * kvh * 2.0 * c->head_dim * 2.0;   /* BF16 K and V */
     if (eo.kv != FR_KV_BF16)
         fprintf(stderr, "note: the roofline counts BF16 KV bytes; %s moves fewer\n", fr_kv_dtype_name(eo.kv));
 
@@ -131,12 +148,12 @@ int main(int argc, char **argv)
         fr_kv_seq_free(s.kv, seq);
     }
     if (markdown) {
-        printf("| model | kv | copy bandwidth | weights | prefill %d tokens (chunk %d) |\n|---|---|---|---|---|\n",
-               context, eo.chunk);
-        printf("| %s | %s | %.2f TB/s | %.2f GB | %.3f s, %.0f tokens/s |\n\n", eo.model, fr_kv_dtype_name(eo.kv),
-               bw / 1e12, (double)weight_bytes / 1e9, prefill_s, context / prefill_s);
-        printf("| batch | context | step ms (median) | tokens/s | bytes/step | roofline ms | of roofline |\n"
-               "|---|---|---|---|---|---|---|\n");
+        printf("| model | kv | tp | copy bandwidth | weights per GPU | prefill %d tokens (chunk %d) |\n"
+               "|---|---|---|---|---|---|\n", context, eo.chunk);
+        printf("| %s | %s | %d | %.2f TB/s | %.2f GB | %.3f s, %.0f tokens/s |\n\n", eo.model,
+               fr_kv_dtype_name(eo.kv), tp, bw / 1e12, (double)weight_bytes / 1e9, prefill_s, context / prefill_s);
+        printf("| batch | context | step ms (median) | tokens/s | tokens/s per GPU | bytes/step per GPU | roofline ms | "
+               "of roofline |\n|---|---|---|---|---|---|---|---|\n");
     } else {
         printf("copy bandwidth %.2f TB/s, weights %.2f GB, prefill %d tokens in %.3f s (%.0f tokens/s)\n", bw / 1e12,
                (double)weight_bytes / 1e9, context, prefill_s, context / prefill_s);
@@ -179,8 +196,8 @@ int main(int argc, char **argv)
         double bytes = (double)weight_bytes + B * ctx_mid * kv_token_bytes;
         double roof = bytes / bw;
         if (markdown)
-            printf("| %d | %d | %.3f | %.0f | %.2f GB | %.3f | %.1f%% |\n", B, context, med * 1e3, B / med, bytes / 1e9,
-                   roof * 1e3, 100.0 * roof / med);
+            printf("| %d | %d | %.3f | %.0f | %.0f | %.2f GB | %.3f | %.1f%% |\n", B, context, med * 1e3, B / med,
+                   B / med / tp, bytes / 1e9, roof * 1e3, 100.0 * roof / med);
         else
             printf("%6d %8d %12.3f %10.0f %12.2f %12.3f %9.1f%%\n", B, context, med * 1e3, B / med, bytes / 1e9,
                    roof * 1e3, 100.0 * roof / med);
@@ -189,5 +206,6 @@ int main(int argc, char **argv)
     }
     free(steps); free(rows); free(seqs); free(tok); free(times); free(ids); free(last); free(batches);
     fr_session_close(&s);
+    fr_tp_launch_close(&launch);
     return 0;
 }

@@ -46,6 +46,10 @@ int fr_nccl_group_device(const fr_nccl_group *n);
  * (count elements of dtype t), enqueued on stream s. */
 fr_comm_status fr_nccl_allreduce_sum(fr_nccl_group *n, void *buf, size_t count, fr_comm_dtype t, cudaStream_t s);
 
+/* Every rank's count floats of local, concatenated in rank order into all
+ * (count * engine size floats; all may not overlap local). */
+fr_comm_status fr_nccl_allgather_f32(fr_nccl_group *n, const float *local, float *all, size_t count, cudaStream_t s);
+
 /* bytes bytes of device buffer buf from tp rank root to the engine's other
  * ranks, enqueued on stream s. */
 fr_comm_status fr_nccl_bcast(fr_nccl_group *n, void *buf, size_t bytes, int root, cudaStream_t s);

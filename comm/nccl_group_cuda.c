@@ -158,6 +158,14 @@ fr_comm_status fr_nccl_allreduce_sum(fr_nccl_group *n, void *buf, size_t count, 
     return r == ncclSuccess ? FR_COMM_OK : nccl_fail(r, n->comm, "ncclAllReduce");
 }
 
+fr_comm_status fr_nccl_allgather_f32(fr_nccl_group *n, const float *local, float *all, size_t count, cudaStream_t s)
+{
+    if (!n) return fr_comm_fail(FR_COMM_EINVAL, "fr_nccl_allgather_f32: group is NULL");
+    if (count && (!local || !all)) return fr_comm_fail(FR_COMM_EINVAL, "fr_nccl_allgather_f32: buffer is NULL");
+    ncclResult_t r = ncclAllGather(local, all, count, ncclFloat32, n->comm, s);
+    return r == ncclSuccess ? FR_COMM_OK : nccl_fail(r, n->comm, "ncclAllGather");
+}
+
 fr_comm_status fr_nccl_bcast(fr_nccl_group *n, void *buf, size_t bytes, int root, cudaStream_t s)
 {
     if (!n) return fr_comm_fail(FR_COMM_EINVAL, "fr_nccl_bcast: group is NULL");

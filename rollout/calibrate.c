@@ -10,6 +10,9 @@
 #include "attention/fp_formats.h"
 #include "attention/prob_quant.h"
 #include "runner_cpu.h"
+#ifdef FR_HAVE_CUDA
+#include "runner_cuda.h"
+#endif
 
 enum { P_BLOCK = 16 };   /* NVFP4 probability block: the only format tau applies to */
 
@@ -176,6 +179,11 @@ typedef struct {
     double *ksum;         /* [layers][kv_heads][d] */
     float *amax;          /* [layers][kv_heads][2] */
     long rows;            /* tokens accumulated */
+    int pos;              /* the observed sequence's length before the step */
+    int store_bf16;       /* keys are replayed in BF16 store form (bf16 cache) */
+    float *keys;          /* [layers][kv_heads][context][d]: the sequence's keys as
+                             cached, for the tau replay (NULL without tau steps) */
+    int context;
     int tau_on;
     fr_tau_stats tau;
     float *scratch;       /* logits of one query over the context */
@@ -198,25 +206,78 @@ static fr_status on_layer_kv(void *user, int layer, const fr_step_seq *seqs, int
                 am[0] = fmaxf(am[0], fabsf(kt[c]));
                 am[1] = fmaxf(am[1], fabsf(vt[c]));
             }
+            if (cs->keys && cs->pos + t < cs->context) {
+                float *dst = cs->keys + (((size_t)layer * H + h) * cs->context + (size_t)(cs->pos + t)) * d;
+                for (int c = 0; c < d; c++) dst[c] = cs->store_bf16 ? fr_bf16_round(kt[c]) : kt[c];
+            }
         }
     if (layer == 0) cs->rows += rows;
     return FR_OK;
 }
 
-static fr_status on_decode_query(void *user, int layer, int s, int head, const float *q, int group,
-                                 const fr_kv_view *view)
+/* A decode step's queries (one token: the step's only row). An FP4 cache
+ * would hold the full pages of the stored tokens in FP4, the sink masked:
+ * the queries replay online softmax over those keys as cached. */
+static fr_status on_layer_q(void *user, int layer, const fr_step_seq *seqs, int n_seqs, const float *q)
 {
-    (void)layer; (void)s; (void)head;
     calib_state *cs = user;
-    if (!cs->tau_on) return FR_OK;
-    /* An FP4 cache would hold the full pages of the stored tokens (the new
-     * token is the last of the view) in FP4, the sink masked. */
-    int full = (view->n_tokens - 1) / FR_PAGE_TOKENS * FR_PAGE_TOKENS, d = cs->cfg->head_dim;
+    const int H = cs->cfg->num_kv_heads, G = cs->cfg->num_heads / H, d = cs->cfg->head_dim;
+    const int full = cs->pos / FR_PAGE_TOKENS * FR_PAGE_TOKENS;
     fr_status st = FR_OK;
-    for (int g = 0; g < group && !st && full > FR_SINK_TOKENS; g++)
-        st = fr_tau_replay_query(&cs->tau, q + (size_t)g * d, view->k, full, d, FR_SINK_TOKENS,
-                                 FR_PAGE_TOKENS, cs->scratch);
+    if (layer == cs->cfg->num_layers - 1)   /* the last tap of the step: the sequence grows after it */
+        for (int s = 0; s < n_seqs; s++) cs->pos += seqs[s].n;
+    if (!cs->tau_on) return FR_OK;
+    if (n_seqs != 1 || seqs[0].n != 1) return fr_fail(FR_EINTERNAL, "calibrate: a tau step has one token");
+    for (int h = 0; h < H && !st && full > FR_SINK_TOKENS; h++)
+        for (int g = 0; g < G && !st; g++)
+            st = fr_tau_replay_query(&cs->tau, q + ((size_t)h * G + g) * d,
+                                     cs->keys + ((size_t)layer * H + h) * cs->context * d, full, d, FR_SINK_TOKENS,
+                                     FR_PAGE_TOKENS, cs->scratch);
     return st;
+}
+
+/* The backend the passes run on: the CPU runner, or the CUDA one when the
+ * options carry device weights. */
+typedef struct {
+    fr_runner_cpu *cpu;
+#ifdef FR_HAVE_CUDA
+    fr_runner_cuda *gpu;
+#endif
+} runner;
+
+static fr_status runner_step(runner *r, const fr_step_seq *seqs, int n_seqs, float *logits)
+{
+#ifdef FR_HAVE_CUDA
+    if (r->gpu) return fr_runner_cuda_step(r->gpu, seqs, n_seqs, logits);
+#endif
+    return fr_runner_cpu_step(r->cpu, seqs, n_seqs, logits);
+}
+
+static fr_status runner_observe(runner *r, const fr_forward_observer *obs)
+{
+#ifdef FR_HAVE_CUDA
+    if (r->gpu) return fr_runner_cuda_set_observer(r->gpu, obs);
+#endif
+    fr_runner_cpu_set_observer(r->cpu, obs);
+    return FR_OK;
+}
+
+static fr_status runner_open(runner *r, const fr_model *m, const fr_calib_opts *o, fr_kv_cache *kv, int max_tokens)
+{
+#ifdef FR_HAVE_CUDA
+    if (o->gpu) return fr_runner_cuda_new(o->gpu, kv, max_tokens, &r->gpu);
+#else
+    if (o->gpu) return fr_fail(FR_EUNSUPPORTED, "calibrate: this build has no CUDA backend");
+#endif
+    return fr_runner_cpu_new(m, kv, max_tokens, &r->cpu);
+}
+
+static void runner_close(runner *r)
+{
+    fr_runner_cpu_destroy(&r->cpu);
+#ifdef FR_HAVE_CUDA
+    fr_runner_cuda_destroy(&r->gpu);
+#endif
 }
 
 static int argmax(const float *x, int n)
@@ -235,7 +296,7 @@ static int is_eos(const fr_model_config *cfg, int tok)
 }
 
 /* Prefills tokens[0, n) into seq in chunks; the last position's logits to last. */
-static fr_status prefill(fr_runner_cpu *r, int seq, const int *tokens, int n, int chunk, float *last,
+static fr_status prefill(runner *r, int seq, const int *tokens, int n, int chunk, float *last,
                          const char *what, int verbose)
 {
     fr_status st = FR_OK;
@@ -243,7 +304,7 @@ static fr_status prefill(fr_runner_cpu *r, int seq, const int *tokens, int n, in
     for (int i = 0; i < n && !st; i += chunk) {
         int m = n - i < chunk ? n - i : chunk;
         fr_step_seq step = {.seq = seq, .n = m, .tokens = tokens + i, .all_logits = 0};
-        st = fr_runner_cpu_step(r, &step, 1, last);
+        st = runner_step(r, &step, 1, last);
         if (verbose && (now_s() - shown > 2.0 || i + m == n)) {
             fprintf(stderr, "calibrate: %s %d/%d tokens (%.1f s)\n", what, i + m, n, now_s() - t0);
             shown = now_s();
@@ -285,7 +346,7 @@ static fr_status check_opts(const fr_model_config *cfg, const fr_calib_opts *o, 
 
 /* Step 1: continues every seed greedily, all texts in one batch. cont[i]
  * receives text i's continuation (EOS ends it, not kept), n_cont[i] its length. */
-static fr_status continue_seeds(fr_runner_cpu *r, fr_kv_cache *kv, const fr_model_config *cfg,
+static fr_status continue_seeds(runner *r, fr_kv_cache *kv, const fr_model_config *cfg,
                                 const fr_calib_opts *o, int n_texts, const int *const *texts,
                                 const int *plen, int **cont, int *n_cont)
 {
@@ -321,7 +382,7 @@ static fr_status continue_seeds(fr_runner_cpu *r, fr_kv_cache *kv, const fr_mode
         for (int i = 0; i < n_texts; i++)
             if (live[i]) steps[ns++] = (fr_step_seq){.seq = seq[i], .n = 1, .tokens = &tok[i], .all_logits = 0};
         if (ns == 0) break;
-        st = fr_runner_cpu_step(r, steps, ns, logits);
+        st = runner_step(r, steps, ns, logits);
     }
     for (int i = 0; i < opened; i++) fr_kv_seq_free(kv, seq[i]);
     free(logits); free(seq); free(tok); free(live); free(steps);
@@ -349,10 +410,14 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
     cs.ksum = calloc((size_t)L * H * d, sizeof(double));
     cs.amax = calloc((size_t)L * H * 2, sizeof(float));
     cs.scratch = malloc(sizeof(float) * (size_t)context);
+    cs.context = context;
+    cs.store_bf16 = o->kv == FR_KV_BF16;
+    if (o->tau_steps > 0) cs.keys = malloc(sizeof(float) * (size_t)L * H * context * d);
     fr_tau_stats_init(&cs.tau);
     fr_kv_cache *kv = NULL;
-    fr_runner_cpu *r = NULL;
-    if (!plen || !n_cont || !cont || !tokens || !logits || !cs.ksum || !cs.amax || !cs.scratch)
+    runner rn = {0}, *r = &rn;
+    if (!plen || !n_cont || !cont || !tokens || !logits || !cs.ksum || !cs.amax || !cs.scratch ||
+        (o->tau_steps > 0 && !cs.keys))
         st = fr_fail(FR_ENOMEM, "calibrate: out of memory");
     int seed_blocks = 0, body_len = 0;
     for (int i = 0; i < n_texts && !st; i++) {
@@ -369,14 +434,14 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
         fr_kv_cache_config kc = {.n_layers = L, .n_kv_heads = H, .head_dim = d, .dtype = o->kv,
                                  .compute = FR_COMPUTE_EXACT, .recipe = fr_recipe_full(), .tau = FR_P_TAU,
                                  .n_blocks = (seed_blocks > main_blocks ? seed_blocks : main_blocks) + 1,
-                                 .max_seqs = n_texts};
+                                 .max_seqs = n_texts, .bookkeeping_only = o->gpu != NULL};
         st = fr_kv_cache_new(&kc, &kv);
     }
     /* no step is longer than the window: size the runner for what a chunk can be */
     fr_calib_opts oc = *o;
     if (oc.chunk > context) oc.chunk = context;
     o = &oc;
-    if (!st) st = fr_runner_cpu_new(m, kv, o->chunk > n_texts ? o->chunk : n_texts, &r);
+    if (!st) st = runner_open(r, m, o, kv, o->chunk > n_texts ? o->chunk : n_texts);
 
     /* 1. continue the seeds */
     double t0 = now_s();
@@ -402,9 +467,9 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
     /* 3. one prefill, keys observed */
     const int n_prefill = context - o->tau_steps;
     int seq = -1;
-    fr_forward_observer obs = {.user = &cs, .layer_kv = on_layer_kv, .decode_query = on_decode_query};
+    fr_forward_observer obs = {.user = &cs, .layer_kv = on_layer_kv, .layer_q = on_layer_q};
+    if (!st) st = runner_observe(r, &obs);
     if (!st) {
-        fr_runner_cpu_set_observer(r, &obs);
         if (o->verbose)
             fprintf(stderr, "calibrate: joined text of %d tokens tiled to %d; prefilling %d tokens\n", body_len,
                     context, n_prefill);
@@ -418,7 +483,7 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
     for (int i = n_prefill; i < context && !st; i++) {
         tokens[i] = argmax(logits, V);
         fr_step_seq step = {.seq = seq, .n = 1, .tokens = &tokens[i], .all_logits = 0};
-        st = fr_runner_cpu_step(r, &step, 1, logits);
+        st = runner_step(r, &step, 1, logits);
         if (o->verbose && !st && (i + 1 == context || (i + 1 - n_prefill) % 64 == 0))
             fprintf(stderr, "calibrate: tau decode step %d/%d (%ld probability blocks, %.1f s)\n",
                     i + 1 - n_prefill, o->tau_steps, cs.tau.blocks, now_s() - t2);
@@ -454,10 +519,10 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
         }
     }
     if (st) fr_calib_free(out);
-    fr_runner_cpu_destroy(&r);
+    runner_close(r);
     fr_kv_cache_destroy(&kv);
     for (int i = 0; cont && i < n_texts; i++) free(cont[i]);
     free(cont); free(plen); free(n_cont); free(tokens); free(body); free(logits);
-    free(cs.ksum); free(cs.amax); free(cs.scratch);
+    free(cs.ksum); free(cs.amax); free(cs.scratch); free(cs.keys);
     return st;
 }

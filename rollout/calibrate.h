@@ -95,6 +95,10 @@ typedef struct {
     int chunk;            /* prefill chunk in tokens */
     fr_kv_dtype kv;       /* the cache the passes run with: bf16 or f32 */
     int verbose;          /* progress on stderr */
+    /* Non-NULL: the passes run on the CUDA backend with these device weights
+     * (rollout/weights_cuda.h); NULL: the CPU backend. Both give the same
+     * procedure; the taps copy each layer's rows to the host. */
+    const struct fr_weights_gpu *gpu;
 } fr_calib_opts;
 
 void fr_calib_opts_default(fr_calib_opts *o);

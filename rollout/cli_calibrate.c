@@ -7,6 +7,9 @@
 #include "calibrate.h"
 #include "cli.h"
 #include "session.h"
+#ifdef FR_HAVE_CUDA
+#include "weights_cuda.h"
+#endif
 
 static const char usage_text[] =
     "usage: fp4rollout calibrate --model M --texts FILE... --out FILE [--context N]\n"
@@ -42,8 +45,9 @@ static const char usage_text[] =
     "  --tau-steps N        decode steps after the prefill whose queries choose tau\n"
     "                       (default 32; 0 writes the default tau 21/1024)\n"
     "  --quiet              no progress on stderr\n"
-    "engine options (this command runs on the CPU backend; --kv: bf16, the\n"
-    "default, or f32; --calib, --recipe and --fp4-compute do not apply):\n";
+    "engine options (--backend auto takes the GPU when there is one and gives the\n"
+    "same procedure as cpu; --kv: bf16, the default, or f32; --calib, --recipe\n"
+    "and --fp4-compute do not apply):\n";
 
 static void summarize(const char *out, const fr_model_config *mc, const fr_calib_opts *co, int n_texts,
                       const fr_calib *c, const fr_calib_report *rep)
@@ -119,12 +123,12 @@ int fr_cli_calibrate(int argc, char **argv)
     if (!model_given) rc = fr_cli_usage_error(cmd, "--model is required");
     else if (n_files == 0) rc = fr_cli_usage_error(cmd, "--texts needs at least one file");
     else if (!out) rc = fr_cli_usage_error(cmd, "--out is required");
-    else if (eo.backend == FR_BACKEND_CUDA)
-        rc = fr_cli_usage_error(cmd, "calibrate runs on the CPU backend (--backend cpu or auto)");
     else if (eo.calib) rc = fr_cli_usage_error(cmd, "--calib does not apply: calibrate makes the calibration");
     else if (eo.tp > 1) rc = fr_cli_usage_error(cmd, "--tp %d: calibrate runs on one rank (--tp 1)", eo.tp);
     else if (eo.kv != FR_KV_BF16 && eo.kv != FR_KV_F32)
         rc = fr_cli_usage_error(cmd, "--kv must be bf16 or f32 (the calibration measures BF16 logits)");
+    fr_backend backend = FR_BACKEND_CPU;
+    if (!rc && fr_backend_pick(eo.backend, &backend)) rc = fr_cli_usage_error(cmd, "%s", fr_last_error());
     if (rc) { free(files); return rc; }
     co.kv = eo.kv;
     co.chunk = eo.chunk;
@@ -136,7 +140,15 @@ int fr_cli_calibrate(int argc, char **argv)
     fr_status st = texts && lens ? FR_OK : fr_fail(FR_ENOMEM, "out of memory");
     if (!st) st = fr_model_load(eo.model, &m);
     for (int i = 0; i < n_files && !st; i++) st = fr_byte_text_read(&m->cfg, files[i], 0, &texts[i], &lens[i]);
+#ifdef FR_HAVE_CUDA
+    struct fr_weights_gpu *gpu = NULL;
+    if (!st && backend == FR_BACKEND_CUDA && !(st = fr_weights_gpu_from_model(m, &gpu))) co.gpu = gpu;
+#endif
+    if (!st && co.verbose) fprintf(stderr, "calibrate: on the %s backend\n", fr_backend_name(backend));
     if (!st) st = fr_calibrate(m, &co, n_files, (const int *const *)texts, lens, &c, &rep);
+#ifdef FR_HAVE_CUDA
+    fr_weights_gpu_destroy(&gpu);
+#endif
     if (!st) st = fr_calib_save(out, &m->cfg, &c);
     if (!st) summarize(out, &m->cfg, &co, n_files, &c, &rep);
     if (st) fprintf(stderr, "fp4rollout calibrate: %s\n", fr_last_error());

@@ -10,6 +10,7 @@
 #include "calibrate.h"
 #include "cli.h"
 #include "eval_kl.h"
+#include "session.h"
 
 static const char usage_text[] =
     "usage: fp4rollout eval-kl --model M --texts FILE... [--calib FILE]\n"
@@ -178,18 +179,18 @@ int fr_cli_eval_kl(int argc, char **argv)
     }
     fr_eval_config *cfgs = NULL;
     int n_cfgs = 0, rc = 0, on_gpu = 0;
-    if (strcmp(backend, "cuda") == 0 || strcmp(backend, "auto") == 0) {
-#ifdef FR_HAVE_CUDA
-        on_gpu = fr_cuda_available();
-#endif
-        if (!on_gpu && strcmp(backend, "cuda") == 0) {
-            free(files);
-            return fr_cli_usage_error(cmd, "--backend cuda: no usable CUDA device in this build or machine");
-        }
-    } else if (strcmp(backend, "cpu") != 0) {
+    fr_backend want = FR_BACKEND_AUTO, picked = FR_BACKEND_CPU;
+    if (strcmp(backend, "cuda") == 0) want = FR_BACKEND_CUDA;
+    else if (strcmp(backend, "cpu") == 0) want = FR_BACKEND_CPU;
+    else if (strcmp(backend, "auto") != 0) {
         free(files);
         return fr_cli_usage_error(cmd, "unknown backend '%s' (expected auto, cpu or cuda)", backend);
     }
+    if (fr_backend_pick(want, &picked)) {
+        free(files);
+        return fr_cli_usage_error(cmd, "%s", fr_last_error());
+    }
+    on_gpu = picked == FR_BACKEND_CUDA;
     if (on_gpu && !configs) configs = "fp8,nvfp4,nvfp4-vanilla,nvfp4-kv,mxfp4,mxfp4-vanilla,mxfp4-kv";
     if (!model) rc = fr_cli_usage_error(cmd, "--model is required");
     else if (n_files == 0) rc = fr_cli_usage_error(cmd, "--texts needs at least one file");

@@ -350,6 +350,14 @@ __global__ void f32_to_bf16_kernel(uint16_t *out, const float *in, size_t n, boo
     for (size_t i = done + first; i < n; i += stride) out[i] = (uint16_t)bf16_encode(in[i]);
 }
 
+/* x[i] += d[i]: a tensor-parallel all-reduced partial sum joining the
+ * residual stream. */
+__global__ void add_f32_kernel(float *x, const float *d, size_t n)
+{
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] += d[i];
+}
+
 /* ---- host helpers ------------------------------------------------------- */
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -602,6 +610,15 @@ extern "C" fr_status fr_cuda_f32_to_bf16(uint16_t *out, const float *in, size_t 
     if (!out || !in) return fr_fail(FR_EINVAL, "cuda f32_to_bf16: NULL pointer");
     const bool vec = aligned16(out) && aligned16(in);
     f32_to_bf16_kernel<<<grid_for(vec ? n / kChunk + kChunk : n), kThreads, 0, stream>>>(out, in, n, vec);
+    FR_CUDA_LAUNCHED();
+    return FR_OK;
+}
+
+extern "C" fr_status fr_cuda_add_f32(float *x, const float *d, size_t n, cudaStream_t stream)
+{
+    if (n == 0) return FR_OK;
+    if (!x || !d) return fr_fail(FR_EINVAL, "cuda add_f32: NULL pointer");
+    add_f32_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, d, n);
     FR_CUDA_LAUNCHED();
     return FR_OK;
 }

@@ -155,6 +155,10 @@ fr_status fr_cuda_swiglu_rows(uint16_t *out_bf16, const float *gate_up, int rows
  * included). */
 fr_status fr_cuda_f32_to_bf16(uint16_t *out, const float *in, size_t n, cudaStream_t stream);
 
+/* x[i] += d[i] for n floats (the residual add of a tensor-parallel
+ * all-reduced partial sum; the sum is exact float32 addition, as the CPU's). */
+fr_status fr_cuda_add_f32(float *x, const float *d, size_t n, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

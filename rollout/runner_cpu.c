@@ -271,6 +271,7 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
             fr_rope(k + (size_t)t * kvd, KVH, d, r->pos[t], c->rope_theta);
         }
         if (r->obs.layer_kv && (st = r->obs.layer_kv(r->obs.user, l, seqs, n_seqs, k, v))) break;
+        if (r->obs.layer_q && (st = r->obs.layer_q(r->obs.user, l, seqs, n_seqs, r->q))) break;
         if ((st = attention(r, l, seqs, n_seqs))) break;
         fr_matmul(r->hidden_out, r->att, lw->o_proj, M, D, (int)qd);
         if ((st = tp_allreduce(r, r->hidden_out, (size_t)M * D))) break;

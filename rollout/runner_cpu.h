@@ -69,6 +69,10 @@ typedef struct {
      * rows in step order (the seqs[0] tokens first). */
     fr_status (*layer_kv)(void *user, int layer, const fr_step_seq *seqs, int n_seqs, const float *k,
                           const float *v);
+    /* The post-RoPE queries of layer `layer` for every token of the step,
+     * q [rows][num_heads][head_dim], raw like layer_kv's keys (no rotation,
+     * no rounding), called right after layer_kv. */
+    fr_status (*layer_q)(void *user, int layer, const fr_step_seq *seqs, int n_seqs, const float *q);
     /* A decode query (sequence seqs[s] of the step has one new token): the G
      * query heads of KV head `head` in layer `layer`, q [G][head_dim] as the
      * attention receives it (rotated when the cache rotates keys, unquantized),
@@ -78,7 +82,8 @@ typedef struct {
 } fr_forward_observer;
 
 /* Installs obs (copied), or removes it with NULL. Without an observer the
- * step does no extra work. */
+ * step does no extra work. The CUDA runner takes the same observer for its
+ * layer_kv and layer_q (fr_runner_cuda_set_observer). */
 void fr_runner_cpu_set_observer(fr_runner_cpu *r, const fr_forward_observer *obs);
 
 #ifdef __cplusplus

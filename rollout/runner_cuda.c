@@ -10,6 +10,7 @@
 #include "rollout/gemm_cuda.h"
 #include "rollout/ops_cuda.h"
 #include "rollout/sampler_cuda.h"
+#include "comm/nccl_group.h"
 
 enum { T = FR_PAGE_TOKENS };
 
@@ -46,6 +47,18 @@ struct fr_runner_cuda {
     float *h_logprobs;
     fr_sample_row *h_sample_rows;
     fr_paged_seq *h_seqs;
+    /* Forward taps (fr_runner_cuda_set_observer): host copies of a layer's
+     * post-RoPE q, k, v, made in fr_runner_cuda_step only. */
+    fr_forward_observer obs;
+    float *h_q, *h_k, *h_v;
+    /* Tensor parallelism (w->tp_size > 1): the engine's NCCL group, the
+     * row-parallel partial sums before their all-reduce, and the LM head's
+     * vocabulary slice of every rank ([tp][logit_cap][vocab / tp]). */
+    fr_nccl_group *nccl;
+    float *partial, *logits_local, *logits_all;
+    int vocab;                  /* the whole vocabulary (logits rows, sampling, ids) */
+    const fr_step_seq *obs_seqs;   /* the step being observed, NULL otherwise */
+    int obs_n_seqs;
 };
 
 int fr_cuda_available(void)
@@ -70,7 +83,16 @@ int fr_cuda_available(void)
 fr_status fr_runner_cuda_new(const fr_weights_gpu *w, fr_kv_cache *book, int max_step_tokens,
                              fr_runner_cuda **out)
 {
+    return fr_runner_cuda_new_tp(w, book, max_step_tokens, NULL, out);
+}
+
+fr_status fr_runner_cuda_new_tp(const fr_weights_gpu *w, fr_kv_cache *book, int max_step_tokens,
+                                struct fr_nccl_group *nccl, fr_runner_cuda **out)
+{
     *out = NULL;
+    if (w->tp_size > 1 && !nccl)
+        return fr_fail(FR_EINVAL, "CUDA runner: a tensor-parallel shard (rank %d of %d) needs the engine's NCCL group",
+                       w->tp_rank, w->tp_size);
     const fr_model_config *c = &w->cfg;
     const fr_kv_cache_config *kc = fr_kv_cache_config_of(book);
     if (!kc->bookkeeping_only)
@@ -84,12 +106,14 @@ fr_status fr_runner_cuda_new(const fr_weights_gpu *w, fr_kv_cache *book, int max
     if (!r) return fr_fail(FR_ENOMEM, "CUDA runner: out of memory");
     r->w = w;
     r->book = book;
+    r->nccl = w->tp_size > 1 ? nccl : NULL;
+    r->vocab = w->vocab_full > 0 ? w->vocab_full : c->vocab_size;
     r->max_tokens = max_step_tokens;
     r->max_seqs = kc->max_seqs;
     r->max_pages = (c->max_position + T - 1) / T;
     const int M = max_step_tokens, D = c->hidden_size, d = c->head_dim;
     const size_t qd = (size_t)c->num_heads * d, kvd = (size_t)c->num_kv_heads * d;
-    const int I = c->intermediate_size, V = c->vocab_size;
+    const int I = c->intermediate_size, V = r->vocab, Vl = c->vocab_size, tp = w->tp_size > 1 ? w->tp_size : 1;
     fr_status st = fr_kv_store_gpu_new(kc, &r->store);
     if (!st) st = fr_gemm_new(0, &r->gemm);
     if (!st) st = fr_sampler_gpu_new(V, r->max_seqs, &r->sampler);
@@ -113,6 +137,11 @@ fr_status fr_runner_cuda_new(const fr_weights_gpu *w, fr_kv_cache *book, int max
     if (r->logit_cap < r->max_seqs) r->logit_cap = r->max_seqs < M ? r->max_seqs : M;
     if (r->logit_cap < 1) r->logit_cap = 1;
     DEV_ALLOC(r->logits, (size_t)r->logit_cap * V);
+    if (tp > 1) {
+        DEV_ALLOC(r->partial, (size_t)M * D);
+        DEV_ALLOC(r->logits_local, (size_t)r->logit_cap * Vl);
+        DEV_ALLOC(r->logits_all, (size_t)tp * r->logit_cap * Vl);
+    }
     DEV_ALLOC(r->ids, M);
     DEV_ALLOC(r->pos, M);
     DEV_ALLOC(r->logit_rows, M);
@@ -165,12 +194,16 @@ void fr_runner_cuda_destroy(fr_runner_cuda **pr)
     for (int b = 0; b < FR_CUDA_GRAPH_BUCKETS; b++)
         if (r->graphs[b]) cudaGraphExecDestroy(r->graphs[b]);
     void *dev[] = {r->x, r->xn, r->q, r->k, r->v, r->step_k, r->step_v, r->att, r->gu, r->h, r->logits,
+                   r->partial, r->logits_local, r->logits_all,
                    r->ids, r->pos, r->logit_rows, r->seqs, r->tables, r->attn_ws, r->tokens_out,
                    r->logprobs_out, r->sample_rows, r->fp4_ws, r->prefill_ws};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     void *host[] = {r->h_ids, r->h_pos, r->h_logit_rows, r->h_seqs, r->h_tables, r->h_tokens, r->h_logprobs,
                     r->h_sample_rows};
     for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) cudaFreeHost(host[i]);
+    free(r->h_q);
+    free(r->h_k);
+    free(r->h_v);
     fr_cuda_rope_table_free(&r->rope_cos, &r->rope_sin);
     fr_gemm_destroy(&r->gemm);
     fr_sampler_gpu_destroy(&r->sampler);
@@ -187,7 +220,7 @@ static fr_status admit(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, i
     const fr_model_config *c = &r->w->cfg;
     if (n_seqs < 1 || n_seqs > r->max_seqs)
         return fr_fail(FR_EINVAL, "step: %d sequences (1..%d allowed)", n_seqs, r->max_seqs);
-    return fr_step_admit(r->book, seqs, n_seqs, c->vocab_size, c->max_position, r->max_tokens, M_out);
+    return fr_step_admit(r->book, seqs, n_seqs, r->vocab, c->max_position, r->max_tokens, M_out);
 }
 
 /* Fills the pinned step metadata and sends it on the stream (no sync): token
@@ -236,6 +269,84 @@ static fr_status upload_metadata(fr_runner_cuda *r, const fr_step_seq *seqs, int
 }
 
 /* One decoder layer on the step's M rows. */
+/* Hands layer l's post-RoPE q, k, v of the step's M rows to the observer
+ * (synchronous copies: taps are for calibration and analysis, not speed). */
+static fr_status observe(fr_runner_cuda *r, int l, int M)
+{
+    const fr_model_config *c = &r->w->cfg;
+    const size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
+    cudaError_t e = cudaMemcpyAsync(r->h_q, r->q, sizeof(float) * M * qd, cudaMemcpyDeviceToHost, r->stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(r->h_k, r->k, sizeof(float) * M * kvd, cudaMemcpyDeviceToHost, r->stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(r->h_v, r->v, sizeof(float) * M * kvd, cudaMemcpyDeviceToHost, r->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(r->stream);
+    if (e != cudaSuccess) return fr_fail(FR_EINTERNAL, "CUDA runner: copying layer %d's q/k/v for the observer: %s", l,
+                                         cudaGetErrorString(e));
+    fr_status st = FR_OK;
+    if (r->obs.layer_kv) st = r->obs.layer_kv(r->obs.user, l, r->obs_seqs, r->obs_n_seqs, r->h_k, r->h_v);
+    if (!st && r->obs.layer_q) st = r->obs.layer_q(r->obs.user, l, r->obs_seqs, r->obs_n_seqs, r->h_q);
+    return st;
+}
+
+fr_status fr_runner_cuda_set_observer(fr_runner_cuda *r, const fr_forward_observer *obs)
+{
+    if (obs && obs->decode_query)
+        return fr_fail(FR_EUNSUPPORTED, "CUDA runner: the decode_query tap exists on the CPU backend only "
+                                        "(use layer_q and layer_kv)");
+    if (obs && (obs->layer_kv || obs->layer_q) && !r->h_q) {
+        const fr_model_config *c = &r->w->cfg;
+        const size_t M = (size_t)r->max_tokens, qd = (size_t)c->num_heads * c->head_dim,
+                     kvd = (size_t)c->num_kv_heads * c->head_dim;
+        r->h_q = malloc(sizeof(float) * M * qd);
+        r->h_k = malloc(sizeof(float) * M * kvd);
+        r->h_v = malloc(sizeof(float) * M * kvd);
+        if (!r->h_q || !r->h_k || !r->h_v) {
+            free(r->h_q); free(r->h_k); free(r->h_v);
+            r->h_q = r->h_k = r->h_v = NULL;
+            return fr_fail(FR_ENOMEM, "CUDA runner: out of host memory for the observer's buffers");
+        }
+    }
+    if (obs) r->obs = *obs;
+    else memset(&r->obs, 0, sizeof r->obs);
+    return FR_OK;
+}
+
+/* x += in . W^T for a row-parallel W ([hidden][k]): directly with beta 1 on
+ * one rank; across an engine, this rank's partial sum all-reduced over NCCL
+ * and then added, so every rank holds the same residual stream. */
+static fr_status residual_gemm(fr_runner_cuda *r, const uint16_t *in, const uint16_t *w, int M, int k)
+{
+    const int D = r->w->cfg.hidden_size;
+    if (!r->nccl) return fr_gemm_bf16(r->gemm, r->x, in, w, M, D, k, 1.0f, r->stream);
+    fr_status st = fr_gemm_bf16(r->gemm, r->partial, in, w, M, D, k, 0.0f, r->stream);
+    if (st) return st;
+    fr_comm_status cs = fr_nccl_allreduce_sum(r->nccl, r->partial, (size_t)M * D, FR_COMM_F32, r->stream);
+    if (cs) return fr_fail(FR_EINTERNAL, "CUDA runner: %s", fr_comm_last_error());
+    return fr_cuda_add_f32(r->x, r->partial, (size_t)M * D, r->stream);
+}
+
+/* Logits of `rows` normed rows (r->xn) into r->logits [rows][vocab]: one
+ * product on one rank; across an engine, this rank's vocabulary slice, an
+ * all-gather of every slice and a strided copy of each into its columns. */
+static fr_status lm_head(fr_runner_cuda *r, int rows)
+{
+    const int D = r->w->cfg.hidden_size, Vl = r->w->cfg.vocab_size;
+    if (!r->nccl) return fr_gemm_bf16(r->gemm, r->logits, r->xn, r->w->lm_head, rows, Vl, D, 0.0f, r->stream);
+    fr_status st = fr_gemm_bf16(r->gemm, r->logits_local, r->xn, r->w->lm_head, rows, Vl, D, 0.0f, r->stream);
+    if (st) return st;
+    fr_comm_status cs = fr_nccl_allgather_f32(r->nccl, r->logits_local, r->logits_all, (size_t)rows * Vl, r->stream);
+    if (cs) return fr_fail(FR_EINTERNAL, "CUDA runner: %s", fr_comm_last_error());
+    for (int t = 0; t < r->w->tp_size; t++) {
+        cudaError_t e = cudaMemcpy2DAsync(r->logits + (size_t)t * Vl, sizeof(float) * (size_t)r->vocab,
+                                          r->logits_all + (size_t)t * rows * Vl, sizeof(float) * (size_t)Vl,
+                                          sizeof(float) * (size_t)Vl, (size_t)rows, cudaMemcpyDeviceToDevice,
+                                          r->stream);
+        if (e != cudaSuccess) return fr_fail(FR_EINTERNAL, "CUDA runner: logits gather: %s", cudaGetErrorString(e));
+    }
+    return FR_OK;
+}
+
 static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int max_new)
 {
     const fr_model_config *c = &r->w->cfg;
@@ -250,6 +361,7 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
     if (!st)
         st = fr_cuda_qk_norm_rope(r->q, r->k, lw->q_norm, lw->k_norm, r->pos, M, H, KVH, d, c->rms_norm_eps,
                                   r->rope_cos, r->rope_sin, c->max_position, s);
+    if (!st && r->obs_seqs) st = observe(r, l, M);
     if (!st) st = fr_kv_store_gpu_stage(r->store, l, M, r->k, r->v, r->step_k, r->step_v, s);
     if (!st) {
         fr_paged_kv view = fr_kv_store_gpu_view(r->store, l, r->step_k, r->step_v);
@@ -265,12 +377,13 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
                                          r->prefill_ws, r->prefill_ws_bytes, s);
         }
     }
-    /* o_proj and down_proj accumulate into the residual stream (beta = 1). */
-    if (!st) st = fr_gemm_bf16(r->gemm, r->x, r->att, lw->o_proj, M, D, qd, 1.0f, s);
+    /* o_proj and down_proj accumulate into the residual stream (beta = 1),
+     * or, tensor parallel, their partial sums are all-reduced first. */
+    if (!st) st = residual_gemm(r, r->att, lw->o_proj, M, qd);
     if (!st) st = fr_cuda_rmsnorm(r->xn, r->x, NULL, lw->mlp_norm, M, D, c->rms_norm_eps, s);
     if (!st) st = fr_gemm_bf16(r->gemm, r->gu, r->xn, lw->gate_up, M, 2 * I, D, 0.0f, s);
     if (!st) st = fr_cuda_swiglu_rows(r->h, r->gu, M, I, s);
-    if (!st) st = fr_gemm_bf16(r->gemm, r->x, r->h, lw->down_proj, M, D, I, 1.0f, s);
+    if (!st) st = residual_gemm(r, r->h, lw->down_proj, M, I);
     if (!st)
         st = fr_kv_store_gpu_commit(r->store, l, r->seqs, n_seqs, (max_new + T - 1) / T, r->step_k, r->step_v, s);
     return st;
@@ -279,19 +392,24 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
 fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, float *logits)
 {
     const fr_model_config *c = &r->w->cfg;
-    const int D = c->hidden_size, V = c->vocab_size;
+    const int D = c->hidden_size, V = r->vocab;
     int M = 0, n_logits = 0, max_new = 0;
     fr_status st = admit(r, seqs, n_seqs, &M);
     for (int s = 0; s < n_seqs; s++) max_new = seqs[s].n > max_new ? seqs[s].n : max_new;
     if (!st) st = upload_metadata(r, seqs, n_seqs, 0, M, &n_logits);
     if (!st) st = fr_cuda_embed(r->x, r->w->embed, r->ids, M, D, V, r->stream);
+    if (r->obs.layer_kv || r->obs.layer_q) {
+        r->obs_seqs = seqs;
+        r->obs_n_seqs = n_seqs;
+    }
     for (int l = 0; l < c->num_layers && !st; l++) st = layer_forward(r, l, M, n_seqs, max_new);
+    r->obs_seqs = NULL;
     /* Final norm and LM head on the rows that want logits, gathered first. */
     for (int a = 0; a < n_logits && !st; a += r->logit_cap) {
         int rows = n_logits - a < r->logit_cap ? n_logits - a : r->logit_cap;
         st = fr_cuda_rmsnorm_rows(r->xn, r->x, M, r->logit_rows + a, rows, r->w->final_norm, D, c->rms_norm_eps,
                                   r->stream);
-        if (!st) st = fr_gemm_bf16(r->gemm, r->logits, r->xn, r->w->lm_head, rows, V, D, 0.0f, r->stream);
+        if (!st) st = lm_head(r, rows);
         if (!st) {
             cudaError_t e = cudaMemcpyAsync(logits + (size_t)a * V, r->logits, sizeof(float) * (size_t)rows * V,
                                             cudaMemcpyDeviceToHost, r->stream);
@@ -311,13 +429,13 @@ fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_
 static fr_status enqueue_decode(fr_runner_cuda *r, int rows)
 {
     const fr_model_config *c = &r->w->cfg;
-    const int D = c->hidden_size, V = c->vocab_size;
+    const int D = c->hidden_size, V = r->vocab;
     fr_status st = fr_cuda_embed(r->x, r->w->embed, r->ids, rows, D, V, r->stream);
     for (int l = 0; l < c->num_layers && !st; l++) st = layer_forward(r, l, rows, rows, 1);
     if (!st)
         st = fr_cuda_rmsnorm_rows(r->xn, r->x, rows, r->logit_rows, rows, r->w->final_norm, D, c->rms_norm_eps,
                                   r->stream);
-    if (!st) st = fr_gemm_bf16(r->gemm, r->logits, r->xn, r->w->lm_head, rows, V, D, 0.0f, r->stream);
+    if (!st) st = lm_head(r, rows);
     if (!st)
         st = fr_sampler_gpu_sample(r->sampler, r->logits, r->sample_rows, rows, r->tokens_out, r->logprobs_out,
                                    r->stream);
@@ -336,7 +454,7 @@ static int bucket_of(const fr_runner_cuda *r, int n, int *rows)
 fr_status fr_runner_cuda_decode(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
                                 int n_seqs, int *tokens, float *logprobs)
 {
-    const int V = r->w->cfg.vocab_size;
+    const int V = r->vocab;
     for (int s = 0; s < n_seqs; s++) {
         if (seqs[s].n != 1) return fr_fail(FR_EINVAL, "decode: sequence %d has %d new tokens, not 1", seqs[s].seq, seqs[s].n);
         fr_status st = fr_sample_row_check(&params[s], V);

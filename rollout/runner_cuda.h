@@ -30,6 +30,14 @@ typedef struct fr_runner_cuda fr_runner_cuda;
  * also sizes the device cache; max_step_tokens bounds the tokens of a step. */
 fr_status fr_runner_cuda_new(const fr_weights_gpu *w, fr_kv_cache *book, int max_step_tokens,
                              fr_runner_cuda **out);
+/* The same for one rank of a tensor-parallel engine: w is this rank's shard
+ * (fr_weights_gpu_shard), book holds its KV heads, nccl is the engine's
+ * group (comm/nccl_group.h; NULL when w is the whole model). Every step and
+ * decode is then collective over the engine: each rank makes the same calls
+ * in the same order, and each gets the full logits and the same tokens. */
+struct fr_nccl_group;
+fr_status fr_runner_cuda_new_tp(const fr_weights_gpu *w, fr_kv_cache *book, int max_step_tokens,
+                                struct fr_nccl_group *nccl, fr_runner_cuda **out);
 void fr_runner_cuda_destroy(fr_runner_cuda **r);
 
 /* Runs one step; logits (host) receives fr_step_logit_rows() rows of vocab
@@ -44,6 +52,14 @@ fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_
  * on the bucket's first use (FR_CUDA_GRAPHS=0 runs the kernels directly). */
 fr_status fr_runner_cuda_decode(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
                                 int n_seqs, int *tokens, float *logprobs);
+
+/* Installs the forward taps of runner_cpu.h (copied; NULL removes them):
+ * layer_kv and layer_q see every layer of fr_runner_cuda_step's steps, as
+ * float32 host copies of the post-RoPE rows (the BF16 store form is made
+ * from them afterwards). fr_runner_cuda_decode does not call them, and
+ * decode_query is refused (FR_EUNSUPPORTED): the device cache has no float
+ * view to hand out. */
+fr_status fr_runner_cuda_set_observer(fr_runner_cuda *r, const fr_forward_observer *obs);
 
 /* After fr_kv_seq_fork(book, src, &dst): gives dst a copy of src's device slots. */
 fr_status fr_runner_cuda_fork(fr_runner_cuda *r, int src_seq, int dst_seq);

@@ -9,6 +9,7 @@
 #include "cli.h"
 #ifdef FR_HAVE_CUDA
 #include "runner_cuda.h"
+#include "comm/nccl_group.h"
 #endif
 
 const char fr_engine_opts_usage[] =
@@ -82,7 +83,9 @@ const char *fr_backend_name(fr_backend b)
 static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, struct fr_weights_gpu *wg, int n_blocks,
                          int max_seqs, fr_session *s)
 {
+    struct fr_nccl_group *nccl = s->nccl;   /* made by the caller, before the weights */
     memset(s, 0, sizeof *s);
+    s->nccl = nccl;
     s->model = m;
     s->backend = b;
     s->gpu_weights = wg;
@@ -123,7 +126,7 @@ static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, str
     free(fp8_scales);
     if (!st && b == FR_BACKEND_CPU) st = fr_runner_cpu_new_tp(m, s->kv, step_tokens, &s->tp, &s->runner);
 #ifdef FR_HAVE_CUDA
-    if (!st && b == FR_BACKEND_CUDA) st = fr_runner_cuda_new(wg, s->kv, step_tokens, &s->gpu);
+    if (!st && b == FR_BACKEND_CUDA) st = fr_runner_cuda_new_tp(wg, s->kv, step_tokens, s->nccl, &s->gpu);
 #endif
     return st;
 }
@@ -131,7 +134,28 @@ static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, str
 #ifdef FR_HAVE_CUDA
 /* The device weights for a spec: synthetic models are generated on the GPU;
  * checkpoints are loaded on the host, copied, and their host weights freed. */
-static fr_status gpu_weights_for(const char *spec, fr_model **m, struct fr_weights_gpu **wg)
+/* Tensor parallel: replaces *wg by this rank's shard of it. */
+static fr_status shard_weights(const fr_engine_opts *o, struct fr_weights_gpu **wg)
+{
+    if (o->tp <= 1) return FR_OK;
+    struct fr_weights_gpu *shard = NULL;
+    fr_status st = fr_weights_gpu_shard(*wg, o->group->layout.tp_rank, o->tp, &shard);
+    fr_weights_gpu_destroy(wg);
+    *wg = shard;
+    return st;
+}
+
+/* Tensor parallel on the GPU: the engine's NCCL group, which also picks this
+ * rank's GPU (so it comes before any device allocation). */
+static fr_status open_nccl(const fr_engine_opts *o, fr_session *s)
+{
+    if (o->tp <= 1) return FR_OK;
+    fr_comm_status cs = fr_nccl_group_new(o->group, &s->nccl);
+    return cs ? fr_fail(FR_EINTERNAL, "--tp %d on the GPU: %s", o->tp, fr_comm_last_error()) : FR_OK;
+}
+
+static fr_status gpu_weights_for(const fr_engine_opts *o, const char *spec, fr_model **m,
+                                 struct fr_weights_gpu **wg)
 {
     *m = NULL;
     *wg = NULL;
@@ -148,6 +172,7 @@ static fr_status gpu_weights_for(const char *spec, fr_model **m, struct fr_weigh
         st = fr_weights_gpu_from_model(*m, wg);
         if (!st) fr_model_drop_weights(*m);
     }
+    if (!st) st = shard_weights(o, wg);
     if (st) fr_model_destroy(m);
     return st;
 }
@@ -164,23 +189,25 @@ static fr_status check_tp(const fr_engine_opts *o)
     if (o->group->layout.tp_size != o->tp)
         return fr_fail(FR_EINVAL, "--tp %d does not match the engine group's %d ranks", o->tp,
                        o->group->layout.tp_size);
-    if (o->backend == FR_BACKEND_CUDA)
-        return fr_fail(FR_EUNSUPPORTED, "--tp %d: tensor parallelism runs on the CPU backend only for now "
-                                        "(use --backend cpu)", o->tp);
     return FR_OK;
 }
 
-/* The backend a session should use, before anything is loaded. Tensor
- * parallelism (tp > 1, checked by check_tp) runs on the CPU: auto picks it. */
+/* The backend a session should use, before anything is loaded. With tensor
+ * parallelism (tp > 1, checked by check_tp) auto picks the CPU; the GPU
+ * engine is asked for with --backend cuda (one GPU per rank). */
 static fr_status resolve_backend(const fr_engine_opts *o, fr_backend *out)
 {
     fr_status st = check_tp(o);
     if (st) return st;
-    if (o->tp > 1) {
+    if (o->tp > 1 && o->backend == FR_BACKEND_AUTO) {
         *out = FR_BACKEND_CPU;
         return FR_OK;
     }
-    const fr_backend want = o->backend;
+    return fr_backend_pick(o->backend, out);
+}
+
+fr_status fr_backend_pick(fr_backend want, fr_backend *out)
+{
 #ifdef FR_HAVE_CUDA
     int gpu = fr_cuda_available();
 #else
@@ -204,8 +231,14 @@ fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_bloc
     fr_status st = resolve_backend(o, &b);
     if (st) return st;
     struct fr_weights_gpu *wg = NULL;
+    memset(s, 0, sizeof *s);
 #ifdef FR_HAVE_CUDA
-    if (b == FR_BACKEND_CUDA && (st = fr_weights_gpu_from_model(m, &wg))) return st;
+    if (b == FR_BACKEND_CUDA && (st = open_nccl(o, s))) return st;
+    if (b == FR_BACKEND_CUDA && !(st = fr_weights_gpu_from_model(m, &wg))) st = shard_weights(o, &wg);
+    if (st) {
+        fr_nccl_group_destroy(&s->nccl);
+        return st;
+    }
 #endif
     st = open_on(o, b, m, wg, n_blocks, max_seqs, s);
     if (st && o->backend == FR_BACKEND_AUTO && b == FR_BACKEND_CUDA && st == FR_EUNSUPPORTED) {
@@ -230,7 +263,11 @@ fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, f
 #ifdef FR_HAVE_CUDA
     if (b == FR_BACKEND_CUDA) {
         struct fr_weights_gpu *wg;
-        if ((st = gpu_weights_for(o->model, &m, &wg))) return st;
+        if ((st = open_nccl(o, s))) return st;
+        if ((st = gpu_weights_for(o, o->model, &m, &wg))) {
+            fr_nccl_group_destroy(&s->nccl);
+            return st;
+        }
         st = open_on(o, b, m, wg, n_blocks, max_seqs, s);
         if (!st) return FR_OK;
         fr_session_close(s);   /* frees m and wg */
@@ -250,6 +287,7 @@ void fr_session_close(fr_session *s)
 #ifdef FR_HAVE_CUDA
     fr_runner_cuda_destroy(&s->gpu);
     fr_weights_gpu_destroy(&s->gpu_weights);
+    fr_nccl_group_destroy(&s->nccl);
 #endif
     fr_kv_cache_destroy(&s->kv);
     fr_sampler_destroy(&s->sampler);

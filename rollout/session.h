@@ -24,8 +24,9 @@ typedef struct {
     fr_recipe recipe;
     const char *calib;          /* calibration file or NULL */
     int chunk;                  /* prefill chunk (tokens per step) */
-    int tp;                     /* ranks per engine (--tp, default 1); > 1 needs group and
-                                 * the CPU backend (docs/tensor_parallel.md) */
+    int tp;                     /* ranks per engine (--tp, default 1); > 1 needs group
+                                 * (docs/tensor_parallel.md); auto then picks the CPU,
+                                 * --backend cuda runs one GPU per rank over NCCL */
     const fr_engine_group *group; /* this rank's engine when tp > 1 (rollout/tp_launch.h),
                                  * not owned; NULL for tp 1 */
 } fr_engine_opts;
@@ -44,6 +45,7 @@ typedef struct {
     fr_runner_cpu *runner;      /* CPU backend */
     struct fr_runner_cuda *gpu; /* CUDA backend (rollout/runner_cuda.h) */
     struct fr_weights_gpu *gpu_weights;
+    struct fr_nccl_group *nccl; /* CUDA backend with tp > 1: the engine's NCCL group */
     fr_sampler *sampler;        /* CPU sampling scratch of fr_session_decode, made on first use */
     float *step_logits;         /* its logits buffer, grown to the largest batch */
     int step_logits_rows;
@@ -61,6 +63,10 @@ fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_bloc
                                 fr_session *s);
 void fr_session_close(fr_session *s);
 const char *fr_backend_name(fr_backend b);
+/* The backend `want` runs on here: auto becomes cuda when a CUDA device is
+ * usable, else cpu; cuda fails (FR_EUNSUPPORTED, with the reason) without a
+ * device or without CUDA in the build. */
+fr_status fr_backend_pick(fr_backend want, fr_backend *out);
 
 /* One forward step on the session's backend (fr_runner_cpu_step's contract). */
 fr_status fr_session_step(fr_session *s, const fr_step_seq *seqs, int n_seqs, float *logits);

@@ -25,11 +25,13 @@ static size_t align_up(size_t x) { return (x + 255) & ~(size_t)255; }
 static int plan(fr_weights_gpu *w, const fr_model *m, tensor_slot *t, size_t *bytes)
 {
     const fr_model_config *c = &w->cfg;
+    /* A tensor-parallel shard keeps the whole embedding (vocab_full rows). */
     size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size, D = (size_t)c->head_dim,
+           VE = w->vocab_full > 0 ? (size_t)w->vocab_full : V,
            I = (size_t)c->intermediate_size, qd = (size_t)c->num_heads * D, kvd = (size_t)c->num_kv_heads * D;
     int n = 0;
 #define ADD(ptr, r, cc, k, h) (t[n++] = (tensor_slot){&(ptr), (r), (cc), (k), (h)})
-    ADD(w->embed, V, H, KIND_EMBED, m ? m->w.embed : NULL);
+    ADD(w->embed, VE, H, KIND_EMBED, m ? m->w.embed : NULL);
     for (int l = 0; l < c->num_layers; l++) {
         fr_layer_weights_gpu *L = &w->layers[l];
         const fr_layer_weights *hl = m ? &m->w.layers[l] : NULL;
@@ -71,6 +73,7 @@ static fr_status alloc_layers(const fr_model_config *cfg, fr_weights_gpu **out)
     fr_weights_gpu *w = (fr_weights_gpu *)calloc(1, sizeof *w);
     if (!w) return fr_fail(FR_ENOMEM, "GPU weights: out of memory");
     w->cfg = *cfg;
+    w->tp_size = 1;
     w->layers = (fr_layer_weights_gpu *)calloc((size_t)cfg->num_layers, sizeof *w->layers);
     if (!w->layers) {
         free(w);
@@ -93,11 +96,12 @@ static void rebase(fr_weights_gpu *w, tensor_slot *t, int n)
 }
 
 static fr_status prepare(const fr_model_config *cfg, const fr_model *m, fr_weights_gpu **out, tensor_slot **slots,
-                         int *n)
+                         int *n, int vocab_full)
 {
     fr_status st = alloc_layers(cfg, out);
     if (st) return st;
     fr_weights_gpu *w = *out;
+    w->vocab_full = vocab_full;
     *slots = (tensor_slot *)calloc((size_t)(11 * cfg->num_layers + 3), sizeof **slots);
     if (!*slots) {
         fr_weights_gpu_destroy(out);
@@ -128,7 +132,7 @@ fr_status fr_weights_gpu_from_model(const fr_model *m, fr_weights_gpu **out)
     if (!m || !out) return fr_fail(FR_EINVAL, "fr_weights_gpu_from_model: NULL argument");
     tensor_slot *t;
     int n;
-    fr_status st = prepare(&m->cfg, m, out, &t, &n);
+    fr_status st = prepare(&m->cfg, m, out, &t, &n, m->cfg.vocab_size);
     if (st) return st;
     size_t most = 0;
     for (int i = 0; i < n; i++) most = t[i].rows * t[i].cols > most ? t[i].rows * t[i].cols : most;
@@ -198,7 +202,7 @@ fr_status fr_weights_gpu_synthetic(const fr_model_config *cfg, uint64_t seed, fr
     if (!cfg || !out) return fr_fail(FR_EINVAL, "fr_weights_gpu_synthetic: NULL argument");
     tensor_slot *t;
     int n;
-    fr_status st = prepare(cfg, NULL, out, &t, &n);
+    fr_status st = prepare(cfg, NULL, out, &t, &n, cfg->vocab_size);
     if (st) return st;
     for (int i = 0; i < n && !st; i++) {
         if (t[i].dst == &(*out)->lm_head && cfg->tie_word_embeddings) continue;
@@ -226,4 +230,14 @@ void fr_weights_gpu_destroy(fr_weights_gpu **pw)
     free(w->layers);
     free(w);
     *pw = NULL;
+}
+
+fr_status fr_weights_gpu_alloc(const fr_model_config *cfg, int vocab_full, fr_weights_gpu **out)
+{
+    if (!cfg || !out) return fr_fail(FR_EINVAL, "fr_weights_gpu_alloc: NULL argument");
+    tensor_slot *t;
+    int n;
+    fr_status st = prepare(cfg, NULL, out, &t, &n, vocab_full);
+    if (!st) free(t);
+    return st;
 }

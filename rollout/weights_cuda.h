@@ -38,6 +38,11 @@ typedef struct fr_weights_gpu {
     fr_layer_weights_gpu *layers; /* host array of device pointers */
     void *block_;           /* the one device allocation */
     size_t bytes;           /* its size */
+    /* Tensor parallelism (rollout/tp_shard.h): cfg holds the local counts
+     * (heads, KV heads, intermediate, vocabulary slice) of rank tp_rank of
+     * tp_size; vocab_full is the model's vocabulary, the embedding's rows
+     * (the embedding is whole on every rank). tp_size 1: the whole model. */
+    int tp_rank, tp_size, vocab_full;
 } fr_weights_gpu;
 
 /* Copies a host model to the GPU as BF16. */
@@ -45,6 +50,14 @@ fr_status fr_weights_gpu_from_model(const fr_model *m, fr_weights_gpu **out);
 /* Generates a synthetic model ("tiny" or "qwen3-4b", with its seed: see
  * fr_synthetic_parse) directly on the GPU. */
 fr_status fr_weights_gpu_synthetic(const fr_model_config *cfg, uint64_t seed, fr_weights_gpu **out);
+/* The device allocation and layout for cfg's tensors, unfilled (the
+ * embedding gets vocab_full rows): for code that fills weights itself. */
+fr_status fr_weights_gpu_alloc(const fr_model_config *cfg, int vocab_full, fr_weights_gpu **out);
+/* Rank `rank` of `size`'s tensor-parallel shard of whole-model weights, as a
+ * new device allocation (device-to-device copies: column-parallel tensors are
+ * row ranges, o_proj and down_proj column ranges, the gate|up halves each
+ * their slice; embedding and norms whole). full stays valid. */
+fr_status fr_weights_gpu_shard(const fr_weights_gpu *full, int rank, int size, fr_weights_gpu **out);
 void fr_weights_gpu_destroy(fr_weights_gpu **w);
 
 #ifdef __cplusplus

@@ -64,7 +64,7 @@ same_tokens "$dir/g1.json" "$dir/g2.json" "tiny greedy, 2 engines of tp 2" ||
 expect_error "4 query heads do not split over tp 3" run_np 3 score --tp 3 "${tiny[@]}" --prompt-ids 256,1 --out "$dir/x"
 expect_error "do not form engines of 2 ranks" "$bin" score --tp 2 "${tiny[@]}" --prompt-ids 256,1 --out "$dir/x"
 expect_error "do not form engines of 2 ranks" run_np 3 score --tp 2 "${tiny[@]}" --prompt-ids 256,1 --out "$dir/x"
-expect_error "CPU backend only" run_np 2 score --tp 2 --backend cuda --model synthetic:tiny --prompt-ids 256,1 --out "$dir/x"
+expect_error "backend cuda" run_np 2 score --tp 2 --backend cuda --model synthetic:tiny --prompt-ids 256,1 --out "$dir/x"
 expect_error "--tp expects" "$bin" generate --tp 0
 echo 65 > "$dir/t.txt"
 expect_error "calibrate runs on one rank" "$bin" calibrate --tp 2 --model synthetic:tiny --texts "$dir/t.txt" --out "$dir/x"
