@@ -20,6 +20,10 @@
 #include "fp4_device.cuh"
 #include "paged_kv.h"
 
+#ifndef FR_FP4_STAGES
+#define FR_FP4_STAGES 3
+#endif
+
 namespace fr_fp4 {
 
 using namespace fr_fp4_ptx;
@@ -50,8 +54,11 @@ template <int FMT, int D> struct Geom {
     static constexpr int v_scales = FMT == kFP8 ? 0 : v_codes + D * kPage / 2;
     static constexpr int page_bytes = FMT == kFP8 ? 2 * kPage * D : v_scales + D * kPage / B;
     /* pages in shared memory: the one being scored, the one whose P.V is
-     * pending, and S - 2 in flight */
-    static constexpr int stages = FMT == kFP8 ? 3 : 4;
+     * pending, and S - 2 in flight. Three stages for FP4 (FR_FP4_STAGES for
+     * experiments): an NVFP4 CTA then needs 59 KB instead of 78 KB, three
+     * CTAs fit an SM instead of two, and batch >= 16 ran 7-16% faster on an
+     * H200 (bench/RESULTS.md); one page in flight per CTA is enough then. */
+    static constexpr int stages = FMT == kFP8 ? 3 : FR_FP4_STAGES;
     static constexpr int ksteps = D / 16;
 };
 

@@ -19,7 +19,11 @@
  * the kernel leaves in the workspace, against fr_ref_attn_partial over the
  * same split ranges (LSE within 1e-3), and for the combined BF16 output,
  * less its own BF16 rounding (2^-8 |ref|), against fr_ref_attn_decode with
- * the same split count. The printed figures are max |gpu - ref| / max |ref|. FP8 caches are compared
+ * the same split count. The printed figures are max |gpu - ref| / max |ref|.
+ * An exact-mode split partial beyond the rule still passes when the
+ * reference reproduces it with the query scaled by 1 +- 2^-22..2^-20
+ * (tie_flip: a probability on an FP4 rounding boundary); the case line then
+ * says so. FP8 caches are compared
  * with the whole context as the "quantized" region of the plan (FP8 keeps
  * the query and P unquantized, so the region only decides the split
  * ranges).
@@ -349,6 +353,30 @@ static double excess(double diff, double ref_max, double u, double abs_ref)
     return diff - (TOL * ref_max + u * abs_ref + 1e-6);
 }
 
+/* Exact compute quantizes P to FP4 as the reference does, but its logits
+ * come from FP32 MMAs, not the reference's double sums: a probability that
+ * sits on an E2M1 rounding boundary may take the neighbouring code, which
+ * moves the output by one grid step of that element. Such a split partial
+ * is accepted when the reference, given the same query scaled by 1 +- eps
+ * (eps 2^-22 .. 2^-20, a change of the logits in their last bits), matches
+ * head h within TOL. A wrong kernel does not pass this way. */
+static int tie_flip(const rig *r, const fr_attn_params *p, const float *qg, const fr_kv_view *view, int t0, int t1,
+                    int x0, int x1, int h, const float *gpu, double mref)
+{
+    const int G = r->G;
+    float qp[FR_MAX_GROUP * D], o[FR_MAX_GROUP * D], lse[FR_MAX_GROUP];
+    for (int e = 22; e >= 20; e--)
+        for (int sign = -1; sign <= 1; sign += 2) {
+            const float f = 1.0f + (float)sign * ldexpf(1.0f, -e);
+            for (int k = 0; k < G * D; k++) qp[k] = qg[k] * f;
+            FR_OK_OR_FAIL(fr_ref_attn_partial(p, qp, view, t0, t1, x0, x1, 1, o, lse));
+            double md = 0.0;
+            for (int j = 0; j < D; j++) md = fmax(md, fabs(gpu[j] - o[h * D + j]));
+            if (md <= TOL * mref + 1e-6) return 1;
+        }
+    return 0;
+}
+
 /* Compares every split partial and the combined output; returns failures. */
 static int check(rig *r, void *ws, const fr_attn_fp4_plan *plan, const char *what)
 {
@@ -364,7 +392,7 @@ static int check(rig *r, void *ws, const fr_attn_fp4_plan *plan, const char *wha
     const fr_attn_params p = fr_kv_attn_params(r->cpu, G);
     double worst_split = 0.0, worst_out = 0.0;
     const double u = p_rounding(r);
-    int bad = 0;
+    int bad = 0, flips = 0;
     for (int s = 0; s < r->n_seqs; s++) {
         const int len = r->recs[s].len, n = len + 1;
         float *k = xmalloc(sizeof(float) * (size_t)n * D), *v = xmalloc(sizeof(float) * (size_t)n * D);
@@ -400,6 +428,15 @@ static int check(rig *r, void *ws, const fr_attn_fp4_plan *plan, const char *wha
                     const int lse_bad = isinf(rl) ? !(isinf(gl) && gl < 0) : !(fabsf(gl - rl) <= 1e-3f);
                     const double ratio = mdiff / fmax(mref, 1e-30);
                     if (ratio > worst_split && mref > 0) worst_split = ratio;
+                    if (!nan && !lse_bad && over > 0 && i < S && u == 0.0 &&
+                        tie_flip(r, &p, qg, &view, t0, t1, x0, x1, h, o_part + (base + h) * D, mref)) {
+                        if (flips++ < 4)
+                            printf("  %s %s G=%d: seq %d kv head %d split %d head %d: max|diff| %.3g of max|ref| %.3g, "
+                                   "matched by the reference with the query scaled by 1 +- 2^-22..2^-20 (a "
+                                   "probability on an FP4 rounding boundary)\n",
+                                   name, what, G, s, head, i, h, mdiff, mref);
+                        continue;
+                    }
                     if (nan || over > 0 || lse_bad) {
                         if (bad++ < 8)
                             fprintf(stderr,
@@ -435,8 +472,9 @@ static int check(rig *r, void *ws, const fr_attn_fp4_plan *plan, const char *wha
         }
         free(k); free(v); free(v_abs);
     }
-    printf("  %-28s %-22s G=%2d %3d splits: worst split %.2e, combined %.2e of max|o| (limit %.0e)%s\n", name,
-           what, G, S, worst_split, worst_out, TOL, bad ? "  FAILED" : "");
+    printf("  %-28s %-22s G=%2d %3d splits: worst split %.2e, combined %.2e of max|o| (limit %.0e)%s%s\n", name,
+           what, G, S, worst_split, worst_out, TOL, flips ? " (rounding-boundary flips accepted)" : "",
+           bad ? "  FAILED" : "");
     free(o_part); free(lse_part); free(out);
     return bad;
 }
