@@ -45,6 +45,19 @@ void fr_runner_cpu_destroy(fr_runner_cpu **pr)
     *pr = NULL;
 }
 
+fr_status fr_runner_cpu_weights_changed(fr_runner_cpu *r)
+{
+    if (r->tp.size == 1) return FR_OK;   /* reads the model's weights directly */
+    fr_tp_shard *fresh = NULL;
+    fr_status st = fr_tp_shard_new(r->m, r->tp.rank, r->tp.size, &fresh);
+    if (st) return st;
+    fr_tp_shard_destroy(&r->shard);
+    r->shard = fresh;
+    r->c = &r->shard->cfg;
+    r->w = &r->shard->w;
+    return FR_OK;
+}
+
 fr_status fr_runner_cpu_new(const fr_model *m, fr_kv_cache *kv, int max_step_tokens,
                             fr_runner_cpu **out)
 {

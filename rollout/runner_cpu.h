@@ -41,6 +41,10 @@ fr_status fr_runner_cpu_new(const fr_model *m, fr_kv_cache *kv, int max_step_tok
 fr_status fr_runner_cpu_new_tp(const fr_model *m, fr_kv_cache *kv, int max_step_tokens, const fr_tp *tp,
                                fr_runner_cpu **out);
 void fr_runner_cpu_destroy(fr_runner_cpu **r);
+/* After the model's weight values changed in place (a weight update): a
+ * tensor-parallel rank cuts its shard again (its row-parallel slices are
+ * copies). Nothing to do at tp 1. On failure the old shard stays. */
+fr_status fr_runner_cpu_weights_changed(fr_runner_cpu *r);
 
 /* Rows of logits the step produces (in sequence order). */
 int fr_step_logit_rows(const fr_step_seq *seqs, int n_seqs);

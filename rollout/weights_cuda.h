@@ -58,6 +58,11 @@ fr_status fr_weights_gpu_alloc(const fr_model_config *cfg, int vocab_full, fr_we
  * row ranges, o_proj and down_proj column ranges, the gate|up halves each
  * their slice; embedding and norms whole). full stays valid. */
 fr_status fr_weights_gpu_shard(const fr_weights_gpu *full, int rank, int size, fr_weights_gpu **out);
+/* Overwrites w's values with host model m's (w's own tensor-parallel shard
+ * of them when w is a shard), in place: the device pointers, and so any
+ * captured CUDA graph reading them, stay valid. m must have w's model
+ * config. Needs device memory for one more copy of the whole model. */
+fr_status fr_weights_gpu_refill(fr_weights_gpu *w, const fr_model *m);
 void fr_weights_gpu_destroy(fr_weights_gpu **w);
 
 #ifdef __cplusplus

@@ -66,3 +66,24 @@ fr_status fr_weights_gpu_shard(const fr_weights_gpu *full, int rank, int size, f
     }
     return FR_OK;
 }
+
+fr_status fr_weights_gpu_refill(fr_weights_gpu *w, const fr_model *m)
+{
+    if (!w || !m) return fr_fail(FR_EINVAL, "fr_weights_gpu_refill: NULL argument");
+    fr_weights_gpu *full = NULL, *shard = NULL;
+    fr_status st = fr_weights_gpu_from_model(m, &full);
+    if (!st && w->tp_size > 1) st = fr_weights_gpu_shard(full, w->tp_rank, w->tp_size, &shard);
+    const fr_weights_gpu *src = shard ? shard : full;
+    if (!st && src->bytes != w->bytes)
+        st = fr_fail(FR_EINVAL, "GPU weights: the new weights take %zu bytes, the serving ones %zu (another model?)",
+                     src->bytes, w->bytes);
+    if (!st) {
+        cudaError_t e = cudaMemcpy(w->block_, src->block_, w->bytes, cudaMemcpyDeviceToDevice);
+        if (e != cudaSuccess)
+            st = fr_fail(FR_EINTERNAL, "GPU weights: copying the new weights in failed (%s); the device weights "
+                                       "are now undefined", cudaGetErrorString(e));
+    }
+    fr_weights_gpu_destroy(&shard);
+    fr_weights_gpu_destroy(&full);
+    return st;
+}

@@ -22,6 +22,7 @@
 #include "rollout/sampler.h"
 #include "rollout/runner_cuda.h"
 #include "rollout/session.h"
+#include "rollout/weight_update.h"
 #include "rollout/weights_cuda.h"
 #include "tests/unit/test_util.h"
 
@@ -485,6 +486,85 @@ static void test_tq6_quantized_cache_gpu_vs_cpu(void **state)
     st_file_close(&g);
 }
 
+/* Greedy tokens after prompt through fr_session_decode (decode graphs). */
+static void greedy_graph(fr_session *s, const int *prompt, int n, int n_new, int *toks)
+{
+    const int V = s->model->cfg.vocab_size;
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    assert_non_null(logits);
+    int seq, cur = 0;
+    if (fr_session_prefill(s, prompt, n, 64, &seq, logits, NULL)) fail_msg("%s", fr_last_error());
+    for (int v = 1; v < V; v++)
+        if (logits[v] > logits[cur]) cur = v;
+    toks[0] = cur;
+    const fr_sampling_params sp = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 1};
+    for (int t = 1; t < n_new; t++) {
+        fr_step_seq step = {.seq = seq, .n = 1, .tokens = &cur};
+        fr_decode_row row = {.params = sp, .sequence = 0, .step = (uint64_t)t};
+        if (fr_session_decode(s, &step, &row, 1, &cur, NULL)) fail_msg("decode: %s", fr_last_error());
+        toks[t] = cur;
+    }
+    fr_kv_seq_free(s->kv, seq);
+    free(logits);
+}
+
+/* A weight update on the GPU (rollout/weight_update.h): a session on
+ * synthetic:tiny, its decode graphs already captured, takes synthetic:tiny:7's
+ * weights in place; afterwards its logits equal a fresh session's on
+ * synthetic:tiny:7 bit for bit and its graphs decode the same tokens. */
+static void test_weight_update_on_gpu(void **state)
+{
+    (void)state;
+    if (!fr_gpu_test_available()) skip();
+    fr_engine_opts o;
+    fr_engine_opts_default(&o);
+    o.backend = FR_BACKEND_CUDA;
+    fr_session a, b;
+    o.model = "synthetic:tiny";
+    open_or_fail(&o, 16, 2, &a);
+    o.model = "synthetic:tiny:7";
+    open_or_fail(&o, 16, 2, &b);
+    static const int prompt[] = {256, 35, 32, 97, 32, 115, 109, 97, 108, 108, 32, 116, 101, 115, 116};
+    enum { N = sizeof prompt / sizeof prompt[0], NEW = 12 };
+    int ta[NEW], tb[NEW], t0[NEW];
+    greedy_graph(&a, prompt, N, NEW, t0);   /* captures a's decode graph */
+    fr_model *m7;
+    assert_int_equal(fr_model_load("synthetic:tiny:7", &m7), FR_OK);
+    fr_weight_update *u;
+    assert_int_equal(fr_weight_update_begin(&m7->cfg, 3, &u), FR_OK);
+    size_t off = 0, total;
+    const float *data = fr_model_data(m7, &total);
+    for (int i = 0; i < fr_weight_update_tensor_count(u); i++) {
+        const char *name;
+        int ndim;
+        int64_t shape[2];
+        assert_int_equal(fr_weight_update_tensor(u, i, &name, &ndim, shape), FR_OK);
+        const size_t cnt = (size_t)shape[0] * (size_t)(ndim == 2 ? shape[1] : 1);
+        FR_OK_OR_FAIL(fr_weight_update_put(u, name, FR_WDT_F32, shape, ndim, 0, data + off, cnt * 4));
+        off += cnt;
+    }
+    assert_int_equal(off, total);
+    FR_OK_OR_FAIL(fr_session_commit_weights(&a, u));
+    fr_weight_update_free(&u);
+    float *la = score(&a, prompt, N, 64, 0), *lb = score(&b, prompt, N, 64, 0);
+    const int V = a.model->cfg.vocab_size;
+    float md;
+    double mean;
+    diff_stats(la, lb, (size_t)N * V, &md, &mean);
+    printf("  after the update: max |logit diff| against a fresh synthetic:tiny:7 session %g\n", md);
+    assert_true(md == 0.0f);
+    greedy_graph(&a, prompt, N, NEW, ta);
+    greedy_graph(&b, prompt, N, NEW, tb);
+    assert_memory_equal(ta, tb, sizeof ta);
+    int same_as_before = memcmp(ta, t0, sizeof ta) == 0;
+    printf("  %d greedy tokens through the captured graphs equal the fresh session's (%s the old weights')\n", NEW,
+           same_as_before ? "same as" : "unlike");
+    free(la); free(lb);
+    fr_model_destroy(&m7);
+    fr_session_close(&a);
+    fr_session_close(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -496,6 +576,7 @@ int main(void)
         cmocka_unit_test(test_tq6_greedy),
         cmocka_unit_test(test_decode_graphs),
         cmocka_unit_test(test_tq6_quantized_cache_gpu_vs_cpu),
+        cmocka_unit_test(test_weight_update_on_gpu),
     };
     fr_gpu_test_filter();
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,171 @@
+/* Weight updates of a running session (rollout/weight_update.h): a session
+ * on synthetic:tiny receives synthetic:tiny:7's tensors in pieces, in
+ * reverse order, and after the commit computes exactly what a session
+ * opened on synthetic:tiny:7 computes. Every refusal (unknown name, wrong
+ * shape, overlapping or out-of-range bytes, mixed dtypes, NaN and inf,
+ * an incomplete update) names the tensor and leaves the serving weights
+ * as they were. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/fp_formats.h"
+#include "rollout/session.h"
+#include "rollout/weight_update.h"
+
+static const int PROMPT[] = {256, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100};
+enum { NP = sizeof PROMPT / sizeof PROMPT[0] };
+
+static void open_tiny(const char *spec, fr_session *s)
+{
+    fr_engine_opts o;
+    fr_engine_opts_default(&o);
+    o.model = spec;
+    o.backend = FR_BACKEND_CPU;
+    assert_int_equal(fr_session_open(&o, 16, 2, s), FR_OK);
+}
+
+/* The last position's logits of PROMPT (vocab floats, caller frees). */
+static float *logits_of(fr_session *s)
+{
+    const int V = s->model->cfg.vocab_size;
+    float *l = malloc(sizeof(float) * (size_t)V);
+    assert_non_null(l);
+    int seq;
+    assert_int_equal(fr_session_prefill(s, PROMPT, NP, 64, &seq, l, NULL), FR_OK);
+    fr_kv_seq_free(s->kv, seq);
+    return l;
+}
+
+/* Tensor i of the update's list, taken from model m (the same walk as the
+ * update's: the model's layout). */
+static const float *source(const fr_model *m, const fr_weight_update *u, int i, size_t *count)
+{
+    const char *name;
+    int ndim;
+    int64_t shape[2];
+    assert_int_equal(fr_weight_update_tensor(u, i, &name, &ndim, shape), FR_OK);
+    *count = (size_t)shape[0] * (size_t)(ndim == 2 ? shape[1] : 1);
+    size_t off = 0;
+    for (int j = 0; j < i; j++) {
+        const char *n2;
+        int d2;
+        int64_t s2[2];
+        assert_int_equal(fr_weight_update_tensor(u, j, &n2, &d2, s2), FR_OK);
+        off += (size_t)s2[0] * (size_t)(d2 == 2 ? s2[1] : 1);
+    }
+    size_t total;
+    const float *data = fr_model_data(m, &total);
+    assert_true(off + *count <= total);
+    return data + off;
+}
+
+static void put(fr_weight_update *u, int i, const float *src, size_t count, size_t from, size_t to)
+{
+    const char *name;
+    int ndim;
+    int64_t shape[2];
+    assert_int_equal(fr_weight_update_tensor(u, i, &name, &ndim, shape), FR_OK);
+    (void)count;
+    assert_int_equal(fr_weight_update_put(u, name, FR_WDT_F32, shape, ndim, from * 4, src + from, (to - from) * 4),
+                     FR_OK);
+}
+
+static void test_update_equals_fresh_session(void **state)
+{
+    (void)state;
+    fr_session a, b;
+    open_tiny("synthetic:tiny", &a);
+    open_tiny("synthetic:tiny:7", &b);
+    float *la = logits_of(&a), *lb = logits_of(&b);
+    assert_true(memcmp(la, lb, sizeof(float) * 272) != 0);
+
+    fr_weight_update *u;
+    assert_int_equal(fr_weight_update_begin(&a.model->cfg, 5, &u), FR_OK);
+    assert_int_equal(fr_weight_update_version(u), 5);
+    const int n = fr_weight_update_tensor_count(u);
+    assert_int_equal(n, 11 * 2 + 3);   /* tiny: 2 layers, untied lm_head */
+    for (int i = n - 1; i >= 0; i--) {   /* reverse order, each in two pieces, the second half first */
+        size_t count;
+        const float *src = source(b.model, u, i, &count);
+        put(u, i, src, count, count / 2, count);
+        if (i == 3) assert_int_equal(fr_session_commit_weights(&a, u), FR_EINVAL);   /* not complete yet */
+        put(u, i, src, count, 0, count / 2);
+    }
+    assert_int_equal(fr_weight_update_complete(u), FR_OK);
+    assert_int_equal(fr_session_commit_weights(&a, u), FR_OK);
+    float *la2 = logits_of(&a);
+    assert_memory_equal(la2, lb, sizeof(float) * 272);
+    fr_weight_update_free(&u);
+    assert_null(u);
+    free(la); free(lb); free(la2);
+    fr_session_close(&a);
+    fr_session_close(&b);
+}
+
+static void expect_fail(fr_status st, const char *needle)
+{
+    assert_int_equal(st, FR_EINVAL);
+    if (!strstr(fr_last_error(), needle)) fail_msg("message '%s' lacks '%s'", fr_last_error(), needle);
+}
+
+static void test_refusals_change_nothing(void **state)
+{
+    (void)state;
+    fr_session a;
+    open_tiny("synthetic:tiny", &a);
+    float *before = logits_of(&a);
+    fr_weight_update *u;
+    assert_int_equal(fr_weight_update_begin(&a.model->cfg, 2, &u), FR_OK);
+    const char *q = "model.layers.1.self_attn.q_proj.weight";
+    const int64_t qs[2] = {256, 128}, bad_shape[2] = {128, 256};
+    float vals[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    expect_fail(fr_weight_update_put(u, "model.layers.9.mlp.up_proj.weight", FR_WDT_F32, qs, 2, 0, vals, 32),
+                "model.layers.9.mlp.up_proj.weight");
+    expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, bad_shape, 2, 0, vals, 32), "shape [128, 256]");
+    expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 1, 0, vals, 32), q);
+    expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 2, vals, 32), "multiples");
+    expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, (uint64_t)256 * 128 * 4 - 16, vals, 32), "past");
+    vals[5] = NAN;
+    expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 0, vals, 32), "element 5 is NaN");
+    vals[5] = INFINITY;
+    expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 0, vals, 32), "infinite");
+    vals[5] = 6;
+    assert_int_equal(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 0, vals, 32), FR_OK);
+    expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 16, vals, 32), "overlap");
+    uint16_t h[4] = {0x3f80, 0x4000, 0xbf80, 0};
+    expect_fail(fr_weight_update_put(u, q, FR_WDT_BF16, qs, 2, 64, h, 8), "BF16 after pieces in F32");
+    /* BF16 pieces convert exactly */
+    const char *k = "model.layers.0.self_attn.k_norm.weight";
+    const int64_t ks[1] = {64};
+    assert_int_equal(fr_weight_update_put(u, k, FR_WDT_BF16, ks, 1, 0, h, 8), FR_OK);
+    const fr_model *sm = fr_weight_update_model(u);
+    assert_true(sm->w.layers[0].k_norm[0] == 1.0f && sm->w.layers[0].k_norm[1] == 2.0f &&
+                sm->w.layers[0].k_norm[2] == -1.0f && sm->w.layers[0].k_norm[3] == 0.0f);
+    fr_weight_dtype t;
+    assert_int_equal(fr_weight_dtype_parse("BF16", &t), FR_OK);
+    assert_int_equal(t, FR_WDT_BF16);
+    expect_fail(fr_weight_dtype_parse("I8", &t), "I8");
+    /* an incomplete update is refused and the session serves as before */
+    expect_fail(fr_session_commit_weights(&a, u), "model.embed_tokens.weight has 0 of");
+    float *after = logits_of(&a);
+    assert_memory_equal(before, after, sizeof(float) * 272);
+    fr_weight_update_free(&u);
+    free(before); free(after);
+    fr_session_close(&a);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_update_equals_fresh_session),
+        cmocka_unit_test(test_refusals_change_nothing),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
