@@ -286,15 +286,49 @@ void fr_session_close(fr_session *s)
     fr_runner_cpu_destroy(&s->runner);
 #ifdef FR_HAVE_CUDA
     fr_runner_cuda_destroy(&s->gpu);
-    fr_weights_gpu_destroy(&s->gpu_weights);
-    fr_nccl_group_destroy(&s->nccl);
+    if (!s->borrowed) {
+        fr_weights_gpu_destroy(&s->gpu_weights);
+        fr_nccl_group_destroy(&s->nccl);
+    }
 #endif
     fr_kv_cache_destroy(&s->kv);
     fr_sampler_destroy(&s->sampler);
     free(s->step_logits);
     if (s->has_calib) fr_calib_free(&s->calib);
-    fr_model_destroy(&s->model);
+    if (!s->borrowed) fr_model_destroy(&s->model);
     memset(s, 0, sizeof *s);
+}
+
+fr_status fr_session_open_shadow(const fr_session *main, int n_blocks, int max_seqs, int step_tokens,
+                                 fr_session *out)
+{
+    if (!main || !out || !main->kv) return fr_fail(FR_EINVAL, "fr_session_open_shadow: no session");
+    if (n_blocks < 1 || max_seqs < 1 || step_tokens < 1)
+        return fr_fail(FR_EINVAL, "shadow session: %d blocks, %d sequences, %d step tokens must all be >= 1",
+                       n_blocks, max_seqs, step_tokens);
+    memset(out, 0, sizeof *out);
+    out->borrowed = 1;
+    out->model = main->model;
+    out->backend = main->backend;
+    out->gpu_weights = main->gpu_weights;
+    out->nccl = main->nccl;
+    out->tp = main->tp;
+    fr_kv_cache_config kc = *fr_kv_cache_config_of(main->kv);
+    kc.dtype = FR_KV_BF16;
+    kc.compute = FR_COMPUTE_EXACT;
+    kc.key_mean = NULL;
+    kc.fp8_scales = NULL;
+    kc.n_blocks = n_blocks;
+    kc.max_seqs = max_seqs;
+    fr_status st = fr_kv_cache_new(&kc, &out->kv);
+    if (!st && out->backend == FR_BACKEND_CPU)
+        st = fr_runner_cpu_new_tp(out->model, out->kv, step_tokens, &out->tp, &out->runner);
+#ifdef FR_HAVE_CUDA
+    if (!st && out->backend == FR_BACKEND_CUDA)
+        st = fr_runner_cuda_new_tp(out->gpu_weights, out->kv, step_tokens, out->nccl, &out->gpu);
+#endif
+    if (st) fr_session_close(out);
+    return st;
 }
 
 fr_status fr_session_step(fr_session *s, const fr_step_seq *seqs, int n_seqs, float *logits)

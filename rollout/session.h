@@ -46,6 +46,8 @@ typedef struct {
     struct fr_runner_cuda *gpu; /* CUDA backend (rollout/runner_cuda.h) */
     struct fr_weights_gpu *gpu_weights;
     struct fr_nccl_group *nccl; /* CUDA backend with tp > 1: the engine's NCCL group */
+    int borrowed;               /* a shadow session: model, weights and NCCL group are
+                                 * another session's (fr_session_open_shadow) */
     fr_sampler *sampler;        /* CPU sampling scratch of fr_session_decode, made on first use */
     float *step_logits;         /* its logits buffer, grown to the largest batch */
     int step_logits_rows;
@@ -62,6 +64,13 @@ fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, f
 fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_blocks, int max_seqs,
                                 fr_session *s);
 void fr_session_close(fr_session *s);
+/* A second session over main's model and weights (not copied; main must
+ * outlive it) with its own BF16 KV cache of n_blocks blocks and max_seqs
+ * sequences, on main's backend and tensor-parallel rank: the BF16 shadow of
+ * divergence monitoring (rollout/divergence.h). With tp > 1 its steps are
+ * collective like main's; every rank steps both in the same order. */
+fr_status fr_session_open_shadow(const fr_session *main, int n_blocks, int max_seqs, int step_tokens,
+                                 fr_session *out);
 const char *fr_backend_name(fr_backend b);
 /* The backend `want` runs on here: auto becomes cuda when a CUDA device is
  * usable, else cpu; cuda fails (FR_EUNSUPPORTED, with the reason) without a

@@ -1,0 +1,131 @@
+#include "divergence.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvcache/kv_cache.h"
+
+/* ---- summaries ---- */
+
+void fr_div_summary_add(fr_div_summary *s, const fr_kl_result *r)
+{
+    s->n++;
+    s->kl_sum += r->kl;
+    if (s->n == 1 || r->kl > s->kl_max) s->kl_max = r->kl;
+    s->top1_agree += r->top1_match != 0;
+    s->logp_diff_sum += r->logp_diff;
+}
+
+double fr_div_summary_mean(const fr_div_summary *s) { return s->n ? s->kl_sum / (double)s->n : NAN; }
+
+int fr_div_bucket_of(long position)
+{
+    static const long ends[FR_DIV_BUCKETS - 1] = {1024, 4096, 16384, 65536};
+    int b = 0;
+    while (b < FR_DIV_BUCKETS - 1 && position >= ends[b]) b++;
+    return b;
+}
+
+const char *fr_div_bucket_name(int b)
+{
+    static const char *const names[FR_DIV_BUCKETS] = {"0-1K", "1K-4K", "4K-16K", "16K-64K", "64K+"};
+    return b >= 0 && b < FR_DIV_BUCKETS ? names[b] : "?";
+}
+
+const fr_div_version *fr_div_aggregates_find(const fr_div_aggregates *a, uint64_t version)
+{
+    for (int i = 0; i < FR_DIV_VERSIONS; i++)
+        if (a->v[i].used && a->v[i].version == version) return &a->v[i];
+    return NULL;
+}
+
+void fr_div_aggregates_add(fr_div_aggregates *a, uint64_t version, long position, const fr_kl_result *r)
+{
+    fr_div_version *e = (fr_div_version *)fr_div_aggregates_find(a, version);
+    if (!e) {   /* a free entry, else the oldest version's */
+        for (int i = 0; i < FR_DIV_VERSIONS && !e; i++)
+            if (!a->v[i].used) e = &a->v[i];
+        if (!e) {
+            e = &a->v[0];
+            for (int i = 1; i < FR_DIV_VERSIONS; i++)
+                if (a->v[i].version < e->version) e = &a->v[i];
+        }
+        memset(e, 0, sizeof *e);
+        e->used = 1;
+        e->version = version;
+    }
+    fr_div_summary_add(&e->bucket[fr_div_bucket_of(position)], r);
+    fr_div_summary_add(&e->all, r);
+}
+
+/* ---- the shadow ---- */
+
+struct fr_shadow {
+    fr_session s;
+    int chunk;
+    fr_step_seq *steps;
+    int cap;
+};
+
+fr_status fr_shadow_open(fr_session *main, int max_seqs, int max_tokens, fr_shadow **out)
+{
+    if (!main || !out) return fr_fail(FR_EINVAL, "fr_shadow_open: NULL argument");
+    *out = NULL;
+    if (max_seqs < 1 || max_tokens < 1)
+        return fr_fail(FR_EINVAL, "shadow: %d sequences of %d tokens", max_seqs, max_tokens);
+    fr_shadow *sh = calloc(1, sizeof *sh);
+    if (!sh) return fr_fail(FR_ENOMEM, "shadow: out of memory");
+    sh->chunk = 256;
+    sh->cap = max_seqs;
+    sh->steps = malloc(sizeof *sh->steps * (size_t)max_seqs);
+    const int blocks = max_seqs * ((max_tokens + FR_PAGE_TOKENS - 1) / FR_PAGE_TOKENS + 1) + 1;
+    const int step_tokens = sh->chunk > max_seqs ? sh->chunk : max_seqs;
+    fr_status st = sh->steps ? fr_session_open_shadow(main, blocks, max_seqs, step_tokens, &sh->s)
+                             : fr_fail(FR_ENOMEM, "shadow: out of memory");
+    if (st) {
+        free(sh->steps);
+        free(sh);
+        return st;
+    }
+    *out = sh;
+    return FR_OK;
+}
+
+void fr_shadow_close(fr_shadow **psh)
+{
+    fr_shadow *sh = psh ? *psh : NULL;
+    if (!sh) return;
+    fr_session_close(&sh->s);
+    free(sh->steps);
+    free(sh);
+    *psh = NULL;
+}
+
+fr_status fr_shadow_start(fr_shadow *sh, const int *tokens, int n, int *shadow_seq, float *ref_logits)
+{
+    if (!sh || !tokens || n < 1 || !shadow_seq || !ref_logits)
+        return fr_fail(FR_EINVAL, "fr_shadow_start: bad argument");
+    const int need = (n + FR_PAGE_TOKENS - 1) / FR_PAGE_TOKENS;
+    if (fr_kv_free_blocks(sh->s.kv) < need + 1)
+        return fr_fail(FR_ENOMEM, "shadow: %d free KV blocks, a prompt of %d tokens needs %d",
+                       fr_kv_free_blocks(sh->s.kv), n, need + 1);
+    return fr_session_prefill(&sh->s, tokens, n, sh->chunk, shadow_seq, ref_logits, NULL);
+}
+
+fr_status fr_shadow_step(fr_shadow *sh, const int *shadow_seqs, const int *tokens, int n, float *ref_logits)
+{
+    if (!sh || n < 0 || n > sh->cap || (n && (!shadow_seqs || !tokens || !ref_logits)))
+        return fr_fail(FR_EINVAL, "fr_shadow_step: bad argument");
+    if (n == 0) return FR_OK;
+    for (int i = 0; i < n; i++)
+        sh->steps[i] = (fr_step_seq){.seq = shadow_seqs[i], .n = 1, .tokens = &tokens[i], .all_logits = 0};
+    return fr_session_step(&sh->s, sh->steps, n, ref_logits);
+}
+
+void fr_shadow_drop(fr_shadow *sh, int shadow_seq)
+{
+    if (sh && shadow_seq >= 0) fr_kv_seq_free(sh->s.kv, shadow_seq);
+}
+
+int fr_shadow_free_blocks(const fr_shadow *sh) { return sh ? fr_kv_free_blocks(sh->s.kv) : 0; }

@@ -1,0 +1,178 @@
+/* Divergence monitoring (rollout/divergence.h): summaries and aggregates by
+ * weight version and position bucket; the BF16 shadow over a serving
+ * session's weights. A shadow of a BF16 session measures zero (to float
+ * rounding); on
+ * tq6, a shadow teacher-forced along eval texts beside an NVFP4 session
+ * gives per-text mean KL equal to eval-kl's for the same configuration
+ * (same definition, same tokens, same decode path). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "rollout/calibrate.h"
+#include "rollout/divergence.h"
+#include "rollout/eval_kl.h"
+#include "tests/unit/test_util.h"
+
+static void test_summaries_and_buckets(void **state)
+{
+    (void)state;
+    assert_int_equal(fr_div_bucket_of(0), 0);
+    assert_int_equal(fr_div_bucket_of(1023), 0);
+    assert_int_equal(fr_div_bucket_of(1024), 1);
+    assert_int_equal(fr_div_bucket_of(4096), 2);
+    assert_int_equal(fr_div_bucket_of(65535), 3);
+    assert_int_equal(fr_div_bucket_of(1L << 20), 4);
+    assert_string_equal(fr_div_bucket_name(2), "4K-16K");
+    fr_div_summary s = {0};
+    assert_true(isnan(fr_div_summary_mean(&s)));
+    fr_kl_result r1 = {.kl = 0.002, .top1_match = 1, .logp_diff = -0.1}, r2 = {.kl = 0.006, .top1_match = 0};
+    fr_div_summary_add(&s, &r1);
+    fr_div_summary_add(&s, &r2);
+    assert_int_equal(s.n, 2);
+    assert_true(fabs(fr_div_summary_mean(&s) - 0.004) < 1e-12 && s.kl_max == 0.006 && s.top1_agree == 1);
+    fr_div_aggregates a;
+    memset(&a, 0, sizeof a);
+    for (uint64_t v = 1; v <= FR_DIV_VERSIONS + 2; v++) fr_div_aggregates_add(&a, v, 5000, &r1);
+    fr_div_aggregates_add(&a, FR_DIV_VERSIONS + 2, 10, &r2);
+    assert_null(fr_div_aggregates_find(&a, 1));   /* the oldest versions were evicted */
+    assert_null(fr_div_aggregates_find(&a, 2));
+    const fr_div_version *e = fr_div_aggregates_find(&a, FR_DIV_VERSIONS + 2);
+    assert_non_null(e);
+    assert_int_equal(e->all.n, 2);
+    assert_int_equal(e->bucket[2].n, 1);
+    assert_int_equal(e->bucket[0].n, 1);
+}
+
+/* Teacher-forces n_texts texts through `main` and its shadow, one token of
+ * every text per step; text_kl[i] gets text i's mean D_t. */
+static void forced_kl(fr_session *main, int n_texts, int *const *texts, const int *lens, double *text_kl)
+{
+    const int V = main->model->cfg.vocab_size;
+    int max_len = 0;
+    for (int i = 0; i < n_texts; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
+    fr_shadow *sh;
+    assert_int_equal(fr_shadow_open(main, n_texts, max_len, &sh), FR_OK);
+    int seq[4], shadow_seq[4], tok[4], sseq[4];
+    fr_div_summary sum[4];
+    memset(sum, 0, sizeof sum);
+    float *q = malloc(sizeof(float) * (size_t)V * n_texts), *p = malloc(sizeof(float) * (size_t)V * n_texts);
+    assert_non_null(q);
+    assert_non_null(p);
+    fr_step_seq steps[4];
+    for (int i = 0; i < n_texts; i++) {
+        assert_int_equal(fr_kv_seq_new(main->kv, &seq[i]), FR_OK);
+        /* the shadow starts from the first token, the main sequence steps it below */
+        assert_int_equal(fr_shadow_start(sh, texts[i], 1, &shadow_seq[i], p + (size_t)i * V), FR_OK);
+    }
+    for (int t = 0; t < max_len; t++) {
+        int ns = 0;
+        for (int i = 0; i < n_texts; i++)
+            if (t < lens[i]) {
+                tok[ns] = texts[i][t];
+                steps[ns] = (fr_step_seq){.seq = seq[i], .n = 1, .tokens = &tok[ns]};
+                sseq[ns] = shadow_seq[i];
+                ns++;
+            }
+        assert_int_equal(fr_session_step(main, steps, ns, q), FR_OK);
+        if (t > 0) assert_int_equal(fr_shadow_step(sh, sseq, tok, ns, p), FR_OK);
+        for (int i = 0, r = 0; i < n_texts; i++)
+            if (t < lens[i]) {
+                fr_kl_result k;
+                assert_int_equal(fr_kl_topk(p + (size_t)r * V, q + (size_t)r * V, V, FR_KL_TOP_K,
+                                            t + 1 < lens[i] ? texts[i][t + 1] : -1, &k), FR_OK);
+                fr_div_summary_add(&sum[i], &k);
+                r++;
+            }
+    }
+    for (int i = 0; i < n_texts; i++) {
+        text_kl[i] = fr_div_summary_mean(&sum[i]);
+        fr_kv_seq_free(main->kv, seq[i]);
+        fr_shadow_drop(sh, shadow_seq[i]);
+    }
+    free(q);
+    free(p);
+    fr_shadow_close(&sh);
+}
+
+static void test_bf16_shadow_of_bf16_is_zero(void **state)
+{
+    (void)state;
+    fr_engine_opts o;
+    fr_engine_opts_default(&o);
+    o.backend = FR_BACKEND_CPU;
+    fr_session s;
+    assert_int_equal(fr_session_open(&o, 16, 2, &s), FR_OK);
+    int a[] = {256, 72, 101, 108, 108, 111, 10, 84, 104, 101, 32, 101, 110, 100, 46}, b[] = {256, 49, 50, 51};
+    int *texts[2] = {a, b}, lens[2] = {15, 4};
+    double kl[2];
+    forced_kl(&s, 2, texts, lens, kl);
+    printf("  BF16 shadow of a BF16 session: mean KL %.3g and %.3g nats\n", kl[0], kl[1]);
+    /* not exactly 0: the shadow's first step has one row, the session's two,
+     * and BLAS rounds a one-row product differently */
+    assert_true(fabs(kl[0]) < 1e-6 && fabs(kl[1]) < 1e-6);
+    fr_session_close(&s);
+}
+
+/* Two eval texts of 384 tokens (two full FP4 pages each), the default
+ * calibration of tau and no key mean, both through eval-kl and the shadow. */
+static void test_tq6_shadow_equals_eval_kl(void **state)
+{
+    (void)state;
+    const char *dir = fr_test_require_tq6();
+    if (!dir) skip();
+    fr_engine_opts o;
+    fr_engine_opts_default(&o);
+    o.backend = FR_BACKEND_CPU;
+    o.model = dir;
+    o.kv = FR_KV_NVFP4;
+    fr_session s;
+    assert_int_equal(fr_session_open(&o, 16, 2, &s), FR_OK);
+    int *ev[2], len[2];
+    char path[4200];
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/texts/eval_%d.txt", dir, i);
+        assert_int_equal(fr_byte_text_read(&s.model->cfg, path, 384, &ev[i], &len[i]), FR_OK);
+    }
+    double shadow_kl[2];
+    forced_kl(&s, 2, ev, len, shadow_kl);
+
+    fr_eval_config *cfgs;
+    int n;
+    assert_int_equal(fr_eval_config_list("nvfp4", 0, &cfgs, &n), FR_OK);
+    fr_eval_kl_params p = {.n_texts = 2, .texts = (const int *const *)ev, .lens = len, .configs = cfgs, .n_configs = n};
+    fr_eval_kl_report r;
+    assert_int_equal(fr_eval_kl(s.model, &p, &r), FR_OK);
+    for (int i = 0; i < 2; i++) {
+        printf("  text %d: shadow %.4f, eval-kl %.4f (1e-3 nats)\n", i, 1e3 * shadow_kl[i],
+               1e3 * r.results[0].text_kl[i]);
+        assert_true(shadow_kl[i] > 0.0);
+        assert_true(fabs(shadow_kl[i] / r.results[0].text_kl[i] - 1.0) <= 0.10);
+    }
+    fr_eval_kl_report_free(&r);
+    free(cfgs);
+    free(ev[0]);
+    free(ev[1]);
+    fr_session_close(&s);
+}
+
+int main(void)
+{
+    /* one-token steps: OpenBLAS threads only add synchronization */
+    openblas_set_num_threads(1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_summaries_and_buckets),
+        cmocka_unit_test(test_bf16_shadow_of_bf16_is_zero),
+        cmocka_unit_test(test_tq6_shadow_equals_eval_kl),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
