@@ -1,4 +1,5 @@
-# fp4rollout build. `make` builds build/fp4rollout and the module libraries;
+# fp4rollout build. `make` builds build/fp4rollout, build/fp4rollout-client and
+# the module libraries;
 # `make test` installs missing packages, builds and runs every CPU test;
 # `make demo` installs, builds and runs the main job on a built-in default.
 # CUDA sources (*.cu, and C files named *_cuda.c) build for sm_90a when nvcc
@@ -18,16 +19,19 @@ CFLAGS   += -std=c11 -ffp-contract=off -D_GNU_SOURCE -fPIC -pthread $(WARN) -I. 
 MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null || mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null || mpicc --showme:link 2>/dev/null)
 CFLAGS   += $(MPI_CFLAGS)
-LDLIBS   := -lopenblas -lcjson $(MPI_LIBS) -lm -pthread
+LDLIBS   := -lopenblas -lcjson -lzmq -lmsgpackc $(MPI_LIBS) -lm -pthread
 NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
             -Xcompiler -fPIC,-Wall,-Wextra -Werror all-warnings -I. -MMD -MP
 
 # One static library per module, in dependency order (a module may use the
 # ones after it in this list, never the ones before).
-MODULES  := rollout kvcache attention comm
+MODULES  := trainer_bridge rollout kvcache attention comm
 lib_of    = $(BUILD)/lib$(1).a
 # C files named *_cuda.c call the CUDA runtime: built only when nvcc is.
-srcs_of   = $(filter-out $(1)/main.c $(if $(HAVE_NVCC),,$(1)/%_cuda.c),$(wildcard $(1)/*.c))
+# rollout/cli_serve.c (the `serve` command) drives trainer_bridge, which
+# uses rollout: it links into the binary beside main.c, not into librollout.
+TOP_SRCS := rollout/main.c rollout/cli_serve.c
+srcs_of   = $(filter-out $(TOP_SRCS) $(if $(HAVE_NVCC),,$(1)/%_cuda.c),$(wildcard $(1)/*.c))
 cusrcs_of = $(if $(HAVE_NVCC),$(wildcard $(1)/*.cu))
 objs_of   = $(patsubst %.c,$(BUILD)/obj/%.o,$(call srcs_of,$(1))) \
             $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(call cusrcs_of,$(1)))
@@ -38,6 +42,15 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart -lstdc++
 endif
 
 BIN        := $(BUILD)/fp4rollout
+TOP_OBJS   := $(patsubst %.c,$(BUILD)/obj/%.o,$(TOP_SRCS))
+# The C client library of the trainer bridge: the protocol codec, the
+# socket helpers and the client, with the error convention; it needs
+# nothing but libzmq and msgpack-c. fp4rollout-client is its command line.
+CLIENT_SRCS := $(addprefix trainer_bridge/,proto_common.c proto_encode.c proto_decode.c wire.c client.c) \
+               attention/fr_status.c
+CLIENT_LIB := $(BUILD)/libfp4rollout_client.a
+CLIENT_BIN := $(BUILD)/fp4rollout-client
+CLIENT_LDLIBS := -lzmq -lmsgpackc -lm -pthread
 UNIT_HELP  := tests/unit/test_util.c
 UNIT_SRCS  := $(filter-out $(UNIT_HELP),$(wildcard tests/unit/test_*.c))
 UNIT_BINS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
@@ -54,7 +67,7 @@ BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 
 .PHONY: all deps test unit integration demo gpu bench clean
 .SECONDARY: $(UNIT_HOBJ) $(GPU_HOBJ)
-all: $(BIN) $(UNIT_BINS) $(GPU_BINS)
+all: $(BIN) $(CLIENT_BIN) $(UNIT_BINS) $(GPU_BINS)
 gpu: $(GPU_BINS) bench
 bench: $(BENCH_BINS)
 
@@ -76,8 +89,15 @@ $(call lib_of,$(1)): $(call objs_of,$(1))
 endef
 $(foreach m,$(MODULES),$(eval $(call module_rule,$(m))))
 
-$(BIN): $(BUILD)/obj/rollout/main.o $(LIBS)
+$(BIN): $(TOP_OBJS) $(LIBS)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+$(CLIENT_LIB): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS))
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(CLIENT_BIN): $(BUILD)/obj/trainer_bridge/tools/fp4rollout_client.o $(CLIENT_LIB)
+	$(CC) $(CFLAGS) $^ -o $@ $(CLIENT_LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBS)
 	@mkdir -p $(dir $@)

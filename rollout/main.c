@@ -3,11 +3,13 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_serve.h"
 
 static const fr_cli_command commands[] = {
     {"quant", "quantize float32 rows to NVFP4/MXFP4 and write them back dequantized", fr_cli_quant},
     {"generate", "sample continuations of a prompt (n samples, log-probs, JSON lines)", fr_cli_generate},
     {"rollout", "run a file of prompts through the continuous-batching scheduler (JSON lines)", fr_cli_rollout},
+    {"serve", "serve rollouts to trainers over ZeroMQ (docs/protocol.md), one engine", fr_cli_serve},
     {"score", "write the logits at every prompt position (prefill or decode path)", fr_cli_score},
     {"calibrate", "measure the key mean, tau and FP8 scales of a model (paper Appendices B, C)", fr_cli_calibrate},
     {"eval-kl", "teacher-forced KL of KV cache configurations against BF16 KV (Appendix A)", fr_cli_eval_kl},

@@ -170,6 +170,7 @@ static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits)
     x->tokens[x->n] = tok;
     x->logprobs[x->n++] = lp;
     sch->st.tokens_generated++;
+    if (sch->cfg.on_token) sch->cfg.on_token(sch->cfg.user, r->id, x->index, x->n - 1, tok, lp);
     if (is_stop(r, tok)) return FR_FINISH_STOP;
     if (x->n >= r->max_tokens) return FR_FINISH_LENGTH;
     return FR_FINISH_NONE;

@@ -28,6 +28,15 @@ extern "C" {
  * the call only. The callback must not call back into the scheduler. */
 typedef void (*fr_sample_done_fn)(void *user, const fr_sample_result *r);
 
+/* Called once for every token a sample draws, right after the draw and
+ * before the sample's end is reported when that token ends it: the request
+ * id, the sample index, the token's index within the sample (0, 1, ... in
+ * order), the token and its log-prob (as in fr_sample_result). Tokens kept
+ * across a preemption are not reported again, so a sample's reports are
+ * exactly the tokens of its result. Must not call back into the scheduler. */
+typedef void (*fr_sample_token_fn)(void *user, uint64_t request_id, int sample, int index, int token,
+                                   float logprob);
+
 typedef struct {
     int max_seqs;          /* sequences at once; 0: the cache's slot count */
     int chunk;             /* tokens per step (decode + prefill); 0: 512. At
@@ -36,6 +45,7 @@ typedef struct {
                               (one per 16 slots, at least 1) */
     fr_sample_done_fn on_done;   /* NULL: results queue for fr_scheduler_next_result */
     void *user;
+    fr_sample_token_fn on_token; /* NULL: no per-token reports; called with user */
 } fr_scheduler_config;
 
 typedef struct {

@@ -7,6 +7,7 @@ packages=(
   build-essential pkg-config python3 valgrind
   openmpi-bin libopenmpi-dev
   libzmq3-dev libmsgpack-dev libcjson-dev libcmocka-dev libopenblas-dev
+  python3-zmq python3-msgpack
 )
 
 missing=()

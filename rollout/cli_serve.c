@@ -1,0 +1,137 @@
+/* fp4rollout serve: the trainer-facing service (docs/protocol.md) on one
+ * engine, configured by a JSON file (configs/README.md). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "cli_serve.h"
+#include "serve_config.h"
+#include "session.h"
+#include "trainer_bridge/server.h"
+
+static const char usage_text[] =
+    "usage: fp4rollout serve --config FILE\n"
+    "\n"
+    "Serves rollouts to trainers over ZeroMQ (protocol version 1, docs/protocol.md):\n"
+    "one ROUTER socket bound to tcp://BIND:PORT from the configuration's\n"
+    "coordinator.bind and coordinator.port (default tcp://127.0.0.1:5555), one\n"
+    "engine with the configuration's model, backend, KV cache, max_seqs, kv_blocks\n"
+    "and chunk, and its sampling defaults for what a request leaves out.\n"
+    "SIGINT or SIGTERM shut it down: every open sample first gets its done\n"
+    "message with reason abort. Logs go to stderr.\n"
+    "\n"
+    "  --config FILE   the serve configuration (JSON, every key optional;\n"
+    "                  configs/README.md lists the keys)\n"
+    "\n"
+    "Not built yet: several engines or tensor parallelism (mpirun with more than\n"
+    "one rank, or tp > 1), weight updates, divergence monitoring, the metrics\n"
+    "endpoint.\n";
+
+static volatile sig_atomic_t stop_flag = 0;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+/* The world size mpirun announces (1 when not under mpirun). */
+static int mpirun_world_size(void)
+{
+    const char *v = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!v) v = getenv("PMI_SIZE");
+    return v ? atoi(v) : 1;
+}
+
+int fr_cli_serve(int argc, char **argv)
+{
+    const char *cmd = "serve", *path = NULL;
+    if (fr_cli_wants_help(argc, argv)) {
+        printf("%s", usage_text);
+        return 0;
+    }
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) path = argv[++i];
+        else return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", argv[i]);
+    }
+    if (!path) return fr_cli_usage_error(cmd, "--config is required");
+    int world = mpirun_world_size();
+    if (world > 1) {
+        fprintf(stderr,
+                "fp4rollout serve: started with %d ranks, but serving across several ranks (engines or tensor\n"
+                "parallelism) is not built yet; run one process (mpirun -np 1, or no mpirun)\n",
+                world);
+        return 2;
+    }
+    fr_serve_config c;
+    fr_serve_config_default(&c);
+    if (fr_serve_config_load(path, &c)) {
+        fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
+        return 2;
+    }
+    if (c.tp > 1) {
+        fprintf(stderr,
+                "fp4rollout serve: %s: tp %d needs several ranks per engine, which serve does not support yet;\n"
+                "set tp to 1\n",
+                path, c.tp);
+        return 2;
+    }
+    fr_engine_opts eo;
+    fr_serve_config_engine_opts(&c, &eo);
+    fr_backend backend;
+    if (fr_backend_pick(eo.backend, &backend)) {
+        fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
+        return 1;
+    }
+    int kv_blocks = c.kv_blocks;
+    if (kv_blocks == 0) {
+        if (backend == FR_BACKEND_CUDA) {
+            fprintf(stderr,
+                    "fp4rollout serve: %s: kv_blocks 0 (KV pages sized by kv_memory_fraction) is not built yet "
+                    "for the cuda backend; give kv_blocks\n",
+                    path);
+            return 2;
+        }
+        kv_blocks = c.max_seqs * FR_SERVE_CPU_PAGES_PER_SEQ;
+    }
+    eo.backend = backend;
+    fr_session s;
+    if (fr_session_open(&eo, kv_blocks, c.max_seqs, &s)) {
+        fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
+        return 1;
+    }
+    const fr_model_config *mc = &s.model->cfg;
+    for (int i = 0; i < c.sampling.n_stop; i++)
+        if (c.sampling.stop_token_ids[i] >= mc->vocab_size) {
+            fprintf(stderr, "fp4rollout serve: %s: sampling.stop_token_ids[%d] = %d is outside the vocabulary (%d)\n",
+                    path, i, c.sampling.stop_token_ids[i], mc->vocab_size);
+            fr_session_close(&s);
+            return 2;
+        }
+    char endpoint[FR_SERVE_HOST_MAX + 32];
+    snprintf(endpoint, sizeof endpoint, "tcp://%s:%d", c.coordinator.bind, c.coordinator.port);
+    fr_bridge_config bc = {.endpoint = endpoint, .model_name = c.model, .max_seqs = c.max_seqs, .chunk = c.chunk,
+                           .sampling = c.sampling, .shutdown_linger_ms = 2000, .log = stderr};
+    fr_bridge_server *srv = NULL;
+    if (fr_bridge_server_new(&s, &bc, &srv)) {
+        fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
+        fr_session_close(&s);
+        return 1;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    fprintf(stderr, "serve: model %s backend %s kv %s max_seqs %d kv_blocks %d chunk %d\n", c.model,
+            fr_backend_name(s.backend), fr_kv_dtype_name(c.kv_dtype), c.max_seqs, kv_blocks, c.chunk);
+    fr_status st = fr_bridge_server_run(srv, &stop_flag);
+    if (st) fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
+    fr_bridge_server_destroy(&srv);
+    fr_session_close(&s);
+    fprintf(stderr, "serve: stopped\n");
+    return st ? 1 : 0;
+}

@@ -1,0 +1,687 @@
+/* The trainer bridge's protocol codec (trainer_bridge/protocol.h): every
+ * message type encoded and decoded back field by field, and every way a
+ * frame can be refused (not msgpack, not a map, type and version, missing,
+ * unknown, repeated and mistyped keys, values out of range), each with a
+ * message naming the problem. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <msgpack.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer_bridge/protocol.h"
+
+static void assert_msg_has(const char *needle)
+{
+    if (!strstr(fr_last_error(), needle))
+        fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
+}
+
+/* Encodes m, decodes the bytes into *out (caller frees). */
+static void round_trip(const fr_msg *m, fr_msg *out)
+{
+    char *data = NULL;
+    size_t len = 0;
+    if (fr_msg_encode(m, &data, &len)) fail_msg("encode %s: %s", fr_msg_type_name(m->type), fr_last_error());
+    if (fr_msg_decode(data, len, out)) fail_msg("decode %s: %s", fr_msg_type_name(m->type), fr_last_error());
+    free(data);
+    assert_int_equal(out->type, m->type);
+}
+
+static void test_hello_and_empty_messages(void **state)
+{
+    (void)state;
+    fr_msg m, d;
+    fr_msg_init(&m, FR_MSG_HELLO);
+    round_trip(&m, &d);
+    assert_string_equal(d.u.hello.client, "");
+    fr_msg_free(&d);
+    snprintf(m.u.hello.client, sizeof m.u.hello.client, "trainer-7");
+    round_trip(&m, &d);
+    assert_string_equal(d.u.hello.client, "trainer-7");
+    fr_msg_free(&d);
+    fr_msg_type empty[] = {FR_MSG_RESUME, FR_MSG_STATS};
+    for (int i = 0; i < 2; i++) {
+        fr_msg_init(&m, empty[i]);
+        round_trip(&m, &d);
+        fr_msg_free(&d);
+    }
+    fr_msg_init(&m, FR_MSG_PAUSE);
+    m.u.pause.mode = FR_PAUSE_WAIT;
+    round_trip(&m, &d);
+    assert_int_equal(d.u.pause.mode, FR_PAUSE_WAIT);
+    m.u.pause.mode = FR_PAUSE_ABORT;
+    round_trip(&m, &d);
+    assert_int_equal(d.u.pause.mode, FR_PAUSE_ABORT);
+    fr_msg_init(&m, FR_MSG_RESUME_REPLY);
+    m.u.resume_reply.released = 3;
+    round_trip(&m, &d);
+    assert_int_equal(d.u.resume_reply.released, 3);
+    fr_msg_init(&m, FR_MSG_PAUSE_REPLY);
+    m.u.pause_reply.mode = FR_PAUSE_WAIT;
+    m.u.pause_reply.aborted = 5;
+    round_trip(&m, &d);
+    assert_int_equal(d.u.pause_reply.mode, FR_PAUSE_WAIT);
+    assert_int_equal(d.u.pause_reply.aborted, 5);
+}
+
+static void test_generate_full_and_minimal(void **state)
+{
+    (void)state;
+    int prompt[] = {256, 0, 7, 271}, stop[] = {257, 3};
+    fr_msg m, d;
+    fr_msg_init(&m, FR_MSG_GENERATE);
+    fr_msg_generate *g = &m.u.generate;
+    g->request_id = UINT64_MAX;
+    g->prompt = prompt;
+    g->n_prompt = 4;
+    g->n = 4;
+    g->has_group_id = 1;
+    g->group_id = 1ull << 40;
+    g->has_temperature = 1;
+    g->temperature = 0.7;
+    g->has_top_k = 1;
+    g->top_k = 50;
+    g->has_top_p = 1;
+    g->top_p = 0.95;
+    g->has_max_tokens = 1;
+    g->max_tokens = 300;
+    g->has_stop_token_ids = 1;
+    g->stop_token_ids = stop;
+    g->n_stop_token_ids = 2;
+    g->has_seed = 1;
+    g->seed = 12345678901234ull;
+    g->monitor_divergence = 1;
+    round_trip(&m, &d);
+    const fr_msg_generate *h = &d.u.generate;
+    assert_true(h->request_id == UINT64_MAX);
+    assert_int_equal(h->n_prompt, 4);
+    assert_memory_equal(h->prompt, prompt, sizeof prompt);
+    assert_int_equal(h->n, 4);
+    assert_true(h->has_group_id && h->group_id == 1ull << 40);
+    assert_true(h->has_temperature && h->temperature == 0.7);
+    assert_true(h->has_top_k && h->top_k == 50);
+    assert_true(h->has_top_p && h->top_p == 0.95);
+    assert_true(h->has_max_tokens && h->max_tokens == 300);
+    assert_true(h->has_stop_token_ids && h->n_stop_token_ids == 2);
+    assert_memory_equal(h->stop_token_ids, stop, sizeof stop);
+    assert_true(h->has_seed && h->seed == 12345678901234ull);
+    assert_int_equal(h->monitor_divergence, 1);
+    fr_msg_free(&d);
+    assert_int_equal(d.type, FR_MSG_NONE);
+
+    /* Only the required keys: every optional one reads as absent. An empty
+     * stop list is present (no stop ids), not absent. */
+    fr_msg_init(&m, FR_MSG_GENERATE);
+    g->request_id = 0;
+    g->prompt = prompt;
+    g->n_prompt = 1;
+    g->has_stop_token_ids = 1;
+    g->n_stop_token_ids = 0;
+    g->stop_token_ids = NULL;
+    round_trip(&m, &d);
+    h = &d.u.generate;
+    assert_int_equal(h->n, 1);
+    assert_false(h->has_group_id || h->has_temperature || h->has_top_k || h->has_top_p || h->has_max_tokens ||
+                 h->has_seed || h->monitor_divergence);
+    assert_true(h->has_stop_token_ids);
+    assert_int_equal(h->n_stop_token_ids, 0);
+    fr_msg_free(&d);
+}
+
+static void test_abort(void **state)
+{
+    (void)state;
+    uint64_t ids[] = {1, 99, UINT64_MAX};
+    fr_msg m, d;
+    fr_msg_init(&m, FR_MSG_ABORT);
+    m.u.abort.request_ids = ids;
+    m.u.abort.n_request_ids = 3;
+    round_trip(&m, &d);
+    assert_int_equal(d.u.abort.all, 0);
+    assert_int_equal(d.u.abort.n_request_ids, 3);
+    assert_memory_equal(d.u.abort.request_ids, ids, sizeof ids);
+    fr_msg_free(&d);
+    fr_msg_init(&m, FR_MSG_ABORT);
+    m.u.abort.all = 1;
+    round_trip(&m, &d);
+    assert_int_equal(d.u.abort.all, 1);
+    assert_int_equal(d.u.abort.n_request_ids, 0);
+    fr_msg_free(&d);
+    fr_msg_init(&m, FR_MSG_ABORT_REPLY);
+    m.u.abort_reply.samples = 8;
+    m.u.abort_reply.not_found = ids;
+    m.u.abort_reply.n_not_found = 2;
+    round_trip(&m, &d);
+    assert_int_equal(d.u.abort_reply.samples, 8);
+    assert_int_equal(d.u.abort_reply.n_not_found, 2);
+    assert_true(d.u.abort_reply.not_found[1] == 99);
+    fr_msg_free(&d);
+}
+
+static void test_hello_reply(void **state)
+{
+    (void)state;
+    fr_msg m, d;
+    fr_msg_init(&m, FR_MSG_HELLO_REPLY);
+    fr_msg_hello_reply *h = &m.u.hello_reply;
+    snprintf(h->server, sizeof h->server, "fp4rollout");
+    snprintf(h->model, sizeof h->model, "synthetic:tiny");
+    snprintf(h->backend, sizeof h->backend, "cpu");
+    snprintf(h->kv_dtype, sizeof h->kv_dtype, "nvfp4");
+    h->tp = 2;
+    h->engines = 3;
+    h->weight_version = 17;
+    h->max_seqs = 64;
+    h->kv_blocks = 1024;
+    h->kv_block_tokens = 128;
+    h->max_model_len = 4096;
+    h->vocab_size = 272;
+    h->eos_token_ids[0] = 257;
+    h->eos_token_ids[1] = 258;
+    h->n_eos_token_ids = 2;
+    h->chunk = 512;
+    round_trip(&m, &d);
+    assert_memory_equal(&d.u.hello_reply, h, sizeof *h);
+}
+
+static void test_tokens(void **state)
+{
+    (void)state;
+    int toks[] = {5, 0, 271};
+    float lps[] = {-0.25f, -7.5f, 0.0f};
+    uint64_t wv[] = {3, 3, 4};
+    fr_msg m, d;
+    fr_msg_init(&m, FR_MSG_TOKENS);
+    fr_msg_tokens *k = &m.u.tokens;
+    k->request_id = 42;
+    k->sample = 3;
+    k->start = 17;
+    k->n = 3;
+    k->token_ids = toks;
+    k->logprobs = lps;
+    k->weight_versions = wv;
+    round_trip(&m, &d);
+    assert_true(d.u.tokens.request_id == 42);
+    assert_int_equal(d.u.tokens.sample, 3);
+    assert_int_equal(d.u.tokens.start, 17);
+    assert_int_equal(d.u.tokens.n, 3);
+    assert_memory_equal(d.u.tokens.token_ids, toks, sizeof toks);
+    assert_memory_equal(d.u.tokens.logprobs, lps, sizeof lps);   /* float32 on the wire: exact */
+    assert_memory_equal(d.u.tokens.weight_versions, wv, sizeof wv);
+    fr_msg_free(&d);
+}
+
+static void test_done(void **state)
+{
+    (void)state;
+    fr_msg m, d;
+    for (int variant = 0; variant < 2; variant++) {
+        fr_msg_init(&m, FR_MSG_DONE);
+        fr_msg_done *x = &m.u.done;
+        x->request_id = 9;
+        x->group_id = 2;
+        x->sample = 1;
+        x->finish_reason = variant ? FR_WIRE_ABORT : FR_WIRE_LENGTH;
+        x->n_tokens = variant ? 0 : 40;
+        x->n_prompt = 12;
+        x->preemptions = 2;
+        x->has_ttft = !variant;
+        x->ttft_ms = variant ? 0 : 3.5;
+        x->total_ms = 250.25;
+        if (variant) {   /* a monitored sample's figures travel as numbers */
+            x->divergence = (fr_msg_divergence){.has_values = 1, .kl_mean = 1e-3, .kl_max = 0.02,
+                                                .top1_agreement = 0.98, .logprob_diff_mean = -0.01, .positions = 40};
+        }
+        round_trip(&m, &d);
+        const fr_msg_done *y = &d.u.done;
+        assert_true(y->request_id == 9 && y->group_id == 2);
+        assert_int_equal(y->sample, 1);
+        assert_int_equal(y->finish_reason, x->finish_reason);
+        assert_int_equal(y->n_tokens, x->n_tokens);
+        assert_int_equal(y->n_prompt, 12);
+        assert_int_equal(y->preemptions, 2);
+        assert_int_equal(y->has_ttft, x->has_ttft);
+        assert_true(y->ttft_ms == x->ttft_ms && y->total_ms == 250.25);
+        assert_int_equal(y->divergence.has_values, variant);
+        if (variant)
+            assert_true(y->divergence.kl_mean == 1e-3 && y->divergence.kl_max == 0.02 &&
+                        y->divergence.top1_agreement == 0.98 && y->divergence.logprob_diff_mean == -0.01 &&
+                        y->divergence.positions == 40);
+        fr_msg_free(&d);
+    }
+    const char *names[] = {"stop", "length", "abort", "error"};
+    for (int f = 0; f < 4; f++) assert_string_equal(fr_wire_finish_name((fr_wire_finish)f), names[f]);
+}
+
+static void test_stats_reply_and_error(void **state)
+{
+    (void)state;
+    fr_msg m, d;
+    fr_msg_init(&m, FR_MSG_STATS_REPLY);
+    fr_msg_stats_reply *s = &m.u.stats_reply;
+    s->running = 1;
+    s->prefilling = 2;
+    s->waiting = 3;
+    s->preemptions = 4;
+    s->tokens_generated = 5;
+    s->prefill_tokens = 6;
+    s->steps = 7;
+    s->finished = 8;
+    s->kv_blocks_used = 9;
+    s->kv_blocks_free = 10;
+    snprintf(s->state, sizeof s->state, "pausing");
+    s->weight_version = 11;
+    s->clients = 12;
+    s->open_requests = 13;
+    s->held_requests = 14;
+    s->messages_in = 15;
+    s->messages_out = 16;
+    s->bad_messages = 17;
+    s->errors_sent = 18;
+    s->requests_accepted = 19;
+    s->requests_rejected = 20;
+    s->samples_done = 21;
+    s->tokens_streamed = 22;
+    s->send_retries = 23;
+    s->queued_messages = 24;
+    s->undeliverable_messages = 25;
+    round_trip(&m, &d);
+    assert_memory_equal(&d.u.stats_reply, s, sizeof *s);
+
+    fr_msg_init(&m, FR_MSG_ERROR);
+    snprintf(m.u.error.code, sizeof m.u.error.code, "invalid_request");
+    snprintf(m.u.error.message, sizeof m.u.error.message, "generate: \"top_p\" must be in (0, 1]");
+    round_trip(&m, &d);
+    assert_string_equal(d.u.error.code, "invalid_request");
+    assert_string_equal(d.u.error.message, m.u.error.message);
+    assert_int_equal(d.u.error.has_request_id, 0);
+    m.u.error.has_request_id = 1;
+    m.u.error.request_id = 77;
+    round_trip(&m, &d);
+    assert_true(d.u.error.has_request_id && d.u.error.request_id == 77);
+}
+
+static void test_encode_refuses_invalid(void **state)
+{
+    (void)state;
+    char *data = (char *)1;
+    size_t len = 1;
+    fr_msg m;
+    fr_msg_init(&m, FR_MSG_GENERATE);   /* no prompt */
+    assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
+    assert_null(data);
+    assert_msg_has("\"prompt\" must hold 1");
+    int p[] = {1};
+    m.u.generate.prompt = p;
+    m.u.generate.n_prompt = 1;
+    m.u.generate.has_top_p = 1;
+    m.u.generate.top_p = 0;
+    assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
+    assert_msg_has("top_p");
+    fr_msg_init(&m, FR_MSG_ABORT);
+    assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
+    assert_msg_has("at least one id");
+    fr_msg_init(&m, FR_MSG_ERROR);
+    assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
+    assert_msg_has("\"code\" is empty");
+    fr_msg_init(&m, FR_MSG_NONE);
+    assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
+    assert_int_equal(fr_msg_encode(NULL, &data, &len), FR_EINVAL);
+    assert_int_equal(fr_msg_encode(&m, NULL, &len), FR_EINVAL);
+    assert_int_equal(fr_msg_decode("x", 1, NULL), FR_EINVAL);
+    assert_string_equal(fr_msg_type_name((fr_msg_type)99), "none");
+    assert_true(fr_msg_type_from_client(FR_MSG_GENERATE));
+    assert_false(fr_msg_type_from_client(FR_MSG_TOKENS));
+}
+
+/* ---- hand-made frames ---------------------------------------------------- */
+
+typedef enum { V_UINT, V_INT, V_DBL, V_STR, V_BOOL, V_NIL, V_INTS, V_MAP, V_BIN, V_INTKEY } vkind;
+typedef struct {
+    const char *k;
+    vkind t;
+    long long i;
+    double d;
+    const char *s;
+    const int *a;
+    int n;
+} field;
+
+static void pack_value(msgpack_packer *pk, const field *f)
+{
+    switch (f->t) {
+    case V_UINT: msgpack_pack_uint64(pk, (uint64_t)f->i); break;
+    case V_INT: msgpack_pack_int64(pk, f->i); break;
+    case V_DBL: msgpack_pack_double(pk, f->d); break;
+    case V_STR:
+        msgpack_pack_str(pk, strlen(f->s));
+        msgpack_pack_str_body(pk, f->s, strlen(f->s));
+        break;
+    case V_BOOL:
+        if (f->i) msgpack_pack_true(pk);
+        else msgpack_pack_false(pk);
+        break;
+    case V_NIL: msgpack_pack_nil(pk); break;
+    case V_INTS:
+        msgpack_pack_array(pk, (size_t)f->n);
+        for (int j = 0; j < f->n; j++) msgpack_pack_int64(pk, f->a[j]);
+        break;
+    case V_MAP: msgpack_pack_map(pk, 0); break;
+    case V_BIN:
+        msgpack_pack_bin(pk, 2);
+        msgpack_pack_bin_body(pk, "ab", 2);
+        break;
+    case V_INTKEY: msgpack_pack_int64(pk, f->i); break;
+    }
+}
+
+/* A map of the fields; a field of kind V_INTKEY has an integer key. */
+static msgpack_sbuffer pack_fields(const field *f, int n)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        if (f[i].t == V_INTKEY) {
+            msgpack_pack_int64(&pk, 5);
+            msgpack_pack_int64(&pk, f[i].i);
+            continue;
+        }
+        msgpack_pack_str(&pk, strlen(f[i].k));
+        msgpack_pack_str_body(&pk, f[i].k, strlen(f[i].k));
+        pack_value(&pk, &f[i]);
+    }
+    return sb;
+}
+
+static void expect_refused(const void *data, size_t len, fr_status want, const char *needle)
+{
+    fr_msg d;
+    d.type = FR_MSG_STATS;
+    fr_status st = fr_msg_decode(data, len, &d);
+    if (st != want) fail_msg("expected status %d for \"%s\", got %d (%s)", (int)want, needle, (int)st, fr_last_error());
+    assert_int_equal(d.type, FR_MSG_NONE);
+    assert_msg_has(needle);
+}
+
+static void expect_fields_refused(const field *f, int n, fr_status want, const char *needle)
+{
+    msgpack_sbuffer sb = pack_fields(f, n);
+    expect_refused(sb.data, sb.size, want, needle);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+static void expect_fields_ok(const field *f, int n, fr_msg *out)
+{
+    msgpack_sbuffer sb = pack_fields(f, n);
+    if (fr_msg_decode(sb.data, sb.size, out)) fail_msg("refused: %s", fr_last_error());
+    msgpack_sbuffer_destroy(&sb);
+}
+
+#define TYPE(name) {.k = "type", .t = V_STR, .s = name}
+#define V1 {.k = "v", .t = V_UINT, .i = 1}
+#define N(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static void test_frame_level_errors(void **state)
+{
+    (void)state;
+    expect_refused("", 0, FR_EFORMAT, "frame 0 is empty");
+    expect_refused("\xc1", 1, FR_EFORMAT, "not valid msgpack");
+    expect_refused("\x82\xa4type", 6, FR_EFORMAT, "ends inside a msgpack value");
+    expect_refused("\x92\x01\x02", 3, FR_EFORMAT, "must be a msgpack map, got an array");
+    expect_refused("\x80\x80", 2, FR_EFORMAT, "1 bytes follow the msgpack map");
+    expect_refused("\x80", 1, FR_EFORMAT, "missing key \"type\"");
+
+    field no_v[] = {TYPE("hello")};
+    expect_fields_refused(no_v, N(no_v), FR_EFORMAT, "missing key \"v\"");
+    field v2[] = {TYPE("hello"), {.k = "v", .t = V_UINT, .i = 2}};
+    expect_fields_refused(v2, N(v2), FR_EUNSUPPORTED, "protocol version 2 is not supported");
+    field vstr[] = {TYPE("hello"), {.k = "v", .t = V_STR, .s = "1"}};
+    expect_fields_refused(vstr, N(vstr), FR_EFORMAT, "\"v\" must be an integer, got a string");
+    field tint[] = {{.k = "type", .t = V_INT, .i = 3}, V1};
+    expect_fields_refused(tint, N(tint), FR_EFORMAT, "\"type\" must be a string, got an integer");
+    field unknown[] = {TYPE("fly"), V1};
+    expect_fields_refused(unknown, N(unknown), FR_EFORMAT, "unknown type \"fly\"");
+    field extra[] = {TYPE("resume"), V1, {.k = "now", .t = V_BOOL, .i = 1}};
+    expect_fields_refused(extra, N(extra), FR_EFORMAT, "resume: unknown key \"now\"");
+    field twice[] = {TYPE("stats"), V1, V1};
+    expect_fields_refused(twice, N(twice), FR_EFORMAT, "key \"v\" given twice");
+    field intkey[] = {TYPE("stats"), V1, {.t = V_INTKEY, .i = 1}};
+    expect_fields_refused(intkey, N(intkey), FR_EFORMAT, "keys must be strings, found an integer");
+    field hello_bad[] = {TYPE("hello"), V1, {.k = "client", .t = V_BIN}};
+    expect_fields_refused(hello_bad, N(hello_bad), FR_EFORMAT, "\"client\" must be a string, got binary data");
+}
+
+static const int P3[] = {256, 1, 2};
+static const int PNEG[] = {256, -1};
+
+/* A generate with one field replaced (or, with drop set, left out). */
+static void expect_generate_refused(const field *change, const char *drop, const char *needle)
+{
+    field f[16] = {TYPE("generate"), V1, {.k = "request_id", .t = V_UINT, .i = 4},
+                   {.k = "prompt", .t = V_INTS, .a = P3, .n = 3}, {.k = "n", .t = V_INT, .i = 2}};
+    int n = 5;
+    for (int i = 0; drop && i < n; i++)
+        if (strcmp(f[i].k, drop) == 0) {
+            memmove(&f[i], &f[i + 1], sizeof(field) * (size_t)(n - i - 1));
+            n--;
+            break;
+        }
+    if (change) {
+        int at = n;
+        for (int i = 0; i < n; i++)
+            if (strcmp(f[i].k, change->k) == 0) at = i;
+        f[at] = *change;
+        if (at == n) n++;
+    }
+    expect_fields_refused(f, n, FR_EFORMAT, needle);
+    /* The error can still name the request it meant when the id is readable. */
+    msgpack_sbuffer sb = pack_fields(f, n);
+    uint64_t id = 0;
+    int has = fr_msg_peek_request_id(sb.data, sb.size, &id);
+    int id_ok = !drop || strcmp(drop, "request_id") != 0;
+    if (change && strcmp(change->k, "request_id") == 0) id_ok = 0;
+    assert_int_equal(has, id_ok);
+    if (has) assert_true(id == 4);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+static void test_generate_errors(void **state)
+{
+    (void)state;
+    expect_generate_refused(NULL, "request_id", "generate: missing key \"request_id\"");
+    expect_generate_refused(NULL, "prompt", "missing key \"prompt\"");
+    field c;
+    c = (field){.k = "request_id", .t = V_INT, .i = -4};
+    expect_generate_refused(&c, NULL, "\"request_id\" must be an integer >= 0, got a negative integer");
+    c = (field){.k = "request_id", .t = V_STR, .s = "4"};
+    expect_generate_refused(&c, NULL, "\"request_id\" must be an integer >= 0, got a string");
+    c = (field){.k = "request_id", .t = V_NIL};
+    expect_generate_refused(&c, NULL, "\"request_id\" must be an integer >= 0, got nil");
+    c = (field){.k = "prompt", .t = V_STR, .s = "hello"};
+    expect_generate_refused(&c, NULL, "\"prompt\" must be an array, got a string");
+    c = (field){.k = "prompt", .t = V_INTS, .a = P3, .n = 0};
+    expect_generate_refused(&c, NULL, "\"prompt\" must hold 1");
+    c = (field){.k = "prompt", .t = V_INTS, .a = PNEG, .n = 2};
+    expect_generate_refused(&c, NULL, "\"prompt\"[1] must be in [0, ");
+    c = (field){.k = "n", .t = V_INT, .i = 0};
+    expect_generate_refused(&c, NULL, "\"n\" must be in [1, 65536], got 0");
+    c = (field){.k = "n", .t = V_DBL, .d = 2.0};
+    expect_generate_refused(&c, NULL, "\"n\" must be an integer, got a float");
+    c = (field){.k = "temperature", .t = V_STR, .s = "hot"};
+    expect_generate_refused(&c, NULL, "\"temperature\" must be a number, got a string");
+    c = (field){.k = "temperature", .t = V_DBL, .d = -0.5};
+    expect_generate_refused(&c, NULL, "\"temperature\" must be a finite number >= 0");
+    c = (field){.k = "temperature", .t = V_DBL, .d = NAN};
+    expect_generate_refused(&c, NULL, "\"temperature\" must be a finite number >= 0");
+    c = (field){.k = "top_p", .t = V_DBL, .d = 0.0};
+    expect_generate_refused(&c, NULL, "\"top_p\" must be in (0, 1]");
+    c = (field){.k = "top_p", .t = V_DBL, .d = 1.5};
+    expect_generate_refused(&c, NULL, "\"top_p\" must be in (0, 1]");
+    c = (field){.k = "top_k", .t = V_INT, .i = -1};
+    expect_generate_refused(&c, NULL, "\"top_k\" must be in [0, ");
+    c = (field){.k = "max_tokens", .t = V_INT, .i = 0};
+    expect_generate_refused(&c, NULL, "\"max_tokens\" must be in [1, ");
+    c = (field){.k = "stop_token_ids", .t = V_UINT, .i = 3};
+    expect_generate_refused(&c, NULL, "\"stop_token_ids\" must be an array, got an integer");
+    c = (field){.k = "seed", .t = V_INT, .i = -1};
+    expect_generate_refused(&c, NULL, "\"seed\" must be an integer >= 0");
+    c = (field){.k = "group_id", .t = V_DBL, .d = 1.0};
+    expect_generate_refused(&c, NULL, "\"group_id\" must be an integer >= 0, got a float");
+    c = (field){.k = "monitor_divergence", .t = V_INT, .i = 1};
+    expect_generate_refused(&c, NULL, "\"monitor_divergence\" must be a boolean, got an integer");
+    c = (field){.k = "temprature", .t = V_DBL, .d = 1.0};
+    expect_generate_refused(&c, NULL, "generate: unknown key \"temprature\"");
+
+    /* nil for an optional field means "absent"; integers are numbers. */
+    field ok[] = {TYPE("generate"), V1, {.k = "request_id", .t = V_UINT, .i = 4},
+                  {.k = "prompt", .t = V_INTS, .a = P3, .n = 3}, {.k = "temperature", .t = V_INT, .i = 1},
+                  {.k = "top_p", .t = V_NIL}, {.k = "seed", .t = V_NIL}, {.k = "stop_token_ids", .t = V_NIL}};
+    fr_msg d;
+    expect_fields_ok(ok, N(ok), &d);
+    assert_int_equal(d.u.generate.n, 1);
+    assert_true(d.u.generate.has_temperature && d.u.generate.temperature == 1.0);
+    assert_false(d.u.generate.has_top_p || d.u.generate.has_seed || d.u.generate.has_stop_token_ids);
+    fr_msg_free(&d);
+}
+
+static const int IDS2[] = {1, 2};
+
+static void test_other_client_message_errors(void **state)
+{
+    (void)state;
+    field both[] = {TYPE("abort"), V1, {.k = "all", .t = V_BOOL, .i = 1}, {.k = "request_ids", .t = V_INTS, .a = IDS2, .n = 2}};
+    expect_fields_refused(both, N(both), FR_EFORMAT, "not both");
+    field neither[] = {TYPE("abort"), V1};
+    expect_fields_refused(neither, N(neither), FR_EFORMAT, "at least one id");
+    field none_false[] = {TYPE("abort"), V1, {.k = "all", .t = V_BOOL, .i = 0}};
+    expect_fields_refused(none_false, N(none_false), FR_EFORMAT, "at least one id");
+    field empty_ids[] = {TYPE("abort"), V1, {.k = "request_ids", .t = V_INTS, .a = IDS2, .n = 0}};
+    expect_fields_refused(empty_ids, N(empty_ids), FR_EFORMAT, "at least one id");
+    field neg_ids[] = {TYPE("abort"), V1, {.k = "request_ids", .t = V_INTS, .a = PNEG, .n = 2}};
+    expect_fields_refused(neg_ids, N(neg_ids), FR_EFORMAT, "\"request_ids\"[1] must be an integer >= 0");
+    field mode[] = {TYPE("pause"), V1, {.k = "mode", .t = V_STR, .s = "soon"}};
+    expect_fields_refused(mode, N(mode), FR_EFORMAT, "\"mode\" must be \"abort\" or \"wait\", got \"soon\"");
+    field no_mode[] = {TYPE("pause"), V1};
+    expect_fields_refused(no_mode, N(no_mode), FR_EFORMAT, "pause: missing key \"mode\"");
+    field mode_int[] = {TYPE("pause"), V1, {.k = "mode", .t = V_INT, .i = 1}};
+    expect_fields_refused(mode_int, N(mode_int), FR_EFORMAT, "\"mode\" must be a string");
+}
+
+static const int TOK3[] = {1, 2, 3};
+
+static void test_server_message_errors(void **state)
+{
+    (void)state;
+    field tok[] = {TYPE("tokens"), V1, {.k = "request_id", .t = V_UINT, .i = 1}, {.k = "sample", .t = V_INT, .i = 0},
+                   {.k = "start", .t = V_INT, .i = 0}, {.k = "token_ids", .t = V_INTS, .a = TOK3, .n = 3},
+                   {.k = "logprobs", .t = V_INTS, .a = PNEG, .n = 2},
+                   {.k = "weight_versions", .t = V_INTS, .a = TOK3, .n = 3}};
+    expect_fields_refused(tok, N(tok), FR_EFORMAT, "must have one length, got 3, 2, 3");
+    field done[] = {TYPE("done"), V1, {.k = "request_id", .t = V_UINT, .i = 1}, {.k = "group_id", .t = V_UINT, .i = 1},
+                    {.k = "sample", .t = V_INT, .i = 0}, {.k = "finish_reason", .t = V_STR, .s = "tired"},
+                    {.k = "n_tokens", .t = V_INT, .i = 0}, {.k = "n_prompt", .t = V_INT, .i = 3},
+                    {.k = "preemptions", .t = V_INT, .i = 0}, {.k = "ttft_ms", .t = V_NIL},
+                    {.k = "total_ms", .t = V_DBL, .d = 1.0}, {.k = "divergence", .t = V_MAP}};
+    expect_fields_refused(done, N(done), FR_EFORMAT, "\"finish_reason\" must be stop, length, abort or error");
+    done[5].s = "abort";
+    expect_fields_refused(done, N(done), FR_EFORMAT, "missing key \"divergence.kl_mean\"");
+    field err[] = {TYPE("error"), V1, {.k = "code", .t = V_STR, .s = "bad_message"}, {.k = "message", .t = V_STR, .s = "x"}};
+    expect_fields_refused(err, N(err), FR_EFORMAT, "missing key \"request_id\"");
+    field pr[] = {TYPE("pause_reply"), V1, {.k = "mode", .t = V_STR, .s = "wait"}, {.k = "state", .t = V_STR, .s = "running"},
+                  {.k = "aborted", .t = V_INT, .i = 0}};
+    expect_fields_refused(pr, N(pr), FR_EFORMAT, "\"state\" must be \"paused\"");
+    field sr[] = {TYPE("stats_reply"), V1, {.k = "scheduler", .t = V_MAP}, {.k = "server", .t = V_MAP}};
+    expect_fields_refused(sr, N(sr), FR_EFORMAT, "missing key \"scheduler.running\"");
+
+    /* A NaN figure is still a number: it travels as one. */
+    fr_msg m;
+    fr_msg_init(&m, FR_MSG_DONE);
+    m.u.done.total_ms = 1;
+    m.u.done.divergence = (fr_msg_divergence){.has_values = 1, .kl_mean = NAN};
+    char *data;
+    size_t len;
+    assert_int_equal(fr_msg_encode(&m, &data, &len), FR_OK);   /* NaN is a number on the wire */
+    fr_msg d;
+    assert_int_equal(fr_msg_decode(data, len, &d), FR_OK);
+    assert_true(isnan(d.u.done.divergence.kl_mean));
+    free(data);
+}
+
+static void test_peek_request_id(void **state)
+{
+    (void)state;
+    uint64_t id = 0;
+    assert_false(fr_msg_peek_request_id(NULL, 0, &id));
+    assert_false(fr_msg_peek_request_id("\xc1", 1, &id));
+    field f[] = {TYPE("generate"), {.k = "request_id", .t = V_UINT, .i = 123}};
+    msgpack_sbuffer sb = pack_fields(f, N(f));
+    assert_true(fr_msg_peek_request_id(sb.data, sb.size, &id));
+    assert_true(id == 123);
+    assert_int_equal(fr_msg_peek_type(sb.data, sb.size), FR_MSG_GENERATE);
+    msgpack_sbuffer_destroy(&sb);
+    assert_int_equal(fr_msg_peek_type("\xc1", 1), FR_MSG_NONE);
+    field t[] = {TYPE("tokens")};
+    sb = pack_fields(t, N(t));
+    assert_int_equal(fr_msg_peek_type(sb.data, sb.size), FR_MSG_TOKENS);
+    msgpack_sbuffer_destroy(&sb);
+    field u[] = {TYPE("dance")};
+    sb = pack_fields(u, N(u));
+    assert_int_equal(fr_msg_peek_type(sb.data, sb.size), FR_MSG_NONE);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+/* Every prefix of a valid frame is refused without reading past its end. */
+static void test_truncated_frames(void **state)
+{
+    (void)state;
+    int prompt[] = {256, 1, 2, 3};
+    fr_msg m;
+    fr_msg_init(&m, FR_MSG_GENERATE);
+    m.u.generate.request_id = 5;
+    m.u.generate.prompt = prompt;
+    m.u.generate.n_prompt = 4;
+    m.u.generate.has_temperature = 1;
+    m.u.generate.temperature = 0.5;
+    char *data;
+    size_t len;
+    assert_int_equal(fr_msg_encode(&m, &data, &len), FR_OK);
+    for (size_t cut = 0; cut < len; cut++) {
+        char *copy = malloc(cut ? cut : 1);
+        memcpy(copy, data, cut);
+        fr_msg d;
+        assert_int_not_equal(fr_msg_decode(copy, cut, &d), FR_OK);
+        free(copy);
+    }
+    free(data);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hello_and_empty_messages),
+        cmocka_unit_test(test_generate_full_and_minimal),
+        cmocka_unit_test(test_abort),
+        cmocka_unit_test(test_hello_reply),
+        cmocka_unit_test(test_tokens),
+        cmocka_unit_test(test_done),
+        cmocka_unit_test(test_stats_reply_and_error),
+        cmocka_unit_test(test_encode_refuses_invalid),
+        cmocka_unit_test(test_frame_level_errors),
+        cmocka_unit_test(test_generate_errors),
+        cmocka_unit_test(test_other_client_message_errors),
+        cmocka_unit_test(test_server_message_errors),
+        cmocka_unit_test(test_peek_request_id),
+        cmocka_unit_test(test_truncated_frames),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,64 @@
+/* The coordinator of `fp4rollout serve` for one engine (docs/protocol.md):
+ * one ROUTER socket facing the trainers, driving one session's
+ * continuous-batching scheduler in a single loop.
+ *
+ *     fr_bridge_server *srv;
+ *     fr_bridge_server_new(&session, &cfg, &srv);   // binds the socket
+ *     fr_bridge_server_run(srv, &stop_flag);        // until *stop_flag
+ *     fr_bridge_server_destroy(&srv);
+ *
+ * The loop receives without blocking while the engine has work (and waits
+ * on the socket when it has none), steps the scheduler once per turn,
+ * streams each step's new tokens to the client that sent the request, and
+ * sends one done per sample. Requests are keyed by (client, request_id):
+ * two clients may use the same ids, and abort reaches only the sender's
+ * requests. Pause, resume, stats and hello are answered in the same loop.
+ * Every accepted sample gets exactly one done, shutdown included (reason
+ * abort). */
+#ifndef FR_BRIDGE_SERVER_H
+#define FR_BRIDGE_SERVER_H
+
+#include <signal.h>
+#include <stdio.h>
+
+#include "rollout/serve_config.h"
+#include "rollout/session.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const char *endpoint;          /* ZeroMQ endpoint to bind, e.g. "tcp://127.0.0.1:5555" */
+    const char *model_name;        /* what hello reports as the model */
+    int max_seqs;                  /* the scheduler's sequences at once (0: the cache's slots) */
+    int chunk;                     /* tokens per step (0: the session's) */
+    fr_serve_sampling sampling;    /* defaults for what a generate leaves out */
+    int shutdown_linger_ms;        /* how long shutdown tries to deliver the last messages */
+    FILE *log;                     /* start, stop and warning lines; NULL: stderr */
+} fr_bridge_config;
+
+typedef struct fr_bridge_server fr_bridge_server;
+
+/* Builds the scheduler on the session (which must outlive the server) and
+ * binds the socket: FR_EIO naming the endpoint when it cannot bind. */
+fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_bridge_server **out);
+
+/* Serves until *stop becomes non-zero (a signal handler sets it), then
+ * shuts down: requests held by a pause and samples in flight end with done
+ * (reason abort), clients waiting for a pause get an error, and the last
+ * messages are delivered for up to shutdown_linger_ms. FR_EIO when the
+ * socket fails. */
+fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_t *stop);
+
+/* The endpoint the socket is bound to (ZMQ_LAST_ENDPOINT). */
+const char *fr_bridge_server_endpoint(const fr_bridge_server *srv);
+
+/* NULL-safe; ends anything still open with reason abort first. */
+void fr_bridge_server_destroy(fr_bridge_server **srv);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
