@@ -68,20 +68,19 @@ struct fr_shadow {
     int cap;
 };
 
-fr_status fr_shadow_open(fr_session *main, int max_seqs, int max_tokens, fr_shadow **out)
+fr_status fr_shadow_open(fr_session *main, int max_seqs, int n_blocks, fr_shadow **out)
 {
     if (!main || !out) return fr_fail(FR_EINVAL, "fr_shadow_open: NULL argument");
     *out = NULL;
-    if (max_seqs < 1 || max_tokens < 1)
-        return fr_fail(FR_EINVAL, "shadow: %d sequences of %d tokens", max_seqs, max_tokens);
+    if (max_seqs < 1 || n_blocks < 2)
+        return fr_fail(FR_EINVAL, "shadow: %d sequences and %d KV blocks", max_seqs, n_blocks);
     fr_shadow *sh = calloc(1, sizeof *sh);
     if (!sh) return fr_fail(FR_ENOMEM, "shadow: out of memory");
     sh->chunk = 256;
     sh->cap = max_seqs;
     sh->steps = malloc(sizeof *sh->steps * (size_t)max_seqs);
-    const int blocks = max_seqs * ((max_tokens + FR_PAGE_TOKENS - 1) / FR_PAGE_TOKENS + 1) + 1;
     const int step_tokens = sh->chunk > max_seqs ? sh->chunk : max_seqs;
-    fr_status st = sh->steps ? fr_session_open_shadow(main, blocks, max_seqs, step_tokens, &sh->s)
+    fr_status st = sh->steps ? fr_session_open_shadow(main, n_blocks, max_seqs, step_tokens, &sh->s)
                              : fr_fail(FR_ENOMEM, "shadow: out of memory");
     if (st) {
         free(sh->steps);
@@ -122,6 +121,14 @@ fr_status fr_shadow_step(fr_shadow *sh, const int *shadow_seqs, const int *token
         sh->steps[i] = (fr_step_seq){.seq = shadow_seqs[i], .n = 1, .tokens = &tokens[i], .all_logits = 0};
     return fr_session_step(&sh->s, sh->steps, n, ref_logits);
 }
+
+fr_status fr_shadow_fork(fr_shadow *sh, int src, int *dst)
+{
+    if (!sh || !dst) return fr_fail(FR_EINVAL, "fr_shadow_fork: NULL argument");
+    return fr_session_fork(&sh->s, src, dst);
+}
+
+int fr_shadow_blocks_needed(const fr_shadow *sh, int seq) { return fr_kv_blocks_needed(sh->s.kv, seq, 1); }
 
 void fr_shadow_drop(fr_shadow *sh, int shadow_seq)
 {

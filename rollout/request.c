@@ -20,6 +20,8 @@ void fr_sample_result_free(fr_sample_result *r)
     if (!r) return;
     free(r->tokens);
     free(r->logprobs);
+    free(r->versions);
+    free(r->kl);
     memset(r, 0, sizeof *r);
 }
 
@@ -42,6 +44,13 @@ fr_status fr_request_spec_check(const fr_request_spec *r, int vocab)
         if (r->stop_ids[i] < 0 || r->stop_ids[i] >= vocab)
             return fr_fail(FR_EINVAL, "request %llu: stop id %d is outside the vocabulary of %d",
                            (unsigned long long)r->id, r->stop_ids[i], vocab);
+    if (r->forced && r->n_forced < 1)
+        return fr_fail(FR_EINVAL, "request %llu: forced tokens given but n_forced is %d", (unsigned long long)r->id,
+                       r->n_forced);
+    for (int i = 0; r->forced && i < r->n_forced; i++)
+        if (r->forced[i] < 0 || r->forced[i] >= vocab)
+            return fr_fail(FR_EINVAL, "request %llu: forced token %d (%d) is outside the vocabulary of %d",
+                           (unsigned long long)r->id, i, r->forced[i], vocab);
     fr_status st = fr_sampling_params_check(&r->params, vocab);
     if (st) {
         char msg[512];   /* the message is rewritten below: copy it first */

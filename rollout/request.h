@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "divergence_summary.h"
 #include "sampler.h"
 
 #ifdef __cplusplus
@@ -37,6 +38,17 @@ typedef struct {
     int max_tokens;              /* >= 1; lowered to fit the context window */
     const int *stop_ids;         /* [n_stop]; copied; none: never stops early */
     int n_stop;
+    /* Divergence monitoring (rollout/divergence.h): 1 runs a BF16-KV shadow of
+     * every sample, 0 none, -1 (or anything else) the scheduler's
+     * kl_sample_rate decides per sample. per_token_kl: keep D_t of every token
+     * in the result, not only the summary. */
+    int monitor;
+    int per_token_kl;
+    /* Teacher forcing, for evaluation: the samples emit these tokens in
+     * order instead of sampling (their log-probs are still the model's), then
+     * end with reason length; copied; NULL: sample as usual. */
+    const int *forced;
+    int n_forced;
 } fr_request_spec;
 
 /* One finished sample. tokens and logprobs hold n_tokens entries each; a
@@ -50,6 +62,12 @@ typedef struct {
     int n_tokens;
     fr_finish_reason finish;
     int preemptions;             /* times its KV was dropped and recomputed */
+    uint64_t *versions;          /* [n_tokens] weight version that produced each token */
+    /* divergence (when monitored): D_t etc. of every position whose next
+     * token the sample drew (the prompt's last position included) */
+    int monitored;
+    fr_div_summary div;
+    float *kl;                   /* [n_tokens] D_t in nats when per_token_kl, else NULL */
 } fr_sample_result;
 
 /* Frees the arrays of a result taken from fr_scheduler_next_result and

@@ -1,8 +1,11 @@
 /* The continuous-batching scheduler: docs/scheduler.md states the policy. */
 #include "scheduler.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "divergence.h"
 
 enum { T = FR_PAGE_TOKENS };
 
@@ -19,6 +22,12 @@ typedef struct {
     int done;
     int preemptions;
     uint64_t admit;        /* admission number of the work that gave it its sequence */
+    uint64_t *versions;    /* [r->max_tokens] weight version of each token */
+    /* divergence monitoring: the shadow sequence (-1: not monitored, or
+     * stopped when the shadow ran out of room), figures so far */
+    int monitored, shadow_seq;
+    fr_div_summary div;
+    float *kl;             /* [r->max_tokens] when per_token_kl */
 } sample;
 
 struct req {
@@ -29,6 +38,8 @@ struct req {
     int *stop, n_stop;
     sample *samples;
     int open;              /* samples not yet ended */
+    int monitor, per_token_kl;
+    int *forced, n_forced; /* teacher forcing: emitted instead of sampled */
 };
 
 /* Prefill work: a prompt for all n samples of a request (sample -1), or the
@@ -63,6 +74,14 @@ struct fr_scheduler {
     fr_sampler *sampler;
     uint64_t next_admit;
     fr_scheduler_stats st;
+    uint64_t version;
+    /* divergence monitoring */
+    fr_shadow *shadow;               /* opened on the first monitored sample */
+    int shadow_failed;               /* could not open: monitoring off, said once */
+    float *ref, *lsm;                /* shadow logits [rows][vocab]; log-softmax scratch */
+    int ref_rows;
+    int *mon_seqs, *mon_toks, *mon_rows, cap_mon_seqs, cap_mon_toks, cap_mon_rows;
+    fr_div_aggregates agg;
 };
 
 static int blocks_for(int tokens) { return (tokens + T - 1) / T; }
@@ -84,10 +103,13 @@ static void free_req(req *r)
     for (int i = 0; i < r->n; i++) {
         free(r->samples[i].tokens);
         free(r->samples[i].logprobs);
+        free(r->samples[i].versions);
+        free(r->samples[i].kl);
     }
     free(r->samples);
     free(r->prompt);
     free(r->stop);
+    free(r->forced);
     free(r);
 }
 
@@ -124,11 +146,19 @@ static void finish(fr_scheduler *sch, sample *x, fr_finish_reason why)
         x->seq = -1;
     }
     req *r = x->r;
+    if (x->shadow_seq >= 0) {
+        fr_shadow_drop(sch->shadow, x->shadow_seq);
+        x->shadow_seq = -1;
+    }
+    if (x->monitored) sch->agg.samples++;
     fr_sample_result res = {.request_id = r->id, .group = r->group, .sample = x->index, .tokens = x->tokens,
                             .logprobs = x->logprobs, .n_tokens = x->n, .finish = why,
-                            .preemptions = x->preemptions};
+                            .preemptions = x->preemptions, .versions = x->versions,
+                            .monitored = x->monitored, .div = x->div, .kl = x->kl};
     x->tokens = NULL;
     x->logprobs = NULL;
+    x->versions = NULL;
+    x->kl = NULL;
     sch->st.finished++;
     if (sch->cfg.on_done) {
         sch->cfg.on_done(sch->cfg.user, &res);
@@ -165,15 +195,91 @@ static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits)
     const req *r = x->r;
     int tok;
     float lp;
-    if (fr_sample(sch->sampler, logits, &r->params, (uint64_t)x->index, (uint64_t)x->n, &tok, &lp))
+    if (r->forced) {   /* teacher forcing: the given token, the model's log-prob of it */
+        tok = r->forced[x->n];
+        if (fr_log_softmax(logits, sch->vocab, r->params.temperature, sch->lsm)) return FR_FINISH_ERROR;
+        lp = sch->lsm[tok];
+    } else if (fr_sample(sch->sampler, logits, &r->params, (uint64_t)x->index, (uint64_t)x->n, &tok, &lp)) {
         return FR_FINISH_ERROR;
+    }
     x->tokens[x->n] = tok;
+    x->versions[x->n] = sch->version;
     x->logprobs[x->n++] = lp;
     sch->st.tokens_generated++;
     if (sch->cfg.on_token) sch->cfg.on_token(sch->cfg.user, r->id, x->index, x->n - 1, tok, lp);
     if (is_stop(r, tok)) return FR_FINISH_STOP;
     if (x->n >= r->max_tokens) return FR_FINISH_LENGTH;
     return FR_FINISH_NONE;
+}
+
+/* ---- divergence monitoring ---- */
+
+/* Whether sample `index` of request `id` runs a shadow at rate `rate`: a
+ * hash of the pair against the rate, the same on every rank. */
+static int chosen(uint64_t id, int index, double rate)
+{
+    if (rate <= 0.0) return 0;
+    if (rate >= 1.0) return 1;
+    uint64_t z = id * 0x9e3779b97f4a7c15ull + (uint64_t)index * 0xbf58476d1ce4e5b9ull + 0x94d049bb133111ebull;
+    z = (z ^ (z >> 31)) * 0xd6e8feb86659fd03ull;
+    z ^= z >> 29;
+    return (double)(z >> 11) * 0x1p-53 < rate;
+}
+
+/* The shadow, opened on first use; NULL (monitoring off) when it cannot be. */
+static fr_shadow *shadow_of(fr_scheduler *sch)
+{
+    if (sch->shadow || sch->shadow_failed) return sch->shadow;
+    int blocks = sch->cfg.shadow_blocks > 0 ? sch->cfg.shadow_blocks : sch->n_blocks;
+    if (fr_shadow_open(sch->s, sch->cfg.max_seqs, blocks, &sch->shadow)) {
+        sch->shadow_failed = 1;
+        sch->shadow = NULL;
+    }
+    return sch->shadow;
+}
+
+/* Room for n rows of shadow logits. */
+static int ref_rows(fr_scheduler *sch, int n)
+{
+    if (n <= sch->ref_rows) return 1;
+    float *g = realloc(sch->ref, sizeof(float) * (size_t)sch->vocab * (size_t)n);
+    if (!g) return 0;
+    sch->ref = g;
+    sch->ref_rows = n;
+    return 1;
+}
+
+/* D_t of x's last drawn token: the shadow's distribution ref against the
+ * serving one, logits. */
+static void measure(fr_scheduler *sch, sample *x, const float *logits, const float *ref)
+{
+    fr_kl_result k;
+    const int i = x->n - 1;
+    if (fr_kl_topk(ref, logits, sch->vocab, FR_KL_TOP_K, x->tokens[i], &k)) return;
+    fr_div_summary_add(&x->div, &k);
+    if (x->kl) x->kl[i] = (float)k.kl;
+    fr_div_aggregates_add(&sch->agg, x->versions[i], (long)x->r->n_prompt + i, &k);
+}
+
+/* Stops x's shadow (out of room or failed): the figures so far stay. */
+static void stop_shadow(fr_scheduler *sch, sample *x)
+{
+    fr_shadow_drop(sch->shadow, x->shadow_seq);
+    x->shadow_seq = -1;
+}
+
+/* One shadow token for sample x (the token its serving sequence consumed
+ * last: tokens[n - 2] once tokens[n - 1] is drawn) and its D_t; used after a
+ * recompute. */
+static void shadow_catch_up(fr_scheduler *sch, sample *x, const float *logits)
+{
+    if (x->shadow_seq < 0 || x->n < 2) return;
+    if (fr_shadow_blocks_needed(sch->shadow, x->shadow_seq) > fr_shadow_free_blocks(sch->shadow) ||
+        !ref_rows(sch, 1) || fr_shadow_step(sch->shadow, &x->shadow_seq, &x->tokens[x->n - 2], 1, sch->ref)) {
+        stop_shadow(sch, x);
+        return;
+    }
+    measure(sch, x, logits, sch->ref);
 }
 
 static int job_slots(const job *j) { return j->sample < 0 ? j->r->open : 1; }
@@ -295,8 +401,9 @@ fr_status fr_scheduler_new(fr_session *s, const fr_scheduler_config *cfg, fr_sch
     sch->vocab = s->model->cfg.vocab_size;
     sch->n_blocks = kc->n_blocks;
     sch->running = malloc(sizeof(sample *) * (size_t)c.max_seqs);
-    fr_status st = sch->running ? fr_sampler_new(sch->vocab, &sch->sampler)
-                                : fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    sch->lsm = malloc(sizeof(float) * (size_t)sch->vocab);
+    fr_status st = sch->running && sch->lsm ? fr_sampler_new(sch->vocab, &sch->sampler)
+                                            : fr_fail(FR_ENOMEM, "scheduler: out of memory");
     if (st) {
         fr_scheduler_destroy(&sch);
         return st;
@@ -321,6 +428,12 @@ void fr_scheduler_destroy(fr_scheduler **p)
     free(sch->row_samples);
     free(sch->row_job_m);
     fr_sampler_destroy(&sch->sampler);
+    fr_shadow_close(&sch->shadow);
+    free(sch->ref);
+    free(sch->lsm);
+    free(sch->mon_seqs);
+    free(sch->mon_toks);
+    free(sch->mon_rows);
     free(sch);
     *p = NULL;
 }
@@ -345,18 +458,28 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
                        blocks_for(spec->n_prompt + max_tokens), sch->n_blocks);
     req *r = calloc(1, sizeof *r);
     if (!r) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    if (spec->forced && spec->n_forced < max_tokens) max_tokens = spec->n_forced;
     *r = (req){.id = spec->id, .group = spec->group, .n_prompt = spec->n_prompt, .n = spec->n,
-               .max_tokens = max_tokens, .params = spec->params, .n_stop = spec->n_stop, .open = spec->n};
+               .max_tokens = max_tokens, .params = spec->params, .n_stop = spec->n_stop, .open = spec->n,
+               .monitor = spec->monitor, .per_token_kl = spec->per_token_kl};
     r->prompt = malloc(sizeof(int) * (size_t)spec->n_prompt);
     r->stop = malloc(sizeof(int) * (size_t)(spec->n_stop > 0 ? spec->n_stop : 1));
     r->samples = calloc((size_t)spec->n, sizeof(sample));
     int ok = r->prompt && r->stop && r->samples;
+    if (ok && spec->forced) {
+        r->forced = malloc(sizeof(int) * (size_t)max_tokens);
+        if ((ok = r->forced != NULL)) memcpy(r->forced, spec->forced, sizeof(int) * (size_t)max_tokens);
+        r->n_forced = max_tokens;
+    }
     for (int i = 0; ok && i < spec->n; i++) {
         sample *x = &r->samples[i];
-        *x = (sample){.r = r, .index = i, .seq = -1};
+        *x = (sample){.r = r, .index = i, .seq = -1, .shadow_seq = -1};
+        x->monitored = spec->monitor == 1 || (spec->monitor != 0 && chosen(spec->id, i, sch->cfg.kl_sample_rate));
         x->tokens = malloc(sizeof(int) * (size_t)max_tokens);
         x->logprobs = malloc(sizeof(float) * (size_t)max_tokens);
-        ok = x->tokens && x->logprobs;
+        x->versions = malloc(sizeof(uint64_t) * (size_t)max_tokens);
+        if (x->monitored && spec->per_token_kl) x->kl = calloc((size_t)max_tokens, sizeof(float));
+        ok = x->tokens && x->logprobs && x->versions && (!x->monitored || !spec->per_token_kl || x->kl);
     }
     if (ok) ok = !grow((void **)&sch->reqs, &sch->cap_reqs, sch->n_reqs + 1, sizeof(req *));
     if (ok) {
@@ -425,8 +548,25 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits)
         x->admit = j->admit;
         sch->running[sch->n_running++] = x;
         fr_finish_reason why = draw(sch, x, logits);
+        if (why != FR_FINISH_ERROR) shadow_catch_up(sch, x, logits);
         if (why) finish(sch, x, why);
         return;
+    }
+    /* The monitored samples' shadow: one prefill of the prompt, forked. */
+    int shadow_src = -1;
+    for (int i = 0; i < r->n; i++) {
+        sample *x = &r->samples[i];
+        if (x->done || !x->monitored || !shadow_of(sch)) continue;
+        if (!ref_rows(sch, 1)) break;
+        int need = (r->n_prompt + T - 1) / T + 1;
+        if (shadow_src < 0) {
+            if (fr_shadow_free_blocks(sch->shadow) < need ||
+                fr_shadow_start(sch->shadow, r->prompt, r->n_prompt, &shadow_src, sch->ref))
+                break;   /* no room: these samples go unmonitored */
+            x->shadow_seq = shadow_src;
+        } else if (fr_shadow_free_blocks(sch->shadow) < 1 || fr_shadow_fork(sch->shadow, shadow_src, &x->shadow_seq)) {
+            x->shadow_seq = -1;
+        }
     }
     /* Samples that end on their first token are finished last: the last
      * finish frees the request. */
@@ -443,6 +583,7 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits)
         sample *x = &r->samples[i];
         if (x->done) continue;
         fr_finish_reason why = draw(sch, x, logits);
+        if (why != FR_FINISH_ERROR && x->shadow_seq >= 0) measure(sch, x, logits, sch->ref);
         if (!why && seq >= 0) {        /* the first one keeps the prefill's sequence */
             x->seq = seq;
             seq = -1;
@@ -540,10 +681,40 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         return st;
     }
     sch->st.steps++;
-    /* 4. Decode tokens, then the prefills' progress (in batch order). */
+    /* 4. The monitored decodes' shadow step (the same input tokens), then
+     *    decode tokens and their D_t, then the prefills' progress. */
+    int n_mon = 0;
+    if (sch->shadow && (grow((void **)&sch->mon_seqs, &sch->cap_mon_seqs, n_dec, sizeof(int)) ||
+                        grow((void **)&sch->mon_toks, &sch->cap_mon_toks, n_dec, sizeof(int)) ||
+                        grow((void **)&sch->mon_rows, &sch->cap_mon_rows, n_dec, sizeof(int)) || !ref_rows(sch, n_dec))) {
+        for (int i = 0; i < n_dec; i++)   /* out of memory: monitoring stops, serving goes on */
+            if (sch->row_samples[i]->shadow_seq >= 0) stop_shadow(sch, sch->row_samples[i]);
+    } else if (sch->shadow) {
+        int room = fr_shadow_free_blocks(sch->shadow);
+        for (int i = 0; i < n_dec; i++) {
+            sample *x = sch->row_samples[i];
+            if (x->shadow_seq < 0) continue;
+            int need = fr_shadow_blocks_needed(sch->shadow, x->shadow_seq);
+            if (need > room) {   /* the shadow is full: this sample's monitoring stops here */
+                stop_shadow(sch, x);
+                continue;
+            }
+            room -= need;
+            sch->mon_seqs[n_mon] = x->shadow_seq;
+            sch->mon_toks[n_mon] = x->tokens[x->n - 1];
+            sch->mon_rows[i] = n_mon++;
+        }
+        if (n_mon && fr_shadow_step(sch->shadow, sch->mon_seqs, sch->mon_toks, n_mon, sch->ref)) {
+            for (int i = 0; i < n_dec; i++)
+                if (sch->row_samples[i]->shadow_seq >= 0) stop_shadow(sch, sch->row_samples[i]);
+            n_mon = 0;
+        }
+    }
     for (int i = 0; i < n_dec; i++) {
         sample *x = sch->row_samples[i];
         fr_finish_reason why = draw(sch, x, sch->logits + (size_t)i * V);
+        if (n_mon && x->shadow_seq >= 0 && why != FR_FINISH_ERROR)
+            measure(sch, x, sch->logits + (size_t)i * V, sch->ref + (size_t)sch->mon_rows[i] * V);
         if (why) finish(sch, x, why);
     }
     /* The batch's jobs are the first n_jobs of the prefill list. */
@@ -643,4 +814,15 @@ void fr_scheduler_stats_get(const fr_scheduler *sch, fr_scheduler_stats *out)
     for (int k = 0; k < sch->n_waiting; k++) out->waiting += job_slots(&sch->waiting[k]);
     out->kv_blocks_free = fr_kv_free_blocks(sch->s->kv);
     out->kv_blocks_used = sch->n_blocks - out->kv_blocks_free;
+    out->weight_version = sch->version;
+    out->monitored = 0;
+    for (int i = 0; i < sch->n_running; i++) out->monitored += sch->running[i]->shadow_seq >= 0;
+    out->shadow_blocks_free = sch->shadow ? fr_shadow_free_blocks(sch->shadow) : -1;
 }
+
+void fr_scheduler_set_weight_version(fr_scheduler *sch, uint64_t version)
+{
+    if (sch) sch->version = version;
+}
+
+const fr_div_aggregates *fr_scheduler_divergence(const fr_scheduler *sch) { return sch ? &sch->agg : NULL; }

@@ -46,6 +46,13 @@ typedef struct {
     fr_sample_done_fn on_done;   /* NULL: results queue for fr_scheduler_next_result */
     void *user;
     fr_sample_token_fn on_token; /* NULL: no per-token reports; called with user */
+    /* Divergence monitoring (rollout/divergence.h): the share of samples
+     * (0..1) that also run a BF16-KV shadow, for requests that leave it to
+     * the scheduler (monitor -1); the choice is a pure function of (request
+     * id, sample index), so every rank of an engine makes the same one.
+     * shadow_blocks: the shadow cache's blocks (0: as many as the cache). */
+    double kl_sample_rate;
+    int shadow_blocks;
 } fr_scheduler_config;
 
 typedef struct {
@@ -58,6 +65,9 @@ typedef struct {
     long long steps;
     long long finished;    /* samples ended, any reason */
     int kv_blocks_used, kv_blocks_free;
+    uint64_t weight_version;   /* what new tokens are drawn with */
+    int monitored;             /* running samples with a shadow */
+    int shadow_blocks_free;    /* -1: no shadow open */
 } fr_scheduler_stats;
 
 typedef struct fr_scheduler fr_scheduler;
@@ -87,6 +97,13 @@ int fr_scheduler_idle(const fr_scheduler *sch);
  * reason abort and its partial tokens; *n_ended (may be NULL) gets the count. */
 fr_status fr_scheduler_abort(fr_scheduler *sch, uint64_t id, int *n_ended);
 fr_status fr_scheduler_abort_all(fr_scheduler *sch, int *n_ended);
+
+/* The weight version of every token drawn from now on (the caller switches
+ * the session's weights between steps, rollout/weight_update.h). */
+void fr_scheduler_set_weight_version(fr_scheduler *sch, uint64_t version);
+/* Divergence aggregates of the monitored samples (by weight version and
+ * position bucket); valid until the next scheduler call. */
+const fr_div_aggregates *fr_scheduler_divergence(const fr_scheduler *sch);
 
 /* Takes the oldest queued result (no callback configured): 1 and *out filled
  * (free with fr_sample_result_free), or 0 when none is queued. */
