@@ -1,9 +1,11 @@
 /* fp4rollout rollout: an offline batch of prompts through the continuous-
  * batching scheduler, one JSON line per sample. */
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 #include "scheduler.h"
@@ -14,7 +16,8 @@ static const char usage_text[] =
     "usage: fp4rollout rollout --prompts FILE [--n N] [--max-tokens N]\n"
     "                          [--greedy | --temperature T --top-p P --top-k K]\n"
     "                          [--seed S] [--stop-ids IDS] [--ignore-eos]\n"
-    "                          [--max-seqs N] [--kv-blocks N] [--json] [engine options]\n"
+    "                          [--max-seqs N] [--kv-blocks N] [--kl-sample-rate R] [--json]\n"
+    "                          [engine options]\n"
     "\n"
     "Runs every prompt of FILE through the continuous-batching scheduler\n"
     "(docs/scheduler.md) and prints each sample as it ends; a stats line goes to\n"
@@ -39,10 +42,21 @@ static const char usage_text[] =
     "  --kv-blocks N        KV cache pages of 128 tokens (default: enough for\n"
     "                       max-seqs sequences of the longest prompt + max-tokens);\n"
     "                       fewer makes the scheduler preempt and recompute\n"
+    "  --kl-sample-rate R   share of samples (0..1, default 0) that also run a BF16-KV\n"
+    "                       shadow: their divergence (KL over BF16's top-128, top-1\n"
+    "                       agreement) is measured at every token (docs/scheduler.md)\n"
     "  --json               one JSON line per sample: request, sample, tokens,\n"
-    "                       logprobs, finish_reason (stop | length | abort | error)\n"
+    "                       logprobs, finish_reason (stop | length | abort | error),\n"
+    "                       and for monitored samples kl_mean, kl_max, top1_agree\n"
     "                       (default: a readable line per sample)\n"
     "engine options:\n";
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 /* A growable byte buffer; `failed` records an allocation that did not succeed. */
 typedef struct {
@@ -130,7 +144,11 @@ static void on_done(void *user, const fr_sample_result *r)
         for (int i = 0; i < r->n_tokens; i++) buf_printf(b, "%s%d", i ? "," : "", r->tokens[i]);
         buf_printf(b, "],\"logprobs\":[");
         for (int i = 0; i < r->n_tokens; i++) buf_printf(b, "%s%.6g", i ? "," : "", r->logprobs[i]);
-        buf_printf(b, "],\"finish_reason\":\"%s\"}\n", fr_finish_reason_name(r->finish));
+        buf_printf(b, "],\"finish_reason\":\"%s\"", fr_finish_reason_name(r->finish));
+        if (r->monitored && r->div.n > 0)
+            buf_printf(b, ",\"kl_mean\":%.6g,\"kl_max\":%.6g,\"top1_agree\":%.6g", fr_div_summary_mean(&r->div),
+                       r->div.kl_max, (double)r->div.top1_agree / (double)r->div.n);
+        buf_printf(b, "}\n");
     } else {
         buf_printf(b, "request %llu sample %d (%s, %d tokens):", (unsigned long long)r->request_id, r->sample,
                    fr_finish_reason_name(r->finish), r->n_tokens);
@@ -279,6 +297,7 @@ int fr_cli_rollout(int argc, char **argv)
 {
     const char *cmd = "rollout", *path = NULL;
     int max_seqs = 16, kv_blocks = 0;
+    double kl_rate = 0.0;
     fr_cli_sampling so;
     fr_cli_sampling_default(&so);
     fr_engine_opts eo;
@@ -298,6 +317,12 @@ int fr_cli_rollout(int argc, char **argv)
         if (strcmp(a, "--prompts") == 0 && v) path = argv[++i];
         else if (strcmp(a, "--max-seqs") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 1, 1 << 16, &max_seqs);
         else if (strcmp(a, "--kv-blocks") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 1, 1 << 24, &kv_blocks);
+        else if (strcmp(a, "--kl-sample-rate") == 0 && v) {
+            char *end;
+            kl_rate = strtod(argv[++i], &end);
+            if (*end || !(kl_rate >= 0.0 && kl_rate <= 1.0))
+                return fr_cli_usage_error(cmd, "--kl-sample-rate expects a number in [0, 1], got '%s'", argv[i]);
+        }
         else return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", a);
         if (bad) return 2;
     }
@@ -352,7 +377,7 @@ int fr_cli_rollout(int argc, char **argv)
     const int multi = tl.world != NULL;
     out_ctx oc = {.json = json, .mode = !multi ? OUT_PRINT : tl.engine_leader ? OUT_KEEP : OUT_DROP};
     fr_scheduler_config sc = {.max_seqs = max_seqs, .chunk = eo.chunk, .reserve_blocks = -1, .on_done = on_done,
-                              .user = &oc};
+                              .user = &oc, .kl_sample_rate = kl_rate};
     fr_scheduler *sch = NULL;
     int n_requests = 0;
     st = fr_scheduler_new(&s, &sc, &sch);
@@ -360,7 +385,7 @@ int fr_cli_rollout(int argc, char **argv)
         if (i % tl.n_engines != tl.engine) continue;
         fr_request_spec r = {.id = (uint64_t)i, .group = (uint64_t)i, .prompt = pl.ids[i], .n_prompt = pl.len[i],
                              .n = n_samples, .params = sp, .max_tokens = max_tokens, .stop_ids = stop,
-                             .n_stop = n_stop};
+                             .n_stop = n_stop, .monitor = -1};
         if ((st = fr_scheduler_submit(sch, &r))) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", fr_last_error());
@@ -369,23 +394,38 @@ int fr_cli_rollout(int argc, char **argv)
             n_requests++;
         }
     }
+    const double t_run = now_s();
     if (!st) st = fr_scheduler_run(sch);
+    const double run_s = now_s() - t_run;
     if (st && tl.engine_leader) {
         if (multi) fprintf(stderr, "fp4rollout rollout: engine %d: %s\n", tl.engine, fr_last_error());
         else fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
     }
     fr_scheduler_stats ss = {0};
     const int had_sch = sch != NULL;
+    fr_div_summary div = {0};
+    long long monitored = 0;
     if (sch) {
         fr_scheduler_stats_get(sch, &ss);
+        const fr_div_aggregates *agg = fr_scheduler_divergence(sch);
+        for (int v = 0; v < FR_DIV_VERSIONS; v++)
+            if (agg->v[v].used) {
+                div.n += agg->v[v].all.n;
+                div.kl_sum += agg->v[v].all.kl_sum;
+                div.kl_max = fmax(div.kl_max, agg->v[v].all.kl_max);
+                div.top1_agree += agg->v[v].all.top1_agree;
+            }
+        monitored = agg->samples;
         fr_scheduler_destroy(&sch);   /* anything left in flight ends with reason abort */
     }
     if (!multi && had_sch)
         fprintf(stderr,
                 "rollout: requests %d samples %lld tokens %lld prefill_tokens %lld steps %lld preemptions %lld "
-                "kv_blocks %d backend %s\n",
+                "kv_blocks %d backend %s seconds %.3f tokens/s %.0f monitored %lld kl_mean %.6g kl_max %.6g "
+                "top1_agree %.4f\n",
                 pl.n, ss.finished, ss.tokens_generated, ss.prefill_tokens, ss.steps, ss.preemptions, kv_blocks,
-                fr_backend_name(s.backend));
+                fr_backend_name(s.backend), run_s, run_s > 0 ? (double)ss.tokens_generated / run_s : 0.0, monitored,
+                fr_div_summary_mean(&div), div.kl_max, div.n ? (double)div.top1_agree / (double)div.n : 0.0);
     if (multi) {
         /* Every rank enters the gather, failed or not; the leaders send their
          * engine's totals and lines, the other ranks nothing. */
