@@ -19,7 +19,7 @@ CFLAGS   += -std=c11 -ffp-contract=off -D_GNU_SOURCE -fPIC -pthread $(WARN) -I. 
 MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null || mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null || mpicc --showme:link 2>/dev/null)
 CFLAGS   += $(MPI_CFLAGS)
-LDLIBS   := -lopenblas -lcjson -lzmq -lmsgpackc $(MPI_LIBS) -lm -pthread
+LDLIBS   := -lopenblas -lcjson -lzmq -lmsgpackc -lxxhash -lmicrohttpd $(MPI_LIBS) -lm -pthread
 NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
             -Xcompiler -fPIC,-Wall,-Wextra -Werror all-warnings -I. -MMD -MP
 
@@ -46,11 +46,13 @@ TOP_OBJS   := $(patsubst %.c,$(BUILD)/obj/%.o,$(TOP_SRCS))
 # The C client library of the trainer bridge: the protocol codec, the
 # socket helpers and the client, with the error convention; it needs
 # nothing but libzmq and msgpack-c. fp4rollout-client is its command line.
-CLIENT_SRCS := $(addprefix trainer_bridge/,proto_common.c proto_encode.c proto_decode.c wire.c client.c) \
+CLIENT_SRCS := $(addprefix trainer_bridge/,proto_common.c proto_encode.c proto_decode.c wire.c client.c msg_json.c) \
                attention/fr_status.c
 CLIENT_LIB := $(BUILD)/libfp4rollout_client.a
 CLIENT_BIN := $(BUILD)/fp4rollout-client
-CLIENT_LDLIBS := -lzmq -lmsgpackc -lm -pthread
+CLIENT_LDLIBS := -lzmq -lmsgpackc -lxxhash -lm -pthread
+# The same library shared, for language bindings (trainer_bridge/python/).
+CLIENT_SO  := $(BUILD)/libfp4rollout_client.so
 UNIT_HELP  := tests/unit/test_util.c
 UNIT_SRCS  := $(filter-out $(UNIT_HELP),$(wildcard tests/unit/test_*.c))
 UNIT_BINS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
@@ -67,7 +69,7 @@ BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 
 .PHONY: all deps test unit integration demo gpu bench clean
 .SECONDARY: $(UNIT_HOBJ) $(GPU_HOBJ)
-all: $(BIN) $(CLIENT_BIN) $(UNIT_BINS) $(GPU_BINS)
+all: $(BIN) $(CLIENT_BIN) $(CLIENT_SO) $(UNIT_BINS) $(GPU_BINS)
 gpu: $(GPU_BINS) bench
 bench: $(BENCH_BINS)
 
@@ -96,8 +98,14 @@ $(CLIENT_LIB): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS))
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(CLIENT_BIN): $(BUILD)/obj/trainer_bridge/tools/fp4rollout_client.o $(CLIENT_LIB)
-	$(CC) $(CFLAGS) $^ -o $@ $(CLIENT_LDLIBS)
+$(CLIENT_SO): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS))
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -shared $^ -o $@ $(CLIENT_LDLIBS)
+
+# push-weights reads a model with rollout/: the tool links the engine's
+# libraries after the client library (the library itself stays light).
+$(CLIENT_BIN): $(BUILD)/obj/trainer_bridge/tools/fp4rollout_client.o $(CLIENT_LIB) $(filter-out $(call lib_of,trainer_bridge),$(LIBS))
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBS)
 	@mkdir -p $(dir $@)
@@ -122,5 +130,8 @@ demo: deps
 
 clean:
 	rm -rf $(BUILD)
+
+# libFuzzer targets: `make fuzz` (clang), run by scripts/run-fuzz.sh.
+include tests/fuzz/fuzz.mk
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -19,6 +19,9 @@ static const char usage_text[] =
     "coordinator.bind and coordinator.port (default tcp://127.0.0.1:5555), one\n"
     "engine with the configuration's model, backend, KV cache, max_seqs, kv_blocks\n"
     "and chunk, and its sampling defaults for what a request leaves out.\n"
+    "Weight updates arrive on the same socket (update_weights_*: bucketed, checksummed,\n"
+    "committed between engine steps); kl_sample_rate picks the samples that run a\n"
+    "BF16-KV shadow; a curve object turns on CURVE authentication.\n"
     "SIGINT or SIGTERM shut it down: every open sample first gets its done\n"
     "message with reason abort. Logs go to stderr.\n"
     "\n"
@@ -26,8 +29,7 @@ static const char usage_text[] =
     "                  configs/README.md lists the keys)\n"
     "\n"
     "Not built yet: several engines or tensor parallelism (mpirun with more than\n"
-    "one rank, or tp > 1), weight updates, divergence monitoring, the metrics\n"
-    "endpoint.\n";
+    "one rank, or tp > 1), the metrics endpoint.\n";
 
 static volatile sig_atomic_t stop_flag = 0;
 
@@ -112,8 +114,15 @@ int fr_cli_serve(int argc, char **argv)
         }
     char endpoint[FR_SERVE_HOST_MAX + 32];
     snprintf(endpoint, sizeof endpoint, "tcp://%s:%d", c.coordinator.bind, c.coordinator.port);
+    const char *client_keys[FR_SERVE_MAX_CURVE_CLIENTS];
+    for (int i = 0; i < c.curve.n_clients; i++) client_keys[i] = c.curve.client_public_keys[i];
     fr_bridge_config bc = {.endpoint = endpoint, .model_name = c.model, .max_seqs = c.max_seqs, .chunk = c.chunk,
-                           .sampling = c.sampling, .shutdown_linger_ms = 2000, .log = stderr};
+                           .sampling = c.sampling, .shutdown_linger_ms = 2000, .log = stderr,
+                           .kl_sample_rate = c.kl_sample_rate,
+                           .update_idle_ms = (int)(c.weight_update_idle_s * 1000.0 + 0.5),
+                           .curve_secret_key = c.curve.server_secret_key, .curve_client_keys = client_keys,
+                           .n_curve_client_keys = c.curve.n_clients, .metrics_port = c.metrics_port,
+                           .metrics_bind = c.coordinator.bind};
     fr_bridge_server *srv = NULL;
     if (fr_bridge_server_new(&s, &bc, &srv)) {
         fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
@@ -126,8 +135,9 @@ int fr_cli_serve(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    fprintf(stderr, "serve: model %s backend %s kv %s max_seqs %d kv_blocks %d chunk %d\n", c.model,
-            fr_backend_name(s.backend), fr_kv_dtype_name(c.kv_dtype), c.max_seqs, kv_blocks, c.chunk);
+    fprintf(stderr, "serve: model %s backend %s kv %s max_seqs %d kv_blocks %d chunk %d kl_sample_rate %g\n",
+            c.model, fr_backend_name(s.backend), fr_kv_dtype_name(c.kv_dtype), c.max_seqs, kv_blocks, c.chunk,
+            c.kl_sample_rate);
     fr_status st = fr_bridge_server_run(srv, &stop_flag);
     if (st) fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
     fr_bridge_server_destroy(&srv);

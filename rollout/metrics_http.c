@@ -145,6 +145,7 @@ fr_status fr_metrics_http_start(const char *bind_addr, int port, fr_metrics_http
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET;
     a.sin_port = htons((uint16_t)port);
+    if (bind_addr && (strcmp(bind_addr, "*") == 0 || strcmp(bind_addr, "0.0.0.0") == 0)) bind_addr = "0.0.0.0";
     if (inet_pton(AF_INET, bind_addr ? bind_addr : "127.0.0.1", &a.sin_addr) != 1)
         return fr_fail(FR_EINVAL, "metrics: '%s' is not an IPv4 address", bind_addr);
     fr_metrics_http *h = calloc(1, sizeof *h);

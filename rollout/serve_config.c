@@ -13,7 +13,9 @@
 /* The keys, by object. Every one is documented in configs/README.md. */
 static const char *const top_keys[] = {
     "model",     "backend",            "tp",    "kv_dtype",    "fp4_compute",  "recipe",         "calib",   "max_seqs",
-    "kv_blocks", "kv_memory_fraction", "chunk", "coordinator", "metrics_port", "kl_sample_rate", "sampling"};
+    "kv_blocks", "kv_memory_fraction", "chunk", "coordinator", "metrics_port", "kl_sample_rate", "sampling",
+    "weight_update_idle_s", "curve"};
+static const char *const curve_keys[] = {"server_secret_key", "client_public_keys"};
 static const char *const coordinator_keys[] = {"bind", "port", "weight_port", "engine_port"};
 static const char *const sampling_keys[] = {"temperature", "top_k", "top_p", "max_tokens", "stop_token_ids", "seed"};
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -35,8 +37,9 @@ void fr_serve_config_default(fr_serve_config *c)
     c->coordinator.port = 5555;
     c->coordinator.weight_port = 5556;
     c->coordinator.engine_port = 5557;
-    c->metrics_port = 9400;
+    c->metrics_port = 0;
     c->kl_sample_rate = 0.0;
+    c->weight_update_idle_s = 120.0;
     c->sampling.params = (fr_sampling_params){.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
     c->sampling.max_tokens = 256;
     c->sampling.n_stop = 0;
@@ -302,6 +305,55 @@ static fr_status parse_sampling(const char *label, const cJSON *obj, fr_serve_co
 }
 
 /* Keys given in the file, for the checks across keys. */
+/* A CURVE key: 40 characters of ZeroMQ's Z85 alphabet. */
+static fr_status get_curve_key(const char *label, const cJSON *v, const char *path, char *out)
+{
+    static const char z85[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+    if (!cJSON_IsString(v)) return bad(label, path, "expected a CURVE key (40 Z85 characters), got %s", type_name(v));
+    size_t n = strlen(v->valuestring);
+    if (n != 40 || strspn(v->valuestring, z85) != 40)
+        return bad(label, path, "expected a CURVE key of 40 Z85 characters (fp4rollout-client keygen makes one)");
+    memcpy(out, v->valuestring, 41);
+    return FR_OK;
+}
+
+static fr_status parse_curve(const char *label, const cJSON *obj, fr_serve_config *c)
+{
+    fr_status st = want_object(label, obj, "curve");
+    if (!st) st = check_keys(label, obj, "curve", curve_keys, COUNT(curve_keys));
+    for (const cJSON *it = obj->child; it && !st; it = it->next) {
+        char path[256];
+        join_path(path, sizeof path, "curve", it->string);
+        if (strcmp(it->string, "server_secret_key") == 0) {
+            if (cJSON_IsNull(it)) c->curve.server_secret_key[0] = 0;
+            else st = get_curve_key(label, it, path, c->curve.server_secret_key);
+        } else {
+            if (!cJSON_IsArray(it)) {
+                st = bad(label, path, "expected an array of CURVE public keys, got %s", type_name(it));
+                break;
+            }
+            int n = cJSON_GetArraySize(it);
+            if (n > FR_SERVE_MAX_CURVE_CLIENTS) {
+                st = bad(label, path, "has %d keys; at most %d", n, FR_SERVE_MAX_CURVE_CLIENTS);
+                break;
+            }
+            c->curve.n_clients = 0;
+            for (int i = 0; i < n && !st; i++) {
+                char epath[280];
+                snprintf(epath, sizeof epath, "%s[%d]", path, i);
+                st = get_curve_key(label, cJSON_GetArrayItem(it, i), epath, c->curve.client_public_keys[i]);
+                if (!st) c->curve.n_clients = i + 1;
+            }
+        }
+    }
+    if (!st && c->curve.server_secret_key[0] && c->curve.n_clients == 0)
+        st = bad(label, "curve", "a server_secret_key needs at least one key in client_public_keys (only listed "
+                                 "clients may connect)");
+    if (!st && !c->curve.server_secret_key[0] && c->curve.n_clients > 0)
+        st = bad(label, "curve", "client_public_keys needs a server_secret_key");
+    return st;
+}
+
 typedef struct {
     int kv_blocks, kv_memory_fraction;
 } given_keys;
@@ -330,6 +382,9 @@ static fr_status parse_top(const char *label, const cJSON *root, fr_serve_config
         else if (strcmp(k, "metrics_port") == 0) st = get_int(label, it, k, 0, 65535, &c->metrics_port);
         else if (strcmp(k, "kl_sample_rate") == 0) st = get_num(label, it, k, 0.0, 1.0, 0, &c->kl_sample_rate);
         else if (strcmp(k, "sampling") == 0) st = parse_sampling(label, it, c);
+        else if (strcmp(k, "weight_update_idle_s") == 0)
+            st = get_num(label, it, k, 0.0, 86400.0, 0, &c->weight_update_idle_s);
+        else if (strcmp(k, "curve") == 0) st = parse_curve(label, it, c);
     }
     return st;
 }
@@ -494,6 +549,24 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
     }
     ok = ok && cJSON_AddNumberToObject(root, "metrics_port", c->metrics_port);
     ok = ok && cJSON_AddNumberToObject(root, "kl_sample_rate", c->kl_sample_rate);
+    ok = ok && cJSON_AddNumberToObject(root, "weight_update_idle_s", c->weight_update_idle_s);
+    if (ok && c->curve.server_secret_key[0]) {
+        cJSON *cv = cJSON_CreateObject(), *keys = cJSON_CreateArray();
+        ok = cv && keys && cJSON_AddStringToObject(cv, "server_secret_key", c->curve.server_secret_key);
+        for (int i = 0; ok && i < c->curve.n_clients; i++) {
+            cJSON *k = cJSON_CreateString(c->curve.client_public_keys[i]);
+            ok = k != NULL;
+            if (ok) cJSON_AddItemToArray(keys, k);
+        }
+        if (ok) {
+            cJSON_AddItemToObject(cv, "client_public_keys", keys);
+            keys = NULL;
+            cJSON_AddItemToObject(root, "curve", cv);
+            cv = NULL;
+        }
+        cJSON_Delete(keys);
+        cJSON_Delete(cv);
+    }
     ok = ok && cJSON_AddNumberToObject(sa, "temperature", c->sampling.params.temperature);
     ok = ok && cJSON_AddNumberToObject(sa, "top_k", c->sampling.params.top_k);
     ok = ok && cJSON_AddNumberToObject(sa, "top_p", c->sampling.params.top_p);

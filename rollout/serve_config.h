@@ -30,6 +30,8 @@ extern "C" {
 /* kv_blocks 0 on the CPU backend: this many KV pages per sequence slot
  * (max_seqs of them), i.e. 16 x 128 = 2048 tokens each. */
 #define FR_SERVE_CPU_PAGES_PER_SEQ 16
+#define FR_SERVE_MAX_CURVE_CLIENTS 64   /* curve.client_public_keys */
+#define FR_SERVE_CURVE_KEY 41           /* a Z85 CURVE key: 40 characters and the NUL */
 
 /* Default sampling parameters of requests that leave them out. */
 typedef struct {
@@ -59,6 +61,12 @@ typedef struct {
     } coordinator;
     int metrics_port;                      /* 0: no metrics endpoint */
     double kl_sample_rate;                 /* share of samples with a BF16-KV shadow */
+    double weight_update_idle_s;           /* a staged weight update idle this long is dropped; 0: never */
+    struct {                               /* CURVE authentication of the trainer-facing socket */
+        char server_secret_key[FR_SERVE_CURVE_KEY];   /* "" when off */
+        int n_clients;
+        char client_public_keys[FR_SERVE_MAX_CURVE_CLIENTS][FR_SERVE_CURVE_KEY];
+    } curve;
     fr_serve_sampling sampling;
 } fr_serve_config;
 

@@ -6,8 +6,9 @@ set -euo pipefail
 packages=(
   build-essential pkg-config python3 valgrind
   openmpi-bin libopenmpi-dev
-  libzmq3-dev libmsgpack-dev libcjson-dev libcmocka-dev libopenblas-dev
-  python3-zmq python3-msgpack
+  libzmq3-dev libmsgpack-dev libcjson-dev libcmocka-dev libopenblas-dev libxxhash-dev libmicrohttpd-dev
+  python3-zmq python3-msgpack python3-numpy
+  clang libclang-rt-dev chromium
 )
 
 missing=()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every CPU test: the cmocka unit tests under BUILD/tests, then the
-# integration scripts in tests/integration (each starts real processes).
+# integration scripts in tests/integration (each starts real processes), then
+# the libFuzzer targets of tests/fuzz (scripts/run-fuzz.sh).
 # Prints one summary line, "N passed, N failed", and exits non-zero on failure.
 set -uo pipefail
 build=${1:-build}
@@ -26,6 +27,13 @@ for t in tests/integration/*.sh; do
     failed=$((failed + 1)); failures+=("integration/$name"); echo "FAIL integration/$name"; echo "$out" | tail -40
   fi
 done
+
+# The libFuzzer targets (tests/fuzz), FR_FUZZ_SECONDS each (default 60).
+if out=$(BUILD="$build" scripts/run-fuzz.sh "${FR_FUZZ_SECONDS:-60}" 2>&1); then
+  passed=$((passed + 1)); echo "ok   fuzz"; echo "$out" | grep -E "^(ok|run-fuzz: SKIP)" | sed 's/^/     /'
+else
+  failed=$((failed + 1)); failures+=("fuzz"); echo "FAIL fuzz"; echo "$out" | tail -40
+fi
 
 [ $failed -gt 0 ] && printf 'failed: %s\n' "${failures[@]}"
 echo "$passed passed, $failed failed"

@@ -14,6 +14,10 @@ static const char *const type_names[FR_MSG_TYPE_COUNT] = {
     [FR_MSG_PAUSE] = "pause",
     [FR_MSG_RESUME] = "resume",
     [FR_MSG_STATS] = "stats",
+    [FR_MSG_UPDATE_BEGIN] = "update_weights_begin",
+    [FR_MSG_UPDATE_BUCKET] = "update_weights_bucket",
+    [FR_MSG_UPDATE_COMMIT] = "update_weights_commit",
+    [FR_MSG_UPDATE_ABORT] = "update_weights_abort",
     [FR_MSG_HELLO_REPLY] = "hello_reply",
     [FR_MSG_TOKENS] = "tokens",
     [FR_MSG_DONE] = "done",
@@ -22,6 +26,7 @@ static const char *const type_names[FR_MSG_TYPE_COUNT] = {
     [FR_MSG_RESUME_REPLY] = "resume_reply",
     [FR_MSG_STATS_REPLY] = "stats_reply",
     [FR_MSG_ERROR] = "error",
+    [FR_MSG_UPDATE_REPLY] = "update_weights_reply",
 };
 
 const char *fr_msg_type_name(fr_msg_type t)
@@ -37,7 +42,56 @@ fr_msg_type fr_proto_type_from_name(const char *s, size_t len)
     return FR_MSG_NONE;
 }
 
-int fr_msg_type_from_client(fr_msg_type t) { return t >= FR_MSG_HELLO && t <= FR_MSG_STATS; }
+int fr_msg_type_from_client(fr_msg_type t) { return t >= FR_MSG_HELLO && t <= FR_MSG_UPDATE_ABORT; }
+
+static const char *const dtype_names[] = {"f32", "bf16", "f16"};
+
+const char *fr_wire_dtype_name(fr_wire_dtype t)
+{
+    if ((int)t < 0 || (int)t > FR_DT_F16) return "none";
+    return dtype_names[t];
+}
+
+size_t fr_wire_dtype_size(fr_wire_dtype t) { return t == FR_DT_F32 ? 4 : 2; }
+
+int fr_proto_dtype_from_name(const char *s, size_t len, fr_wire_dtype *out)
+{
+    for (int i = 0; i <= FR_DT_F16; i++)
+        if (strlen(dtype_names[i]) == len && memcmp(dtype_names[i], s, len) == 0) {
+            *out = (fr_wire_dtype)i;
+            return 1;
+        }
+    return 0;
+}
+
+static const char *const stage_names[] = {"begin", "bucket", "commit", "abort"};
+
+const char *fr_update_stage_name(fr_update_stage s)
+{
+    if ((int)s < 0 || (int)s > FR_UPD_ABORT) return "none";
+    return stage_names[s];
+}
+
+int fr_proto_stage_from_name(const char *s, size_t len, fr_update_stage *out)
+{
+    for (int i = 0; i <= FR_UPD_ABORT; i++)
+        if (strlen(stage_names[i]) == len && memcmp(stage_names[i], s, len) == 0) {
+            *out = (fr_update_stage)i;
+            return 1;
+        }
+    return 0;
+}
+
+uint64_t fr_msg_tensor_bytes(const fr_msg_tensor *t)
+{
+    if (!t || t->ndim < 1 || t->ndim > FR_PROTO_MAX_NDIM) return 0;
+    uint64_t n = fr_wire_dtype_size(t->dtype);
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 1 || (uint64_t)t->shape[d] > (UINT64_C(1) << 62) / n) return 0;
+        n *= (uint64_t)t->shape[d];
+    }
+    return n;
+}
 
 const char *fr_pause_mode_name(fr_pause_mode m) { return m == FR_PAUSE_WAIT ? "wait" : "abort"; }
 
@@ -64,7 +118,11 @@ void fr_msg_init(fr_msg *m, fr_msg_type t)
     if (!m) return;
     memset(m, 0, sizeof *m);
     m->type = t;
-    if (t == FR_MSG_GENERATE) m->u.generate.n = 1;
+    if (t == FR_MSG_GENERATE) {
+        m->u.generate.n = 1;
+        m->u.generate.monitor_divergence = -1;
+    }
+    if (t == FR_MSG_UPDATE_REPLY) m->u.update_reply.bucket = -1;
 }
 
 void fr_msg_free(fr_msg *m)
@@ -74,6 +132,16 @@ void fr_msg_free(fr_msg *m)
     case FR_MSG_GENERATE:
         free(m->u.generate.prompt);
         free(m->u.generate.stop_token_ids);
+        free(m->u.generate.forced_tokens);
+        break;
+    case FR_MSG_DONE:
+        free(m->u.done.divergence.kl);
+        break;
+    case FR_MSG_UPDATE_BEGIN:
+        free(m->u.update_begin.tensors);
+        break;
+    case FR_MSG_UPDATE_BUCKET:
+        free(m->u.update_bucket.pieces);
         break;
     case FR_MSG_ABORT:
         free(m->u.abort.request_ids);
@@ -131,8 +199,73 @@ static fr_status check_generate(const fr_msg_generate *g)
     if (g->has_stop_token_ids &&
         (st = check_ids(t, "stop_token_ids", g->stop_token_ids, g->n_stop_token_ids, 0)))
         return st;
-    if (g->monitor_divergence != 0 && g->monitor_divergence != 1)
+    if (g->monitor_divergence < -1 || g->monitor_divergence > 1)
         return BAD("%s: \"monitor_divergence\" must be a boolean", t);
+    if (g->per_token_kl != 0 && g->per_token_kl != 1) return BAD("%s: \"per_token_kl\" must be a boolean", t);
+    if (g->forced_tokens && (st = check_ids(t, "forced_tokens", g->forced_tokens, g->n_forced_tokens, 1)))
+        return st;
+    return FR_OK;
+}
+
+/* A tensor's name, dtype and shape; what names it in messages. */
+static fr_status check_tensor(const char *type, const char *what, const fr_msg_tensor *x)
+{
+    fr_status st = check_name(type, what, x->name, 1);
+    if (st) return st;
+    if ((int)x->dtype < 0 || x->dtype > FR_DT_F16)
+        return BAD("%s: %s \"%s\": \"dtype\" must be f32, bf16 or f16", type, what, x->name);
+    if (x->ndim < 1 || x->ndim > FR_PROTO_MAX_NDIM)
+        return BAD("%s: %s \"%s\": \"shape\" must have 1 to %d dimensions, got %d", type, what, x->name,
+                   FR_PROTO_MAX_NDIM, x->ndim);
+    for (int d = 0; d < x->ndim; d++)
+        if (x->shape[d] < 1)
+            return BAD("%s: %s \"%s\": \"shape\"[%d] must be >= 1, got %lld", type, what, x->name, d,
+                       (long long)x->shape[d]);
+    if (fr_msg_tensor_bytes(x) == 0) return BAD("%s: %s \"%s\": the shape is too large", type, what, x->name);
+    return FR_OK;
+}
+
+static fr_status check_update_begin(const fr_msg_update_begin *b)
+{
+    const char *t = "update_weights_begin";
+    if (b->n_tensors < 1 || b->n_tensors > FR_PROTO_MAX_TENSORS || !b->tensors)
+        return BAD("%s: \"tensors\" must list 1 to %d tensors, got %d", t, FR_PROTO_MAX_TENSORS, b->n_tensors);
+    if (b->bucket_bytes < 1) return BAD("%s: \"bucket_bytes\" must be >= 1", t);
+    uint64_t sum = 0;
+    for (int i = 0; i < b->n_tensors; i++) {
+        fr_status st = check_tensor(t, "tensor", &b->tensors[i]);
+        if (st) return st;
+        uint64_t n = fr_msg_tensor_bytes(&b->tensors[i]);
+        if (sum > UINT64_MAX - n) return BAD("%s: the tensors' sizes overflow", t);
+        sum += n;
+    }
+    if (sum != b->total_bytes)
+        return BAD("%s: \"total_bytes\" is %llu but the tensors listed hold %llu bytes", t,
+                   (unsigned long long)b->total_bytes, (unsigned long long)sum);
+    return FR_OK;
+}
+
+static fr_status check_update_bucket(const fr_msg_update_bucket *b)
+{
+    const char *t = "update_weights_bucket";
+    if (b->bucket < 0) return BAD("%s: \"bucket\" must be >= 0", t);
+    if (b->n_pieces < 1 || b->n_pieces > FR_PROTO_MAX_ARRAY || !b->pieces)
+        return BAD("%s: \"pieces\" must hold at least one piece", t);
+    for (int i = 0; i < b->n_pieces; i++) {
+        const fr_msg_piece *p = &b->pieces[i];
+        fr_status st = check_tensor(t, "piece of", &p->t);
+        if (st) return st;
+        uint64_t total = fr_msg_tensor_bytes(&p->t), es = fr_wire_dtype_size(p->t.dtype);
+        if (p->nbytes < 1 || p->offset % es || p->nbytes % es)
+            return BAD("%s: piece of \"%s\": \"offset\" (%llu) and \"nbytes\" (%llu) must be multiples of the "
+                       "%s element size %llu, nbytes >= 1",
+                       t, p->t.name, (unsigned long long)p->offset, (unsigned long long)p->nbytes,
+                       fr_wire_dtype_name(p->t.dtype), (unsigned long long)es);
+        if (p->offset > total || p->nbytes > total - p->offset)
+            return BAD("%s: piece of \"%s\": bytes [%llu, %llu) run past the tensor's %llu bytes", t, p->t.name,
+                       (unsigned long long)p->offset, (unsigned long long)(p->offset + p->nbytes),
+                       (unsigned long long)total);
+    }
     return FR_OK;
 }
 
@@ -158,7 +291,21 @@ fr_status fr_proto_check(const fr_msg *m)
         return FR_OK;
     case FR_MSG_RESUME:
     case FR_MSG_STATS:
+    case FR_MSG_UPDATE_COMMIT:
+    case FR_MSG_UPDATE_ABORT:
         return FR_OK;
+    case FR_MSG_UPDATE_BEGIN:
+        return check_update_begin(&m->u.update_begin);
+    case FR_MSG_UPDATE_BUCKET:
+        return check_update_bucket(&m->u.update_bucket);
+    case FR_MSG_UPDATE_REPLY: {
+        const fr_msg_update_reply *r = &m->u.update_reply;
+        if ((int)r->stage < 0 || r->stage > FR_UPD_ABORT)
+            return BAD("update_weights_reply: \"stage\" must be begin, bucket, commit or abort");
+        if ((r->stage == FR_UPD_BUCKET) != (r->bucket >= 0))
+            return BAD("update_weights_reply: \"bucket\" is a number >= 0 exactly when \"stage\" is bucket");
+        return FR_OK;
+    }
     case FR_MSG_HELLO_REPLY: {
         const fr_msg_hello_reply *h = &m->u.hello_reply;
         fr_status st;
@@ -194,6 +341,9 @@ fr_status fr_proto_check(const fr_msg *m)
             return BAD("done: timings must be >= 0 milliseconds");
         if (d->divergence.has_values && d->divergence.positions < 0)
             return BAD("done: \"divergence.positions\" must be >= 0");
+        if (d->divergence.n_kl < 0 || d->divergence.n_kl > FR_PROTO_MAX_ARRAY ||
+            (d->divergence.n_kl > 0 && !d->divergence.kl) || (d->divergence.kl && !d->divergence.has_values))
+            return BAD("done: \"divergence.per_token_kl\" comes only with the other divergence figures");
         return FR_OK;
     }
     case FR_MSG_ABORT_REPLY:

@@ -293,7 +293,7 @@ enum { I_MAX = INT_MAX };
 static fr_status dec_generate(const ctx *c, fr_msg_generate *g)
 {
     KEYS(c, "type", "v", "request_id", "prompt", "n", "group_id", "temperature", "top_k", "top_p", "max_tokens",
-         "stop_token_ids", "seed", "monitor_divergence");
+         "stop_token_ids", "seed", "monitor_divergence", "per_token_kl", "forced_tokens");
     int has_n = 0;
     TRY(get_u64(c, "request_id", 1, &g->request_id, NULL));
     TRY(get_ints(c, "prompt", 1, 0, I_MAX, &g->prompt, &g->n_prompt, NULL));
@@ -308,6 +308,113 @@ static fr_status dec_generate(const ctx *c, fr_msg_generate *g)
                  &g->has_stop_token_ids));
     TRY(get_u64(c, "seed", 0, &g->seed, &g->has_seed));
     TRY(get_bool(c, "monitor_divergence", 0, &g->monitor_divergence));
+    TRY(get_bool(c, "per_token_kl", 0, &g->per_token_kl));
+    int has_forced = 0;
+    TRY(get_ints(c, "forced_tokens", 0, 0, I_MAX, &g->forced_tokens, &g->n_forced_tokens, &has_forced));
+    return FR_OK;
+}
+
+/* The name, dtype and shape keys of a tensor map (the caller checks the
+ * key set). */
+static fr_status get_tensor(const ctx *c, fr_msg_tensor *t)
+{
+    char dt[16];
+    TRY(get_str(c, "name", 1, t->name, sizeof t->name));
+    TRY(get_str(c, "dtype", 1, dt, sizeof dt));
+    if (!fr_proto_dtype_from_name(dt, strlen(dt), &t->dtype))
+        return BAD("%s: \"%sdtype\" must be f32, bf16 or f16, got \"%s\"", c->type, c->prefix, dt);
+    const msgpack_object_array *a;
+    TRY(get_array(c, "shape", 1, &a));
+    if (a->size < 1 || a->size > FR_PROTO_MAX_NDIM)
+        return BAD("%s: \"%sshape\" must have 1 to %d dimensions, got %u", c->type, c->prefix, FR_PROTO_MAX_NDIM,
+                   a->size);
+    t->ndim = (int)a->size;
+    for (uint32_t d = 0; d < a->size; d++) {
+        long long v;
+        char elem[32];
+        snprintf(elem, sizeof elem, "shape[%u]", d);
+        TRY(as_i64(c, elem, &a->ptr[d], 1, (long long)1 << 40, &v));
+        t->shape[d] = v;
+    }
+    return FR_OK;
+}
+
+/* Element i of an array of maps, as a context whose prefix names it. */
+static fr_status map_elem(const ctx *c, const char *name, const msgpack_object_array *a, uint32_t i, char *prefix,
+                          size_t cap, ctx *sub)
+{
+    snprintf(prefix, cap, "%s[%u].", name, i);
+    if (a->ptr[i].type != MSGPACK_OBJECT_MAP)
+        return BAD("%s: \"%s[%u]\" must be a map, got %s", c->type, name, i, kind(&a->ptr[i]));
+    *sub = (ctx){.type = c->type, .prefix = prefix, .map = &a->ptr[i].via.map};
+    return FR_OK;
+}
+
+static fr_status dec_update_begin(const ctx *c, fr_msg_update_begin *b)
+{
+    KEYS(c, "type", "v", "version", "tensors", "total_bytes", "bucket_bytes");
+    TRY(get_u64(c, "version", 1, &b->version, NULL));
+    TRY(get_u64(c, "total_bytes", 1, &b->total_bytes, NULL));
+    TRY(get_u64(c, "bucket_bytes", 1, &b->bucket_bytes, NULL));
+    const msgpack_object_array *a;
+    TRY(get_array(c, "tensors", 1, &a));
+    if (a->size < 1 || a->size > FR_PROTO_MAX_TENSORS)
+        return BAD("%s: \"tensors\" must list 1 to %d tensors, got %u", c->type, FR_PROTO_MAX_TENSORS, a->size);
+    b->tensors = calloc(a->size, sizeof *b->tensors);
+    if (!b->tensors) return fr_fail(FR_ENOMEM, "%s: out of memory reading \"tensors\"", c->type);
+    b->n_tensors = (int)a->size;
+    for (uint32_t i = 0; i < a->size; i++) {
+        char prefix[48];
+        ctx e;
+        TRY(map_elem(c, "tensors", a, i, prefix, sizeof prefix, &e));
+        KEYS(&e, "name", "dtype", "shape");
+        TRY(get_tensor(&e, &b->tensors[i]));
+    }
+    for (int i = 0; i < b->n_tensors; i++)   /* names distinct (sizes are small: a model's tensors) */
+        for (int j = 0; j < i; j++)
+            if (strcmp(b->tensors[i].name, b->tensors[j].name) == 0)
+                return BAD("%s: tensor \"%s\" is listed twice", c->type, b->tensors[i].name);
+    return FR_OK;
+}
+
+static fr_status dec_update_bucket(const ctx *c, fr_msg_update_bucket *b)
+{
+    KEYS(c, "type", "v", "version", "bucket", "xxh64", "pieces");
+    TRY(get_u64(c, "version", 1, &b->version, NULL));
+    TRY(get_int(c, "bucket", 1, 0, I_MAX, &b->bucket, NULL));
+    TRY(get_u64(c, "xxh64", 1, &b->xxh64, NULL));
+    const msgpack_object_array *a;
+    TRY(get_array(c, "pieces", 1, &a));
+    if (a->size < 1) return BAD("%s: \"pieces\" must hold at least one piece", c->type);
+    b->pieces = calloc(a->size, sizeof *b->pieces);
+    if (!b->pieces) return fr_fail(FR_ENOMEM, "%s: out of memory reading \"pieces\"", c->type);
+    b->n_pieces = (int)a->size;
+    for (uint32_t i = 0; i < a->size; i++) {
+        char prefix[48];
+        ctx e;
+        TRY(map_elem(c, "pieces", a, i, prefix, sizeof prefix, &e));
+        KEYS(&e, "name", "dtype", "shape", "offset", "nbytes");
+        TRY(get_tensor(&e, &b->pieces[i].t));
+        TRY(get_u64(&e, "offset", 1, &b->pieces[i].offset, NULL));
+        TRY(get_u64(&e, "nbytes", 1, &b->pieces[i].nbytes, NULL));
+    }
+    return FR_OK;
+}
+
+static fr_status dec_update_reply(const ctx *c, fr_msg_update_reply *r)
+{
+    KEYS(c, "type", "v", "version", "stage", "bucket", "bytes", "weight_version");
+    char stage[16];
+    int has_bucket = 0;
+    TRY(get_u64(c, "version", 1, &r->version, NULL));
+    TRY(get_str(c, "stage", 1, stage, sizeof stage));
+    if (!fr_proto_stage_from_name(stage, strlen(stage), &r->stage))
+        return BAD("%s: \"stage\" must be begin, bucket, commit or abort, got \"%s\"", c->type, stage);
+    if (!find(c->map, "bucket")) return BAD("%s: missing key \"bucket\" (nil when none)", c->type);
+    TRY(get_int(c, "bucket", 0, 0, I_MAX, &r->bucket, &has_bucket));
+    if (!has_bucket) r->bucket = -1;
+    TRY(get_u64(c, "bytes", 1, &r->bytes, NULL));
+    TRY(get_u64(c, "weight_version", 1, &r->weight_version, NULL));
     return FR_OK;
 }
 
@@ -402,7 +509,7 @@ static fr_status dec_done(const ctx *c, fr_msg_done *d)
     TRY(get_double(c, "total_ms", 1, &d->total_ms, NULL));
     ctx dv;
     TRY(get_map(c, "divergence", "divergence.", &dv));
-    KEYS(&dv, "kl_mean", "kl_max", "top1_agreement", "logprob_diff_mean", "positions");
+    KEYS(&dv, "kl_mean", "kl_max", "top1_agreement", "logprob_diff_mean", "positions", "per_token_kl");
     int p[5];
     double pos = 0;
     fr_msg_divergence *v = &d->divergence;
@@ -418,6 +525,12 @@ static fr_status dec_done(const ctx *c, fr_msg_done *d)
         if (!(pos >= 0 && pos <= I_MAX) || pos != floor(pos))
             return BAD("done: \"divergence.positions\" must be an integer >= 0");
         v->positions = (int)pos;
+    }
+    const msgpack_object *kl = find(dv.map, "per_token_kl");
+    if (!kl) return BAD("done: missing key \"divergence.per_token_kl\" (nil when none)");
+    if (kl->type != MSGPACK_OBJECT_NIL) {
+        if (!all) return BAD("done: \"divergence.per_token_kl\" comes only with the other divergence figures");
+        TRY(get_floats(&dv, "per_token_kl", &v->kl, &v->n_kl));
     }
     return FR_OK;
 }
@@ -440,10 +553,14 @@ static fr_status dec_stats_reply(const ctx *c, fr_msg_stats_reply *s)
     TRY(get_int(&a, "kv_blocks_used", 1, 0, I_MAX, &s->kv_blocks_used, NULL));
     TRY(get_int(&a, "kv_blocks_free", 1, 0, I_MAX, &s->kv_blocks_free, NULL));
     TRY(get_map(c, "server", "server.", &b));
-    KEYS(&b, "state", "weight_version", "clients", "open_requests", "held_requests", "messages_in", "messages_out",
+    KEYS(&b, "state", "updating", "update_version", "updates_committed", "updates_failed", "weight_version", "clients", "open_requests", "held_requests", "messages_in", "messages_out",
          "bad_messages", "errors_sent", "requests_accepted", "requests_rejected", "samples_done", "tokens_streamed",
          "send_retries", "queued_messages", "undeliverable_messages");
     TRY(get_str(&b, "state", 1, s->state, sizeof s->state));
+    TRY(get_bool(&b, "updating", 1, &s->updating));
+    TRY(get_u64(&b, "update_version", 1, &s->update_version, NULL));
+    TRY(get_u64(&b, "updates_committed", 1, &s->updates_committed, NULL));
+    TRY(get_u64(&b, "updates_failed", 1, &s->updates_failed, NULL));
     TRY(get_u64(&b, "weight_version", 1, &s->weight_version, NULL));
     TRY(get_int(&b, "clients", 1, 0, I_MAX, &s->clients, NULL));
     TRY(get_int(&b, "open_requests", 1, 0, I_MAX, &s->open_requests, NULL));
@@ -479,6 +596,16 @@ static fr_status dec_body(const ctx *c, fr_msg *m)
     case FR_MSG_STATS:
         KEYS(c, "type", "v");
         return FR_OK;
+    case FR_MSG_UPDATE_BEGIN:
+        return dec_update_begin(c, &m->u.update_begin);
+    case FR_MSG_UPDATE_BUCKET:
+        return dec_update_bucket(c, &m->u.update_bucket);
+    case FR_MSG_UPDATE_COMMIT:
+    case FR_MSG_UPDATE_ABORT:
+        KEYS(c, "type", "v", "version");
+        return get_u64(c, "version", 1, &m->u.update_end.version, NULL);
+    case FR_MSG_UPDATE_REPLY:
+        return dec_update_reply(c, &m->u.update_reply);
     case FR_MSG_HELLO_REPLY:
         return dec_hello_reply(c, &m->u.hello_reply);
     case FR_MSG_TOKENS:

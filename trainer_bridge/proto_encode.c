@@ -75,13 +75,15 @@ static void head(msgpack_packer *pk, fr_msg_type t, int n_fields)
 
 static void enc_generate(msgpack_packer *pk, const fr_msg_generate *g)
 {
-    int n = 4 + g->has_group_id + g->has_temperature + g->has_top_k + g->has_top_p + g->has_max_tokens +
-            g->has_stop_token_ids + g->has_seed;
+    int n = 3 + (g->monitor_divergence >= 0) + g->per_token_kl + (g->forced_tokens != NULL) + g->has_group_id +
+            g->has_temperature + g->has_top_k + g->has_top_p + g->has_max_tokens + g->has_stop_token_ids + g->has_seed;
     head(pk, FR_MSG_GENERATE, n);
     kv_u64(pk, "request_id", g->request_id);
     kv_ints(pk, "prompt", g->prompt, g->n_prompt);
     kv_int(pk, "n", g->n);
-    kv_bool(pk, "monitor_divergence", g->monitor_divergence);
+    if (g->monitor_divergence >= 0) kv_bool(pk, "monitor_divergence", g->monitor_divergence);
+    if (g->per_token_kl) kv_bool(pk, "per_token_kl", 1);
+    if (g->forced_tokens) kv_ints(pk, "forced_tokens", g->forced_tokens, g->n_forced_tokens);
     if (g->has_group_id) kv_u64(pk, "group_id", g->group_id);
     if (g->has_temperature) kv_double(pk, "temperature", g->temperature);
     if (g->has_top_k) kv_int(pk, "top_k", g->top_k);
@@ -138,7 +140,7 @@ static void enc_done(msgpack_packer *pk, const fr_msg_done *d)
     kv_double(pk, "total_ms", d->total_ms);
     key(pk, "divergence");
     const fr_msg_divergence *v = &d->divergence;
-    msgpack_pack_map(pk, 5);
+    msgpack_pack_map(pk, 6);
     if (v->has_values) {
         kv_double(pk, "kl_mean", v->kl_mean);
         kv_double(pk, "kl_max", v->kl_max);
@@ -152,6 +154,63 @@ static void enc_done(msgpack_packer *pk, const fr_msg_done *d)
         kv_nil(pk, "logprob_diff_mean");
         kv_nil(pk, "positions");
     }
+    if (v->kl) {
+        key(pk, "per_token_kl");
+        msgpack_pack_array(pk, (size_t)v->n_kl);
+        for (int i = 0; i < v->n_kl; i++) msgpack_pack_float(pk, v->kl[i]);
+    } else {
+        kv_nil(pk, "per_token_kl");
+    }
+}
+
+static void put_tensor_keys(msgpack_packer *pk, const fr_msg_tensor *t)
+{
+    kv_str(pk, "name", t->name);
+    kv_str(pk, "dtype", fr_wire_dtype_name(t->dtype));
+    key(pk, "shape");
+    msgpack_pack_array(pk, (size_t)t->ndim);
+    for (int d = 0; d < t->ndim; d++) msgpack_pack_int64(pk, t->shape[d]);
+}
+
+static void enc_update_begin(msgpack_packer *pk, const fr_msg_update_begin *b)
+{
+    head(pk, FR_MSG_UPDATE_BEGIN, 4);
+    kv_u64(pk, "version", b->version);
+    kv_u64(pk, "total_bytes", b->total_bytes);
+    kv_u64(pk, "bucket_bytes", b->bucket_bytes);
+    key(pk, "tensors");
+    msgpack_pack_array(pk, (size_t)b->n_tensors);
+    for (int i = 0; i < b->n_tensors; i++) {
+        msgpack_pack_map(pk, 3);
+        put_tensor_keys(pk, &b->tensors[i]);
+    }
+}
+
+static void enc_update_bucket(msgpack_packer *pk, const fr_msg_update_bucket *b)
+{
+    head(pk, FR_MSG_UPDATE_BUCKET, 4);
+    kv_u64(pk, "version", b->version);
+    kv_int(pk, "bucket", b->bucket);
+    kv_u64(pk, "xxh64", b->xxh64);
+    key(pk, "pieces");
+    msgpack_pack_array(pk, (size_t)b->n_pieces);
+    for (int i = 0; i < b->n_pieces; i++) {
+        msgpack_pack_map(pk, 5);
+        put_tensor_keys(pk, &b->pieces[i].t);
+        kv_u64(pk, "offset", b->pieces[i].offset);
+        kv_u64(pk, "nbytes", b->pieces[i].nbytes);
+    }
+}
+
+static void enc_update_reply(msgpack_packer *pk, const fr_msg_update_reply *r)
+{
+    head(pk, FR_MSG_UPDATE_REPLY, 5);
+    kv_u64(pk, "version", r->version);
+    kv_str(pk, "stage", fr_update_stage_name(r->stage));
+    if (r->bucket >= 0) kv_int(pk, "bucket", r->bucket);
+    else kv_nil(pk, "bucket");
+    kv_u64(pk, "bytes", r->bytes);
+    kv_u64(pk, "weight_version", r->weight_version);
 }
 
 static void enc_stats_reply(msgpack_packer *pk, const fr_msg_stats_reply *s)
@@ -170,8 +229,12 @@ static void enc_stats_reply(msgpack_packer *pk, const fr_msg_stats_reply *s)
     kv_int(pk, "kv_blocks_used", s->kv_blocks_used);
     kv_int(pk, "kv_blocks_free", s->kv_blocks_free);
     key(pk, "server");
-    msgpack_pack_map(pk, 16);
+    msgpack_pack_map(pk, 20);
     kv_str(pk, "state", s->state);
+    kv_bool(pk, "updating", s->updating);
+    kv_u64(pk, "update_version", s->update_version);
+    kv_u64(pk, "updates_committed", s->updates_committed);
+    kv_u64(pk, "updates_failed", s->updates_failed);
     kv_u64(pk, "weight_version", s->weight_version);
     kv_int(pk, "clients", s->clients);
     kv_int(pk, "open_requests", s->open_requests);
@@ -246,6 +309,20 @@ fr_status fr_msg_encode(const fr_msg *m, char **data, size_t *len)
     case FR_MSG_RESUME:
     case FR_MSG_STATS:
         head(&pk, m->type, 0);
+        break;
+    case FR_MSG_UPDATE_BEGIN:
+        enc_update_begin(&pk, &m->u.update_begin);
+        break;
+    case FR_MSG_UPDATE_BUCKET:
+        enc_update_bucket(&pk, &m->u.update_bucket);
+        break;
+    case FR_MSG_UPDATE_COMMIT:
+    case FR_MSG_UPDATE_ABORT:
+        head(&pk, m->type, 1);
+        kv_u64(&pk, "version", m->u.update_end.version);
+        break;
+    case FR_MSG_UPDATE_REPLY:
+        enc_update_reply(&pk, &m->u.update_reply);
         break;
     case FR_MSG_HELLO_REPLY:
         enc_hello_reply(&pk, &m->u.hello_reply);

@@ -11,6 +11,10 @@
 fr_msg_type fr_proto_type_from_name(const char *s, size_t len);
 /* 1 and *out for "stop", "length", "abort", "error"; 0 otherwise. */
 int fr_proto_finish_from_name(const char *s, size_t len, fr_wire_finish *out);
+/* 1 and *out for "f32", "bf16", "f16"; 0 otherwise. */
+int fr_proto_dtype_from_name(const char *s, size_t len, fr_wire_dtype *out);
+/* 1 and *out for "begin", "bucket", "commit", "abort"; 0 otherwise. */
+int fr_proto_stage_from_name(const char *s, size_t len, fr_update_stage *out);
 /* The value checks of a message (ranges, required arrays), the same for
  * encoding and decoding: FR_EFORMAT naming the field. */
 fr_status fr_proto_check(const fr_msg *m);

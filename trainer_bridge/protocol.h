@@ -28,6 +28,8 @@ extern "C" {
 #define FR_PROTO_TEXT_MAX 1024     /* error messages, with the NUL */
 #define FR_PROTO_MAX_EOS 64        /* eos_token_ids of a hello_reply */
 #define FR_PROTO_MAX_ARRAY (1 << 24) /* elements of any array */
+#define FR_PROTO_MAX_NDIM 8        /* dimensions of a tensor shape */
+#define FR_PROTO_MAX_TENSORS 65536 /* tensors of one weight update */
 
 typedef enum {
     FR_MSG_NONE = 0,
@@ -38,6 +40,10 @@ typedef enum {
     FR_MSG_PAUSE,
     FR_MSG_RESUME,
     FR_MSG_STATS,
+    FR_MSG_UPDATE_BEGIN,
+    FR_MSG_UPDATE_BUCKET,
+    FR_MSG_UPDATE_COMMIT,
+    FR_MSG_UPDATE_ABORT,
     /* server -> client */
     FR_MSG_HELLO_REPLY,
     FR_MSG_TOKENS,
@@ -47,6 +53,7 @@ typedef enum {
     FR_MSG_RESUME_REPLY,
     FR_MSG_STATS_REPLY,
     FR_MSG_ERROR,
+    FR_MSG_UPDATE_REPLY,
     FR_MSG_TYPE_COUNT
 } fr_msg_type;
 
@@ -62,9 +69,71 @@ const char *fr_pause_mode_name(fr_pause_mode m);   /* "abort", "wait" */
 typedef enum { FR_WIRE_STOP = 0, FR_WIRE_LENGTH, FR_WIRE_ABORT, FR_WIRE_ERROR } fr_wire_finish;
 const char *fr_wire_finish_name(fr_wire_finish f);
 
+/* Tensor dtypes of a weight update: "f32", "bf16", "f16" on the wire;
+ * little-endian, row-major, unpadded. */
+typedef enum { FR_DT_F32 = 0, FR_DT_BF16, FR_DT_F16 } fr_wire_dtype;
+const char *fr_wire_dtype_name(fr_wire_dtype t);
+size_t fr_wire_dtype_size(fr_wire_dtype t);
+
 typedef struct {
     char client[FR_PROTO_NAME_MAX];      /* optional free-form name, "" when absent */
 } fr_msg_hello;
+
+/* A tensor as a weight update names it: Hugging Face name, dtype, shape. */
+typedef struct {
+    char name[FR_PROTO_NAME_MAX];
+    fr_wire_dtype dtype;
+    int ndim;                            /* 1 to FR_PROTO_MAX_NDIM */
+    int64_t shape[FR_PROTO_MAX_NDIM];    /* each >= 1 */
+} fr_msg_tensor;
+
+/* Elements and bytes of a tensor (0 when the shape overflows 2^62). */
+uint64_t fr_msg_tensor_bytes(const fr_msg_tensor *t);
+
+/* update_weights_begin: the tensors to come, in all total_bytes bytes, sent
+ * in buckets of at most bucket_bytes payload bytes. */
+typedef struct {
+    uint64_t version;                    /* > the server's weight version */
+    fr_msg_tensor *tensors;              /* [n_tensors], 1 to FR_PROTO_MAX_TENSORS, names distinct */
+    int n_tensors;
+    uint64_t total_bytes;                /* the sum of the tensors' bytes */
+    uint64_t bucket_bytes;               /* >= 1 */
+} fr_msg_update_begin;
+
+/* One piece of a tensor in a bucket: bytes [offset, offset + nbytes) of
+ * its row-major data, carried whole by one payload frame. */
+typedef struct {
+    fr_msg_tensor t;
+    uint64_t offset;                     /* a multiple of the element size */
+    uint64_t nbytes;                     /* >= 1, a multiple of the element size */
+} fr_msg_piece;
+
+/* update_weights_bucket: pieces[i] is payload frame i + 1; xxh64 is the
+ * xxHash64 (seed 0) of the payload frames' bytes, concatenated in order. */
+typedef struct {
+    uint64_t version;
+    int bucket;                          /* 0, 1, ... in order */
+    uint64_t xxh64;
+    fr_msg_piece *pieces;                /* [n_pieces], >= 1 */
+    int n_pieces;
+} fr_msg_update_bucket;
+
+/* update_weights_commit and update_weights_abort. */
+typedef struct {
+    uint64_t version;
+} fr_msg_update_end;
+
+/* What an update_weights_reply answers. */
+typedef enum { FR_UPD_BEGIN = 0, FR_UPD_BUCKET, FR_UPD_COMMIT, FR_UPD_ABORT } fr_update_stage;
+const char *fr_update_stage_name(fr_update_stage s);   /* "begin", "bucket", "commit", "abort" */
+
+typedef struct {
+    uint64_t version;
+    fr_update_stage stage;
+    int bucket;                          /* the bucket answered (stage bucket), else -1 (nil) */
+    uint64_t bytes;                      /* payload bytes staged so far */
+    uint64_t weight_version;             /* the version serving now (the new one after a commit) */
+} fr_msg_update_reply;
 
 /* A generate request. Each has_* flag says whether the field is present;
  * an absent sampling field takes the server's default. */
@@ -83,7 +152,10 @@ typedef struct {
     int *stop_token_ids;                 /* ids >= 0 */
     int n_stop_token_ids;
     uint64_t seed;
-    int monitor_divergence;              /* 0 or 1 */
+    int monitor_divergence;              /* 1, 0, or -1 when absent: the server's kl_sample_rate decides */
+    int per_token_kl;                    /* 0 or 1: the done carries every token's KL */
+    int *forced_tokens;                  /* teacher forcing: the tokens the samples emit; NULL when absent */
+    int n_forced_tokens;                 /* 1 .. FR_PROTO_MAX_ARRAY when present */
 } fr_msg_generate;
 
 typedef struct {
@@ -129,6 +201,8 @@ typedef struct {
     int has_values;
     double kl_mean, kl_max, top1_agreement, logprob_diff_mean;
     int positions;
+    float *kl;                           /* per-token KL (nats) when asked for, else NULL */
+    int n_kl;
 } fr_msg_divergence;
 
 typedef struct {
@@ -171,6 +245,9 @@ typedef struct {
     uint64_t messages_in, messages_out, bad_messages, errors_sent;
     uint64_t requests_accepted, requests_rejected, samples_done, tokens_streamed;
     uint64_t send_retries, queued_messages, undeliverable_messages;
+    int updating;                        /* 1 while a weight update is staged */
+    uint64_t update_version;             /* its version (0 when none) */
+    uint64_t updates_committed, updates_failed;
 } fr_msg_stats_reply;
 
 typedef struct {
@@ -195,6 +272,10 @@ typedef struct {
         fr_msg_resume_reply resume_reply;
         fr_msg_stats_reply stats_reply;
         fr_msg_error error;
+        fr_msg_update_begin update_begin;
+        fr_msg_update_bucket update_bucket;
+        fr_msg_update_end update_end;    /* commit and abort */
+        fr_msg_update_reply update_reply;
     } u;
 } fr_msg;
 

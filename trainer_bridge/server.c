@@ -2,7 +2,10 @@
  * docs/protocol.md). */
 #include "server.h"
 
+#include "rollout/metrics_http.h"
+
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +15,7 @@
 #include "peers.h"
 #include "protocol.h"
 #include "rollout/scheduler.h"
+#include "update.h"
 #include "wire.h"
 
 enum { RUNNING = 0, PAUSING, PAUSED };
@@ -21,6 +25,7 @@ static const char *const state_names[] = {"running", "pausing", "paused"};
 typedef struct {
     int *tok;
     float *lp;
+    uint64_t *wv;            /* the weight version each pending token was drawn with */
     int n_pending, cap;
     int sent;                /* tokens streamed so far: the next delta's start */
     int has_first;
@@ -40,12 +45,25 @@ typedef struct {
     sample_state *s;
 } request;
 
+/* The ZAP handler (ZeroMQ's authentication protocol, RFC 27) of a CURVE
+ * server: a thread answering inproc://zeromq.zap.01 that accepts a client
+ * exactly when its public key is listed. */
+typedef struct {
+    void *sock;              /* REP, bound in the server's context */
+    unsigned char (*keys)[32];
+    int n_keys;
+    FILE *log;
+    pthread_t thread;
+    int started;
+} zap_handler;
+
 struct fr_bridge_server {
     fr_session *sess;
     fr_scheduler *sch;
     fr_bridge_config cfg;
     void *zctx, *sock;
     fr_peers *peers;
+    zap_handler zap;
     FILE *log;
     char endpoint[256];
     request **reqs;          /* open requests, sorted by sid */
@@ -58,9 +76,19 @@ struct fr_bridge_server {
     int default_stop[FR_SERVE_MAX_STOP_IDS > 8 ? FR_SERVE_MAX_STOP_IDS : 8];
     int n_default_stop;
     uint64_t weight_version;
+    /* the weight update being staged (NULL when none), its client, and when
+     * its last message arrived */
+    fr_bridge_update *upd;
+    int upd_peer;
+    double upd_last_ms;
+    uint64_t updates_committed, updates_failed;
     /* protocol counters (stats) */
     uint64_t messages_in, messages_out, bad_messages, errors_sent;
     uint64_t requests_accepted, requests_rejected, samples_done, tokens_streamed;
+    /* metrics endpoint (rollout/metrics_http.h), NULL when off */
+    fr_metrics_http *metrics;
+    double started_ms, upd_begin_ms, last_sync_s, last_pub_ms;
+    long long last_pub_tokens;
 };
 
 static double now_ms(void)
@@ -117,10 +145,12 @@ static void free_request(request *q)
     for (int k = 0; q->s && k < q->n; k++) {
         free(q->s[k].tok);
         free(q->s[k].lp);
+        free(q->s[k].wv);
     }
     free(q->s);
     free((void *)q->spec.prompt);
     free((void *)q->spec.stop_ids);
+    free((void *)q->spec.forced);
     free(q);
 }
 
@@ -178,18 +208,11 @@ static void flush_sample(fr_bridge_server *srv, request *q, int k)
 {
     sample_state *s = &q->s[k];
     if (s->n_pending == 0) return;
-    uint64_t *wv = malloc(sizeof(uint64_t) * (size_t)s->n_pending);
-    if (!wv) {
-        logf_(srv, "out of memory streaming request %llu sample %d", (unsigned long long)q->request_id, k);
-        return;
-    }
-    for (int i = 0; i < s->n_pending; i++) wv[i] = srv->weight_version;
     fr_msg m;
     fr_msg_init(&m, FR_MSG_TOKENS);
     m.u.tokens = (fr_msg_tokens){.request_id = q->request_id, .sample = k, .start = s->sent, .n = s->n_pending,
-                                 .token_ids = s->tok, .logprobs = s->lp, .weight_versions = wv};
+                                 .token_ids = s->tok, .logprobs = s->lp, .weight_versions = s->wv};
     send_msg(srv, q->peer, &m);
-    free(wv);
     srv->tokens_streamed += (uint64_t)s->n_pending;
     s->sent += s->n_pending;
     s->n_pending = 0;
@@ -202,8 +225,10 @@ static void flush_all(fr_bridge_server *srv)
 }
 
 /* Sends sample k's done and closes it; frees the request with its last
- * sample (q must not be used after). */
-static void send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish why, int n_tokens, int preemptions)
+ * sample (q must not be used after). div: the divergence figures, NULL for
+ * none. */
+static void send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish why, int n_tokens, int preemptions,
+                      const fr_msg_divergence *div)
 {
     flush_sample(srv, q, k);
     sample_state *s = &q->s[k];
@@ -217,6 +242,7 @@ static void send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish w
                              .finish_reason = why, .n_tokens = s->sent, .n_prompt = q->n_prompt,
                              .preemptions = preemptions, .has_ttft = s->has_first,
                              .ttft_ms = s->has_first ? s->first_ms - q->t0_ms : 0, .total_ms = t - q->t0_ms};
+    if (div) m.u.done.divergence = *div;
     send_msg(srv, q->peer, &m);
     srv->samples_done++;
     if (--q->open == 0) remove_request(srv, q);
@@ -239,7 +265,9 @@ static void on_token(void *user, uint64_t sid, int sample, int index, int token,
         if (t) s->tok = t;
         float *l = t ? realloc(s->lp, sizeof(float) * (size_t)c) : NULL;
         if (l) s->lp = l;
-        if (!t || !l) {
+        uint64_t *v = l ? realloc(s->wv, sizeof(uint64_t) * (size_t)c) : NULL;
+        if (v) s->wv = v;
+        if (!t || !l || !v) {
             logf_(srv, "out of memory keeping a token of request %llu", (unsigned long long)q->request_id);
             return;
         }
@@ -249,7 +277,10 @@ static void on_token(void *user, uint64_t sid, int sample, int index, int token,
         s->has_first = 1;
         s->first_ms = now_ms();
     }
+    /* Weights change only between steps, and the scheduler stamps a token
+     * with the version it was told last: the server's. */
     s->tok[s->n_pending] = token;
+    s->wv[s->n_pending] = srv->weight_version;
     s->lp[s->n_pending++] = logprob;
 }
 
@@ -271,7 +302,32 @@ static void on_done(void *user, const fr_sample_result *r)
         logf_(srv, "the engine ended an unknown sample (%llu, %d)", (unsigned long long)r->request_id, r->sample);
         return;
     }
-    send_done(srv, q, r->sample, wire_finish(r->finish), r->n_tokens, r->preemptions);
+    /* The tokens were stamped as they were drawn; the result's versions say
+     * the same (a mismatch would be a bug worth a log line). */
+    const sample_state *s = &q->s[r->sample];
+    for (int i = 0; r->versions && i < s->n_pending; i++) {
+        int idx = s->sent + i;
+        if (idx < r->n_tokens && r->versions[idx] != s->wv[i]) {
+            logf_(srv, "request %llu sample %d token %d: streamed with weight version %llu, the engine says %llu",
+                  (unsigned long long)q->request_id, r->sample, idx, (unsigned long long)s->wv[i],
+                  (unsigned long long)r->versions[idx]);
+            break;
+        }
+    }
+    fr_msg_divergence div = {0};
+    if (r->monitored && r->div.n > 0) {
+        div.has_values = 1;
+        div.kl_mean = r->div.kl_sum / (double)r->div.n;
+        div.kl_max = r->div.kl_max;
+        div.top1_agreement = (double)r->div.top1_agree / (double)r->div.n;
+        div.logprob_diff_mean = r->div.logp_diff_sum / (double)r->div.n;
+        div.positions = (int)r->div.n;
+        if (r->kl && r->n_tokens > 0) {
+            div.kl = r->kl;
+            div.n_kl = r->n_tokens;
+        }
+    }
+    send_done(srv, q, r->sample, wire_finish(r->finish), r->n_tokens, r->preemptions, &div);
 }
 
 /* ---- requests in ----------------------------------------------------------- */
@@ -300,6 +356,10 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
         r->stop_ids = srv->default_stop;
         r->n_stop = srv->n_default_stop;
     }
+    r->monitor = g->monitor_divergence;   /* -1 when absent: the scheduler's kl_sample_rate */
+    r->per_token_kl = g->per_token_kl;
+    r->forced = g->forced_tokens;
+    r->n_forced = g->forced_tokens ? g->n_forced_tokens : 0;
 }
 
 /* The checks fr_scheduler_submit makes, so a request held during a pause
@@ -374,9 +434,11 @@ static void handle_generate(fr_bridge_server *srv, int peer, const fr_msg_genera
         /* Held until resume: keep copies of the arrays. */
         int *p = malloc(sizeof(int) * (size_t)spec.n_prompt);
         int *s = malloc(sizeof(int) * (size_t)(spec.n_stop > 0 ? spec.n_stop : 1));
-        if (!p || !s) {
+        int *f = spec.forced ? malloc(sizeof(int) * (size_t)spec.n_forced) : NULL;
+        if (!p || !s || (spec.forced && !f)) {
             free(p);
             free(s);
+            free(f);
             remove_request(srv, q);
             srv->requests_rejected++;
             send_error(srv, peer, "out_of_memory", 1, id, "the server is out of memory");
@@ -384,8 +446,10 @@ static void handle_generate(fr_bridge_server *srv, int peer, const fr_msg_genera
         }
         memcpy(p, spec.prompt, sizeof(int) * (size_t)spec.n_prompt);
         if (spec.n_stop > 0) memcpy(s, spec.stop_ids, sizeof(int) * (size_t)spec.n_stop);
+        if (f) memcpy(f, spec.forced, sizeof(int) * (size_t)spec.n_forced);
         spec.prompt = p;
         spec.stop_ids = s;
+        spec.forced = f;
         q->spec = spec;
         q->held = 1;
         srv->requests_accepted++;
@@ -406,7 +470,7 @@ static void handle_generate(fr_bridge_server *srv, int peer, const fr_msg_genera
 static int abort_held(fr_bridge_server *srv, request *q)
 {
     int n = q->open, total = q->n;
-    for (int k = 0; k < total; k++) send_done(srv, q, k, FR_WIRE_ABORT, 0, 0);   /* the last frees q */
+    for (int k = 0; k < total; k++) send_done(srv, q, k, FR_WIRE_ABORT, 0, 0, NULL);   /* the last frees q */
     return n;
 }
 
@@ -545,8 +609,10 @@ static void handle_resume(fr_bridge_server *srv, int peer)
         q->held = 0;
         free((void *)q->spec.prompt);
         free((void *)q->spec.stop_ids);
+        free((void *)q->spec.forced);
         q->spec.prompt = NULL;
         q->spec.stop_ids = NULL;
+        q->spec.forced = NULL;
         released++;
     }
     free(sids);
@@ -591,6 +657,10 @@ static void handle_stats(fr_bridge_server *srv, int peer)
     r->send_retries = ps.retries;
     r->queued_messages = ps.queued;
     r->undeliverable_messages = ps.undeliverable;
+    r->updating = srv->upd != NULL;
+    r->update_version = fr_bridge_update_version(srv->upd);
+    r->updates_committed = srv->updates_committed;
+    r->updates_failed = srv->updates_failed;
     send_msg(srv, peer, &m);
 }
 
@@ -618,6 +688,141 @@ static void handle_hello(fr_bridge_server *srv, int peer)
     send_msg(srv, peer, &m);
 }
 
+/* ---- weight updates ------------------------------------------------------ */
+
+static void send_update_reply(fr_bridge_server *srv, int peer, uint64_t version, fr_update_stage stage, int bucket,
+                              uint64_t bytes)
+{
+    fr_msg m;
+    fr_msg_init(&m, FR_MSG_UPDATE_REPLY);
+    m.u.update_reply = (fr_msg_update_reply){.version = version, .stage = stage, .bucket = bucket, .bytes = bytes,
+                                             .weight_version = srv->weight_version};
+    send_msg(srv, peer, &m);
+}
+
+/* Drops the staged update (the serving weights are untouched); why goes to
+ * the log. */
+static void drop_update(fr_bridge_server *srv, const char *why)
+{
+    if (!srv->upd) return;
+    logf_(srv, "weight update to version %llu dropped: %s", (unsigned long long)fr_bridge_update_version(srv->upd),
+          why);
+    fr_bridge_update_free(&srv->upd);
+    srv->updates_failed++;
+}
+
+/* A failed update message: the update is dropped and the sender gets an
+ * error with the code and message of the failure. */
+static void fail_update(fr_bridge_server *srv, int peer, const char *code)
+{
+    char msg[FR_PROTO_TEXT_MAX];
+    snprintf(msg, sizeof msg, "%s", fr_last_error());
+    drop_update(srv, msg);
+    send_error(srv, peer, code, 0, 0, "%s", msg);
+}
+
+/* The staged update a bucket, commit or abort of peer refers to, or NULL
+ * after answering with update_state. */
+static fr_bridge_update *update_of(fr_bridge_server *srv, int peer, const char *what, uint64_t version)
+{
+    if (!srv->upd) {
+        send_error(srv, peer, "update_state", 0, 0,
+                   "%s for version %llu: no weight update is in progress (none began, or it was dropped)", what,
+                   (unsigned long long)version);
+        return NULL;
+    }
+    if (srv->upd_peer != peer) {
+        send_error(srv, peer, "update_state", 0, 0, "%s: the update in progress belongs to another client", what);
+        return NULL;
+    }
+    if (fr_bridge_update_version(srv->upd) != version) {
+        send_error(srv, peer, "update_state", 0, 0, "%s for version %llu: the update in progress is to version %llu",
+                   what, (unsigned long long)version, (unsigned long long)fr_bridge_update_version(srv->upd));
+        return NULL;
+    }
+    srv->upd_last_ms = now_ms();
+    return srv->upd;
+}
+
+static void handle_update_begin(fr_bridge_server *srv, int peer, const fr_msg_update_begin *b)
+{
+    if (srv->upd) {
+        char why[160];
+        snprintf(why, sizeof why, "a new update_weights_begin (version %llu) arrived", (unsigned long long)b->version);
+        drop_update(srv, why);
+    }
+    if (b->version <= srv->weight_version) {
+        srv->updates_failed++;
+        send_error(srv, peer, "bad_version", 0, 0,
+                   "update_weights_begin: version %llu must be greater than the version serving, %llu",
+                   (unsigned long long)b->version, (unsigned long long)srv->weight_version);
+        return;
+    }
+    const char *code;
+    if (fr_bridge_update_begin(&srv->sess->model->cfg, b, &srv->upd, &code)) {
+        srv->updates_failed++;
+        send_error(srv, peer, code, 0, 0, "%s", fr_last_error());
+        return;
+    }
+    srv->upd_peer = peer;
+    srv->upd_last_ms = now_ms();
+    srv->upd_begin_ms = srv->upd_last_ms;
+    logf_(srv, "weight update to version %llu begins: %d tensors, %llu bytes, buckets of %llu bytes",
+          (unsigned long long)b->version, b->n_tensors, (unsigned long long)b->total_bytes,
+          (unsigned long long)b->bucket_bytes);
+    send_update_reply(srv, peer, b->version, FR_UPD_BEGIN, -1, 0);
+}
+
+static void handle_update_bucket(fr_bridge_server *srv, int peer, const fr_msg_update_bucket *b,
+                                 const fr_wire_msg *w)
+{
+    fr_bridge_update *u = update_of(srv, peer, "update_weights_bucket", b->version);
+    if (!u) return;
+    const char *code;
+    if (fr_bridge_update_bucket(u, b, w, &code)) {
+        fail_update(srv, peer, code);
+        return;
+    }
+    send_update_reply(srv, peer, b->version, FR_UPD_BUCKET, b->bucket, fr_bridge_update_bytes(u));
+}
+
+/* Commits between engine steps (this loop never runs one meanwhile): the
+ * session takes the staged weights, and every token drawn from now on
+ * carries the new version. */
+static void handle_update_commit(fr_bridge_server *srv, int peer, uint64_t version)
+{
+    fr_bridge_update *u = update_of(srv, peer, "update_weights_commit", version);
+    if (!u) return;
+    const char *code;
+    if (fr_bridge_update_ready(u, &code)) {
+        fail_update(srv, peer, code);
+        return;
+    }
+    double t0 = now_ms();
+    if (fr_session_commit_weights(srv->sess, fr_bridge_update_staged(u))) {
+        fail_update(srv, peer, "update_failed");
+        return;
+    }
+    uint64_t bytes = fr_bridge_update_bytes(u);
+    srv->weight_version = version;
+    fr_scheduler_set_weight_version(srv->sch, version);
+    fr_bridge_update_free(&srv->upd);
+    srv->updates_committed++;
+    srv->last_sync_s = (now_ms() - srv->upd_begin_ms) * 1e-3;
+    logf_(srv, "weights are now version %llu (%llu bytes; switched in %.1f ms)", (unsigned long long)version,
+          (unsigned long long)bytes, now_ms() - t0);
+    send_update_reply(srv, peer, version, FR_UPD_COMMIT, -1, bytes);
+}
+
+static void handle_update_abort(fr_bridge_server *srv, int peer, uint64_t version)
+{
+    fr_bridge_update *u = update_of(srv, peer, "update_weights_abort", version);
+    if (!u) return;
+    uint64_t bytes = fr_bridge_update_bytes(u);
+    drop_update(srv, "the client aborted it");
+    send_update_reply(srv, peer, version, FR_UPD_ABORT, -1, bytes);
+}
+
 /* One message from the socket. */
 static void handle_message(fr_bridge_server *srv, fr_wire_msg *w)
 {
@@ -630,14 +835,15 @@ static void handle_message(fr_bridge_server *srv, fr_wire_msg *w)
     }
     uint64_t id = 0;
     int has_id = w->frame0 ? fr_msg_peek_request_id(w->frame0, w->len0, &id) : 0;
-    if (w->n_frames != 1) {
+    fr_msg_type named = fr_msg_peek_type(w->frame0, w->len0);
+    if (w->n_frames != 1 && named != FR_MSG_UPDATE_BUCKET) {
         srv->bad_messages++;
         send_error(srv, peer, "bad_message", has_id, id,
-                   "message: %d frames; every protocol version 1 message is one frame (no empty delimiter)",
+                   "message: %d frames; only update_weights_bucket carries payload frames (and no message has an "
+                   "empty delimiter)",
                    w->n_frames);
         return;
     }
-    fr_msg_type named = fr_msg_peek_type(w->frame0, w->len0);
     if (named != FR_MSG_NONE && !fr_msg_type_from_client(named)) {
         srv->bad_messages++;
         send_error(srv, peer, "bad_message", has_id, id, "message: \"%s\" is a message the server sends",
@@ -666,6 +872,10 @@ static void handle_message(fr_bridge_server *srv, fr_wire_msg *w)
     case FR_MSG_PAUSE: handle_pause(srv, peer, m.u.pause.mode); break;
     case FR_MSG_RESUME: handle_resume(srv, peer); break;
     case FR_MSG_STATS: handle_stats(srv, peer); break;
+    case FR_MSG_UPDATE_BEGIN: handle_update_begin(srv, peer, &m.u.update_begin); break;
+    case FR_MSG_UPDATE_BUCKET: handle_update_bucket(srv, peer, &m.u.update_bucket, w); break;
+    case FR_MSG_UPDATE_COMMIT: handle_update_commit(srv, peer, m.u.update_end.version); break;
+    case FR_MSG_UPDATE_ABORT: handle_update_abort(srv, peer, m.u.update_end.version); break;
     default: break;
     }
     fr_msg_free(&m);
@@ -688,7 +898,115 @@ static void drop_gone_peers(fr_bridge_server *srv)
             } else i++;
         logf_(srv, "client %s disconnected: its messages are undeliverable, %d open samples aborted",
               fr_peers_name(srv->peers, peer), ended);
+        if (srv->upd && srv->upd_peer == peer) drop_update(srv, "its client disconnected");
     }
+}
+
+/* ---- authentication --------------------------------------------------------- */
+
+/* Receives one multipart request into up to cap frames: the number of
+ * frames, or -1 when the context is ending or the socket fails. */
+static int zap_recv(void *sock, zmq_msg_t *f, int cap)
+{
+    int n = 0, more = 1;
+    while (more) {
+        zmq_msg_t part;
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, sock, 0) < 0) {
+            zmq_msg_close(&part);
+            if (errno == EINTR) continue;
+            for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
+            return -1;
+        }
+        more = zmq_msg_more(&part);
+        if (n < cap) {
+            zmq_msg_init(&f[n]);
+            zmq_msg_move(&f[n++], &part);
+        }
+        zmq_msg_close(&part);
+    }
+    return n;
+}
+
+static int frame_is(zmq_msg_t *f, const char *s)
+{
+    size_t n = strlen(s);
+    return zmq_msg_size(f) == n && memcmp(zmq_msg_data(f), s, n) == 0;
+}
+
+static void *zap_main(void *arg)
+{
+    zap_handler *z = arg;
+    for (;;) {
+        /* version, request id, domain, address, identity, mechanism, credentials */
+        zmq_msg_t f[8];
+        int n = zap_recv(z->sock, f, 8);
+        if (n < 0) break;
+        int ok = 0;
+        if (n >= 7 && frame_is(&f[0], "1.0") && frame_is(&f[5], "CURVE") && zmq_msg_size(&f[6]) == 32)
+            for (int k = 0; k < z->n_keys && !ok; k++) ok = memcmp(zmq_msg_data(&f[6]), z->keys[k], 32) == 0;
+        if (!ok) {
+            char key[41] = "none";
+            if (n >= 7 && zmq_msg_size(&f[6]) == 32) zmq_z85_encode(key, zmq_msg_data(&f[6]), 32);
+            fprintf(z->log, "serve: refused a client: %s key %s is not among the allowed keys\n",
+                    n >= 6 && frame_is(&f[5], "CURVE") ? "CURVE" : "its", key);
+            fflush(z->log);
+        }
+        /* reply: version, request id, status code, status text, user id, metadata */
+        const char *code = ok ? "200" : "400", *text = ok ? "OK" : "client key not allowed";
+        int sent = zmq_send(z->sock, "1.0", 3, ZMQ_SNDMORE) >= 0;
+        if (sent && n >= 2) sent = zmq_send(z->sock, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), ZMQ_SNDMORE) >= 0;
+        else if (sent) sent = zmq_send(z->sock, "", 0, ZMQ_SNDMORE) >= 0;
+        if (sent) sent = zmq_send(z->sock, code, 3, ZMQ_SNDMORE) >= 0;
+        if (sent) sent = zmq_send(z->sock, text, strlen(text), ZMQ_SNDMORE) >= 0;
+        if (sent) sent = zmq_send(z->sock, "", 0, ZMQ_SNDMORE) >= 0;
+        if (sent) sent = zmq_send(z->sock, "", 0, 0) >= 0;
+        for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
+        if (!sent && errno == ETERM) break;
+    }
+    zmq_close(z->sock);
+    z->sock = NULL;
+    return NULL;
+}
+
+/* Makes the ROUTER socket a CURVE server with the listed client keys and
+ * starts the ZAP handler; before the socket binds. */
+static fr_status setup_curve(fr_bridge_server *srv, const fr_bridge_config *cfg)
+{
+    if (!zmq_has("curve"))
+        return fr_fail(FR_EUNSUPPORTED, "serve: a CURVE key is configured, but this libzmq has no CURVE support");
+    uint8_t secret[32];
+    char pub[41];
+    if (strlen(cfg->curve_secret_key) != 40 || !zmq_z85_decode(secret, cfg->curve_secret_key) ||
+        zmq_curve_public(pub, cfg->curve_secret_key))
+        return fr_fail(FR_EINVAL, "serve: the CURVE server secret key must be 40 Z85 characters");
+    if (cfg->n_curve_client_keys < 1 || !cfg->curve_client_keys)
+        return fr_fail(FR_EINVAL, "serve: a CURVE server needs at least one allowed client public key");
+    zap_handler *z = &srv->zap;
+    z->keys = calloc((size_t)cfg->n_curve_client_keys, sizeof *z->keys);
+    if (!z->keys) return fr_fail(FR_ENOMEM, "serve: out of memory");
+    for (int i = 0; i < cfg->n_curve_client_keys; i++) {
+        const char *k = cfg->curve_client_keys[i];
+        if (!k || strlen(k) != 40 || !zmq_z85_decode(z->keys[i], k))
+            return fr_fail(FR_EINVAL, "serve: allowed client key %d is not 40 Z85 characters", i);
+    }
+    z->n_keys = cfg->n_curve_client_keys;
+    z->log = srv->log;
+    z->sock = zmq_socket(srv->zctx, ZMQ_REP);
+    if (!z->sock || zmq_bind(z->sock, "inproc://zeromq.zap.01"))
+        return fr_fail(FR_EIO, "serve: cannot start the ZAP handler: %s", zmq_strerror(errno));
+    if (pthread_create(&z->thread, NULL, zap_main, z)) {
+        zmq_close(z->sock);
+        z->sock = NULL;
+        return fr_fail(FR_EIO, "serve: cannot start the ZAP handler thread");
+    }
+    z->started = 1;
+    int one = 1;
+    if (zmq_setsockopt(srv->sock, ZMQ_CURVE_SERVER, &one, sizeof one) ||
+        zmq_setsockopt(srv->sock, ZMQ_CURVE_SECRETKEY, cfg->curve_secret_key, 40))
+        return fr_fail(FR_EIO, "serve: cannot make the socket a CURVE server: %s", zmq_strerror(errno));
+    logf_(srv, "CURVE authentication on: server public key %s, %d allowed client keys", pub, z->n_keys);
+    return FR_OK;
 }
 
 /* ---- lifecycle ------------------------------------------------------------ */
@@ -719,7 +1037,8 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
         memcpy(srv->default_stop, mc->eos_ids, sizeof(int) * (size_t)mc->n_eos);
     }
     fr_scheduler_config sc = {.max_seqs = srv->max_seqs, .chunk = srv->chunk, .reserve_blocks = -1,
-                              .on_done = on_done, .user = srv, .on_token = on_token};
+                              .on_done = on_done, .user = srv, .on_token = on_token,
+                              .kl_sample_rate = cfg->kl_sample_rate};
     fr_status st = fr_scheduler_new(s, &sc, &srv->sch);
     if (st) {
         free(srv);
@@ -733,6 +1052,8 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
     if (!srv->sock || zmq_setsockopt(srv->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one) ||
         zmq_setsockopt(srv->sock, ZMQ_LINGER, &linger, sizeof linger)) {
         st = fr_fail(FR_EIO, "serve: cannot make a ZeroMQ ROUTER socket: %s", zmq_strerror(errno));
+    } else if (cfg->curve_secret_key && cfg->curve_secret_key[0] && (st = setup_curve(srv, cfg))) {
+        /* st says why */
     } else if (zmq_bind(srv->sock, cfg->endpoint)) {
         st = fr_fail(FR_EIO, "serve: cannot bind %s: %s", cfg->endpoint, zmq_strerror(errno));
     }
@@ -742,12 +1063,23 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
             snprintf(srv->endpoint, sizeof srv->endpoint, "%s", cfg->endpoint);
         st = fr_peers_new(srv->sock, &srv->peers);
     }
+    srv->started_ms = now_ms();
+    if (!st && cfg->metrics_port != 0) {
+        st = fr_metrics_http_start(cfg->metrics_bind, cfg->metrics_port < 0 ? 0 : cfg->metrics_port, &srv->metrics);
+        if (!st) logf_(srv, "metrics on http://%s:%d/metrics and /dashboard", cfg->metrics_bind ? cfg->metrics_bind : "127.0.0.1",
+                       fr_metrics_http_port(srv->metrics));
+    }
     if (st) {
         fr_bridge_server_destroy(&srv);
         return st;
     }
     *out = srv;
     return FR_OK;
+}
+
+int fr_bridge_server_metrics_port(const fr_bridge_server *srv)
+{
+    return srv && srv->metrics ? fr_metrics_http_port(srv->metrics) : -1;
 }
 
 const char *fr_bridge_server_endpoint(const fr_bridge_server *srv) { return srv ? srv->endpoint : ""; }
@@ -768,11 +1100,33 @@ static int abort_everything(fr_bridge_server *srv)
     return ended;
 }
 
+/* A snapshot for the metrics endpoint: scheduler health, divergence, the
+ * token rate since the previous snapshot. */
+static void publish_metrics(fr_bridge_server *srv)
+{
+    fr_metrics_snapshot m;
+    memset(&m, 0, sizeof m);
+    fr_scheduler_stats_get(srv->sch, &m.stats);
+    m.div = *fr_scheduler_divergence(srv->sch);
+    const double now = now_ms();
+    if (srv->last_pub_ms > 0 && now > srv->last_pub_ms)
+        m.tokens_per_s = (double)(m.stats.tokens_generated - srv->last_pub_tokens) / ((now - srv->last_pub_ms) * 1e-3);
+    srv->last_pub_ms = now;
+    srv->last_pub_tokens = m.stats.tokens_generated;
+    m.weight_sync_seconds = srv->last_sync_s;
+    m.uptime_s = (now - srv->started_ms) * 1e-3;
+    m.requests_total = (long long)srv->requests_accepted;
+    snprintf(m.model, sizeof m.model, "%s", srv->cfg.model_name ? srv->cfg.model_name : "");
+    snprintf(m.kv_dtype, sizeof m.kv_dtype, "%s", fr_kv_dtype_name(fr_kv_cache_config_of(srv->sess->kv)->dtype));
+    fr_metrics_http_publish(srv->metrics, &m);
+}
+
 fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_t *stop)
 {
     if (!srv || !stop) return fr_fail(FR_EINVAL, "serve: server and stop flag are required");
     fr_status failure = FR_OK;
     logf_(srv, "listening on %s (protocol version %d)", srv->endpoint, FR_PROTO_VERSION);
+    if (srv->metrics) publish_metrics(srv);
     while (!*stop) {
         fr_peers_stats ps;
         fr_peers_stats_get(srv->peers, &ps);
@@ -813,6 +1167,12 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
             break;
         }
         if (gone) drop_gone_peers(srv);
+        if (srv->metrics && now_ms() - srv->last_pub_ms >= 200.0) publish_metrics(srv);
+        if (srv->upd && srv->cfg.update_idle_ms > 0 && now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
+            char why[96];
+            snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
+            drop_update(srv, why);
+        }
     }
     int ended = abort_everything(srv);
     fail_waiters(srv, "shutdown", "the server is shutting down");
@@ -828,13 +1188,22 @@ void fr_bridge_server_destroy(fr_bridge_server **pp)
 {
     if (!pp || !*pp) return;
     fr_bridge_server *srv = *pp;
+    fr_metrics_http_stop(&srv->metrics);   /* its thread reads only published snapshots */
     if (srv->sch && srv->peers) abort_everything(srv);
     fr_scheduler_destroy(&srv->sch);   /* nothing open is left; any result would find no request */
+    fr_bridge_update_free(&srv->upd);
     for (int i = 0; i < srv->n_reqs; i++) free_request(srv->reqs[i]);
     free(srv->reqs);
     free(srv->waiters);
     fr_peers_destroy(&srv->peers);
     if (srv->sock) zmq_close(srv->sock);
+    if (srv->zap.started) {
+        zmq_ctx_shutdown(srv->zctx);   /* the handler's receive fails with ETERM: it closes its socket and ends */
+        pthread_join(srv->zap.thread, NULL);
+    } else if (srv->zap.sock) {
+        zmq_close(srv->zap.sock);
+    }
+    free(srv->zap.keys);
     if (srv->zctx) zmq_ctx_term(srv->zctx);
     free(srv);
     *pp = NULL;

@@ -35,7 +35,20 @@ typedef struct {
     int chunk;                     /* tokens per step (0: the session's) */
     fr_serve_sampling sampling;    /* defaults for what a generate leaves out */
     int shutdown_linger_ms;        /* how long shutdown tries to deliver the last messages */
+    double kl_sample_rate;         /* share of samples with a BF16-KV shadow when a generate leaves it open */
+    int update_idle_ms;            /* a staged weight update with no message for this long is dropped; 0: never */
+    /* CURVE (docs/protocol.md, "Authentication"): the server's secret key in
+     * Z85 (40 characters), "" for none; then only clients whose public key
+     * is listed may talk to it. */
+    const char *curve_secret_key;
+    const char *const *curve_client_keys;   /* Z85 public keys */
+    int n_curve_client_keys;
     FILE *log;                     /* start, stop and warning lines; NULL: stderr */
+    /* The metrics endpoint (rollout/metrics_http.h: /metrics, /metrics.json,
+     * /dashboard) on metrics_bind (NULL: 127.0.0.1): this port, 0 none, -1
+     * any free port (fr_bridge_server_metrics_port says which). */
+    int metrics_port;
+    const char *metrics_bind;
 } fr_bridge_config;
 
 typedef struct fr_bridge_server fr_bridge_server;
@@ -50,6 +63,9 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
  * messages are delivered for up to shutdown_linger_ms. FR_EIO when the
  * socket fails. */
 fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_t *stop);
+
+/* The metrics endpoint's port, -1 when there is none. */
+int fr_bridge_server_metrics_port(const fr_bridge_server *srv);
 
 /* The endpoint the socket is bound to (ZMQ_LAST_ENDPOINT). */
 const char *fr_bridge_server_endpoint(const fr_bridge_server *srv);

@@ -11,7 +11,37 @@ void fr_wire_msg_free(fr_wire_msg *m)
 {
     if (!m) return;
     free(m->frame0);
+    zmq_msg_t *p = m->payload;
+    for (int i = 0; i < m->n_payload; i++) zmq_msg_close(&p[i]);
+    free(p);
     memset(m, 0, sizeof *m);
+}
+
+const void *fr_wire_payload(const fr_wire_msg *m, int i, size_t *len)
+{
+    if (len) *len = 0;
+    if (!m || i < 0 || i >= m->n_payload) return NULL;
+    zmq_msg_t *p = (zmq_msg_t *)m->payload + i;
+    if (len) *len = zmq_msg_size(p);
+    return zmq_msg_data(p);
+}
+
+/* Keeps one more payload frame (moved from part, which is left empty):
+ * 0, or -1 out of memory. */
+static int keep_payload(fr_wire_msg *m, zmq_msg_t *part, int *cap)
+{
+    if (m->n_payload == *cap) {
+        int c = *cap ? *cap * 2 : 8;
+        zmq_msg_t *v = realloc(m->payload, sizeof *v * (size_t)c);
+        if (!v) return -1;
+        m->payload = v;
+        *cap = c;
+    }
+    zmq_msg_t *slot = (zmq_msg_t *)m->payload + m->n_payload;
+    zmq_msg_init(slot);
+    zmq_msg_move(slot, part);
+    m->n_payload++;
+    return 0;
 }
 
 /* Reads and drops what is left of a multipart message. */
@@ -80,6 +110,7 @@ fr_status fr_wire_recv(void *sock, int router, int wait_ms, fr_wire_msg *out, in
     out->n_frames = 1;
     int more = zmq_msg_more(&part);
     zmq_msg_close(&part);
+    int cap = 0;
     while (more) {
         zmq_msg_init(&part);
         if (zmq_msg_recv(&part, sock, 0) < 0) {
@@ -89,6 +120,12 @@ fr_status fr_wire_recv(void *sock, int router, int wait_ms, fr_wire_msg *out, in
             return fr_fail(FR_EIO, "wire: receive failed: %s", zmq_strerror(e));
         }
         more = zmq_msg_more(&part);
+        if (out->n_payload < FR_WIRE_MAX_PAYLOAD && keep_payload(out, &part, &cap)) {
+            zmq_msg_close(&part);
+            if (more) drain(sock);
+            fr_wire_msg_free(out);
+            return fr_fail(FR_ENOMEM, "wire: out of memory receiving a message's frames");
+        }
         zmq_msg_close(&part);
         out->n_frames++;
     }

@@ -21,16 +21,25 @@ typedef struct {
     char *frame0;                           /* malloc'ed copy of frame 0 */
     size_t len0;
     int n_frames;                           /* frames after the routing id, frame 0 included */
+    void *payload;                          /* the frames after frame 0, as received (not copied) */
+    int n_payload;                          /* kept: n_frames - 1, or FR_WIRE_MAX_PAYLOAD at most */
 } fr_wire_msg;
+
+#define FR_WIRE_MAX_PAYLOAD (1 << 20)   /* payload frames kept of one message; more are counted, dropped */
 
 /* Receives one message when one is ready (router: the socket is a ROUTER and
  * the first frame is the routing id). *got is 0 when nothing was waiting
  * (or, with wait_ms > 0, nothing came within wait_ms; -1 waits forever).
- * Frames after frame 0 are counted and dropped (protocol version 1 defines
- * none). FR_EIO on socket failures; an interrupted wait returns FR_OK with
- * *got 0. Free with fr_wire_msg_free. */
+ * Frames after frame 0 (the payload of update_weights_bucket) are kept as
+ * ZeroMQ received them, without a copy (fr_wire_payload). FR_EIO on socket
+ * failures; an interrupted wait returns FR_OK with *got 0. Free with
+ * fr_wire_msg_free. */
 fr_status fr_wire_recv(void *sock, int router, int wait_ms, fr_wire_msg *out, int *got);
 void fr_wire_msg_free(fr_wire_msg *m);
+
+/* Payload frame i (0: the frame after frame 0): its bytes and length;
+ * NULL when there is no such frame. Valid until fr_wire_msg_free. */
+const void *fr_wire_payload(const fr_wire_msg *m, int i, size_t *len);
 
 typedef enum {
     FR_WIRE_SENT = 0,       /* queued in ZeroMQ for the peer */

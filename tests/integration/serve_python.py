@@ -1,4 +1,4 @@
-"""The Python client (trainer_bridge/python) against a running `fp4rollout
+"""The Python ctypes client (trainer_bridge/python/fp4rollout_client) against a running `fp4rollout
 serve`; started by serve_bridge.sh.
 
 usage: serve_python.py ENDPOINT PROMPTS REFERENCE_JSONL
@@ -11,7 +11,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "trainer_bridge", "python"))
-from fp4rollout_client import Client, ServerError  # noqa: E402
+from fp4rollout_client import RolloutClient, ServerError  # noqa: E402
 
 
 def check(cond, what):
@@ -27,13 +27,15 @@ def main():
         r = json.loads(line)
         ref[(r["request"], r["sample"])] = r
 
-    with Client(endpoint, timeout_ms=20000) as c:
+    with RolloutClient(endpoint, timeout_ms=20000) as c:
         info = c.hello("serve_python")
-        check(info["model"] == "synthetic:tiny" and info["vocab_size"] == 272 and info["v"] == 1, f"hello: {info}")
+        check(info["model"] == "synthetic:tiny" and info["vocab_size"] == 272 and info["weight_version"] == 0,
+              f"hello: {info}")
 
-        # The same rollout as the reference, through the Python client.
+        # The same rollout as the reference, through the Python client
+        # (request ids 0, 1, ... as the reference numbers them).
         for i, p in enumerate(prompts):
-            c.generate(i, p, n=4, temperature=1.0, seed=11, max_tokens=40)
+            c.submit(p, n=4, temperature=1.0, seed=11, max_tokens=40, request_id=i)
         got = {(t.request_id, t.sample): t for t in c.results()}
         check(set(got) == set(ref), f"samples {sorted(set(ref) ^ set(got))[:5]} missing or extra")
         for k, t in got.items():
@@ -46,19 +48,13 @@ def main():
             check(t.group_id == k[0] and t.divergence["kl_mean"] is None, f"sample {k}: group or divergence")
             check(t.ttft_ms is not None and t.total_ms >= t.ttft_ms >= 0, f"sample {k}: timings")
 
-        # Abort one of two long requests once its tokens flow.
-        c.generate(100, prompts[0], n=2, max_tokens=600, stop_token_ids=[], temperature=1.0, seed=5)
-        c.generate(101, prompts[1], n=2, max_tokens=600, stop_token_ids=[], temperature=1.0, seed=5)
-        replies = []
-
-        def abort_101(msg):
-            if msg["request_id"] == 101 and not replies:
-                replies.append(c.abort([101, 555]))
-
-        done = {(t.request_id, t.sample): t for t in c.results(on_tokens=abort_101)}
-        check(len(replies) == 1, "abort was not sent")
-        reply = replies[0]
+        # Abort one of two long requests once the first sample of the other
+        # ends... both run 600 tokens, so abort as soon as results start.
+        c.submit(prompts[0], n=2, max_tokens=600, stop_token_ids=[], temperature=1.0, seed=5, request_id=100)
+        c.submit(prompts[1], n=2, max_tokens=600, stop_token_ids=[], temperature=1.0, seed=5, request_id=101)
+        reply = c.abort([101, 555])
         check(reply["samples"] == 2 and reply["not_found"] == [555], f"abort reply {reply}")
+        done = {(t.request_id, t.sample): t for t in c.results()}
         check(len(done) == 4, f"abort: {len(done)} samples ended")
         for s in range(2):
             check(done[(101, s)].finish_reason == "abort" and len(done[(101, s)].token_ids) < 600,
@@ -68,23 +64,20 @@ def main():
 
         # Pause (nothing in flight: at once), a held request, resume.
         check(c.pause("wait")["state"] == "paused", "pause")
-        c.generate(200, prompts[2], n=1, max_tokens=8, temperature=0)
+        c.submit(prompts[2], n=1, max_tokens=8, temperature=0, request_id=200)
         st = c.stats()
         check(st["server"]["state"] == "paused" and st["server"]["held_requests"] == 1, f"stats while paused: {st}")
         check(c.resume()["released"] == 1, "resume released")
         held = list(c.results())
         check(len(held) == 1 and held[0].finish_reason in ("stop", "length"), "held request")
 
-        # An invalid request is refused with its id; a malformed frame gets an error.
-        c.generate(300, [256, 999], n=1)
+        # An invalid request is refused with its id.
+        c.submit([256, 999], n=1, request_id=300)
         try:
             list(c.results())
             check(False, "a token outside the vocabulary was accepted")
         except ServerError as e:
             check(e.request_id == 300 and e.code == "invalid_request" and "vocabulary" in e.message, str(e))
-        c.send_raw([b"\xc1"])
-        m = c.poll()
-        check(m["type"] == "error" and m["code"] == "bad_message" and m["request_id"] is None, f"malformed: {m}")
         st = c.stats()
         check(st["scheduler"]["running"] == 0 and st["server"]["open_requests"] == 0, f"final stats {st}")
         check(math.isfinite(st["scheduler"]["steps"]), "stats")

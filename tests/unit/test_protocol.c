@@ -129,7 +129,7 @@ static void test_generate_full_and_minimal(void **state)
     h = &d.u.generate;
     assert_int_equal(h->n, 1);
     assert_false(h->has_group_id || h->has_temperature || h->has_top_k || h->has_top_p || h->has_max_tokens ||
-                 h->has_seed || h->monitor_divergence);
+                 h->has_seed || h->monitor_divergence != -1 || h->per_token_kl || h->forced_tokens);
     assert_true(h->has_stop_token_ids);
     assert_int_equal(h->n_stop_token_ids, 0);
     fr_msg_free(&d);

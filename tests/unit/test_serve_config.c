@@ -50,7 +50,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.coordinator.port, 5555);
     assert_int_equal(c.coordinator.weight_port, 5556);
     assert_int_equal(c.coordinator.engine_port, 5557);
-    assert_int_equal(c.metrics_port, 9400);
+    assert_int_equal(c.metrics_port, 0);
     assert_true(c.kl_sample_rate == 0.0);
     assert_true(c.sampling.params.temperature == 1.0f);
     assert_int_equal(c.sampling.params.top_k, 0);

@@ -4,18 +4,26 @@
  * sample, streamed tokens equal to the done's count) and prints each
  * sample as `fp4rollout rollout --json` does. */
 #include <errno.h>
+#include <math.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "rollout/model.h"
+#include "rollout/weight_update.h"
 #include "trainer_bridge/client.h"
 
 static const char usage_text[] =
-    "usage: fp4rollout-client [--endpoint URL] [--timeout-ms MS] COMMAND [options]\n"
+    "usage: fp4rollout-client [--endpoint URL] [--timeout-ms MS] [CURVE keys] COMMAND [options]\n"
     "\n"
     "Talks to `fp4rollout serve` (protocol version 1, docs/protocol.md).\n"
     "  --endpoint URL     the server (default tcp://127.0.0.1:5555)\n"
     "  --timeout-ms MS    how long to wait for a reply or the next result (default 30000)\n"
+    "  --server-key K --public-key K --secret-key K\n"
+    "                     CURVE authentication (Z85 keys, 40 characters): the server's public\n"
+    "                     key and this client's key pair (all three or none)\n"
     "\n"
     "commands:\n"
     "  hello                    the server's information, as JSON\n"
@@ -35,9 +43,25 @@ static const char usage_text[] =
     "                           sends an empty list\n"
     "      --first-id FIRST     the first request id (default 0)\n"
     "      --group-id G         the group id of every request (default: its request id)\n"
-    "      --monitor-divergence ask for divergence figures (reported as null for now)\n"
+    "      --monitor-divergence | --no-monitor\n"
+    "                           ask for the BF16-KV shadow of every sample, or for none\n"
+    "                           (left out: the server's kl_sample_rate decides)\n"
     "      --abort-id ID --abort-after T\n"
     "                           abort request ID once T of its tokens have arrived\n"
+    "  push-weights --model SPEC --version V [options]\n"
+    "                           send a model's weights (a checkpoint folder or\n"
+    "                           synthetic:NAME[:SEED]) as weight version V; prints one JSON\n"
+    "                           line with the bytes, buckets and seconds once committed\n"
+    "      --dtype f32|bf16     the dtype sent (default f32: sent without a copy)\n"
+    "      --bucket-mib N       bucket size in MiB (default 512)\n"
+    "      --bucket-bytes N     bucket size in bytes (overrides --bucket-mib)\n"
+    "      --skip NAME | --nan NAME | --flatten NAME | --corrupt-bucket K\n"
+    "                           for testing a server's checks: leave tensor NAME out, put a\n"
+    "                           NaN into it, declare it flattened to one dimension, or send\n"
+    "                           bucket K with a wrong checksum\n"
+    "      --export FILE        send nothing: write the tensors (float32, in order) to FILE and\n"
+    "                           print their names and shapes as JSON lines\n"
+    "  keygen                   print a new CURVE key pair as JSON (public, secret)\n"
     "  send-raw --hex HEX [--extra-frames N]\n"
     "                           send the bytes as frame 0 (and N empty frames after it),\n"
     "                           print the server's reply: for testing validation\n"
@@ -112,81 +136,15 @@ static int parse_ids(const char *text, int **out, int *n)
     return 0;
 }
 
-static void json_str(const char *s)
-{
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') printf("\\%c", ch);
-        else if (ch < 0x20) printf("\\u%04x", ch);
-        else putchar(ch);
-    }
-    putchar('"');
-}
-
 static void print_reply(const fr_msg *m)
 {
-    switch (m->type) {
-    case FR_MSG_HELLO_REPLY: {
-        const fr_msg_hello_reply *h = &m->u.hello_reply;
-        printf("{\"type\":\"hello_reply\",\"server\":");
-        json_str(h->server);
-        printf(",\"model\":");
-        json_str(h->model);
-        printf(",\"backend\":");
-        json_str(h->backend);
-        printf(",\"kv_dtype\":");
-        json_str(h->kv_dtype);
-        printf(",\"tp\":%d,\"engines\":%d,\"weight_version\":%llu,\"max_seqs\":%d,\"kv_blocks\":%d,"
-               "\"kv_block_tokens\":%d,\"max_model_len\":%d,\"vocab_size\":%d,\"chunk\":%d,\"eos_token_ids\":[",
-               h->tp, h->engines, (unsigned long long)h->weight_version, h->max_seqs, h->kv_blocks,
-               h->kv_block_tokens, h->max_model_len, h->vocab_size, h->chunk);
-        for (int i = 0; i < h->n_eos_token_ids; i++) printf("%s%d", i ? "," : "", h->eos_token_ids[i]);
-        printf("]}\n");
-        break;
-    }
-    case FR_MSG_STATS_REPLY: {
-        const fr_msg_stats_reply *s = &m->u.stats_reply;
-        printf("{\"type\":\"stats_reply\",\"scheduler\":{\"running\":%d,\"prefilling\":%d,\"waiting\":%d,"
-               "\"preemptions\":%llu,\"tokens_generated\":%llu,\"prefill_tokens\":%llu,\"steps\":%llu,"
-               "\"finished\":%llu,\"kv_blocks_used\":%d,\"kv_blocks_free\":%d},\"server\":{\"state\":",
-               s->running, s->prefilling, s->waiting, (unsigned long long)s->preemptions,
-               (unsigned long long)s->tokens_generated, (unsigned long long)s->prefill_tokens,
-               (unsigned long long)s->steps, (unsigned long long)s->finished, s->kv_blocks_used, s->kv_blocks_free);
-        json_str(s->state);
-        printf(",\"weight_version\":%llu,\"clients\":%d,\"open_requests\":%d,\"held_requests\":%d,"
-               "\"messages_in\":%llu,\"messages_out\":%llu,\"bad_messages\":%llu,\"errors_sent\":%llu,"
-               "\"requests_accepted\":%llu,\"requests_rejected\":%llu,\"samples_done\":%llu,"
-               "\"tokens_streamed\":%llu,\"send_retries\":%llu,\"queued_messages\":%llu,"
-               "\"undeliverable_messages\":%llu}}\n",
-               (unsigned long long)s->weight_version, s->clients, s->open_requests, s->held_requests,
-               (unsigned long long)s->messages_in, (unsigned long long)s->messages_out,
-               (unsigned long long)s->bad_messages, (unsigned long long)s->errors_sent,
-               (unsigned long long)s->requests_accepted, (unsigned long long)s->requests_rejected,
-               (unsigned long long)s->samples_done, (unsigned long long)s->tokens_streamed,
-               (unsigned long long)s->send_retries, (unsigned long long)s->queued_messages,
-               (unsigned long long)s->undeliverable_messages);
-        break;
-    }
-    case FR_MSG_PAUSE_REPLY:
-        printf("{\"type\":\"pause_reply\",\"mode\":\"%s\",\"state\":\"paused\",\"aborted\":%d}\n",
-               fr_pause_mode_name(m->u.pause_reply.mode), m->u.pause_reply.aborted);
-        break;
-    case FR_MSG_RESUME_REPLY:
-        printf("{\"type\":\"resume_reply\",\"released\":%d}\n", m->u.resume_reply.released);
-        break;
-    case FR_MSG_ERROR:
-        printf("{\"type\":\"error\",\"code\":");
-        json_str(m->u.error.code);
-        printf(",\"message\":");
-        json_str(m->u.error.message);
-        if (m->u.error.has_request_id) printf(",\"request_id\":%llu}\n", (unsigned long long)m->u.error.request_id);
-        else printf(",\"request_id\":null}\n");
-        break;
-    default:
+    char *json = NULL;
+    if (fr_msg_to_json(m, &json)) {
         printf("{\"type\":\"%s\"}\n", fr_msg_type_name(m->type));
-        break;
+        return;
     }
+    printf("%s\n", json);
+    fr_client_free_string(json);
 }
 
 /* ---- generate ------------------------------------------------------------- */
@@ -355,6 +313,7 @@ static int cmd_generate(fr_client *c, int timeout_ms, int argc, char **argv)
     fr_msg_generate base;
     memset(&base, 0, sizeof base);
     base.n = 1;
+    base.monitor_divergence = -1;
     long long first_id = 0, group = -1, abort_id = -1, abort_after = 1, v;
     int *stop = NULL, n_stop = 0, rc = 0;
     for (int i = 0; i < argc; i++) {
@@ -402,6 +361,8 @@ static int cmd_generate(fr_client *c, int timeout_ms, int argc, char **argv)
             bad = parse_long(a, argv[++i], 0, 1ll << 62, &group);
         } else if (strcmp(a, "--monitor-divergence") == 0) {
             base.monitor_divergence = 1;
+        } else if (strcmp(a, "--no-monitor") == 0) {
+            base.monitor_divergence = 0;
         } else if (strcmp(a, "--abort-id") == 0 && val) {
             bad = parse_long(a, argv[++i], 0, 1ll << 62, &abort_id);
         } else if (strcmp(a, "--abort-after") == 0 && val) {
@@ -543,9 +504,190 @@ static int cmd_send_raw(fr_client *c, int timeout_ms, int argc, char **argv)
     return 0;
 }
 
+/* ---- push-weights ---------------------------------------------------------- */
+
+/* The float32 tensor of model m named `name` (Hugging Face names, as
+ * rollout/weight_update.h lists them), or NULL. */
+static const float *model_tensor(const fr_model *m, const char *name)
+{
+    const fr_weights *w = &m->w;
+    if (strcmp(name, "model.embed_tokens.weight") == 0) return w->embed;
+    if (strcmp(name, "model.norm.weight") == 0) return w->final_norm;
+    if (strcmp(name, "lm_head.weight") == 0) return w->lm_head;
+    int l, used = 0;
+    char rest[96];
+    if (sscanf(name, "model.layers.%d.%95s%n", &l, rest, &used) != 2 || l < 0 || l >= m->cfg.num_layers ||
+        name[used] != 0)
+        return NULL;
+    const fr_layer_weights *L = &w->layers[l];
+    static const struct {
+        const char *suffix;
+        size_t off;
+    } parts[] = {
+        {"input_layernorm.weight", offsetof(fr_layer_weights, attn_norm)},
+        {"self_attn.q_proj.weight", offsetof(fr_layer_weights, q_proj)},
+        {"self_attn.k_proj.weight", offsetof(fr_layer_weights, k_proj)},
+        {"self_attn.v_proj.weight", offsetof(fr_layer_weights, v_proj)},
+        {"self_attn.o_proj.weight", offsetof(fr_layer_weights, o_proj)},
+        {"self_attn.q_norm.weight", offsetof(fr_layer_weights, q_norm)},
+        {"self_attn.k_norm.weight", offsetof(fr_layer_weights, k_norm)},
+        {"post_attention_layernorm.weight", offsetof(fr_layer_weights, mlp_norm)},
+        {"mlp.gate_proj.weight", offsetof(fr_layer_weights, gate_proj)},
+        {"mlp.up_proj.weight", offsetof(fr_layer_weights, up_proj)},
+        {"mlp.down_proj.weight", offsetof(fr_layer_weights, down_proj)},
+    };
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        if (strcmp(rest, parts[i].suffix) == 0) return *(float *const *)((const char *)L + parts[i].off);
+    return NULL;
+}
+
+/* float32 -> bfloat16, round to nearest even (finite inputs). */
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static double seconds_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int cmd_push_weights(fr_client *c, int argc, char **argv)
+{
+    const char *spec = NULL, *skip = NULL, *nan_name = NULL, *flat = NULL, *export_path = NULL;
+    long long version = -1, v;
+    long long bucket = 512ll << 20;
+    fr_client_update_opts opts = {.bucket_bytes = 0, .corrupt_bucket = -1};
+    int bf16 = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (strcmp(a, "--model") == 0 && val) spec = argv[++i];
+        else if (strcmp(a, "--version") == 0 && val) bad = parse_long(a, argv[++i], 1, 1ll << 62, &version);
+        else if (strcmp(a, "--bucket-mib") == 0 && val) {
+            bad = parse_long(a, argv[++i], 1, 1 << 20, &v);
+            bucket = v << 20;
+        } else if (strcmp(a, "--bucket-bytes") == 0 && val) bad = parse_long(a, argv[++i], 4, 1ll << 50, &bucket);
+        else if (strcmp(a, "--dtype") == 0 && val) {
+            i++;
+            if (strcmp(argv[i], "bf16") == 0) bf16 = 1;
+            else if (strcmp(argv[i], "f32") != 0) return usage_error("push-weights: --dtype must be f32 or bf16, got '%s'", argv[i]);
+        } else if (strcmp(a, "--skip") == 0 && val) skip = argv[++i];
+        else if (strcmp(a, "--nan") == 0 && val) nan_name = argv[++i];
+        else if (strcmp(a, "--flatten") == 0 && val) flat = argv[++i];
+        else if (strcmp(a, "--export") == 0 && val) export_path = argv[++i];
+        else if (strcmp(a, "--corrupt-bucket") == 0 && val) {
+            bad = parse_long(a, argv[++i], 0, 1 << 30, &v);
+            opts.corrupt_bucket = (int)v;
+        } else return usage_error("push-weights: unknown or incomplete option '%s'", a);
+        if (bad) return 2;
+    }
+    if (!spec || (version < 0 && !export_path))
+        return usage_error("push-weights: %s are required", "--model and --version");
+    opts.bucket_bytes = (uint64_t)bucket;
+    fr_model *m = NULL;
+    fr_weight_update *names = NULL;
+    if (fr_model_load(spec, &m) || fr_weight_update_begin(&m->cfg, 0, &names)) {
+        fprintf(stderr, "fp4rollout-client: push-weights: %s\n", fr_last_error());
+        fr_model_destroy(&m);
+        return 1;
+    }
+    int n = fr_weight_update_tensor_count(names), k = 0, rc = 0;
+    fr_client_tensor *t = calloc((size_t)n, sizeof *t);
+    int64_t (*shapes)[2] = calloc((size_t)n, sizeof *shapes);
+    void **owned = calloc((size_t)n, sizeof *owned);   /* converted or altered copies */
+    uint64_t bytes = 0;
+    if (!t || !shapes || !owned) {
+        fprintf(stderr, "fp4rollout-client: out of memory\n");
+        rc = 1;
+    }
+    for (int i = 0; !rc && i < n; i++) {
+        const char *name;
+        int ndim;
+        fr_weight_update_tensor(names, i, &name, &ndim, shapes[k]);
+        const float *src = model_tensor(m, name);
+        if (!src) {
+            fprintf(stderr, "fp4rollout-client: push-weights: the model has no tensor %s\n", name);
+            rc = 1;
+            break;
+        }
+        if (skip && strcmp(skip, name) == 0) continue;
+        size_t count = (size_t)shapes[k][0] * (size_t)(ndim == 2 ? shapes[k][1] : 1);
+        int altered = nan_name && strcmp(nan_name, name) == 0;
+        const void *data = src;
+        if (bf16 || altered) {
+            owned[k] = malloc(count * (bf16 ? 2 : 4));
+            if (!owned[k]) {
+                fprintf(stderr, "fp4rollout-client: out of memory\n");
+                rc = 1;
+                break;
+            }
+            if (bf16)
+                for (size_t e = 0; e < count; e++) ((uint16_t *)owned[k])[e] = to_bf16(src[e]);
+            else memcpy(owned[k], src, count * 4);
+            if (altered) {
+                if (bf16) ((uint16_t *)owned[k])[count / 2] = 0x7fc0;
+                else ((float *)owned[k])[count / 2] = NAN;
+            }
+            data = owned[k];
+        }
+        if (flat && strcmp(flat, name) == 0 && ndim == 2) {
+            shapes[k][0] *= shapes[k][1];
+            ndim = 1;
+        }
+        t[k] = (fr_client_tensor){.name = name, .dtype = bf16 ? FR_DT_BF16 : FR_DT_F32, .ndim = ndim,
+                                  .shape = shapes[k], .data = data};
+        bytes += count * (bf16 ? 2 : 4);
+        k++;
+    }
+    if (!rc && export_path) {
+        FILE *f = fopen(export_path, "wb");
+        for (int i = 0; f && i < k; i++) {
+            size_t count = (size_t)t[i].shape[0] * (size_t)(t[i].ndim == 2 ? t[i].shape[1] : 1);
+            if (fwrite(t[i].data, bf16 ? 2 : 4, count, f) != count) break;
+            printf("{\"name\":\"%s\",\"shape\":[%lld", t[i].name, (long long)t[i].shape[0]);
+            if (t[i].ndim == 2) printf(",%lld", (long long)t[i].shape[1]);
+            printf("]}\n");
+        }
+        if (!f || fclose(f)) {
+            fprintf(stderr, "fp4rollout-client: cannot write %s\n", export_path);
+            rc = 1;
+        }
+    } else if (!rc) {
+        double t0 = seconds_now();
+        fr_msg_update_reply r;
+        if (fr_client_update_weights(c, t, k, (uint64_t)version, &opts, &r)) {
+            const char *code = "", *msg = "";
+            fr_client_last_error(c, &code, &msg, NULL);
+            fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());
+            printf("{\"committed\":false,\"code\":\"%s\"}\n", code);
+            rc = 1;
+        } else {
+            double dt = seconds_now() - t0;
+            uint64_t nb = (bytes + (uint64_t)bucket - 1) / (uint64_t)bucket;
+            printf("{\"committed\":true,\"version\":%llu,\"weight_version\":%llu,\"tensors\":%d,\"bytes\":%llu,"
+                   "\"buckets_at_least\":%llu,\"seconds\":%.6f,\"mib_per_s\":%.1f}\n",
+                   (unsigned long long)r.version, (unsigned long long)r.weight_version, k,
+                   (unsigned long long)bytes, (unsigned long long)nb, dt, (double)bytes / (1 << 20) / dt);
+        }
+    }
+    for (int i = 0; owned && i < n; i++) free(owned[i]);
+    free(owned);
+    free(shapes);
+    free(t);
+    fr_weight_update_free(&names);
+    fr_model_destroy(&m);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *endpoint = "tcp://127.0.0.1:5555";
+    fr_client_curve keys = {NULL, NULL, NULL};
     long long timeout = 30000;
     int i = 1;
     for (; i < argc; i++) {
@@ -554,6 +696,9 @@ int main(int argc, char **argv)
             return 0;
         }
         if (strcmp(argv[i], "--endpoint") == 0 && i + 1 < argc) endpoint = argv[++i];
+        else if (strcmp(argv[i], "--server-key") == 0 && i + 1 < argc) keys.server_public_key = argv[++i];
+        else if (strcmp(argv[i], "--public-key") == 0 && i + 1 < argc) keys.public_key = argv[++i];
+        else if (strcmp(argv[i], "--secret-key") == 0 && i + 1 < argc) keys.secret_key = argv[++i];
         else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc) {
             if (parse_long(argv[i], argv[i + 1], 1, 1 << 30, &timeout)) return 2;
             i++;
@@ -566,12 +711,24 @@ int main(int argc, char **argv)
             printf("%s", usage_text);
             return 0;
         }
-    static const char *const known[] = {"hello", "stats", "pause", "resume", "generate", "send-raw"};
+    static const char *const known[] = {"hello", "stats", "pause", "resume", "generate", "send-raw", "push-weights"};
     int ok = 0;
-    for (int k = 0; k < 6; k++) ok |= strcmp(cmd, known[k]) == 0;
+    for (int k = 0; k < 7; k++) ok |= strcmp(cmd, known[k]) == 0;
+    if (strcmp(cmd, "keygen") == 0) {
+        char pub[41], sec[41];
+        if (fr_client_keypair(pub, sec)) {
+            fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());
+            return 1;
+        }
+        printf("{\"public\":\"%s\",\"secret\":\"%s\"}\n", pub, sec);
+        return 0;
+    }
     if (!ok) return usage_error("unknown command '%s'", cmd);
+    int n_keys = !!keys.server_public_key + !!keys.public_key + !!keys.secret_key;
+    if (n_keys != 0 && n_keys != 3)
+        return usage_error("%s", "CURVE needs --server-key, --public-key and --secret-key together");
     fr_client *c;
-    if (fr_client_new(endpoint, &c)) {
+    if (fr_client_new_curve(endpoint, n_keys ? &keys : NULL, &c)) {
         fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());
         return 1;
     }
@@ -582,6 +739,7 @@ int main(int argc, char **argv)
     fr_status st = FR_OK;
     if (strcmp(cmd, "generate") == 0) rc = cmd_generate(c, (int)timeout, argc - i, argv + i);
     else if (strcmp(cmd, "send-raw") == 0) rc = cmd_send_raw(c, (int)timeout, argc - i, argv + i);
+    else if (strcmp(cmd, "push-weights") == 0) rc = cmd_push_weights(c, argc - i, argv + i);
     else if (i < argc && strcmp(cmd, "pause") != 0) rc = usage_error("%s takes no options", cmd);
     else if (strcmp(cmd, "hello") == 0) {
         m.type = FR_MSG_HELLO_REPLY;

@@ -1,0 +1,45 @@
+# libFuzzer targets (tests/fuzz/README.md), included by the top Makefile.
+# `make fuzz` builds BUILD/fuzz/fuzz_<target> with clang, libFuzzer, ASan and
+# UBSan (any UB report aborts); scripts/run-fuzz.sh builds and runs them.
+# `make fuzz-seeds` rewrites the generated seeds of the protocol and
+# safetensors corpora. Neither is part of `make all`: clang is optional.
+# Each target compiles the parser's sources itself, instrumented; only the
+# serve configuration also links the module libraries, for two helpers of
+# rollout/session.c that it prints with.
+
+FUZZ_CC      ?= clang
+FUZZ_DIR     := $(BUILD)/fuzz
+FUZZ_TARGETS := protocol safetensors model_config serve_config
+FUZZ_BINS    := $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
+FUZZ_CFLAGS  := -std=c11 -g -O1 -fno-omit-frame-pointer $(WARN) $(filter -D% -I%,$(CFLAGS)) \
+                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
+FUZZ_HDRS    := $(wildcard tests/fuzz/*.h attention/*.h trainer_bridge/*.h rollout/*.h)
+PROTO_SRCS   := $(addprefix trainer_bridge/,proto_common.c proto_decode.c proto_encode.c) attention/fr_status.c
+
+.PHONY: fuzz fuzz-seeds
+fuzz: $(FUZZ_BINS)
+
+$(FUZZ_DIR)/fuzz_protocol: tests/fuzz/fuzz_protocol.c $(PROTO_SRCS) $(FUZZ_HDRS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) -o $@ -lmsgpackc -lm
+
+$(FUZZ_DIR)/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c rollout/safetensors.c attention/fr_status.c $(FUZZ_HDRS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) -o $@ -lcjson -lm
+
+$(FUZZ_DIR)/fuzz_model_config: tests/fuzz/fuzz_model_config.c rollout/model_config.c attention/fr_status.c $(FUZZ_HDRS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) -o $@ -lcjson -lm
+
+$(FUZZ_DIR)/fuzz_serve_config: tests/fuzz/fuzz_serve_config.c rollout/serve_config.c attention/kv_numerics.c \
+                               attention/fr_status.c $(FUZZ_HDRS) $(LIBS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) $(LIBS) -o $@ $(LDLIBS)
+
+$(FUZZ_DIR)/gen_seeds: tests/fuzz/gen_seeds.c $(PROTO_SRCS) $(FUZZ_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -O1 $(WARN) -I. $(filter %.c,$^) -o $@ -lmsgpackc -lm
+
+fuzz-seeds: $(FUZZ_DIR)/gen_seeds
+	@mkdir -p tests/fuzz/corpus/protocol tests/fuzz/corpus/safetensors
+	$(FUZZ_DIR)/gen_seeds tests/fuzz/corpus

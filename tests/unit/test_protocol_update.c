@@ -1,0 +1,436 @@
+/* Weight updates on the wire (docs/protocol.md, update_weights) and the
+ * server's staging of them (trainer_bridge/update.h): the update messages
+ * and the new generate, done and stats keys round trip; malformed ones are
+ * refused naming the problem; a whole synthetic:tiny:7 model sent in small
+ * buckets stages bit-exactly, and each broken update (unknown tensor, wrong
+ * shape, wrong dtype, bad checksum, NaN, bucket out of order, frames that
+ * do not match the pieces, a missing tensor) fails with its error code. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+#include <zmq.h>
+
+#include "rollout/model.h"
+#include "trainer_bridge/protocol.h"
+#include "trainer_bridge/update.h"
+
+static void assert_msg_has(const char *needle)
+{
+    if (!strstr(fr_last_error(), needle)) fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
+}
+
+static void round_trip(const fr_msg *m, fr_msg *out)
+{
+    char *data = NULL;
+    size_t len = 0;
+    if (fr_msg_encode(m, &data, &len)) fail_msg("encode %s: %s", fr_msg_type_name(m->type), fr_last_error());
+    if (fr_msg_decode(data, len, out)) fail_msg("decode %s: %s", fr_msg_type_name(m->type), fr_last_error());
+    free(data);
+    assert_int_equal(out->type, m->type);
+}
+
+static fr_msg_tensor tensor(const char *name, fr_wire_dtype dt, int ndim, int64_t d0, int64_t d1)
+{
+    fr_msg_tensor t = {.dtype = dt, .ndim = ndim, .shape = {d0, d1}};
+    snprintf(t.name, sizeof t.name, "%s", name);
+    return t;
+}
+
+static void test_update_messages_round_trip(void **state)
+{
+    (void)state;
+    fr_msg m, d;
+    fr_msg_tensor ts[2] = {tensor("model.norm.weight", FR_DT_F32, 1, 64, 0),
+                           tensor("lm_head.weight", FR_DT_BF16, 2, 272, 64)};
+    fr_msg_init(&m, FR_MSG_UPDATE_BEGIN);
+    m.u.update_begin = (fr_msg_update_begin){.version = 7, .tensors = ts, .n_tensors = 2,
+                                             .total_bytes = 64 * 4 + 272 * 64 * 2, .bucket_bytes = 1 << 20};
+    round_trip(&m, &d);
+    assert_true(d.u.update_begin.version == 7 && d.u.update_begin.n_tensors == 2 &&
+                d.u.update_begin.bucket_bytes == 1 << 20);
+    assert_memory_equal(d.u.update_begin.tensors, ts, sizeof ts);
+    fr_msg_free(&d);
+
+    fr_msg_piece ps[2] = {{.t = ts[0], .offset = 0, .nbytes = 256}, {.t = ts[1], .offset = 512, .nbytes = 1024}};
+    fr_msg_init(&m, FR_MSG_UPDATE_BUCKET);
+    m.u.update_bucket = (fr_msg_update_bucket){.version = 7, .bucket = 3, .xxh64 = UINT64_MAX, .pieces = ps,
+                                               .n_pieces = 2};
+    round_trip(&m, &d);
+    assert_true(d.u.update_bucket.bucket == 3 && d.u.update_bucket.xxh64 == UINT64_MAX &&
+                d.u.update_bucket.n_pieces == 2);
+    assert_memory_equal(d.u.update_bucket.pieces, ps, sizeof ps);
+    fr_msg_free(&d);
+
+    fr_msg_type ends[] = {FR_MSG_UPDATE_COMMIT, FR_MSG_UPDATE_ABORT};
+    for (int i = 0; i < 2; i++) {
+        fr_msg_init(&m, ends[i]);
+        m.u.update_end.version = 1ull << 50;
+        round_trip(&m, &d);
+        assert_true(d.u.update_end.version == 1ull << 50);
+        assert_true(fr_msg_type_from_client(ends[i]));
+    }
+    assert_false(fr_msg_type_from_client(FR_MSG_UPDATE_REPLY));
+
+    for (int stage = 0; stage < 4; stage++) {
+        fr_msg_init(&m, FR_MSG_UPDATE_REPLY);
+        m.u.update_reply = (fr_msg_update_reply){.version = 2, .stage = (fr_update_stage)stage,
+                                                 .bucket = stage == FR_UPD_BUCKET ? 5 : -1, .bytes = 99,
+                                                 .weight_version = 1};
+        round_trip(&m, &d);
+        assert_memory_equal(&d.u.update_reply, &m.u.update_reply, sizeof m.u.update_reply);
+    }
+    const char *dt[] = {"f32", "bf16", "f16"};
+    for (int i = 0; i < 3; i++) assert_string_equal(fr_wire_dtype_name((fr_wire_dtype)i), dt[i]);
+    assert_int_equal(fr_msg_tensor_bytes(&ts[1]), 272 * 64 * 2);
+}
+
+static void test_new_generate_done_stats_keys(void **state)
+{
+    (void)state;
+    int prompt[] = {256, 1}, forced[] = {5, 6, 7};
+    fr_msg m, d;
+    for (int mon = -1; mon <= 1; mon++) {
+        fr_msg_init(&m, FR_MSG_GENERATE);
+        m.u.generate.prompt = prompt;
+        m.u.generate.n_prompt = 2;
+        m.u.generate.monitor_divergence = mon;
+        m.u.generate.per_token_kl = mon == 1;
+        if (mon == 0) {
+            m.u.generate.forced_tokens = forced;
+            m.u.generate.n_forced_tokens = 3;
+        }
+        round_trip(&m, &d);
+        assert_int_equal(d.u.generate.monitor_divergence, mon);
+        assert_int_equal(d.u.generate.per_token_kl, mon == 1);
+        if (mon == 0) {
+            assert_int_equal(d.u.generate.n_forced_tokens, 3);
+            assert_memory_equal(d.u.generate.forced_tokens, forced, sizeof forced);
+        } else {
+            assert_null(d.u.generate.forced_tokens);
+        }
+        fr_msg_free(&d);
+    }
+    /* an empty forced_tokens is refused */
+    fr_msg_init(&m, FR_MSG_GENERATE);
+    m.u.generate.prompt = prompt;
+    m.u.generate.n_prompt = 2;
+    m.u.generate.forced_tokens = forced;
+    m.u.generate.n_forced_tokens = 0;
+    char *data;
+    size_t len;
+    assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
+    assert_msg_has("\"forced_tokens\" must hold 1 to");
+
+    float kl[3] = {0.0f, 1e-3f, 0.25f};
+    fr_msg_init(&m, FR_MSG_DONE);
+    m.u.done.total_ms = 2;
+    m.u.done.n_tokens = 3;
+    m.u.done.divergence = (fr_msg_divergence){.has_values = 1, .kl_mean = 0.1, .kl_max = 0.25,
+                                              .top1_agreement = 1, .logprob_diff_mean = 0.01, .positions = 3,
+                                              .kl = kl, .n_kl = 3};
+    round_trip(&m, &d);
+    assert_int_equal(d.u.done.divergence.n_kl, 3);
+    assert_memory_equal(d.u.done.divergence.kl, kl, sizeof kl);
+    fr_msg_free(&d);
+    m.u.done.divergence.has_values = 0;   /* per-token KL without the summary: refused */
+    assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
+    assert_msg_has("per_token_kl");
+
+    fr_msg_init(&m, FR_MSG_STATS_REPLY);
+    snprintf(m.u.stats_reply.state, sizeof m.u.stats_reply.state, "running");
+    m.u.stats_reply.updating = 1;
+    m.u.stats_reply.update_version = 4;
+    m.u.stats_reply.updates_committed = 2;
+    m.u.stats_reply.updates_failed = 5;
+    round_trip(&m, &d);
+    assert_memory_equal(&d.u.stats_reply, &m.u.stats_reply, sizeof m.u.stats_reply);
+}
+
+static void expect_encode_refused(const fr_msg *m, const char *needle)
+{
+    char *data = NULL;
+    size_t len;
+    fr_status st = fr_msg_encode(m, &data, &len);
+    if (st != FR_EFORMAT) fail_msg("encoded a bad %s (wanted: %s)", fr_msg_type_name(m->type), needle);
+    assert_msg_has(needle);
+}
+
+static void test_update_messages_refused(void **state)
+{
+    (void)state;
+    fr_msg m;
+    fr_msg_tensor ts[2] = {tensor("a", FR_DT_F32, 1, 4, 0), tensor("a", FR_DT_F32, 1, 4, 0)};
+    fr_msg_init(&m, FR_MSG_UPDATE_BEGIN);
+    m.u.update_begin = (fr_msg_update_begin){.version = 1, .tensors = ts, .n_tensors = 1, .total_bytes = 15,
+                                             .bucket_bytes = 8};
+    expect_encode_refused(&m, "\"total_bytes\" is 15 but the tensors listed hold 16 bytes");
+    m.u.update_begin.total_bytes = 16;
+    m.u.update_begin.bucket_bytes = 0;
+    expect_encode_refused(&m, "\"bucket_bytes\" must be >= 1");
+    m.u.update_begin.bucket_bytes = 8;
+    ts[0].shape[0] = 0;
+    expect_encode_refused(&m, "\"shape\"[0] must be >= 1");
+    ts[0].shape[0] = 4;
+    ts[0].ndim = 9;
+    expect_encode_refused(&m, "1 to 8 dimensions");
+    ts[0].ndim = 1;
+    /* a name listed twice is refused when decoding */
+    m.u.update_begin.n_tensors = 2;
+    m.u.update_begin.total_bytes = 32;
+    char *data;
+    size_t len;
+    assert_int_equal(fr_msg_encode(&m, &data, &len), FR_OK);
+    fr_msg d;
+    assert_int_equal(fr_msg_decode(data, len, &d), FR_EFORMAT);
+    assert_msg_has("tensor \"a\" is listed twice");
+    assert_int_equal(d.type, FR_MSG_NONE);
+    free(data);
+
+    fr_msg_piece p = {.t = tensor("b", FR_DT_BF16, 2, 2, 3), .offset = 2, .nbytes = 12};
+    fr_msg_init(&m, FR_MSG_UPDATE_BUCKET);
+    m.u.update_bucket = (fr_msg_update_bucket){.version = 1, .bucket = 0, .pieces = &p, .n_pieces = 1};
+    expect_encode_refused(&m, "bytes [2, 14) run past the tensor's 12 bytes");
+    p.offset = 1;
+    p.nbytes = 2;
+    expect_encode_refused(&m, "must be multiples of the bf16 element size 2");
+    m.u.update_bucket.n_pieces = 0;
+    expect_encode_refused(&m, "\"pieces\" must hold at least one piece");
+
+    fr_msg_init(&m, FR_MSG_UPDATE_REPLY);
+    m.u.update_reply.stage = FR_UPD_BUCKET;
+    expect_encode_refused(&m, "\"bucket\" is a number >= 0 exactly when");
+}
+
+/* ---- staging --------------------------------------------------------------- */
+
+/* The float32 data of tensor `name` of model m (the names of
+ * rollout/weight_update.h), or NULL. */
+static const float *model_tensor(const fr_model *m, const char *name)
+{
+    const fr_weights *w = &m->w;
+    if (strcmp(name, "model.embed_tokens.weight") == 0) return w->embed;
+    if (strcmp(name, "model.norm.weight") == 0) return w->final_norm;
+    if (strcmp(name, "lm_head.weight") == 0) return w->lm_head;
+    int l;
+    char rest[96];
+    if (sscanf(name, "model.layers.%d.%95s", &l, rest) != 2 || l < 0 || l >= m->cfg.num_layers) return NULL;
+    const fr_layer_weights *L = &w->layers[l];
+    const char *sfx[] = {"input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                         "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+                         "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
+                         "mlp.up_proj.weight", "mlp.down_proj.weight"};
+    const float *ptr[] = {L->attn_norm, L->q_proj, L->k_proj, L->v_proj, L->o_proj, L->q_norm,
+                          L->k_norm,    L->mlp_norm, L->gate_proj, L->up_proj, L->down_proj};
+    for (int i = 0; i < 11; i++)
+        if (strcmp(rest, sfx[i]) == 0) return ptr[i];
+    return NULL;
+}
+
+/* The model's tensors as a begin lists them (f32), and their data. */
+typedef struct {
+    fr_model *src;
+    fr_msg_tensor *t;
+    const float **data;
+    int n;
+    uint64_t total;
+} source;
+
+static void source_load(source *s, const char *spec)
+{
+    memset(s, 0, sizeof *s);
+    assert_int_equal(fr_model_load(spec, &s->src), FR_OK);
+    fr_weight_update *names;
+    assert_int_equal(fr_weight_update_begin(&s->src->cfg, 0, &names), FR_OK);
+    s->n = fr_weight_update_tensor_count(names);
+    s->t = calloc((size_t)s->n, sizeof *s->t);
+    s->data = calloc((size_t)s->n, sizeof *s->data);
+    assert_non_null(s->t);
+    assert_non_null(s->data);
+    for (int i = 0; i < s->n; i++) {
+        const char *name;
+        int ndim;
+        int64_t shape[2];
+        assert_int_equal(fr_weight_update_tensor(names, i, &name, &ndim, shape), FR_OK);
+        s->t[i] = tensor(name, FR_DT_F32, ndim, shape[0], shape[1]);
+        s->data[i] = model_tensor(s->src, name);
+        assert_non_null(s->data[i]);
+        s->total += fr_msg_tensor_bytes(&s->t[i]);
+    }
+    fr_weight_update_free(&names);
+}
+
+static void source_free(source *s)
+{
+    fr_model_destroy(&s->src);
+    free(s->t);
+    free(s->data);
+}
+
+/* A bucket message with pieces [first, first + n) of the given tensors,
+ * each a whole tensor, and its payload frames (copied into ZeroMQ messages
+ * as the server would receive them). */
+static void make_bucket(const source *s, const int *idx, int n, int bucket, fr_msg_update_bucket *b,
+                        fr_msg_piece *pieces, fr_wire_msg *w)
+{
+    zmq_msg_t *frames = calloc((size_t)n, sizeof *frames);
+    assert_non_null(frames);
+    XXH64_state_t *h = XXH64_createState();
+    XXH64_reset(h, 0);
+    for (int k = 0; k < n; k++) {
+        const fr_msg_tensor *t = &s->t[idx[k]];
+        uint64_t nb = fr_msg_tensor_bytes(t);
+        pieces[k] = (fr_msg_piece){.t = *t, .offset = 0, .nbytes = nb};
+        zmq_msg_init_size(&frames[k], (size_t)nb);
+        memcpy(zmq_msg_data(&frames[k]), s->data[idx[k]], (size_t)nb);
+        XXH64_update(h, s->data[idx[k]], (size_t)nb);
+    }
+    *b = (fr_msg_update_bucket){.version = 2, .bucket = bucket, .xxh64 = XXH64_digest(h), .pieces = pieces,
+                                .n_pieces = n};
+    XXH64_freeState(h);
+    memset(w, 0, sizeof *w);
+    w->payload = frames;
+    w->n_payload = n;
+    w->n_frames = n + 1;
+}
+
+static fr_bridge_update *begin_all(const source *s, int n_tensors)
+{
+    fr_msg_update_begin b = {.version = 2, .tensors = s->t, .n_tensors = n_tensors, .bucket_bytes = 1 << 20};
+    for (int i = 0; i < n_tensors; i++) b.total_bytes += fr_msg_tensor_bytes(&s->t[i]);
+    fr_bridge_update *u = NULL;
+    const char *code = NULL;
+    if (fr_bridge_update_begin(&s->src->cfg, &b, &u, &code)) fail_msg("begin: %s (%s)", fr_last_error(), code);
+    return u;
+}
+
+static void test_staging_whole_model(void **state)
+{
+    (void)state;
+    source s;
+    source_load(&s, "synthetic:tiny:7");
+    fr_bridge_update *u = begin_all(&s, s.n);
+    const char *code;
+    /* two tensors per bucket */
+    fr_msg_piece pieces[2];
+    for (int i = 0, k = 0; i < s.n; i += 2, k++) {
+        int idx[2] = {i, i + 1};
+        int n = i + 1 < s.n ? 2 : 1;
+        fr_msg_update_bucket b;
+        fr_wire_msg w;
+        make_bucket(&s, idx, n, k, &b, pieces, &w);
+        if (fr_bridge_update_bucket(u, &b, &w, &code)) fail_msg("bucket %d: %s", k, fr_last_error());
+        fr_wire_msg_free(&w);
+    }
+    assert_int_equal(fr_bridge_update_ready(u, &code), FR_OK);
+    assert_true(fr_bridge_update_bytes(u) == s.total);
+    /* the staged model is the source, bit for bit */
+    size_t n_a = 0, n_b = 0;
+    const float *a = fr_model_data(fr_weight_update_model(fr_bridge_update_staged(u)), &n_a);
+    const float *b = fr_model_data(s.src, &n_b);
+    assert_true(n_a == n_b && n_a > 0);
+    assert_memory_equal(a, b, n_a * sizeof(float));
+    fr_bridge_update_free(&u);
+    assert_null(u);
+    source_free(&s);
+}
+
+/* code: where the call under test stores its error code (read after it). */
+static void expect_code(fr_status st, const char **code, const char *want, const char *needle)
+{
+    if (st == FR_OK) fail_msg("accepted (wanted %s)", want);
+    assert_string_equal(*code, want);
+    assert_msg_has(needle);
+}
+
+static void test_staging_failures(void **state)
+{
+    (void)state;
+    source s;
+    source_load(&s, "synthetic:tiny:7");
+    const char *code = NULL;
+    fr_bridge_update *u = NULL;
+
+    /* begin: an unknown name, a wrong shape */
+    fr_msg_tensor saved = s.t[1];
+    snprintf(s.t[1].name, sizeof s.t[1].name, "model.layers.0.self_attn.x_proj.weight");
+    fr_msg_update_begin b = {.version = 2, .tensors = s.t, .n_tensors = s.n, .total_bytes = s.total,
+                             .bucket_bytes = 1 << 20};
+    expect_code(fr_bridge_update_begin(&s.src->cfg, &b, &u, &code), &code, "unknown_tensor", "x_proj");
+    assert_null(u);
+    s.t[1] = saved;
+    s.t[0].shape[0] += 1;
+    expect_code(fr_bridge_update_begin(&s.src->cfg, &b, &u, &code), &code, "bad_shape",
+                "\"model.embed_tokens.weight\" has shape");
+    s.t[0].shape[0] -= 1;
+
+    fr_msg_piece pieces[2];
+    fr_msg_update_bucket bk;
+    fr_wire_msg w;
+    int idx0[1] = {0};
+
+    /* a bad checksum */
+    u = begin_all(&s, s.n);
+    make_bucket(&s, idx0, 1, 0, &bk, pieces, &w);
+    bk.xxh64 ^= 1;
+    expect_code(fr_bridge_update_bucket(u, &bk, &w, &code), &code, "bad_checksum", "bucket 0: the payload's xxh64");
+    fr_wire_msg_free(&w);
+    fr_bridge_update_free(&u);
+
+    /* a NaN, named with its element */
+    u = begin_all(&s, s.n);
+    make_bucket(&s, idx0, 1, 0, &bk, pieces, &w);
+    float nan = NAN;
+    memcpy((char *)zmq_msg_data((zmq_msg_t *)w.payload) + 4 * 10, &nan, 4);
+    XXH64_hash_t h = XXH64(zmq_msg_data((zmq_msg_t *)w.payload), (size_t)bk.pieces[0].nbytes, 0);
+    bk.xxh64 = h;
+    expect_code(fr_bridge_update_bucket(u, &bk, &w, &code), &code, "non_finite",
+                "\"model.embed_tokens.weight\" element 10 is NaN or infinite");
+    fr_wire_msg_free(&w);
+    fr_bridge_update_free(&u);
+
+    /* out of order, frames that do not match, a dtype other than declared */
+    u = begin_all(&s, s.n);
+    make_bucket(&s, idx0, 1, 1, &bk, pieces, &w);
+    expect_code(fr_bridge_update_bucket(u, &bk, &w, &code), &code, "update_state", "bucket 1 arrived, expected bucket 0");
+    bk.bucket = 0;
+    w.n_frames = 3;
+    expect_code(fr_bridge_update_bucket(u, &bk, &w, &code), &code, "bad_bucket", "carries 2 payload frames");
+    w.n_frames = 2;
+    pieces[0].t.dtype = FR_DT_F16;
+    pieces[0].nbytes /= 2;
+    expect_code(fr_bridge_update_bucket(u, &bk, &w, &code), &code, "bad_bucket", "its frame holds");
+    fr_wire_msg_free(&w);
+    fr_bridge_update_free(&u);
+
+    /* a tensor the model has but the begin left out: missing at commit */
+    u = begin_all(&s, s.n - 1);
+    for (int i = 0, k = 0; i < s.n - 1; i++, k++) {
+        int idx[1] = {i};
+        make_bucket(&s, idx, 1, k, &bk, pieces, &w);
+        if (fr_bridge_update_bucket(u, &bk, &w, &code)) fail_msg("bucket %d: %s", k, fr_last_error());
+        fr_wire_msg_free(&w);
+    }
+    expect_code(fr_bridge_update_ready(u, &code), &code, "missing_tensor", s.t[s.n - 1].name);
+    fr_bridge_update_free(&u);
+    source_free(&s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_update_messages_round_trip),
+        cmocka_unit_test(test_new_generate_done_stats_keys),
+        cmocka_unit_test(test_update_messages_refused),
+        cmocka_unit_test(test_staging_whole_model),
+        cmocka_unit_test(test_staging_failures),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

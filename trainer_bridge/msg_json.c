@@ -1,0 +1,177 @@
+/* Server replies as JSON text (trainer_bridge/client.h, fr_msg_to_json):
+ * the keys of docs/protocol.md, for command lines and language bindings. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+
+typedef struct {
+    char *s;
+    size_t len, cap;
+    int failed;
+} jbuf;
+
+static void put(jbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(jbuf *b, const char *fmt, ...)
+{
+    if (b->failed) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = 1;
+            return;
+        }
+        if (b->s && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t c = b->cap ? b->cap : 256;
+        while (c <= b->len + (size_t)n) c *= 2;
+        char *t = realloc(b->s, c);
+        if (!t) {
+            b->failed = 1;
+            return;
+        }
+        b->s = t;
+        b->cap = c;
+    }
+}
+
+static void str(jbuf *b, const char *s)
+{
+    put(b, "\"");
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') put(b, "\\%c", ch);
+        else if (ch < 0x20) put(b, "\\u%04x", ch);
+        else put(b, "%c", ch);
+    }
+    put(b, "\"");
+}
+
+static void u64(jbuf *b, const char *k, uint64_t v, int comma) { put(b, "\"%s\":%llu%s", k, (unsigned long long)v, comma ? "," : ""); }
+static void i32(jbuf *b, const char *k, int v, int comma) { put(b, "\"%s\":%d%s", k, v, comma ? "," : ""); }
+
+static void stats(jbuf *b, const fr_msg_stats_reply *s)
+{
+    put(b, "\"scheduler\":{");
+    i32(b, "running", s->running, 1);
+    i32(b, "prefilling", s->prefilling, 1);
+    i32(b, "waiting", s->waiting, 1);
+    u64(b, "preemptions", s->preemptions, 1);
+    u64(b, "tokens_generated", s->tokens_generated, 1);
+    u64(b, "prefill_tokens", s->prefill_tokens, 1);
+    u64(b, "steps", s->steps, 1);
+    u64(b, "finished", s->finished, 1);
+    i32(b, "kv_blocks_used", s->kv_blocks_used, 1);
+    i32(b, "kv_blocks_free", s->kv_blocks_free, 0);
+    put(b, "},\"server\":{\"state\":");
+    str(b, s->state);
+    put(b, ",\"updating\":%s,", s->updating ? "true" : "false");
+    u64(b, "update_version", s->update_version, 1);
+    u64(b, "updates_committed", s->updates_committed, 1);
+    u64(b, "updates_failed", s->updates_failed, 1);
+    u64(b, "weight_version", s->weight_version, 1);
+    i32(b, "clients", s->clients, 1);
+    i32(b, "open_requests", s->open_requests, 1);
+    i32(b, "held_requests", s->held_requests, 1);
+    u64(b, "messages_in", s->messages_in, 1);
+    u64(b, "messages_out", s->messages_out, 1);
+    u64(b, "bad_messages", s->bad_messages, 1);
+    u64(b, "errors_sent", s->errors_sent, 1);
+    u64(b, "requests_accepted", s->requests_accepted, 1);
+    u64(b, "requests_rejected", s->requests_rejected, 1);
+    u64(b, "samples_done", s->samples_done, 1);
+    u64(b, "tokens_streamed", s->tokens_streamed, 1);
+    u64(b, "send_retries", s->send_retries, 1);
+    u64(b, "queued_messages", s->queued_messages, 1);
+    u64(b, "undeliverable_messages", s->undeliverable_messages, 0);
+    put(b, "}");
+}
+
+fr_status fr_msg_to_json(const fr_msg *m, char **out)
+{
+    if (!m || !out) return fr_fail(FR_EINVAL, "fr_msg_to_json: NULL argument");
+    *out = NULL;
+    jbuf b = {0};
+    put(&b, "{\"type\":");
+    str(&b, fr_msg_type_name(m->type));
+    put(&b, ",");
+    switch (m->type) {
+    case FR_MSG_HELLO_REPLY: {
+        const fr_msg_hello_reply *h = &m->u.hello_reply;
+        put(&b, "\"server\":");
+        str(&b, h->server);
+        put(&b, ",\"model\":");
+        str(&b, h->model);
+        put(&b, ",\"backend\":");
+        str(&b, h->backend);
+        put(&b, ",\"kv_dtype\":");
+        str(&b, h->kv_dtype);
+        put(&b, ",");
+        i32(&b, "tp", h->tp, 1);
+        i32(&b, "engines", h->engines, 1);
+        u64(&b, "weight_version", h->weight_version, 1);
+        i32(&b, "max_seqs", h->max_seqs, 1);
+        i32(&b, "kv_blocks", h->kv_blocks, 1);
+        i32(&b, "kv_block_tokens", h->kv_block_tokens, 1);
+        i32(&b, "max_model_len", h->max_model_len, 1);
+        i32(&b, "vocab_size", h->vocab_size, 1);
+        i32(&b, "chunk", h->chunk, 1);
+        put(&b, "\"eos_token_ids\":[");
+        for (int i = 0; i < h->n_eos_token_ids; i++) put(&b, "%s%d", i ? "," : "", h->eos_token_ids[i]);
+        put(&b, "]");
+        break;
+    }
+    case FR_MSG_STATS_REPLY:
+        stats(&b, &m->u.stats_reply);
+        break;
+    case FR_MSG_PAUSE_REPLY:
+        put(&b, "\"mode\":\"%s\",\"state\":\"paused\",", fr_pause_mode_name(m->u.pause_reply.mode));
+        i32(&b, "aborted", m->u.pause_reply.aborted, 0);
+        break;
+    case FR_MSG_RESUME_REPLY:
+        i32(&b, "released", m->u.resume_reply.released, 0);
+        break;
+    case FR_MSG_ABORT_REPLY:
+        i32(&b, "samples", m->u.abort_reply.samples, 1);
+        put(&b, "\"not_found\":[");
+        for (int i = 0; i < m->u.abort_reply.n_not_found; i++)
+            put(&b, "%s%llu", i ? "," : "", (unsigned long long)m->u.abort_reply.not_found[i]);
+        put(&b, "]");
+        break;
+    case FR_MSG_UPDATE_REPLY: {
+        const fr_msg_update_reply *r = &m->u.update_reply;
+        u64(&b, "version", r->version, 1);
+        put(&b, "\"stage\":\"%s\",", fr_update_stage_name(r->stage));
+        if (r->bucket >= 0) i32(&b, "bucket", r->bucket, 1);
+        else put(&b, "\"bucket\":null,");
+        u64(&b, "bytes", r->bytes, 1);
+        u64(&b, "weight_version", r->weight_version, 0);
+        break;
+    }
+    case FR_MSG_ERROR:
+        put(&b, "\"code\":");
+        str(&b, m->u.error.code);
+        put(&b, ",\"message\":");
+        str(&b, m->u.error.message);
+        if (m->u.error.has_request_id) put(&b, ",\"request_id\":%llu", (unsigned long long)m->u.error.request_id);
+        else put(&b, ",\"request_id\":null");
+        break;
+    default:
+        free(b.s);
+        return fr_fail(FR_EINVAL, "fr_msg_to_json: %s is not a reply", fr_msg_type_name(m->type));
+    }
+    put(&b, "}");
+    if (b.failed) {
+        free(b.s);
+        return fr_fail(FR_ENOMEM, "fr_msg_to_json: out of memory");
+    }
+    *out = b.s;
+    return FR_OK;
+}
