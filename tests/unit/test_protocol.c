@@ -440,6 +440,14 @@ static void test_frame_level_errors(void **state)
     expect_refused("\x92\x01\x02", 3, FR_EFORMAT, "must be a msgpack map, got an array");
     expect_refused("\x80\x80", 2, FR_EFORMAT, "1 bytes follow the msgpack map");
     expect_refused("\x80", 1, FR_EFORMAT, "missing key \"type\"");
+    /* A few bytes declaring a huge container or string are refused before
+     * the unpacker reserves memory for it (found by tests/fuzz). */
+    expect_refused("\x81\xa1\x78\xdd\x08\x00\x00\x00", 8, FR_EFORMAT, "declares lengths");
+    expect_refused("\x81\xa1\x78\xdf\x7f\xff\xff\xff", 8, FR_EFORMAT, "declares lengths");
+    expect_refused("\x81\xa1\x78\xdb\x7f\xff\xff\xff", 8, FR_EFORMAT, "declares lengths");
+    uint64_t pid;
+    assert_false(fr_msg_peek_request_id("\x81\xa1\x78\xdd\x08\x00\x00\x00", 8, &pid));
+    assert_int_equal(fr_msg_peek_type("\x81\xa1\x78\xdd\x08\x00\x00\x00", 8), FR_MSG_NONE);
 
     field no_v[] = {TYPE("hello")};
     expect_fields_refused(no_v, N(no_v), FR_EFORMAT, "missing key \"v\"");
