@@ -7,26 +7,10 @@
 # clients at once with the same request ids; the Python client; clean
 # shutdown on SIGTERM with a done for every open sample; CLI errors.
 set -euo pipefail
-build=${BUILD:-build}
-bin=$build/fp4rollout
-cli=$build/fp4rollout-client
-py=/usr/bin/python3
-dir=$(mktemp -d)
-server_pid=
-cleanup() {
-  [ -n "$server_pid" ] && kill -KILL "$server_pid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "serve_bridge: $*" >&2
-  [ -f "$dir/serve.log" ] && { echo "--- server log:" >&2; tail -20 "$dir/serve.log" >&2; }
-  exit 1
-}
-[ -x "$bin" ] && [ -x "$cli" ] || fail "$bin or $cli is missing (run make)"
-export OPENBLAS_NUM_THREADS=1
+name=serve_bridge
+source "$(dirname "$0")/serve_setup.bash"
 
-port=$($py -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+port=$(free_port)
 ep=tcp://127.0.0.1:$port
 cat > "$dir/serve.json" <<EOF
 {"model": "synthetic:tiny", "backend": "cpu", "kv_dtype": "f32", "max_seqs": 16,

@@ -7,25 +7,8 @@
 # the weight version serving) equal /metrics; a screenshot is taken. The
 # browser part is skipped, with a message, when chromium is absent.
 set -euo pipefail
-build=${BUILD:-build}
-bin=$build/fp4rollout
-cli=$build/fp4rollout-client
-py=/usr/bin/python3
-dir=$(mktemp -d)
-server_pid=
-cleanup() {
-  [ -n "$server_pid" ] && kill -KILL "$server_pid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "serve_dashboard: $*" >&2
-  [ -f "$dir/serve.log" ] && { echo "--- server log:" >&2; tail -20 "$dir/serve.log" >&2; }
-  exit 1
-}
-[ -x "$bin" ] && [ -x "$cli" ] || fail "$bin or $cli is missing (run make)"
-export OPENBLAS_NUM_THREADS=1
-free_port() { $py -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
+name=serve_dashboard
+source "$(dirname "$0")/serve_setup.bash"
 port=$(free_port)
 mport=$(free_port)
 cat > "$dir/serve.json" <<JSON

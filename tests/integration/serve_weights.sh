@@ -7,26 +7,10 @@
 # tensor and a wrong shape refused with the old weights still serving; a
 # client without keys or with an unlisted key gets no reply.
 set -euo pipefail
-build=${BUILD:-build}
-bin=$build/fp4rollout
-cli=$build/fp4rollout-client
-py=/usr/bin/python3
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "serve_weights: $*" >&2
-  for f in "$dir"/*.log; do [ -f "$f" ] && { echo "--- $f:" >&2; tail -15 "$f" >&2; }; done
-  exit 1
-}
+name=serve_weights
+source "$(dirname "$0")/serve_setup.bash"
 [ -x "$bin" ] && [ -x "$cli" ] && [ -f "$build/libfp4rollout_client.so" ] || fail "build first (make)"
 $py -c 'import numpy' 2>/dev/null || fail "python3-numpy is missing (scripts/install-deps.sh)"
-export OPENBLAS_NUM_THREADS=1
-free_port() { $py -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
 
 start() { # NAME CONFIG-JSON -> endpoint in $ep
   local port; port=$(free_port)

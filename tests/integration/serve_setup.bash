@@ -1,0 +1,27 @@
+# Sourced by the serve_* integration scripts (not a test itself:
+# scripts/run-tests.sh runs only *.sh). Expects `name` set to the script's
+# name. Defines build, bin (fp4rollout), cli (fp4rollout-client), py, dir (a
+# temporary folder removed at exit), server_pid and pids (processes killed at
+# exit), fail MESSAGE (prints the last lines of every $dir/*.log and exits 1)
+# and free_port; checks that the binaries are built.
+build=${BUILD:-build}
+bin=$build/fp4rollout
+cli=$build/fp4rollout-client
+py=/usr/bin/python3
+dir=$(mktemp -d)
+server_pid=
+pids=()
+cleanup() {
+  [ -n "$server_pid" ] && kill -KILL "$server_pid" 2>/dev/null
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() {
+  echo "$name: $*" >&2
+  for f in "$dir"/*.log; do [ -f "$f" ] && { echo "--- $(basename "$f"):" >&2; tail -20 "$f" >&2; }; done
+  exit 1
+}
+[ -x "$bin" ] && [ -x "$cli" ] || fail "$bin or $cli is missing (run make)"
+export OPENBLAS_NUM_THREADS=1
+free_port() { $py -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
