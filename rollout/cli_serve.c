@@ -1,5 +1,6 @@
 /* fp4rollout serve: the trainer-facing service (docs/protocol.md) on one
- * engine, configured by a JSON file (configs/README.md). */
+ * engine, or under mpirun on the world's engines of tp ranks each,
+ * configured by a JSON file (configs/README.md). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include "cli_serve.h"
 #include "serve_config.h"
 #include "session.h"
+#include "tp_launch.h"
 #include "trainer_bridge/server.h"
 
 static const char usage_text[] =
@@ -28,8 +30,12 @@ static const char usage_text[] =
     "  --config FILE   the serve configuration (JSON, every key optional;\n"
     "                  configs/README.md lists the keys)\n"
     "\n"
-    "Not built yet: several engines or tensor parallelism (mpirun with more than\n"
-    "one rank, or tp > 1), the metrics endpoint.\n";
+    "Under mpirun -np W with the configuration's tp T, the W ranks form W / T\n"
+    "engines of T tensor-parallel ranks; world rank 0 owns the socket, routes each\n"
+    "request to the engine with the fewest open samples and streams every engine's\n"
+    "results; a weight update is committed on every rank or on none. A signal to\n"
+    "any rank shuts every rank down; a rank that fails makes every rank exit\n"
+    "non-zero.\n";
 
 static volatile sig_atomic_t stop_flag = 0;
 
@@ -39,12 +45,19 @@ static void on_signal(int sig)
     stop_flag = 1;
 }
 
-/* The world size mpirun announces (1 when not under mpirun). */
-static int mpirun_world_size(void)
+/* With several ranks: whether every rank got this far (ok on this one). A
+ * rank that failed has printed why; the others say that one did. */
+static int all_ranks_ok(const fr_tp_launch *tl, int ok)
 {
-    const char *v = getenv("OMPI_COMM_WORLD_SIZE");
-    if (!v) v = getenv("PMI_SIZE");
-    return v ? atoi(v) : 1;
+    if (!tl->world || tl->world_size < 2) return ok;
+    int all = 0;
+    if (fr_mpi_world_all_ok(tl->world, ok, &all)) {
+        fprintf(stderr, "fp4rollout serve: rank %d: %s\n", tl->world_rank, fr_comm_last_error());
+        fr_mpi_world_abort(tl->world, 1);
+        return 0;
+    }
+    if (ok && !all) fprintf(stderr, "fp4rollout serve: rank %d stops: another rank failed to start\n", tl->world_rank);
+    return all;
 }
 
 int fr_cli_serve(int argc, char **argv)
@@ -59,25 +72,10 @@ int fr_cli_serve(int argc, char **argv)
         else return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", argv[i]);
     }
     if (!path) return fr_cli_usage_error(cmd, "--config is required");
-    int world = mpirun_world_size();
-    if (world > 1) {
-        fprintf(stderr,
-                "fp4rollout serve: started with %d ranks, but serving across several ranks (engines or tensor\n"
-                "parallelism) is not built yet; run one process (mpirun -np 1, or no mpirun)\n",
-                world);
-        return 2;
-    }
     fr_serve_config c;
     fr_serve_config_default(&c);
     if (fr_serve_config_load(path, &c)) {
         fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
-        return 2;
-    }
-    if (c.tp > 1) {
-        fprintf(stderr,
-                "fp4rollout serve: %s: tp %d needs several ranks per engine, which serve does not support yet;\n"
-                "set tp to 1\n",
-                path, c.tp);
         return 2;
     }
     fr_engine_opts eo;
@@ -99,9 +97,27 @@ int fr_cli_serve(int argc, char **argv)
         kv_blocks = c.max_seqs * FR_SERVE_CPU_PAGES_PER_SEQ;
     }
     eo.backend = backend;
+    /* Every rank reads the same configuration, so the checks above fail on
+     * every rank alike; from here on, failures are agreed on. */
+    if (c.tp > 1 && !fr_tp_under_mpirun()) {
+        fprintf(stderr,
+                "fp4rollout serve: %s: tp %d needs several ranks per engine: start it with mpirun -np N, N a "
+                "multiple of %d\n",
+                path, c.tp, c.tp);
+        return 2;
+    }
+    fr_tp_launch tl;
+    if (fr_tp_launch_open(c.tp, &tl)) {
+        fprintf(stderr, "fp4rollout serve: %s: %s\n", path, fr_last_error());
+        return 2;
+    }
+    eo.group = tl.group;
     fr_session s;
-    if (fr_session_open(&eo, kv_blocks, c.max_seqs, &s)) {
-        fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
+    int opened = fr_session_open(&eo, kv_blocks, c.max_seqs, &s) == FR_OK;
+    if (!opened) fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
+    if (!all_ranks_ok(&tl, opened)) {
+        if (opened) fr_session_close(&s);
+        fr_tp_launch_close(&tl);
         return 1;
     }
     const fr_model_config *mc = &s.model->cfg;
@@ -110,6 +126,7 @@ int fr_cli_serve(int argc, char **argv)
             fprintf(stderr, "fp4rollout serve: %s: sampling.stop_token_ids[%d] = %d is outside the vocabulary (%d)\n",
                     path, i, c.sampling.stop_token_ids[i], mc->vocab_size);
             fr_session_close(&s);
+            fr_tp_launch_close(&tl);
             return 2;
         }
     char endpoint[FR_SERVE_HOST_MAX + 32];
@@ -122,11 +139,14 @@ int fr_cli_serve(int argc, char **argv)
                            .update_idle_ms = (int)(c.weight_update_idle_s * 1000.0 + 0.5),
                            .curve_secret_key = c.curve.server_secret_key, .curve_client_keys = client_keys,
                            .n_curve_client_keys = c.curve.n_clients, .metrics_port = c.metrics_port,
-                           .metrics_bind = c.coordinator.bind};
+                           .metrics_bind = c.coordinator.bind, .world = tl.world, .tp = c.tp};
     fr_bridge_server *srv = NULL;
-    if (fr_bridge_server_new(&s, &bc, &srv)) {
-        fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
+    int made = fr_bridge_server_new(&s, &bc, &srv) == FR_OK;
+    if (!made) fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
+    if (!all_ranks_ok(&tl, made)) {
+        fr_bridge_server_destroy(&srv);
         fr_session_close(&s);
+        fr_tp_launch_close(&tl);
         return 1;
     }
     struct sigaction sa;
@@ -135,13 +155,17 @@ int fr_cli_serve(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    fprintf(stderr, "serve: model %s backend %s kv %s max_seqs %d kv_blocks %d chunk %d kl_sample_rate %g\n",
-            c.model, fr_backend_name(s.backend), fr_kv_dtype_name(c.kv_dtype), c.max_seqs, kv_blocks, c.chunk,
-            c.kl_sample_rate);
+    if (tl.output_rank)
+        fprintf(stderr,
+                "serve: model %s backend %s kv %s max_seqs %d kv_blocks %d chunk %d kl_sample_rate %g "
+                "engines %d tp %d ranks %d\n",
+                c.model, fr_backend_name(s.backend), fr_kv_dtype_name(c.kv_dtype), c.max_seqs, kv_blocks, c.chunk,
+                c.kl_sample_rate, tl.n_engines, c.tp, tl.world_size);
     fr_status st = fr_bridge_server_run(srv, &stop_flag);
     if (st) fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
     fr_bridge_server_destroy(&srv);
     fr_session_close(&s);
-    fprintf(stderr, "serve: stopped\n");
+    fr_tp_launch_close(&tl);
+    if (tl.output_rank) fprintf(stderr, "serve: stopped\n");
     return st ? 1 : 0;
 }

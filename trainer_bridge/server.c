@@ -1,5 +1,6 @@
-/* The one-engine coordinator loop (trainer_bridge/server.h,
- * docs/protocol.md). */
+/* The coordinator loop (trainer_bridge/server.h, docs/protocol.md): one
+ * engine in one process, or engines over the ranks of an MPI job (docs/protocol.md,
+ * "Serving on several ranks"). */
 #include "server.h"
 
 #include "rollout/metrics_http.h"
@@ -14,6 +15,7 @@
 
 #include "peers.h"
 #include "protocol.h"
+#include "rank_wire.h"
 #include "rollout/scheduler.h"
 #include "update.h"
 #include "wire.h"
@@ -42,8 +44,22 @@ typedef struct {
     int held;                /* received during a pause: not yet submitted */
     fr_request_spec spec;    /* held: prompt and stop ids owned here */
     double t0_ms;            /* when it was received */
+    int engine;              /* several ranks: the engine serving it */
+    int from_held;           /* submitted by a resume (a refusal then ends its samples) */
     sample_state *s;
 } request;
+
+/* Several ranks: what rank 0 sends every rank each turn (engine events)... */
+enum { EV_SUBMIT = 1, EV_ABORT, EV_ABORT_ALL, EV_UPD_BEGIN, EV_UPD_BUCKET, EV_UPD_DROP, EV_UPD_COMMIT };
+/* ...and what each engine leader sends rank 0 after its step. */
+enum { OB_TOKEN = 1, OB_DONE, OB_REJECT, OB_STATS };
+
+/* A reply encoded now and sent once this turn's results went out. */
+typedef struct {
+    int peer;
+    char *data;
+    size_t len;
+} deferred_msg;
 
 /* The ZAP handler (ZeroMQ's authentication protocol, RFC 27) of a CURVE
  * server: a thread answering inproc://zeromq.zap.01 that accepts a client
@@ -89,6 +105,21 @@ struct fr_bridge_server {
     fr_metrics_http *metrics;
     double started_ms, upd_begin_ms, last_sync_s, last_pub_ms;
     long long last_pub_tokens;
+    /* Several ranks (multi): this rank's place; rank 0 alone has the socket
+     * and the request table. */
+    const fr_mpi_world *world;
+    int multi, rank, tp, n_engines, engine, leader;
+    fr_rank_buf events;       /* rank 0: the engine events of this turn */
+    fr_rank_buf outbox;       /* engine leaders: this turn's tokens, ends and stats */
+    int *engine_open;         /* rank 0: open samples per engine (routing) */
+    int next_engine;          /* rank 0: where the routing's tie-break starts */
+    fr_scheduler_stats agg;   /* rank 0: the engines' stats summed, as of the last turn */
+    fr_weight_update *wupd;   /* ranks other than 0: the update being staged */
+    int stage_failed;         /* ranks other than 0: staging the current update failed */
+    int turn_barrier;         /* rank 0: stop reading messages this turn (a commit waits for the ranks) */
+    deferred_msg *deferred;
+    int n_deferred, cap_deferred;
+    fr_status fatal;          /* a failure every rank saw alike: the loop ends */
 };
 
 static double now_ms(void)
@@ -185,6 +216,47 @@ static void send_msg(fr_bridge_server *srv, int peer, const fr_msg *m)
     srv->messages_out++;
 }
 
+/* A reply that must follow the done messages of what it ended: sent at
+ * once with one process; with several ranks those dones arrive at the end
+ * of the turn, so the reply waits for them. */
+static void send_later(fr_bridge_server *srv, int peer, const fr_msg *m)
+{
+    if (!srv->multi) {
+        send_msg(srv, peer, m);
+        return;
+    }
+    char *data;
+    size_t len;
+    if (fr_msg_encode(m, &data, &len)) {
+        logf_(srv, "cannot encode a %s message for client %s: %s", fr_msg_type_name(m->type),
+              fr_peers_name(srv->peers, peer), fr_last_error());
+        return;
+    }
+    if (srv->n_deferred == srv->cap_deferred) {
+        int c = srv->cap_deferred ? srv->cap_deferred * 2 : 8;
+        deferred_msg *v = realloc(srv->deferred, sizeof *v * (size_t)c);
+        if (!v) {
+            free(data);
+            logf_(srv, "out of memory keeping a reply for client %s", fr_peers_name(srv->peers, peer));
+            return;
+        }
+        srv->deferred = v;
+        srv->cap_deferred = c;
+    }
+    srv->deferred[srv->n_deferred++] = (deferred_msg){.peer = peer, .data = data, .len = len};
+}
+
+static void send_deferred(fr_bridge_server *srv)
+{
+    for (int i = 0; i < srv->n_deferred; i++) {
+        deferred_msg *d = &srv->deferred[i];
+        if (fr_peers_send(srv->peers, d->peer, d->data, d->len))
+            logf_(srv, "sending to client %s: %s", fr_peers_name(srv->peers, d->peer), fr_last_error());
+        else srv->messages_out++;
+    }
+    srv->n_deferred = 0;
+}
+
 static void send_error(fr_bridge_server *srv, int peer, const char *code, int has_id, uint64_t id,
                        const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 static void send_error(fr_bridge_server *srv, int peer, const char *code, int has_id, uint64_t id,
@@ -250,9 +322,11 @@ static void send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish w
 
 /* ---- scheduler callbacks -------------------------------------------------- */
 
-static void on_token(void *user, uint64_t sid, int sample, int index, int token, float logprob)
+/* A token drawn by an engine with weight version `version`, kept for the
+ * next delta. */
+static void token_in(fr_bridge_server *srv, uint64_t sid, int sample, int index, int token, float logprob,
+                     uint64_t version)
 {
-    fr_bridge_server *srv = user;
     request *q = find_sid(srv, sid);
     if (!q || sample < 0 || sample >= q->n) return;
     sample_state *s = &q->s[sample];
@@ -277,11 +351,27 @@ static void on_token(void *user, uint64_t sid, int sample, int index, int token,
         s->has_first = 1;
         s->first_ms = now_ms();
     }
-    /* Weights change only between steps, and the scheduler stamps a token
-     * with the version it was told last: the server's. */
     s->tok[s->n_pending] = token;
-    s->wv[s->n_pending] = srv->weight_version;
+    s->wv[s->n_pending] = version;
     s->lp[s->n_pending++] = logprob;
+}
+
+static void on_token(void *user, uint64_t sid, int sample, int index, int token, float logprob)
+{
+    fr_bridge_server *srv = user;
+    /* Weights change only between steps, and the scheduler stamps a token
+     * with the version it was told last: the server's (this rank's). */
+    if (!srv->multi) {
+        token_in(srv, sid, sample, index, token, logprob, srv->weight_version);
+    } else if (srv->leader) {
+        fr_rank_put_u8(&srv->outbox, OB_TOKEN);
+        fr_rank_put_u64(&srv->outbox, sid);
+        fr_rank_put_i32(&srv->outbox, sample);
+        fr_rank_put_i32(&srv->outbox, index);
+        fr_rank_put_i32(&srv->outbox, token);
+        fr_rank_put_f32(&srv->outbox, logprob);
+        fr_rank_put_u64(&srv->outbox, srv->weight_version);
+    }
 }
 
 static fr_wire_finish wire_finish(fr_finish_reason r)
@@ -294,9 +384,53 @@ static fr_wire_finish wire_finish(fr_finish_reason r)
     }
 }
 
+/* The divergence figures of a result (none when it was not monitored). */
+static void divergence_of(const fr_sample_result *r, fr_msg_divergence *div)
+{
+    memset(div, 0, sizeof *div);
+    if (r->monitored && r->div.n > 0) {
+        div->has_values = 1;
+        div->kl_mean = r->div.kl_sum / (double)r->div.n;
+        div->kl_max = r->div.kl_max;
+        div->top1_agreement = (double)r->div.top1_agree / (double)r->div.n;
+        div->logprob_diff_mean = r->div.logp_diff_sum / (double)r->div.n;
+        div->positions = (int)r->div.n;
+        if (r->kl && r->n_tokens > 0) {
+            div->kl = r->kl;
+            div->n_kl = r->n_tokens;
+        }
+    }
+}
+
+/* Several ranks: an engine leader's record of a finished sample. */
+static void put_done(fr_bridge_server *srv, const fr_sample_result *r)
+{
+    fr_msg_divergence div;
+    divergence_of(r, &div);
+    fr_rank_buf *b = &srv->outbox;
+    fr_rank_put_u8(b, OB_DONE);
+    fr_rank_put_u64(b, r->request_id);
+    fr_rank_put_i32(b, r->sample);
+    fr_rank_put_i32(b, (int)wire_finish(r->finish));
+    fr_rank_put_i32(b, r->n_tokens);
+    fr_rank_put_i32(b, r->preemptions);
+    fr_rank_put_u8(b, (unsigned)div.has_values);
+    fr_rank_put_f64(b, div.kl_mean);
+    fr_rank_put_f64(b, div.kl_max);
+    fr_rank_put_f64(b, div.top1_agreement);
+    fr_rank_put_f64(b, div.logprob_diff_mean);
+    fr_rank_put_i32(b, div.positions);
+    fr_rank_put_i32(b, div.kl ? div.n_kl : 0);
+    for (int i = 0; div.kl && i < div.n_kl; i++) fr_rank_put_f32(b, div.kl[i]);
+}
+
 static void on_done(void *user, const fr_sample_result *r)
 {
     fr_bridge_server *srv = user;
+    if (srv->multi) {
+        if (srv->leader) put_done(srv, r);
+        return;
+    }
     request *q = find_sid(srv, r->request_id);
     if (!q || r->sample < 0 || r->sample >= q->n) {
         logf_(srv, "the engine ended an unknown sample (%llu, %d)", (unsigned long long)r->request_id, r->sample);
@@ -314,20 +448,87 @@ static void on_done(void *user, const fr_sample_result *r)
             break;
         }
     }
-    fr_msg_divergence div = {0};
-    if (r->monitored && r->div.n > 0) {
-        div.has_values = 1;
-        div.kl_mean = r->div.kl_sum / (double)r->div.n;
-        div.kl_max = r->div.kl_max;
-        div.top1_agreement = (double)r->div.top1_agree / (double)r->div.n;
-        div.logprob_diff_mean = r->div.logp_diff_sum / (double)r->div.n;
-        div.positions = (int)r->div.n;
-        if (r->kl && r->n_tokens > 0) {
-            div.kl = r->kl;
-            div.n_kl = r->n_tokens;
-        }
-    }
+    fr_msg_divergence div;
+    divergence_of(r, &div);
     send_done(srv, q, r->sample, wire_finish(r->finish), r->n_tokens, r->preemptions, &div);
+}
+
+/* ---- the engines ----------------------------------------------------------- */
+
+/* With one process these act on the scheduler at once. With several ranks
+ * rank 0 records them as events, which every rank applies to its own
+ * scheduler at the start of the next step (apply_events); their results
+ * come back as records after it (take_results). */
+
+static void put_spec(fr_rank_buf *b, int engine, const fr_request_spec *r)
+{
+    fr_rank_put_u8(b, EV_SUBMIT);
+    fr_rank_put_i32(b, engine);
+    fr_rank_put_u64(b, r->id);
+    fr_rank_put_u64(b, r->group);
+    fr_rank_put_i32s(b, r->prompt, r->n_prompt);
+    fr_rank_put_i32(b, r->n);
+    fr_rank_put_f32(b, r->params.temperature);
+    fr_rank_put_i32(b, r->params.top_k);
+    fr_rank_put_f32(b, r->params.top_p);
+    fr_rank_put_u64(b, r->params.seed);
+    fr_rank_put_i32(b, r->max_tokens);
+    fr_rank_put_i32s(b, r->stop_ids, r->n_stop > 0 ? r->n_stop : 0);
+    fr_rank_put_i32(b, r->monitor);
+    fr_rank_put_i32(b, r->per_token_kl);
+    fr_rank_put_i32(b, r->forced ? 1 : 0);
+    if (r->forced) fr_rank_put_i32s(b, r->forced, r->n_forced);
+}
+
+/* Open samples of the requests the engines run (held ones excluded). */
+static int engine_samples(const fr_bridge_server *srv)
+{
+    int n = 0;
+    for (int i = 0; i < srv->n_reqs; i++)
+        if (!srv->reqs[i]->held) n += srv->reqs[i]->open;
+    return n;
+}
+
+static int eng_idle(const fr_bridge_server *srv)
+{
+    return srv->multi ? engine_samples(srv) == 0 : fr_scheduler_idle(srv->sch);
+}
+
+/* Starts q on an engine: with several, the one with the fewest open
+ * samples (ties: turn by turn). */
+static fr_status eng_submit(fr_bridge_server *srv, request *q, const fr_request_spec *spec)
+{
+    if (!srv->multi) return fr_scheduler_submit(srv->sch, spec);
+    int best = -1;
+    for (int k = 0; k < srv->n_engines; k++) {
+        int e = (srv->next_engine + k) % srv->n_engines;
+        if (best < 0 || srv->engine_open[e] < srv->engine_open[best]) best = e;
+    }
+    srv->next_engine = (best + 1) % srv->n_engines;
+    put_spec(&srv->events, best, spec);
+    if (srv->events.oom) return fr_fail(FR_ENOMEM, "the server is out of memory");
+    q->engine = best;
+    srv->engine_open[best] += q->n;
+    return FR_OK;
+}
+
+/* Ends q's samples on its engine; *n gets how many. */
+static fr_status eng_abort(fr_bridge_server *srv, const request *q, int *n)
+{
+    if (!srv->multi) return fr_scheduler_abort(srv->sch, q->sid, n);
+    fr_rank_put_u8(&srv->events, EV_ABORT);
+    fr_rank_put_i32(&srv->events, q->engine);
+    fr_rank_put_u64(&srv->events, q->sid);
+    *n = q->open;
+    return srv->events.oom ? fr_fail(FR_ENOMEM, "the server is out of memory") : FR_OK;
+}
+
+static fr_status eng_abort_all(fr_bridge_server *srv, int *n)
+{
+    if (!srv->multi) return fr_scheduler_abort_all(srv->sch, n);
+    fr_rank_put_u8(&srv->events, EV_ABORT_ALL);
+    *n = engine_samples(srv);
+    return srv->events.oom ? fr_fail(FR_ENOMEM, "the server is out of memory") : FR_OK;
 }
 
 /* ---- requests in ----------------------------------------------------------- */
@@ -455,7 +656,7 @@ static void handle_generate(fr_bridge_server *srv, int peer, const fr_msg_genera
         srv->requests_accepted++;
         return;
     }
-    if ((st = fr_scheduler_submit(srv->sch, &spec))) {
+    if ((st = eng_submit(srv, q, &spec))) {
         char msg[FR_PROTO_TEXT_MAX];
         snprintf(msg, sizeof msg, "%s", fr_last_error());
         remove_request(srv, q);
@@ -481,7 +682,7 @@ static int abort_sid(fr_bridge_server *srv, uint64_t sid)
     if (!q) return 0;
     if (q->held) return abort_held(srv, q);
     int n = 0;
-    if (fr_scheduler_abort(srv->sch, sid, &n)) logf_(srv, "abort: %s", fr_last_error());
+    if (eng_abort(srv, q, &n)) logf_(srv, "abort: %s", fr_last_error());
     return n;
 }
 
@@ -528,7 +729,7 @@ static void handle_abort(fr_bridge_server *srv, int peer, const fr_msg_abort *a)
     m.u.abort_reply.samples = ended;
     m.u.abort_reply.not_found = missing;
     m.u.abort_reply.n_not_found = n_missing;
-    send_msg(srv, peer, &m);
+    send_later(srv, peer, &m);
     free(missing);
 }
 
@@ -538,7 +739,7 @@ static void send_pause_reply(fr_bridge_server *srv, int peer, fr_pause_mode mode
     fr_msg_init(&m, FR_MSG_PAUSE_REPLY);
     m.u.pause_reply.mode = mode;
     m.u.pause_reply.aborted = aborted;
-    send_msg(srv, peer, &m);
+    send_later(srv, peer, &m);
 }
 
 static void reply_waiters(fr_bridge_server *srv)
@@ -551,14 +752,14 @@ static void handle_pause(fr_bridge_server *srv, int peer, fr_pause_mode mode)
 {
     if (mode == FR_PAUSE_ABORT) {
         int n = 0;
-        if (fr_scheduler_abort_all(srv->sch, &n)) logf_(srv, "pause: %s", fr_last_error());
+        if (eng_abort_all(srv, &n)) logf_(srv, "pause: %s", fr_last_error());
         flush_all(srv);
         srv->state = PAUSED;
         reply_waiters(srv);
         send_pause_reply(srv, peer, mode, n);
         return;
     }
-    if (srv->state == PAUSED || fr_scheduler_idle(srv->sch)) {
+    if (srv->state == PAUSED || eng_idle(srv)) {
         srv->state = PAUSED;
         reply_waiters(srv);
         send_pause_reply(srv, peer, mode, 0);
@@ -596,7 +797,7 @@ static void handle_resume(fr_bridge_server *srv, int peer)
     for (int i = 0; sids && i < n; i++) {
         request *q = find_sid(srv, sids[i]);
         if (!q || !q->held) continue;
-        fr_status st = fr_scheduler_submit(srv->sch, &q->spec);
+        fr_status st = eng_submit(srv, q, &q->spec);
         if (st) {
             char msg[FR_PROTO_TEXT_MAX];
             snprintf(msg, sizeof msg, "%s", fr_last_error());
@@ -607,6 +808,7 @@ static void handle_resume(fr_bridge_server *srv, int peer)
             continue;
         }
         q->held = 0;
+        q->from_held = 1;
         free((void *)q->spec.prompt);
         free((void *)q->spec.stop_ids);
         free((void *)q->spec.forced);
@@ -628,7 +830,8 @@ static void handle_stats(fr_bridge_server *srv, int peer)
     fr_msg_init(&m, FR_MSG_STATS_REPLY);
     fr_msg_stats_reply *r = &m.u.stats_reply;
     fr_scheduler_stats ss;
-    fr_scheduler_stats_get(srv->sch, &ss);
+    if (srv->multi) ss = srv->agg;   /* every engine's, summed, as of the last step */
+    else fr_scheduler_stats_get(srv->sch, &ss);
     fr_peers_stats ps;
     fr_peers_stats_get(srv->peers, &ps);
     r->running = ss.running;
@@ -674,8 +877,8 @@ static void handle_hello(fr_bridge_server *srv, int peer)
     snprintf(h->model, sizeof h->model, "%s", srv->cfg.model_name ? srv->cfg.model_name : "unknown");
     snprintf(h->backend, sizeof h->backend, "%s", fr_backend_name(srv->sess->backend));
     snprintf(h->kv_dtype, sizeof h->kv_dtype, "%s", fr_kv_dtype_name(fr_kv_cache_config_of(srv->sess->kv)->dtype));
-    h->tp = srv->sess->tp.size > 0 ? srv->sess->tp.size : 1;
-    h->engines = 1;
+    h->tp = srv->multi ? srv->tp : srv->sess->tp.size > 0 ? srv->sess->tp.size : 1;
+    h->engines = srv->multi ? srv->n_engines : 1;
     h->weight_version = srv->weight_version;
     h->max_seqs = srv->max_seqs;
     h->kv_blocks = srv->n_blocks;
@@ -709,6 +912,7 @@ static void drop_update(fr_bridge_server *srv, const char *why)
           why);
     fr_bridge_update_free(&srv->upd);
     srv->updates_failed++;
+    if (srv->multi) fr_rank_put_u8(&srv->events, EV_UPD_DROP);
 }
 
 /* A failed update message: the update is dropped and the sender gets an
@@ -767,6 +971,10 @@ static void handle_update_begin(fr_bridge_server *srv, int peer, const fr_msg_up
     srv->upd_peer = peer;
     srv->upd_last_ms = now_ms();
     srv->upd_begin_ms = srv->upd_last_ms;
+    if (srv->multi) {
+        fr_rank_put_u8(&srv->events, EV_UPD_BEGIN);
+        fr_rank_put_u64(&srv->events, b->version);
+    }
     logf_(srv, "weight update to version %llu begins: %d tensors, %llu bytes, buckets of %llu bytes",
           (unsigned long long)b->version, b->n_tensors, (unsigned long long)b->total_bytes,
           (unsigned long long)b->bucket_bytes);
@@ -783,7 +991,41 @@ static void handle_update_bucket(fr_bridge_server *srv, int peer, const fr_msg_u
         fail_update(srv, peer, code);
         return;
     }
+    if (srv->multi) {
+        /* checked here; the other ranks stage the same pieces */
+        fr_rank_buf *e = &srv->events;
+        fr_rank_put_u8(e, EV_UPD_BUCKET);
+        fr_rank_put_i32(e, b->n_pieces);
+        for (int i = 0; i < b->n_pieces; i++) {
+            const fr_msg_piece *p = &b->pieces[i];
+            fr_rank_put_bytes(e, p->t.name, strlen(p->t.name));
+            fr_rank_put_i32(e, p->t.dtype == FR_DT_F32 ? FR_WDT_F32 : p->t.dtype == FR_DT_BF16 ? FR_WDT_BF16 : FR_WDT_F16);
+            fr_rank_put_i32(e, p->t.ndim);
+            for (int k = 0; k < p->t.ndim; k++) fr_rank_put_u64(e, (uint64_t)p->t.shape[k]);
+            fr_rank_put_u64(e, p->offset);
+            fr_rank_put_bytes(e, fr_wire_payload(w, i, NULL), (size_t)p->nbytes);
+        }
+    }
     send_update_reply(srv, peer, b->version, FR_UPD_BUCKET, b->bucket, fr_bridge_update_bytes(u));
+}
+
+/* The staged update is serving: every token drawn from now on carries its
+ * version; the client gets its reply (rank 0). */
+static void committed(fr_bridge_server *srv, uint64_t version, double t0)
+{
+    uint64_t bytes = fr_bridge_update_bytes(srv->upd);
+    srv->weight_version = version;
+    fr_scheduler_set_weight_version(srv->sch, version);
+    fr_bridge_update_free(&srv->upd);
+    srv->updates_committed++;
+    srv->last_sync_s = (now_ms() - srv->upd_begin_ms) * 1e-3;
+    if (srv->multi)
+        logf_(srv, "weights are now version %llu on all %d ranks (%llu bytes; switched in %.1f ms)",
+              (unsigned long long)version, srv->world->size, (unsigned long long)bytes, now_ms() - t0);
+    else
+        logf_(srv, "weights are now version %llu (%llu bytes; switched in %.1f ms)", (unsigned long long)version,
+              (unsigned long long)bytes, now_ms() - t0);
+    send_update_reply(srv, srv->upd_peer, version, FR_UPD_COMMIT, -1, bytes);
 }
 
 /* Commits between engine steps (this loop never runs one meanwhile): the
@@ -798,20 +1040,19 @@ static void handle_update_commit(fr_bridge_server *srv, int peer, uint64_t versi
         fail_update(srv, peer, code);
         return;
     }
+    if (srv->multi) {
+        /* every rank commits at the start of the next step (commit_on_ranks) */
+        fr_rank_put_u8(&srv->events, EV_UPD_COMMIT);
+        fr_rank_put_u64(&srv->events, version);
+        srv->turn_barrier = 1;
+        return;
+    }
     double t0 = now_ms();
     if (fr_session_commit_weights(srv->sess, fr_bridge_update_staged(u))) {
         fail_update(srv, peer, "update_failed");
         return;
     }
-    uint64_t bytes = fr_bridge_update_bytes(u);
-    srv->weight_version = version;
-    fr_scheduler_set_weight_version(srv->sch, version);
-    fr_bridge_update_free(&srv->upd);
-    srv->updates_committed++;
-    srv->last_sync_s = (now_ms() - srv->upd_begin_ms) * 1e-3;
-    logf_(srv, "weights are now version %llu (%llu bytes; switched in %.1f ms)", (unsigned long long)version,
-          (unsigned long long)bytes, now_ms() - t0);
-    send_update_reply(srv, peer, version, FR_UPD_COMMIT, -1, bytes);
+    committed(srv, version, t0);
 }
 
 static void handle_update_abort(fr_bridge_server *srv, int peer, uint64_t version)
@@ -1022,6 +1263,28 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
     srv->sess = s;
     srv->cfg = *cfg;
     srv->log = cfg->log ? cfg->log : stderr;
+    srv->n_engines = 1;
+    srv->tp = 1;
+    srv->leader = 1;
+    if (cfg->world && cfg->world->size > 1) {
+        const int tp = cfg->tp > 0 ? cfg->tp : 1;
+        if (cfg->world->size % tp) {
+            free(srv);
+            return fr_fail(FR_EINVAL, "serve: tp %d does not divide the %d ranks into engines", tp, cfg->world->size);
+        }
+        srv->world = cfg->world;
+        srv->multi = 1;
+        srv->rank = cfg->world->rank;
+        srv->tp = tp;
+        srv->n_engines = cfg->world->size / tp;
+        srv->engine = srv->rank / tp;
+        srv->leader = srv->rank % tp == 0;
+        srv->agg.shadow_blocks_free = -1;
+        if (srv->rank == 0 && !(srv->engine_open = calloc((size_t)srv->n_engines, sizeof(int)))) {
+            free(srv);
+            return fr_fail(FR_ENOMEM, "serve: out of memory");
+        }
+    }
     const fr_model_config *mc = &s->model->cfg;
     const fr_kv_cache_config *kc = fr_kv_cache_config_of(s->kv);
     srv->vocab = mc->vocab_size;
@@ -1041,8 +1304,16 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
                               .kl_sample_rate = cfg->kl_sample_rate};
     fr_status st = fr_scheduler_new(s, &sc, &srv->sch);
     if (st) {
+        free(srv->engine_open);
         free(srv);
         return st;
+    }
+    if (srv->multi && srv->rank != 0) {
+        /* the socket, the clients and the metrics are rank 0's */
+        srv->started_ms = now_ms();
+        snprintf(srv->endpoint, sizeof srv->endpoint, "%s", cfg->endpoint);
+        *out = srv;
+        return FR_OK;
     }
     srv->zctx = zmq_ctx_new();
     srv->sock = srv->zctx ? zmq_socket(srv->zctx, ZMQ_ROUTER) : NULL;
@@ -1106,8 +1377,9 @@ static void publish_metrics(fr_bridge_server *srv)
 {
     fr_metrics_snapshot m;
     memset(&m, 0, sizeof m);
-    fr_scheduler_stats_get(srv->sch, &m.stats);
-    m.div = *fr_scheduler_divergence(srv->sch);
+    if (srv->multi) m.stats = srv->agg;
+    else fr_scheduler_stats_get(srv->sch, &m.stats);
+    m.div = *fr_scheduler_divergence(srv->sch);   /* several engines: engine 0's */
     const double now = now_ms();
     if (srv->last_pub_ms > 0 && now > srv->last_pub_ms)
         m.tokens_per_s = (double)(m.stats.tokens_generated - srv->last_pub_tokens) / ((now - srv->last_pub_ms) * 1e-3);
@@ -1121,9 +1393,493 @@ static void publish_metrics(fr_bridge_server *srv)
     fr_metrics_http_publish(srv->metrics, &m);
 }
 
+/* ---- several ranks -------------------------------------------------------- */
+
+/* MPI itself failed on this rank: the ranks can no longer agree, so the
+ * whole job ends (non-zero) rather than wait on each other. */
+static void comm_fatal(fr_bridge_server *srv, const char *what)
+{
+    logf_(srv, "rank %d: %s failed: %s; ending every rank", srv->rank, what, fr_comm_last_error());
+    fr_mpi_world_abort(srv->world, 1);
+}
+
+/* Rank 0's events of this turn reach every rank (into srv->events). */
+static void share_events(fr_bridge_server *srv)
+{
+    uint64_t len = srv->rank == 0 ? (uint64_t)srv->events.len : 0;
+    if (fr_mpi_world_bcast(srv->world, &len, sizeof len, 0)) comm_fatal(srv, "broadcasting the events");
+    if (srv->rank != 0) {
+        fr_rank_buf_clear(&srv->events);
+        if (len > srv->events.cap) {
+            unsigned char *p = realloc(srv->events.p, (size_t)len);
+            if (!p) {
+                logf_(srv, "rank %d: out of memory receiving %llu bytes of events", srv->rank, (unsigned long long)len);
+                fr_mpi_world_abort(srv->world, 1);
+                return;
+            }
+            srv->events.p = p;
+            srv->events.cap = (size_t)len;
+        }
+        srv->events.len = (size_t)len;
+    }
+    if (len && fr_mpi_world_bcast(srv->world, srv->events.p, (size_t)len, 0)) comm_fatal(srv, "broadcasting the events");
+}
+
+/* A generate for engine `engine`: its ranks submit it; a refusal (which
+ * check_spec makes rare) goes back to rank 0 from the leader. */
+static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
+{
+    fr_request_spec spec;
+    memset(&spec, 0, sizeof spec);
+    int engine = fr_rank_get_i32(r), oom[3] = {0, 0, 0}, has_forced;
+    spec.id = fr_rank_get_u64(r);
+    spec.group = fr_rank_get_u64(r);
+    int *prompt = fr_rank_get_i32s(r, &spec.n_prompt, &oom[0]);
+    spec.n = fr_rank_get_i32(r);
+    spec.params.temperature = fr_rank_get_f32(r);
+    spec.params.top_k = fr_rank_get_i32(r);
+    spec.params.top_p = fr_rank_get_f32(r);
+    spec.params.seed = fr_rank_get_u64(r);
+    spec.max_tokens = fr_rank_get_i32(r);
+    int *stop = fr_rank_get_i32s(r, &spec.n_stop, &oom[1]);
+    spec.monitor = fr_rank_get_i32(r);
+    spec.per_token_kl = fr_rank_get_i32(r);
+    has_forced = fr_rank_get_i32(r);
+    int *forced = has_forced ? fr_rank_get_i32s(r, &spec.n_forced, &oom[2]) : NULL;
+    spec.prompt = prompt;
+    spec.stop_ids = stop;
+    spec.forced = forced;
+    fr_status st = FR_OK;
+    if (r->bad) {
+        /* the caller reports the malformed stream */
+    } else if (oom[0] || oom[1] || oom[2]) {
+        st = fr_fail(FR_ENOMEM, "serve: rank %d: out of memory taking request %llu", srv->rank,
+                     (unsigned long long)spec.id);
+    } else if (engine == srv->engine && fr_scheduler_submit(srv->sch, &spec) && srv->leader) {
+        const char *msg = fr_last_error();
+        fr_rank_put_u8(&srv->outbox, OB_REJECT);
+        fr_rank_put_u64(&srv->outbox, spec.id);
+        fr_rank_put_bytes(&srv->outbox, msg, strlen(msg));
+    }
+    free(prompt);
+    free(stop);
+    free(forced);
+    return st;
+}
+
+/* A bucket rank 0 checked: the other ranks stage its pieces. */
+static void apply_bucket(fr_bridge_server *srv, fr_rank_reader *r)
+{
+    int n = fr_rank_get_i32(r);
+    for (int i = 0; i < n && !r->bad; i++) {
+        size_t name_len, n_bytes;
+        const char *name = fr_rank_get_bytes(r, &name_len);
+        int dtype = fr_rank_get_i32(r), ndim = fr_rank_get_i32(r);
+        if (r->bad || name_len >= FR_PROTO_NAME_MAX || ndim < 1 || ndim > FR_PROTO_MAX_NDIM) {
+            r->bad = 1;
+            return;
+        }
+        int64_t shape[FR_PROTO_MAX_NDIM];
+        for (int k = 0; k < ndim; k++) shape[k] = (int64_t)fr_rank_get_u64(r);
+        uint64_t offset = fr_rank_get_u64(r);
+        const void *bytes = fr_rank_get_bytes(r, &n_bytes);
+        if (r->bad) return;
+        if (srv->rank == 0 || !srv->wupd || srv->stage_failed) continue;
+        char tname[FR_PROTO_NAME_MAX];
+        memcpy(tname, name, name_len);
+        tname[name_len] = 0;
+        if (fr_weight_update_put(srv->wupd, tname, (fr_weight_dtype)dtype, shape, ndim, offset, bytes, n_bytes)) {
+            logf_(srv, "rank %d: staging the weight update failed: %s", srv->rank, fr_last_error());
+            srv->stage_failed = 1;
+        }
+    }
+}
+
+/* update_weights_commit on every rank: first all agree that each holds the
+ * whole update, then all switch and agree that each did. When a rank
+ * cannot stage it, every rank drops it and the old version keeps serving;
+ * a switch that failed on some ranks only ends the job (srv->fatal). */
+static void commit_on_ranks(fr_bridge_server *srv, uint64_t version)
+{
+    const char *code;
+    int ok;
+    if (srv->rank == 0) {
+        ok = srv->upd && fr_bridge_update_version(srv->upd) == version && !fr_bridge_update_ready(srv->upd, &code);
+    } else {
+        ok = srv->wupd && !srv->stage_failed && fr_weight_update_version(srv->wupd) == version &&
+             !fr_weight_update_complete(srv->wupd);
+        if (!ok) logf_(srv, "rank %d: cannot commit weight version %llu: %s", srv->rank, (unsigned long long)version,
+                       srv->wupd && !srv->stage_failed ? fr_last_error() : "it was not staged whole");
+    }
+    int all = 0;
+    if (fr_mpi_world_all_ok(srv->world, ok, &all)) comm_fatal(srv, "agreeing on a weight update");
+    if (!all) {
+        if (srv->rank == 0) {
+            fr_fail(FR_EIO, "update to version %llu: not every rank could stage it (their logs say why); version "
+                    "%llu keeps serving", (unsigned long long)version, (unsigned long long)srv->weight_version);
+            fail_update(srv, srv->upd_peer, "update_failed");
+        }
+        fr_weight_update_free(&srv->wupd);
+        return;
+    }
+    double t0 = now_ms();
+    fr_status st = fr_session_commit_weights(srv->sess, srv->rank == 0 ? fr_bridge_update_staged(srv->upd) : srv->wupd);
+    if (st) logf_(srv, "rank %d: switching to weight version %llu failed: %s", srv->rank, (unsigned long long)version,
+                  fr_last_error());
+    if (fr_mpi_world_all_ok(srv->world, st == FR_OK, &all)) comm_fatal(srv, "agreeing on a weight update");
+    if (!all) {
+        srv->fatal = fr_fail(FR_EIO, "serve: weight version %llu was switched in on some ranks only; the engines no "
+                                     "longer agree on their weights, so every rank stops",
+                             (unsigned long long)version);
+        logf_(srv, "rank %d: %s", srv->rank, fr_last_error());
+        if (srv->rank == 0) fail_update(srv, srv->upd_peer, "update_failed");
+        fr_weight_update_free(&srv->wupd);
+        return;
+    }
+    if (srv->rank == 0) {
+        committed(srv, version, t0);
+    } else {
+        srv->weight_version = version;
+        fr_scheduler_set_weight_version(srv->sch, version);
+        fr_weight_update_free(&srv->wupd);
+    }
+}
+
+/* Every rank applies this turn's events to its scheduler, in order. A
+ * local failure (out of memory) does not stop the rest, so every rank
+ * reaches the same collectives; the turn's vote then ends the loop. */
+static fr_status apply_events(fr_bridge_server *srv)
+{
+    fr_rank_reader r = {srv->events.p, srv->events.len, 0, 0};
+    fr_status first = FR_OK;
+    while (fr_rank_more(&r)) {
+        fr_status st = FR_OK;
+        switch (fr_rank_get_u8(&r)) {
+        case EV_SUBMIT: st = apply_submit(srv, &r); break;
+        case EV_ABORT: {
+            int e = fr_rank_get_i32(&r);
+            uint64_t sid = fr_rank_get_u64(&r);
+            if (!r.bad && e == srv->engine && fr_scheduler_abort(srv->sch, sid, NULL))
+                logf_(srv, "rank %d: abort: %s", srv->rank, fr_last_error());
+            break;
+        }
+        case EV_ABORT_ALL:
+            if (fr_scheduler_abort_all(srv->sch, NULL)) logf_(srv, "rank %d: abort: %s", srv->rank, fr_last_error());
+            break;
+        case EV_UPD_BEGIN: {
+            uint64_t v = fr_rank_get_u64(&r);
+            if (r.bad || srv->rank == 0) break;
+            fr_weight_update_free(&srv->wupd);
+            srv->stage_failed = 0;
+            if (fr_weight_update_begin(&srv->sess->model->cfg, v, &srv->wupd)) {
+                logf_(srv, "rank %d: cannot stage weight version %llu: %s", srv->rank, (unsigned long long)v,
+                      fr_last_error());
+                srv->stage_failed = 1;
+            }
+            break;
+        }
+        case EV_UPD_BUCKET: apply_bucket(srv, &r); break;
+        case EV_UPD_DROP:
+            if (srv->rank != 0) fr_weight_update_free(&srv->wupd);
+            srv->stage_failed = 0;
+            break;
+        case EV_UPD_COMMIT: {
+            uint64_t v = fr_rank_get_u64(&r);
+            if (!r.bad) commit_on_ranks(srv, v);
+            break;
+        }
+        default: r.bad = 1; break;
+        }
+        if (st && !first) first = st;
+    }
+    if (r.bad) {
+        /* every rank received the same bytes, so every rank stops here alike */
+        return fr_fail(FR_EIO, "serve: rank %d received a malformed engine event", srv->rank);
+    }
+    return first;
+}
+
+static void put_stats(fr_bridge_server *srv)
+{
+    fr_scheduler_stats ss;
+    fr_scheduler_stats_get(srv->sch, &ss);
+    fr_rank_buf *b = &srv->outbox;
+    fr_rank_put_u8(b, OB_STATS);
+    fr_rank_put_i32(b, ss.running);
+    fr_rank_put_i32(b, ss.prefilling);
+    fr_rank_put_i32(b, ss.waiting);
+    fr_rank_put_u64(b, (uint64_t)ss.preemptions);
+    fr_rank_put_u64(b, (uint64_t)ss.tokens_generated);
+    fr_rank_put_u64(b, (uint64_t)ss.prefill_tokens);
+    fr_rank_put_u64(b, (uint64_t)ss.steps);
+    fr_rank_put_u64(b, (uint64_t)ss.finished);
+    fr_rank_put_i32(b, ss.kv_blocks_used);
+    fr_rank_put_i32(b, ss.kv_blocks_free);
+    fr_rank_put_u64(b, ss.weight_version);
+    fr_rank_put_i32(b, ss.monitored);
+    fr_rank_put_i32(b, ss.shadow_blocks_free);
+}
+
+static void take_stats(fr_bridge_server *srv, fr_rank_reader *r, int first)
+{
+    fr_scheduler_stats s;
+    s.running = fr_rank_get_i32(r);
+    s.prefilling = fr_rank_get_i32(r);
+    s.waiting = fr_rank_get_i32(r);
+    s.preemptions = (long long)fr_rank_get_u64(r);
+    s.tokens_generated = (long long)fr_rank_get_u64(r);
+    s.prefill_tokens = (long long)fr_rank_get_u64(r);
+    s.steps = (long long)fr_rank_get_u64(r);
+    s.finished = (long long)fr_rank_get_u64(r);
+    s.kv_blocks_used = fr_rank_get_i32(r);
+    s.kv_blocks_free = fr_rank_get_i32(r);
+    s.weight_version = fr_rank_get_u64(r);
+    s.monitored = fr_rank_get_i32(r);
+    s.shadow_blocks_free = fr_rank_get_i32(r);
+    fr_scheduler_stats *a = &srv->agg;
+    if (first) {
+        *a = s;
+        return;
+    }
+    a->running += s.running;
+    a->prefilling += s.prefilling;
+    a->waiting += s.waiting;
+    a->preemptions += s.preemptions;
+    a->tokens_generated += s.tokens_generated;
+    a->prefill_tokens += s.prefill_tokens;
+    a->steps += s.steps;
+    a->finished += s.finished;
+    a->kv_blocks_used += s.kv_blocks_used;
+    a->kv_blocks_free += s.kv_blocks_free;
+    a->monitored += s.monitored;
+    if (s.shadow_blocks_free >= 0) a->shadow_blocks_free = (a->shadow_blocks_free > 0 ? a->shadow_blocks_free : 0) +
+                                                           s.shadow_blocks_free;
+}
+
+/* A sample's end from an engine (rank 0). */
+static void take_done(fr_bridge_server *srv, fr_rank_reader *r)
+{
+    uint64_t sid = fr_rank_get_u64(r);
+    int sample = fr_rank_get_i32(r), finish = fr_rank_get_i32(r), n_tokens = fr_rank_get_i32(r),
+        preemptions = fr_rank_get_i32(r);
+    fr_msg_divergence div;
+    memset(&div, 0, sizeof div);
+    div.has_values = (int)fr_rank_get_u8(r);
+    div.kl_mean = fr_rank_get_f64(r);
+    div.kl_max = fr_rank_get_f64(r);
+    div.top1_agreement = fr_rank_get_f64(r);
+    div.logprob_diff_mean = fr_rank_get_f64(r);
+    div.positions = fr_rank_get_i32(r);
+    int n_kl = fr_rank_get_i32(r);
+    if (r->bad || n_kl < 0 || (size_t)n_kl > (r->len - r->pos) / sizeof(float)) {
+        r->bad = 1;
+        return;
+    }
+    float *kl = n_kl > 0 ? malloc(sizeof(float) * (size_t)n_kl) : NULL;
+    for (int i = 0; i < n_kl; i++) {
+        float v = fr_rank_get_f32(r);
+        if (kl) kl[i] = v;
+    }
+    if (kl) {
+        div.kl = kl;
+        div.n_kl = n_kl;
+    } else if (n_kl > 0) {
+        logf_(srv, "out of memory keeping the per-token KL of request %llu", (unsigned long long)sid);
+    }
+    request *q = find_sid(srv, sid);
+    if (!q || sample < 0 || sample >= q->n) {
+        logf_(srv, "an engine ended an unknown sample (%llu, %d)", (unsigned long long)sid, sample);
+    } else {
+        srv->engine_open[q->engine]--;
+        send_done(srv, q, sample, (fr_wire_finish)finish, n_tokens, preemptions, &div);
+    }
+    free(kl);
+}
+
+/* A generate its engine refused (rank 0): the client gets the error. */
+static void take_reject(fr_bridge_server *srv, fr_rank_reader *r)
+{
+    uint64_t sid = fr_rank_get_u64(r);
+    size_t n;
+    const char *text = fr_rank_get_bytes(r, &n);
+    if (r->bad) return;
+    char msg[FR_PROTO_TEXT_MAX - 64];
+    snprintf(msg, sizeof msg, "%.*s", (int)(n < sizeof msg ? n : sizeof msg - 1), text);
+    request *q = find_sid(srv, sid);
+    if (!q) {
+        logf_(srv, "an engine refused an unknown request (%llu): %s", (unsigned long long)sid, msg);
+        return;
+    }
+    srv->engine_open[q->engine] -= q->open;
+    int peer = q->peer;
+    uint64_t id = q->request_id;
+    if (q->from_held) {
+        abort_held(srv, q);
+        send_error(srv, peer, "invalid_request", 1, id, "held request could not start: %s", msg);
+    } else {
+        remove_request(srv, q);
+        srv->requests_accepted--;
+        srv->requests_rejected++;
+        send_error(srv, peer, "invalid_request", 1, id, "%s", msg);
+    }
+}
+
+/* The engine leaders' records of this turn reach rank 0, which streams
+ * them to the clients. FR_ENOMEM when this rank lost records. */
+static fr_status exchange_results(fr_bridge_server *srv)
+{
+    fr_status st = FR_OK;
+    if (srv->leader) put_stats(srv);
+    if (srv->outbox.oom) st = fr_fail(FR_ENOMEM, "serve: rank %d: out of memory keeping the engine's results", srv->rank);
+    void *all = NULL;
+    size_t n = 0;
+    if (fr_mpi_world_gather_bytes(srv->world, srv->outbox.p, st ? 0 : srv->outbox.len, 0, &all, &n, NULL))
+        comm_fatal(srv, "gathering the engines' results");
+    fr_rank_buf_clear(&srv->outbox);
+    if (srv->rank != 0) return st;
+    fr_rank_reader r = {all, n, 0, 0};
+    int first_stats = 1;
+    while (fr_rank_more(&r)) {
+        switch (fr_rank_get_u8(&r)) {
+        case OB_TOKEN: {
+            uint64_t sid = fr_rank_get_u64(&r);
+            int sample = fr_rank_get_i32(&r), index = fr_rank_get_i32(&r), token = fr_rank_get_i32(&r);
+            float lp = fr_rank_get_f32(&r);
+            uint64_t v = fr_rank_get_u64(&r);
+            if (!r.bad) token_in(srv, sid, sample, index, token, lp, v);
+            break;
+        }
+        case OB_DONE: take_done(srv, &r); break;
+        case OB_REJECT: take_reject(srv, &r); break;
+        case OB_STATS:
+            take_stats(srv, &r, first_stats);
+            first_stats = 0;
+            break;
+        default: r.bad = 1; break;
+        }
+    }
+    free(all);
+    if (r.bad && !st) st = fr_fail(FR_EIO, "serve: the engines' results arrived malformed");
+    return st;
+}
+
+/* Rank 0: reads what the clients sent (waiting when the engines are idle)
+ * into this turn's events. */
+static fr_status drain_messages(fr_bridge_server *srv, const volatile sig_atomic_t *stop)
+{
+    fr_peers_stats ps;
+    fr_peers_stats_get(srv->peers, &ps);
+    long wait = !eng_idle(srv) ? 0 : ps.queued ? 2 : 100;
+    zmq_pollitem_t it = {.socket = srv->sock, .events = ZMQ_POLLIN};
+    if (zmq_poll(&it, 1, wait) < 0) {
+        if (errno == EINTR) return FR_OK;
+        return fr_fail(FR_EIO, "serve: poll failed: %s", zmq_strerror(errno));
+    }
+    fr_status st = FR_OK;
+    srv->turn_barrier = 0;
+    for (int k = 0; k < 1024 && !*stop && !srv->turn_barrier; k++) {
+        fr_wire_msg w;
+        int got;
+        if (fr_wire_recv(srv->sock, 1, 0, &w, &got)) {
+            st = FR_EIO;
+            break;
+        }
+        if (!got) break;
+        handle_message(srv, &w);
+        fr_wire_msg_free(&w);
+    }
+    if (!st && srv->events.oom) st = fr_fail(FR_ENOMEM, "serve: out of memory recording the engine events");
+    return st;
+}
+
+/* Rank 0 after a turn's results went out. */
+static fr_status after_turn(fr_bridge_server *srv)
+{
+    flush_all(srv);
+    if (srv->state == PAUSING && eng_idle(srv)) {
+        srv->state = PAUSED;
+        reply_waiters(srv);
+    }
+    send_deferred(srv);
+    int gone = 0;
+    if (fr_peers_pump(srv->peers, &gone)) return FR_EIO;
+    if (gone) drop_gone_peers(srv);
+    if (srv->metrics && now_ms() - srv->last_pub_ms >= 200.0) publish_metrics(srv);
+    if (srv->upd && srv->cfg.update_idle_ms > 0 && now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
+        char why[96];
+        snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
+        drop_update(srv, why);
+    }
+    return FR_OK;
+}
+
+/* Every rank, turn by turn: rank 0 reads messages into events; every rank
+ * applies them; all vote to go on; every engine steps; the leaders' results
+ * go to rank 0, which streams them. */
+static fr_status run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop)
+{
+    fr_status failure = FR_OK;
+    char why[FR_PROTO_TEXT_MAX] = "";
+#define NOTE_FAILURE(s)                                                    \
+    do {                                                                   \
+        fr_status s_ = (s);                                                \
+        if (s_ && !failure) {                                              \
+            failure = s_;                                                  \
+            snprintf(why, sizeof why, "%s", fr_last_error());              \
+        }                                                                  \
+    } while (0)
+    if (srv->rank == 0) {
+        logf_(srv, "listening on %s (protocol version %d; %d engine(s) of tp %d on %d ranks)", srv->endpoint,
+              FR_PROTO_VERSION, srv->n_engines, srv->tp, srv->world->size);
+        if (srv->metrics) publish_metrics(srv);
+    }
+    for (;;) {
+        if (srv->rank == 0 && !failure && !*stop) NOTE_FAILURE(drain_messages(srv, stop));
+        if (srv->rank == 0 && failure) fr_rank_buf_clear(&srv->events);
+        share_events(srv);
+        NOTE_FAILURE(apply_events(srv));
+        NOTE_FAILURE(srv->fatal);
+        fr_rank_buf_clear(&srv->events);
+        int all = 0;
+        if (fr_mpi_world_all_ok(srv->world, !failure && !*stop, &all)) comm_fatal(srv, "the turn's vote");
+        if (!all) break;
+        if (!fr_scheduler_idle(srv->sch) && fr_scheduler_step(srv->sch)) {
+            /* with tp > 1 the engine's ranks may now disagree: stop */
+            if (srv->tp > 1) NOTE_FAILURE(fr_fail(FR_EIO, "serve: rank %d: engine step failed: %s", srv->rank,
+                                                  fr_last_error()));
+            else logf_(srv, "rank %d: engine step failed (its samples end with reason error): %s", srv->rank,
+                       fr_last_error());
+        }
+        NOTE_FAILURE(exchange_results(srv));
+        if (srv->rank == 0) NOTE_FAILURE(after_turn(srv));
+    }
+    /* Shutdown: every engine ends its samples; rank 0 sends their dones. */
+    int ended = srv->rank == 0 ? engine_samples(srv) : 0;
+    if (fr_scheduler_abort_all(srv->sch, NULL)) logf_(srv, "rank %d: abort: %s", srv->rank, fr_last_error());
+    NOTE_FAILURE(exchange_results(srv));
+    int all = 0;
+    if (fr_mpi_world_all_ok(srv->world, !failure, &all)) comm_fatal(srv, "the shutdown vote");
+    if (srv->rank == 0) {
+        ended += abort_everything(srv);
+        send_deferred(srv);
+        fail_waiters(srv, "shutdown", "the server is shutting down");
+        logf_(srv, "shutting down: %d open samples ended with reason abort", ended);
+        fr_peers_flush(srv->peers, srv->cfg.shutdown_linger_ms > 0 ? srv->cfg.shutdown_linger_ms : 0);
+        fr_peers_stats ps;
+        fr_peers_stats_get(srv->peers, &ps);
+        if (ps.queued)
+            logf_(srv, "%llu messages could not be delivered before shutdown", (unsigned long long)ps.queued);
+    }
+#undef NOTE_FAILURE
+    if (failure) return fr_fail(failure, "%s", why[0] ? why : "serve: this rank failed");
+    if (!all) return fr_fail(FR_EIO, "serve: rank %d stops because another rank failed (its log says why)", srv->rank);
+    return FR_OK;
+}
+
 fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_t *stop)
 {
     if (!srv || !stop) return fr_fail(FR_EINVAL, "serve: server and stop flag are required");
+    if (srv->multi) return run_ranks(srv, stop);
     fr_status failure = FR_OK;
     logf_(srv, "listening on %s (protocol version %d)", srv->endpoint, FR_PROTO_VERSION);
     if (srv->metrics) publish_metrics(srv);
@@ -1205,6 +1961,12 @@ void fr_bridge_server_destroy(fr_bridge_server **pp)
     }
     free(srv->zap.keys);
     if (srv->zctx) zmq_ctx_term(srv->zctx);
+    for (int i = 0; i < srv->n_deferred; i++) free(srv->deferred[i].data);
+    free(srv->deferred);
+    fr_weight_update_free(&srv->wupd);
+    fr_rank_buf_free(&srv->events);
+    fr_rank_buf_free(&srv->outbox);
+    free(srv->engine_open);
     free(srv);
     *pp = NULL;
 }

@@ -1,6 +1,8 @@
-/* The coordinator of `fp4rollout serve` for one engine (docs/protocol.md):
- * one ROUTER socket facing the trainers, driving one session's
- * continuous-batching scheduler in a single loop.
+/* The coordinator of `fp4rollout serve` (docs/protocol.md): one ROUTER
+ * socket facing the trainers, driving a session's continuous-batching
+ * scheduler in a single loop; under mpirun, every rank runs the loop and
+ * world rank 0 alone owns the socket (docs/protocol.md, "Serving on several
+ * ranks").
  *
  *     fr_bridge_server *srv;
  *     fr_bridge_server_new(&session, &cfg, &srv);   // binds the socket
@@ -21,6 +23,7 @@
 #include <signal.h>
 #include <stdio.h>
 
+#include "comm/mpi_world.h"
 #include "rollout/serve_config.h"
 #include "rollout/session.h"
 
@@ -49,19 +52,33 @@ typedef struct {
      * any free port (fr_bridge_server_metrics_port says which). */
     int metrics_port;
     const char *metrics_bind;
+    /* Several ranks: the MPI world (NULL, or a world of one: one process)
+     * and its ranks per engine. Every rank makes its server with the same
+     * config and session options (its session on its engine group when tp
+     * > 1) and runs it; world rank 0 binds the socket, routes each generate
+     * to the engine with the fewest open samples and streams every engine's
+     * results. fr_bridge_server_run is then collective over the world. */
+    const fr_mpi_world *world;
+    int tp;
 } fr_bridge_config;
 
 typedef struct fr_bridge_server fr_bridge_server;
 
 /* Builds the scheduler on the session (which must outlive the server) and
- * binds the socket: FR_EIO naming the endpoint when it cannot bind. */
+ * binds the socket (rank 0 only with several ranks): FR_EIO naming the
+ * endpoint when it cannot bind. Not collective: with several ranks, the
+ * caller agrees with fr_mpi_world_all_ok that every rank made its server. */
 fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_bridge_server **out);
 
-/* Serves until *stop becomes non-zero (a signal handler sets it), then
+/* Serves until *stop becomes non-zero (a signal handler sets it; with
+ * several ranks, on any rank), then
  * shuts down: requests held by a pause and samples in flight end with done
  * (reason abort), clients waiting for a pause get an error, and the last
  * messages are delivered for up to shutdown_linger_ms. FR_EIO when the
- * socket fails. */
+ * socket fails. With several ranks: a failure on any rank (a step of a
+ * tensor-parallel engine, out of memory, a weight switch that failed on
+ * some ranks only) ends the loop on every rank and every rank returns an
+ * error; an MPI failure ends the job (fr_mpi_world_abort). */
 fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_t *stop);
 
 /* The metrics endpoint's port, -1 when there is none. */
