@@ -3,7 +3,9 @@
 # on the built-in synthetic model over loopback: hello; 8 prompts x 4
 # samples streamed and equal to `fp4rollout rollout`; abort of one request;
 # pause abort, pause wait, held requests and resume; stats; malformed
-# messages answered with errors while the server keeps serving; two
+# messages (garbage, wrong types, unknown types, a frame declaring a huge
+# array) answered with errors while the server keeps serving; a client that
+# vanishes mid-stream has its samples ended; two
 # clients at once with the same request ids; the Python client; clean
 # shutdown on SIGTERM with a done for every open sample; CLI errors.
 set -euo pipefail
@@ -177,7 +179,28 @@ raw 82a474797065a568656c6c6fa17601 1
 json_check "$dir/raw.json" '"2 frames" in d["message"]' "an extra frame"
 raw 84a474797065a867656e6572617465a17601aa726571756573745f696409a670726f6d707492cd0100cd03e7
 json_check "$dir/raw.json" 'd["code"] == "invalid_request" and "outside the vocabulary" in d["message"] and d["request_id"] == 9' "a token outside the vocabulary"
+raw 82a474797065a3666f6fa17601
+json_check "$dir/raw.json" '"unknown type \"foo\"" in d["message"]' "an unknown message type"
+raw 81a178dd08000000
+json_check "$dir/raw.json" 'd["code"] == "bad_message" and "declares lengths" in d["message"]' "a frame declaring 2^27 elements"
 c hello > /dev/null || fail "the server stopped answering after malformed messages"
+
+# A client that vanishes mid-stream: its samples end early (the server finds
+# it gone when its tokens cannot be delivered), the server serves on.
+c stats > "$dir/vs0.json"
+c generate --prompts "$dir/p8.txt" --n 4 --max-tokens 2000 --temperature 1 --seed 13 > /dev/null 2>&1 &
+gv=$!
+wait_running
+kill -KILL $gv 2>/dev/null || true
+wait $gv 2>/dev/null || true
+for _ in $(seq 300); do
+  c stats > "$dir/vs.json" && $py -c 'import json, sys; d = json.load(open(sys.argv[1])); sys.exit(0 if d["scheduler"]["running"] == 0 and d["server"]["open_requests"] == 0 else 1)' "$dir/vs.json" && break
+  sleep 0.1
+done
+json_check "$dir/vs.json" 'd["scheduler"]["running"] == 0 and d["server"]["open_requests"] == 0' "the vanished client's samples ended"
+$py -c 'import json, sys; a, b = (json.load(open(p))["scheduler"]["tokens_generated"] for p in sys.argv[1:3]); sys.exit(0 if b - a < 32 * 2000 // 2 else 1)' "$dir/vs0.json" "$dir/vs.json" ||
+  fail "the vanished client's 32 samples ran to their 2000 tokens instead of ending"
+c hello > /dev/null || fail "the server stopped answering after a client vanished"
 
 # Two clients at once, with the same request ids, each get their own samples.
 c generate --prompts "$dir/p8.txt" --n 4 --max-tokens 40 --temperature 1 --seed 11 > "$dir/c1.jsonl" &
