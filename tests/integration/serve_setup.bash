@@ -12,8 +12,17 @@ dir=$(mktemp -d)
 server_pid=
 pids=()
 cleanup() {
-  [ -n "$server_pid" ] && kill -KILL "$server_pid" 2>/dev/null
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  # TERM first: mpirun passes it on to its ranks (KILL would orphan them)
+  local all=("${pids[@]}") p
+  [ -n "$server_pid" ] && all+=("$server_pid")
+  for p in "${all[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for _ in $(seq 30); do
+    local alive=0
+    for p in "${all[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ $alive -eq 0 ] && break
+    sleep 0.1
+  done
+  for p in "${all[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   rm -rf "$dir"
 }
 trap cleanup EXIT

@@ -34,9 +34,9 @@ JSON
   done
   fail "server $n did not start"
 }
-start mpi "$tq6" 2 timeout 300 "${mpi[@]}"
+start mpi "$tq6" 2 "${mpi[@]}"
 mpi_ep=$ep
-start fresh "$dir/perturbed" 1 timeout 300
+start fresh "$dir/perturbed" 1
 fresh_ep=$ep
 timeout 240 $py "$here/serve_tq6_update.py" --check "$mpi_ep" "$fresh_ep" "$dir/perturbed" || fail "checks failed"
 echo "$name: all checks passed"
