@@ -1,0 +1,129 @@
+"""Curves of DAPO runs (matplotlib, Agg backend: no display needed).
+
+    python3 plot.py RUN_DIR                       # RUN_DIR/curves.png
+    python3 plot.py --compare DIR1 DIR2 DIR3 [--labels bf16,nvfp4,vanilla] --out compare.png
+
+--compare draws the runs' metrics.csv in one figure and prints a markdown
+table: for each run, the mean of each key column over its first and last
+--window steps.
+"""
+import argparse
+import csv
+import math
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+PANELS = [   # (column, title, log scale)
+    ("score_mean", "task score (all samples)", False),
+    ("reward_mean", "reward incl. overlong penalty", False),
+    ("response_len_mean", "response length (tokens)", False),
+    ("mismatch_kl", "mismatch KL (rollout || trainer)", True),
+    ("rollout_probs_diff_mean", "mean |p_rollout - p_trainer|", True),
+    ("divergence_kl_mean", "KL(BF16 KV || served KV), monitored", True),
+    ("tis_truncated_frac", "share of tokens with IS weight > C", False),
+    ("clip_frac_high", "share clipped at 1 + eps_high", False),
+    ("version_lag_mean", "weight version lag (tokens)", False),
+]
+TABLE = ["score_mean", "reward_mean", "response_len_mean", "mismatch_kl", "rollout_probs_diff_mean",
+         "divergence_kl_mean", "tis_truncated_frac", "groups_kept", "attempts", "step_s"]
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    cols = {}
+    for r in rows:
+        for k, v in r.items():
+            try:
+                cols.setdefault(k, []).append(float(v))
+            except (TypeError, ValueError):
+                cols.setdefault(k, []).append(float("nan"))
+    return cols
+
+
+def _smooth(ys, k):
+    if k <= 1:
+        return ys
+    out = []
+    for i in range(len(ys)):
+        win = [y for y in ys[max(0, i - k + 1):i + 1] if not math.isnan(y)]
+        out.append(sum(win) / len(win) if win else float("nan"))
+    return out
+
+
+def _draw(runs, png, smooth):
+    fig, axes = plt.subplots(3, 3, figsize=(15, 11))
+    for ax, (col, title, log) in zip(axes.flat, PANELS):
+        for label, cols in runs:
+            if col not in cols:
+                continue
+            xs, ys = cols["step"], cols[col]
+            line, = ax.plot(xs, ys, alpha=0.3 if smooth > 1 else 1.0, marker="." if len(xs) < 30 else None)
+            if smooth > 1:
+                ax.plot(xs, _smooth(ys, smooth), color=line.get_color(), label=label)
+            else:
+                line.set_label(label)
+            if log and any(y > 0 for y in ys if not math.isnan(y)):
+                ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if len(runs) > 1:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+def plot_run(csv_path, png_path, smooth=1):
+    _draw([(os.path.basename(os.path.dirname(os.path.abspath(csv_path))), read_csv(csv_path))], png_path, smooth)
+
+
+def _mean(xs):
+    xs = [x for x in xs if not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def table(runs, window):
+    head = "| run | steps | " + " | ".join(f"{c} (first/last {window})" for c in TABLE) + " |"
+    lines = [head, "|" + "---|" * (len(TABLE) + 2)]
+    for label, cols in runs:
+        n = len(cols.get("step", []))
+        cells = []
+        for c in TABLE:
+            ys = cols.get(c, [])
+            cells.append(f"{_mean(ys[:window]):.4g} / {_mean(ys[-window:]):.4g}" if ys else "-")
+        lines.append(f"| {label} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="run folders (each with metrics.csv)")
+    ap.add_argument("--compare", action="store_true", help="one figure of all runs, and a markdown table")
+    ap.add_argument("--labels", default=None, help="comma-separated labels (default: folder names)")
+    ap.add_argument("--out", default=None, help="figure path (default RUN/curves.png, or compare.png)")
+    ap.add_argument("--smooth", type=int, default=1, help="moving average over this many steps")
+    ap.add_argument("--window", type=int, default=10, help="steps averaged at each end in the table")
+    a = ap.parse_args()
+    labels = a.labels.split(",") if a.labels else [os.path.basename(os.path.abspath(r)) for r in a.runs]
+    if len(labels) != len(a.runs):
+        sys.exit("plot: one label per run")
+    runs = [(lab, read_csv(os.path.join(r, "metrics.csv"))) for lab, r in zip(labels, a.runs)]
+    if a.compare or len(runs) > 1:
+        out = a.out or "compare.png"
+        _draw(runs, out, a.smooth)
+        print(table(runs, a.window))
+    else:
+        out = a.out or os.path.join(a.runs[0], "curves.png")
+        _draw(runs, out, a.smooth)
+    print(f"plot: wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

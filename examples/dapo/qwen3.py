@@ -1,0 +1,261 @@
+"""The policy: a Qwen3 causal LM in plain PyTorch, float32, loaded from a
+Hugging Face checkpoint folder (config.json + safetensors, sharded or not).
+
+Parameter names are the checkpoint's (model.layers.N.self_attn.q_proj.weight,
+...), so `named_parameters()` is exactly what `update_weights` sends.
+
+    python3 qwen3.py --model DIR --check-golden p1,p2,p6
+
+compares the logits with the `pN.logits_f32` tensors of DIR/golden.safetensors
+(transformers' float32 outputs) and exits non-zero when the largest error
+exceeds --tol of the largest reference logit.
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# ---------------------------------------------------------------- safetensors
+
+_DTYPES = {"F32": torch.float32, "F16": torch.float16, "I32": torch.int32, "I64": torch.int64,
+           "BF16": None}   # BF16 is widened to float32 by hand (below)
+
+
+def read_safetensors(path):
+    """{name: tensor} of one safetensors file. BF16 tensors come back as float32
+    (exact: a BF16 value is the top half of its float32)."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    if len(blob) < 8:
+        raise ValueError(f"{path}: too short for a safetensors file")
+    (hlen,) = struct.unpack("<Q", blob[:8])
+    if 8 + hlen > len(blob):
+        raise ValueError(f"{path}: header length {hlen} runs past the end of the file")
+    header = json.loads(blob[8:8 + hlen].decode("utf-8"))
+    base = 8 + hlen
+    data = bytearray(blob[base:])          # writable, so torch.frombuffer does not warn
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        dtype, shape = meta["dtype"], meta["shape"]
+        start, end = meta["data_offsets"]
+        if dtype not in _DTYPES:
+            raise ValueError(f"{path}: {name}: unsupported dtype {dtype}")
+        count = math.prod(shape)
+        if dtype == "BF16":
+            if end - start != 2 * count:
+                raise ValueError(f"{path}: {name}: {end - start} bytes for {count} bf16 values")
+            raw = torch.frombuffer(data, dtype=torch.int16, count=count, offset=start) if count else \
+                torch.empty(0, dtype=torch.int16)
+            wide = (raw.to(torch.int32) & 0xFFFF) << 16
+            t = wide.view(torch.float32)
+        else:
+            tdt = _DTYPES[dtype]
+            size = torch.tensor([], dtype=tdt).element_size()
+            if end - start != size * count:
+                raise ValueError(f"{path}: {name}: {end - start} bytes for {count} {dtype} values")
+            t = torch.frombuffer(data, dtype=tdt, count=count, offset=start).clone() if count else \
+                torch.empty(0, dtype=tdt)
+        out[name] = t.reshape(shape)
+    return out
+
+
+def read_checkpoint(folder):
+    """Every tensor of a checkpoint folder: model.safetensors.index.json's shards,
+    or the single model.safetensors."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        shards = ["model.safetensors"]
+    tensors = {}
+    for s in shards:
+        for k, v in read_safetensors(os.path.join(folder, s)).items():
+            if k in tensors:
+                raise ValueError(f"{folder}: tensor {k} appears in two shards")
+            tensors[k] = v
+    return tensors
+
+
+# ---------------------------------------------------------------- model
+
+class Config:
+    def __init__(self, d):
+        self.vocab_size = d["vocab_size"]
+        self.hidden_size = d["hidden_size"]
+        self.intermediate_size = d["intermediate_size"]
+        self.num_layers = d["num_hidden_layers"]
+        self.num_heads = d["num_attention_heads"]
+        self.num_kv_heads = d.get("num_key_value_heads", self.num_heads)
+        self.head_dim = d.get("head_dim") or self.hidden_size // self.num_heads
+        self.eps = d.get("rms_norm_eps", 1e-6)
+        rope = d.get("rope_parameters") or {}
+        self.rope_theta = float(rope.get("rope_theta", d.get("rope_theta", 10000.0)))
+        self.tie_word_embeddings = bool(d.get("tie_word_embeddings", False))
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def _rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_norm = RMSNorm(c.head_dim, c.eps)    # per head, before RoPE
+        self.k_norm = RMSNorm(c.head_dim, c.eps)
+
+    def forward(self, x, cos, sin, mask):
+        c = self.c
+        B, T, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, T, c.num_heads, c.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(B, T, c.num_kv_heads, c.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        group = c.num_heads // c.num_kv_heads      # query head h reads KV head h // group
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        scores = (q @ k.transpose(-1, -2)) * (c.head_dim ** -0.5) + mask
+        out = torch.softmax(scores, dim=-1) @ v
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.hidden_size, c.eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.eps)
+        self.mlp = MLP(c)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList([Layer(c) for _ in range(c.num_layers)])
+        self.norm = RMSNorm(c.hidden_size, c.eps)
+
+
+class Qwen3(nn.Module):
+    """Qwen3ForCausalLM: forward(ids [B, T]) -> logits [B, T, vocab]. Positions are
+    0..T-1 in every row, attention is causal: pad on the right."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        self.model = Backbone(c)
+        if not c.tie_word_embeddings:
+            self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
+        self.register_buffer("inv_freq", inv.float(), persistent=False)
+
+    def forward(self, ids):
+        B, T = ids.shape
+        pos = torch.arange(T, dtype=torch.float32, device=ids.device)
+        freqs = torch.outer(pos, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        mask = torch.full((T, T), float("-inf"), device=ids.device).triu(1)
+        x = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, mask)
+        x = self.model.norm(x)
+        if self.config.tie_word_embeddings:
+            return x @ self.model.embed_tokens.weight.t()
+        return self.lm_head(x)
+
+
+def load_policy(folder):
+    """The float32 policy of a checkpoint folder; every checkpoint tensor must be a
+    parameter of the model and every parameter must be in the checkpoint."""
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = Config(json.load(f))
+    model = Qwen3(cfg)
+    tensors = read_checkpoint(folder)
+    own = dict(model.named_parameters())
+    missing = sorted(set(own) - set(tensors))
+    extra = sorted(set(tensors) - set(own))
+    if missing or extra:
+        raise ValueError(f"{folder}: checkpoint/model mismatch: missing {missing[:5]}, unexpected {extra[:5]}")
+    with torch.no_grad():
+        for name, p in own.items():
+            t = tensors[name]
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"{name}: checkpoint shape {tuple(t.shape)}, model {tuple(p.shape)}")
+            p.copy_(t.float())
+    return model
+
+
+def check_golden(model, golden_path, prompts):
+    """{prompt: max |logit - golden| / max |golden|} for the given pN names."""
+    g = read_safetensors(golden_path)
+    errs = {}
+    with torch.no_grad():
+        for p in prompts:
+            ids = g[f"{p}.ids"].long()[None]
+            ref = g[f"{p}.logits_f32"]
+            got = model(ids)[0]
+            errs[p] = float((got - ref).abs().max() / ref.abs().max())
+    return errs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="checkpoint folder")
+    ap.add_argument("--check-golden", default="p1,p2,p6", help="comma-separated prompt names of golden.safetensors")
+    ap.add_argument("--golden", default=None, help="golden file (default MODEL/golden.safetensors)")
+    ap.add_argument("--tol", type=float, default=1e-3, help="largest error allowed, relative to max |logit|")
+    a = ap.parse_args()
+    model = load_policy(a.model)
+    n = sum(p.numel() for p in model.parameters())
+    errs = check_golden(model, a.golden or os.path.join(a.model, "golden.safetensors"), a.check_golden.split(","))
+    worst = max(errs.values())
+    print(f"qwen3: {n} parameters; logits vs golden, max error / max |logit|: "
+          + ", ".join(f"{k} {v:.2e}" for k, v in errs.items()) + f" (limit {a.tol:g})")
+    sys.exit(0 if worst <= a.tol else 1)
+
+
+if __name__ == "__main__":
+    main()

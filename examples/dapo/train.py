@@ -1,0 +1,312 @@
+"""DAPO on the type-completion task (task.py), with rollouts from a running
+`fp4rollout serve` and the policy's weights pushed back after every step.
+
+    python3 examples/dapo/train.py --server tcp://127.0.0.1:5555 --steps 50 \\
+        --batch-groups 8 --n 8 --out runs/nvfp4
+
+writes OUT/metrics.csv (one row per step), OUT/samples.jsonl (every sample
+drawn) and OUT/curves.png. The server must serve the same checkpoint as
+--model, at weight version 0 (the checkpoint): step s (from 0) pushes
+version s + 1.
+README.md describes the algorithm and every column.
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import random
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "trainer_bridge", "python"))
+
+import torch  # noqa: E402
+
+from dapo import dapo_loss, group_advantages, informative, overlong_penalty, token_logprobs  # noqa: E402
+from fp4rollout_client import RolloutClient, group_by_prompt, mismatch_metrics  # noqa: E402
+from qwen3 import load_policy  # noqa: E402
+from task import EOS, NEWLINE, Scorer, TypeTask, completion_text  # noqa: E402
+
+COLUMNS = [
+    "step", "rollout_version", "pushed_version", "attempts", "groups_sampled", "groups_kept", "samples_trained",
+    "reward_mean", "score_mean", "batch_reward_mean", "batch_score_mean", "response_len_mean", "truncated_frac",
+    "loss", "grad_norm", "lr", "clip_frac_low", "clip_frac_high", "ratio_mean", "tis_weight_mean",
+    "tis_truncated_frac", "rollout_probs_diff_mean", "rollout_probs_diff_max", "rollout_probs_diff_std",
+    "mismatch_kl", "divergence_kl_mean", "divergence_kl_max", "divergence_top1_agreement", "monitored_samples",
+    "version_lag_mean", "current_version_share", "gen_s", "reward_s", "train_s", "push_s", "step_s",
+]
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server", default="tcp://127.0.0.1:5555", help="the serve endpoint")
+    ap.add_argument("--model", default=os.path.join(HERE, "..", "..", "..", "shared", "models", "tq6"),
+                    help="checkpoint folder the server also serves (default ../shared/models/tq6)")
+    ap.add_argument("--out", required=True, help="output folder (created)")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--batch-groups", type=int, default=8, help="informative groups per training step")
+    ap.add_argument("--n", type=int, default=8, help="responses per prompt (the group size)")
+    ap.add_argument("--max-tokens", type=int, default=48, help="L_max: the most response tokens")
+    ap.add_argument("--overlong-cache", type=int, default=16, help="L_cache of the overlong penalty (0: off)")
+    ap.add_argument("--shots", type=int, default=4, help="solved examples before each prompt (task.py)")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--oversample", type=float, default=2.0,
+                    help="prompts asked per missing group in each generation round of dynamic sampling")
+    ap.add_argument("--max-attempts", type=int, default=8, help="generation rounds per step before giving up")
+    ap.add_argument("--filter-on", choices=["score", "reward"], default="score",
+                    help="dynamic sampling drops groups whose task scores (default) or total rewards are all equal")
+    ap.add_argument("--eps-low", type=float, default=0.2)
+    ap.add_argument("--eps-high", type=float, default=0.28)
+    ap.add_argument("--tis-cap", type=float, default=2.0, help="C of truncated importance sampling (<= 0: off)")
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--warmup-steps", type=int, default=0, help="linear learning-rate warm-up")
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--mini-batches", type=int, default=1,
+                    help="optimizer updates per step, each on a share of the groups; weights are pushed "
+                         "once per step, after the last")
+    ap.add_argument("--monitor-share", type=float, default=0.25,
+                    help="share of requests asked to run the BF16-KV divergence shadow (monitor=True)")
+    ap.add_argument("--push-dtype", choices=["f32", "bf16"], default="f32")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="torch device of the policy (cpu, cuda, cuda:1, ...)")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--sandbox-jobs", type=int, default=4, help="reward processes run at once")
+    ap.add_argument("--timeout-s", type=float, default=600, help="longest wait for one sample")
+    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--allow-updated-server", action="store_true",
+                    help="accept a server whose weight version is not 0 (step s then pushes version base + s + 1)")
+    return ap.parse_args(argv)
+
+
+def generate_round(client, task, count, args, rng, next_group):
+    """Submits `count` prompts (n samples each) and returns {group_id: (prompt,
+    samples)} once every sample is done."""
+    prompts = {}
+    for p in task.sample(count):
+        gid = next_group()
+        client.submit(p.token_ids, n=args.n, temperature=args.temperature, top_p=args.top_p,
+                      max_tokens=args.max_tokens, stop_token_ids=[NEWLINE, EOS], seed=rng.getrandbits(53),
+                      monitor=rng.random() < args.monitor_share, group_id=gid)
+        prompts[gid] = p
+    samples = list(client.results(timeout_ms=int(args.timeout_s * 1000)))
+    groups = group_by_prompt(samples)
+    missing = set(prompts) - set(groups)
+    if missing:
+        raise RuntimeError(f"groups {sorted(missing)[:5]} came back without samples")
+    for gid, g in groups.items():
+        bad = [s for s in g if s.finish_reason in ("abort", "error")]
+        if bad:
+            raise RuntimeError(f"group {gid}: sample {bad[0].sample} ended with {bad[0].finish_reason}")
+        if len(g) != args.n:
+            raise RuntimeError(f"group {gid}: {len(g)} samples, want {args.n}")
+    return {gid: (prompts[gid], groups[gid]) for gid in prompts}
+
+
+def weighted_mean(pairs):
+    num = sum(v * w for v, w in pairs)
+    den = sum(w for _, w in pairs)
+    return num / den if den else float("nan")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    os.makedirs(args.out, exist_ok=True)
+
+    policy = load_policy(args.model).to(args.device)
+    opt = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=args.weight_decay)
+    task, scorer = TypeTask(args.seed, args.shots), Scorer(jobs=args.sandbox_jobs)
+    client = RolloutClient(args.server, timeout_ms=int(args.timeout_s * 1000))
+    info = client.hello("dapo-train")
+    if info["vocab_size"] != policy.config.vocab_size:
+        sys.exit(f"train: the server's vocabulary has {info['vocab_size']} tokens, the policy's "
+                 f"{policy.config.vocab_size}: not the same model")
+    if args.n > info["max_seqs"]:
+        sys.exit(f"train: --n {args.n} exceeds the server's max_seqs {info['max_seqs']}")
+    base = int(info["weight_version"])
+    if base != 0 and not args.allow_updated_server:
+        sys.exit(f"train: the server serves weight version {base}, not the checkpoint (version 0); restart it, "
+                 f"or pass --allow-updated-server if it serves the same weights as --model")
+    print(f"train: server {args.server}: {info['model']} ({info['backend']}, kv {info['kv_dtype']}), "
+          f"weight version {base}", flush=True)
+
+    group_counter = [0]
+
+    def next_group():
+        group_counter[0] += 1
+        return group_counter[0]
+
+    metrics_f = open(os.path.join(args.out, "metrics.csv"), "w", newline="")
+    writer = csv.DictWriter(metrics_f, fieldnames=COLUMNS)
+    writer.writeheader()
+    samples_f = open(os.path.join(args.out, "samples.jsonl"), "w")
+    with open(os.path.join(args.out, "args.json"), "w") as f:
+        json.dump({**vars(args), "server_info": info}, f, indent=1)
+
+    for step in range(args.steps):
+        t_step = time.monotonic()
+        version = base + step                 # the weights serving now
+        lr = args.lr * min(1.0, (step + 1) / args.warmup_steps) if args.warmup_steps > 0 else args.lr
+        for g in opt.param_groups:
+            g["lr"] = lr
+
+        # ---- rollouts with dynamic sampling
+        kept, dropped, every = [], [], []      # entries: (prompt, samples, scores, rewards)
+        gen_s = reward_s = 0.0
+        attempts = 0
+        while len(kept) < args.batch_groups and attempts < args.max_attempts:
+            attempts += 1
+            need = args.batch_groups - len(kept)
+            t0 = time.monotonic()
+            groups = generate_round(client, task, max(need, math.ceil(need * args.oversample)), args, rng,
+                                    next_group)
+            gen_s += time.monotonic() - t0
+            t0 = time.monotonic()
+            pairs = [(p, completion_text(s.token_ids)) for p, ss in groups.values() for s in ss]
+            flat = scorer.score(pairs)
+            reward_s += time.monotonic() - t0
+            i = 0
+            for gid, (p, ss) in groups.items():
+                scores = flat[i:i + len(ss)]
+                i += len(ss)
+                rewards = [sc + overlong_penalty(len(s.token_ids), args.max_tokens, args.overlong_cache)
+                           for sc, s in zip(scores, ss)]
+                entry = (gid, p, ss, scores, rewards)
+                every.append(entry)
+                key = scores if args.filter_on == "score" else rewards
+                (kept if informative(key) and len(kept) < args.batch_groups else dropped).append(entry)
+        # With no informative group at all, the step trains on uninformative ones:
+        # their advantages are 0, so the policy gradient is 0.
+        batch = kept if kept else dropped[:args.batch_groups]
+
+        # ---- old log-probs, importance weights and mismatch
+        t0 = time.monotonic()
+        seqs, plens, roll, advs, versions = [], [], [], [], []
+        for gid, p, ss, scores, rewards in batch:
+            a = group_advantages(rewards) if informative(scores if args.filter_on == "score" else rewards) \
+                else [0.0] * len(ss)
+            for s, adv in zip(ss, a):
+                seqs.append(p.token_ids + s.token_ids)
+                plens.append(len(p.token_ids))
+                roll.append(s.logprobs)
+                advs.append(adv)
+                versions.extend(s.weight_versions)
+        L = max(len(r) for r in roll)
+        rollout_logp = torch.tensor([r + [0.0] * (L - len(r)) for r in roll], dtype=torch.float32)
+        adv_t = torch.tensor(advs, dtype=torch.float32)
+        policy.eval()
+        with torch.no_grad():
+            old_logp, mask = token_logprobs(policy, seqs, plens, args.temperature)
+        trainer_lists = [old_logp[b, :len(r)].tolist() for b, r in enumerate(roll)]
+        mm = mismatch_metrics(roll, trainer_lists)
+
+        # ---- optimizer updates
+        policy.train()
+        order = list(range(len(batch)))
+        chunks = [order[i::args.mini_batches] for i in range(args.mini_batches)]
+        starts, pos = [], 0
+        for _, p, ss, _, _ in batch:
+            starts.append(pos)
+            pos += len(ss)
+        losses, norms, stats_acc = [], [], []
+        for chunk in chunks:
+            if not chunk:
+                continue
+            rows = [starts[g] + j for g in chunk for j in range(len(batch[g][2]))]
+            idx = torch.tensor(rows)
+            logp, m = token_logprobs(policy, [seqs[r] for r in rows], [plens[r] for r in rows], args.temperature)
+            Lc = m.shape[1]
+            loss, st = dapo_loss(logp, old_logp[idx, :Lc], rollout_logp[idx, :Lc], adv_t[idx], m,
+                                 args.eps_low, args.eps_high, args.tis_cap)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
+            opt.step()
+            losses.append(float(loss))
+            norms.append(float(norm))
+            stats_acc.append((st, float(m.sum())))
+        train_s = time.monotonic() - t0
+
+        # ---- push the weights: version base + step + 1
+        t0 = time.monotonic()
+        pushed = base + step + 1
+        dt = torch.bfloat16 if args.push_dtype == "bf16" else torch.float32
+        named = {n: p.detach().to("cpu", dt).contiguous() for n, p in policy.named_parameters()}
+        reply = client.update_weights(named, version=pushed)
+        if reply["weight_version"] != pushed:
+            raise RuntimeError(f"update_weights answered {reply}, want version {pushed}")
+        push_s = time.monotonic() - t0
+
+        # ---- metrics
+        all_samples = [(s, sc, rw) for _, _, ss, scs, rws in every for s, sc, rw in zip(ss, scs, rws)]
+        mon = [s.divergence for s, _, _ in all_samples if s.divergence.get("kl_mean") is not None
+               and s.divergence.get("positions")]
+        lag = [version - v for v in versions]
+        tok_stats = lambda key: weighted_mean([(st[key], w) for st, w in stats_acc])  # noqa: E731
+        row = {
+            "step": step, "rollout_version": version, "pushed_version": pushed, "attempts": attempts,
+            "groups_sampled": len(every), "groups_kept": len(kept),
+            "samples_trained": len(seqs),
+            "reward_mean": sum(rw for _, _, rw in all_samples) / len(all_samples),
+            "score_mean": sum(sc for _, sc, _ in all_samples) / len(all_samples),
+            "batch_reward_mean": sum(sum(e[4]) for e in batch) / len(seqs),
+            "batch_score_mean": sum(sum(e[3]) for e in batch) / len(seqs),
+            "response_len_mean": sum(len(s.token_ids) for s, _, _ in all_samples) / len(all_samples),
+            "truncated_frac": sum(s.finish_reason == "length" for s, _, _ in all_samples) / len(all_samples),
+            "loss": sum(losses) / len(losses), "grad_norm": sum(norms) / len(norms), "lr": lr,
+            "clip_frac_low": tok_stats("clip_frac_low"), "clip_frac_high": tok_stats("clip_frac_high"),
+            "ratio_mean": tok_stats("ratio_mean"), "tis_weight_mean": tok_stats("tis_weight_mean"),
+            "tis_truncated_frac": tok_stats("tis_truncated_frac"),
+            "rollout_probs_diff_mean": mm["rollout_probs_diff_mean"],
+            "rollout_probs_diff_max": mm["rollout_probs_diff_max"],
+            "rollout_probs_diff_std": mm["rollout_probs_diff_std"], "mismatch_kl": mm["mismatch_kl"],
+            "divergence_kl_mean": weighted_mean([(d["kl_mean"], d["positions"]) for d in mon]),
+            "divergence_kl_max": max((d["kl_max"] for d in mon), default=float("nan")),
+            "divergence_top1_agreement": weighted_mean([(d["top1_agreement"], d["positions"]) for d in mon]),
+            "monitored_samples": len(mon),
+            "version_lag_mean": sum(lag) / len(lag) if lag else float("nan"),
+            "current_version_share": sum(x == 0 for x in lag) / len(lag) if lag else float("nan"),
+            "gen_s": gen_s, "reward_s": reward_s, "train_s": train_s, "push_s": push_s,
+            "step_s": time.monotonic() - t_step,
+        }
+        writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+        metrics_f.flush()
+        in_batch = {e[0] for e in batch}
+        for gid, p, ss, scs, rws in every:
+            advs_g = group_advantages(rws) if gid in in_batch and informative(
+                scs if args.filter_on == "score" else rws) else None
+            for j, (s, sc, rw) in enumerate(zip(ss, scs, rws)):
+                samples_f.write(json.dumps({
+                    "step": step, "group_id": gid, "sample": s.sample, "prompt": p.text,
+                    "completion": completion_text(s.token_ids), "score": sc, "reward": rw,
+                    "advantage": advs_g[j] if advs_g else None, "trained": gid in in_batch,
+                    "finish_reason": s.finish_reason, "n_tokens": len(s.token_ids),
+                    "weight_versions": sorted(set(s.weight_versions)),
+                    "kl_mean": s.divergence.get("kl_mean")}) + "\n")
+        samples_f.flush()
+        print(f"step {step}: score {row['score_mean']:.3f} reward {row['reward_mean']:.3f} "
+              f"len {row['response_len_mean']:.1f} kept {len(kept)}/{len(every)} groups in {attempts} rounds, "
+              f"loss {row['loss']:.4f}, mismatch_kl {row['mismatch_kl']:.2e}, "
+              f"div kl {row['divergence_kl_mean']:.2e}, pushed v{pushed} "
+              f"({gen_s:.1f}s gen, {train_s:.1f}s train, {push_s:.1f}s push)", flush=True)
+
+    metrics_f.close()
+    samples_f.close()
+    client.close()
+    if not args.no_plot:
+        from plot import plot_run
+        plot_run(os.path.join(args.out, "metrics.csv"), os.path.join(args.out, "curves.png"))
+    print(f"train: wrote {args.out}/metrics.csv" + ("" if args.no_plot else " and curves.png"))
+
+
+if __name__ == "__main__":
+    main()
