@@ -7,15 +7,13 @@ tokens/s, and the weight-sync time.
 usage: serve_scale.py ENDPOINT WEIGHTS_BIN WEIGHTS_INDEX [PROMPTS] [N] [MAX_TOKENS]
 WEIGHTS_* come from `fp4rollout-client push-weights --model SPEC --export FILE`.
 """
-import json
 import os
 import random
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "trainer_bridge", "python"))
-import numpy as np  # noqa: E402
-from fp4rollout_client import RolloutClient  # noqa: E402
+from fp4rollout_client import RolloutClient, load_exported  # noqa: E402
 
 
 def main():
@@ -23,13 +21,8 @@ def main():
     n_prompts = int(sys.argv[4]) if len(sys.argv) > 4 else 256
     n = int(sys.argv[5]) if len(sys.argv) > 5 else 8
     max_tokens = int(sys.argv[6]) if len(sys.argv) > 6 else 16
-    index = [json.loads(line) for line in open(windex)]
-    flat = np.fromfile(wbin, dtype=np.float32)
-    weights, off = {}, 0
-    for t in index:
-        k = int(np.prod(t["shape"]))
-        weights[t["name"]] = flat[off:off + k].reshape(t["shape"])
-        off += k
+    weights = load_exported(wbin, windex)
+    nbytes = sum(w.nbytes for w in weights.values())
     random.seed(1)
     prompts = [[256] + [random.randint(0, 255) for _ in range(random.randint(4, 60))] for _ in range(n_prompts)]
     with RolloutClient(ep, timeout_ms=600000) as c:
@@ -51,7 +44,7 @@ def main():
         v2 = sum(1 for s in got if s.weight_versions and s.weight_versions[-1] == 2)
         ok = len(got) == len(keys) == n_prompts * n
         print(f"| {info.get('engines')} | {info.get('tp')} | {n_prompts} x {n} | {len(got)} ({'all once' if ok else 'MISSING'}) "
-              f"| {tokens} | {wall:.1f} | {tokens / wall:.0f} | {sync:.2f} ({flat.nbytes} bytes) | {v2} |")
+              f"| {tokens} | {wall:.1f} | {tokens / wall:.0f} | {sync:.2f} ({nbytes} bytes) | {v2} |")
         sys.exit(0 if ok else 1)
 
 

@@ -134,7 +134,7 @@ BUILD="$build" timeout 120 $py - "$tp2_ep" "$ref_ep" "$fresh_ep" "$dir/w7.bin" "
 import json, os, random, sys
 sys.path.insert(0, os.path.join(os.getcwd(), "trainer_bridge", "python"))
 import numpy as np
-from fp4rollout_client import RolloutClient, ServerError
+from fp4rollout_client import RolloutClient, ServerError, load_exported
 
 def check(cond, what):
     if not cond:
@@ -147,13 +147,7 @@ def greedy(c, prompts):
     return [out[k] for k in sorted(out)]
 
 tp2_ep, ref_ep, fresh_ep, wbin, windex = sys.argv[1:6]
-index = [json.loads(l) for l in open(windex)]
-flat = np.fromfile(wbin, dtype=np.float32)
-weights, off = {}, 0
-for t in index:
-    n = int(np.prod(t["shape"]))
-    weights[t["name"]] = flat[off:off + n].reshape(t["shape"])
-    off += n
+weights = load_exported(wbin, windex)
 random.seed(5)
 prompts = [[256] + [random.randint(0, 255) for _ in range(random.randint(2, 30))] for _ in range(32)]
 probe = prompts[:4]
@@ -187,7 +181,7 @@ with RolloutClient(tp2_ep, timeout_ms=60000) as c:
         seen.append(s)
         if commit is None:
             commit = c.update_weights(weights, version=2, bucket_bytes=256 << 10)
-    check(commit["weight_version"] == 2 and commit["bytes"] == flat.nbytes, f"commit reply {commit}")
+    check(commit["weight_version"] == 2 and commit["bytes"] == sum(w.nbytes for w in weights.values()), f"commit reply {commit}")
     keys = [(s.request_id, s.sample) for s in seen]
     check(len(keys) == 128 and len(set(keys)) == 128, f"{len(keys)} dones, want 128 distinct")
     v2 = 0

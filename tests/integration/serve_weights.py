@@ -15,7 +15,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "trainer_bridge", "python"))
 import numpy as np  # noqa: E402
 from fp4rollout_client import (ClientError, RolloutClient, ServerError, group_by_prompt,  # noqa: E402
-                               mismatch_metrics)
+                               load_exported, mismatch_metrics)
 
 
 def check(cond, what):
@@ -33,14 +33,8 @@ def greedy(c, prompts):
 def main():
     main_ep, fresh_ep, curve_ep, keys_path, wbin, windex = sys.argv[1:7]
     keys = json.load(open(keys_path))
-    index = [json.loads(line) for line in open(windex)]
-    flat = np.fromfile(wbin, dtype=np.float32)
-    weights, off = {}, 0
-    for t in index:
-        n = int(np.prod(t["shape"]))
-        weights[t["name"]] = flat[off:off + n].reshape(t["shape"])
-        off += n
-    check(off == flat.size, "the exported weights do not add up")
+    weights = load_exported(wbin, windex)
+    flat_bytes = sum(w.nbytes for w in weights.values())
 
     random.seed(3)
     prompts = [[256] + [random.randint(0, 255) for _ in range(random.randint(2, 30))] for _ in range(32)]
@@ -67,7 +61,7 @@ def main():
                 t0 = time.monotonic()
                 commit = c.update_weights(weights, version=2, bucket_bytes=256 << 10)
                 dt = time.monotonic() - t0
-        check(commit["weight_version"] == 2 and commit["bytes"] == flat.nbytes, f"commit reply {commit}")
+        check(commit["weight_version"] == 2 and commit["bytes"] == flat_bytes, f"commit reply {commit}")
         keys_seen = [(s.request_id, s.sample) for s in got]
         check(len(keys_seen) == 128 and len(set(keys_seen)) == 128, f"{len(keys_seen)} dones, want 128 distinct")
         v2 = 0
@@ -85,7 +79,7 @@ def main():
         check(after == want7, "greedy outputs after the update differ from a fresh synthetic:tiny:7 server")
         st = c.stats()
         check(st["server"]["weight_version"] == 2 and st["server"]["updates_committed"] == 1, f"stats {st}")
-        print(f"serve_weights: mid-stream update of {flat.nbytes} bytes committed in {dt * 1e3:.1f} ms; "
+        print(f"serve_weights: mid-stream update of {flat_bytes} bytes committed in {dt * 1e3:.1f} ms; "
               f"{v2} of 128 samples ended on version 2")
 
         # Each broken update is refused with its code; version 2 keeps serving.

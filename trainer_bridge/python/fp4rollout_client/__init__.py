@@ -13,7 +13,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 from . import _native
 
 __all__ = ["RolloutClient", "SampleResult", "ServerError", "ClientError", "group_by_prompt", "mismatch_metrics",
-           "keypair"]
+           "keypair", "load_exported"]
 
 _lib = None
 
@@ -302,6 +302,28 @@ def _convert(s) -> SampleResult:
                         weight_versions=[s.weight_versions[i] for i in range(n)],
                         finish_reason=s.finish_reason.decode(), n_prompt=s.n_prompt, preemptions=s.preemptions,
                         ttft_ms=s.ttft_ms if s.has_ttft else None, total_ms=s.total_ms, divergence=div)
+
+
+def load_exported(bin_path: str, index_path: str):
+    """The tensors `fp4rollout-client push-weights --export BIN` wrote (float32,
+    in order; the index is one JSON line {name, shape} per tensor) as a dict of
+    numpy arrays, ready for update_weights. Needs numpy."""
+    import json
+    import numpy as np
+    flat = np.fromfile(bin_path, dtype=np.float32)
+    out, off = {}, 0
+    for line in open(index_path):
+        t = json.loads(line)
+        n = 1
+        for d in t["shape"]:
+            n *= int(d)
+        if off + n > flat.size:
+            raise ClientError(f"{bin_path}: {t['name']} runs past the {flat.size} floats of the file")
+        out[t["name"]] = flat[off:off + n].reshape(t["shape"])
+        off += n
+    if off != flat.size:
+        raise ClientError(f"{bin_path}: {flat.size - off} floats are left over after the index's tensors")
+    return out
 
 
 # ---- DAPO / GRPO helpers ----
