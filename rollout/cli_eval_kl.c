@@ -11,11 +11,12 @@
 #include "cli.h"
 #include "eval_kl.h"
 #include "session.h"
+#include "tp_launch.h"
 
 static const char usage_text[] =
     "usage: fp4rollout eval-kl --model M --texts FILE... [--calib FILE]\n"
     "                          [--configs LIST] [--ablation] [--tokens N] [--json]\n"
-    "                          [--quiet] [--backend B]\n"
+    "                          [--quiet] [--backend B] [--tp N]\n"
     "\n"
     "Teacher-forced KL from a BF16 KV cache (paper Appendix A). Texts are raw bytes,\n"
     "read as BOS followed by one token per byte. A reference pass with a BF16 cache\n"
@@ -48,6 +49,9 @@ static const char usage_text[] =
     "  --backend B          auto (default: cuda when a GPU is present), cpu or cuda;\n"
     "                       on cuda every pass (reference included) runs the GPU\n"
     "                       kernels, and the default list leaves out f32 (CPU only)\n"
+    "  --tp N               tensor parallel over N ranks (CPU backend; launch with\n"
+    "                       mpirun -np N, or a multiple: every engine evaluates, world\n"
+    "                       rank 0 prints; docs/tensor_parallel.md)\n"
     "\n"
     "configurations:\n"
     "  bf16                 BF16 KV: the reference rerun (0 on this deterministic path)\n"
@@ -152,7 +156,7 @@ static void print_table(const fr_eval_kl_report *r, const char *model, const cha
 int fr_cli_eval_kl(int argc, char **argv)
 {
     const char *cmd = "eval-kl", *model = NULL, *calib_path = NULL, *configs = NULL;
-    int tokens = 0, ablation = 0, json = 0, verbose = 1;
+    int tokens = 0, ablation = 0, json = 0, verbose = 1, tp = 1;
     const char *backend = "auto";
     if (fr_cli_wants_help(argc, argv)) {
         printf("%s", usage_text);
@@ -174,6 +178,7 @@ int fr_cli_eval_kl(int argc, char **argv)
         else if (strcmp(a, "--json") == 0) json = 1;
         else if (strcmp(a, "--quiet") == 0) verbose = 0;
         else if (strcmp(a, "--backend") == 0 && v) backend = argv[++i];
+        else if (strcmp(a, "--tp") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 1, 1024, &tp);
         else { free(files); return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", a); }
         if (bad) { free(files); return 2; }
     }
@@ -191,6 +196,11 @@ int fr_cli_eval_kl(int argc, char **argv)
         return fr_cli_usage_error(cmd, "%s", fr_last_error());
     }
     on_gpu = picked == FR_BACKEND_CUDA;
+    if (tp > 1 && want == FR_BACKEND_CUDA) {
+        free(files);
+        return fr_cli_usage_error(cmd, "--tp %d: eval-kl runs tensor parallel on the CPU backend (--backend cpu)", tp);
+    }
+    if (tp > 1) on_gpu = 0;
     if (on_gpu && !configs) configs = "fp8,nvfp4,nvfp4-vanilla,nvfp4-kv,mxfp4,mxfp4-vanilla,mxfp4-kv";
     if (!model) rc = fr_cli_usage_error(cmd, "--model is required");
     else if (n_files == 0) rc = fr_cli_usage_error(cmd, "--texts needs at least one file");
@@ -198,6 +208,14 @@ int fr_cli_eval_kl(int argc, char **argv)
         rc = fr_cli_usage_error(cmd, "%s", fr_last_error());
     if (rc) { free(files); return rc; }
 
+    fr_tp_launch tl;
+    if (fr_tp_launch_open(tp, &tl)) {
+        fprintf(stderr, "fp4rollout eval-kl: %s\n", fr_last_error());
+        free(files); free(cfgs);
+        return 1;
+    }
+    const fr_tp rank = {.rank = tl.group ? tl.group->layout.tp_rank : 0, .size = tp, .group = tl.group};
+    if (!tl.output_rank) verbose = 0;
     fr_model *m = NULL;
     fr_calib calib = {0};
     int has_calib = 0;
@@ -207,7 +225,7 @@ int fr_cli_eval_kl(int argc, char **argv)
     if (!st) st = fr_model_load(model, &m);
     for (int i = 0; i < n_files && !st; i++) st = fr_byte_text_read(&m->cfg, files[i], tokens, &texts[i], &lens[i]);
     if (!st && calib_path && !(st = fr_calib_load(calib_path, &m->cfg, &calib))) has_calib = 1;
-    if (!st && !has_calib) {
+    if (!st && !has_calib && tl.output_rank) {
         int fp4 = 0, fp8 = 0;
         for (int i = 0; i < n_cfgs; i++) {
             fp4 |= fr_kv_dtype_is_fp4(cfgs[i].kv) && cfgs[i].recipe.smooth;
@@ -217,7 +235,7 @@ int fr_cli_eval_kl(int argc, char **argv)
                                  "and tau the default 21/1024\n");
         if (fp8) fprintf(stderr, "fp4rollout eval-kl: warning: no --calib: FP8 scales are 1.0\n");
     }
-    if (!st && has_calib && !calib.fp8_scales)
+    if (!st && has_calib && !calib.fp8_scales && tl.output_rank)
         for (int i = 0; i < n_cfgs; i++)
             if (cfgs[i].kv == FR_KV_FP8) {
                 fprintf(stderr, "fp4rollout eval-kl: warning: %s has no fp8_scales: FP8 scales are 1.0\n",
@@ -231,19 +249,21 @@ int fr_cli_eval_kl(int argc, char **argv)
     if (!st) {
         fr_eval_kl_params p = {.n_texts = n_files, .texts = (const int *const *)texts, .lens = lens,
                                .configs = cfgs, .n_configs = n_cfgs, .calib = has_calib ? &calib : NULL,
-                               .verbose = verbose, .gpu = gpu};
+                               .verbose = verbose, .gpu = gpu, .tp = &rank};
         st = fr_eval_kl(m, &p, &rep);
     }
 #ifdef FR_HAVE_CUDA
     fr_weights_gpu_destroy(&gpu);
 #endif
-    if (!st && json) print_json(&rep, model, has_calib ? calib_path : NULL);
-    if (!st && !json) print_table(&rep, model, has_calib ? calib_path : NULL, &calib);
+    if (!st && json && tl.output_rank) print_json(&rep, model, has_calib ? calib_path : NULL);
+    if (!st && !json && tl.output_rank) print_table(&rep, model, has_calib ? calib_path : NULL, &calib);
     if (st) fprintf(stderr, "fp4rollout eval-kl: %s\n", fr_last_error());
     fr_eval_kl_report_free(&rep);
     for (int i = 0; texts && i < n_files; i++) free(texts[i]);
     free(texts); free(lens); free(files); free(cfgs);
     if (has_calib) fr_calib_free(&calib);
     fr_model_destroy(&m);
+    fflush(stdout);
+    fr_tp_launch_close(&tl);
     return st ? 1 : 0;
 }

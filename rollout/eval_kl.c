@@ -195,7 +195,7 @@ static fr_status run_pass(const eval_ctx *e, fr_kv_cache_config kc, const char *
     if (!st && p->gpu) st = fr_runner_cuda_new(p->gpu, kv, N, &gr);
     else
 #endif
-    if (!st) st = fr_runner_cpu_new(e->m, kv, N, &r);
+    if (!st) st = fr_runner_cpu_new_tp(e->m, kv, N, p->tp, &r);
     for (int i = 0; i < N && !st; i++)
         if (!(st = fr_kv_seq_new(kv, &seq[i]))) opened++;
     double t0 = now_s(), shown = t0;
@@ -259,14 +259,22 @@ static fr_status measure(void *user, int text, int pos, const float *logits)
     return FR_OK;
 }
 
-static fr_kv_cache_config cache_config(const fr_model_config *mc, const fr_eval_config *c, const fr_calib *calib)
+/* A tensor-parallel rank's cache holds its KV heads and their rows of the
+ * calibration tables (key_mean and fp8 hold room for the local slices). */
+static fr_kv_cache_config cache_config(const fr_model_config *mc, const fr_eval_config *c, const fr_calib *calib,
+                                       const fr_tp_layout *tl, float *key_mean, float *fp8)
 {
+    if (calib && tl->size > 1) {
+        fr_tp_slice_kv_table(calib->key_mean, mc->num_layers, mc->num_kv_heads, mc->head_dim, tl, key_mean);
+        if (calib->fp8_scales) fr_tp_slice_kv_table(calib->fp8_scales, mc->num_layers, mc->num_kv_heads, 2, tl, fp8);
+    }
+    const int local = calib && tl->size > 1;
     return (fr_kv_cache_config){
-        .n_layers = mc->num_layers, .n_kv_heads = mc->num_kv_heads, .head_dim = mc->head_dim,
+        .n_layers = mc->num_layers, .n_kv_heads = tl->n_kv_heads, .head_dim = mc->head_dim,
         .dtype = c->kv, .compute = c->compute, .recipe = c->recipe,
         .tau = calib && calib->has_tau ? calib->tau : FR_P_TAU,
-        .key_mean = calib ? calib->key_mean : NULL,
-        .fp8_scales = calib ? calib->fp8_scales : NULL,
+        .key_mean = !calib ? NULL : local ? key_mean : calib->key_mean,
+        .fp8_scales = !calib || !calib->fp8_scales ? NULL : local ? fp8 : calib->fp8_scales,
     };
 }
 
@@ -323,6 +331,22 @@ fr_status fr_eval_kl(const fr_model *m, const fr_eval_kl_params *p, fr_eval_kl_r
         if (p->lens[i] > e.max_len) e.max_len = p->lens[i];
     }
     const long P = off[N];
+    const int tp_rank = p->tp ? p->tp->rank : 0, tp_size = p->tp ? p->tp->size : 1;
+    fr_tp_layout tl;
+    if ((st = fr_tp_layout_of(&m->cfg, tp_rank, tp_size, &tl))) {
+        free(off);
+        return st;
+    }
+    if (tp_size > 1 && p->gpu) {
+        free(off);
+        return fr_fail(FR_EUNSUPPORTED, "eval-kl: --tp %d runs on the CPU backend (--backend cpu)", tp_size);
+    }
+    const size_t kvt = (size_t)m->cfg.num_layers * tl.n_kv_heads;
+    float *km = malloc(sizeof(float) * kvt * (size_t)m->cfg.head_dim), *f8 = malloc(sizeof(float) * kvt * 2);
+    if (!km || !f8) {
+        free(km); free(f8); free(off);
+        return fr_fail(FR_ENOMEM, "eval-kl: out of memory");
+    }
     out->n_texts = N;
     out->positions = P;
     out->n_configs = p->n_configs;
@@ -344,7 +368,7 @@ fr_status fr_eval_kl(const fr_model *m, const fr_eval_kl_params *p, fr_eval_kl_r
     if (!st) {
         fr_eval_config bf16 = {.kv = FR_KV_BF16, .compute = FR_COMPUTE_EXACT, .recipe = fr_recipe_full()};
         double t0 = now_s();
-        st = run_pass(&e, cache_config(&m->cfg, &bf16, NULL), "reference (bf16)", keep_reference, &ref);
+        st = run_pass(&e, cache_config(&m->cfg, &bf16, NULL, &tl, km, f8), "reference (bf16)", keep_reference, &ref);
         out->seconds_reference = now_s() - t0;
     }
     for (int c = 0; c < p->n_configs && !st; c++) {
@@ -353,7 +377,7 @@ fr_status fr_eval_kl(const fr_model *m, const fr_eval_kl_params *p, fr_eval_kl_r
         char label[96];
         snprintf(label, sizeof label, "%s (%d/%d)", res->cfg.name, c + 1, p->n_configs);
         double t0 = now_s();
-        st = run_pass(&e, cache_config(&m->cfg, &res->cfg, p->calib), label, measure, &ks);
+        st = run_pass(&e, cache_config(&m->cfg, &res->cfg, p->calib, &tl, km, f8), label, measure, &ks);
         res->seconds = now_s() - t0;
         if (st) break;
         for (int i = 0; i < N; i++) {
@@ -369,6 +393,8 @@ fr_status fr_eval_kl(const fr_model *m, const fr_eval_kl_params *p, fr_eval_kl_r
     if (!st) assign_baselines(out);
     free(ref.ref);
     free(off);
+    free(km);
+    free(f8);
     if (st) fr_eval_kl_report_free(out);
     return st;
 }

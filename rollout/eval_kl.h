@@ -23,6 +23,7 @@
 #include "attention/kv_numerics.h"
 #include "calib_file.h"
 #include "model.h"
+#include "tp_shard.h"
 
 typedef struct {
     char name[48];
@@ -68,6 +69,10 @@ typedef struct {
     /* Non-NULL: every pass runs on the CUDA backend with these device
      * weights (rollout/weights_cuda.h); NULL: the CPU backend. */
     const struct fr_weights_gpu *gpu;
+    /* Tensor parallelism on the CPU backend (rollout/tp_shard.h): this rank
+     * of its engine; NULL or size 1 for one process. Every rank of the engine
+     * calls fr_eval_kl alike and gets the same report. */
+    const fr_tp *tp;
 } fr_eval_kl_params;
 
 typedef struct {

@@ -132,4 +132,21 @@ g=(generate --model "$tq6" --backend cpu --prompt-file "$dir/p3.txt" --greedy --
 run_np 2 "${g[@]}" --tp 2 > "$dir/q2.json"
 same_tokens "$dir/q1.json" "$dir/q2.json" "tq6 p3 greedy 32 tokens" ||
   fail "tq6 greedy tokens differ at tp 2: $(cat "$dir/q1.json" "$dir/q2.json")"
+# eval-kl at tp 2: the same figures to the tolerance of the numbers above
+# (f32: rounding; nvfp4: a few FP4 roundings flip)
+e=(eval-kl --model "$tq6" --backend cpu --texts "$tq6/texts/eval_0.txt" "$tq6/texts/eval_1.txt" --tokens 160
+   --configs f32,nvfp4 --quiet --json)
+"$bin" "${e[@]}" > "$dir/e1.json" 2>/dev/null
+run_np 2 "${e[@]}" --tp 2 > "$dir/e2.json" 2>/dev/null
+$py - "$dir/e1.json" "$dir/e2.json" <<'PY' || fail "eval-kl at tp 2 differs from tp 1"
+import json, sys
+a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+if len(b) != len(a):
+    sys.exit("%d lines at tp 2, %d at tp 1: only world rank 0 should print" % (len(b), len(a)))
+for x, y in zip(a, b):
+    rel = abs(x["kl_1e3"] - y["kl_1e3"]) / max(abs(x["kl_1e3"]), 1e-9)
+    print("eval-kl %s: tp 1 %.6g, tp 2 %.6g (1e-3 nats), relative %.3g" % (x["config"], x["kl_1e3"], y["kl_1e3"], rel))
+    if rel > 0.1 or x["positions"] != y["positions"]:
+        sys.exit(1)
+PY
 echo "tp_cpu: all checks passed"
