@@ -46,7 +46,7 @@ TOP_OBJS   := $(patsubst %.c,$(BUILD)/obj/%.o,$(TOP_SRCS))
 # The C client library of the trainer bridge: the protocol codec, the
 # socket helpers and the client, with the error convention; it needs
 # nothing but libzmq and msgpack-c. fp4rollout-client is its command line.
-CLIENT_SRCS := $(addprefix trainer_bridge/,proto_common.c proto_encode.c proto_decode.c wire.c client.c msg_json.c) \
+CLIENT_SRCS := $(addprefix trainer_bridge/,proto_common.c proto_encode.c proto_decode.c wire.c client.c msg_json.c metrics_sub.c) \
                attention/fr_status.c
 CLIENT_LIB := $(BUILD)/libfp4rollout_client.a
 CLIENT_BIN := $(BUILD)/fp4rollout-client

@@ -131,6 +131,9 @@ int fr_cli_serve(int argc, char **argv)
         }
     char endpoint[FR_SERVE_HOST_MAX + 32];
     snprintf(endpoint, sizeof endpoint, "tcp://%s:%d", c.coordinator.bind, c.coordinator.port);
+    char pub_endpoint[FR_SERVE_HOST_MAX + 32] = "";
+    if (c.metrics_pub_port)
+        snprintf(pub_endpoint, sizeof pub_endpoint, "tcp://%s:%d", c.coordinator.bind, c.metrics_pub_port);
     const char *client_keys[FR_SERVE_MAX_CURVE_CLIENTS];
     for (int i = 0; i < c.curve.n_clients; i++) client_keys[i] = c.curve.client_public_keys[i];
     fr_bridge_config bc = {.endpoint = endpoint, .model_name = c.model, .max_seqs = c.max_seqs, .chunk = c.chunk,
@@ -139,7 +142,7 @@ int fr_cli_serve(int argc, char **argv)
                            .update_idle_ms = (int)(c.weight_update_idle_s * 1000.0 + 0.5),
                            .curve_secret_key = c.curve.server_secret_key, .curve_client_keys = client_keys,
                            .n_curve_client_keys = c.curve.n_clients, .metrics_port = c.metrics_port,
-                           .metrics_bind = c.coordinator.bind, .world = tl.world, .tp = c.tp};
+                           .metrics_bind = c.coordinator.bind, .metrics_pub_endpoint = pub_endpoint, .world = tl.world, .tp = c.tp};
     fr_bridge_server *srv = NULL;
     int made = fr_bridge_server_new(&s, &bc, &srv) == FR_OK;
     if (!made) fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());

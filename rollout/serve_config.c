@@ -13,7 +13,7 @@
 /* The keys, by object. Every one is documented in configs/README.md. */
 static const char *const top_keys[] = {
     "model",     "backend",            "tp",    "kv_dtype",    "fp4_compute",  "recipe",         "calib",   "max_seqs",
-    "kv_blocks", "kv_memory_fraction", "chunk", "coordinator", "metrics_port", "kl_sample_rate", "sampling",
+    "kv_blocks", "kv_memory_fraction", "chunk", "coordinator", "metrics_port", "metrics_pub_port", "kl_sample_rate", "sampling",
     "weight_update_idle_s", "curve"};
 static const char *const curve_keys[] = {"server_secret_key", "client_public_keys"};
 static const char *const coordinator_keys[] = {"bind", "port", "weight_port", "engine_port"};
@@ -38,6 +38,7 @@ void fr_serve_config_default(fr_serve_config *c)
     c->coordinator.weight_port = 5556;
     c->coordinator.engine_port = 5557;
     c->metrics_port = 0;
+    c->metrics_pub_port = 0;
     c->kl_sample_rate = 0.0;
     c->weight_update_idle_s = 120.0;
     c->sampling.params = (fr_sampling_params){.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
@@ -380,6 +381,7 @@ static fr_status parse_top(const char *label, const cJSON *root, fr_serve_config
         } else if (strcmp(k, "chunk") == 0) st = get_int(label, it, k, 1, 1 << 20, &c->chunk);
         else if (strcmp(k, "coordinator") == 0) st = parse_coordinator(label, it, c);
         else if (strcmp(k, "metrics_port") == 0) st = get_int(label, it, k, 0, 65535, &c->metrics_port);
+        else if (strcmp(k, "metrics_pub_port") == 0) st = get_int(label, it, k, 0, 65535, &c->metrics_pub_port);
         else if (strcmp(k, "kl_sample_rate") == 0) st = get_num(label, it, k, 0.0, 1.0, 0, &c->kl_sample_rate);
         else if (strcmp(k, "sampling") == 0) st = parse_sampling(label, it, c);
         else if (strcmp(k, "weight_update_idle_s") == 0)
@@ -407,9 +409,11 @@ static fr_status check_across(const char *label, const fr_serve_config *c, const
         {"coordinator.weight_port", c->coordinator.weight_port},
         {"coordinator.engine_port", c->coordinator.engine_port},
         {"metrics_port", c->metrics_port},
+        {"metrics_pub_port", c->metrics_pub_port},
     };
-    for (int a = 0; a < 4; a++)
-        for (int b = a + 1; b < 4; b++)
+    const int n_ports = (int)(sizeof ports / sizeof ports[0]);
+    for (int a = 0; a < n_ports; a++)
+        for (int b = a + 1; b < n_ports; b++)
             if (ports[a].port != 0 && ports[a].port == ports[b].port)
                 return fr_fail(FR_EINVAL, "%s: %s and %s are both %d: each socket needs its own port", label,
                                ports[a].name, ports[b].name, ports[a].port);
@@ -548,6 +552,7 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
         co = NULL;
     }
     ok = ok && cJSON_AddNumberToObject(root, "metrics_port", c->metrics_port);
+    ok = ok && cJSON_AddNumberToObject(root, "metrics_pub_port", c->metrics_pub_port);
     ok = ok && cJSON_AddNumberToObject(root, "kl_sample_rate", c->kl_sample_rate);
     ok = ok && cJSON_AddNumberToObject(root, "weight_update_idle_s", c->weight_update_idle_s);
     if (ok && c->curve.server_secret_key[0]) {

@@ -60,6 +60,7 @@ typedef struct {
         int engine_port;                   /* engine leaders to the coordinator */
     } coordinator;
     int metrics_port;                      /* 0: no metrics endpoint */
+    int metrics_pub_port;                  /* 0: no metrics PUB socket */
     double kl_sample_rate;                 /* share of samples with a BF16-KV shadow */
     double weight_update_idle_s;           /* a staged weight update idle this long is dropped; 0: never */
     struct {                               /* CURVE authentication of the trainer-facing socket */

@@ -153,6 +153,9 @@ fr_status fr_client_pause_json(fr_client *c, fr_pause_mode mode, char **json);
 fr_status fr_client_resume_json(fr_client *c, char **json);
 fr_status fr_client_abort_json(fr_client *c, const uint64_t *ids, int n, char **json);
 void fr_client_free_string(char *s);
+/* One whole msgpack value (maps with string keys, arrays, numbers, strings,
+ * booleans, nil) as JSON; NaN and infinities become null. */
+fr_status fr_msgpack_to_json(const void *data, size_t len, char **json);
 
 /* The last error message of the calling thread (fr_last_error), for
  * bindings that cannot reach the status module. */

@@ -1,5 +1,7 @@
 /* Server replies as JSON text (trainer_bridge/client.h, fr_msg_to_json):
  * the keys of docs/protocol.md, for command lines and language bindings. */
+#include <math.h>
+#include <msgpack.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,17 +44,19 @@ static void put(jbuf *b, const char *fmt, ...)
     }
 }
 
-static void str(jbuf *b, const char *s)
+static void strn(jbuf *b, const char *s, size_t n)
 {
     put(b, "\"");
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
         if (ch == '"' || ch == '\\') put(b, "\\%c", ch);
         else if (ch < 0x20) put(b, "\\u%04x", ch);
         else put(b, "%c", ch);
     }
     put(b, "\"");
 }
+
+static void str(jbuf *b, const char *s) { strn(b, s, strlen(s)); }
 
 static void u64(jbuf *b, const char *k, uint64_t v, int comma) { put(b, "\"%s\":%llu%s", k, (unsigned long long)v, comma ? "," : ""); }
 static void i32(jbuf *b, const char *k, int v, int comma) { put(b, "\"%s\":%d%s", k, v, comma ? "," : ""); }
@@ -171,6 +175,82 @@ fr_status fr_msg_to_json(const fr_msg *m, char **out)
     if (b.failed) {
         free(b.s);
         return fr_fail(FR_ENOMEM, "fr_msg_to_json: out of memory");
+    }
+    *out = b.s;
+    return FR_OK;
+}
+
+/* ---- any msgpack value -> JSON (metrics snapshots, trainer_bridge/metrics_sub.h) ---- */
+
+static int object_json(jbuf *b, const msgpack_object *o, int depth)
+{
+    if (depth > 32) return -1;
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL: put(b, "null"); return 0;
+    case MSGPACK_OBJECT_BOOLEAN: put(b, o->via.boolean ? "true" : "false"); return 0;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER: put(b, "%llu", (unsigned long long)o->via.u64); return 0;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: put(b, "%lld", (long long)o->via.i64); return 0;
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64:
+        if (isfinite(o->via.f64)) {
+            /* the shortest of %.15g..%.17g that reads back exactly */
+            char t[32];
+            for (int prec = 15; prec <= 17; prec++) {
+                snprintf(t, sizeof t, "%.*g", prec, o->via.f64);
+                if (strtod(t, NULL) == o->via.f64) break;
+            }
+            put(b, "%s", t);
+        } else {
+            put(b, "null");   /* JSON has no NaN or infinity */
+        }
+        return 0;
+    case MSGPACK_OBJECT_STR: strn(b, o->via.str.ptr, o->via.str.size); return 0;
+    case MSGPACK_OBJECT_ARRAY:
+        put(b, "[");
+        for (uint32_t i = 0; i < o->via.array.size; i++) {
+            if (i) put(b, ",");
+            if (object_json(b, &o->via.array.ptr[i], depth + 1)) return -1;
+        }
+        put(b, "]");
+        return 0;
+    case MSGPACK_OBJECT_MAP:
+        put(b, "{");
+        for (uint32_t i = 0; i < o->via.map.size; i++) {
+            const msgpack_object_kv *kv = &o->via.map.ptr[i];
+            if (kv->key.type != MSGPACK_OBJECT_STR) return -1;
+            if (i) put(b, ",");
+            strn(b, kv->key.via.str.ptr, kv->key.via.str.size);
+            put(b, ":");
+            if (object_json(b, &kv->val, depth + 1)) return -1;
+        }
+        put(b, "}");
+        return 0;
+    default: return -1;   /* bin, ext: never in a snapshot */
+    }
+}
+
+fr_status fr_msgpack_to_json(const void *data, size_t len, char **out)
+{
+    if (!out) return fr_fail(FR_EINVAL, "fr_msgpack_to_json: out is NULL");
+    *out = NULL;
+    if (!data) return fr_fail(FR_EINVAL, "fr_msgpack_to_json: data is NULL");
+    msgpack_zone zone;
+    if (!msgpack_zone_init(&zone, 4096)) return fr_fail(FR_ENOMEM, "fr_msgpack_to_json: out of memory");
+    msgpack_object obj;
+    size_t off = 0;
+    msgpack_unpack_return r = msgpack_unpack((const char *)data, len, &off, &zone, &obj);
+    jbuf b = {0};
+    fr_status st = FR_OK;
+    if (r != MSGPACK_UNPACK_SUCCESS || off != len)
+        st = fr_fail(FR_EFORMAT, "fr_msgpack_to_json: not one whole msgpack value (%zu bytes)", len);
+    else if (object_json(&b, &obj, 0))
+        st = fr_fail(FR_EFORMAT, "fr_msgpack_to_json: a value JSON cannot hold (binary, extension, a non-string key, or too deep)");
+    else if (b.failed || !b.s)
+        st = fr_fail(FR_ENOMEM, "fr_msgpack_to_json: out of memory");
+    msgpack_zone_destroy(&zone);
+    if (st) {
+        free(b.s);
+        return st;
     }
     *out = b.s;
     return FR_OK;

@@ -3,6 +3,7 @@
  * "Serving on several ranks"). */
 #include "server.h"
 
+#include "metrics_pub.h"
 #include "rollout/metrics_http.h"
 
 #include <errno.h>
@@ -103,6 +104,9 @@ struct fr_bridge_server {
     uint64_t requests_accepted, requests_rejected, samples_done, tokens_streamed;
     /* metrics endpoint (rollout/metrics_http.h), NULL when off */
     fr_metrics_http *metrics;
+    /* the same snapshots on a ZeroMQ PUB socket (metrics_pub.h), NULL when off */
+    fr_metrics_pub *pub;
+    int pub_failed;   /* a send failed once: logged, not again */
     double started_ms, upd_begin_ms, last_sync_s, last_pub_ms;
     long long last_pub_tokens;
     /* Several ranks (multi): this rank's place; rank 0 alone has the socket
@@ -1335,6 +1339,11 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
         st = fr_peers_new(srv->sock, &srv->peers);
     }
     srv->started_ms = now_ms();
+    if (!st && cfg->metrics_pub_endpoint && cfg->metrics_pub_endpoint[0]) {
+        st = fr_metrics_pub_open(srv->zctx, cfg->metrics_pub_endpoint, cfg->curve_secret_key, &srv->pub);
+        if (!st) logf_(srv, "metrics snapshots on %s (ZeroMQ PUB, topic %s, msgpack)", fr_metrics_pub_endpoint(srv->pub),
+                       FR_METRICS_TOPIC);
+    }
     if (!st && cfg->metrics_port != 0) {
         st = fr_metrics_http_start(cfg->metrics_bind, cfg->metrics_port < 0 ? 0 : cfg->metrics_port, &srv->metrics);
         if (!st) logf_(srv, "metrics on http://%s:%d/metrics and /dashboard", cfg->metrics_bind ? cfg->metrics_bind : "127.0.0.1",
@@ -1390,8 +1399,14 @@ static void publish_metrics(fr_bridge_server *srv)
     m.requests_total = (long long)srv->requests_accepted;
     snprintf(m.model, sizeof m.model, "%s", srv->cfg.model_name ? srv->cfg.model_name : "");
     snprintf(m.kv_dtype, sizeof m.kv_dtype, "%s", fr_kv_dtype_name(fr_kv_cache_config_of(srv->sess->kv)->dtype));
-    fr_metrics_http_publish(srv->metrics, &m);
+    if (srv->metrics) fr_metrics_http_publish(srv->metrics, &m);
+    if (srv->pub && fr_metrics_pub_send(srv->pub, &m) && !srv->pub_failed) {
+        srv->pub_failed = 1;
+        logf_(srv, "warning: %s (further failures are not logged)", fr_last_error());
+    }
 }
+
+static int publishes(const fr_bridge_server *srv) { return srv->metrics || srv->pub; }
 
 /* ---- several ranks -------------------------------------------------------- */
 
@@ -1804,7 +1819,7 @@ static fr_status after_turn(fr_bridge_server *srv)
     int gone = 0;
     if (fr_peers_pump(srv->peers, &gone)) return FR_EIO;
     if (gone) drop_gone_peers(srv);
-    if (srv->metrics && now_ms() - srv->last_pub_ms >= 200.0) publish_metrics(srv);
+    if (publishes(srv) && now_ms() - srv->last_pub_ms >= 200.0) publish_metrics(srv);
     if (srv->upd && srv->cfg.update_idle_ms > 0 && now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
         char why[96];
         snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
@@ -1831,7 +1846,7 @@ static fr_status run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *s
     if (srv->rank == 0) {
         logf_(srv, "listening on %s (protocol version %d; %d engine(s) of tp %d on %d ranks)", srv->endpoint,
               FR_PROTO_VERSION, srv->n_engines, srv->tp, srv->world->size);
-        if (srv->metrics) publish_metrics(srv);
+        if (publishes(srv)) publish_metrics(srv);
     }
     for (;;) {
         if (srv->rank == 0 && !failure && !*stop) NOTE_FAILURE(drain_messages(srv, stop));
@@ -1882,7 +1897,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
     if (srv->multi) return run_ranks(srv, stop);
     fr_status failure = FR_OK;
     logf_(srv, "listening on %s (protocol version %d)", srv->endpoint, FR_PROTO_VERSION);
-    if (srv->metrics) publish_metrics(srv);
+    if (publishes(srv)) publish_metrics(srv);
     while (!*stop) {
         fr_peers_stats ps;
         fr_peers_stats_get(srv->peers, &ps);
@@ -1923,7 +1938,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
             break;
         }
         if (gone) drop_gone_peers(srv);
-        if (srv->metrics && now_ms() - srv->last_pub_ms >= 200.0) publish_metrics(srv);
+        if (publishes(srv) && now_ms() - srv->last_pub_ms >= 200.0) publish_metrics(srv);
         if (srv->upd && srv->cfg.update_idle_ms > 0 && now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
             char why[96];
             snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
@@ -1945,6 +1960,7 @@ void fr_bridge_server_destroy(fr_bridge_server **pp)
     if (!pp || !*pp) return;
     fr_bridge_server *srv = *pp;
     fr_metrics_http_stop(&srv->metrics);   /* its thread reads only published snapshots */
+    fr_metrics_pub_close(&srv->pub);
     if (srv->sch && srv->peers) abort_everything(srv);
     fr_scheduler_destroy(&srv->sch);   /* nothing open is left; any result would find no request */
     fr_bridge_update_free(&srv->upd);

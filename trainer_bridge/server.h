@@ -52,6 +52,9 @@ typedef struct {
      * any free port (fr_bridge_server_metrics_port says which). */
     int metrics_port;
     const char *metrics_bind;
+    /* The same snapshots as msgpack on a ZeroMQ PUB socket bound to this
+     * endpoint (trainer_bridge/metrics_pub.h); NULL or "": none. */
+    const char *metrics_pub_endpoint;
     /* Several ranks: the MPI world (NULL, or a world of one: one process)
      * and its ranks per engine. Every rank makes its server with the same
      * config and session options (its session on its engine group when tp

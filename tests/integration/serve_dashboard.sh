@@ -5,15 +5,20 @@
 # and /metrics.json agree, and a headless Chromium loads /dashboard, runs
 # its script, and the figures the page shows (health, and the divergence of
 # the weight version serving) equal /metrics; a screenshot is taken. The
-# browser part is skipped, with a message, when chromium is absent.
+# browser part is skipped, with a message, when chromium is absent. The
+# same snapshots arrive on the metrics PUB socket: a Python
+# MetricsSubscriber that joined before the requests saw the counters grow,
+# and its last snapshot, and the one `fp4rollout-client watch-metrics`
+# prints, equal /metrics.json.
 set -euo pipefail
 name=serve_dashboard
 source "$(dirname "$0")/serve_setup.bash"
 port=$(free_port)
 mport=$(free_port)
+pport=$(free_port)
 cat > "$dir/serve.json" <<JSON
 {"model": "synthetic:tiny", "backend": "cpu", "kv_dtype": "nvfp4", "max_seqs": 8, "kl_sample_rate": 1.0,
- "metrics_port": $mport, "coordinator": {"bind": "127.0.0.1", "port": $port}}
+ "metrics_port": $mport, "metrics_pub_port": $pport, "coordinator": {"bind": "127.0.0.1", "port": $port}}
 JSON
 "$bin" serve --config "$dir/serve.json" 2> "$dir/serve.log" &
 server_pid=$!
@@ -23,6 +28,30 @@ for _ in $(seq 200); do
   sleep 0.05
 done
 grep -q "metrics on http://127.0.0.1:$mport/metrics" "$dir/serve.log" || fail "no metrics endpoint announced"
+grep -q "metrics snapshots on tcp://127.0.0.1:$pport" "$dir/serve.log" || fail "no metrics PUB socket announced"
+# a trainer-side subscriber, joined before the requests, logs every snapshot
+PYTHONPATH=trainer_bridge/python $py - "tcp://127.0.0.1:$pport" "$dir/sub.jsonl" "$dir/sub.ready" <<'PY' > "$dir/sub.log" 2>&1 &
+import json, sys, time
+from fp4rollout_client import MetricsSubscriber
+with MetricsSubscriber(sys.argv[1]) as sub, open(sys.argv[2], "w") as out:
+    first = sub.next(10000)
+    assert first is not None, "no snapshot within 10 s"
+    open(sys.argv[3], "w").close()
+    out.write(json.dumps(first) + "\n")
+    t0 = time.time()
+    while time.time() - t0 < 60:
+        s = sub.next(2000)
+        if s is None:
+            break
+        out.write(json.dumps(s) + "\n")
+        out.flush()
+        if s["samples_finished_total"] == 12 and s["running"] == 0:
+            break
+PY
+sub_pid=$!
+pids+=("$sub_pid")
+for _ in $(seq 200); do [ -e "$dir/sub.ready" ] && break; kill -0 "$sub_pid" 2>/dev/null || break; sleep 0.05; done
+[ -e "$dir/sub.ready" ] || fail "the Python subscriber got no snapshot"
 $py - "$dir/p.txt" <<'PY'
 import random, sys
 r = random.Random(3)
@@ -34,6 +63,9 @@ timeout 60 "$cli" --endpoint "tcp://127.0.0.1:$port" --timeout-ms 20000 generate
   --max-tokens 60 --temperature 1 --seed 5 > "$dir/g.jsonl" || fail "generate failed"
 [ "$(wc -l < "$dir/g.jsonl")" -eq 12 ] || fail "expected 12 samples, got $(wc -l < "$dir/g.jsonl")"
 sleep 0.5   # one more snapshot after the last sample (published every 200 ms)
+wait "$sub_pid" || fail "the Python subscriber failed"
+timeout 20 "$cli" --endpoint "tcp://127.0.0.1:$pport" --timeout-ms 5000 watch-metrics --count 1 > "$dir/watch.json" ||
+  fail "watch-metrics got no snapshot"
 
 get() { $py -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())' "$1"; }
 get "http://127.0.0.1:$mport/metrics" > "$dir/metrics.txt" || fail "GET /metrics failed"
@@ -57,6 +89,23 @@ key = 'fp4rollout_kl_mean_nats{version="%d",bucket="0-1K"}' % v["version"]
 assert abs(prom[key] - v["buckets"][0]["kl_mean_nats"]) <= 1e-9 * max(1.0, abs(prom[key])), key
 print("metrics: %d tokens, %d monitored samples, KL %.4g nats, top-1 %.4f" % (j["tokens_generated_total"],
       j["monitored_samples_total"], v["kl_mean_nats"], v["top1_agreement"]))
+PY
+# the PUB socket: the same object (only uptime and the rate move between snapshots)
+$py - "$dir/sub.jsonl" "$dir/watch.json" "$dir/metrics.json" <<'PY' || fail "the PUB snapshots disagree with /metrics.json"
+import json, sys
+subs = [json.loads(l) for l in open(sys.argv[1])]
+watch = json.load(open(sys.argv[2]))
+j = json.load(open(sys.argv[3]))
+moving = ("uptime_s", "tokens_per_second")
+def same(a, b):
+    return {k: v for k, v in a.items() if k not in moving} == {k: v for k, v in b.items() if k not in moving}
+assert set(watch) == set(j), sorted(set(watch) ^ set(j))
+assert same(watch, j), (watch, j)
+assert same(subs[-1], j), (subs[-1], j)
+done = [s["samples_finished_total"] for s in subs]
+assert done == sorted(done) and done[0] < 12 == done[-1], done
+print("PUB socket: %d snapshots seen by the subscriber (samples finished %d -> %d); the last one and "
+      "watch-metrics equal /metrics.json" % (len(subs), done[0], done[-1]))
 PY
 
 browser=$(command -v chromium || command -v chromium-browser || true)

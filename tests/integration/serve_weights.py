@@ -2,7 +2,7 @@
 (trainer_bridge/python/fp4rollout_client) against real `fp4rollout serve`
 processes; started by serve_weights.sh.
 
-usage: serve_weights.py MAIN_EP FRESH7_EP CURVE_EP CURVE_KEYS_JSON WEIGHTS_BIN WEIGHTS_INDEX
+usage: serve_weights.py MAIN_EP FRESH7_EP CURVE_EP CURVE_KEYS_JSON WEIGHTS_BIN WEIGHTS_INDEX CURVE_PUB_EP
 MAIN_EP serves synthetic:tiny, FRESH7_EP a fresh synthetic:tiny:7, both f32 KV;
 WEIGHTS_* are synthetic:tiny:7's tensors (fp4rollout-client push-weights --export).
 """
@@ -14,7 +14,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "trainer_bridge", "python"))
 import numpy as np  # noqa: E402
-from fp4rollout_client import (ClientError, RolloutClient, ServerError, group_by_prompt,  # noqa: E402
+from fp4rollout_client import (ClientError, MetricsSubscriber, RolloutClient, ServerError, group_by_prompt,  # noqa: E402
                                load_exported, mismatch_metrics)
 
 
@@ -31,7 +31,7 @@ def greedy(c, prompts):
 
 
 def main():
-    main_ep, fresh_ep, curve_ep, keys_path, wbin, windex = sys.argv[1:7]
+    main_ep, fresh_ep, curve_ep, keys_path, wbin, windex, curve_pub_ep = sys.argv[1:8]
     keys = json.load(open(keys_path))
     weights = load_exported(wbin, windex)
     flat_bytes = sum(w.nbytes for w in weights.values())
@@ -149,6 +149,16 @@ def main():
         check(c.hello()["model"] == "synthetic:tiny", "the authorized client")
         s = list(c.generate(probe[0], n=2, max_tokens=5))
         check(len(s) == 2, "the authorized client's generate")
+    # the CURVE server's metrics PUB socket: the same keys decide
+    for kw in ({}, {"server_public_key": keys["server_public"], "public_key": keys["other_public"],
+                    "secret_key": keys["other_secret"]}):
+        with MetricsSubscriber(curve_pub_ep, **kw) as sub:
+            check(sub.next(1500) is None, f"a subscriber {'with an unlisted key' if kw else 'without keys'} got a snapshot")
+    with MetricsSubscriber(curve_pub_ep, server_public_key=keys["server_public"], public_key=keys["client_public"],
+                           secret_key=keys["client_secret"]) as sub:
+        snap = sub.next(10000)
+        check(snap is not None and snap["model"] == "synthetic:tiny" and snap["samples_finished_total"] == 2,
+              f"the authorized subscriber's snapshot: {snap}")
     print("serve_weights: all checks passed")
 
 

@@ -5,7 +5,8 @@
 # to synthetic:tiny:7 (tokens after it carry version 2, greedy outputs then
 # equal a fresh synthetic:tiny:7 server's); a bad checksum, a NaN, a missing
 # tensor and a wrong shape refused with the old weights still serving; a
-# client without keys or with an unlisted key gets no reply.
+# client without keys or with an unlisted key gets no reply, and no
+# metrics snapshot from the CURVE server's PUB socket either.
 set -euo pipefail
 name=serve_weights
 source "$(dirname "$0")/serve_setup.bash"
@@ -40,12 +41,13 @@ cp=$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["client_public"
 base='"backend": "cpu", "kv_dtype": "f32", "max_seqs": 32, "coordinator": {"bind": "127.0.0.1", "port": PORT}'
 start main "{\"model\": \"synthetic:tiny\", $base, \"kl_sample_rate\": 0.25}"; main_ep=$ep
 start fresh7 "{\"model\": \"synthetic:tiny:7\", $base}"; fresh_ep=$ep
-start curve "{\"model\": \"synthetic:tiny\", $base, \"curve\": {\"server_secret_key\": \"$ss\", \"client_public_keys\": [\"$cp\"]}}"
+pub_port=$(free_port)
+start curve "{\"model\": \"synthetic:tiny\", $base, \"metrics_pub_port\": $pub_port, \"curve\": {\"server_secret_key\": \"$ss\", \"client_public_keys\": [\"$cp\"]}}"
 curve_ep=$ep
 
 $cli push-weights --model synthetic:tiny:7 --export "$dir/w7.bin" > "$dir/w7.jsonl" || fail "export"
 BUILD="$build" timeout 300 $py "$(dirname "$0")/serve_weights.py" "$main_ep" "$fresh_ep" "$curve_ep" \
-  "$dir/keys.json" "$dir/w7.bin" "$dir/w7.jsonl" || fail "the Python checks failed"
+  "$dir/keys.json" "$dir/w7.bin" "$dir/w7.jsonl" "tcp://127.0.0.1:$pub_port" || fail "the Python checks failed"
 grep -q "refused a client" "$dir/curve.log" || fail "the CURVE server logged no refusal"
 
 # The C tool: an update to the same weights as version 5 in bf16, then a

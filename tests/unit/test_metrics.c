@@ -1,6 +1,8 @@
-/* Serving metrics (rollout/metrics.h, rollout/metrics_http.h): the
- * Prometheus text and JSON of a snapshot, and the HTTP endpoint serving them
- * and the dashboard over a real socket on loopback. */
+/* Serving metrics (rollout/metrics.h, rollout/metrics_http.h,
+ * trainer_bridge/metrics_pub.h, metrics_sub.h): the Prometheus text and JSON
+ * of a snapshot, the HTTP endpoint serving them and the dashboard over a real
+ * socket on loopback, and the msgpack snapshots on a PUB socket read back
+ * by a subscriber. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,7 +17,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <msgpack.h>
+#include <time.h>
+#include <zmq.h>
+
 #include "rollout/metrics_http.h"
+#include "trainer_bridge/metrics_pub.h"
 
 static void snapshot(fr_metrics_snapshot *s)
 {
@@ -138,8 +147,112 @@ static void test_http(void **state)
     fr_metrics_http_stop(&h);
 }
 
+/* The JSON texts a and b hold the same value (numbers to 1e-12 relative). */
+static void same_json(const char *a, const char *b)
+{
+    cJSON *x = cJSON_Parse(a), *y = cJSON_Parse(b);
+    assert_non_null(x);
+    assert_non_null(y);
+    if (!cJSON_Compare(x, y, 1)) fail_msg("JSON differs:\n%s\n%s", a, b);
+    cJSON_Delete(x);
+    cJSON_Delete(y);
+}
+
+static void test_msgpack(void **state)
+{
+    (void)state;
+    fr_metrics_snapshot s;
+    snapshot(&s);
+    s.stats.weight_version = 18446744073709551615ull;   /* integers stay exact */
+    char *mp, *json, *ref;
+    size_t n, rn;
+    assert_int_equal(fr_metrics_msgpack(&s, &mp, &n), FR_OK);
+    assert_int_equal(fr_msgpack_to_json(mp, n, &json), FR_OK);
+    assert_int_equal(fr_metrics_json(&s, &ref, &rn), FR_OK);
+    same_json(json, ref);
+    has(json, "\"weight_version\":18446744073709551615");
+    has(json, "\"model\":\"tq6 _quoted_\"");
+    has(json, "\"bucket\":\"4K-16K\"");
+    /* what JSON cannot hold, and broken input, are errors that say so */
+    char *trunc;
+    assert_int_equal(fr_msgpack_to_json(mp, n - 1, &trunc), FR_EFORMAT);
+    assert_null(trunc);
+    free(json);
+    free(ref);
+    free(mp);
+    char *out;
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 1);
+    msgpack_pack_str(&pk, 1);
+    msgpack_pack_str_body(&pk, "b", 1);
+    msgpack_pack_bin(&pk, 2);
+    msgpack_pack_bin_body(&pk, "xy", 2);
+    assert_int_equal(fr_msgpack_to_json(sb.data, sb.size, &out), FR_EFORMAT);
+    assert_null(out);
+    msgpack_sbuffer_clear(&sb);
+    msgpack_pack_array(&pk, 3);
+    msgpack_pack_double(&pk, 0.1);
+    msgpack_pack_double(&pk, NAN);
+    msgpack_pack_int64(&pk, -7);
+    assert_int_equal(fr_msgpack_to_json(sb.data, sb.size, &out), FR_OK);
+    assert_string_equal(out, "[0.1,null,-7]");
+    free(out);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+static double seconds(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void test_pub_sub(void **state)
+{
+    (void)state;
+    void *ctx = zmq_ctx_new();
+    assert_non_null(ctx);
+    fr_metrics_pub *pub, *bad;
+    assert_int_equal(fr_metrics_pub_open(ctx, "tcp://127.0.0.1:*", NULL, &pub), FR_OK);
+    assert_int_equal(fr_metrics_pub_open(ctx, "nope://x", NULL, &bad), FR_EIO);
+    assert_null(bad);
+    fr_metrics_sub *sub, *bad_sub;
+    assert_int_equal(fr_metrics_sub_new("not an endpoint", NULL, &bad_sub), FR_EINVAL);
+    assert_null(bad_sub);
+    assert_int_equal(fr_metrics_sub_new(fr_metrics_pub_endpoint(pub), NULL, &sub), FR_OK);
+    char *json = (char *)"x";
+    assert_int_equal(fr_metrics_sub_next(sub, 10, &json), FR_OK);   /* nothing published yet */
+    assert_null(json);
+    /* a subscriber sees what is published after it has joined: publish
+     * until one arrives */
+    fr_metrics_snapshot s;
+    snapshot(&s);
+    const double t0 = seconds();
+    while (!json && seconds() - t0 < 10.0) {
+        assert_int_equal(fr_metrics_pub_send(pub, &s), FR_OK);
+        assert_int_equal(fr_metrics_sub_next(sub, 20, &json), FR_OK);
+    }
+    assert_non_null(json);
+    char *ref;
+    size_t rn;
+    assert_int_equal(fr_metrics_json(&s, &ref, &rn), FR_OK);
+    same_json(json, ref);
+    fr_client_free_string(json);
+    free(ref);
+    fr_metrics_sub_destroy(&sub);
+    assert_null(sub);
+    fr_metrics_pub_close(&pub);
+    assert_null(pub);
+    fr_metrics_pub_close(&pub);
+    zmq_ctx_term(ctx);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_render), cmocka_unit_test(test_http)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_render), cmocka_unit_test(test_http),
+                                       cmocka_unit_test(test_msgpack), cmocka_unit_test(test_pub_sub)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

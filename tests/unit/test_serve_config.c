@@ -184,6 +184,7 @@ static void test_bad_values(void **state)
         {"{\"coordinator\": {\"bind\": \"tcp://*:5555\"}}", {"coordinator.bind: give the host", NULL}},
         {"{\"coordinator\": {\"bind\": []}}", {"coordinator.bind: expected a string, got an array", NULL}},
         {"{\"metrics_port\": -1}", {"metrics_port: must be in [0, 65535]", NULL}},
+        {"{\"metrics_pub_port\": 70000}", {"metrics_pub_port: must be in [0, 65535]", NULL}},
         {"{\"kl_sample_rate\": 1.5}", {"kl_sample_rate: must be in [0, 1], got 1.5", NULL}},
         {"{\"sampling\": []}", {"sampling: expected an object, got an array", NULL}},
         {"{\"sampling\": {\"temperature\": -1}}", {"sampling.temperature: must be in [0,", NULL}},
@@ -222,6 +223,10 @@ static void test_contradictions(void **state)
     assert_msg_has("with backend \"cpu\" give kv_blocks");
     assert_int_equal(parse("{\"metrics_port\": 5555}", &c), FR_EINVAL);
     assert_msg_has("coordinator.port and metrics_port are both 5555");
+    assert_int_equal(parse("{\"metrics_port\": 7000, \"metrics_pub_port\": 7000}", &c), FR_EINVAL);
+    assert_msg_has("metrics_port and metrics_pub_port are both 7000");
+    assert_int_equal(parse("{\"metrics_pub_port\": 7001}", &c), FR_OK);
+    assert_int_equal(c.metrics_pub_port, 7001);
     assert_int_equal(parse("{\"coordinator\": {\"engine_port\": 5556}}", &c), FR_EINVAL);
     assert_msg_has("coordinator.weight_port and coordinator.engine_port are both 5556");
     /* kv_blocks 0 means automatic: it goes with kv_memory_fraction. */

@@ -14,6 +14,7 @@
 #include "rollout/model.h"
 #include "rollout/weight_update.h"
 #include "trainer_bridge/client.h"
+#include "trainer_bridge/metrics_sub.h"
 
 static const char usage_text[] =
     "usage: fp4rollout-client [--endpoint URL] [--timeout-ms MS] [CURVE keys] COMMAND [options]\n"
@@ -61,6 +62,13 @@ static const char usage_text[] =
     "                           bucket K with a wrong checksum\n"
     "      --export FILE        send nothing: write the tensors (float32, in order) to FILE and\n"
     "                           print their names and shapes as JSON lines\n"
+    "  watch-metrics [--count N]\n"
+    "                           subscribe to the server's metrics PUB socket (--endpoint is\n"
+    "                           then its metrics_pub_port, e.g. tcp://127.0.0.1:5558) and\n"
+    "                           print each snapshot as a JSON line (the keys of\n"
+    "                           /metrics.json, docs/metrics.md); ends after N snapshots\n"
+    "                           (default: never), or with status 1 when none comes within\n"
+    "                           --timeout-ms\n"
     "  keygen                   print a new CURVE key pair as JSON (public, secret)\n"
     "  send-raw --hex HEX [--extra-frames N]\n"
     "                           send the bytes as frame 0 (and N empty frames after it),\n"
@@ -684,6 +692,41 @@ static int cmd_push_weights(fr_client *c, int argc, char **argv)
     return rc;
 }
 
+static int cmd_watch_metrics(const char *endpoint, const fr_client_curve *keys, int timeout_ms, int argc, char **argv)
+{
+    long long count = -1;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--count") == 0 && i + 1 < argc) {
+            if (parse_long(argv[i], argv[i + 1], 1, 1LL << 40, &count)) return 2;
+            i++;
+        } else return usage_error("watch-metrics: unknown or incomplete option '%s'", argv[i]);
+    }
+    fr_metrics_sub *sub;
+    if (fr_metrics_sub_new(endpoint, keys, &sub)) {
+        fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());
+        return 1;
+    }
+    int rc = 0;
+    for (long long got = 0; count < 0 || got < count; got++) {
+        char *json = NULL;
+        if (fr_metrics_sub_next(sub, timeout_ms, &json)) {
+            fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());
+            rc = 1;
+            break;
+        }
+        if (!json) {
+            fprintf(stderr, "fp4rollout-client: no metrics snapshot from %s within %d ms\n", endpoint, timeout_ms);
+            rc = 1;
+            break;
+        }
+        printf("%s\n", json);
+        fflush(stdout);
+        fr_client_free_string(json);
+    }
+    fr_metrics_sub_destroy(&sub);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *endpoint = "tcp://127.0.0.1:5555";
@@ -723,10 +766,12 @@ int main(int argc, char **argv)
         printf("{\"public\":\"%s\",\"secret\":\"%s\"}\n", pub, sec);
         return 0;
     }
-    if (!ok) return usage_error("unknown command '%s'", cmd);
     int n_keys = !!keys.server_public_key + !!keys.public_key + !!keys.secret_key;
     if (n_keys != 0 && n_keys != 3)
         return usage_error("%s", "CURVE needs --server-key, --public-key and --secret-key together");
+    if (strcmp(cmd, "watch-metrics") == 0)
+        return cmd_watch_metrics(endpoint, n_keys ? &keys : NULL, (int)timeout, argc - i, argv + i);
+    if (!ok) return usage_error("unknown command '%s'", cmd);
     fr_client *c;
     if (fr_client_new_curve(endpoint, n_keys ? &keys : NULL, &c)) {
         fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());

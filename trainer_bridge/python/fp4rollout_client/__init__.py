@@ -12,7 +12,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from . import _native
 
-__all__ = ["RolloutClient", "SampleResult", "ServerError", "ClientError", "group_by_prompt", "mismatch_metrics",
+__all__ = ["RolloutClient", "MetricsSubscriber", "SampleResult", "ServerError", "ClientError", "group_by_prompt", "mismatch_metrics",
            "keypair", "load_exported"]
 
 _lib = None
@@ -71,6 +71,68 @@ def _int_array(values: Sequence[int]):
     return arr
 
 
+def _curve_keys(server_public_key, public_key, secret_key):
+    given = [k is not None for k in (server_public_key, public_key, secret_key)]
+    if any(given) and not all(given):
+        raise ClientError("CURVE needs server_public_key, public_key and secret_key together")
+    if all(given):
+        return _native.Curve(server_public_key.encode(), public_key.encode(), secret_key.encode())
+    return None
+
+
+class MetricsSubscriber:
+    """The server's metrics snapshots from its PUB socket (`metrics_pub_port`,
+    docs/metrics.md): each one a dict with the keys of /metrics.json, for a
+    trainer to log. A subscriber sees snapshots published after it joined
+    (the server publishes about every 200 ms while it serves).
+    """
+
+    def __init__(self, addr: str = "tcp://127.0.0.1:5558", server_public_key: Optional[str] = None,
+                 public_key: Optional[str] = None, secret_key: Optional[str] = None):
+        lib = _native_lib()
+        self._lib = lib
+        self._s = ctypes.c_void_p()
+        keys = _curve_keys(server_public_key, public_key, secret_key)
+        if lib.fr_metrics_sub_new(addr.encode(), ctypes.byref(keys) if keys else None, ctypes.byref(self._s)):
+            raise ClientError(lib.fr_client_error_text().decode())
+
+    def next(self, timeout_ms: int = 1000) -> Optional[dict]:
+        """The next snapshot, or None when none came within timeout_ms (-1: wait)."""
+        if not self._s:
+            raise ClientError("the subscriber is closed")
+        out = ctypes.c_void_p()
+        if self._lib.fr_metrics_sub_next(self._s, int(timeout_ms), ctypes.byref(out)):
+            raise ClientError(self._lib.fr_client_error_text().decode())
+        if not out.value:
+            return None
+        try:
+            return json.loads(ctypes.string_at(out.value).decode())
+        finally:
+            self._lib.fr_client_free_string(out)
+
+    def __iter__(self) -> Iterator[dict]:
+        """Snapshots as they come, without end."""
+        while True:
+            yield self.next(-1)
+
+    def close(self) -> None:
+        if self._s:
+            self._lib.fr_metrics_sub_destroy(ctypes.byref(self._s))
+            self._s = ctypes.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 class RolloutClient:
     """A connection to `fp4rollout serve`.
 
@@ -86,12 +148,7 @@ class RolloutClient:
         lib = _native_lib()
         self._lib = lib
         self._c = ctypes.c_void_p()
-        keys = None
-        given = [k is not None for k in (server_public_key, public_key, secret_key)]
-        if any(given) and not all(given):
-            raise ClientError("CURVE needs server_public_key, public_key and secret_key together")
-        if all(given):
-            keys = _native.Curve(server_public_key.encode(), public_key.encode(), secret_key.encode())
+        keys = _curve_keys(server_public_key, public_key, secret_key)
         if lib.fr_client_new_curve(addr.encode(), ctypes.byref(keys) if keys else None, ctypes.byref(self._c)):
             raise ClientError(lib.fr_client_error_text().decode())
         lib.fr_client_set_timeout(self._c, int(timeout_ms))

@@ -94,6 +94,9 @@ def load():
         "fr_client_free_string": (None, [ctypes.c_void_p]),
         "fr_client_error_text": (c_char_p, []),
         "fr_client_keypair": (c_int, [ctypes.c_char_p, ctypes.c_char_p]),
+        "fr_metrics_sub_new": (c_int, [c_char_p, P(Curve), P(ctypes.c_void_p)]),
+        "fr_metrics_sub_next": (c_int, [ctypes.c_void_p, c_int, P(ctypes.c_void_p)]),
+        "fr_metrics_sub_destroy": (None, [P(ctypes.c_void_p)]),
     }
     for name, (res, args) in sig.items():
         f = getattr(lib, name)
