@@ -1,5 +1,6 @@
 #include "kv_cache.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,6 +93,17 @@ fr_status fr_kv_cache_new(const fr_kv_cache_config *cfg, fr_kv_cache **out)
     c->cfg.key_mean = c->key_mean;   /* the config now points at the cache's own copies */
     c->cfg.fp8_scales = c->fp8_scales;
     *out = c;
+    return FR_OK;
+}
+
+fr_status fr_kv_cache_set_key_mean(fr_kv_cache *c, const float *key_mean)
+{
+    if (!c) return fr_fail(FR_EINVAL, "fr_kv_cache_set_key_mean: no cache");
+    const size_t n = (size_t)c->cfg.n_layers * c->cfg.n_kv_heads * c->cfg.head_dim;
+    for (size_t i = 0; key_mean && i < n; i++)
+        if (!isfinite(key_mean[i])) return fr_fail(FR_EINVAL, "kv cache: key mean element %zu is not finite", i);
+    if (key_mean) memcpy(c->key_mean, key_mean, sizeof(float) * n);
+    else memset(c->key_mean, 0, sizeof(float) * n);
     return FR_OK;
 }
 

@@ -49,6 +49,13 @@ typedef struct fr_kv_cache fr_kv_cache;
 fr_status fr_kv_cache_new(const fr_kv_cache_config *cfg, fr_kv_cache **out);
 void fr_kv_cache_destroy(fr_kv_cache **c);
 const fr_kv_cache_config *fr_kv_cache_config_of(const fr_kv_cache *c);
+/* Replaces the key mean ([layers][kv_heads][d], copied; NULL: zeros) that
+ * keys written from now on are smoothed with. Keys already stored keep the
+ * old one, and attention needs one mean per sequence (the softmax is
+ * invariant to q.mu only when every key of a sequence subtracts the same
+ * mu): free or recompute every sequence first. Fails on a non-finite
+ * element, changing nothing. */
+fr_status fr_kv_cache_set_key_mean(fr_kv_cache *c, const float *key_mean);
 const fr_page_layout *fr_kv_layout(const fr_kv_cache *c);
 size_t fr_kv_block_bytes(const fr_kv_cache *c);
 int fr_kv_free_blocks(const fr_kv_cache *c);

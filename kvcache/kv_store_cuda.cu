@@ -295,6 +295,18 @@ static fr_status check_config(const fr_kv_cache_config *cfg)
     return FR_OK;
 }
 
+fr_status fr_kv_store_gpu_set_key_mean(fr_kv_store_gpu *s, const float *key_mean)
+{
+    if (!s) return fr_fail(FR_EINVAL, "fr_kv_store_gpu_set_key_mean: no store");
+    const size_t n = (size_t)s->cfg.n_layers * s->cfg.n_kv_heads * s->cfg.head_dim;
+    if (key_mean)
+        FR_CUDA_TRY(cudaMemcpy(s->key_mean, key_mean, sizeof(float) * n, cudaMemcpyHostToDevice));
+    else
+        FR_CUDA_TRY(cudaMemset(s->key_mean, 0, sizeof(float) * n));
+    FR_CUDA_TRY(cudaDeviceSynchronize());
+    return FR_OK;
+}
+
 /* The key mean (zeros when absent) and FP8 scales (1.0 when absent) to the device. */
 static fr_status upload_calibration(fr_kv_store_gpu *s, const fr_kv_cache_config *cfg)
 {

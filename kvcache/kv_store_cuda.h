@@ -52,6 +52,11 @@ typedef struct fr_kv_store_gpu fr_kv_store_gpu;
  * cfg->bookkeeping_only is ignored. Fails with FR_EUNSUPPORTED for f32. */
 fr_status fr_kv_store_gpu_new(const fr_kv_cache_config *cfg, fr_kv_store_gpu **out);
 void fr_kv_store_gpu_destroy(fr_kv_store_gpu **s);
+/* Replaces the device key mean (host [layers][kv_heads][d]; NULL: zeros) in
+ * place, so captured graphs stay valid; synchronous. The caller makes sure
+ * no step is in flight and that no sequence holds keys smoothed with the
+ * old mean (kvcache/kv_cache.h, fr_kv_cache_set_key_mean). */
+fr_status fr_kv_store_gpu_set_key_mean(fr_kv_store_gpu *s, const float *key_mean);
 
 /* The attention view of one layer, with the step's staging buffers
  * (device pointers, [rows][n_kv_heads][head_dim] BF16; NULL when there are

@@ -23,7 +23,10 @@ static const char usage_text[] =
     "and chunk, and its sampling defaults for what a request leaves out.\n"
     "Weight updates arrive on the same socket (update_weights_*: bucketed, checksummed,\n"
     "committed between engine steps); kl_sample_rate picks the samples that run a\n"
-    "BF16-KV shadow; a curve object turns on CURVE authentication.\n"
+    "BF16-KV shadow; a curve object turns on CURVE authentication; metrics_port\n"
+    "and metrics_pub_port serve the metrics (HTTP, and a ZeroMQ PUB socket); a\n"
+    "recalibration object recalibrates the key mean when a weight version's\n"
+    "monitored KL passes a threshold (docs/metrics.md).\n"
     "SIGINT or SIGTERM shut it down: every open sample first gets its done\n"
     "message with reason abort. Logs go to stderr.\n"
     "\n"
@@ -142,7 +145,18 @@ int fr_cli_serve(int argc, char **argv)
                            .update_idle_ms = (int)(c.weight_update_idle_s * 1000.0 + 0.5),
                            .curve_secret_key = c.curve.server_secret_key, .curve_client_keys = client_keys,
                            .n_curve_client_keys = c.curve.n_clients, .metrics_port = c.metrics_port,
-                           .metrics_bind = c.coordinator.bind, .metrics_pub_endpoint = pub_endpoint, .world = tl.world, .tp = c.tp};
+                           .metrics_bind = c.coordinator.bind, .metrics_pub_endpoint = pub_endpoint,
+                           .world = tl.world, .tp = c.tp};
+    /* automatic recalibration: the config's texts and folder, by pointer */
+    const char *recal_texts[FR_SERVE_MAX_RECAL_TEXTS];
+    for (int i = 0; i < c.recalibration.n_texts; i++) recal_texts[i] = c.recalibration.texts[i];
+    const fr_recal_config rc = {.kl_threshold = c.recalibration.kl_threshold,
+                                .min_positions = c.recalibration.min_positions,
+                                .n_texts = c.recalibration.n_texts, .texts = recal_texts,
+                                .context = c.recalibration.context, .seed_tokens = c.recalibration.seed_tokens,
+                                .continue_tokens = c.recalibration.continue_tokens,
+                                .out_dir = c.recalibration.out_dir};
+    if (c.recalibration.kl_threshold > 0) bc.recal = &rc;
     fr_bridge_server *srv = NULL;
     int made = fr_bridge_server_new(&s, &bc, &srv) == FR_OK;
     if (!made) fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());

@@ -107,6 +107,15 @@ fr_status fr_metrics_prometheus(const fr_metrics_snapshot *s, char **out, size_t
     put(&t, "fp4rollout_monitored_running %d\n", st->monitored);
     gauge(&t, "monitored_samples_total", "monitored samples finished", "counter");
     put(&t, "fp4rollout_monitored_samples_total %lld\n", s->div.samples);
+    gauge(&t, "recalibrations_total", "automatic recalibrations of the key mean done", "counter");
+    put(&t, "fp4rollout_recalibrations_total %lld\n", s->recalibrations);
+    gauge(&t, "recalibration_failures_total", "automatic recalibrations that failed (the old key mean stayed)",
+          "counter");
+    put(&t, "fp4rollout_recalibration_failures_total %lld\n", s->recalibration_failures);
+    gauge(&t, "last_recalibration_version", "weight version of the last recalibration (0: none)", "gauge");
+    put(&t, "fp4rollout_last_recalibration_version %llu\n", (unsigned long long)s->last_recalibration_version);
+    gauge(&t, "last_recalibration_seconds", "duration of the last recalibration", "gauge");
+    put(&t, "fp4rollout_last_recalibration_seconds %.6f\n", s->last_recalibration_seconds);
     gauge(&t, "kl_positions_total", "positions whose divergence was measured, by weight version and position bucket",
           "counter");
     for (int v = 0; v < FR_DIV_VERSIONS; v++)
@@ -149,10 +158,14 @@ fr_status fr_metrics_json(const fr_metrics_snapshot *s, char **out, size_t *len)
         "\"running\":%d,\"prefilling\":%d,\"waiting\":%d,\"requests_total\":%lld,\"samples_finished_total\":%lld,"
         "\"preemptions_total\":%lld,\"tokens_generated_total\":%lld,\"tokens_per_second\":%.3f,"
         "\"weight_version\":%llu,\"weight_sync_seconds\":%.6f,\"monitored_running\":%d,"
-        "\"monitored_samples_total\":%lld,\"divergence\":[",
+        "\"monitored_samples_total\":%lld,\"recalibrations_total\":%lld,\"recalibration_failures_total\":%lld,"
+        "\"last_recalibration_version\":%llu,\"last_recalibration_seconds\":%.6f,"
+        "\"last_recalibration_kl_nats\":%.9g,\"divergence\":[",
         model, kv, s->uptime_s, st->kv_blocks_used, st->kv_blocks_free, st->running, st->prefilling,
         st->waiting, s->requests_total, st->finished, st->preemptions, st->tokens_generated, s->tokens_per_s,
-        (unsigned long long)st->weight_version, s->weight_sync_seconds, st->monitored, s->div.samples);
+        (unsigned long long)st->weight_version, s->weight_sync_seconds, st->monitored, s->div.samples,
+        s->recalibrations, s->recalibration_failures, (unsigned long long)s->last_recalibration_version,
+        s->last_recalibration_seconds, finite_or(s->last_recalibration_kl, 0.0));
     int first = 1;
     for (int v = 0; v < FR_DIV_VERSIONS; v++) {
         const fr_div_version *e = &s->div.v[v];

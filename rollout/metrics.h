@@ -22,6 +22,10 @@ typedef struct {
     double weight_sync_seconds;     /* duration of the last committed weight update (0: none) */
     double uptime_s;
     long long requests_total;
+    /* automatic recalibration (rollout/recalibrate.h; all 0 when off) */
+    long long recalibrations, recalibration_failures;
+    uint64_t last_recalibration_version;
+    double last_recalibration_seconds, last_recalibration_kl;
     char kv_dtype[16];
     char model[64];
 } fr_metrics_snapshot;

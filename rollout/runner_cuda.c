@@ -507,6 +507,15 @@ fr_status fr_runner_cuda_decode(fr_runner_cuda *r, const fr_step_seq *seqs, cons
     return st;
 }
 
+fr_status fr_runner_cuda_set_key_mean(fr_runner_cuda *r, const float *key_mean)
+{
+    if (!r) return fr_fail(FR_EINVAL, "fr_runner_cuda_set_key_mean: no runner");
+    if (cudaStreamSynchronize(r->stream) != cudaSuccess)
+        return fr_fail(FR_EIO, "CUDA runner: a step failed before the key mean changed: %s",
+                       cudaGetErrorString(cudaGetLastError()));
+    return fr_kv_store_gpu_set_key_mean(r->store, key_mean);
+}
+
 fr_status fr_runner_cuda_fork(fr_runner_cuda *r, int src_seq, int dst_seq)
 {
     return fr_kv_store_gpu_copy_slot(r->store, src_seq, dst_seq, r->stream);

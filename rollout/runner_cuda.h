@@ -62,6 +62,9 @@ fr_status fr_runner_cuda_decode(fr_runner_cuda *r, const fr_step_seq *seqs, cons
 fr_status fr_runner_cuda_set_observer(fr_runner_cuda *r, const fr_forward_observer *obs);
 
 /* After fr_kv_seq_fork(book, src, &dst): gives dst a copy of src's device slots. */
+/* The device cache's key mean (kvcache/kv_store_cuda.h), after the steps
+ * in flight have finished. */
+fr_status fr_runner_cuda_set_key_mean(fr_runner_cuda *r, const float *key_mean);
 fr_status fr_runner_cuda_fork(fr_runner_cuda *r, int src_seq, int dst_seq);
 
 /* Whether a CUDA device is usable (for --backend auto). */

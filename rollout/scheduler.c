@@ -820,6 +820,20 @@ void fr_scheduler_stats_get(const fr_scheduler *sch, fr_scheduler_stats *out)
     out->shadow_blocks_free = sch->shadow ? fr_shadow_free_blocks(sch->shadow) : -1;
 }
 
+fr_status fr_scheduler_recompute_all(fr_scheduler *sch, int *n_preempted)
+{
+    if (n_preempted) *n_preempted = 0;
+    if (!sch) return fr_fail(FR_EINVAL, "fr_scheduler_recompute_all: no scheduler");
+    int any = 1, n = 0;
+    /* newest first, each to the front of the queue: the oldest ends up first again */
+    while (any) {
+        preempt_newest(sch, &any);
+        n += any;
+    }
+    if (n_preempted) *n_preempted = n;
+    return FR_OK;
+}
+
 void fr_scheduler_set_weight_version(fr_scheduler *sch, uint64_t version)
 {
     if (sch) sch->version = version;

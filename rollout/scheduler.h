@@ -98,6 +98,13 @@ int fr_scheduler_idle(const fr_scheduler *sch);
 fr_status fr_scheduler_abort(fr_scheduler *sch, uint64_t id, int *n_ended);
 fr_status fr_scheduler_abort_all(fr_scheduler *sch, int *n_ended);
 
+/* Preempts every running sample and prefill by recompute (their tokens so
+ * far are prefilled again when they are readmitted; nothing is lost or
+ * drawn again) and frees their KV sequences: what a change of the cache's
+ * key mean needs (rollout/recalibrate.h). *n_preempted (may be NULL) counts
+ * them. */
+fr_status fr_scheduler_recompute_all(fr_scheduler *sch, int *n_preempted);
+
 /* The weight version of every token drawn from now on (the caller switches
  * the session's weights between steps, rollout/weight_update.h). */
 void fr_scheduler_set_weight_version(fr_scheduler *sch, uint64_t version);

@@ -14,7 +14,9 @@
 static const char *const top_keys[] = {
     "model",     "backend",            "tp",    "kv_dtype",    "fp4_compute",  "recipe",         "calib",   "max_seqs",
     "kv_blocks", "kv_memory_fraction", "chunk", "coordinator", "metrics_port", "metrics_pub_port", "kl_sample_rate", "sampling",
-    "weight_update_idle_s", "curve"};
+    "weight_update_idle_s", "curve", "recalibration"};
+static const char *const recal_keys[] = {"kl_threshold", "min_positions", "texts", "context", "seed_tokens",
+                                         "continue", "out_dir"};
 static const char *const curve_keys[] = {"server_secret_key", "client_public_keys"};
 static const char *const coordinator_keys[] = {"bind", "port", "weight_port", "engine_port"};
 static const char *const sampling_keys[] = {"temperature", "top_k", "top_p", "max_tokens", "stop_token_ids", "seed"};
@@ -39,6 +41,13 @@ void fr_serve_config_default(fr_serve_config *c)
     c->coordinator.engine_port = 5557;
     c->metrics_port = 0;
     c->metrics_pub_port = 0;
+    c->recalibration.kl_threshold = 0.0;
+    c->recalibration.min_positions = 2048;
+    c->recalibration.n_texts = 0;
+    c->recalibration.context = -1;
+    c->recalibration.seed_tokens = 256;
+    c->recalibration.continue_tokens = 64;
+    c->recalibration.out_dir[0] = 0;
     c->kl_sample_rate = 0.0;
     c->weight_update_idle_s = 120.0;
     c->sampling.params = (fr_sampling_params){.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
@@ -355,6 +364,48 @@ static fr_status parse_curve(const char *label, const cJSON *obj, fr_serve_confi
     return st;
 }
 
+static fr_status parse_recalibration(const char *label, const cJSON *obj, fr_serve_config *c)
+{
+    fr_status st = want_object(label, obj, "recalibration");
+    if (!st) st = check_keys(label, obj, "recalibration", recal_keys, COUNT(recal_keys));
+    fr_serve_recal *r = &c->recalibration;
+    for (const cJSON *it = obj->child; it && !st; it = it->next) {
+        char path[256];
+        join_path(path, sizeof path, "recalibration", it->string);
+        const char *k = it->string;
+        if (strcmp(k, "kl_threshold") == 0) st = get_num(label, it, path, 0.0, 1e6, 1, &r->kl_threshold);
+        else if (strcmp(k, "min_positions") == 0) st = get_int(label, it, path, 1, 1 << 30, &r->min_positions);
+        else if (strcmp(k, "context") == 0) st = get_int(label, it, path, 0, 1 << 24, &r->context);
+        else if (strcmp(k, "seed_tokens") == 0) st = get_int(label, it, path, 1, 1 << 20, &r->seed_tokens);
+        else if (strcmp(k, "continue") == 0) st = get_int(label, it, path, 0, 1 << 20, &r->continue_tokens);
+        else if (strcmp(k, "out_dir") == 0) st = get_str(label, it, path, r->out_dir, sizeof r->out_dir, 1);
+        else {
+            if (!cJSON_IsArray(it)) {
+                st = bad(label, path, "expected an array of text files, got %s", type_name(it));
+                break;
+            }
+            int n = cJSON_GetArraySize(it);
+            if (n < 1 || n > FR_SERVE_MAX_RECAL_TEXTS) {
+                st = bad(label, path, "has %d files; give 1 to %d", n, FR_SERVE_MAX_RECAL_TEXTS);
+                break;
+            }
+            r->n_texts = 0;
+            for (int i = 0; i < n && !st; i++) {
+                char epath[280];
+                snprintf(epath, sizeof epath, "%s[%d]", path, i);
+                st = get_str(label, cJSON_GetArrayItem(it, i), epath, r->texts[i], sizeof r->texts[i], 0);
+                if (!st) r->n_texts = i + 1;
+            }
+        }
+    }
+    if (!st && r->kl_threshold > 0 && r->n_texts == 0)
+        st = bad(label, "recalibration", "a kl_threshold needs texts (the seed texts calibration runs on)");
+    if (!st && r->kl_threshold == 0 && obj->child)
+        st = bad(label, "recalibration", "kl_threshold is required (the mean KL in nats above which the key mean "
+                                         "is recalibrated)");
+    return st;
+}
+
 typedef struct {
     int kv_blocks, kv_memory_fraction;
 } given_keys;
@@ -387,6 +438,7 @@ static fr_status parse_top(const char *label, const cJSON *root, fr_serve_config
         else if (strcmp(k, "weight_update_idle_s") == 0)
             st = get_num(label, it, k, 0.0, 86400.0, 0, &c->weight_update_idle_s);
         else if (strcmp(k, "curve") == 0) st = parse_curve(label, it, c);
+        else if (strcmp(k, "recalibration") == 0) st = parse_recalibration(label, it, c);
     }
     return st;
 }
@@ -404,6 +456,8 @@ static fr_status check_across(const char *label, const fr_serve_config *c, const
                        "%s: kv_memory_fraction sizes the KV cache in GPU memory; with backend \"cpu\" "
                        "give kv_blocks instead",
                        label);
+    if (c->recalibration.kl_threshold > 0 && c->tp > 1)
+        return fr_fail(FR_EINVAL, "%s: recalibration needs tp 1 (each engine one rank); tp is %d", label, c->tp);
     const struct { const char *name; int port; } ports[] = {
         {"coordinator.port", c->coordinator.port},
         {"coordinator.weight_port", c->coordinator.weight_port},
@@ -516,6 +570,13 @@ fr_status fr_serve_config_load(const char *path, fr_serve_config *c)
     }
     if ((st = rebase(t.model, sizeof t.model, slash ? dir : NULL, path, "model"))) return st;
     if ((st = rebase(t.calib, sizeof t.calib, slash ? dir : NULL, path, "calib"))) return st;
+    for (int i = 0; i < t.recalibration.n_texts; i++)
+        if ((st = rebase(t.recalibration.texts[i], sizeof t.recalibration.texts[i], slash ? dir : NULL, path,
+                         "recalibration.texts")))
+            return st;
+    if ((st = rebase(t.recalibration.out_dir, sizeof t.recalibration.out_dir, slash ? dir : NULL, path,
+                     "recalibration.out_dir")))
+        return st;
     *c = t;
     return FR_OK;
 }
@@ -571,6 +632,32 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
         }
         cJSON_Delete(keys);
         cJSON_Delete(cv);
+    }
+    if (ok && c->recalibration.kl_threshold > 0) {
+        const fr_serve_recal *r = &c->recalibration;
+        cJSON *rc = cJSON_CreateObject(), *texts = cJSON_CreateArray();
+        ok = rc && texts && cJSON_AddNumberToObject(rc, "kl_threshold", r->kl_threshold) &&
+             cJSON_AddNumberToObject(rc, "min_positions", r->min_positions);
+        for (int i = 0; ok && i < r->n_texts; i++) {
+            cJSON *t = cJSON_CreateString(r->texts[i]);
+            ok = t != NULL;
+            if (ok) cJSON_AddItemToArray(texts, t);
+        }
+        if (ok) {
+            cJSON_AddItemToObject(rc, "texts", texts);
+            texts = NULL;
+        }
+        if (r->context >= 0) ok = ok && cJSON_AddNumberToObject(rc, "context", r->context);   /* else the default */
+        ok = ok && cJSON_AddNumberToObject(rc, "seed_tokens", r->seed_tokens);
+        ok = ok && cJSON_AddNumberToObject(rc, "continue", r->continue_tokens);
+        ok = ok && (r->out_dir[0] ? cJSON_AddStringToObject(rc, "out_dir", r->out_dir) != NULL
+                                  : cJSON_AddNullToObject(rc, "out_dir") != NULL);
+        if (ok) {
+            cJSON_AddItemToObject(root, "recalibration", rc);
+            rc = NULL;
+        }
+        cJSON_Delete(texts);
+        cJSON_Delete(rc);
     }
     ok = ok && cJSON_AddNumberToObject(sa, "temperature", c->sampling.params.temperature);
     ok = ok && cJSON_AddNumberToObject(sa, "top_k", c->sampling.params.top_k);

@@ -32,6 +32,7 @@ extern "C" {
 #define FR_SERVE_CPU_PAGES_PER_SEQ 16
 #define FR_SERVE_MAX_CURVE_CLIENTS 64   /* curve.client_public_keys */
 #define FR_SERVE_CURVE_KEY 41           /* a Z85 CURVE key: 40 characters and the NUL */
+#define FR_SERVE_MAX_RECAL_TEXTS 8      /* recalibration.texts */
 
 /* Default sampling parameters of requests that leave them out. */
 typedef struct {
@@ -40,6 +41,16 @@ typedef struct {
     int n_stop;                            /* 0: stop at the model's EOS ids */
     int stop_token_ids[FR_SERVE_MAX_STOP_IDS];
 } fr_serve_sampling;
+
+/* Automatic recalibration of the key mean (docs/metrics.md). */
+typedef struct {
+    double kl_threshold;                   /* nats; 0: off */
+    int min_positions;                     /* monitored positions of a version before it is judged */
+    int n_texts;
+    char texts[FR_SERVE_MAX_RECAL_TEXTS][FR_SERVE_PATH_MAX];   /* seed texts (calibrate --texts) */
+    int context, seed_tokens, continue_tokens;   /* as calibrate's --context, --seed-tokens, --continue */
+    char out_dir[FR_SERVE_PATH_MAX];       /* each new calibration file goes here; "" none */
+} fr_serve_recal;
 
 typedef struct {
     char model[FR_SERVE_PATH_MAX];         /* checkpoint folder or synthetic:NAME[:SEED] */
@@ -69,6 +80,7 @@ typedef struct {
         char client_public_keys[FR_SERVE_MAX_CURVE_CLIENTS][FR_SERVE_CURVE_KEY];
     } curve;
     fr_serve_sampling sampling;
+    fr_serve_recal recalibration;
 } fr_serve_config;
 
 /* Every key at its default (configs/README.md). */

@@ -331,6 +331,35 @@ fr_status fr_session_open_shadow(const fr_session *main, int n_blocks, int max_s
     return st;
 }
 
+fr_status fr_session_set_key_mean(fr_session *s, const float *key_mean)
+{
+    if (!s || !s->kv || !s->model || !key_mean) return fr_fail(FR_EINVAL, "fr_session_set_key_mean: NULL argument");
+    if (s->tp.size > 1)
+        return fr_fail(FR_EUNSUPPORTED, "changing the key mean of a tensor-parallel engine (tp %d) is not supported",
+                       s->tp.size);
+    const fr_model_config *mc = &s->model->cfg;
+    const size_t n = (size_t)mc->num_layers * mc->num_kv_heads * mc->head_dim;
+    float *copy = s->has_calib ? NULL : malloc(sizeof(float) * n);
+    if (!s->has_calib && !copy) return fr_fail(FR_ENOMEM, "out of memory");
+    fr_status st = fr_kv_cache_set_key_mean(s->kv, key_mean);   /* checks the values first */
+#ifdef FR_HAVE_CUDA
+    if (!st && s->gpu) st = fr_runner_cuda_set_key_mean(s->gpu, key_mean);
+#endif
+    if (st) {
+        free(copy);
+        return st;
+    }
+    if (!s->has_calib) {
+        s->calib.key_mean = copy;
+        s->calib.tau = fr_kv_cache_config_of(s->kv)->tau;
+        s->calib.has_tau = 1;
+        s->calib.fp8_scales = NULL;
+        s->has_calib = 1;
+    }
+    memcpy(s->calib.key_mean, key_mean, sizeof(float) * n);
+    return FR_OK;
+}
+
 fr_status fr_session_step(fr_session *s, const fr_step_seq *seqs, int n_seqs, float *logits)
 {
 #ifdef FR_HAVE_CUDA

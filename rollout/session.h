@@ -77,6 +77,13 @@ const char *fr_backend_name(fr_backend b);
  * device or without CUDA in the build. */
 fr_status fr_backend_pick(fr_backend want, fr_backend *out);
 
+/* Replaces the key mean of the session's FP4 cache (host and device) and of
+ * its calibration (s->calib; made, with the cache's tau, when the session
+ * had none), for keys written from now on: the caller has freed or will
+ * recompute every sequence (kvcache/kv_cache.h). One rank per engine only
+ * (tp 1): a tensor-parallel engine would need every rank to agree. */
+fr_status fr_session_set_key_mean(fr_session *s, const float *key_mean);
+
 /* One forward step on the session's backend (fr_runner_cpu_step's contract). */
 fr_status fr_session_step(fr_session *s, const fr_step_seq *seqs, int n_seqs, float *logits);
 /* Sampling parameters of one row of a decode step: the sample's parameters,

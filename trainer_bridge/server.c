@@ -107,6 +107,8 @@ struct fr_bridge_server {
     /* the same snapshots on a ZeroMQ PUB socket (metrics_pub.h), NULL when off */
     fr_metrics_pub *pub;
     int pub_failed;   /* a send failed once: logged, not again */
+    /* automatic recalibration (rollout/recalibrate.h), NULL when off */
+    fr_recal *recal;
     double started_ms, upd_begin_ms, last_sync_s, last_pub_ms;
     long long last_pub_tokens;
     /* Several ranks (multi): this rank's place; rank 0 alone has the socket
@@ -1312,6 +1314,23 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
         free(srv);
         return st;
     }
+    if (cfg->recal) {
+        fr_recal_config rc = *cfg->recal;
+        rc.log = srv->log;
+        st = srv->multi ? fr_fail(FR_EUNSUPPORTED, "serve: automatic recalibration runs with one rank (mpirun -np 1 or "
+                                                   "none); this job has %d",
+                                  srv->world->size)
+                        : fr_recal_new(&rc, &s->model->cfg, &srv->recal);
+        if (st) {
+            fr_scheduler_destroy(&srv->sch);
+            free(srv->engine_open);
+            free(srv);
+            return st;
+        }
+        if (cfg->kl_sample_rate <= 0)
+            logf_(srv, "warning: recalibration watches the monitored KL, and kl_sample_rate is 0: only requests "
+                       "that ask for monitoring count");
+    }
     if (srv->multi && srv->rank != 0) {
         /* the socket, the clients and the metrics are rank 0's */
         srv->started_ms = now_ms();
@@ -1397,6 +1416,15 @@ static void publish_metrics(fr_bridge_server *srv)
     m.weight_sync_seconds = srv->last_sync_s;
     m.uptime_s = (now - srv->started_ms) * 1e-3;
     m.requests_total = (long long)srv->requests_accepted;
+    if (srv->recal) {
+        fr_recal_stats rs;
+        fr_recal_stats_get(srv->recal, &rs);
+        m.recalibrations = rs.recalibrations;
+        m.recalibration_failures = rs.failures;
+        m.last_recalibration_version = rs.last_version;
+        m.last_recalibration_seconds = rs.last_seconds;
+        m.last_recalibration_kl = rs.last_kl;
+    }
     snprintf(m.model, sizeof m.model, "%s", srv->cfg.model_name ? srv->cfg.model_name : "");
     snprintf(m.kv_dtype, sizeof m.kv_dtype, "%s", fr_kv_dtype_name(fr_kv_cache_config_of(srv->sess->kv)->dtype));
     if (srv->metrics) fr_metrics_http_publish(srv->metrics, &m);
@@ -1928,6 +1956,14 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
                 logf_(srv, "engine step failed (its samples end with reason error): %s", fr_last_error());
         }
         flush_all(srv);
+        /* not while weights are being staged or the trainer has paused the engine */
+        fr_status rst = FR_OK;
+        if (srv->recal && !srv->upd && srv->state == RUNNING &&
+            (rst = fr_recal_check(srv->recal, srv->sess, srv->sch, srv->weight_version, NULL))) {
+            failure = rst;
+            logf_(srv, "recalibration left the engine unusable: %s", fr_last_error());
+            break;
+        }
         if (srv->state == PAUSING && fr_scheduler_idle(srv->sch)) {
             srv->state = PAUSED;
             reply_waiters(srv);
@@ -1961,6 +1997,7 @@ void fr_bridge_server_destroy(fr_bridge_server **pp)
     fr_bridge_server *srv = *pp;
     fr_metrics_http_stop(&srv->metrics);   /* its thread reads only published snapshots */
     fr_metrics_pub_close(&srv->pub);
+    fr_recal_destroy(&srv->recal);
     if (srv->sch && srv->peers) abort_everything(srv);
     fr_scheduler_destroy(&srv->sch);   /* nothing open is left; any result would find no request */
     fr_bridge_update_free(&srv->upd);

@@ -24,6 +24,7 @@
 #include <stdio.h>
 
 #include "comm/mpi_world.h"
+#include "rollout/recalibrate.h"
 #include "rollout/serve_config.h"
 #include "rollout/session.h"
 
@@ -55,6 +56,9 @@ typedef struct {
     /* The same snapshots as msgpack on a ZeroMQ PUB socket bound to this
      * endpoint (trainer_bridge/metrics_pub.h); NULL or "": none. */
     const char *metrics_pub_endpoint;
+    /* Automatic recalibration of the key mean (rollout/recalibrate.h); NULL:
+     * off. One rank only (not with world of several ranks). */
+    const fr_recal_config *recal;
     /* Several ranks: the MPI world (NULL, or a world of one: one process)
      * and its ranks per engine. Every rank makes its server with the same
      * config and session options (its session on its engine group when tp

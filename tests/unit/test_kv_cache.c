@@ -985,6 +985,44 @@ static void test_config_is_copied(void **state)
     }
 }
 
+/* fr_kv_cache_set_key_mean: keys written after it are smoothed with the new
+ * mean (the page bytes are those of a cache made with it); a non-finite
+ * mean is refused and changes nothing. */
+static void test_set_key_mean(void **state)
+{
+    (void)state;
+    const int d = 64;
+    tcase tc, other;
+    tc_init(&tc, FR_KV_NVFP4, "full", d, 4, 2, 21);
+    tc_init(&other, FR_KV_NVFP4, "full", d, 4, 2, 77);   /* another mean, same scales */
+    other.cfg.key_mean = other.mean;
+    other.cfg.fp8_scales = other.fp8;
+    fr_kv_cache *c = tc_cache(&tc);
+    assert_int_equal(fr_kv_cache_set_key_mean(c, other.mean), FR_OK);
+    float bad[NL * NH * 64];
+    memcpy(bad, tc.mean, sizeof bad);
+    bad[5] = NAN;
+    assert_int_equal(fr_kv_cache_set_key_mean(c, bad), FR_EINVAL);
+    assert_non_null(strstr(fr_last_error(), "element 5 is not finite"));
+    const size_t sz = (size_t)NL * T * NH * d;
+    float *K = malloc(sizeof(float) * sz), *V = malloc(sizeof(float) * sz);
+    assert_true(K && V);
+    fr_test_rng g = {5};
+    fill_tokens(&g, K, NL * T * NH, d);
+    fill_tokens(&g, V, NL * T * NH, d);
+    int s;
+    assert_int_equal(fr_kv_seq_new(c, &s), FR_OK);
+    append_range(&other, c, s, K, V, T, 0, T);
+    check_page_bytes(&other, c, s, 0, K, V, T);
+    assert_memory_equal(fr_kv_cache_config_of(c)->key_mean, other.mean, sizeof(float) * (size_t)(NL * NH * d));
+    assert_int_equal(fr_kv_cache_set_key_mean(c, NULL), FR_OK);   /* NULL: zeros */
+    for (int i = 0; i < NL * NH * d; i++) assert_true(fr_kv_cache_config_of(c)->key_mean[i] == 0.0f);
+    assert_int_equal(fr_kv_cache_set_key_mean(NULL, other.mean), FR_EINVAL);
+    fr_kv_cache_destroy(&c);
+    free(K);
+    free(V);
+}
+
 /* ---- 6. against the reference preparation ---- */
 
 /* Runs fr_ref_prepare_kv for (l, h) on tokens [0, n): keys kin/vin [n][d]
@@ -1200,6 +1238,7 @@ int main(void)
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_new_rejects),
         cmocka_unit_test(test_config_is_copied),
+        cmocka_unit_test(test_set_key_mean),
         cmocka_unit_test(test_matches_reference_exact_inputs),
         cmocka_unit_test(test_matches_reference_bf16_inputs),
         cmocka_unit_test(test_matches_reference_on_store_form),

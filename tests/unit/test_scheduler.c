@@ -135,6 +135,59 @@ static void test_preemption_recompute_exact(void **state)
     for (int i = 0; i < NR; i++) free(q[i].prompt);
 }
 
+/* fr_scheduler_recompute_all in the middle of a run (what a recalibration
+ * of the key mean does): every running sample and prefill is preempted, the
+ * cache is emptied, and the run then ends with the tokens of an
+ * uninterrupted run. */
+static void test_recompute_all(void **state)
+{
+    (void)state;
+    enum { NR = 8 };
+    test_req q[NR];
+    make_requests(q, NR);
+    static fr_sample_result got[MAXR][MAXN], ref[MAXR][MAXN];
+    memset(got, 0, sizeof got);
+    memset(ref, 0, sizeof ref);
+    int total = 0;
+    for (int i = 0; i < NR; i++) total += q[i].n;
+    for (int pass = 0; pass < 2; pass++) {
+        fr_session s;
+        open_session(&s, FR_KV_F32, 64, 16, 64);
+        fr_scheduler *sch = new_sched(&s, 64);
+        for (int i = 0; i < NR; i++) assert_int_equal(fr_scheduler_submit(sch, &q[i].spec), FR_OK);
+        if (pass == 1) {
+            for (int k = 0; k < 12; k++) assert_int_equal(fr_scheduler_step(sch), FR_OK);
+            fr_scheduler_stats st;
+            fr_scheduler_stats_get(sch, &st);
+            assert_true(st.running > 0);
+            int n = -1;
+            assert_int_equal(fr_scheduler_recompute_all(sch, &n), FR_OK);
+            assert_int_equal(n, st.running + st.prefilling);
+            fr_scheduler_stats_get(sch, &st);
+            assert_int_equal(st.running + st.prefilling, 0);
+            assert_int_equal(st.kv_blocks_used, 0);
+            assert_int_equal(fr_scheduler_recompute_all(sch, &n), FR_OK);   /* nothing left to preempt */
+            assert_int_equal(n, 0);
+        }
+        assert_int_equal(fr_scheduler_run(sch), FR_OK);
+        assert_int_equal(collect(sch, pass ? got : ref), total);
+        fr_scheduler_destroy(&sch);
+        fr_session_close(&s);
+    }
+    int preempted = 0;
+    for (int i = 0; i < NR; i++)
+        for (int k = 0; k < q[i].n; k++) {
+            fr_sample_result *a = &got[i][k], *b = &ref[i][k];
+            assert_int_equal(a->n_tokens, b->n_tokens);
+            assert_memory_equal(a->tokens, b->tokens, sizeof(int) * (size_t)a->n_tokens);
+            preempted += a->preemptions > 0;
+            fr_sample_result_free(a);
+            fr_sample_result_free(b);
+        }
+    assert_true(preempted > 0);
+    for (int i = 0; i < NR; i++) free(q[i].prompt);
+}
+
 /* n = 4 samples of a 300-token prompt: 2 full pages shared, so after the
  * prefill the cache holds its 3 blocks, and after the first decode only one
  * partial page more per fork (6, not 12). */
@@ -328,6 +381,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preemption_recompute_exact),
+        cmocka_unit_test(test_recompute_all),
         cmocka_unit_test(test_samples_share_pages),
         cmocka_unit_test(test_abort),
         cmocka_unit_test(test_stop_and_length),

@@ -186,6 +186,12 @@ static void test_bad_values(void **state)
         {"{\"metrics_port\": -1}", {"metrics_port: must be in [0, 65535]", NULL}},
         {"{\"metrics_pub_port\": 70000}", {"metrics_pub_port: must be in [0, 65535]", NULL}},
         {"{\"kl_sample_rate\": 1.5}", {"kl_sample_rate: must be in [0, 1], got 1.5", NULL}},
+        {"{\"recalibration\": {\"texts\": [\"a\"]}}", {"recalibration: kl_threshold is required", NULL}},
+        {"{\"recalibration\": {\"kl_threshold\": 0.01}}", {"recalibration: a kl_threshold needs texts", NULL}},
+        {"{\"recalibration\": {\"kl_threshold\": 0, \"texts\": [\"a\"]}}", {"recalibration.kl_threshold: must be in (0,", NULL}},
+        {"{\"recalibration\": {\"kl_threshold\": 0.01, \"texts\": []}}", {"recalibration.texts: has 0 files; give 1 to 8", NULL}},
+        {"{\"recalibration\": {\"kl_treshold\": 0.01}}", {"unknown key \"recalibration.kl_treshold\" (did you mean \"recalibration.kl_threshold\"?)", NULL}},
+        {"{\"tp\": 2, \"recalibration\": {\"kl_threshold\": 0.01, \"texts\": [\"a\"]}}", {"recalibration needs tp 1", NULL}},
         {"{\"sampling\": []}", {"sampling: expected an object, got an array", NULL}},
         {"{\"sampling\": {\"temperature\": -1}}", {"sampling.temperature: must be in [0,", NULL}},
         {"{\"sampling\": {\"top_p\": 0}}", {"sampling.top_p: must be in (0, 1], got 0", NULL}},
@@ -227,6 +233,15 @@ static void test_contradictions(void **state)
     assert_msg_has("metrics_port and metrics_pub_port are both 7000");
     assert_int_equal(parse("{\"metrics_pub_port\": 7001}", &c), FR_OK);
     assert_int_equal(c.metrics_pub_port, 7001);
+    assert_int_equal(parse("{\"recalibration\": {\"kl_threshold\": 0.02, \"texts\": [\"a.txt\", \"b.txt\"], "
+                           "\"min_positions\": 100, \"continue\": 0, \"out_dir\": \"recal\"}}", &c), FR_OK);
+    assert_true(c.recalibration.kl_threshold == 0.02);
+    assert_int_equal(c.recalibration.n_texts, 2);
+    assert_string_equal(c.recalibration.texts[1], "b.txt");
+    assert_int_equal(c.recalibration.min_positions, 100);
+    assert_int_equal(c.recalibration.continue_tokens, 0);
+    assert_int_equal(c.recalibration.context, -1);
+    assert_string_equal(c.recalibration.out_dir, "recal");
     assert_int_equal(parse("{\"coordinator\": {\"engine_port\": 5556}}", &c), FR_EINVAL);
     assert_msg_has("coordinator.weight_port and coordinator.engine_port are both 5556");
     /* kv_blocks 0 means automatic: it goes with kv_memory_fraction. */
@@ -271,8 +286,10 @@ static void test_failure_keeps_config(void **state)
 static void test_json_round_trip(void **state)
 {
     (void)state;
-    const char *inputs[] = {"{}", ALL_KEYS, "{\"backend\": \"cpu\", \"kv_blocks\": 40, \"calib\": \"c.st\"}"};
-    for (int i = 0; i < 3; i++) {
+    const char *inputs[] = {"{}", ALL_KEYS, "{\"backend\": \"cpu\", \"kv_blocks\": 40, \"calib\": \"c.st\"}",
+                            "{\"recalibration\": {\"kl_threshold\": 0.5, \"texts\": [\"a\", \"b\"], \"context\": 1024}}",
+                            "{\"recalibration\": {\"kl_threshold\": 0.5, \"texts\": [\"a\"], \"out_dir\": \"o\"}}"};
+    for (int i = 0; i < 5; i++) {
         fr_serve_config a, b;
         assert_int_equal(parse(inputs[i], &a), FR_OK);
         char *j1 = NULL, *j2 = NULL;
@@ -287,6 +304,7 @@ static void test_json_round_trip(void **state)
         assert_true(a.sampling.params.seed == b.sampling.params.seed);
         assert_int_equal(a.sampling.n_stop, b.sampling.n_stop);
         assert_true(a.kl_sample_rate == b.kl_sample_rate);
+        assert_memory_equal(&a.recalibration, &b.recalibration, sizeof a.recalibration);
         free(j1);
         free(j2);
     }
@@ -300,6 +318,23 @@ static void test_load_paths(void **state)
     char path[256];
     snprintf(path, sizeof path, "%s/serve.json", dir);
     FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"model\": \"models/tq6\", \"calib\": \"calib.safetensors\", \"tp\": 2}\n", f);
+    fclose(f);
+    fr_serve_config r;
+    fr_serve_config_default(&r);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"recalibration\": {\"kl_threshold\": 1, \"texts\": [\"t/a.txt\", \"/abs/b.txt\"], \"out_dir\": \"o\"}}", f);
+    fclose(f);
+    assert_int_equal(fr_serve_config_load(path, &r), FR_OK);
+    char rel[300];
+    snprintf(rel, sizeof rel, "%s/t/a.txt", dir);
+    assert_string_equal(r.recalibration.texts[0], rel);
+    assert_string_equal(r.recalibration.texts[1], "/abs/b.txt");
+    snprintf(rel, sizeof rel, "%s/o", dir);
+    assert_string_equal(r.recalibration.out_dir, rel);
+    f = fopen(path, "w");
     assert_non_null(f);
     fputs("{\"model\": \"models/tq6\", \"calib\": \"calib.safetensors\", \"tp\": 2}\n", f);
     fclose(f);
