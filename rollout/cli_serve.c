@@ -1,6 +1,7 @@
 /* fp4rollout serve: the trainer-facing service (docs/protocol.md) on one
  * engine, or under mpirun on the world's engines of tp ranks each,
  * configured by a JSON file (configs/README.md). */
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +76,17 @@ int fr_cli_serve(int argc, char **argv)
         else return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", argv[i]);
     }
     if (!path) return fr_cli_usage_error(cmd, "--config is required");
+    /* Weight updates allocate and free buffers of hundreds of MiB (ZeroMQ's
+     * message per bucket on its I/O thread, the staging copy). glibc maps
+     * each such block afresh and the kernel zeroes every page again on
+     * first touch: that was about half the server's time of an update. A
+     * serving process keeps its memory instead, so the next update reuses
+     * warm pages (bench/RESULTS.md, weight sync): no mmap for large blocks,
+     * no trimming, and one arena, because a thread's own arena maps a large
+     * block whatever M_MMAP_MAX says. Its few threads rarely allocate. */
+    mallopt(M_ARENA_MAX, 1);
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TRIM_THRESHOLD, -1);   /* never give the heap back */
     fr_serve_config c;
     fr_serve_config_default(&c);
     if (fr_serve_config_load(path, &c)) {

@@ -45,8 +45,10 @@ uint64_t fr_weight_update_version(const fr_weight_update *u);
  * bytes starting at byte `offset` of the tensor's row-major data (offset and
  * n_bytes multiples of the element size). Fails with a message naming the
  * tensor on an unknown name, a shape other than the model's, a range past
- * the tensor's end, a range that overlaps bytes already received, or a value
- * that is not finite; on failure the staged tensor is as before the call. */
+ * the tensor's end or a range that overlaps bytes already received
+ * (FR_EINVAL), or a value that is NaN or infinite (FR_EFORMAT, naming the
+ * element); on failure the staged tensor is as before the call. Values are
+ * converted and checked in one pass straight into the staging copy. */
 fr_status fr_weight_update_put(fr_weight_update *u, const char *name, fr_weight_dtype dtype, const int64_t *shape,
                                int ndim, uint64_t offset, const void *bytes, size_t n_bytes);
 

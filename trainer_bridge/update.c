@@ -119,27 +119,6 @@ uint64_t fr_bridge_payload_xxh64(const fr_wire_msg *w)
     return h;
 }
 
-/* The index of the first NaN or infinity among n elements of dtype t
- * (little-endian bytes), or -1: an all-ones exponent field. */
-static long long first_non_finite(const unsigned char *p, size_t n, fr_wire_dtype t)
-{
-    if (t == FR_DT_F32) {
-        for (size_t i = 0; i < n; i++) {
-            uint32_t v;
-            memcpy(&v, p + 4 * i, 4);
-            if ((v & 0x7f800000u) == 0x7f800000u) return (long long)i;
-        }
-        return -1;
-    }
-    const uint16_t mask = t == FR_DT_BF16 ? 0x7f80u : 0x7c00u;
-    for (size_t i = 0; i < n; i++) {
-        uint16_t v;
-        memcpy(&v, p + 2 * i, 2);
-        if ((v & mask) == mask) return (long long)i;
-    }
-    return -1;
-}
-
 fr_status fr_bridge_update_bucket(fr_bridge_update *u, const fr_msg_update_bucket *b, const fr_wire_msg *w,
                                   const char **code)
 {
@@ -173,7 +152,7 @@ fr_status fr_bridge_update_bucket(fr_bridge_update *u, const fr_msg_update_bucke
     if (h != b->xxh64)
         return FAIL("bad_checksum", FR_EINVAL, "update to version %llu: bucket %d: the payload's xxh64 is %016llx, the "
                     "message says %016llx", ver, b->bucket, (unsigned long long)h, (unsigned long long)b->xxh64);
-    /* every piece checked before any is staged */
+    /* every piece's name, dtype and shape checked before any is staged */
     for (int i = 0; i < b->n_pieces; i++) {
         const fr_msg_piece *p = &b->pieces[i];
         const declared *d = find_declared(u, p->t.name);
@@ -193,13 +172,6 @@ fr_status fr_bridge_update_bucket(fr_bridge_update *u, const fr_msg_update_bucke
             return FAIL("bad_shape", FR_EINVAL, "update to version %llu: bucket %d: \"%s\" has shape %s, the begin "
                         "declared %s", ver, b->bucket, p->t.name, got, want);
         }
-        const unsigned char *bytes = fr_wire_payload(w, i, NULL);
-        const size_t es = fr_wire_dtype_size(p->t.dtype);
-        long long bad = first_non_finite(bytes, (size_t)(p->nbytes / es), p->t.dtype);
-        if (bad >= 0)
-            return FAIL("non_finite", FR_EINVAL, "update to version %llu: bucket %d: \"%s\" element %llu is NaN or "
-                        "infinite", ver, b->bucket, p->t.name,
-                        (unsigned long long)(p->offset / es + (unsigned long long)bad));
     }
     for (int i = 0; i < b->n_pieces; i++) {
         const fr_msg_piece *p = &b->pieces[i];
@@ -207,11 +179,11 @@ fr_status fr_bridge_update_bucket(fr_bridge_update *u, const fr_msg_update_bucke
         for (int k = 0; k < p->t.ndim; k++) shape[k] = p->t.shape[k];
         fr_status st = fr_weight_update_put(u->w, p->t.name, engine_dtype(p->t.dtype), shape, p->t.ndim, p->offset,
                                             fr_wire_payload(w, i, NULL), (size_t)p->nbytes);
-        if (st) {
+        if (st) {   /* values are checked as they are staged, in the same pass (weight_update.h) */
             char msg[FR_PROTO_TEXT_MAX - 128];
             snprintf(msg, sizeof msg, "%s", fr_last_error());
-            return FAIL(st == FR_ENOMEM ? "out_of_memory" : "bad_piece", st,
-                        "update to version %llu: bucket %d: %s", ver, b->bucket, msg);
+            return FAIL(st == FR_ENOMEM ? "out_of_memory" : st == FR_EFORMAT ? "non_finite" : "bad_piece",
+                        st == FR_EFORMAT ? FR_EINVAL : st, "update to version %llu: bucket %d: %s", ver, b->bucket, msg);
         }
         declared *d = (declared *)find_declared(u, p->t.name);
         d->received += p->nbytes;

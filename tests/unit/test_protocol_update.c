@@ -392,7 +392,7 @@ static void test_staging_failures(void **state)
     XXH64_hash_t h = XXH64(zmq_msg_data((zmq_msg_t *)w.payload), (size_t)bk.pieces[0].nbytes, 0);
     bk.xxh64 = h;
     expect_code(fr_bridge_update_bucket(u, &bk, &w, &code), &code, "non_finite",
-                "\"model.embed_tokens.weight\" element 10 is NaN or infinite");
+                "model.embed_tokens.weight: element 10 is NaN");
     fr_wire_msg_free(&w);
     fr_bridge_update_free(&u);
 

@@ -115,6 +115,12 @@ static void expect_fail(fr_status st, const char *needle)
     if (!strstr(fr_last_error(), needle)) fail_msg("message '%s' lacks '%s'", fr_last_error(), needle);
 }
 
+static void expect_fail_status(fr_status st, fr_status want, const char *needle)
+{
+    assert_int_equal(st, want);
+    if (!strstr(fr_last_error(), needle)) fail_msg("message '%s' lacks '%s'", fr_last_error(), needle);
+}
+
 static void test_refusals_change_nothing(void **state)
 {
     (void)state;
@@ -133,9 +139,25 @@ static void test_refusals_change_nothing(void **state)
     expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 2, vals, 32), "multiples");
     expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, (uint64_t)256 * 128 * 4 - 16, vals, 32), "past");
     vals[5] = NAN;
-    expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 0, vals, 32), "element 5 is NaN");
+    expect_fail_status(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 0, vals, 32), FR_EFORMAT, "element 5 is NaN");
     vals[5] = INFINITY;
-    expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 0, vals, 32), "infinite");
+    expect_fail_status(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 0, vals, 32), FR_EFORMAT, "infinite");
+    /* bf16 and a NaN in a later block of 4096 elements, named with its index in the tensor */
+    {
+        static uint16_t big[5000];
+        for (int i = 0; i < 5000; i++) big[i] = 0x3f80;   /* 1.0 */
+        big[4500] = 0x7fc0;
+        const char *e = "lm_head.weight";
+        const int64_t es[2] = {a.model->cfg.vocab_size, a.model->cfg.hidden_size};
+        expect_fail_status(fr_weight_update_put(u, e, FR_WDT_BF16, es, 2, 200, big, sizeof big), FR_EFORMAT,
+                           "element 4600 is NaN");
+        big[4500] = 0x3f80;
+        assert_int_equal(fr_weight_update_put(u, e, FR_WDT_BF16, es, 2, 200, big, sizeof big), FR_OK);
+        const float *lm = fr_weight_update_model(u)->w.lm_head;
+        assert_true(lm[100] == 1.0f && lm[100 + 4500] == 1.0f && lm[100 + 4999] == 1.0f);
+        big[4500] = 0x7f80;   /* +inf, and the range is taken now: the overlap is reported first */
+        expect_fail(fr_weight_update_put(u, e, FR_WDT_BF16, es, 2, 200, big, sizeof big), "overlap");
+    }
     vals[5] = 6;
     assert_int_equal(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 0, vals, 32), FR_OK);
     expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 16, vals, 32), "overlap");

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Weight sync over ZeroMQ on loopback: `fp4rollout-client push-weights` into
+a running `fp4rollout serve` (CPU backend), timed from the first begin message
+to the commit reply, for a random Qwen3-shaped checkpoint written here.
+
+    python3 bench/weight_sync.py [--hidden 1024 --layers 20 --intermediate 3072
+                                  --vocab 32000] [--dtypes f32,bf16] [--runs 3]
+                                  [--bucket-mib 512] [--dir DIR] [--build build]
+
+Prints one markdown row per push (bytes, seconds, MiB/s, and the server's own
+time to switch the staged weights in) and a summary per dtype. Needs numpy
+for writing the checkpoint (once: an existing DIR/model.safetensors is kept).
+"""
+import argparse
+import json
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def write_checkpoint(d, hidden, layers, inter, vocab, heads, kv_heads, head_dim):
+    import numpy as np
+    os.makedirs(d, exist_ok=True)
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": hidden,
+           "num_hidden_layers": layers, "intermediate_size": inter, "vocab_size": vocab,
+           "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+           "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+           "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"), indent=1)
+    shapes = [("model.embed_tokens.weight", (vocab, hidden))]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes += [(p + "input_layernorm.weight", (hidden,)), (p + "post_attention_layernorm.weight", (hidden,)),
+                   (p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
+                   (p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
+                   (p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
+                   (p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
+                   (p + "self_attn.q_norm.weight", (head_dim,)), (p + "self_attn.k_norm.weight", (head_dim,)),
+                   (p + "mlp.gate_proj.weight", (inter, hidden)), (p + "mlp.up_proj.weight", (inter, hidden)),
+                   (p + "mlp.down_proj.weight", (hidden, inter))]
+    shapes += [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
+    header, off = {}, 0
+    for name, shape in shapes:
+        n = 4 * int(np.prod(shape))
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    rng = np.random.default_rng(0)
+    with open(os.path.join(d, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for name, shape in shapes:
+            if len(shape) == 1:
+                a = np.ones(shape, np.float32)
+            else:
+                a = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
+            f.write(a.tobytes())
+    return off
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=20)
+    ap.add_argument("--intermediate", type=int, default=3072)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--dtypes", default="f32,bf16")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--bucket-mib", type=int, default=512)
+    ap.add_argument("--dir", help="checkpoint folder (written when it has no model.safetensors)")
+    ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
+    a = ap.parse_args()
+    d = a.dir or os.path.join(tempfile.gettempdir(), "fp4rollout_weight_sync_ckpt")
+    if not os.path.exists(os.path.join(d, "model.safetensors")):
+        print(f"writing the checkpoint to {d} ...", file=sys.stderr)
+        write_checkpoint(d, a.hidden, a.layers, a.intermediate, a.vocab, a.heads, a.kv_heads, a.head_dim)
+    port = free_port()
+    cfg = os.path.join(d, "serve.json")
+    json.dump({"model": d, "backend": "cpu", "kv_dtype": "bf16", "max_seqs": 1, "kv_blocks": 4,
+               "coordinator": {"bind": "127.0.0.1", "port": port}}, open(cfg, "w"))
+    log_path = os.path.join(d, "serve.log")
+    log = open(log_path, "w")
+    srv = subprocess.Popen([os.path.join(a.build, "fp4rollout"), "serve", "--config", cfg], stderr=log)
+    try:
+        for _ in range(600):
+            if "listening on" in open(log_path).read():
+                break
+            if srv.poll() is not None:
+                sys.exit("the server exited at start:\n" + open(log_path).read())
+            time.sleep(0.1)
+        rows, version = [], 0
+        print("| sent as | bytes | bucket MiB | seconds | MiB/s | switch into the serving weights (ms) |")
+        print("|---|---|---|---|---|---|")
+        for dt in a.dtypes.split(","):
+            for _ in range(a.runs):
+                version += 1
+                out = subprocess.run([os.path.join(a.build, "fp4rollout-client"), "--endpoint",
+                                      f"tcp://127.0.0.1:{port}", "--timeout-ms", "600000", "push-weights",
+                                      "--model", d, "--version", str(version), "--dtype", dt,
+                                      "--bucket-mib", str(a.bucket_mib)], capture_output=True, text=True)
+                if out.returncode:
+                    sys.exit(f"push-weights failed: {out.stderr}")
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                time.sleep(0.2)
+                m = re.findall(rf"now version {version} .*switched in ([0-9.]+) ms", open(log_path).read())
+                sw = float(m[-1]) if m else float("nan")
+                rows.append((dt, r["bytes"], r["seconds"]))
+                print(f"| {dt} | {r['bytes']:,} | {a.bucket_mib} | {r['seconds']:.2f} | {r['mib_per_s']:.0f} | {sw:.0f} |",
+                      flush=True)
+        for dt in a.dtypes.split(","):
+            s = [x for x in rows if x[0] == dt]
+            best = min(x[2] for x in s)
+            print(f"{dt}: best {s[0][1] / best / 2**20:.0f} MiB/s ({s[0][1] / best / 1e9:.2f} GB/s) over {len(s)} runs",
+                  file=sys.stderr)
+    finally:
+        srv.terminate()
+        srv.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()
