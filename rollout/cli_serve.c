@@ -163,12 +163,13 @@ int fr_cli_serve(int argc, char **argv)
     const char *recal_texts[FR_SERVE_MAX_RECAL_TEXTS];
     for (int i = 0; i < c.recalibration.n_texts; i++) recal_texts[i] = c.recalibration.texts[i];
     const fr_recal_config rc = {.kl_threshold = c.recalibration.kl_threshold,
+                                .after_commit = c.recalibration.after_commit,
                                 .min_positions = c.recalibration.min_positions,
                                 .n_texts = c.recalibration.n_texts, .texts = recal_texts,
                                 .context = c.recalibration.context, .seed_tokens = c.recalibration.seed_tokens,
                                 .continue_tokens = c.recalibration.continue_tokens,
                                 .out_dir = c.recalibration.out_dir};
-    if (c.recalibration.kl_threshold > 0) bc.recal = &rc;
+    if (c.recalibration.kl_threshold > 0 || c.recalibration.after_commit) bc.recal = &rc;
     fr_bridge_server *srv = NULL;
     int made = fr_bridge_server_new(&s, &bc, &srv) == FR_OK;
     if (!made) fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());

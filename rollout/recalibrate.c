@@ -15,6 +15,8 @@ struct fr_recal {
     char *out_dir;
     int n_texts;
     int **texts, *lens;
+    int started;                  /* the first check has run ... */
+    uint64_t start_version;       /* ... and seen this version (after_commit leaves it alone) */
     int judged;                   /* a version was judged (recalibrated or failed) ... */
     uint64_t judged_version;      /* ... this one */
     fr_recal_stats st;
@@ -44,8 +46,9 @@ fr_status fr_recal_new(const fr_recal_config *cfg, const fr_model_config *mc, fr
     if (!out) return fr_fail(FR_EINVAL, "recalibration: out is NULL");
     *out = NULL;
     if (!cfg || !mc) return fr_fail(FR_EINVAL, "recalibration: no config");
-    if (!(cfg->kl_threshold > 0) || cfg->min_positions < 1 || cfg->n_texts < 1 || !cfg->texts)
-        return fr_fail(FR_EINVAL, "recalibration: needs kl_threshold > 0, min_positions >= 1 and texts");
+    if (!(cfg->kl_threshold >= 0) || (cfg->kl_threshold == 0 && !cfg->after_commit) || cfg->min_positions < 1 ||
+        cfg->n_texts < 1 || !cfg->texts)
+        return fr_fail(FR_EINVAL, "recalibration: needs kl_threshold > 0 or after_commit, min_positions >= 1 and texts");
     fr_recal *r = calloc(1, sizeof *r);
     if (!r) return fr_fail(FR_ENOMEM, "recalibration: out of memory");
     r->cfg = *cfg;
@@ -91,17 +94,25 @@ fr_status fr_recal_check(fr_recal *r, fr_session *s, fr_scheduler *sch, uint64_t
 {
     if (did) *did = 0;
     if (!r || !s || !sch) return fr_fail(FR_EINVAL, "fr_recal_check: NULL argument");
+    if (!r->started) {
+        r->started = 1;
+        r->start_version = version;
+    }
     if (r->judged && r->judged_version == version) return FR_OK;
     const fr_div_version *v = fr_div_aggregates_find(fr_scheduler_divergence(sch), version);
-    if (!v || v->all.n < r->cfg.min_positions) return FR_OK;
-    const double kl = fr_div_summary_mean(&v->all);
-    if (!(kl > r->cfg.kl_threshold)) return FR_OK;
+    const double kl = v ? fr_div_summary_mean(&v->all) : NAN;
+    const int by_kl = r->cfg.kl_threshold > 0 && v && v->all.n >= r->cfg.min_positions && kl > r->cfg.kl_threshold;
+    const int by_commit = r->cfg.after_commit && version != r->start_version;
+    if (!by_kl && !by_commit) return FR_OK;
     r->judged = 1;
     r->judged_version = version;
     FILE *log = r->cfg.log ? r->cfg.log : stderr;
-    fprintf(log, "serve: weight version %llu: mean KL %.4g nats over %ld monitored positions is above %.4g: "
-                 "recalibrating the key mean\n",
-            (unsigned long long)version, kl, v->all.n, r->cfg.kl_threshold);
+    if (by_kl)
+        fprintf(log, "serve: weight version %llu: mean KL %.4g nats over %ld monitored positions is above %.4g: "
+                     "recalibrating the key mean\n",
+                (unsigned long long)version, kl, v->all.n, r->cfg.kl_threshold);
+    else
+        fprintf(log, "serve: weight version %llu committed: recalibrating the key mean\n", (unsigned long long)version);
     fflush(log);
     const double t0 = now_s();
     fr_calib_opts o;

@@ -6,6 +6,9 @@
  * sequence's keys must all subtract the same mean) and serves on with the
  * new mean; each new calibration can be recorded as a file --calib reads.
  *
+ * With after_commit, every weight version committed after the start is
+ * recalibrated at once, before its KL is known.
+ *
  * At most once per weight version: the version's KL figures keep counting
  * the positions served before the change, so they are not judged again.
  * Serving pauses for the calibration (one prefill of `context` tokens plus
@@ -24,7 +27,8 @@ extern "C" {
 #endif
 
 typedef struct {
-    double kl_threshold;          /* nats, > 0: mean KL of the serving version that triggers it */
+    double kl_threshold;          /* nats: mean KL of the serving version that triggers it; 0: none */
+    int after_commit;             /* 1: also recalibrate once for every version committed after the start */
     int min_positions;            /* monitored positions of the version before it is judged */
     int n_texts;
     const char *const *texts;     /* seed text files (raw bytes, as fp4rollout calibrate --texts) */

@@ -15,8 +15,8 @@ static const char *const top_keys[] = {
     "model",     "backend",            "tp",    "kv_dtype",    "fp4_compute",  "recipe",         "calib",   "max_seqs",
     "kv_blocks", "kv_memory_fraction", "chunk", "coordinator", "metrics_port", "metrics_pub_port", "kl_sample_rate", "sampling",
     "weight_update_idle_s", "curve", "recalibration"};
-static const char *const recal_keys[] = {"kl_threshold", "min_positions", "texts", "context", "seed_tokens",
-                                         "continue", "out_dir"};
+static const char *const recal_keys[] = {"kl_threshold", "after_commit", "min_positions", "texts", "context",
+                                         "seed_tokens", "continue", "out_dir"};
 static const char *const curve_keys[] = {"server_secret_key", "client_public_keys"};
 static const char *const coordinator_keys[] = {"bind", "port", "weight_port", "engine_port"};
 static const char *const sampling_keys[] = {"temperature", "top_k", "top_p", "max_tokens", "stop_token_ids", "seed"};
@@ -374,7 +374,10 @@ static fr_status parse_recalibration(const char *label, const cJSON *obj, fr_ser
         join_path(path, sizeof path, "recalibration", it->string);
         const char *k = it->string;
         if (strcmp(k, "kl_threshold") == 0) st = get_num(label, it, path, 0.0, 1e6, 1, &r->kl_threshold);
-        else if (strcmp(k, "min_positions") == 0) st = get_int(label, it, path, 1, 1 << 30, &r->min_positions);
+        else if (strcmp(k, "after_commit") == 0) {
+            if (!cJSON_IsBool(it)) st = bad(label, path, "expected true or false, got %s", type_name(it));
+            else r->after_commit = cJSON_IsTrue(it);
+        } else if (strcmp(k, "min_positions") == 0) st = get_int(label, it, path, 1, 1 << 30, &r->min_positions);
         else if (strcmp(k, "context") == 0) st = get_int(label, it, path, 0, 1 << 24, &r->context);
         else if (strcmp(k, "seed_tokens") == 0) st = get_int(label, it, path, 1, 1 << 20, &r->seed_tokens);
         else if (strcmp(k, "continue") == 0) st = get_int(label, it, path, 0, 1 << 20, &r->continue_tokens);
@@ -398,11 +401,12 @@ static fr_status parse_recalibration(const char *label, const cJSON *obj, fr_ser
             }
         }
     }
-    if (!st && r->kl_threshold > 0 && r->n_texts == 0)
-        st = bad(label, "recalibration", "a kl_threshold needs texts (the seed texts calibration runs on)");
-    if (!st && r->kl_threshold == 0 && obj->child)
-        st = bad(label, "recalibration", "kl_threshold is required (the mean KL in nats above which the key mean "
-                                         "is recalibrated)");
+    const int on = r->kl_threshold > 0 || r->after_commit;
+    if (!st && on && r->n_texts == 0)
+        st = bad(label, "recalibration", "needs texts (the seed texts calibration runs on)");
+    if (!st && !on && obj->child)
+        st = bad(label, "recalibration", "give kl_threshold (the mean KL in nats above which the key mean is "
+                                         "recalibrated), after_commit true, or both");
     return st;
 }
 
@@ -456,7 +460,7 @@ static fr_status check_across(const char *label, const fr_serve_config *c, const
                        "%s: kv_memory_fraction sizes the KV cache in GPU memory; with backend \"cpu\" "
                        "give kv_blocks instead",
                        label);
-    if (c->recalibration.kl_threshold > 0 && c->tp > 1)
+    if ((c->recalibration.kl_threshold > 0 || c->recalibration.after_commit) && c->tp > 1)
         return fr_fail(FR_EINVAL, "%s: recalibration needs tp 1 (each engine one rank); tp is %d", label, c->tp);
     const struct { const char *name; int port; } ports[] = {
         {"coordinator.port", c->coordinator.port},
@@ -633,10 +637,12 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
         cJSON_Delete(keys);
         cJSON_Delete(cv);
     }
-    if (ok && c->recalibration.kl_threshold > 0) {
+    if (ok && (c->recalibration.kl_threshold > 0 || c->recalibration.after_commit)) {
         const fr_serve_recal *r = &c->recalibration;
         cJSON *rc = cJSON_CreateObject(), *texts = cJSON_CreateArray();
-        ok = rc && texts && cJSON_AddNumberToObject(rc, "kl_threshold", r->kl_threshold) &&
+        ok = rc && texts && (r->kl_threshold > 0 ? cJSON_AddNumberToObject(rc, "kl_threshold", r->kl_threshold) != NULL
+                                                 : 1) &&
+             cJSON_AddBoolToObject(rc, "after_commit", r->after_commit) &&
              cJSON_AddNumberToObject(rc, "min_positions", r->min_positions);
         for (int i = 0; ok && i < r->n_texts; i++) {
             cJSON *t = cJSON_CreateString(r->texts[i]);

@@ -44,7 +44,8 @@ typedef struct {
 
 /* Automatic recalibration of the key mean (docs/metrics.md). */
 typedef struct {
-    double kl_threshold;                   /* nats; 0: off */
+    double kl_threshold;                   /* nats; 0: not by KL */
+    int after_commit;                      /* 1: after every committed update too */
     int min_positions;                     /* monitored positions of a version before it is judged */
     int n_texts;
     char texts[FR_SERVE_MAX_RECAL_TEXTS][FR_SERVE_PATH_MAX];   /* seed texts (calibrate --texts) */

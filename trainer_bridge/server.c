@@ -1327,7 +1327,7 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
             free(srv);
             return st;
         }
-        if (cfg->kl_sample_rate <= 0)
+        if (cfg->kl_sample_rate <= 0 && cfg->recal->kl_threshold > 0)
             logf_(srv, "warning: recalibration watches the monitored KL, and kl_sample_rate is 0: only requests "
                        "that ask for monitoring count");
     }

@@ -8,7 +8,9 @@
 # after the switch equal (tokens and log-probs) those of a server started
 # with the recorded file, and differ in log-probs from a server without it.
 # After a weight update to synthetic:tiny:7 (version 1) it recalibrates
-# again, once, and that mean equals calibrate on synthetic:tiny:7.
+# again, once, and that mean equals calibrate on synthetic:tiny:7. A server
+# with after_commit and no threshold leaves its starting version alone and
+# recalibrates right after an update commits, to the same mean.
 set -euo pipefail
 name=serve_recalibrate
 source "$(dirname "$0")/serve_setup.bash"
@@ -125,4 +127,18 @@ assert j["last_recalibration_version"] == 1 and j["last_recalibration_seconds"] 
 print("serve_recalibrate: metrics: 2 recalibrations, the last for version 1 in %.3f s (KL %.3g nats)" %
       (j["last_recalibration_seconds"], j["last_recalibration_kl_nats"]))
 PY
+# after_commit: no KL needed, the commit itself triggers it
+mkdir -p "$dir/out_commit"
+start commit "{\"model\": \"synthetic:tiny\", $base, \"recalibration\": {\"after_commit\": true,
+  \"texts\": [\"t1.txt\", \"t2.txt\"], \"context\": 512, \"seed_tokens\": 64, \"continue\": 8, \"out_dir\": \"out_commit\"}}"
+commit_ep=$ep
+gen "$commit_ep" "$dir/c0.jsonl" --max-tokens 20 --temperature 0
+grep -q "recalibrat" "$dir/commit.log" && fail "after_commit recalibrated the starting version"
+timeout 60 "$cli" --endpoint "$commit_ep" --timeout-ms 20000 push-weights --model synthetic:tiny:7 --version 1 \
+  > "$dir/push_c.json" || fail "push-weights failed"
+for _ in $(seq 100); do grep -q "recalibrated the key mean for weight version 1" "$dir/commit.log" && break; sleep 0.05; done
+grep -q "weight version 1 committed: recalibrating" "$dir/commit.log" || fail "no recalibration after the commit"
+for _ in $(seq 100); do [ -f "$dir/out_commit/calib-v1.safetensors" ] && break; sleep 0.05; done
+same_mean "$dir/out_commit/calib-v1.safetensors" "$dir/ref1.safetensors" ||
+  fail "the key mean recalibrated after the commit differs from calibrate on synthetic:tiny:7"
 echo "serve_recalibrate: all checks passed"

@@ -186,8 +186,9 @@ static void test_bad_values(void **state)
         {"{\"metrics_port\": -1}", {"metrics_port: must be in [0, 65535]", NULL}},
         {"{\"metrics_pub_port\": 70000}", {"metrics_pub_port: must be in [0, 65535]", NULL}},
         {"{\"kl_sample_rate\": 1.5}", {"kl_sample_rate: must be in [0, 1], got 1.5", NULL}},
-        {"{\"recalibration\": {\"texts\": [\"a\"]}}", {"recalibration: kl_threshold is required", NULL}},
-        {"{\"recalibration\": {\"kl_threshold\": 0.01}}", {"recalibration: a kl_threshold needs texts", NULL}},
+        {"{\"recalibration\": {\"texts\": [\"a\"]}}", {"recalibration: give kl_threshold", "after_commit true"}},
+        {"{\"recalibration\": {\"kl_threshold\": 0.01}}", {"recalibration: needs texts", NULL}},
+        {"{\"recalibration\": {\"after_commit\": 1, \"texts\": [\"a\"]}}", {"recalibration.after_commit: expected true or false, got a number", NULL}},
         {"{\"recalibration\": {\"kl_threshold\": 0, \"texts\": [\"a\"]}}", {"recalibration.kl_threshold: must be in (0,", NULL}},
         {"{\"recalibration\": {\"kl_threshold\": 0.01, \"texts\": []}}", {"recalibration.texts: has 0 files; give 1 to 8", NULL}},
         {"{\"recalibration\": {\"kl_treshold\": 0.01}}", {"unknown key \"recalibration.kl_treshold\" (did you mean \"recalibration.kl_threshold\"?)", NULL}},
@@ -288,8 +289,9 @@ static void test_json_round_trip(void **state)
     (void)state;
     const char *inputs[] = {"{}", ALL_KEYS, "{\"backend\": \"cpu\", \"kv_blocks\": 40, \"calib\": \"c.st\"}",
                             "{\"recalibration\": {\"kl_threshold\": 0.5, \"texts\": [\"a\", \"b\"], \"context\": 1024}}",
-                            "{\"recalibration\": {\"kl_threshold\": 0.5, \"texts\": [\"a\"], \"out_dir\": \"o\"}}"};
-    for (int i = 0; i < 5; i++) {
+                            "{\"recalibration\": {\"kl_threshold\": 0.5, \"texts\": [\"a\"], \"out_dir\": \"o\"}}",
+                            "{\"recalibration\": {\"after_commit\": true, \"texts\": [\"a\"]}}"};
+    for (int i = 0; i < 6; i++) {
         fr_serve_config a, b;
         assert_int_equal(parse(inputs[i], &a), FR_OK);
         char *j1 = NULL, *j2 = NULL;
