@@ -29,18 +29,6 @@ PY
 mkdir -p "$dir/out"
 calib_args=(--context 512 --seed-tokens 64 --continue 8 --tau-steps 0)
 
-start() { # NAME CONFIG-JSON -> endpoint in $ep
-  local port; port=$(free_port)
-  echo "$2" | sed "s/PORT/$port/" > "$dir/$1.json"
-  "$bin" serve --config "$dir/$1.json" 2> "$dir/$1.log" &
-  pids+=($!)
-  for _ in $(seq 300); do
-    grep -q "listening on" "$dir/$1.log" 2>/dev/null && { ep=tcp://127.0.0.1:$port; return 0; }
-    kill -0 "${pids[-1]}" 2>/dev/null || fail "server $1 exited at start"
-    sleep 0.05
-  done
-  fail "server $1 did not start"
-}
 gen() { # ENDPOINT OUT [generate options]
   local e=$1 out=$2
   shift 2
@@ -63,7 +51,7 @@ PY
 
 mport=$(free_port)
 base='"backend": "cpu", "kv_dtype": "nvfp4", "max_seqs": 8, "coordinator": {"bind": "127.0.0.1", "port": PORT}'
-start auto "{\"model\": \"synthetic:tiny\", $base, \"kl_sample_rate\": 1.0, \"metrics_port\": $mport,
+start_server auto "{\"model\": \"synthetic:tiny\", $base, \"kl_sample_rate\": 1.0, \"metrics_port\": $mport,
   \"recalibration\": {\"kl_threshold\": 1e-9, \"min_positions\": 50, \"texts\": [\"t1.txt\", \"t2.txt\"],
                      \"context\": 512, \"seed_tokens\": 64, \"continue\": 8, \"out_dir\": \"out\"}}"
 auto_ep=$ep
@@ -84,9 +72,9 @@ same_mean "$dir/out/calib-v0.safetensors" "$dir/ref0.safetensors" ||
   fail "the recorded key mean differs from fp4rollout calibrate's"
 
 # greedy after the switch = a server started with the recorded file
-start with "{\"model\": \"synthetic:tiny\", $base, \"calib\": \"out/calib-v0.safetensors\"}"
+start_server with "{\"model\": \"synthetic:tiny\", $base, \"calib\": \"out/calib-v0.safetensors\"}"
 with_ep=$ep
-start without "{\"model\": \"synthetic:tiny\", $base}"
+start_server without "{\"model\": \"synthetic:tiny\", $base}"
 without_ep=$ep
 for s in auto with without; do
   e=${s}_ep
@@ -129,7 +117,7 @@ print("serve_recalibrate: metrics: 2 recalibrations, the last for version 1 in %
 PY
 # after_commit: no KL needed, the commit itself triggers it
 mkdir -p "$dir/out_commit"
-start commit "{\"model\": \"synthetic:tiny\", $base, \"recalibration\": {\"after_commit\": true,
+start_server commit "{\"model\": \"synthetic:tiny\", $base, \"recalibration\": {\"after_commit\": true,
   \"texts\": [\"t1.txt\", \"t2.txt\"], \"context\": 512, \"seed_tokens\": 64, \"continue\": 8, \"out_dir\": \"out_commit\"}}"
 commit_ep=$ep
 gen "$commit_ep" "$dir/c0.jsonl" --max-tokens 20 --temperature 0

@@ -2,8 +2,10 @@
 # scripts/run-tests.sh runs only *.sh). Expects `name` set to the script's
 # name. Defines build, bin (fp4rollout), cli (fp4rollout-client), py, dir (a
 # temporary folder removed at exit), server_pid and pids (processes killed at
-# exit), fail MESSAGE (prints the last lines of every $dir/*.log and exits 1)
-# and free_port; checks that the binaries are built.
+# exit), fail MESSAGE (prints the last lines of every $dir/*.log and exits 1),
+# free_port, and start_server NAME CONFIG-JSON (PORT in the JSON becomes a
+# free port; the server's log is $dir/NAME.log; its endpoint lands in $ep);
+# checks that the binaries are built.
 build=${BUILD:-build}
 bin=$build/fp4rollout
 cli=$build/fp4rollout-client
@@ -34,3 +36,15 @@ fail() {
 [ -x "$bin" ] && [ -x "$cli" ] || fail "$bin or $cli is missing (run make)"
 export OPENBLAS_NUM_THREADS=1
 free_port() { $py -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
+start_server() { # NAME CONFIG-JSON -> endpoint in $ep
+  local port; port=$(free_port)
+  echo "$2" | sed "s/PORT/$port/" > "$dir/$1.json"
+  "$bin" serve --config "$dir/$1.json" 2> "$dir/$1.log" &
+  pids+=($!)
+  for _ in $(seq 300); do
+    grep -q "listening on" "$dir/$1.log" 2>/dev/null && { ep=tcp://127.0.0.1:$port; return 0; }
+    kill -0 "${pids[-1]}" 2>/dev/null || fail "server $1 exited at start"
+    sleep 0.05
+  done
+  fail "server $1 did not start"
+}

@@ -13,18 +13,6 @@ source "$(dirname "$0")/serve_setup.bash"
 [ -x "$bin" ] && [ -x "$cli" ] && [ -f "$build/libfp4rollout_client.so" ] || fail "build first (make)"
 $py -c 'import numpy' 2>/dev/null || fail "python3-numpy is missing (scripts/install-deps.sh)"
 
-start() { # NAME CONFIG-JSON -> endpoint in $ep
-  local port; port=$(free_port)
-  echo "$2" | sed "s/PORT/$port/" > "$dir/$1.json"
-  "$bin" serve --config "$dir/$1.json" 2> "$dir/$1.log" &
-  pids+=($!)
-  for _ in $(seq 300); do
-    grep -q "listening on" "$dir/$1.log" 2>/dev/null && { ep=tcp://127.0.0.1:$port; return 0; }
-    kill -0 "${pids[-1]}" 2>/dev/null || fail "server $1 exited at start"
-    sleep 0.05
-  done
-  fail "server $1 did not start"
-}
 
 $cli keygen > "$dir/server.key" && $cli keygen > "$dir/client.key" && $cli keygen > "$dir/other.key" || fail "keygen"
 $py - "$dir" <<'PY'
@@ -39,10 +27,10 @@ ss=$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["server_secret"
 cp=$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["client_public"])' "$dir/keys.json")
 
 base='"backend": "cpu", "kv_dtype": "f32", "max_seqs": 32, "coordinator": {"bind": "127.0.0.1", "port": PORT}'
-start main "{\"model\": \"synthetic:tiny\", $base, \"kl_sample_rate\": 0.25}"; main_ep=$ep
-start fresh7 "{\"model\": \"synthetic:tiny:7\", $base}"; fresh_ep=$ep
+start_server main "{\"model\": \"synthetic:tiny\", $base, \"kl_sample_rate\": 0.25}"; main_ep=$ep
+start_server fresh7 "{\"model\": \"synthetic:tiny:7\", $base}"; fresh_ep=$ep
 pub_port=$(free_port)
-start curve "{\"model\": \"synthetic:tiny\", $base, \"metrics_pub_port\": $pub_port, \"curve\": {\"server_secret_key\": \"$ss\", \"client_public_keys\": [\"$cp\"]}}"
+start_server curve "{\"model\": \"synthetic:tiny\", $base, \"metrics_pub_port\": $pub_port, \"curve\": {\"server_secret_key\": \"$ss\", \"client_public_keys\": [\"$cp\"]}}"
 curve_ep=$ep
 
 $cli push-weights --model synthetic:tiny:7 --export "$dir/w7.bin" > "$dir/w7.jsonl" || fail "export"

@@ -80,7 +80,26 @@ def _curve_keys(server_public_key, public_key, secret_key):
     return None
 
 
-class MetricsSubscriber:
+class _Closes:
+    """close() on leaving a with block and when collected."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class MetricsSubscriber(_Closes):
     """The server's metrics snapshots from its PUB socket (`metrics_pub_port`,
     docs/metrics.md): each one a dict with the keys of /metrics.json, for a
     trainer to log. A subscriber sees snapshots published after it joined
@@ -120,20 +139,8 @@ class MetricsSubscriber:
             self._lib.fr_metrics_sub_destroy(ctypes.byref(self._s))
             self._s = ctypes.c_void_p()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-class RolloutClient:
+class RolloutClient(_Closes):
     """A connection to `fp4rollout serve`.
 
     generate() submits prompts and yields each sample as it finishes;
@@ -159,18 +166,6 @@ class RolloutClient:
         if self._c:
             self._lib.fr_client_destroy(ctypes.byref(self._c))
             self._c = ctypes.c_void_p()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     # ---- errors and JSON replies ----
 
