@@ -151,6 +151,25 @@ fr_status fr_model_config_only(const fr_model_config *cfg, const char *name, fr_
 
 size_t fr_model_param_count(const fr_model *m) { return m ? m->n_data_ : 0; }
 
+fr_status fr_model_swap_weights(fr_model *a, fr_model *b)
+{
+    if (!a || !b) return fr_fail(FR_EINVAL, "fr_model_swap_weights: NULL model");
+    const fr_model_config *x = &a->cfg, *y = &b->cfg;
+    if (x->num_layers != y->num_layers || x->hidden_size != y->hidden_size || x->vocab_size != y->vocab_size ||
+        x->num_heads != y->num_heads || x->num_kv_heads != y->num_kv_heads || x->head_dim != y->head_dim ||
+        x->intermediate_size != y->intermediate_size || x->tie_word_embeddings != y->tie_word_embeddings)
+        return fr_fail(FR_EINVAL, "fr_model_swap_weights: the two models differ in shape");
+    if (!a->data_ || !b->data_ || a->n_data_ != b->n_data_)
+        return fr_fail(FR_EINVAL, "fr_model_swap_weights: both models must hold host weights of one size");
+    fr_weights w = a->w;
+    a->w = b->w;
+    b->w = w;
+    float *d = a->data_;
+    a->data_ = b->data_;
+    b->data_ = d;
+    return FR_OK;
+}
+
 float *fr_model_data(const fr_model *m, size_t *n_floats)
 {
     if (n_floats) *n_floats = m ? m->n_data_ : 0;

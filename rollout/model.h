@@ -89,6 +89,12 @@ fr_status fr_model_config_only(const fr_model_config *cfg, const char *name, fr_
 /* Number of float32 parameters held (lm_head counted only when untied). */
 size_t fr_model_param_count(const fr_model *m);
 
+/* Exchanges the host weights of two models of the same shape (every weight
+ * pointer, the block and the layer table move together; configs and names
+ * stay), so a staged copy becomes the served one without copying it. Both
+ * must hold host weights. FR_EINVAL, changing nothing, otherwise. */
+fr_status fr_model_swap_weights(fr_model *a, fr_model *b);
+
 /* The weight block (see the layout above) and its length in floats, e.g. for
  * one host-to-device copy or a bitwise comparison. NULL for a NULL model. */
 float *fr_model_data(const fr_model *m, size_t *n_floats);

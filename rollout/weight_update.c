@@ -31,6 +31,7 @@ typedef struct {
 
 struct fr_weight_update {
     fr_model *staged;
+    int spent;           /* committed by move: staged holds the previous weights */
     uint64_t version;
     tensor *t;
     int n;
@@ -63,6 +64,8 @@ static void add(fr_weight_update *u, const char *name, float *dst, int ndim, int
     x->count = (size_t)d0 * (size_t)x->shape[1];
 }
 
+static void table(fr_weight_update *u);
+
 fr_status fr_weight_update_begin(const fr_model_config *cfg, uint64_t version, fr_weight_update **out)
 {
     if (!cfg || !out) return fr_fail(FR_EINVAL, "fr_weight_update_begin: NULL argument");
@@ -77,6 +80,16 @@ fr_status fr_weight_update_begin(const fr_model_config *cfg, uint64_t version, f
         return st;
     }
     u->version = version;
+    table(u);
+    *out = u;
+    return FR_OK;
+}
+
+/* The tensor table over the staged model's current weight pointers (names,
+ * shapes, destinations); what was received is left to the caller. */
+static void table(fr_weight_update *u)
+{
+    u->n = 0;
     const fr_model_config *c = &u->staged->cfg;
     const fr_weights *w = &u->staged->w;
     const int64_t H = c->hidden_size, D = c->head_dim, I = c->intermediate_size, V = c->vocab_size;
@@ -101,7 +114,19 @@ fr_status fr_weight_update_begin(const fr_model_config *cfg, uint64_t version, f
     }
     add(u, "model.norm.weight", w->final_norm, 1, H, 0);
     if (!c->tie_word_embeddings) add(u, "lm_head.weight", w->lm_head, 2, V, H);
-    *out = u;
+}
+
+fr_status fr_weight_update_restart(fr_weight_update *u, uint64_t version)
+{
+    if (!u) return fr_fail(FR_EINVAL, "fr_weight_update_restart: NULL update");
+    for (int i = 0; i < u->n; i++) {
+        u->t[i].n_ranges = 0;
+        u->t[i].received = 0;
+        u->t[i].have_dtype = 0;
+    }
+    table(u);   /* a move commit exchanged the staged block: point at the one held now */
+    u->version = version;
+    u->spent = 0;
     return FR_OK;
 }
 
@@ -204,6 +229,8 @@ fr_status fr_weight_update_put(fr_weight_update *u, const char *name, fr_weight_
         return fr_fail(FR_EINVAL, "fr_weight_update_put: NULL argument");
     if (dtype != FR_WDT_F32 && dtype != FR_WDT_BF16 && dtype != FR_WDT_F16)
         return fr_fail(FR_EINVAL, "%s: unknown dtype %d", name, (int)dtype);
+    if (u->spent) return fr_fail(FR_EINVAL, "%s: the update to version %llu was committed already", name,
+                                 (unsigned long long)u->version);
     tensor *x = find(u, name);
     if (!x) return fr_fail(FR_EINVAL, "unknown tensor '%s' (not a weight of this model)", name);
     if (ndim != x->ndim || shape[0] != x->shape[0] || (ndim == 2 && shape[1] != x->shape[1])) {
@@ -248,6 +275,8 @@ fr_status fr_weight_update_put(fr_weight_update *u, const char *name, fr_weight_
 fr_status fr_weight_update_complete(const fr_weight_update *u)
 {
     if (!u) return fr_fail(FR_EINVAL, "fr_weight_update_complete: NULL update");
+    if (u->spent)
+        return fr_fail(FR_EINVAL, "the update to version %llu was committed already", (unsigned long long)u->version);
     for (int i = 0; i < u->n; i++)
         if (u->t[i].received != u->t[i].count)
             return fr_fail(FR_EINVAL, "incomplete update to version %llu: %s has %zu of %zu elements",
@@ -269,6 +298,8 @@ fr_status fr_weight_update_tensor(const fr_weight_update *u, int i, const char *
 
 const fr_model *fr_weight_update_model(const fr_weight_update *u) { return u ? u->staged : NULL; }
 
+static fr_status weights_changed(fr_session *s);
+
 fr_status fr_session_commit_weights(fr_session *s, const fr_weight_update *u)
 {
     if (!s || !u) return fr_fail(FR_EINVAL, "fr_session_commit_weights: NULL argument");
@@ -286,8 +317,33 @@ fr_status fr_session_commit_weights(fr_session *s, const fr_weight_update *u)
     float *dst = fr_model_data(s->model, &n_dst), *src = fr_model_data(u->staged, &n_src);
     if (!dst || n_dst != n_src) return fr_fail(FR_EINTERNAL, "the session's host weights do not match the update");
     memcpy(dst, src, sizeof(float) * n_dst);
-    /* A tensor-parallel rank's row-parallel slices are copies: cut again. */
-    st = fr_runner_cpu_weights_changed(s->runner);
+    return weights_changed(s);
+}
+
+fr_status fr_session_commit_weights_move(fr_session *s, fr_weight_update *u)
+{
+    if (!s || !u) return fr_fail(FR_EINVAL, "fr_session_commit_weights_move: NULL argument");
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA) {
+        fr_status st = fr_session_commit_weights(s, u);
+        if (!st) u->spent = 1;
+        return st;
+    }
+#endif
+    fr_status st = fr_weight_update_complete(u);
+    if (st) return st;
+    /* The session's model keeps its address (runners and shadows hold it);
+     * its weight pointers and block move. */
+    if ((st = fr_model_swap_weights(s->model, u->staged))) return st;
+    u->spent = 1;
+    return weights_changed(s);
+}
+
+/* After the host weights changed: a tensor-parallel rank's row-parallel
+ * slices are copies, cut again. */
+static fr_status weights_changed(fr_session *s)
+{
+    fr_status st = fr_runner_cpu_weights_changed(s->runner);
     if (st)
         return fr_fail(st, "the new weights are in, but this rank's tensor-parallel shard could not be cut again "
                            "(%s): its o_proj and down_proj are the old version's",

@@ -40,6 +40,11 @@ typedef struct fr_weight_update fr_weight_update;
 fr_status fr_weight_update_begin(const fr_model_config *cfg, uint64_t version, fr_weight_update **out);
 void fr_weight_update_free(fr_weight_update **u);
 uint64_t fr_weight_update_version(const fr_weight_update *u);
+/* Makes u (spent by a move commit, dropped, or in progress) a fresh update
+ * to `version`, keeping its staging memory: nothing counts as received. A
+ * server keeps the spent update of one commit for the next, so staging
+ * never allocates (and faults in) a model's worth of memory again. */
+fr_status fr_weight_update_restart(fr_weight_update *u, uint64_t version);
 
 /* Part of tensor `name`: its full shape (ndim, shape) and dtype, and n_bytes
  * bytes starting at byte `offset` of the tensor's row-major data (offset and
@@ -73,6 +78,14 @@ const fr_model *fr_weight_update_model(const fr_weight_update *u);
  * changed; the update stays usable either way and is freed by the caller.
  * A CUDA copy failure leaves the device weights undefined and says so. */
 fr_status fr_session_commit_weights(fr_session *s, const fr_weight_update *u);
+
+/* The same switch, moving the staged weights instead of copying them where
+ * the backend allows (the CPU backend: the session's model and the staged
+ * one exchange their blocks, so the switch costs no copy; CUDA copies to
+ * the device as above). Either way the update is spent afterwards: it then
+ * holds no new weights, and put, complete and commit refuse it; free it.
+ * On a failure before the switch nothing changed and u stays usable. */
+fr_status fr_session_commit_weights_move(fr_session *s, fr_weight_update *u);
 
 #ifdef __cplusplus
 }

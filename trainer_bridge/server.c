@@ -96,6 +96,9 @@ struct fr_bridge_server {
     /* the weight update being staged (NULL when none), its client, and when
      * its last message arrived */
     fr_bridge_update *upd;
+    /* the staging memory of the last update that ended (committed or
+     * dropped), reused by the next so it needs no fresh pages; NULL: none */
+    fr_weight_update *spare;
     int upd_peer;
     double upd_last_ms;
     uint64_t updates_committed, updates_failed;
@@ -909,6 +912,14 @@ static void send_update_reply(fr_bridge_server *srv, int peer, uint64_t version,
     send_msg(srv, peer, &m);
 }
 
+/* Keeps w's staging memory for the next update (the older spare goes). */
+static void keep_spare(fr_bridge_server *srv, fr_weight_update *w)
+{
+    if (!w) return;
+    fr_weight_update_free(&srv->spare);
+    srv->spare = w;
+}
+
 /* Drops the staged update (the serving weights are untouched); why goes to
  * the log. */
 static void drop_update(fr_bridge_server *srv, const char *why)
@@ -916,6 +927,7 @@ static void drop_update(fr_bridge_server *srv, const char *why)
     if (!srv->upd) return;
     logf_(srv, "weight update to version %llu dropped: %s", (unsigned long long)fr_bridge_update_version(srv->upd),
           why);
+    keep_spare(srv, fr_bridge_update_release_staged(srv->upd));
     fr_bridge_update_free(&srv->upd);
     srv->updates_failed++;
     if (srv->multi) fr_rank_put_u8(&srv->events, EV_UPD_DROP);
@@ -969,7 +981,7 @@ static void handle_update_begin(fr_bridge_server *srv, int peer, const fr_msg_up
         return;
     }
     const char *code;
-    if (fr_bridge_update_begin(&srv->sess->model->cfg, b, &srv->upd, &code)) {
+    if (fr_bridge_update_begin_reusing(&srv->sess->model->cfg, b, &srv->spare, &srv->upd, &code)) {
         srv->updates_failed++;
         send_error(srv, peer, code, 0, 0, "%s", fr_last_error());
         return;
@@ -1022,6 +1034,7 @@ static void committed(fr_bridge_server *srv, uint64_t version, double t0)
     uint64_t bytes = fr_bridge_update_bytes(srv->upd);
     srv->weight_version = version;
     fr_scheduler_set_weight_version(srv->sch, version);
+    keep_spare(srv, fr_bridge_update_release_staged(srv->upd));   /* now holding the previous weights */
     fr_bridge_update_free(&srv->upd);
     srv->updates_committed++;
     srv->last_sync_s = (now_ms() - srv->upd_begin_ms) * 1e-3;
@@ -1054,7 +1067,7 @@ static void handle_update_commit(fr_bridge_server *srv, int peer, uint64_t versi
         return;
     }
     double t0 = now_ms();
-    if (fr_session_commit_weights(srv->sess, fr_bridge_update_staged(u))) {
+    if (fr_session_commit_weights_move(srv->sess, fr_bridge_update_staged(u))) {
         fail_update(srv, peer, "update_failed");
         return;
     }
@@ -1566,7 +1579,8 @@ static void commit_on_ranks(fr_bridge_server *srv, uint64_t version)
         return;
     }
     double t0 = now_ms();
-    fr_status st = fr_session_commit_weights(srv->sess, srv->rank == 0 ? fr_bridge_update_staged(srv->upd) : srv->wupd);
+    fr_status st =
+        fr_session_commit_weights_move(srv->sess, srv->rank == 0 ? fr_bridge_update_staged(srv->upd) : srv->wupd);
     if (st) logf_(srv, "rank %d: switching to weight version %llu failed: %s", srv->rank, (unsigned long long)version,
                   fr_last_error());
     if (fr_mpi_world_all_ok(srv->world, st == FR_OK, &all)) comm_fatal(srv, "agreeing on a weight update");
@@ -1584,7 +1598,8 @@ static void commit_on_ranks(fr_bridge_server *srv, uint64_t version)
     } else {
         srv->weight_version = version;
         fr_scheduler_set_weight_version(srv->sch, version);
-        fr_weight_update_free(&srv->wupd);
+        keep_spare(srv, srv->wupd);
+        srv->wupd = NULL;
     }
 }
 
@@ -1612,9 +1627,11 @@ static fr_status apply_events(fr_bridge_server *srv)
         case EV_UPD_BEGIN: {
             uint64_t v = fr_rank_get_u64(&r);
             if (r.bad || srv->rank == 0) break;
-            fr_weight_update_free(&srv->wupd);
+            keep_spare(srv, srv->wupd);
+            srv->wupd = srv->spare;
+            srv->spare = NULL;
             srv->stage_failed = 0;
-            if (fr_weight_update_begin(&srv->sess->model->cfg, v, &srv->wupd)) {
+            if (srv->wupd ? fr_weight_update_restart(srv->wupd, v) : fr_weight_update_begin(&srv->sess->model->cfg, v, &srv->wupd)) {
                 logf_(srv, "rank %d: cannot stage weight version %llu: %s", srv->rank, (unsigned long long)v,
                       fr_last_error());
                 srv->stage_failed = 1;
@@ -1623,7 +1640,10 @@ static fr_status apply_events(fr_bridge_server *srv)
         }
         case EV_UPD_BUCKET: apply_bucket(srv, &r); break;
         case EV_UPD_DROP:
-            if (srv->rank != 0) fr_weight_update_free(&srv->wupd);
+            if (srv->rank != 0) {
+                keep_spare(srv, srv->wupd);
+                srv->wupd = NULL;
+            }
             srv->stage_failed = 0;
             break;
         case EV_UPD_COMMIT: {
@@ -2017,6 +2037,7 @@ void fr_bridge_server_destroy(fr_bridge_server **pp)
     for (int i = 0; i < srv->n_deferred; i++) free(srv->deferred[i].data);
     free(srv->deferred);
     fr_weight_update_free(&srv->wupd);
+    fr_weight_update_free(&srv->spare);
     fr_rank_buf_free(&srv->events);
     fr_rank_buf_free(&srv->outbox);
     free(srv->engine_open);

@@ -52,6 +52,12 @@ static const declared *find_declared(const fr_bridge_update *u, const char *name
 fr_status fr_bridge_update_begin(const fr_model_config *cfg, const fr_msg_update_begin *b, fr_bridge_update **out,
                                  const char **code)
 {
+    return fr_bridge_update_begin_reusing(cfg, b, NULL, out, code);
+}
+
+fr_status fr_bridge_update_begin_reusing(const fr_model_config *cfg, const fr_msg_update_begin *b,
+                                         fr_weight_update **spare, fr_bridge_update **out, const char **code)
+{
     if (code) *code = "bad_message";
     if (!out) return fr_fail(FR_EINVAL, "update: out is NULL");
     *out = NULL;
@@ -62,7 +68,14 @@ fr_status fr_bridge_update_begin(const fr_model_config *cfg, const fr_msg_update
         return FAIL("out_of_memory", FR_ENOMEM, "update to version %llu: out of memory",
                     (unsigned long long)b->version);
     }
-    fr_status st = fr_weight_update_begin(cfg, b->version, &u->w);
+    fr_status st;
+    if (spare && *spare) {   /* the previous update's staging memory, already paged in */
+        u->w = *spare;
+        *spare = NULL;
+        st = fr_weight_update_restart(u->w, b->version);
+    } else {
+        st = fr_weight_update_begin(cfg, b->version, &u->w);
+    }
     if (st) {
         fr_bridge_update_free(&u);
         return fail(code, st == FR_ENOMEM ? "out_of_memory" : "update_state", st);
@@ -211,7 +224,15 @@ fr_status fr_bridge_update_ready(const fr_bridge_update *u, const char **code)
     return FR_OK;
 }
 
-const fr_weight_update *fr_bridge_update_staged(const fr_bridge_update *u) { return u ? u->w : NULL; }
+fr_weight_update *fr_bridge_update_staged(fr_bridge_update *u) { return u ? u->w : NULL; }
+
+fr_weight_update *fr_bridge_update_release_staged(fr_bridge_update *u)
+{
+    if (!u) return NULL;
+    fr_weight_update *w = u->w;
+    u->w = NULL;
+    return w;
+}
 uint64_t fr_bridge_update_version(const fr_bridge_update *u) { return u ? fr_weight_update_version(u->w) : 0; }
 uint64_t fr_bridge_update_bytes(const fr_bridge_update *u) { return u ? u->staged : 0; }
 int fr_bridge_update_next_bucket(const fr_bridge_update *u) { return u ? u->next_bucket : 0; }

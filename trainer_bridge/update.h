@@ -47,7 +47,15 @@ fr_status fr_bridge_update_bucket(fr_bridge_update *u, const fr_msg_update_bucke
  * first one that did not). */
 fr_status fr_bridge_update_ready(const fr_bridge_update *u, const char **code);
 
-const fr_weight_update *fr_bridge_update_staged(const fr_bridge_update *u);
+fr_weight_update *fr_bridge_update_staged(fr_bridge_update *u);
+/* The same begin, staging into *spare (an earlier update of this model, for
+ * example the one a move commit spent; taken over and set to NULL) instead
+ * of a new allocation when there is one. */
+fr_status fr_bridge_update_begin_reusing(const fr_model_config *cfg, const fr_msg_update_begin *b,
+                                         fr_weight_update **spare, fr_bridge_update **out, const char **code);
+/* Detaches the staged update from u (for reuse as a spare; u keeps its
+ * counters but stages nothing more); the caller owns the result. */
+fr_weight_update *fr_bridge_update_release_staged(fr_bridge_update *u);
 uint64_t fr_bridge_update_version(const fr_bridge_update *u);
 uint64_t fr_bridge_update_bytes(const fr_bridge_update *u);     /* payload bytes staged */
 int fr_bridge_update_next_bucket(const fr_bridge_update *u);    /* buckets accepted so far */

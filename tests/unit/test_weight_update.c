@@ -183,11 +183,89 @@ static void test_refusals_change_nothing(void **state)
     fr_session_close(&a);
 }
 
+/* The move commit: the session serves the staged weights without a copy (its
+ * model keeps its address, so runners see them), the update then holds the
+ * previous weights and refuses more pieces and commits. */
+static void test_commit_by_move(void **state)
+{
+    (void)state;
+    fr_session a, b, c;
+    open_tiny("synthetic:tiny", &a);
+    open_tiny("synthetic:tiny:7", &b);
+    open_tiny("synthetic:tiny", &c);   /* a's weights, for comparing afterwards */
+    const fr_model *model_before = a.model;
+    float *lb = logits_of(&b);
+    fr_weight_update *u;
+    assert_int_equal(fr_weight_update_begin(&a.model->cfg, 9, &u), FR_OK);
+    const int n = fr_weight_update_tensor_count(u);
+    for (int i = 0; i < n; i++) {
+        size_t count;
+        const float *src = source(b.model, u, i, &count);
+        put(u, i, src, count, 0, count);
+        if (i == 0) assert_int_equal(fr_session_commit_weights_move(&a, u), FR_EINVAL);   /* incomplete: usable */
+    }
+    assert_int_equal(fr_session_commit_weights_move(&a, u), FR_OK);
+    assert_ptr_equal(a.model, model_before);
+    float *la = logits_of(&a);
+    assert_memory_equal(la, lb, sizeof(float) * 272);
+    size_t n_old = 0, n_c = 0;
+    const float *old = fr_model_data(fr_weight_update_model(u), &n_old), *orig = fr_model_data(c.model, &n_c);
+    assert_int_equal(n_old, n_c);
+    assert_memory_equal(old, orig, sizeof(float) * n_c);
+    expect_fail(fr_weight_update_complete(u), "committed already");
+    expect_fail(fr_session_commit_weights(&a, u), "committed already");
+    expect_fail(fr_session_commit_weights_move(&a, u), "committed already");
+    const char *name;
+    int ndim;
+    int64_t shape[2];
+    assert_int_equal(fr_weight_update_tensor(u, 0, &name, &ndim, shape), FR_OK);
+    float one = 1.0f;
+    expect_fail(fr_weight_update_put(u, name, FR_WDT_F32, shape, ndim, 0, &one, 4), "committed already");
+    /* restarted, the spent update stages the next version in the same memory */
+    assert_int_equal(fr_weight_update_restart(u, 10), FR_OK);
+    assert_int_equal(fr_weight_update_version(u), 10);
+    expect_fail(fr_weight_update_complete(u), "has 0 of");   /* nothing counts as received */
+    for (int i = 0; i < n; i++) {
+        size_t count;
+        const float *src = source(c.model, u, i, &count);
+        put(u, i, src, count, 0, count);
+    }
+    assert_int_equal(fr_session_commit_weights_move(&a, u), FR_OK);
+    float *lc = logits_of(&c), *la3 = logits_of(&a);
+    assert_memory_equal(la3, lc, sizeof(float) * 272);   /* back to synthetic:tiny */
+    assert_int_equal(fr_weight_update_restart(u, 11), FR_OK);
+    for (int i = 0; i < n; i++) {
+        size_t count;
+        const float *src = source(b.model, u, i, &count);
+        put(u, i, src, count, 0, count);
+    }
+    assert_int_equal(fr_session_commit_weights_move(&a, u), FR_OK);
+    free(lc);
+    free(la3);
+    fr_weight_update_free(&u);
+    float *la2 = logits_of(&a);   /* freeing the update freed the previous weights only */
+    assert_memory_equal(la2, lb, sizeof(float) * 272);
+    fr_model *m2 = NULL;
+    assert_int_equal(fr_model_load("synthetic:tiny:7", &m2), FR_OK);
+    assert_int_equal(fr_model_swap_weights(a.model, m2), FR_OK);   /* same weights both ways */
+    m2->cfg.num_layers++;
+    expect_fail(fr_model_swap_weights(a.model, m2), "differ in shape");
+    m2->cfg.num_layers--;
+    fr_model_destroy(&m2);
+    free(la);
+    free(la2);
+    free(lb);
+    fr_session_close(&a);
+    fr_session_close(&b);
+    fr_session_close(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_update_equals_fresh_session),
         cmocka_unit_test(test_refusals_change_nothing),
+        cmocka_unit_test(test_commit_by_move),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
