@@ -6,10 +6,14 @@ to the commit reply, for a random Qwen3-shaped checkpoint written here.
     python3 bench/weight_sync.py [--hidden 1024 --layers 20 --intermediate 3072
                                   --vocab 32000] [--dtypes f32,bf16] [--runs 3]
                                   [--bucket-mib 512] [--dir DIR] [--build build]
+                                  [--model SPEC] [--backend cpu|cuda]
 
 Prints one markdown row per push (bytes, seconds, MiB/s, and the server's own
 time to switch the staged weights in) and a summary per dtype. Needs numpy
 for writing the checkpoint (once: an existing DIR/model.safetensors is kept).
+--model pushes an existing model instead (a checkpoint folder or
+synthetic:NAME, e.g. synthetic:qwen3-4b with --backend cuda on a GPU
+machine: the Qwen3-4B shape, 16 GB in float32, 8 GB in bf16).
 """
 import argparse
 import json
@@ -85,14 +89,21 @@ def main():
     ap.add_argument("--bucket-mib", type=int, default=512)
     ap.add_argument("--dir", help="checkpoint folder (written when it has no model.safetensors)")
     ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
+    ap.add_argument("--model", help="push this model (folder or synthetic:NAME) instead of writing one")
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
+    if not os.path.isdir(a.build):   # relative to the repository when not to the working directory
+        a.build = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), a.build)
     d = a.dir or os.path.join(tempfile.gettempdir(), "fp4rollout_weight_sync_ckpt")
-    if not os.path.exists(os.path.join(d, "model.safetensors")):
+    model = a.model or d
+    os.makedirs(d, exist_ok=True)
+    if not a.model and not os.path.exists(os.path.join(d, "model.safetensors")):
         print(f"writing the checkpoint to {d} ...", file=sys.stderr)
         write_checkpoint(d, a.hidden, a.layers, a.intermediate, a.vocab, a.heads, a.kv_heads, a.head_dim)
     port = free_port()
     cfg = os.path.join(d, "serve.json")
-    json.dump({"model": d, "backend": "cpu", "kv_dtype": "bf16", "max_seqs": 1, "kv_blocks": 4,
+    json.dump({"model": os.path.abspath(model) if os.path.isdir(model) else model, "backend": a.backend,
+               "kv_dtype": "bf16", "max_seqs": 1, "kv_blocks": 4,
                "coordinator": {"bind": "127.0.0.1", "port": port}}, open(cfg, "w"))
     log_path = os.path.join(d, "serve.log")
     log = open(log_path, "w")
@@ -112,7 +123,7 @@ def main():
                 version += 1
                 out = subprocess.run([os.path.join(a.build, "fp4rollout-client"), "--endpoint",
                                       f"tcp://127.0.0.1:{port}", "--timeout-ms", "600000", "push-weights",
-                                      "--model", d, "--version", str(version), "--dtype", dt,
+                                      "--model", model, "--version", str(version), "--dtype", dt,
                                       "--bucket-mib", str(a.bucket_mib)], capture_output=True, text=True)
                 if out.returncode:
                     sys.exit(f"push-weights failed: {out.stderr}")
@@ -121,7 +132,7 @@ def main():
                 m = re.findall(rf"now version {version} .*switched in ([0-9.]+) ms", open(log_path).read())
                 sw = float(m[-1]) if m else float("nan")
                 rows.append((dt, r["bytes"], r["seconds"]))
-                print(f"| {dt} | {r['bytes']:,} | {a.bucket_mib} | {r['seconds']:.2f} | {r['mib_per_s']:.0f} | {sw:.0f} |",
+                print(f"| {dt} | {r['bytes']:,} | {a.bucket_mib} | {r['seconds']:.3f} | {r['mib_per_s']:.0f} | {sw:.0f} |",
                       flush=True)
         for dt in a.dtypes.split(","):
             s = [x for x in rows if x[0] == dt]
