@@ -139,7 +139,8 @@ p.feed(open(sys.argv[1]).read())
 j = json.load(open(sys.argv[2]))
 shown = p.vals
 checks = ["tokens_generated_total", "kv_blocks_used", "kv_blocks_free", "running", "waiting", "preemptions_total",
-          "requests_total", "monitored_samples_total", "weight_version"]
+          "requests_total", "monitored_samples_total", "weight_version", "recalibrations_total",
+          "last_recalibration_version"]
 bad = [k for k in checks if k not in shown or float(shown[k]) != float(j[k])]
 v = j["divergence"][-1]
 for k, want in (("kl_mean_nats", v["kl_mean_nats"]), ("top1_agreement", v["top1_agreement"]),
