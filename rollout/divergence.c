@@ -65,6 +65,8 @@ struct fr_shadow {
     fr_session s;
     int chunk;
     fr_step_seq *steps;
+    fr_decode_row *rows;   /* greedy: the shadow's own draws are never used */
+    int *keep;             /* 0, 1, ...: every row's logits are wanted */
     int cap;
 };
 
@@ -79,10 +81,19 @@ fr_status fr_shadow_open(fr_session *main, int max_seqs, int n_blocks, fr_shadow
     sh->chunk = 256;
     sh->cap = max_seqs;
     sh->steps = malloc(sizeof *sh->steps * (size_t)max_seqs);
+    sh->rows = calloc((size_t)max_seqs, sizeof *sh->rows);
+    sh->keep = malloc(sizeof *sh->keep * (size_t)max_seqs);
+    for (int i = 0; sh->rows && sh->keep && i < max_seqs; i++) {
+        sh->rows[i].params = (fr_sampling_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
+        sh->keep[i] = i;
+    }
     const int step_tokens = sh->chunk > max_seqs ? sh->chunk : max_seqs;
-    fr_status st = sh->steps ? fr_session_open_shadow(main, n_blocks, max_seqs, step_tokens, &sh->s)
-                             : fr_fail(FR_ENOMEM, "shadow: out of memory");
+    fr_status st = sh->steps && sh->rows && sh->keep
+                       ? fr_session_open_shadow(main, n_blocks, max_seqs, step_tokens, &sh->s)
+                       : fr_fail(FR_ENOMEM, "shadow: out of memory");
     if (st) {
+        free(sh->rows);
+        free(sh->keep);
         free(sh->steps);
         free(sh);
         return st;
@@ -96,6 +107,8 @@ void fr_shadow_close(fr_shadow **psh)
     fr_shadow *sh = psh ? *psh : NULL;
     if (!sh) return;
     fr_session_close(&sh->s);
+    free(sh->rows);
+    free(sh->keep);
     free(sh->steps);
     free(sh);
     *psh = NULL;
@@ -119,7 +132,9 @@ fr_status fr_shadow_step(fr_shadow *sh, const int *shadow_seqs, const int *token
     if (n == 0) return FR_OK;
     for (int i = 0; i < n; i++)
         sh->steps[i] = (fr_step_seq){.seq = shadow_seqs[i], .n = 1, .tokens = &tokens[i], .all_logits = 0};
-    return fr_session_step(&sh->s, sh->steps, n, ref_logits);
+    /* The decode path: on CUDA a replayed graph, and only these rows' logits
+     * come back to the host. */
+    return fr_session_decode_keep(&sh->s, sh->steps, sh->rows, n, NULL, NULL, sh->keep, n, ref_logits);
 }
 
 fr_status fr_shadow_fork(fr_shadow *sh, int src, int *dst)

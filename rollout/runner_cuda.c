@@ -454,7 +454,19 @@ static int bucket_of(const fr_runner_cuda *r, int n, int *rows)
 fr_status fr_runner_cuda_decode(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
                                 int n_seqs, int *tokens, float *logprobs)
 {
+    return fr_runner_cuda_decode_keep(r, seqs, params, n_seqs, tokens, logprobs, NULL, 0, NULL);
+}
+
+fr_status fr_runner_cuda_decode_keep(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
+                                     int n_seqs, int *tokens, float *logprobs, const int *keep, int n_keep,
+                                     float *kept_logits)
+{
     const int V = r->vocab;
+    if (n_keep < 0 || n_keep > n_seqs || (n_keep && (!keep || !kept_logits)))
+        return fr_fail(FR_EINVAL, "decode: bad list of rows whose logits to keep");
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] < 0 || keep[i] >= n_seqs)
+            return fr_fail(FR_EINVAL, "decode: row %d to keep is outside the batch of %d", keep[i], n_seqs);
     for (int s = 0; s < n_seqs; s++) {
         if (seqs[s].n != 1) return fr_fail(FR_EINVAL, "decode: sequence %d has %d new tokens, not 1", seqs[s].seq, seqs[s].n);
         fr_status st = fr_sample_row_check(&params[s], V);
@@ -500,8 +512,13 @@ fr_status fr_runner_cuda_decode(fr_runner_cuda *r, const fr_step_seq *seqs, cons
                                 r->stream));
     FR_CUDA_TRY(cudaMemcpyAsync(r->h_logprobs, r->logprobs_out, sizeof(float) * (size_t)n_seqs,
                                 cudaMemcpyDeviceToHost, r->stream));
+    /* Only the rows asked for cross to the host: a full batch of logits is
+     * tens of MB per step at a 152k vocabulary. */
+    for (int i = 0; i < n_keep; i++)
+        FR_CUDA_TRY(cudaMemcpyAsync(kept_logits + (size_t)i * V, r->logits + (size_t)keep[i] * V,
+                                    sizeof(float) * (size_t)V, cudaMemcpyDeviceToHost, r->stream));
     if ((st = fr_kv_store_gpu_check(r->store, r->stream))) return st;   /* waits for the stream */
-    memcpy(tokens, r->h_tokens, sizeof(int) * (size_t)n_seqs);
+    if (tokens) memcpy(tokens, r->h_tokens, sizeof(int) * (size_t)n_seqs);
     if (logprobs) memcpy(logprobs, r->h_logprobs, sizeof(float) * (size_t)n_seqs);
     for (int s = 0; s < n_seqs && !st; s++) st = fr_kv_append(r->book, seqs[s].seq, 1, NULL, NULL, 0);
     return st;

@@ -52,6 +52,13 @@ fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_
  * on the bucket's first use (FR_CUDA_GRAPHS=0 runs the kernels directly). */
 fr_status fr_runner_cuda_decode(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
                                 int n_seqs, int *tokens, float *logprobs);
+/* The same decode, also copying the logits of rows keep[0..n_keep) (row
+ * indices into seqs, in any order) to kept_logits [n_keep][vocab] on the host:
+ * what a scheduler needs for the few rows it measures or teacher-forces while
+ * the rest are sampled on the device. tokens may be NULL (logits only). */
+fr_status fr_runner_cuda_decode_keep(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
+                                     int n_seqs, int *tokens, float *logprobs, const int *keep, int n_keep,
+                                     float *kept_logits);
 
 /* Installs the forward taps of runner_cpu.h (copied; NULL removes them):
  * layer_kv and layer_q see every layer of fr_runner_cuda_step's steps, as

@@ -71,6 +71,11 @@ struct fr_scheduler {
     sample **row_samples;
     int *row_job_m;
     int cap_rows;
+    /* a decode-only batch: sampled on the backend, logits kept for few rows */
+    fr_decode_row *drows;
+    int *dtok, *keep, *keep_at;
+    float *dlp;
+    int cap_dec;
     fr_sampler *sampler;
     uint64_t next_admit;
     fr_scheduler_stats st;
@@ -95,6 +100,28 @@ static int grow(void **p, int *cap, int need, size_t elem)
     if (!q) return -1;
     *p = q;
     *cap = c;
+    return 0;
+}
+
+/* Room for n rows in the decode-path arrays; the capacity moves only once
+ * every array has it, so a failure leaves them all usable at the old one. */
+static int grow_decode(fr_scheduler *sch, int n)
+{
+    if (n <= sch->cap_dec) return 0;
+    int c = sch->cap_dec ? sch->cap_dec : 8;
+    while (c < n) c *= 2;
+    void *p;
+    if (!(p = realloc(sch->drows, sizeof(fr_decode_row) * (size_t)c))) return -1;
+    sch->drows = p;
+    if (!(p = realloc(sch->dtok, sizeof(int) * (size_t)c))) return -1;
+    sch->dtok = p;
+    if (!(p = realloc(sch->keep, sizeof(int) * (size_t)c))) return -1;
+    sch->keep = p;
+    if (!(p = realloc(sch->keep_at, sizeof(int) * (size_t)c))) return -1;
+    sch->keep_at = p;
+    if (!(p = realloc(sch->dlp, sizeof(float) * (size_t)c))) return -1;
+    sch->dlp = p;
+    sch->cap_dec = c;
     return 0;
 }
 
@@ -188,8 +215,23 @@ static int is_stop(const req *r, int tok)
     return 0;
 }
 
-/* Draws the next token of x from logits; returns its finish reason, or
- * FR_FINISH_NONE when it goes on. */
+/* Records tok (drawn with log-prob lp) as x's next token; returns its finish
+ * reason, or FR_FINISH_NONE when it goes on. */
+static fr_finish_reason accept(fr_scheduler *sch, sample *x, int tok, float lp)
+{
+    const req *r = x->r;
+    if (tok < 0 || tok >= sch->vocab) return FR_FINISH_ERROR;   /* the device sampler's row error */
+    x->tokens[x->n] = tok;
+    x->versions[x->n] = sch->version;
+    x->logprobs[x->n++] = lp;
+    sch->st.tokens_generated++;
+    if (sch->cfg.on_token) sch->cfg.on_token(sch->cfg.user, r->id, x->index, x->n - 1, tok, lp);
+    if (is_stop(r, tok)) return FR_FINISH_STOP;
+    if (x->n >= r->max_tokens) return FR_FINISH_LENGTH;
+    return FR_FINISH_NONE;
+}
+
+/* Draws the next token of x from logits (host), then accepts it. */
 static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits)
 {
     const req *r = x->r;
@@ -202,14 +244,7 @@ static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits)
     } else if (fr_sample(sch->sampler, logits, &r->params, (uint64_t)x->index, (uint64_t)x->n, &tok, &lp)) {
         return FR_FINISH_ERROR;
     }
-    x->tokens[x->n] = tok;
-    x->versions[x->n] = sch->version;
-    x->logprobs[x->n++] = lp;
-    sch->st.tokens_generated++;
-    if (sch->cfg.on_token) sch->cfg.on_token(sch->cfg.user, r->id, x->index, x->n - 1, tok, lp);
-    if (is_stop(r, tok)) return FR_FINISH_STOP;
-    if (x->n >= r->max_tokens) return FR_FINISH_LENGTH;
-    return FR_FINISH_NONE;
+    return accept(sch, x, tok, lp);
 }
 
 /* ---- divergence monitoring ---- */
@@ -427,6 +462,11 @@ void fr_scheduler_destroy(fr_scheduler **p)
     free(sch->rows);
     free(sch->row_samples);
     free(sch->row_job_m);
+    free(sch->drows);
+    free(sch->dtok);
+    free(sch->keep);
+    free(sch->keep_at);
+    free(sch->dlp);
     fr_sampler_destroy(&sch->sampler);
     fr_shadow_close(&sch->shadow);
     free(sch->ref);
@@ -659,15 +699,34 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         n_jobs++;
     }
     if (n_rows == 0) return FR_OK;
-    /* 3. The forward step. */
+    /* 3. The forward step. A batch of decodes alone takes the decode path
+     *    (on CUDA a replayed graph with sampling on the device), and only the
+     *    rows teacher-forced or monitored bring their logits to the host;
+     *    otherwise every row's logits come back and the host draws. */
     const size_t V = (size_t)sch->vocab;
-    if (n_rows > sch->logit_rows) {
-        float *g = realloc(sch->logits, sizeof(float) * V * (size_t)n_rows);
+    const int fast = n_jobs == 0;
+    int n_keep = 0;
+    if (fast && grow_decode(sch, n_dec)) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    for (int i = 0; fast && i < n_dec; i++) {
+        const sample *x = sch->row_samples[i];
+        sch->drows[i] = (fr_decode_row){.params = x->r->params, .sequence = (uint64_t)x->index, .step = (uint64_t)x->n};
+        if (x->r->forced) sch->drows[i].params = (fr_sampling_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
+        sch->keep_at[i] = -1;
+        if (x->r->forced || x->shadow_seq >= 0) {
+            sch->keep_at[i] = n_keep;
+            sch->keep[n_keep++] = i;
+        }
+    }
+    const int need_rows = fast ? n_keep : n_rows;
+    if (need_rows > sch->logit_rows) {
+        float *g = realloc(sch->logits, sizeof(float) * V * (size_t)need_rows);
         if (!g) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
         sch->logits = g;
-        sch->logit_rows = n_rows;
+        sch->logit_rows = need_rows;
     }
-    fr_status st = fr_session_step(sch->s, sch->rows, n_rows, sch->logits);
+    fr_status st = fast ? fr_session_decode_keep(sch->s, sch->rows, sch->drows, n_dec, sch->dtok, sch->dlp, sch->keep,
+                                                 n_keep, sch->logits)
+                        : fr_session_step(sch->s, sch->rows, n_rows, sch->logits);
     if (st) {
         /* The step's work ends with reason error; nothing else changes. */
         while (n_jobs > 0) {
@@ -712,9 +771,11 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
     }
     for (int i = 0; i < n_dec; i++) {
         sample *x = sch->row_samples[i];
-        fr_finish_reason why = draw(sch, x, sch->logits + (size_t)i * V);
-        if (n_mon && x->shadow_seq >= 0 && why != FR_FINISH_ERROR)
-            measure(sch, x, sch->logits + (size_t)i * V, sch->ref + (size_t)sch->mon_rows[i] * V);
+        const float *lg = !fast ? sch->logits + (size_t)i * V
+                          : sch->keep_at[i] >= 0 ? sch->logits + (size_t)sch->keep_at[i] * V : NULL;
+        fr_finish_reason why = fast && !x->r->forced ? accept(sch, x, sch->dtok[i], sch->dlp[i]) : draw(sch, x, lg);
+        if (n_mon && x->shadow_seq >= 0 && lg && why != FR_FINISH_ERROR)
+            measure(sch, x, lg, sch->ref + (size_t)sch->mon_rows[i] * V);
         if (why) finish(sch, x, why);
     }
     /* The batch's jobs are the first n_jobs of the prefill list. */

@@ -371,6 +371,16 @@ fr_status fr_session_step(fr_session *s, const fr_step_seq *seqs, int n_seqs, fl
 fr_status fr_session_decode(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
                             int *tokens, float *logprobs)
 {
+    return fr_session_decode_keep(s, seqs, rows, n_seqs, tokens, logprobs, NULL, 0, NULL);
+}
+
+fr_status fr_session_decode_keep(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
+                                 int *tokens, float *logprobs, const int *keep, int n_keep, float *kept_logits)
+{
+    if (!s || n_seqs < 0 || (n_seqs && (!seqs || !rows)))
+        return fr_fail(FR_EINVAL, "fr_session_decode: bad argument");
+    if (n_keep < 0 || n_keep > n_seqs || (n_keep && (!keep || !kept_logits)))
+        return fr_fail(FR_EINVAL, "fr_session_decode: bad list of rows whose logits to keep");
     const int V = s->model->cfg.vocab_size;
 #ifdef FR_HAVE_CUDA
     if (s->backend == FR_BACKEND_CUDA) {
@@ -380,17 +390,21 @@ fr_status fr_session_decode(fr_session *s, const fr_step_seq *seqs, const fr_dec
             p[i] = (fr_sample_row){.temperature = rows[i].params.temperature, .top_k = rows[i].params.top_k,
                                    .top_p = rows[i].params.top_p, .seed = rows[i].params.seed,
                                    .sequence = rows[i].sequence, .step = rows[i].step};
-        fr_status st = fr_runner_cuda_decode(s->gpu, seqs, p, n_seqs, tokens, logprobs);
+        fr_status st = fr_runner_cuda_decode_keep(s->gpu, seqs, p, n_seqs, tokens, logprobs, keep, n_keep,
+                                                  kept_logits);
         free(p);
         return st;
     }
 #endif
-    for (int i = 0; i < n_seqs; i++) {
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] < 0 || keep[i] >= n_seqs)
+            return fr_fail(FR_EINVAL, "decode: row %d to keep is outside the batch of %d", keep[i], n_seqs);
+    for (int i = 0; i < n_seqs && tokens; i++) {
         fr_status st = fr_sampling_params_check(&rows[i].params, V);
         if (st) return st;
     }
     fr_status st = FR_OK;
-    if (!s->sampler && (st = fr_sampler_new(V, &s->sampler))) return st;
+    if (tokens && !s->sampler && (st = fr_sampler_new(V, &s->sampler))) return st;
     if (s->step_logits_rows < n_seqs) {
         float *grown = realloc(s->step_logits, sizeof(float) * (size_t)V * (size_t)n_seqs);
         if (!grown) return fr_fail(FR_ENOMEM, "out of memory");
@@ -398,9 +412,11 @@ fr_status fr_session_decode(fr_session *s, const fr_step_seq *seqs, const fr_dec
         s->step_logits_rows = n_seqs;
     }
     st = fr_session_step(s, seqs, n_seqs, s->step_logits);
-    for (int i = 0; i < n_seqs && !st; i++)
+    for (int i = 0; i < n_seqs && !st && tokens; i++)
         st = fr_sample(s->sampler, s->step_logits + (size_t)i * V, &rows[i].params, rows[i].sequence, rows[i].step,
                        &tokens[i], logprobs ? &logprobs[i] : NULL);
+    for (int i = 0; i < n_keep && !st; i++)
+        memcpy(kept_logits + (size_t)i * V, s->step_logits + (size_t)keep[i] * V, sizeof(float) * (size_t)V);
     return st;
 }
 

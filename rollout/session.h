@@ -100,6 +100,12 @@ typedef struct {
  * samples from the step's logits with the same rules and draws. */
 fr_status fr_session_decode(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
                             int *tokens, float *logprobs);
+/* The same decode, also handing out the logits of rows keep[0..n_keep)
+ * (indices into seqs) as kept_logits [n_keep][vocab]: on CUDA only those
+ * rows leave the device. tokens NULL: logits only (the CPU then samples
+ * nothing; CUDA samples on the device and drops the tokens). */
+fr_status fr_session_decode_keep(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
+                                 int *tokens, float *logprobs, const int *keep, int n_keep, float *kept_logits);
 
 /* A new sequence holding src's tokens (shared full pages, copied slots). */
 fr_status fr_session_fork(fr_session *s, int src, int *dst);

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The continuous-batching scheduler on the CUDA backend: decode-only batches
+# take the decode graphs with sampling on the device, and only monitored or
+# teacher-forced rows bring their logits to the host. Checks, for tq6 (byte
+# vocabulary) and the Qwen3-4B shape (152k vocabulary, synthetic weights):
+#  - monitoring does not change what is generated: sampled tokens and
+#    log-probs with --kl-sample-rate 0.25 equal those with 0, bit for bit;
+#  - every monitored sample reports a finite KL, and only they do;
+#  - on tq6, greedy tokens from the scheduler equal `generate`'s (the
+#    sampler's keys are the same; greedy makes the check independent of
+#    how batches are composed, up to exact logit ties).
+# Needs a GPU; tq6 from $FR_TQ6_DIR or ../shared/models/tq6 (its cases skip
+# without it).
+# usage: tests/gpu/scheduler_gpu.sh [BUILD_DIR]
+set -euo pipefail
+name=scheduler_gpu
+build=${1:-${BUILD:-build}}
+bin=$build/fp4rollout
+py=/usr/bin/python3
+command -v $py >/dev/null || py=python3
+fail() { echo "$name: FAIL: $*" >&2; exit 1; }
+if ! nvidia-smi -L >/dev/null 2>&1; then echo "$name: SKIP: no GPU"; exit 0; fi
+[ -x "$bin" ] || fail "$bin is missing (run make)"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+prompts() { # FILE COUNT VOCAB FIRST
+  $py - "$@" <<'PY'
+import random, sys
+path, count, vocab, first = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+r = random.Random(7)
+with open(path, "w") as f:
+    for i in range(count):
+        f.write(",".join([str(first)] + [str(r.randrange(vocab)) for _ in range(20 + 37 * i)]) + "\n")
+PY
+}
+
+same_generation() { # A.jsonl B.jsonl LABEL: tokens and logprobs equal; KL only where monitored
+  $py - "$@" <<'PY' || fail "$3: monitoring changed the generation"
+import json, math, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+key = lambda j: (j["request"], j["sample"])
+a.sort(key=key); b.sort(key=key)
+assert len(a) == len(b) and len(a) > 0, "sample counts differ"
+mon = 0
+for x, y in zip(a, b):
+    assert key(x) == key(y)
+    assert x["tokens"] == y["tokens"], "tokens differ at %s" % (key(x),)
+    assert x["logprobs"] == y["logprobs"], "log-probs differ at %s" % (key(x),)
+    assert "kl_mean" not in x, "an unmonitored run reports KL"
+    if "kl_mean" in y:
+        mon += 1
+        assert math.isfinite(y["kl_mean"]) and y["top1_agree"] >= 0, "bad KL %s" % y
+assert 0 < mon < len(b), "monitored %d of %d" % (mon, len(b))
+print("%s: %d samples, %d monitored, tokens and log-probs equal" % (sys.argv[3], len(a), mon))
+PY
+}
+
+q4b=(--model synthetic:qwen3-4b --backend cuda --kv nvfp4 --n 4 --max-tokens 48 --temperature 1 --seed 5
+     --ignore-eos --max-seqs 32)
+prompts "$dir/p4b.txt" 8 151000 151643
+for rate in 0 0.25; do
+  timeout 300 "$bin" rollout --prompts "$dir/p4b.txt" "${q4b[@]}" --kl-sample-rate $rate --json \
+    > "$dir/q4b_$rate.jsonl" 2> "$dir/q4b_$rate.err" || { tail -5 "$dir/q4b_$rate.err"; fail "qwen3-4b rollout at rate $rate"; }
+done
+same_generation "$dir/q4b_0.jsonl" "$dir/q4b_0.25.jsonl" "$name: qwen3-4b shape"
+
+tq6=$(cd "${FR_TQ6_DIR:-../shared/models/tq6}" 2>/dev/null && pwd || true)
+if [ -z "$tq6" ] || [ ! -f "$tq6/config.json" ]; then
+  echo "$name: tq6 not found: its cases skipped"
+  echo "$name: PASS"
+  exit 0
+fi
+prompts "$dir/ptq6.txt" 12 256 256
+t6=(--model "$tq6" --backend cuda --kv nvfp4 --n 3 --max-tokens 96 --temperature 1 --seed 2 --ignore-eos --max-seqs 16)
+for rate in 0 0.25; do
+  timeout 300 "$bin" rollout --prompts "$dir/ptq6.txt" "${t6[@]}" --kl-sample-rate $rate --json \
+    > "$dir/tq6_$rate.jsonl" 2> "$dir/tq6_$rate.err" || { tail -5 "$dir/tq6_$rate.err"; fail "tq6 rollout at rate $rate"; }
+done
+same_generation "$dir/tq6_0.jsonl" "$dir/tq6_0.25.jsonl" "$name: tq6"
+
+# Greedy: the scheduler against generate, prompt by prompt.
+timeout 300 "$bin" rollout --prompts "$dir/ptq6.txt" --model "$tq6" --backend cuda --kv nvfp4 --greedy --max-tokens 64 \
+  --ignore-eos --max-seqs 16 --json > "$dir/greedy_rollout.jsonl" 2> "$dir/greedy_rollout.err" ||
+  { tail -5 "$dir/greedy_rollout.err"; fail "greedy rollout"; }
+i=0
+while IFS= read -r line; do
+  echo "$line" > "$dir/one.txt"
+  timeout 120 "$bin" generate --model "$tq6" --backend cuda --kv nvfp4 --prompt-file "$dir/one.txt" --max-tokens 64 \
+    --ignore-eos --json > "$dir/gen_$i.json" 2> "$dir/gen_$i.err" || { tail -5 "$dir/gen_$i.err"; fail "generate $i"; }
+  i=$((i + 1))
+done < "$dir/ptq6.txt"
+$py - "$dir" $i <<'PY' || fail "greedy scheduler tokens differ from generate's"
+import json, sys
+d, n = sys.argv[1], int(sys.argv[2])
+roll = {j["request"]: j["tokens"] for j in map(json.loads, open(d + "/greedy_rollout.jsonl"))}
+bad = 0
+for i in range(n):
+    g = json.loads(open("%s/gen_%d.json" % (d, i)).read().splitlines()[0])
+    toks = g["tokens"] if "tokens" in g else g["samples"][0]["tokens"]
+    if toks != roll[i]:
+        bad += 1
+        k = next(t for t in range(len(toks)) if toks[t] != roll[i][t])
+        print("prompt %d: first difference at token %d" % (i, k))
+print("scheduler_gpu: greedy, %d of %d prompts equal to generate" % (n - bad, n))
+sys.exit(1 if bad else 0)
+PY
+echo "$name: PASS"
