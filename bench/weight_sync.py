@@ -11,9 +11,12 @@ to the commit reply, for a random Qwen3-shaped checkpoint written here.
 Prints one markdown row per push (bytes, seconds, MiB/s, and the server's own
 time to switch the staged weights in) and a summary per dtype. Needs numpy
 for writing the checkpoint (once: an existing DIR/model.safetensors is kept).
---model pushes an existing model instead (a checkpoint folder or
-synthetic:NAME, e.g. synthetic:qwen3-4b with --backend cuda on a GPU
-machine: the Qwen3-4B shape, 16 GB in float32, 8 GB in bf16).
+--preset qwen3-4b writes a checkpoint of Qwen3-4B's shape instead (4.0 B
+parameters, tied embeddings, stored as BF16: 8 GB; 16 GB sent as float32),
+for the figure on a GPU machine with --backend cuda --dtypes bf16. Its
+values are one random block repeated at shifting offsets (generating 4 B
+normal deviates would take minutes; a sync only moves bytes). --model
+pushes an existing checkpoint folder instead.
 """
 import argparse
 import json
@@ -27,14 +30,18 @@ import tempfile
 import time
 
 
-def write_checkpoint(d, hidden, layers, inter, vocab, heads, kv_heads, head_dim):
+PRESETS = {"qwen3-4b": dict(hidden=2560, layers=36, inter=9728, vocab=151936, heads=32, kv_heads=8, head_dim=128,
+                           tie=True, dtype="BF16")}
+
+
+def write_checkpoint(d, hidden, layers, inter, vocab, heads, kv_heads, head_dim, tie=False, dtype="F32"):
     import numpy as np
     os.makedirs(d, exist_ok=True)
     cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": hidden,
            "num_hidden_layers": layers, "intermediate_size": inter, "vocab_size": vocab,
            "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
            "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
-           "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
+           "tie_word_embeddings": tie, "bos_token_id": 1, "eos_token_id": 2}
     json.dump(cfg, open(os.path.join(d, "config.json"), "w"), indent=1)
     shapes = [("model.embed_tokens.weight", (vocab, hidden))]
     for i in range(layers):
@@ -47,23 +54,33 @@ def write_checkpoint(d, hidden, layers, inter, vocab, heads, kv_heads, head_dim)
                    (p + "self_attn.q_norm.weight", (head_dim,)), (p + "self_attn.k_norm.weight", (head_dim,)),
                    (p + "mlp.gate_proj.weight", (inter, hidden)), (p + "mlp.up_proj.weight", (inter, hidden)),
                    (p + "mlp.down_proj.weight", (hidden, inter))]
-    shapes += [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
+    shapes += [("model.norm.weight", (hidden,))] + ([] if tie else [("lm_head.weight", (vocab, hidden))])
+    esize = 2 if dtype == "BF16" else 4
     header, off = {}, 0
     for name, shape in shapes:
-        n = 4 * int(np.prod(shape))
-        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + n]}
+        n = esize * int(np.prod(shape))
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
         off += n
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
     rng = np.random.default_rng(0)
+    block = (rng.standard_normal(1 << 24, dtype=np.float32) * 0.02).astype(np.float32)
+    shift = 0
     with open(os.path.join(d, "model.safetensors"), "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h)
         for name, shape in shapes:
+            count = int(np.prod(shape))
             if len(shape) == 1:
-                a = np.ones(shape, np.float32)
-            else:
-                a = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
-            f.write(a.tobytes())
+                a = np.ones(count, np.float32)
+            elif count <= block.size:
+                a = rng.standard_normal(count, dtype=np.float32) * 0.02
+            else:   # large matrices: the random block, rotated, repeated
+                shift = (shift + 7919) % block.size
+                a = np.resize(np.roll(block, shift), count)
+            if dtype == "BF16":   # round to nearest even, as a trainer's cast does
+                u = a.astype(np.float32).view(np.uint32)
+                a = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+            f.write(np.ascontiguousarray(a).tobytes())
     return off
 
 
@@ -91,15 +108,19 @@ def main():
     ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
     ap.add_argument("--model", help="push this model (folder or synthetic:NAME) instead of writing one")
     ap.add_argument("--backend", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="write a checkpoint of this shape")
     a = ap.parse_args()
     if not os.path.isdir(a.build):   # relative to the repository when not to the working directory
         a.build = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), a.build)
-    d = a.dir or os.path.join(tempfile.gettempdir(), "fp4rollout_weight_sync_ckpt")
+    d = a.dir or os.path.join(tempfile.gettempdir(), "fp4rollout_weight_sync_" + (a.preset or "ckpt"))
     model = a.model or d
     os.makedirs(d, exist_ok=True)
     if not a.model and not os.path.exists(os.path.join(d, "model.safetensors")):
         print(f"writing the checkpoint to {d} ...", file=sys.stderr)
-        write_checkpoint(d, a.hidden, a.layers, a.intermediate, a.vocab, a.heads, a.kv_heads, a.head_dim)
+        if a.preset:
+            write_checkpoint(d, **PRESETS[a.preset])
+        else:
+            write_checkpoint(d, a.hidden, a.layers, a.intermediate, a.vocab, a.heads, a.kv_heads, a.head_dim)
     port = free_port()
     cfg = os.path.join(d, "serve.json")
     json.dump({"model": os.path.abspath(model) if os.path.isdir(model) else model, "backend": a.backend,

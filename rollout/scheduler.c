@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "divergence.h"
 
@@ -90,6 +91,13 @@ struct fr_scheduler {
 };
 
 static int blocks_for(int tokens) { return (tokens + T - 1) / T; }
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 static int grow(void **p, int *cap, int need, size_t elem)
 {
@@ -290,7 +298,10 @@ static void measure(fr_scheduler *sch, sample *x, const float *logits, const flo
 {
     fr_kl_result k;
     const int i = x->n - 1;
-    if (fr_kl_topk(ref, logits, sch->vocab, FR_KL_TOP_K, x->tokens[i], &k)) return;
+    double t0 = now_s();
+    fr_status st = fr_kl_topk(ref, logits, sch->vocab, FR_KL_TOP_K, x->tokens[i], &k);
+    sch->st.kl_s += now_s() - t0;
+    if (st) return;
     fr_div_summary_add(&x->div, &k);
     if (x->kl) x->kl[i] = (float)k.kl;
     fr_div_aggregates_add(&sch->agg, x->versions[i], (long)x->r->n_prompt + i, &k);
@@ -724,6 +735,7 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         sch->logits = g;
         sch->logit_rows = need_rows;
     }
+    double t0 = now_s();
     fr_status st = fast ? fr_session_decode_keep(sch->s, sch->rows, sch->drows, n_dec, sch->dtok, sch->dlp, sch->keep,
                                                  n_keep, sch->logits)
                         : fr_session_step(sch->s, sch->rows, n_rows, sch->logits);
@@ -739,7 +751,10 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         for (int i = 0; i < n_dec; i++) finish(sch, sch->row_samples[i], FR_FINISH_ERROR);
         return st;
     }
+    double t1 = now_s();
+    sch->st.forward_s += t1 - t0;
     sch->st.steps++;
+    sch->st.decode_steps += fast;
     /* 4. The monitored decodes' shadow step (the same input tokens), then
      *    decode tokens and their D_t, then the prefills' progress. */
     int n_mon = 0;
@@ -769,6 +784,8 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
             n_mon = 0;
         }
     }
+    double t2 = now_s();
+    sch->st.shadow_s += t2 - t1;
     for (int i = 0; i < n_dec; i++) {
         sample *x = sch->row_samples[i];
         const float *lg = !fast ? sch->logits + (size_t)i * V
@@ -793,6 +810,7 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         sch->n_prefill--;
         complete_job(sch, &j, sch->logits + (size_t)(n_dec + k) * V);
     }
+    sch->st.host_s += now_s() - t2;
     return FR_OK;
 }
 

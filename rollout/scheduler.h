@@ -68,6 +68,12 @@ typedef struct {
     uint64_t weight_version;   /* what new tokens are drawn with */
     int monitored;             /* running samples with a shadow */
     int shadow_blocks_free;    /* -1: no shadow open */
+    /* Where the steps' wall time went (seconds since the scheduler began):
+     * the forward steps (decode-only ones: decode_steps of them), the
+     * shadow's steps, and the host's own work on logits (sampling, teacher
+     * forcing, the KL of monitored rows; kl_s of it the KL). */
+    long long decode_steps;
+    double forward_s, shadow_s, host_s, kl_s;
 } fr_scheduler_stats;
 
 typedef struct fr_scheduler fr_scheduler;

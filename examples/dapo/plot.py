@@ -110,12 +110,21 @@ def main():
     ap.add_argument("--out", default=None, help="figure path (default RUN/curves.png, or compare.png)")
     ap.add_argument("--smooth", type=int, default=1, help="moving average over this many steps")
     ap.add_argument("--window", type=int, default=10, help="steps averaged at each end in the table")
+    ap.add_argument("--steps", default="common",
+                    help="compare the first N steps of each run; 'common' (default): as many as every run has; "
+                         "'all': each run whole")
     a = ap.parse_args()
     labels = a.labels.split(",") if a.labels else [os.path.basename(os.path.abspath(r)) for r in a.runs]
     if len(labels) != len(a.runs):
         sys.exit("plot: one label per run")
     runs = [(lab, read_csv(os.path.join(r, "metrics.csv"))) for lab, r in zip(labels, a.runs)]
     if a.compare or len(runs) > 1:
+        # Runs stopped at different steps compare over the steps all have,
+        # so "last N" means the same steps for every run.
+        if a.steps != "all":
+            n = min(len(c.get("step", [])) for _, c in runs) if a.steps == "common" else int(a.steps)
+            runs = [(lab, {k: v[:n] for k, v in c.items()}) for lab, c in runs]
+            print(f"plot: comparing the first {n} steps of each run", file=sys.stderr)
         out = a.out or "compare.png"
         _draw(runs, out, a.smooth)
         print(table(runs, a.window))

@@ -15,14 +15,15 @@
 # loopback port), METRICS_PORT (0: off), CALIB (auto: for FP8 and
 # full-recipe FP4 kinds, calibrate once into OUT/calib.safetensors from
 # MODEL/texts/calib_*.txt when those exist; none: no calibration file; or a
-# file), BUILD (build).
+# file), BUILD (build), PYTHON (the interpreter with PyTorch, default
+# /usr/bin/python3).
 # The server's own log goes to OUT/serve.log.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${BUILD:-build}
 bin=$build/fp4rollout
-py=/usr/bin/python3
-[ $# -ge 2 ] || { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+py=${PYTHON:-/usr/bin/python3}
+[ $# -ge 2 ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 kind=$1; out=$2; shift 2
 [ -x "$bin" ] || { echo "run_experiment: $bin is missing (run make)" >&2; exit 1; }
 

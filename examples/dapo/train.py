@@ -47,6 +47,9 @@ def parse_args(argv=None):
                     help="checkpoint folder the server also serves (default ../shared/models/tq6)")
     ap.add_argument("--out", required=True, help="output folder (created)")
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--time-limit-s", type=float, default=0,
+                    help="stop after the step during which this much wall time passed (0: none); "
+                         "the outputs are written as after the last step")
     ap.add_argument("--batch-groups", type=int, default=8, help="informative groups per training step")
     ap.add_argument("--n", type=int, default=8, help="responses per prompt (the group size)")
     ap.add_argument("--max-tokens", type=int, default=48, help="L_max: the most response tokens")
@@ -152,7 +155,11 @@ def main(argv=None):
     with open(os.path.join(args.out, "args.json"), "w") as f:
         json.dump({**vars(args), "server_info": info}, f, indent=1)
 
+    t_start = time.monotonic()
     for step in range(args.steps):
+        if args.time_limit_s > 0 and time.monotonic() - t_start >= args.time_limit_s:
+            print(f"train: time limit of {args.time_limit_s:g} s reached after {step} steps", flush=True)
+            break
         t_step = time.monotonic()
         version = base + step                 # the weights serving now
         lr = args.lr * min(1.0, (step + 1) / args.warmup_steps) if args.warmup_steps > 0 else args.lr
