@@ -5,6 +5,12 @@
 #include <string.h>
 
 #include "kvcache/kv_cache.h"
+#ifdef FR_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kl_cuda.h"
+#include "runner_cuda.h"
+#endif
 
 /* ---- summaries ---- */
 
@@ -68,6 +74,10 @@ struct fr_shadow {
     fr_decode_row *rows;   /* greedy: the shadow's own draws are never used */
     int *keep;             /* 0, 1, ...: every row's logits are wanted */
     int cap;
+    /* measuring on the device: rows 0, 1, ... of the shadow's decode, the
+     * served rows and chosen tokens, the results */
+    int *d_ref_rows, *d_served_rows, *d_chosen;
+    fr_kl_result *d_out;
 };
 
 fr_status fr_shadow_open(fr_session *main, int max_seqs, int n_blocks, fr_shadow **out)
@@ -106,6 +116,12 @@ void fr_shadow_close(fr_shadow **psh)
 {
     fr_shadow *sh = psh ? *psh : NULL;
     if (!sh) return;
+#ifdef FR_HAVE_CUDA
+    cudaFree(sh->d_ref_rows);
+    cudaFree(sh->d_served_rows);
+    cudaFree(sh->d_chosen);
+    cudaFree(sh->d_out);
+#endif
     fr_session_close(&sh->s);
     free(sh->rows);
     free(sh->keep);
@@ -135,6 +151,59 @@ fr_status fr_shadow_step(fr_shadow *sh, const int *shadow_seqs, const int *token
     /* The decode path: on CUDA a replayed graph, and only these rows' logits
      * come back to the host. */
     return fr_session_decode_keep(&sh->s, sh->steps, sh->rows, n, NULL, NULL, sh->keep, n, ref_logits);
+}
+
+int fr_shadow_on_device(const fr_shadow *sh)
+{
+#ifdef FR_HAVE_CUDA
+    return sh && sh->s.backend == FR_BACKEND_CUDA;
+#else
+    (void)sh;
+    return 0;
+#endif
+}
+
+fr_status fr_shadow_step_kl(fr_shadow *sh, fr_session *served, const int *shadow_seqs, const int *tokens, int n,
+                            const int *served_rows, const int *chosen, fr_kl_result *out)
+{
+    if (!fr_shadow_on_device(sh) || !served || served->backend != sh->s.backend)
+        return fr_fail(FR_EUNSUPPORTED, "shadow: measuring on the device needs the CUDA backend");
+    if (n < 0 || n > sh->cap || (n && (!shadow_seqs || !tokens || !served_rows || !chosen || !out)))
+        return fr_fail(FR_EINVAL, "fr_shadow_step_kl: bad argument");
+    if (n == 0) return FR_OK;
+#ifdef FR_HAVE_CUDA
+    const size_t cap = (size_t)sh->cap;
+    if (!sh->d_ref_rows) {
+        if (cudaMalloc((void **)&sh->d_ref_rows, sizeof(int) * cap) != cudaSuccess ||
+            cudaMalloc((void **)&sh->d_served_rows, sizeof(int) * cap) != cudaSuccess ||
+            cudaMalloc((void **)&sh->d_chosen, sizeof(int) * cap) != cudaSuccess ||
+            cudaMalloc((void **)&sh->d_out, sizeof(fr_kl_result) * cap) != cudaSuccess ||
+            cudaMemcpy(sh->d_ref_rows, sh->keep, sizeof(int) * cap, cudaMemcpyHostToDevice) != cudaSuccess) {
+            cudaGetLastError();
+            return fr_fail(FR_ENOMEM, "shadow: cannot allocate %zu rows of measurement buffers on the device", cap);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        sh->steps[i] = (fr_step_seq){.seq = shadow_seqs[i], .n = 1, .tokens = &tokens[i], .all_logits = 0};
+    /* The decode path with no logits to the host: they stay for the kernel. */
+    fr_status st = fr_session_decode_keep(&sh->s, sh->steps, sh->rows, n, NULL, NULL, NULL, 0, NULL);
+    if (st) return st;
+    const int V = sh->s.model->cfg.vocab_size;
+    /* Both decodes have finished (each waits for its stream), so the kernel
+     * can run on the default stream and read both. */
+    if (cudaMemcpy(sh->d_served_rows, served_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(sh->d_chosen, chosen, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess)
+        return fr_fail(FR_EINTERNAL, "shadow: %s", cudaGetErrorString(cudaGetLastError()));
+    st = fr_kl_topk_cuda(fr_runner_cuda_decode_logits(sh->s.gpu), sh->d_ref_rows,
+                         fr_runner_cuda_decode_logits(served->gpu), sh->d_served_rows, sh->d_chosen, n, V, FR_KL_TOP_K,
+                         sh->d_out, 0);
+    if (st) return st;
+    if (cudaMemcpy(out, sh->d_out, sizeof(fr_kl_result) * (size_t)n, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return fr_fail(FR_EINTERNAL, "shadow: the divergence kernel failed: %s", cudaGetErrorString(cudaGetLastError()));
+    return FR_OK;
+#else
+    return FR_EUNSUPPORTED;
+#endif
 }
 
 fr_status fr_shadow_fork(fr_shadow *sh, int src, int *dst)

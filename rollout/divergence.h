@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "divergence_summary.h"
+#include "kl_metrics.h"
 #include "session.h"
 
 #ifdef __cplusplus
@@ -39,6 +40,18 @@ fr_status fr_shadow_start(fr_shadow *sh, const int *tokens, int n, int *shadow_s
  * consume in this step); ref_logits [n][vocab] receives the shadow's next
  * distributions. */
 fr_status fr_shadow_step(fr_shadow *sh, const int *shadow_seqs, const int *tokens, int n, float *ref_logits);
+/* Whether the shadow measures on the device (the CUDA backend): then
+ * fr_shadow_step_kl serves decode-only steps, and no logits cross to the
+ * host. */
+int fr_shadow_on_device(const fr_shadow *sh);
+/* The same shadow step, then each sequence's D_t (kl_metrics.h, top
+ * FR_KL_TOP_K) against the serving session's last decode on the device:
+ * shadow row j against served row served_rows[j] (its index in that decode's
+ * batch), with chosen[j] the token the serving sample drew; out[j] receives
+ * the result. The serving decode must have finished (fr_session_decode_keep
+ * returns when it has) and nothing may have stepped it since. */
+fr_status fr_shadow_step_kl(fr_shadow *sh, fr_session *served, const int *shadow_seqs, const int *tokens, int n,
+                            const int *served_rows, const int *chosen, fr_kl_result *out);
 /* A new shadow sequence holding src's tokens (for the n samples of one
  * prompt). */
 fr_status fr_shadow_fork(fr_shadow *sh, int src, int *dst);

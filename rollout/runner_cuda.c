@@ -26,8 +26,10 @@ struct fr_runner_cuda {
     int graph_rows[FR_CUDA_GRAPH_BUCKETS];
     int use_graphs;
     int max_tokens, max_seqs, max_pages;
+    int step_tokens;            /* rows of the residual stream in the step under way */
     /* device buffers */
     float *x, *q, *k, *v, *gu, *logits;
+    float *draw_logits;         /* [max_seqs][vocab]: rows gathered for sampling in a step (made on first use) */
     int logit_cap;              /* rows of the logits buffer; the LM head runs in slices of it */
     uint16_t *xn, *att, *h, *step_k, *step_v;
     int *ids, *pos, *tables, *logit_rows, *tokens_out;
@@ -196,7 +198,7 @@ void fr_runner_cuda_destroy(fr_runner_cuda **pr)
     void *dev[] = {r->x, r->xn, r->q, r->k, r->v, r->step_k, r->step_v, r->att, r->gu, r->h, r->logits,
                    r->partial, r->logits_local, r->logits_all,
                    r->ids, r->pos, r->logit_rows, r->seqs, r->tables, r->attn_ws, r->tokens_out,
-                   r->logprobs_out, r->sample_rows, r->fp4_ws, r->prefill_ws};
+                   r->logprobs_out, r->sample_rows, r->fp4_ws, r->prefill_ws, r->draw_logits};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
     void *host[] = {r->h_ids, r->h_pos, r->h_logit_rows, r->h_seqs, r->h_tables, r->h_tokens, r->h_logprobs,
                     r->h_sample_rows};
@@ -389,14 +391,16 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
     return st;
 }
 
-fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, float *logits)
+/* The step's forward pass up to the last layer (metadata, embedding,
+ * layers): the residual stream of every token is left in r->x. */
+static fr_status forward_layers(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int *n_logits)
 {
     const fr_model_config *c = &r->w->cfg;
     const int D = c->hidden_size, V = r->vocab;
-    int M = 0, n_logits = 0, max_new = 0;
+    int M = 0, max_new = 0;
     fr_status st = admit(r, seqs, n_seqs, &M);
     for (int s = 0; s < n_seqs; s++) max_new = seqs[s].n > max_new ? seqs[s].n : max_new;
-    if (!st) st = upload_metadata(r, seqs, n_seqs, 0, M, &n_logits);
+    if (!st) st = upload_metadata(r, seqs, n_seqs, 0, M, n_logits);
     if (!st) st = fr_cuda_embed(r->x, r->w->embed, r->ids, M, D, V, r->stream);
     if (r->obs.layer_kv || r->obs.layer_q) {
         r->obs_seqs = seqs;
@@ -404,12 +408,38 @@ fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_
     }
     for (int l = 0; l < c->num_layers && !st; l++) st = layer_forward(r, l, M, n_seqs, max_new);
     r->obs_seqs = NULL;
-    /* Final norm and LM head on the rows that want logits, gathered first. */
+    r->step_tokens = M;
+    return st;
+}
+
+/* Final norm and LM head of logit rows a .. a + rows - 1 (rows <= logit_cap)
+ * into r->logits. */
+static fr_status logits_slice(fr_runner_cuda *r, int a, int rows)
+{
+    const fr_model_config *c = &r->w->cfg;
+    fr_status st = fr_cuda_rmsnorm_rows(r->xn, r->x, r->step_tokens, r->logit_rows + a, rows, r->w->final_norm,
+                                        c->hidden_size, c->rms_norm_eps, r->stream);
+    return st ? st : lm_head(r, rows);
+}
+
+/* After the step's device work: the cache's checks, then the bookkeeping of
+ * the tokens the device cache now holds. */
+static fr_status finish_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs)
+{
+    fr_status st = fr_kv_store_gpu_check(r->store, r->stream);
+    for (int s = 0; s < n_seqs && !st; s++) st = fr_kv_append(r->book, seqs[s].seq, seqs[s].n, NULL, NULL, 0);
+    return st;
+}
+
+fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, float *logits)
+{
+    const int V = r->vocab;
+    int n_logits = 0;
+    fr_status st = forward_layers(r, seqs, n_seqs, &n_logits);
+    /* The LM head on the rows that want logits, a slice at a time. */
     for (int a = 0; a < n_logits && !st; a += r->logit_cap) {
         int rows = n_logits - a < r->logit_cap ? n_logits - a : r->logit_cap;
-        st = fr_cuda_rmsnorm_rows(r->xn, r->x, M, r->logit_rows + a, rows, r->w->final_norm, D, c->rms_norm_eps,
-                                  r->stream);
-        if (!st) st = lm_head(r, rows);
+        st = logits_slice(r, a, rows);
         if (!st) {
             cudaError_t e = cudaMemcpyAsync(logits + (size_t)a * V, r->logits, sizeof(float) * (size_t)rows * V,
                                             cudaMemcpyDeviceToHost, r->stream);
@@ -417,10 +447,90 @@ fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_
             if (e != cudaSuccess) st = fr_fail(FR_EINTERNAL, "CUDA step failed: %s", cudaGetErrorString(e));
         }
     }
-    if (!st) st = fr_kv_store_gpu_check(r->store, r->stream);
-    /* The device cache now holds the step's tokens: advance the bookkeeping. */
-    for (int s = 0; s < n_seqs && !st; s++) st = fr_kv_append(r->book, seqs[s].seq, seqs[s].n, NULL, NULL, 0);
-    return st;
+    return st ? st : finish_step(r, seqs, n_seqs);
+}
+
+/* Samples the n gathered rows of r->draw_logits with r->h_sample_rows[0..n)
+ * and stores draw slot_of[p]'s token and log-prob. */
+static fr_status draw_gathered(fr_runner_cuda *r, int n, const int *slot_of, int *tokens, float *logprobs)
+{
+    if (n == 0) return FR_OK;
+    FR_CUDA_TRY(cudaMemcpyAsync(r->sample_rows, r->h_sample_rows, sizeof(fr_sample_row) * (size_t)n,
+                                cudaMemcpyHostToDevice, r->stream));
+    fr_status st = fr_sampler_gpu_sample(r->sampler, r->draw_logits, r->sample_rows, n, r->tokens_out,
+                                         r->logprobs_out, r->stream);
+    if (st) return st;
+    FR_CUDA_TRY(cudaMemcpyAsync(r->h_tokens, r->tokens_out, sizeof(int) * (size_t)n, cudaMemcpyDeviceToHost,
+                                r->stream));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->h_logprobs, r->logprobs_out, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost,
+                                r->stream));
+    FR_CUDA_TRY(cudaStreamSynchronize(r->stream));
+    for (int p = 0; p < n; p++) {
+        tokens[slot_of[p]] = r->h_tokens[p];
+        if (logprobs) logprobs[slot_of[p]] = r->h_logprobs[p];
+    }
+    return FR_OK;
+}
+
+fr_status fr_runner_cuda_step_draw(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, const int *draw_rows,
+                                   const fr_sample_row *draw_params, int n_draws, int *tokens, float *logprobs,
+                                   const int *keep, int n_keep, float *kept_logits)
+{
+    const int V = r->vocab;
+    int n_rows = 0;
+    for (int s = 0; s < n_seqs; s++) n_rows += seqs[s].all_logits ? seqs[s].n : 1;
+    if (n_draws < 0 || (n_draws && (!draw_rows || !draw_params || !tokens)) || n_keep < 0 ||
+        (n_keep && (!keep || !kept_logits)))
+        return fr_fail(FR_EINVAL, "step: bad list of draws or of rows whose logits to keep");
+    for (int i = 0; i < n_draws; i++) {
+        if (draw_rows[i] < 0 || draw_rows[i] >= n_rows)
+            return fr_fail(FR_EINVAL, "step: draw %d reads logit row %d of %d", i, draw_rows[i], n_rows);
+        fr_status st = fr_sample_row_check(&draw_params[i], V);
+        if (st) return st;
+    }
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] < 0 || keep[i] >= n_rows)
+            return fr_fail(FR_EINVAL, "step: logit row %d to keep is outside the step's %d", keep[i], n_rows);
+    /* The rows drawn from are gathered here, since a slice of the LM head's
+     * output is overwritten by the next; made on first use. */
+    if (n_draws && !r->draw_logits && cudaMalloc((void **)&r->draw_logits, sizeof(float) * (size_t)r->max_seqs * V))
+        return fr_fail(FR_ENOMEM, "CUDA runner: cannot allocate the sampling rows (%zu bytes) on the device",
+                       sizeof(float) * (size_t)r->max_seqs * V);
+    int *slot_of = malloc(sizeof(int) * (size_t)(r->max_seqs > 0 ? r->max_seqs : 1));
+    if (!slot_of) return fr_fail(FR_ENOMEM, "out of memory");
+    int n_logits = 0, gathered = 0;
+    fr_status st = forward_layers(r, seqs, n_seqs, &n_logits);
+    for (int a = 0; a < n_logits && !st; a += r->logit_cap) {
+        int rows = n_logits - a < r->logit_cap ? n_logits - a : r->logit_cap;
+        st = logits_slice(r, a, rows);
+        for (int i = 0; i < n_keep && !st; i++)
+            if (keep[i] >= a && keep[i] < a + rows) {
+                cudaError_t e = cudaMemcpyAsync(kept_logits + (size_t)i * V, r->logits + (size_t)(keep[i] - a) * V,
+                                                sizeof(float) * (size_t)V, cudaMemcpyDeviceToHost, r->stream);
+                if (e != cudaSuccess) st = fr_fail(FR_EINTERNAL, "CUDA step: %s", cudaGetErrorString(e));
+            }
+        for (int i = 0; i < n_draws && !st; i++) {
+            if (draw_rows[i] < a || draw_rows[i] >= a + rows) continue;
+            cudaError_t e = cudaMemcpyAsync(r->draw_logits + (size_t)gathered * V,
+                                            r->logits + (size_t)(draw_rows[i] - a) * V, sizeof(float) * (size_t)V,
+                                            cudaMemcpyDeviceToDevice, r->stream);
+            if (e != cudaSuccess) {
+                st = fr_fail(FR_EINTERNAL, "CUDA step: %s", cudaGetErrorString(e));
+                break;
+            }
+            r->h_sample_rows[gathered] = draw_params[i];
+            slot_of[gathered++] = i;
+            if (gathered == r->max_seqs) {   /* the sampler's capacity: draw these, go on */
+                st = draw_gathered(r, gathered, slot_of, tokens, logprobs);
+                gathered = 0;
+            }
+        }
+    }
+    if (!st) st = draw_gathered(r, gathered, slot_of, tokens, logprobs);
+    if (!st && cudaStreamSynchronize(r->stream) != cudaSuccess)
+        st = fr_fail(FR_EINTERNAL, "CUDA step failed: %s", cudaGetErrorString(cudaGetLastError()));
+    free(slot_of);
+    return st ? st : finish_step(r, seqs, n_seqs);
 }
 
 /* The device work of a decode step over `rows` rows (one per sequence,
@@ -523,6 +633,8 @@ fr_status fr_runner_cuda_decode_keep(fr_runner_cuda *r, const fr_step_seq *seqs,
     for (int s = 0; s < n_seqs && !st; s++) st = fr_kv_append(r->book, seqs[s].seq, 1, NULL, NULL, 0);
     return st;
 }
+
+const float *fr_runner_cuda_decode_logits(const fr_runner_cuda *r) { return r ? r->logits : NULL; }
 
 fr_status fr_runner_cuda_set_key_mean(fr_runner_cuda *r, const float *key_mean)
 {

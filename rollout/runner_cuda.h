@@ -45,6 +45,17 @@ void fr_runner_cuda_destroy(fr_runner_cuda **r);
  * changed. */
 fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, float *logits);
 
+/* A step like fr_runner_cuda_step whose logits stay on the device but for
+ * the rows asked for: draw i samples logit row draw_rows[i] (rows numbered as
+ * fr_step_logit_rows numbers them) with draw_params[i] into tokens[i] and
+ * logprobs[i] (may be NULL); several draws may read one row (the n samples of
+ * a prompt). The logits of rows keep[0..n_keep) go to kept_logits
+ * [n_keep][vocab] on the host. A scheduler's mixed steps (prefill chunks
+ * beside decodes) take this path; decode-only ones take the graphs below. */
+fr_status fr_runner_cuda_step_draw(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, const int *draw_rows,
+                                   const fr_sample_row *draw_params, int n_draws, int *tokens, float *logprobs,
+                                   const int *keep, int n_keep, float *kept_logits);
+
 /* A decode step (one new token per sequence) with sampling on the GPU:
  * tokens[i] and logprobs[i] (may be NULL) receive the token sampled for
  * seqs[i] with params[i] and its log-prob; only these come back to the host.
@@ -59,6 +70,11 @@ fr_status fr_runner_cuda_decode(fr_runner_cuda *r, const fr_step_seq *seqs, cons
 fr_status fr_runner_cuda_decode_keep(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
                                      int n_seqs, int *tokens, float *logprobs, const int *keep, int n_keep,
                                      float *kept_logits);
+
+/* The device logits of the last decode, [batch rows][vocab] in batch order
+ * (valid until the next step or decode): for measurements made on the
+ * device beside another runner's. */
+const float *fr_runner_cuda_decode_logits(const fr_runner_cuda *r);
 
 /* Installs the forward taps of runner_cpu.h (copied; NULL removes them):
  * layer_kv and layer_q see every layer of fr_runner_cuda_step's steps, as

@@ -74,7 +74,8 @@ struct fr_scheduler {
     int cap_rows;
     /* a decode-only batch: sampled on the backend, logits kept for few rows */
     fr_decode_row *drows;
-    int *dtok, *keep, *keep_at;
+    fr_step_draw *sdraws;            /* a mixed batch's draws */
+    int *dtok, *keep, *keep_at, *dslot;
     float *dlp;
     int cap_dec;
     fr_sampler *sampler;
@@ -87,6 +88,9 @@ struct fr_scheduler {
     float *ref, *lsm;                /* shadow logits [rows][vocab]; log-softmax scratch */
     int ref_rows;
     int *mon_seqs, *mon_toks, *mon_rows, cap_mon_seqs, cap_mon_toks, cap_mon_rows;
+    int *mon_served, *mon_chosen, cap_mon_served, cap_mon_chosen;   /* measuring on the device */
+    fr_kl_result *mon_kl;
+    int cap_mon_kl;
     fr_div_aggregates agg;
 };
 
@@ -129,6 +133,10 @@ static int grow_decode(fr_scheduler *sch, int n)
     sch->keep_at = p;
     if (!(p = realloc(sch->dlp, sizeof(float) * (size_t)c))) return -1;
     sch->dlp = p;
+    if (!(p = realloc(sch->sdraws, sizeof(fr_step_draw) * (size_t)c))) return -1;
+    sch->sdraws = p;
+    if (!(p = realloc(sch->dslot, sizeof(int) * (size_t)c))) return -1;
+    sch->dslot = p;
     sch->cap_dec = c;
     return 0;
 }
@@ -255,6 +263,14 @@ static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits)
     return accept(sch, x, tok, lp);
 }
 
+/* x's next token: the one drawn for it on the backend (pre_tok[i], pre_lp[i])
+ * when there is one, else drawn here from logits. */
+static fr_finish_reason take(fr_scheduler *sch, sample *x, const float *logits, const int *pre_tok,
+                             const float *pre_lp, int i)
+{
+    return pre_tok ? accept(sch, x, pre_tok[i], pre_lp[i]) : draw(sch, x, logits);
+}
+
 /* ---- divergence monitoring ---- */
 
 /* Whether sample `index` of request `id` runs a shadow at rate `rate`: a
@@ -294,17 +310,22 @@ static int ref_rows(fr_scheduler *sch, int n)
 
 /* D_t of x's last drawn token: the shadow's distribution ref against the
  * serving one, logits. */
+/* Records D_t of x's last drawn token. */
+static void record(fr_scheduler *sch, sample *x, const fr_kl_result *k)
+{
+    const int i = x->n - 1;
+    fr_div_summary_add(&x->div, k);
+    if (x->kl) x->kl[i] = (float)k->kl;
+    fr_div_aggregates_add(&sch->agg, x->versions[i], (long)x->r->n_prompt + i, k);
+}
+
 static void measure(fr_scheduler *sch, sample *x, const float *logits, const float *ref)
 {
     fr_kl_result k;
-    const int i = x->n - 1;
     double t0 = now_s();
-    fr_status st = fr_kl_topk(ref, logits, sch->vocab, FR_KL_TOP_K, x->tokens[i], &k);
+    fr_status st = fr_kl_topk(ref, logits, sch->vocab, FR_KL_TOP_K, x->tokens[x->n - 1], &k);
     sch->st.kl_s += now_s() - t0;
-    if (st) return;
-    fr_div_summary_add(&x->div, &k);
-    if (x->kl) x->kl[i] = (float)k.kl;
-    fr_div_aggregates_add(&sch->agg, x->versions[i], (long)x->r->n_prompt + i, &k);
+    if (!st) record(sch, x, &k);
 }
 
 /* Stops x's shadow (out of room or failed): the figures so far stay. */
@@ -474,6 +495,8 @@ void fr_scheduler_destroy(fr_scheduler **p)
     free(sch->row_samples);
     free(sch->row_job_m);
     free(sch->drows);
+    free(sch->sdraws);
+    free(sch->dslot);
     free(sch->dtok);
     free(sch->keep);
     free(sch->keep_at);
@@ -485,6 +508,9 @@ void fr_scheduler_destroy(fr_scheduler **p)
     free(sch->mon_seqs);
     free(sch->mon_toks);
     free(sch->mon_rows);
+    free(sch->mon_served);
+    free(sch->mon_chosen);
+    free(sch->mon_kl);
     free(sch);
     *p = NULL;
 }
@@ -589,7 +615,10 @@ static int admit_head(fr_scheduler *sch)
 
 /* A finished prefill: first tokens and forks (prompt), or the next token
  * (recompute). The job is already out of the prefill list. */
-static void complete_job(fr_scheduler *sch, job *j, const float *logits)
+/* A prefill's last chunk ran: its samples start. logits: the chunk's last
+ * row (NULL when no sample needs it on the host); pre_tok/pre_lp: the first
+ * tokens drawn on the backend, by sample index (NULL: draw here). */
+static void complete_job(fr_scheduler *sch, job *j, const float *logits, const int *pre_tok, const float *pre_lp)
 {
     req *r = j->r;
     if (j->sample >= 0) {
@@ -598,8 +627,8 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits)
         x->seq = j->seq;
         x->admit = j->admit;
         sch->running[sch->n_running++] = x;
-        fr_finish_reason why = draw(sch, x, logits);
-        if (why != FR_FINISH_ERROR) shadow_catch_up(sch, x, logits);
+        fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, 0);
+        if (why != FR_FINISH_ERROR && logits) shadow_catch_up(sch, x, logits);
         if (why) finish(sch, x, why);
         return;
     }
@@ -633,8 +662,8 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits)
     for (int i = 0; i < r->n; i++) {
         sample *x = &r->samples[i];
         if (x->done) continue;
-        fr_finish_reason why = draw(sch, x, logits);
-        if (why != FR_FINISH_ERROR && x->shadow_seq >= 0) measure(sch, x, logits, sch->ref);
+        fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, i);
+        if (why != FR_FINISH_ERROR && x->shadow_seq >= 0 && logits) measure(sch, x, logits, sch->ref);
         if (!why && seq >= 0) {        /* the first one keeps the prefill's sequence */
             x->seq = seq;
             seq = -1;
@@ -710,35 +739,68 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         n_jobs++;
     }
     if (n_rows == 0) return FR_OK;
-    /* 3. The forward step. A batch of decodes alone takes the decode path
-     *    (on CUDA a replayed graph with sampling on the device), and only the
-     *    rows teacher-forced or monitored bring their logits to the host;
-     *    otherwise every row's logits come back and the host draws. */
+    /* 3. The forward step, sampled where the logits are (on CUDA, the
+     *    device): only rows teacher-forced or monitored bring their logits
+     *    to the host. A batch of decodes alone replays a decode graph; a
+     *    batch with prefill chunks draws the first tokens of the prompts it
+     *    completes as well. */
     const size_t V = (size_t)sch->vocab;
     const int fast = n_jobs == 0;
-    int n_keep = 0;
-    if (fast && grow_decode(sch, n_dec)) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
-    for (int i = 0; fast && i < n_dec; i++) {
+    int n_draws = n_dec;
+    for (int k = 0; k < n_jobs; k++) {
+        const job *j = &sch->prefill[k];
+        if (j->done + sch->row_job_m[n_dec + k] >= j->n_total) n_draws += j->sample >= 0 ? 1 : j->r->n;
+    }
+    if (grow_decode(sch, n_rows > n_draws ? n_rows : n_draws)) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    int n_keep = 0, d = 0;
+    /* A decode-only step measures on the device when the shadow can. */
+    const int dev_kl = fast && sch->shadow && fr_shadow_on_device(sch->shadow);
+    for (int i = 0; i < n_dec; i++) {
         const sample *x = sch->row_samples[i];
-        sch->drows[i] = (fr_decode_row){.params = x->r->params, .sequence = (uint64_t)x->index, .step = (uint64_t)x->n};
-        if (x->r->forced) sch->drows[i].params = (fr_sampling_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
+        const req *r = x->r;
         sch->keep_at[i] = -1;
-        if (x->r->forced || x->shadow_seq >= 0) {
+        if (r->forced || (x->shadow_seq >= 0 && !dev_kl)) {
             sch->keep_at[i] = n_keep;
             sch->keep[n_keep++] = i;
         }
+        /* A forced row's draw (greedy) keeps the decode batch whole; unused. */
+        fr_decode_row dr = {.params = r->params, .sequence = (uint64_t)x->index, .step = (uint64_t)x->n};
+        if (r->forced) dr.params = (fr_sampling_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
+        sch->drows[i] = dr;
+        sch->dslot[i] = r->forced ? -1 : d;
+        if (fast || !r->forced) sch->sdraws[d++] = (fr_step_draw){.row = i, .d = dr};
     }
-    const int need_rows = fast ? n_keep : n_rows;
-    if (need_rows > sch->logit_rows) {
-        float *g = realloc(sch->logits, sizeof(float) * V * (size_t)need_rows);
+    for (int k = 0; k < n_jobs; k++) {
+        const job *j = &sch->prefill[k];
+        const int row = n_dec + k;
+        const req *r = j->r;
+        sch->keep_at[row] = sch->dslot[row] = -1;
+        if (j->done + sch->row_job_m[row] < j->n_total) continue;   /* not its last chunk: logits unused */
+        int lo = j->sample >= 0 ? j->sample : 0, hi = j->sample >= 0 ? j->sample + 1 : r->n, wanted = r->forced != NULL;
+        for (int i = lo; i < hi; i++)
+            wanted |= j->sample >= 0 ? r->samples[i].shadow_seq >= 0 : r->samples[i].monitored && !r->samples[i].done;
+        if (wanted) {
+            sch->keep_at[row] = n_keep;
+            sch->keep[n_keep++] = row;
+        }
+        if (r->forced) continue;
+        sch->dslot[row] = d;
+        for (int i = lo; i < hi; i++)
+            sch->sdraws[d++] = (fr_step_draw){
+                .row = row,
+                .d = {.params = r->params, .sequence = (uint64_t)r->samples[i].index, .step = (uint64_t)r->samples[i].n}};
+    }
+    if (n_keep > sch->logit_rows) {
+        float *g = realloc(sch->logits, sizeof(float) * V * (size_t)n_keep);
         if (!g) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
         sch->logits = g;
-        sch->logit_rows = need_rows;
+        sch->logit_rows = n_keep;
     }
     double t0 = now_s();
     fr_status st = fast ? fr_session_decode_keep(sch->s, sch->rows, sch->drows, n_dec, sch->dtok, sch->dlp, sch->keep,
                                                  n_keep, sch->logits)
-                        : fr_session_step(sch->s, sch->rows, n_rows, sch->logits);
+                        : fr_session_step_draw(sch->s, sch->rows, n_rows, sch->sdraws, d, sch->dtok, sch->dlp,
+                                               sch->keep, n_keep, sch->logits);
     if (st) {
         /* The step's work ends with reason error; nothing else changes. */
         while (n_jobs > 0) {
@@ -760,7 +822,11 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
     int n_mon = 0;
     if (sch->shadow && (grow((void **)&sch->mon_seqs, &sch->cap_mon_seqs, n_dec, sizeof(int)) ||
                         grow((void **)&sch->mon_toks, &sch->cap_mon_toks, n_dec, sizeof(int)) ||
-                        grow((void **)&sch->mon_rows, &sch->cap_mon_rows, n_dec, sizeof(int)) || !ref_rows(sch, n_dec))) {
+                        grow((void **)&sch->mon_rows, &sch->cap_mon_rows, n_dec, sizeof(int)) ||
+                        grow((void **)&sch->mon_served, &sch->cap_mon_served, n_dec, sizeof(int)) ||
+                        grow((void **)&sch->mon_chosen, &sch->cap_mon_chosen, n_dec, sizeof(int)) ||
+                        grow((void **)&sch->mon_kl, &sch->cap_mon_kl, n_dec, sizeof(fr_kl_result)) ||
+                        (!dev_kl && !ref_rows(sch, n_dec)))) {
         for (int i = 0; i < n_dec; i++)   /* out of memory: monitoring stops, serving goes on */
             if (sch->row_samples[i]->shadow_seq >= 0) stop_shadow(sch, sch->row_samples[i]);
     } else if (sch->shadow) {
@@ -776,9 +842,15 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
             room -= need;
             sch->mon_seqs[n_mon] = x->shadow_seq;
             sch->mon_toks[n_mon] = x->tokens[x->n - 1];
+            sch->mon_served[n_mon] = i;
+            sch->mon_chosen[n_mon] = x->r->forced ? x->r->forced[x->n] : sch->dtok[sch->dslot[i]];
             sch->mon_rows[i] = n_mon++;
         }
-        if (n_mon && fr_shadow_step(sch->shadow, sch->mon_seqs, sch->mon_toks, n_mon, sch->ref)) {
+        fr_status ms = !n_mon ? FR_OK
+                       : dev_kl ? fr_shadow_step_kl(sch->shadow, sch->s, sch->mon_seqs, sch->mon_toks, n_mon,
+                                                    sch->mon_served, sch->mon_chosen, sch->mon_kl)
+                                : fr_shadow_step(sch->shadow, sch->mon_seqs, sch->mon_toks, n_mon, sch->ref);
+        if (ms) {
             for (int i = 0; i < n_dec; i++)
                 if (sch->row_samples[i]->shadow_seq >= 0) stop_shadow(sch, sch->row_samples[i]);
             n_mon = 0;
@@ -788,11 +860,13 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
     sch->st.shadow_s += t2 - t1;
     for (int i = 0; i < n_dec; i++) {
         sample *x = sch->row_samples[i];
-        const float *lg = !fast ? sch->logits + (size_t)i * V
-                          : sch->keep_at[i] >= 0 ? sch->logits + (size_t)sch->keep_at[i] * V : NULL;
-        fr_finish_reason why = fast && !x->r->forced ? accept(sch, x, sch->dtok[i], sch->dlp[i]) : draw(sch, x, lg);
-        if (n_mon && x->shadow_seq >= 0 && lg && why != FR_FINISH_ERROR)
-            measure(sch, x, lg, sch->ref + (size_t)sch->mon_rows[i] * V);
+        const float *lg = sch->keep_at[i] >= 0 ? sch->logits + (size_t)sch->keep_at[i] * V : NULL;
+        const int slot = sch->dslot[i];
+        fr_finish_reason why = slot >= 0 ? accept(sch, x, sch->dtok[slot], sch->dlp[slot]) : draw(sch, x, lg);
+        if (n_mon && x->shadow_seq >= 0 && why != FR_FINISH_ERROR) {
+            if (dev_kl) record(sch, x, &sch->mon_kl[sch->mon_rows[i]]);
+            else if (lg) measure(sch, x, lg, sch->ref + (size_t)sch->mon_rows[i] * V);
+        }
         if (why) finish(sch, x, why);
     }
     /* The batch's jobs are the first n_jobs of the prefill list. */
@@ -808,7 +882,9 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         }
         memmove(&sch->prefill[kept], &sch->prefill[kept + 1], sizeof(job) * (size_t)(sch->n_prefill - kept - 1));
         sch->n_prefill--;
-        complete_job(sch, &j, sch->logits + (size_t)(n_dec + k) * V);
+        const int row = n_dec + k, slot = sch->dslot[row];
+        complete_job(sch, &j, sch->keep_at[row] >= 0 ? sch->logits + (size_t)sch->keep_at[row] * V : NULL,
+                     slot >= 0 ? sch->dtok + slot : NULL, slot >= 0 ? sch->dlp + slot : NULL);
     }
     sch->st.host_s += now_s() - t2;
     return FR_OK;

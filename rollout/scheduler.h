@@ -71,7 +71,9 @@ typedef struct {
     /* Where the steps' wall time went (seconds since the scheduler began):
      * the forward steps (decode-only ones: decode_steps of them), the
      * shadow's steps, and the host's own work on logits (sampling, teacher
-     * forcing, the KL of monitored rows; kl_s of it the KL). */
+     * forcing, the KL of monitored rows; kl_s of it the KL computed on the
+     * host). On CUDA a decode-only step measures on the device, inside its
+     * shadow step: that time is in shadow_s. */
     long long decode_steps;
     double forward_s, shadow_s, host_s, kl_s;
 } fr_scheduler_stats;

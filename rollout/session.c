@@ -420,6 +420,61 @@ fr_status fr_session_decode_keep(fr_session *s, const fr_step_seq *seqs, const f
     return st;
 }
 
+fr_status fr_session_step_draw(fr_session *s, const fr_step_seq *seqs, int n_seqs, const fr_step_draw *draws,
+                               int n_draws, int *tokens, float *logprobs, const int *keep, int n_keep,
+                               float *kept_logits)
+{
+    if (!s || n_seqs < 0 || (n_seqs && !seqs) || n_draws < 0 || (n_draws && (!draws || !tokens)) || n_keep < 0 ||
+        (n_keep && (!keep || !kept_logits)))
+        return fr_fail(FR_EINVAL, "fr_session_step_draw: bad argument");
+    const int V = s->model->cfg.vocab_size;
+    int n_rows = 0;
+    for (int i = 0; i < n_seqs; i++) n_rows += seqs[i].all_logits ? seqs[i].n : 1;
+    for (int i = 0; i < n_draws; i++) {
+        if (draws[i].row < 0 || draws[i].row >= n_rows)
+            return fr_fail(FR_EINVAL, "step: draw %d reads logit row %d of %d", i, draws[i].row, n_rows);
+        fr_status st = fr_sampling_params_check(&draws[i].d.params, V);
+        if (st) return st;
+    }
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] < 0 || keep[i] >= n_rows)
+            return fr_fail(FR_EINVAL, "step: logit row %d to keep is outside the step's %d", keep[i], n_rows);
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA) {
+        int *rows = malloc(sizeof(int) * (size_t)(n_draws > 0 ? n_draws : 1));
+        fr_sample_row *p = malloc(sizeof *p * (size_t)(n_draws > 0 ? n_draws : 1));
+        fr_status st = rows && p ? FR_OK : fr_fail(FR_ENOMEM, "out of memory");
+        for (int i = 0; i < n_draws && !st; i++) {
+            const fr_sampling_params *q = &draws[i].d.params;
+            rows[i] = draws[i].row;
+            p[i] = (fr_sample_row){.temperature = q->temperature, .top_k = q->top_k, .top_p = q->top_p,
+                                   .seed = q->seed, .sequence = draws[i].d.sequence, .step = draws[i].d.step};
+        }
+        if (!st)
+            st = fr_runner_cuda_step_draw(s->gpu, seqs, n_seqs, rows, p, n_draws, tokens, logprobs, keep, n_keep,
+                                          kept_logits);
+        free(rows);
+        free(p);
+        return st;
+    }
+#endif
+    fr_status st = FR_OK;
+    if (n_draws && !s->sampler && (st = fr_sampler_new(V, &s->sampler))) return st;
+    if (s->step_logits_rows < n_rows) {
+        float *grown = realloc(s->step_logits, sizeof(float) * (size_t)V * (size_t)n_rows);
+        if (!grown) return fr_fail(FR_ENOMEM, "out of memory");
+        s->step_logits = grown;
+        s->step_logits_rows = n_rows;
+    }
+    st = fr_session_step(s, seqs, n_seqs, s->step_logits);
+    for (int i = 0; i < n_draws && !st; i++)
+        st = fr_sample(s->sampler, s->step_logits + (size_t)draws[i].row * V, &draws[i].d.params, draws[i].d.sequence,
+                       draws[i].d.step, &tokens[i], logprobs ? &logprobs[i] : NULL);
+    for (int i = 0; i < n_keep && !st; i++)
+        memcpy(kept_logits + (size_t)i * V, s->step_logits + (size_t)keep[i] * V, sizeof(float) * (size_t)V);
+    return st;
+}
+
 fr_status fr_session_fork(fr_session *s, int src, int *dst)
 {
     fr_status st = fr_kv_seq_fork(s->kv, src, dst);

@@ -107,6 +107,22 @@ fr_status fr_session_decode(fr_session *s, const fr_step_seq *seqs, const fr_dec
 fr_status fr_session_decode_keep(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
                                  int *tokens, float *logprobs, const int *keep, int n_keep, float *kept_logits);
 
+/* One token to draw in fr_session_step_draw: from logit row `row` of the
+ * step (fr_step_logit_rows' numbering) with the sample's parameters and keys. */
+typedef struct {
+    int row;
+    fr_decode_row d;
+} fr_step_draw;
+
+/* A forward step of any shape (prefill chunks and decodes together) with
+ * the sampling done where the logits are: tokens[i] and logprobs[i] (may be
+ * NULL) receive draws[i]'s token, and kept_logits [n_keep][vocab] the logits
+ * of rows keep[0..n_keep). On CUDA only those rows and the tokens cross to
+ * the host; the CPU steps and samples as fr_session_step and fr_sample do. */
+fr_status fr_session_step_draw(fr_session *s, const fr_step_seq *seqs, int n_seqs, const fr_step_draw *draws,
+                               int n_draws, int *tokens, float *logprobs, const int *keep, int n_keep,
+                               float *kept_logits);
+
 /* A new sequence holding src's tokens (shared full pages, copied slots). */
 fr_status fr_session_fork(fr_session *s, int src, int *dst);
 
