@@ -78,6 +78,7 @@ struct fr_shadow {
      * served rows and chosen tokens, the results */
     int *d_ref_rows, *d_served_rows, *d_chosen;
     fr_kl_result *d_out;
+    int launched;          /* sequences of a launched step not yet waited for */
 };
 
 fr_status fr_shadow_open(fr_session *main, int max_seqs, int n_blocks, fr_shadow **out)
@@ -163,14 +164,31 @@ int fr_shadow_on_device(const fr_shadow *sh)
 #endif
 }
 
-fr_status fr_shadow_step_kl(fr_shadow *sh, fr_session *served, const int *shadow_seqs, const int *tokens, int n,
-                            const int *served_rows, const int *chosen, fr_kl_result *out)
+fr_status fr_shadow_launch(fr_shadow *sh, const int *shadow_seqs, const int *tokens, int n)
+{
+    if (!fr_shadow_on_device(sh)) return fr_fail(FR_EUNSUPPORTED, "shadow: a launched step needs the CUDA backend");
+    if (n < 1 || n > sh->cap || !shadow_seqs || !tokens) return fr_fail(FR_EINVAL, "fr_shadow_launch: bad argument");
+    for (int i = 0; i < n; i++)
+        sh->steps[i] = (fr_step_seq){.seq = shadow_seqs[i], .n = 1, .tokens = &tokens[i], .all_logits = 0};
+    sh->launched = n;
+    fr_status st = fr_session_decode_launch(&sh->s, sh->steps, sh->rows, n);
+    if (st) sh->launched = 0;
+    return st;
+}
+
+fr_status fr_shadow_wait_kl(fr_shadow *sh, fr_session *served, const int *served_rows, const int *chosen, int n,
+                            fr_kl_result *out)
 {
     if (!fr_shadow_on_device(sh) || !served || served->backend != sh->s.backend)
         return fr_fail(FR_EUNSUPPORTED, "shadow: measuring on the device needs the CUDA backend");
-    if (n < 0 || n > sh->cap || (n && (!shadow_seqs || !tokens || !served_rows || !chosen || !out)))
-        return fr_fail(FR_EINVAL, "fr_shadow_step_kl: bad argument");
-    if (n == 0) return FR_OK;
+    if (n < 1 || n != sh->launched || !served_rows || !chosen || !out) {
+        if (sh->launched) fr_session_decode_wait(&sh->s, sh->steps, sh->launched, NULL, NULL, NULL, 0, NULL);
+        sh->launched = 0;
+        return fr_fail(FR_EINVAL, "fr_shadow_wait_kl: bad argument");
+    }
+    sh->launched = 0;
+    fr_status st = fr_session_decode_wait(&sh->s, sh->steps, n, NULL, NULL, NULL, 0, NULL);
+    if (st) return st;
 #ifdef FR_HAVE_CUDA
     const size_t cap = (size_t)sh->cap;
     if (!sh->d_ref_rows) {
@@ -183,14 +201,9 @@ fr_status fr_shadow_step_kl(fr_shadow *sh, fr_session *served, const int *shadow
             return fr_fail(FR_ENOMEM, "shadow: cannot allocate %zu rows of measurement buffers on the device", cap);
         }
     }
-    for (int i = 0; i < n; i++)
-        sh->steps[i] = (fr_step_seq){.seq = shadow_seqs[i], .n = 1, .tokens = &tokens[i], .all_logits = 0};
-    /* The decode path with no logits to the host: they stay for the kernel. */
-    fr_status st = fr_session_decode_keep(&sh->s, sh->steps, sh->rows, n, NULL, NULL, NULL, 0, NULL);
-    if (st) return st;
     const int V = sh->s.model->cfg.vocab_size;
-    /* Both decodes have finished (each waits for its stream), so the kernel
-     * can run on the default stream and read both. */
+    /* Both decodes have finished (each wait waits for its stream), so the
+     * kernel can run on the default stream and read both. */
     if (cudaMemcpy(sh->d_served_rows, served_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess ||
         cudaMemcpy(sh->d_chosen, chosen, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess)
         return fr_fail(FR_EINTERNAL, "shadow: %s", cudaGetErrorString(cudaGetLastError()));
@@ -202,8 +215,16 @@ fr_status fr_shadow_step_kl(fr_shadow *sh, fr_session *served, const int *shadow
         return fr_fail(FR_EINTERNAL, "shadow: the divergence kernel failed: %s", cudaGetErrorString(cudaGetLastError()));
     return FR_OK;
 #else
-    return FR_EUNSUPPORTED;
+    return fr_fail(FR_EUNSUPPORTED, "shadow: built without CUDA");
 #endif
+}
+
+fr_status fr_shadow_step_kl(fr_shadow *sh, fr_session *served, const int *shadow_seqs, const int *tokens, int n,
+                            const int *served_rows, const int *chosen, fr_kl_result *out)
+{
+    if (n == 0) return FR_OK;
+    fr_status st = fr_shadow_launch(sh, shadow_seqs, tokens, n);
+    return st ? st : fr_shadow_wait_kl(sh, served, served_rows, chosen, n, out);
 }
 
 fr_status fr_shadow_fork(fr_shadow *sh, int src, int *dst)

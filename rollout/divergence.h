@@ -52,6 +52,13 @@ int fr_shadow_on_device(const fr_shadow *sh);
  * returns when it has) and nothing may have stepped it since. */
 fr_status fr_shadow_step_kl(fr_shadow *sh, fr_session *served, const int *shadow_seqs, const int *tokens, int n,
                             const int *served_rows, const int *chosen, fr_kl_result *out);
+/* fr_shadow_step_kl in two halves: launch enqueues the shadow's step (the
+ * serving decode may be running beside it); wait_kl finishes it and measures
+ * against the serving session's finished decode. A launch must be waited for
+ * (wait_kl with bad arguments still finishes it). */
+fr_status fr_shadow_launch(fr_shadow *sh, const int *shadow_seqs, const int *tokens, int n);
+fr_status fr_shadow_wait_kl(fr_shadow *sh, fr_session *served, const int *served_rows, const int *chosen, int n,
+                            fr_kl_result *out);
 /* A new shadow sequence holding src's tokens (for the n samples of one
  * prompt). */
 fr_status fr_shadow_fork(fr_shadow *sh, int src, int *dst);

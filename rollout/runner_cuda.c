@@ -27,6 +27,7 @@ struct fr_runner_cuda {
     int use_graphs;
     int max_tokens, max_seqs, max_pages;
     int step_tokens;            /* rows of the residual stream in the step under way */
+    int launched;               /* sequences of a decode launched and not yet waited for */
     /* device buffers */
     float *x, *q, *k, *v, *gu, *logits;
     float *draw_logits;         /* [max_seqs][vocab]: rows gathered for sampling in a step (made on first use) */
@@ -567,16 +568,11 @@ fr_status fr_runner_cuda_decode(fr_runner_cuda *r, const fr_step_seq *seqs, cons
     return fr_runner_cuda_decode_keep(r, seqs, params, n_seqs, tokens, logprobs, NULL, 0, NULL);
 }
 
-fr_status fr_runner_cuda_decode_keep(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
-                                     int n_seqs, int *tokens, float *logprobs, const int *keep, int n_keep,
-                                     float *kept_logits)
+fr_status fr_runner_cuda_decode_launch(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
+                                       int n_seqs)
 {
     const int V = r->vocab;
-    if (n_keep < 0 || n_keep > n_seqs || (n_keep && (!keep || !kept_logits)))
-        return fr_fail(FR_EINVAL, "decode: bad list of rows whose logits to keep");
-    for (int i = 0; i < n_keep; i++)
-        if (keep[i] < 0 || keep[i] >= n_seqs)
-            return fr_fail(FR_EINVAL, "decode: row %d to keep is outside the batch of %d", keep[i], n_seqs);
+    if (r->launched) return fr_fail(FR_EINVAL, "decode: the last launch has not been waited for");
     for (int s = 0; s < n_seqs; s++) {
         if (seqs[s].n != 1) return fr_fail(FR_EINVAL, "decode: sequence %d has %d new tokens, not 1", seqs[s].seq, seqs[s].n);
         fr_status st = fr_sample_row_check(&params[s], V);
@@ -622,16 +618,55 @@ fr_status fr_runner_cuda_decode_keep(fr_runner_cuda *r, const fr_step_seq *seqs,
                                 r->stream));
     FR_CUDA_TRY(cudaMemcpyAsync(r->h_logprobs, r->logprobs_out, sizeof(float) * (size_t)n_seqs,
                                 cudaMemcpyDeviceToHost, r->stream));
+    r->launched = n_seqs;
+    return FR_OK;
+}
+
+fr_status fr_runner_cuda_decode_wait(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int *tokens,
+                                     float *logprobs, const int *keep, int n_keep, float *kept_logits)
+{
+    const int V = r->vocab;
+    if (r->launched != n_seqs || n_seqs < 1)
+        return fr_fail(FR_EINVAL, "decode: waiting for %d sequences, %d were launched", n_seqs, r->launched);
+    r->launched = 0;
+    fr_status st = FR_OK;
+    if (n_keep < 0 || n_keep > n_seqs || (n_keep && (!keep || !kept_logits)))
+        st = fr_fail(FR_EINVAL, "decode: bad list of rows whose logits to keep");
+    for (int i = 0; i < n_keep && !st; i++)
+        if (keep[i] < 0 || keep[i] >= n_seqs)
+            st = fr_fail(FR_EINVAL, "decode: row %d to keep is outside the batch of %d", keep[i], n_seqs);
     /* Only the rows asked for cross to the host: a full batch of logits is
      * tens of MB per step at a 152k vocabulary. */
-    for (int i = 0; i < n_keep; i++)
-        FR_CUDA_TRY(cudaMemcpyAsync(kept_logits + (size_t)i * V, r->logits + (size_t)keep[i] * V,
-                                    sizeof(float) * (size_t)V, cudaMemcpyDeviceToHost, r->stream));
-    if ((st = fr_kv_store_gpu_check(r->store, r->stream))) return st;   /* waits for the stream */
-    if (tokens) memcpy(tokens, r->h_tokens, sizeof(int) * (size_t)n_seqs);
-    if (logprobs) memcpy(logprobs, r->h_logprobs, sizeof(float) * (size_t)n_seqs);
-    for (int s = 0; s < n_seqs && !st; s++) st = fr_kv_append(r->book, seqs[s].seq, 1, NULL, NULL, 0);
+    for (int i = 0; i < n_keep && !st; i++) {
+        cudaError_t e = cudaMemcpyAsync(kept_logits + (size_t)i * V, r->logits + (size_t)keep[i] * V,
+                                        sizeof(float) * (size_t)V, cudaMemcpyDeviceToHost, r->stream);
+        if (e != cudaSuccess) st = fr_fail(FR_EINTERNAL, "decode: %s", cudaGetErrorString(e));
+    }
+    /* Waits for the stream; the tokens enter the bookkeeping even after a
+     * bad keep list, since the device cache holds them now. */
+    fr_status chk = fr_kv_store_gpu_check(r->store, r->stream);
+    if (chk) return chk;
+    if (tokens && !st) memcpy(tokens, r->h_tokens, sizeof(int) * (size_t)n_seqs);
+    if (logprobs && !st) memcpy(logprobs, r->h_logprobs, sizeof(float) * (size_t)n_seqs);
+    for (int s = 0; s < n_seqs; s++) {
+        fr_status a = fr_kv_append(r->book, seqs[s].seq, 1, NULL, NULL, 0);
+        if (a && !st) st = a;
+    }
     return st;
+}
+
+fr_status fr_runner_cuda_decode_keep(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
+                                     int n_seqs, int *tokens, float *logprobs, const int *keep, int n_keep,
+                                     float *kept_logits)
+{
+    if (n_keep < 0 || n_keep > n_seqs || (n_keep && (!keep || !kept_logits)))
+        return fr_fail(FR_EINVAL, "decode: bad list of rows whose logits to keep");
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] < 0 || keep[i] >= n_seqs)
+            return fr_fail(FR_EINVAL, "decode: row %d to keep is outside the batch of %d", keep[i], n_seqs);
+    if (n_seqs == 0) return FR_OK;
+    fr_status st = fr_runner_cuda_decode_launch(r, seqs, params, n_seqs);
+    return st ? st : fr_runner_cuda_decode_wait(r, seqs, n_seqs, tokens, logprobs, keep, n_keep, kept_logits);
 }
 
 const float *fr_runner_cuda_decode_logits(const fr_runner_cuda *r) { return r ? r->logits : NULL; }

@@ -71,6 +71,16 @@ fr_status fr_runner_cuda_decode_keep(fr_runner_cuda *r, const fr_step_seq *seqs,
                                      int n_seqs, int *tokens, float *logprobs, const int *keep, int n_keep,
                                      float *kept_logits);
 
+/* The decode above in two halves, so that the host can launch another
+ * runner's work (a shadow's decode) while this one runs: launch enqueues
+ * everything and returns; wait (the same seqs) finishes it as
+ * fr_runner_cuda_decode_keep does. One launch at a time; nothing else may
+ * step this runner in between. */
+fr_status fr_runner_cuda_decode_launch(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
+                                       int n_seqs);
+fr_status fr_runner_cuda_decode_wait(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int *tokens,
+                                     float *logprobs, const int *keep, int n_keep, float *kept_logits);
+
 /* The device logits of the last decode, [batch rows][vocab] in batch order
  * (valid until the next step or decode): for measurements made on the
  * device beside another runner's. */

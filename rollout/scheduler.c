@@ -92,6 +92,7 @@ struct fr_scheduler {
     fr_kl_result *mon_kl;
     int cap_mon_kl;
     fr_div_aggregates agg;
+    int overlap;                     /* shadow steps beside the serving ones (FR_SHADOW_OVERLAP=0: after) */
 };
 
 static int blocks_for(int tokens) { return (tokens + T - 1) / T; }
@@ -467,6 +468,8 @@ fr_status fr_scheduler_new(fr_session *s, const fr_scheduler_config *cfg, fr_sch
     sch->cfg = c;
     sch->vocab = s->model->cfg.vocab_size;
     sch->n_blocks = kc->n_blocks;
+    const char *ov = getenv("FR_SHADOW_OVERLAP");
+    sch->overlap = !ov || strcmp(ov, "0") != 0;
     sch->running = malloc(sizeof(sample *) * (size_t)c.max_seqs);
     sch->lsm = malloc(sizeof(float) * (size_t)sch->vocab);
     fr_status st = sch->running && sch->lsm ? fr_sampler_new(sch->vocab, &sch->sampler)
@@ -752,9 +755,38 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         if (j->done + sch->row_job_m[n_dec + k] >= j->n_total) n_draws += j->sample >= 0 ? 1 : j->r->n;
     }
     if (grow_decode(sch, n_rows > n_draws ? n_rows : n_draws)) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
-    int n_keep = 0, d = 0;
     /* A decode-only step measures on the device when the shadow can. */
     const int dev_kl = fast && sch->shadow && fr_shadow_on_device(sch->shadow);
+    /* The monitored decodes: each one's shadow sequence needs room for the
+     *    token, or its monitoring stops here. */
+    int n_mon = 0;
+    if (sch->shadow && (grow((void **)&sch->mon_seqs, &sch->cap_mon_seqs, n_dec, sizeof(int)) ||
+                        grow((void **)&sch->mon_toks, &sch->cap_mon_toks, n_dec, sizeof(int)) ||
+                        grow((void **)&sch->mon_rows, &sch->cap_mon_rows, n_dec, sizeof(int)) ||
+                        grow((void **)&sch->mon_served, &sch->cap_mon_served, n_dec, sizeof(int)) ||
+                        grow((void **)&sch->mon_chosen, &sch->cap_mon_chosen, n_dec, sizeof(int)) ||
+                        grow((void **)&sch->mon_kl, &sch->cap_mon_kl, n_dec, sizeof(fr_kl_result)) ||
+                        (!dev_kl && !ref_rows(sch, n_dec)))) {
+        for (int i = 0; i < n_dec; i++)   /* out of memory: monitoring stops, serving goes on */
+            if (sch->row_samples[i]->shadow_seq >= 0) stop_shadow(sch, sch->row_samples[i]);
+    } else if (sch->shadow) {
+        int room = fr_shadow_free_blocks(sch->shadow);
+        for (int i = 0; i < n_dec; i++) {
+            sample *x = sch->row_samples[i];
+            if (x->shadow_seq < 0) continue;
+            int need = fr_shadow_blocks_needed(sch->shadow, x->shadow_seq);
+            if (need > room) {
+                stop_shadow(sch, x);
+                continue;
+            }
+            room -= need;
+            sch->mon_seqs[n_mon] = x->shadow_seq;
+            sch->mon_toks[n_mon] = x->tokens[x->n - 1];
+            sch->mon_served[n_mon] = i;
+            sch->mon_rows[i] = n_mon++;
+        }
+    }
+    int n_keep = 0, d = 0;
     for (int i = 0; i < n_dec; i++) {
         const sample *x = sch->row_samples[i];
         const req *r = x->r;
@@ -797,10 +829,26 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         sch->logit_rows = n_keep;
     }
     double t0 = now_s();
-    fr_status st = fast ? fr_session_decode_keep(sch->s, sch->rows, sch->drows, n_dec, sch->dtok, sch->dlp, sch->keep,
-                                                 n_keep, sch->logits)
-                        : fr_session_step_draw(sch->s, sch->rows, n_rows, sch->sdraws, d, sch->dtok, sch->dlp,
-                                               sch->keep, n_keep, sch->logits);
+    fr_status st;
+    int shadow_launched = 0;
+    if (dev_kl && n_mon && sch->overlap) {
+        /* The shadow's step runs beside the serving one: both decodes are
+         * small batches that leave most of the GPU idle, so together they
+         * take little more than the serving step alone. */
+        st = fr_session_decode_launch(sch->s, sch->rows, sch->drows, n_dec);
+        if (!st && !fr_shadow_launch(sch->shadow, sch->mon_seqs, sch->mon_toks, n_mon)) shadow_launched = 1;
+        if (!st) st = fr_session_decode_wait(sch->s, sch->rows, n_dec, sch->dtok, sch->dlp, sch->keep, n_keep,
+                                             sch->logits);
+        if (st && shadow_launched) {   /* finish the shadow's step; its monitoring ends with the failed step */
+            fr_shadow_wait_kl(sch->shadow, sch->s, NULL, NULL, n_mon, NULL);
+            shadow_launched = 0;
+        }
+    } else {
+        st = fast ? fr_session_decode_keep(sch->s, sch->rows, sch->drows, n_dec, sch->dtok, sch->dlp, sch->keep, n_keep,
+                                           sch->logits)
+                  : fr_session_step_draw(sch->s, sch->rows, n_rows, sch->sdraws, d, sch->dtok, sch->dlp, sch->keep,
+                                         n_keep, sch->logits);
+    }
     if (st) {
         /* The step's work ends with reason error; nothing else changes. */
         while (n_jobs > 0) {
@@ -817,44 +865,23 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
     sch->st.forward_s += t1 - t0;
     sch->st.steps++;
     sch->st.decode_steps += fast;
-    /* 4. The monitored decodes' shadow step (the same input tokens), then
-     *    decode tokens and their D_t, then the prefills' progress. */
-    int n_mon = 0;
-    if (sch->shadow && (grow((void **)&sch->mon_seqs, &sch->cap_mon_seqs, n_dec, sizeof(int)) ||
-                        grow((void **)&sch->mon_toks, &sch->cap_mon_toks, n_dec, sizeof(int)) ||
-                        grow((void **)&sch->mon_rows, &sch->cap_mon_rows, n_dec, sizeof(int)) ||
-                        grow((void **)&sch->mon_served, &sch->cap_mon_served, n_dec, sizeof(int)) ||
-                        grow((void **)&sch->mon_chosen, &sch->cap_mon_chosen, n_dec, sizeof(int)) ||
-                        grow((void **)&sch->mon_kl, &sch->cap_mon_kl, n_dec, sizeof(fr_kl_result)) ||
-                        (!dev_kl && !ref_rows(sch, n_dec)))) {
-        for (int i = 0; i < n_dec; i++)   /* out of memory: monitoring stops, serving goes on */
+    /* 4. The monitored decodes' shadow step (the same input tokens) unless
+     *    it ran beside the forward step, then decode tokens and their D_t,
+     *    then the prefills' progress. */
+    for (int m = 0; m < n_mon; m++) {
+        const sample *x = sch->row_samples[sch->mon_served[m]];
+        sch->mon_chosen[m] = x->r->forced ? x->r->forced[x->n] : sch->dtok[sch->dslot[sch->mon_served[m]]];
+    }
+    fr_status ms = FR_OK;
+    if (shadow_launched) ms = fr_shadow_wait_kl(sch->shadow, sch->s, sch->mon_served, sch->mon_chosen, n_mon, sch->mon_kl);
+    else if (n_mon && dev_kl)
+        ms = fr_shadow_step_kl(sch->shadow, sch->s, sch->mon_seqs, sch->mon_toks, n_mon, sch->mon_served, sch->mon_chosen,
+                               sch->mon_kl);
+    else if (n_mon) ms = fr_shadow_step(sch->shadow, sch->mon_seqs, sch->mon_toks, n_mon, sch->ref);
+    if (ms) {
+        for (int i = 0; i < n_dec; i++)
             if (sch->row_samples[i]->shadow_seq >= 0) stop_shadow(sch, sch->row_samples[i]);
-    } else if (sch->shadow) {
-        int room = fr_shadow_free_blocks(sch->shadow);
-        for (int i = 0; i < n_dec; i++) {
-            sample *x = sch->row_samples[i];
-            if (x->shadow_seq < 0) continue;
-            int need = fr_shadow_blocks_needed(sch->shadow, x->shadow_seq);
-            if (need > room) {   /* the shadow is full: this sample's monitoring stops here */
-                stop_shadow(sch, x);
-                continue;
-            }
-            room -= need;
-            sch->mon_seqs[n_mon] = x->shadow_seq;
-            sch->mon_toks[n_mon] = x->tokens[x->n - 1];
-            sch->mon_served[n_mon] = i;
-            sch->mon_chosen[n_mon] = x->r->forced ? x->r->forced[x->n] : sch->dtok[sch->dslot[i]];
-            sch->mon_rows[i] = n_mon++;
-        }
-        fr_status ms = !n_mon ? FR_OK
-                       : dev_kl ? fr_shadow_step_kl(sch->shadow, sch->s, sch->mon_seqs, sch->mon_toks, n_mon,
-                                                    sch->mon_served, sch->mon_chosen, sch->mon_kl)
-                                : fr_shadow_step(sch->shadow, sch->mon_seqs, sch->mon_toks, n_mon, sch->ref);
-        if (ms) {
-            for (int i = 0; i < n_dec; i++)
-                if (sch->row_samples[i]->shadow_seq >= 0) stop_shadow(sch, sch->row_samples[i]);
-            n_mon = 0;
-        }
+        n_mon = 0;
     }
     double t2 = now_s();
     sch->st.shadow_s += t2 - t1;

@@ -420,6 +420,37 @@ fr_status fr_session_decode_keep(fr_session *s, const fr_step_seq *seqs, const f
     return st;
 }
 
+fr_status fr_session_decode_launch(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs)
+{
+    if (!s || n_seqs < 1 || !seqs || !rows) return fr_fail(FR_EINVAL, "fr_session_decode_launch: bad argument");
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA) {
+        fr_sample_row *p = malloc(sizeof *p * (size_t)n_seqs);
+        if (!p) return fr_fail(FR_ENOMEM, "out of memory");
+        for (int i = 0; i < n_seqs; i++)
+            p[i] = (fr_sample_row){.temperature = rows[i].params.temperature, .top_k = rows[i].params.top_k,
+                                   .top_p = rows[i].params.top_p, .seed = rows[i].params.seed,
+                                   .sequence = rows[i].sequence, .step = rows[i].step};
+        fr_status st = fr_runner_cuda_decode_launch(s->gpu, seqs, p, n_seqs);
+        free(p);
+        return st;
+    }
+#endif
+    return fr_fail(FR_EUNSUPPORTED, "a decode launched apart from its wait needs the CUDA backend");
+}
+
+fr_status fr_session_decode_wait(fr_session *s, const fr_step_seq *seqs, int n_seqs, int *tokens, float *logprobs,
+                                 const int *keep, int n_keep, float *kept_logits)
+{
+    if (!s || n_seqs < 1 || !seqs) return fr_fail(FR_EINVAL, "fr_session_decode_wait: bad argument");
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA)
+        return fr_runner_cuda_decode_wait(s->gpu, seqs, n_seqs, tokens, logprobs, keep, n_keep, kept_logits);
+#endif
+    (void)tokens, (void)logprobs, (void)keep, (void)n_keep, (void)kept_logits;
+    return fr_fail(FR_EUNSUPPORTED, "a decode launched apart from its wait needs the CUDA backend");
+}
+
 fr_status fr_session_step_draw(fr_session *s, const fr_step_seq *seqs, int n_seqs, const fr_step_draw *draws,
                                int n_draws, int *tokens, float *logprobs, const int *keep, int n_keep,
                                float *kept_logits)

@@ -107,6 +107,14 @@ fr_status fr_session_decode(fr_session *s, const fr_step_seq *seqs, const fr_dec
 fr_status fr_session_decode_keep(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
                                  int *tokens, float *logprobs, const int *keep, int n_keep, float *kept_logits);
 
+/* fr_session_decode_keep in two halves (CUDA backend only; FR_EUNSUPPORTED
+ * otherwise): launch returns once the decode is enqueued, so the host can
+ * start other work on the device (a shadow's step) while it runs; wait (the
+ * same seqs) finishes it. */
+fr_status fr_session_decode_launch(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs);
+fr_status fr_session_decode_wait(fr_session *s, const fr_step_seq *seqs, int n_seqs, int *tokens, float *logprobs,
+                                 const int *keep, int n_keep, float *kept_logits);
+
 /* One token to draw in fr_session_step_draw: from logit row `row` of the
  * step (fr_step_logit_rows' numbering) with the sample's parameters and keys. */
 typedef struct {

@@ -10,7 +10,9 @@
  *  - tq6 with an NVFP4 cache, kl_sample_rate 1, teacher-forced along two eval
  *    texts: each sample's mean KL equals eval-kl's per-text figure for the
  *    same tokens (paper Eq. 9; issue acceptance: within 10%), and the
- *    aggregates count every position. */
+ *    aggregates count every position. With FR_TEST_BACKEND=cuda this case
+ *    runs on the GPU (serving, shadow and eval-kl alike), where decode-only
+ *    steps measure on the device. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,14 +30,20 @@
 #include "rollout/scheduler.h"
 #include "tests/unit/test_util.h"
 
-static void open_session(fr_session *s, const char *model, fr_kv_dtype kv, int n_blocks, int max_seqs)
+static void open_session_on(fr_session *s, const char *model, fr_kv_dtype kv, int n_blocks, int max_seqs,
+                            fr_backend backend)
 {
     fr_engine_opts o;
     fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CPU;
+    o.backend = backend;
     o.kv = kv;
     if (model) o.model = model;
-    assert_int_equal(fr_session_open(&o, n_blocks, max_seqs, s), FR_OK);
+    if (fr_session_open(&o, n_blocks, max_seqs, s)) fail_msg("%s", fr_last_error());
+}
+
+static void open_session(fr_session *s, const char *model, fr_kv_dtype kv, int n_blocks, int max_seqs)
+{
+    open_session_on(s, model, kv, n_blocks, max_seqs, FR_BACKEND_CPU);
 }
 
 typedef struct {
@@ -222,7 +230,9 @@ static void test_tq6_monitor_equals_eval_kl(void **state)
     if (!dir) skip();
     enum { L = 383 };   /* positions 0 .. 382: BOS + 382 forced tokens */
     fr_session s;
-    open_session(&s, dir, FR_KV_NVFP4, 16, 2);
+    const char *be = getenv("FR_TEST_BACKEND");
+    const int cuda = be && strcmp(be, "cuda") == 0;
+    open_session_on(&s, dir, FR_KV_NVFP4, 16, 2, cuda ? FR_BACKEND_CUDA : FR_BACKEND_CPU);
     int *ev[2], len[2];
     char path[4200];
     for (int i = 0; i < 2; i++) {
@@ -251,7 +261,7 @@ static void test_tq6_monitor_equals_eval_kl(void **state)
     assert_int_equal(fr_eval_config_list("nvfp4", 0, &cfgs, &n), FR_OK);
     int short_len[2] = {L - 1, L - 1};   /* eval-kl's positions 0 .. 381 are the distributions after */
     fr_eval_kl_params p = {.n_texts = 2, .texts = (const int *const *)ev, .lens = short_len, .configs = cfgs,
-                           .n_configs = n};
+                           .n_configs = n, .gpu = cuda ? s.gpu_weights : NULL};
     fr_eval_kl_report r;
     assert_int_equal(fr_eval_kl(s.model, &p, &r), FR_OK);
     for (int i = 0; i < 2; i++) {
