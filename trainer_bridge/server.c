@@ -1300,7 +1300,8 @@ static void handle_nccl_begin(fr_bridge_server *srv, int peer, const fr_msg_upda
 #ifndef FR_HAVE_CUDA
     srv->updates_failed++;
     send_error(srv, peer, "nccl_unavailable", 0, 0,
-               "update_weights_begin: transport nccl: this server was built without CUDA");
+               "update_weights_begin to version %llu: transport nccl: this server was built without CUDA",
+               (unsigned long long)b->version);
 #else
     if (!srv->ng || srv->ng_peer != peer) {
         srv->updates_failed++;
