@@ -230,6 +230,10 @@ fr_status fr_nccl_recv_begin(fr_nccl_recv *r, const fr_msg_update_begin *b, cons
 {
     if (code) *code = "bad_message";
     if (!r || !b || b->n_tensors < 1 || !b->tensors) return fr_fail(FR_EINVAL, "fr_nccl_recv_begin: bad argument");
+    if (!r->joined) {   /* the trainer's side returns once joined; this side may not have polled yet */
+        ncclResult_t a = ncclInProgress;
+        if (ncclCommGetAsyncError(r->comm, &a) == ncclSuccess && a == ncclSuccess) r->joined = 1;
+    }
     if (!r->joined)
         return FAIL("nccl_unavailable", FR_EINVAL, "update to version %llu: the NCCL group is still joining (every "
                     "member must have called its init)", (unsigned long long)b->version);

@@ -89,6 +89,7 @@ def load():
         "fr_client_nccl_group_close": (c_int, [ctypes.c_void_p]),
         "fr_client_update_weights_nccl": (c_int, [ctypes.c_void_p, P(Tensor), c_int, c_u64, ctypes.c_void_p,
                                                   P(UpdateOpts), P(UpdateReply)]),
+        "fr_client_send_raw": (c_int, [ctypes.c_void_p, c_char_p, ctypes.c_size_t, c_int]),
         "fr_client_last_error": (c_int, [ctypes.c_void_p, P(c_char_p), P(c_char_p), P(ctypes.c_longlong)]),
         "fr_client_hello_json": (c_int, [ctypes.c_void_p, c_char_p, P(ctypes.c_void_p)]),
         "fr_client_stats_json": (c_int, [ctypes.c_void_p, P(ctypes.c_void_p)]),
