@@ -332,7 +332,10 @@ static fr_status launch(fr_nccl_recv *r, int i, fr_msg_nccl_bucket *b, const cha
     cudaError_t e = cudaStreamWaitEvent(r->rs, r->unpacked[i], 0);   /* the buffer's last unpack */
     if (e != cudaSuccess) return fail(code, "update_failed", cuda_fail(e, "ordering a bucket's receive"));
     ncclResult_t nr = ncclBroadcast(r->buf[i], r->buf[i], (size_t)b->nbytes, ncclUint8, 0, r->comm, r->rs);
-    while (nr == ncclInProgress) {   /* a nonblocking communicator: wait until the call is enqueued */
+    /* A nonblocking communicator may still be enqueueing the call: wait for
+     * that (it does not wait for the trainer), with the group's deadline. */
+    const double until = now_ms() + r->timeout_ms;
+    while (nr == ncclInProgress && now_ms() < until) {
         ncclResult_t a = ncclSuccess;
         if (ncclCommGetAsyncError(r->comm, &a) != ncclSuccess) break;
         nr = a;
