@@ -8,8 +8,9 @@
 #  - a wrong checksum and a NaN are refused (bad_checksum, non_finite) and
 #    version 2 keeps serving;
 #  - a trainer that dies after announcing a bucket, before broadcasting it,
-#    leaves the server on version 2, serving, its update dropped after
-#    nccl_timeout_s (5 s here); a new trainer then makes a group and commits.
+#    leaves the server on version 2, serving, its update dropped (after
+#    nccl_timeout_s, 5 s here, unless NCCL reports the dead peer sooner); a
+#    new trainer then makes a group and commits.
 # Needs 2 GPUs, tq6 ($FR_TQ6_DIR or ../shared/models/tq6), PyTorch with CUDA
 # for $PYTHON (default python3) and numpy; skipped with a message otherwise.
 # usage: tests/gpu/weight_sync_nccl.sh [BUILD_DIR]
@@ -36,7 +37,8 @@ start_server main "{\"model\": \"$tq6\", $base}"; main_ep=$ep
 start_server fresh "{\"model\": \"$dir/perturbed\", $base}"; fresh_ep=$ep
 export CUDA_VISIBLE_DEVICES=0
 timeout 300 $tpy "$here/weight_sync_nccl.py" check "$main_ep" "$fresh_ep" "$dir/perturbed" || fail "checks failed"
-grep -q "NCCL weight group of client .* ended: NCCL weight group: no bucket arrived" "$dir/main.log" ||
-  fail "the server did not log the dead trainer's group ending on the timeout"
-echo "PASS: the server logged the dead trainer's group ending on its timeout"
+# NCCL may notice the dead peer itself, else the timeout ends the group
+grep -Eq "NCCL weight group of client .* ended: NCCL weight group: (no bucket arrived|a receive in flight|ncclCommGetAsyncError)" \
+  "$dir/main.log" || fail "the server did not log the dead trainer's group ending"
+echo "PASS: the server logged the dead trainer's group ending ($(grep -Eo "ended: NCCL weight group: [a-z ]+" "$dir/main.log" | tail -1))"
 echo "$name: all checks passed"
