@@ -46,11 +46,18 @@ TOP_OBJS   := $(patsubst %.c,$(BUILD)/obj/%.o,$(TOP_SRCS))
 # The C client library of the trainer bridge: the protocol codec, the
 # socket helpers and the client, with the error convention; it needs
 # nothing but libzmq and msgpack-c. fp4rollout-client is its command line.
-CLIENT_SRCS := $(addprefix trainer_bridge/,proto_common.c proto_encode.c proto_decode.c wire.c client.c msg_json.c metrics_sub.c) \
-               attention/fr_status.c
+CLIENT_SRCS := $(addprefix trainer_bridge/,proto_common.c proto_encode.c proto_decode.c wire.c client.c client_nccl.c \
+                 msg_json.c metrics_sub.c) attention/fr_status.c comm/comm_status.c comm/dev_checksum.c
 CLIENT_LIB := $(BUILD)/libfp4rollout_client.a
 CLIENT_BIN := $(BUILD)/fp4rollout-client
 CLIENT_LDLIBS := -lzmq -lmsgpackc -lxxhash -lm -pthread
+# With CUDA the client also owns the trainer's side of an NCCL weight group
+# (client_nccl.c) and the device checksum kernel; it still links nothing of
+# rollout/.
+CLIENT_CUOBJS := $(if $(HAVE_NVCC),$(BUILD)/obj/comm/dev_checksum.cu.o)
+ifeq ($(HAVE_NVCC),1)
+CLIENT_LDLIBS += -L$(CUDA_HOME)/lib64 -lnccl -lcudart
+endif
 # The same library shared, for language bindings (trainer_bridge/python/).
 CLIENT_SO  := $(BUILD)/libfp4rollout_client.so
 UNIT_HELP  := tests/unit/test_util.c
@@ -94,11 +101,11 @@ $(foreach m,$(MODULES),$(eval $(call module_rule,$(m))))
 $(BIN): $(TOP_OBJS) $(LIBS)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-$(CLIENT_LIB): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS))
+$(CLIENT_LIB): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS)) $(CLIENT_CUOBJS)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(CLIENT_SO): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS))
+$(CLIENT_SO): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS)) $(CLIENT_CUOBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -shared $^ -o $@ $(CLIENT_LDLIBS)
 

@@ -155,6 +155,7 @@ int fr_cli_serve(int argc, char **argv)
                            .sampling = c.sampling, .shutdown_linger_ms = 2000, .log = stderr,
                            .kl_sample_rate = c.kl_sample_rate,
                            .update_idle_ms = (int)(c.weight_update_idle_s * 1000.0 + 0.5),
+                           .nccl_timeout_ms = (int)(c.nccl_timeout_s * 1000.0 + 0.5),
                            .curve_secret_key = c.curve.server_secret_key, .curve_client_keys = client_keys,
                            .n_curve_client_keys = c.curve.n_clients, .metrics_port = c.metrics_port,
                            .metrics_bind = c.coordinator.bind, .metrics_pub_endpoint = pub_endpoint,

@@ -14,7 +14,7 @@
 static const char *const top_keys[] = {
     "model",     "backend",            "tp",    "kv_dtype",    "fp4_compute",  "recipe",         "calib",   "max_seqs",
     "kv_blocks", "kv_memory_fraction", "chunk", "coordinator", "metrics_port", "metrics_pub_port", "kl_sample_rate", "sampling",
-    "weight_update_idle_s", "curve", "recalibration"};
+    "weight_update_idle_s", "nccl_timeout_s", "curve", "recalibration"};
 static const char *const recal_keys[] = {"kl_threshold", "after_commit", "min_positions", "texts", "context",
                                          "seed_tokens", "continue", "out_dir"};
 static const char *const curve_keys[] = {"server_secret_key", "client_public_keys"};
@@ -50,6 +50,7 @@ void fr_serve_config_default(fr_serve_config *c)
     c->recalibration.out_dir[0] = 0;
     c->kl_sample_rate = 0.0;
     c->weight_update_idle_s = 120.0;
+    c->nccl_timeout_s = 30.0;
     c->sampling.params = (fr_sampling_params){.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
     c->sampling.max_tokens = 256;
     c->sampling.n_stop = 0;
@@ -441,6 +442,8 @@ static fr_status parse_top(const char *label, const cJSON *root, fr_serve_config
         else if (strcmp(k, "sampling") == 0) st = parse_sampling(label, it, c);
         else if (strcmp(k, "weight_update_idle_s") == 0)
             st = get_num(label, it, k, 0.0, 86400.0, 0, &c->weight_update_idle_s);
+        else if (strcmp(k, "nccl_timeout_s") == 0)
+            st = get_num(label, it, k, 0.1, 86400.0, 0, &c->nccl_timeout_s);
         else if (strcmp(k, "curve") == 0) st = parse_curve(label, it, c);
         else if (strcmp(k, "recalibration") == 0) st = parse_recalibration(label, it, c);
     }
@@ -620,6 +623,7 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
     ok = ok && cJSON_AddNumberToObject(root, "metrics_pub_port", c->metrics_pub_port);
     ok = ok && cJSON_AddNumberToObject(root, "kl_sample_rate", c->kl_sample_rate);
     ok = ok && cJSON_AddNumberToObject(root, "weight_update_idle_s", c->weight_update_idle_s);
+    ok = ok && cJSON_AddNumberToObject(root, "nccl_timeout_s", c->nccl_timeout_s);
     if (ok && c->curve.server_secret_key[0]) {
         cJSON *cv = cJSON_CreateObject(), *keys = cJSON_CreateArray();
         ok = cv && keys && cJSON_AddStringToObject(cv, "server_secret_key", c->curve.server_secret_key);

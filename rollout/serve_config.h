@@ -75,6 +75,7 @@ typedef struct {
     int metrics_pub_port;                  /* 0: no metrics PUB socket */
     double kl_sample_rate;                 /* share of samples with a BF16-KV shadow */
     double weight_update_idle_s;           /* a staged weight update idle this long is dropped; 0: never */
+    double nccl_timeout_s;                 /* an NCCL weight group without progress this long is aborted */
     struct {                               /* CURVE authentication of the trainer-facing socket */
         char server_secret_key[FR_SERVE_CURVE_KEY];   /* "" when off */
         int n_clients;

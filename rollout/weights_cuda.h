@@ -65,6 +65,21 @@ fr_status fr_weights_gpu_shard(const fr_weights_gpu *full, int rank, int size, f
 fr_status fr_weights_gpu_refill(fr_weights_gpu *w, const fr_model *m);
 void fr_weights_gpu_destroy(fr_weights_gpu **w);
 
+/* One tensor of whole-model device weights under its Hugging Face name
+ * (rollout/weight_update.h lists them): where its BF16 values start in w's
+ * block (gate_proj and up_proj are the halves of gate_up) and its shape.
+ * A tied lm_head is not listed (it is the embedding). */
+typedef struct {
+    char name[96];
+    uint16_t *dst;
+    int ndim;                /* 1 or 2 */
+    int64_t shape[2];        /* shape[1] is 1 for 1-D tensors */
+} fr_weights_gpu_tensor;
+
+/* The tensors of w, in the model's order, as a new array of *n (free()).
+ * Only whole-model weights (tp_size 1): FR_EUNSUPPORTED for a shard. */
+fr_status fr_weights_gpu_tensors(const fr_weights_gpu *w, fr_weights_gpu_tensor **out, int *n);
+
 #ifdef __cplusplus
 }
 #endif

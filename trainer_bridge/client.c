@@ -10,6 +10,7 @@
 #include <xxhash.h>
 #include <zmq.h>
 
+#include "client_internal.h"
 #include "wire.h"
 
 typedef struct item {
@@ -46,6 +47,7 @@ struct fr_client {
     long long err_request;
     /* payload frames ZeroMQ still holds (zero-copy sends of a weight update) */
     atomic_long in_flight;
+    void *nccl;             /* the NCCL weight group (client_nccl.c), NULL when none */
 };
 
 static double now_ms(void)
@@ -125,6 +127,7 @@ void fr_client_destroy(fr_client **pc)
 {
     if (!pc || !*pc) return;
     fr_client *c = *pc;
+    fr_client_nccl_free_(&c->nccl);
     for (item *i = c->head; i;) {
         item *next = i->next;
         fr_msg_free(&i->m);
@@ -779,3 +782,38 @@ fr_status fr_client_abort_json(fr_client *c, const uint64_t *ids, int n, char **
 void fr_client_free_string(char *s) { free(s); }
 
 const char *fr_client_error_text(void) { return fr_last_error(); }
+
+/* ---- for client_nccl.c (client_internal.h) -------------------------------- */
+
+fr_status fr_client_call_(fr_client *c, const fr_msg *m, fr_msg_type want, fr_msg *reply)
+{
+    return call(c, m, want, reply);
+}
+
+fr_status fr_client_send_(fr_client *c, const fr_msg *m) { return send_msg(c, m); }
+
+fr_status fr_client_take_(fr_client *c, int wait_ms, fr_msg_type want, const char *what, fr_msg *reply, int *got)
+{
+    *got = 0;
+    fr_msg r;
+    int g;
+    fr_status st = recv_one(c, wait_ms, &r, &g);
+    if (st || !g) return st;
+    if (r.type == want) {
+        *reply = r;
+        *got = 1;
+        return FR_OK;
+    }
+    if (r.type == FR_MSG_ERROR && !r.u.error.has_request_id) {
+        note_error(c, &r.u.error);
+        st = fr_fail(FR_EINVAL, "server refused %s: %s: %s", what, r.u.error.code, r.u.error.message);
+        fr_msg_free(&r);
+        return st;
+    }
+    return keep(c, &r);
+}
+
+fr_status fr_client_refused_(fr_client *c, fr_status st) { return update_refused(c, st); }
+void fr_client_clear_error_(fr_client *c) { c->has_err = 0; }
+int fr_client_timeout_(const fr_client *c) { return c->timeout_ms; }
+void **fr_client_nccl_slot_(fr_client *c) { return &c->nccl; }

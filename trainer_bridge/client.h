@@ -109,6 +109,36 @@ typedef struct {
 fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors, int n, uint64_t version,
                                    const fr_client_update_opts *opts, fr_msg_update_reply *out);
 
+/* ---- weights over NCCL (docs/protocol.md, "Weights over NCCL") ---- */
+
+/* Makes an NCCL group with the server for weight updates, this process as
+ * rank 0 on CUDA device cuda_device (made current for the calling thread),
+ * and returns once every member joined (within the client's timeout). The
+ * group lives until fr_client_nccl_group_close, fr_client_destroy, or a
+ * failure of an update over it. FR_EUNSUPPORTED when this library was built
+ * without CUDA or the device is missing (nothing is sent then); a server
+ * that cannot join (CPU backend, several ranks, built without CUDA)
+ * refuses with code nccl_unavailable (fr_client_last_error). */
+fr_status fr_client_nccl_group_init(fr_client *c, int cuda_device);
+/* Ends the group on both sides (best effort on the server's); NULL-safe on
+ * a client without one. */
+fr_status fr_client_nccl_group_close(fr_client *c);
+
+/* fr_client_update_weights over the NCCL group: the tensors' data are
+ * DEVICE pointers on the group's device, read on the caller's CUDA stream
+ * `stream` (a cudaStream_t; NULL: the legacy default stream) after the work
+ * already queued on it, so a PyTorch tensor's pending writes are seen and
+ * nothing is copied to the host. The tensors are packed into two device
+ * buckets of opts->bucket_bytes (default FR_CLIENT_BUCKET_BYTES) in turn:
+ * packing bucket k + 1 overlaps broadcasting bucket k. Returns once the
+ * server committed (*out: the commit reply) or refused (its code and
+ * message, as fr_client_update_weights). Any failure after the begin also
+ * ends the group (make a new one); the server keeps serving its old
+ * weights. opts->corrupt_bucket sends a wrong checksum for that bucket
+ * (testing). */
+fr_status fr_client_update_weights_nccl(fr_client *c, const fr_client_tensor *tensors, int n, uint64_t version,
+                                        void *stream, const fr_client_update_opts *opts, fr_msg_update_reply *out);
+
 /* The last error message the server sent to this client (in answer to a
  * call, or about a request): 1 and its code, message and request id (-1
  * when none) through the non-NULL pointers, or 0 when none came yet. The

@@ -159,6 +159,14 @@ fr_status fr_msg_to_json(const fr_msg *m, char **out)
         u64(&b, "weight_version", r->weight_version, 0);
         break;
     }
+    case FR_MSG_NCCL_REPLY: {
+        const fr_msg_nccl_reply *r = &m->u.nccl_reply;
+        put(&b, "\"state\":\"%s\",", fr_nccl_state_name(r->state));
+        i32(&b, "nranks", r->nranks, 1);
+        i32(&b, "rank", r->rank, 1);
+        put(&b, "\"timeout_s\":%.17g", r->timeout_s);
+        break;
+    }
     case FR_MSG_ERROR:
         put(&b, "\"code\":");
         str(&b, m->u.error.code);

@@ -18,6 +18,9 @@ static const char *const type_names[FR_MSG_TYPE_COUNT] = {
     [FR_MSG_UPDATE_BUCKET] = "update_weights_bucket",
     [FR_MSG_UPDATE_COMMIT] = "update_weights_commit",
     [FR_MSG_UPDATE_ABORT] = "update_weights_abort",
+    [FR_MSG_NCCL_INIT] = "nccl_group_init",
+    [FR_MSG_NCCL_BUCKET] = "update_weights_nccl_bucket",
+    [FR_MSG_NCCL_CLOSE] = "nccl_group_close",
     [FR_MSG_HELLO_REPLY] = "hello_reply",
     [FR_MSG_TOKENS] = "tokens",
     [FR_MSG_DONE] = "done",
@@ -27,6 +30,7 @@ static const char *const type_names[FR_MSG_TYPE_COUNT] = {
     [FR_MSG_STATS_REPLY] = "stats_reply",
     [FR_MSG_ERROR] = "error",
     [FR_MSG_UPDATE_REPLY] = "update_weights_reply",
+    [FR_MSG_NCCL_REPLY] = "nccl_group_reply",
 };
 
 const char *fr_msg_type_name(fr_msg_type t)
@@ -42,7 +46,25 @@ fr_msg_type fr_proto_type_from_name(const char *s, size_t len)
     return FR_MSG_NONE;
 }
 
-int fr_msg_type_from_client(fr_msg_type t) { return t >= FR_MSG_HELLO && t <= FR_MSG_UPDATE_ABORT; }
+int fr_msg_type_from_client(fr_msg_type t) { return t >= FR_MSG_HELLO && t <= FR_MSG_NCCL_CLOSE; }
+
+static const char *const nccl_state_names[] = {"joining", "closed"};
+
+const char *fr_nccl_state_name(fr_nccl_state s)
+{
+    if ((int)s < 0 || s > FR_NCCL_CLOSED) return "none";
+    return nccl_state_names[s];
+}
+
+int fr_proto_nccl_state_from_name(const char *s, size_t len, fr_nccl_state *out)
+{
+    for (int i = 0; i <= FR_NCCL_CLOSED; i++)
+        if (strlen(nccl_state_names[i]) == len && memcmp(nccl_state_names[i], s, len) == 0) {
+            *out = (fr_nccl_state)i;
+            return 1;
+        }
+    return 0;
+}
 
 static const char *const dtype_names[] = {"f32", "bf16", "f16"};
 
@@ -142,6 +164,9 @@ void fr_msg_free(fr_msg *m)
         break;
     case FR_MSG_UPDATE_BUCKET:
         free(m->u.update_bucket.pieces);
+        break;
+    case FR_MSG_NCCL_BUCKET:
+        free(m->u.nccl_bucket.pieces);
         break;
     case FR_MSG_ABORT:
         free(m->u.abort.request_ids);
@@ -269,6 +294,43 @@ static fr_status check_update_bucket(const fr_msg_update_bucket *b)
     return FR_OK;
 }
 
+/* The pieces of an NCCL bucket lie inside its nbytes and do not overlap
+ * one another (the receiver unpacks them from one buffer). */
+static fr_status check_nccl_bucket(const fr_msg_nccl_bucket *b)
+{
+    const char *t = "update_weights_nccl_bucket";
+    if (b->bucket < 0) return BAD("%s: \"bucket\" must be >= 0", t);
+    if (b->nbytes < 1) return BAD("%s: \"nbytes\" must be >= 1", t);
+    if (b->n_pieces < 1 || b->n_pieces > FR_PROTO_MAX_ARRAY || !b->pieces)
+        return BAD("%s: \"pieces\" must hold at least one piece", t);
+    uint64_t end_prev = 0;
+    for (int i = 0; i < b->n_pieces; i++) {
+        const fr_msg_piece *p = &b->pieces[i];
+        fr_status st = check_tensor(t, "piece of", &p->t);
+        if (st) return st;
+        uint64_t total = fr_msg_tensor_bytes(&p->t), es = fr_wire_dtype_size(p->t.dtype);
+        if (p->nbytes < 1 || p->offset % es || p->nbytes % es || p->at % es)
+            return BAD("%s: piece of \"%s\": \"offset\" (%llu), \"nbytes\" (%llu) and \"at\" (%llu) must be "
+                       "multiples of the %s element size %llu, nbytes >= 1",
+                       t, p->t.name, (unsigned long long)p->offset, (unsigned long long)p->nbytes,
+                       (unsigned long long)p->at, fr_wire_dtype_name(p->t.dtype), (unsigned long long)es);
+        if (p->offset > total || p->nbytes > total - p->offset)
+            return BAD("%s: piece of \"%s\": bytes [%llu, %llu) run past the tensor's %llu bytes", t, p->t.name,
+                       (unsigned long long)p->offset, (unsigned long long)(p->offset + p->nbytes),
+                       (unsigned long long)total);
+        if (p->at > b->nbytes || p->nbytes > b->nbytes - p->at)
+            return BAD("%s: piece of \"%s\": bucket bytes [%llu, %llu) run past the bucket's %llu bytes", t,
+                       p->t.name, (unsigned long long)p->at, (unsigned long long)(p->at + p->nbytes),
+                       (unsigned long long)b->nbytes);
+        if (p->at < end_prev)
+            return BAD("%s: piece of \"%s\": pieces must be in bucket order without overlapping (\"at\" %llu, the "
+                       "previous piece ends at %llu)", t, p->t.name, (unsigned long long)p->at,
+                       (unsigned long long)end_prev);
+        end_prev = p->at + p->nbytes;
+    }
+    return FR_OK;
+}
+
 fr_status fr_proto_check(const fr_msg *m)
 {
     if (!m) return fr_fail(FR_EINVAL, "protocol: message is NULL");
@@ -293,7 +355,22 @@ fr_status fr_proto_check(const fr_msg *m)
     case FR_MSG_STATS:
     case FR_MSG_UPDATE_COMMIT:
     case FR_MSG_UPDATE_ABORT:
+    case FR_MSG_NCCL_INIT:
+    case FR_MSG_NCCL_CLOSE:
         return FR_OK;
+    case FR_MSG_NCCL_BUCKET:
+        return check_nccl_bucket(&m->u.nccl_bucket);
+    case FR_MSG_NCCL_REPLY: {
+        const fr_msg_nccl_reply *r = &m->u.nccl_reply;
+        if ((int)r->state < 0 || r->state > FR_NCCL_CLOSED)
+            return BAD("nccl_group_reply: \"state\" must be joining or closed");
+        if (r->state == FR_NCCL_JOINING && (r->nranks < 2 || r->rank < 0 || r->rank >= r->nranks))
+            return BAD("nccl_group_reply: a joining group has \"nranks\" >= 2 and \"rank\" in [0, nranks), got %d "
+                       "and %d", r->nranks, r->rank);
+        if (!(r->timeout_s >= 0) || !isfinite(r->timeout_s))
+            return BAD("nccl_group_reply: \"timeout_s\" must be a finite number >= 0");
+        return FR_OK;
+    }
     case FR_MSG_UPDATE_BEGIN:
         return check_update_begin(&m->u.update_begin);
     case FR_MSG_UPDATE_BUCKET:

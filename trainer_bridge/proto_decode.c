@@ -352,7 +352,12 @@ static fr_status map_elem(const ctx *c, const char *name, const msgpack_object_a
 
 static fr_status dec_update_begin(const ctx *c, fr_msg_update_begin *b)
 {
-    KEYS(c, "type", "v", "version", "tensors", "total_bytes", "bucket_bytes");
+    KEYS(c, "type", "v", "version", "tensors", "total_bytes", "bucket_bytes", "transport");
+    char transport[16] = "zmq";
+    TRY(get_str(c, "transport", 0, transport, sizeof transport));
+    if (strcmp(transport, "nccl") == 0) b->nccl = 1;
+    else if (strcmp(transport, "zmq") != 0)
+        return BAD("%s: \"transport\" must be \"zmq\" or \"nccl\", got \"%s\"", c->type, transport);
     TRY(get_u64(c, "version", 1, &b->version, NULL));
     TRY(get_u64(c, "total_bytes", 1, &b->total_bytes, NULL));
     TRY(get_u64(c, "bucket_bytes", 1, &b->bucket_bytes, NULL));
@@ -398,6 +403,58 @@ static fr_status dec_update_bucket(const ctx *c, fr_msg_update_bucket *b)
         TRY(get_u64(&e, "offset", 1, &b->pieces[i].offset, NULL));
         TRY(get_u64(&e, "nbytes", 1, &b->pieces[i].nbytes, NULL));
     }
+    return FR_OK;
+}
+
+static fr_status dec_nccl_bucket(const ctx *c, fr_msg_nccl_bucket *b)
+{
+    KEYS(c, "type", "v", "version", "bucket", "nbytes", "checksum", "pieces");
+    TRY(get_u64(c, "version", 1, &b->version, NULL));
+    TRY(get_int(c, "bucket", 1, 0, I_MAX, &b->bucket, NULL));
+    TRY(get_u64(c, "nbytes", 1, &b->nbytes, NULL));
+    TRY(get_u64(c, "checksum", 1, &b->checksum, NULL));
+    const msgpack_object_array *a;
+    TRY(get_array(c, "pieces", 1, &a));
+    if (a->size < 1) return BAD("%s: \"pieces\" must hold at least one piece", c->type);
+    b->pieces = calloc(a->size, sizeof *b->pieces);
+    if (!b->pieces) return fr_fail(FR_ENOMEM, "%s: out of memory reading \"pieces\"", c->type);
+    b->n_pieces = (int)a->size;
+    for (uint32_t i = 0; i < a->size; i++) {
+        char prefix[48];
+        ctx e;
+        TRY(map_elem(c, "pieces", a, i, prefix, sizeof prefix, &e));
+        KEYS(&e, "name", "dtype", "shape", "offset", "nbytes", "at");
+        TRY(get_tensor(&e, &b->pieces[i].t));
+        TRY(get_u64(&e, "offset", 1, &b->pieces[i].offset, NULL));
+        TRY(get_u64(&e, "nbytes", 1, &b->pieces[i].nbytes, NULL));
+        TRY(get_u64(&e, "at", 1, &b->pieces[i].at, NULL));
+    }
+    return FR_OK;
+}
+
+/* The NCCL unique id: a msgpack bin of exactly FR_PROTO_NCCL_ID_BYTES. */
+static fr_status dec_nccl_init(const ctx *c, fr_msg_nccl_init *n)
+{
+    KEYS(c, "type", "v", "unique_id");
+    const msgpack_object *o;
+    TRY(get(c, "unique_id", 1, &o));
+    if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size != FR_PROTO_NCCL_ID_BYTES)
+        return BAD("%s: \"unique_id\" must be binary of %d bytes, got %s", c->type, FR_PROTO_NCCL_ID_BYTES,
+                   o->type == MSGPACK_OBJECT_BIN ? "binary of another length" : kind(o));
+    memcpy(n->unique_id, o->via.bin.ptr, FR_PROTO_NCCL_ID_BYTES);
+    return FR_OK;
+}
+
+static fr_status dec_nccl_reply(const ctx *c, fr_msg_nccl_reply *r)
+{
+    KEYS(c, "type", "v", "state", "nranks", "rank", "timeout_s");
+    char state[16];
+    TRY(get_str(c, "state", 1, state, sizeof state));
+    if (!fr_proto_nccl_state_from_name(state, strlen(state), &r->state))
+        return BAD("%s: \"state\" must be joining or closed, got \"%s\"", c->type, state);
+    TRY(get_int(c, "nranks", 1, 0, I_MAX, &r->nranks, NULL));
+    TRY(get_int(c, "rank", 1, 0, I_MAX, &r->rank, NULL));
+    TRY(get_double(c, "timeout_s", 1, &r->timeout_s, NULL));
     return FR_OK;
 }
 
@@ -606,6 +663,15 @@ static fr_status dec_body(const ctx *c, fr_msg *m)
         return get_u64(c, "version", 1, &m->u.update_end.version, NULL);
     case FR_MSG_UPDATE_REPLY:
         return dec_update_reply(c, &m->u.update_reply);
+    case FR_MSG_NCCL_INIT:
+        return dec_nccl_init(c, &m->u.nccl_init);
+    case FR_MSG_NCCL_BUCKET:
+        return dec_nccl_bucket(c, &m->u.nccl_bucket);
+    case FR_MSG_NCCL_CLOSE:
+        KEYS(c, "type", "v");
+        return FR_OK;
+    case FR_MSG_NCCL_REPLY:
+        return dec_nccl_reply(c, &m->u.nccl_reply);
     case FR_MSG_HELLO_REPLY:
         return dec_hello_reply(c, &m->u.hello_reply);
     case FR_MSG_TOKENS:

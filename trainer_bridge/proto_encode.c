@@ -174,7 +174,8 @@ static void put_tensor_keys(msgpack_packer *pk, const fr_msg_tensor *t)
 
 static void enc_update_begin(msgpack_packer *pk, const fr_msg_update_begin *b)
 {
-    head(pk, FR_MSG_UPDATE_BEGIN, 4);
+    head(pk, FR_MSG_UPDATE_BEGIN, b->nccl ? 5 : 4);
+    if (b->nccl) kv_str(pk, "transport", "nccl");
     kv_u64(pk, "version", b->version);
     kv_u64(pk, "total_bytes", b->total_bytes);
     kv_u64(pk, "bucket_bytes", b->bucket_bytes);
@@ -199,6 +200,24 @@ static void enc_update_bucket(msgpack_packer *pk, const fr_msg_update_bucket *b)
         put_tensor_keys(pk, &b->pieces[i].t);
         kv_u64(pk, "offset", b->pieces[i].offset);
         kv_u64(pk, "nbytes", b->pieces[i].nbytes);
+    }
+}
+
+static void enc_nccl_bucket(msgpack_packer *pk, const fr_msg_nccl_bucket *b)
+{
+    head(pk, FR_MSG_NCCL_BUCKET, 5);
+    kv_u64(pk, "version", b->version);
+    kv_int(pk, "bucket", b->bucket);
+    kv_u64(pk, "nbytes", b->nbytes);
+    kv_u64(pk, "checksum", b->checksum);
+    key(pk, "pieces");
+    msgpack_pack_array(pk, (size_t)b->n_pieces);
+    for (int i = 0; i < b->n_pieces; i++) {
+        msgpack_pack_map(pk, 6);
+        put_tensor_keys(pk, &b->pieces[i].t);
+        kv_u64(pk, "offset", b->pieces[i].offset);
+        kv_u64(pk, "nbytes", b->pieces[i].nbytes);
+        kv_u64(pk, "at", b->pieces[i].at);
     }
 }
 
@@ -323,6 +342,25 @@ fr_status fr_msg_encode(const fr_msg *m, char **data, size_t *len)
         break;
     case FR_MSG_UPDATE_REPLY:
         enc_update_reply(&pk, &m->u.update_reply);
+        break;
+    case FR_MSG_NCCL_INIT:
+        head(&pk, m->type, 1);
+        key(&pk, "unique_id");
+        msgpack_pack_bin(&pk, FR_PROTO_NCCL_ID_BYTES);
+        msgpack_pack_bin_body(&pk, m->u.nccl_init.unique_id, FR_PROTO_NCCL_ID_BYTES);
+        break;
+    case FR_MSG_NCCL_BUCKET:
+        enc_nccl_bucket(&pk, &m->u.nccl_bucket);
+        break;
+    case FR_MSG_NCCL_CLOSE:
+        head(&pk, m->type, 0);
+        break;
+    case FR_MSG_NCCL_REPLY:
+        head(&pk, m->type, 4);
+        kv_str(&pk, "state", fr_nccl_state_name(m->u.nccl_reply.state));
+        kv_int(&pk, "nranks", m->u.nccl_reply.nranks);
+        kv_int(&pk, "rank", m->u.nccl_reply.rank);
+        kv_double(&pk, "timeout_s", m->u.nccl_reply.timeout_s);
         break;
     case FR_MSG_HELLO_REPLY:
         enc_hello_reply(&pk, &m->u.hello_reply);

@@ -15,6 +15,8 @@ int fr_proto_finish_from_name(const char *s, size_t len, fr_wire_finish *out);
 int fr_proto_dtype_from_name(const char *s, size_t len, fr_wire_dtype *out);
 /* 1 and *out for "begin", "bucket", "commit", "abort"; 0 otherwise. */
 int fr_proto_stage_from_name(const char *s, size_t len, fr_update_stage *out);
+/* 1 and *out for "joining", "closed"; 0 otherwise. */
+int fr_proto_nccl_state_from_name(const char *s, size_t len, fr_nccl_state *out);
 /* The value checks of a message (ranges, required arrays), the same for
  * encoding and decoding: FR_EFORMAT naming the field. */
 fr_status fr_proto_check(const fr_msg *m);

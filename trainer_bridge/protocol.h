@@ -30,6 +30,7 @@ extern "C" {
 #define FR_PROTO_MAX_ARRAY (1 << 24) /* elements of any array */
 #define FR_PROTO_MAX_NDIM 8        /* dimensions of a tensor shape */
 #define FR_PROTO_MAX_TENSORS 65536 /* tensors of one weight update */
+#define FR_PROTO_NCCL_ID_BYTES 128 /* an NCCL unique id (ncclUniqueId) */
 
 typedef enum {
     FR_MSG_NONE = 0,
@@ -44,6 +45,9 @@ typedef enum {
     FR_MSG_UPDATE_BUCKET,
     FR_MSG_UPDATE_COMMIT,
     FR_MSG_UPDATE_ABORT,
+    FR_MSG_NCCL_INIT,
+    FR_MSG_NCCL_BUCKET,
+    FR_MSG_NCCL_CLOSE,
     /* server -> client */
     FR_MSG_HELLO_REPLY,
     FR_MSG_TOKENS,
@@ -54,6 +58,7 @@ typedef enum {
     FR_MSG_STATS_REPLY,
     FR_MSG_ERROR,
     FR_MSG_UPDATE_REPLY,
+    FR_MSG_NCCL_REPLY,
     FR_MSG_TYPE_COUNT
 } fr_msg_type;
 
@@ -98,6 +103,8 @@ typedef struct {
     int n_tensors;
     uint64_t total_bytes;                /* the sum of the tensors' bytes */
     uint64_t bucket_bytes;               /* >= 1 */
+    int nccl;                            /* transport: 0 "zmq" (absent), 1 "nccl" (the buckets are broadcast
+                                            over the client's NCCL group: update_weights_nccl_bucket) */
 } fr_msg_update_begin;
 
 /* One piece of a tensor in a bucket: bytes [offset, offset + nbytes) of
@@ -106,6 +113,8 @@ typedef struct {
     fr_msg_tensor t;
     uint64_t offset;                     /* a multiple of the element size */
     uint64_t nbytes;                     /* >= 1, a multiple of the element size */
+    uint64_t at;                         /* update_weights_nccl_bucket only: where the piece starts in
+                                            the broadcast bucket (a multiple of the element size) */
 } fr_msg_piece;
 
 /* update_weights_bucket: pieces[i] is payload frame i + 1; xxh64 is the
@@ -117,6 +126,39 @@ typedef struct {
     fr_msg_piece *pieces;                /* [n_pieces], >= 1 */
     int n_pieces;
 } fr_msg_update_bucket;
+
+/* update_weights_nccl_bucket: bucket `bucket` of an update begun with
+ * transport nccl. Its nbytes bytes follow as one ncclBroadcast from the
+ * client (NCCL rank 0) over the group; pieces[i] lies at bytes [at, at +
+ * nbytes) of them. checksum is the chunked xxHash64 of the broadcast bytes
+ * (comm/dev_checksum.h). */
+typedef struct {
+    uint64_t version;
+    int bucket;                          /* 0, 1, ... in order */
+    uint64_t nbytes;                     /* bytes broadcast, >= 1 */
+    uint64_t checksum;
+    fr_msg_piece *pieces;                /* [n_pieces], >= 1, inside [0, nbytes), not overlapping */
+    int n_pieces;
+} fr_msg_nccl_bucket;
+
+/* nccl_group_init: the client made an NCCL unique id and is rank 0 of a
+ * group the serving ranks join (docs/protocol.md, "Weights over NCCL"). */
+typedef struct {
+    unsigned char unique_id[FR_PROTO_NCCL_ID_BYTES];
+} fr_msg_nccl_init;
+
+/* nccl_group_reply: the answer to nccl_group_init (state joining: the
+ * group's size and the client's rank in it) and to nccl_group_close (state
+ * closed, nranks and rank 0). */
+typedef enum { FR_NCCL_JOINING = 0, FR_NCCL_CLOSED } fr_nccl_state;
+const char *fr_nccl_state_name(fr_nccl_state s);   /* "joining", "closed" */
+
+typedef struct {
+    fr_nccl_state state;
+    int nranks;                          /* joining: >= 2 */
+    int rank;                            /* joining: the client's rank, 0 */
+    double timeout_s;                    /* how long the server waits on the group without progress */
+} fr_msg_nccl_reply;
 
 /* update_weights_commit and update_weights_abort. */
 typedef struct {
@@ -276,6 +318,9 @@ typedef struct {
         fr_msg_update_bucket update_bucket;
         fr_msg_update_end update_end;    /* commit and abort */
         fr_msg_update_reply update_reply;
+        fr_msg_nccl_init nccl_init;
+        fr_msg_nccl_bucket nccl_bucket;
+        fr_msg_nccl_reply nccl_reply;
     } u;
 } fr_msg;
 

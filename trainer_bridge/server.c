@@ -20,6 +20,9 @@
 #include "rollout/scheduler.h"
 #include "update.h"
 #include "wire.h"
+#ifdef FR_HAVE_CUDA
+#include "nccl_recv.h"
+#endif
 
 enum { RUNNING = 0, PAUSING, PAUSED };
 static const char *const state_names[] = {"running", "pausing", "paused"};
@@ -129,6 +132,13 @@ struct fr_bridge_server {
     deferred_msg *deferred;
     int n_deferred, cap_deferred;
     fr_status fatal;          /* a failure every rank saw alike: the loop ends */
+#ifdef FR_HAVE_CUDA
+    /* weights over NCCL (nccl_recv.h): a client's group, NULL when none */
+    fr_nccl_recv *ng;
+#endif
+    int ng_peer;              /* the client whose group it is */
+    int ng_commit;            /* 1: that client's commit waits for buckets in flight */
+    uint64_t ng_commit_version;
 };
 
 static double now_ms(void)
@@ -833,6 +843,26 @@ static void handle_resume(fr_bridge_server *srv, int peer)
     send_msg(srv, peer, &m);
 }
 
+static int nccl_updating(const fr_bridge_server *srv)
+{
+#ifdef FR_HAVE_CUDA
+    return fr_nccl_recv_updating(srv->ng);
+#else
+    (void)srv;
+    return 0;
+#endif
+}
+
+static uint64_t nccl_update_version(const fr_bridge_server *srv)
+{
+#ifdef FR_HAVE_CUDA
+    return fr_nccl_recv_version(srv->ng);
+#else
+    (void)srv;
+    return 0;
+#endif
+}
+
 static void handle_stats(fr_bridge_server *srv, int peer)
 {
     fr_msg m;
@@ -869,8 +899,8 @@ static void handle_stats(fr_bridge_server *srv, int peer)
     r->send_retries = ps.retries;
     r->queued_messages = ps.queued;
     r->undeliverable_messages = ps.undeliverable;
-    r->updating = srv->upd != NULL;
-    r->update_version = fr_bridge_update_version(srv->upd);
+    r->updating = srv->upd != NULL || nccl_updating(srv);
+    r->update_version = srv->upd ? fr_bridge_update_version(srv->upd) : nccl_update_version(srv);
     r->updates_committed = srv->updates_committed;
     r->updates_failed = srv->updates_failed;
     send_msg(srv, peer, &m);
@@ -901,6 +931,10 @@ static void handle_hello(fr_bridge_server *srv, int peer)
 }
 
 /* ---- weight updates ------------------------------------------------------ */
+
+static int nccl_end_message(fr_bridge_server *srv, int peer, uint64_t version, int commit);
+static void nccl_drop_update(fr_bridge_server *srv, const char *why);
+static void handle_nccl_begin(fr_bridge_server *srv, int peer, const fr_msg_update_begin *b);
 
 static void send_update_reply(fr_bridge_server *srv, int peer, uint64_t version, fr_update_stage stage, int bucket,
                               uint64_t bytes)
@@ -968,6 +1002,11 @@ static fr_bridge_update *update_of(fr_bridge_server *srv, int peer, const char *
 
 static void handle_update_begin(fr_bridge_server *srv, int peer, const fr_msg_update_begin *b)
 {
+    if (nccl_updating(srv)) {
+        char why[160];
+        snprintf(why, sizeof why, "a new update_weights_begin (version %llu) arrived", (unsigned long long)b->version);
+        nccl_drop_update(srv, why);
+    }
     if (srv->upd) {
         char why[160];
         snprintf(why, sizeof why, "a new update_weights_begin (version %llu) arrived", (unsigned long long)b->version);
@@ -978,6 +1017,10 @@ static void handle_update_begin(fr_bridge_server *srv, int peer, const fr_msg_up
         send_error(srv, peer, "bad_version", 0, 0,
                    "update_weights_begin: version %llu must be greater than the version serving, %llu",
                    (unsigned long long)b->version, (unsigned long long)srv->weight_version);
+        return;
+    }
+    if (b->nccl) {
+        handle_nccl_begin(srv, peer, b);
         return;
     }
     const char *code;
@@ -1052,6 +1095,7 @@ static void committed(fr_bridge_server *srv, uint64_t version, double t0)
  * carries the new version. */
 static void handle_update_commit(fr_bridge_server *srv, int peer, uint64_t version)
 {
+    if (!srv->upd && nccl_end_message(srv, peer, version, 1)) return;
     fr_bridge_update *u = update_of(srv, peer, "update_weights_commit", version);
     if (!u) return;
     const char *code;
@@ -1076,11 +1120,261 @@ static void handle_update_commit(fr_bridge_server *srv, int peer, uint64_t versi
 
 static void handle_update_abort(fr_bridge_server *srv, int peer, uint64_t version)
 {
+    if (!srv->upd && nccl_end_message(srv, peer, version, 0)) return;
     fr_bridge_update *u = update_of(srv, peer, "update_weights_abort", version);
     if (!u) return;
     uint64_t bytes = fr_bridge_update_bytes(u);
     drop_update(srv, "the client aborted it");
     send_update_reply(srv, peer, version, FR_UPD_ABORT, -1, bytes);
+}
+
+/* ---- weights over NCCL (docs/protocol.md, "Weights over NCCL") ----------- */
+
+static int nccl_timeout_ms(const fr_bridge_server *srv)
+{
+    return srv->cfg.nccl_timeout_ms > 0 ? srv->cfg.nccl_timeout_ms : 30000;
+}
+
+#ifdef FR_HAVE_CUDA
+/* Ends the group (an update of it in progress is dropped and counted
+ * failed); its client gets an error with code when code is not NULL. */
+static void nccl_end(fr_bridge_server *srv, const char *why, const char *code)
+{
+    if (!srv->ng) return;
+    if (fr_nccl_recv_updating(srv->ng)) {
+        srv->updates_failed++;
+        logf_(srv, "weight update to version %llu over NCCL dropped: %s",
+              (unsigned long long)fr_nccl_recv_version(srv->ng), why);
+    }
+    if (code) send_error(srv, srv->ng_peer, code, 0, 0, "%s", why);
+    logf_(srv, "NCCL weight group of client %s ended: %s", fr_peers_name(srv->peers, srv->ng_peer), why);
+    fr_nccl_recv_destroy(&srv->ng);
+    srv->ng_commit = 0;
+}
+#endif
+
+/* Drops the NCCL update in progress (counted failed); the group survives
+ * when no bucket of it was in flight. */
+static void nccl_drop_update(fr_bridge_server *srv, const char *why)
+{
+#ifdef FR_HAVE_CUDA
+    if (!fr_nccl_recv_updating(srv->ng)) return;
+    logf_(srv, "weight update to version %llu over NCCL dropped: %s", (unsigned long long)fr_nccl_recv_version(srv->ng),
+          why);
+    srv->updates_failed++;
+    srv->ng_commit = 0;
+    if (fr_nccl_recv_drop(srv->ng)) nccl_end(srv, fr_last_error(), NULL);
+#else
+    (void)srv;
+    (void)why;
+#endif
+}
+
+#ifdef FR_HAVE_CUDA
+/* The commit a client asked for, once every bucket of it is checked. */
+static void nccl_try_commit(fr_bridge_server *srv)
+{
+    if (!srv->ng || !srv->ng_commit) return;
+    int ready = 0;
+    const char *code = "update_state";
+    const int peer = srv->ng_peer;
+    char msg[FR_PROTO_TEXT_MAX];
+    if (fr_nccl_recv_ready(srv->ng, &ready, &code)) {
+        snprintf(msg, sizeof msg, "%s", fr_last_error());
+        nccl_drop_update(srv, msg);
+        send_error(srv, peer, code, 0, 0, "%s", msg);
+        return;
+    }
+    if (!ready) return;
+    srv->ng_commit = 0;
+    const uint64_t version = srv->ng_commit_version, bytes = fr_nccl_recv_bytes(srv->ng);
+    const double t0 = now_ms();
+    if (fr_nccl_recv_commit(srv->ng)) {
+        snprintf(msg, sizeof msg, "%s", fr_last_error());
+        srv->updates_failed++;
+        logf_(srv, "weight update to version %llu over NCCL failed: %s", (unsigned long long)version, msg);
+        send_error(srv, peer, "update_failed", 0, 0, "%s", msg);
+        return;
+    }
+    srv->weight_version = version;
+    fr_scheduler_set_weight_version(srv->sch, version);
+    srv->updates_committed++;
+    srv->last_sync_s = (now_ms() - srv->upd_begin_ms) * 1e-3;
+    logf_(srv, "weights are now version %llu, over NCCL (%llu bytes; switched in %.1f ms, %.3f s since the begin)",
+          (unsigned long long)version, (unsigned long long)bytes, now_ms() - t0, srv->last_sync_s);
+    send_update_reply(srv, peer, version, FR_UPD_COMMIT, -1, bytes);
+}
+#endif
+
+/* Every turn: what the group finished (joined, buckets checked, failures),
+ * then a commit that waited for it. */
+static void nccl_turn(fr_bridge_server *srv)
+{
+#ifdef FR_HAVE_CUDA
+    for (int k = 0; srv->ng && k < 64; k++) {
+        int bucket = -1;
+        const char *code = "nccl_failed";
+        fr_nr_event ev = fr_nccl_recv_poll(srv->ng, &bucket, &code);
+        if (ev == FR_NR_NOTHING) break;
+        if (ev == FR_NR_JOINED) {
+            logf_(srv, "NCCL weight group of client %s is up", fr_peers_name(srv->peers, srv->ng_peer));
+        } else if (ev == FR_NR_BUCKET_OK) {
+            srv->upd_last_ms = now_ms();
+            send_update_reply(srv, srv->ng_peer, fr_nccl_recv_version(srv->ng), FR_UPD_BUCKET, bucket,
+                              fr_nccl_recv_bytes(srv->ng));
+        } else {
+            char msg[FR_PROTO_TEXT_MAX];
+            snprintf(msg, sizeof msg, "%s", fr_last_error());
+            nccl_end(srv, msg, code ? code : "nccl_failed");
+        }
+    }
+    nccl_try_commit(srv);
+#else
+    (void)srv;
+#endif
+}
+
+/* Whether the loop should come back soon for the group (it polls instead
+ * of waiting on the socket). */
+static int nccl_pending(const fr_bridge_server *srv)
+{
+#ifdef FR_HAVE_CUDA
+    return srv->ng && (!fr_nccl_recv_joined(srv->ng) || fr_nccl_recv_busy(srv->ng) || srv->ng_commit);
+#else
+    (void)srv;
+    return 0;
+#endif
+}
+
+static void handle_nccl_init(fr_bridge_server *srv, int peer, const fr_msg_nccl_init *n)
+{
+#ifndef FR_HAVE_CUDA
+    (void)n;
+    send_error(srv, peer, "nccl_unavailable", 0, 0,
+               "nccl_group_init: this server was built without CUDA; weights travel over ZeroMQ only");
+#else
+    if (srv->multi) {
+        send_error(srv, peer, "nccl_unavailable", 0, 0,
+                   "nccl_group_init: weights over NCCL need a server of one rank (this one serves on %d ranks); "
+                   "use update_weights over ZeroMQ", srv->world->size);
+        return;
+    }
+    if (srv->sess->backend != FR_BACKEND_CUDA || !srv->sess->gpu_weights) {
+        send_error(srv, peer, "nccl_unavailable", 0, 0,
+                   "nccl_group_init: the %s backend has no device weights to receive into; weights over NCCL need "
+                   "the cuda backend (use update_weights over ZeroMQ)", fr_backend_name(srv->sess->backend));
+        return;
+    }
+    if (srv->ng) nccl_end(srv, "a new nccl_group_init arrived", NULL);
+    if (srv->upd && srv->upd_peer == peer) drop_update(srv, "its client makes an NCCL weight group");
+    if (fr_nccl_recv_new(srv->sess->gpu_weights, n->unique_id, nccl_timeout_ms(srv), &srv->ng)) {
+        send_error(srv, peer, "nccl_failed", 0, 0, "%s", fr_last_error());
+        return;
+    }
+    srv->ng_peer = peer;
+    srv->ng_commit = 0;
+    logf_(srv, "client %s makes an NCCL weight group: joining as rank 1 of %d", fr_peers_name(srv->peers, peer),
+          FR_NCCL_RECV_NRANKS);
+    fr_msg m;
+    fr_msg_init(&m, FR_MSG_NCCL_REPLY);
+    m.u.nccl_reply = (fr_msg_nccl_reply){.state = FR_NCCL_JOINING, .nranks = FR_NCCL_RECV_NRANKS, .rank = 0,
+                                         .timeout_s = nccl_timeout_ms(srv) * 1e-3};
+    send_msg(srv, peer, &m);
+#endif
+}
+
+static void handle_nccl_close(fr_bridge_server *srv, int peer)
+{
+#ifdef FR_HAVE_CUDA
+    if (srv->ng && srv->ng_peer == peer) nccl_end(srv, "its client closed it", NULL);
+#endif
+    fr_msg m;
+    fr_msg_init(&m, FR_MSG_NCCL_REPLY);
+    m.u.nccl_reply = (fr_msg_nccl_reply){.state = FR_NCCL_CLOSED, .timeout_s = nccl_timeout_ms(srv) * 1e-3};
+    send_msg(srv, peer, &m);
+}
+
+/* update_weights_begin with transport nccl, after the version check. */
+static void handle_nccl_begin(fr_bridge_server *srv, int peer, const fr_msg_update_begin *b)
+{
+#ifndef FR_HAVE_CUDA
+    srv->updates_failed++;
+    send_error(srv, peer, "nccl_unavailable", 0, 0,
+               "update_weights_begin to version %llu: transport nccl: this server was built without CUDA",
+               (unsigned long long)b->version);
+#else
+    if (!srv->ng || srv->ng_peer != peer) {
+        srv->updates_failed++;
+        send_error(srv, peer, "nccl_unavailable", 0, 0,
+                   "update_weights_begin: transport nccl: this client has no NCCL weight group (nccl_group_init "
+                   "first)");
+        return;
+    }
+    const char *code = "update_state";
+    if (fr_nccl_recv_begin(srv->ng, b, &code)) {
+        srv->updates_failed++;
+        send_error(srv, peer, code, 0, 0, "%s", fr_last_error());
+        return;
+    }
+    srv->upd_last_ms = srv->upd_begin_ms = now_ms();
+    srv->ng_commit = 0;
+    logf_(srv, "weight update to version %llu over NCCL begins: %d tensors, %llu bytes, buckets of %llu bytes",
+          (unsigned long long)b->version, b->n_tensors, (unsigned long long)b->total_bytes,
+          (unsigned long long)b->bucket_bytes);
+    send_update_reply(srv, peer, b->version, FR_UPD_BEGIN, -1, 0);
+#endif
+}
+
+static void handle_nccl_bucket(fr_bridge_server *srv, int peer, const fr_msg_nccl_bucket *b)
+{
+#ifdef FR_HAVE_CUDA
+    if (srv->ng && srv->ng_peer == peer && fr_nccl_recv_updating(srv->ng)) {
+        srv->upd_last_ms = now_ms();
+        const char *code = "bad_bucket";
+        /* The client broadcasts the bucket whatever the answer, so a refused
+         * one leaves the group out of step: it ends with the update. */
+        if (fr_nccl_recv_bucket(srv->ng, b, &code)) {
+            char msg[FR_PROTO_TEXT_MAX];
+            snprintf(msg, sizeof msg, "%s", fr_last_error());
+            nccl_end(srv, msg, code);
+        }
+        return;
+    }
+#endif
+    send_error(srv, peer, "update_state", 0, 0,
+               "update_weights_nccl_bucket for version %llu: no weight update over NCCL of this client is in "
+               "progress", (unsigned long long)b->version);
+}
+
+/* Commit or abort of the client's NCCL update: 1 when it was one. */
+static int nccl_end_message(fr_bridge_server *srv, int peer, uint64_t version, int commit)
+{
+#ifdef FR_HAVE_CUDA
+    if (!srv->ng || srv->ng_peer != peer || !fr_nccl_recv_updating(srv->ng)) return 0;
+    const char *what = commit ? "update_weights_commit" : "update_weights_abort";
+    if (version != fr_nccl_recv_version(srv->ng)) {
+        send_error(srv, peer, "update_state", 0, 0, "%s for version %llu: the update in progress is to version %llu",
+                   what, (unsigned long long)version, (unsigned long long)fr_nccl_recv_version(srv->ng));
+        return 1;
+    }
+    srv->upd_last_ms = now_ms();
+    if (commit) {
+        srv->ng_commit = 1;
+        srv->ng_commit_version = version;
+        nccl_try_commit(srv);
+        return 1;
+    }
+    const uint64_t bytes = fr_nccl_recv_bytes(srv->ng);
+    nccl_drop_update(srv, "the client aborted it");
+    send_update_reply(srv, peer, version, FR_UPD_ABORT, -1, bytes);
+    return 1;
+#else
+    (void)srv;
+    (void)peer;
+    (void)version;
+    (void)commit;
+    return 0;
+#endif
 }
 
 /* One message from the socket. */
@@ -1136,6 +1430,9 @@ static void handle_message(fr_bridge_server *srv, fr_wire_msg *w)
     case FR_MSG_UPDATE_BUCKET: handle_update_bucket(srv, peer, &m.u.update_bucket, w); break;
     case FR_MSG_UPDATE_COMMIT: handle_update_commit(srv, peer, m.u.update_end.version); break;
     case FR_MSG_UPDATE_ABORT: handle_update_abort(srv, peer, m.u.update_end.version); break;
+    case FR_MSG_NCCL_INIT: handle_nccl_init(srv, peer, &m.u.nccl_init); break;
+    case FR_MSG_NCCL_BUCKET: handle_nccl_bucket(srv, peer, &m.u.nccl_bucket); break;
+    case FR_MSG_NCCL_CLOSE: handle_nccl_close(srv, peer); break;
     default: break;
     }
     fr_msg_free(&m);
@@ -1159,6 +1456,9 @@ static void drop_gone_peers(fr_bridge_server *srv)
         logf_(srv, "client %s disconnected: its messages are undeliverable, %d open samples aborted",
               fr_peers_name(srv->peers, peer), ended);
         if (srv->upd && srv->upd_peer == peer) drop_update(srv, "its client disconnected");
+#ifdef FR_HAVE_CUDA
+        if (srv->ng && srv->ng_peer == peer) nccl_end(srv, "its client disconnected", NULL);
+#endif
     }
 }
 
@@ -1950,7 +2250,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
         fr_peers_stats ps;
         fr_peers_stats_get(srv->peers, &ps);
         int work = !fr_scheduler_idle(srv->sch);
-        long wait = work ? 0 : ps.queued ? 2 : 100;
+        long wait = work ? 0 : ps.queued || nccl_pending(srv) ? 1 : 100;
         zmq_pollitem_t it = {.socket = srv->sock, .events = ZMQ_POLLIN};
         if (zmq_poll(&it, 1, wait) < 0) {
             if (errno == EINTR) continue;
@@ -1971,6 +2271,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
             fr_wire_msg_free(&w);
         }
         if (failure) break;
+        nccl_turn(srv);
         if (!fr_scheduler_idle(srv->sch)) {
             if (fr_scheduler_step(srv->sch))
                 logf_(srv, "engine step failed (its samples end with reason error): %s", fr_last_error());
@@ -1978,7 +2279,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
         flush_all(srv);
         /* not while weights are being staged or the trainer has paused the engine */
         fr_status rst = FR_OK;
-        if (srv->recal && !srv->upd && srv->state == RUNNING &&
+        if (srv->recal && !srv->upd && !nccl_updating(srv) && srv->state == RUNNING &&
             (rst = fr_recal_check(srv->recal, srv->sess, srv->sch, srv->weight_version, NULL))) {
             failure = rst;
             logf_(srv, "recalibration left the engine unusable: %s", fr_last_error());
@@ -1999,6 +2300,11 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
             char why[96];
             snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
             drop_update(srv, why);
+        }
+        if (nccl_updating(srv) && srv->cfg.update_idle_ms > 0 && now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
+            char why[96];
+            snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
+            nccl_drop_update(srv, why);
         }
     }
     int ended = abort_everything(srv);
@@ -2021,6 +2327,9 @@ void fr_bridge_server_destroy(fr_bridge_server **pp)
     if (srv->sch && srv->peers) abort_everything(srv);
     fr_scheduler_destroy(&srv->sch);   /* nothing open is left; any result would find no request */
     fr_bridge_update_free(&srv->upd);
+#ifdef FR_HAVE_CUDA
+    fr_nccl_recv_destroy(&srv->ng);
+#endif
     for (int i = 0; i < srv->n_reqs; i++) free_request(srv->reqs[i]);
     free(srv->reqs);
     free(srv->waiters);

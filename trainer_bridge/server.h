@@ -41,6 +41,8 @@ typedef struct {
     int shutdown_linger_ms;        /* how long shutdown tries to deliver the last messages */
     double kl_sample_rate;         /* share of samples with a BF16-KV shadow when a generate leaves it open */
     int update_idle_ms;            /* a staged weight update with no message for this long is dropped; 0: never */
+    int nccl_timeout_ms;           /* an NCCL weight group that has work and makes no progress for this long is
+                                      aborted (docs/protocol.md, "Weights over NCCL"); 0: 30000 */
     /* CURVE (docs/protocol.md, "Authentication"): the server's secret key in
      * Z85 (40 characters), "" for none; then only clients whose public key
      * is listed may talk to it. */

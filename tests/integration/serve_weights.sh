@@ -38,6 +38,49 @@ BUILD="$build" timeout 300 $py "$(dirname "$0")/serve_weights.py" "$main_ep" "$f
   "$dir/keys.json" "$dir/w7.bin" "$dir/w7.jsonl" "tcp://127.0.0.1:$pub_port" || fail "the Python checks failed"
 grep -q "refused a client" "$dir/curve.log" || fail "the CURVE server logged no refusal"
 
+# Weights over NCCL: the CPU backend refuses nccl_group_init (and a begin
+# with transport nccl) with nccl_unavailable and keeps serving; the Python
+# client refuses a group on a missing device, or the server refuses it.
+BUILD="$build" timeout 60 $py - "$main_ep" <<'PY' || fail "weights over NCCL on the CPU backend"
+import os, sys, zmq
+sys.path.insert(0, os.path.join(os.environ["BUILD"], "..", "trainer_bridge", "python"))
+from fp4rollout_client import ClientError, RolloutClient, ServerError
+
+def s(x):  # a msgpack str
+    b = x.encode()
+    return bytes([0xa0 | len(b)]) + b
+
+def frame(kind, *kv):
+    return bytes([0x80 | (2 + len(kv) // 2)]) + s("type") + s(kind) + s("v") + b"\x01" + b"".join(kv)
+
+sock = zmq.Context.instance().socket(zmq.DEALER)
+sock.setsockopt(zmq.RCVTIMEO, 20000)
+sock.connect(sys.argv[1])
+sock.send(frame("nccl_group_init", s("unique_id"), b"\xc4\x80" + bytes(range(128))))
+r = sock.recv()
+assert b"nccl_unavailable" in r and b"cpu backend" in r, r
+begin = frame("update_weights_begin", s("version"), b"\x09", s("total_bytes"), b"\x08", s("bucket_bytes"), b"\x08",
+              s("transport"), s("nccl"), s("tensors"),
+              b"\x91\x83" + s("name") + s("model.norm.weight") + s("dtype") + s("f32") + s("shape") + b"\x91\x02")
+sock.send(begin)
+r = sock.recv()
+assert b"nccl_unavailable" in r and b"nccl_group_init" in r, r
+sock.send(frame("nccl_group_close"))
+r = sock.recv()
+assert b"nccl_group_reply" in r and b"closed" in r, r
+c = RolloutClient(sys.argv[1])
+try:
+    c.init_weight_group(device=0)
+    raise SystemExit("init_weight_group succeeded against a CPU server")
+except ServerError as e:
+    assert e.code == "nccl_unavailable", e
+except ClientError as e:  # no CUDA device here, or a library without CUDA: nothing was sent
+    assert "CUDA" in str(e), e
+st = c.stats()["server"]
+assert st["weight_version"] == 2 and not st["updating"], st
+print("weights over NCCL refused on the CPU backend")
+PY
+
 # The C tool: an update to the same weights as version 5 in bf16, then a
 # refused one (its error names the tensor), and the server still answers.
 c() { timeout 60 "$cli" --endpoint "$main_ep" --timeout-ms 20000 "$@"; }

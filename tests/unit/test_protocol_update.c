@@ -19,6 +19,7 @@
 #include <zmq.h>
 
 #include "rollout/model.h"
+#include "trainer_bridge/client.h"
 #include "trainer_bridge/protocol.h"
 #include "trainer_bridge/update.h"
 
@@ -207,6 +208,198 @@ static void test_update_messages_refused(void **state)
     fr_msg_init(&m, FR_MSG_UPDATE_REPLY);
     m.u.update_reply.stage = FR_UPD_BUCKET;
     expect_encode_refused(&m, "\"bucket\" is a number >= 0 exactly when");
+}
+
+/* Weights over NCCL on the wire: the group messages, the begin's transport
+ * and the NCCL bucket round trip; malformed ones are refused. */
+static void test_nccl_messages(void **state)
+{
+    (void)state;
+    fr_msg m, d;
+    fr_msg_init(&m, FR_MSG_NCCL_INIT);
+    for (int i = 0; i < FR_PROTO_NCCL_ID_BYTES; i++) m.u.nccl_init.unique_id[i] = (unsigned char)(i * 7 + 3);
+    round_trip(&m, &d);
+    assert_memory_equal(d.u.nccl_init.unique_id, m.u.nccl_init.unique_id, FR_PROTO_NCCL_ID_BYTES);
+    fr_msg_free(&d);
+
+    fr_msg_init(&m, FR_MSG_NCCL_CLOSE);
+    round_trip(&m, &d);
+    fr_msg_free(&d);
+
+    fr_msg_init(&m, FR_MSG_NCCL_REPLY);
+    m.u.nccl_reply = (fr_msg_nccl_reply){.state = FR_NCCL_JOINING, .nranks = 2, .rank = 0, .timeout_s = 12.5};
+    round_trip(&m, &d);
+    assert_true(d.u.nccl_reply.state == FR_NCCL_JOINING && d.u.nccl_reply.nranks == 2 && d.u.nccl_reply.rank == 0 &&
+                d.u.nccl_reply.timeout_s == 12.5);
+    char *json = NULL;
+    assert_int_equal(fr_msg_to_json(&d, &json), FR_OK);
+    assert_non_null(strstr(json, "\"state\":\"joining\""));
+    free(json);
+    fr_msg_free(&d);
+
+    fr_msg_tensor ts[2] = {tensor("model.norm.weight", FR_DT_F32, 1, 64, 0),
+                           tensor("lm_head.weight", FR_DT_BF16, 2, 272, 64)};
+    fr_msg_init(&m, FR_MSG_UPDATE_BEGIN);
+    m.u.update_begin = (fr_msg_update_begin){.version = 9, .tensors = ts, .n_tensors = 2,
+                                             .total_bytes = 64 * 4 + 272 * 64 * 2, .bucket_bytes = 1 << 20, .nccl = 1};
+    round_trip(&m, &d);
+    assert_int_equal(d.u.update_begin.nccl, 1);
+    fr_msg_free(&d);
+    m.u.update_begin.nccl = 0;
+    round_trip(&m, &d);
+    assert_int_equal(d.u.update_begin.nccl, 0);
+    fr_msg_free(&d);
+
+    fr_msg_piece ps[2] = {{.t = ts[0], .offset = 0, .nbytes = 256, .at = 0},
+                          {.t = ts[1], .offset = 2048, .nbytes = 4096, .at = 512}};
+    fr_msg_init(&m, FR_MSG_NCCL_BUCKET);
+    m.u.nccl_bucket = (fr_msg_nccl_bucket){.version = 9, .bucket = 3, .nbytes = 4608, .checksum = 0xfedcba9876543210ull,
+                                           .pieces = ps, .n_pieces = 2};
+    round_trip(&m, &d);
+    assert_true(d.u.nccl_bucket.version == 9 && d.u.nccl_bucket.bucket == 3 && d.u.nccl_bucket.nbytes == 4608 &&
+                d.u.nccl_bucket.checksum == 0xfedcba9876543210ull && d.u.nccl_bucket.n_pieces == 2);
+    assert_memory_equal(d.u.nccl_bucket.pieces, ps, sizeof ps);
+    fr_msg_free(&d);
+    assert_true(fr_msg_type_from_client(FR_MSG_NCCL_INIT) && fr_msg_type_from_client(FR_MSG_NCCL_BUCKET) &&
+                fr_msg_type_from_client(FR_MSG_NCCL_CLOSE) && !fr_msg_type_from_client(FR_MSG_NCCL_REPLY));
+
+    /* refusals: a piece past the bucket, pieces out of order, misaligned "at", a bad reply */
+    ps[1].at = 1024;
+    expect_encode_refused(&m, "run past the bucket");
+    ps[1].at = 128;
+    expect_encode_refused(&m, "without overlapping");
+    ps[1].at = 513;
+    expect_encode_refused(&m, "element size");
+    ps[1].at = 512;
+    m.u.nccl_bucket.nbytes = 0;
+    expect_encode_refused(&m, "\"nbytes\" must be >= 1");
+    fr_msg_init(&m, FR_MSG_NCCL_REPLY);
+    m.u.nccl_reply = (fr_msg_nccl_reply){.state = FR_NCCL_JOINING, .nranks = 1};
+    expect_encode_refused(&m, "nranks");
+}
+
+/* Raw frames the decoder must refuse: a unique id of the wrong length or
+ * type, an unknown transport, an NCCL bucket piece without "at". */
+static void expect_decode_refused(const unsigned char *frame, size_t len, const char *needle)
+{
+    fr_msg d;
+    if (fr_msg_decode(frame, len, &d) == FR_OK) fail_msg("decoded a frame that should be refused (%s)", needle);
+    assert_int_equal(d.type, FR_MSG_NONE);
+    assert_msg_has(needle);
+}
+
+static size_t put_head(unsigned char *b, int n_keys, const char *type)
+{
+    size_t o = 0;
+    b[o++] = (unsigned char)(0x80 | n_keys);
+    b[o++] = 0xa4;
+    memcpy(b + o, "type", 4);
+    o += 4;
+    b[o++] = (unsigned char)(0xa0 | strlen(type));
+    memcpy(b + o, type, strlen(type));
+    o += strlen(type);
+    b[o++] = 0xa1;
+    b[o++] = 'v';
+    b[o++] = 1;
+    return o;
+}
+
+static void test_nccl_messages_refused(void **state)
+{
+    (void)state;
+    unsigned char b[512];
+    size_t o = put_head(b, 3, "nccl_group_init");
+    b[o++] = 0xa9;
+    memcpy(b + o, "unique_id", 9);
+    o += 9;
+    b[o++] = 0xc4;
+    b[o++] = 100;   /* 100 bytes, not 128 */
+    memset(b + o, 1, 100);
+    expect_decode_refused(b, o + 100, "unique_id");
+    b[o - 2] = 0xc4;
+    b[o - 1] = 128;
+    memset(b + o, 1, 128);
+    fr_msg d;
+    assert_int_equal(fr_msg_decode(b, o + 128, &d), FR_OK);   /* the same frame with 128 bytes is fine */
+    fr_msg_free(&d);
+    o = put_head(b, 3, "nccl_group_init");
+    b[o++] = 0xa9;
+    memcpy(b + o, "unique_id", 9);
+    o += 9;
+    b[o++] = 0xa3;
+    memcpy(b + o, "abc", 3);
+    expect_decode_refused(b, o + 3, "unique_id");
+
+    /* update_weights_begin with transport "tcp" */
+    o = put_head(b, 7, "update_weights_begin");
+    const char *rest[] = {"version", "total_bytes", "bucket_bytes"};
+    for (int i = 0; i < 3; i++) {
+        b[o++] = (unsigned char)(0xa0 | strlen(rest[i]));
+        memcpy(b + o, rest[i], strlen(rest[i]));
+        o += strlen(rest[i]);
+        b[o++] = i == 1 ? 8 : 4;   /* total 8 bytes: two f32 */
+    }
+    b[o++] = 0xa7;
+    memcpy(b + o, "tensors", 7);
+    o += 7;
+    b[o++] = 0x91;
+    b[o++] = 0x83;
+    b[o++] = 0xa4;
+    memcpy(b + o, "name", 4);
+    o += 4;
+    b[o++] = 0xa1;
+    b[o++] = 'x';
+    b[o++] = 0xa5;
+    memcpy(b + o, "dtype", 5);
+    o += 5;
+    b[o++] = 0xa3;
+    memcpy(b + o, "f32", 3);
+    o += 3;
+    b[o++] = 0xa5;
+    memcpy(b + o, "shape", 5);
+    o += 5;
+    b[o++] = 0x91;
+    b[o++] = 2;
+    b[o++] = 0xa9;
+    memcpy(b + o, "transport", 9);
+    o += 9;
+    b[o++] = 0xa3;
+    memcpy(b + o, "tcp", 3);
+    expect_decode_refused(b, o + 3, "transport");
+    memcpy(b + o - 1, "\xa4nccl", 5);
+    assert_int_equal(fr_msg_decode(b, o + 4, &d), FR_OK);
+    assert_int_equal(d.u.update_begin.nccl, 1);
+    fr_msg_free(&d);
+}
+
+/* The client library refuses weights over NCCL without a usable device
+ * before sending anything (no server listens here), and an update without
+ * a group. */
+static void test_client_nccl_without_device(void **state)
+{
+    (void)state;
+    fr_client *c = NULL;
+    assert_int_equal(fr_client_new("tcp://127.0.0.1:9", &c), FR_OK);
+    fr_client_set_timeout(c, 500);
+    assert_int_equal(fr_client_nccl_group_init(c, 1 << 20), FR_EUNSUPPORTED);
+#ifdef FR_HAVE_CUDA
+    assert_msg_has("no CUDA device");
+#else
+    assert_msg_has("built without CUDA");
+#endif
+    int64_t shape[1] = {4};
+    float dev[4] = {0};
+    fr_client_tensor t = {.name = "model.norm.weight", .dtype = FR_DT_F32, .ndim = 1, .shape = shape, .data = dev};
+    fr_status st = fr_client_update_weights_nccl(c, &t, 1, 2, NULL, NULL, NULL);
+#ifdef FR_HAVE_CUDA
+    assert_int_equal(st, FR_EINVAL);
+    assert_msg_has("needs an NCCL weight group");
+#else
+    assert_int_equal(st, FR_EUNSUPPORTED);
+    assert_msg_has("built without CUDA");
+#endif
+    assert_int_equal(fr_client_nccl_group_close(c), FR_OK);   /* nothing to close */
+    fr_client_destroy(&c);
 }
 
 /* ---- staging --------------------------------------------------------------- */
@@ -429,6 +622,9 @@ int main(void)
         cmocka_unit_test(test_update_messages_round_trip),
         cmocka_unit_test(test_new_generate_done_stats_keys),
         cmocka_unit_test(test_update_messages_refused),
+        cmocka_unit_test(test_nccl_messages),
+        cmocka_unit_test(test_nccl_messages_refused),
+        cmocka_unit_test(test_client_nccl_without_device),
         cmocka_unit_test(test_staging_whole_model),
         cmocka_unit_test(test_staging_failures),
     };

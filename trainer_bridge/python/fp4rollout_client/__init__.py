@@ -308,6 +308,66 @@ class RolloutClient(_Closes):
         del keep
         return {"version": reply.version, "bytes": reply.bytes, "weight_version": reply.weight_version}
 
+    def init_weight_group(self, device=None) -> None:
+        """Makes an NCCL group with the server for weight updates
+        (docs/protocol.md, "Weights over NCCL"), this process as rank 0 on CUDA
+        device `device` (an int, a torch.device or "cuda:N"; None: torch's
+        current device). Returns once the server joined. The server must serve
+        on the cuda backend with one rank; otherwise ServerError with code
+        nccl_unavailable. A library built without CUDA raises ClientError."""
+        if device is None:
+            import torch  # only for the default device
+            device = torch.cuda.current_device()
+        index = device if isinstance(device, int) else getattr(device, "index", None)
+        if index is None and isinstance(device, str):
+            index = int(device.split(":")[1]) if ":" in device else 0
+        if index is None:
+            index = 0
+        if self._lib.fr_client_nccl_group_init(self._c, int(index)):
+            self._raise()
+
+    def close_weight_group(self) -> None:
+        """Ends the NCCL weight group on both sides (nothing when there is none)."""
+        if self._lib.fr_client_nccl_group_close(self._c):
+            self._raise()
+
+    def update_weights_nccl(self, named_tensors, version: int, bucket_bytes: Optional[int] = None,
+                            _corrupt_bucket: int = -1) -> dict:
+        """update_weights over the NCCL group (init_weight_group first): the
+        tensors are torch CUDA tensors on the group's device (bfloat16,
+        float16 or float32, contiguous), read in place on the current CUDA
+        stream after the work already queued on it: nothing is copied to the
+        host. Returns the commit reply once the server uses the new weights;
+        a refusal raises ServerError with the server's code, and any failure
+        after the begin also ends the group (init a new one)."""
+        import torch  # the tensors are torch's
+        items = list(named_tensors.items()) if isinstance(named_tensors, dict) else list(named_tensors)
+        n = len(items)
+        arr = (_native.Tensor * max(1, n))()
+        keep = []
+        for i, (name, t) in enumerate(items):
+            if not isinstance(t, torch.Tensor) or t.device.type != "cuda":
+                raise ClientError(f"update_weights_nccl: {name} must be a torch CUDA tensor")
+            t = t.detach()
+            if not t.is_contiguous():
+                raise ClientError(f"update_weights_nccl: {name} is not contiguous (it would need a copy)")
+            kind = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}.get(t.dtype)
+            if kind is None:
+                raise ClientError(f"update_weights_nccl: {name}: unsupported dtype {t.dtype}")
+            shape = list(t.shape) or [1]
+            shp = (ctypes.c_int64 * len(shape))(*shape)
+            bname = name.encode()
+            keep += [shp, bname, t]
+            arr[i] = _native.Tensor(bname, _native.DTYPES[kind], len(shape), shp, t.data_ptr())
+        stream = torch.cuda.current_stream().cuda_stream
+        opts = _native.UpdateOpts(int(bucket_bytes or 0), int(_corrupt_bucket))
+        reply = _native.UpdateReply()
+        if self._lib.fr_client_update_weights_nccl(self._c, arr, n, int(version), ctypes.c_void_p(stream),
+                                                   ctypes.byref(opts), ctypes.byref(reply)):
+            self._raise()
+        del keep
+        return {"version": reply.version, "bytes": reply.bytes, "weight_version": reply.weight_version}
+
 
 def _tensor_view(t):
     """(dtype, shape, address, owner) of a tensor without copying it when it is

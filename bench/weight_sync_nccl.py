@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Weight sync over NCCL against ZeroMQ, Qwen3-4B-shaped, on two GPUs: the
+server (`fp4rollout serve --model synthetic:qwen3-4b`, CUDA backend) on GPU
+1, the trainer (this process, PyTorch) on GPU 0 with random bf16 weights of
+Qwen3-4B's names and shapes (tied embeddings: about 8 GB). Measured in one
+run: the NVLink copy bandwidth GPU 0 -> GPU 1 (torch, a 2 GiB buffer, CUDA
+events), the NCCL update from its begin to the commit reply
+(RolloutClient.update_weights_nccl, several runs), and the same weights
+over ZeroMQ (RolloutClient.update_weights from host copies, loopback).
+
+    python3 bench/weight_sync_nccl.py [--runs 5] [--zmq-runs 1] [--bucket-mib 512] [--build build]
+
+Prints a markdown table. Needs PyTorch with CUDA and two GPUs.
+"""
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(here, "..", "trainer_bridge", "python"))
+
+H, L, I, V, NH, NKV, D = 2560, 36, 9728, 151936, 32, 8, 128   # rollout/synthetic_model.c's qwen3-4b
+
+
+def shapes():
+    s = [("model.embed_tokens.weight", (V, H))]
+    for i in range(L):
+        p = f"model.layers.{i}."
+        s += [(p + "input_layernorm.weight", (H,)), (p + "self_attn.q_proj.weight", (NH * D, H)),
+              (p + "self_attn.k_proj.weight", (NKV * D, H)), (p + "self_attn.v_proj.weight", (NKV * D, H)),
+              (p + "self_attn.o_proj.weight", (H, NH * D)), (p + "self_attn.q_norm.weight", (D,)),
+              (p + "self_attn.k_norm.weight", (D,)), (p + "post_attention_layernorm.weight", (H,)),
+              (p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H)),
+              (p + "mlp.down_proj.weight", (H, I))]
+    return s + [("model.norm.weight", (H,))]   # lm_head is tied to the embedding
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def nvlink_gbps(torch, nbytes=2 << 30, reps=10):
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+    b = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
+    b.copy_(a)
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.device(0):
+        start.record()
+        for _ in range(reps):
+            b.copy_(a, non_blocking=True)
+        end.record()
+        end.synchronize()
+    ms = start.elapsed_time(end)
+    del a, b
+    torch.cuda.empty_cache()
+    return nbytes * reps / (ms * 1e-3) / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--zmq-runs", type=int, default=1)
+    ap.add_argument("--bucket-mib", type=int, default=512)
+    ap.add_argument("--build", default=os.environ.get("BUILD", "build"))
+    a = ap.parse_args()
+    if not os.path.isdir(a.build):
+        a.build = os.path.join(os.path.dirname(here), a.build)
+    os.environ.setdefault("FP4ROLLOUT_CLIENT_LIB", os.path.join(os.path.abspath(a.build), "libfp4rollout_client.so"))
+    import torch
+    from fp4rollout_client import RolloutClient
+    if torch.cuda.device_count() < 2:
+        sys.exit("needs two GPUs")
+    gbps = nvlink_gbps(torch)
+
+    d = tempfile.mkdtemp(prefix="fp4rollout_nccl_bench_")
+    port = free_port()
+    cfg = os.path.join(d, "serve.json")
+    json.dump({"model": "synthetic:qwen3-4b", "backend": "cuda", "kv_dtype": "bf16", "max_seqs": 1, "kv_blocks": 4,
+               "coordinator": {"bind": "127.0.0.1", "port": port}}, open(cfg, "w"))
+    log_path = os.path.join(d, "serve.log")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="1")
+    srv = subprocess.Popen([os.path.join(a.build, "fp4rollout"), "serve", "--config", cfg], stderr=open(log_path, "w"),
+                           env=env)
+    try:
+        for _ in range(1200):
+            if "listening on" in open(log_path).read():
+                break
+            if srv.poll() is not None:
+                sys.exit("the server exited at start:\n" + open(log_path).read())
+            time.sleep(0.1)
+        torch.cuda.set_device(0)
+        g = torch.Generator(device="cuda:0").manual_seed(0)
+        weights = {}
+        for name, shp in shapes():
+            if len(shp) == 1:
+                weights[name] = torch.ones(shp, dtype=torch.bfloat16, device="cuda:0")
+            else:
+                weights[name] = (torch.randn(shp, generator=g, device="cuda:0") * 0.02).to(torch.bfloat16)
+        total = sum(t.numel() * t.element_size() for t in weights.values())
+        torch.cuda.synchronize()
+        bucket = a.bucket_mib << 20
+        c = RolloutClient(f"tcp://127.0.0.1:{port}", timeout_ms=600000)
+        c.init_weight_group(0)
+        version, nccl = 0, []
+        for _ in range(a.runs):
+            version += 1
+            t0 = time.perf_counter()
+            r = c.update_weights_nccl(weights, version=version, bucket_bytes=bucket)
+            nccl.append(time.perf_counter() - t0)
+            assert r["weight_version"] == version, r
+        c.close_weight_group()
+        host = {k: t.cpu() for k, t in weights.items()}
+        zmq = []
+        for _ in range(a.zmq_runs):
+            version += 1
+            t0 = time.perf_counter()
+            r = c.update_weights(host, version=version, bucket_bytes=bucket)
+            zmq.append(time.perf_counter() - t0)
+            assert r["weight_version"] == version, r
+        switches = [float(x) for x in re.findall(r"over NCCL \([0-9]+ bytes; switched in ([0-9.]+) ms",
+                                                    open(log_path).read())]
+        print(f"Qwen3-4B shape, bf16, {total:,} bytes ({total / 1e9:.2f} GB), buckets of {a.bucket_mib} MiB; "
+              f"trainer on GPU 0 (PyTorch), server on GPU 1 (tp 1)\n")
+        print("| path | runs | best s | median s | GB/s (best) |")
+        print("|---|---|---|---|---|")
+        print(f"| NCCL, begin to commit reply | {len(nccl)} | {min(nccl):.3f} | {statistics.median(nccl):.3f} | "
+              f"{total / min(nccl) / 1e9:.1f} |")
+        print(f"| ZeroMQ (loopback, from host memory), begin to commit reply | {len(zmq)} | {min(zmq):.3f} | "
+              f"{statistics.median(zmq):.3f} | {total / min(zmq) / 1e9:.2f} |")
+        print(f"| NVLink copy GPU 0 -> GPU 1 (torch, 2 GiB x 10) | 1 | | | {gbps:.1f} |")
+        if switches:
+            print(f"\nserver-side switch of the staged weights into the serving ones (device to device): "
+                  f"median {statistics.median(switches):.1f} ms")
+    finally:
+        srv.terminate()
+        srv.wait(timeout=120)
+
+
+if __name__ == "__main__":
+    main()

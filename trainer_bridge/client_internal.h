@@ -1,0 +1,24 @@
+/* What client.c shares with client_nccl.c (the NCCL weight group of the C
+ * client); not part of the public API. */
+#ifndef FR_CLIENT_INTERNAL_H
+#define FR_CLIENT_INTERNAL_H
+
+#include "client.h"
+
+/* Sends m and waits for its reply of type want (client.c's call). */
+fr_status fr_client_call_(fr_client *c, const fr_msg *m, fr_msg_type want, fr_msg *reply);
+fr_status fr_client_send_(fr_client *c, const fr_msg *m);
+/* Receives at most one message within wait_ms: *got 1 and *reply when it
+ * is of type want; an error naming no request fails (the server's answer to
+ * `what`); anything else is kept for the caller's later reads. */
+fr_status fr_client_take_(fr_client *c, int wait_ms, fr_msg_type want, const char *what, fr_msg *reply, int *got);
+/* A server refusal of an update message, with its code in the text. */
+fr_status fr_client_refused_(fr_client *c, fr_status st);
+void fr_client_clear_error_(fr_client *c);
+int fr_client_timeout_(const fr_client *c);
+/* Where the client keeps its NCCL group. */
+void **fr_client_nccl_slot_(fr_client *c);
+/* Ends and frees the group in *slot (client_nccl.c); NULL-safe. */
+void fr_client_nccl_free_(void **slot);
+
+#endif
