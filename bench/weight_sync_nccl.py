@@ -91,7 +91,7 @@ def main():
     json.dump({"model": "synthetic:qwen3-4b", "backend": "cuda", "kv_dtype": "bf16", "max_seqs": 1, "kv_blocks": 4,
                "coordinator": {"bind": "127.0.0.1", "port": port}}, open(cfg, "w"))
     log_path = os.path.join(d, "serve.log")
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="1")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="1,0")   # its device 0 is GPU 1; GPU 0 stays visible for peer access
     srv = subprocess.Popen([os.path.join(a.build, "fp4rollout"), "serve", "--config", cfg], stderr=open(log_path, "w"),
                            env=env)
     try:

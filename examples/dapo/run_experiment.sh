@@ -16,14 +16,15 @@
 # full-recipe FP4 kinds, calibrate once into OUT/calib.safetensors from
 # MODEL/texts/calib_*.txt when those exist; none: no calibration file; or a
 # file), BUILD (build), PYTHON (the interpreter with PyTorch, default
-# /usr/bin/python3).
+# /usr/bin/python3), KV_BLOCKS (KV pages; default: sized by the CPU
+# backend itself, else MAX_SEQS x 16).
 # The server's own log goes to OUT/serve.log.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${BUILD:-build}
 bin=$build/fp4rollout
 py=${PYTHON:-/usr/bin/python3}
-[ $# -ge 2 ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 kind=$1; out=$2; shift 2
 [ -x "$bin" ] || { echo "run_experiment: $bin is missing (run make)" >&2; exit 1; }
 
@@ -65,9 +66,13 @@ fi
 calib_json=null
 [ "$calib" != none ] && calib_json="\"$(cd "$(dirname "$calib")" && pwd)/$(basename "$calib")\""
 
+# KV pages: the CPU backend sizes its cache itself (0); a GPU cache is given
+# pages for MAX_SEQS sequences of up to 16 pages (2048 tokens) each.
+backend=${BACKEND:-auto}
+if [ "$backend" = cpu ]; then kv_blocks=${KV_BLOCKS:-0}; else kv_blocks=${KV_BLOCKS:-$(( ${MAX_SEQS:-64} * 16 ))}; fi
 cat > "$out/serve.json" <<EOF
-{"model": "$model", "backend": "${BACKEND:-auto}", "kv_dtype": "$kv", "recipe": "$recipe", "calib": $calib_json,
- "max_seqs": ${MAX_SEQS:-64}, "metrics_port": ${METRICS_PORT:-0}, "kl_sample_rate": 0,
+{"model": "$model", "backend": "$backend", "kv_dtype": "$kv", "recipe": "$recipe", "calib": $calib_json,
+ "max_seqs": ${MAX_SEQS:-64}, "kv_blocks": $kv_blocks, "metrics_port": ${METRICS_PORT:-0}, "kl_sample_rate": 0,
  "coordinator": {"bind": "127.0.0.1", "port": $port}}
 EOF
 

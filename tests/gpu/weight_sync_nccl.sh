@@ -32,10 +32,10 @@ export FP4ROLLOUT_CLIENT_LIB=$(cd "$build" && pwd)/libfp4rollout_client.so
 $tpy "$here/../integration/serve_tq6_update.py" "$tq6" "$dir/perturbed" > "$dir/perturb.log" 2>&1 ||
   fail "perturbing tq6 failed"
 base="\"backend\": \"cuda\", \"kv_dtype\": \"nvfp4\", \"max_seqs\": 16, \"kv_blocks\": 256, \"nccl_timeout_s\": 5, \"coordinator\": {\"bind\": \"127.0.0.1\", \"port\": PORT}"
-export CUDA_VISIBLE_DEVICES=1
+export CUDA_VISIBLE_DEVICES=1,0   # the server uses its device 0 (GPU 1); GPU 0 stays visible for peer access
 start_server main "{\"model\": \"$tq6\", $base}"; main_ep=$ep
 start_server fresh "{\"model\": \"$dir/perturbed\", $base}"; fresh_ep=$ep
-export CUDA_VISIBLE_DEVICES=0
+export CUDA_VISIBLE_DEVICES=0,1
 timeout 300 $tpy "$here/weight_sync_nccl.py" check "$main_ep" "$fresh_ep" "$dir/perturbed" || fail "checks failed"
 # NCCL may notice the dead peer itself, else the timeout ends the group
 grep -Eq "NCCL weight group of client .* ended: NCCL weight group: (no bucket arrived|a receive in flight|ncclCommGetAsyncError)" \
