@@ -69,6 +69,17 @@ def nvlink_gbps(torch, nbytes=2 << 30, reps=10):
     return nbytes * reps / (ms * 1e-3) / 1e9
 
 
+def torch_nccl_dir(torch):
+    """The folder of the libnccl this process has loaded (PyTorch's), or None."""
+    torch.cuda.init()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if "libnccl.so" in os.path.basename(path):
+                return os.path.dirname(path)
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=5)
@@ -92,6 +103,11 @@ def main():
                "coordinator": {"bind": "127.0.0.1", "port": port}}, open(cfg, "w"))
     log_path = os.path.join(d, "serve.log")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="1,0")   # its device 0 is GPU 1; GPU 0 stays visible for peer access
+    # NCCL refuses a group whose members run different NCCL versions: the
+    # server loads the library this process (PyTorch) loaded.
+    nccl = torch_nccl_dir(torch)
+    if nccl:
+        env["LD_LIBRARY_PATH"] = nccl + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     srv = subprocess.Popen([os.path.join(a.build, "fp4rollout"), "serve", "--config", cfg], stderr=open(log_path, "w"),
                            env=env)
     try:

@@ -32,6 +32,12 @@ export FP4ROLLOUT_CLIENT_LIB=$(cd "$build" && pwd)/libfp4rollout_client.so
 $tpy "$here/../integration/serve_tq6_update.py" "$tq6" "$dir/perturbed" > "$dir/perturb.log" 2>&1 ||
   fail "perturbing tq6 failed"
 base="\"backend\": \"cuda\", \"kv_dtype\": \"nvfp4\", \"max_seqs\": 16, \"kv_blocks\": 256, \"nccl_timeout_s\": 5, \"coordinator\": {\"bind\": \"127.0.0.1\", \"port\": PORT}"
+# NCCL refuses a group whose members run different NCCL versions: the
+# servers load the libnccl PyTorch loads.
+nccl_dir=$($tpy -c 'import os, torch; torch.cuda.init()
+print(next((os.path.dirname(l.split()[-1]) for l in open("/proc/self/maps") if "libnccl.so" in l), ""))')
+[ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "$name: NCCL for the servers from ${nccl_dir:-the system}"
 export CUDA_VISIBLE_DEVICES=1,0   # the server uses its device 0 (GPU 1); GPU 0 stays visible for peer access
 start_server main "{\"model\": \"$tq6\", $base}"; main_ep=$ep
 start_server fresh "{\"model\": \"$dir/perturbed\", $base}"; fresh_ep=$ep
