@@ -332,14 +332,21 @@ static fr_status launch(fr_nccl_recv *r, int i, fr_msg_nccl_bucket *b, const cha
     cudaError_t e = cudaStreamWaitEvent(r->rs, r->unpacked[i], 0);   /* the buffer's last unpack */
     if (e != cudaSuccess) return fail(code, "update_failed", cuda_fail(e, "ordering a bucket's receive"));
     ncclResult_t nr = ncclBroadcast(r->buf[i], r->buf[i], (size_t)b->nbytes, ncclUint8, 0, r->comm, r->rs);
-    /* A nonblocking communicator may still be enqueueing the call: wait for
-     * that (it does not wait for the trainer), with the group's deadline. */
+    /* A nonblocking communicator may still be enqueueing the call. The first
+     * broadcast of a group also sets up its connection to the trainer, which
+     * needs the trainer: a dead one keeps the call in progress until the
+     * group's deadline, and the serve loop waits here that long (the one
+     * place it does; a continuation polled from the loop would remove it). */
     const double until = now_ms() + r->timeout_ms;
     while (nr == ncclInProgress && now_ms() < until) {
         ncclResult_t a = ncclSuccess;
         if (ncclCommGetAsyncError(r->comm, &a) != ncclSuccess) break;
         nr = a;
     }
+    if (nr == ncclInProgress)
+        return FAIL("nccl_failed", FR_EIO,
+                    "NCCL weight group: bucket %d's broadcast did not start within %.0f s (the trainer is gone or "
+                    "stalled)", b->bucket, r->timeout_ms / 1e3);
     if (nr != ncclSuccess) return fail(code, "nccl_failed", nccl_fail(nr, r->comm, "ncclBroadcast"));
     cudaEvent_t received;
     if ((e = cudaEventCreateWithFlags(&received, cudaEventDisableTiming)) != cudaSuccess ||
