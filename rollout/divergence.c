@@ -79,6 +79,7 @@ struct fr_shadow {
     int *d_ref_rows, *d_served_rows, *d_chosen;
     fr_kl_result *d_out;
     int launched;          /* sequences of a launched step not yet waited for */
+    int *carried_rows;     /* [cap]: the shadow's rows in a serving decode that carried it */
 };
 
 fr_status fr_shadow_open(fr_session *main, int max_seqs, int n_blocks, fr_shadow **out)
@@ -94,15 +95,17 @@ fr_status fr_shadow_open(fr_session *main, int max_seqs, int n_blocks, fr_shadow
     sh->steps = malloc(sizeof *sh->steps * (size_t)max_seqs);
     sh->rows = calloc((size_t)max_seqs, sizeof *sh->rows);
     sh->keep = malloc(sizeof *sh->keep * (size_t)max_seqs);
+    sh->carried_rows = malloc(sizeof *sh->carried_rows * (size_t)max_seqs);
     for (int i = 0; sh->rows && sh->keep && i < max_seqs; i++) {
         sh->rows[i].params = (fr_sampling_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
         sh->keep[i] = i;
     }
     const int step_tokens = sh->chunk > max_seqs ? sh->chunk : max_seqs;
-    fr_status st = sh->steps && sh->rows && sh->keep
+    fr_status st = sh->steps && sh->rows && sh->keep && sh->carried_rows
                        ? fr_session_open_shadow(main, n_blocks, max_seqs, step_tokens, &sh->s)
                        : fr_fail(FR_ENOMEM, "shadow: out of memory");
     if (st) {
+        free(sh->carried_rows);
         free(sh->rows);
         free(sh->keep);
         free(sh->steps);
@@ -124,6 +127,7 @@ void fr_shadow_close(fr_shadow **psh)
     cudaFree(sh->d_out);
 #endif
     fr_session_close(&sh->s);
+    free(sh->carried_rows);
     free(sh->rows);
     free(sh->keep);
     free(sh->steps);
@@ -153,6 +157,46 @@ fr_status fr_shadow_step(fr_shadow *sh, const int *shadow_seqs, const int *token
      * come back to the host. */
     return fr_session_decode_keep(&sh->s, sh->steps, sh->rows, n, NULL, NULL, sh->keep, n, ref_logits);
 }
+
+#ifdef FR_HAVE_CUDA
+/* The device buffers of the measurement, made on first use. */
+static fr_status device_buffers(fr_shadow *sh)
+{
+    if (sh->d_ref_rows) return FR_OK;
+    const size_t cap = (size_t)sh->cap;
+    if (cudaMalloc((void **)&sh->d_ref_rows, sizeof(int) * cap) != cudaSuccess ||
+        cudaMalloc((void **)&sh->d_served_rows, sizeof(int) * cap) != cudaSuccess ||
+        cudaMalloc((void **)&sh->d_chosen, sizeof(int) * cap) != cudaSuccess ||
+        cudaMalloc((void **)&sh->d_out, sizeof(fr_kl_result) * cap) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(sh->d_ref_rows);
+        cudaFree(sh->d_served_rows);
+        cudaFree(sh->d_chosen);
+        sh->d_ref_rows = sh->d_served_rows = sh->d_chosen = NULL;
+        return fr_fail(FR_ENOMEM, "shadow: cannot allocate %zu rows of measurement buffers on the device", cap);
+    }
+    return FR_OK;
+}
+
+/* D_t of n rows: reference rows ref_rows[j] of ref against served rows
+ * served_rows[j] of served (device logits of finished decodes; row lists on
+ * the host), on the default stream, results to out (host). */
+static fr_status measure_on_device(fr_shadow *sh, const float *ref, const int *ref_rows, const float *served,
+                                   const int *served_rows, const int *chosen, int n, fr_kl_result *out)
+{
+    const int V = sh->s.model->cfg.vocab_size;
+    if (cudaMemcpy(sh->d_ref_rows, ref_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(sh->d_served_rows, served_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(sh->d_chosen, chosen, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess)
+        return fr_fail(FR_EINTERNAL, "shadow: %s", cudaGetErrorString(cudaGetLastError()));
+    fr_status st = fr_kl_topk_cuda(ref, sh->d_ref_rows, served, sh->d_served_rows, sh->d_chosen, n, V, FR_KL_TOP_K,
+                                   sh->d_out, 0);
+    if (st) return st;
+    if (cudaMemcpy(out, sh->d_out, sizeof(fr_kl_result) * (size_t)n, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return fr_fail(FR_EINTERNAL, "shadow: the divergence kernel failed: %s", cudaGetErrorString(cudaGetLastError()));
+    return FR_OK;
+}
+#endif
 
 int fr_shadow_on_device(const fr_shadow *sh)
 {
@@ -190,30 +234,41 @@ fr_status fr_shadow_wait_kl(fr_shadow *sh, fr_session *served, const int *served
     fr_status st = fr_session_decode_wait(&sh->s, sh->steps, n, NULL, NULL, NULL, 0, NULL);
     if (st) return st;
 #ifdef FR_HAVE_CUDA
-    const size_t cap = (size_t)sh->cap;
-    if (!sh->d_ref_rows) {
-        if (cudaMalloc((void **)&sh->d_ref_rows, sizeof(int) * cap) != cudaSuccess ||
-            cudaMalloc((void **)&sh->d_served_rows, sizeof(int) * cap) != cudaSuccess ||
-            cudaMalloc((void **)&sh->d_chosen, sizeof(int) * cap) != cudaSuccess ||
-            cudaMalloc((void **)&sh->d_out, sizeof(fr_kl_result) * cap) != cudaSuccess ||
-            cudaMemcpy(sh->d_ref_rows, sh->keep, sizeof(int) * cap, cudaMemcpyHostToDevice) != cudaSuccess) {
-            cudaGetLastError();
-            return fr_fail(FR_ENOMEM, "shadow: cannot allocate %zu rows of measurement buffers on the device", cap);
-        }
-    }
-    const int V = sh->s.model->cfg.vocab_size;
-    /* Both decodes have finished (each wait waits for its stream), so the
-     * kernel can run on the default stream and read both. */
-    if (cudaMemcpy(sh->d_served_rows, served_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess ||
-        cudaMemcpy(sh->d_chosen, chosen, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess)
-        return fr_fail(FR_EINTERNAL, "shadow: %s", cudaGetErrorString(cudaGetLastError()));
-    st = fr_kl_topk_cuda(fr_runner_cuda_decode_logits(sh->s.gpu), sh->d_ref_rows,
-                         fr_runner_cuda_decode_logits(served->gpu), sh->d_served_rows, sh->d_chosen, n, V, FR_KL_TOP_K,
-                         sh->d_out, 0);
+    st = device_buffers(sh);
     if (st) return st;
-    if (cudaMemcpy(out, sh->d_out, sizeof(fr_kl_result) * (size_t)n, cudaMemcpyDeviceToHost) != cudaSuccess)
-        return fr_fail(FR_EINTERNAL, "shadow: the divergence kernel failed: %s", cudaGetErrorString(cudaGetLastError()));
-    return FR_OK;
+    return measure_on_device(sh, fr_runner_cuda_decode_logits(sh->s.gpu), sh->keep,
+                             fr_runner_cuda_decode_logits(served->gpu), served_rows, chosen, n, out);
+#else
+    return fr_fail(FR_EUNSUPPORTED, "shadow: built without CUDA");
+#endif
+}
+
+fr_status fr_shadow_launch_carried(fr_shadow *sh, fr_session *served, const fr_step_seq *seqs, const fr_decode_row *rows,
+                                   int n_seqs, const int *shadow_seqs, const int *tokens, int n)
+{
+    if (!fr_shadow_on_device(sh)) return fr_fail(FR_EUNSUPPORTED, "shadow: a carried step needs the CUDA backend");
+    if (n < 1 || n > sh->cap || !shadow_seqs || !tokens)
+        return fr_fail(FR_EINVAL, "fr_shadow_launch_carried: bad argument");
+    for (int i = 0; i < n; i++)
+        sh->steps[i] = (fr_step_seq){.seq = shadow_seqs[i], .n = 1, .tokens = &tokens[i], .all_logits = 0};
+    return fr_session_decode_launch_carrying(served, seqs, rows, n_seqs, &sh->s, sh->steps, n);
+}
+
+fr_status fr_shadow_carried_kl(fr_shadow *sh, fr_session *served, const int *served_rows, const int *chosen, int n,
+                               fr_kl_result *out)
+{
+    if (!fr_shadow_on_device(sh) || !served || served->backend != sh->s.backend)
+        return fr_fail(FR_EUNSUPPORTED, "shadow: measuring on the device needs the CUDA backend");
+    if (n < 1 || n > sh->cap || !served_rows || !chosen || !out)
+        return fr_fail(FR_EINVAL, "fr_shadow_carried_kl: bad argument");
+#ifdef FR_HAVE_CUDA
+    fr_status st = device_buffers(sh);
+    if (st) return st;
+    /* The shadow's logits are the serving decode's rows after its own. */
+    const int first = fr_runner_cuda_rider_first_row(served->gpu);
+    for (int j = 0; j < n; j++) sh->carried_rows[j] = first + j;
+    const float *logits = fr_runner_cuda_decode_logits(served->gpu);
+    return measure_on_device(sh, logits, sh->carried_rows, logits, served_rows, chosen, n, out);
 #else
     return fr_fail(FR_EUNSUPPORTED, "shadow: built without CUDA");
 #endif

@@ -59,6 +59,15 @@ fr_status fr_shadow_step_kl(fr_shadow *sh, fr_session *served, const int *shadow
 fr_status fr_shadow_launch(fr_shadow *sh, const int *shadow_seqs, const int *tokens, int n);
 fr_status fr_shadow_wait_kl(fr_shadow *sh, fr_session *served, const int *served_rows, const int *chosen, int n,
                             fr_kl_result *out);
+/* The shadow's step carried inside the serving decode (one batch: the
+ * weights are read once; rollout/runner_cuda.h): launches the serving
+ * session's decode of seqs/rows with the shadow's n sequences riding in it.
+ * Finish it with fr_session_decode_wait on the serving session, then
+ * measure with fr_shadow_carried_kl before anything steps either again. */
+fr_status fr_shadow_launch_carried(fr_shadow *sh, fr_session *served, const fr_step_seq *seqs, const fr_decode_row *rows,
+                                   int n_seqs, const int *shadow_seqs, const int *tokens, int n);
+fr_status fr_shadow_carried_kl(fr_shadow *sh, fr_session *served, const int *served_rows, const int *chosen, int n,
+                               fr_kl_result *out);
 /* A new shadow sequence holding src's tokens (for the n samples of one
  * prompt). */
 fr_status fr_shadow_fork(fr_shadow *sh, int src, int *dst);

@@ -28,6 +28,17 @@ struct fr_runner_cuda {
     int max_tokens, max_seqs, max_pages;
     int step_tokens;            /* rows of the residual stream in the step under way */
     int launched;               /* sequences of a decode launched and not yet waited for */
+    /* A rider: another runner's decode carried in this one's batch (the
+     * BF16-KV shadow of monitored samples): its rows follow ours in every
+     * matrix product, and only attention and the cache are its own. */
+    struct fr_runner_cuda *rider;
+    const fr_step_seq *rider_seqs;
+    int rider_n, rider_rows, rider_row0;  /* its sequences, padded rows, first row in our batch */
+    int riding;                 /* rider rows in the forward being enqueued (0 but in a carrying decode) */
+    cudaGraphExec_t rgraphs[FR_CUDA_GRAPH_BUCKETS][FR_CUDA_GRAPH_BUCKETS];
+    unsigned long long rgraph_rider[FR_CUDA_GRAPH_BUCKETS][FR_CUDA_GRAPH_BUCKETS];
+    unsigned long long id;      /* unique per runner: a carrying graph names the rider it was captured with */
+    cudaEvent_t rider_ready;
     /* device buffers */
     float *x, *q, *k, *v, *gu, *logits;
     float *draw_logits;         /* [max_seqs][vocab]: rows gathered for sampling in a step (made on first use) */
@@ -107,6 +118,8 @@ fr_status fr_runner_cuda_new_tp(const fr_weights_gpu *w, fr_kv_cache *book, int 
         return fr_fail(FR_EUNSUPPORTED, "CUDA runner: kv dtype f32 is the CPU backend's reference only");
     fr_runner_cuda *r = calloc(1, sizeof *r);
     if (!r) return fr_fail(FR_ENOMEM, "CUDA runner: out of memory");
+    static unsigned long long next_id = 1;   /* runners are made on one thread */
+    r->id = next_id++;
     r->w = w;
     r->book = book;
     r->nccl = w->tp_size > 1 ? nccl : NULL;
@@ -194,8 +207,12 @@ void fr_runner_cuda_destroy(fr_runner_cuda **pr)
     fr_runner_cuda *r = pr ? *pr : NULL;
     if (!r) return;
     if (r->stream) cudaStreamSynchronize(r->stream);
-    for (int b = 0; b < FR_CUDA_GRAPH_BUCKETS; b++)
+    for (int b = 0; b < FR_CUDA_GRAPH_BUCKETS; b++) {
         if (r->graphs[b]) cudaGraphExecDestroy(r->graphs[b]);
+        for (int b2 = 0; b2 < FR_CUDA_GRAPH_BUCKETS; b2++)
+            if (r->rgraphs[b][b2]) cudaGraphExecDestroy(r->rgraphs[b][b2]);
+    }
+    if (r->rider_ready) cudaEventDestroy(r->rider_ready);
     void *dev[] = {r->x, r->xn, r->q, r->k, r->v, r->step_k, r->step_v, r->att, r->gu, r->h, r->logits,
                    r->partial, r->logits_local, r->logits_all,
                    r->ids, r->pos, r->logit_rows, r->seqs, r->tables, r->attn_ws, r->tokens_out,
@@ -357,15 +374,27 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
     const int D = c->hidden_size, d = c->head_dim, H = c->num_heads, KVH = c->num_kv_heads;
     const int qd = H * d, kvd = KVH * d, I = c->intermediate_size;
     cudaStream_t s = r->stream;
-    fr_status st = fr_cuda_rmsnorm(r->xn, r->x, NULL, lw->attn_norm, M, D, c->rms_norm_eps, s);
-    if (!st) st = fr_gemm_bf16(r->gemm, r->q, r->xn, lw->q_proj, M, qd, D, 0.0f, s);
-    if (!st) st = fr_gemm_bf16(r->gemm, r->k, r->xn, lw->k_proj, M, kvd, D, 0.0f, s);
-    if (!st) st = fr_gemm_bf16(r->gemm, r->v, r->xn, lw->v_proj, M, kvd, D, 0.0f, s);
+    /* A rider's rows (r->riding of them) follow ours through everything but
+     * attention and the cache. */
+    const int R = r->riding, Mt = M + R;
+    const fr_runner_cuda *rd = r->rider;
+    fr_status st = fr_cuda_rmsnorm(r->xn, r->x, NULL, lw->attn_norm, Mt, D, c->rms_norm_eps, s);
+    if (!st) st = fr_gemm_bf16(r->gemm, r->q, r->xn, lw->q_proj, Mt, qd, D, 0.0f, s);
+    if (!st) st = fr_gemm_bf16(r->gemm, r->k, r->xn, lw->k_proj, Mt, kvd, D, 0.0f, s);
+    if (!st) st = fr_gemm_bf16(r->gemm, r->v, r->xn, lw->v_proj, Mt, kvd, D, 0.0f, s);
     if (!st)
-        st = fr_cuda_qk_norm_rope(r->q, r->k, lw->q_norm, lw->k_norm, r->pos, M, H, KVH, d, c->rms_norm_eps,
+        st = fr_cuda_qk_norm_rope(r->q, r->k, lw->q_norm, lw->k_norm, r->pos, Mt, H, KVH, d, c->rms_norm_eps,
                                   r->rope_cos, r->rope_sin, c->max_position, s);
     if (!st && r->obs_seqs) st = observe(r, l, M);
     if (!st) st = fr_kv_store_gpu_stage(r->store, l, M, r->k, r->v, r->step_k, r->step_v, s);
+    if (!st && R)
+        st = fr_kv_store_gpu_stage(rd->store, l, R, r->k + (size_t)M * kvd, r->v + (size_t)M * kvd, rd->step_k,
+                                   rd->step_v, s);
+    if (!st && R) {   /* the rider's cache is BF16 */
+        fr_paged_kv rv = fr_kv_store_gpu_view(rd->store, l, rd->step_k, rd->step_v);
+        st = fr_attn_bf16(&rv, rd->seqs, R, 1, c->max_position, r->q + (size_t)M * qd, r->att + (size_t)M * qd, H,
+                          r->attn_ws, r->attn_ws_bytes, s);
+    }
     if (!st) {
         fr_paged_kv view = fr_kv_store_gpu_view(r->store, l, r->step_k, r->step_v);
         if (!r->quantized_kv) {
@@ -382,13 +411,14 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
     }
     /* o_proj and down_proj accumulate into the residual stream (beta = 1),
      * or, tensor parallel, their partial sums are all-reduced first. */
-    if (!st) st = residual_gemm(r, r->att, lw->o_proj, M, qd);
-    if (!st) st = fr_cuda_rmsnorm(r->xn, r->x, NULL, lw->mlp_norm, M, D, c->rms_norm_eps, s);
-    if (!st) st = fr_gemm_bf16(r->gemm, r->gu, r->xn, lw->gate_up, M, 2 * I, D, 0.0f, s);
-    if (!st) st = fr_cuda_swiglu_rows(r->h, r->gu, M, I, s);
-    if (!st) st = residual_gemm(r, r->h, lw->down_proj, M, I);
+    if (!st) st = residual_gemm(r, r->att, lw->o_proj, Mt, qd);
+    if (!st) st = fr_cuda_rmsnorm(r->xn, r->x, NULL, lw->mlp_norm, Mt, D, c->rms_norm_eps, s);
+    if (!st) st = fr_gemm_bf16(r->gemm, r->gu, r->xn, lw->gate_up, Mt, 2 * I, D, 0.0f, s);
+    if (!st) st = fr_cuda_swiglu_rows(r->h, r->gu, Mt, I, s);
+    if (!st) st = residual_gemm(r, r->h, lw->down_proj, Mt, I);
     if (!st)
         st = fr_kv_store_gpu_commit(r->store, l, r->seqs, n_seqs, (max_new + T - 1) / T, r->step_k, r->step_v, s);
+    if (!st && R) st = fr_kv_store_gpu_commit(rd->store, l, rd->seqs, R, 1, rd->step_k, rd->step_v, s);
     return st;
 }
 
@@ -540,13 +570,13 @@ fr_status fr_runner_cuda_step_draw(fr_runner_cuda *r, const fr_step_seq *seqs, i
 static fr_status enqueue_decode(fr_runner_cuda *r, int rows)
 {
     const fr_model_config *c = &r->w->cfg;
-    const int D = c->hidden_size, V = r->vocab;
-    fr_status st = fr_cuda_embed(r->x, r->w->embed, r->ids, rows, D, V, r->stream);
+    const int D = c->hidden_size, V = r->vocab, Mt = rows + r->riding;   /* a rider's rows follow ours */
+    fr_status st = fr_cuda_embed(r->x, r->w->embed, r->ids, Mt, D, V, r->stream);
     for (int l = 0; l < c->num_layers && !st; l++) st = layer_forward(r, l, rows, rows, 1);
     if (!st)
-        st = fr_cuda_rmsnorm_rows(r->xn, r->x, rows, r->logit_rows, rows, r->w->final_norm, D, c->rms_norm_eps,
+        st = fr_cuda_rmsnorm_rows(r->xn, r->x, Mt, r->logit_rows, Mt, r->w->final_norm, D, c->rms_norm_eps,
                                   r->stream);
-    if (!st) st = lm_head(r, rows);
+    if (!st) st = lm_head(r, Mt);
     if (!st)
         st = fr_sampler_gpu_sample(r->sampler, r->logits, r->sample_rows, rows, r->tokens_out, r->logprobs_out,
                                    r->stream);
@@ -568,8 +598,73 @@ fr_status fr_runner_cuda_decode(fr_runner_cuda *r, const fr_step_seq *seqs, cons
     return fr_runner_cuda_decode_keep(r, seqs, params, n_seqs, tokens, logprobs, NULL, 0, NULL);
 }
 
-fr_status fr_runner_cuda_decode_launch(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
-                                       int n_seqs)
+/* Enqueues the decode of `rows` rows (and r->riding rows of rider rd, when
+ * carrying one) by replaying its graph, capturing it on first use. A
+ * carrying decode's graph is kept per pair of buckets and names the rider it
+ * was captured with (its cache and buffers are in the graph). */
+static fr_status run_decode(fr_runner_cuda *r, int rows, int b, int b2, const fr_runner_cuda *rd)
+{
+    if (!r->use_graphs) return enqueue_decode(r, rows);
+    cudaGraphExec_t *slot = rd ? &r->rgraphs[b][b2] : &r->graphs[b];
+    const int fresh = *slot && (rd ? r->rgraph_rider[b][b2] == rd->id : r->graph_rows[b] == rows);
+    if (fresh) {
+        FR_CUDA_TRY(cudaGraphLaunch(*slot, r->stream));
+        return FR_OK;
+    }
+    /* First use: run it directly (which also prepares the matrix-product
+     * plans and kernel attributes a capture must not create), then capture
+     * the same launches for the next steps. */
+    fr_status st = enqueue_decode(r, rows);
+    if (st) return st;
+    FR_CUDA_TRY(cudaStreamSynchronize(r->stream));
+    FR_CUDA_TRY(cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t g = NULL;
+    fr_status cap = enqueue_decode(r, rows);
+    cudaError_t e = cudaStreamEndCapture(r->stream, &g);
+    if (cap) st = cap;
+    else if (e != cudaSuccess) st = fr_fail(FR_EINTERNAL, "decode graph capture failed: %s", cudaGetErrorString(e));
+    if (!st) {
+        if (*slot) cudaGraphExecDestroy(*slot);
+        *slot = NULL;
+        if (cudaGraphInstantiate(slot, g, 0) != cudaSuccess) {
+            *slot = NULL;
+            st = fr_fail(FR_EINTERNAL, "decode graph instantiation failed: %s", cudaGetErrorString(cudaGetLastError()));
+        } else if (rd) {
+            r->rgraph_rider[b][b2] = rd->id;
+        } else {
+            r->graph_rows[b] = rows;
+        }
+    }
+    if (g) cudaGraphDestroy(g);
+    return st;
+}
+
+/* The rider's metadata, sent on its stream, then its token ids and
+ * positions placed after our rows and its rows added to the logit rows, on
+ * ours: what a carrying decode reads besides our own metadata. */
+static fr_status upload_rider(fr_runner_cuda *r, int rows, fr_runner_cuda *rd, const fr_step_seq *rseqs, int n_r,
+                              int r_rows)
+{
+    int Mr = 0, n_logits = 0;
+    fr_status st = admit(rd, rseqs, n_r, &Mr);
+    if (!st) st = upload_metadata(rd, rseqs, n_r, r_rows, Mr, &n_logits);
+    if (st) return st;
+    if (!r->rider_ready && cudaEventCreateWithFlags(&r->rider_ready, cudaEventDisableTiming) != cudaSuccess)
+        return fr_fail(FR_EINTERNAL, "decode: cannot create an event");
+    FR_CUDA_TRY(cudaEventRecord(r->rider_ready, rd->stream));
+    FR_CUDA_TRY(cudaStreamWaitEvent(r->stream, r->rider_ready, 0));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->ids + rows, rd->ids, sizeof(int) * (size_t)r_rows, cudaMemcpyDeviceToDevice,
+                                r->stream));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->pos + rows, rd->pos, sizeof(int) * (size_t)r_rows, cudaMemcpyDeviceToDevice,
+                                r->stream));
+    for (int j = 0; j < r_rows; j++) r->h_logit_rows[rows + j] = rows + j;
+    FR_CUDA_TRY(cudaMemcpyAsync(r->logit_rows + rows, r->h_logit_rows + rows, sizeof(int) * (size_t)r_rows,
+                                cudaMemcpyHostToDevice, r->stream));
+    return FR_OK;
+}
+
+static fr_status decode_launch(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params, int n_seqs,
+                               fr_runner_cuda *rd, const fr_step_seq *rseqs, int n_r)
 {
     const int V = r->vocab;
     if (r->launched) return fr_fail(FR_EINVAL, "decode: the last launch has not been waited for");
@@ -579,48 +674,65 @@ fr_status fr_runner_cuda_decode_launch(fr_runner_cuda *r, const fr_step_seq *seq
         if (st) return st;
     }
     if (r->logit_cap < n_seqs) return fr_fail(FR_EINTERNAL, "decode: logits buffer smaller than the batch");
-    int M = 0, rows, n_logits;
-    fr_status st = admit(r, seqs, n_seqs, &M);
-    if (st) return st;
+    int M = 0, rows, n_logits, r_rows = 0, b2 = 0;
+    if (rd) {
+        b2 = bucket_of(rd, n_r, &r_rows);
+        if (!r->use_graphs) r_rows = n_r;
+    }
     int b = bucket_of(r, n_seqs, &rows);
     if (!r->use_graphs) rows = n_seqs;
+    if (rd && (rows + r_rows > r->max_tokens || rows + r_rows > r->logit_cap))
+        return fr_fail(FR_EINVAL, "decode: %d rows and %d of a rider exceed the step's %d", rows, r_rows,
+                       r->max_tokens < r->logit_cap ? r->max_tokens : r->logit_cap);
+    fr_status st = admit(r, seqs, n_seqs, &M);
+    if (st) return st;
     if ((st = upload_metadata(r, seqs, n_seqs, rows, M, &n_logits))) return st;
+    if (rd && (st = upload_rider(r, rows, rd, rseqs, n_r, r_rows))) return st;
+    r->riding = r_rows;
+    r->rider = rd;
     memcpy(r->h_sample_rows, params, sizeof(fr_sample_row) * (size_t)n_seqs);
     for (int s = n_seqs; s < rows; s++)   /* padding rows: greedy, never read */
         r->h_sample_rows[s] = (fr_sample_row){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
     FR_CUDA_TRY(cudaMemcpyAsync(r->sample_rows, r->h_sample_rows, sizeof(fr_sample_row) * (size_t)rows,
                                 cudaMemcpyHostToDevice, r->stream));
-    if (!r->use_graphs) {
-        st = enqueue_decode(r, rows);
-    } else if (r->graphs[b] && r->graph_rows[b] == rows) {
-        FR_CUDA_TRY(cudaGraphLaunch(r->graphs[b], r->stream));
-    } else {
-        /* First use of this bucket: run it directly (which also prepares the
-         * matrix-product plans and kernel attributes a capture must not
-         * create), then capture the same launches for the next steps. */
-        st = enqueue_decode(r, rows);
-        cudaGraph_t g = NULL;
-        if (!st) FR_CUDA_TRY(cudaStreamSynchronize(r->stream));
-        if (!st) FR_CUDA_TRY(cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
-        if (!st) {
-            fr_status cap = enqueue_decode(r, rows);
-            cudaError_t e = cudaStreamEndCapture(r->stream, &g);
-            if (cap) st = cap;
-            else if (e != cudaSuccess)
-                st = fr_fail(FR_EINTERNAL, "decode graph capture failed: %s", cudaGetErrorString(e));
-        }
-        if (!st) FR_CUDA_TRY(cudaGraphInstantiate(&r->graphs[b], g, 0));
-        if (g) cudaGraphDestroy(g);
-        r->graph_rows[b] = rows;
+    st = run_decode(r, rows, b, b2, rd);
+    r->riding = 0;
+    if (st) {
+        r->rider = NULL;
+        return st;
     }
-    if (st) return st;
     FR_CUDA_TRY(cudaMemcpyAsync(r->h_tokens, r->tokens_out, sizeof(int) * (size_t)n_seqs, cudaMemcpyDeviceToHost,
                                 r->stream));
     FR_CUDA_TRY(cudaMemcpyAsync(r->h_logprobs, r->logprobs_out, sizeof(float) * (size_t)n_seqs,
                                 cudaMemcpyDeviceToHost, r->stream));
     r->launched = n_seqs;
+    r->rider_seqs = rd ? rseqs : NULL;
+    r->rider_n = rd ? n_r : 0;
+    r->rider_rows = r_rows;
+    r->rider_row0 = rows;
     return FR_OK;
 }
+
+fr_status fr_runner_cuda_decode_launch(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
+                                       int n_seqs)
+{
+    return decode_launch(r, seqs, params, n_seqs, NULL, NULL, 0);
+}
+
+fr_status fr_runner_cuda_decode_launch_carrying(fr_runner_cuda *r, const fr_step_seq *seqs,
+                                                const fr_sample_row *params, int n_seqs, fr_runner_cuda *rider,
+                                                const fr_step_seq *rider_seqs, int n_rider)
+{
+    if (!rider || rider == r || n_rider < 1 || !rider_seqs)
+        return fr_fail(FR_EINVAL, "decode: a rider needs its own runner and at least one sequence");
+    if (rider->w != r->w || rider->quantized_kv || r->nccl)
+        return fr_fail(FR_EUNSUPPORTED, "decode: a rider must share the weights, keep a BF16 cache, and run "
+                                        "without tensor parallelism");
+    if (rider->launched) return fr_fail(FR_EINVAL, "decode: the rider has a decode of its own in flight");
+    return decode_launch(r, seqs, params, n_seqs, rider, rider_seqs, n_rider);
+}
+
+int fr_runner_cuda_rider_first_row(const fr_runner_cuda *r) { return r ? r->rider_row0 : 0; }
 
 fr_status fr_runner_cuda_decode_wait(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int *tokens,
                                      float *logprobs, const int *keep, int n_keep, float *kept_logits)
@@ -645,6 +757,14 @@ fr_status fr_runner_cuda_decode_wait(fr_runner_cuda *r, const fr_step_seq *seqs,
     /* Waits for the stream; the tokens enter the bookkeeping even after a
      * bad keep list, since the device cache holds them now. */
     fr_status chk = fr_kv_store_gpu_check(r->store, r->stream);
+    fr_runner_cuda *rd = r->rider;
+    const fr_step_seq *rseqs = r->rider_seqs;
+    const int n_r = r->rider_n;
+    r->rider = NULL;
+    r->rider_seqs = NULL;
+    r->rider_n = 0;
+    if (!chk && rd) chk = fr_kv_store_gpu_check(rd->store, r->stream);
+    for (int s = 0; s < n_r && !chk; s++) chk = fr_kv_append(rd->book, rseqs[s].seq, 1, NULL, NULL, 0);
     if (chk) return chk;
     if (tokens && !st) memcpy(tokens, r->h_tokens, sizeof(int) * (size_t)n_seqs);
     if (logprobs && !st) memcpy(logprobs, r->h_logprobs, sizeof(float) * (size_t)n_seqs);

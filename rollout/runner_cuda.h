@@ -81,6 +81,20 @@ fr_status fr_runner_cuda_decode_launch(fr_runner_cuda *r, const fr_step_seq *seq
 fr_status fr_runner_cuda_decode_wait(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int *tokens,
                                      float *logprobs, const int *keep, int n_keep, float *kept_logits);
 
+/* A decode that carries another runner's decode in its batch: rider (a
+ * runner over the same weights with a BF16 cache, no tensor parallelism)
+ * steps rider_seqs[0..n_rider) one token each, its rows after ours in every
+ * matrix product, with its own attention and cache. The two then cost about
+ * one decode: the weights are read once. Wait with fr_runner_cuda_decode_wait,
+ * which also advances the rider's bookkeeping (rider_seqs must stay valid
+ * until then); the rider's logits are this runner's rows from
+ * fr_runner_cuda_rider_first_row on. The BF16-KV shadow of the monitored
+ * samples rides this way. */
+fr_status fr_runner_cuda_decode_launch_carrying(fr_runner_cuda *r, const fr_step_seq *seqs,
+                                                const fr_sample_row *params, int n_seqs, fr_runner_cuda *rider,
+                                                const fr_step_seq *rider_seqs, int n_rider);
+int fr_runner_cuda_rider_first_row(const fr_runner_cuda *r);
+
 /* The device logits of the last decode, [batch rows][vocab] in batch order
  * (valid until the next step or decode): for measurements made on the
  * device beside another runner's. */

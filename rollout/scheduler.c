@@ -92,7 +92,10 @@ struct fr_scheduler {
     fr_kl_result *mon_kl;
     int cap_mon_kl;
     fr_div_aggregates agg;
-    int overlap;                     /* shadow steps beside the serving ones (FR_SHADOW_OVERLAP=0: after) */
+    /* How a decode-only step runs the shadow on CUDA: carried in the serving
+     * batch (default), else beside it on its own stream, else after it;
+     * FR_SHADOW_CARRY=0 and FR_SHADOW_OVERLAP=0 step down, for measuring. */
+    int carry, overlap;
 };
 
 static int blocks_for(int tokens) { return (tokens + T - 1) / T; }
@@ -468,8 +471,9 @@ fr_status fr_scheduler_new(fr_session *s, const fr_scheduler_config *cfg, fr_sch
     sch->cfg = c;
     sch->vocab = s->model->cfg.vocab_size;
     sch->n_blocks = kc->n_blocks;
-    const char *ov = getenv("FR_SHADOW_OVERLAP");
+    const char *ov = getenv("FR_SHADOW_OVERLAP"), *ca = getenv("FR_SHADOW_CARRY");
     sch->overlap = !ov || strcmp(ov, "0") != 0;
+    sch->carry = !ca || strcmp(ca, "0") != 0;
     sch->running = malloc(sizeof(sample *) * (size_t)c.max_seqs);
     sch->lsm = malloc(sizeof(float) * (size_t)sch->vocab);
     fr_status st = sch->running && sch->lsm ? fr_sampler_new(sch->vocab, &sch->sampler)
@@ -829,12 +833,25 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         sch->logit_rows = n_keep;
     }
     double t0 = now_s();
-    fr_status st;
-    int shadow_launched = 0;
-    if (dev_kl && n_mon && sch->overlap) {
-        /* The shadow's step runs beside the serving one: both decodes are
-         * small batches that leave most of the GPU idle, so together they
-         * take little more than the serving step alone. */
+    fr_status st = FR_OK;
+    int shadow_launched = 0, carried = 0, done = 0;
+    if (dev_kl && n_mon && sch->carry) {
+        /* The shadow's rows ride in the serving batch: one read of the
+         * weights for both (rollout/runner_cuda.h). */
+        st = fr_shadow_launch_carried(sch->shadow, sch->s, sch->rows, sch->drows, n_dec, sch->mon_seqs, sch->mon_toks,
+                                      n_mon);
+        if (st == FR_EUNSUPPORTED) {   /* refused before anything ran (tensor parallel): step it apart from now on */
+            sch->carry = 0;
+            st = FR_OK;
+        } else {
+            if (!st) st = fr_session_decode_wait(sch->s, sch->rows, n_dec, sch->dtok, sch->dlp, sch->keep, n_keep,
+                                                 sch->logits);
+            carried = !st;
+            done = 1;
+        }
+    }
+    if (!done && dev_kl && n_mon && sch->overlap) {
+        /* The shadow's step runs beside the serving one on its own stream. */
         st = fr_session_decode_launch(sch->s, sch->rows, sch->drows, n_dec);
         if (!st && !fr_shadow_launch(sch->shadow, sch->mon_seqs, sch->mon_toks, n_mon)) shadow_launched = 1;
         if (!st) st = fr_session_decode_wait(sch->s, sch->rows, n_dec, sch->dtok, sch->dlp, sch->keep, n_keep,
@@ -843,12 +860,13 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
             fr_shadow_wait_kl(sch->shadow, sch->s, NULL, NULL, n_mon, NULL);
             shadow_launched = 0;
         }
-    } else {
+        done = 1;
+    }
+    if (!done)
         st = fast ? fr_session_decode_keep(sch->s, sch->rows, sch->drows, n_dec, sch->dtok, sch->dlp, sch->keep, n_keep,
                                            sch->logits)
                   : fr_session_step_draw(sch->s, sch->rows, n_rows, sch->sdraws, d, sch->dtok, sch->dlp, sch->keep,
                                          n_keep, sch->logits);
-    }
     if (st) {
         /* The step's work ends with reason error; nothing else changes. */
         while (n_jobs > 0) {
@@ -873,7 +891,9 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         sch->mon_chosen[m] = x->r->forced ? x->r->forced[x->n] : sch->dtok[sch->dslot[sch->mon_served[m]]];
     }
     fr_status ms = FR_OK;
-    if (shadow_launched) ms = fr_shadow_wait_kl(sch->shadow, sch->s, sch->mon_served, sch->mon_chosen, n_mon, sch->mon_kl);
+    if (carried) ms = fr_shadow_carried_kl(sch->shadow, sch->s, sch->mon_served, sch->mon_chosen, n_mon, sch->mon_kl);
+    else if (shadow_launched)
+        ms = fr_shadow_wait_kl(sch->shadow, sch->s, sch->mon_served, sch->mon_chosen, n_mon, sch->mon_kl);
     else if (n_mon && dev_kl)
         ms = fr_shadow_step_kl(sch->shadow, sch->s, sch->mon_seqs, sch->mon_toks, n_mon, sch->mon_served, sch->mon_chosen,
                                sch->mon_kl);

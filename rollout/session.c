@@ -439,6 +439,28 @@ fr_status fr_session_decode_launch(fr_session *s, const fr_step_seq *seqs, const
     return fr_fail(FR_EUNSUPPORTED, "a decode launched apart from its wait needs the CUDA backend");
 }
 
+fr_status fr_session_decode_launch_carrying(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows,
+                                            int n_seqs, fr_session *rider, const fr_step_seq *rider_seqs, int n_rider)
+{
+    if (!s || n_seqs < 1 || !seqs || !rows || !rider)
+        return fr_fail(FR_EINVAL, "fr_session_decode_launch_carrying: bad argument");
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA && rider->backend == FR_BACKEND_CUDA) {
+        fr_sample_row *p = malloc(sizeof *p * (size_t)n_seqs);
+        if (!p) return fr_fail(FR_ENOMEM, "out of memory");
+        for (int i = 0; i < n_seqs; i++)
+            p[i] = (fr_sample_row){.temperature = rows[i].params.temperature, .top_k = rows[i].params.top_k,
+                                   .top_p = rows[i].params.top_p, .seed = rows[i].params.seed,
+                                   .sequence = rows[i].sequence, .step = rows[i].step};
+        fr_status st = fr_runner_cuda_decode_launch_carrying(s->gpu, seqs, p, n_seqs, rider->gpu, rider_seqs, n_rider);
+        free(p);
+        return st;
+    }
+#endif
+    (void)rider_seqs, (void)n_rider;
+    return fr_fail(FR_EUNSUPPORTED, "a decode carrying another session's needs the CUDA backend");
+}
+
 fr_status fr_session_decode_wait(fr_session *s, const fr_step_seq *seqs, int n_seqs, int *tokens, float *logprobs,
                                  const int *keep, int n_keep, float *kept_logits)
 {

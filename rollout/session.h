@@ -114,6 +114,12 @@ fr_status fr_session_decode_keep(fr_session *s, const fr_step_seq *seqs, const f
 fr_status fr_session_decode_launch(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs);
 fr_status fr_session_decode_wait(fr_session *s, const fr_step_seq *seqs, int n_seqs, int *tokens, float *logprobs,
                                  const int *keep, int n_keep, float *kept_logits);
+/* A launch whose batch also carries rider's decode of rider_seqs (a session
+ * over the same weights with a BF16 cache: the BF16-KV shadow), so the two
+ * read the weights once (rollout/runner_cuda.h); CUDA only. The wait above
+ * finishes both. */
+fr_status fr_session_decode_launch_carrying(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows,
+                                            int n_seqs, fr_session *rider, const fr_step_seq *rider_seqs, int n_rider);
 
 /* One token to draw in fr_session_step_draw: from logit row `row` of the
  * step (fr_step_logit_rows' numbering) with the sample's parameters and keys. */

@@ -3,9 +3,14 @@
 # take the decode graphs with sampling on the device, and only monitored or
 # teacher-forced rows bring their logits to the host. Checks, for tq6 (byte
 # vocabulary) and the Qwen3-4B shape (152k vocabulary, synthetic weights):
-#  - monitoring does not change what is generated: sampled tokens and
+#  - with the shadow stepped apart from the serving batch (FR_SHADOW_CARRY=0),
+#    monitoring does not change what is generated: sampled tokens and
 #    log-probs with --kl-sample-rate 0.25 equal those with 0, bit for bit;
 #  - every monitored sample reports a finite KL, and only they do;
+#  - with the shadow carried in the serving batch (the default), the matrix
+#    products run over more rows, which may change logits by rounding: at
+#    least 3/4 of the samples must still equal the run apart token for
+#    token, and where they do, the KL must agree within 2% (or 1e-9);
 #  - on tq6, greedy tokens from the scheduler equal `generate`'s (the
 #    sampler's keys are the same; greedy makes the check independent of
 #    how batches are composed, up to exact logit ties).
@@ -35,6 +40,24 @@ with open(path, "w") as f:
 PY
 }
 
+close_generation() { # APART.jsonl CARRIED.jsonl LABEL
+  $py - "$@" <<'PY' || fail "$3: the carried shadow's run differs too much from the run apart"
+import json, sys
+a = {(j["request"], j["sample"]): j for j in map(json.loads, open(sys.argv[1]))}
+b = {(j["request"], j["sample"]): j for j in map(json.loads, open(sys.argv[2]))}
+assert a.keys() == b.keys(), "different samples"
+same = [k for k in a if a[k]["tokens"] == b[k]["tokens"]]
+kl = [k for k in same if "kl_mean" in a[k]]
+assert all(("kl_mean" in a[k]) == ("kl_mean" in b[k]) for k in a), "different samples monitored"
+bad = [k for k in kl if abs(a[k]["kl_mean"] - b[k]["kl_mean"]) > 1e-9 + 0.02 * abs(a[k]["kl_mean"])]
+print("%s: %d of %d samples equal to the run apart, %d monitored among them, %d KL outside 2%%"
+      % (sys.argv[3], len(same), len(a), len(kl), len(bad)))
+for k in bad[:3]:
+    print("  %s: kl %.6g apart, %.6g carried" % (k, a[k]["kl_mean"], b[k]["kl_mean"]))
+sys.exit(0 if 4 * len(same) >= 3 * len(a) and kl and not bad else 1)
+PY
+}
+
 same_generation() { # A.jsonl B.jsonl LABEL: tokens and logprobs equal; KL only where monitored
   $py - "$@" <<'PY' || fail "$3: monitoring changed the generation"
 import json, math, sys
@@ -60,11 +83,14 @@ PY
 q4b=(--model synthetic:qwen3-4b --backend cuda --kv nvfp4 --n 4 --max-tokens 48 --temperature 1 --seed 5
      --ignore-eos --max-seqs 32)
 prompts "$dir/p4b.txt" 8 151000 151643
-for rate in 0 0.25; do
-  timeout 300 "$bin" rollout --prompts "$dir/p4b.txt" "${q4b[@]}" --kl-sample-rate $rate --json \
-    > "$dir/q4b_$rate.jsonl" 2> "$dir/q4b_$rate.err" || { tail -5 "$dir/q4b_$rate.err"; fail "qwen3-4b rollout at rate $rate"; }
+for run in 0:1 0.25:0 0.25:1; do
+  rate=${run%:*} carry=${run#*:}
+  FR_SHADOW_CARRY=$carry timeout 300 "$bin" rollout --prompts "$dir/p4b.txt" "${q4b[@]}" --kl-sample-rate $rate --json \
+    > "$dir/q4b_${rate}_$carry.jsonl" 2> "$dir/q4b_$rate.err" ||
+    { tail -5 "$dir/q4b_$rate.err"; fail "qwen3-4b rollout at rate $rate"; }
 done
-same_generation "$dir/q4b_0.jsonl" "$dir/q4b_0.25.jsonl" "$name: qwen3-4b shape"
+same_generation "$dir/q4b_0_1.jsonl" "$dir/q4b_0.25_0.jsonl" "$name: qwen3-4b shape, shadow apart"
+close_generation "$dir/q4b_0.25_0.jsonl" "$dir/q4b_0.25_1.jsonl" "$name: qwen3-4b shape, shadow carried"
 
 tq6=$(cd "${FR_TQ6_DIR:-../shared/models/tq6}" 2>/dev/null && pwd || true)
 if [ -z "$tq6" ] || [ ! -f "$tq6/config.json" ]; then
@@ -74,11 +100,14 @@ if [ -z "$tq6" ] || [ ! -f "$tq6/config.json" ]; then
 fi
 prompts "$dir/ptq6.txt" 12 256 256
 t6=(--model "$tq6" --backend cuda --kv nvfp4 --n 3 --max-tokens 96 --temperature 1 --seed 2 --ignore-eos --max-seqs 16)
-for rate in 0 0.25; do
-  timeout 300 "$bin" rollout --prompts "$dir/ptq6.txt" "${t6[@]}" --kl-sample-rate $rate --json \
-    > "$dir/tq6_$rate.jsonl" 2> "$dir/tq6_$rate.err" || { tail -5 "$dir/tq6_$rate.err"; fail "tq6 rollout at rate $rate"; }
+for run in 0:1 0.25:0 0.25:1; do
+  rate=${run%:*} carry=${run#*:}
+  FR_SHADOW_CARRY=$carry timeout 300 "$bin" rollout --prompts "$dir/ptq6.txt" "${t6[@]}" --kl-sample-rate $rate --json \
+    > "$dir/tq6_${rate}_$carry.jsonl" 2> "$dir/tq6_$rate.err" ||
+    { tail -5 "$dir/tq6_$rate.err"; fail "tq6 rollout at rate $rate"; }
 done
-same_generation "$dir/tq6_0.jsonl" "$dir/tq6_0.25.jsonl" "$name: tq6"
+same_generation "$dir/tq6_0_1.jsonl" "$dir/tq6_0.25_0.jsonl" "$name: tq6, shadow apart"
+close_generation "$dir/tq6_0.25_0.jsonl" "$dir/tq6_0.25_1.jsonl" "$name: tq6, shadow carried"
 
 # Greedy: the scheduler against generate, prompt by prompt.
 timeout 300 "$bin" rollout --prompts "$dir/ptq6.txt" --model "$tq6" --backend cuda --kv nvfp4 --greedy --max-tokens 64 \
