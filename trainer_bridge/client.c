@@ -813,6 +813,35 @@ fr_status fr_client_take_(fr_client *c, int wait_ms, fr_msg_type want, const cha
     return keep(c, &r);
 }
 
+fr_status fr_client_settle_(fr_client *c, int wait_ms)
+{
+    fr_msg m;
+    fr_msg_init(&m, FR_MSG_STATS);
+    fr_status st = send_msg(c, &m);
+    const double end = now_ms() + wait_ms;
+    while (!st) {
+        const double left = end - now_ms();
+        if (left <= 0) return fr_fail(FR_EIO, "client: the server did not answer within %d ms", wait_ms);
+        fr_msg r;
+        int g = 0;
+        st = recv_one(c, (int)left, &r, &g);
+        if (st || !g) continue;
+        if (r.type == FR_MSG_STATS_REPLY) {
+            fr_msg_free(&r);
+            return FR_OK;
+        }
+        /* Answers to earlier update or group messages are dropped; results
+         * of requests are kept for their readers. */
+        if (r.type == FR_MSG_UPDATE_REPLY || r.type == FR_MSG_NCCL_REPLY ||
+            (r.type == FR_MSG_ERROR && !r.u.error.has_request_id)) {
+            fr_msg_free(&r);
+            continue;
+        }
+        st = keep(c, &r);
+    }
+    return st;
+}
+
 fr_status fr_client_refused_(fr_client *c, fr_status st) { return update_refused(c, st); }
 void fr_client_clear_error_(fr_client *c) { c->has_err = 0; }
 int fr_client_timeout_(const fr_client *c) { return c->timeout_ms; }

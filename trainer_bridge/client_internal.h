@@ -14,6 +14,11 @@ fr_status fr_client_send_(fr_client *c, const fr_msg *m);
 fr_status fr_client_take_(fr_client *c, int wait_ms, fr_msg_type want, const char *what, fr_msg *reply, int *got);
 /* A server refusal of an update message, with its code in the text. */
 fr_status fr_client_refused_(fr_client *c, fr_status st);
+/* After a failed pipelined exchange: sends a stats request and reads until
+ * its reply, dropping the server's answers to earlier update and group
+ * messages on the way (it answers in order, so none is left after it), so
+ * that they cannot be taken for the answers to the next call. */
+fr_status fr_client_settle_(fr_client *c, int wait_ms);
 void fr_client_clear_error_(fr_client *c);
 int fr_client_timeout_(const fr_client *c);
 /* Where the client keeps its NCCL group. */

@@ -437,6 +437,9 @@ fr_status fr_client_update_weights_nccl(fr_client *c, const fr_client_tensor *te
         fr_client_set_timeout(c, saved < 0 || saved > 2000 ? 2000 : saved);
         (void)fr_client_nccl_group_close(c);
         fr_client_set_timeout(c, saved);
+        /* Buckets sent before the refusal still get answers: read them now,
+         * not as the answers to the next update. */
+        (void)fr_client_settle_(c, saved < 0 || saved > 5000 ? 5000 : saved);
         fr_fail(st, "%s (the NCCL weight group was closed: make a new one)", keep_msg);
     }
     plan_free(&p);
