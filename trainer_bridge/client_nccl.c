@@ -434,12 +434,14 @@ fr_status fr_client_update_weights_nccl(fr_client *c, const fr_client_tensor *te
         char keep_msg[FR_PROTO_TEXT_MAX];
         snprintf(keep_msg, sizeof keep_msg, "%s", fr_last_error());
         int saved = fr_client_timeout_(c);
+        /* Buckets sent before the refusal still get answers (update_state,
+         * once the server dropped the update): read them first, or the close
+         * below, and then the caller, would take one for their own answer
+         * and report it instead of the refusal. */
+        (void)fr_client_settle_(c, saved < 0 || saved > 5000 ? 5000 : saved);
         fr_client_set_timeout(c, saved < 0 || saved > 2000 ? 2000 : saved);
         (void)fr_client_nccl_group_close(c);
         fr_client_set_timeout(c, saved);
-        /* Buckets sent before the refusal still get answers: read them now,
-         * not as the answers to the next update. */
-        (void)fr_client_settle_(c, saved < 0 || saved > 5000 ? 5000 : saved);
         fr_fail(st, "%s (the NCCL weight group was closed: make a new one)", keep_msg);
     }
     plan_free(&p);
