@@ -20,6 +20,7 @@
 
 #include "rollout/model.h"
 #include "trainer_bridge/client.h"
+#include "trainer_bridge/client_internal.h"
 #include "trainer_bridge/protocol.h"
 #include "trainer_bridge/update.h"
 
@@ -402,6 +403,77 @@ static void test_client_nccl_without_device(void **state)
     fr_client_destroy(&c);
 }
 
+/* Sends message m from a ROUTER socket to the peer with routing id id. */
+static void router_send(void *sock, const void *id, size_t id_len, const fr_msg *m)
+{
+    char *data = NULL;
+    size_t len = 0;
+    if (fr_msg_encode(m, &data, &len)) fail_msg("%s", fr_last_error());
+    assert_true(zmq_send(sock, id, id_len, ZMQ_SNDMORE) >= 0);
+    assert_true(zmq_send(sock, data, len, 0) >= 0);
+    free(data);
+}
+
+/* After a refused pipelined update the server still answers the buckets
+ * already sent (update_state once the update is gone). fr_client_settle_
+ * reads those up to the reply of its own stats request, without taking any
+ * for the client's last error, and keeps a request's results for their
+ * reader; the next call then gets its own answer. A fake server (a ROUTER
+ * socket) sends the stale answers ahead. */
+static void test_client_settle_drops_stale_answers(void **state)
+{
+    (void)state;
+    void *ctx = zmq_ctx_new(), *srv = zmq_socket(ctx, ZMQ_ROUTER);
+    assert_non_null(srv);
+    int linger = 0;
+    zmq_setsockopt(srv, ZMQ_LINGER, &linger, sizeof linger);
+    assert_int_equal(zmq_bind(srv, "tcp://127.0.0.1:*"), 0);
+    char ep[256];
+    size_t ep_len = sizeof ep;
+    assert_int_equal(zmq_getsockopt(srv, ZMQ_LAST_ENDPOINT, ep, &ep_len), 0);
+    fr_client *c = NULL;
+    assert_int_equal(fr_client_new(ep, &c), FR_OK);
+    fr_client_set_timeout(c, 5000);
+    assert_int_equal(fr_client_send_raw(c, "x", 1, 0), FR_OK);   /* the server learns the client's id */
+    unsigned char id[256];
+    int id_len = zmq_recv(srv, id, sizeof id, 0);
+    assert_true(id_len > 0);
+    char junk[64];
+    assert_true(zmq_recv(srv, junk, sizeof junk, 0) >= 0);
+    fr_msg e, u, t, sr;
+    fr_msg_init(&e, FR_MSG_ERROR);
+    snprintf(e.u.error.code, sizeof e.u.error.code, "update_state");
+    snprintf(e.u.error.message, sizeof e.u.error.message, "no weight update over NCCL of this client is in progress");
+    fr_msg_init(&u, FR_MSG_UPDATE_REPLY);
+    u.u.update_reply.version = 3;
+    u.u.update_reply.stage = FR_UPD_BUCKET;
+    u.u.update_reply.bucket = 4;
+    fr_msg_init(&t, FR_MSG_ERROR);   /* an error naming a request: a result, kept */
+    snprintf(t.u.error.code, sizeof t.u.error.code, "invalid_request");
+    t.u.error.has_request_id = 1;
+    t.u.error.request_id = 7;
+    fr_msg_init(&sr, FR_MSG_STATS_REPLY);
+    sr.u.stats_reply.weight_version = 2;
+    snprintf(sr.u.stats_reply.state, sizeof sr.u.stats_reply.state, "running");
+    router_send(srv, id, (size_t)id_len, &e);
+    router_send(srv, id, (size_t)id_len, &u);
+    router_send(srv, id, (size_t)id_len, &t);
+    router_send(srv, id, (size_t)id_len, &e);
+    router_send(srv, id, (size_t)id_len, &sr);   /* the reply to the settle's stats request */
+    assert_int_equal(fr_client_settle_(c, 5000), FR_OK);
+    const char *code = NULL, *msg = NULL;
+    long long req = -1;
+    assert_int_equal(fr_client_last_error(c, &code, &msg, &req), 0);   /* nothing taken for an error */
+    sr.u.stats_reply.weight_version = 5;
+    router_send(srv, id, (size_t)id_len, &sr);   /* the next call's own answer */
+    fr_msg_stats_reply got;
+    assert_int_equal(fr_client_stats(c, &got), FR_OK);
+    assert_int_equal(got.weight_version, 5);
+    fr_client_destroy(&c);
+    zmq_close(srv);
+    zmq_ctx_term(ctx);
+}
+
 /* ---- staging --------------------------------------------------------------- */
 
 /* The float32 data of tensor `name` of model m (the names of
@@ -625,6 +697,7 @@ int main(void)
         cmocka_unit_test(test_nccl_messages),
         cmocka_unit_test(test_nccl_messages_refused),
         cmocka_unit_test(test_client_nccl_without_device),
+        cmocka_unit_test(test_client_settle_drops_stale_answers),
         cmocka_unit_test(test_staging_whole_model),
         cmocka_unit_test(test_staging_failures),
     };
