@@ -368,6 +368,20 @@ fr_status fr_session_step(fr_session *s, const fr_step_seq *seqs, int n_seqs, fl
     return fr_runner_cpu_step(s->runner, seqs, n_seqs, logits);
 }
 
+#ifdef FR_HAVE_CUDA
+/* The GPU sampler's rows for decode rows (malloc'd, at least one; NULL when
+ * out of memory). */
+static fr_sample_row *device_rows(const fr_decode_row *rows, int n)
+{
+    fr_sample_row *p = malloc(sizeof *p * (size_t)(n > 0 ? n : 1));
+    for (int i = 0; p && i < n; i++)
+        p[i] = (fr_sample_row){.temperature = rows[i].params.temperature, .top_k = rows[i].params.top_k,
+                               .top_p = rows[i].params.top_p, .seed = rows[i].params.seed,
+                               .sequence = rows[i].sequence, .step = rows[i].step};
+    return p;
+}
+#endif
+
 fr_status fr_session_decode(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
                             int *tokens, float *logprobs)
 {
@@ -384,12 +398,8 @@ fr_status fr_session_decode_keep(fr_session *s, const fr_step_seq *seqs, const f
     const int V = s->model->cfg.vocab_size;
 #ifdef FR_HAVE_CUDA
     if (s->backend == FR_BACKEND_CUDA) {
-        fr_sample_row *p = malloc(sizeof *p * (size_t)(n_seqs > 0 ? n_seqs : 1));
+        fr_sample_row *p = device_rows(rows, n_seqs);
         if (!p) return fr_fail(FR_ENOMEM, "out of memory");
-        for (int i = 0; i < n_seqs; i++)
-            p[i] = (fr_sample_row){.temperature = rows[i].params.temperature, .top_k = rows[i].params.top_k,
-                                   .top_p = rows[i].params.top_p, .seed = rows[i].params.seed,
-                                   .sequence = rows[i].sequence, .step = rows[i].step};
         fr_status st = fr_runner_cuda_decode_keep(s->gpu, seqs, p, n_seqs, tokens, logprobs, keep, n_keep,
                                                   kept_logits);
         free(p);
@@ -425,12 +435,8 @@ fr_status fr_session_decode_launch(fr_session *s, const fr_step_seq *seqs, const
     if (!s || n_seqs < 1 || !seqs || !rows) return fr_fail(FR_EINVAL, "fr_session_decode_launch: bad argument");
 #ifdef FR_HAVE_CUDA
     if (s->backend == FR_BACKEND_CUDA) {
-        fr_sample_row *p = malloc(sizeof *p * (size_t)n_seqs);
+        fr_sample_row *p = device_rows(rows, n_seqs);
         if (!p) return fr_fail(FR_ENOMEM, "out of memory");
-        for (int i = 0; i < n_seqs; i++)
-            p[i] = (fr_sample_row){.temperature = rows[i].params.temperature, .top_k = rows[i].params.top_k,
-                                   .top_p = rows[i].params.top_p, .seed = rows[i].params.seed,
-                                   .sequence = rows[i].sequence, .step = rows[i].step};
         fr_status st = fr_runner_cuda_decode_launch(s->gpu, seqs, p, n_seqs);
         free(p);
         return st;
@@ -446,12 +452,8 @@ fr_status fr_session_decode_launch_carrying(fr_session *s, const fr_step_seq *se
         return fr_fail(FR_EINVAL, "fr_session_decode_launch_carrying: bad argument");
 #ifdef FR_HAVE_CUDA
     if (s->backend == FR_BACKEND_CUDA && rider->backend == FR_BACKEND_CUDA) {
-        fr_sample_row *p = malloc(sizeof *p * (size_t)n_seqs);
+        fr_sample_row *p = device_rows(rows, n_seqs);
         if (!p) return fr_fail(FR_ENOMEM, "out of memory");
-        for (int i = 0; i < n_seqs; i++)
-            p[i] = (fr_sample_row){.temperature = rows[i].params.temperature, .top_k = rows[i].params.top_k,
-                                   .top_p = rows[i].params.top_p, .seed = rows[i].params.seed,
-                                   .sequence = rows[i].sequence, .step = rows[i].step};
         fr_status st = fr_runner_cuda_decode_launch_carrying(s->gpu, seqs, p, n_seqs, rider->gpu, rider_seqs, n_rider);
         free(p);
         return st;

@@ -83,15 +83,21 @@ print("%s: %d samples, %d monitored, tokens and log-probs equal" % (sys.argv[3],
 PY
 }
 
+three_runs() { # LABEL PROMPTS ROLLOUT-OPTIONS...: LABEL_RATE_CARRY.jsonl for no monitoring, a quarter apart, carried
+  local label=$1 p=$2 run rate carry
+  shift 2
+  for run in 0:1 0.25:0 0.25:1; do
+    rate=${run%:*} carry=${run#*:}
+    FR_SHADOW_CARRY=$carry timeout 300 "$bin" rollout --prompts "$p" "$@" --kl-sample-rate $rate --json \
+      > "$dir/${label}_${rate}_$carry.jsonl" 2> "$dir/$label.err" ||
+      { tail -5 "$dir/$label.err"; fail "$label rollout at rate $rate"; }
+  done
+}
+
 q4b=(--model synthetic:qwen3-4b --backend cuda --kv nvfp4 --n 4 --max-tokens 48 --temperature 1 --seed 5
      --ignore-eos --max-seqs 32)
 prompts "$dir/p4b.txt" 8 151000 151643
-for run in 0:1 0.25:0 0.25:1; do
-  rate=${run%:*} carry=${run#*:}
-  FR_SHADOW_CARRY=$carry timeout 300 "$bin" rollout --prompts "$dir/p4b.txt" "${q4b[@]}" --kl-sample-rate $rate --json \
-    > "$dir/q4b_${rate}_$carry.jsonl" 2> "$dir/q4b_$rate.err" ||
-    { tail -5 "$dir/q4b_$rate.err"; fail "qwen3-4b rollout at rate $rate"; }
-done
+three_runs q4b "$dir/p4b.txt" "${q4b[@]}"
 same_generation "$dir/q4b_0_1.jsonl" "$dir/q4b_0.25_0.jsonl" "$name: qwen3-4b shape, shadow apart"
 close_generation "$dir/q4b_0.25_0.jsonl" "$dir/q4b_0.25_1.jsonl" "$name: qwen3-4b shape, shadow carried" 0
 
@@ -103,12 +109,7 @@ if [ -z "$tq6" ] || [ ! -f "$tq6/config.json" ]; then
 fi
 prompts "$dir/ptq6.txt" 12 256 256
 t6=(--model "$tq6" --backend cuda --kv nvfp4 --n 3 --max-tokens 96 --temperature 1 --seed 2 --ignore-eos --max-seqs 16)
-for run in 0:1 0.25:0 0.25:1; do
-  rate=${run%:*} carry=${run#*:}
-  FR_SHADOW_CARRY=$carry timeout 300 "$bin" rollout --prompts "$dir/ptq6.txt" "${t6[@]}" --kl-sample-rate $rate --json \
-    > "$dir/tq6_${rate}_$carry.jsonl" 2> "$dir/tq6_$rate.err" ||
-    { tail -5 "$dir/tq6_$rate.err"; fail "tq6 rollout at rate $rate"; }
-done
+three_runs tq6 "$dir/ptq6.txt" "${t6[@]}"
 same_generation "$dir/tq6_0_1.jsonl" "$dir/tq6_0.25_0.jsonl" "$name: tq6, shadow apart"
 close_generation "$dir/tq6_0.25_0.jsonl" "$dir/tq6_0.25_1.jsonl" "$name: tq6, shadow carried" 0.75
 
