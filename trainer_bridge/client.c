@@ -491,29 +491,8 @@ fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors
     c->has_err = 0;   /* from here on, an error is the server's answer to this update */
     fr_msg_init(&m, FR_MSG_UPDATE_BEGIN);
     fr_msg_update_begin *b = &m.u.update_begin;
-    b->tensors = calloc((size_t)n, sizeof *b->tensors);
-    if (!b->tensors) return fr_fail(FR_ENOMEM, "client: out of memory");
-    b->n_tensors = n;
-    b->version = version;
-    b->bucket_bytes = bucket;
-    fr_status st = FR_OK;
-    for (int i = 0; i < n && !st; i++) {
-        const fr_client_tensor *t = &tensors[i];
-        fr_msg_tensor *x = &b->tensors[i];
-        if (!t->name || strlen(t->name) >= sizeof x->name || t->ndim < 1 || t->ndim > FR_PROTO_MAX_NDIM ||
-            !t->shape || !t->data) {
-            st = fr_fail(FR_EINVAL, "client: update_weights: tensor %d needs a name (< %d bytes), 1 to %d dimensions "
-                         "and data", i, FR_PROTO_NAME_MAX, FR_PROTO_MAX_NDIM);
-            break;
-        }
-        snprintf(x->name, sizeof x->name, "%s", t->name);
-        x->dtype = t->dtype;
-        x->ndim = t->ndim;
-        for (int d = 0; d < t->ndim; d++) x->shape[d] = t->shape[d];
-        uint64_t nb = fr_msg_tensor_bytes(x);
-        if (!nb) st = fr_fail(FR_EINVAL, "client: update_weights: tensor \"%s\" has an invalid dtype or shape", t->name);
-        b->total_bytes += nb;
-    }
+    fr_status st = fr_client_begin_tensors_(b, tensors, n, version, bucket, "update_weights");
+    if (st == FR_ENOMEM) return st;
     if (!st) st = update_refused(c, call(c, &m, FR_MSG_UPDATE_REPLY, &r));
     if (st) {
         free(b->tensors);
@@ -840,6 +819,32 @@ fr_status fr_client_settle_(fr_client *c, int wait_ms)
         st = keep(c, &r);
     }
     return st;
+}
+
+fr_status fr_client_begin_tensors_(fr_msg_update_begin *b, const fr_client_tensor *tensors, int n, uint64_t version,
+                                   uint64_t bucket, const char *what)
+{
+    b->tensors = calloc((size_t)n, sizeof *b->tensors);
+    if (!b->tensors) return fr_fail(FR_ENOMEM, "client: out of memory");
+    b->n_tensors = n;
+    b->version = version;
+    b->bucket_bytes = bucket;
+    for (int i = 0; i < n; i++) {
+        const fr_client_tensor *t = &tensors[i];
+        fr_msg_tensor *x = &b->tensors[i];
+        if (!t->name || strlen(t->name) >= sizeof x->name || t->ndim < 1 || t->ndim > FR_PROTO_MAX_NDIM ||
+            !t->shape || !t->data)
+            return fr_fail(FR_EINVAL, "client: %s: tensor %d needs a name (< %d bytes), 1 to %d dimensions and data",
+                           what, i, FR_PROTO_NAME_MAX, FR_PROTO_MAX_NDIM);
+        snprintf(x->name, sizeof x->name, "%s", t->name);
+        x->dtype = t->dtype;
+        x->ndim = t->ndim;
+        for (int d = 0; d < t->ndim; d++) x->shape[d] = t->shape[d];
+        uint64_t nb = fr_msg_tensor_bytes(x);
+        if (!nb) return fr_fail(FR_EINVAL, "client: %s: tensor \"%s\" has an invalid dtype or shape", what, t->name);
+        b->total_bytes += nb;
+    }
+    return FR_OK;
 }
 
 fr_status fr_client_refused_(fr_client *c, fr_status st) { return update_refused(c, st); }

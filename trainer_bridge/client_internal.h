@@ -14,6 +14,11 @@ fr_status fr_client_send_(fr_client *c, const fr_msg *m);
 fr_status fr_client_take_(fr_client *c, int wait_ms, fr_msg_type want, const char *what, fr_msg *reply, int *got);
 /* A server refusal of an update message, with its code in the text. */
 fr_status fr_client_refused_(fr_client *c, fr_status st);
+/* Fills an update_weights_begin with the tensors' names, dtypes and shapes,
+ * its version and bucket size (b->tensors allocated, even on a refusal of a
+ * tensor: the caller frees it); `what` names the call in messages. */
+fr_status fr_client_begin_tensors_(fr_msg_update_begin *b, const fr_client_tensor *tensors, int n, uint64_t version,
+                                   uint64_t bucket, const char *what);
 /* After a failed pipelined exchange: sends a stats request and reads until
  * its reply, dropping the server's answers to earlier update and group
  * messages on the way (it answers in order, so none is left after it), so

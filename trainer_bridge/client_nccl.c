@@ -367,31 +367,9 @@ fr_status fr_client_update_weights_nccl(fr_client *c, const fr_client_tensor *te
     fr_msg m, r;
     fr_msg_init(&m, FR_MSG_UPDATE_BEGIN);
     fr_msg_update_begin *b = &m.u.update_begin;
-    b->tensors = calloc((size_t)n, sizeof *b->tensors);
-    if (!b->tensors) return fr_fail(FR_ENOMEM, "client: out of memory");
-    b->n_tensors = n;
-    b->version = version;
-    b->bucket_bytes = bucket;
+    fr_status st = fr_client_begin_tensors_(b, tensors, n, version, bucket, "update_weights_nccl");
+    if (st == FR_ENOMEM) return st;
     b->nccl = 1;
-    fr_status st = FR_OK;
-    for (int i = 0; i < n && !st; i++) {
-        const fr_client_tensor *t = &tensors[i];
-        fr_msg_tensor *x = &b->tensors[i];
-        if (!t->name || strlen(t->name) >= sizeof x->name || t->ndim < 1 || t->ndim > FR_PROTO_MAX_NDIM ||
-            !t->shape || !t->data) {
-            st = fr_fail(FR_EINVAL, "client: update_weights_nccl: tensor %d needs a name (< %d bytes), 1 to %d "
-                         "dimensions and data", i, FR_PROTO_NAME_MAX, FR_PROTO_MAX_NDIM);
-            break;
-        }
-        snprintf(x->name, sizeof x->name, "%s", t->name);
-        x->dtype = t->dtype;
-        x->ndim = t->ndim;
-        for (int d = 0; d < t->ndim; d++) x->shape[d] = t->shape[d];
-        uint64_t nb = fr_msg_tensor_bytes(x);
-        if (!nb) st = fr_fail(FR_EINVAL, "client: update_weights_nccl: tensor \"%s\" has an invalid dtype or shape",
-                              t->name);
-        b->total_bytes += nb;
-    }
     plan p;
     memset(&p, 0, sizeof p);
     if (!st) st = make_plan(b, tensors, bucket, &p);
