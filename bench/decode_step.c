@@ -5,7 +5,11 @@
  *   - the device-to-device copy bandwidth (the roofline's denominator);
  *   - prefill throughput: one sequence of --context tokens in --chunk steps;
  *   - decode step time at each --batches size, every sequence at --context
- *     tokens (each prefilled for real, with its own random tokens), with
+ *     tokens (each prefilled for real, with its own random tokens; with
+ *     --fill, filled by fr_session_fill instead: keys and values projected
+ *     from the embeddings without attention, so a 64K context takes
+ *     seconds, not minutes; decode steps then read caches of the same size
+ *     and layout, with other contents), with
  *     sampling on the GPU and the step replayed from a CUDA graph, against
  *     the roofline: (weight bytes + KV bytes read) / copy bandwidth.
  * A step's time is the wall time of the call (metadata upload, graph launch,
@@ -18,7 +22,8 @@
  * engine and per GPU.
  *
  * usage: decode_step [--model M] [--kv T] [--tp N] [--batches 1,16,64] [--context N]
- *                    [--chunk N] [--steps N] [--markdown]
+ *                    [--chunk N] [--steps N] [--fill] [--markdown]
+ * 64K contexts need synthetic:qwen3-4b-128k (Qwen3-4B's window is 40,960).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,8 +80,23 @@ static double copy_bandwidth(void)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: decode_step [--model M] [--kv T] [--tp N] [--batches 1,16,64] [--context N] [--chunk N]\n"
-               "                   [--steps N] [--markdown]\n"
+               "                   [--steps N] [--fill] [--markdown]\n"
+               "  --fill   fill the contexts without attention (fr_session_fill) instead of prefilling them;\n"
+               "           the prefill figure is then the fill's. 64K contexts: --model synthetic:qwen3-4b-128k\n"
                "Decode step time and prefill throughput of the CUDA engine against the memory roofline.\n");
+}
+
+/* A new sequence holding the n tokens' keys and values, written chunk by
+ * chunk without attention (fr_session_fill). */
+static fr_status fill_context(fr_session *s, const int *ids, int n, int chunk, int *seq)
+{
+    fr_status st = fr_kv_seq_new(s->kv, seq);
+    for (int at = 0; at < n && !st; at += chunk) {
+        fr_step_seq one = {.seq = *seq, .n = n - at < chunk ? n - at : chunk, .tokens = ids + at};
+        st = fr_session_fill(s, &one, 1);
+    }
+    if (st) fr_kv_seq_free(s->kv, *seq);
+    return st;
 }
 
 int main(int argc, char **argv)
@@ -87,7 +107,7 @@ int main(int argc, char **argv)
     eo.backend = FR_BACKEND_CUDA;
     eo.chunk = 2048;
     const char *batches_text = "1,16,64";
-    int context = 4096, n_steps = 20, markdown = 0;
+    int context = 4096, n_steps = 20, markdown = 0, fill = 0;
     for (int i = 1; i < argc; i++) {
         int used = fr_engine_opts_parse("decode_step", argc, argv, &i, &eo);
         if (used < 0) return 2;
@@ -97,6 +117,7 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--context") == 0 && i + 1 < argc) context = atoi(argv[++i]);
         else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) n_steps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--markdown") == 0) markdown = 1;
+        else if (strcmp(argv[i], "--fill") == 0) fill = 1;
         else { usage(stderr); return 2; }
     }
     int *batches = NULL, n_batches = 0, max_batch = 0;
@@ -140,7 +161,8 @@ int main(int argc, char **argv)
     double prefill_s = 0.0;
     for (int rep = 0; rep < 2; rep++) {   /* the first run warms the plans */
         double a = now_s();
-        if (fr_session_prefill(&s, ids, context, eo.chunk, &seq, last, NULL)) {
+        if (fill ? fill_context(&s, ids, context, eo.chunk, &seq)
+                 : fr_session_prefill(&s, ids, context, eo.chunk, &seq, last, NULL)) {
             fprintf(stderr, "decode_step: %s\n", fr_last_error());
             return 1;
         }
@@ -148,8 +170,8 @@ int main(int argc, char **argv)
         fr_kv_seq_free(s.kv, seq);
     }
     if (markdown) {
-        printf("| model | kv | tp | copy bandwidth | weights per GPU | prefill %d tokens (chunk %d) |\n"
-               "|---|---|---|---|---|---|\n", context, eo.chunk);
+        printf("| model | kv | tp | copy bandwidth | weights per GPU | %s %d tokens (chunk %d) |\n"
+               "|---|---|---|---|---|---|\n", fill ? "fill (no attention)" : "prefill", context, eo.chunk);
         printf("| %s | %s | %d | %.2f TB/s | %.2f GB | %.3f s, %.0f tokens/s |\n\n", eo.model,
                fr_kv_dtype_name(eo.kv), tp, bw / 1e12, (double)weight_bytes / 1e9, prefill_s, context / prefill_s);
         printf("| batch | context | step ms (median) | tokens/s | tokens/s per GPU | bytes/step per GPU | roofline ms | "
@@ -170,13 +192,15 @@ int main(int argc, char **argv)
         double a = now_s();
         for (int b = 0; b < B; b++) {   /* each sequence its own tokens */
             for (int i = 0; i < context; i++) ids[i] = (int)((rng = rng * 1103515245u + 12345u) >> 8) % c->vocab_size;
-            if (fr_session_prefill(&s, ids, context, eo.chunk, &seqs[b], last, NULL)) {
+            if (fill ? fill_context(&s, ids, context, eo.chunk, &seqs[b])
+                     : fr_session_prefill(&s, ids, context, eo.chunk, &seqs[b], last, NULL)) {
                 fprintf(stderr, "decode_step: %s\n", fr_last_error());
                 return 1;
             }
             tok[b] = 0;
         }
-        fprintf(stderr, "batch %d: %d sequences of %d tokens prefilled in %.1f s\n", B, B, context, now_s() - a);
+        fprintf(stderr, "batch %d: %d sequences of %d tokens %s in %.1f s\n", B, B, context,
+                fill ? "filled" : "prefilled", now_s() - a);
         for (int it = 0; it < n_steps + 3; it++) {
             for (int b = 0; b < B; b++) {
                 steps[b] = (fr_step_seq){.seq = seqs[b], .n = 1, .tokens = &tok[b]};

@@ -18,7 +18,9 @@
  *   "synthetic:tiny"        the built-in random model below, seed 1;
  *   "synthetic:tiny:SEED"   the same with another seed (decimal, 0..2^64-1);
  *   "synthetic:qwen3-4b[:SEED]"  Qwen3-4B's shape, for benchmarks on the GPU
- *                           backend (host loading refuses it).
+ *                           backend (host loading refuses it);
+ *   "synthetic:qwen3-4b-128k[:SEED]"  the same weights with a 131,072-token
+ *                           window, for long-context decode benchmarks.
  *
  * synthetic:tiny is a Qwen3 with the byte tokenizer of tq6: vocab 272 (ids
  * 0..255 bytes, 256 BOS, 257 EOS, 258 PAD), hidden 128, 2 layers, 4 heads,

@@ -28,6 +28,7 @@ struct fr_runner_cpu {
     float *kbuf, *vbuf, *scores;
     int ctx_cap;
     fr_forward_observer obs;    /* all callbacks NULL when unset */
+    int fill_only;              /* the step under way only writes keys and values (fr_runner_cpu_fill) */
 };
 
 enum { PREFILL_ROWS = 256 };   /* query rows per score block in chunked attention */
@@ -254,6 +255,14 @@ fr_status fr_step_admit(fr_kv_cache *kv, const fr_step_seq *seqs, int n_seqs, in
     return FR_OK;
 }
 
+fr_status fr_runner_cpu_fill(fr_runner_cpu *r, const fr_step_seq *seqs, int n_seqs)
+{
+    r->fill_only = 1;
+    fr_status st = fr_runner_cpu_step(r, seqs, n_seqs, NULL);
+    r->fill_only = 0;
+    return st;
+}
+
 fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_seqs, float *logits)
 {
     const fr_model_config *c = r->c;   /* local head, intermediate and vocabulary counts */
@@ -285,6 +294,7 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
         }
         if (r->obs.layer_kv && (st = r->obs.layer_kv(r->obs.user, l, seqs, n_seqs, k, v))) break;
         if (r->obs.layer_q && (st = r->obs.layer_q(r->obs.user, l, seqs, n_seqs, r->q))) break;
+        if (r->fill_only) continue;   /* keys and values are all a fill wants */
         if ((st = attention(r, l, seqs, n_seqs))) break;
         fr_matmul(r->hidden_out, r->att, lw->o_proj, M, D, (int)qd);
         if ((st = tp_allreduce(r, r->hidden_out, (size_t)M * D))) break;
@@ -303,7 +313,7 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
     for (int s = 0, row = 0; s < n_seqs && !st; row += seqs[s].n, s++)
         st = fr_kv_append(r->kv, seqs[s].seq, seqs[s].n, r->kstep + (size_t)row * kvd,
                           r->vstep + (size_t)row * kvd, (size_t)r->max_tokens * kvd);
-    if (st) return st;
+    if (st || r->fill_only) return st;
 
     /* Final norm and LM head on the rows that want logits. */
     int out_rows = 0;

@@ -60,6 +60,12 @@ fr_status fr_step_admit(fr_kv_cache *kv, const fr_step_seq *seqs, int n_seqs, in
 /* Runs one step. logits receives fr_step_logit_rows() rows of vocab floats.
  * Blocks for the new tokens are reserved here; on FR_ENOMEM nothing changed. */
 fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_seqs, float *logits);
+/* A step that only appends its tokens' keys and values to the cache, as the
+ * model's projections of their embeddings make them (RMSNorm, k/v products,
+ * q/k norm and RoPE of every layer; no attention, no MLP, so the residual
+ * stream stays the embedding): a long context filled fast, with keys of
+ * realistic shape, for benchmarks. No logits. */
+fr_status fr_runner_cpu_fill(fr_runner_cpu *r, const fr_step_seq *seqs, int n_seqs);
 
 /* Taps into the forward pass for calibration and analysis. Every callback is
  * optional (NULL: not called); a callback's non-OK status ends the step with

@@ -35,6 +35,7 @@ struct fr_runner_cuda {
     const fr_step_seq *rider_seqs;
     int rider_n, rider_rows, rider_row0;  /* its sequences, padded rows, first row in our batch */
     int riding;                 /* rider rows in the forward being enqueued (0 but in a carrying decode) */
+    int fill_only;              /* the step under way only writes keys and values (fr_runner_cuda_fill) */
     cudaGraphExec_t rgraphs[FR_CUDA_GRAPH_BUCKETS][FR_CUDA_GRAPH_BUCKETS];
     unsigned long long rgraph_rider[FR_CUDA_GRAPH_BUCKETS][FR_CUDA_GRAPH_BUCKETS];
     unsigned long long id;      /* unique per runner: a carrying graph names the rider it was captured with */
@@ -390,6 +391,8 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
     if (!st && R)
         st = fr_kv_store_gpu_stage(rd->store, l, R, r->k + (size_t)M * kvd, r->v + (size_t)M * kvd, rd->step_k,
                                    rd->step_v, s);
+    if (!st && r->fill_only)   /* keys and values are all a fill wants */
+        return fr_kv_store_gpu_commit(r->store, l, r->seqs, n_seqs, (max_new + T - 1) / T, r->step_k, r->step_v, s);
     if (!st && R) {   /* the rider's cache is BF16 */
         fr_paged_kv rv = fr_kv_store_gpu_view(rd->store, l, rd->step_k, rd->step_v);
         st = fr_attn_bf16(&rv, rd->seqs, R, 1, c->max_position, r->q + (size_t)M * qd, r->att + (size_t)M * qd, H,
@@ -478,6 +481,17 @@ fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_
             if (e != cudaSuccess) st = fr_fail(FR_EINTERNAL, "CUDA step failed: %s", cudaGetErrorString(e));
         }
     }
+    return st ? st : finish_step(r, seqs, n_seqs);
+}
+
+fr_status fr_runner_cuda_fill(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs)
+{
+    int n_logits = 0;
+    r->fill_only = 1;
+    fr_status st = forward_layers(r, seqs, n_seqs, &n_logits);
+    r->fill_only = 0;
+    if (!st && cudaStreamSynchronize(r->stream) != cudaSuccess)
+        st = fr_fail(FR_EINTERNAL, "CUDA fill failed: %s", cudaGetErrorString(cudaGetLastError()));
     return st ? st : finish_step(r, seqs, n_seqs);
 }
 

@@ -45,6 +45,11 @@ void fr_runner_cuda_destroy(fr_runner_cuda **r);
  * changed. */
 fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, float *logits);
 
+/* fr_runner_cpu_fill's step on the GPU: the tokens' keys and values
+ * projected from their embeddings and written to the cache, no attention,
+ * no MLP, no logits (a long context filled fast for benchmarks). */
+fr_status fr_runner_cuda_fill(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs);
+
 /* A step like fr_runner_cuda_step whose logits stay on the device but for
  * the rows asked for: draw i samples logit row draw_rows[i] (rows numbered as
  * fr_step_logit_rows numbers them) with draw_params[i] into tokens[i] and

@@ -15,6 +15,7 @@
 const char fr_engine_opts_usage[] =
     "  --model M            checkpoint directory, or synthetic:tiny[:SEED] (default);\n"
     "                       synthetic:qwen3-4b[:SEED] (Qwen3-4B's shape) on --backend cuda\n"
+    "                       (synthetic:qwen3-4b-128k: the same with a 131,072-token window)\n"
     "  --backend B          auto (default: cuda when a GPU is present and supports\n"
     "                       the configuration, else cpu), cpu or cuda\n"
     "  --kv T               KV cache dtype: bf16 (default), fp8, nvfp4, mxfp4, or\n"
@@ -381,6 +382,15 @@ static fr_sample_row *device_rows(const fr_decode_row *rows, int n)
     return p;
 }
 #endif
+
+fr_status fr_session_fill(fr_session *s, const fr_step_seq *seqs, int n_seqs)
+{
+    if (!s || n_seqs < 1 || !seqs) return fr_fail(FR_EINVAL, "fr_session_fill: bad argument");
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA) return fr_runner_cuda_fill(s->gpu, seqs, n_seqs);
+#endif
+    return fr_runner_cpu_fill(s->runner, seqs, n_seqs);
+}
 
 fr_status fr_session_decode(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
                             int *tokens, float *logprobs)

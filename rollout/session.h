@@ -137,6 +137,13 @@ fr_status fr_session_step_draw(fr_session *s, const fr_step_seq *seqs, int n_seq
                                int n_draws, int *tokens, float *logprobs, const int *keep, int n_keep,
                                float *kept_logits);
 
+/* Appends the tokens of seqs to their sequences' caches without attention
+ * or the MLP (rollout/runner_cpu.h, fr_runner_cpu_fill): keys and values
+ * projected from the embeddings, no logits. For filling long contexts in
+ * benchmarks (bench/decode_step --fill); the tokens' positions and pages are
+ * as a prefill's, their contents are not. */
+fr_status fr_session_fill(fr_session *s, const fr_step_seq *seqs, int n_seqs);
+
 /* A new sequence holding src's tokens (shared full pages, copied slots). */
 fr_status fr_session_fork(fr_session *s, int src, int *dst);
 

@@ -169,9 +169,14 @@ fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *s
         fr_synthetic_tiny_config(cfg);
     else if (name_len == 8 && strncmp(rest, "qwen3-4b", 8) == 0)
         fr_synthetic_qwen3_4b_config(cfg);
-    else
+    else if (name_len == 13 && strncmp(rest, "qwen3-4b-128k", 13) == 0) {
+        /* the same weights with a 131,072-token window (Qwen3's extended
+         * context), for decode benchmarks at 64K and beyond */
+        fr_synthetic_qwen3_4b_config(cfg);
+        cfg->max_position = 131072;
+    } else
         return fr_fail(FR_EINVAL, "unknown synthetic model \"%.*s\" in spec \"%s%s\" (known: %stiny[:SEED], "
-                       "%sqwen3-4b[:SEED])", (int)(name_len > 64 ? 64 : name_len), rest, FR_SYNTHETIC_PREFIX,
+                       "%sqwen3-4b[-128k][:SEED])", (int)(name_len > 64 ? 64 : name_len), rest, FR_SYNTHETIC_PREFIX,
                        rest, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX);
     uint64_t seed = FR_SYNTHETIC_DEFAULT_SEED;
     if (colon) {

@@ -6,6 +6,8 @@
  *    one from the decode row; kept rows in any order;
  *  - fr_session_decode_keep: tokens equal fr_session_decode's, kept rows
  *    equal the step's logits bit for bit, tokens NULL samples nothing;
+ *  - fr_session_fill: layer 0's keys and values equal a prefill's, later
+ *    layers' do not, and the sequence decodes on;
  *  - refusals: draw or keep rows outside the step, bad sampling parameters;
  *    launching a decode apart from its wait needs CUDA.
  * The CUDA implementations are checked against these semantics on a GPU
@@ -143,6 +145,56 @@ static void test_decode_keep(void **state)
     fr_session_close(&u);
 }
 
+/* fr_session_fill writes what a prefill writes for layer 0 (the residual
+ * stream is the embedding there in both), not for later layers (no
+ * attention or MLP), and the sequence decodes on from its length. */
+static void test_fill(void **state)
+{
+    (void)state;
+    fr_session s, t;
+    int a, b;
+    enum { N = 300 };   /* two full pages (FP4) and a partial one */
+    int toks[N];
+    for (int i = 0; i < N; i++) toks[i] = (i * 37 + 11) % 250;
+    open_tiny(&s);
+    open_tiny(&t);
+    const int V = s.model->cfg.vocab_size, d = s.model->cfg.head_dim, L = s.model->cfg.num_layers;
+    assert_int_equal(fr_kv_seq_new(s.kv, &a), FR_OK);
+    for (int at = 0; at < N; at += 128) {   /* in chunks, as a benchmark fills */
+        fr_step_seq one = {.seq = a, .n = N - at < 128 ? N - at : 128, .tokens = toks + at};
+        assert_int_equal(fr_session_fill(&s, &one, 1), FR_OK);
+    }
+    assert_int_equal(fr_kv_seq_len(s.kv, a), N);
+    float *last = malloc(sizeof(float) * (size_t)V);
+    assert_non_null(last);
+    assert_int_equal(fr_session_prefill(&t, toks, N, 128, &b, last, NULL), FR_OK);
+    float *k1 = malloc(sizeof(float) * N * (size_t)d), *v1 = malloc(sizeof(float) * N * (size_t)d);
+    float *k2 = malloc(sizeof(float) * N * (size_t)d), *v2 = malloc(sizeof(float) * N * (size_t)d);
+    assert_true(k1 && v1 && k2 && v2);
+    fr_kv_view view;
+    for (int l = 0; l < L; l++) {
+        assert_int_equal(fr_kv_gather(s.kv, a, l, 0, 0, NULL, NULL, k1, v1, &view), FR_OK);
+        assert_int_equal(fr_kv_gather(t.kv, b, l, 0, 0, NULL, NULL, k2, v2, &view), FR_OK);
+        const int same = memcmp(k1, k2, sizeof(float) * N * (size_t)d) == 0 &&
+                         memcmp(v1, v2, sizeof(float) * N * (size_t)d) == 0;
+        if (l == 0) assert_true(same);
+        else assert_false(same);
+    }
+    /* a decode after the fill */
+    const int next = 5;
+    fr_step_seq one = {.seq = a, .n = 1, .tokens = &next};
+    fr_decode_row r = {.params = {.temperature = 0.0f, .top_p = 1.0f}, .sequence = 0, .step = 0};
+    int tok = -1;
+    assert_int_equal(fr_session_decode(&s, &one, &r, 1, &tok, NULL), FR_OK);
+    assert_true(tok >= 0 && tok < V);
+    assert_int_equal(fr_kv_seq_len(s.kv, a), N + 1);
+    assert_int_equal(fr_session_fill(&s, NULL, 1), FR_EINVAL);
+    free(last);
+    free(k1); free(v1); free(k2); free(v2);
+    fr_session_close(&s);
+    fr_session_close(&t);
+}
+
 static void test_refusals(void **state)
 {
     (void)state;
@@ -181,6 +233,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_step_draw_equals_step_and_sample),
         cmocka_unit_test(test_decode_keep),
+        cmocka_unit_test(test_fill),
         cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
