@@ -11,7 +11,8 @@
  *     seconds, not minutes; decode steps then read caches of the same size
  *     and layout, with other contents), with
  *     sampling on the GPU and the step replayed from a CUDA graph, against
- *     the roofline: (weight bytes + KV bytes read) / copy bandwidth.
+ *     the roofline: (weight bytes + KV bytes read) / copy bandwidth, the KV
+ *     bytes being the cache's own page bytes for its dtype.
  * A step's time is the wall time of the call (metadata upload, graph launch,
  * the sampled tokens back on the host); the median of --steps steps after
  * three warm-up steps is reported.
@@ -32,6 +33,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kvcache/page_layout.h"
 #include "rollout/runner_cuda.h"
 #include "rollout/session.h"
 #include "rollout/tp_launch.h"
@@ -148,9 +150,12 @@ int main(int argc, char **argv)
     double bw = copy_bandwidth();
     size_t weight_bytes = s.gpu_weights->bytes;
     const int tp = eo.tp, kvh = fr_kv_cache_config_of(s.kv)->n_kv_heads;   /* this rank's KV heads */
-    double kv_token_bytes = (double)c->num_layers * kvh * 2.0 * c->head_dim * 2.0;   /* BF16 K and V */
-    if (eo.kv != FR_KV_BF16)
-        fprintf(stderr, "note: the roofline counts BF16 KV bytes; %s moves fewer\n", fr_kv_dtype_name(eo.kv));
+    /* KV bytes a decode reads per cached token: the cache's own page bytes
+     * (codes and block scales of K and V; docs/formats.md), all layers and
+     * this rank's KV heads. The BF16 sink and recent tokens are a few
+     * hundred per sequence and are counted as page tokens too. */
+    const double head_page = (double)fr_kv_layout(s.kv)->head_page_bytes;
+    double kv_token_bytes = (double)c->num_layers * kvh * head_page / 128.0;
 
     /* Prefill throughput: one sequence of `context` tokens. */
     int *ids = malloc(sizeof(int) * (size_t)context);

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Decode throughput at 64K context per sequence, every KV dtype, concurrency
+# from 1 up to what the KV memory holds for each (the end-to-end throughput
+# of the distributed-workers issue): bench/decode_step on synthetic
+# Qwen3-4B-shaped weights with a 128K window, contexts filled without
+# attention (--fill), one markdown table per dtype, then the peak tokens/s of
+# each dtype against BF16's.
+#
+# usage: bench/decode_64k.sh [--kv-gb G] [--context N] [--steps N] [--kvs LIST] [--build DIR]
+#   --kv-gb G     device memory for the KV cache in GB (default 115: an H200
+#                 less the 8 GB of weights and the engine's buffers)
+#   --context N   tokens per sequence (default 65536)
+#   --steps N     timed decode steps per batch (default 10)
+#   --kvs LIST    dtypes (default bf16,fp8,nvfp4,mxfp4)
+# Capacity per dtype: G / (context x 36 layers x 8 KV heads x the dtype's
+# bytes per token and head: 512 BF16, 256 FP8, 144 NVFP4, 136 MXFP4), less
+# one sequence (decode_step's cache holds one spare); batches are the powers
+# of two below it, and it.
+set -euo pipefail
+kv_gb=115 context=65536 steps=10 kvs=bf16,fp8,nvfp4,mxfp4 build=build
+while [ $# -gt 0 ]; do
+  case $1 in
+    --kv-gb) kv_gb=$2; shift 2 ;;
+    --context) context=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --kvs) kvs=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "decode_64k: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+bin=$build/bench/decode_step
+[ -x "$bin" ] || { echo "decode_64k: $bin is missing (make bench)" >&2; exit 1; }
+declare -A per_token=([bf16]=512 [fp8]=256 [nvfp4]=144 [mxfp4]=136)
+declare -A peak
+IFS=, read -r -a list <<< "$kvs"
+for kv in "${list[@]}"; do
+  [ -n "${per_token[$kv]:-}" ] || { echo "decode_64k: unknown dtype $kv" >&2; exit 2; }
+  cap=$(awk -v g="$kv_gb" -v c="$context" -v b="${per_token[$kv]}" \
+        'BEGIN { n = int(g * 1e9 / (c * 36 * 8 * b)) - 1; print (n < 1 ? 1 : n) }')
+  batches=1
+  for ((b = 2; b < cap; b *= 2)); do batches="$batches,$b"; done
+  [ "$cap" -gt 1 ] && batches="$batches,$cap"
+  echo "decode_64k: $kv, up to $cap sequences of $context tokens (batches $batches)" >&2
+  out=$("$bin" --model synthetic:qwen3-4b-128k --kv "$kv" --context "$context" --fill --batches "$batches" \
+        --steps "$steps" --markdown)
+  echo "$out"
+  echo
+  # the largest tokens/s of the table (its fourth column)
+  peak[$kv]=$(echo "$out" | awk -F'|' 'NF > 8 && $2 ~ /^ *[0-9]+ *$/ { if ($5 + 0 > m) m = $5 + 0 } END { print m + 0 }')
+done
+echo "| kv | peak tokens/s | vs bf16 |"
+echo "|---|---|---|"
+for kv in "${list[@]}"; do
+  ratio=$( [ -n "${peak[bf16]:-}" ] && awk -v a="${peak[$kv]}" -v b="${peak[bf16]}" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "-" }' || echo "-")
+  echo "| $kv | ${peak[$kv]} | $ratio |"
+done
