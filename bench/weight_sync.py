@@ -34,15 +34,8 @@ PRESETS = {"qwen3-4b": dict(hidden=2560, layers=36, inter=9728, vocab=151936, he
                            tie=True, dtype="BF16")}
 
 
-def write_checkpoint(d, hidden, layers, inter, vocab, heads, kv_heads, head_dim, tie=False, dtype="F32"):
-    import numpy as np
-    os.makedirs(d, exist_ok=True)
-    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": hidden,
-           "num_hidden_layers": layers, "intermediate_size": inter, "vocab_size": vocab,
-           "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
-           "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
-           "tie_word_embeddings": tie, "bos_token_id": 1, "eos_token_id": 2}
-    json.dump(cfg, open(os.path.join(d, "config.json"), "w"), indent=1)
+def qwen3_shapes(hidden, layers, inter, vocab, heads, kv_heads, head_dim, tie=False):
+    """The Hugging Face names and shapes of a Qwen3 checkpoint's tensors."""
     shapes = [("model.embed_tokens.weight", (vocab, hidden))]
     for i in range(layers):
         p = f"model.layers.{i}."
@@ -54,7 +47,40 @@ def write_checkpoint(d, hidden, layers, inter, vocab, heads, kv_heads, head_dim,
                    (p + "self_attn.q_norm.weight", (head_dim,)), (p + "self_attn.k_norm.weight", (head_dim,)),
                    (p + "mlp.gate_proj.weight", (inter, hidden)), (p + "mlp.up_proj.weight", (inter, hidden)),
                    (p + "mlp.down_proj.weight", (hidden, inter))]
-    shapes += [("model.norm.weight", (hidden,))] + ([] if tie else [("lm_head.weight", (vocab, hidden))])
+    return shapes + [("model.norm.weight", (hidden,))] + ([] if tie else [("lm_head.weight", (vocab, hidden))])
+
+
+def start_server(build, model, backend, d, env=None, wait_s=60):
+    """`fp4rollout serve` holding `model` (one sequence, BF16 KV), its config
+    and log in folder d; returns (process, port, log path) once it listens."""
+    port = free_port()
+    cfg = os.path.join(d, "serve.json")
+    json.dump({"model": os.path.abspath(model) if os.path.isdir(model) else model, "backend": backend,
+               "kv_dtype": "bf16", "max_seqs": 1, "kv_blocks": 4,
+               "coordinator": {"bind": "127.0.0.1", "port": port}}, open(cfg, "w"))
+    log_path = os.path.join(d, "serve.log")
+    srv = subprocess.Popen([os.path.join(build, "fp4rollout"), "serve", "--config", cfg], stderr=open(log_path, "w"),
+                           env=env)
+    for _ in range(int(wait_s * 10)):
+        if "listening on" in open(log_path).read():
+            return srv, port, log_path
+        if srv.poll() is not None:
+            sys.exit("the server exited at start:\n" + open(log_path).read())
+        time.sleep(0.1)
+    srv.terminate()
+    sys.exit(f"the server did not start within {wait_s} s:\n" + open(log_path).read())
+
+
+def write_checkpoint(d, hidden, layers, inter, vocab, heads, kv_heads, head_dim, tie=False, dtype="F32"):
+    import numpy as np
+    os.makedirs(d, exist_ok=True)
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": hidden,
+           "num_hidden_layers": layers, "intermediate_size": inter, "vocab_size": vocab,
+           "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+           "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+           "tie_word_embeddings": tie, "bos_token_id": 1, "eos_token_id": 2}
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"), indent=1)
+    shapes = qwen3_shapes(hidden, layers, inter, vocab, heads, kv_heads, head_dim, tie)
     esize = 2 if dtype == "BF16" else 4
     header, off = {}, 0
     for name, shape in shapes:
@@ -121,21 +147,8 @@ def main():
             write_checkpoint(d, **PRESETS[a.preset])
         else:
             write_checkpoint(d, a.hidden, a.layers, a.intermediate, a.vocab, a.heads, a.kv_heads, a.head_dim)
-    port = free_port()
-    cfg = os.path.join(d, "serve.json")
-    json.dump({"model": os.path.abspath(model) if os.path.isdir(model) else model, "backend": a.backend,
-               "kv_dtype": "bf16", "max_seqs": 1, "kv_blocks": 4,
-               "coordinator": {"bind": "127.0.0.1", "port": port}}, open(cfg, "w"))
-    log_path = os.path.join(d, "serve.log")
-    log = open(log_path, "w")
-    srv = subprocess.Popen([os.path.join(a.build, "fp4rollout"), "serve", "--config", cfg], stderr=log)
+    srv, port, log_path = start_server(a.build, model, a.backend, d)
     try:
-        for _ in range(600):
-            if "listening on" in open(log_path).read():
-                break
-            if srv.poll() is not None:
-                sys.exit("the server exited at start:\n" + open(log_path).read())
-            time.sleep(0.1)
         rows, version = [], 0
         print("| sent as | bytes | bucket MiB | seconds | MiB/s | switch into the serving weights (ms) |")
         print("|---|---|---|---|---|---|")

@@ -13,12 +13,9 @@ over ZeroMQ (RolloutClient.update_weights from host copies, loopback).
 Prints a markdown table. Needs PyTorch with CUDA and two GPUs.
 """
 import argparse
-import json
 import os
 import re
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,28 +23,9 @@ import time
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(here, "..", "trainer_bridge", "python"))
 
-H, L, I, V, NH, NKV, D = 2560, 36, 9728, 151936, 32, 8, 128   # rollout/synthetic_model.c's qwen3-4b
+from weight_sync import PRESETS, qwen3_shapes, start_server  # noqa: E402  (this folder)
 
-
-def shapes():
-    s = [("model.embed_tokens.weight", (V, H))]
-    for i in range(L):
-        p = f"model.layers.{i}."
-        s += [(p + "input_layernorm.weight", (H,)), (p + "self_attn.q_proj.weight", (NH * D, H)),
-              (p + "self_attn.k_proj.weight", (NKV * D, H)), (p + "self_attn.v_proj.weight", (NKV * D, H)),
-              (p + "self_attn.o_proj.weight", (H, NH * D)), (p + "self_attn.q_norm.weight", (D,)),
-              (p + "self_attn.k_norm.weight", (D,)), (p + "post_attention_layernorm.weight", (H,)),
-              (p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H)),
-              (p + "mlp.down_proj.weight", (H, I))]
-    return s + [("model.norm.weight", (H,))]   # lm_head is tied to the embedding
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+Q4B = {k: v for k, v in PRESETS["qwen3-4b"].items() if k != "dtype"}   # rollout/synthetic_model.c's qwen3-4b
 
 
 def nvlink_gbps(torch, nbytes=2 << 30, reps=10):
@@ -97,30 +75,18 @@ def main():
     gbps = nvlink_gbps(torch)
 
     d = tempfile.mkdtemp(prefix="fp4rollout_nccl_bench_")
-    port = free_port()
-    cfg = os.path.join(d, "serve.json")
-    json.dump({"model": "synthetic:qwen3-4b", "backend": "cuda", "kv_dtype": "bf16", "max_seqs": 1, "kv_blocks": 4,
-               "coordinator": {"bind": "127.0.0.1", "port": port}}, open(cfg, "w"))
-    log_path = os.path.join(d, "serve.log")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="1,0")   # its device 0 is GPU 1; GPU 0 stays visible for peer access
     # NCCL refuses a group whose members run different NCCL versions: the
     # server loads the library this process (PyTorch) loaded.
     nccl = torch_nccl_dir(torch)
     if nccl:
         env["LD_LIBRARY_PATH"] = nccl + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
-    srv = subprocess.Popen([os.path.join(a.build, "fp4rollout"), "serve", "--config", cfg], stderr=open(log_path, "w"),
-                           env=env)
+    srv, port, log_path = start_server(a.build, "synthetic:qwen3-4b", "cuda", d, env=env, wait_s=120)
     try:
-        for _ in range(1200):
-            if "listening on" in open(log_path).read():
-                break
-            if srv.poll() is not None:
-                sys.exit("the server exited at start:\n" + open(log_path).read())
-            time.sleep(0.1)
         torch.cuda.set_device(0)
         g = torch.Generator(device="cuda:0").manual_seed(0)
         weights = {}
-        for name, shp in shapes():
+        for name, shp in qwen3_shapes(**Q4B):
             if len(shp) == 1:
                 weights[name] = torch.ones(shp, dtype=torch.bfloat16, device="cuda:0")
             else:

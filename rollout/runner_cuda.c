@@ -748,6 +748,17 @@ fr_status fr_runner_cuda_decode_launch_carrying(fr_runner_cuda *r, const fr_step
 
 int fr_runner_cuda_rider_first_row(const fr_runner_cuda *r) { return r ? r->rider_row0 : 0; }
 
+/* A decode's list of rows whose logits go to the host: rows of its batch. */
+static fr_status check_keep(const int *keep, int n_keep, const float *kept_logits, int n_seqs)
+{
+    if (n_keep < 0 || n_keep > n_seqs || (n_keep && (!keep || !kept_logits)))
+        return fr_fail(FR_EINVAL, "decode: bad list of rows whose logits to keep");
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] < 0 || keep[i] >= n_seqs)
+            return fr_fail(FR_EINVAL, "decode: row %d to keep is outside the batch of %d", keep[i], n_seqs);
+    return FR_OK;
+}
+
 fr_status fr_runner_cuda_decode_wait(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int *tokens,
                                      float *logprobs, const int *keep, int n_keep, float *kept_logits)
 {
@@ -755,12 +766,7 @@ fr_status fr_runner_cuda_decode_wait(fr_runner_cuda *r, const fr_step_seq *seqs,
     if (r->launched != n_seqs || n_seqs < 1)
         return fr_fail(FR_EINVAL, "decode: waiting for %d sequences, %d were launched", n_seqs, r->launched);
     r->launched = 0;
-    fr_status st = FR_OK;
-    if (n_keep < 0 || n_keep > n_seqs || (n_keep && (!keep || !kept_logits)))
-        st = fr_fail(FR_EINVAL, "decode: bad list of rows whose logits to keep");
-    for (int i = 0; i < n_keep && !st; i++)
-        if (keep[i] < 0 || keep[i] >= n_seqs)
-            st = fr_fail(FR_EINVAL, "decode: row %d to keep is outside the batch of %d", keep[i], n_seqs);
+    fr_status st = check_keep(keep, n_keep, kept_logits, n_seqs);
     /* Only the rows asked for cross to the host: a full batch of logits is
      * tens of MB per step at a 152k vocabulary. */
     for (int i = 0; i < n_keep && !st; i++) {
@@ -793,13 +799,9 @@ fr_status fr_runner_cuda_decode_keep(fr_runner_cuda *r, const fr_step_seq *seqs,
                                      int n_seqs, int *tokens, float *logprobs, const int *keep, int n_keep,
                                      float *kept_logits)
 {
-    if (n_keep < 0 || n_keep > n_seqs || (n_keep && (!keep || !kept_logits)))
-        return fr_fail(FR_EINVAL, "decode: bad list of rows whose logits to keep");
-    for (int i = 0; i < n_keep; i++)
-        if (keep[i] < 0 || keep[i] >= n_seqs)
-            return fr_fail(FR_EINVAL, "decode: row %d to keep is outside the batch of %d", keep[i], n_seqs);
-    if (n_seqs == 0) return FR_OK;
-    fr_status st = fr_runner_cuda_decode_launch(r, seqs, params, n_seqs);
+    fr_status st = check_keep(keep, n_keep, kept_logits, n_seqs);   /* refused before anything runs */
+    if (st || n_seqs == 0) return st;
+    st = fr_runner_cuda_decode_launch(r, seqs, params, n_seqs);
     return st ? st : fr_runner_cuda_decode_wait(r, seqs, n_seqs, tokens, logprobs, keep, n_keep, kept_logits);
 }
 

@@ -492,18 +492,6 @@ fr_status fr_session_step_draw(fr_session *s, const fr_step_seq *seqs, int n_seq
     if (!s || n_seqs < 0 || (n_seqs && !seqs) || n_draws < 0 || (n_draws && (!draws || !tokens)) || n_keep < 0 ||
         (n_keep && (!keep || !kept_logits)))
         return fr_fail(FR_EINVAL, "fr_session_step_draw: bad argument");
-    const int V = s->model->cfg.vocab_size;
-    int n_rows = 0;
-    for (int i = 0; i < n_seqs; i++) n_rows += seqs[i].all_logits ? seqs[i].n : 1;
-    for (int i = 0; i < n_draws; i++) {
-        if (draws[i].row < 0 || draws[i].row >= n_rows)
-            return fr_fail(FR_EINVAL, "step: draw %d reads logit row %d of %d", i, draws[i].row, n_rows);
-        fr_status st = fr_sampling_params_check(&draws[i].d.params, V);
-        if (st) return st;
-    }
-    for (int i = 0; i < n_keep; i++)
-        if (keep[i] < 0 || keep[i] >= n_rows)
-            return fr_fail(FR_EINVAL, "step: logit row %d to keep is outside the step's %d", keep[i], n_rows);
 #ifdef FR_HAVE_CUDA
     if (s->backend == FR_BACKEND_CUDA) {
         int *rows = malloc(sizeof(int) * (size_t)(n_draws > 0 ? n_draws : 1));
@@ -523,6 +511,19 @@ fr_status fr_session_step_draw(fr_session *s, const fr_step_seq *seqs, int n_seq
         return st;
     }
 #endif
+    /* The CUDA runner checks these itself. */
+    const int V = s->model->cfg.vocab_size;
+    int n_rows = 0;
+    for (int i = 0; i < n_seqs; i++) n_rows += seqs[i].all_logits ? seqs[i].n : 1;
+    for (int i = 0; i < n_draws; i++) {
+        if (draws[i].row < 0 || draws[i].row >= n_rows)
+            return fr_fail(FR_EINVAL, "step: draw %d reads logit row %d of %d", i, draws[i].row, n_rows);
+        fr_status st = fr_sampling_params_check(&draws[i].d.params, V);
+        if (st) return st;
+    }
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] < 0 || keep[i] >= n_rows)
+            return fr_fail(FR_EINVAL, "step: logit row %d to keep is outside the step's %d", keep[i], n_rows);
     fr_status st = FR_OK;
     if (n_draws && !s->sampler && (st = fr_sampler_new(V, &s->sampler))) return st;
     if (s->step_logits_rows < n_rows) {

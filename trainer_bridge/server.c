@@ -2126,6 +2126,22 @@ static fr_status exchange_results(fr_bridge_server *srv)
     return st;
 }
 
+/* Handles every message waiting on the socket, up to a bound so the engine
+ * keeps stepping under a flood of messages; with at_barrier, also stops at
+ * a message that must end the ranks' turn (srv->turn_barrier). */
+static fr_status handle_waiting(fr_bridge_server *srv, const volatile sig_atomic_t *stop, int at_barrier)
+{
+    for (int k = 0; k < 1024 && !*stop && !(at_barrier && srv->turn_barrier); k++) {
+        fr_wire_msg w;
+        int got;
+        if (fr_wire_recv(srv->sock, 1, 0, &w, &got)) return FR_EIO;
+        if (!got) break;
+        handle_message(srv, &w);
+        fr_wire_msg_free(&w);
+    }
+    return FR_OK;
+}
+
 /* Rank 0: reads what the clients sent (waiting when the engines are idle)
  * into this turn's events. */
 static fr_status drain_messages(fr_bridge_server *srv, const volatile sig_atomic_t *stop)
@@ -2138,19 +2154,8 @@ static fr_status drain_messages(fr_bridge_server *srv, const volatile sig_atomic
         if (errno == EINTR) return FR_OK;
         return fr_fail(FR_EIO, "serve: poll failed: %s", zmq_strerror(errno));
     }
-    fr_status st = FR_OK;
     srv->turn_barrier = 0;
-    for (int k = 0; k < 1024 && !*stop && !srv->turn_barrier; k++) {
-        fr_wire_msg w;
-        int got;
-        if (fr_wire_recv(srv->sock, 1, 0, &w, &got)) {
-            st = FR_EIO;
-            break;
-        }
-        if (!got) break;
-        handle_message(srv, &w);
-        fr_wire_msg_free(&w);
-    }
+    fr_status st = handle_waiting(srv, stop, 1);
     if (!st && srv->events.oom) st = fr_fail(FR_ENOMEM, "serve: out of memory recording the engine events");
     return st;
 }
@@ -2257,20 +2262,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
             failure = fr_fail(FR_EIO, "serve: poll failed: %s", zmq_strerror(errno));
             break;
         }
-        /* Everything that is waiting, up to a bound so the engine keeps
-         * stepping under a flood of messages. */
-        for (int k = 0; k < 1024 && !*stop; k++) {
-            fr_wire_msg w;
-            int got;
-            if (fr_wire_recv(srv->sock, 1, 0, &w, &got)) {
-                failure = FR_EIO;
-                break;
-            }
-            if (!got) break;
-            handle_message(srv, &w);
-            fr_wire_msg_free(&w);
-        }
-        if (failure) break;
+        if ((failure = handle_waiting(srv, stop, 0))) break;
         nccl_turn(srv);
         if (!fr_scheduler_idle(srv->sch)) {
             if (fr_scheduler_step(srv->sch))

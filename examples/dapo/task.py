@@ -205,14 +205,14 @@ class Scorer:
         self.cache = {}
 
     def score(self, pairs):
-        todo = {}
+        uncached = {}
         for p, e in pairs:
             k = (p.key(), e)
-            if k not in self.cache and k not in todo:
-                todo[k] = (p, e)
-        if todo:
+            if k not in self.cache and k not in uncached:
+                uncached[k] = (p, e)
+        if uncached:
             with concurrent.futures.ThreadPoolExecutor(self.jobs) as ex:
-                futs = {k: ex.submit(run_candidate, p, e, self.timeout_s) for k, (p, e) in todo.items()}
+                futs = {k: ex.submit(run_candidate, p, e, self.timeout_s) for k, (p, e) in uncached.items()}
                 for k, f in futs.items():
                     self.cache[k] = f.result()
         return [1.0 if self.cache[(p.key(), e)]["ok"] else 0.0 for p, e in pairs]

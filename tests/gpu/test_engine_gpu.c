@@ -124,10 +124,10 @@ static void test_synthetic_weights_match(void **state)
 /* synthetic:tiny on both backends. The CPU runs the BF16-rounded weights in
  * float32, so the difference left is the GPU's BF16 activations (matrix
  * inputs, KV) and summation order: bounded at 3e-2 of max |logit|. */
-static void test_tiny_cpu_vs_cuda(void **state)
+/* synthetic:tiny on both backends, 8 blocks and 2 sequences each: the CPU
+ * session's weights rounded to BF16, as the GPU generator makes them. */
+static void open_tiny_pair(fr_session *cpu, fr_session *gpu)
 {
-    (void)state;
-    if (!fr_gpu_test_available()) skip();
     fr_model *m;
     assert_int_equal(fr_model_load("synthetic:tiny", &m), FR_OK);
     size_t nf;
@@ -136,10 +136,17 @@ static void test_tiny_cpu_vs_cuda(void **state)
     fr_engine_opts o;
     fr_engine_opts_default(&o);
     o.backend = FR_BACKEND_CPU;
-    fr_session cpu, gpu;
-    if (fr_session_open_model(&o, m, 8, 2, &cpu)) fail_msg("%s", fr_last_error());
+    if (fr_session_open_model(&o, m, 8, 2, cpu)) fail_msg("%s", fr_last_error());
     o.backend = FR_BACKEND_CUDA;
-    open_or_fail(&o, 8, 2, &gpu);
+    open_or_fail(&o, 8, 2, gpu);
+}
+
+static void test_tiny_cpu_vs_cuda(void **state)
+{
+    (void)state;
+    if (!fr_gpu_test_available()) skip();
+    fr_session cpu, gpu;
+    open_tiny_pair(&cpu, &gpu);
     fr_test_rng g = {99};
     enum { N = 300 };
     int ids[N];
@@ -170,18 +177,8 @@ static void test_fill_cpu_vs_cuda(void **state)
 {
     (void)state;
     if (!fr_gpu_test_available()) skip();
-    fr_model *m;
-    assert_int_equal(fr_model_load("synthetic:tiny", &m), FR_OK);
-    size_t nf;
-    float *data = fr_model_data(m, &nf);
-    for (size_t i = 0; i < nf; i++) data[i] = fr_bf16_round(data[i]);
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CPU;
     fr_session cpu, gpu;
-    if (fr_session_open_model(&o, m, 8, 2, &cpu)) fail_msg("%s", fr_last_error());
-    o.backend = FR_BACKEND_CUDA;
-    open_or_fail(&o, 8, 2, &gpu);
+    open_tiny_pair(&cpu, &gpu);
     fr_test_rng g = {7};
     enum { N = 300, STEPS = 8 };
     int ids[N + STEPS];
