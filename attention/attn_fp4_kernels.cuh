@@ -20,10 +20,6 @@
 #include "fp4_device.cuh"
 #include "paged_kv.h"
 
-#ifndef FR_FP4_STAGES
-#define FR_FP4_STAGES 3
-#endif
-
 namespace fr_fp4 {
 
 using namespace fr_fp4_ptx;
@@ -53,12 +49,10 @@ template <int FMT, int D> struct Geom {
     static constexpr int v_codes = FMT == kFP8 ? kPage * D : k_scales + kPage * D / B;
     static constexpr int v_scales = FMT == kFP8 ? 0 : v_codes + D * kPage / 2;
     static constexpr int page_bytes = FMT == kFP8 ? 2 * kPage * D : v_scales + D * kPage / B;
-    /* pages in shared memory: the one being scored, the one whose P.V is
-     * pending, and S - 2 in flight. Three stages for FP4 (FR_FP4_STAGES for
-     * experiments): an NVFP4 CTA then needs 59 KB instead of 78 KB, three
-     * CTAs fit an SM instead of two, and batch >= 16 ran 7-16% faster on an
-     * H200 (bench/RESULTS.md); one page in flight per CTA is enough then. */
-    static constexpr int stages = FMT == kFP8 ? 3 : FR_FP4_STAGES;
+    /* A page is two halves, keys (codes and scales) then values, each
+     * loaded on its own barrier into a ring of two (Smem): two pages of
+     * shared memory keep K two pages ahead and V one page ahead of use. */
+    static constexpr int k_half = v_codes, v_half = page_bytes - v_codes;
     static constexpr int ksteps = D / 16;
 };
 
@@ -419,17 +413,28 @@ template <int FMT, int D> __global__ void __launch_bounds__(kPrepThreads) prep_k
 
 /* ======================= the split kernel ======================= */
 
-/* Shared memory of one CTA (offsets in bytes). */
+/* Shared memory of one CTA (offsets in bytes): the K ring (two key
+ * halves), the V ring (two value halves) and two P buffers; the BF16 split
+ * uses the same bytes for its rows (keys, then values in their place) and P.
+ * An NVFP4 CTA then takes 42 KB where a three-page pipeline with a whole
+ * 144-row BF16 tile took 75 KB: five CTAs fit an SM instead of three, and
+ * the one-group kernels (NQ = 1) are held to the registers of five
+ * (split_kernel's launch bounds; 64K decode steps 2-3% faster than with
+ * four, bench/RESULTS.md). */
 template <int FMT, int NP, int D> struct Smem {
     using Gm = Geom<FMT, D>;
     static constexpr int prow = 256;   /* one P row: 128 FP16 */
-    static constexpr int pbuf = Gm::stages * Gm::page_bytes;
+    static constexpr int kring = 0, vring = 2 * Gm::k_half;
+    static constexpr int pbuf = vring + 2 * Gm::v_half;
     static constexpr int pbuf_bytes = 2 * 8 * NP * prow;
-    static constexpr int bf16_bytes = 2 * kMaxBf16Rows * D * 2;
+    /* BF16 split: 144 rows of K or V, then P (hi/lo rows of up to NQ = 2 NP
+     * query-head groups of 4; NP = 1 serves NQ <= 2) */
+    static constexpr int bf16_rows = kMaxBf16Rows * D * 2;
+    static constexpr int bf16_bytes = bf16_rows + 8 * (2 * NP) * kMaxBf16Rows * 2;
     static constexpr int maxbuf = (pbuf + pbuf_bytes > bf16_bytes ? pbuf + pbuf_bytes : bf16_bytes);
     static constexpr int lred = maxbuf + 2 * kWarps * kMaxGroup * 4;
-    static constexpr int bars = lred + kWarps * kMaxGroup * 4;
-    static constexpr int total = bars + Gm::stages * 8;
+    static constexpr int bars = lred + kWarps * kMaxGroup * 4;   /* K ring 0, 1, V ring 0, 1 */
+    static constexpr int total = bars + 4 * 8;
 };
 
 /* Byte offset of P position p (0..127) of row r in a P buffer: 16-byte
@@ -543,12 +548,13 @@ FR_K void score_page(const uint8_t *pg, const uint2 (&qf)[NQ][D / 16], const flo
 }
 
 /* O^T (this warp's 32 dims) += V^T (dims x 128 tokens) P^T (tokens x heads)
- * for one page; P^T comes from the P buffer (positions in the bit-reversed
- * token order the V unpacking produces). */
+ * for one page, from its value half vh; P^T comes from the P buffer
+ * (positions in the bit-reversed token order the V unpacking produces). */
 template <int FMT, int NP, int D>
-FR_K void pv_page(const uint8_t *pg, const uint8_t *pb, float (&o)[2][NP][4])
+FR_K void pv_page(const uint8_t *vh, const uint8_t *pb, float (&o)[2][NP][4])
 {
     using Gm = Geom<FMT, D>;
+    constexpr int v_scales = Gm::v_scales - Gm::v_codes;   /* within the half */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     /* B fragments: row 8u + g of the P buffer, chunk 4t + q gives k-steps
      * 2q (b0, b1) and 2q + 1 (b0, b1) */
@@ -566,7 +572,7 @@ FR_K void pv_page(const uint8_t *pg, const uint8_t *pb, float (&o)[2][NP][4])
     if constexpr (FMT == kFP8) {
         /* rows g, g + 8 of m-tiles 0, 1 = dims 32w + 4g + {0, 1, 2, 3}: one
          * word per token; byte pairs of two tokens -> FP16x2 */
-        const uint8_t *vb = pg + Gm::v_codes + 32 * warp + 4 * g;
+        const uint8_t *vb = vh + 32 * warp + 4 * g;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const int p0 = 32 * t + 4 * j;   /* positions p0 .. p0 + 3 */
@@ -596,16 +602,16 @@ FR_K void pv_page(const uint8_t *pg, const uint8_t *pb, float (&o)[2][NP][4])
 #pragma unroll
         for (int r8 = 0; r8 < 2; r8++) {
             const int dim = 32 * warp + 16 * i + 8 * r8 + g;
-            const uint4 w = *reinterpret_cast<const uint4 *>(pg + Gm::v_codes + dim * 64 + 16 * t);
+            const uint4 w = *reinterpret_cast<const uint4 *>(vh + dim * 64 + 16 * t);
             const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
             uint32_t f[4];
             if (FMT == kNVFP4) {
-                const uint32_t sb = *reinterpret_cast<const uint16_t *>(pg + Gm::v_scales + dim * 8 + 2 * t);
+                const uint32_t sb = *reinterpret_cast<const uint16_t *>(vh + v_scales + dim * 8 + 2 * t);
                 const uint32_t s2 = hmul2(e4m3x2_to_f16x2(sb), 0x58005800u);
                 f[0] = f[1] = bcast_lo(s2);
                 f[2] = f[3] = bcast_hi(s2);
             } else {
-                const uint32_t all = *reinterpret_cast<const uint32_t *>(pg + Gm::v_scales + dim * 4);
+                const uint32_t all = *reinterpret_cast<const uint32_t *>(vh + v_scales + dim * 4);
                 const uint32_t top = max_byte4(all), mine = (all >> (8 * t)) & 0xFFu;
                 const uint32_t h = f16_pow2((int)mine - (int)top + 14);
                 f[0] = f[1] = f[2] = f[3] = h | (h << 16);
@@ -674,7 +680,7 @@ __device__ void fp4_split(const Params &P, uint8_t *smem, int seq, int head, int
 {
     using Gm = Geom<FMT, D>;
     constexpr int NP = NQ > 2 ? 2 : 1;
-    constexpr int S = Gm::stages, KS = D / 16;
+    constexpr int KS = D / 16;
     using Sm = Smem<FMT, NP, D>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int G = P.group, kvh = P.kv.n_kv_heads;
@@ -700,25 +706,35 @@ __device__ void fp4_split(const Params &P, uint8_t *smem, int seq, int head, int
     /* where page p of the sequence is: its block, or the on-the-fly page */
     const size_t lh = (size_t)P.kv.layer * kvh + head;
     const int full_pages = len / kPage;
-    auto issue = [&](int k) {   /* page pa + k into stage k % S (one thread) */
+    auto page_src = [&](int k) {
         const int p = pa + k;
-        const uint8_t *src = p < full_pages
-                                 ? P.kv.pool + (size_t)s.block_table[p] * P.kv.block_bytes + lh * P.kv.head_page_bytes
-                                 : P.otf + sh * Gm::page_bytes;
-        uint64_t *bar = bars + k % S;
-        mbar_arrive_expect_tx(bar, Gm::page_bytes);
-        bulk_copy_g2s(smem + (k % S) * Gm::page_bytes, src, Gm::page_bytes, bar);
+        return p < full_pages ? P.kv.pool + (size_t)s.block_table[p] * P.kv.block_bytes + lh * P.kv.head_page_bytes
+                              : P.otf + sh * Gm::page_bytes;
+    };
+    /* The pipeline (one thread issues): K of pages 0 and 1 before the
+     * loop; at page k's barrier, when the keys of page k are scored and the
+     * values of page k - 2 multiplied, K of page k + 2 and V of page k
+     * replace them. K is read two pages after its issue, V one. */
+    auto issue_k = [&](int k) {
+        uint64_t *bar = bars + (k & 1);
+        mbar_arrive_expect_tx(bar, Gm::k_half);
+        bulk_copy_g2s(smem + Sm::kring + (k & 1) * Gm::k_half, page_src(k), Gm::k_half, bar);
+    };
+    auto issue_v = [&](int k) {
+        uint64_t *bar = bars + 2 + (k & 1);
+        mbar_arrive_expect_tx(bar, Gm::v_half);
+        bulk_copy_g2s(smem + Sm::vring + (k & 1) * Gm::v_half, page_src(k) + Gm::v_codes, Gm::v_half, bar);
     };
 
     if (threadIdx.x == 0) {
-        for (int k = 0; k < S; k++) mbar_init(bars + k, 1);
+        for (int k = 0; k < 4; k++) mbar_init(bars + k, 1);
         mbar_fence_init();
     }
     for (int k = threadIdx.x; k < Sm::pbuf_bytes / 16; k += kThreads)
         reinterpret_cast<uint4 *>(pbuf)[k] = make_uint4(0, 0, 0, 0);
     __syncthreads();
     if (threadIdx.x == 0)
-        for (int k = 0; k < S - 2 && k < npages; k++) issue(k);
+        for (int k = 0; k < 2 && k < npages; k++) issue_k(k);
 
     /* the query: B fragments and per-head factors */
     uint2 qf[NQ][KS];
@@ -754,15 +770,23 @@ __device__ void fp4_split(const Params &P, uint8_t *smem, int seq, int head, int
 #pragma unroll
         for (int u = 0; u < NP; u++) o[i][u][0] = o[i][u][1] = o[i][u][2] = o[i][u][3] = 0.0f;
     bool pending = false;   /* P of the previous page waits for its P.V */
+    /* P.V of page k once its values are in; every issued value half is
+     * waited for, also of a page whose keys were all masked (no P.V), so
+     * that no copy is still landing when its slot is issued again */
+    auto pv_wait = [&](int k, bool pv, float (&acc)[2][NP][4]) {
+        mbar_wait(bars + 2 + (k & 1), (uint32_t)(k >> 1) & 1u);
+        if (pv)
+            pv_page<FMT, NP, D>(smem + Sm::vring + (k & 1) * Gm::v_half, pbuf + (k & 1) * (Sm::pbuf_bytes / 2), acc);
+    };
 
     for (int k = 0; k < npages; k++) {
         const int p = pa + k;
-        const uint8_t *pg = smem + (k % S) * Gm::page_bytes;
-        mbar_wait(bars + k % S, (uint32_t)(k / S) & 1u);
+        mbar_wait(bars + (k & 1), (uint32_t)(k >> 1) & 1u);
 
         float sc[2][2][NQ];
-        score_page<FMT, NQ, D>(pg, qf, qs, tok, sc);
+        score_page<FMT, NQ, D>(smem + Sm::kring + (k & 1) * Gm::k_half, qf, qs, tok, sc);
         float bm[NQ], wm[NQ];
+        const bool edge = p * kPage < x1 || (p + 1) * kPage > t1;   /* masks only on the first and last pages */
 #pragma unroll
         for (int u = 0; u < NQ; u++) {
             float mx = kNegInf;
@@ -771,7 +795,7 @@ __device__ void fp4_split(const Params &P, uint8_t *smem, int seq, int head, int
 #pragma unroll
                 for (int r8 = 0; r8 < 2; r8++) {
                     const int tk = p * kPage + tok[j][r8];
-                    if (tk < x1 || tk >= t1) sc[j][r8][u] = kNegInf;
+                    if (edge && (tk < x1 || tk >= t1)) sc[j][r8][u] = kNegInf;
                     mx = fmaxf(mx, sc[j][r8][u]);
                 }
             /* lanes g = 0..3 hold tokens 0..15 of the warp, 4..7 tokens
@@ -784,13 +808,13 @@ __device__ void fp4_split(const Params &P, uint8_t *smem, int seq, int head, int
             if (FMT == kMXFP4) bm[u] = mx;
             if (g == 0 && 4 * u + t < kMaxGroup) maxbuf[((k & 1) * kWarps + warp) * kMaxGroup + 4 * u + t] = mx;
         }
-        __syncthreads();   /* maxima of page k; P of page k - 1; stage of page k - 2 free */
-        if (threadIdx.x == 0 && k + S - 2 < npages) {
+        __syncthreads();   /* maxima of page k; P of page k - 1; K of page k and V of page k - 2 free */
+        if (threadIdx.x == 0) {
             fence_proxy_async();
-            issue(k + S - 2);
+            if (k + 2 < npages) issue_k(k + 2);
+            issue_v(k);
         }
-        if (pending)
-            pv_page<FMT, NP, D>(smem + ((k - 1) % S) * Gm::page_bytes, pbuf + ((k - 1) & 1) * (Sm::pbuf_bytes / 2), o);
+        if (k > 0) pv_wait(k - 1, pending, o);
 
         const float *mb = maxbuf + (k & 1) * kWarps * kMaxGroup;
         auto tile_max = [&](int h) {
@@ -856,9 +880,7 @@ __device__ void fp4_split(const Params &P, uint8_t *smem, int seq, int head, int
         pending = true;
     }
     __syncthreads();
-    if (pending)
-        pv_page<FMT, NP, D>(smem + ((npages - 1) % S) * Gm::page_bytes,
-                            pbuf + ((npages - 1) & 1) * (Sm::pbuf_bytes / 2), o);
+    pv_wait(npages - 1, pending, o);
 
     /* l over the warp's keys, then over the warps */
 #pragma unroll
@@ -912,32 +934,34 @@ __device__ void bf16_split(const Params &P, uint8_t *smem, int seq, int head, co
     const int ntiles = (nb + 15) / 16;
     const size_t sh = (size_t)seq * kvh + head, slot = sh * (P.n_splits + 1) + P.n_splits;
     const size_t lh = (size_t)P.kv.layer * kvh + head;
-    uint8_t *ks = smem, *vs = smem + kMaxBf16Rows * D * 2;
+    /* The keys, then the values in their place (the shared memory of one
+     * 144-row tile, so that this CTA takes no more than a page-walking one) */
+    uint8_t *ks = smem, *vs = smem;
 
     /* rows: token of row r, from the sink slot, recent slot or staging */
-    for (int k = threadIdx.x; k < ntiles * 16 * C; k += kThreads) {
-        const int r = k / C, c = k % C;
-        const uint16_t *kr = P.kv.step_k, *vr = P.kv.step_v;
-        uint32_t bytes = 0;
-        if (r < nb) {
-            const int tk = fp4_end == 0 ? r : (r < nsink ? r : fp4_end + r - nsink);
-            bytes = 16;
-            if (tk == len) {
-                const size_t o = ((size_t)s.q_row * kvh + head) * D;
-                kr = P.kv.step_k + o;
-                vr = P.kv.step_v + o;
-            } else if (tk < kSink) {
-                kr = P.kv.sink + (size_t)s.slot * 2 * P.kv.sink_elems + lh * kSink * D + (size_t)tk * D;
-                vr = kr + P.kv.sink_elems;
-            } else {
-                kr = P.kv.recent + (size_t)s.slot * 2 * P.kv.slot_elems + lh * kPage * D + (size_t)(tk % kPage) * D;
-                vr = kr + P.kv.slot_elems;
+    auto load_rows = [&](bool values) {
+        for (int k = threadIdx.x; k < ntiles * 16 * C; k += kThreads) {
+            const int r = k / C, c = k % C;
+            const uint16_t *row = values ? P.kv.step_v : P.kv.step_k;
+            uint32_t bytes = 0;
+            if (r < nb) {
+                const int tk = fp4_end == 0 ? r : (r < nsink ? r : fp4_end + r - nsink);
+                bytes = 16;
+                if (tk == len) {
+                    row += ((size_t)s.q_row * kvh + head) * D;
+                } else if (tk < kSink) {
+                    row = P.kv.sink + (size_t)s.slot * 2 * P.kv.sink_elems + lh * kSink * D + (size_t)tk * D +
+                          (values ? P.kv.sink_elems : 0);
+                } else {
+                    row = P.kv.recent + (size_t)s.slot * 2 * P.kv.slot_elems + lh * kPage * D +
+                          (size_t)(tk % kPage) * D + (values ? P.kv.slot_elems : 0);
+                }
             }
+            cp_async16(smem + bf_off<D>(r, c), row + c * 8, bytes);
         }
-        cp_async16(ks + bf_off<D>(r, c), kr + c * 8, bytes);
-        cp_async16(vs + bf_off<D>(r, c), vr + c * 8, bytes);
-    }
-    cp_async_commit();
+        cp_async_commit();
+    };
+    load_rows(false);
 
     uint2 qf[NQ][KS];
     const uint2 *qsrc = reinterpret_cast<const uint2 *>(P.qfrag_bf) + sh * P.nq * KS * 32;
@@ -988,10 +1012,11 @@ __device__ void bf16_split(const Params &P, uint8_t *smem, int seq, int head, co
         x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 16));
         if (g == 0 && 4 * u + t < kMaxGroup) maxbuf[warp * kMaxGroup + 4 * u + t] = x;
     }
-    __syncthreads();   /* maxima visible; K no longer read: its space holds P */
+    __syncthreads();   /* maxima visible; K no longer read: its space takes V */
+    load_rows(true);
 
     /* one tile, unquantized: P = 2^(S - M), as BF16 hi + lo columns */
-    uint8_t *pb = ks;
+    uint8_t *pb = smem + kMaxBf16Rows * D * 2;
     for (int k = threadIdx.x; k < 8 * NQ * PR / 4; k += kThreads)
         if (k / (PR / 4) >= 2 * G) reinterpret_cast<uint32_t *>(pb)[k] = 0u;   /* padding columns */
     float l[NQ], M[NQ];
@@ -1025,6 +1050,7 @@ __device__ void bf16_split(const Params &P, uint8_t *smem, int seq, int head, co
         x += __shfl_xor_sync(0xFFFFFFFFu, x, 16);
         if (g == 0 && 4 * u + t < kMaxGroup) lred[warp * kMaxGroup + 4 * u + t] = x;
     }
+    cp_async_wait_all();
     __syncthreads();
 
     /* O^T for dims 32w .. 32w + 31 over all rows */
@@ -1075,7 +1101,7 @@ __device__ void bf16_split(const Params &P, uint8_t *smem, int seq, int head, co
 /* Grid (n_splits + 1, n_kv_heads, n_seqs): x = 0 is the BF16 split (slot
  * n_splits of the partials), x = 1 + i the quantized split i. */
 template <int FMT, bool EXACT, int NQ, int D>
-__global__ void __launch_bounds__(kThreads, 2) split_kernel(Params P)
+__global__ void __launch_bounds__(kThreads, NQ == 1 ? 5 : 2) split_kernel(Params P)
 {
     extern __shared__ __align__(128) uint8_t smem[];
     const int head = blockIdx.y, seq = blockIdx.z;

@@ -6,26 +6,30 @@
 # attention (--fill), one markdown table per dtype, then the peak tokens/s of
 # each dtype against BF16's.
 #
-# usage: bench/decode_64k.sh [--kv-gb G] [--context N] [--steps N] [--kvs LIST] [--build DIR]
+# usage: bench/decode_64k.sh [--kv-gb G] [--context N] [--steps N] [--kvs LIST]
+#                            [--fp4-compute MODE] [--build DIR]
 #   --kv-gb G     device memory for the KV cache in GB (default 115: an H200
 #                 less the 8 GB of weights and the engine's buffers)
 #   --context N   tokens per sequence (default 65536)
 #   --steps N     timed decode steps per batch (default 10)
 #   --kvs LIST    dtypes (default bf16,fp8,nvfp4,mxfp4)
+#   --fp4-compute MODE  exact (the recipe's FP4 query and P, the default) or
+#                 bf16 (query and P in BF16) for the FP4 caches
 # Capacity per dtype: G / (context x 36 layers x 8 KV heads x the dtype's
 # bytes per token and head: 512 BF16, 256 FP8, 144 NVFP4, 136 MXFP4), less
 # one sequence (decode_step's cache holds one spare); batches are the powers
 # of two below it, and it.
 set -euo pipefail
-kv_gb=115 context=65536 steps=10 kvs=bf16,fp8,nvfp4,mxfp4 build=build
+kv_gb=115 context=65536 steps=10 kvs=bf16,fp8,nvfp4,mxfp4 build=build compute=exact
 while [ $# -gt 0 ]; do
   case $1 in
     --kv-gb) kv_gb=$2; shift 2 ;;
     --context) context=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --kvs) kvs=$2; shift 2 ;;
+    --fp4-compute) compute=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
-    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "decode_64k: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -43,7 +47,7 @@ for kv in "${list[@]}"; do
   [ "$cap" -gt 1 ] && batches="$batches,$cap"
   echo "decode_64k: $kv, up to $cap sequences of $context tokens (batches $batches)" >&2
   out=$("$bin" --model synthetic:qwen3-4b-128k --kv "$kv" --context "$context" --fill --batches "$batches" \
-        --steps "$steps" --markdown)
+        --steps "$steps" --fp4-compute "$compute" --markdown)
   echo "$out"
   echo
   # the largest tokens/s of the table (its fourth column)

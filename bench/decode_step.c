@@ -17,6 +17,11 @@
  * the sampled tokens back on the host); the median of --steps steps after
  * three warm-up steps is reported.
  *
+ * Sequences are kept from one batch size to the next (a batch of B decodes
+ * the first B), so each is prefilled or filled once; the earlier ones have
+ * grown by the steps already decoded, which the context column (the mean
+ * over the batch) and the roofline's KV bytes count.
+ *
  * With --tp N under `mpirun -np N` the engine is tensor parallel over N GPUs
  * (NCCL); every rank runs the same steps, rank 0 prints, the roofline is one
  * rank's bytes (its weight shard and its KV heads), and tokens/s is given per
@@ -128,7 +133,8 @@ int main(int argc, char **argv)
         return 2;
     }
     for (int i = 0; i < n_batches; i++) max_batch = batches[i] > max_batch ? batches[i] : max_batch;
-    const int pages = (context + n_steps + 8 + 127) / 128 + 1;
+    /* room for every step of every batch size (sequences are kept across them) */
+    const int pages = (context + n_batches * (n_steps + 3) + 8 + 127) / 128 + 1;
     fr_tp_launch launch;
     if (fr_tp_launch_open(eo.tp, &launch)) {
         fprintf(stderr, "decode_step: %s\n", fr_last_error());
@@ -174,11 +180,12 @@ int main(int argc, char **argv)
         prefill_s = now_s() - a;
         fr_kv_seq_free(s.kv, seq);
     }
+    const int fp4 = fr_kv_dtype_is_fp4(eo.kv);   /* its compute mode is named */
     if (markdown) {
         printf("| model | kv | tp | copy bandwidth | weights per GPU | %s %d tokens (chunk %d) |\n"
                "|---|---|---|---|---|---|\n", fill ? "fill (no attention)" : "prefill", context, eo.chunk);
-        printf("| %s | %s | %d | %.2f TB/s | %.2f GB | %.3f s, %.0f tokens/s |\n\n", eo.model,
-               fr_kv_dtype_name(eo.kv), tp, bw / 1e12, (double)weight_bytes / 1e9, prefill_s, context / prefill_s);
+        printf("| %s | %s%s%s%s | %d | %.2f TB/s | %.2f GB | %.3f s, %.0f tokens/s |\n\n", eo.model,
+               fr_kv_dtype_name(eo.kv), fp4 ? " (" : "", fp4 ? fr_fp4_compute_name(eo.compute) : "", fp4 ? ")" : "", tp, bw / 1e12, (double)weight_bytes / 1e9, prefill_s, context / prefill_s);
         printf("| batch | context | step ms (median) | tokens/s | tokens/s per GPU | bytes/step per GPU | roofline ms | "
                "of roofline |\n|---|---|---|---|---|---|---|---|\n");
     } else {
@@ -191,11 +198,12 @@ int main(int argc, char **argv)
     fr_step_seq *steps = malloc(sizeof *steps * (size_t)max_batch);
     fr_decode_row *rows = malloc(sizeof *rows * (size_t)max_batch);
     int *seqs = malloc(sizeof(int) * (size_t)max_batch), *tok = malloc(sizeof(int) * (size_t)max_batch);
+    int *len = malloc(sizeof(int) * (size_t)max_batch), n_filled = 0;
     double *times = malloc(sizeof(double) * (size_t)n_steps);
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi];
         double a = now_s();
-        for (int b = 0; b < B; b++) {   /* each sequence its own tokens */
+        for (int b = n_filled; b < B; b++, n_filled++) {   /* each sequence its own tokens */
             for (int i = 0; i < context; i++) ids[i] = (int)((rng = rng * 1103515245u + 12345u) >> 8) % c->vocab_size;
             if (fill ? fill_context(&s, ids, context, eo.chunk, &seqs[b])
                      : fr_session_prefill(&s, ids, context, eo.chunk, &seqs[b], last, NULL)) {
@@ -203,9 +211,12 @@ int main(int argc, char **argv)
                 return 1;
             }
             tok[b] = 0;
+            len[b] = context;
         }
         fprintf(stderr, "batch %d: %d sequences of %d tokens %s in %.1f s\n", B, B, context,
                 fill ? "filled" : "prefilled", now_s() - a);
+        double tokens_before = 0.0;   /* cached tokens of the batch before its first step */
+        for (int b = 0; b < B; b++) tokens_before += len[b];
         for (int it = 0; it < n_steps + 3; it++) {
             for (int b = 0; b < B; b++) {
                 steps[b] = (fr_step_seq){.seq = seqs[b], .n = 1, .tokens = &tok[b]};
@@ -219,21 +230,22 @@ int main(int argc, char **argv)
             }
             if (it >= 3) times[it - 3] = now_s() - t;
         }
+        for (int b = 0; b < B; b++) len[b] += n_steps + 3;
         qsort(times, (size_t)n_steps, sizeof(double), cmp_double);
         double med = times[n_steps / 2];
-        double ctx_mid = context + 3 + n_steps / 2.0;
+        double ctx_mid = tokens_before / B + 3 + n_steps / 2.0;   /* at the median step */
         double bytes = (double)weight_bytes + B * ctx_mid * kv_token_bytes;
         double roof = bytes / bw;
         if (markdown)
-            printf("| %d | %d | %.3f | %.0f | %.0f | %.2f GB | %.3f | %.1f%% |\n", B, context, med * 1e3, B / med,
+            printf("| %d | %.0f | %.3f | %.0f | %.0f | %.2f GB | %.3f | %.1f%% |\n", B, ctx_mid, med * 1e3, B / med,
                    B / med / tp, bytes / 1e9, roof * 1e3, 100.0 * roof / med);
         else
-            printf("%6d %8d %12.3f %10.0f %12.2f %12.3f %9.1f%%\n", B, context, med * 1e3, B / med, bytes / 1e9,
+            printf("%6d %8.0f %12.3f %10.0f %12.2f %12.3f %9.1f%%\n", B, ctx_mid, med * 1e3, B / med, bytes / 1e9,
                    roof * 1e3, 100.0 * roof / med);
         fflush(stdout);
-        for (int b = 0; b < B; b++) fr_kv_seq_free(s.kv, seqs[b]);
     }
-    free(steps); free(rows); free(seqs); free(tok); free(times); free(ids); free(last); free(batches);
+    for (int b = 0; b < n_filled; b++) fr_kv_seq_free(s.kv, seqs[b]);
+    free(steps); free(rows); free(seqs); free(tok); free(len); free(times); free(ids); free(last); free(batches);
     fr_session_close(&s);
     fr_tp_launch_close(&launch);
     return 0;
