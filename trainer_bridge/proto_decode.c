@@ -382,28 +382,44 @@ static fr_status dec_update_begin(const ctx *c, fr_msg_update_begin *b)
     return FR_OK;
 }
 
+/* The "pieces" array of a bucket (ZeroMQ: name, dtype, shape, offset,
+ * nbytes; NCCL also "at", the piece's place in the broadcast buffer). */
+static fr_status dec_piece(const ctx *e, int with_at, fr_msg_piece *p)
+{
+    if (with_at)
+        KEYS(e, "name", "dtype", "shape", "offset", "nbytes", "at");
+    else
+        KEYS(e, "name", "dtype", "shape", "offset", "nbytes");
+    TRY(get_tensor(e, &p->t));
+    TRY(get_u64(e, "offset", 1, &p->offset, NULL));
+    TRY(get_u64(e, "nbytes", 1, &p->nbytes, NULL));
+    return with_at ? get_u64(e, "at", 1, &p->at, NULL) : FR_OK;
+}
+
+static fr_status dec_pieces(const ctx *c, int with_at, fr_msg_piece **pieces, int *n_pieces)
+{
+    const msgpack_object_array *a;
+    TRY(get_array(c, "pieces", 1, &a));
+    if (a->size < 1) return BAD("%s: \"pieces\" must hold at least one piece", c->type);
+    *pieces = calloc(a->size, sizeof **pieces);
+    if (!*pieces) return fr_fail(FR_ENOMEM, "%s: out of memory reading \"pieces\"", c->type);
+    *n_pieces = (int)a->size;
+    for (uint32_t i = 0; i < a->size; i++) {
+        char prefix[48];
+        ctx e;
+        TRY(map_elem(c, "pieces", a, i, prefix, sizeof prefix, &e));
+        TRY(dec_piece(&e, with_at, &(*pieces)[i]));
+    }
+    return FR_OK;
+}
+
 static fr_status dec_update_bucket(const ctx *c, fr_msg_update_bucket *b)
 {
     KEYS(c, "type", "v", "version", "bucket", "xxh64", "pieces");
     TRY(get_u64(c, "version", 1, &b->version, NULL));
     TRY(get_int(c, "bucket", 1, 0, I_MAX, &b->bucket, NULL));
     TRY(get_u64(c, "xxh64", 1, &b->xxh64, NULL));
-    const msgpack_object_array *a;
-    TRY(get_array(c, "pieces", 1, &a));
-    if (a->size < 1) return BAD("%s: \"pieces\" must hold at least one piece", c->type);
-    b->pieces = calloc(a->size, sizeof *b->pieces);
-    if (!b->pieces) return fr_fail(FR_ENOMEM, "%s: out of memory reading \"pieces\"", c->type);
-    b->n_pieces = (int)a->size;
-    for (uint32_t i = 0; i < a->size; i++) {
-        char prefix[48];
-        ctx e;
-        TRY(map_elem(c, "pieces", a, i, prefix, sizeof prefix, &e));
-        KEYS(&e, "name", "dtype", "shape", "offset", "nbytes");
-        TRY(get_tensor(&e, &b->pieces[i].t));
-        TRY(get_u64(&e, "offset", 1, &b->pieces[i].offset, NULL));
-        TRY(get_u64(&e, "nbytes", 1, &b->pieces[i].nbytes, NULL));
-    }
-    return FR_OK;
+    return dec_pieces(c, 0, &b->pieces, &b->n_pieces);
 }
 
 static fr_status dec_nccl_bucket(const ctx *c, fr_msg_nccl_bucket *b)
@@ -413,23 +429,7 @@ static fr_status dec_nccl_bucket(const ctx *c, fr_msg_nccl_bucket *b)
     TRY(get_int(c, "bucket", 1, 0, I_MAX, &b->bucket, NULL));
     TRY(get_u64(c, "nbytes", 1, &b->nbytes, NULL));
     TRY(get_u64(c, "checksum", 1, &b->checksum, NULL));
-    const msgpack_object_array *a;
-    TRY(get_array(c, "pieces", 1, &a));
-    if (a->size < 1) return BAD("%s: \"pieces\" must hold at least one piece", c->type);
-    b->pieces = calloc(a->size, sizeof *b->pieces);
-    if (!b->pieces) return fr_fail(FR_ENOMEM, "%s: out of memory reading \"pieces\"", c->type);
-    b->n_pieces = (int)a->size;
-    for (uint32_t i = 0; i < a->size; i++) {
-        char prefix[48];
-        ctx e;
-        TRY(map_elem(c, "pieces", a, i, prefix, sizeof prefix, &e));
-        KEYS(&e, "name", "dtype", "shape", "offset", "nbytes", "at");
-        TRY(get_tensor(&e, &b->pieces[i].t));
-        TRY(get_u64(&e, "offset", 1, &b->pieces[i].offset, NULL));
-        TRY(get_u64(&e, "nbytes", 1, &b->pieces[i].nbytes, NULL));
-        TRY(get_u64(&e, "at", 1, &b->pieces[i].at, NULL));
-    }
-    return FR_OK;
+    return dec_pieces(c, 1, &b->pieces, &b->n_pieces);
 }
 
 /* The NCCL unique id: a msgpack bin of exactly FR_PROTO_NCCL_ID_BYTES. */
