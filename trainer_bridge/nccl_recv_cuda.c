@@ -18,6 +18,7 @@
 
 #include "comm/dev_checksum.h"
 #include "nccl_unpack.h"
+#include "update.h"
 
 _Static_assert(sizeof(ncclUniqueId) == FR_PROTO_NCCL_ID_BYTES, "the protocol's unique id is NCCL's");
 
@@ -252,12 +253,10 @@ fr_status fr_nccl_recv_begin(fr_nccl_recv *r, const fr_msg_update_begin *b, cons
                         (unsigned long long)b->version, t->name);
         }
         const fr_weights_gpu_tensor *x = &r->tab[k];
-        if (t->ndim != x->ndim || t->shape[0] != x->shape[0] || (x->ndim == 2 && t->shape[1] != x->shape[1])) {
+        fr_status sst = fr_bridge_check_model_shape(t, x->ndim, x->shape, b->version, code);
+        if (sst) {
             free(d);
-            return FAIL("bad_shape", FR_EINVAL, "update to version %llu: \"%s\" does not have the model's shape "
-                        "[%lld%s%lld%s", (unsigned long long)b->version, t->name, (long long)x->shape[0],
-                        x->ndim == 2 ? ", " : "", x->ndim == 2 ? (long long)x->shape[1] : 0LL,
-                        x->ndim == 2 ? "]" : "] (1-D)");
+            return sst;
         }
         d[i] = (declared){.t = *t, .table = k, .bytes = fr_msg_tensor_bytes(t)};
     }
@@ -307,15 +306,8 @@ static fr_status check_bucket(fr_nccl_recv *r, const fr_msg_nccl_bucket *b, cons
         if (!d)
             return FAIL("unknown_tensor", FR_EINVAL, "update to version %llu: bucket %d: \"%s\" was not listed in "
                         "the begin", ver, b->bucket, p->t.name);
-        if (p->t.dtype != d->t.dtype)
-            return FAIL("bad_dtype", FR_EINVAL, "update to version %llu: bucket %d: \"%s\" arrives as %s, the "
-                        "begin declared %s", ver, b->bucket, p->t.name, fr_wire_dtype_name(p->t.dtype),
-                        fr_wire_dtype_name(d->t.dtype));
-        int same = p->t.ndim == d->t.ndim;
-        for (int k = 0; same && k < p->t.ndim; k++) same = p->t.shape[k] == d->t.shape[k];
-        if (!same)
-            return FAIL("bad_shape", FR_EINVAL, "update to version %llu: bucket %d: \"%s\" has another shape than "
-                        "the begin declared", ver, b->bucket, p->t.name);
+        fr_status st = fr_bridge_check_piece(&p->t, &d->t, r->version, b->bucket, code);
+        if (st) return st;
         if (p->offset != d->received)
             return FAIL("bad_piece", FR_EINVAL, "update to version %llu: bucket %d: the piece of \"%s\" starts at "
                         "byte %llu; its pieces must come in order, and %llu bytes of it arrived so far", ver,

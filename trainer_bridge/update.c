@@ -97,20 +97,45 @@ fr_status fr_bridge_update_begin_reusing(const fr_model_config *cfg, const fr_ms
             return FAIL("unknown_tensor", FR_EINVAL, "update to version %llu: \"%s\" is not a weight of this model",
                         (unsigned long long)b->version, t->name);
         }
-        if (t->ndim != ndim || t->shape[0] != shape[0] || (ndim == 2 && t->shape[1] != shape[1])) {
-            char got[128], want[128];
-            fr_msg_tensor m = {.ndim = ndim, .shape = {shape[0], shape[1]}};
-            shape_text(t, got, sizeof got);
-            shape_text(&m, want, sizeof want);
+        if ((st = fr_bridge_check_model_shape(t, ndim, shape, b->version, code))) {
             fr_bridge_update_free(&u);
-            return FAIL("bad_shape", FR_EINVAL, "update to version %llu: \"%s\" has shape %s, the model's is %s",
-                        (unsigned long long)b->version, t->name, got, want);
+            return st;
         }
         u->d[i].t = *t;
         u->d[i].bytes = fr_msg_tensor_bytes(t);
     }
     *out = u;
     return FR_OK;
+}
+
+fr_status fr_bridge_check_model_shape(const fr_msg_tensor *t, int ndim, const int64_t *shape, uint64_t version,
+                                      const char **code)
+{
+    if (t->ndim == ndim && t->shape[0] == shape[0] && (ndim != 2 || t->shape[1] == shape[1])) return FR_OK;
+    char got[128], want[128];
+    fr_msg_tensor m = {.ndim = ndim, .shape = {shape[0], ndim == 2 ? shape[1] : 0}};
+    shape_text(t, got, sizeof got);
+    shape_text(&m, want, sizeof want);
+    return FAIL("bad_shape", FR_EINVAL, "update to version %llu: \"%s\" has shape %s, the model's is %s",
+                (unsigned long long)version, t->name, got, want);
+}
+
+fr_status fr_bridge_check_piece(const fr_msg_tensor *piece, const fr_msg_tensor *declared, uint64_t version,
+                                int bucket, const char **code)
+{
+    const unsigned long long ver = (unsigned long long)version;
+    if (piece->dtype != declared->dtype)
+        return FAIL("bad_dtype", FR_EINVAL, "update to version %llu: bucket %d: \"%s\" arrives as %s, the begin "
+                    "declared %s", ver, bucket, piece->name, fr_wire_dtype_name(piece->dtype),
+                    fr_wire_dtype_name(declared->dtype));
+    int same = piece->ndim == declared->ndim;
+    for (int k = 0; same && k < piece->ndim; k++) same = piece->shape[k] == declared->shape[k];
+    if (same) return FR_OK;
+    char got[128], want[128];
+    shape_text(piece, got, sizeof got);
+    shape_text(declared, want, sizeof want);
+    return FAIL("bad_shape", FR_EINVAL, "update to version %llu: bucket %d: \"%s\" has shape %s, the begin "
+                "declared %s", ver, bucket, piece->name, got, want);
 }
 
 uint64_t fr_bridge_payload_xxh64(const fr_wire_msg *w)
@@ -172,19 +197,8 @@ fr_status fr_bridge_update_bucket(fr_bridge_update *u, const fr_msg_update_bucke
         if (!d)
             return FAIL("unknown_tensor", FR_EINVAL, "update to version %llu: bucket %d: \"%s\" was not listed in the "
                         "begin", ver, b->bucket, p->t.name);
-        if (p->t.dtype != d->t.dtype)
-            return FAIL("bad_dtype", FR_EINVAL, "update to version %llu: bucket %d: \"%s\" arrives as %s, the begin "
-                        "declared %s", ver, b->bucket, p->t.name, fr_wire_dtype_name(p->t.dtype),
-                        fr_wire_dtype_name(d->t.dtype));
-        int same = p->t.ndim == d->t.ndim;
-        for (int k = 0; same && k < p->t.ndim; k++) same = p->t.shape[k] == d->t.shape[k];
-        if (!same) {
-            char got[128], want[128];
-            shape_text(&p->t, got, sizeof got);
-            shape_text(&d->t, want, sizeof want);
-            return FAIL("bad_shape", FR_EINVAL, "update to version %llu: bucket %d: \"%s\" has shape %s, the begin "
-                        "declared %s", ver, b->bucket, p->t.name, got, want);
-        }
+        fr_status st = fr_bridge_check_piece(&p->t, &d->t, ver, b->bucket, code);
+        if (st) return st;
     }
     for (int i = 0; i < b->n_pieces; i++) {
         const fr_msg_piece *p = &b->pieces[i];

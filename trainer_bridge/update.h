@@ -65,6 +65,15 @@ void fr_bridge_update_free(fr_bridge_update **u);
 /* The xxHash64 (seed 0) of the payload frames of w, concatenated. */
 uint64_t fr_bridge_payload_xxh64(const fr_wire_msg *w);
 
+/* The checks both weight paths (ZeroMQ here, NCCL in nccl_recv.h) make, with
+ * one wording: a declared tensor t against the model's shape (ndim 1 or 2),
+ * and a bucket's piece against the tensor its begin declared (dtype, shape).
+ * On a mismatch *code is bad_shape or bad_dtype. */
+fr_status fr_bridge_check_model_shape(const fr_msg_tensor *t, int ndim, const int64_t *shape, uint64_t version,
+                                      const char **code);
+fr_status fr_bridge_check_piece(const fr_msg_tensor *piece, const fr_msg_tensor *declared, uint64_t version,
+                                int bucket, const char **code);
+
 #ifdef __cplusplus
 }
 #endif
