@@ -96,22 +96,22 @@ def main():
         bucket = a.bucket_mib << 20
         c = RolloutClient(f"tcp://127.0.0.1:{port}", timeout_ms=600000)
         c.init_weight_group(0)
-        version, nccl = 0, []
-        for _ in range(a.runs):
-            version += 1
-            t0 = time.perf_counter()
-            r = c.update_weights_nccl(weights, version=version, bucket_bytes=bucket)
-            nccl.append(time.perf_counter() - t0)
-            assert r["weight_version"] == version, r
+        versions = iter(range(1, a.runs + a.zmq_runs + 1))
+
+        def timed(n, push):   # seconds of n pushes, each to the next version
+            out = []
+            for _ in range(n):
+                version = next(versions)
+                t0 = time.perf_counter()
+                r = push(version)
+                out.append(time.perf_counter() - t0)
+                assert r["weight_version"] == version, r
+            return out
+
+        nccl = timed(a.runs, lambda v: c.update_weights_nccl(weights, version=v, bucket_bytes=bucket))
         c.close_weight_group()
         host = {k: t.cpu() for k, t in weights.items()}
-        zmq = []
-        for _ in range(a.zmq_runs):
-            version += 1
-            t0 = time.perf_counter()
-            r = c.update_weights(host, version=version, bucket_bytes=bucket)
-            zmq.append(time.perf_counter() - t0)
-            assert r["weight_version"] == version, r
+        zmq = timed(a.zmq_runs, lambda v: c.update_weights(host, version=v, bucket_bytes=bucket))
         switches = [float(x) for x in re.findall(r"over NCCL \([0-9]+ bytes; switched in ([0-9.]+) ms",
                                                     open(log_path).read())]
         print(f"Qwen3-4B shape, bf16, {total:,} bytes ({total / 1e9:.2f} GB), buckets of {a.bucket_mib} MiB; "
