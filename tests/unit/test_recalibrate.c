@@ -21,13 +21,12 @@
 #include "rollout/recalibrate.h"
 #include "tests/unit/test_util.h"
 
-static char dir[64];
+static char dir[] = "/tmp/fr_recal_XXXXXX";
 static char text_a[96], text_b[96];
 
 static int setup(void **state)
 {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/fr_recal_XXXXXX");
     if (!mkdtemp(dir)) return -1;
     snprintf(text_a, sizeof text_a, "%s/a.txt", dir);
     snprintf(text_b, sizeof text_b, "%s/b.txt", dir);
@@ -45,9 +44,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    return system(cmd) == 0 ? 0 : -1;
+    fr_test_clear_dir(dir, 1);
+    return 0;
 }
 
 static void open_session(fr_session *s)
