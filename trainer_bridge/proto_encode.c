@@ -187,20 +187,28 @@ static void enc_update_begin(msgpack_packer *pk, const fr_msg_update_begin *b)
     }
 }
 
+/* A bucket's "pieces" (NCCL pieces also carry "at", their place in the
+ * broadcast buffer). */
+static void put_pieces(msgpack_packer *pk, const fr_msg_piece *pieces, int n, int with_at)
+{
+    key(pk, "pieces");
+    msgpack_pack_array(pk, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        msgpack_pack_map(pk, with_at ? 6 : 5);
+        put_tensor_keys(pk, &pieces[i].t);
+        kv_u64(pk, "offset", pieces[i].offset);
+        kv_u64(pk, "nbytes", pieces[i].nbytes);
+        if (with_at) kv_u64(pk, "at", pieces[i].at);
+    }
+}
+
 static void enc_update_bucket(msgpack_packer *pk, const fr_msg_update_bucket *b)
 {
     head(pk, FR_MSG_UPDATE_BUCKET, 4);
     kv_u64(pk, "version", b->version);
     kv_int(pk, "bucket", b->bucket);
     kv_u64(pk, "xxh64", b->xxh64);
-    key(pk, "pieces");
-    msgpack_pack_array(pk, (size_t)b->n_pieces);
-    for (int i = 0; i < b->n_pieces; i++) {
-        msgpack_pack_map(pk, 5);
-        put_tensor_keys(pk, &b->pieces[i].t);
-        kv_u64(pk, "offset", b->pieces[i].offset);
-        kv_u64(pk, "nbytes", b->pieces[i].nbytes);
-    }
+    put_pieces(pk, b->pieces, b->n_pieces, 0);
 }
 
 static void enc_nccl_bucket(msgpack_packer *pk, const fr_msg_nccl_bucket *b)
@@ -210,15 +218,7 @@ static void enc_nccl_bucket(msgpack_packer *pk, const fr_msg_nccl_bucket *b)
     kv_int(pk, "bucket", b->bucket);
     kv_u64(pk, "nbytes", b->nbytes);
     kv_u64(pk, "checksum", b->checksum);
-    key(pk, "pieces");
-    msgpack_pack_array(pk, (size_t)b->n_pieces);
-    for (int i = 0; i < b->n_pieces; i++) {
-        msgpack_pack_map(pk, 6);
-        put_tensor_keys(pk, &b->pieces[i].t);
-        kv_u64(pk, "offset", b->pieces[i].offset);
-        kv_u64(pk, "nbytes", b->pieces[i].nbytes);
-        kv_u64(pk, "at", b->pieces[i].at);
-    }
+    put_pieces(pk, b->pieces, b->n_pieces, 1);
 }
 
 static void enc_update_reply(msgpack_packer *pk, const fr_msg_update_reply *r)
