@@ -392,6 +392,22 @@ fr_status fr_session_fill(fr_session *s, const fr_step_seq *seqs, int n_seqs)
     return fr_runner_cpu_fill(s->runner, seqs, n_seqs);
 }
 
+/* The host path's logits rows for a step of `rows` rows, and the sampler
+ * when tokens are drawn on the host. */
+static fr_status host_step_room(fr_session *s, int rows, int sampling)
+{
+    const int V = s->model->cfg.vocab_size;
+    fr_status st;
+    if (sampling && !s->sampler && (st = fr_sampler_new(V, &s->sampler))) return st;
+    if (s->step_logits_rows < rows) {
+        float *grown = realloc(s->step_logits, sizeof(float) * (size_t)V * (size_t)rows);
+        if (!grown) return fr_fail(FR_ENOMEM, "out of memory");
+        s->step_logits = grown;
+        s->step_logits_rows = rows;
+    }
+    return FR_OK;
+}
+
 fr_status fr_session_decode(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
                             int *tokens, float *logprobs)
 {
@@ -423,15 +439,8 @@ fr_status fr_session_decode_keep(fr_session *s, const fr_step_seq *seqs, const f
         fr_status st = fr_sampling_params_check(&rows[i].params, V);
         if (st) return st;
     }
-    fr_status st = FR_OK;
-    if (tokens && !s->sampler && (st = fr_sampler_new(V, &s->sampler))) return st;
-    if (s->step_logits_rows < n_seqs) {
-        float *grown = realloc(s->step_logits, sizeof(float) * (size_t)V * (size_t)n_seqs);
-        if (!grown) return fr_fail(FR_ENOMEM, "out of memory");
-        s->step_logits = grown;
-        s->step_logits_rows = n_seqs;
-    }
-    st = fr_session_step(s, seqs, n_seqs, s->step_logits);
+    fr_status st = host_step_room(s, n_seqs, tokens != NULL);
+    if (!st) st = fr_session_step(s, seqs, n_seqs, s->step_logits);
     for (int i = 0; i < n_seqs && !st && tokens; i++)
         st = fr_sample(s->sampler, s->step_logits + (size_t)i * V, &rows[i].params, rows[i].sequence, rows[i].step,
                        &tokens[i], logprobs ? &logprobs[i] : NULL);
@@ -524,15 +533,8 @@ fr_status fr_session_step_draw(fr_session *s, const fr_step_seq *seqs, int n_seq
     for (int i = 0; i < n_keep; i++)
         if (keep[i] < 0 || keep[i] >= n_rows)
             return fr_fail(FR_EINVAL, "step: logit row %d to keep is outside the step's %d", keep[i], n_rows);
-    fr_status st = FR_OK;
-    if (n_draws && !s->sampler && (st = fr_sampler_new(V, &s->sampler))) return st;
-    if (s->step_logits_rows < n_rows) {
-        float *grown = realloc(s->step_logits, sizeof(float) * (size_t)V * (size_t)n_rows);
-        if (!grown) return fr_fail(FR_ENOMEM, "out of memory");
-        s->step_logits = grown;
-        s->step_logits_rows = n_rows;
-    }
-    st = fr_session_step(s, seqs, n_seqs, s->step_logits);
+    fr_status st = host_step_room(s, n_rows, n_draws > 0);
+    if (!st) st = fr_session_step(s, seqs, n_seqs, s->step_logits);
     for (int i = 0; i < n_draws && !st; i++)
         st = fr_sample(s->sampler, s->step_logits + (size_t)draws[i].row * V, &draws[i].d.params, draws[i].d.sequence,
                        draws[i].d.step, &tokens[i], logprobs ? &logprobs[i] : NULL);
