@@ -39,11 +39,19 @@ const char *fr_msg_type_name(fr_msg_type t)
     return type_names[t];
 }
 
+/* The index of the name of `len` bytes at s in names[first, n), or -1
+ * (names arrive unterminated from msgpack). */
+static int name_index(const char *const *names, int first, int n, const char *s, size_t len)
+{
+    for (int i = first; i < n; i++)
+        if (names[i] && strlen(names[i]) == len && memcmp(names[i], s, len) == 0) return i;
+    return -1;
+}
+
 fr_msg_type fr_proto_type_from_name(const char *s, size_t len)
 {
-    for (int t = FR_MSG_NONE + 1; t < FR_MSG_TYPE_COUNT; t++)
-        if (strlen(type_names[t]) == len && memcmp(type_names[t], s, len) == 0) return (fr_msg_type)t;
-    return FR_MSG_NONE;
+    const int t = name_index(type_names, FR_MSG_NONE + 1, FR_MSG_TYPE_COUNT, s, len);
+    return t < 0 ? FR_MSG_NONE : (fr_msg_type)t;
 }
 
 int fr_msg_type_from_client(fr_msg_type t) { return t >= FR_MSG_HELLO && t <= FR_MSG_NCCL_CLOSE; }
@@ -58,12 +66,9 @@ const char *fr_nccl_state_name(fr_nccl_state s)
 
 int fr_proto_nccl_state_from_name(const char *s, size_t len, fr_nccl_state *out)
 {
-    for (int i = 0; i <= FR_NCCL_CLOSED; i++)
-        if (strlen(nccl_state_names[i]) == len && memcmp(nccl_state_names[i], s, len) == 0) {
-            *out = (fr_nccl_state)i;
-            return 1;
-        }
-    return 0;
+    const int i = name_index(nccl_state_names, 0, FR_NCCL_CLOSED + 1, s, len);
+    if (i >= 0) *out = (fr_nccl_state)i;
+    return i >= 0;
 }
 
 static const char *const dtype_names[] = {"f32", "bf16", "f16"};
@@ -78,12 +83,9 @@ size_t fr_wire_dtype_size(fr_wire_dtype t) { return t == FR_DT_F32 ? 4 : 2; }
 
 int fr_proto_dtype_from_name(const char *s, size_t len, fr_wire_dtype *out)
 {
-    for (int i = 0; i <= FR_DT_F16; i++)
-        if (strlen(dtype_names[i]) == len && memcmp(dtype_names[i], s, len) == 0) {
-            *out = (fr_wire_dtype)i;
-            return 1;
-        }
-    return 0;
+    const int i = name_index(dtype_names, 0, FR_DT_F16 + 1, s, len);
+    if (i >= 0) *out = (fr_wire_dtype)i;
+    return i >= 0;
 }
 
 static const char *const stage_names[] = {"begin", "bucket", "commit", "abort"};
@@ -96,12 +98,9 @@ const char *fr_update_stage_name(fr_update_stage s)
 
 int fr_proto_stage_from_name(const char *s, size_t len, fr_update_stage *out)
 {
-    for (int i = 0; i <= FR_UPD_ABORT; i++)
-        if (strlen(stage_names[i]) == len && memcmp(stage_names[i], s, len) == 0) {
-            *out = (fr_update_stage)i;
-            return 1;
-        }
-    return 0;
+    const int i = name_index(stage_names, 0, FR_UPD_ABORT + 1, s, len);
+    if (i >= 0) *out = (fr_update_stage)i;
+    return i >= 0;
 }
 
 uint64_t fr_msg_tensor_bytes(const fr_msg_tensor *t)
@@ -127,12 +126,9 @@ const char *fr_wire_finish_name(fr_wire_finish f)
 
 int fr_proto_finish_from_name(const char *s, size_t len, fr_wire_finish *out)
 {
-    for (int i = 0; i <= FR_WIRE_ERROR; i++)
-        if (strlen(finish_names[i]) == len && memcmp(finish_names[i], s, len) == 0) {
-            *out = (fr_wire_finish)i;
-            return 1;
-        }
-    return 0;
+    const int i = name_index(finish_names, 0, FR_WIRE_ERROR + 1, s, len);
+    if (i >= 0) *out = (fr_wire_finish)i;
+    return i >= 0;
 }
 
 void fr_msg_init(fr_msg *m, fr_msg_type t)
