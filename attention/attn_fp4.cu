@@ -57,12 +57,28 @@ prep_fn prep_kernel_for(int fmt)
     return fmt == kNVFP4 ? prep_kernel<kNVFP4, kD> : fmt == kMXFP4 ? prep_kernel<kMXFP4, kD> : prep_kernel<kFP8, kD>;
 }
 
+/* FP4: the page ring of the split CTAs or the BF16 CTA's tile, whichever
+ * is larger (one launch runs both); FP8: the page-walking layout. */
+template <int F, int MT> constexpr int fp4_smem_bytes()
+{
+    constexpr int ring = SmemTok<F, MT, kD>::total, bf16 = SmemBf16<MT == 1 ? 2 : 4, kD>::total;
+    return ring > bf16 ? ring : bf16;
+}
+
 int split_smem_bytes(const Variant &v)
 {
     const bool two = v.nq > 2;
-    if (v.fmt == kNVFP4) return two ? Smem<kNVFP4, 2, kD>::total : Smem<kNVFP4, 1, kD>::total;
-    if (v.fmt == kMXFP4) return two ? Smem<kMXFP4, 2, kD>::total : Smem<kMXFP4, 1, kD>::total;
-    return two ? Smem<kFP8, 2, kD>::total : Smem<kFP8, 1, kD>::total;
+    if (v.fmt == kNVFP4) return two ? fp4_smem_bytes<kNVFP4, 2>() : fp4_smem_bytes<kNVFP4, 1>();
+    if (v.fmt == kMXFP4) return two ? fp4_smem_bytes<kMXFP4, 2>() : fp4_smem_bytes<kMXFP4, 1>();
+    return two ? Smem8<2, kD>::total : Smem8<1, kD>::total;
+}
+
+/* u32 of query fragments per (sequence, KV head): FP4 A fragments of
+ * ceil(G / 8) m-tiles (four registers a lane), FP8 B fragments of nq
+ * n-tiles (two). */
+int qwords_of(const Variant &v)
+{
+    return v.fmt == kFP8 ? v.nq * (kD / 16) * 32 * 2 : (v.nq > 2 ? 2 : 1) * (kD / 16) * 32 * 4;
 }
 
 int page_bytes_of(int fmt)
@@ -170,11 +186,11 @@ struct Layout {
 Layout layout_for(const Shape &sh, bool sink_recent, int n_seqs, int n_splits)
 {
     const size_t pairs = (size_t)n_seqs * sh.n_kv_heads;
-    const size_t frag = pairs * sh.v.nq * (kD / 16) * 32 * 8;
+    const size_t frag = pairs * qwords_of(sh.v) * 4, frag_bf = pairs * sh.v.nq * (kD / 16) * 32 * 8;
     Layout l;
     l.qfrag = 0;
     l.qfrag_bf = align_up(l.qfrag + frag);
-    l.qscale = align_up(l.qfrag_bf + (sink_recent ? frag : 0));
+    l.qscale = align_up(l.qfrag_bf + (sink_recent ? frag_bf : 0));
     l.otf = align_up(l.qscale + pairs * kMaxGroup * sizeof(float));
     l.o_part = align_up(l.otf + (sh.otf ? pairs * page_bytes_of(sh.v.fmt) : 0));
     const size_t rows = pairs * (n_splits + 1) * sh.group;
@@ -312,6 +328,7 @@ extern "C" fr_status fr_attn_fp4_decode(const fr_attn_fp4_config *cfg, const fr_
     P.group = sh.group;
     P.n_splits = plan.n_splits;
     P.nq = sh.v.nq;
+    P.qwords = qwords_of(sh.v);
     P.sink_recent = cfg->sink_recent != 0;
     P.rotate = cfg->rotate != 0;
     P.q_mode = cfg->p.q_mode;

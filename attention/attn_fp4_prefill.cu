@@ -112,21 +112,23 @@ __device__ __forceinline__ bool scratch_overflow(const Args &a, const fr_paged_s
 
 /* ---- dequantization into BF16 ------------------------------------------- */
 
-/* 8 E2M1 codes (element e in nibble e of w) as floats: the BF16 bits of the
- * magnitudes come from two byte tables (prmt), the sign is bit 3 of a code. */
+/* One page code word (8 E2M1 codes, docs/formats.md "FP4 code words") as
+ * floats, element e in f[e]: the decode kernels' bit placement
+ * (fr_dev_fp4_word_to_f16x2, value * 2^-14 as FP16 pairs), widened and scaled
+ * back by 2^14, exactly. */
 __device__ __forceinline__ void e2m1x8(uint32_t w, float (&f)[8])
 {
-    /* 0, 0.5, 1, 1.5, 2, 3, 4, 6 in BF16: low bytes, high bytes */
-    constexpr uint32_t kLo0 = 0xC0800000u, kLo1 = 0xC0804000u, kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u;
-    const uint32_t mag = w & 0x77777777u;
-    const uint32_t lo_a = prmt(kLo0, kLo1, mag), hi_a = prmt(kHi0, kHi1, mag);
-    const uint32_t lo_b = prmt(kLo0, kLo1, mag >> 16), hi_b = prmt(kHi0, kHi1, mag >> 16);
-    const uint32_t p[4] = {prmt(lo_a, hi_a, 0x5140u), prmt(lo_a, hi_a, 0x7362u), prmt(lo_b, hi_b, 0x5140u),
-                           prmt(lo_b, hi_b, 0x7362u)};
+    uint32_t r[4];
+    fr_dev_fp4_word_to_f16x2(w, r);
+    constexpr int slot[4][2] = {{0, 4}, {2, 6}, {1, 5}, {3, 7}};
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        f[2 * k] = __uint_as_float((p[k] << 16) | ((w << (28 - 8 * k)) & 0x80000000u));
-        f[2 * k + 1] = __uint_as_float((p[k] & 0xFFFF0000u) | ((w << (24 - 8 * k)) & 0x80000000u));
+        float lo, hi;
+        asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}\n"
+            : "=f"(lo), "=f"(hi)
+            : "r"(r[k]));
+        f[slot[k][0]] = lo * 16384.0f;
+        f[slot[k][1]] = hi * 16384.0f;
     }
 }
 

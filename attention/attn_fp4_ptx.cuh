@@ -62,14 +62,6 @@ FR_PTX void ldsm_x4_trans(const void *p, uint32_t (&r)[4])
 
 /* ---- bit and packed-half arithmetic ---- */
 
-/* (a | b) & mask in one LOP3 (truth table 0xA8). */
-template <uint32_t MASK> FR_PTX uint32_t or_and(uint32_t a, uint32_t b)
-{
-    uint32_t d;
-    asm("lop3.b32 %0, %1, %2, %3, 0xA8;\n" : "=r"(d) : "r"(a), "r"(b), "n"(MASK));
-    return d;
-}
-
 /* Two FP16 products, each rounded once (never fused into a later add). */
 FR_PTX uint32_t hmul2(uint32_t a, uint32_t b)
 {
@@ -84,6 +76,20 @@ FR_PTX uint32_t e4m3x2_to_f16x2(uint32_t two_bytes)
     uint32_t d;
     asm("{\n .reg .b16 t;\n cvt.u16.u32 t, %1;\n cvt.rn.f16x2.e4m3x2 %0, t;\n}\n" : "=r"(d) : "r"(two_bytes));
     return d;
+}
+
+/* x >= 0 rounded to E4M3 (nearest, ties to even, saturating at 448: the
+ * rule of fr_e4m3_encode) and back to float, by the hardware conversions
+ * (both exact on the way back: every E4M3 value is an FP16 number). */
+FR_PTX float e4m3_round(float x)
+{
+    uint32_t h;
+    asm("{\n .reg .b16 b;\n cvt.rn.satfinite.e4m3x2.f32 b, %1, %1;\n cvt.rn.f16x2.e4m3x2 %0, b;\n}\n"
+        : "=r"(h)
+        : "f"(x));
+    float y;
+    asm("{\n .reg .b16 l, u;\n mov.b32 {l, u}, %1;\n cvt.f32.f16 %0, l;\n}\n" : "=f"(y) : "r"(h));
+    return y;
 }
 
 /* float pairs to packed halves, round to nearest even; lo in the low half. */
@@ -163,6 +169,12 @@ FR_PTX void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes)
 {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
                  : "memory");
+}
+
+/* One arrival on the barrier (the consumer's "slot free" signal). */
+FR_PTX void mbar_arrive(uint64_t *bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
 /* One contiguous copy global -> shared (16-byte aligned, size a multiple

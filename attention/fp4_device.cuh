@@ -244,10 +244,51 @@ FR_DEV uint8_t fr_dev_fp4_quantize_block(bool search, const float *x, uint8_t *c
     return s1;
 }
 
-/* Two codes in one byte, element 0 in the low nibble. */
-FR_DEV uint8_t fr_dev_fp4_pack2(uint8_t c0, uint8_t c1)
+/* Code c placed at element e (0..7) of a page code word
+ * (fr_fp4_word_pack): sign and magnitude at the element's slot. */
+FR_DEV uint32_t fr_dev_fp4_word_place(uint32_t c, int e)
 {
-    return (uint8_t)((c0 & 0xF) | ((c1 & 0xF) << 4));
+    const int h = 16 * (e >> 2), s = e & 3;
+    const int sign_bit = s == 0 ? 15 : s == 1 ? 14 : s == 2 ? 12 : 13;
+    const int mag_bit = s == 0 ? 9 : s == 1 ? 0 : s == 2 ? 6 : 3;
+    return (((c >> 3) & 1u) << (h + sign_bit)) | ((c & 7u) << (h + mag_bit));
+}
+
+/* Eight codes as one page code word (fr_fp4_word_pack). */
+FR_DEV uint32_t fr_dev_fp4_word_pack(const uint8_t *codes)
+{
+    uint32_t w = 0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) w |= fr_dev_fp4_word_place(codes[e], e);
+    return w;
+}
+
+/* x & MASK as an AND the compiler keeps: left to itself it folds the mask
+ * into a neighbouring shift, (x << k) & m, which costs one more instruction
+ * per slot of the unpacking below. */
+template <uint32_t MASK> FR_DEV uint32_t fr_dev_and_pinned(uint32_t x)
+{
+    uint32_t d;
+    asm("and.b32 %0, %1, %2;\n" : "=r"(d) : "r"(x), "n"(MASK));
+    return d;
+}
+
+/* One page code word to four FP16x2 registers holding value * 2^-14, by bit
+ * placement alone: in each half a code's sign lands on bit 15 and its
+ * magnitude on bits 11..9, which reads as exponent e1e0 and mantissa m,
+ * subnormal e = 0 (code 1, 0.5) included. The word keeps every slot's sign
+ * and magnitude at the distance they have in FP16, so slot A needs one AND,
+ * slot B a shift and an AND, and slots C and D an AND, one multiply that
+ * adds two shifted copies (they never overlap: no carries) and an AND:
+ * 9 integer instructions for 8 codes. r0 = elements (0, 4), r1 = (2, 6),
+ * r2 = (1, 5), r3 = (3, 7), the low half's element first. */
+FR_DEV void fr_dev_fp4_word_to_f16x2(uint32_t w, uint32_t (&r)[4])
+{
+    constexpr uint32_t M = 0x8E008E00u;
+    r[0] = fr_dev_and_pinned<M>(w);
+    r[1] = fr_dev_and_pinned<M>(w << 3);
+    r[2] = fr_dev_and_pinned<M>(fr_dev_and_pinned<0x40074007u>(w) * 0x202u);
+    r[3] = fr_dev_and_pinned<M>(fr_dev_and_pinned<0x20382038u>(w) * 0x44u);
 }
 
 /* ---- normalized Walsh-Hadamard transform ---- */

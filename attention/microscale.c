@@ -160,3 +160,45 @@ void fr_fp4_unpack(const uint8_t *packed, int n, uint8_t *codes)
         codes[i + 1] = packed[i / 2] >> 4;
     }
 }
+
+/* Bit positions of one half's four codes (element order 0, 1, 2, 3 of the
+ * half): sign bit and lowest magnitude bit. Element 0 and 2 (the A and B
+ * slots) and 1 and 3 (C and D) are the pairs the GPU unpacks together. */
+static const int word_sign_bit[4] = {15, 14, 12, 13};
+static const int word_mag_bit[4] = {9, 0, 6, 3};
+
+uint32_t fr_fp4_word_pack(const uint8_t codes[8])
+{
+    uint32_t w = 0;
+    for (int e = 0; e < 8; e++) {
+        const int h = 16 * (e >> 2), s = e & 3;
+        const uint32_t c = codes[e] & 0xFu;
+        w |= ((c >> 3) << (h + word_sign_bit[s])) | ((c & 7u) << (h + word_mag_bit[s]));
+    }
+    return w;
+}
+
+void fr_fp4_word_unpack(uint32_t word, uint8_t codes[8])
+{
+    for (int e = 0; e < 8; e++) {
+        const int h = 16 * (e >> 2), s = e & 3;
+        codes[e] = (uint8_t)((((word >> (h + word_sign_bit[s])) & 1u) << 3) | ((word >> (h + word_mag_bit[s])) & 7u));
+    }
+}
+
+void fr_fp4_words_store(const uint8_t *codes, int n, uint8_t *out)
+{
+    for (int i = 0; i < n; i += 8) {
+        const uint32_t w = fr_fp4_word_pack(codes + i);
+        for (int b = 0; b < 4; b++) out[i / 2 + b] = (uint8_t)(w >> (8 * b));
+    }
+}
+
+void fr_fp4_words_load(const uint8_t *in, int n, uint8_t *codes)
+{
+    for (int i = 0; i < n; i += 8) {
+        const uint32_t w = (uint32_t)in[i / 2] | ((uint32_t)in[i / 2 + 1] << 8) | ((uint32_t)in[i / 2 + 2] << 16) |
+                           ((uint32_t)in[i / 2 + 3] << 24);
+        fr_fp4_word_unpack(w, codes + i);
+    }
+}

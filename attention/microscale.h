@@ -59,9 +59,23 @@ fr_status fr_fp4_fake_quantize(fr_fp4_format f, int search, const float *x, int 
 fr_status fr_fp4_quantize_dual(fr_fp4_format f, int search, const float *x, int n,
                                float *out1, float *out2);
 
-/* Two codes per byte, element 0 in the low nibble; n even. */
+/* Two codes per byte, element 0 in the low nibble; n even. The interchange
+ * form of `fp4rollout quant`; cache pages use the code words below. */
 void fr_fp4_pack(const uint8_t *codes, int n, uint8_t *packed);
 void fr_fp4_unpack(const uint8_t *packed, int n, uint8_t *codes);
+
+/* Eight codes as one 32-bit code word of a cache page (docs/formats.md,
+ * "FP4 code words"): elements 0-3 in the low half, 4-7 in the high half,
+ * each half's signs in bits 15..12 and magnitudes in bits 11..0, placed so
+ * that four AND / shift / multiply-add steps turn a word into FP16 pairs.
+ * Stored little-endian. The eight codes must share one scale block. */
+uint32_t fr_fp4_word_pack(const uint8_t codes[8]);
+void fr_fp4_word_unpack(uint32_t word, uint8_t codes[8]);
+
+/* n codes (a multiple of 8) as n / 8 little-endian code words at out. */
+void fr_fp4_words_store(const uint8_t *codes, int n, uint8_t *out);
+/* n codes from n / 8 little-endian code words at in. */
+void fr_fp4_words_load(const uint8_t *in, int n, uint8_t *codes);
 
 #ifdef __cplusplus
 }

@@ -304,16 +304,19 @@ static void write_head_page(const fr_kv_cache *c, int layer, int head, const flo
     }
     fr_fp4_format f = fmt(c);
     const int B = fr_fp4_block_size(f);
-    for (int t = 0; t < T; t++)
-        fr_fp4_quantize_row(f, c->cfg.recipe.scale_search, k + (size_t)t * d, d,
-                            page + l->k_codes + (size_t)t * d / 2, page + l->k_scales + (size_t)t * d / B);
     float col[FR_MAX_FP4_BLOCK];
     uint8_t codes[FR_MAX_FP4_BLOCK];
+    for (int t = 0; t < T; t++)
+        for (int b = 0; b < d / B; b++) {
+            page[l->k_scales + (size_t)t * (d / B) + b] =
+                fr_fp4_quantize_block(f, c->cfg.recipe.scale_search, k + (size_t)t * d + b * B, codes);
+            fr_fp4_words_store(codes, B, page + l->k_codes + (size_t)t * d / 2 + b * B / 2);
+        }
     for (int j = 0; j < d; j++)
         for (int b = 0; b < T / B; b++) {
             for (int i = 0; i < B; i++) col[i] = v[(size_t)(b * B + i) * d + j];
             page[l->v_scales + (size_t)j * (T / B) + b] = fr_fp4_quantize_block(f, 0, col, codes);
-            fr_fp4_pack(codes, B, page + l->v_codes + (size_t)j * T / 2 + b * B / 2);
+            fr_fp4_words_store(codes, B, page + l->v_codes + (size_t)j * T / 2 + b * B / 2);
         }
 }
 
@@ -342,16 +345,17 @@ static void read_head_page(const fr_kv_cache *c, int layer, int head, const uint
     }
     fr_fp4_format f = fmt(c);
     const int B = fr_fp4_block_size(f);
-    for (int t = 0; t < T; t++)
-        fr_fp4_dequantize_row(f, page + l->k_codes + (size_t)t * d / 2,
-                              page + l->k_scales + (size_t)t * d / B, d, k + (size_t)t * d);
+    uint8_t codes[FR_PAGE_TOKENS > FR_MAX_HEAD_DIM ? FR_PAGE_TOKENS : FR_MAX_HEAD_DIM];
+    for (int t = 0; t < T; t++) {
+        const uint8_t *scales = page + l->k_scales + (size_t)t * (d / B);
+        fr_fp4_words_load(page + l->k_codes + (size_t)t * d / 2, d, codes);
+        for (int j = 0; j < d; j++) k[(size_t)t * d + j] = fr_fp4_scale_value(f, scales[j / B]) * fr_e2m1_decode(codes[j]);
+    }
     for (int j = 0; j < d; j++) {
-        const uint8_t *codes = page + l->v_codes + (size_t)j * T / 2;
         const uint8_t *scales = page + l->v_scales + (size_t)j * (T / B);
-        for (int t = 0; t < T; t++) {
-            uint8_t code = (t & 1) ? codes[t / 2] >> 4 : codes[t / 2] & 0xF;
-            v[(size_t)t * d + j] = fr_fp4_scale_value(f, scales[t / B]) * fr_e2m1_decode(code);
-        }
+        fr_fp4_words_load(page + l->v_codes + (size_t)j * T / 2, T, codes);
+        for (int t = 0; t < T; t++)
+            v[(size_t)t * d + j] = fr_fp4_scale_value(f, scales[t / B]) * fr_e2m1_decode(codes[t]);
     }
 }
 

@@ -143,9 +143,9 @@ __device__ void promote_fp4(const page_source &src, uint8_t *page, const commit_
 #pragma unroll
         for (int i = 0; i < B; i++) x[i] = src.key(t, c0 + i);
         page[l.k_scales + (size_t)w] = fr_dev_fp4_quantize_block<F>(a.search != 0, x, codes);
-        uint8_t *dst = page + l.k_codes + (size_t)t * (d / 2) + c0 / 2;
+        uint32_t *dst = reinterpret_cast<uint32_t *>(page + l.k_codes + (size_t)t * (d / 2) + c0 / 2);
 #pragma unroll
-        for (int i = 0; i < B; i += 2) dst[i / 2] = fr_dev_fp4_pack2(codes[i], codes[i + 1]);
+        for (int i = 0; i < B; i += 8) dst[i / 8] = fr_dev_fp4_word_pack(codes + i);
     }
     /* Adjacent threads take adjacent channels of the same tokens, so the
      * reads of a warp are contiguous. */
@@ -158,9 +158,9 @@ __device__ void promote_fp4(const page_source &src, uint8_t *page, const commit_
             x[i] = zero_sink && t < SINK ? 0.0f : src.value(t, j);
         }
         page[l.v_scales + (size_t)j * (T / B) + b] = fr_dev_fp4_quantize_block<F>(false, x, codes);
-        uint8_t *dst = page + l.v_codes + (size_t)j * (T / 2) + (size_t)(b * B) / 2;
+        uint32_t *dst = reinterpret_cast<uint32_t *>(page + l.v_codes + (size_t)j * (T / 2) + (size_t)(b * B) / 2);
 #pragma unroll
-        for (int i = 0; i < B; i += 2) dst[i / 2] = fr_dev_fp4_pack2(codes[i], codes[i + 1]);
+        for (int i = 0; i < B; i += 8) dst[i / 8] = fr_dev_fp4_word_pack(codes + i);
     }
 }
 

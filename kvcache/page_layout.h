@@ -4,7 +4,8 @@
  * head. Inside it, the (layer, head) pages follow each other
  * (offset = (layer * n_kv_heads + head) * head_page_bytes), and each head page
  * is, for T = 128 tokens, head_dim d and FP4 block size B:
- *   FP4   K codes [T][d/2] | K scales [T][d/B] | V codes [d][T/2] | V scales [d][T/B]
+ *   FP4   K codes [T][d/8] | K scales [T][d/B] | V codes [d][T/8] | V scales [d][T/B]
+ *         (codes in 32-bit code words of 8 elements, fr_fp4_word_pack)
  *   FP8   K [T][d] E4M3    | V [T][d] E4M3
  *   BF16  K [T][d] BF16    | V [T][d] BF16
  *   F32   K [T][d] float32 | V [T][d] float32 (CPU reference)

@@ -5,7 +5,7 @@
  * reference Algorithm 1 preparation (fr_ref_prepare_kv).
  *
  * Expected values are computed from the raw inputs with attention/ functions
- * only (fr_hadamard, fr_bf16_round, fr_fp4_quantize_row/_block,
+ * only (fr_hadamard, fr_bf16_round, fr_fp4_quantize_block,
  * fr_fp4_fake_quantize, fr_e4m3_encode/_round), never with the cache's own
  * fr_kv_key_form, so a wrong transform, rounding, layout or region in the
  * cache shows up as a mismatch. */
@@ -148,6 +148,26 @@ static layout_t my_layout(fr_kv_dtype dt, int d)
     return o;
 }
 
+/* n codes as page code words, written from docs/formats.md ("FP4 code
+ * words") rather than through the library: per 16-bit half (elements 4h ..
+ * 4h + 3), signs of elements 0, 1, 3, 2 at bits 15, 14, 13, 12, magnitudes
+ * of elements 0, 2, 3, 1 at bits 11..9, 8..6, 5..3, 2..0; little-endian. */
+static void put_code_words(const uint8_t *codes, int n, uint8_t *out)
+{
+    for (int i = 0; i < n; i += 8) {
+        uint32_t w = 0;
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *c = codes + i + 4 * h;
+            const uint32_t half = (uint32_t)(c[0] >> 3) << 15 | (uint32_t)(c[1] >> 3) << 14 |
+                                  (uint32_t)(c[3] >> 3) << 13 | (uint32_t)(c[2] >> 3) << 12 |
+                                  (uint32_t)(c[0] & 7) << 9 | (uint32_t)(c[2] & 7) << 6 | (uint32_t)(c[3] & 7) << 3 |
+                                  (uint32_t)(c[1] & 7);
+            w |= half << (16 * h);
+        }
+        for (int b = 0; b < 4; b++) out[i / 2 + b] = (uint8_t)(w >> (8 * b));
+    }
+}
+
 /* One head page from the store-form ks, vs [T][d] of (l, h). */
 static void encode_head_page(const tcase *tc, int l, int h, const float *ks, const float *vs, uint8_t *page)
 {
@@ -177,19 +197,19 @@ static void encode_head_page(const tcase *tc, int l, int h, const float *ks, con
     }
     const fr_fp4_format f = tc_fmt(tc);
     const int B = tc_block(tc);
-    for (int t = 0; t < T; t++)
-        assert_int_equal(fr_fp4_quantize_row(f, tc->r.scale_search, ks + (size_t)t * d, d,
-                                             page + o.kc + (size_t)t * d / 2,
-                                             page + o.ks + (size_t)t * d / B), FR_OK);
     float col[FR_MAX_FP4_BLOCK];
     uint8_t codes[FR_MAX_FP4_BLOCK];
+    for (int t = 0; t < T; t++)
+        for (int b = 0; b < d / B; b++) {
+            page[o.ks + (size_t)t * (d / B) + b] =
+                fr_fp4_quantize_block(f, tc->r.scale_search, ks + (size_t)t * d + b * B, codes);
+            put_code_words(codes, B, page + o.kc + (size_t)t * d / 2 + b * B / 2);
+        }
     for (int j = 0; j < d; j++)
         for (int b = 0; b < T / B; b++) {
             for (int i = 0; i < B; i++) col[i] = vs[(size_t)(b * B + i) * d + j];
             page[o.vs + (size_t)j * (T / B) + b] = fr_fp4_quantize_block(f, 0, col, codes);   /* values: no search */
-            for (int i = 0; i < B; i += 2)
-                page[o.vc + (size_t)j * (T / 2) + (size_t)(b * B + i) / 2] =
-                    (uint8_t)((codes[i] & 0xF) | (codes[i + 1] & 0xF) << 4);
+            put_code_words(codes, B, page + o.vc + (size_t)j * (T / 2) + (size_t)(b * B) / 2);
         }
 }
 

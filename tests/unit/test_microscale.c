@@ -461,6 +461,59 @@ static void test_pack_unpack(void **state)
     assert_int_equal(b, 0xC3);   /* element 0 in the low nibble */
 }
 
+/* An FP16 bit pattern as a float (sign, 5-bit exponent, 10-bit mantissa,
+ * subnormals included), for the GPU unpacking emulated below. */
+static float f16_bits_value(uint32_t h)
+{
+    const int e = (int)((h >> 10) & 31), m = (int)(h & 1023);
+    const float v = e == 0 ? ldexpf((float)m, -24) : ldexpf((float)(1024 + m), e - 25);
+    return (h & 0x8000u) ? -v : v;
+}
+
+/* Page code words: every code in every slot survives pack and unpack, the
+ * stored bytes are little-endian, and the GPU kernels' bit placement
+ * (fr_dev_fp4_word_to_f16x2: AND, shift-AND, two multiply-ANDs) turns each
+ * slot into FP16 value * 2^-14 exactly, -0 included. */
+static void test_code_words(void **state)
+{
+    (void)state;
+    fr_test_rng r = {43};
+    static const int pair_of[4][2] = {{0, 4}, {2, 6}, {1, 5}, {3, 7}};
+    for (int e = 0; e < 8; e++)
+        for (int c = 0; c < 16; c++)
+            for (int trial = 0; trial < 8; trial++) {
+                uint8_t codes[8], back[8];
+                for (int i = 0; i < 8; i++) codes[i] = (uint8_t)(fr_test_u64(&r) & 0xF);
+                codes[e] = (uint8_t)c;
+                const uint32_t w = fr_fp4_word_pack(codes);
+                fr_fp4_word_unpack(w, back);
+                assert_memory_equal(back, codes, 8);
+                const uint32_t M = 0x8E008E00u;
+                const uint32_t reg[4] = {w & M, (w << 3) & M, ((w & 0x40074007u) * 0x202u) & M,
+                                         ((w & 0x20382038u) * 0x44u) & M};
+                for (int k = 0; k < 4; k++)
+                    for (int half = 0; half < 2; half++) {
+                        const int el = pair_of[k][half];
+                        const float got = f16_bits_value((reg[k] >> (16 * half)) & 0xFFFFu) * 16384.0f;
+                        const float want = fr_e2m1_decode(codes[el]);
+                        assert_true(got == want);
+                        assert_int_equal(signbit(got) != 0, signbit(want) != 0);
+                    }
+            }
+    /* element 0 = code 0xF: sign bit 15, magnitude 7 at bits 11..9 */
+    const uint8_t one[8] = {0xF, 0, 0, 0, 0, 0, 0, 0};
+    assert_int_equal(fr_fp4_word_pack(one), 0x8E00u);
+    uint8_t bytes[8], codes[16], back[16];
+    for (int i = 0; i < 16; i++) codes[i] = (uint8_t)(fr_test_u64(&r) & 0xF);
+    fr_fp4_words_store(codes, 16, bytes);
+    for (int k = 0; k < 2; k++) {
+        const uint32_t w = fr_fp4_word_pack(codes + 8 * k);
+        for (int b = 0; b < 4; b++) assert_int_equal(bytes[4 * k + b], (w >> (8 * b)) & 0xFFu);
+    }
+    fr_fp4_words_load(bytes, 16, back);
+    assert_memory_equal(back, codes, 16);
+}
+
 static void test_rows(void **state)
 {
     (void)state;
@@ -794,6 +847,7 @@ int main(void)
         cmocka_unit_test(test_hadamard_rejects),
         cmocka_unit_test(test_pquant_params_and_kappa),
         cmocka_unit_test(test_pquant_underflow),
+        cmocka_unit_test(test_code_words),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,138 @@
+/* What the FP4/FP8 decode kernels share (attention/attn_fp4.h, docs/attention_gpu.md
+ * "FP4 and FP8 KV: decode"): constants, the page geometry, the parameter
+ * block and small helpers. Included by the kernel headers of attn_fp4.cu
+ * only. */
+#ifndef FR_ATTN_FP4_COMMON_CUH
+#define FR_ATTN_FP4_COMMON_CUH
+
+#include <stdint.h>
+
+#include "attn_fp4_ptx.cuh"
+#include "fp4_device.cuh"
+#include "paged_kv.h"
+
+namespace fr_fp4 {
+
+using namespace fr_fp4_ptx;
+
+#ifndef FR_K
+#define FR_K __device__ __forceinline__
+#endif
+
+constexpr int kPage = 128;          /* tokens per page = online-softmax tile */
+constexpr int kWarps = 4, kThreads = 128;
+constexpr int kMaxGroup = 16;
+constexpr int kSink = 16;
+constexpr int kMaxBf16Rows = 144;   /* sink 16 + recent 127 + step 1, in 16-row tiles */
+constexpr int kPrepThreads = 512;   /* one warp per query head */
+constexpr float kNegInf = -__builtin_huge_valf();
+/* P enters the P.V MMA as FP16 times 2^11: an exact-mode P is at most
+ * c * 6 * 4 / 6... <= 24, so 24 * 2^11 < 65504, and unquantized P keeps its
+ * relative precision down to 2^-24 of the running maximum. */
+constexpr float kPShift = 2048.0f;
+constexpr float kPUnshift = 1.0f / 2048.0f;
+
+enum { kNVFP4 = 0, kMXFP4 = 1, kFP8 = 2 };
+
+/* Byte layout of one head page (kvcache/page_layout.h; the host checks the
+ * offsets the view carries against these). */
+template <int FMT, int D> struct Geom {
+    static constexpr int B = FMT == kMXFP4 ? 32 : 16;
+    static constexpr int k_scales = FMT == kFP8 ? 0 : kPage * D / 2;
+    static constexpr int v_codes = FMT == kFP8 ? kPage * D : k_scales + kPage * D / B;
+    static constexpr int v_scales = FMT == kFP8 ? 0 : v_codes + D * kPage / 2;
+    static constexpr int page_bytes = FMT == kFP8 ? 2 * kPage * D : v_scales + D * kPage / B;
+    /* A page is two halves, keys (codes and scales) then values, each
+     * loaded on its own barrier into a ring of two (Smem): two pages of
+     * shared memory keep K two pages ahead and V one page ahead of use. */
+    static constexpr int k_half = v_codes, v_half = page_bytes - v_codes;
+    static constexpr int ksteps = D / 16;
+};
+
+/* Everything the kernels read; plain data, passed by value. */
+struct Params {
+    fr_paged_kv kv;
+    const fr_paged_seq *seqs;
+    const float *q;            /* [rows][n_heads][D] */
+    uint16_t *out;             /* [rows][n_heads][D] BF16 */
+    const float *fp8_scales;   /* [layers][kv_heads][2] or NULL */
+    int n_heads, group, n_splits, nq;
+    int sink_recent, rotate;
+    int q_mode, q_search, quantize_p, underflow_aware;
+    float c, log2c, tau, gamma;
+    /* workspace */
+    uint32_t *qfrag;           /* FP4: [seq][kvh][mt][ksteps][32][4] A fragments; FP8: [seq][kvh][nq][ksteps][32][2]
+                                  B fragments; FP16x2 in the FP4/FP8 dim order (qk_dim_slot) */
+    int qwords;                /* u32 of qfrag per (seq, kvh) */
+    uint32_t *qfrag_bf;        /* [seq][kvh][nq][ksteps][32][2] BF16x2 hi/lo, natural order */
+    float *qscale;             /* [seq][kvh][16]: S = (hi + lo column sum) * qscale */
+    uint8_t *otf;              /* [seq][kvh][page_bytes]: the partial page, quantized */
+    float *o_part;             /* [seq][kvh][n_splits + 1][G][D] */
+    float *lse_part;           /* [seq][kvh][n_splits + 1][G] */
+};
+
+/* ======================= small helpers ======================= */
+
+FR_K uint32_t bcast_lo(uint32_t x) { return __byte_perm(x, 0, 0x1010); }
+FR_K uint32_t bcast_hi(uint32_t x) { return __byte_perm(x, 0, 0x3232); }
+
+
+/* One page code word to four FP16x2 registers of value * 2^-14:
+ * r0 = elements (0, 4), r1 = (2, 6), r2 = (1, 5), r3 = (3, 7). */
+FR_K void unpack_e2m1(uint32_t w, uint32_t (&r)[4]) { fr_dev_fp4_word_to_f16x2(w, r); }
+
+/* FP16 bits of 2^d for d <= 15 (subnormal below -14, 0 below -24). */
+FR_K uint32_t f16_pow2(int d)
+{
+    if (d >= -14) return (uint32_t)(d + 15) << 10;
+    return d >= -24 ? 1u << (d + 24) : 0u;
+}
+
+/* The largest of the four bytes of w. */
+FR_K uint32_t max_byte4(uint32_t w)
+{
+    const uint32_t x = __vmaxu4(w, w >> 8);
+    return __vmaxu4(x, x >> 16) & 0xFFu;
+}
+
+/* E2M1 rounding of x >= 0 (ties to the even code, saturating at 6) as a
+ * float: adding 2^22, 2^23 or 2^24 leaves the grid step 0.5, 1 or 2 as the
+ * last mantissa bit of the sum, so the hardware's round-to-nearest-even
+ * does the rounding (fr_e2m1_encode's thresholds exactly). */
+FR_K float e2m1_round(float x)
+{
+    x = fminf(x, 6.0f);
+    const float big = x < 2.0f ? 4194304.0f : (x < 4.0f ? 8388608.0f : 16777216.0f);
+    return __fsub_rn(__fadd_rn(x, big), big);
+}
+
+FR_K float pow2f(int e) { return fr_dev_exp2i(e); }
+
+FR_K void write_empty(const Params &P, size_t slot)
+{
+    const int G = P.group, D = P.kv.head_dim;
+    for (int k = threadIdx.x; k < G * D; k += kThreads) P.o_part[slot * G * D + k] = 0.0f;
+    for (int k = threadIdx.x; k < G; k += kThreads) P.lse_part[slot * G + k] = kNegInf;
+}
+
+/* P quantization of one block against the running maximum (Algorithm 1
+ * lines 12-14, fr_pquant_scale): the real scale s, 0 when the block is
+ * empty or underflows. */
+template <int FMT> FR_K float p_scale(const Params &P, float bmax, float m_new)
+{
+    const float pmax = bmax == kNegInf ? 0.0f : ex2(bmax - m_new);
+    const float cmax = __fmul_rn(P.c, pmax);
+    if (FMT == kMXFP4) {
+        const uint8_t code = cmax > 0.0f ? fr_dev_e8m0_from_exp(fr_dev_floor_log2(cmax) - 2) : fr_dev_e8m0_from_exp(-127);
+        return fr_dev_e8m0_decode(code);
+    }
+    const bool small = P.underflow_aware && cmax <= P.tau;
+    const float q = small ? __fmul_rn(cmax, 0.5f) : __fdiv_rn(cmax, 6.0f);
+    return e4m3_round(q);
+}
+
+
+
+} // namespace fr_fp4
+
+#endif

@@ -1,0 +1,308 @@
+/* Query preparation of the FP4/FP8 decode kernels: the query of every
+ * (sequence, KV head) rotated, quantized (dual-residual FP4 in exact mode)
+ * or split into FP16 hi/lo halves, laid out as the split kernels' MMA
+ * fragments; and, without sink/recent, the partial last page quantized on
+ * the fly as a promoted page would hold it. Included by attn_fp4.cu only. */
+#ifndef FR_ATTN_FP4_PREP_CUH
+#define FR_ATTN_FP4_PREP_CUH
+
+#include <stdint.h>
+
+#include "attn_fp4_common.cuh"
+
+namespace fr_fp4 {
+
+/* Where query element `dim` of one column goes in the B fragments of the
+ * QK^T MMA: k-step i, lane t (the lane's 4 * g + t for column g), register
+ * reg (b0/b1) and half. The K A-fragments use the same permutation (lane t
+ * owns dims [t * D/4, (t + 1) * D/4); unpack_e2m1's pairs for FP4, byte
+ * pairs for FP8), so q.k is unchanged. */
+template <int FMT, int D> FR_K void qk_dim_slot(int dim, int &i, int &t, int &reg, int &half)
+{
+    t = dim / (D / 4);
+    const int rem = dim % (D / 4);
+    if (FMT == kFP8) {
+        i = rem / 4;
+        reg = (rem >> 1) & 1;
+        half = rem & 1;
+    } else {
+        const int o8 = rem & 7;
+        i = 2 * (rem >> 3) + (o8 & 1);
+        reg = (o8 >> 1) & 1;
+        half = o8 >> 2;
+    }
+}
+
+/* The natural m16n8k16 B-fragment slot of dim (for BF16 keys via ldmatrix). */
+FR_K void natural_dim_slot(int dim, int &i, int &t, int &reg, int &half)
+{
+    i = dim >> 4;
+    const int r = dim & 15;
+    t = (r & 7) >> 1;
+    reg = r >> 3;
+    half = r & 1;
+}
+
+/* The warp's lanes hold one row of values, element j in lane j % 32,
+ * register j / 32. fake_quant_warp quantizes the blocks of B elements
+ * (half-warps for NVFP4, whole registers for MXFP4) as
+ * fr_fp4_quantize_block does, bit for bit: amax over the block, the
+ * standard scale, with search the alternative and the squared errors
+ * summed in element order. Returns this lane's dequantized value and its
+ * code and scale code. Every lane of the warp must call it. */
+template <int F> FR_K float fake_quant_warp(float x, bool search, uint8_t &code, uint8_t &scode)
+{
+    constexpr fr_fp4_format FF = F == kMXFP4 ? FR_MXFP4 : FR_NVFP4;
+    constexpr int B = F == kMXFP4 ? 32 : 16;
+    const int lane = threadIdx.x & 31, base = lane & ~(B - 1);
+    float amax = fmaxf(0.0f, fabsf(x));
+#pragma unroll
+    for (int o = 1; o < B; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    const uint8_t s0 = fr_dev_fp4_standard_scale<FF>(amax);
+    const float v0 = fr_dev_fp4_scale_value<FF>(s0);
+    const uint8_t c0 = v0 > 0.0f ? fr_dev_e2m1_encode(__fdiv_rn(x, v0)) : 0;
+    code = c0;
+    scode = s0;
+    if (!search) return fr_dev_fp4_dequant(v0, c0);
+    /* the two halves of a warp may hold different NVFP4 blocks: every lane
+     * runs the error sums (they shuffle), the choice is per block */
+    const uint8_t s1 = fr_dev_fp4_alternative_scale<FF>(amax, s0);
+    const float v1 = fr_dev_fp4_scale_value<FF>(s1);
+    const uint8_t c1 = v1 > 0.0f ? fr_dev_e2m1_encode(__fdiv_rn(x, v1)) : 0;
+    const float xi = fr_dev_isnan(x) ? 0.0f : x;
+    const float e0 = __fsub_rn(fr_dev_fp4_dequant(v0, c0), xi), e1 = __fsub_rn(fr_dev_fp4_dequant(v1, c1), xi);
+    const float q0 = __fmul_rn(e0, e0), q1 = __fmul_rn(e1, e1);
+    float sse0 = 0.0f, sse1 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < B; k++) {   /* element order, as the C loop */
+        sse0 = __fadd_rn(sse0, __shfl_sync(0xFFFFFFFFu, q0, base + k));
+        sse1 = __fadd_rn(sse1, __shfl_sync(0xFFFFFFFFu, q1, base + k));
+    }
+    if (s1 != s0 && sse1 < sse0) {
+        code = c1;
+        scode = s1;
+        return fr_dev_fp4_dequant(v1, c1);
+    }
+    return fr_dev_fp4_dequant(v0, c0);
+}
+
+/* Query of (sequence, KV head): warp h < G takes head h. Writes the FP16 B
+ * fragments (columns 2h, 2h + 1: the two query terms of head h), the BF16
+ * hi/lo fragments for the BF16 tokens (sink_recent) and the per-head
+ * factor S = (column sum) * qscale. */
+template <int FMT, int D> __device__ void prep_query(const Params &P, int seq, int head, const fr_paged_seq &s)
+{
+    constexpr int E = D / 32, KS = D / 16;
+    __shared__ uint16_t frag[4 * KS * 32 * 4];   /* B [u][i][lane][reg][half] or A [mt][i][lane][4][half] */
+    __shared__ uint16_t frag_bf[4 * KS * 32 * 4];
+    const int nwords = P.qwords, nwords_bf = P.nq * KS * 32 * 2;
+    uint32_t *f32 = reinterpret_cast<uint32_t *>(frag), *fb32 = reinterpret_cast<uint32_t *>(frag_bf);
+    for (int k = threadIdx.x; k < 2 * KS * 32 * 4; k += kPrepThreads) f32[k] = fb32[k] = 0u;
+    __syncthreads();
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = P.group;
+    const size_t sh = (size_t)seq * P.kv.n_kv_heads + head;
+    if (warp < G) {
+        const float *qh = P.q + ((size_t)s.q_row * P.n_heads + (size_t)head * G + warp) * D;
+        float x[E];
+#pragma unroll
+        for (int e = 0; e < E; e++) x[e] = qh[32 * e + lane];
+        if (P.rotate) fr_dev_hadamard_warp<E>(x, D);
+
+        float v0[E], v1[E];
+        int ex = 0;   /* values enter the MMA times 2^-ex */
+        const bool quant = FMT != kFP8 && P.q_mode != FR_Q_UNQUANTIZED;
+        if (quant) {
+            uint32_t top = 0;   /* MXFP4: the largest scale code of the first term */
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                uint8_t code, sc;
+                const float xv = x[e];
+                v0[e] = fake_quant_warp<FMT == kMXFP4 ? kMXFP4 : kNVFP4>(xv, P.q_search != 0, code, sc);
+                top = max(top, (uint32_t)sc);
+                if (P.q_mode == FR_Q_DUAL) {
+                    const float r = __fsub_rn(fr_dev_isnan(xv) ? 0.0f : xv, v0[e]);
+                    v1[e] = fake_quant_warp<FMT == kMXFP4 ? kMXFP4 : kNVFP4>(r, P.q_search != 0, code, sc);
+                } else {
+                    v1[e] = 0.0f;
+                }
+            }
+            if (FMT == kMXFP4) {
+#pragma unroll
+                for (int o = 16; o; o >>= 1) top = max(top, __shfl_xor_sync(0xFFFFFFFFu, top, o));
+                ex = top ? (int)top - 127 : 0;
+                if (ex < -100) ex = -100;
+            }
+        } else {
+            float amax = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; e++) amax = fmaxf(amax, fabsf(x[e]));
+#pragma unroll
+            for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+            ex = amax > 0.0f ? fr_dev_floor_log2(amax) : 0;
+            ex = ex < -100 ? -100 : (ex > 100 ? 100 : ex);
+#pragma unroll
+            for (int e = 0; e < E; e++) v0[e] = x[e];
+        }
+        const float down = pow2f(-ex);
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const int dim = 32 * e + lane;
+            uint16_t h0, h1;
+            if (quant) {   /* exact in FP16 (or below 2^-24 of the largest block) */
+                h0 = f32_to_f16(__fmul_rn(v0[e], down));
+                h1 = f32_to_f16(__fmul_rn(v1[e], down));
+            } else {       /* hi + lo: 22 significant bits */
+                const float xn = __fmul_rn(v0[e], down);
+                h0 = f32_to_f16(xn);
+                h1 = f32_to_f16(__fsub_rn(xn, f16_to_f32(h0)));
+            }
+            int i, t, reg, half;
+            qk_dim_slot<FMT, D>(dim, i, t, reg, half);
+            if (FMT == kFP8) {   /* B fragments: columns 2h, 2h + 1 are head h's two terms */
+#pragma unroll
+                for (int term = 0; term < 2; term++) {
+                    const int col = 2 * warp + term, u = col >> 3, ln = 4 * (col & 7) + t;
+                    frag[(((u * KS + i) * 32 + ln) * 2 + reg) * 2 + half] = term ? h1 : h0;
+                }
+            } else {             /* A fragments: row h & 7 (term 0) and row 8 + (h & 7) (term 1) of m-tile h / 8 */
+                const int mt = warp >> 3, ln = 4 * (warp & 7) + t;
+#pragma unroll
+                for (int term = 0; term < 2; term++)
+                    frag[(((mt * KS + i) * 32 + ln) * 4 + 2 * reg + term) * 2 + half] = term ? h1 : h0;
+            }
+            if (P.sink_recent) {   /* BF16 tokens: the unquantized (rotated) query */
+                const uint16_t b0 = fr_dev_bf16_encode(x[e]);
+                const uint16_t b1 = fr_dev_bf16_encode(__fsub_rn(x[e], fr_dev_bf16_decode(b0)));
+                natural_dim_slot(dim, i, t, reg, half);
+#pragma unroll
+                for (int term = 0; term < 2; term++) {
+                    const int col = 2 * warp + term, u = col >> 3, ln = 4 * (col & 7) + t;
+                    frag_bf[(((u * KS + i) * 32 + ln) * 2 + reg) * 2 + half] = term ? b1 : b0;
+                }
+            }
+        }
+        if (lane == 0) {
+            float kfac = 1.0f;
+            if (FMT == kNVFP4) kfac = 128.0f;   /* keys enter the MMA times 2^-7 */
+            if (FMT == kFP8 && P.fp8_scales)
+                kfac = P.fp8_scales[((size_t)P.kv.layer * P.kv.n_kv_heads + head) * 2];
+            P.qscale[sh * kMaxGroup + warp] = P.gamma * pow2f(ex) * kfac;
+        }
+    }
+    __syncthreads();
+    uint32_t *dst = P.qfrag + sh * nwords, *dst_bf = P.qfrag_bf + sh * nwords_bf;
+    for (int k = threadIdx.x; k < nwords; k += kPrepThreads) dst[k] = f32[k];
+    if (P.sink_recent)
+        for (int k = threadIdx.x; k < nwords_bf; k += kPrepThreads) dst_bf[k] = fb32[k];
+}
+
+/* Token t of the partial page's row r (t = full + r): key and value rows,
+ * BF16 store form, from the recent slot or (t == len) the staging row. */
+template <int D>
+FR_K void loose_rows(const Params &P, const fr_paged_seq &s, int head, int t, const uint16_t *&k, const uint16_t *&v)
+{
+    const size_t lh = (size_t)P.kv.layer * P.kv.n_kv_heads + head;
+    if (t < s.len) {
+        k = P.kv.recent + (size_t)s.slot * 2 * P.kv.slot_elems + lh * kPage * D + (size_t)(t % kPage) * D;
+        v = k + P.kv.slot_elems;
+    } else {
+        const size_t o = ((size_t)s.q_row * P.kv.n_kv_heads + head) * D;
+        k = P.kv.step_k + o;
+        v = P.kv.step_v + o;
+    }
+}
+
+/* The partial last page quantized as a promoted page would hold it
+ * (kv_cache.c quantize_on_the_fly): keys per token with the recipe's
+ * search, values per block of B tokens from the page start, zero padded,
+ * FP8 element-wise against the per-head scales. Block z of the grid takes
+ * one value block (FP4) or 16 tokens (FP8). */
+template <int FMT, int D> __device__ void prep_page(const Params &P, int seq, int head, const fr_paged_seq &s, int z)
+{
+    using Gm = Geom<FMT, D>;
+    constexpr int E = D / 32;
+    const int full = s.len / kPage * kPage, cnt = s.len + 1 - full;
+    uint8_t *pg = P.otf + ((size_t)seq * P.kv.n_kv_heads + head) * Gm::page_bytes;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (FMT == kFP8) {
+        const float *sc = P.fp8_scales + ((size_t)P.kv.layer * P.kv.n_kv_heads + head) * 2;
+        const float ks = P.fp8_scales ? sc[0] : 1.0f, vs = P.fp8_scales ? sc[1] : 1.0f;
+        for (int k = threadIdx.x; k < 16 * D; k += kPrepThreads) {
+            const int r = 16 * z + k / D, j = k % D;
+            uint8_t kc = 0, vc = 0;
+            if (r < cnt) {
+                const uint16_t *kr, *vr;
+                loose_rows<D>(P, s, head, full + r, kr, vr);
+                kc = fr_dev_e4m3_encode(__fdiv_rn(fr_dev_bf16_decode(kr[j]), ks));
+                vc = fr_dev_e4m3_encode(__fdiv_rn(fr_dev_bf16_decode(vr[j]), vs));
+            }
+            pg[(size_t)r * D + j] = kc;
+            pg[Gm::v_codes + (size_t)r * D + j] = vc;
+        }
+        return;
+    }
+    constexpr int B = Gm::B;
+    constexpr fr_fp4_format FF = FMT == kMXFP4 ? FR_MXFP4 : FR_NVFP4;
+    /* keys: one warp per token row of the slice */
+    for (int rr = warp; rr < B; rr += kPrepThreads / 32) {
+        const int r = z * B + rr;
+        uint8_t *kc = pg + (size_t)r * (D / 2), *ks = pg + Gm::k_scales + (size_t)r * (D / B);
+        if (r < cnt) {
+            const uint16_t *kr, *vr;
+            loose_rows<D>(P, s, head, full + r, kr, vr);
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                const int j = 32 * e + lane;
+                uint8_t code, scode;
+                fake_quant_warp<FMT>(fr_dev_bf16_decode(kr[j]), P.q_search != 0, code, scode);
+                /* the eight lanes of a code word OR their placed codes together */
+                uint32_t word = fr_dev_fp4_word_place(code, j & 7);
+                word |= __shfl_xor_sync(0xFFFFFFFFu, word, 1);
+                word |= __shfl_xor_sync(0xFFFFFFFFu, word, 2);
+                word |= __shfl_xor_sync(0xFFFFFFFFu, word, 4);
+                if (!(j & 7)) *reinterpret_cast<uint32_t *>(kc + j / 2) = word;
+                if (!(j % B)) ks[j / B] = scode;
+            }
+        } else {
+            for (int j = lane; j < D / 2; j += 32) kc[j] = 0;
+            for (int j = lane; j < D / B; j += 32) ks[j] = 0;
+        }
+    }
+    /* values: one thread per channel, block z of B tokens */
+    for (int j = threadIdx.x; j < D; j += kPrepThreads) {
+        float col[B];
+        uint8_t codes[B];
+#pragma unroll
+        for (int i = 0; i < B; i++) {
+            const int r = z * B + i;
+            col[i] = 0.0f;
+            if (r < cnt) {
+                const uint16_t *kr, *vr;
+                loose_rows<D>(P, s, head, full + r, kr, vr);
+                col[i] = fr_dev_bf16_decode(vr[j]);
+            }
+        }
+        pg[Gm::v_scales + (size_t)j * (kPage / B) + z] = fr_dev_fp4_quantize_block<FF>(false, col, codes);
+        uint32_t *vc = reinterpret_cast<uint32_t *>(pg + Gm::v_codes + (size_t)j * (kPage / 2) + z * (B / 2));
+#pragma unroll
+        for (int i = 0; i < B; i += 8) vc[i / 8] = fr_dev_fp4_word_pack(codes + i);
+    }
+}
+
+/* Grid (n_seqs, n_kv_heads, 1 + slices): z = 0 the query, z >= 1 a slice of
+ * the on-the-fly page (launched only without sink/recent). */
+template <int FMT, int D> __global__ void __launch_bounds__(kPrepThreads) prep_kernel(Params P)
+{
+    const int seq = blockIdx.x, head = blockIdx.y, z = blockIdx.z;
+    const fr_paged_seq s = P.seqs[seq];
+    if (s.n_new != 1) return;
+    if (z == 0)
+        prep_query<FMT, D>(P, seq, head, s);
+    else
+        prep_page<FMT, D>(P, seq, head, s, z - 1);
+}
+
+} // namespace fr_fp4
+
+#endif

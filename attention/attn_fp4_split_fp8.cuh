@@ -1,0 +1,363 @@
+/* The FP8 split kernel body of the decode attention: one CTA walks the
+ * pages of its split; warps share the keys of a page (QK^T on 32 keys a
+ * warp, E4M3 codes converted exactly to FP16), exchange P through shared
+ * memory and multiply it by the values on 32 dims each. Included by
+ * attn_fp4.cu only (docs/attention_gpu.md). */
+#ifndef FR_ATTN_FP4_SPLIT_FP8_CUH
+#define FR_ATTN_FP4_SPLIT_FP8_CUH
+
+#include <stdint.h>
+
+#include "attn_fp4_common.cuh"
+
+namespace fr_fp4 {
+
+/* The bit reversal of a 3-bit index: position p of a P row holds token
+ * (p & ~7) | rev3(p & 7) (see "P exchange" in the split kernel). */
+FR_K int rev3(int x) { return ((x & 1) << 2) | (x & 2) | ((x >> 2) & 1); }
+
+/* Shared memory of an FP8 CTA (offsets in bytes): the K ring (two key
+ * halves), the V ring (two value halves) and two P buffers, then the page
+ * maxima and the l reduction; K two pages ahead of use, V one. */
+template <int NP, int D> struct Smem8 {
+    using Gm = Geom<kFP8, D>;
+    static constexpr int prow = 256;   /* one P row: 128 FP16 */
+    static constexpr int kring = 0, vring = 2 * Gm::k_half;
+    static constexpr int pbuf = vring + 2 * Gm::v_half;
+    static constexpr int pbuf_bytes = 2 * 8 * NP * prow;
+    static constexpr int maxbuf = pbuf + pbuf_bytes;
+    static constexpr int lred = maxbuf + 2 * kWarps * kMaxGroup * 4;
+    static constexpr int bars = lred + kWarps * kMaxGroup * 4;   /* K ring 0, 1, V ring 0, 1 */
+    static constexpr int total = bars + 4 * 8;
+};
+
+/* Byte offset of P position p (0..127) of row r in a P buffer: 16-byte
+ * chunks XOR-swizzled so the P.V B-fragment loads (lane 4g + t reads chunk
+ * 4t + q of row g) hit 8 distinct bank groups per quarter warp. */
+FR_K int pbuf_off(int r, int p)
+{
+    const int c = p >> 3;
+    return r * 256 + ((c ^ ((c >> 3) << 1) ^ (r & 1)) << 4) + (p & 7) * 2;
+}
+
+/* FP8 scores of this lane's 4 keys (m-tile j, row half r8: token-in-page
+ * tok[j][r8]) for the heads 4u + t, in base-2 logit units, unmasked. */
+template <int NQ, int D>
+FR_K void score_page_fp8(const uint8_t *pg, const uint2 (&qf)[NQ][D / 16], const float (&qs)[NQ], const int (&tok)[2][2],
+                     float (&sc)[2][2][NQ])
+{
+    constexpr int KS = D / 16;
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        float acc[NQ][4];
+#pragma unroll
+        for (int u = 0; u < NQ; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
+        uint32_t a[2][KS][2];   /* [row half][k-step][a0/a2 or a1/a3] */
+#pragma unroll
+        for (int r8 = 0; r8 < 2; r8++) {
+            const int row = tok[j][r8];
+            const uint32_t *kw = reinterpret_cast<const uint32_t *>(pg + row * D + t * (D / 4));
+#pragma unroll
+            for (int i = 0; i < KS; i += 4) {
+                const uint4 w = *reinterpret_cast<const uint4 *>(kw + i);
+                const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    a[r8][i + k][0] = e4m3x2_to_f16x2(ws[k] & 0xFFFFu);
+                    a[r8][i + k][1] = e4m3x2_to_f16x2(ws[k] >> 16);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < KS; i++)
+#pragma unroll
+            for (int u = 0; u < NQ; u++)
+                mma_f16(acc[u], a[0][i][0], a[1][i][0], a[0][i][1], a[1][i][1], qf[u][i].x, qf[u][i].y);
+#pragma unroll
+        for (int u = 0; u < NQ; u++) {
+            sc[j][0][u] = __fadd_rn(acc[u][0], acc[u][1]) * qs[u];
+            sc[j][1][u] = __fadd_rn(acc[u][2], acc[u][3]) * qs[u];
+        }
+    }
+}
+
+/* O^T (this warp's 32 dims) += V^T (dims x 128 tokens) P^T (tokens x heads)
+ * for one FP8 page, from its value half vh (E4M3 [tokens][dims]); P^T comes
+ * from the P buffer, positions in the bit-reversed token order of the
+ * byte pairing below. */
+template <int NP, int D>
+FR_K void pv_page_fp8(const uint8_t *vh, const uint8_t *pb, float (&o)[2][NP][4])
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    /* B fragments: row 8u + g of the P buffer, chunk 4t + q gives k-steps
+     * 2q (b0, b1) and 2q + 1 (b0, b1) */
+    uint32_t b[NP][8][2];
+#pragma unroll
+    for (int u = 0; u < NP; u++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const uint4 x = *reinterpret_cast<const uint4 *>(pb + pbuf_off(8 * u + g, 32 * t + 8 * q));
+            b[u][2 * q][0] = x.x;
+            b[u][2 * q][1] = x.y;
+            b[u][2 * q + 1][0] = x.z;
+            b[u][2 * q + 1][1] = x.w;
+        }
+    /* rows g, g + 8 of m-tiles 0, 1 = dims 32w + 4g + {0, 1, 2, 3}: one
+     * word per token; byte pairs of two tokens -> FP16x2 */
+    const uint8_t *vb = vh + 32 * warp + 4 * g;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const int p0 = 32 * t + 4 * j;   /* positions p0 .. p0 + 3 */
+        uint32_t w[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int p = p0 + e, tok = (p & ~7) | rev3(p & 7);
+            w[e] = *reinterpret_cast<const uint32_t *>(vb + tok * D);
+        }
+        const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+        const uint32_t lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+        const uint32_t a00 = e4m3x2_to_f16x2(lo01 & 0xFFFFu), a01 = e4m3x2_to_f16x2(lo01 >> 16);
+        const uint32_t a02 = e4m3x2_to_f16x2(lo23 & 0xFFFFu), a03 = e4m3x2_to_f16x2(lo23 >> 16);
+        const uint32_t a10 = e4m3x2_to_f16x2(hi01 & 0xFFFFu), a11 = e4m3x2_to_f16x2(hi01 >> 16);
+        const uint32_t a12 = e4m3x2_to_f16x2(hi23 & 0xFFFFu), a13 = e4m3x2_to_f16x2(hi23 >> 16);
+#pragma unroll
+        for (int u = 0; u < NP; u++) {
+            mma_f16(o[0][u], a00, a01, a02, a03, b[u][j][0], b[u][j][1]);
+            mma_f16(o[1][u], a10, a11, a12, a13, b[u][j][0], b[u][j][1]);
+        }
+    }
+}
+/* The dim of O^T row (m-tile i, row r) of warp w: rows g, g + 8 of m-tiles
+ * 0, 1 are dims 32w + 4g + {0, 1, 2, 3}. */
+FR_K int out_dim_fp8(int warp, int i, int r) { return 32 * warp + 4 * (r & 7) + 2 * i + (r >> 3); }
+
+template <int NQ, int D>
+__device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int split, const fr_paged_seq &s)
+{
+    using Gm = Geom<kFP8, D>;
+    constexpr int NP = NQ > 2 ? 2 : 1;
+    constexpr int KS = D / 16;
+    using Sm = Smem8<NP, D>;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int G = P.group, kvh = P.kv.n_kv_heads;
+    const int len = s.len, n = len + 1;
+    const int fp4_end = P.sink_recent ? len / kPage * kPage : n;
+    const int x1 = P.sink_recent ? (n < kSink ? n : kSink) : 0;   /* the sink's quantized copy */
+    const int tiles = (fp4_end + kPage - 1) / kPage;
+    const int pa = (int)((long)tiles * split / P.n_splits), pb = (int)((long)tiles * (split + 1) / P.n_splits);
+    const int t1 = pb * kPage < fp4_end ? pb * kPage : fp4_end;
+    const size_t sh = (size_t)seq * kvh + head;
+    const size_t slot = sh * (P.n_splits + 1) + split;
+    if (pa >= pb) {
+        write_empty(P, slot);
+        return;
+    }
+    const int npages = pb - pa;
+
+    uint8_t *pbuf = smem + Sm::pbuf;
+    float *maxbuf = reinterpret_cast<float *>(smem + Sm::maxbuf);   /* [2][warps][16] */
+    float *lred = reinterpret_cast<float *>(smem + Sm::lred);       /* [warps][16] */
+    uint64_t *bars = reinterpret_cast<uint64_t *>(smem + Sm::bars);
+
+    /* where page p of the sequence is: its block, or the on-the-fly page */
+    const size_t lh = (size_t)P.kv.layer * kvh + head;
+    const int full_pages = len / kPage;
+    auto page_src = [&](int k) {
+        const int p = pa + k;
+        return p < full_pages ? P.kv.pool + (size_t)s.block_table[p] * P.kv.block_bytes + lh * P.kv.head_page_bytes
+                              : P.otf + sh * Gm::page_bytes;
+    };
+    /* The pipeline (one thread issues): K of pages 0 and 1 before the
+     * loop; at page k's barrier, when the keys of page k are scored and the
+     * values of page k - 2 multiplied, K of page k + 2 and V of page k
+     * replace them. K is read two pages after its issue, V one. */
+    auto issue_k = [&](int k) {
+        uint64_t *bar = bars + (k & 1);
+        mbar_arrive_expect_tx(bar, Gm::k_half);
+        bulk_copy_g2s(smem + Sm::kring + (k & 1) * Gm::k_half, page_src(k), Gm::k_half, bar);
+    };
+    auto issue_v = [&](int k) {
+        uint64_t *bar = bars + 2 + (k & 1);
+        mbar_arrive_expect_tx(bar, Gm::v_half);
+        bulk_copy_g2s(smem + Sm::vring + (k & 1) * Gm::v_half, page_src(k) + Gm::v_codes, Gm::v_half, bar);
+    };
+
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < 4; k++) mbar_init(bars + k, 1);
+        mbar_fence_init();
+    }
+    for (int k = threadIdx.x; k < Sm::pbuf_bytes / 16; k += kThreads)
+        reinterpret_cast<uint4 *>(pbuf)[k] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int k = 0; k < 2 && k < npages; k++) issue_k(k);
+
+    /* the query: B fragments and per-head factors */
+    uint2 qf[NQ][KS];
+    float qs[NQ];
+    const uint2 *qsrc = reinterpret_cast<const uint2 *>(P.qfrag) + sh * P.nq * KS * 32;
+#pragma unroll
+    for (int u = 0; u < NQ; u++) {
+#pragma unroll
+        for (int i = 0; i < KS; i++) qf[u][i] = qsrc[(u * KS + i) * 32 + lane];
+        qs[u] = 4 * u + t < G ? P.qscale[sh * kMaxGroup + 4 * u + t] : 0.0f;
+    }
+
+    /* This lane's keys in a page: (m-tile j, row half r8) -> token. A lane
+     * holds the tokens of P positions 32w + 4g + (2j + r8); position p is
+     * token (p & ~7) | rev3(p & 7), the order the V unpacking gives. */
+    int tok[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int r8 = 0; r8 < 2; r8++) {
+            const int p = 32 * warp + 4 * g + 2 * j + r8;
+            tok[j][r8] = (p & ~7) | rev3(p & 7);
+        }
+
+    float mq[NQ], lq[NQ], mp[NP][2];
+#pragma unroll
+    for (int u = 0; u < NQ; u++) mq[u] = kNegInf, lq[u] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < NP; u++) mp[u][0] = mp[u][1] = kNegInf;
+    float o[2][NP][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int u = 0; u < NP; u++) o[i][u][0] = o[i][u][1] = o[i][u][2] = o[i][u][3] = 0.0f;
+    bool pending = false;   /* P of the previous page waits for its P.V */
+    /* P.V of page k once its values are in; every issued value half is
+     * waited for, also of a page whose keys were all masked (no P.V), so
+     * that no copy is still landing when its slot is issued again */
+    auto pv_wait = [&](int k, bool pv, float (&acc)[2][NP][4]) {
+        mbar_wait(bars + 2 + (k & 1), (uint32_t)(k >> 1) & 1u);
+        if (pv)
+            pv_page_fp8<NP, D>(smem + Sm::vring + (k & 1) * Gm::v_half, pbuf + (k & 1) * (Sm::pbuf_bytes / 2), acc);
+    };
+
+    for (int k = 0; k < npages; k++) {
+        const int p = pa + k;
+        mbar_wait(bars + (k & 1), (uint32_t)(k >> 1) & 1u);
+
+        float sc[2][2][NQ];
+        score_page_fp8<NQ, D>(smem + Sm::kring + (k & 1) * Gm::k_half, qf, qs, tok, sc);
+        float bm[NQ], wm[NQ];
+        const bool edge = p * kPage < x1 || (p + 1) * kPage > t1;   /* masks only on the first and last pages */
+#pragma unroll
+        for (int u = 0; u < NQ; u++) {
+            float mx = kNegInf;
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int r8 = 0; r8 < 2; r8++) {
+                    const int tk = p * kPage + tok[j][r8];
+                    if (edge && (tk < x1 || tk >= t1)) sc[j][r8][u] = kNegInf;
+                    mx = fmaxf(mx, sc[j][r8][u]);
+                }
+            /* lanes g = 0..3 hold tokens 0..15 of the warp, 4..7 tokens
+             * 16..31: two steps give the NVFP4 block max, three the warp's */
+            mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 8));
+            bm[u] = mx;
+            mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 16));
+            wm[u] = mx;
+            if (g == 0 && 4 * u + t < kMaxGroup) maxbuf[((k & 1) * kWarps + warp) * kMaxGroup + 4 * u + t] = mx;
+        }
+        __syncthreads();   /* maxima of page k; P of page k - 1; K of page k and V of page k - 2 free */
+        if (threadIdx.x == 0) {
+            fence_proxy_async();
+            if (k + 2 < npages) issue_k(k + 2);
+            issue_v(k);
+        }
+        if (k > 0) pv_wait(k - 1, pending, o);
+
+        const float *mb = maxbuf + (k & 1) * kWarps * kMaxGroup;
+        auto tile_max = [&](int h) {
+            float x = mb[h];
+#pragma unroll
+            for (int w = 1; w < kWarps; w++) x = fmaxf(x, mb[w * kMaxGroup + h]);
+            return x;
+        };
+        if (tile_max(0) == kNegInf) {   /* every key masked (masks are per token) */
+            pending = false;
+            continue;
+        }
+        /* running maxima: alpha rescales O (P.V layout heads) and l */
+#pragma unroll
+        for (int u = 0; u < NP; u++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int h = 8 * u + 2 * t + e;
+                const float mn = h < G ? fmaxf(mp[u][e], tile_max(h)) : 0.0f;
+                const float al = (h < G && mp[u][e] != kNegInf) ? ex2(mp[u][e] - mn) : 0.0f;
+                mp[u][e] = mn;
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    o[i][u][e] *= al;
+                    o[i][u][2 + e] *= al;
+                }
+            }
+        uint8_t *pbk = pbuf + (k & 1) * (Sm::pbuf_bytes / 2);
+#pragma unroll
+        for (int u = 0; u < NQ; u++) {
+            const int h = 4 * u + t;
+            const float mn = h < G ? fmaxf(mq[u], tile_max(h < kMaxGroup ? h : 0)) : 0.0f;
+            const float al = (h < G && mq[u] != kNegInf) ? ex2(mq[u] - mn) : 0.0f;
+            mq[u] = mn;
+            const float mc = mn - P.log2c;   /* c folded into exp2 */
+            float pv[2][2], sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+#pragma unroll
+                for (int r8 = 0; r8 < 2; r8++) {
+                    const float cp = ex2(sc[j][r8][u] - mc);
+                    sum += cp;
+                    pv[j][r8] = cp * kPShift;
+                }
+            lq[u] = lq[u] * al + sum;
+            if (h < G)
+                *reinterpret_cast<uint2 *>(pbk + pbuf_off(h, 32 * warp + 4 * g)) =
+                    make_uint2(pack_f16x2(pv[0][0], pv[0][1]), pack_f16x2(pv[1][0], pv[1][1]));
+        }
+        pending = true;
+    }
+    __syncthreads();
+    pv_wait(npages - 1, pending, o);
+
+    /* l over the warp's keys, then over the warps */
+#pragma unroll
+    for (int u = 0; u < NQ; u++) {
+        float x = lq[u];
+        x += __shfl_xor_sync(0xFFFFFFFFu, x, 4);
+        x += __shfl_xor_sync(0xFFFFFFFFu, x, 8);
+        x += __shfl_xor_sync(0xFFFFFFFFu, x, 16);
+        if (g == 0 && 4 * u + t < kMaxGroup) lred[warp * kMaxGroup + 4 * u + t] = x;
+    }
+    __syncthreads();
+    float of = kPUnshift;   /* O = sum P V * 2^11 * v_scale */
+    if (P.fp8_scales) of *= P.fp8_scales[lh * 2 + 1];
+#pragma unroll
+    for (int u = 0; u < NP; u++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int h = 8 * u + 2 * t + e;
+            if (h >= G) continue;
+            float l = 0.0f;
+#pragma unroll
+            for (int w = 0; w < kWarps; w++) l += lred[w * kMaxGroup + h];
+            const float inv = l > 0.0f ? of / l : 0.0f;
+            float *dst = P.o_part + (slot * G + h) * D;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                dst[out_dim_fp8(warp, i, g)] = o[i][u][e] * inv;
+                dst[out_dim_fp8(warp, i, g + 8)] = o[i][u][2 + e] * inv;
+            }
+            if (warp == 0 && g == 0)
+                P.lse_part[slot * G + h] = l > 0.0f ? mp[u][e] + log2f(l) - P.log2c : kNegInf;
+        }
+}
+
+} // namespace fr_fp4
+
+#endif
