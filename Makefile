@@ -25,7 +25,7 @@ NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
 
 # One static library per module, in dependency order (a module may use the
 # ones after it in this list, never the ones before).
-MODULES  := trainer_bridge rollout kvcache attention comm
+MODULES  := trainer_bridge rollout kvcache attention comm base
 lib_of    = $(BUILD)/lib$(1).a
 # C files named *_cuda.c call the CUDA runtime: built only when nvcc is.
 # rollout/cli_serve.c (the `serve` command) drives trainer_bridge, which
@@ -43,11 +43,14 @@ endif
 
 BIN        := $(BUILD)/fp4rollout
 TOP_OBJS   := $(patsubst %.c,$(BUILD)/obj/%.o,$(TOP_SRCS))
+# base/ has no dependencies: the client library and the fuzz targets take
+# its sources whole.
+BASE_SRCS  := $(wildcard base/*.c)
 # The C client library of the trainer bridge: the protocol codec, the
 # socket helpers and the client, with the error convention; it needs
 # nothing but libzmq and msgpack-c. fp4rollout-client is its command line.
 CLIENT_SRCS := $(addprefix trainer_bridge/,proto_common.c proto_encode.c proto_decode.c wire.c client.c client_nccl.c \
-                 msg_json.c metrics_sub.c) attention/fr_status.c comm/comm_status.c comm/dev_checksum.c
+                 msg_json.c metrics_sub.c) $(BASE_SRCS) comm/comm_status.c comm/dev_checksum.c
 CLIENT_LIB := $(BUILD)/libfp4rollout_client.a
 CLIENT_BIN := $(BUILD)/fp4rollout-client
 CLIENT_LDLIBS := -lzmq -lmsgpackc -lxxhash -lm -pthread

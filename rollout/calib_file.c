@@ -5,22 +5,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "atomic_file.h"
+#include "base/atomic_file.h"
 #include "attention/prob_quant.h"
 #include "safetensors.h"
 
-static fr_status load_tensor(const st_file *f, const char *path, const char *name, int ndim,
+static fr_status load_tensor(const fr_st_file *f, const char *path, const char *name, int ndim,
                              const int64_t *shape, float **out)
 {
-    const st_tensor *t = st_file_find(f, name);
+    const fr_st_tensor *t = fr_st_file_find(f, name);
     *out = NULL;
     if (!t) return FR_OK;
-    fr_status st = st_check_shape(t, path, ndim, shape);
+    fr_status st = fr_st_check_shape(t, path, ndim, shape);
     if (st) return st;
-    size_t n = st_tensor_numel(t);
+    size_t n = fr_st_tensor_numel(t);
     *out = malloc(sizeof(float) * (n ? n : 1));
     if (!*out) return fr_fail(FR_ENOMEM, "%s: out of memory", path);
-    st = st_tensor_to_f32(t, *out, n);
+    st = fr_st_tensor_to_f32(t, *out, n);
     if (st) { free(*out); *out = NULL; }
     return st;
 }
@@ -44,8 +44,8 @@ fr_status fr_calib_load(const char *path, const fr_model_config *cfg, fr_calib *
 {
     memset(out, 0, sizeof *out);
     out->tau = FR_P_TAU;
-    st_file *f;
-    fr_status st = st_file_open(path, &f);
+    fr_st_file *f;
+    fr_status st = fr_st_file_open(path, &f);
     if (st) return st;
     int64_t km[3] = {cfg->num_layers, cfg->num_kv_heads, cfg->head_dim};
     int64_t fs[3] = {cfg->num_layers, cfg->num_kv_heads, 2};
@@ -62,7 +62,7 @@ fr_status fr_calib_load(const char *path, const fr_model_config *cfg, fr_calib *
     }
     if (!st) st = check_values(path, cfg, out, FR_EFORMAT);
     free(tau);
-    st_file_close(&f);
+    fr_st_file_close(&f);
     if (st) fr_calib_free(out);
     return st;
 }

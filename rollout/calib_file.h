@@ -8,7 +8,7 @@
 #define FR_CALIB_FILE_H
 
 #include "model_config.h"
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 
 #ifdef __cplusplus
 extern "C" {

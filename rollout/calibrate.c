@@ -1,5 +1,6 @@
 #include "calibrate.h"
 
+#include "base/clock.h"
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,13 +16,6 @@
 #endif
 
 enum { P_BLOCK = 16 };   /* NVFP4 probability block: the only format tau applies to */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- byte texts ---- */
 
@@ -300,14 +294,14 @@ static fr_status prefill(runner *r, int seq, const int *tokens, int n, int chunk
                          const char *what, int verbose)
 {
     fr_status st = FR_OK;
-    double t0 = now_s(), shown = t0;
+    double t0 = fr_now_s(), shown = t0;
     for (int i = 0; i < n && !st; i += chunk) {
         int m = n - i < chunk ? n - i : chunk;
         fr_step_seq step = {.seq = seq, .n = m, .tokens = tokens + i, .all_logits = 0};
         st = runner_step(r, &step, 1, last);
-        if (verbose && (now_s() - shown > 2.0 || i + m == n)) {
-            fprintf(stderr, "calibrate: %s %d/%d tokens (%.1f s)\n", what, i + m, n, now_s() - t0);
-            shown = now_s();
+        if (verbose && (fr_now_s() - shown > 2.0 || i + m == n)) {
+            fprintf(stderr, "calibrate: %s %d/%d tokens (%.1f s)\n", what, i + m, n, fr_now_s() - t0);
+            shown = fr_now_s();
         }
     }
     return st;
@@ -444,9 +438,9 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
     if (!st) st = runner_open(r, m, o, kv, o->chunk > n_texts ? o->chunk : n_texts);
 
     /* 1. continue the seeds */
-    double t0 = now_s();
+    double t0 = fr_now_s();
     if (!st && o->continue_tokens > 0) st = continue_seeds(r, kv, cfg, o, n_texts, texts, plen, cont, n_cont);
-    double t1 = now_s();
+    double t1 = fr_now_s();
 
     /* 2. join and tile */
     for (int i = 0; i < n_texts; i++) body_len += plen[i] - 1 + n_cont[i];
@@ -476,7 +470,7 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
         st = fr_kv_seq_new(kv, &seq);
         if (!st) st = prefill(r, seq, tokens, n_prefill, o->chunk, logits, "prefill", o->verbose);
     }
-    double t2 = now_s();
+    double t2 = fr_now_s();
 
     /* 4. decode steps continuing it: their queries calibrate tau */
     cs.tau_on = 1;
@@ -486,9 +480,9 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
         st = runner_step(r, &step, 1, logits);
         if (o->verbose && !st && (i + 1 == context || (i + 1 - n_prefill) % 64 == 0))
             fprintf(stderr, "calibrate: tau decode step %d/%d (%ld probability blocks, %.1f s)\n",
-                    i + 1 - n_prefill, o->tau_steps, cs.tau.blocks, now_s() - t2);
+                    i + 1 - n_prefill, o->tau_steps, cs.tau.blocks, fr_now_s() - t2);
     }
-    double t3 = now_s();
+    double t3 = fr_now_s();
 
     if (!st) {
         out->key_mean = malloc(sizeof(float) * (size_t)L * H * d);

@@ -9,7 +9,7 @@
 
 /* One tensor visible through the checkpoint and the shard that holds it. */
 typedef struct {
-    const st_tensor *t; /* t->name is the sort key; it lives in the shard */
+    const fr_st_tensor *t; /* t->name is the sort key; it lives in the shard */
     int file;
 } ck_entry;
 
@@ -17,7 +17,7 @@ struct fr_checkpoint {
     fr_model_config cfg;
     char *dir;
     int n_files;
-    st_file **files;
+    fr_st_file **files;
     int n_entries;
     ck_entry *entries; /* sorted by name */
 };
@@ -71,13 +71,13 @@ static fr_status open_single(fr_checkpoint *c, const char *path)
 {
     c->files = calloc(1, sizeof *c->files);
     if (!c->files) return fr_fail(FR_ENOMEM, "%s: no memory", path);
-    fr_status rc = st_file_open(path, &c->files[0]);
+    fr_status rc = fr_st_file_open(path, &c->files[0]);
     if (rc != FR_OK) return rc;
     c->n_files = 1;
-    int n = st_file_count(c->files[0]);
+    int n = fr_st_file_count(c->files[0]);
     c->entries = calloc(n ? (size_t)n : 1, sizeof *c->entries);
     if (!c->entries) return fr_fail(FR_ENOMEM, "%s: no memory", path);
-    for (int i = 0; i < n; i++) c->entries[i] = (ck_entry){st_file_tensor(c->files[0], i), 0};
+    for (int i = 0; i < n; i++) c->entries[i] = (ck_entry){fr_st_file_tensor(c->files[0], i), 0};
     c->n_entries = n; /* the file lists tensors in name order already */
     return FR_OK;
 }
@@ -118,7 +118,7 @@ static fr_status open_sharded(fr_checkpoint *c, const char *index_path, const cJ
     }
     for (int i = 0; i < ns && rc == FR_OK; i++) {
         char *path = join(c->dir, shards[i]);
-        rc = path ? st_file_open(path, &c->files[i]) : fr_fail(FR_ENOMEM, "%s: no memory", index_path);
+        rc = path ? fr_st_file_open(path, &c->files[i]) : fr_fail(FR_ENOMEM, "%s: no memory", index_path);
         free(path);
         if (rc == FR_OK) c->n_files++;
     }
@@ -127,10 +127,10 @@ static fr_status open_sharded(fr_checkpoint *c, const char *index_path, const cJ
     cJSON_ArrayForEach(e, map) {
         char **hit = bsearch(&e->valuestring, shards, (size_t)ns, sizeof *shards, cmp_str);
         int f = (int)(hit - shards);
-        const st_tensor *t = st_file_find(c->files[f], e->string);
+        const fr_st_tensor *t = fr_st_file_find(c->files[f], e->string);
         if (!t) {
             rc = fr_fail(FR_EFORMAT, "%s: tensor %s is listed in weight_map but absent from shard %s",
-                         index_path, e->string, st_file_path(c->files[f]));
+                         index_path, e->string, fr_st_file_path(c->files[f]));
             goto done;
         }
         c->entries[c->n_entries++] = (ck_entry){t, f};
@@ -201,12 +201,12 @@ const fr_model_config *fr_checkpoint_config(const fr_checkpoint *c) { return c ?
 static const ck_entry *lookup(const fr_checkpoint *c, const char *name)
 {
     if (!c || !name || c->n_entries == 0) return NULL;
-    st_tensor key_t = {.name = name};
+    fr_st_tensor key_t = {.name = name};
     ck_entry key = {&key_t, 0};
     return bsearch(&key, c->entries, (size_t)c->n_entries, sizeof *c->entries, cmp_entry);
 }
 
-const st_tensor *fr_checkpoint_find(const fr_checkpoint *c, const char *name)
+const fr_st_tensor *fr_checkpoint_find(const fr_checkpoint *c, const char *name)
 {
     const ck_entry *e = lookup(c, name);
     return e ? e->t : NULL;
@@ -215,25 +215,25 @@ const st_tensor *fr_checkpoint_find(const fr_checkpoint *c, const char *name)
 fr_status fr_checkpoint_load_f32(const fr_checkpoint *c, const char *name, int ndim,
                                  const int64_t *shape, float *dst)
 {
-    if (!c || !name || !dst || ndim < 0 || ndim > ST_MAX_DIMS || (ndim && !shape))
+    if (!c || !name || !dst || ndim < 0 || ndim > FR_ST_MAX_DIMS || (ndim && !shape))
         return fr_fail(FR_EINVAL, "fr_checkpoint_load_f32: bad arguments for tensor %s", name ? name : "(null)");
     const ck_entry *e = lookup(c, name);
     if (!e) return fr_fail(FR_EFORMAT, "%s: missing tensor %s", c->dir, name);
-    const st_tensor *t = e->t;
-    const char *file = st_file_path(c->files[e->file]);
+    const fr_st_tensor *t = e->t;
+    const char *file = fr_st_file_path(c->files[e->file]);
 
-    fr_status st = st_check_shape(t, file, ndim, shape);
+    fr_status st = fr_st_check_shape(t, file, ndim, shape);
     if (st) return st;
-    if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16)
+    if (t->dtype != FR_DTYPE_F32 && t->dtype != FR_DTYPE_F16 && t->dtype != FR_DTYPE_BF16)
         return fr_fail(FR_EUNSUPPORTED, "%s: tensor %s has dtype %s; expected F32, F16 or BF16", file,
-                       name, st_dtype_name(t->dtype));
-    return st_tensor_to_f32(t, dst, st_tensor_numel(t));
+                       name, fr_dtype_file_name(t->dtype));
+    return fr_st_tensor_to_f32(t, dst, fr_st_tensor_numel(t));
 }
 
 void fr_checkpoint_close(fr_checkpoint **c)
 {
     if (!c || !*c) return;
-    for (int i = 0; i < (*c)->n_files; i++) st_file_close(&(*c)->files[i]);
+    for (int i = 0; i < (*c)->n_files; i++) fr_st_file_close(&(*c)->files[i]);
     free((*c)->files);
     free((*c)->entries);
     free((*c)->dir);

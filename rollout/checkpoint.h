@@ -2,7 +2,7 @@
  *
  * The weights are either one model.safetensors or shards named by the
  * weight_map of model.safetensors.index.json. Shards stay memory-mapped until
- * fr_checkpoint_close(), so the st_tensor pointers handed out live as long as
+ * fr_checkpoint_close(), so the fr_st_tensor pointers handed out live as long as
  * the checkpoint does.
  */
 #ifndef FR_CHECKPOINT_H
@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 #include "rollout/model_config.h"
 #include "rollout/safetensors.h"
 
@@ -24,7 +24,7 @@ fr_status fr_checkpoint_open(const char *dir, fr_checkpoint **out);
 const fr_model_config *fr_checkpoint_config(const fr_checkpoint *c);
 
 /* NULL when absent. With an index, only tensors its weight_map names exist. */
-const st_tensor *fr_checkpoint_find(const fr_checkpoint *c, const char *name);
+const fr_st_tensor *fr_checkpoint_find(const fr_checkpoint *c, const char *name);
 
 /* Loads tensor `name` into dst as float32 after checking that its shape is
  * exactly shape[0..ndim) and its dtype is F32, F16 or BF16. dst holds the

@@ -6,7 +6,7 @@
 #include <sys/stat.h>
 
 #include "attention/microscale.h"
-#include "atomic_file.h"
+#include "base/atomic_file.h"
 #include "cli.h"
 
 static const char usage_text[] =

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/buf.h"
+#include "base/clock.h"
 #include "cli.h"
 #include "scheduler.h"
 #include "session.h"
@@ -51,66 +53,6 @@ static const char usage_text[] =
     "                       (default: a readable line per sample)\n"
     "engine options:\n";
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* A growable byte buffer; `failed` records an allocation that did not succeed. */
-typedef struct {
-    char *data;
-    size_t len, cap;
-    int failed;
-} byte_buf;
-
-static void buf_put(byte_buf *b, const void *p, size_t n)
-{
-    if (b->failed) return;
-    if (b->len + n > b->cap) {
-        size_t c = b->cap ? b->cap : 4096;
-        while (c < b->len + n) c *= 2;
-        char *d = realloc(b->data, c);
-        if (!d) {
-            b->failed = 1;
-            return;
-        }
-        b->data = d;
-        b->cap = c;
-    }
-    if (n) memcpy(b->data + b->len, p, n);
-    b->len += n;
-}
-
-static void buf_printf(byte_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void buf_printf(byte_buf *b, const char *fmt, ...)
-{
-    char small[64];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        b->failed = 1;
-        return;
-    }
-    if ((size_t)n < sizeof small) {
-        buf_put(b, small, (size_t)n);
-        return;
-    }
-    char *big = malloc((size_t)n + 1);
-    if (!big) {
-        b->failed = 1;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    buf_put(b, big, (size_t)n);
-    free(big);
-}
-
 /* Where finished samples go: printed at once (one process), kept as records
  * for world rank 0 (an engine leader under mpirun), or dropped (the other
  * ranks of an engine, which compute the same samples). */
@@ -118,7 +60,7 @@ enum { OUT_PRINT, OUT_KEEP, OUT_DROP };
 
 typedef struct {
     int json, mode;
-    byte_buf line, records;
+    fr_buf line, records;
 } out_ctx;
 
 /* A kept sample: this header, then `len` bytes of its text line. */
@@ -137,23 +79,23 @@ static void on_done(void *user, const fr_sample_result *r)
 {
     out_ctx *o = user;
     if (o->mode == OUT_DROP) return;
-    byte_buf *b = &o->line;
+    fr_buf *b = &o->line;
     b->len = 0;
     if (o->json) {
-        buf_printf(b, "{\"request\":%llu,\"sample\":%d,\"tokens\":[", (unsigned long long)r->request_id, r->sample);
-        for (int i = 0; i < r->n_tokens; i++) buf_printf(b, "%s%d", i ? "," : "", r->tokens[i]);
-        buf_printf(b, "],\"logprobs\":[");
-        for (int i = 0; i < r->n_tokens; i++) buf_printf(b, "%s%.6g", i ? "," : "", r->logprobs[i]);
-        buf_printf(b, "],\"finish_reason\":\"%s\"", fr_finish_reason_name(r->finish));
+        fr_buf_printf(b, "{\"request\":%llu,\"sample\":%d,\"tokens\":[", (unsigned long long)r->request_id, r->sample);
+        for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, "%s%d", i ? "," : "", r->tokens[i]);
+        fr_buf_printf(b, "],\"logprobs\":[");
+        for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, "%s%.6g", i ? "," : "", r->logprobs[i]);
+        fr_buf_printf(b, "],\"finish_reason\":\"%s\"", fr_finish_reason_name(r->finish));
         if (r->monitored && r->div.n > 0)
-            buf_printf(b, ",\"kl_mean\":%.6g,\"kl_max\":%.6g,\"top1_agree\":%.6g", fr_div_summary_mean(&r->div),
+            fr_buf_printf(b, ",\"kl_mean\":%.6g,\"kl_max\":%.6g,\"top1_agree\":%.6g", fr_div_summary_mean(&r->div),
                        r->div.kl_max, (double)r->div.top1_agree / (double)r->div.n);
-        buf_printf(b, "}\n");
+        fr_buf_printf(b, "}\n");
     } else {
-        buf_printf(b, "request %llu sample %d (%s, %d tokens):", (unsigned long long)r->request_id, r->sample,
+        fr_buf_printf(b, "request %llu sample %d (%s, %d tokens):", (unsigned long long)r->request_id, r->sample,
                    fr_finish_reason_name(r->finish), r->n_tokens);
-        for (int i = 0; i < r->n_tokens; i++) buf_printf(b, " %d", r->tokens[i]);
-        buf_printf(b, "\n");
+        for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, " %d", r->tokens[i]);
+        fr_buf_printf(b, "\n");
     }
     if (b->failed) return;
     if (o->mode == OUT_PRINT) {
@@ -161,8 +103,8 @@ static void on_done(void *user, const fr_sample_result *r)
         return;
     }
     record_head h = {.request = r->request_id, .sample = r->sample, .len = (uint32_t)b->len};
-    buf_put(&o->records, &h, sizeof h);
-    buf_put(&o->records, b->data, b->len);
+    fr_buf_put(&o->records, &h, sizeof h);
+    fr_buf_put(&o->records, b->data, b->len);
 }
 
 typedef struct {
@@ -394,9 +336,9 @@ int fr_cli_rollout(int argc, char **argv)
             n_requests++;
         }
     }
-    const double t_run = now_s();
+    const double t_run = fr_now_s();
     if (!st) st = fr_scheduler_run(sch);
-    const double run_s = now_s() - t_run;
+    const double run_s = fr_now_s() - t_run;
     if (st && tl.engine_leader) {
         if (multi) fprintf(stderr, "fp4rollout rollout: engine %d: %s\n", tl.engine, fr_last_error());
         else fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
@@ -434,10 +376,10 @@ int fr_cli_rollout(int argc, char **argv)
         engine_totals t = {.requests = n_requests, .samples = ss.finished, .tokens = ss.tokens_generated,
                            .prefill_tokens = ss.prefill_tokens, .steps = ss.steps, .preemptions = ss.preemptions,
                            .failed = st != FR_OK};
-        byte_buf mine = {0};
+        fr_buf mine = {0};
         if (tl.engine_leader) {
-            buf_put(&mine, &t, sizeof t);
-            buf_put(&mine, oc.records.data, oc.records.len);
+            fr_buf_put(&mine, &t, sizeof t);
+            fr_buf_put(&mine, oc.records.data, oc.records.len);
             if (mine.failed) {
                 if (!st) st = fr_fail(FR_ENOMEM, "out of memory sending the results");
                 mine.len = 0;

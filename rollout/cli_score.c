@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "atomic_file.h"
+#include "base/atomic_file.h"
 #include "cli.h"
 #include "session.h"
 #include "tp_launch.h"

@@ -1,5 +1,6 @@
 #include "eval_kl.h"
 
+#include "base/clock.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,13 +12,6 @@
 #ifdef FR_HAVE_CUDA
 #include "runner_cuda.h"
 #endif
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- configuration names ---- */
 
@@ -198,7 +192,7 @@ static fr_status run_pass(const eval_ctx *e, fr_kv_cache_config kc, const char *
     if (!st) st = fr_runner_cpu_new_tp(e->m, kv, N, p->tp, &r);
     for (int i = 0; i < N && !st; i++)
         if (!(st = fr_kv_seq_new(kv, &seq[i]))) opened++;
-    double t0 = now_s(), shown = t0;
+    double t0 = fr_now_s(), shown = t0;
     for (int t = 0; t < e->max_len && !st; t++) {
         int ns = 0;
         for (int i = 0; i < N; i++)
@@ -212,9 +206,9 @@ static fr_status run_pass(const eval_ctx *e, fr_kv_cache_config kc, const char *
 #endif
         st = fr_runner_cpu_step(r, steps, ns, logits);
         for (int j = 0; j < ns && !st; j++) st = fn(user, text_of[j], t, logits + (size_t)j * V);
-        if (p->verbose && !st && (now_s() - shown > 10.0 || t + 1 == e->max_len)) {
-            fprintf(stderr, "eval-kl: %s: position %d/%d (%.1f s)\n", label, t + 1, e->max_len, now_s() - t0);
-            shown = now_s();
+        if (p->verbose && !st && (fr_now_s() - shown > 10.0 || t + 1 == e->max_len)) {
+            fprintf(stderr, "eval-kl: %s: position %d/%d (%.1f s)\n", label, t + 1, e->max_len, fr_now_s() - t0);
+            shown = fr_now_s();
         }
     }
     for (int i = 0; i < opened; i++) fr_kv_seq_free(kv, seq[i]);
@@ -367,18 +361,18 @@ fr_status fr_eval_kl(const fr_model *m, const fr_eval_kl_params *p, fr_eval_kl_r
     /* The reference: BF16 KV through the same decode path. */
     if (!st) {
         fr_eval_config bf16 = {.kv = FR_KV_BF16, .compute = FR_COMPUTE_EXACT, .recipe = fr_recipe_full()};
-        double t0 = now_s();
+        double t0 = fr_now_s();
         st = run_pass(&e, cache_config(&m->cfg, &bf16, NULL, &tl, km, f8), "reference (bf16)", keep_reference, &ref);
-        out->seconds_reference = now_s() - t0;
+        out->seconds_reference = fr_now_s() - t0;
     }
     for (int c = 0; c < p->n_configs && !st; c++) {
         fr_eval_result *res = &out->results[c];
         kl_sink ks = {.ref = &ref, .res = res};
         char label[96];
         snprintf(label, sizeof label, "%s (%d/%d)", res->cfg.name, c + 1, p->n_configs);
-        double t0 = now_s();
+        double t0 = fr_now_s();
         st = run_pass(&e, cache_config(&m->cfg, &res->cfg, p->calib, &tl, km, f8), label, measure, &ks);
-        res->seconds = now_s() - t0;
+        res->seconds = fr_now_s() - t0;
         if (st) break;
         for (int i = 0; i < N; i++) {
             res->text_kl[i] /= p->lens[i];

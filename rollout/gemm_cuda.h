@@ -40,7 +40,7 @@
 extern "C" {
 #endif
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 
 typedef struct fr_gemm fr_gemm;
 

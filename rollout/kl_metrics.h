@@ -6,7 +6,7 @@
 #ifndef FR_KL_METRICS_H
 #define FR_KL_METRICS_H
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,53 +1,31 @@
 #include "metrics.h"
 
+#include "base/buf.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int failed;
-} text;
+typedef fr_buf text;
 
 static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void put(text *t, const char *fmt, ...)
 {
-    if (t->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            t->failed = 1;
-            return;
-        }
-        if (t->p && t->len + (size_t)n < t->cap) {
-            t->len += (size_t)n;
-            return;
-        }
-        size_t cap = t->cap ? t->cap : 4096;
-        while (cap <= t->len + (size_t)n) cap *= 2;
-        char *q = realloc(t->p, cap);
-        if (!q) {
-            t->failed = 1;
-            return;
-        }
-        t->p = q;
-        t->cap = cap;
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    fr_buf_vprintf(t, fmt, ap);
+    va_end(ap);
 }
 
 static fr_status finish(text *t, char **out, size_t *len)
 {
-    if (t->failed || !t->p) {
-        free(t->p);
+    if (t->failed || !t->data) {
+        free(t->data);
         return fr_fail(FR_ENOMEM, "metrics: out of memory");
     }
-    *out = t->p;
+    *out = t->data;
     *len = t->len;
     return FR_OK;
 }

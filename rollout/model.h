@@ -34,7 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 #include "rollout/model_config.h"
 
 #ifdef __cplusplus

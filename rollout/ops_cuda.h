@@ -49,7 +49,7 @@
 extern "C" {
 #endif
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 
 /* Largest head_dim fr_cuda_qk_norm_rope and the RoPE table accept. */
 #define FR_CUDA_MAX_HEAD_DIM 512

@@ -1,5 +1,6 @@
 #include "recalibrate.h"
 
+#include "base/clock.h"
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -21,13 +22,6 @@ struct fr_recal {
     uint64_t judged_version;      /* ... this one */
     fr_recal_stats st;
 };
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 void fr_recal_destroy(fr_recal **pr)
 {
@@ -114,7 +108,7 @@ fr_status fr_recal_check(fr_recal *r, fr_session *s, fr_scheduler *sch, uint64_t
     else
         fprintf(log, "serve: weight version %llu committed: recalibrating the key mean\n", (unsigned long long)version);
     fflush(log);
-    const double t0 = now_s();
+    const double t0 = fr_now_s();
     fr_calib_opts o;
     fr_calib_opts_default(&o);
     o.context = r->cfg.context;
@@ -138,7 +132,7 @@ fr_status fr_recal_check(fr_recal *r, fr_session *s, fr_scheduler *sch, uint64_t
     r->st.recalibrations++;
     r->st.last_version = version;
     r->st.last_kl = kl;
-    r->st.last_seconds = now_s() - t0;
+    r->st.last_seconds = fr_now_s() - t0;
     r->st.last_preempted = preempted;
     char path[4200] = "";
     if (r->out_dir && record(r, s, version, path, sizeof path)) {

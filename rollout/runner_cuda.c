@@ -342,7 +342,7 @@ static fr_status residual_gemm(fr_runner_cuda *r, const uint16_t *in, const uint
     if (!r->nccl) return fr_gemm_bf16(r->gemm, r->x, in, w, M, D, k, 1.0f, r->stream);
     fr_status st = fr_gemm_bf16(r->gemm, r->partial, in, w, M, D, k, 0.0f, r->stream);
     if (st) return st;
-    fr_comm_status cs = fr_nccl_allreduce_sum(r->nccl, r->partial, (size_t)M * D, FR_COMM_F32, r->stream);
+    fr_comm_status cs = fr_nccl_allreduce_sum(r->nccl, r->partial, (size_t)M * D, FR_DTYPE_F32, r->stream);
     if (cs) return fr_fail(FR_EINTERNAL, "CUDA runner: %s", fr_comm_last_error());
     return fr_cuda_add_f32(r->x, r->partial, (size_t)M * D, r->stream);
 }

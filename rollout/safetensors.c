@@ -10,40 +10,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* ---- dtypes ---------------------------------------------------------------- */
-
-static const struct { const char *name; size_t size; } dtype_info[] = {
-    [ST_F32] = {"F32", 4}, [ST_F16] = {"F16", 2}, [ST_BF16] = {"BF16", 2},
-    [ST_F64] = {"F64", 8}, [ST_I64] = {"I64", 8}, [ST_I32] = {"I32", 4},
-    [ST_I16] = {"I16", 2}, [ST_I8] = {"I8", 1},   [ST_U8] = {"U8", 1},
-    [ST_BOOL] = {"BOOL", 1},
-};
-#define N_DTYPES ((int)(sizeof dtype_info / sizeof dtype_info[0]))
-
-/* The enum arrives from callers as a plain int, so range-check it. */
-static int dtype_valid(st_dtype dt) { return (int)dt >= 0 && (int)dt < N_DTYPES; }
-
-size_t st_dtype_size(st_dtype dt) { return dtype_valid(dt) ? dtype_info[dt].size : 0; }
-const char *st_dtype_name(st_dtype dt) { return dtype_valid(dt) ? dtype_info[dt].name : "?"; }
-
-static int dtype_from_name(const char *s, st_dtype *out)
-{
-    for (int i = 0; i < N_DTYPES; i++)
-        if (strcmp(s, dtype_info[i].name) == 0) {
-            *out = (st_dtype)i;
-            return 1;
-        }
-    return 0;
-}
-
-size_t st_tensor_numel(const st_tensor *t)
+size_t fr_st_tensor_numel(const fr_st_tensor *t)
 {
     size_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
     return n;
 }
 
-void st_shape_str(char *buf, size_t size, int ndim, const int64_t *shape)
+void fr_st_shape_str(char *buf, size_t size, int ndim, const int64_t *shape)
 {
     if (!size) return;
     size_t used = (size_t)snprintf(buf, size, "[");
@@ -56,9 +30,9 @@ void st_shape_str(char *buf, size_t size, int ndim, const int64_t *shape)
 
 #define ST_MAX_HEADER_BYTES 100000000
 
-struct st_header {
+struct fr_st_header {
     int n;
-    st_tensor *tensors; /* sorted by name, so lookups can bisect */
+    fr_st_tensor *tensors; /* sorted by name, so lookups can bisect */
     char *names;        /* one block holding every name */
 };
 
@@ -77,7 +51,7 @@ static int json_u64(const cJSON *v, uint64_t *out)
 
 /* Fills t from one header entry; data_len bounds the offsets. */
 static fr_status parse_entry(const cJSON *e, const char *label, const char *name,
-                             const uint8_t *data, uint64_t data_len, st_tensor *t)
+                             const uint8_t *data, uint64_t data_len, fr_st_tensor *t)
 {
     if (!cJSON_IsObject(e))
         return fr_fail(FR_EFORMAT, "%s: tensor %s: entry is not a JSON object", label, name);
@@ -85,7 +59,7 @@ static fr_status parse_entry(const cJSON *e, const char *label, const char *name
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     if (!cJSON_IsString(dt))
         return fr_fail(FR_EFORMAT, "%s: tensor %s: missing or non-string \"dtype\"", label, name);
-    if (!dtype_from_name(dt->valuestring, &t->dtype))
+    if (!fr_dtype_from_file_name(dt->valuestring, strlen(dt->valuestring), &t->dtype))
         return fr_fail(FR_EFORMAT, "%s: tensor %s: unknown dtype \"%s\"", label, name,
                        dt->valuestring);
 
@@ -93,12 +67,12 @@ static fr_status parse_entry(const cJSON *e, const char *label, const char *name
     if (!cJSON_IsArray(shape))
         return fr_fail(FR_EFORMAT, "%s: tensor %s: missing or non-array \"shape\"", label, name);
     int ndim = cJSON_GetArraySize(shape);
-    if (ndim > ST_MAX_DIMS)
+    if (ndim > FR_ST_MAX_DIMS)
         return fr_fail(FR_EUNSUPPORTED, "%s: tensor %s: %d dimensions, at most %d supported",
-                       label, name, ndim, ST_MAX_DIMS);
+                       label, name, ndim, FR_ST_MAX_DIMS);
     /* Multiply with overflow checks: a hostile shape must not wrap into a
      * small byte count that then passes the size check. */
-    size_t nbytes = st_dtype_size(t->dtype);
+    size_t nbytes = fr_dtype_size(t->dtype);
     int i = 0;
     const cJSON *d;
     cJSON_ArrayForEach(d, shape) {
@@ -128,9 +102,9 @@ static fr_status parse_entry(const cJSON *e, const char *label, const char *name
                        (unsigned long long)data_len);
     if (end - begin != nbytes) {
         char dims[200];
-        st_shape_str(dims, sizeof dims, t->ndim, t->shape);
+        fr_st_shape_str(dims, sizeof dims, t->ndim, t->shape);
         return fr_fail(FR_EFORMAT, "%s: tensor %s: data_offsets span %llu bytes, but %s %s needs %zu",
-                       label, name, (unsigned long long)(end - begin), st_dtype_name(t->dtype), dims,
+                       label, name, (unsigned long long)(end - begin), fr_dtype_file_name(t->dtype), dims,
                        nbytes);
     }
     t->nbytes = nbytes;
@@ -140,12 +114,12 @@ static fr_status parse_entry(const cJSON *e, const char *label, const char *name
 
 static int cmp_tensor(const void *a, const void *b)
 {
-    return strcmp(((const st_tensor *)a)->name, ((const st_tensor *)b)->name);
+    return strcmp(((const fr_st_tensor *)a)->name, ((const fr_st_tensor *)b)->name);
 }
 
 static int is_json_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
-void st_header_free(st_header **h)
+void fr_st_header_free(fr_st_header **h)
 {
     if (!h || !*h) return;
     free((*h)->tensors);
@@ -154,9 +128,9 @@ void st_header_free(st_header **h)
     *h = NULL;
 }
 
-fr_status st_parse_header(const uint8_t *buf, size_t len, const char *label, st_header **out)
+fr_status fr_st_parse_header(const uint8_t *buf, size_t len, const char *label, fr_st_header **out)
 {
-    if (!out) return fr_fail(FR_EINVAL, "st_parse_header: out is NULL");
+    if (!out) return fr_fail(FR_EINVAL, "fr_st_parse_header: out is NULL");
     *out = NULL;
     if (!label) label = "<memory>";
     if (!buf && len) return fr_fail(FR_EINVAL, "%s: buffer is NULL", label);
@@ -184,7 +158,7 @@ fr_status st_parse_header(const uint8_t *buf, size_t len, const char *label, st_
     text[hlen] = '\0';
 
     fr_status rc = FR_OK;
-    st_header *h = NULL;
+    fr_st_header *h = NULL;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(text, &end, 0);
     if (!root) {
@@ -227,7 +201,7 @@ fr_status st_parse_header(const uint8_t *buf, size_t len, const char *label, st_
     char *np = h->names;
     cJSON_ArrayForEach(e, root) {
         if (strcmp(e->string, "__metadata__") == 0) continue;
-        st_tensor *t = &h->tensors[h->n];
+        fr_st_tensor *t = &h->tensors[h->n];
         size_t nl = strlen(e->string) + 1;
         memcpy(np, e->string, nl);
         t->name = np;
@@ -248,24 +222,24 @@ fr_status st_parse_header(const uint8_t *buf, size_t len, const char *label, st_
 done:
     cJSON_Delete(root);
     free(text);
-    if (rc != FR_OK) st_header_free(&h);
+    if (rc != FR_OK) fr_st_header_free(&h);
     *out = h;
     return rc;
 }
 
-int st_header_count(const st_header *h) { return h ? h->n : 0; }
+int fr_st_header_count(const fr_st_header *h) { return h ? h->n : 0; }
 
-const st_tensor *st_header_tensor(const st_header *h, int i)
+const fr_st_tensor *fr_st_header_tensor(const fr_st_header *h, int i)
 {
     return h && i >= 0 && i < h->n ? &h->tensors[i] : NULL;
 }
 
 static int cmp_key(const void *key, const void *elem)
 {
-    return strcmp((const char *)key, ((const st_tensor *)elem)->name);
+    return strcmp((const char *)key, ((const fr_st_tensor *)elem)->name);
 }
 
-const st_tensor *st_header_find(const st_header *h, const char *name)
+const fr_st_tensor *fr_st_header_find(const fr_st_header *h, const char *name)
 {
     if (!h || !name || h->n == 0) return NULL;
     return bsearch(name, h->tensors, (size_t)h->n, sizeof *h->tensors, cmp_key);
@@ -273,18 +247,18 @@ const st_tensor *st_header_find(const st_header *h, const char *name)
 
 /* ---- mapped files ------------------------------------------------------------ */
 
-struct st_file {
-    st_header *hdr;
+struct fr_st_file {
+    fr_st_header *hdr;
     void *map;
     size_t map_len;
     char *path;
 };
 
-fr_status st_file_open(const char *path, st_file **out)
+fr_status fr_st_file_open(const char *path, fr_st_file **out)
 {
-    if (!out) return fr_fail(FR_EINVAL, "st_file_open: out is NULL");
+    if (!out) return fr_fail(FR_EINVAL, "fr_st_file_open: out is NULL");
     *out = NULL;
-    if (!path) return fr_fail(FR_EINVAL, "st_file_open: path is NULL");
+    if (!path) return fr_fail(FR_EINVAL, "fr_st_file_open: path is NULL");
 
     char eb[128];
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -295,7 +269,7 @@ fr_status st_file_open(const char *path, st_file **out)
         return fr_fail(FR_EIO, "%s: not a readable regular file", path);
     }
 
-    st_file *f = calloc(1, sizeof *f);
+    fr_st_file *f = calloc(1, sizeof *f);
     char *p = strdup(path);
     if (!f || !p) {
         close(fd);
@@ -314,33 +288,33 @@ fr_status st_file_open(const char *path, st_file **out)
             fr_status rc = fr_fail(FR_EIO, "%s: mmap failed: %s", path,
                                    strerror_r(errno, eb, sizeof eb));
             close(fd);
-            st_file_close(&f);
+            fr_st_file_close(&f);
             return rc;
         }
     }
     close(fd); /* the mapping stays valid without the descriptor */
 
-    fr_status rc = st_parse_header(f->map ? f->map : (const void *)"", f->map_len, path, &f->hdr);
+    fr_status rc = fr_st_parse_header(f->map ? f->map : (const void *)"", f->map_len, path, &f->hdr);
     if (rc != FR_OK) {
-        st_file_close(&f);
+        fr_st_file_close(&f);
         return rc;
     }
     *out = f;
     return FR_OK;
 }
 
-const char *st_file_path(const st_file *f) { return f ? f->path : NULL; }
-int st_file_count(const st_file *f) { return f ? st_header_count(f->hdr) : 0; }
-const st_tensor *st_file_tensor(const st_file *f, int i) { return f ? st_header_tensor(f->hdr, i) : NULL; }
-const st_tensor *st_file_find(const st_file *f, const char *name)
+const char *fr_st_file_path(const fr_st_file *f) { return f ? f->path : NULL; }
+int fr_st_file_count(const fr_st_file *f) { return f ? fr_st_header_count(f->hdr) : 0; }
+const fr_st_tensor *fr_st_file_tensor(const fr_st_file *f, int i) { return f ? fr_st_header_tensor(f->hdr, i) : NULL; }
+const fr_st_tensor *fr_st_file_find(const fr_st_file *f, const char *name)
 {
-    return f ? st_header_find(f->hdr, name) : NULL;
+    return f ? fr_st_header_find(f->hdr, name) : NULL;
 }
 
-void st_file_close(st_file **f)
+void fr_st_file_close(fr_st_file **f)
 {
     if (!f || !*f) return;
-    st_header_free(&(*f)->hdr);
+    fr_st_header_free(&(*f)->hdr);
     if ((*f)->map) munmap((*f)->map, (*f)->map_len);
     free((*f)->path);
     free(*f);
@@ -370,10 +344,10 @@ static float f16_to_f32(uint16_t h)
     return f32_from_bits(sign | ((exp + 127 - 15) << 23) | (mant << 13));
 }
 
-fr_status st_tensor_to_f32(const st_tensor *t, float *dst, size_t n_elems)
+fr_status fr_st_tensor_to_f32(const fr_st_tensor *t, float *dst, size_t n_elems)
 {
-    if (!t) return fr_fail(FR_EINVAL, "st_tensor_to_f32: tensor is NULL");
-    size_t n = st_tensor_numel(t);
+    if (!t) return fr_fail(FR_EINVAL, "fr_st_tensor_to_f32: tensor is NULL");
+    size_t n = fr_st_tensor_numel(t);
     if (n_elems != n)
         return fr_fail(FR_EINVAL, "tensor %s has %zu elements, caller expected %zu", t->name, n,
                        n_elems);
@@ -383,31 +357,31 @@ fr_status st_tensor_to_f32(const st_tensor *t, float *dst, size_t n_elems)
      * by format, and this reads it correctly on any host. */
     const uint8_t *p = t->data;
     switch (t->dtype) {
-    case ST_F32:
+    case FR_DTYPE_F32:
         for (size_t i = 0; i < n; i++, p += 4)
             dst[i] = f32_from_bits((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
                                    (uint32_t)p[3] << 24);
         return FR_OK;
-    case ST_BF16: /* bfloat16 is the top half of a float32 */
+    case FR_DTYPE_BF16: /* bfloat16 is the top half of a float32 */
         for (size_t i = 0; i < n; i++, p += 2)
             dst[i] = f32_from_bits(((uint32_t)p[0] | (uint32_t)p[1] << 8) << 16);
         return FR_OK;
-    case ST_F16:
+    case FR_DTYPE_F16:
         for (size_t i = 0; i < n; i++, p += 2) dst[i] = f16_to_f32((uint16_t)(p[0] | p[1] << 8));
         return FR_OK;
     default:
         return fr_fail(FR_EUNSUPPORTED, "tensor %s has dtype %s; only F32, F16 and BF16 convert to float32",
-                       t->name, st_dtype_name(t->dtype));
+                       t->name, fr_dtype_file_name(t->dtype));
     }
 }
 
-fr_status st_check_shape(const st_tensor *t, const char *file, int ndim, const int64_t *shape)
+fr_status fr_st_check_shape(const fr_st_tensor *t, const char *file, int ndim, const int64_t *shape)
 {
     int same = t->ndim == ndim;
     for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
     if (same) return FR_OK;
     char have[200], want[200];
-    st_shape_str(have, sizeof have, t->ndim, t->shape);
-    st_shape_str(want, sizeof want, ndim, shape);
+    fr_st_shape_str(have, sizeof have, t->ndim, t->shape);
+    fr_st_shape_str(want, sizeof want, ndim, shape);
     return fr_fail(FR_EFORMAT, "%s: tensor %s has shape %s, expected %s", file, t->name, have, want);
 }

@@ -8,7 +8,7 @@
 
 #include <stdint.h>
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 
 #ifdef __cplusplus
 extern "C" {

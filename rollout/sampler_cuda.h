@@ -60,7 +60,7 @@
 extern "C" {
 #endif
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 
 /* Candidates up to this many are summed in the CPU's exact order. */
 #define FR_SAMPLER_GPU_EXACT_MAX 2048

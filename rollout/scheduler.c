@@ -1,6 +1,7 @@
 /* The continuous-batching scheduler: docs/scheduler.md states the policy. */
 #include "scheduler.h"
 
+#include "base/clock.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,13 +100,6 @@ struct fr_scheduler {
 };
 
 static int blocks_for(int tokens) { return (tokens + T - 1) / T; }
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static int grow(void **p, int *cap, int need, size_t elem)
 {
@@ -326,9 +320,9 @@ static void record(fr_scheduler *sch, sample *x, const fr_kl_result *k)
 static void measure(fr_scheduler *sch, sample *x, const float *logits, const float *ref)
 {
     fr_kl_result k;
-    double t0 = now_s();
+    double t0 = fr_now_s();
     fr_status st = fr_kl_topk(ref, logits, sch->vocab, FR_KL_TOP_K, x->tokens[x->n - 1], &k);
-    sch->st.kl_s += now_s() - t0;
+    sch->st.kl_s += fr_now_s() - t0;
     if (!st) record(sch, x, &k);
 }
 
@@ -832,7 +826,7 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         sch->logits = g;
         sch->logit_rows = n_keep;
     }
-    double t0 = now_s();
+    double t0 = fr_now_s();
     fr_status st = FR_OK;
     int shadow_launched = 0, carried = 0, done = 0;
     if (dev_kl && n_mon && sch->carry) {
@@ -879,7 +873,7 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         for (int i = 0; i < n_dec; i++) finish(sch, sch->row_samples[i], FR_FINISH_ERROR);
         return st;
     }
-    double t1 = now_s();
+    double t1 = fr_now_s();
     sch->st.forward_s += t1 - t0;
     sch->st.steps++;
     sch->st.decode_steps += fast;
@@ -903,7 +897,7 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
             if (sch->row_samples[i]->shadow_seq >= 0) stop_shadow(sch, sch->row_samples[i]);
         n_mon = 0;
     }
-    double t2 = now_s();
+    double t2 = fr_now_s();
     sch->st.shadow_s += t2 - t1;
     for (int i = 0; i < n_dec; i++) {
         sample *x = sch->row_samples[i];
@@ -933,7 +927,7 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         complete_job(sch, &j, sch->keep_at[row] >= 0 ? sch->logits + (size_t)sch->keep_at[row] * V : NULL,
                      slot >= 0 ? sch->dtok + slot : NULL, slot >= 0 ? sch->dlp + slot : NULL);
     }
-    sch->st.host_s += now_s() - t2;
+    sch->st.host_s += fr_now_s() - t2;
     return FR_OK;
 }
 

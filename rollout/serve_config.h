@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 #include "session.h"
 
 #ifdef __cplusplus

@@ -16,7 +16,7 @@
 #ifndef FR_TP_LAUNCH_H
 #define FR_TP_LAUNCH_H
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 #include "comm/engine_group.h"
 #include "comm/mpi_world.h"
 

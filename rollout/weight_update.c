@@ -21,7 +21,7 @@ typedef struct {
     int ndim;
     int64_t shape[2];
     size_t count;                 /* elements */
-    fr_weight_dtype dtype;        /* fixed by the first piece */
+    fr_dtype dtype;        /* fixed by the first piece */
     int have_dtype;
     size_t received;              /* elements received */
     /* received element ranges, kept sorted and disjoint */
@@ -37,20 +37,13 @@ struct fr_weight_update {
     int n;
 };
 
-fr_status fr_weight_dtype_parse(const char *s, fr_weight_dtype *out)
+fr_status fr_weight_dtype_parse(const char *s, fr_dtype *out)
 {
-    if (s && strcmp(s, "F32") == 0) *out = FR_WDT_F32;
-    else if (s && strcmp(s, "BF16") == 0) *out = FR_WDT_BF16;
-    else if (s && strcmp(s, "F16") == 0) *out = FR_WDT_F16;
-    else return fr_fail(FR_EINVAL, "weight dtype '%s' (expected F32, BF16 or F16)", s ? s : "(null)");
+    fr_dtype t;
+    if (!s || !fr_dtype_from_file_name(s, strlen(s), &t) || !fr_dtype_is_weight(t))
+        return fr_fail(FR_EINVAL, "weight dtype '%s' (expected F32, BF16 or F16)", s ? s : "(null)");
+    *out = t;
     return FR_OK;
-}
-
-size_t fr_weight_dtype_size(fr_weight_dtype t) { return t == FR_WDT_F32 ? 4 : 2; }
-
-static const char *dtype_name(fr_weight_dtype t)
-{
-    return t == FR_WDT_F32 ? "F32" : t == FR_WDT_BF16 ? "BF16" : "F16";
 }
 
 static void add(fr_weight_update *u, const char *name, float *dst, int ndim, int64_t d0, int64_t d1)
@@ -156,7 +149,7 @@ static tensor *find(fr_weight_update *u, const char *name)
  * element, or -1. Blocks of 4096 elements keep the inner loops free of
  * branches (so they vectorize); only a block that has one is scanned again.
  * out may hold part of the converted block past a non-finite element. */
-static long long convert_checked(const char *name, fr_weight_dtype t, const unsigned char *in, size_t n, float *out,
+static long long convert_checked(const char *name, fr_dtype t, const unsigned char *in, size_t n, float *out,
                                  fr_status *st)
 {
     enum { BLOCK = 4096 };
@@ -164,7 +157,7 @@ static long long convert_checked(const char *name, fr_weight_dtype t, const unsi
     for (size_t b = 0; b < n; b += BLOCK) {
         const size_t m = n - b < BLOCK ? n - b : BLOCK;
         uint32_t bad = 0;
-        if (t == FR_WDT_F32) {
+        if (t == FR_DTYPE_F32) {
             const unsigned char *p = in + 4 * b;
             memcpy(out + b, p, 4 * m);
             for (size_t i = 0; i < m; i++) {
@@ -172,7 +165,7 @@ static long long convert_checked(const char *name, fr_weight_dtype t, const unsi
                 memcpy(&v, p + 4 * i, 4);
                 bad |= (v & 0x7f800000u) == 0x7f800000u;
             }
-        } else if (t == FR_WDT_BF16) {
+        } else if (t == FR_DTYPE_BF16) {
             const unsigned char *p = in + 2 * b;
             for (size_t i = 0; i < m; i++) {
                 uint16_t h;
@@ -182,9 +175,9 @@ static long long convert_checked(const char *name, fr_weight_dtype t, const unsi
                 bad |= (h & 0x7f80u) == 0x7f80u;
             }
         } else {
-            st_tensor v = {.name = name, .dtype = ST_F16, .ndim = 1, .shape = {(int64_t)m}, .nbytes = 2 * m,
+            fr_st_tensor v = {.name = name, .dtype = FR_DTYPE_F16, .ndim = 1, .shape = {(int64_t)m}, .nbytes = 2 * m,
                            .data = in + 2 * b};
-            if ((*st = st_tensor_to_f32(&v, out + b, m))) return -1;
+            if ((*st = fr_st_tensor_to_f32(&v, out + b, m))) return -1;
             for (size_t i = 0; i < m; i++) bad |= !isfinite(out[b + i]);
         }
         if (bad)
@@ -222,12 +215,12 @@ static int claim(tensor *x, size_t a, size_t b)
     return 1;
 }
 
-fr_status fr_weight_update_put(fr_weight_update *u, const char *name, fr_weight_dtype dtype, const int64_t *shape,
+fr_status fr_weight_update_put(fr_weight_update *u, const char *name, fr_dtype dtype, const int64_t *shape,
                                int ndim, uint64_t offset, const void *bytes, size_t n_bytes)
 {
     if (!u || !name || !shape || (n_bytes && !bytes))
         return fr_fail(FR_EINVAL, "fr_weight_update_put: NULL argument");
-    if (dtype != FR_WDT_F32 && dtype != FR_WDT_BF16 && dtype != FR_WDT_F16)
+    if (dtype != FR_DTYPE_F32 && dtype != FR_DTYPE_BF16 && dtype != FR_DTYPE_F16)
         return fr_fail(FR_EINVAL, "%s: unknown dtype %d", name, (int)dtype);
     if (u->spent) return fr_fail(FR_EINVAL, "%s: the update to version %llu was committed already", name,
                                  (unsigned long long)u->version);
@@ -243,11 +236,11 @@ fr_status fr_weight_update_put(fr_weight_update *u, const char *name, fr_weight_
         return fr_fail(FR_EINVAL, "%s: shape %s, the model's is %s", name, got, want);
     }
     if (x->have_dtype && dtype != x->dtype)
-        return fr_fail(FR_EINVAL, "%s: piece in %s after pieces in %s", name, dtype_name(dtype), dtype_name(x->dtype));
-    const size_t es = fr_weight_dtype_size(dtype);
+        return fr_fail(FR_EINVAL, "%s: piece in %s after pieces in %s", name, fr_dtype_file_name(dtype), fr_dtype_file_name(x->dtype));
+    const size_t es = fr_dtype_size(dtype);
     if (offset % es || n_bytes % es)
         return fr_fail(FR_EINVAL, "%s: offset %llu and length %zu must be multiples of the %s size %zu", name,
-                       (unsigned long long)offset, n_bytes, dtype_name(dtype), es);
+                       (unsigned long long)offset, n_bytes, fr_dtype_file_name(dtype), es);
     const size_t a = (size_t)(offset / es), n = n_bytes / es;
     if (offset / es > x->count || n > x->count - a)
         return fr_fail(FR_EINVAL, "%s: bytes [%llu, %llu) run past the tensor's %zu bytes", name,

@@ -4,7 +4,7 @@
  *
  *     fr_weight_update *u;
  *     fr_weight_update_begin(&session->model->cfg, version, &u);
- *     fr_weight_update_put(u, "model.layers.0.self_attn.q_proj.weight", FR_WDT_BF16, shape, 2,
+ *     fr_weight_update_put(u, "model.layers.0.self_attn.q_proj.weight", FR_DTYPE_BF16, shape, 2,
  *                          offset, bytes, n_bytes);        // as often as needed
  *     fr_session_commit_weights(session, u);               // or fr_weight_update_free: nothing changed
  *
@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/dtype.h"
 #include "model.h"
 #include "session.h"
 
@@ -28,11 +29,8 @@
 extern "C" {
 #endif
 
-typedef enum { FR_WDT_F32 = 0, FR_WDT_BF16, FR_WDT_F16 } fr_weight_dtype;
-
 /* "F32", "BF16", "F16" (safetensors' names) -> dtype; FR_EINVAL otherwise. */
-fr_status fr_weight_dtype_parse(const char *s, fr_weight_dtype *out);
-size_t fr_weight_dtype_size(fr_weight_dtype t);
+fr_status fr_weight_dtype_parse(const char *s, fr_dtype *out);
 
 typedef struct fr_weight_update fr_weight_update;
 
@@ -54,7 +52,7 @@ fr_status fr_weight_update_restart(fr_weight_update *u, uint64_t version);
  * (FR_EINVAL), or a value that is NaN or infinite (FR_EFORMAT, naming the
  * element); on failure the staged tensor is as before the call. Values are
  * converted and checked in one pass straight into the staging copy. */
-fr_status fr_weight_update_put(fr_weight_update *u, const char *name, fr_weight_dtype dtype, const int64_t *shape,
+fr_status fr_weight_update_put(fr_weight_update *u, const char *name, fr_dtype dtype, const int64_t *shape,
                                int ndim, uint64_t offset, const void *bytes, size_t n_bytes);
 
 /* Whether every tensor has been received whole; when not, FR_EINVAL naming

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 #include "rollout/model.h"
 
 #ifdef __cplusplus

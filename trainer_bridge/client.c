@@ -1,6 +1,7 @@
 /* The C client library (trainer_bridge/client.h). */
 #include "client.h"
 
+#include "base/clock.h"
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -49,13 +50,6 @@ struct fr_client {
     atomic_long in_flight;
     void *nccl;             /* the NCCL weight group (client_nccl.c), NULL when none */
 };
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
 
 /* Makes and connects the DEALER socket (with the CURVE keys when set). */
 static fr_status open_socket(fr_client *c)
@@ -257,9 +251,9 @@ static fr_status keep(fr_client *c, fr_msg *m)
 static fr_status await_reply(fr_client *c, const fr_msg *m, fr_msg_type want, fr_msg *reply)
 {
     fr_status st;
-    double end = now_ms() + c->timeout_ms;
+    double end = fr_now_ms() + c->timeout_ms;
     for (;;) {
-        int left = c->timeout_ms < 0 ? -1 : (int)(end - now_ms());
+        int left = c->timeout_ms < 0 ? -1 : (int)(end - fr_now_ms());
         if (c->timeout_ms >= 0 && left <= 0)
             return fr_fail(FR_EIO, "client: no %s within %d ms", fr_msg_type_name(want), c->timeout_ms);
         fr_msg r;
@@ -427,8 +421,8 @@ static void release_frame(void *data, void *hint)
  * is closed at once, which drops them, and a new one is connected. */
 static fr_status settle_frames(fr_client *c)
 {
-    double end = now_ms() + (c->timeout_ms < 0 ? 30000 : c->timeout_ms);
-    while (atomic_load(&c->in_flight) > 0 && now_ms() < end) {
+    double end = fr_now_ms() + (c->timeout_ms < 0 ? 30000 : c->timeout_ms);
+    while (atomic_load(&c->in_flight) > 0 && fr_now_ms() < end) {
         struct timespec ts = {0, 200000};
         nanosleep(&ts, NULL);
     }
@@ -515,7 +509,7 @@ fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors
         XXH64_reset(h, 0);
         while (ti < n) {
             const fr_msg_tensor *x = &b->tensors[ti];
-            const uint64_t es = fr_wire_dtype_size(x->dtype), total = fr_msg_tensor_bytes(x);
+            const uint64_t es = fr_dtype_size(x->dtype), total = fr_msg_tensor_bytes(x);
             uint64_t take = total - off;
             if (take > bucket - used) take = (bucket - used) / es * es;
             if (take == 0) break;   /* this bucket is full */
@@ -677,16 +671,16 @@ fr_status fr_client_next_sample(fr_client *c, int timeout_ms, fr_client_sample *
     if (!c || !out || !got) return fr_fail(FR_EINVAL, "client: next_sample needs out and got");
     *out = NULL;
     *got = 0;
-    double end = now_ms() + timeout_ms;
+    double end = fr_now_ms() + timeout_ms;
     for (;;) {
-        int left = timeout_ms < 0 ? -1 : (int)(end - now_ms());
+        int left = timeout_ms < 0 ? -1 : (int)(end - fr_now_ms());
         if (timeout_ms >= 0 && left < 0) left = 0;
         fr_msg m;
         int g;
         fr_status st = fr_client_next(c, left, &m, &g);
         if (st) return st;
         if (!g) {
-            if (timeout_ms >= 0 && now_ms() >= end) return FR_OK;
+            if (timeout_ms >= 0 && fr_now_ms() >= end) return FR_OK;
             continue;
         }
         if (m.type == FR_MSG_TOKENS) st = add_tokens(c, &m.u.tokens);
@@ -797,9 +791,9 @@ fr_status fr_client_settle_(fr_client *c, int wait_ms)
     fr_msg m;
     fr_msg_init(&m, FR_MSG_STATS);
     fr_status st = send_msg(c, &m);
-    const double end = now_ms() + wait_ms;
+    const double end = fr_now_ms() + wait_ms;
     while (!st) {
-        const double left = end - now_ms();
+        const double left = end - fr_now_ms();
         if (left <= 0) return fr_fail(FR_EIO, "client: the server did not answer within %d ms", wait_ms);
         fr_msg r;
         int g = 0;

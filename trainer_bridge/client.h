@@ -84,7 +84,7 @@ fr_status fr_client_next(fr_client *c, int timeout_ms, fr_msg *out, int *got);
  * unchanged until fr_client_update_weights returns. */
 typedef struct {
     const char *name;              /* Hugging Face name, < 256 bytes */
-    fr_wire_dtype dtype;
+    fr_dtype dtype;
     int ndim;                      /* 1 to FR_PROTO_MAX_NDIM */
     const int64_t *shape;
     const void *data;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "client_internal.h"
 
 #ifdef FR_HAVE_CUDA
@@ -35,13 +36,6 @@ typedef struct {
     uint64_t buf_bytes;
     uint64_t *dig[2], *hdig[2];
 } group;
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
 
 static fr_status cuda_fail(cudaError_t e, const char *what)
 {
@@ -97,7 +91,7 @@ static fr_status settle(group *g, double deadline, const char *what)
         if (r != ncclSuccess) return nccl_fail(r, g->comm, "ncclCommGetAsyncError");
         if (a == ncclSuccess) return FR_OK;
         if (a != ncclInProgress) return nccl_fail(a, g->comm, what);
-        if (now_ms() > deadline) return fr_fail(FR_EIO, "client: NCCL weight group: %s did not finish in time", what);
+        if (fr_now_ms() > deadline) return fr_fail(FR_EIO, "client: NCCL weight group: %s did not finish in time", what);
         struct timespec ts = {0, 200000};
         nanosleep(&ts, NULL);
     }
@@ -147,7 +141,7 @@ fr_status fr_client_nccl_group_init(fr_client *c, int cuda_device)
         }
     }
     const int t = fr_client_timeout_(c);
-    if (!st) st = settle(g, now_ms() + (t < 0 ? 600000 : t), "joining the group");
+    if (!st) st = settle(g, fr_now_ms() + (t < 0 ? 600000 : t), "joining the group");
     if (st) fr_client_nccl_free_(slot);
     return st;
 }
@@ -206,7 +200,7 @@ static fr_status make_plan(const fr_msg_update_begin *b, const fr_client_tensor 
         uint64_t used = 0;
         while (ti < b->n_tensors) {
             const fr_msg_tensor *x = &b->tensors[ti];
-            const uint64_t es = fr_wire_dtype_size(x->dtype), total = fr_msg_tensor_bytes(x);
+            const uint64_t es = fr_dtype_size(x->dtype), total = fr_msg_tensor_bytes(x);
             const uint64_t at = align_up(used);
             if (at >= bucket) break;
             uint64_t take = total - off;
@@ -299,7 +293,7 @@ static fr_status wait_event(fr_client *c, group *g, cudaEvent_t ev, double deadl
             return nccl_fail(a, g->comm, what);
         fr_status st = drain(c, 0, rp);
         if (st) return st;
-        if (now_ms() > deadline) return fr_fail(FR_EIO, "client: NCCL weight update: %s timed out", what);
+        if (fr_now_ms() > deadline) return fr_fail(FR_EIO, "client: NCCL weight update: %s timed out", what);
         struct timespec ts = {0, 50000};
         nanosleep(&ts, NULL);
     }
@@ -380,7 +374,7 @@ fr_status fr_client_update_weights_nccl(fr_client *c, const fr_client_tensor *te
     const int t = fr_client_timeout_(c);
     const double wait = t < 0 ? 600000.0 : (double)t;
     replies rp = {0};
-    if (!st) st = send_buckets(c, g, &p, version, corrupt, (cudaStream_t)stream, now_ms() + wait, &rp);
+    if (!st) st = send_buckets(c, g, &p, version, corrupt, (cudaStream_t)stream, fr_now_ms() + wait, &rp);
     if (!st) {
         fr_msg cm;
         fr_msg_init(&cm, FR_MSG_UPDATE_COMMIT);
@@ -388,18 +382,18 @@ fr_status fr_client_update_weights_nccl(fr_client *c, const fr_client_tensor *te
         st = fr_client_send_(c, &cm);
     }
     /* the commit reply comes after every bucket's; the deadline restarts with each reply */
-    double deadline = now_ms() + wait;
+    double deadline = fr_now_ms() + wait;
     int seen = rp.buckets;
     while (!st && !rp.committed) {
         st = drain(c, 20, &rp);
         if (rp.buckets != seen) {
             seen = rp.buckets;
-            deadline = now_ms() + wait;
+            deadline = fr_now_ms() + wait;
         }
         ncclResult_t a = ncclSuccess;
         if (!st && ncclCommGetAsyncError(g->comm, &a) == ncclSuccess && a != ncclSuccess && a != ncclInProgress)
             st = nccl_fail(a, g->comm, "a broadcast in flight");
-        if (!st && !rp.committed && now_ms() > deadline)
+        if (!st && !rp.committed && fr_now_ms() > deadline)
             st = fr_fail(FR_EIO, "client: no commit reply for the weight update over NCCL within %d ms", t);
     }
     if (!st && rp.buckets != p.nb)

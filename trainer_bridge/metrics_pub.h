@@ -5,7 +5,7 @@
 #ifndef FR_METRICS_PUB_H
 #define FR_METRICS_PUB_H
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 #include "metrics_sub.h"
 #include "rollout/metrics.h"
 

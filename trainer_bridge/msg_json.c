@@ -9,39 +9,17 @@
 
 #include "client.h"
 
-typedef struct {
-    char *s;
-    size_t len, cap;
-    int failed;
-} jbuf;
+#include "base/buf.h"
+
+typedef fr_buf jbuf;
 
 static void put(jbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void put(jbuf *b, const char *fmt, ...)
 {
-    if (b->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->failed = 1;
-            return;
-        }
-        if (b->s && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t c = b->cap ? b->cap : 256;
-        while (c <= b->len + (size_t)n) c *= 2;
-        char *t = realloc(b->s, c);
-        if (!t) {
-            b->failed = 1;
-            return;
-        }
-        b->s = t;
-        b->cap = c;
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    fr_buf_vprintf(b, fmt, ap);
+    va_end(ap);
 }
 
 static void strn(jbuf *b, const char *s, size_t n)
@@ -176,15 +154,15 @@ fr_status fr_msg_to_json(const fr_msg *m, char **out)
         else put(&b, ",\"request_id\":null");
         break;
     default:
-        free(b.s);
+        free(b.data);
         return fr_fail(FR_EINVAL, "fr_msg_to_json: %s is not a reply", fr_msg_type_name(m->type));
     }
     put(&b, "}");
     if (b.failed) {
-        free(b.s);
+        free(b.data);
         return fr_fail(FR_ENOMEM, "fr_msg_to_json: out of memory");
     }
-    *out = b.s;
+    *out = b.data;
     return FR_OK;
 }
 
@@ -253,13 +231,13 @@ fr_status fr_msgpack_to_json(const void *data, size_t len, char **out)
         st = fr_fail(FR_EFORMAT, "fr_msgpack_to_json: not one whole msgpack value (%zu bytes)", len);
     else if (object_json(&b, &obj, 0))
         st = fr_fail(FR_EFORMAT, "fr_msgpack_to_json: a value JSON cannot hold (binary, extension, a non-string key, or too deep)");
-    else if (b.failed || !b.s)
+    else if (b.failed || !b.data)
         st = fr_fail(FR_ENOMEM, "fr_msgpack_to_json: out of memory");
     msgpack_zone_destroy(&zone);
     if (st) {
-        free(b.s);
+        free(b.data);
         return st;
     }
-    *out = b.s;
+    *out = b.data;
     return FR_OK;
 }

@@ -8,6 +8,7 @@
  * when its unpack event has completed, never blocking. */
 #include "nccl_recv.h"
 
+#include "base/clock.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,13 +69,6 @@ struct fr_nccl_recv {
     int next_bucket;                   /* the next bucket number a message may carry */
 };
 
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
-
 static fr_status fail(const char **code, const char *c, fr_status st)
 {
     if (code) *code = c;
@@ -133,7 +127,7 @@ fr_status fr_nccl_recv_new(fr_weights_gpu *live, const unsigned char unique_id[F
         fr_nccl_recv_destroy(&r);
         return st;
     }
-    r->last_progress_ms = now_ms();
+    r->last_progress_ms = fr_now_ms();
     *out = r;
     return FR_OK;
 }
@@ -329,8 +323,8 @@ static fr_status launch(fr_nccl_recv *r, int i, fr_msg_nccl_bucket *b, const cha
      * needs the trainer: a dead one keeps the call in progress until the
      * group's deadline, and the serve loop waits here that long (the one
      * place it does; a continuation polled from the loop would remove it). */
-    const double until = now_ms() + r->timeout_ms;
-    while (nr == ncclInProgress && now_ms() < until) {
+    const double until = fr_now_ms() + r->timeout_ms;
+    while (nr == ncclInProgress && fr_now_ms() < until) {
         ncclResult_t a = ncclSuccess;
         if (ncclCommGetAsyncError(r->comm, &a) != ncclSuccess) break;
         nr = a;
@@ -353,12 +347,12 @@ static fr_status launch(fr_nccl_recv *r, int i, fr_msg_nccl_bucket *b, const cha
     for (int k = 0; k < b->n_pieces && !st; k++) {
         const fr_msg_piece *p = &b->pieces[k];
         const declared *d = find_declared(r, p->t.name);
-        const size_t es = fr_wire_dtype_size(p->t.dtype);
+        const size_t es = fr_dtype_size(p->t.dtype);
         uint16_t *dst = r->tab[d->table].dst;
         /* the staging copy has the serving layout: the same offset into the other block */
         dst = (uint16_t *)((char *)r->stage->block_ + ((char *)dst - (char *)r->live->block_)) + p->offset / es;
-        const int kind = p->t.dtype == FR_DT_F32 ? FR_UNPACK_F32 : p->t.dtype == FR_DT_BF16 ? FR_UNPACK_BF16
-                                                                                             : FR_UNPACK_F16;
+        const int kind = p->t.dtype == FR_DTYPE_F32 ? FR_DTYPE_F32 : p->t.dtype == FR_DTYPE_BF16 ? FR_DTYPE_BF16
+                                                                                             : FR_DTYPE_F16;
         st = fr_nccl_unpack_launch((const char *)r->buf[i] + p->at, kind, (size_t)(p->nbytes / es), dst, r->dbad[i],
                                    (unsigned long long)k, r->us);
     }
@@ -390,7 +384,7 @@ fr_status fr_nccl_recv_bucket(fr_nccl_recv *r, const fr_msg_nccl_bucket *b, cons
     if (!own.pieces) return FAIL("out_of_memory", FR_ENOMEM, "NCCL weight group: out of memory");
     memcpy(own.pieces, b->pieces, sizeof *own.pieces * (size_t)b->n_pieces);
     r->next_bucket++;
-    r->last_progress_ms = now_ms();
+    r->last_progress_ms = fr_now_ms();
     const int i = slot_of(b->bucket);
     if (!r->sl[i].busy && r->n_waiting == 0) {
         st = launch(r, i, &own, code);
@@ -422,7 +416,7 @@ static int check_slot(fr_nccl_recv *r, int *bucket, int *ok, const char **code)
     if (e == cudaErrorNotReady) return 0;
     *bucket = s->bucket;
     *ok = 0;
-    r->last_progress_ms = now_ms();
+    r->last_progress_ms = fr_now_ms();
     if (e != cudaSuccess) {
         fail(code, "update_failed", cuda_fail(e, "receiving a bucket"));
     } else {
@@ -438,7 +432,7 @@ static int check_slot(fr_nccl_recv *r, int *bucket, int *ok, const char **code)
             const fr_msg_piece *p = k < s->n_pieces ? &s->pieces[k] : NULL;
             FAIL("non_finite", FR_EINVAL, "update to version %llu: bucket %d: \"%s\": element %llu is NaN or "
                  "infinite (in BF16)", (unsigned long long)r->version, s->bucket, p ? p->t.name : "?",
-                 p ? el + p->offset / fr_wire_dtype_size(p->t.dtype) : el);
+                 p ? el + p->offset / fr_dtype_size(p->t.dtype) : el);
         } else {
             *ok = 1;
             r->staged += s->nbytes;
@@ -476,14 +470,14 @@ fr_nr_event fr_nccl_recv_poll(fr_nccl_recv *r, int *bucket, const char **code)
     if (!r->joined) {
         if (a == ncclSuccess) {
             r->joined = 1;
-            r->last_progress_ms = now_ms();
+            r->last_progress_ms = fr_now_ms();
             return FR_NR_JOINED;
         }
         if (a != ncclInProgress) {
             nccl_fail(a, r->comm, "joining the group");
             return FR_NR_GROUP_FAILED;
         }
-        if (now_ms() - r->last_progress_ms > r->timeout_ms) {
+        if (fr_now_ms() - r->last_progress_ms > r->timeout_ms) {
             fr_fail(FR_EIO, "NCCL weight group: the trainer did not join within %.0f s", r->timeout_ms / 1e3);
             return FR_NR_GROUP_FAILED;
         }
@@ -507,7 +501,7 @@ fr_nr_event fr_nccl_recv_poll(fr_nccl_recv *r, int *bucket, const char **code)
         }
         return FR_NR_BUCKET_OK;
     }
-    if (fr_nccl_recv_busy(r) && now_ms() - r->last_progress_ms > r->timeout_ms) {
+    if (fr_nccl_recv_busy(r) && fr_now_ms() - r->last_progress_ms > r->timeout_ms) {
         fr_fail(FR_EIO, "NCCL weight group: no bucket arrived for %.0f s (the trainer stopped sending or died)",
                 r->timeout_ms / 1e3);
         return FR_NR_GROUP_FAILED;

@@ -18,11 +18,11 @@ __global__ static void unpack_kernel(const unsigned char *src, int kind, size_t 
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         uint16_t out;
         bool finite;
-        if (kind == FR_UNPACK_BF16) {
+        if (kind == FR_DTYPE_BF16) {
             out = ((const uint16_t *)src)[e];
             finite = (out & 0x7f80u) != 0x7f80u;
         } else {
-            float f = kind == FR_UNPACK_F32 ? ((const float *)src)[e] : __half2float(((const __half *)src)[e]);
+            float f = kind == FR_DTYPE_F32 ? ((const float *)src)[e] : __half2float(((const __half *)src)[e]);
             finite = isfinite(f);
             out = finite ? to_bf16(f) : 0;
             finite = finite && (out & 0x7f80u) != 0x7f80u;   /* a float32 near FLT_MAX rounds to infinity */
@@ -36,7 +36,7 @@ fr_status fr_nccl_unpack_launch(const void *src, int kind, size_t n, uint16_t *d
                                 unsigned long long tag, cudaStream_t s)
 {
     if (n == 0) return FR_OK;
-    if (!src || !dst || !bad || kind < FR_UNPACK_F32 || kind > FR_UNPACK_F16)
+    if (!src || !dst || !bad || kind < FR_DTYPE_F32 || kind > FR_DTYPE_F16)
         return fr_fail(FR_EINVAL, "fr_nccl_unpack_launch: bad argument");
     const unsigned threads = 256;
     size_t blocks = (n + threads - 1) / threads;

@@ -9,14 +9,14 @@
 
 #include <cuda_runtime.h>
 
-#include "attention/fr_status.h"
+#include "base/dtype.h"
+#include "base/fr_status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Value kinds of a piece, as the wire's dtypes: 0 f32, 1 bf16, 2 f16. */
-enum { FR_UNPACK_F32 = 0, FR_UNPACK_BF16 = 1, FR_UNPACK_F16 = 2 };
+/* `kind` of a piece: FR_DTYPE_F32, FR_DTYPE_BF16 or FR_DTYPE_F16. */
 
 /* Enqueues on stream s: n elements of kind `kind` at src (device bytes,
  * aligned to their element size) rounded to BF16 (nearest even) into dst.

@@ -2,6 +2,7 @@
  * (trainer_bridge/peers.h). */
 #include "peers.h"
 
+#include "base/clock.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,20 +197,13 @@ int fr_peers_take_gone(fr_peers *p, int *index)
     return 1;
 }
 
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
-
 void fr_peers_flush(fr_peers *p, int ms)
 {
     if (!p) return;
-    double end = now_ms() + ms;
+    double end = fr_now_ms() + ms;
     while (p->st.queued > 0) {
         if (fr_peers_pump(p, NULL)) return;
-        if (p->st.queued == 0 || now_ms() >= end) return;
+        if (p->st.queued == 0 || fr_now_ms() >= end) return;
         struct timespec nap = {0, 2000000};
         nanosleep(&nap, NULL);
     }

@@ -71,21 +71,16 @@ int fr_proto_nccl_state_from_name(const char *s, size_t len, fr_nccl_state *out)
     return i >= 0;
 }
 
-static const char *const dtype_names[] = {"f32", "bf16", "f16"};
-
-const char *fr_wire_dtype_name(fr_wire_dtype t)
+int fr_proto_dtype_from_name(const char *s, size_t len, fr_dtype *out)
 {
-    if ((int)t < 0 || (int)t > FR_DT_F16) return "none";
-    return dtype_names[t];
-}
-
-size_t fr_wire_dtype_size(fr_wire_dtype t) { return t == FR_DT_F32 ? 4 : 2; }
-
-int fr_proto_dtype_from_name(const char *s, size_t len, fr_wire_dtype *out)
-{
-    const int i = name_index(dtype_names, 0, FR_DT_F16 + 1, s, len);
-    if (i >= 0) *out = (fr_wire_dtype)i;
-    return i >= 0;
+    for (int i = 0; i < FR_DTYPE_COUNT; i++) {
+        const char *n = fr_dtype_name((fr_dtype)i);
+        if (fr_dtype_is_weight((fr_dtype)i) && strlen(n) == len && memcmp(n, s, len) == 0) {
+            *out = (fr_dtype)i;
+            return 1;
+        }
+    }
+    return 0;
 }
 
 static const char *const stage_names[] = {"begin", "bucket", "commit", "abort"};
@@ -106,7 +101,7 @@ int fr_proto_stage_from_name(const char *s, size_t len, fr_update_stage *out)
 uint64_t fr_msg_tensor_bytes(const fr_msg_tensor *t)
 {
     if (!t || t->ndim < 1 || t->ndim > FR_PROTO_MAX_NDIM) return 0;
-    uint64_t n = fr_wire_dtype_size(t->dtype);
+    uint64_t n = fr_dtype_size(t->dtype);
     for (int d = 0; d < t->ndim; d++) {
         if (t->shape[d] < 1 || (uint64_t)t->shape[d] > (UINT64_C(1) << 62) / n) return 0;
         n *= (uint64_t)t->shape[d];
@@ -233,7 +228,7 @@ static fr_status check_tensor(const char *type, const char *what, const fr_msg_t
 {
     fr_status st = check_name(type, what, x->name, 1);
     if (st) return st;
-    if ((int)x->dtype < 0 || x->dtype > FR_DT_F16)
+    if (!fr_dtype_is_weight(x->dtype))
         return BAD("%s: %s \"%s\": \"dtype\" must be f32, bf16 or f16", type, what, x->name);
     if (x->ndim < 1 || x->ndim > FR_PROTO_MAX_NDIM)
         return BAD("%s: %s \"%s\": \"shape\" must have 1 to %d dimensions, got %d", type, what, x->name,
@@ -276,12 +271,12 @@ static fr_status check_update_bucket(const fr_msg_update_bucket *b)
         const fr_msg_piece *p = &b->pieces[i];
         fr_status st = check_tensor(t, "piece of", &p->t);
         if (st) return st;
-        uint64_t total = fr_msg_tensor_bytes(&p->t), es = fr_wire_dtype_size(p->t.dtype);
+        uint64_t total = fr_msg_tensor_bytes(&p->t), es = fr_dtype_size(p->t.dtype);
         if (p->nbytes < 1 || p->offset % es || p->nbytes % es)
             return BAD("%s: piece of \"%s\": \"offset\" (%llu) and \"nbytes\" (%llu) must be multiples of the "
                        "%s element size %llu, nbytes >= 1",
                        t, p->t.name, (unsigned long long)p->offset, (unsigned long long)p->nbytes,
-                       fr_wire_dtype_name(p->t.dtype), (unsigned long long)es);
+                       fr_dtype_name(p->t.dtype), (unsigned long long)es);
         if (p->offset > total || p->nbytes > total - p->offset)
             return BAD("%s: piece of \"%s\": bytes [%llu, %llu) run past the tensor's %llu bytes", t, p->t.name,
                        (unsigned long long)p->offset, (unsigned long long)(p->offset + p->nbytes),
@@ -304,12 +299,12 @@ static fr_status check_nccl_bucket(const fr_msg_nccl_bucket *b)
         const fr_msg_piece *p = &b->pieces[i];
         fr_status st = check_tensor(t, "piece of", &p->t);
         if (st) return st;
-        uint64_t total = fr_msg_tensor_bytes(&p->t), es = fr_wire_dtype_size(p->t.dtype);
+        uint64_t total = fr_msg_tensor_bytes(&p->t), es = fr_dtype_size(p->t.dtype);
         if (p->nbytes < 1 || p->offset % es || p->nbytes % es || p->at % es)
             return BAD("%s: piece of \"%s\": \"offset\" (%llu), \"nbytes\" (%llu) and \"at\" (%llu) must be "
                        "multiples of the %s element size %llu, nbytes >= 1",
                        t, p->t.name, (unsigned long long)p->offset, (unsigned long long)p->nbytes,
-                       (unsigned long long)p->at, fr_wire_dtype_name(p->t.dtype), (unsigned long long)es);
+                       (unsigned long long)p->at, fr_dtype_name(p->t.dtype), (unsigned long long)es);
         if (p->offset > total || p->nbytes > total - p->offset)
             return BAD("%s: piece of \"%s\": bytes [%llu, %llu) run past the tensor's %llu bytes", t, p->t.name,
                        (unsigned long long)p->offset, (unsigned long long)(p->offset + p->nbytes),

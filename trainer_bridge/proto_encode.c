@@ -5,6 +5,8 @@
 
 #include "proto_internal.h"
 
+#include "base/buf.h"
+
 static void put_str(msgpack_packer *pk, const char *s)
 {
     size_t n = strlen(s);
@@ -166,7 +168,7 @@ static void enc_done(msgpack_packer *pk, const fr_msg_done *d)
 static void put_tensor_keys(msgpack_packer *pk, const fr_msg_tensor *t)
 {
     kv_str(pk, "name", t->name);
-    kv_str(pk, "dtype", fr_wire_dtype_name(t->dtype));
+    kv_str(pk, "dtype", fr_dtype_name(t->dtype));
     key(pk, "shape");
     msgpack_pack_array(pk, (size_t)t->ndim);
     for (int d = 0; d < t->ndim; d++) msgpack_pack_int64(pk, t->shape[d]);
@@ -271,31 +273,13 @@ static void enc_stats_reply(msgpack_packer *pk, const fr_msg_stats_reply *s)
     kv_u64(pk, "undeliverable_messages", s->undeliverable_messages);
 }
 
-/* The packer's output: a growing buffer that remembers a failed allocation. */
-typedef struct {
-    char *data;
-    size_t len, cap;
-    int failed;
-} out_buf;
-
+/* The packer's output goes to a growable buffer that remembers a failed
+ * allocation, so the encoder checks for memory once, at the end. */
 static int out_write(void *user, const char *p, size_t n)
 {
-    out_buf *b = user;
-    if (b->failed) return -1;
-    if (b->len + n > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->len + n) c *= 2;
-        char *d = realloc(b->data, c);
-        if (!d) {
-            b->failed = 1;
-            return -1;
-        }
-        b->data = d;
-        b->cap = c;
-    }
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-    return 0;
+    fr_buf *b = user;
+    fr_buf_put(b, p, n);
+    return b->failed ? -1 : 0;
 }
 
 fr_status fr_msg_encode(const fr_msg *m, char **data, size_t *len)
@@ -305,7 +289,7 @@ fr_status fr_msg_encode(const fr_msg *m, char **data, size_t *len)
     *len = 0;
     fr_status st = fr_proto_check(m);
     if (st) return st;
-    out_buf sb = {0};
+    fr_buf sb = {0};
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, out_write);
     switch (m->type) {

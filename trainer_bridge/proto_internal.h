@@ -12,7 +12,7 @@ fr_msg_type fr_proto_type_from_name(const char *s, size_t len);
 /* 1 and *out for "stop", "length", "abort", "error"; 0 otherwise. */
 int fr_proto_finish_from_name(const char *s, size_t len, fr_wire_finish *out);
 /* 1 and *out for "f32", "bf16", "f16"; 0 otherwise. */
-int fr_proto_dtype_from_name(const char *s, size_t len, fr_wire_dtype *out);
+int fr_proto_dtype_from_name(const char *s, size_t len, fr_dtype *out);
 /* 1 and *out for "begin", "bucket", "commit", "abort"; 0 otherwise. */
 int fr_proto_stage_from_name(const char *s, size_t len, fr_update_stage *out);
 /* 1 and *out for "joining", "closed"; 0 otherwise. */

@@ -17,7 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "attention/fr_status.h"
+#include "base/dtype.h"
+#include "base/fr_status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -74,11 +75,8 @@ const char *fr_pause_mode_name(fr_pause_mode m);   /* "abort", "wait" */
 typedef enum { FR_WIRE_STOP = 0, FR_WIRE_LENGTH, FR_WIRE_ABORT, FR_WIRE_ERROR } fr_wire_finish;
 const char *fr_wire_finish_name(fr_wire_finish f);
 
-/* Tensor dtypes of a weight update: "f32", "bf16", "f16" on the wire;
- * little-endian, row-major, unpadded. */
-typedef enum { FR_DT_F32 = 0, FR_DT_BF16, FR_DT_F16 } fr_wire_dtype;
-const char *fr_wire_dtype_name(fr_wire_dtype t);
-size_t fr_wire_dtype_size(fr_wire_dtype t);
+/* Tensor dtypes of a weight update are base/dtype.h's weight types, named
+ * "f32", "bf16", "f16" on the wire; little-endian, row-major, unpadded. */
 
 typedef struct {
     char client[FR_PROTO_NAME_MAX];      /* optional free-form name, "" when absent */
@@ -87,7 +85,7 @@ typedef struct {
 /* A tensor as a weight update names it: Hugging Face name, dtype, shape. */
 typedef struct {
     char name[FR_PROTO_NAME_MAX];
-    fr_wire_dtype dtype;
+    fr_dtype dtype;
     int ndim;                            /* 1 to FR_PROTO_MAX_NDIM */
     int64_t shape[FR_PROTO_MAX_NDIM];    /* each >= 1 */
 } fr_msg_tensor;

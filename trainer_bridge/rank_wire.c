@@ -4,23 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void fr_rank_put(fr_rank_buf *b, const void *data, size_t n)
-{
-    if (b->oom || n == 0) return;
-    if (b->len + n > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->len + n) c *= 2;
-        unsigned char *p = realloc(b->p, c);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = c;
-    }
-    memcpy(b->p + b->len, data, n);
-    b->len += n;
-}
+void fr_rank_put(fr_rank_buf *b, const void *data, size_t n) { fr_buf_put(b, data, n); }
 
 void fr_rank_put_u8(fr_rank_buf *b, unsigned v)
 {
@@ -51,14 +35,12 @@ void fr_rank_put_i32s(fr_rank_buf *b, const int *v, int n)
 void fr_rank_buf_clear(fr_rank_buf *b)
 {
     b->len = 0;
-    b->oom = 0;
+    b->failed = 0;
 }
 
 void fr_rank_buf_free(fr_rank_buf *b)
 {
-    if (!b) return;
-    free(b->p);
-    memset(b, 0, sizeof *b);
+    if (b) fr_buf_free(b);
 }
 
 int fr_rank_more(const fr_rank_reader *r) { return !r->bad && r->pos < r->len; }

@@ -6,8 +6,8 @@
  *
  *     fr_rank_buf b = {0};
  *     fr_rank_put_u64(&b, sid); fr_rank_put_i32s(&b, ids, n);
- *     if (b.oom) { out of memory }
- *     fr_rank_reader r = {b.p, b.len, 0, 0};
+ *     if (b.failed) { out of memory }
+ *     fr_rank_reader r = {(const unsigned char *)b.data, b.len, 0, 0};
  *     uint64_t sid = fr_rank_get_u64(&r); ... if (r.bad) { truncated }
  *     fr_rank_buf_free(&b);
  */
@@ -17,15 +17,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/buf.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct {
-    unsigned char *p;
-    size_t len, cap;
-    int oom;            /* set when a put could not grow the buffer (the put is dropped) */
-} fr_rank_buf;
+/* The writer is the project's growable buffer: `failed` is set when a put
+ * could not grow it (the put is dropped). */
+typedef fr_buf fr_rank_buf;
 
 void fr_rank_put(fr_rank_buf *b, const void *data, size_t n);
 void fr_rank_put_u8(fr_rank_buf *b, unsigned v);

@@ -3,6 +3,7 @@
  * "Serving on several ranks"). */
 #include "server.h"
 
+#include "base/clock.h"
 #include "metrics_pub.h"
 #include "rollout/metrics_http.h"
 
@@ -140,13 +141,6 @@ struct fr_bridge_server {
     int ng_commit;            /* 1: that client's commit waits for buckets in flight */
     uint64_t ng_commit_version;
 };
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
 
 static void logf_(fr_bridge_server *srv, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void logf_(fr_bridge_server *srv, const char *fmt, ...)
@@ -328,7 +322,7 @@ static void send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish w
               (unsigned long long)q->request_id, k, s->sent, n_tokens);
     fr_msg m;
     fr_msg_init(&m, FR_MSG_DONE);
-    double t = now_ms();
+    double t = fr_now_ms();
     m.u.done = (fr_msg_done){.request_id = q->request_id, .group_id = q->group_id, .sample = k,
                              .finish_reason = why, .n_tokens = s->sent, .n_prompt = q->n_prompt,
                              .preemptions = preemptions, .has_ttft = s->has_first,
@@ -368,7 +362,7 @@ static void token_in(fr_bridge_server *srv, uint64_t sid, int sample, int index,
     }
     if (!s->has_first) {
         s->has_first = 1;
-        s->first_ms = now_ms();
+        s->first_ms = fr_now_ms();
     }
     s->tok[s->n_pending] = token;
     s->wv[s->n_pending] = version;
@@ -525,7 +519,7 @@ static fr_status eng_submit(fr_bridge_server *srv, request *q, const fr_request_
     }
     srv->next_engine = (best + 1) % srv->n_engines;
     put_spec(&srv->events, best, spec);
-    if (srv->events.oom) return fr_fail(FR_ENOMEM, "the server is out of memory");
+    if (srv->events.failed) return fr_fail(FR_ENOMEM, "the server is out of memory");
     q->engine = best;
     srv->engine_open[best] += q->n;
     return FR_OK;
@@ -539,7 +533,7 @@ static fr_status eng_abort(fr_bridge_server *srv, const request *q, int *n)
     fr_rank_put_i32(&srv->events, q->engine);
     fr_rank_put_u64(&srv->events, q->sid);
     *n = q->open;
-    return srv->events.oom ? fr_fail(FR_ENOMEM, "the server is out of memory") : FR_OK;
+    return srv->events.failed ? fr_fail(FR_ENOMEM, "the server is out of memory") : FR_OK;
 }
 
 static fr_status eng_abort_all(fr_bridge_server *srv, int *n)
@@ -547,7 +541,7 @@ static fr_status eng_abort_all(fr_bridge_server *srv, int *n)
     if (!srv->multi) return fr_scheduler_abort_all(srv->sch, n);
     fr_rank_put_u8(&srv->events, EV_ABORT_ALL);
     *n = engine_samples(srv);
-    return srv->events.oom ? fr_fail(FR_ENOMEM, "the server is out of memory") : FR_OK;
+    return srv->events.failed ? fr_fail(FR_ENOMEM, "the server is out of memory") : FR_OK;
 }
 
 /* ---- requests in ----------------------------------------------------------- */
@@ -639,7 +633,7 @@ static void handle_generate(fr_bridge_server *srv, int peer, const fr_msg_genera
     q->peer = peer;
     q->n = q->open = g->n;
     q->n_prompt = g->n_prompt;
-    q->t0_ms = now_ms();
+    q->t0_ms = fr_now_ms();
     fr_request_spec spec;
     build_spec(srv, q, g, &spec);
     fr_status st = check_spec(srv, &spec, id);
@@ -996,7 +990,7 @@ static fr_bridge_update *update_of(fr_bridge_server *srv, int peer, const char *
                    what, (unsigned long long)version, (unsigned long long)fr_bridge_update_version(srv->upd));
         return NULL;
     }
-    srv->upd_last_ms = now_ms();
+    srv->upd_last_ms = fr_now_ms();
     return srv->upd;
 }
 
@@ -1030,7 +1024,7 @@ static void handle_update_begin(fr_bridge_server *srv, int peer, const fr_msg_up
         return;
     }
     srv->upd_peer = peer;
-    srv->upd_last_ms = now_ms();
+    srv->upd_last_ms = fr_now_ms();
     srv->upd_begin_ms = srv->upd_last_ms;
     if (srv->multi) {
         fr_rank_put_u8(&srv->events, EV_UPD_BEGIN);
@@ -1060,7 +1054,7 @@ static void handle_update_bucket(fr_bridge_server *srv, int peer, const fr_msg_u
         for (int i = 0; i < b->n_pieces; i++) {
             const fr_msg_piece *p = &b->pieces[i];
             fr_rank_put_bytes(e, p->t.name, strlen(p->t.name));
-            fr_rank_put_i32(e, p->t.dtype == FR_DT_F32 ? FR_WDT_F32 : p->t.dtype == FR_DT_BF16 ? FR_WDT_BF16 : FR_WDT_F16);
+            fr_rank_put_i32(e, p->t.dtype == FR_DTYPE_F32 ? FR_DTYPE_F32 : p->t.dtype == FR_DTYPE_BF16 ? FR_DTYPE_BF16 : FR_DTYPE_F16);
             fr_rank_put_i32(e, p->t.ndim);
             for (int k = 0; k < p->t.ndim; k++) fr_rank_put_u64(e, (uint64_t)p->t.shape[k]);
             fr_rank_put_u64(e, p->offset);
@@ -1080,13 +1074,13 @@ static void committed(fr_bridge_server *srv, uint64_t version, double t0)
     keep_spare(srv, fr_bridge_update_release_staged(srv->upd));   /* now holding the previous weights */
     fr_bridge_update_free(&srv->upd);
     srv->updates_committed++;
-    srv->last_sync_s = (now_ms() - srv->upd_begin_ms) * 1e-3;
+    srv->last_sync_s = (fr_now_ms() - srv->upd_begin_ms) * 1e-3;
     if (srv->multi)
         logf_(srv, "weights are now version %llu on all %d ranks (%llu bytes; switched in %.1f ms)",
-              (unsigned long long)version, srv->world->size, (unsigned long long)bytes, now_ms() - t0);
+              (unsigned long long)version, srv->world->size, (unsigned long long)bytes, fr_now_ms() - t0);
     else
         logf_(srv, "weights are now version %llu (%llu bytes; switched in %.1f ms)", (unsigned long long)version,
-              (unsigned long long)bytes, now_ms() - t0);
+              (unsigned long long)bytes, fr_now_ms() - t0);
     send_update_reply(srv, srv->upd_peer, version, FR_UPD_COMMIT, -1, bytes);
 }
 
@@ -1110,7 +1104,7 @@ static void handle_update_commit(fr_bridge_server *srv, int peer, uint64_t versi
         srv->turn_barrier = 1;
         return;
     }
-    double t0 = now_ms();
+    double t0 = fr_now_ms();
     if (fr_session_commit_weights_move(srv->sess, fr_bridge_update_staged(u))) {
         fail_update(srv, peer, "update_failed");
         return;
@@ -1188,7 +1182,7 @@ static void nccl_try_commit(fr_bridge_server *srv)
     if (!ready) return;
     srv->ng_commit = 0;
     const uint64_t version = srv->ng_commit_version, bytes = fr_nccl_recv_bytes(srv->ng);
-    const double t0 = now_ms();
+    const double t0 = fr_now_ms();
     if (fr_nccl_recv_commit(srv->ng)) {
         snprintf(msg, sizeof msg, "%s", fr_last_error());
         srv->updates_failed++;
@@ -1199,9 +1193,9 @@ static void nccl_try_commit(fr_bridge_server *srv)
     srv->weight_version = version;
     fr_scheduler_set_weight_version(srv->sch, version);
     srv->updates_committed++;
-    srv->last_sync_s = (now_ms() - srv->upd_begin_ms) * 1e-3;
+    srv->last_sync_s = (fr_now_ms() - srv->upd_begin_ms) * 1e-3;
     logf_(srv, "weights are now version %llu, over NCCL (%llu bytes; switched in %.1f ms, %.3f s since the begin)",
-          (unsigned long long)version, (unsigned long long)bytes, now_ms() - t0, srv->last_sync_s);
+          (unsigned long long)version, (unsigned long long)bytes, fr_now_ms() - t0, srv->last_sync_s);
     send_update_reply(srv, peer, version, FR_UPD_COMMIT, -1, bytes);
 }
 #endif
@@ -1219,7 +1213,7 @@ static void nccl_turn(fr_bridge_server *srv)
         if (ev == FR_NR_JOINED) {
             logf_(srv, "NCCL weight group of client %s is up", fr_peers_name(srv->peers, srv->ng_peer));
         } else if (ev == FR_NR_BUCKET_OK) {
-            srv->upd_last_ms = now_ms();
+            srv->upd_last_ms = fr_now_ms();
             send_update_reply(srv, srv->ng_peer, fr_nccl_recv_version(srv->ng), FR_UPD_BUCKET, bucket,
                               fr_nccl_recv_bytes(srv->ng));
         } else {
@@ -1316,7 +1310,7 @@ static void handle_nccl_begin(fr_bridge_server *srv, int peer, const fr_msg_upda
         send_error(srv, peer, code, 0, 0, "%s", fr_last_error());
         return;
     }
-    srv->upd_last_ms = srv->upd_begin_ms = now_ms();
+    srv->upd_last_ms = srv->upd_begin_ms = fr_now_ms();
     srv->ng_commit = 0;
     logf_(srv, "weight update to version %llu over NCCL begins: %d tensors, %llu bytes, buckets of %llu bytes",
           (unsigned long long)b->version, b->n_tensors, (unsigned long long)b->total_bytes,
@@ -1329,7 +1323,7 @@ static void handle_nccl_bucket(fr_bridge_server *srv, int peer, const fr_msg_ncc
 {
 #ifdef FR_HAVE_CUDA
     if (srv->ng && srv->ng_peer == peer && fr_nccl_recv_updating(srv->ng)) {
-        srv->upd_last_ms = now_ms();
+        srv->upd_last_ms = fr_now_ms();
         const char *code = "bad_bucket";
         /* The client broadcasts the bucket whatever the answer, so a refused
          * one leaves the group out of step: it ends with the update. */
@@ -1357,7 +1351,7 @@ static int nccl_end_message(fr_bridge_server *srv, int peer, uint64_t version, i
                    what, (unsigned long long)version, (unsigned long long)fr_nccl_recv_version(srv->ng));
         return 1;
     }
-    srv->upd_last_ms = now_ms();
+    srv->upd_last_ms = fr_now_ms();
     if (commit) {
         srv->ng_commit = 1;
         srv->ng_commit_version = version;
@@ -1646,7 +1640,7 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
     }
     if (srv->multi && srv->rank != 0) {
         /* the socket, the clients and the metrics are rank 0's */
-        srv->started_ms = now_ms();
+        srv->started_ms = fr_now_ms();
         snprintf(srv->endpoint, sizeof srv->endpoint, "%s", cfg->endpoint);
         *out = srv;
         return FR_OK;
@@ -1670,7 +1664,7 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
             snprintf(srv->endpoint, sizeof srv->endpoint, "%s", cfg->endpoint);
         st = fr_peers_new(srv->sock, &srv->peers);
     }
-    srv->started_ms = now_ms();
+    srv->started_ms = fr_now_ms();
     if (!st && cfg->metrics_pub_endpoint && cfg->metrics_pub_endpoint[0]) {
         st = fr_metrics_pub_open(srv->zctx, cfg->metrics_pub_endpoint, cfg->curve_secret_key, &srv->pub);
         if (!st) logf_(srv, "metrics snapshots on %s (ZeroMQ PUB, topic %s, msgpack)", fr_metrics_pub_endpoint(srv->pub),
@@ -1721,7 +1715,7 @@ static void publish_metrics(fr_bridge_server *srv)
     if (srv->multi) m.stats = srv->agg;
     else fr_scheduler_stats_get(srv->sch, &m.stats);
     m.div = *fr_scheduler_divergence(srv->sch);   /* several engines: engine 0's */
-    const double now = now_ms();
+    const double now = fr_now_ms();
     if (srv->last_pub_ms > 0 && now > srv->last_pub_ms)
         m.tokens_per_s = (double)(m.stats.tokens_generated - srv->last_pub_tokens) / ((now - srv->last_pub_ms) * 1e-3);
     srv->last_pub_ms = now;
@@ -1766,19 +1760,14 @@ static void share_events(fr_bridge_server *srv)
     if (fr_mpi_world_bcast(srv->world, &len, sizeof len, 0)) comm_fatal(srv, "broadcasting the events");
     if (srv->rank != 0) {
         fr_rank_buf_clear(&srv->events);
-        if (len > srv->events.cap) {
-            unsigned char *p = realloc(srv->events.p, (size_t)len);
-            if (!p) {
-                logf_(srv, "rank %d: out of memory receiving %llu bytes of events", srv->rank, (unsigned long long)len);
-                fr_mpi_world_abort(srv->world, 1);
-                return;
-            }
-            srv->events.p = p;
-            srv->events.cap = (size_t)len;
+        if (len > SIZE_MAX / 2 || fr_buf_reserve(&srv->events, (size_t)len)) {
+            logf_(srv, "rank %d: out of memory receiving %llu bytes of events", srv->rank, (unsigned long long)len);
+            fr_mpi_world_abort(srv->world, 1);
+            return;
         }
         srv->events.len = (size_t)len;
     }
-    if (len && fr_mpi_world_bcast(srv->world, srv->events.p, (size_t)len, 0)) comm_fatal(srv, "broadcasting the events");
+    if (len && fr_mpi_world_bcast(srv->world, srv->events.data, (size_t)len, 0)) comm_fatal(srv, "broadcasting the events");
 }
 
 /* A generate for engine `engine`: its ranks submit it; a refusal (which
@@ -1844,7 +1833,7 @@ static void apply_bucket(fr_bridge_server *srv, fr_rank_reader *r)
         char tname[FR_PROTO_NAME_MAX];
         memcpy(tname, name, name_len);
         tname[name_len] = 0;
-        if (fr_weight_update_put(srv->wupd, tname, (fr_weight_dtype)dtype, shape, ndim, offset, bytes, n_bytes)) {
+        if (fr_weight_update_put(srv->wupd, tname, (fr_dtype)dtype, shape, ndim, offset, bytes, n_bytes)) {
             logf_(srv, "rank %d: staging the weight update failed: %s", srv->rank, fr_last_error());
             srv->stage_failed = 1;
         }
@@ -1878,7 +1867,7 @@ static void commit_on_ranks(fr_bridge_server *srv, uint64_t version)
         fr_weight_update_free(&srv->wupd);
         return;
     }
-    double t0 = now_ms();
+    double t0 = fr_now_ms();
     fr_status st =
         fr_session_commit_weights_move(srv->sess, srv->rank == 0 ? fr_bridge_update_staged(srv->upd) : srv->wupd);
     if (st) logf_(srv, "rank %d: switching to weight version %llu failed: %s", srv->rank, (unsigned long long)version,
@@ -1908,7 +1897,7 @@ static void commit_on_ranks(fr_bridge_server *srv, uint64_t version)
  * reaches the same collectives; the turn's vote then ends the loop. */
 static fr_status apply_events(fr_bridge_server *srv)
 {
-    fr_rank_reader r = {srv->events.p, srv->events.len, 0, 0};
+    fr_rank_reader r = {(const unsigned char *)srv->events.data, srv->events.len, 0, 0};
     fr_status first = FR_OK;
     while (fr_rank_more(&r)) {
         fr_status st = FR_OK;
@@ -2093,10 +2082,10 @@ static fr_status exchange_results(fr_bridge_server *srv)
 {
     fr_status st = FR_OK;
     if (srv->leader) put_stats(srv);
-    if (srv->outbox.oom) st = fr_fail(FR_ENOMEM, "serve: rank %d: out of memory keeping the engine's results", srv->rank);
+    if (srv->outbox.failed) st = fr_fail(FR_ENOMEM, "serve: rank %d: out of memory keeping the engine's results", srv->rank);
     void *all = NULL;
     size_t n = 0;
-    if (fr_mpi_world_gather_bytes(srv->world, srv->outbox.p, st ? 0 : srv->outbox.len, 0, &all, &n, NULL))
+    if (fr_mpi_world_gather_bytes(srv->world, srv->outbox.data, st ? 0 : srv->outbox.len, 0, &all, &n, NULL))
         comm_fatal(srv, "gathering the engines' results");
     fr_rank_buf_clear(&srv->outbox);
     if (srv->rank != 0) return st;
@@ -2156,7 +2145,7 @@ static fr_status drain_messages(fr_bridge_server *srv, const volatile sig_atomic
     }
     srv->turn_barrier = 0;
     fr_status st = handle_waiting(srv, stop, 1);
-    if (!st && srv->events.oom) st = fr_fail(FR_ENOMEM, "serve: out of memory recording the engine events");
+    if (!st && srv->events.failed) st = fr_fail(FR_ENOMEM, "serve: out of memory recording the engine events");
     return st;
 }
 
@@ -2172,8 +2161,8 @@ static fr_status after_turn(fr_bridge_server *srv)
     int gone = 0;
     if (fr_peers_pump(srv->peers, &gone)) return FR_EIO;
     if (gone) drop_gone_peers(srv);
-    if (publishes(srv) && now_ms() - srv->last_pub_ms >= 200.0) publish_metrics(srv);
-    if (srv->upd && srv->cfg.update_idle_ms > 0 && now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
+    if (publishes(srv) && fr_now_ms() - srv->last_pub_ms >= 200.0) publish_metrics(srv);
+    if (srv->upd && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
         char why[96];
         snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
         drop_update(srv, why);
@@ -2287,13 +2276,13 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
             break;
         }
         if (gone) drop_gone_peers(srv);
-        if (publishes(srv) && now_ms() - srv->last_pub_ms >= 200.0) publish_metrics(srv);
-        if (srv->upd && srv->cfg.update_idle_ms > 0 && now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
+        if (publishes(srv) && fr_now_ms() - srv->last_pub_ms >= 200.0) publish_metrics(srv);
+        if (srv->upd && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
             char why[96];
             snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
             drop_update(srv, why);
         }
-        if (nccl_updating(srv) && srv->cfg.update_idle_ms > 0 && now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
+        if (nccl_updating(srv) && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
             char why[96];
             snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
             nccl_drop_update(srv, why);

@@ -29,9 +29,9 @@ static fr_status fail(const char **code, const char *c, fr_status st)
 
 #define FAIL(c, st, ...) fail(code, c, fr_fail(st, __VA_ARGS__))
 
-static fr_weight_dtype engine_dtype(fr_wire_dtype t)
+static fr_dtype engine_dtype(fr_dtype t)
 {
-    return t == FR_DT_F32 ? FR_WDT_F32 : t == FR_DT_BF16 ? FR_WDT_BF16 : FR_WDT_F16;
+    return t == FR_DTYPE_F32 ? FR_DTYPE_F32 : t == FR_DTYPE_BF16 ? FR_DTYPE_BF16 : FR_DTYPE_F16;
 }
 
 static void shape_text(const fr_msg_tensor *t, char *buf, size_t cap)
@@ -126,8 +126,8 @@ fr_status fr_bridge_check_piece(const fr_msg_tensor *piece, const fr_msg_tensor 
     const unsigned long long ver = (unsigned long long)version;
     if (piece->dtype != declared->dtype)
         return FAIL("bad_dtype", FR_EINVAL, "update to version %llu: bucket %d: \"%s\" arrives as %s, the begin "
-                    "declared %s", ver, bucket, piece->name, fr_wire_dtype_name(piece->dtype),
-                    fr_wire_dtype_name(declared->dtype));
+                    "declared %s", ver, bucket, piece->name, fr_dtype_name(piece->dtype),
+                    fr_dtype_name(declared->dtype));
     int same = piece->ndim == declared->ndim;
     for (int k = 0; same && k < piece->ndim; k++) same = piece->shape[k] == declared->shape[k];
     if (same) return FR_OK;

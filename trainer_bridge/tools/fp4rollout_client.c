@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "rollout/model.h"
 #include "rollout/weight_update.h"
 #include "trainer_bridge/client.h"
@@ -557,13 +558,6 @@ static uint16_t to_bf16(float f)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-static double seconds_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
 static int cmd_push_weights(fr_client *c, int argc, char **argv)
 {
     const char *spec = NULL, *skip = NULL, *nan_name = NULL, *flat = NULL, *export_path = NULL;
@@ -647,7 +641,7 @@ static int cmd_push_weights(fr_client *c, int argc, char **argv)
             shapes[k][0] *= shapes[k][1];
             ndim = 1;
         }
-        t[k] = (fr_client_tensor){.name = name, .dtype = bf16 ? FR_DT_BF16 : FR_DT_F32, .ndim = ndim,
+        t[k] = (fr_client_tensor){.name = name, .dtype = bf16 ? FR_DTYPE_BF16 : FR_DTYPE_F32, .ndim = ndim,
                                   .shape = shapes[k], .data = data};
         bytes += count * (bf16 ? 2 : 4);
         k++;
@@ -666,7 +660,7 @@ static int cmd_push_weights(fr_client *c, int argc, char **argv)
             rc = 1;
         }
     } else if (!rc) {
-        double t0 = seconds_now();
+        double t0 = fr_now_s();
         fr_msg_update_reply r;
         if (fr_client_update_weights(c, t, k, (uint64_t)version, &opts, &r)) {
             const char *code = "", *msg = "";
@@ -675,7 +669,7 @@ static int cmd_push_weights(fr_client *c, int argc, char **argv)
             printf("{\"committed\":false,\"code\":\"%s\"}\n", code);
             rc = 1;
         } else {
-            double dt = seconds_now() - t0;
+            double dt = fr_now_s() - t0;
             uint64_t nb = (bytes + (uint64_t)bucket - 1) / (uint64_t)bucket;
             printf("{\"committed\":true,\"version\":%llu,\"weight_version\":%llu,\"tensors\":%d,\"bytes\":%llu,"
                    "\"buckets_at_least\":%llu,\"seconds\":%.6f,\"mib_per_s\":%.1f}\n",

@@ -7,6 +7,8 @@
 #ifndef FR_STATUS_H
 #define FR_STATUS_H
 
+#include <stdarg.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -25,6 +27,9 @@ typedef enum {
  * failing path reads: return fr_fail(FR_EINVAL, "dim %d is not a power of two", d); */
 fr_status fr_fail(fr_status st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* fr_fail with a va_list, for wrappers that add their own codes (comm/). */
+fr_status fr_vfail(fr_status st, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 
 /* The calling thread's last message ("" when none was set). */
 const char *fr_last_error(void);

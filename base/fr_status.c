@@ -1,4 +1,4 @@
-#include "fr_status.h"
+#include "base/fr_status.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -6,16 +6,22 @@
 
 static _Thread_local char last_error[1024];
 
-fr_status fr_fail(fr_status st, const char *fmt, ...)
+fr_status fr_vfail(fr_status st, const char *fmt, va_list ap)
 {
     /* Formatted apart first: callers may pass fr_last_error() itself as an
      * argument to prefix it with context. */
     char message[sizeof last_error];
+    vsnprintf(message, sizeof message, fmt, ap);
+    memcpy(last_error, message, sizeof last_error);
+    return st;
+}
+
+fr_status fr_fail(fr_status st, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(message, sizeof message, fmt, ap);
+    fr_vfail(st, fmt, ap);
     va_end(ap);
-    memcpy(last_error, message, sizeof last_error);
     return st;
 }
 
