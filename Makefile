@@ -24,14 +24,13 @@ NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
             -Xcompiler -fPIC,-Wall,-Wextra -Werror all-warnings -I. -MMD -MP
 
 # One static library per module, in dependency order (a module may use the
-# ones after it in this list, never the ones before).
-MODULES  := trainer_bridge rollout kvcache attention comm base
+# ones after it in this list, never the ones before; docs/architecture.md).
+MODULES  := app trainer_bridge rollout kvcache attention comm base
 lib_of    = $(BUILD)/lib$(1).a
 # C files named *_cuda.c call the CUDA runtime: built only when nvcc is.
-# rollout/cli_serve.c (the `serve` command) drives trainer_bridge, which
-# uses rollout: it links into the binary beside main.c, not into librollout.
-TOP_SRCS := rollout/main.c rollout/cli_serve.c
-srcs_of   = $(filter-out $(TOP_SRCS) $(if $(HAVE_NVCC),,$(1)/%_cuda.c),$(wildcard $(1)/*.c))
+# The program's entry point, app/main.c, links into the binary itself.
+MAIN_SRC := app/main.c
+srcs_of   = $(filter-out $(MAIN_SRC) $(if $(HAVE_NVCC),,$(1)/%_cuda.c),$(wildcard $(1)/*.c))
 cusrcs_of = $(if $(HAVE_NVCC),$(wildcard $(1)/*.cu))
 objs_of   = $(patsubst %.c,$(BUILD)/obj/%.o,$(call srcs_of,$(1))) \
             $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(call cusrcs_of,$(1)))
@@ -42,7 +41,7 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart -lstdc++
 endif
 
 BIN        := $(BUILD)/fp4rollout
-TOP_OBJS   := $(patsubst %.c,$(BUILD)/obj/%.o,$(TOP_SRCS))
+MAIN_OBJ   := $(patsubst %.c,$(BUILD)/obj/%.o,$(MAIN_SRC))
 # base/ has no dependencies: the client library and the fuzz targets take
 # its sources whole.
 BASE_SRCS  := $(wildcard base/*.c)
@@ -101,7 +100,7 @@ $(call lib_of,$(1)): $(call objs_of,$(1))
 endef
 $(foreach m,$(MODULES),$(eval $(call module_rule,$(m))))
 
-$(BIN): $(TOP_OBJS) $(LIBS)
+$(BIN): $(MAIN_OBJ) $(LIBS)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(CLIENT_LIB): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS)) $(CLIENT_CUOBJS)
@@ -114,7 +113,7 @@ $(CLIENT_SO): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS)) $(CLIENT_CUOBJS)
 
 # push-weights reads a model with rollout/: the tool links the engine's
 # libraries after the client library (the library itself stays light).
-$(CLIENT_BIN): $(BUILD)/obj/trainer_bridge/tools/fp4rollout_client.o $(CLIENT_LIB) $(filter-out $(call lib_of,trainer_bridge),$(LIBS))
+$(CLIENT_BIN): $(BUILD)/obj/trainer_bridge/tools/fp4rollout_client.o $(CLIENT_LIB) $(filter-out $(call lib_of,app) $(call lib_of,trainer_bridge),$(LIBS))
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBS)

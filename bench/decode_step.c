@@ -41,7 +41,8 @@
 #include "kvcache/page_layout.h"
 #include "rollout/runner_cuda.h"
 #include "rollout/session.h"
-#include "rollout/tp_launch.h"
+#include "app/cli.h"
+#include "app/tp_launch.h"
 
 static double now_s(void)
 {

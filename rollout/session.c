@@ -6,71 +6,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
 #ifdef FR_HAVE_CUDA
 #include "runner_cuda.h"
 #include "comm/nccl_group.h"
 #endif
-
-const char fr_engine_opts_usage[] =
-    "  --model M            checkpoint directory, or synthetic:tiny[:SEED] (default);\n"
-    "                       synthetic:qwen3-4b[:SEED] (Qwen3-4B's shape) on --backend cuda\n"
-    "                       (synthetic:qwen3-4b-128k: the same with a 131,072-token window)\n"
-    "  --backend B          auto (default: cuda when a GPU is present and supports\n"
-    "                       the configuration, else cpu), cpu or cuda\n"
-    "  --kv T               KV cache dtype: bf16 (default), fp8, nvfp4, mxfp4, or\n"
-    "                       f32 (exact float32 storage, the CPU reference)\n"
-    "  --fp4-compute C      exact (default: FP4 query and probabilities, as native\n"
-    "                       FP4 MMAs compute) or bf16 (unquantized query and P)\n"
-    "  --recipe R           full (default) or vanilla, optionally followed by\n"
-    "                       switches: full,-rotate,-search,-smooth,-dual,-pscale,-sink\n"
-    "  --calib FILE         calibration file (key mean, tau) from fp4rollout calibrate\n"
-    "  --chunk N            prefill chunk in tokens (default 512)\n"
-    "  --tp N               tensor parallelism: ranks per engine (default 1); under\n"
-    "                       mpirun -np W the ranks form W/N engines (CPU backend)\n";
 
 void fr_engine_opts_default(fr_engine_opts *o)
 {
     *o = (fr_engine_opts){.model = "synthetic:tiny", .backend = FR_BACKEND_AUTO, .kv = FR_KV_BF16, .compute = FR_COMPUTE_EXACT,
                           .recipe = fr_recipe_full(), .calib = NULL, .chunk = 512,
                           .tp = 1, .group = NULL};
-}
-
-int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engine_opts *o)
-{
-    const char *a = argv[*i];
-    static const char *const flags[] = {"--model", "--kv", "--fp4-compute", "--recipe", "--calib", "--chunk",
-                                        "--backend", "--tp"};
-    int which = -1;
-    for (int f = 0; f < 8; f++)
-        if (strcmp(a, flags[f]) == 0) which = f;
-    if (which < 0) return 0;
-    if (*i + 1 >= argc) {
-        fr_cli_usage_error(cmd, "%s needs a value", a);
-        return -1;
-    }
-    const char *v = argv[++*i];
-    fr_status st = FR_OK;
-    switch (which) {
-    case 0: o->model = v; break;
-    case 1: st = fr_kv_dtype_parse(v, &o->kv); break;
-    case 2: st = fr_fp4_compute_parse(v, &o->compute); break;
-    case 3: st = fr_recipe_parse(v, &o->recipe); break;
-    case 4: o->calib = v; break;
-    case 5: return fr_cli_int(cmd, "--chunk", v, 1, 1 << 20, &o->chunk) ? -1 : 1;
-    case 6:
-        if (strcmp(v, "auto") == 0) o->backend = FR_BACKEND_AUTO;
-        else if (strcmp(v, "cpu") == 0) o->backend = FR_BACKEND_CPU;
-        else if (strcmp(v, "cuda") == 0) o->backend = FR_BACKEND_CUDA;
-        else st = fr_fail(FR_EINVAL, "unknown backend '%s' (expected auto, cpu or cuda)", v);
-        break;
-    case 7: return fr_cli_int(cmd, "--tp", v, 1, 1024, &o->tp) ? -1 : 1;
-    }
-    if (st) {
-        fr_cli_usage_error(cmd, "%s", fr_last_error());
-        return -1;
-    }
-    return 1;
 }
 
 const char *fr_backend_name(fr_backend b)

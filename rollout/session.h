@@ -27,16 +27,11 @@ typedef struct {
     int tp;                     /* ranks per engine (--tp, default 1); > 1 needs group
                                  * (docs/tensor_parallel.md); auto then picks the CPU,
                                  * --backend cuda runs one GPU per rank over NCCL */
-    const fr_engine_group *group; /* this rank's engine when tp > 1 (rollout/tp_launch.h),
+    const fr_engine_group *group; /* this rank's engine when tp > 1 (app/tp_launch.h),
                                  * not owned; NULL for tp 1 */
 } fr_engine_opts;
 
 void fr_engine_opts_default(fr_engine_opts *o);
-/* Consumes argv[*i] (and its value) when it is an engine option: returns 1
- * when consumed, 0 when not an engine option, -1 after printing an error. */
-int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engine_opts *o);
-/* The usage lines of the engine options. */
-extern const char fr_engine_opts_usage[];
 
 typedef struct {
     fr_model *model;            /* config always; host weights on the CPU backend only */

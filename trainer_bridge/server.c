@@ -94,7 +94,7 @@ struct fr_bridge_server {
     int *waiters;            /* peers waiting for a pause (wait mode) to complete */
     int n_waiters, cap_waiters;
     int vocab, n_blocks, max_pos, max_seqs, chunk;
-    int default_stop[FR_SERVE_MAX_STOP_IDS > 8 ? FR_SERVE_MAX_STOP_IDS : 8];
+    int default_stop[FR_BRIDGE_MAX_STOP_IDS];
     int n_default_stop;
     uint64_t weight_version;
     /* the weight update being staged (NULL when none), its client, and when
@@ -550,7 +550,7 @@ static fr_status eng_abort_all(fr_bridge_server *srv, int *n)
  * leaves out (prompt and stop ids point into g or the server). */
 static void build_spec(const fr_bridge_server *srv, const request *q, const fr_msg_generate *g, fr_request_spec *r)
 {
-    const fr_serve_sampling *d = &srv->cfg.sampling;
+    const fr_bridge_sampling *d = &srv->cfg.sampling;
     memset(r, 0, sizeof *r);
     r->id = q->sid;
     r->group = q->group_id;

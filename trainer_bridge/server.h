@@ -25,19 +25,28 @@
 
 #include "comm/mpi_world.h"
 #include "rollout/recalibrate.h"
-#include "rollout/serve_config.h"
 #include "rollout/session.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+#define FR_BRIDGE_MAX_STOP_IDS 64
+
+/* Sampling defaults of generates that leave them out. */
+typedef struct {
+    fr_sampling_params params;     /* temperature, top_k, top_p, seed */
+    int max_tokens;
+    int n_stop;                    /* 0: stop at the model's EOS ids */
+    int stop_token_ids[FR_BRIDGE_MAX_STOP_IDS];
+} fr_bridge_sampling;
+
 typedef struct {
     const char *endpoint;          /* ZeroMQ endpoint to bind, e.g. "tcp://127.0.0.1:5555" */
     const char *model_name;        /* what hello reports as the model */
     int max_seqs;                  /* the scheduler's sequences at once (0: the cache's slots) */
     int chunk;                     /* tokens per step (0: the session's) */
-    fr_serve_sampling sampling;    /* defaults for what a generate leaves out */
+    fr_bridge_sampling sampling;   /* defaults for what a generate leaves out */
     int shutdown_linger_ms;        /* how long shutdown tries to deliver the last messages */
     double kl_sample_rate;         /* share of samples with a BF16-KV shadow when a generate leaves it open */
     int update_idle_ms;            /* a staged weight update with no message for this long is dropped; 0: never */

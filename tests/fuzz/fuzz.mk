@@ -13,7 +13,7 @@ FUZZ_TARGETS := protocol safetensors model_config serve_config
 FUZZ_BINS    := $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 FUZZ_CFLAGS  := -std=c11 -g -O1 -fno-omit-frame-pointer $(WARN) $(filter -D% -I%,$(CFLAGS)) \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-FUZZ_HDRS    := $(wildcard tests/fuzz/*.h base/*.h attention/*.h trainer_bridge/*.h rollout/*.h)
+FUZZ_HDRS    := $(wildcard tests/fuzz/*.h base/*.h app/*.h attention/*.h trainer_bridge/*.h rollout/*.h)
 PROTO_SRCS   := $(addprefix trainer_bridge/,proto_common.c proto_decode.c proto_encode.c) $(BASE_SRCS)
 
 .PHONY: fuzz fuzz-seeds
@@ -31,7 +31,7 @@ $(FUZZ_DIR)/fuzz_model_config: tests/fuzz/fuzz_model_config.c rollout/model_conf
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) -o $@ -lcjson -lm
 
-$(FUZZ_DIR)/fuzz_serve_config: tests/fuzz/fuzz_serve_config.c rollout/serve_config.c attention/kv_numerics.c \
+$(FUZZ_DIR)/fuzz_serve_config: tests/fuzz/fuzz_serve_config.c app/serve_config.c attention/kv_numerics.c \
                                $(BASE_SRCS) $(FUZZ_HDRS) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) $(LIBS) -o $@ $(LDLIBS)

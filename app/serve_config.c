@@ -1,4 +1,4 @@
-#include "serve_config.h"
+#include "app/serve_config.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
+#include "rollout/model.h"
 
 /* The keys, by object. Every one is documented in configs/README.md. */
 static const char *const top_keys[] = {
@@ -66,7 +66,7 @@ void fr_serve_config_engine_opts(const fr_serve_config *c, fr_engine_opts *o)
     o->recipe = c->recipe;
     o->calib = c->calib[0] ? c->calib : NULL;
     o->chunk = c->chunk;
-    o->tp = c->tp;   /* the caller sets o->group (rollout/tp_launch.h) */
+    o->tp = c->tp;   /* the caller sets o->group (app/tp_launch.h) */
 }
 
 /* ---- messages ---------------------------------------------------------- */

@@ -9,10 +9,10 @@
 
 #include "base/buf.h"
 #include "base/clock.h"
-#include "cli.h"
-#include "scheduler.h"
-#include "session.h"
-#include "tp_launch.h"
+#include "app/cli.h"
+#include "rollout/scheduler.h"
+#include "rollout/session.h"
+#include "app/tp_launch.h"
 
 static const char usage_text[] =
     "usage: fp4rollout rollout --prompts FILE [--n N] [--max-tokens N]\n"

@@ -4,9 +4,9 @@
 #include <string.h>
 
 #include "base/atomic_file.h"
-#include "cli.h"
-#include "session.h"
-#include "tp_launch.h"
+#include "app/cli.h"
+#include "rollout/session.h"
+#include "app/tp_launch.h"
 
 static const char usage_text[] =
     "usage: fp4rollout score --model M (--prompt-ids IDS | --prompt-file F) --out FILE\n"

@@ -5,13 +5,13 @@
 #include <string.h>
 
 #ifdef FR_HAVE_CUDA
-#include "runner_cuda.h"
+#include "rollout/runner_cuda.h"
 #endif
-#include "calibrate.h"
-#include "cli.h"
-#include "eval_kl.h"
-#include "session.h"
-#include "tp_launch.h"
+#include "rollout/calibrate.h"
+#include "app/cli.h"
+#include "rollout/eval_kl.h"
+#include "rollout/session.h"
+#include "app/tp_launch.h"
 
 static const char usage_text[] =
     "usage: fp4rollout eval-kl --model M --texts FILE... [--calib FILE]\n"

@@ -4,11 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "calibrate.h"
-#include "cli.h"
-#include "session.h"
+#include "rollout/calibrate.h"
+#include "app/cli.h"
+#include "rollout/session.h"
 #ifdef FR_HAVE_CUDA
-#include "weights_cuda.h"
+#include "rollout/weights_cuda.h"
 #endif
 
 static const char usage_text[] =

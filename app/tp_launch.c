@@ -1,4 +1,4 @@
-#include "tp_launch.h"
+#include "app/tp_launch.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -7,7 +7,7 @@
 
 #include "attention/microscale.h"
 #include "base/atomic_file.h"
-#include "cli.h"
+#include "app/cli.h"
 
 static const char usage_text[] =
     "usage: fp4rollout quant --format nvfp4|mxfp4 [--scale-search] [--dual] --dim D IN OUT\n"

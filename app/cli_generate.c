@@ -3,10 +3,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "sampler.h"
-#include "session.h"
-#include "tp_launch.h"
+#include "app/cli.h"
+#include "rollout/sampler.h"
+#include "rollout/session.h"
+#include "app/tp_launch.h"
 
 static const char usage_text[] =
     "usage: fp4rollout generate [--model M] (--prompt-ids IDS | --prompt-file F)\n"

@@ -8,7 +8,7 @@
 
 #include "attention/hadamard.h"
 #include "attention/ref_attention.h"
-#include "cli.h"
+#include "app/cli.h"
 
 enum { N_TOK = 1024, D = 128, G = 4, N_QUERY = 8 };
 

@@ -6,7 +6,8 @@
 
 #include <stdio.h>
 
-#include "sampler.h"
+#include "rollout/sampler.h"
+#include "rollout/session.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,6 +26,7 @@ int fr_cli_generate(int argc, char **argv);
 int fr_cli_calibrate(int argc, char **argv);
 int fr_cli_eval_kl(int argc, char **argv);
 int fr_cli_rollout(int argc, char **argv);
+int fr_cli_serve(int argc, char **argv);
 
 /* Small helpers so every subcommand parses and reports the same way. */
 
@@ -50,6 +52,13 @@ int fr_cli_sampling_parse(const char *cmd, int argc, char **argv, int *i, fr_cli
 /* After parsing: checks --greedy against --temperature and fills sp (seed,
  * temperature 0 when greedy); returns 0, or 2 after printing an error. */
 int fr_cli_sampling_finish(const char *cmd, fr_cli_sampling *o);
+/* The engine options every engine command takes (--model, --backend, --kv,
+ * ...; rollout/session.h's fr_engine_opts). Consumes argv[*i] (and its
+ * value) when it is one: returns 1 when consumed, 0 when not an engine
+ * option, -1 after printing an error. */
+int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engine_opts *o);
+/* The usage lines of the engine options. */
+extern const char fr_engine_opts_usage[];
 /* Prints "fp4rollout CMD: message" and a hint to --help; returns exit status 2. */
 int fr_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

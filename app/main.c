@@ -2,8 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
-#include "cli_serve.h"
+#include "app/cli.h"
 
 static const fr_cli_command commands[] = {
     {"quant", "quantize float32 rows to NVFP4/MXFP4 and write them back dequantized", fr_cli_quant},
