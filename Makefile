@@ -25,8 +25,8 @@ NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
 
 # One static library per module, in dependency order (a module may use the
 # ones after it in this list, never the ones before; docs/architecture.md).
-MODULES  := app trainer_bridge rollout kvcache attention comm base
-lib_of    = $(BUILD)/lib$(1).a
+MODULES  := app trainer_bridge rollout/monitor rollout/engine rollout/model kvcache attention comm base
+lib_of    = $(BUILD)/lib$(subst /,_,$(1)).a
 # C files named *_cuda.c call the CUDA runtime: built only when nvcc is.
 # The program's entry point, app/main.c, links into the binary itself.
 MAIN_SRC := app/main.c
@@ -42,9 +42,9 @@ endif
 
 BIN        := $(BUILD)/fp4rollout
 MAIN_OBJ   := $(patsubst %.c,$(BUILD)/obj/%.o,$(MAIN_SRC))
-# base/ has no dependencies: the client library and the fuzz targets take
-# its sources whole.
-BASE_SRCS  := $(wildcard base/*.c)
+# What of base/ the client library and the protocol's fuzz target compile in:
+# all but the safetensors reader (which needs cJSON).
+BASE_SRCS  := $(filter-out base/safetensors.c,$(wildcard base/*.c))
 # The C client library of the trainer bridge: the protocol codec, the
 # socket helpers and the client, with the error convention; it needs
 # nothing but libzmq and msgpack-c. fp4rollout-client is its command line.

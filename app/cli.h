@@ -6,8 +6,8 @@
 
 #include <stdio.h>
 
-#include "rollout/sampler.h"
-#include "rollout/session.h"
+#include "rollout/model/sampler.h"
+#include "rollout/engine/session.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -53,7 +53,7 @@ int fr_cli_sampling_parse(const char *cmd, int argc, char **argv, int *i, fr_cli
  * temperature 0 when greedy); returns 0, or 2 after printing an error. */
 int fr_cli_sampling_finish(const char *cmd, fr_cli_sampling *o);
 /* The engine options every engine command takes (--model, --backend, --kv,
- * ...; rollout/session.h's fr_engine_opts). Consumes argv[*i] (and its
+ * ...; rollout/engine/session.h's fr_engine_opts). Consumes argv[*i] (and its
  * value) when it is one: returns 1 when consumed, 0 when not an engine
  * option, -1 after printing an error. */
 int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engine_opts *o);

@@ -4,11 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout/calibrate.h"
+#include "rollout/monitor/calibrate.h"
 #include "app/cli.h"
-#include "rollout/session.h"
+#include "rollout/engine/session.h"
 #ifdef FR_HAVE_CUDA
-#include "rollout/weights_cuda.h"
+#include "rollout/model/weights_cuda.h"
 #endif
 
 static const char usage_text[] =
@@ -149,7 +149,7 @@ int fr_cli_calibrate(int argc, char **argv)
 #ifdef FR_HAVE_CUDA
     fr_weights_gpu_destroy(&gpu);
 #endif
-    if (!st) st = fr_calib_save(out, &m->cfg, &c);
+    if (!st) st = fr_calib_save(out, fr_model_calib_dims(&m->cfg), &c);
     if (!st) summarize(out, &m->cfg, &co, n_files, &c, &rep);
     if (st) fprintf(stderr, "fp4rollout calibrate: %s\n", fr_last_error());
     for (int i = 0; texts && i < n_files; i++) free(texts[i]);

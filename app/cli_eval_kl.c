@@ -5,12 +5,12 @@
 #include <string.h>
 
 #ifdef FR_HAVE_CUDA
-#include "rollout/runner_cuda.h"
+#include "rollout/model/runner_cuda.h"
 #endif
-#include "rollout/calibrate.h"
+#include "rollout/monitor/calibrate.h"
 #include "app/cli.h"
-#include "rollout/eval_kl.h"
-#include "rollout/session.h"
+#include "rollout/monitor/eval_kl.h"
+#include "rollout/engine/session.h"
 #include "app/tp_launch.h"
 
 static const char usage_text[] =
@@ -224,7 +224,7 @@ int fr_cli_eval_kl(int argc, char **argv)
     fr_status st = texts && lens ? FR_OK : fr_fail(FR_ENOMEM, "out of memory");
     if (!st) st = fr_model_load(model, &m);
     for (int i = 0; i < n_files && !st; i++) st = fr_byte_text_read(&m->cfg, files[i], tokens, &texts[i], &lens[i]);
-    if (!st && calib_path && !(st = fr_calib_load(calib_path, &m->cfg, &calib))) has_calib = 1;
+    if (!st && calib_path && !(st = fr_calib_load(calib_path, fr_model_calib_dims(&m->cfg), &calib))) has_calib = 1;
     if (!st && !has_calib && tl.output_rank) {
         int fp4 = 0, fp8 = 0;
         for (int i = 0; i < n_cfgs; i++) {

@@ -4,8 +4,8 @@
 #include <string.h>
 
 #include "app/cli.h"
-#include "rollout/sampler.h"
-#include "rollout/session.h"
+#include "rollout/model/sampler.h"
+#include "rollout/engine/session.h"
 #include "app/tp_launch.h"
 
 static const char usage_text[] =

@@ -10,8 +10,8 @@
 #include "base/buf.h"
 #include "base/clock.h"
 #include "app/cli.h"
-#include "rollout/scheduler.h"
-#include "rollout/session.h"
+#include "rollout/engine/scheduler.h"
+#include "rollout/engine/session.h"
 #include "app/tp_launch.h"
 
 static const char usage_text[] =

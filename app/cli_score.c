@@ -5,7 +5,7 @@
 
 #include "base/atomic_file.h"
 #include "app/cli.h"
-#include "rollout/session.h"
+#include "rollout/engine/session.h"
 #include "app/tp_launch.h"
 
 static const char usage_text[] =

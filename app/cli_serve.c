@@ -9,7 +9,7 @@
 
 #include "app/cli.h"
 #include "app/serve_config.h"
-#include "rollout/session.h"
+#include "rollout/engine/session.h"
 #include "app/tp_launch.h"
 #include "trainer_bridge/server.h"
 

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout/model.h"
+#include "rollout/model/model.h"
 
 /* The keys, by object. Every one is documented in configs/README.md. */
 static const char *const top_keys[] = {

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "base/fr_status.h"
-#include "rollout/session.h"
+#include "rollout/engine/session.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -39,8 +39,8 @@
 #include <cuda_runtime.h>
 
 #include "kvcache/page_layout.h"
-#include "rollout/runner_cuda.h"
-#include "rollout/session.h"
+#include "rollout/model/runner_cuda.h"
+#include "rollout/engine/session.h"
 #include "app/cli.h"
 #include "app/tp_launch.h"
 

@@ -14,7 +14,7 @@ struct fr_metrics_pub {
 /* ---- JSON of fr_metrics_json -> msgpack ------------------------------------
  * The snapshot's JSON is the one definition of its keys; re-encoding that
  * text keeps the PUB socket and /metrics.json equal by construction. The
- * text is ours (strings have no escapes: rollout/metrics.c cleans them), so
+ * text is ours (strings have no escapes: rollout/monitor/metrics.c cleans them), so
  * a small exact reader suffices; integers stay integers (64-bit exact). */
 
 typedef struct {

@@ -7,7 +7,7 @@
 
 #include "base/fr_status.h"
 #include "metrics_sub.h"
-#include "rollout/metrics.h"
+#include "rollout/monitor/metrics.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #include "protocol.h"
-#include "rollout/weights_cuda.h"
+#include "rollout/model/weights_cuda.h"
 
 #ifdef __cplusplus
 extern "C" {

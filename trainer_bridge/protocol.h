@@ -274,7 +274,7 @@ typedef struct {
 } fr_msg_resume_reply;
 
 typedef struct {
-    /* the engine's scheduler (rollout/scheduler.h) */
+    /* the engine's scheduler (rollout/engine/scheduler.h) */
     int running, prefilling, waiting;
     uint64_t preemptions, tokens_generated, prefill_tokens, steps, finished;
     int kv_blocks_used, kv_blocks_free;

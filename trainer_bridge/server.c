@@ -5,7 +5,7 @@
 
 #include "base/clock.h"
 #include "metrics_pub.h"
-#include "rollout/metrics_http.h"
+#include "rollout/monitor/metrics_http.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -18,7 +18,7 @@
 #include "peers.h"
 #include "protocol.h"
 #include "rank_wire.h"
-#include "rollout/scheduler.h"
+#include "rollout/engine/scheduler.h"
 #include "update.h"
 #include "wire.h"
 #ifdef FR_HAVE_CUDA
@@ -109,12 +109,12 @@ struct fr_bridge_server {
     /* protocol counters (stats) */
     uint64_t messages_in, messages_out, bad_messages, errors_sent;
     uint64_t requests_accepted, requests_rejected, samples_done, tokens_streamed;
-    /* metrics endpoint (rollout/metrics_http.h), NULL when off */
+    /* metrics endpoint (rollout/monitor/metrics_http.h), NULL when off */
     fr_metrics_http *metrics;
     /* the same snapshots on a ZeroMQ PUB socket (metrics_pub.h), NULL when off */
     fr_metrics_pub *pub;
     int pub_failed;   /* a send failed once: logged, not again */
-    /* automatic recalibration (rollout/recalibrate.h), NULL when off */
+    /* automatic recalibration (rollout/monitor/recalibrate.h), NULL when off */
     fr_recal *recal;
     double started_ms, upd_begin_ms, last_sync_s, last_pub_ms;
     long long last_pub_tokens;

@@ -24,8 +24,8 @@
 #include <stdio.h>
 
 #include "comm/mpi_world.h"
-#include "rollout/recalibrate.h"
-#include "rollout/session.h"
+#include "rollout/monitor/recalibrate.h"
+#include "rollout/engine/session.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -59,7 +59,7 @@ typedef struct {
     const char *const *curve_client_keys;   /* Z85 public keys */
     int n_curve_client_keys;
     FILE *log;                     /* start, stop and warning lines; NULL: stderr */
-    /* The metrics endpoint (rollout/metrics_http.h: /metrics, /metrics.json,
+    /* The metrics endpoint (rollout/monitor/metrics_http.h: /metrics, /metrics.json,
      * /dashboard) on metrics_bind (NULL: 127.0.0.1): this port, 0 none, -1
      * any free port (fr_bridge_server_metrics_port says which). */
     int metrics_port;
@@ -67,7 +67,7 @@ typedef struct {
     /* The same snapshots as msgpack on a ZeroMQ PUB socket bound to this
      * endpoint (trainer_bridge/metrics_pub.h); NULL or "": none. */
     const char *metrics_pub_endpoint;
-    /* Automatic recalibration of the key mean (rollout/recalibrate.h); NULL:
+    /* Automatic recalibration of the key mean (rollout/monitor/recalibrate.h); NULL:
      * off. One rank only (not with world of several ranks). */
     const fr_recal_config *recal;
     /* Several ranks: the MPI world (NULL, or a world of one: one process)

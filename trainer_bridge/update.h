@@ -1,6 +1,6 @@
 /* The server's side of update_weights (docs/protocol.md): one staged update
  * checked message by message against what its begin declared and against
- * the model, on top of rollout/weight_update.h.
+ * the model, on top of rollout/engine/weight_update.h.
  *
  *     fr_bridge_update *u;
  *     const char *code;
@@ -20,8 +20,8 @@
 #include <stdint.h>
 
 #include "protocol.h"
-#include "rollout/model_config.h"
-#include "rollout/weight_update.h"
+#include "rollout/model/model_config.h"
+#include "rollout/engine/weight_update.h"
 #include "wire.h"
 
 #ifdef __cplusplus

@@ -1,4 +1,4 @@
-/* libFuzzer target: the safetensors header parser (rollout/safetensors.h)
+/* libFuzzer target: the safetensors header parser (base/safetensors.h)
  * on arbitrary file images.
  *
  * Every tensor of an accepted image is walked the way the loaders walk
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout/safetensors.h"
+#include "base/safetensors.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

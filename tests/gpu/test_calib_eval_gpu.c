@@ -1,5 +1,5 @@
 /* Calibration and the teacher-forced KL evaluation on the CUDA backend
- * (rollout/calibrate.h and rollout/eval_kl.h with device weights) against
+ * (rollout/monitor/calibrate.h and rollout/monitor/eval_kl.h with device weights) against
  * the same runs on the CPU backend, on tq6.
  *
  * Calibration (window 1024, one seed text continued for 32 tokens, 32 tau
@@ -30,9 +30,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "rollout/calibrate.h"
-#include "rollout/eval_kl.h"
-#include "rollout/weights_cuda.h"
+#include "rollout/monitor/calibrate.h"
+#include "rollout/monitor/eval_kl.h"
+#include "rollout/model/weights_cuda.h"
 #include "tests/unit/test_util.h"
 
 typedef struct {

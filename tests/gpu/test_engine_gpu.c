@@ -17,13 +17,13 @@
 #include <cuda_runtime.h>
 
 #include "attention/fp_formats.h"
-#include "rollout/kl_metrics.h"
-#include "rollout/safetensors.h"
-#include "rollout/sampler.h"
-#include "rollout/runner_cuda.h"
-#include "rollout/session.h"
-#include "rollout/weight_update.h"
-#include "rollout/weights_cuda.h"
+#include "rollout/engine/kl_metrics.h"
+#include "base/safetensors.h"
+#include "rollout/model/sampler.h"
+#include "rollout/model/runner_cuda.h"
+#include "rollout/engine/session.h"
+#include "rollout/engine/weight_update.h"
+#include "rollout/model/weights_cuda.h"
 #include "tests/unit/test_util.h"
 
 static float max_abs(const float *x, size_t n)
@@ -561,7 +561,7 @@ static void greedy_graph(fr_session *s, const int *prompt, int n, int n_new, int
     free(logits);
 }
 
-/* A weight update on the GPU (rollout/weight_update.h): a session on
+/* A weight update on the GPU (rollout/engine/weight_update.h): a session on
  * synthetic:tiny, its decode graphs already captured, takes synthetic:tiny:7's
  * weights in place; afterwards its logits equal a fresh session's on
  * synthetic:tiny:7 bit for bit and its graphs decode the same tokens. */

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "rollout/checkpoint.h"
+#include "rollout/model/checkpoint.h"
 #include "tests/unit/test_util.h"
 
 static const char *CONFIG =

@@ -11,10 +11,10 @@
 
 #include <cmocka.h>
 
-#include "rollout/kl_metrics.h"
-#include "rollout/safetensors.h"
-#include "rollout/sampler.h"
-#include "rollout/session.h"
+#include "rollout/engine/kl_metrics.h"
+#include "base/safetensors.h"
+#include "rollout/model/sampler.h"
+#include "rollout/engine/session.h"
 #include "test_util.h"
 
 static char model_dir[4096], golden_path[4096];

@@ -1,4 +1,4 @@
-/* Serving metrics (rollout/metrics.h, rollout/metrics_http.h,
+/* Serving metrics (rollout/monitor/metrics.h, rollout/monitor/metrics_http.h,
  * trainer_bridge/metrics_pub.h, metrics_sub.h): the Prometheus text and JSON
  * of a snapshot, the HTTP endpoint serving them and the dashboard over a real
  * socket on loopback, and the msgpack snapshots on a PUB socket read back
@@ -24,7 +24,7 @@
 #include <zmq.h>
 
 #include "base/clock.h"
-#include "rollout/metrics_http.h"
+#include "rollout/monitor/metrics_http.h"
 #include "trainer_bridge/metrics_pub.h"
 
 static void snapshot(fr_metrics_snapshot *s)

@@ -18,7 +18,7 @@
 #include <xxhash.h>
 #include <zmq.h>
 
-#include "rollout/model.h"
+#include "rollout/model/model.h"
 #include "trainer_bridge/client.h"
 #include "trainer_bridge/client_internal.h"
 #include "trainer_bridge/protocol.h"
@@ -477,7 +477,7 @@ static void test_client_settle_drops_stale_answers(void **state)
 /* ---- staging --------------------------------------------------------------- */
 
 /* The float32 data of tensor `name` of model m (the names of
- * rollout/weight_update.h), or NULL. */
+ * rollout/engine/weight_update.h), or NULL. */
 static const float *model_tensor(const fr_model *m, const char *name)
 {
     const fr_weights *w = &m->w;

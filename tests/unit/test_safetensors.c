@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "rollout/safetensors.h"
+#include "base/safetensors.h"
 #include "tests/unit/test_util.h"
 
 #define LABEL "bad.safetensors"

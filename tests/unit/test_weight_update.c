@@ -1,4 +1,4 @@
-/* Weight updates of a running session (rollout/weight_update.h): a session
+/* Weight updates of a running session (rollout/engine/weight_update.h): a session
  * on synthetic:tiny receives synthetic:tiny:7's tensors in pieces, in
  * reverse order, and after the commit computes exactly what a session
  * opened on synthetic:tiny:7 computes. Every refusal (unknown name, wrong
@@ -16,8 +16,8 @@
 #include <string.h>
 
 #include "attention/fp_formats.h"
-#include "rollout/session.h"
-#include "rollout/weight_update.h"
+#include "rollout/engine/session.h"
+#include "rollout/engine/weight_update.h"
 
 static const int PROMPT[] = {256, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100};
 enum { NP = sizeof PROMPT / sizeof PROMPT[0] };

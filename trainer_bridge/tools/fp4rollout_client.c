@@ -12,8 +12,8 @@
 #include <string.h>
 
 #include "base/clock.h"
-#include "rollout/model.h"
-#include "rollout/weight_update.h"
+#include "rollout/model/model.h"
+#include "rollout/engine/weight_update.h"
 #include "trainer_bridge/client.h"
 #include "trainer_bridge/metrics_sub.h"
 
@@ -516,7 +516,7 @@ static int cmd_send_raw(fr_client *c, int timeout_ms, int argc, char **argv)
 /* ---- push-weights ---------------------------------------------------------- */
 
 /* The float32 tensor of model m named `name` (Hugging Face names, as
- * rollout/weight_update.h lists them), or NULL. */
+ * rollout/engine/weight_update.h lists them), or NULL. */
 static const float *model_tensor(const fr_model *m, const char *name)
 {
     const fr_weights *w = &m->w;
