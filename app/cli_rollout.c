@@ -63,25 +63,16 @@ typedef struct {
     fr_buf line, records;
 } out_ctx;
 
-/* A kept sample: this header, then `len` bytes of its text line. */
-typedef struct {
-    uint64_t request;
-    int32_t sample;
-    uint32_t len;
-} record_head;
-
 /* What every engine leader sends ahead of its records. */
 typedef struct {
     int64_t requests, samples, tokens, prefill_tokens, steps, preemptions, failed;
 } engine_totals;
 
-static void on_done(void *user, const fr_sample_result *r)
+/* A sample's output line: JSON or text. */
+static void format_line(int json, const fr_sample_result *r, fr_buf *b)
 {
-    out_ctx *o = user;
-    if (o->mode == OUT_DROP) return;
-    fr_buf *b = &o->line;
     b->len = 0;
-    if (o->json) {
+    if (json) {
         fr_buf_printf(b, "{\"request\":%llu,\"sample\":%d,\"tokens\":[", (unsigned long long)r->request_id, r->sample);
         for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, "%s%d", i ? "," : "", r->tokens[i]);
         fr_buf_printf(b, "],\"logprobs\":[");
@@ -89,55 +80,52 @@ static void on_done(void *user, const fr_sample_result *r)
         fr_buf_printf(b, "],\"finish_reason\":\"%s\"", fr_finish_reason_name(r->finish));
         if (r->monitored && r->div.n > 0)
             fr_buf_printf(b, ",\"kl_mean\":%.6g,\"kl_max\":%.6g,\"top1_agree\":%.6g", fr_div_summary_mean(&r->div),
-                       r->div.kl_max, (double)r->div.top1_agree / (double)r->div.n);
+                          r->div.kl_max, (double)r->div.top1_agree / (double)r->div.n);
         fr_buf_printf(b, "}\n");
     } else {
         fr_buf_printf(b, "request %llu sample %d (%s, %d tokens):", (unsigned long long)r->request_id, r->sample,
-                   fr_finish_reason_name(r->finish), r->n_tokens);
+                      fr_finish_reason_name(r->finish), r->n_tokens);
         for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, " %d", r->tokens[i]);
         fr_buf_printf(b, "\n");
     }
-    if (b->failed) return;
-    if (o->mode == OUT_PRINT) {
-        fwrite(b->data, 1, b->len, stdout);
-        return;
-    }
-    record_head h = {.request = r->request_id, .sample = r->sample, .len = (uint32_t)b->len};
-    fr_buf_put(&o->records, &h, sizeof h);
-    fr_buf_put(&o->records, b->data, b->len);
 }
 
-typedef struct {
-    record_head head;
-    const char *text;
-} kept_line;
-
-static int kept_cmp(const void *a, const void *b)
+static void on_done(void *user, const fr_sample_result *r)
 {
-    const record_head *x = &((const kept_line *)a)->head, *y = &((const kept_line *)b)->head;
-    if (x->request != y->request) return x->request < y->request ? -1 : 1;
+    out_ctx *o = user;
+    if (o->mode == OUT_DROP) return;
+    if (o->mode == OUT_KEEP) {
+        fr_sample_result_put(&o->records, r, 1);
+        return;
+    }
+    format_line(o->json, r, &o->line);
+    if (!o->line.failed) fwrite(o->line.data, 1, o->line.len, stdout);
+}
+
+static int result_cmp(const void *a, const void *b)
+{
+    const fr_sample_result *x = a, *y = b;
+    if (x->request_id != y->request_id) return x->request_id < y->request_id ? -1 : 1;
     return (x->sample > y->sample) - (x->sample < y->sample);
 }
 
-/* World rank 0: every engine's lines in request order on stdout, and the
+/* World rank 0: every engine's samples in request order on stdout, and the
  * engines' totals summed into *sum. */
-static fr_status print_gathered(const char *all, const size_t *counts, int world_size, engine_totals *sum)
+static fr_status print_gathered(const char *all, const size_t *counts, int world_size, int json, engine_totals *sum)
 {
-    size_t n_lines = 0, cap = 0;
-    kept_line *lines = NULL;
+    size_t n = 0, cap = 0;
+    fr_sample_result *res = NULL;
     fr_status st = FR_OK;
     memset(sum, 0, sizeof *sum);
     const char *p = all;
     for (int r = 0; !st && r < world_size; p += counts[r], r++) {
         if (counts[r] == 0) continue;   /* a rank that is not an engine leader */
-        const char *q = p, *end = p + counts[r];
         engine_totals t;
-        if ((size_t)(end - q) < sizeof t) {
+        if (counts[r] < sizeof t) {
             st = fr_fail(FR_EIO, "rank %d sent %zu bytes, too few for its totals", r, counts[r]);
             break;
         }
-        memcpy(&t, q, sizeof t);
-        q += sizeof t;
+        memcpy(&t, p, sizeof t);
         sum->requests += t.requests;
         sum->samples += t.samples;
         sum->tokens += t.tokens;
@@ -145,38 +133,34 @@ static fr_status print_gathered(const char *all, const size_t *counts, int world
         sum->steps += t.steps;
         sum->preemptions += t.preemptions;
         sum->failed += t.failed;
-        while (!st && q < end) {
-            kept_line k;
-            if ((size_t)(end - q) < sizeof k.head) {
-                st = fr_fail(FR_EIO, "rank %d sent a truncated result", r);
-                break;
-            }
-            memcpy(&k.head, q, sizeof k.head);
-            q += sizeof k.head;
-            if ((size_t)(end - q) < k.head.len) {
-                st = fr_fail(FR_EIO, "rank %d sent a truncated result", r);
-                break;
-            }
-            k.text = q;
-            q += k.head.len;
-            if (n_lines == cap) {
+        fr_rank_reader rd = {(const unsigned char *)p + sizeof t, counts[r] - sizeof t, 0, 0};
+        while (!st && fr_rank_more(&rd)) {
+            if (n == cap) {
                 size_t c = cap ? cap * 2 : 256;
-                kept_line *a = realloc(lines, sizeof *a * c);
-                if (!a) {
+                fr_sample_result *v = realloc(res, sizeof *v * c);
+                if (!v) {
                     st = fr_fail(FR_ENOMEM, "out of memory");
                     break;
                 }
-                lines = a;
+                res = v;
                 cap = c;
             }
-            lines[n_lines++] = k;
+            if (fr_sample_result_get(&rd, &res[n])) st = fr_fail(FR_EIO, "rank %d sent a bad result: %s", r, fr_last_error());
+            else n++;
         }
     }
     if (!st) {
-        qsort(lines, n_lines, sizeof *lines, kept_cmp);
-        for (size_t i = 0; i < n_lines; i++) fwrite(lines[i].text, 1, lines[i].head.len, stdout);
+        qsort(res, n, sizeof *res, result_cmp);
+        fr_buf line = {0};
+        for (size_t i = 0; i < n; i++) {
+            format_line(json, &res[i], &line);
+            if (!line.failed) fwrite(line.data, 1, line.len, stdout);
+        }
+        if (line.failed) st = fr_fail(FR_ENOMEM, "out of memory");
+        fr_buf_free(&line);
     }
-    free(lines);
+    for (size_t i = 0; i < n; i++) fr_sample_result_free(&res[i]);
+    free(res);
     return st;
 }
 
@@ -232,6 +216,59 @@ static fr_status read_prompts(const char *path, prompt_list *p)
     free(line);
     fclose(f);
     if (!st && p->n == 0) st = fr_fail(FR_EINVAL, "%s holds no prompt", path);
+    return st;
+}
+
+/* Under mpirun: every rank enters the gather, failed or not; the engine
+ * leaders send their engine's totals and samples (fr_sample_result_put),
+ * the other ranks nothing, and world rank 0 prints every sample in request
+ * order with the totals. Every rank then returns alike: a failure when any
+ * engine failed. */
+static fr_status gather_results(const fr_tp_launch *tl, const fr_buf *records, const fr_scheduler_stats *ss,
+                                int n_requests, fr_status st, int json, int tp, int kv_blocks, const char *backend)
+{
+    if (records->failed && !st) st = fr_fail(FR_ENOMEM, "out of memory keeping the results");
+    engine_totals t = {.requests = n_requests, .samples = ss->finished, .tokens = ss->tokens_generated,
+                       .prefill_tokens = ss->prefill_tokens, .steps = ss->steps, .preemptions = ss->preemptions,
+                       .failed = st != FR_OK};
+    fr_buf mine = {0};
+    if (tl->engine_leader) {
+        fr_buf_put(&mine, &t, sizeof t);
+        fr_buf_put(&mine, records->data, records->len);
+        if (mine.failed) {
+            if (!st) st = fr_fail(FR_ENOMEM, "out of memory sending the results");
+            mine.len = 0;
+        }
+    }
+    size_t *counts = tl->output_rank ? calloc((size_t)tl->world_size, sizeof *counts) : NULL;
+    void *all = NULL;
+    size_t all_len = 0;
+    fr_status gst = FR_OK;
+    if (fr_mpi_world_gather_bytes(tl->world, mine.data, mine.len, 0, &all, &all_len, counts))
+        gst = fr_fail(FR_EIO, "%s", fr_comm_last_error());
+    else if (tl->output_rank && !counts)
+        gst = fr_fail(FR_ENOMEM, "out of memory");
+    else if (tl->output_rank) {
+        engine_totals sum = {0};
+        if (all_len) gst = print_gathered(all, counts, tl->world_size, json, &sum);
+        if (!gst)
+            fprintf(stderr,
+                    "rollout: engines %d x tp %d (world %d) requests %lld samples %lld tokens %lld "
+                    "prefill_tokens %lld steps %lld preemptions %lld kv_blocks %d backend %s\n",
+                    tl->n_engines, tp, tl->world_size, (long long)sum.requests, (long long)sum.samples,
+                    (long long)sum.tokens, (long long)sum.prefill_tokens, (long long)sum.steps,
+                    (long long)sum.preemptions, kv_blocks, backend);
+    }
+    if (gst) {
+        fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
+        if (!st) st = gst;
+    }
+    int all_ok = 0;
+    if (fr_mpi_world_all_ok(tl->world, st == FR_OK, &all_ok)) all_ok = 0;
+    if (!all_ok && !st) st = FR_EIO;
+    free(all);
+    free(counts);
+    fr_buf_free(&mine);
     return st;
 }
 
@@ -369,53 +406,8 @@ int fr_cli_rollout(int argc, char **argv)
                 fr_backend_name(s.backend), run_s, run_s > 0 ? (double)ss.tokens_generated / run_s : 0.0, monitored,
                 fr_div_summary_mean(&div), div.kl_max, div.n ? (double)div.top1_agree / (double)div.n : 0.0,
                 ss.decode_steps, ss.forward_s, ss.shadow_s, ss.host_s, ss.kl_s);
-    if (multi) {
-        /* Every rank enters the gather, failed or not; the leaders send their
-         * engine's totals and lines, the other ranks nothing. */
-        if (oc.records.failed && !st) st = fr_fail(FR_ENOMEM, "out of memory keeping the results");
-        engine_totals t = {.requests = n_requests, .samples = ss.finished, .tokens = ss.tokens_generated,
-                           .prefill_tokens = ss.prefill_tokens, .steps = ss.steps, .preemptions = ss.preemptions,
-                           .failed = st != FR_OK};
-        fr_buf mine = {0};
-        if (tl.engine_leader) {
-            fr_buf_put(&mine, &t, sizeof t);
-            fr_buf_put(&mine, oc.records.data, oc.records.len);
-            if (mine.failed) {
-                if (!st) st = fr_fail(FR_ENOMEM, "out of memory sending the results");
-                mine.len = 0;
-            }
-        }
-        size_t *counts = tl.output_rank ? calloc((size_t)tl.world_size, sizeof *counts) : NULL;
-        void *all = NULL;
-        size_t all_len = 0;
-        fr_status gst = FR_OK;
-        if (fr_mpi_world_gather_bytes(tl.world, mine.data, mine.len, 0, &all, &all_len, counts))
-            gst = fr_fail(FR_EIO, "%s", fr_comm_last_error());
-        else if (tl.output_rank && !counts)
-            gst = fr_fail(FR_ENOMEM, "out of memory");
-        else if (tl.output_rank) {
-            engine_totals sum = {0};
-            if (all_len) gst = print_gathered(all, counts, tl.world_size, &sum);
-            if (!gst)
-                fprintf(stderr,
-                        "rollout: engines %d x tp %d (world %d) requests %lld samples %lld tokens %lld "
-                        "prefill_tokens %lld steps %lld preemptions %lld kv_blocks %d backend %s\n",
-                        tl.n_engines, eo.tp, tl.world_size, (long long)sum.requests, (long long)sum.samples,
-                        (long long)sum.tokens, (long long)sum.prefill_tokens, (long long)sum.steps,
-                        (long long)sum.preemptions, kv_blocks, fr_backend_name(s.backend));
-        }
-        if (gst) {
-            fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
-            if (!st) st = gst;
-        }
-        /* Every rank exits alike: non-zero when any engine failed. */
-        int all_ok = 0;
-        if (fr_mpi_world_all_ok(tl.world, st == FR_OK, &all_ok)) all_ok = 0;
-        if (!all_ok && !st) st = FR_EIO;
-        free(all);
-        free(counts);
-        free(mine.data);
-    }
+    if (multi)
+        st = gather_results(&tl, &oc.records, &ss, n_requests, st, json, eo.tp, kv_blocks, fr_backend_name(s.backend));
     free(oc.line.data);
     free(oc.records.data);
     fflush(stdout);

@@ -11,7 +11,7 @@
 #include "app/serve_config.h"
 #include "rollout/engine/session.h"
 #include "app/tp_launch.h"
-#include "trainer_bridge/server.h"
+#include "trainer_bridge/server/server.h"
 
 static const char usage_text[] =
     "usage: fp4rollout serve --config FILE\n"

@@ -25,8 +25,6 @@ RULES = {
     'trainer_bridge/client': ['base', 'trainer_bridge/protocol', 'comm'],
     'trainer_bridge/server': ['base', 'trainer_bridge/protocol', 'comm', 'attention', 'kvcache',
                               'rollout/model', 'rollout/engine', 'rollout/monitor'],
-    'trainer_bridge/tools': ['base', 'trainer_bridge/protocol', 'trainer_bridge/client', 'comm', 'attention',
-                             'kvcache', 'rollout/model'],
     'app': None,   # everything
 }
 FREE = ('tests/', 'bench/', 'examples/')

@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "comm/rank_wire.h"
 #include "rollout/engine/divergence_summary.h"
 #include "rollout/model/sampler.h"
 
@@ -73,6 +74,18 @@ typedef struct {
 /* Frees the arrays of a result taken from fr_scheduler_next_result and
  * clears it; NULL-safe. */
 void fr_sample_result_free(fr_sample_result *r);
+
+/* A finished sample as a record between the ranks of a job, for the engine
+ * leaders that hand their results to world rank 0 (`serve` and `rollout`
+ * under mpirun): its ids, finish, counts, divergence summary and per-token
+ * KL, and with with_tokens its tokens, log-probs and weight versions too
+ * (`serve` streams those apart). An allocation failure is the buffer's
+ * `failed` flag. */
+void fr_sample_result_put(fr_rank_buf *b, const fr_sample_result *r, int with_tokens);
+/* Reads one such record into *out (arrays malloc'ed: fr_sample_result_free;
+ * NULL where the record had none). FR_EFORMAT when the record is truncated
+ * or inconsistent, FR_ENOMEM; *out is then empty. */
+fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out);
 
 /* Checks a request against a model's vocabulary: prompt non-empty and in the
  * vocabulary, n and max_tokens >= 1, valid sampling parameters, stop ids in

@@ -1,5 +1,5 @@
 /* Serving metrics (rollout/monitor/metrics.h, rollout/monitor/metrics_http.h,
- * trainer_bridge/metrics_pub.h, metrics_sub.h): the Prometheus text and JSON
+ * trainer_bridge/server/metrics_pub.h, metrics_sub.h): the Prometheus text and JSON
  * of a snapshot, the HTTP endpoint serving them and the dashboard over a real
  * socket on loopback, and the msgpack snapshots on a PUB socket read back
  * by a subscriber. */
@@ -25,7 +25,8 @@
 
 #include "base/clock.h"
 #include "rollout/monitor/metrics_http.h"
-#include "trainer_bridge/metrics_pub.h"
+#include "trainer_bridge/client/metrics_sub.h"
+#include "trainer_bridge/server/metrics_pub.h"
 
 static void snapshot(fr_metrics_snapshot *s)
 {

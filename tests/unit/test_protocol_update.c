@@ -1,5 +1,5 @@
 /* Weight updates on the wire (docs/protocol.md, update_weights) and the
- * server's staging of them (trainer_bridge/update.h): the update messages
+ * server's staging of them (trainer_bridge/server/update.h): the update messages
  * and the new generate, done and stats keys round trip; malformed ones are
  * refused naming the problem; a whole synthetic:tiny:7 model sent in small
  * buckets stages bit-exactly, and each broken update (unknown tensor, wrong
@@ -19,10 +19,10 @@
 #include <zmq.h>
 
 #include "rollout/model/model.h"
-#include "trainer_bridge/client.h"
-#include "trainer_bridge/client_internal.h"
-#include "trainer_bridge/protocol.h"
-#include "trainer_bridge/update.h"
+#include "trainer_bridge/client/client.h"
+#include "trainer_bridge/client/client_internal.h"
+#include "trainer_bridge/protocol/protocol.h"
+#include "trainer_bridge/server/update.h"
 
 static void assert_msg_has(const char *needle)
 {
