@@ -614,8 +614,6 @@ static int admit_head(fr_scheduler *sch)
     return 1;
 }
 
-/* A finished prefill: first tokens and forks (prompt), or the next token
- * (recompute). The job is already out of the prefill list. */
 /* A prefill's last chunk ran: its samples start. logits: the chunk's last
  * row (NULL when no sample needs it on the host); pre_tok/pre_lp: the first
  * tokens drawn on the backend, by sample index (NULL: draw here). */
@@ -686,12 +684,28 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits, const i
     free(whys);
 }
 
-fr_status fr_scheduler_step(fr_scheduler *sch)
+/* One step in the manner of nano-vllm: schedule (blocks for the running
+ * samples, then the batch), run (the forward step, sampled where the
+ * logits are, with the monitored decodes' shadow), postprocess (tokens,
+ * divergence, prefill progress). step_plan carries what the phases share. */
+typedef struct {
+    int n_dec;           /* decode rows: the running samples, rows [0, n_dec) */
+    int n_rows;          /* decode rows, then one row per prefill job */
+    int n_jobs;          /* prefill jobs in the batch: sch->prefill[0..n_jobs) */
+    int fast;            /* decodes alone: a decode graph's replay */
+    int dev_kl;          /* the monitored decodes' KL is measured on the device */
+    int n_mon;           /* monitored decodes (sch->mon_*) */
+    int n_keep;          /* rows whose logits come to the host (sch->keep) */
+    int n_draws;         /* tokens drawn on the backend (sch->sdraws) */
+    int carried;         /* the shadow's rows rode in the serving batch */
+    int shadow_launched; /* the shadow's step ran beside the serving one */
+} step_plan;
+
+/* Every running sample gets the block its next token needs, newest work
+ * preempted until it does (oldest first, so the oldest advance). */
+static fr_status schedule_blocks(fr_scheduler *sch)
 {
-    if (!sch) return fr_fail(FR_EINVAL, "scheduler: NULL");
     fr_kv_cache *kv = sch->s->kv;
-    /* 1. Every running sample gets the block its next token needs, newest
-     *    work preempted until it does (oldest first, so the oldest advance). */
     for (int i = 0; i < sch->n_running;) {
         sample *x = sch->running[i];
         int need = fr_kv_blocks_needed(kv, x->seq, 1);
@@ -706,7 +720,12 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
             return fr_fail(FR_EINTERNAL, "scheduler: a decode block could not be reserved");
         i++;
     }
-    /* 2. The batch: decodes first, then prefill chunks within the budget. */
+    return FR_OK;
+}
+
+/* The batch: decodes first, then prefill chunks within the budget. */
+static fr_status schedule_batch(fr_scheduler *sch, step_plan *p)
+{
     int max_rows = sch->n_running + sch->n_prefill + sch->n_waiting;
     if (max_rows == 0) return FR_OK;
     if (grow((void **)&sch->rows, &sch->cap_rows, max_rows, sizeof(fr_step_seq))) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
@@ -724,7 +743,7 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
     }
     int budget = sch->cfg.chunk - n_dec;
     if (budget < 1) budget = 1;   /* a prefill always advances (it holds a slot, so the runner has room) */
-    int n_jobs = 0;               /* prefill jobs in the batch: sch->prefill[0..n_jobs) */
+    int n_jobs = 0;
     for (;;) {
         if (n_jobs == sch->n_prefill && (budget == 0 || !admit_head(sch))) break;
         if (budget == 0) break;
@@ -739,32 +758,28 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         sch->rows[n_rows++] = (fr_step_seq){.seq = j->seq, .n = m, .tokens = j->tokens + j->done};
         n_jobs++;
     }
-    if (n_rows == 0) return FR_OK;
-    /* 3. The forward step, sampled where the logits are (on CUDA, the
-     *    device): only rows teacher-forced or monitored bring their logits
-     *    to the host. A batch of decodes alone replays a decode graph; a
-     *    batch with prefill chunks draws the first tokens of the prompts it
-     *    completes as well. */
-    const size_t V = (size_t)sch->vocab;
-    const int fast = n_jobs == 0;
-    int n_draws = n_dec;
-    for (int k = 0; k < n_jobs; k++) {
-        const job *j = &sch->prefill[k];
-        if (j->done + sch->row_job_m[n_dec + k] >= j->n_total) n_draws += j->sample >= 0 ? 1 : j->r->n;
-    }
-    if (grow_decode(sch, n_rows > n_draws ? n_rows : n_draws)) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    p->n_dec = n_dec;
+    p->n_rows = n_rows;
+    p->n_jobs = n_jobs;
+    p->fast = n_jobs == 0;
+    return FR_OK;
+}
+
+/* The monitored decodes: each one's shadow sequence needs room for the
+ * token, or its monitoring stops here. */
+static void schedule_monitoring(fr_scheduler *sch, step_plan *p)
+{
+    const int n_dec = p->n_dec;
     /* A decode-only step measures on the device when the shadow can. */
-    const int dev_kl = fast && sch->shadow && fr_shadow_on_device(sch->shadow);
-    /* The monitored decodes: each one's shadow sequence needs room for the
-     *    token, or its monitoring stops here. */
-    int n_mon = 0;
+    p->dev_kl = p->fast && sch->shadow && fr_shadow_on_device(sch->shadow);
+    p->n_mon = 0;
     if (sch->shadow && (grow((void **)&sch->mon_seqs, &sch->cap_mon_seqs, n_dec, sizeof(int)) ||
                         grow((void **)&sch->mon_toks, &sch->cap_mon_toks, n_dec, sizeof(int)) ||
                         grow((void **)&sch->mon_rows, &sch->cap_mon_rows, n_dec, sizeof(int)) ||
                         grow((void **)&sch->mon_served, &sch->cap_mon_served, n_dec, sizeof(int)) ||
                         grow((void **)&sch->mon_chosen, &sch->cap_mon_chosen, n_dec, sizeof(int)) ||
                         grow((void **)&sch->mon_kl, &sch->cap_mon_kl, n_dec, sizeof(fr_kl_result)) ||
-                        (!dev_kl && !ref_rows(sch, n_dec)))) {
+                        (!p->dev_kl && !ref_rows(sch, n_dec)))) {
         for (int i = 0; i < n_dec; i++)   /* out of memory: monitoring stops, serving goes on */
             if (sch->row_samples[i]->shadow_seq >= 0) stop_shadow(sch, sch->row_samples[i]);
     } else if (sch->shadow) {
@@ -778,18 +793,34 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
                 continue;
             }
             room -= need;
-            sch->mon_seqs[n_mon] = x->shadow_seq;
-            sch->mon_toks[n_mon] = x->tokens[x->n - 1];
-            sch->mon_served[n_mon] = i;
-            sch->mon_rows[i] = n_mon++;
+            sch->mon_seqs[p->n_mon] = x->shadow_seq;
+            sch->mon_toks[p->n_mon] = x->tokens[x->n - 1];
+            sch->mon_served[p->n_mon] = i;
+            sch->mon_rows[i] = p->n_mon++;
         }
     }
+}
+
+/* Where each row's output goes: only rows teacher-forced or monitored bring
+ * their logits to the host (sch->keep, keep_at); every other row's tokens
+ * are drawn on the backend (sch->sdraws, dslot). A batch with prefill
+ * chunks draws the first tokens of the prompts it completes as well. */
+static fr_status schedule_outputs(fr_scheduler *sch, step_plan *p)
+{
+    const int n_dec = p->n_dec;
+    int n_draws = n_dec;
+    for (int k = 0; k < p->n_jobs; k++) {
+        const job *j = &sch->prefill[k];
+        if (j->done + sch->row_job_m[n_dec + k] >= j->n_total) n_draws += j->sample >= 0 ? 1 : j->r->n;
+    }
+    if (grow_decode(sch, p->n_rows > n_draws ? p->n_rows : n_draws)) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    schedule_monitoring(sch, p);
     int n_keep = 0, d = 0;
     for (int i = 0; i < n_dec; i++) {
         const sample *x = sch->row_samples[i];
         const req *r = x->r;
         sch->keep_at[i] = -1;
-        if (r->forced || (x->shadow_seq >= 0 && !dev_kl)) {
+        if (r->forced || (x->shadow_seq >= 0 && !p->dev_kl)) {
             sch->keep_at[i] = n_keep;
             sch->keep[n_keep++] = i;
         }
@@ -798,9 +829,9 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         if (r->forced) dr.params = (fr_sampling_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
         sch->drows[i] = dr;
         sch->dslot[i] = r->forced ? -1 : d;
-        if (fast || !r->forced) sch->sdraws[d++] = (fr_step_draw){.row = i, .d = dr};
+        if (p->fast || !r->forced) sch->sdraws[d++] = (fr_step_draw){.row = i, .d = dr};
     }
-    for (int k = 0; k < n_jobs; k++) {
+    for (int k = 0; k < p->n_jobs; k++) {
         const job *j = &sch->prefill[k];
         const int row = n_dec + k;
         const req *r = j->r;
@@ -821,15 +852,25 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
                 .d = {.params = r->params, .sequence = (uint64_t)r->samples[i].index, .step = (uint64_t)r->samples[i].n}};
     }
     if (n_keep > sch->logit_rows) {
-        float *g = realloc(sch->logits, sizeof(float) * V * (size_t)n_keep);
+        float *g = realloc(sch->logits, sizeof(float) * (size_t)sch->vocab * (size_t)n_keep);
         if (!g) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
         sch->logits = g;
         sch->logit_rows = n_keep;
     }
-    double t0 = fr_now_s();
+    p->n_keep = n_keep;
+    p->n_draws = d;
+    return FR_OK;
+}
+
+/* The forward step, sampled where the logits are (on CUDA, the device). A
+ * batch of decodes alone replays a decode graph, with the monitored
+ * decodes' shadow carried in it or launched beside it when it can. */
+static fr_status run_forward(fr_scheduler *sch, step_plan *p)
+{
+    const int n_dec = p->n_dec, n_mon = p->n_mon, n_keep = p->n_keep;
     fr_status st = FR_OK;
-    int shadow_launched = 0, carried = 0, done = 0;
-    if (dev_kl && n_mon && sch->carry) {
+    int done = 0;
+    if (p->dev_kl && n_mon && sch->carry) {
         /* The shadow's rows ride in the serving batch: one read of the
          * weights for both (rollout/model/runner_cuda.h). */
         st = fr_shadow_launch_carried(sch->shadow, sch->s, sch->rows, sch->drows, n_dec, sch->mon_seqs, sch->mon_toks,
@@ -840,79 +881,89 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         } else {
             if (!st) st = fr_session_decode_wait(sch->s, sch->rows, n_dec, sch->dtok, sch->dlp, sch->keep, n_keep,
                                                  sch->logits);
-            carried = !st;
+            p->carried = !st;
             done = 1;
         }
     }
-    if (!done && dev_kl && n_mon && sch->overlap) {
+    if (!done && p->dev_kl && n_mon && sch->overlap) {
         /* The shadow's step runs beside the serving one on its own stream. */
         st = fr_session_decode_launch(sch->s, sch->rows, sch->drows, n_dec);
-        if (!st && !fr_shadow_launch(sch->shadow, sch->mon_seqs, sch->mon_toks, n_mon)) shadow_launched = 1;
+        if (!st && !fr_shadow_launch(sch->shadow, sch->mon_seqs, sch->mon_toks, n_mon)) p->shadow_launched = 1;
         if (!st) st = fr_session_decode_wait(sch->s, sch->rows, n_dec, sch->dtok, sch->dlp, sch->keep, n_keep,
                                              sch->logits);
-        if (st && shadow_launched) {   /* finish the shadow's step; its monitoring ends with the failed step */
+        if (st && p->shadow_launched) {   /* finish the shadow's step; its monitoring ends with the failed step */
             fr_shadow_wait_kl(sch->shadow, sch->s, NULL, NULL, n_mon, NULL);
-            shadow_launched = 0;
+            p->shadow_launched = 0;
         }
         done = 1;
     }
     if (!done)
-        st = fast ? fr_session_decode_keep(sch->s, sch->rows, sch->drows, n_dec, sch->dtok, sch->dlp, sch->keep, n_keep,
-                                           sch->logits)
-                  : fr_session_step_draw(sch->s, sch->rows, n_rows, sch->sdraws, d, sch->dtok, sch->dlp, sch->keep,
-                                         n_keep, sch->logits);
-    if (st) {
-        /* The step's work ends with reason error; nothing else changes. */
-        while (n_jobs > 0) {
-            job j = sch->prefill[0];
-            memmove(sch->prefill, sch->prefill + 1, sizeof(job) * (size_t)(sch->n_prefill - 1));
-            sch->n_prefill--;
-            n_jobs--;
-            fail_job_samples(sch, &j, FR_FINISH_ERROR);
-        }
-        for (int i = 0; i < n_dec; i++) finish(sch, sch->row_samples[i], FR_FINISH_ERROR);
-        return st;
+        st = p->fast ? fr_session_decode_keep(sch->s, sch->rows, sch->drows, n_dec, sch->dtok, sch->dlp, sch->keep,
+                                              n_keep, sch->logits)
+                     : fr_session_step_draw(sch->s, sch->rows, p->n_rows, sch->sdraws, p->n_draws, sch->dtok, sch->dlp,
+                                            sch->keep, n_keep, sch->logits);
+    return st;
+}
+
+/* A failed forward step: the step's work ends with reason error; nothing
+ * else changes. */
+static void fail_step(fr_scheduler *sch, const step_plan *p)
+{
+    int n_jobs = p->n_jobs;
+    while (n_jobs > 0) {
+        job j = sch->prefill[0];
+        memmove(sch->prefill, sch->prefill + 1, sizeof(job) * (size_t)(sch->n_prefill - 1));
+        sch->n_prefill--;
+        n_jobs--;
+        fail_job_samples(sch, &j, FR_FINISH_ERROR);
     }
-    double t1 = fr_now_s();
-    sch->st.forward_s += t1 - t0;
-    sch->st.steps++;
-    sch->st.decode_steps += fast;
-    /* 4. The monitored decodes' shadow step (the same input tokens) unless
-     *    it ran beside the forward step, then decode tokens and their D_t,
-     *    then the prefills' progress. */
+    for (int i = 0; i < p->n_dec; i++) finish(sch, sch->row_samples[i], FR_FINISH_ERROR);
+}
+
+/* The monitored decodes' shadow step (the same input tokens) unless it ran
+ * with the forward step; on a failure their monitoring stops. */
+static void run_shadow(fr_scheduler *sch, step_plan *p)
+{
+    const int n_mon = p->n_mon;
     for (int m = 0; m < n_mon; m++) {
         const sample *x = sch->row_samples[sch->mon_served[m]];
         sch->mon_chosen[m] = x->r->forced ? x->r->forced[x->n] : sch->dtok[sch->dslot[sch->mon_served[m]]];
     }
     fr_status ms = FR_OK;
-    if (carried) ms = fr_shadow_carried_kl(sch->shadow, sch->s, sch->mon_served, sch->mon_chosen, n_mon, sch->mon_kl);
-    else if (shadow_launched)
+    if (p->carried) ms = fr_shadow_carried_kl(sch->shadow, sch->s, sch->mon_served, sch->mon_chosen, n_mon, sch->mon_kl);
+    else if (p->shadow_launched)
         ms = fr_shadow_wait_kl(sch->shadow, sch->s, sch->mon_served, sch->mon_chosen, n_mon, sch->mon_kl);
-    else if (n_mon && dev_kl)
+    else if (n_mon && p->dev_kl)
         ms = fr_shadow_step_kl(sch->shadow, sch->s, sch->mon_seqs, sch->mon_toks, n_mon, sch->mon_served, sch->mon_chosen,
                                sch->mon_kl);
     else if (n_mon) ms = fr_shadow_step(sch->shadow, sch->mon_seqs, sch->mon_toks, n_mon, sch->ref);
     if (ms) {
-        for (int i = 0; i < n_dec; i++)
+        for (int i = 0; i < p->n_dec; i++)
             if (sch->row_samples[i]->shadow_seq >= 0) stop_shadow(sch, sch->row_samples[i]);
-        n_mon = 0;
+        p->n_mon = 0;
     }
-    double t2 = fr_now_s();
-    sch->st.shadow_s += t2 - t1;
+}
+
+/* After the step: decode tokens and their D_t, then the prefills' progress
+ * (a job whose last chunk ran starts its samples). */
+static void postprocess(fr_scheduler *sch, const step_plan *p)
+{
+    const size_t V = (size_t)sch->vocab;
+    const int n_dec = p->n_dec;
     for (int i = 0; i < n_dec; i++) {
         sample *x = sch->row_samples[i];
         const float *lg = sch->keep_at[i] >= 0 ? sch->logits + (size_t)sch->keep_at[i] * V : NULL;
         const int slot = sch->dslot[i];
         fr_finish_reason why = slot >= 0 ? accept(sch, x, sch->dtok[slot], sch->dlp[slot]) : draw(sch, x, lg);
-        if (n_mon && x->shadow_seq >= 0 && why != FR_FINISH_ERROR) {
-            if (dev_kl) record(sch, x, &sch->mon_kl[sch->mon_rows[i]]);
+        if (p->n_mon && x->shadow_seq >= 0 && why != FR_FINISH_ERROR) {
+            if (p->dev_kl) record(sch, x, &sch->mon_kl[sch->mon_rows[i]]);
             else if (lg) measure(sch, x, lg, sch->ref + (size_t)sch->mon_rows[i] * V);
         }
         if (why) finish(sch, x, why);
     }
     /* The batch's jobs are the first n_jobs of the prefill list. */
     int kept = 0;
-    for (int k = 0; k < n_jobs; k++) {
+    for (int k = 0; k < p->n_jobs; k++) {
         job j = sch->prefill[kept];
         int m = sch->row_job_m[n_dec + k];
         j.done += m;
@@ -927,6 +978,29 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
         complete_job(sch, &j, sch->keep_at[row] >= 0 ? sch->logits + (size_t)sch->keep_at[row] * V : NULL,
                      slot >= 0 ? sch->dtok + slot : NULL, slot >= 0 ? sch->dlp + slot : NULL);
     }
+}
+
+fr_status fr_scheduler_step(fr_scheduler *sch)
+{
+    if (!sch) return fr_fail(FR_EINVAL, "scheduler: NULL");
+    step_plan p = {0};
+    fr_status st = schedule_blocks(sch);
+    if (!st) st = schedule_batch(sch, &p);
+    if (st || p.n_rows == 0) return st;
+    if ((st = schedule_outputs(sch, &p))) return st;
+    double t0 = fr_now_s();
+    if ((st = run_forward(sch, &p))) {
+        fail_step(sch, &p);
+        return st;
+    }
+    double t1 = fr_now_s();
+    sch->st.forward_s += t1 - t0;
+    sch->st.steps++;
+    sch->st.decode_steps += p.fast;
+    run_shadow(sch, &p);
+    double t2 = fr_now_s();
+    sch->st.shadow_s += t2 - t1;
+    postprocess(sch, &p);
     sch->st.host_s += fr_now_s() - t2;
     return FR_OK;
 }
