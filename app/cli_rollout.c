@@ -63,9 +63,12 @@ typedef struct {
     fr_buf line, records;
 } out_ctx;
 
-/* What every engine leader sends ahead of its records. */
+/* The engines' totals on world rank 0. Each engine leader sends its
+ * request count, whether it failed, and its scheduler's stats
+ * (fr_scheduler_stats_put) ahead of its samples. */
 typedef struct {
-    int64_t requests, samples, tokens, prefill_tokens, steps, preemptions, failed;
+    long long requests, failed;
+    fr_scheduler_stats ss;
 } engine_totals;
 
 /* A sample's output line: JSON or text. */
@@ -120,20 +123,16 @@ static fr_status print_gathered(const char *all, const size_t *counts, int world
     const char *p = all;
     for (int r = 0; !st && r < world_size; p += counts[r], r++) {
         if (counts[r] == 0) continue;   /* a rank that is not an engine leader */
-        engine_totals t;
-        if (counts[r] < sizeof t) {
+        fr_rank_reader rd = {(const unsigned char *)p, counts[r], 0, 0};
+        sum->requests += (long long)fr_rank_get_u64(&rd);
+        sum->failed += fr_rank_get_u8(&rd);
+        fr_scheduler_stats ss;
+        fr_scheduler_stats_read(&rd, &ss);
+        fr_scheduler_stats_add(&sum->ss, &ss);
+        if (rd.bad) {
             st = fr_fail(FR_EIO, "rank %d sent %zu bytes, too few for its totals", r, counts[r]);
             break;
         }
-        memcpy(&t, p, sizeof t);
-        sum->requests += t.requests;
-        sum->samples += t.samples;
-        sum->tokens += t.tokens;
-        sum->prefill_tokens += t.prefill_tokens;
-        sum->steps += t.steps;
-        sum->preemptions += t.preemptions;
-        sum->failed += t.failed;
-        fr_rank_reader rd = {(const unsigned char *)p + sizeof t, counts[r] - sizeof t, 0, 0};
         while (!st && fr_rank_more(&rd)) {
             if (n == cap) {
                 size_t c = cap ? cap * 2 : 256;
@@ -228,12 +227,11 @@ static fr_status gather_results(const fr_tp_launch *tl, const fr_buf *records, c
                                 int n_requests, fr_status st, int json, int tp, int kv_blocks, const char *backend)
 {
     if (records->failed && !st) st = fr_fail(FR_ENOMEM, "out of memory keeping the results");
-    engine_totals t = {.requests = n_requests, .samples = ss->finished, .tokens = ss->tokens_generated,
-                       .prefill_tokens = ss->prefill_tokens, .steps = ss->steps, .preemptions = ss->preemptions,
-                       .failed = st != FR_OK};
     fr_buf mine = {0};
     if (tl->engine_leader) {
-        fr_buf_put(&mine, &t, sizeof t);
+        fr_rank_put_u64(&mine, (uint64_t)n_requests);
+        fr_rank_put_u8(&mine, st != FR_OK);
+        fr_scheduler_stats_put(&mine, ss);
         fr_buf_put(&mine, records->data, records->len);
         if (mine.failed) {
             if (!st) st = fr_fail(FR_ENOMEM, "out of memory sending the results");
@@ -255,9 +253,8 @@ static fr_status gather_results(const fr_tp_launch *tl, const fr_buf *records, c
             fprintf(stderr,
                     "rollout: engines %d x tp %d (world %d) requests %lld samples %lld tokens %lld "
                     "prefill_tokens %lld steps %lld preemptions %lld kv_blocks %d backend %s\n",
-                    tl->n_engines, tp, tl->world_size, (long long)sum.requests, (long long)sum.samples,
-                    (long long)sum.tokens, (long long)sum.prefill_tokens, (long long)sum.steps,
-                    (long long)sum.preemptions, kv_blocks, backend);
+                    tl->n_engines, tp, tl->world_size, sum.requests, sum.ss.finished, sum.ss.tokens_generated,
+                    sum.ss.prefill_tokens, sum.ss.steps, sum.ss.preemptions, kv_blocks, backend);
     }
     if (gst) {
         fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());

@@ -1005,6 +1005,59 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
     return FR_OK;
 }
 
+void fr_scheduler_stats_add(fr_scheduler_stats *a, const fr_scheduler_stats *s)
+{
+    a->running += s->running;
+    a->prefilling += s->prefilling;
+    a->waiting += s->waiting;
+    a->preemptions += s->preemptions;
+    a->tokens_generated += s->tokens_generated;
+    a->prefill_tokens += s->prefill_tokens;
+    a->steps += s->steps;
+    a->finished += s->finished;
+    a->kv_blocks_used += s->kv_blocks_used;
+    a->kv_blocks_free += s->kv_blocks_free;
+    a->monitored += s->monitored;
+    /* -1 says no shadow is open: it counts as none once another engine has one */
+    if (s->shadow_blocks_free >= 0)
+        a->shadow_blocks_free = (a->shadow_blocks_free > 0 ? a->shadow_blocks_free : 0) + s->shadow_blocks_free;
+}
+
+void fr_scheduler_stats_put(fr_rank_buf *b, const fr_scheduler_stats *s)
+{
+    fr_rank_put_i32(b, s->running);
+    fr_rank_put_i32(b, s->prefilling);
+    fr_rank_put_i32(b, s->waiting);
+    fr_rank_put_u64(b, (uint64_t)s->preemptions);
+    fr_rank_put_u64(b, (uint64_t)s->tokens_generated);
+    fr_rank_put_u64(b, (uint64_t)s->prefill_tokens);
+    fr_rank_put_u64(b, (uint64_t)s->steps);
+    fr_rank_put_u64(b, (uint64_t)s->finished);
+    fr_rank_put_i32(b, s->kv_blocks_used);
+    fr_rank_put_i32(b, s->kv_blocks_free);
+    fr_rank_put_u64(b, s->weight_version);
+    fr_rank_put_i32(b, s->monitored);
+    fr_rank_put_i32(b, s->shadow_blocks_free);
+}
+
+void fr_scheduler_stats_read(fr_rank_reader *r, fr_scheduler_stats *s)
+{
+    memset(s, 0, sizeof *s);
+    s->running = fr_rank_get_i32(r);
+    s->prefilling = fr_rank_get_i32(r);
+    s->waiting = fr_rank_get_i32(r);
+    s->preemptions = (long long)fr_rank_get_u64(r);
+    s->tokens_generated = (long long)fr_rank_get_u64(r);
+    s->prefill_tokens = (long long)fr_rank_get_u64(r);
+    s->steps = (long long)fr_rank_get_u64(r);
+    s->finished = (long long)fr_rank_get_u64(r);
+    s->kv_blocks_used = fr_rank_get_i32(r);
+    s->kv_blocks_free = fr_rank_get_i32(r);
+    s->weight_version = fr_rank_get_u64(r);
+    s->monitored = fr_rank_get_i32(r);
+    s->shadow_blocks_free = fr_rank_get_i32(r);
+}
+
 fr_status fr_scheduler_run(fr_scheduler *sch)
 {
     fr_status first = FR_OK;

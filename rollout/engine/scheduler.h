@@ -17,6 +17,7 @@
 #ifndef FR_SCHEDULER_H
 #define FR_SCHEDULER_H
 
+#include "comm/rank_wire.h"
 #include "rollout/engine/request.h"
 #include "rollout/engine/session.h"
 
@@ -77,6 +78,16 @@ typedef struct {
     long long decode_steps;
     double forward_s, shadow_s, host_s, kl_s;
 } fr_scheduler_stats;
+
+/* Several engines' stats as one: counts and block figures summed (the
+ * weight version and the timings are left as in *a), for the engines of a
+ * job under mpirun. */
+void fr_scheduler_stats_add(fr_scheduler_stats *a, const fr_scheduler_stats *s);
+/* The stats as a record between ranks (comm/rank_wire.h): the counts, block
+ * figures and weight version, not the timings. _read leaves the timings 0;
+ * a truncated record sets the reader's `bad`. */
+void fr_scheduler_stats_put(fr_rank_buf *b, const fr_scheduler_stats *s);
+void fr_scheduler_stats_read(fr_rank_reader *r, fr_scheduler_stats *s);
 
 typedef struct fr_scheduler fr_scheduler;
 

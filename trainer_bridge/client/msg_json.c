@@ -13,35 +13,26 @@
 
 typedef fr_buf jbuf;
 
-static void put(jbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(jbuf *b, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fr_buf_vprintf(b, fmt, ap);
-    va_end(ap);
-}
-
 static void strn(jbuf *b, const char *s, size_t n)
 {
-    put(b, "\"");
+    fr_buf_printf(b, "\"");
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)s[i];
-        if (ch == '"' || ch == '\\') put(b, "\\%c", ch);
-        else if (ch < 0x20) put(b, "\\u%04x", ch);
-        else put(b, "%c", ch);
+        if (ch == '"' || ch == '\\') fr_buf_printf(b, "\\%c", ch);
+        else if (ch < 0x20) fr_buf_printf(b, "\\u%04x", ch);
+        else fr_buf_printf(b, "%c", ch);
     }
-    put(b, "\"");
+    fr_buf_printf(b, "\"");
 }
 
 static void str(jbuf *b, const char *s) { strn(b, s, strlen(s)); }
 
-static void u64(jbuf *b, const char *k, uint64_t v, int comma) { put(b, "\"%s\":%llu%s", k, (unsigned long long)v, comma ? "," : ""); }
-static void i32(jbuf *b, const char *k, int v, int comma) { put(b, "\"%s\":%d%s", k, v, comma ? "," : ""); }
+static void u64(jbuf *b, const char *k, uint64_t v, int comma) { fr_buf_printf(b, "\"%s\":%llu%s", k, (unsigned long long)v, comma ? "," : ""); }
+static void i32(jbuf *b, const char *k, int v, int comma) { fr_buf_printf(b, "\"%s\":%d%s", k, v, comma ? "," : ""); }
 
 static void stats(jbuf *b, const fr_msg_stats_reply *s)
 {
-    put(b, "\"scheduler\":{");
+    fr_buf_printf(b, "\"scheduler\":{");
     i32(b, "running", s->running, 1);
     i32(b, "prefilling", s->prefilling, 1);
     i32(b, "waiting", s->waiting, 1);
@@ -52,9 +43,9 @@ static void stats(jbuf *b, const fr_msg_stats_reply *s)
     u64(b, "finished", s->finished, 1);
     i32(b, "kv_blocks_used", s->kv_blocks_used, 1);
     i32(b, "kv_blocks_free", s->kv_blocks_free, 0);
-    put(b, "},\"server\":{\"state\":");
+    fr_buf_printf(b, "},\"server\":{\"state\":");
     str(b, s->state);
-    put(b, ",\"updating\":%s,", s->updating ? "true" : "false");
+    fr_buf_printf(b, ",\"updating\":%s,", s->updating ? "true" : "false");
     u64(b, "update_version", s->update_version, 1);
     u64(b, "updates_committed", s->updates_committed, 1);
     u64(b, "updates_failed", s->updates_failed, 1);
@@ -73,7 +64,7 @@ static void stats(jbuf *b, const fr_msg_stats_reply *s)
     u64(b, "send_retries", s->send_retries, 1);
     u64(b, "queued_messages", s->queued_messages, 1);
     u64(b, "undeliverable_messages", s->undeliverable_messages, 0);
-    put(b, "}");
+    fr_buf_printf(b, "}");
 }
 
 fr_status fr_msg_to_json(const fr_msg *m, char **out)
@@ -81,21 +72,21 @@ fr_status fr_msg_to_json(const fr_msg *m, char **out)
     if (!m || !out) return fr_fail(FR_EINVAL, "fr_msg_to_json: NULL argument");
     *out = NULL;
     jbuf b = {0};
-    put(&b, "{\"type\":");
+    fr_buf_printf(&b, "{\"type\":");
     str(&b, fr_msg_type_name(m->type));
-    put(&b, ",");
+    fr_buf_printf(&b, ",");
     switch (m->type) {
     case FR_MSG_HELLO_REPLY: {
         const fr_msg_hello_reply *h = &m->u.hello_reply;
-        put(&b, "\"server\":");
+        fr_buf_printf(&b, "\"server\":");
         str(&b, h->server);
-        put(&b, ",\"model\":");
+        fr_buf_printf(&b, ",\"model\":");
         str(&b, h->model);
-        put(&b, ",\"backend\":");
+        fr_buf_printf(&b, ",\"backend\":");
         str(&b, h->backend);
-        put(&b, ",\"kv_dtype\":");
+        fr_buf_printf(&b, ",\"kv_dtype\":");
         str(&b, h->kv_dtype);
-        put(&b, ",");
+        fr_buf_printf(&b, ",");
         i32(&b, "tp", h->tp, 1);
         i32(&b, "engines", h->engines, 1);
         u64(&b, "weight_version", h->weight_version, 1);
@@ -105,16 +96,16 @@ fr_status fr_msg_to_json(const fr_msg *m, char **out)
         i32(&b, "max_model_len", h->max_model_len, 1);
         i32(&b, "vocab_size", h->vocab_size, 1);
         i32(&b, "chunk", h->chunk, 1);
-        put(&b, "\"eos_token_ids\":[");
-        for (int i = 0; i < h->n_eos_token_ids; i++) put(&b, "%s%d", i ? "," : "", h->eos_token_ids[i]);
-        put(&b, "]");
+        fr_buf_printf(&b, "\"eos_token_ids\":[");
+        for (int i = 0; i < h->n_eos_token_ids; i++) fr_buf_printf(&b, "%s%d", i ? "," : "", h->eos_token_ids[i]);
+        fr_buf_printf(&b, "]");
         break;
     }
     case FR_MSG_STATS_REPLY:
         stats(&b, &m->u.stats_reply);
         break;
     case FR_MSG_PAUSE_REPLY:
-        put(&b, "\"mode\":\"%s\",\"state\":\"paused\",", fr_pause_mode_name(m->u.pause_reply.mode));
+        fr_buf_printf(&b, "\"mode\":\"%s\",\"state\":\"paused\",", fr_pause_mode_name(m->u.pause_reply.mode));
         i32(&b, "aborted", m->u.pause_reply.aborted, 0);
         break;
     case FR_MSG_RESUME_REPLY:
@@ -122,42 +113,42 @@ fr_status fr_msg_to_json(const fr_msg *m, char **out)
         break;
     case FR_MSG_ABORT_REPLY:
         i32(&b, "samples", m->u.abort_reply.samples, 1);
-        put(&b, "\"not_found\":[");
+        fr_buf_printf(&b, "\"not_found\":[");
         for (int i = 0; i < m->u.abort_reply.n_not_found; i++)
-            put(&b, "%s%llu", i ? "," : "", (unsigned long long)m->u.abort_reply.not_found[i]);
-        put(&b, "]");
+            fr_buf_printf(&b, "%s%llu", i ? "," : "", (unsigned long long)m->u.abort_reply.not_found[i]);
+        fr_buf_printf(&b, "]");
         break;
     case FR_MSG_UPDATE_REPLY: {
         const fr_msg_update_reply *r = &m->u.update_reply;
         u64(&b, "version", r->version, 1);
-        put(&b, "\"stage\":\"%s\",", fr_update_stage_name(r->stage));
+        fr_buf_printf(&b, "\"stage\":\"%s\",", fr_update_stage_name(r->stage));
         if (r->bucket >= 0) i32(&b, "bucket", r->bucket, 1);
-        else put(&b, "\"bucket\":null,");
+        else fr_buf_printf(&b, "\"bucket\":null,");
         u64(&b, "bytes", r->bytes, 1);
         u64(&b, "weight_version", r->weight_version, 0);
         break;
     }
     case FR_MSG_NCCL_REPLY: {
         const fr_msg_nccl_reply *r = &m->u.nccl_reply;
-        put(&b, "\"state\":\"%s\",", fr_nccl_state_name(r->state));
+        fr_buf_printf(&b, "\"state\":\"%s\",", fr_nccl_state_name(r->state));
         i32(&b, "nranks", r->nranks, 1);
         i32(&b, "rank", r->rank, 1);
-        put(&b, "\"timeout_s\":%.17g", r->timeout_s);
+        fr_buf_printf(&b, "\"timeout_s\":%.17g", r->timeout_s);
         break;
     }
     case FR_MSG_ERROR:
-        put(&b, "\"code\":");
+        fr_buf_printf(&b, "\"code\":");
         str(&b, m->u.error.code);
-        put(&b, ",\"message\":");
+        fr_buf_printf(&b, ",\"message\":");
         str(&b, m->u.error.message);
-        if (m->u.error.has_request_id) put(&b, ",\"request_id\":%llu", (unsigned long long)m->u.error.request_id);
-        else put(&b, ",\"request_id\":null");
+        if (m->u.error.has_request_id) fr_buf_printf(&b, ",\"request_id\":%llu", (unsigned long long)m->u.error.request_id);
+        else fr_buf_printf(&b, ",\"request_id\":null");
         break;
     default:
         free(b.data);
         return fr_fail(FR_EINVAL, "fr_msg_to_json: %s is not a reply", fr_msg_type_name(m->type));
     }
-    put(&b, "}");
+    fr_buf_printf(&b, "}");
     if (b.failed) {
         free(b.data);
         return fr_fail(FR_ENOMEM, "fr_msg_to_json: out of memory");
@@ -172,10 +163,10 @@ static int object_json(jbuf *b, const msgpack_object *o, int depth)
 {
     if (depth > 32) return -1;
     switch (o->type) {
-    case MSGPACK_OBJECT_NIL: put(b, "null"); return 0;
-    case MSGPACK_OBJECT_BOOLEAN: put(b, o->via.boolean ? "true" : "false"); return 0;
-    case MSGPACK_OBJECT_POSITIVE_INTEGER: put(b, "%llu", (unsigned long long)o->via.u64); return 0;
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: put(b, "%lld", (long long)o->via.i64); return 0;
+    case MSGPACK_OBJECT_NIL: fr_buf_printf(b, "null"); return 0;
+    case MSGPACK_OBJECT_BOOLEAN: fr_buf_printf(b, o->via.boolean ? "true" : "false"); return 0;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER: fr_buf_printf(b, "%llu", (unsigned long long)o->via.u64); return 0;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: fr_buf_printf(b, "%lld", (long long)o->via.i64); return 0;
     case MSGPACK_OBJECT_FLOAT32:
     case MSGPACK_OBJECT_FLOAT64:
         if (isfinite(o->via.f64)) {
@@ -185,31 +176,31 @@ static int object_json(jbuf *b, const msgpack_object *o, int depth)
                 snprintf(t, sizeof t, "%.*g", prec, o->via.f64);
                 if (strtod(t, NULL) == o->via.f64) break;
             }
-            put(b, "%s", t);
+            fr_buf_printf(b, "%s", t);
         } else {
-            put(b, "null");   /* JSON has no NaN or infinity */
+            fr_buf_printf(b, "null");   /* JSON has no NaN or infinity */
         }
         return 0;
     case MSGPACK_OBJECT_STR: strn(b, o->via.str.ptr, o->via.str.size); return 0;
     case MSGPACK_OBJECT_ARRAY:
-        put(b, "[");
+        fr_buf_printf(b, "[");
         for (uint32_t i = 0; i < o->via.array.size; i++) {
-            if (i) put(b, ",");
+            if (i) fr_buf_printf(b, ",");
             if (object_json(b, &o->via.array.ptr[i], depth + 1)) return -1;
         }
-        put(b, "]");
+        fr_buf_printf(b, "]");
         return 0;
     case MSGPACK_OBJECT_MAP:
-        put(b, "{");
+        fr_buf_printf(b, "{");
         for (uint32_t i = 0; i < o->via.map.size; i++) {
             const msgpack_object_kv *kv = &o->via.map.ptr[i];
             if (kv->key.type != MSGPACK_OBJECT_STR) return -1;
-            if (i) put(b, ",");
+            if (i) fr_buf_printf(b, ",");
             strn(b, kv->key.via.str.ptr, kv->key.via.str.size);
-            put(b, ":");
+            fr_buf_printf(b, ":");
             if (object_json(b, &kv->val, depth + 1)) return -1;
         }
-        put(b, "}");
+        fr_buf_printf(b, "}");
         return 0;
     default: return -1;   /* bin, ext: never in a snapshot */
     }

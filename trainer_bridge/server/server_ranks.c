@@ -213,57 +213,16 @@ static void put_stats(fr_bridge_server *srv)
 {
     fr_scheduler_stats ss;
     fr_scheduler_stats_get(srv->sch, &ss);
-    fr_rank_buf *b = &srv->outbox;
-    fr_rank_put_u8(b, OB_STATS);
-    fr_rank_put_i32(b, ss.running);
-    fr_rank_put_i32(b, ss.prefilling);
-    fr_rank_put_i32(b, ss.waiting);
-    fr_rank_put_u64(b, (uint64_t)ss.preemptions);
-    fr_rank_put_u64(b, (uint64_t)ss.tokens_generated);
-    fr_rank_put_u64(b, (uint64_t)ss.prefill_tokens);
-    fr_rank_put_u64(b, (uint64_t)ss.steps);
-    fr_rank_put_u64(b, (uint64_t)ss.finished);
-    fr_rank_put_i32(b, ss.kv_blocks_used);
-    fr_rank_put_i32(b, ss.kv_blocks_free);
-    fr_rank_put_u64(b, ss.weight_version);
-    fr_rank_put_i32(b, ss.monitored);
-    fr_rank_put_i32(b, ss.shadow_blocks_free);
+    fr_rank_put_u8(&srv->outbox, OB_STATS);
+    fr_scheduler_stats_put(&srv->outbox, &ss);
 }
 
 static void take_stats(fr_bridge_server *srv, fr_rank_reader *r, int first)
 {
     fr_scheduler_stats s;
-    s.running = fr_rank_get_i32(r);
-    s.prefilling = fr_rank_get_i32(r);
-    s.waiting = fr_rank_get_i32(r);
-    s.preemptions = (long long)fr_rank_get_u64(r);
-    s.tokens_generated = (long long)fr_rank_get_u64(r);
-    s.prefill_tokens = (long long)fr_rank_get_u64(r);
-    s.steps = (long long)fr_rank_get_u64(r);
-    s.finished = (long long)fr_rank_get_u64(r);
-    s.kv_blocks_used = fr_rank_get_i32(r);
-    s.kv_blocks_free = fr_rank_get_i32(r);
-    s.weight_version = fr_rank_get_u64(r);
-    s.monitored = fr_rank_get_i32(r);
-    s.shadow_blocks_free = fr_rank_get_i32(r);
-    fr_scheduler_stats *a = &srv->agg;
-    if (first) {
-        *a = s;
-        return;
-    }
-    a->running += s.running;
-    a->prefilling += s.prefilling;
-    a->waiting += s.waiting;
-    a->preemptions += s.preemptions;
-    a->tokens_generated += s.tokens_generated;
-    a->prefill_tokens += s.prefill_tokens;
-    a->steps += s.steps;
-    a->finished += s.finished;
-    a->kv_blocks_used += s.kv_blocks_used;
-    a->kv_blocks_free += s.kv_blocks_free;
-    a->monitored += s.monitored;
-    if (s.shadow_blocks_free >= 0) a->shadow_blocks_free = (a->shadow_blocks_free > 0 ? a->shadow_blocks_free : 0) +
-                                                           s.shadow_blocks_free;
+    fr_scheduler_stats_read(r, &s);
+    if (first) srv->agg = s;
+    else fr_scheduler_stats_add(&srv->agg, &s);
 }
 
 /* A sample's end from an engine (rank 0). */
