@@ -50,16 +50,6 @@ static void on_signal(int sig)
 
 /* With several ranks: whether every rank got this far (ok on this one). A
  * rank that failed has printed why; the others say that one did. */
-/* The server's sampling defaults from the configuration's: the server has
- * a type of its own so that it knows nothing of the command line's. */
-_Static_assert(FR_SERVE_MAX_STOP_IDS <= FR_BRIDGE_MAX_STOP_IDS, "the server must hold every configured stop id");
-static fr_bridge_sampling bridge_sampling(const fr_serve_sampling *c)
-{
-    fr_bridge_sampling b = {.params = c->params, .max_tokens = c->max_tokens, .n_stop = c->n_stop};
-    memcpy(b.stop_token_ids, c->stop_token_ids, sizeof(int) * (size_t)c->n_stop);
-    return b;
-}
-
 static int all_ranks_ok(const fr_tp_launch *tl, int ok)
 {
     if (!tl->world || tl->world_size < 2) return ok;
@@ -161,7 +151,7 @@ int fr_cli_serve(int argc, char **argv)
     const char *client_keys[FR_SERVE_MAX_CURVE_CLIENTS];
     for (int i = 0; i < c.curve.n_clients; i++) client_keys[i] = c.curve.client_public_keys[i];
     fr_bridge_config bc = {.endpoint = endpoint, .model_name = c.model, .max_seqs = c.max_seqs, .chunk = c.chunk,
-                           .sampling = bridge_sampling(&c.sampling), .shutdown_linger_ms = 2000, .log = stderr,
+                           .sampling = c.sampling, .shutdown_linger_ms = 2000, .log = stderr,
                            .kl_sample_rate = c.kl_sample_rate,
                            .update_idle_ms = (int)(c.weight_update_idle_s * 1000.0 + 0.5),
                            .nccl_timeout_ms = (int)(c.nccl_timeout_s * 1000.0 + 0.5),

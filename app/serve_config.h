@@ -19,6 +19,7 @@
 
 #include "base/fr_status.h"
 #include "rollout/engine/session.h"
+#include "trainer_bridge/server/server.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -26,7 +27,7 @@ extern "C" {
 
 #define FR_SERVE_PATH_MAX 4096     /* model and calib paths, bytes with the NUL */
 #define FR_SERVE_HOST_MAX 256      /* coordinator.bind */
-#define FR_SERVE_MAX_STOP_IDS 64   /* sampling.stop_token_ids */
+#define FR_SERVE_MAX_STOP_IDS FR_BRIDGE_MAX_STOP_IDS   /* sampling.stop_token_ids */
 /* kv_blocks 0 on the CPU backend: this many KV pages per sequence slot
  * (max_seqs of them), i.e. 16 x 128 = 2048 tokens each. */
 #define FR_SERVE_CPU_PAGES_PER_SEQ 16
@@ -34,13 +35,9 @@ extern "C" {
 #define FR_SERVE_CURVE_KEY 41           /* a Z85 CURVE key: 40 characters and the NUL */
 #define FR_SERVE_MAX_RECAL_TEXTS 8      /* recalibration.texts */
 
-/* Default sampling parameters of requests that leave them out. */
-typedef struct {
-    fr_sampling_params params;            /* temperature, top_k, top_p, seed */
-    int max_tokens;
-    int n_stop;                            /* 0: stop at the model's EOS ids */
-    int stop_token_ids[FR_SERVE_MAX_STOP_IDS];
-} fr_serve_sampling;
+/* Default sampling parameters of requests that leave them out: the
+ * server's own type, which cli_serve.c hands it as they are. */
+typedef fr_bridge_sampling fr_serve_sampling;
 
 /* Automatic recalibration of the key mean (docs/metrics.md). */
 typedef struct {
