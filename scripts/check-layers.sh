@@ -36,9 +36,19 @@ def module_of(path):
             best = m
     return best
 
-files = subprocess.run(['git', 'ls-files', '--cached', '--others', '--exclude-standard',
-                        '*.c', '*.h', '*.cu', '*.cuh'], capture_output=True, text=True, check=True).stdout.split()
-files = [f for f in files if os.path.exists(f)]
+def sources(exts):
+    # git's list where there is a checkout (untracked files count, ignored
+    # ones not); else every file below the root but build outputs.
+    r = subprocess.run(['git', 'ls-files', '--cached', '--others', '--exclude-standard'] + ['*' + e for e in exts],
+                       capture_output=True, text=True)
+    if r.returncode == 0:
+        return [f for f in r.stdout.split() if os.path.exists(f)]
+    out = []
+    for d, dirs, names in os.walk('.'):
+        dirs[:] = sorted(x for x in dirs if not x.startswith('.') and not (d == '.' and x.startswith('build')))
+        out += [os.path.normpath(os.path.join(d, n)) for n in sorted(names) if n.endswith(exts)]
+    return out
+files = sources(('.c', '.h', '.cu', '.cuh'))
 include = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 edges = {}
 bad = []

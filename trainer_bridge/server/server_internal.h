@@ -16,23 +16,14 @@
 #include <zmq.h>
 
 #include "base/clock.h"
-#include "trainer_bridge/server/metrics_pub.h"
-#include "rollout/monitor/metrics_http.h"
-
-#include <errno.h>
-#include <pthread.h>
-#include <stdarg.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#include <zmq.h>
-
-#include "trainer_bridge/server/peers.h"
-#include "trainer_bridge/protocol/protocol.h"
 #include "comm/rank_wire.h"
 #include "rollout/engine/scheduler.h"
-#include "trainer_bridge/server/update.h"
+#include "rollout/monitor/metrics_http.h"
+#include "trainer_bridge/protocol/protocol.h"
 #include "trainer_bridge/protocol/wire.h"
+#include "trainer_bridge/server/metrics_pub.h"
+#include "trainer_bridge/server/peers.h"
+#include "trainer_bridge/server/update.h"
 #ifdef FR_HAVE_CUDA
 #include "trainer_bridge/server/nccl_recv.h"
 #endif
