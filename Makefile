@@ -24,14 +24,14 @@ NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
             -Xcompiler -fPIC,-Wall,-Wextra -Werror all-warnings -I. -MMD -MP
 
 # One static library per module, in dependency order (a module may use the
-# ones after it in this list, never the ones before).
-MODULES  := trainer_bridge rollout kvcache attention comm
-lib_of    = $(BUILD)/lib$(1).a
+# ones after it in this list, never the ones before; docs/architecture.md).
+MODULES  := app trainer_bridge/server trainer_bridge/client rollout/monitor rollout/engine rollout/model \
+            kvcache attention trainer_bridge/protocol comm base
+lib_of    = $(BUILD)/lib$(subst /,_,$(1)).a
 # C files named *_cuda.c call the CUDA runtime: built only when nvcc is.
-# rollout/cli_serve.c (the `serve` command) drives trainer_bridge, which
-# uses rollout: it links into the binary beside main.c, not into librollout.
-TOP_SRCS := rollout/main.c rollout/cli_serve.c
-srcs_of   = $(filter-out $(TOP_SRCS) $(if $(HAVE_NVCC),,$(1)/%_cuda.c),$(wildcard $(1)/*.c))
+# The programs' entry points link into the binaries themselves.
+MAIN_SRC := app/main.c app/fp4rollout_client.c
+srcs_of   = $(filter-out $(MAIN_SRC) $(if $(HAVE_NVCC),,$(1)/%_cuda.c),$(wildcard $(1)/*.c))
 cusrcs_of = $(if $(HAVE_NVCC),$(wildcard $(1)/*.cu))
 objs_of   = $(patsubst %.c,$(BUILD)/obj/%.o,$(call srcs_of,$(1))) \
             $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(call cusrcs_of,$(1)))
@@ -42,12 +42,14 @@ LDLIBS   += -L$(CUDA_HOME)/lib64 -lnccl -lcublasLt -lcublas -lcudart -lstdc++
 endif
 
 BIN        := $(BUILD)/fp4rollout
-TOP_OBJS   := $(patsubst %.c,$(BUILD)/obj/%.o,$(TOP_SRCS))
+MAIN_OBJ   := $(BUILD)/obj/app/main.o
+# What of base/ the client library and the protocol's fuzz target compile in:
+# all but the safetensors reader (which needs cJSON).
+BASE_SRCS  := $(filter-out base/safetensors.c,$(wildcard base/*.c))
 # The C client library of the trainer bridge: the protocol codec, the
 # socket helpers and the client, with the error convention; it needs
 # nothing but libzmq and msgpack-c. fp4rollout-client is its command line.
-CLIENT_SRCS := $(addprefix trainer_bridge/,proto_common.c proto_encode.c proto_decode.c wire.c client.c client_nccl.c \
-                 msg_json.c metrics_sub.c) attention/fr_status.c comm/comm_status.c comm/dev_checksum.c
+CLIENT_SRCS := $(wildcard trainer_bridge/protocol/*.c trainer_bridge/client/*.c) $(BASE_SRCS) comm/comm_status.c comm/dev_checksum.c
 CLIENT_LIB := $(BUILD)/libfp4rollout_client.a
 CLIENT_BIN := $(BUILD)/fp4rollout-client
 CLIENT_LDLIBS := -lzmq -lmsgpackc -lxxhash -lm -pthread
@@ -58,7 +60,7 @@ CLIENT_CUOBJS := $(if $(HAVE_NVCC),$(BUILD)/obj/comm/dev_checksum.cu.o)
 ifeq ($(HAVE_NVCC),1)
 CLIENT_LDLIBS += -L$(CUDA_HOME)/lib64 -lnccl -lcudart
 endif
-# The same library shared, for language bindings (trainer_bridge/python/).
+# The same library shared, for language bindings (trainer_bridge/client/python/).
 CLIENT_SO  := $(BUILD)/libfp4rollout_client.so
 UNIT_HELP  := tests/unit/test_util.c
 UNIT_SRCS  := $(filter-out $(UNIT_HELP),$(wildcard tests/unit/test_*.c))
@@ -98,7 +100,7 @@ $(call lib_of,$(1)): $(call objs_of,$(1))
 endef
 $(foreach m,$(MODULES),$(eval $(call module_rule,$(m))))
 
-$(BIN): $(TOP_OBJS) $(LIBS)
+$(BIN): $(MAIN_OBJ) $(LIBS)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(CLIENT_LIB): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS)) $(CLIENT_CUOBJS)
@@ -111,7 +113,7 @@ $(CLIENT_SO): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS)) $(CLIENT_CUOBJS)
 
 # push-weights reads a model with rollout/: the tool links the engine's
 # libraries after the client library (the library itself stays light).
-$(CLIENT_BIN): $(BUILD)/obj/trainer_bridge/tools/fp4rollout_client.o $(CLIENT_LIB) $(filter-out $(call lib_of,trainer_bridge),$(LIBS))
+$(CLIENT_BIN): $(BUILD)/obj/app/fp4rollout_client.o $(CLIENT_LIB) $(filter-out $(call lib_of,app) $(BUILD)/libtrainer_bridge_%,$(LIBS))
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBS)

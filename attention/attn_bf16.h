@@ -36,7 +36,7 @@
 
 #include <cuda_runtime.h>
 
-#include "fr_status.h"
+#include "base/fr_status.h"
 #include "paged_kv.h"
 
 #ifdef __cplusplus

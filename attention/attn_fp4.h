@@ -34,7 +34,7 @@
 
 #include <cuda_runtime.h>
 
-#include "fr_status.h"
+#include "base/fr_status.h"
 #include "paged_kv.h"
 #include "ref_attention.h"
 

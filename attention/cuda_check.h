@@ -7,7 +7,7 @@
 
 #include <cuda_runtime.h>
 
-#include "fr_status.h"
+#include "base/fr_status.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -5,7 +5,7 @@
 #ifndef FR_HADAMARD_H
 #define FR_HADAMARD_H
 
-#include "fr_status.h"
+#include "base/fr_status.h"
 
 #ifdef __cplusplus
 extern "C" {

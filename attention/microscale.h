@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "fr_status.h"
+#include "base/fr_status.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -39,9 +39,10 @@
 #include <cuda_runtime.h>
 
 #include "kvcache/page_layout.h"
-#include "rollout/runner_cuda.h"
-#include "rollout/session.h"
-#include "rollout/tp_launch.h"
+#include "rollout/model/runner_cuda.h"
+#include "rollout/engine/session.h"
+#include "app/cli.h"
+#include "app/tp_launch.h"
 
 static double now_s(void)
 {

@@ -12,7 +12,7 @@ import random
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "trainer_bridge", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "trainer_bridge", "client", "python"))
 from fp4rollout_client import RolloutClient, load_exported  # noqa: E402
 
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 
 here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(here, "..", "trainer_bridge", "python"))
+sys.path.insert(0, os.path.join(here, "..", "trainer_bridge", "client", "python"))
 
 from weight_sync import PRESETS, qwen3_shapes, start_server  # noqa: E402  (this folder)
 

@@ -1,23 +1,21 @@
 #include "comm_status.h"
 
 #include <stdarg.h>
-#include <stdio.h>
-#include <string.h>
 
-static _Thread_local char last_error[1024];
+#include "base/fr_status.h"
 
+/* The message lives where every other module's does (base/fr_status), so a
+ * caller that crosses into fr_status keeps it; only the codes are comm's. */
 fr_comm_status fr_comm_fail(fr_comm_status st, const char *fmt, ...)
 {
-    char message[sizeof last_error];   /* the arguments may include fr_comm_last_error() */
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(message, sizeof message, fmt, ap);
+    fr_vfail(FR_EIO, fmt, ap);
     va_end(ap);
-    memcpy(last_error, message, sizeof last_error);
     return st;
 }
 
-const char *fr_comm_last_error(void) { return last_error; }
+const char *fr_comm_last_error(void) { return fr_last_error(); }
 
 const char *fr_comm_status_name(fr_comm_status st)
 {

@@ -1,10 +1,10 @@
 /* comm_status: how comm/ reports errors.
  *
- * comm/ may use nothing else of the project, so it carries its own small copy
- * of the project's error convention (attention/fr_status.h) instead of
- * including it: a public function returns FR_COMM_OK or a failure code and,
- * on failure, leaves a readable message that fr_comm_last_error() returns
- * (per thread). Callers in rollout/ and trainer_bridge/ turn a failure into
+ * The project's error convention (base/fr_status.h) with codes of its own
+ * for what comm/ can meet (MPI, NCCL, CUDA): a public function returns
+ * FR_COMM_OK or a failure code and, on failure, leaves a readable message
+ * that fr_comm_last_error() returns (per thread; the same message store as
+ * fr_last_error()). Callers in rollout/ and trainer_bridge/ turn a failure into
  * their own fr_status with the message, e.g.
  *     if (cs) return fr_fail(FR_EIO, "%s", fr_comm_last_error());
  * Nothing here aborts on bad input; fr_mpi_world_abort() exists for callers

@@ -16,14 +16,13 @@
 
 #include <cuda_runtime.h>
 
+#include "base/dtype.h"
 #include "comm_status.h"
 #include "engine_group.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum { FR_COMM_F32 = 0, FR_COMM_BF16 } fr_comm_dtype;
 
 typedef struct fr_nccl_group fr_nccl_group;
 
@@ -44,7 +43,7 @@ int fr_nccl_group_device(const fr_nccl_group *n);
 
 /* In place on the device: buf[i] becomes the sum of every rank's buf[i]
  * (count elements of dtype t), enqueued on stream s. */
-fr_comm_status fr_nccl_allreduce_sum(fr_nccl_group *n, void *buf, size_t count, fr_comm_dtype t, cudaStream_t s);
+fr_comm_status fr_nccl_allreduce_sum(fr_nccl_group *n, void *buf, size_t count, fr_dtype t, cudaStream_t s);
 
 /* Every rank's count floats of local, concatenated in rank order into all
  * (count * engine size floats; all may not overlap local). */

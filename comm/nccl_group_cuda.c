@@ -144,14 +144,14 @@ void fr_nccl_group_destroy(fr_nccl_group **np)
 
 int fr_nccl_group_device(const fr_nccl_group *n) { return n ? n->device : -1; }
 
-fr_comm_status fr_nccl_allreduce_sum(fr_nccl_group *n, void *buf, size_t count, fr_comm_dtype t, cudaStream_t s)
+fr_comm_status fr_nccl_allreduce_sum(fr_nccl_group *n, void *buf, size_t count, fr_dtype t, cudaStream_t s)
 {
     if (!n) return fr_comm_fail(FR_COMM_EINVAL, "fr_nccl_allreduce_sum: group is NULL");
     if (count && !buf) return fr_comm_fail(FR_COMM_EINVAL, "fr_nccl_allreduce_sum: buffer is NULL");
     ncclDataType_t dt;
     switch (t) {
-    case FR_COMM_F32: dt = ncclFloat32; break;
-    case FR_COMM_BF16: dt = ncclBfloat16; break;
+    case FR_DTYPE_F32: dt = ncclFloat32; break;
+    case FR_DTYPE_BF16: dt = ncclBfloat16; break;
     default: return fr_comm_fail(FR_COMM_EINVAL, "fr_nccl_allreduce_sum: unknown dtype %d", (int)t);
     }
     ncclResult_t r = ncclAllReduce(buf, buf, count, dt, ncclSum, n->comm, s);

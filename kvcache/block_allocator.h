@@ -14,7 +14,7 @@
 #ifndef FR_BLOCK_ALLOCATOR_H
 #define FR_BLOCK_ALLOCATOR_H
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -8,7 +8,7 @@
 #ifndef FR_BLOCK_TABLE_H
 #define FR_BLOCK_TABLE_H
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 #include "kvcache/block_allocator.h"
 
 #ifdef __cplusplus

@@ -34,7 +34,7 @@
 
 #include <cuda_runtime.h>
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 #include "attention/paged_kv.h"
 #include "kv_cache.h"
 #include "page_layout.h"

@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# Runs every CPU test: the cmocka unit tests under BUILD/tests, then the
-# integration scripts in tests/integration (each starts real processes), then
-# the libFuzzer targets of tests/fuzz (scripts/run-fuzz.sh).
+# Runs every CPU test: the source checks (the include graph against the
+# layers of docs/architecture.md, function lengths), the cmocka unit tests
+# under BUILD/tests, then the integration scripts in tests/integration (each
+# starts real processes), then the libFuzzer targets of tests/fuzz
+# (scripts/run-fuzz.sh).
 # Prints one summary line, "N passed, N failed", and exits non-zero on failure.
 set -uo pipefail
 build=${1:-build}
 passed=0; failed=0; failures=()
+
+for check in check-layers long-functions; do
+  if out=$(scripts/$check.sh 2>&1); then
+    passed=$((passed + 1)); echo "ok   check/$check"
+  else
+    failed=$((failed + 1)); failures+=("check/$check"); echo "FAIL check/$check"; echo "$out" | tail -40
+  fi
+done
 
 for t in "$build"/tests/test_*; do
   [ -x "$t" ] || continue

@@ -21,7 +21,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "..", "trainer_bridge", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "trainer_bridge", "client", "python"))
 
 import torch  # noqa: E402
 

@@ -5,7 +5,7 @@
 # safetensors corpora. Neither is part of `make all`: clang is optional.
 # Each target compiles the parser's sources itself, instrumented; only the
 # serve configuration also links the module libraries, for two helpers of
-# rollout/session.c that it prints with.
+# rollout/engine/session.c that it prints with.
 
 FUZZ_CC      ?= clang
 FUZZ_DIR     := $(BUILD)/fuzz
@@ -13,8 +13,8 @@ FUZZ_TARGETS := protocol safetensors model_config serve_config
 FUZZ_BINS    := $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 FUZZ_CFLAGS  := -std=c11 -g -O1 -fno-omit-frame-pointer $(WARN) $(filter -D% -I%,$(CFLAGS)) \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-FUZZ_HDRS    := $(wildcard tests/fuzz/*.h attention/*.h trainer_bridge/*.h rollout/*.h)
-PROTO_SRCS   := $(addprefix trainer_bridge/,proto_common.c proto_decode.c proto_encode.c) attention/fr_status.c
+FUZZ_HDRS    := $(wildcard tests/fuzz/*.h base/*.h app/*.h attention/*.h kvcache/*.h trainer_bridge/*.h trainer_bridge/*/*.h rollout/*/*.h)
+PROTO_SRCS   := $(addprefix trainer_bridge/protocol/,proto_common.c proto_decode.c proto_encode.c) $(BASE_SRCS)
 
 .PHONY: fuzz fuzz-seeds
 fuzz: $(FUZZ_BINS)
@@ -23,16 +23,16 @@ $(FUZZ_DIR)/fuzz_protocol: tests/fuzz/fuzz_protocol.c $(PROTO_SRCS) $(FUZZ_HDRS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) -o $@ -lmsgpackc -lm
 
-$(FUZZ_DIR)/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c rollout/safetensors.c attention/fr_status.c $(FUZZ_HDRS)
+$(FUZZ_DIR)/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c base/safetensors.c $(BASE_SRCS) $(FUZZ_HDRS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) -o $@ -lcjson -lm
 
-$(FUZZ_DIR)/fuzz_model_config: tests/fuzz/fuzz_model_config.c rollout/model_config.c attention/fr_status.c $(FUZZ_HDRS)
+$(FUZZ_DIR)/fuzz_model_config: tests/fuzz/fuzz_model_config.c rollout/model/model_config.c $(BASE_SRCS) $(FUZZ_HDRS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) -o $@ -lcjson -lm
 
-$(FUZZ_DIR)/fuzz_serve_config: tests/fuzz/fuzz_serve_config.c rollout/serve_config.c attention/kv_numerics.c \
-                               attention/fr_status.c $(FUZZ_HDRS) $(LIBS)
+$(FUZZ_DIR)/fuzz_serve_config: tests/fuzz/fuzz_serve_config.c app/serve_config.c attention/kv_numerics.c \
+                               $(BASE_SRCS) $(FUZZ_HDRS) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) $(LIBS) -o $@ $(LDLIBS)
 

@@ -1,5 +1,5 @@
 /* libFuzzer target: the Hugging Face config.json parser
- * (rollout/model_config.h, fr_model_config_parse) on arbitrary text.
+ * (rollout/model/model_config.h, fr_model_config_parse) on arbitrary text.
  *
  * The input is handed over as it is, without a NUL (the parser promises to
  * read only json[0, len)). A refused text must leave the config zeroed; an
@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "rollout/model_config.h"
+#include "rollout/model/model_config.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -1,5 +1,5 @@
 /* libFuzzer target: the trainer bridge's message decoder
- * (trainer_bridge/protocol.h) on arbitrary frames.
+ * (trainer_bridge/protocol/protocol.h) on arbitrary frames.
  *
  * Beyond "no crash, no leak": a refused frame leaves the message cleared
  * with a message in fr_last_error(); the peek helpers agree with a
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trainer_bridge/protocol.h"
+#include "trainer_bridge/protocol/protocol.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

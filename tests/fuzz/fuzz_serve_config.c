@@ -1,5 +1,5 @@
 /* libFuzzer target: the serve configuration parser
- * (rollout/serve_config.h, fr_serve_config_parse) on arbitrary text.
+ * (app/serve_config.h, fr_serve_config_parse) on arbitrary text.
  *
  * The input is handed over as it is, without a NUL. A refused text must
  * leave the configuration unchanged, byte for byte; an accepted one must
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout/serve_config.h"
+#include "app/serve_config.h"
 #include "tests/fuzz/fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

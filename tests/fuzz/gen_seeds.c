@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trainer_bridge/protocol.h"
+#include "trainer_bridge/protocol/protocol.h"
 
 static const char *dir;
 

@@ -6,7 +6,7 @@
 
 #include <cuda_runtime.h>
 
-#include "attention/fr_status.h"
+#include "base/fr_status.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -55,8 +55,8 @@
 #include "attention/microscale.h"
 #include "kvcache/kv_cache.h"
 #include "kvcache/kv_store_cuda.h"
-#include "rollout/calibrate.h"
-#include "rollout/session.h"
+#include "rollout/monitor/calibrate.h"
+#include "rollout/engine/session.h"
 #include "tests/unit/test_util.h"
 
 enum { D = 128, T = FR_PAGE_TOKENS, NL = 2, LAYER = 1, CHUNK = 1024, MAX_SEQS = 16 };

@@ -1,5 +1,5 @@
 /* Calibration and the teacher-forced KL evaluation on the CUDA backend
- * (rollout/calibrate.h and rollout/eval_kl.h with device weights) against
+ * (rollout/monitor/calibrate.h and rollout/monitor/eval_kl.h with device weights) against
  * the same runs on the CPU backend, on tq6.
  *
  * Calibration (window 1024, one seed text continued for 32 tokens, 32 tau
@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "base/clock.h"
 #include "gpu_test.h"
 
 #include <math.h>
@@ -29,17 +30,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "rollout/calibrate.h"
-#include "rollout/eval_kl.h"
-#include "rollout/weights_cuda.h"
+#include "rollout/monitor/calibrate.h"
+#include "rollout/monitor/eval_kl.h"
+#include "rollout/model/weights_cuda.h"
 #include "tests/unit/test_util.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct {
     fr_model *m;
@@ -86,12 +80,12 @@ static void test_calibrate_gpu_vs_cpu(void **state)
     co.tau_steps = 32;
     fr_calib cc, gc;
     fr_calib_report cr, gr;
-    double t0 = now_s();
+    double t0 = fr_now_s();
     FR_OK_OR_FAIL(fr_calibrate(r.m, &co, 1, (const int *const *)&text, &n, &cc, &cr));
-    double t1 = now_s();
+    double t1 = fr_now_s();
     co.gpu = r.w;
     FR_OK_OR_FAIL(fr_calibrate(r.m, &co, 1, (const int *const *)&text, &n, &gc, &gr));
-    double t2 = now_s();
+    double t2 = fr_now_s();
     printf("  window 1024: CPU %.2f s, GPU %.2f s\n", t1 - t0, t2 - t1);
 
     assert_int_equal(cr.n_tokens, gr.n_tokens);
@@ -154,12 +148,12 @@ static void test_eval_kl_gpu_vs_cpu(void **state)
     fr_eval_kl_params p = {.n_texts = 2, .texts = (const int *const *)ev, .lens = ev_len, .configs = cfgs,
                            .n_configs = n, .calib = &calib};
     fr_eval_kl_report cpu, gpu;
-    double t0 = now_s();
+    double t0 = fr_now_s();
     FR_OK_OR_FAIL(fr_eval_kl(r.m, &p, &cpu));
-    double t1 = now_s();
+    double t1 = fr_now_s();
     p.gpu = r.w;
     FR_OK_OR_FAIL(fr_eval_kl(r.m, &p, &gpu));
-    double t2 = now_s();
+    double t2 = fr_now_s();
     printf("  2 texts x 512 tokens, 3 configurations: CPU %.1f s, GPU %.1f s\n", t1 - t0, t2 - t1);
     printf("  | configuration | CPU KL (1e-3) | GPU KL (1e-3) | CPU top-1 mismatch %% | GPU |\n");
     for (int c = 0; c < n; c++)

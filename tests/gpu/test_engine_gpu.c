@@ -17,13 +17,13 @@
 #include <cuda_runtime.h>
 
 #include "attention/fp_formats.h"
-#include "rollout/kl_metrics.h"
-#include "rollout/safetensors.h"
-#include "rollout/sampler.h"
-#include "rollout/runner_cuda.h"
-#include "rollout/session.h"
-#include "rollout/weight_update.h"
-#include "rollout/weights_cuda.h"
+#include "rollout/engine/kl_metrics.h"
+#include "base/safetensors.h"
+#include "rollout/model/sampler.h"
+#include "rollout/model/runner_cuda.h"
+#include "rollout/engine/session.h"
+#include "rollout/engine/weight_update.h"
+#include "rollout/model/weights_cuda.h"
 #include "tests/unit/test_util.h"
 
 static float max_abs(const float *x, size_t n)
@@ -236,11 +236,11 @@ static void open_tq6_cuda(fr_session *s, int n_blocks)
     open_or_fail(&o, n_blocks, 2, s);
 }
 
-static int *golden_ids(const st_file *g, int p, int *n)
+static int *golden_ids(const fr_st_file *g, int p, int *n)
 {
     char name[32];
     snprintf(name, sizeof name, "p%d.ids", p);
-    const st_tensor *t = st_file_find(g, name);
+    const fr_st_tensor *t = fr_st_file_find(g, name);
     assert_non_null(t);
     *n = (int)t->shape[0];
     int *ids = malloc(sizeof(int) * (size_t)*n);
@@ -275,8 +275,8 @@ static void test_tq6_vs_golden(void **state)
     double hf_max[7], hf_mean[7];
     int have_hf = read_hf_stats(hf_max, hf_mean);
     if (!have_hf) printf("  FR_HF_BF16_STATS not given: printing our figures only\n");
-    st_file *g;
-    assert_int_equal(st_file_open(golden_path, &g), FR_OK);
+    fr_st_file *g;
+    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     fr_session s;
     open_tq6_cuda(&s, 4096 / 128 + 2);
     for (int p = 0; p < 7; p++) {
@@ -284,7 +284,7 @@ static void test_tq6_vs_golden(void **state)
         int *ids = golden_ids(g, p, &n);
         char name[32];
         snprintf(name, sizeof name, "p%d.logits_f32", p);
-        const st_tensor *ref = st_file_find(g, name);
+        const fr_st_tensor *ref = fr_st_file_find(g, name);
         assert_non_null(ref);
         float *ours = score(&s, ids, n, 512, 0);
         float md;
@@ -301,7 +301,7 @@ static void test_tq6_vs_golden(void **state)
         free(ids);
     }
     fr_session_close(&s);
-    st_file_close(&g);
+    fr_st_file_close(&g);
 }
 
 /* Greedy continuations on the GPU against transformers' float32 ones; BF16
@@ -310,8 +310,8 @@ static void test_tq6_greedy(void **state)
 {
     (void)state;
     if (!have_tq6_and_gpu()) skip();
-    st_file *g;
-    assert_int_equal(st_file_open(golden_path, &g), FR_OK);
+    fr_st_file *g;
+    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     fr_session s;
     open_tq6_cuda(&s, 4096 / 128 + 4);
     fr_sampler *smp;
@@ -323,7 +323,7 @@ static void test_tq6_greedy(void **state)
         int *ids = golden_ids(g, p, &n);
         char name[32];
         snprintf(name, sizeof name, "p%d.greedy", p);
-        const st_tensor *want = st_file_find(g, name);
+        const fr_st_tensor *want = fr_st_file_find(g, name);
         assert_non_null(want);
         float logits[272];
         if (fr_session_prefill(&s, ids, n, 512, &seq, logits, NULL)) fail_msg("%s", fr_last_error());
@@ -349,7 +349,7 @@ static void test_tq6_greedy(void **state)
     assert_true(matched * 2 >= total);
     fr_sampler_destroy(&smp);
     fr_session_close(&s);
-    st_file_close(&g);
+    fr_st_file_close(&g);
 }
 
 /* Decode path against prefill on the GPU (p3, 511 tokens): both read the
@@ -358,8 +358,8 @@ static void test_tq6_decode_vs_prefill(void **state)
 {
     (void)state;
     if (!have_tq6_and_gpu()) skip();
-    st_file *g;
-    assert_int_equal(st_file_open(golden_path, &g), FR_OK);
+    fr_st_file *g;
+    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     fr_session s;
     open_tq6_cuda(&s, 8);
     int n;
@@ -375,7 +375,7 @@ static void test_tq6_decode_vs_prefill(void **state)
     free(dec);
     free(ids);
     fr_session_close(&s);
-    st_file_close(&g);
+    fr_st_file_close(&g);
 }
 
 /* n samples of one prompt on the GPU: forks share the prompt and, greedy,
@@ -457,11 +457,11 @@ static void test_decode_graphs(void **state)
 {
     (void)state;
     if (!have_tq6_and_gpu()) skip();
-    st_file *g;
-    assert_int_equal(st_file_open(golden_path, &g), FR_OK);
+    fr_st_file *g;
+    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     int n;
     int *ids = golden_ids(g, 6, &n);
-    const st_tensor *want = st_file_find(g, "p6.greedy");
+    const fr_st_tensor *want = fr_st_file_find(g, "p6.greedy");
     assert_non_null(want);
     int toks[64];
     float lps[64];
@@ -480,7 +480,7 @@ static void test_decode_graphs(void **state)
     assert_memory_equal(la, lb, sizeof la);
     printf("  3 samples x 40 tokens (T 0.9, top-k 50, top-p 0.95): graphs and direct launches agree bit for bit\n");
     free(ids);
-    st_file_close(&g);
+    fr_st_file_close(&g);
 }
 
 /* The whole model with an FP4/FP8 cache: tq6 decode-path logits (token by
@@ -489,7 +489,7 @@ static void test_decode_graphs(void **state)
  * full pages): within the same BF16 budget as the BF16 cache (3e-2 of max
  * |logit|), and the mean KL between them printed next to the KL each has
  * from the BF16 cache. */
-static void gpu_vs_cpu_case(const st_file *g, fr_kv_dtype kv, fr_fp4_compute comp)
+static void gpu_vs_cpu_case(const fr_st_file *g, fr_kv_dtype kv, fr_fp4_compute comp)
 {
     int n;
     int *ids = golden_ids(g, 6, &n);
@@ -530,13 +530,13 @@ static void test_tq6_quantized_cache_gpu_vs_cpu(void **state)
 {
     (void)state;
     if (!have_tq6_and_gpu()) skip();
-    st_file *g;
-    assert_int_equal(st_file_open(golden_path, &g), FR_OK);
+    fr_st_file *g;
+    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     gpu_vs_cpu_case(g, FR_KV_NVFP4, FR_COMPUTE_EXACT);
     gpu_vs_cpu_case(g, FR_KV_NVFP4, FR_COMPUTE_BF16);
     gpu_vs_cpu_case(g, FR_KV_MXFP4, FR_COMPUTE_EXACT);
     gpu_vs_cpu_case(g, FR_KV_FP8, FR_COMPUTE_EXACT);
-    st_file_close(&g);
+    fr_st_file_close(&g);
 }
 
 /* Greedy tokens after prompt through fr_session_decode (decode graphs). */
@@ -561,7 +561,7 @@ static void greedy_graph(fr_session *s, const int *prompt, int n, int n_new, int
     free(logits);
 }
 
-/* A weight update on the GPU (rollout/weight_update.h): a session on
+/* A weight update on the GPU (rollout/engine/weight_update.h): a session on
  * synthetic:tiny, its decode graphs already captured, takes synthetic:tiny:7's
  * weights in place; afterwards its logits equal a fresh session's on
  * synthetic:tiny:7 bit for bit and its graphs decode the same tokens. */
@@ -593,7 +593,7 @@ static void test_weight_update_on_gpu(void **state)
         int64_t shape[2];
         assert_int_equal(fr_weight_update_tensor(u, i, &name, &ndim, shape), FR_OK);
         const size_t cnt = (size_t)shape[0] * (size_t)(ndim == 2 ? shape[1] : 1);
-        FR_OK_OR_FAIL(fr_weight_update_put(u, name, FR_WDT_F32, shape, ndim, 0, data + off, cnt * 4));
+        FR_OK_OR_FAIL(fr_weight_update_put(u, name, FR_DTYPE_F32, shape, ndim, 0, data + off, cnt * 4));
         off += cnt;
     }
     assert_int_equal(off, total);

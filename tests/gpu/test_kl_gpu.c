@@ -1,4 +1,4 @@
-/* The divergence on the GPU (rollout/kl_cuda.h) against fr_kl_topk on the
+/* The divergence on the GPU (rollout/engine/kl_cuda.h) against fr_kl_topk on the
  * same logits: kl within 1e-12 absolute plus 1e-9 relative (summation order
  * only), top1_match equal, logp_diff within 1e-12. Cases: Qwen3's vocabulary
  * with close and distant pairs of distributions, a byte vocabulary smaller
@@ -17,8 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "rollout/kl_cuda.h"
-#include "rollout/kl_metrics.h"
+#include "rollout/engine/kl_cuda.h"
+#include "rollout/engine/kl_metrics.h"
 #include "tests/unit/test_util.h"
 
 enum { QWEN_VOCAB = 151936, BYTE_VOCAB = 259 };

@@ -79,8 +79,8 @@ static void test_allreduce_f32(void **state)
     for (size_t i = 0; i < n; i++) h[i] = (float)((W->rank + 1) * (int)(i % 1000) - 7 * W->rank);
     assert_int_equal(cudaMalloc((void **)&d, n * sizeof(float)), cudaSuccess);
     assert_int_equal(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-    fr_comm_status st = fr_nccl_allreduce_sum(N, d, n, FR_COMM_F32, S);
-    fr_comm_status st0 = fr_nccl_allreduce_sum(N, d, 0, FR_COMM_F32, S);
+    fr_comm_status st = fr_nccl_allreduce_sum(N, d, n, FR_DTYPE_F32, S);
+    fr_comm_status st0 = fr_nccl_allreduce_sum(N, d, 0, FR_DTYPE_F32, S);
     cudaError_t e = cudaStreamSynchronize(S);
     if (e == cudaSuccess) e = cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost);
     cudaFree(d);
@@ -106,7 +106,7 @@ static void test_allreduce_bf16(void **state)
     for (size_t i = 0; i < n; i++) h[i] = to_bf16((float)((W->rank + 1) * (int)(i % 17) - 8));
     assert_int_equal(cudaMalloc((void **)&d, n * sizeof(uint16_t)), cudaSuccess);
     assert_int_equal(cudaMemcpy(d, h, n * sizeof(uint16_t), cudaMemcpyHostToDevice), cudaSuccess);
-    fr_comm_status st = fr_nccl_allreduce_sum(N, d, n, FR_COMM_BF16, S);
+    fr_comm_status st = fr_nccl_allreduce_sum(N, d, n, FR_DTYPE_BF16, S);
     cudaError_t e = cudaStreamSynchronize(S);
     if (e == cudaSuccess) e = cudaMemcpy(h, d, n * sizeof(uint16_t), cudaMemcpyDeviceToHost);
     cudaFree(d);
@@ -168,7 +168,7 @@ static void test_graph_replay(void **state)
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
     cudaError_t e = cudaStreamBeginCapture(S, cudaStreamCaptureModeThreadLocal);
-    fr_comm_status st = fr_nccl_allreduce_sum(N, d, n, FR_COMM_F32, S);
+    fr_comm_status st = fr_nccl_allreduce_sum(N, d, n, FR_DTYPE_F32, S);
     cudaError_t e2 = cudaStreamEndCapture(S, &graph);
     if (e == cudaSuccess) e = e2;
     if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
@@ -214,10 +214,10 @@ static void test_bad_arguments(void **state)
     assert_int_equal(fr_nccl_bcast(N, d, 4, W->size, S), FR_COMM_EINVAL);
     assert_msg_has("root");
     assert_int_equal(fr_nccl_bcast(N, d, 4, -1, S), FR_COMM_EINVAL);
-    assert_int_equal(fr_nccl_allreduce_sum(N, NULL, 4, FR_COMM_F32, S), FR_COMM_EINVAL);
-    assert_int_equal(fr_nccl_allreduce_sum(N, d, 4, (fr_comm_dtype)7, S), FR_COMM_EINVAL);
+    assert_int_equal(fr_nccl_allreduce_sum(N, NULL, 4, FR_DTYPE_F32, S), FR_COMM_EINVAL);
+    assert_int_equal(fr_nccl_allreduce_sum(N, d, 4, (fr_dtype)7, S), FR_COMM_EINVAL);
     assert_msg_has("dtype");
-    assert_int_equal(fr_nccl_allreduce_sum(NULL, d, 4, FR_COMM_F32, S), FR_COMM_EINVAL);
+    assert_int_equal(fr_nccl_allreduce_sum(NULL, d, 4, FR_DTYPE_F32, S), FR_COMM_EINVAL);
     assert_int_equal(fr_nccl_group_check(NULL), FR_COMM_EINVAL);
     assert_int_equal(fr_nccl_group_new(NULL, NULL), FR_COMM_EINVAL);
     assert_int_equal(fr_nccl_group_device(NULL), -1);

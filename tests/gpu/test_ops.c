@@ -1,5 +1,5 @@
-/* The CUDA ops of the forward pass (rollout/ops_cuda.h) and the matrix
- * products (rollout/gemm_cuda.h), each against its CPU op (rollout/ops_cpu.h)
+/* The CUDA ops of the forward pass (rollout/model/ops_cuda.h) and the matrix
+ * products (rollout/model/gemm_cuda.h), each against its CPU op (rollout/model/ops_cpu.h)
  * on the same inputs: the CPU op gets the BF16-rounded values the GPU sees.
  * Without a CUDA device every GPU test is skipped with a message.
  *
@@ -56,9 +56,9 @@
 #include <cuda_runtime.h>
 
 #include "attention/fp_formats.h"
-#include "rollout/gemm_cuda.h"
-#include "rollout/ops_cpu.h"
-#include "rollout/ops_cuda.h"
+#include "rollout/model/gemm_cuda.h"
+#include "rollout/model/ops_cpu.h"
+#include "rollout/model/ops_cuda.h"
 #include "tests/unit/test_util.h"
 
 /* Qwen3-4B */

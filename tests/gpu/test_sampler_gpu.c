@@ -1,5 +1,5 @@
-/* The GPU sampler (rollout/sampler_cuda.h) against the CPU sampler
- * (rollout/sampler.h) on the same logits and parameters.
+/* The GPU sampler (rollout/model/sampler_cuda.h) against the CPU sampler
+ * (rollout/model/sampler.h) on the same logits and parameters.
  *
  * Every row must get fr_sample's token and a log-prob within 1e-5 of
  * fr_sample's. The one allowance, as docs/sampling.md describes: on rows with
@@ -28,9 +28,9 @@
 
 #include <cuda_runtime.h>
 
-#include "rollout/philox.h"
-#include "rollout/sampler.h"
-#include "rollout/sampler_cuda.h"
+#include "rollout/model/philox.h"
+#include "rollout/model/sampler.h"
+#include "rollout/model/sampler_cuda.h"
 #include "tests/unit/test_util.h"
 
 enum { QWEN_VOCAB = 151936, SMALL_VOCAB = 272 };

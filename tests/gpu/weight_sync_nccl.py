@@ -10,7 +10,7 @@ import sys
 import time
 
 here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(here, "..", "..", "trainer_bridge", "python"))
+sys.path.insert(0, os.path.join(here, "..", "..", "trainer_bridge", "client", "python"))
 sys.path.insert(0, os.path.join(here, "..", "integration"))
 from fp4rollout_client import RolloutClient, ServerError  # noqa: E402
 

@@ -54,7 +54,7 @@ BUILD="$build" timeout 300 $py "$ex/train.py" --server "$ep" --model "$tq6" --ou
 # 4. What the run left behind, and the server's view of it.
 BUILD="$build" $py - "$dir/run" "$ep" <<'PY' || fail "checks of the run failed; train.log: $(tail -5 "$dir/train.log")"
 import csv, json, math, os, sys
-sys.path.insert(0, os.path.join("trainer_bridge", "python"))
+sys.path.insert(0, os.path.join("trainer_bridge", "client", "python"))
 from fp4rollout_client import RolloutClient
 run, ep = sys.argv[1], sys.argv[2]
 

@@ -30,7 +30,7 @@ done
 grep -q "metrics on http://127.0.0.1:$mport/metrics" "$dir/serve.log" || fail "no metrics endpoint announced"
 grep -q "metrics snapshots on tcp://127.0.0.1:$pport" "$dir/serve.log" || fail "no metrics PUB socket announced"
 # a trainer-side subscriber, joined before the requests, logs every snapshot
-PYTHONPATH=trainer_bridge/python $py - "tcp://127.0.0.1:$pport" "$dir/sub.jsonl" "$dir/sub.ready" <<'PY' > "$dir/sub.log" 2>&1 &
+PYTHONPATH=trainer_bridge/client/python $py - "tcp://127.0.0.1:$pport" "$dir/sub.jsonl" "$dir/sub.ready" <<'PY' > "$dir/sub.log" 2>&1 &
 import json, sys, time
 from fp4rollout_client import MetricsSubscriber
 with MetricsSubscriber(sys.argv[1]) as sub, open(sys.argv[2], "w") as out:

@@ -132,7 +132,7 @@ same_as "$dir/tp2_11.jsonl" "$dir/ref11.jsonl" 1e-4
 
 BUILD="$build" timeout 120 $py - "$tp2_ep" "$ref_ep" "$fresh_ep" "$dir/w7.bin" "$dir/w7.jsonl" <<'PY' || fail "the Python checks failed"
 import json, os, random, sys
-sys.path.insert(0, os.path.join(os.getcwd(), "trainer_bridge", "python"))
+sys.path.insert(0, os.path.join(os.getcwd(), "trainer_bridge", "client", "python"))
 import numpy as np
 from fp4rollout_client import RolloutClient, ServerError, load_exported
 

@@ -1,4 +1,4 @@
-"""The Python ctypes client (trainer_bridge/python/fp4rollout_client) against a running `fp4rollout
+"""The Python ctypes client (trainer_bridge/client/python/fp4rollout_client) against a running `fp4rollout
 serve`; started by serve_bridge.sh.
 
 usage: serve_python.py ENDPOINT PROMPTS REFERENCE_JSONL
@@ -10,7 +10,7 @@ import math
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "trainer_bridge", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "trainer_bridge", "client", "python"))
 from fp4rollout_client import RolloutClient, ServerError  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """Weight updates, divergence fields and CURVE through the Python ctypes client
-(trainer_bridge/python/fp4rollout_client) against real `fp4rollout serve`
+(trainer_bridge/client/python/fp4rollout_client) against real `fp4rollout serve`
 processes; started by serve_weights.sh.
 
 usage: serve_weights.py MAIN_EP FRESH7_EP CURVE_EP CURVE_KEYS_JSON WEIGHTS_BIN WEIGHTS_INDEX CURVE_PUB_EP
@@ -12,7 +12,7 @@ import random
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "trainer_bridge", "python"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "trainer_bridge", "client", "python"))
 import numpy as np  # noqa: E402
 from fp4rollout_client import (ClientError, MetricsSubscriber, RolloutClient, ServerError, group_by_prompt,  # noqa: E402
                                load_exported, mismatch_metrics)

@@ -15,8 +15,8 @@
 
 #include "attention/fp_formats.h"
 #include "attention/prob_quant.h"
-#include "rollout/calibrate.h"
-#include "rollout/session.h"
+#include "rollout/monitor/calibrate.h"
+#include "rollout/engine/session.h"
 #include "test_util.h"
 
 static int *random_text(fr_test_rng *rng, int n)
@@ -218,7 +218,7 @@ static void write_st(const char *path, const tensor_spec *t, int n)
 static void expect_load_error(const char *path, const fr_model_config *cfg, const char *needle)
 {
     fr_calib c;
-    fr_status st = fr_calib_load(path, cfg, &c);
+    fr_status st = fr_calib_load(path, fr_model_calib_dims(cfg), &c);
     if (st == FR_OK) fail_msg("%s loaded, expected an error with '%s'", path, needle);
     if (!strstr(fr_last_error(), needle)) fail_msg("error '%s' lacks '%s'", fr_last_error(), needle);
     assert_null(c.key_mean);
@@ -238,8 +238,8 @@ static void test_calib_file_round_trip(void **state)
     snprintf(path, sizeof path, "%s/calib.safetensors", tmpdir);
 
     fr_calib c = {.key_mean = km, .tau = fr_tau_candidate(7), .has_tau = 1, .fp8_scales = fs}, back;
-    assert_int_equal(fr_calib_save(path, &cfg, &c), FR_OK);
-    assert_int_equal(fr_calib_load(path, &cfg, &back), FR_OK);
+    assert_int_equal(fr_calib_save(path, fr_model_calib_dims(&cfg), &c), FR_OK);
+    assert_int_equal(fr_calib_load(path, fr_model_calib_dims(&cfg), &back), FR_OK);
     assert_memory_equal(back.key_mean, km, sizeof km);
     assert_non_null(back.fp8_scales);
     assert_memory_equal(back.fp8_scales, fs, sizeof fs);
@@ -249,8 +249,8 @@ static void test_calib_file_round_trip(void **state)
 
     /* without FP8 scales */
     c.fp8_scales = NULL;
-    assert_int_equal(fr_calib_save(path, &cfg, &c), FR_OK);
-    assert_int_equal(fr_calib_load(path, &cfg, &back), FR_OK);
+    assert_int_equal(fr_calib_save(path, fr_model_calib_dims(&cfg), &c), FR_OK);
+    assert_int_equal(fr_calib_load(path, fr_model_calib_dims(&cfg), &back), FR_OK);
     assert_memory_equal(back.key_mean, km, sizeof km);
     assert_null(back.fp8_scales);
     assert_true(back.tau == c.tau);
@@ -258,17 +258,17 @@ static void test_calib_file_round_trip(void **state)
 
     /* the saver refuses what the loader would refuse */
     c.tau = 7.0f;
-    assert_int_equal(fr_calib_save(path, &cfg, &c), FR_EINVAL);
+    assert_int_equal(fr_calib_save(path, fr_model_calib_dims(&cfg), &c), FR_EINVAL);
     assert_non_null(strstr(fr_last_error(), "tau"));
     c.tau = FR_P_TAU;
     km[5] = NAN;
-    assert_int_equal(fr_calib_save(path, &cfg, &c), FR_EINVAL);
+    assert_int_equal(fr_calib_save(path, fr_model_calib_dims(&cfg), &c), FR_EINVAL);
     assert_non_null(strstr(fr_last_error(), "not finite"));
     km[5] = 0.0f;
     c.key_mean = NULL;
-    assert_int_equal(fr_calib_save(path, &cfg, &c), FR_EINVAL);
+    assert_int_equal(fr_calib_save(path, fr_model_calib_dims(&cfg), &c), FR_EINVAL);
     /* a failed save leaves the earlier file whole */
-    assert_int_equal(fr_calib_load(path, &cfg, &back), FR_OK);
+    assert_int_equal(fr_calib_load(path, fr_model_calib_dims(&cfg), &back), FR_OK);
     fr_calib_free(&back);
 
     /* loaded by the engine: generate/score open a session with --calib */
@@ -278,7 +278,7 @@ static void test_calib_file_round_trip(void **state)
     size_t mk = (size_t)mc->num_layers * mc->num_kv_heads * mc->head_dim;
     float *mean = calloc(mk, sizeof(float));
     fr_calib mcal = {.key_mean = mean, .tau = fr_tau_candidate(9), .has_tau = 1};
-    assert_int_equal(fr_calib_save(path, mc, &mcal), FR_OK);
+    assert_int_equal(fr_calib_save(path, fr_model_calib_dims(mc), &mcal), FR_OK);
     fr_engine_opts eo;
     fr_engine_opts_default(&eo);
     eo.backend = FR_BACKEND_CPU;

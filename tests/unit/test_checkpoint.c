@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "rollout/checkpoint.h"
+#include "rollout/model/checkpoint.h"
 #include "tests/unit/test_util.h"
 
 static const char *CONFIG =
@@ -253,7 +253,7 @@ static void test_folder_defects(void **state)
     assert_null(fr_checkpoint_config(NULL));
 }
 
-static float bf16_at(const st_tensor *t, size_t i)
+static float bf16_at(const fr_st_tensor *t, size_t i)
 {
     const uint8_t *p = (const uint8_t *)t->data + 2 * i;
     uint32_t u = ((uint32_t)p[0] | (uint32_t)p[1] << 8) << 16;
@@ -293,8 +293,8 @@ static void test_tq6(void **state)
     if (fr_checkpoint_load_f32(c, "model.layers.5.mlp.down_proj.weight", 2, down_shape, down) != FR_OK)
         fail_msg("%s", fr_last_error());
     /* Spot-check against the raw bf16 bytes, and that real weights arrived. */
-    const st_tensor *t = fr_checkpoint_find(c, "model.layers.5.mlp.down_proj.weight");
-    assert_int_equal(t->dtype, ST_BF16);
+    const fr_st_tensor *t = fr_checkpoint_find(c, "model.layers.5.mlp.down_proj.weight");
+    assert_int_equal(t->dtype, FR_DTYPE_BF16);
     double sumsq = 0;
     for (size_t i = 0; i < 512 * 1536; i += 997) {
         assert_true(down[i] == bf16_at(t, i));

@@ -1,4 +1,4 @@
-/* Divergence monitoring (rollout/divergence.h): summaries and aggregates by
+/* Divergence monitoring (rollout/engine/divergence.h): summaries and aggregates by
  * weight version and position bucket; the BF16 shadow over a serving
  * session's weights: a shadow of a BF16 session, teacher-forced beside it,
  * measures zero (to float rounding). The comparison with eval-kl on tq6
@@ -16,7 +16,7 @@
 
 #include <cblas.h>
 
-#include "rollout/divergence.h"
+#include "rollout/engine/divergence.h"
 
 static void test_summaries_and_buckets(void **state)
 {

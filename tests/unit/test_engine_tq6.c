@@ -11,10 +11,10 @@
 
 #include <cmocka.h>
 
-#include "rollout/kl_metrics.h"
-#include "rollout/safetensors.h"
-#include "rollout/sampler.h"
-#include "rollout/session.h"
+#include "rollout/engine/kl_metrics.h"
+#include "base/safetensors.h"
+#include "rollout/model/sampler.h"
+#include "rollout/engine/session.h"
 #include "test_util.h"
 
 static char model_dir[4096], golden_path[4096];
@@ -28,18 +28,18 @@ static int have_tq6(void)
     return 1;
 }
 
-static const st_tensor *golden(const st_file *g, int p, const char *what)
+static const fr_st_tensor *golden(const fr_st_file *g, int p, const char *what)
 {
     char name[64];
     snprintf(name, sizeof name, "p%d.%s", p, what);
-    const st_tensor *t = st_file_find(g, name);
+    const fr_st_tensor *t = fr_st_file_find(g, name);
     assert_non_null(t);
     return t;
 }
 
-static int *golden_ids(const st_file *g, int p, int *n)
+static int *golden_ids(const fr_st_file *g, int p, int *n)
 {
-    const st_tensor *t = golden(g, p, "ids");
+    const fr_st_tensor *t = golden(g, p, "ids");
     *n = (int)t->shape[0];
     int *ids = malloc(sizeof(int) * (size_t)*n);
     memcpy(ids, t->data, sizeof(int) * (size_t)*n);
@@ -94,25 +94,25 @@ static void test_prefill_matches_golden(void **state)
 {
     (void)state;
     if (!have_tq6()) skip();
-    st_file *g;
-    assert_int_equal(st_file_open(golden_path, &g), FR_OK);
+    fr_st_file *g;
+    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     for (int p = 0; p < 7; p++) {
         int n;
         int *ids = golden_ids(g, p, &n);
         fr_session s;
         open_session(&s, FR_KV_BF16, n, n);
         float *ours = score(&s, ids, n, 0);
-        const st_tensor *t = golden(g, p, "logits_f32");
-        size_t count = st_tensor_numel(t);
+        const fr_st_tensor *t = golden(g, p, "logits_f32");
+        size_t count = fr_st_tensor_numel(t);
         float *ref = malloc(sizeof(float) * count);
-        assert_int_equal(st_tensor_to_f32(t, ref, count), FR_OK);
+        assert_int_equal(fr_st_tensor_to_f32(t, ref, count), FR_OK);
         float d = max_diff(ours, ref, count), m = max_abs(ref, count);
         printf("  p%d (%5d tokens): max |diff| %.3g, max |golden| %.3g, ratio %.2e\n", p, n, d, m, d / m);
         assert_true(d <= 1e-3f * m);
         free(ref); free(ours); free(ids);
         fr_session_close(&s);
     }
-    st_file_close(&g);
+    fr_st_file_close(&g);
 }
 
 /* The decode path (token by token through the cache) against one prefill.
@@ -125,8 +125,8 @@ static void test_decode_matches_prefill(void **state)
 {
     (void)state;
     if (!have_tq6()) skip();
-    st_file *g;
-    assert_int_equal(st_file_open(golden_path, &g), FR_OK);
+    fr_st_file *g;
+    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     const int prompts[] = {1, 2, 3, 6};
     const fr_kv_dtype dtypes[] = {FR_KV_F32, FR_KV_BF16};
     const float bound[] = {1e-3f, 4e-3f};
@@ -146,7 +146,7 @@ static void test_decode_matches_prefill(void **state)
             free(pre); free(dec); free(ids);
             fr_session_close(&s);
         }
-    st_file_close(&g);
+    fr_st_file_close(&g);
 }
 
 /* Greedy continuations equal transformers' 64 tokens. */
@@ -154,15 +154,15 @@ static void test_greedy_matches_golden(void **state)
 {
     (void)state;
     if (!have_tq6()) skip();
-    st_file *g;
-    assert_int_equal(st_file_open(golden_path, &g), FR_OK);
+    fr_st_file *g;
+    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     fr_sampler *smp;
     assert_int_equal(fr_sampler_new(272, &smp), FR_OK);
     fr_sampling_params greedy = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
     for (int p = 0; p < 7; p++) {
         int n;
         int *ids = golden_ids(g, p, &n);
-        const st_tensor *want = golden(g, p, "greedy");
+        const fr_st_tensor *want = golden(g, p, "greedy");
         int n_new = (int)want->shape[0], seq, tok;
         fr_session s;
         open_session(&s, FR_KV_BF16, n + n_new, 512);
@@ -185,7 +185,7 @@ static void test_greedy_matches_golden(void **state)
         fr_session_close(&s);
     }
     fr_sampler_destroy(&smp);
-    st_file_close(&g);
+    fr_st_file_close(&g);
 }
 
 /* An NVFP4 cache changes the decode-path logits (the cache really is 4-bit)
@@ -194,8 +194,8 @@ static void test_nvfp4_decode_close(void **state)
 {
     (void)state;
     if (!have_tq6()) skip();
-    st_file *g;
-    assert_int_equal(st_file_open(golden_path, &g), FR_OK);
+    fr_st_file *g;
+    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     const int prompts[] = {3, 6};
     double kl_sum = 0.0;
     long positions = 0, agree = 0;
@@ -224,7 +224,7 @@ static void test_nvfp4_decode_close(void **state)
     printf("  nvfp4 (full recipe, no calibration) vs bf16 decode path: mean KL %.3f e-3 nats, "
            "top-1 agreement %.2f%% over %ld positions\n", 1e3 * mean, 100.0 * agree / positions, positions);
     assert_true(mean > 0.0 && mean < 0.02);
-    st_file_close(&g);
+    fr_st_file_close(&g);
 }
 
 int main(void)

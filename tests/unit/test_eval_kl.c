@@ -14,8 +14,8 @@
 #include <cblas.h>
 #include <cmocka.h>
 
-#include "rollout/calibrate.h"
-#include "rollout/eval_kl.h"
+#include "rollout/monitor/calibrate.h"
+#include "rollout/monitor/eval_kl.h"
 #include "test_util.h"
 
 static void test_config_names(void **state)

@@ -1,5 +1,5 @@
-/* Serving metrics (rollout/metrics.h, rollout/metrics_http.h,
- * trainer_bridge/metrics_pub.h, metrics_sub.h): the Prometheus text and JSON
+/* Serving metrics (rollout/monitor/metrics.h, rollout/monitor/metrics_http.h,
+ * trainer_bridge/server/metrics_pub.h, metrics_sub.h): the Prometheus text and JSON
  * of a snapshot, the HTTP endpoint serving them and the dashboard over a real
  * socket on loopback, and the msgpack snapshots on a PUB socket read back
  * by a subscriber. */
@@ -23,8 +23,10 @@
 #include <time.h>
 #include <zmq.h>
 
-#include "rollout/metrics_http.h"
-#include "trainer_bridge/metrics_pub.h"
+#include "base/clock.h"
+#include "rollout/monitor/metrics_http.h"
+#include "trainer_bridge/client/metrics_sub.h"
+#include "trainer_bridge/server/metrics_pub.h"
 
 static void snapshot(fr_metrics_snapshot *s)
 {
@@ -203,13 +205,6 @@ static void test_msgpack(void **state)
     msgpack_sbuffer_destroy(&sb);
 }
 
-static double seconds(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static void test_pub_sub(void **state)
 {
     (void)state;
@@ -230,8 +225,8 @@ static void test_pub_sub(void **state)
      * until one arrives */
     fr_metrics_snapshot s;
     snapshot(&s);
-    const double t0 = seconds();
-    while (!json && seconds() - t0 < 10.0) {
+    const double t0 = fr_now_s();
+    while (!json && fr_now_s() - t0 < 10.0) {
         assert_int_equal(fr_metrics_pub_send(pub, &s), FR_OK);
         assert_int_equal(fr_metrics_sub_next(sub, 20, &json), FR_OK);
     }

@@ -13,8 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "rollout/checkpoint.h"
-#include "rollout/model.h"
+#include "rollout/model/checkpoint.h"
+#include "rollout/model/model.h"
 #include "tests/unit/test_util.h"
 
 static void assert_msg_has(const char *needle)

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout/model_config.h"
+#include "rollout/model/model_config.h"
 #include "tests/unit/test_util.h"
 
 #define LABEL "cfg/config.json"

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout/ops_cpu.h"
+#include "rollout/model/ops_cpu.h"
 #include "tests/unit/test_util.h"
 
 static float *randn(fr_test_rng *r, size_t n, float scale)

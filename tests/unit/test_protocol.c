@@ -1,4 +1,4 @@
-/* The trainer bridge's protocol codec (trainer_bridge/protocol.h): every
+/* The trainer bridge's protocol codec (trainer_bridge/protocol/protocol.h): every
  * message type encoded and decoded back field by field, and every way a
  * frame can be refused (not msgpack, not a map, type and version, missing,
  * unknown, repeated and mistyped keys, values out of range), each with a
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trainer_bridge/protocol.h"
+#include "trainer_bridge/protocol/protocol.h"
 
 static void assert_msg_has(const char *needle)
 {

@@ -1,5 +1,5 @@
 /* Weight updates on the wire (docs/protocol.md, update_weights) and the
- * server's staging of them (trainer_bridge/update.h): the update messages
+ * server's staging of them (trainer_bridge/server/update.h): the update messages
  * and the new generate, done and stats keys round trip; malformed ones are
  * refused naming the problem; a whole synthetic:tiny:7 model sent in small
  * buckets stages bit-exactly, and each broken update (unknown tensor, wrong
@@ -18,11 +18,11 @@
 #include <xxhash.h>
 #include <zmq.h>
 
-#include "rollout/model.h"
-#include "trainer_bridge/client.h"
-#include "trainer_bridge/client_internal.h"
-#include "trainer_bridge/protocol.h"
-#include "trainer_bridge/update.h"
+#include "rollout/model/model.h"
+#include "trainer_bridge/client/client.h"
+#include "trainer_bridge/client/client_internal.h"
+#include "trainer_bridge/protocol/protocol.h"
+#include "trainer_bridge/server/update.h"
 
 static void assert_msg_has(const char *needle)
 {
@@ -39,7 +39,7 @@ static void round_trip(const fr_msg *m, fr_msg *out)
     assert_int_equal(out->type, m->type);
 }
 
-static fr_msg_tensor tensor(const char *name, fr_wire_dtype dt, int ndim, int64_t d0, int64_t d1)
+static fr_msg_tensor tensor(const char *name, fr_dtype dt, int ndim, int64_t d0, int64_t d1)
 {
     fr_msg_tensor t = {.dtype = dt, .ndim = ndim, .shape = {d0, d1}};
     snprintf(t.name, sizeof t.name, "%s", name);
@@ -50,8 +50,8 @@ static void test_update_messages_round_trip(void **state)
 {
     (void)state;
     fr_msg m, d;
-    fr_msg_tensor ts[2] = {tensor("model.norm.weight", FR_DT_F32, 1, 64, 0),
-                           tensor("lm_head.weight", FR_DT_BF16, 2, 272, 64)};
+    fr_msg_tensor ts[2] = {tensor("model.norm.weight", FR_DTYPE_F32, 1, 64, 0),
+                           tensor("lm_head.weight", FR_DTYPE_BF16, 2, 272, 64)};
     fr_msg_init(&m, FR_MSG_UPDATE_BEGIN);
     m.u.update_begin = (fr_msg_update_begin){.version = 7, .tensors = ts, .n_tensors = 2,
                                              .total_bytes = 64 * 4 + 272 * 64 * 2, .bucket_bytes = 1 << 20};
@@ -90,7 +90,7 @@ static void test_update_messages_round_trip(void **state)
         assert_memory_equal(&d.u.update_reply, &m.u.update_reply, sizeof m.u.update_reply);
     }
     const char *dt[] = {"f32", "bf16", "f16"};
-    for (int i = 0; i < 3; i++) assert_string_equal(fr_wire_dtype_name((fr_wire_dtype)i), dt[i]);
+    for (int i = 0; i < 3; i++) assert_string_equal(fr_dtype_name((fr_dtype)i), dt[i]);
     assert_int_equal(fr_msg_tensor_bytes(&ts[1]), 272 * 64 * 2);
 }
 
@@ -169,7 +169,7 @@ static void test_update_messages_refused(void **state)
 {
     (void)state;
     fr_msg m;
-    fr_msg_tensor ts[2] = {tensor("a", FR_DT_F32, 1, 4, 0), tensor("a", FR_DT_F32, 1, 4, 0)};
+    fr_msg_tensor ts[2] = {tensor("a", FR_DTYPE_F32, 1, 4, 0), tensor("a", FR_DTYPE_F32, 1, 4, 0)};
     fr_msg_init(&m, FR_MSG_UPDATE_BEGIN);
     m.u.update_begin = (fr_msg_update_begin){.version = 1, .tensors = ts, .n_tensors = 1, .total_bytes = 15,
                                              .bucket_bytes = 8};
@@ -196,7 +196,7 @@ static void test_update_messages_refused(void **state)
     assert_int_equal(d.type, FR_MSG_NONE);
     free(data);
 
-    fr_msg_piece p = {.t = tensor("b", FR_DT_BF16, 2, 2, 3), .offset = 2, .nbytes = 12};
+    fr_msg_piece p = {.t = tensor("b", FR_DTYPE_BF16, 2, 2, 3), .offset = 2, .nbytes = 12};
     fr_msg_init(&m, FR_MSG_UPDATE_BUCKET);
     m.u.update_bucket = (fr_msg_update_bucket){.version = 1, .bucket = 0, .pieces = &p, .n_pieces = 1};
     expect_encode_refused(&m, "bytes [2, 14) run past the tensor's 12 bytes");
@@ -238,8 +238,8 @@ static void test_nccl_messages(void **state)
     free(json);
     fr_msg_free(&d);
 
-    fr_msg_tensor ts[2] = {tensor("model.norm.weight", FR_DT_F32, 1, 64, 0),
-                           tensor("lm_head.weight", FR_DT_BF16, 2, 272, 64)};
+    fr_msg_tensor ts[2] = {tensor("model.norm.weight", FR_DTYPE_F32, 1, 64, 0),
+                           tensor("lm_head.weight", FR_DTYPE_BF16, 2, 272, 64)};
     fr_msg_init(&m, FR_MSG_UPDATE_BEGIN);
     m.u.update_begin = (fr_msg_update_begin){.version = 9, .tensors = ts, .n_tensors = 2,
                                              .total_bytes = 64 * 4 + 272 * 64 * 2, .bucket_bytes = 1 << 20, .nccl = 1};
@@ -390,7 +390,7 @@ static void test_client_nccl_without_device(void **state)
 #endif
     int64_t shape[1] = {4};
     float dev[4] = {0};
-    fr_client_tensor t = {.name = "model.norm.weight", .dtype = FR_DT_F32, .ndim = 1, .shape = shape, .data = dev};
+    fr_client_tensor t = {.name = "model.norm.weight", .dtype = FR_DTYPE_F32, .ndim = 1, .shape = shape, .data = dev};
     fr_status st = fr_client_update_weights_nccl(c, &t, 1, 2, NULL, NULL, NULL);
 #ifdef FR_HAVE_CUDA
     assert_int_equal(st, FR_EINVAL);
@@ -477,7 +477,7 @@ static void test_client_settle_drops_stale_answers(void **state)
 /* ---- staging --------------------------------------------------------------- */
 
 /* The float32 data of tensor `name` of model m (the names of
- * rollout/weight_update.h), or NULL. */
+ * rollout/engine/weight_update.h), or NULL. */
 static const float *model_tensor(const fr_model *m, const char *name)
 {
     const fr_weights *w = &m->w;
@@ -524,7 +524,7 @@ static void source_load(source *s, const char *spec)
         int ndim;
         int64_t shape[2];
         assert_int_equal(fr_weight_update_tensor(names, i, &name, &ndim, shape), FR_OK);
-        s->t[i] = tensor(name, FR_DT_F32, ndim, shape[0], shape[1]);
+        s->t[i] = tensor(name, FR_DTYPE_F32, ndim, shape[0], shape[1]);
         s->data[i] = model_tensor(s->src, name);
         assert_non_null(s->data[i]);
         s->total += fr_msg_tensor_bytes(&s->t[i]);
@@ -669,7 +669,7 @@ static void test_staging_failures(void **state)
     w.n_frames = 3;
     expect_code(fr_bridge_update_bucket(u, &bk, &w, &code), &code, "bad_bucket", "carries 2 payload frames");
     w.n_frames = 2;
-    pieces[0].t.dtype = FR_DT_F16;
+    pieces[0].t.dtype = FR_DTYPE_F16;
     pieces[0].nbytes /= 2;
     expect_code(fr_bridge_update_bucket(u, &bk, &w, &code), &code, "bad_bucket", "its frame holds");
     fr_wire_msg_free(&w);

@@ -1,4 +1,4 @@
-/* The automatic recalibration policy (rollout/recalibrate.h) on the CPU
+/* The automatic recalibration policy (rollout/monitor/recalibrate.h) on the CPU
  * backend with synthetic:tiny and an NVFP4 cache, every sample monitored:
  * nothing happens below min_positions or the threshold; past them the key
  * mean is recalibrated once for the version (equal to fr_calibrate's on the
@@ -17,8 +17,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "rollout/calibrate.h"
-#include "rollout/recalibrate.h"
+#include "rollout/monitor/calibrate.h"
+#include "rollout/monitor/recalibrate.h"
 #include "tests/unit/test_util.h"
 
 static char dir[] = "/tmp/fr_recal_XXXXXX";
@@ -133,7 +133,7 @@ static void test_policy(void **state)
     char path[160];
     snprintf(path, sizeof path, "%s/calib-v0.safetensors", dir);
     fr_calib back = {0};
-    assert_int_equal(fr_calib_load(path, mc, &back), FR_OK);
+    assert_int_equal(fr_calib_load(path, fr_model_calib_dims(mc), &back), FR_OK);
     assert_memory_equal(back.key_mean, want.key_mean, sizeof(float) * n);
     fr_calib_free(&back);
     /* once per version */

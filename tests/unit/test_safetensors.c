@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "rollout/safetensors.h"
+#include "base/safetensors.h"
 #include "tests/unit/test_util.h"
 
 #define LABEL "bad.safetensors"
@@ -44,8 +44,8 @@ static void expect_reject(const char *header, size_t data_len, fr_status want, c
     assert_true(data_len <= sizeof data);
     size_t len;
     uint8_t *b = image(header, data, data_len, &len);
-    st_header *h = (st_header *)1;
-    fr_status rc = st_parse_header(b, len, LABEL, &h);
+    fr_st_header *h = (fr_st_header *)1;
+    fr_status rc = fr_st_parse_header(b, len, LABEL, &h);
     free(b);
     if (rc != want) fail_msg("header %s: got status %d (%s), want %d", header, rc, fr_last_error(), want);
     assert_null(h);
@@ -56,14 +56,14 @@ static void expect_reject(const char *header, size_t data_len, fr_status want, c
 static void test_dtype_table(void **state)
 {
     (void)state;
-    assert_int_equal(st_dtype_size(ST_F32), 4);
-    assert_int_equal(st_dtype_size(ST_BF16), 2);
-    assert_int_equal(st_dtype_size(ST_F64), 8);
-    assert_int_equal(st_dtype_size(ST_BOOL), 1);
-    assert_string_equal(st_dtype_name(ST_I64), "I64");
-    assert_string_equal(st_dtype_name(ST_U8), "U8");
-    assert_int_equal(st_dtype_size((st_dtype)99), 0);
-    assert_string_equal(st_dtype_name((st_dtype)-1), "?");
+    assert_int_equal(fr_dtype_size(FR_DTYPE_F32), 4);
+    assert_int_equal(fr_dtype_size(FR_DTYPE_BF16), 2);
+    assert_int_equal(fr_dtype_size(FR_DTYPE_F64), 8);
+    assert_int_equal(fr_dtype_size(FR_DTYPE_BOOL), 1);
+    assert_string_equal(fr_dtype_file_name(FR_DTYPE_I64), "I64");
+    assert_string_equal(fr_dtype_file_name(FR_DTYPE_U8), "U8");
+    assert_int_equal(fr_dtype_size((fr_dtype)99), 0);
+    assert_string_equal(fr_dtype_file_name((fr_dtype)-1), "?");
 }
 
 static void test_parse_valid(void **state)
@@ -81,44 +81,44 @@ static void test_parse_valid(void **state)
     for (int i = 0; i < 17; i++) data[i] = (uint8_t)i;
     size_t len;
     uint8_t *b = image(hdr, data, sizeof data, &len);
-    st_header *h = NULL;
-    assert_int_equal(st_parse_header(b, len, "ok", &h), FR_OK);
-    assert_int_equal(st_header_count(h), 4);
-    assert_string_equal(st_header_tensor(h, 0)->name, "alpha");
-    assert_string_equal(st_header_tensor(h, 3)->name, "zeta");
-    assert_null(st_header_tensor(h, 4));
-    assert_null(st_header_tensor(h, -1));
-    assert_null(st_header_find(h, "__metadata__"));
-    assert_null(st_header_find(h, "nope"));
+    fr_st_header *h = NULL;
+    assert_int_equal(fr_st_parse_header(b, len, "ok", &h), FR_OK);
+    assert_int_equal(fr_st_header_count(h), 4);
+    assert_string_equal(fr_st_header_tensor(h, 0)->name, "alpha");
+    assert_string_equal(fr_st_header_tensor(h, 3)->name, "zeta");
+    assert_null(fr_st_header_tensor(h, 4));
+    assert_null(fr_st_header_tensor(h, -1));
+    assert_null(fr_st_header_find(h, "__metadata__"));
+    assert_null(fr_st_header_find(h, "nope"));
 
-    const st_tensor *t = st_header_find(h, "zeta");
+    const fr_st_tensor *t = fr_st_header_find(h, "zeta");
     assert_non_null(t);
-    assert_int_equal(t->dtype, ST_I32);
+    assert_int_equal(t->dtype, FR_DTYPE_I32);
     assert_int_equal(t->ndim, 1);
     assert_int_equal(t->shape[0], 2);
     assert_int_equal(t->nbytes, 8);
     assert_ptr_equal(t->data, b + len - 17 + 8);
 
-    t = st_header_find(h, "alpha");
+    t = fr_st_header_find(h, "alpha");
     assert_int_equal(t->ndim, 0);
-    assert_int_equal(st_tensor_numel(t), 1);
+    assert_int_equal(fr_st_tensor_numel(t), 1);
     assert_int_equal(*(const uint8_t *)t->data, 16);
 
-    t = st_header_find(h, "empty");
-    assert_int_equal(st_tensor_numel(t), 0);
-    assert_int_equal(st_tensor_to_f32(t, NULL, 0), FR_OK);
-    st_header_free(&h);
+    t = fr_st_header_find(h, "empty");
+    assert_int_equal(fr_st_tensor_numel(t), 0);
+    assert_int_equal(fr_st_tensor_to_f32(t, NULL, 0), FR_OK);
+    fr_st_header_free(&h);
     assert_null(h);
-    st_header_free(&h); /* idempotent */
-    st_header_free(NULL);
+    fr_st_header_free(&h); /* idempotent */
+    fr_st_header_free(NULL);
     free(b);
 
     /* An empty object is a valid file with no tensors. */
     b = image("{}", NULL, 0, &len);
-    assert_int_equal(st_parse_header(b, len, "ok", &h), FR_OK);
-    assert_int_equal(st_header_count(h), 0);
-    assert_null(st_header_find(h, "x"));
-    st_header_free(&h);
+    assert_int_equal(fr_st_parse_header(b, len, "ok", &h), FR_OK);
+    assert_int_equal(fr_st_header_count(h), 0);
+    assert_null(fr_st_header_find(h, "x"));
+    fr_st_header_free(&h);
     free(b);
 }
 
@@ -130,10 +130,10 @@ static fr_status convert(const char *dtype, const void *raw, size_t n, size_t es
              dtype, n, n * esize);
     size_t len;
     uint8_t *b = image(hdr, raw, n * esize, &len);
-    st_header *h = NULL;
-    assert_int_equal(st_parse_header(b, len, "conv", &h), FR_OK);
-    fr_status rc = st_tensor_to_f32(st_header_find(h, "t.x"), out, n);
-    st_header_free(&h);
+    fr_st_header *h = NULL;
+    assert_int_equal(fr_st_parse_header(b, len, "conv", &h), FR_OK);
+    fr_status rc = fr_st_tensor_to_f32(fr_st_header_find(h, "t.x"), out, n);
+    fr_st_header_free(&h);
     free(b);
     return rc;
 }
@@ -228,19 +228,19 @@ static void test_f32_and_unsupported(void **state)
     assert_int_equal(convert("F64", raw, 4, 8, out), FR_EUNSUPPORTED);
 
     /* A wrong element count is a caller bug, reported with the name. */
-    st_tensor t = {.name = "t.count", .dtype = ST_F32, .ndim = 1, .shape = {4}, .nbytes = 16, .data = raw};
-    assert_int_equal(st_tensor_to_f32(&t, out, 5), FR_EINVAL);
+    fr_st_tensor t = {.name = "t.count", .dtype = FR_DTYPE_F32, .ndim = 1, .shape = {4}, .nbytes = 16, .data = raw};
+    assert_int_equal(fr_st_tensor_to_f32(&t, out, 5), FR_EINVAL);
     assert_msg_has("t.count");
-    assert_int_equal(st_tensor_to_f32(&t, NULL, 4), FR_EINVAL);
-    assert_int_equal(st_tensor_to_f32(NULL, out, 4), FR_EINVAL);
+    assert_int_equal(fr_st_tensor_to_f32(&t, NULL, 4), FR_EINVAL);
+    assert_int_equal(fr_st_tensor_to_f32(NULL, out, 4), FR_EINVAL);
 }
 
 static void test_reject_framing(void **state)
 {
     (void)state;
-    st_header *h = (st_header *)1;
+    fr_st_header *h = (fr_st_header *)1;
     const uint8_t small[3] = {1, 0, 0};
-    assert_int_equal(st_parse_header(small, sizeof small, LABEL, &h), FR_EFORMAT);
+    assert_int_equal(fr_st_parse_header(small, sizeof small, LABEL, &h), FR_EFORMAT);
     assert_null(h);
     assert_msg_has(LABEL);
     assert_msg_has("truncated");
@@ -249,21 +249,21 @@ static void test_reject_framing(void **state)
     size_t len;
     uint8_t *b = image("{}", NULL, 0, &len);
     b[0] = 200;
-    assert_int_equal(st_parse_header(b, len, LABEL, &h), FR_EFORMAT);
+    assert_int_equal(fr_st_parse_header(b, len, LABEL, &h), FR_EFORMAT);
     assert_msg_has(LABEL);
     assert_msg_has("header length 200");
     memset(b, 0xff, 8);
-    assert_int_equal(st_parse_header(b, len, LABEL, &h), FR_EFORMAT);
+    assert_int_equal(fr_st_parse_header(b, len, LABEL, &h), FR_EFORMAT);
     assert_msg_has(LABEL);
     assert_msg_has("limit");
     memset(b, 0, 8);
-    assert_int_equal(st_parse_header(b, len, LABEL, &h), FR_EFORMAT); /* empty header */
+    assert_int_equal(fr_st_parse_header(b, len, LABEL, &h), FR_EFORMAT); /* empty header */
     assert_msg_has(LABEL);
     free(b);
 
-    assert_int_equal(st_parse_header(NULL, 0, LABEL, &h), FR_EFORMAT);
-    assert_int_equal(st_parse_header(NULL, 10, LABEL, &h), FR_EINVAL);
-    assert_int_equal(st_parse_header(small, 3, LABEL, NULL), FR_EINVAL);
+    assert_int_equal(fr_st_parse_header(NULL, 0, LABEL, &h), FR_EFORMAT);
+    assert_int_equal(fr_st_parse_header(NULL, 10, LABEL, &h), FR_EINVAL);
+    assert_int_equal(fr_st_parse_header(small, 3, LABEL, NULL), FR_EINVAL);
 
     expect_reject("{\"w.bad\": {\"dtype\":", 0, FR_EFORMAT, NULL); /* malformed JSON */
     expect_reject("[1, 2]", 0, FR_EFORMAT, NULL);                  /* not an object */
@@ -271,7 +271,7 @@ static void test_reject_framing(void **state)
 
     /* A NUL inside the header must not end it early: C strings would. */
     const uint8_t nul[] = {5, 0, 0, 0, 0, 0, 0, 0, '{', '}', 0, ' ', ' '};
-    assert_int_equal(st_parse_header(nul, sizeof nul, LABEL, &h), FR_EFORMAT);
+    assert_int_equal(fr_st_parse_header(nul, sizeof nul, LABEL, &h), FR_EFORMAT);
     assert_msg_has(LABEL);
 }
 
@@ -332,13 +332,13 @@ static void test_mutations(void **state)
         int nmut = 1 + (int)(fr_test_u64(&rng) % 4);
         for (int k = 0; k < nmut; k++) b[fr_test_u64(&rng) % len] = (uint8_t)fr_test_u64(&rng);
         size_t cut = it % 5 == 0 ? (size_t)(fr_test_u64(&rng) % len) : len;
-        st_header *h = NULL;
-        if (st_parse_header(b, cut, "mut", &h) == FR_OK) {
-            for (int i = 0; i < st_header_count(h); i++) {
-                const st_tensor *t = st_header_tensor(h, i);
+        fr_st_header *h = NULL;
+        if (fr_st_parse_header(b, cut, "mut", &h) == FR_OK) {
+            for (int i = 0; i < fr_st_header_count(h); i++) {
+                const fr_st_tensor *t = fr_st_header_tensor(h, i);
                 assert_true((const uint8_t *)t->data >= b && (const uint8_t *)t->data + t->nbytes <= b + cut);
             }
-            st_header_free(&h);
+            fr_st_header_free(&h);
         } else {
             assert_null(h);
             assert_msg_has("mut");
@@ -386,36 +386,36 @@ static void test_file_open(void **state)
     uint8_t *b = image(hdr, data, sizeof data, &len);
 
     const char *path = write_file("good.safetensors", b, len);
-    st_file *f = NULL;
-    assert_int_equal(st_file_open(path, &f), FR_OK);
-    assert_string_equal(st_file_path(f), path);
-    assert_int_equal(st_file_count(f), 2);
-    assert_string_equal(st_file_tensor(f, 1)->name, "w.two");
-    assert_null(st_file_tensor(f, 2));
+    fr_st_file *f = NULL;
+    assert_int_equal(fr_st_file_open(path, &f), FR_OK);
+    assert_string_equal(fr_st_file_path(f), path);
+    assert_int_equal(fr_st_file_count(f), 2);
+    assert_string_equal(fr_st_file_tensor(f, 1)->name, "w.two");
+    assert_null(fr_st_file_tensor(f, 2));
     float v[2];
-    assert_int_equal(st_tensor_to_f32(st_file_find(f, "w.one"), v, 2), FR_OK);
+    assert_int_equal(fr_st_tensor_to_f32(fr_st_file_find(f, "w.one"), v, 2), FR_OK);
     assert_true(v[0] == 1.0f && v[1] == -2.0f);
-    assert_int_equal(st_tensor_to_f32(st_file_find(f, "w.two"), v, 1), FR_OK);
+    assert_int_equal(fr_st_tensor_to_f32(fr_st_file_find(f, "w.two"), v, 1), FR_OK);
     assert_true(v[0] == -1.0f);
-    assert_null(st_file_find(f, "w.three"));
-    st_file_close(&f);
+    assert_null(fr_st_file_find(f, "w.three"));
+    fr_st_file_close(&f);
     assert_null(f);
-    st_file_close(&f);
-    st_file_close(NULL);
+    fr_st_file_close(&f);
+    fr_st_file_close(NULL);
 
     /* Truncated: the data region ends before w.two's bytes. */
     path = write_file("trunc.safetensors", b, len - 3);
-    assert_int_equal(st_file_open(path, &f), FR_EFORMAT);
+    assert_int_equal(fr_st_file_open(path, &f), FR_EFORMAT);
     assert_null(f);
     assert_msg_has(path);
     assert_msg_has("w.two");
 
     /* Truncated inside the length prefix, and empty. */
     path = write_file("tiny.safetensors", b, 5);
-    assert_int_equal(st_file_open(path, &f), FR_EFORMAT);
+    assert_int_equal(fr_st_file_open(path, &f), FR_EFORMAT);
     assert_msg_has(path);
     path = write_file("empty.safetensors", b, 0);
-    assert_int_equal(st_file_open(path, &f), FR_EFORMAT);
+    assert_int_equal(fr_st_file_open(path, &f), FR_EFORMAT);
     assert_msg_has(path);
     assert_msg_has("truncated");
     free(b);
@@ -423,19 +423,19 @@ static void test_file_open(void **state)
     /* Malformed header. */
     b = image("{\"w.one\": nonsense}", NULL, 0, &len);
     path = write_file("json.safetensors", b, len);
-    assert_int_equal(st_file_open(path, &f), FR_EFORMAT);
+    assert_int_equal(fr_st_file_open(path, &f), FR_EFORMAT);
     assert_msg_has(path);
     free(b);
 
     /* Missing, and not a regular file. */
     char missing[512];
     snprintf(missing, sizeof missing, "%s/none.safetensors", tmpdir);
-    assert_int_equal(st_file_open(missing, &f), FR_EIO);
+    assert_int_equal(fr_st_file_open(missing, &f), FR_EIO);
     assert_msg_has(missing);
-    assert_int_equal(st_file_open(tmpdir, &f), FR_EIO);
+    assert_int_equal(fr_st_file_open(tmpdir, &f), FR_EIO);
     assert_msg_has(tmpdir);
-    assert_int_equal(st_file_open(NULL, &f), FR_EINVAL);
-    assert_int_equal(st_file_open(missing, NULL), FR_EINVAL);
+    assert_int_equal(fr_st_file_open(NULL, &f), FR_EINVAL);
+    assert_int_equal(fr_st_file_open(missing, NULL), FR_EINVAL);
 }
 
 static void test_golden(void **state)
@@ -445,21 +445,21 @@ static void test_golden(void **state)
     if (!dir) skip();
     char path[1024];
     snprintf(path, sizeof path, "%s/golden.safetensors", dir);
-    st_file *f = NULL;
-    if (st_file_open(path, &f) != FR_OK) fail_msg("%s", fr_last_error());
-    const st_tensor *t = st_file_find(f, "p1.ids");
+    fr_st_file *f = NULL;
+    if (fr_st_file_open(path, &f) != FR_OK) fail_msg("%s", fr_last_error());
+    const fr_st_tensor *t = fr_st_file_find(f, "p1.ids");
     assert_non_null(t);
-    assert_int_equal(t->dtype, ST_I32);
+    assert_int_equal(t->dtype, FR_DTYPE_I32);
     assert_int_equal(t->ndim, 1);
     assert_int_equal(t->shape[0], 9);
     const uint8_t *p = t->data;
     int32_t first = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
     assert_int_equal(first, 256); /* BOS */
-    t = st_file_find(f, "p5.logits_f32");
+    t = fr_st_file_find(f, "p5.logits_f32");
     assert_non_null(t);
     assert_int_equal(t->shape[0], 4096);
     assert_int_equal(t->shape[1], 272);
-    st_file_close(&f);
+    fr_st_file_close(&f);
 }
 
 int main(void)

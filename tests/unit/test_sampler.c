@@ -1,5 +1,5 @@
-/* Tests for the Philox RNG and the token sampler (rollout/philox.h,
- * rollout/sampler.h). The statistical tests use fixed seeds, so they are
+/* Tests for the Philox RNG and the token sampler (rollout/model/philox.h,
+ * rollout/model/sampler.h). The statistical tests use fixed seeds, so they are
  * deterministic: a pass is a pass every run, and the chi-square thresholds
  * (p = 0.001) say the sampler's frequencies fit the intended distribution. */
 #include <setjmp.h>
@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout/philox.h"
-#include "rollout/sampler.h"
+#include "rollout/model/philox.h"
+#include "rollout/model/sampler.h"
 #include "test_util.h"
 
 /* ---- Philox ---------------------------------------------------------- */

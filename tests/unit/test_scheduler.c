@@ -1,4 +1,4 @@
-/* Tests of the continuous-batching scheduler (rollout/scheduler.h) on the
+/* Tests of the continuous-batching scheduler (rollout/engine/scheduler.h) on the
  * CPU backend with synthetic:tiny: preemption by recompute reproduces the
  * tokens of an unpreempted run, samples share the prompt's full pages,
  * abort, stop ids and max_tokens, and every sample ends exactly once. */
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout/scheduler.h"
+#include "rollout/engine/scheduler.h"
 #include "test_util.h"
 
 static void open_session(fr_session *s, fr_kv_dtype kv, int n_blocks, int max_seqs, int chunk)

@@ -1,5 +1,5 @@
 /* Divergence monitoring, weight versions and teacher forcing in the
- * scheduler (rollout/scheduler.h, rollout/divergence.h):
+ * scheduler (rollout/engine/scheduler.h, rollout/engine/divergence.h):
  *  - synthetic:tiny: kl_sample_rate picks the same samples every time, about
  *    the asked share; every token carries the weight version set when it was
  *    drawn; preemption keeps the shadow in step (an f32 engine's figures
@@ -25,9 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout/calibrate.h"
-#include "rollout/eval_kl.h"
-#include "rollout/scheduler.h"
+#include "rollout/monitor/calibrate.h"
+#include "rollout/monitor/eval_kl.h"
+#include "rollout/engine/scheduler.h"
 #include "tests/unit/test_util.h"
 
 static void open_session_on(fr_session *s, const char *model, fr_kv_dtype kv, int n_blocks, int max_seqs,

@@ -1,4 +1,4 @@
-/* The scheduler's per-token callback (rollout/scheduler.h, on_token), which
+/* The scheduler's per-token callback (rollout/engine/scheduler.h, on_token), which
  * the trainer bridge streams from: every token of a sample is reported once,
  * in order, before the sample's end, and the reports equal the result's
  * tokens and log-probs, through preemption by recompute and abort. */
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout/scheduler.h"
+#include "rollout/engine/scheduler.h"
 #include "test_util.h"
 
 #define NREQ 12

@@ -1,4 +1,4 @@
-/* The serve configuration (rollout/serve_config.h): defaults, every key,
+/* The serve configuration (app/serve_config.h): defaults, every key,
  * strictness (unknown and repeated keys, wrong types and ranges, each named
  * by its JSON path), contradictions, path handling, the JSON round trip, and
  * the example files in configs/. */
@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "rollout/serve_config.h"
+#include "app/serve_config.h"
 
 #define LABEL "conf/serve.json"
 

@@ -1,4 +1,4 @@
-/* The session's sampling steps (rollout/session.h) on the CPU backend,
+/* The session's sampling steps (rollout/engine/session.h) on the CPU backend,
  * against a plain fr_session_step plus fr_sample on a twin session fed the
  * same tokens:
  *  - fr_session_step_draw: a prefill chunk beside a decode; three draws from
@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout/sampler.h"
-#include "rollout/session.h"
+#include "rollout/model/sampler.h"
+#include "rollout/engine/session.h"
 
 static void open_tiny(fr_session *s)
 {

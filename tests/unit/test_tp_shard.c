@@ -1,4 +1,4 @@
-/* Tensor-parallel sharding (rollout/tp_shard): the layout arithmetic for
+/* Tensor-parallel sharding (rollout/model/tp_shard): the layout arithmetic for
  * even splits and replicated KV heads, the refusals, the calibration table
  * slices, and the shard's weights against the model's (the column-parallel
  * slices summed back over ranks give the full products). */
@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout/ops_cpu.h"
-#include "rollout/tp_shard.h"
+#include "rollout/model/ops_cpu.h"
+#include "rollout/model/tp_shard.h"
 #include "tests/unit/test_util.h"
 
 /* Qwen3-4B's shape: 32 query heads, 8 KV heads, intermediate 9728, vocab 151936. */

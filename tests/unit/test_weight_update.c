@@ -1,4 +1,4 @@
-/* Weight updates of a running session (rollout/weight_update.h): a session
+/* Weight updates of a running session (rollout/engine/weight_update.h): a session
  * on synthetic:tiny receives synthetic:tiny:7's tensors in pieces, in
  * reverse order, and after the commit computes exactly what a session
  * opened on synthetic:tiny:7 computes. Every refusal (unknown name, wrong
@@ -16,8 +16,8 @@
 #include <string.h>
 
 #include "attention/fp_formats.h"
-#include "rollout/session.h"
-#include "rollout/weight_update.h"
+#include "rollout/engine/session.h"
+#include "rollout/engine/weight_update.h"
 
 static const int PROMPT[] = {256, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100};
 enum { NP = sizeof PROMPT / sizeof PROMPT[0] };
@@ -73,7 +73,7 @@ static void put(fr_weight_update *u, int i, const float *src, size_t count, size
     int64_t shape[2];
     assert_int_equal(fr_weight_update_tensor(u, i, &name, &ndim, shape), FR_OK);
     (void)count;
-    assert_int_equal(fr_weight_update_put(u, name, FR_WDT_F32, shape, ndim, from * 4, src + from, (to - from) * 4),
+    assert_int_equal(fr_weight_update_put(u, name, FR_DTYPE_F32, shape, ndim, from * 4, src + from, (to - from) * 4),
                      FR_OK);
 }
 
@@ -132,16 +132,16 @@ static void test_refusals_change_nothing(void **state)
     const char *q = "model.layers.1.self_attn.q_proj.weight";
     const int64_t qs[2] = {256, 128}, bad_shape[2] = {128, 256};
     float vals[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-    expect_fail(fr_weight_update_put(u, "model.layers.9.mlp.up_proj.weight", FR_WDT_F32, qs, 2, 0, vals, 32),
+    expect_fail(fr_weight_update_put(u, "model.layers.9.mlp.up_proj.weight", FR_DTYPE_F32, qs, 2, 0, vals, 32),
                 "model.layers.9.mlp.up_proj.weight");
-    expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, bad_shape, 2, 0, vals, 32), "shape [128, 256]");
-    expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 1, 0, vals, 32), q);
-    expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 2, vals, 32), "multiples");
-    expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, (uint64_t)256 * 128 * 4 - 16, vals, 32), "past");
+    expect_fail(fr_weight_update_put(u, q, FR_DTYPE_F32, bad_shape, 2, 0, vals, 32), "shape [128, 256]");
+    expect_fail(fr_weight_update_put(u, q, FR_DTYPE_F32, qs, 1, 0, vals, 32), q);
+    expect_fail(fr_weight_update_put(u, q, FR_DTYPE_F32, qs, 2, 2, vals, 32), "multiples");
+    expect_fail(fr_weight_update_put(u, q, FR_DTYPE_F32, qs, 2, (uint64_t)256 * 128 * 4 - 16, vals, 32), "past");
     vals[5] = NAN;
-    expect_fail_status(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 0, vals, 32), FR_EFORMAT, "element 5 is NaN");
+    expect_fail_status(fr_weight_update_put(u, q, FR_DTYPE_F32, qs, 2, 0, vals, 32), FR_EFORMAT, "element 5 is NaN");
     vals[5] = INFINITY;
-    expect_fail_status(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 0, vals, 32), FR_EFORMAT, "infinite");
+    expect_fail_status(fr_weight_update_put(u, q, FR_DTYPE_F32, qs, 2, 0, vals, 32), FR_EFORMAT, "infinite");
     /* bf16 and a NaN in a later block of 4096 elements, named with its index in the tensor */
     {
         static uint16_t big[5000];
@@ -149,30 +149,30 @@ static void test_refusals_change_nothing(void **state)
         big[4500] = 0x7fc0;
         const char *e = "lm_head.weight";
         const int64_t es[2] = {a.model->cfg.vocab_size, a.model->cfg.hidden_size};
-        expect_fail_status(fr_weight_update_put(u, e, FR_WDT_BF16, es, 2, 200, big, sizeof big), FR_EFORMAT,
+        expect_fail_status(fr_weight_update_put(u, e, FR_DTYPE_BF16, es, 2, 200, big, sizeof big), FR_EFORMAT,
                            "element 4600 is NaN");
         big[4500] = 0x3f80;
-        assert_int_equal(fr_weight_update_put(u, e, FR_WDT_BF16, es, 2, 200, big, sizeof big), FR_OK);
+        assert_int_equal(fr_weight_update_put(u, e, FR_DTYPE_BF16, es, 2, 200, big, sizeof big), FR_OK);
         const float *lm = fr_weight_update_model(u)->w.lm_head;
         assert_true(lm[100] == 1.0f && lm[100 + 4500] == 1.0f && lm[100 + 4999] == 1.0f);
         big[4500] = 0x7f80;   /* +inf, and the range is taken now: the overlap is reported first */
-        expect_fail(fr_weight_update_put(u, e, FR_WDT_BF16, es, 2, 200, big, sizeof big), "overlap");
+        expect_fail(fr_weight_update_put(u, e, FR_DTYPE_BF16, es, 2, 200, big, sizeof big), "overlap");
     }
     vals[5] = 6;
-    assert_int_equal(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 0, vals, 32), FR_OK);
-    expect_fail(fr_weight_update_put(u, q, FR_WDT_F32, qs, 2, 16, vals, 32), "overlap");
+    assert_int_equal(fr_weight_update_put(u, q, FR_DTYPE_F32, qs, 2, 0, vals, 32), FR_OK);
+    expect_fail(fr_weight_update_put(u, q, FR_DTYPE_F32, qs, 2, 16, vals, 32), "overlap");
     uint16_t h[4] = {0x3f80, 0x4000, 0xbf80, 0};
-    expect_fail(fr_weight_update_put(u, q, FR_WDT_BF16, qs, 2, 64, h, 8), "BF16 after pieces in F32");
+    expect_fail(fr_weight_update_put(u, q, FR_DTYPE_BF16, qs, 2, 64, h, 8), "BF16 after pieces in F32");
     /* BF16 pieces convert exactly */
     const char *k = "model.layers.0.self_attn.k_norm.weight";
     const int64_t ks[1] = {64};
-    assert_int_equal(fr_weight_update_put(u, k, FR_WDT_BF16, ks, 1, 0, h, 8), FR_OK);
+    assert_int_equal(fr_weight_update_put(u, k, FR_DTYPE_BF16, ks, 1, 0, h, 8), FR_OK);
     const fr_model *sm = fr_weight_update_model(u);
     assert_true(sm->w.layers[0].k_norm[0] == 1.0f && sm->w.layers[0].k_norm[1] == 2.0f &&
                 sm->w.layers[0].k_norm[2] == -1.0f && sm->w.layers[0].k_norm[3] == 0.0f);
-    fr_weight_dtype t;
+    fr_dtype t;
     assert_int_equal(fr_weight_dtype_parse("BF16", &t), FR_OK);
-    assert_int_equal(t, FR_WDT_BF16);
+    assert_int_equal(t, FR_DTYPE_BF16);
     expect_fail(fr_weight_dtype_parse("I8", &t), "I8");
     /* an incomplete update is refused and the session serves as before */
     expect_fail(fr_session_commit_weights(&a, u), "model.embed_tokens.weight has 0 of");
@@ -220,7 +220,7 @@ static void test_commit_by_move(void **state)
     int64_t shape[2];
     assert_int_equal(fr_weight_update_tensor(u, 0, &name, &ndim, shape), FR_OK);
     float one = 1.0f;
-    expect_fail(fr_weight_update_put(u, name, FR_WDT_F32, shape, ndim, 0, &one, 4), "committed already");
+    expect_fail(fr_weight_update_put(u, name, FR_DTYPE_F32, shape, ndim, 0, &one, 4), "committed already");
     /* restarted, the spent update stages the next version in the same memory */
     assert_int_equal(fr_weight_update_restart(u, 10), FR_OK);
     assert_int_equal(fr_weight_update_version(u), 10);

@@ -1,0 +1,161 @@
+/* fp4rollout calibrate: the key mean, tau and FP8 scales of a model
+ * (paper Appendices B and C), written as a calibration file for --calib. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rollout/monitor/calibrate.h"
+#include "app/cli.h"
+#include "rollout/engine/session.h"
+#ifdef FR_HAVE_CUDA
+#include "rollout/model/weights_cuda.h"
+#endif
+
+static const char usage_text[] =
+    "usage: fp4rollout calibrate --model M --texts FILE... --out FILE [--context N]\n"
+    "                            [--seed-tokens N] [--continue N] [--tau-steps N]\n"
+    "                            [--chunk N] [--kv bf16|f32] [--quiet]\n"
+    "\n"
+    "Calibrates the FP4 KV cache recipe for a model (paper Appendices B and C) and\n"
+    "writes the calibration file that --calib reads: key_mean, tau and fp8_scales.\n"
+    "Texts are raw bytes, read as BOS followed by one token per byte.\n"
+    "  1. Each text's first --seed-tokens bytes are a seed prompt, which the model\n"
+    "     continues greedily for --continue tokens (all texts in one batch).\n"
+    "  2. Seeds and continuations are joined and tiled into one sequence that\n"
+    "     fills the window (--context tokens).\n"
+    "  3. One prefill of it, then --tau-steps greedy decode steps continuing it.\n"
+    "     key_mean is the mean post-RoPE key of all of its tokens per layer, KV\n"
+    "     head and channel; fp8_scales are amax / 448 of its keys and values per\n"
+    "     layer and KV head.\n"
+    "  4. The decode queries replay online softmax on the BF16 logits over the\n"
+    "     pages an FP4 cache would quantize; tau is the threshold on the E4M3\n"
+    "     grid (code k: midway between the E4M3 values of codes k and k+1; the\n"
+    "     default 21/1024 is code 10) with the least total squared error of c*p\n"
+    "     (c = 8) over all NVFP4 probability blocks.\n"
+    "\n"
+    "  --texts FILE...      seed texts: every argument up to the next option\n"
+    "  --out FILE           the calibration file (written whole or not at all)\n"
+    "  --context N          calibration window in tokens (default 4096, or the\n"
+    "                       model's window when smaller; 0: the model's window)\n"
+    "  --seed-tokens N      bytes of each text used as its seed (default 256)\n"
+    "  --continue N         greedy tokens the model appends to each seed, so that\n"
+    "                       the calibration text is partly the model's own output\n"
+    "                       (default 64; 0 tiles the seeds as they are). Each token\n"
+    "                       costs one batched decode step.\n"
+    "  --tau-steps N        decode steps after the prefill whose queries choose tau\n"
+    "                       (default 32; 0 writes the default tau 21/1024)\n"
+    "  --quiet              no progress on stderr\n"
+    "engine options (--backend auto takes the GPU when there is one and gives the\n"
+    "same procedure as cpu; --kv: bf16, the default, or f32; --calib, --recipe\n"
+    "and --fp4-compute do not apply):\n";
+
+static void summarize(const char *out, const fr_model_config *mc, const fr_calib_opts *co, int n_texts,
+                      const fr_calib *c, const fr_calib_report *rep)
+{
+    size_t nk = (size_t)mc->num_layers * mc->num_kv_heads * mc->head_dim;
+    double sum = 0.0, mx = 0.0;
+    for (size_t i = 0; i < nk; i++) {
+        sum += fabs(c->key_mean[i]);
+        mx = fmax(mx, fabs(c->key_mean[i]));
+    }
+    float lo[2] = {INFINITY, INFINITY}, hi[2] = {0.0f, 0.0f};
+    for (int i = 0; i < mc->num_layers * mc->num_kv_heads; i++)
+        for (int j = 0; j < 2; j++) {
+            lo[j] = fminf(lo[j], c->fp8_scales[2 * i + j]);
+            hi[j] = fmaxf(hi[j], c->fp8_scales[2 * i + j]);
+        }
+    printf("calibration written to %s\n", out);
+    printf("  texts: %d (seed up to %d bytes + %d greedy tokens each); window %d tokens: %d prefilled, "
+           "%d decode steps\n", n_texts, co->seed_tokens, co->continue_tokens, rep->n_tokens, rep->prefill_tokens,
+           rep->n_tokens - rep->prefill_tokens);
+    printf("  key_mean: [%d][%d][%d], mean |mu_k| %.4g, max |mu_k| %.4g\n", mc->num_layers, mc->num_kv_heads,
+           mc->head_dim, sum / (double)nk, mx);
+    printf("  fp8_scales: K %.4g .. %.4g, V %.4g .. %.4g\n", lo[0], hi[0], lo[1], hi[1]);
+    if (co->tau_steps > 0)
+        printf("  tau: code %d = %.7g (%g/1024); %ld probability blocks; squared error of c*p %.6g, at the "
+               "default code %d: %.6g\n", rep->tau_code, c->tau, c->tau * 1024.0f, rep->tau_blocks, rep->tau_err,
+               FR_TAU_DEFAULT_CODE, rep->tau_err_default);
+    if (co->tau_steps > 0) {
+        printf("  code   tau (x1024)   blocks in bin   error - error at code %d\n", FR_TAU_DEFAULT_CODE);
+        for (int k = 0; k <= 20; k++)
+            printf("  %4d %13.4g %15ld %+24.6g%s\n", k, 1024.0 * fr_tau_candidate(k), rep->tau_blocks_by_bin[k],
+                   rep->tau_err_by_code[k] - rep->tau_err_default, k == rep->tau_code ? "  <- chosen" : "");
+    } else
+        printf("  tau: the default %.7g (code %d), not calibrated (--tau-steps 0)\n", c->tau, FR_TAU_DEFAULT_CODE);
+    printf("  time: seeds %.1f s, prefill %.1f s, tau steps %.1f s\n", rep->seconds_seed, rep->seconds_prefill,
+           rep->seconds_tau);
+}
+
+int fr_cli_calibrate(int argc, char **argv)
+{
+    const char *cmd = "calibrate", *out = NULL;
+    fr_engine_opts eo;
+    fr_engine_opts_default(&eo);
+    fr_calib_opts co;
+    fr_calib_opts_default(&co);
+    co.verbose = 1;
+    if (fr_cli_wants_help(argc, argv)) {
+        printf("%s%s", usage_text, fr_engine_opts_usage);
+        return 0;
+    }
+    const char **files = calloc((size_t)argc, sizeof *files);
+    int n_files = 0, model_given = 0;
+    if (!files) return fr_cli_usage_error(cmd, "out of memory");
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--model") == 0) model_given = 1;
+        int r = fr_engine_opts_parse(cmd, argc, argv, &i, &eo);
+        if (r < 0) { free(files); return 2; }
+        if (r) continue;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (strcmp(a, "--texts") == 0) {
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) files[n_files++] = argv[++i];
+        } else if (strcmp(a, "--out") == 0 && v) out = argv[++i];
+        else if (strcmp(a, "--context") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 0, 1 << 24, &co.context);
+        else if (strcmp(a, "--seed-tokens") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 1, 1 << 24, &co.seed_tokens);
+        else if (strcmp(a, "--continue") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 0, 1 << 24, &co.continue_tokens);
+        else if (strcmp(a, "--tau-steps") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 0, 1 << 24, &co.tau_steps);
+        else if (strcmp(a, "--quiet") == 0) co.verbose = 0;
+        else { free(files); return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", a); }
+        if (bad) { free(files); return 2; }
+    }
+    int rc = 0;
+    if (!model_given) rc = fr_cli_usage_error(cmd, "--model is required");
+    else if (n_files == 0) rc = fr_cli_usage_error(cmd, "--texts needs at least one file");
+    else if (!out) rc = fr_cli_usage_error(cmd, "--out is required");
+    else if (eo.calib) rc = fr_cli_usage_error(cmd, "--calib does not apply: calibrate makes the calibration");
+    else if (eo.tp > 1) rc = fr_cli_usage_error(cmd, "--tp %d: calibrate runs on one rank (--tp 1)", eo.tp);
+    else if (eo.kv != FR_KV_BF16 && eo.kv != FR_KV_F32)
+        rc = fr_cli_usage_error(cmd, "--kv must be bf16 or f32 (the calibration measures BF16 logits)");
+    fr_backend backend = FR_BACKEND_CPU;
+    if (!rc && fr_backend_pick(eo.backend, &backend)) rc = fr_cli_usage_error(cmd, "%s", fr_last_error());
+    if (rc) { free(files); return rc; }
+    co.kv = eo.kv;
+    co.chunk = eo.chunk;
+
+    fr_model *m = NULL;
+    int **texts = calloc((size_t)n_files, sizeof *texts), *lens = calloc((size_t)n_files, sizeof(int));
+    fr_calib c = {0};
+    fr_calib_report rep = {0};
+    fr_status st = texts && lens ? FR_OK : fr_fail(FR_ENOMEM, "out of memory");
+    if (!st) st = fr_model_load(eo.model, &m);
+    for (int i = 0; i < n_files && !st; i++) st = fr_byte_text_read(&m->cfg, files[i], 0, &texts[i], &lens[i]);
+#ifdef FR_HAVE_CUDA
+    struct fr_weights_gpu *gpu = NULL;
+    if (!st && backend == FR_BACKEND_CUDA && !(st = fr_weights_gpu_from_model(m, &gpu))) co.gpu = gpu;
+#endif
+    if (!st && co.verbose) fprintf(stderr, "calibrate: on the %s backend\n", fr_backend_name(backend));
+    if (!st) st = fr_calibrate(m, &co, n_files, (const int *const *)texts, lens, &c, &rep);
+#ifdef FR_HAVE_CUDA
+    fr_weights_gpu_destroy(&gpu);
+#endif
+    if (!st) st = fr_calib_save(out, fr_model_calib_dims(&m->cfg), &c);
+    if (!st) summarize(out, &m->cfg, &co, n_files, &c, &rep);
+    if (st) fprintf(stderr, "fp4rollout calibrate: %s\n", fr_last_error());
+    for (int i = 0; texts && i < n_files; i++) free(texts[i]);
+    free(texts); free(lens); free(files);
+    fr_calib_free(&c);
+    fr_calib_report_free(&rep);
+    fr_model_destroy(&m);
+    return st ? 1 : 0;
+}

@@ -1,0 +1,138 @@
+#include "app/cli.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+int fr_cli_wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) return 1;
+    return 0;
+}
+
+int fr_cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "fp4rollout %s: ", cmd);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\n(run 'fp4rollout %s --help' for usage)\n", cmd);
+    return 2;
+}
+
+int fr_cli_int(const char *cmd, const char *flag, const char *text, long lo, long hi, int *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = text ? strtol(text, &end, 10) : 0;
+    if (!text || !*text || *end || errno || v < lo || v > hi) {
+        fr_cli_usage_error(cmd, "%s expects an integer in [%ld, %ld], got '%s'", flag, lo, hi,
+                           text ? text : "(nothing)");
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+int fr_cli_float(const char *cmd, const char *flag, const char *text, float *out)
+{
+    char *end = NULL;
+    errno = 0;
+    float v = text ? strtof(text, &end) : 0.0f;
+    if (!text || !*text || *end || errno) {
+        fr_cli_usage_error(cmd, "%s expects a number, got '%s'", flag, text ? text : "(nothing)");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+void fr_cli_sampling_default(fr_cli_sampling *o)
+{
+    *o = (fr_cli_sampling){.n_samples = 1, .max_tokens = 64,
+                           .sp = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0}};
+}
+
+int fr_cli_sampling_parse(const char *cmd, int argc, char **argv, int *i, fr_cli_sampling *o)
+{
+    const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    int bad = 0;
+    if (strcmp(a, "--greedy") == 0) o->greedy = 1;
+    else if (strcmp(a, "--json") == 0) o->json = 1;
+    else if (strcmp(a, "--ignore-eos") == 0) o->ignore_eos = 1;
+    else if (!v) return 0;
+    else if (strcmp(a, "--stop-ids") == 0) o->stop_text = argv[++*i];
+    else if (strcmp(a, "--n") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 1, 4096, &o->n_samples);
+    else if (strcmp(a, "--max-tokens") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 1, 1 << 24, &o->max_tokens);
+    else if (strcmp(a, "--top-k") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 0, 1 << 30, &o->sp.top_k);
+    else if (strcmp(a, "--seed") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 0, 0x7fffffff, &o->seed);
+    else if (strcmp(a, "--temperature") == 0) bad = fr_cli_float(cmd, a, argv[++*i], &o->sp.temperature);
+    else if (strcmp(a, "--top-p") == 0) bad = fr_cli_float(cmd, a, argv[++*i], &o->sp.top_p);
+    else return 0;
+    return bad ? -1 : 1;
+}
+
+int fr_cli_sampling_finish(const char *cmd, fr_cli_sampling *o)
+{
+    if (o->greedy && o->sp.temperature > 0.0f) return fr_cli_usage_error(cmd, "--greedy contradicts --temperature");
+    if (o->greedy) o->sp.temperature = 0.0f;
+    o->sp.seed = (uint64_t)o->seed;
+    return 0;
+}
+
+const char fr_engine_opts_usage[] =
+    "  --model M            checkpoint directory, or synthetic:tiny[:SEED] (default);\n"
+    "                       synthetic:qwen3-4b[:SEED] (Qwen3-4B's shape) on --backend cuda\n"
+    "                       (synthetic:qwen3-4b-128k: the same with a 131,072-token window)\n"
+    "  --backend B          auto (default: cuda when a GPU is present and supports\n"
+    "                       the configuration, else cpu), cpu or cuda\n"
+    "  --kv T               KV cache dtype: bf16 (default), fp8, nvfp4, mxfp4, or\n"
+    "                       f32 (exact float32 storage, the CPU reference)\n"
+    "  --fp4-compute C      exact (default: FP4 query and probabilities, as native\n"
+    "                       FP4 MMAs compute) or bf16 (unquantized query and P)\n"
+    "  --recipe R           full (default) or vanilla, optionally followed by\n"
+    "                       switches: full,-rotate,-search,-smooth,-dual,-pscale,-sink\n"
+    "  --calib FILE         calibration file (key mean, tau) from fp4rollout calibrate\n"
+    "  --chunk N            prefill chunk in tokens (default 512)\n"
+    "  --tp N               tensor parallelism: ranks per engine (default 1); under\n"
+    "                       mpirun -np W the ranks form W/N engines (CPU backend)\n";
+
+int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engine_opts *o)
+{
+    const char *a = argv[*i];
+    static const char *const flags[] = {"--model", "--kv", "--fp4-compute", "--recipe", "--calib", "--chunk",
+                                        "--backend", "--tp"};
+    int which = -1;
+    for (int f = 0; f < 8; f++)
+        if (strcmp(a, flags[f]) == 0) which = f;
+    if (which < 0) return 0;
+    if (*i + 1 >= argc) {
+        fr_cli_usage_error(cmd, "%s needs a value", a);
+        return -1;
+    }
+    const char *v = argv[++*i];
+    fr_status st = FR_OK;
+    switch (which) {
+    case 0: o->model = v; break;
+    case 1: st = fr_kv_dtype_parse(v, &o->kv); break;
+    case 2: st = fr_fp4_compute_parse(v, &o->compute); break;
+    case 3: st = fr_recipe_parse(v, &o->recipe); break;
+    case 4: o->calib = v; break;
+    case 5: return fr_cli_int(cmd, "--chunk", v, 1, 1 << 20, &o->chunk) ? -1 : 1;
+    case 6:
+        if (strcmp(v, "auto") == 0) o->backend = FR_BACKEND_AUTO;
+        else if (strcmp(v, "cpu") == 0) o->backend = FR_BACKEND_CPU;
+        else if (strcmp(v, "cuda") == 0) o->backend = FR_BACKEND_CUDA;
+        else st = fr_fail(FR_EINVAL, "unknown backend '%s' (expected auto, cpu or cuda)", v);
+        break;
+    case 7: return fr_cli_int(cmd, "--tp", v, 1, 1024, &o->tp) ? -1 : 1;
+    }
+    if (st) {
+        fr_cli_usage_error(cmd, "%s", fr_last_error());
+        return -1;
+    }
+    return 1;
+}

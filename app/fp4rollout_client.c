@@ -1,0 +1,811 @@
+/* fp4rollout-client: the C client library (trainer_bridge/client/client.h) as a
+ * command line. Each command does one protocol operation and prints JSON;
+ * `generate` checks what it receives (contiguous deltas, one done per
+ * sample, streamed tokens equal to the done's count) and prints each
+ * sample as `fp4rollout rollout --json` does. */
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <time.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/clock.h"
+#include "rollout/model/model.h"
+#include "rollout/engine/weight_update.h"
+#include "trainer_bridge/client/client.h"
+#include "trainer_bridge/client/metrics_sub.h"
+
+static const char usage_text[] =
+    "usage: fp4rollout-client [--endpoint URL] [--timeout-ms MS] [CURVE keys] COMMAND [options]\n"
+    "\n"
+    "Talks to `fp4rollout serve` (protocol version 1, docs/protocol.md).\n"
+    "  --endpoint URL     the server (default tcp://127.0.0.1:5555)\n"
+    "  --timeout-ms MS    how long to wait for a reply or the next result (default 30000)\n"
+    "  --server-key K --public-key K --secret-key K\n"
+    "                     CURVE authentication (Z85 keys, 40 characters): the server's public\n"
+    "                     key and this client's key pair (all three or none)\n"
+    "\n"
+    "commands:\n"
+    "  hello                    the server's information, as JSON\n"
+    "  stats                    the server's stats, as JSON\n"
+    "  pause --mode abort|wait  pause the engine (abort: end the samples in flight now;\n"
+    "                           wait: let them finish); prints the reply once paused\n"
+    "  resume                   resume; prints the reply\n"
+    "  generate --prompts FILE [options]\n"
+    "                           one request per line of FILE (comma-separated token ids),\n"
+    "                           request ids FIRST, FIRST+1, ...; prints each sample as a\n"
+    "                           JSON line when it ends (request, sample, tokens, logprobs,\n"
+    "                           finish_reason, n_tokens, preemptions, ttft_ms, total_ms)\n"
+    "      --n N --max-tokens N --temperature T --top-k K --top-p P --seed S\n"
+    "                           sampling (left out: the server's defaults)\n"
+    "      --stop-ids IDS | --ignore-eos\n"
+    "                           stop tokens (left out: the server's default); --ignore-eos\n"
+    "                           sends an empty list\n"
+    "      --first-id FIRST     the first request id (default 0)\n"
+    "      --group-id G         the group id of every request (default: its request id)\n"
+    "      --monitor-divergence | --no-monitor\n"
+    "                           ask for the BF16-KV shadow of every sample, or for none\n"
+    "                           (left out: the server's kl_sample_rate decides)\n"
+    "      --abort-id ID --abort-after T\n"
+    "                           abort request ID once T of its tokens have arrived\n"
+    "  push-weights --model SPEC --version V [options]\n"
+    "                           send a model's weights (a checkpoint folder or\n"
+    "                           synthetic:NAME[:SEED]) as weight version V; prints one JSON\n"
+    "                           line with the bytes, buckets and seconds once committed\n"
+    "      --dtype f32|bf16     the dtype sent (default f32: sent without a copy)\n"
+    "      --bucket-mib N       bucket size in MiB (default 512)\n"
+    "      --bucket-bytes N     bucket size in bytes (overrides --bucket-mib)\n"
+    "      --skip NAME | --nan NAME | --flatten NAME | --corrupt-bucket K\n"
+    "                           for testing a server's checks: leave tensor NAME out, put a\n"
+    "                           NaN into it, declare it flattened to one dimension, or send\n"
+    "                           bucket K with a wrong checksum\n"
+    "      --export FILE        send nothing: write the tensors (float32, in order) to FILE and\n"
+    "                           print their names and shapes as JSON lines\n"
+    "  watch-metrics [--count N]\n"
+    "                           subscribe to the server's metrics PUB socket (--endpoint is\n"
+    "                           then its metrics_pub_port, e.g. tcp://127.0.0.1:5558) and\n"
+    "                           print each snapshot as a JSON line (the keys of\n"
+    "                           /metrics.json, docs/metrics.md); ends after N snapshots\n"
+    "                           (default: never), or with status 1 when none comes within\n"
+    "                           --timeout-ms\n"
+    "  keygen                   print a new CURVE key pair as JSON (public, secret)\n"
+    "  send-raw --hex HEX [--extra-frames N]\n"
+    "                           send the bytes as frame 0 (and N empty frames after it),\n"
+    "                           print the server's reply: for testing validation\n"
+    "Exit status: 0 when everything came as the protocol says, 1 otherwise\n"
+    "(an error reply, a timeout, a missing or repeated done), 2 for bad usage.\n";
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "fp4rollout-client: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(fp4rollout-client --help for usage)\n");
+    return 2;
+}
+
+static int parse_long(const char *flag, const char *text, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || end == text || *end || v < lo || v > hi) {
+        fprintf(stderr, "fp4rollout-client: %s expects an integer in [%lld, %lld], got '%s'\n", flag, lo, hi, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *flag, const char *text, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end) {
+        fprintf(stderr, "fp4rollout-client: %s expects a number, got '%s'\n", flag, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Comma- and/or space-separated integers into a new array. */
+static int parse_ids(const char *text, int **out, int *n)
+{
+    int cap = 16, k = 0;
+    int *v = malloc(sizeof(int) * (size_t)cap);
+    if (!v) return -1;
+    const char *p = text;
+    for (;;) {
+        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x > 0x7fffffff) {
+            free(v);
+            return -1;
+        }
+        if (k == cap) {
+            cap *= 2;
+            int *w = realloc(v, sizeof(int) * (size_t)cap);
+            if (!w) {
+                free(v);
+                return -1;
+            }
+            v = w;
+        }
+        v[k++] = (int)x;
+        p = end;
+    }
+    *out = v;
+    *n = k;
+    return 0;
+}
+
+static void print_reply(const fr_msg *m)
+{
+    char *json = NULL;
+    if (fr_msg_to_json(m, &json)) {
+        printf("{\"type\":\"%s\"}\n", fr_msg_type_name(m->type));
+        return;
+    }
+    printf("%s\n", json);
+    fr_client_free_string(json);
+}
+
+/* ---- generate ------------------------------------------------------------- */
+
+typedef struct {
+    int *tok;
+    float *lp;
+    int n, cap;
+    int dones;
+} sample_acc;
+
+typedef struct {
+    long long first_id;
+    int n_req, n;
+    sample_acc *acc;          /* [n_req][n] */
+    int failed;
+    long long abort_id, abort_after;
+    long long abort_seen;     /* tokens of abort_id received */
+    int abort_due, abort_sent;
+} gen_ctx;
+
+static sample_acc *acc_of(gen_ctx *g, uint64_t request, int sample)
+{
+    long long r = (long long)request - g->first_id;
+    if (r < 0 || r >= g->n_req || sample < 0 || sample >= g->n) return NULL;
+    return &g->acc[r * g->n + sample];
+}
+
+static void on_tokens(void *user, const fr_msg_tokens *t)
+{
+    gen_ctx *g = user;
+    sample_acc *a = acc_of(g, t->request_id, t->sample);
+    if (!a) {
+        fprintf(stderr, "fp4rollout-client: tokens for an unknown sample (%llu, %d)\n",
+                (unsigned long long)t->request_id, t->sample);
+        g->failed = 1;
+        return;
+    }
+    if (t->start != a->n || a->dones) {
+        fprintf(stderr, "fp4rollout-client: request %llu sample %d: delta starts at %d after %d tokens%s\n",
+                (unsigned long long)t->request_id, t->sample, t->start, a->n, a->dones ? " and its done" : "");
+        g->failed = 1;
+    }
+    if (a->n + t->n > a->cap) {
+        int c = a->cap ? a->cap : 64;
+        while (c < a->n + t->n) c *= 2;
+        int *tk = realloc(a->tok, sizeof(int) * (size_t)c);
+        if (tk) a->tok = tk;
+        float *lp = tk ? realloc(a->lp, sizeof(float) * (size_t)c) : NULL;
+        if (lp) a->lp = lp;
+        if (!tk || !lp) {
+            fprintf(stderr, "fp4rollout-client: out of memory\n");
+            g->failed = 1;
+            return;
+        }
+        a->cap = c;
+    }
+    memcpy(a->tok + a->n, t->token_ids, sizeof(int) * (size_t)t->n);
+    memcpy(a->lp + a->n, t->logprobs, sizeof(float) * (size_t)t->n);
+    a->n += t->n;
+    if (g->abort_id >= 0 && (long long)t->request_id == g->abort_id) {
+        g->abort_seen += t->n;
+        if (g->abort_seen >= g->abort_after && !g->abort_sent) g->abort_due = 1;
+    }
+}
+
+static void on_done(void *user, const fr_msg_done *d)
+{
+    gen_ctx *g = user;
+    sample_acc *a = acc_of(g, d->request_id, d->sample);
+    if (!a) {
+        fprintf(stderr, "fp4rollout-client: done for an unknown sample (%llu, %d)\n",
+                (unsigned long long)d->request_id, d->sample);
+        g->failed = 1;
+        return;
+    }
+    if (++a->dones > 1) {
+        fprintf(stderr, "fp4rollout-client: request %llu sample %d: a second done\n",
+                (unsigned long long)d->request_id, d->sample);
+        g->failed = 1;
+    }
+    if (d->n_tokens != a->n) {
+        fprintf(stderr, "fp4rollout-client: request %llu sample %d: %d tokens streamed, done says %d\n",
+                (unsigned long long)d->request_id, d->sample, a->n, d->n_tokens);
+        g->failed = 1;
+    }
+    printf("{\"request\":%llu,\"sample\":%d,\"tokens\":[", (unsigned long long)d->request_id, d->sample);
+    for (int i = 0; i < a->n; i++) printf("%s%d", i ? "," : "", a->tok[i]);
+    printf("],\"logprobs\":[");
+    for (int i = 0; i < a->n; i++) printf("%s%.6g", i ? "," : "", (double)a->lp[i]);
+    printf("],\"finish_reason\":\"%s\",\"n_tokens\":%d,\"preemptions\":%d,\"ttft_ms\":",
+           fr_wire_finish_name(d->finish_reason), d->n_tokens, d->preemptions);
+    if (d->has_ttft) printf("%.3f", d->ttft_ms);
+    else printf("null");
+    printf(",\"total_ms\":%.3f}\n", d->total_ms);
+    fflush(stdout);
+}
+
+static void on_error(void *user, const fr_msg_error *e)
+{
+    gen_ctx *g = user;
+    fprintf(stderr, "fp4rollout-client: request %llu: %s: %s\n", (unsigned long long)e->request_id, e->code,
+            e->message);
+    g->failed = 1;
+}
+
+typedef struct {
+    int **ids;
+    int *len;
+    int n;
+} prompts;
+
+static void prompts_free(prompts *p)
+{
+    for (int i = 0; i < p->n; i++) free(p->ids[i]);
+    free(p->ids);
+    free(p->len);
+}
+
+static int read_prompts(const char *path, prompts *p)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "fp4rollout-client: cannot read %s\n", path);
+        return -1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    int rc = 0, lineno = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        lineno++;
+        int *ids, n;
+        if (parse_ids(line, &ids, &n)) {
+            fprintf(stderr, "fp4rollout-client: %s line %d: expected comma-separated token ids\n", path, lineno);
+            rc = -1;
+            break;
+        }
+        if (n == 0) {
+            free(ids);
+            continue;
+        }
+        int **a = realloc(p->ids, sizeof *a * (size_t)(p->n + 1));
+        if (a) p->ids = a;
+        int *b = a ? realloc(p->len, sizeof *b * (size_t)(p->n + 1)) : NULL;
+        if (b) p->len = b;
+        if (!a || !b) {
+            free(ids);
+            rc = -1;
+            break;
+        }
+        p->ids[p->n] = ids;
+        p->len[p->n++] = n;
+    }
+    free(line);
+    fclose(f);
+    if (!rc && p->n == 0) {
+        fprintf(stderr, "fp4rollout-client: %s holds no prompt\n", path);
+        rc = -1;
+    }
+    return rc;
+}
+
+static int cmd_generate(fr_client *c, int timeout_ms, int argc, char **argv)
+{
+    const char *path = NULL;
+    fr_msg_generate base;
+    memset(&base, 0, sizeof base);
+    base.n = 1;
+    base.monitor_divergence = -1;
+    long long first_id = 0, group = -1, abort_id = -1, abort_after = 1, v;
+    int *stop = NULL, n_stop = 0, rc = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        double d;
+        if (strcmp(a, "--prompts") == 0 && val) path = argv[++i];
+        else if (strcmp(a, "--n") == 0 && val) {
+            bad = parse_long(a, argv[++i], 1, 65536, &v);
+            base.n = (int)v;
+        } else if (strcmp(a, "--max-tokens") == 0 && val) {
+            bad = parse_long(a, argv[++i], 1, 1 << 30, &v);
+            base.has_max_tokens = 1;
+            base.max_tokens = (int)v;
+        } else if (strcmp(a, "--temperature") == 0 && val) {
+            bad = parse_double(a, argv[++i], &d);
+            base.has_temperature = 1;
+            base.temperature = d;
+        } else if (strcmp(a, "--top-p") == 0 && val) {
+            bad = parse_double(a, argv[++i], &d);
+            base.has_top_p = 1;
+            base.top_p = d;
+        } else if (strcmp(a, "--top-k") == 0 && val) {
+            bad = parse_long(a, argv[++i], 0, 1 << 30, &v);
+            base.has_top_k = 1;
+            base.top_k = (int)v;
+        } else if (strcmp(a, "--seed") == 0 && val) {
+            bad = parse_long(a, argv[++i], 0, (1ll << 53), &v);
+            base.has_seed = 1;
+            base.seed = (uint64_t)v;
+        } else if (strcmp(a, "--stop-ids") == 0 && val) {
+            free(stop);
+            stop = NULL;
+            if (parse_ids(argv[++i], &stop, &n_stop)) {
+                rc = usage_error("--stop-ids expects comma-separated token ids, got '%s'", argv[i]);
+                goto out;
+            }
+            base.has_stop_token_ids = 1;
+        } else if (strcmp(a, "--ignore-eos") == 0) {
+            base.has_stop_token_ids = 1;
+            n_stop = 0;
+        } else if (strcmp(a, "--first-id") == 0 && val) {
+            bad = parse_long(a, argv[++i], 0, 1ll << 62, &first_id);
+        } else if (strcmp(a, "--group-id") == 0 && val) {
+            bad = parse_long(a, argv[++i], 0, 1ll << 62, &group);
+        } else if (strcmp(a, "--monitor-divergence") == 0) {
+            base.monitor_divergence = 1;
+        } else if (strcmp(a, "--no-monitor") == 0) {
+            base.monitor_divergence = 0;
+        } else if (strcmp(a, "--abort-id") == 0 && val) {
+            bad = parse_long(a, argv[++i], 0, 1ll << 62, &abort_id);
+        } else if (strcmp(a, "--abort-after") == 0 && val) {
+            bad = parse_long(a, argv[++i], 1, 1ll << 40, &abort_after);
+        } else {
+            rc = usage_error("generate: unknown or incomplete option '%s'", a);
+            goto out;
+        }
+        if (bad) {
+            rc = 2;
+            goto out;
+        }
+    }
+    if (!path) {
+        rc = usage_error("generate: %s is required", "--prompts");
+        goto out;
+    }
+    prompts p = {0};
+    if (read_prompts(path, &p)) {
+        prompts_free(&p);
+        rc = 1;
+        goto out;
+    }
+    gen_ctx g = {.first_id = first_id, .n_req = p.n, .n = base.n, .abort_id = abort_id, .abort_after = abort_after};
+    g.acc = calloc((size_t)p.n * (size_t)base.n, sizeof *g.acc);
+    if (!g.acc) {
+        fprintf(stderr, "fp4rollout-client: out of memory\n");
+        prompts_free(&p);
+        rc = 1;
+        goto out;
+    }
+    for (int i = 0; i < p.n && !rc; i++) {
+        fr_msg_generate r = base;
+        r.request_id = (uint64_t)(first_id + i);
+        r.prompt = p.ids[i];
+        r.n_prompt = p.len[i];
+        r.stop_token_ids = stop;
+        r.n_stop_token_ids = n_stop;
+        if (group >= 0) {
+            r.has_group_id = 1;
+            r.group_id = (uint64_t)group;
+        }
+        if (fr_client_generate(c, &r)) {
+            fprintf(stderr, "fp4rollout-client: request %lld: %s\n", first_id + i, fr_last_error());
+            rc = 1;
+        }
+    }
+    fr_client_handlers h = {.on_tokens = on_tokens, .on_done = on_done, .on_error = on_error, .user = &g};
+    while (!rc && fr_client_open_samples(c) > 0) {
+        int handled = 0;
+        if (fr_client_dispatch(c, &h, timeout_ms, &handled)) {
+            fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());
+            rc = 1;
+            break;
+        }
+        if (g.abort_due && !g.abort_sent) {
+            uint64_t id = (uint64_t)abort_id;
+            int ended = 0, missing = 0;
+            g.abort_sent = 1;
+            if (fr_client_abort(c, &id, 1, &ended, &missing)) {
+                fprintf(stderr, "fp4rollout-client: abort: %s\n", fr_last_error());
+                rc = 1;
+            } else {
+                fprintf(stderr, "fp4rollout-client: aborted request %llu: %d samples ended, %d not found\n",
+                        (unsigned long long)id, ended, missing);
+            }
+        }
+        if (!handled && !rc) {
+            fprintf(stderr, "fp4rollout-client: nothing arrived for %d ms with %d samples open\n", timeout_ms,
+                    fr_client_open_samples(c));
+            rc = 1;
+        }
+    }
+    /* With no request refused, every sample has exactly one done by now. */
+    for (int i = 0; !rc && !g.failed && i < p.n * base.n; i++)
+        if (g.acc[i].dones != 1) {
+            fprintf(stderr, "fp4rollout-client: request %lld sample %d got %d done messages\n",
+                    first_id + i / base.n, i % base.n, g.acc[i].dones);
+            rc = 1;
+        }
+    if (g.failed) rc = 1;
+    for (int i = 0; i < p.n * base.n; i++) {
+        free(g.acc[i].tok);
+        free(g.acc[i].lp);
+    }
+    free(g.acc);
+    prompts_free(&p);
+out:
+    free(stop);
+    return rc;
+}
+
+static int hexval(char ch)
+{
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+static int cmd_send_raw(fr_client *c, int timeout_ms, int argc, char **argv)
+{
+    const char *hex = NULL;
+    long long extra = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--hex") == 0 && i + 1 < argc) hex = argv[++i];
+        else if (strcmp(argv[i], "--extra-frames") == 0 && i + 1 < argc) {
+            if (parse_long(argv[i], argv[i + 1], 0, 16, &extra)) return 2;
+            i++;
+        } else return usage_error("send-raw: unknown or incomplete option '%s'", argv[i]);
+    }
+    if (!hex) return usage_error("send-raw: %s is required", "--hex");
+    size_t n = strlen(hex);
+    if (n % 2) return usage_error("send-raw: --hex needs an even number of digits, got '%s'", hex);
+    unsigned char *bytes = malloc(n / 2 + 1);
+    if (!bytes) return 1;
+    for (size_t i = 0; i < n / 2; i++) {
+        int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            free(bytes);
+            return usage_error("send-raw: --hex holds a non-hex digit: '%s'", hex);
+        }
+        bytes[i] = (unsigned char)(hi * 16 + lo);
+    }
+    fr_status st = fr_client_send_raw(c, bytes, n / 2, (int)extra);
+    free(bytes);
+    if (st) {
+        fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());
+        return 1;
+    }
+    fr_msg m;
+    int got = 0;
+    if ((st = fr_client_next(c, timeout_ms, &m, &got)) || !got) {
+        fprintf(stderr, "fp4rollout-client: %s\n", st ? fr_last_error() : "no reply");
+        return 1;
+    }
+    print_reply(&m);
+    fr_msg_free(&m);
+    return 0;
+}
+
+/* ---- push-weights ---------------------------------------------------------- */
+
+/* The float32 tensor of model m named `name` (Hugging Face names, as
+ * rollout/engine/weight_update.h lists them), or NULL. */
+static const float *model_tensor(const fr_model *m, const char *name)
+{
+    const fr_weights *w = &m->w;
+    if (strcmp(name, "model.embed_tokens.weight") == 0) return w->embed;
+    if (strcmp(name, "model.norm.weight") == 0) return w->final_norm;
+    if (strcmp(name, "lm_head.weight") == 0) return w->lm_head;
+    int l, used = 0;
+    char rest[96];
+    if (sscanf(name, "model.layers.%d.%95s%n", &l, rest, &used) != 2 || l < 0 || l >= m->cfg.num_layers ||
+        name[used] != 0)
+        return NULL;
+    const fr_layer_weights *L = &w->layers[l];
+    static const struct {
+        const char *suffix;
+        size_t off;
+    } parts[] = {
+        {"input_layernorm.weight", offsetof(fr_layer_weights, attn_norm)},
+        {"self_attn.q_proj.weight", offsetof(fr_layer_weights, q_proj)},
+        {"self_attn.k_proj.weight", offsetof(fr_layer_weights, k_proj)},
+        {"self_attn.v_proj.weight", offsetof(fr_layer_weights, v_proj)},
+        {"self_attn.o_proj.weight", offsetof(fr_layer_weights, o_proj)},
+        {"self_attn.q_norm.weight", offsetof(fr_layer_weights, q_norm)},
+        {"self_attn.k_norm.weight", offsetof(fr_layer_weights, k_norm)},
+        {"post_attention_layernorm.weight", offsetof(fr_layer_weights, mlp_norm)},
+        {"mlp.gate_proj.weight", offsetof(fr_layer_weights, gate_proj)},
+        {"mlp.up_proj.weight", offsetof(fr_layer_weights, up_proj)},
+        {"mlp.down_proj.weight", offsetof(fr_layer_weights, down_proj)},
+    };
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+        if (strcmp(rest, parts[i].suffix) == 0) return *(float *const *)((const char *)L + parts[i].off);
+    return NULL;
+}
+
+/* float32 -> bfloat16, round to nearest even (finite inputs). */
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static int cmd_push_weights(fr_client *c, int argc, char **argv)
+{
+    const char *spec = NULL, *skip = NULL, *nan_name = NULL, *flat = NULL, *export_path = NULL;
+    long long version = -1, v;
+    long long bucket = 512ll << 20;
+    fr_client_update_opts opts = {.bucket_bytes = 0, .corrupt_bucket = -1};
+    int bf16 = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (strcmp(a, "--model") == 0 && val) spec = argv[++i];
+        else if (strcmp(a, "--version") == 0 && val) bad = parse_long(a, argv[++i], 1, 1ll << 62, &version);
+        else if (strcmp(a, "--bucket-mib") == 0 && val) {
+            bad = parse_long(a, argv[++i], 1, 1 << 20, &v);
+            bucket = v << 20;
+        } else if (strcmp(a, "--bucket-bytes") == 0 && val) bad = parse_long(a, argv[++i], 4, 1ll << 50, &bucket);
+        else if (strcmp(a, "--dtype") == 0 && val) {
+            i++;
+            if (strcmp(argv[i], "bf16") == 0) bf16 = 1;
+            else if (strcmp(argv[i], "f32") != 0) return usage_error("push-weights: --dtype must be f32 or bf16, got '%s'", argv[i]);
+        } else if (strcmp(a, "--skip") == 0 && val) skip = argv[++i];
+        else if (strcmp(a, "--nan") == 0 && val) nan_name = argv[++i];
+        else if (strcmp(a, "--flatten") == 0 && val) flat = argv[++i];
+        else if (strcmp(a, "--export") == 0 && val) export_path = argv[++i];
+        else if (strcmp(a, "--corrupt-bucket") == 0 && val) {
+            bad = parse_long(a, argv[++i], 0, 1 << 30, &v);
+            opts.corrupt_bucket = (int)v;
+        } else return usage_error("push-weights: unknown or incomplete option '%s'", a);
+        if (bad) return 2;
+    }
+    if (!spec || (version < 0 && !export_path))
+        return usage_error("push-weights: %s are required", "--model and --version");
+    opts.bucket_bytes = (uint64_t)bucket;
+    fr_model *m = NULL;
+    fr_weight_update *names = NULL;
+    if (fr_model_load(spec, &m) || fr_weight_update_begin(&m->cfg, 0, &names)) {
+        fprintf(stderr, "fp4rollout-client: push-weights: %s\n", fr_last_error());
+        fr_model_destroy(&m);
+        return 1;
+    }
+    int n = fr_weight_update_tensor_count(names), k = 0, rc = 0;
+    fr_client_tensor *t = calloc((size_t)n, sizeof *t);
+    int64_t (*shapes)[2] = calloc((size_t)n, sizeof *shapes);
+    void **owned = calloc((size_t)n, sizeof *owned);   /* converted or altered copies */
+    uint64_t bytes = 0;
+    if (!t || !shapes || !owned) {
+        fprintf(stderr, "fp4rollout-client: out of memory\n");
+        rc = 1;
+    }
+    for (int i = 0; !rc && i < n; i++) {
+        const char *name;
+        int ndim;
+        fr_weight_update_tensor(names, i, &name, &ndim, shapes[k]);
+        const float *src = model_tensor(m, name);
+        if (!src) {
+            fprintf(stderr, "fp4rollout-client: push-weights: the model has no tensor %s\n", name);
+            rc = 1;
+            break;
+        }
+        if (skip && strcmp(skip, name) == 0) continue;
+        size_t count = (size_t)shapes[k][0] * (size_t)(ndim == 2 ? shapes[k][1] : 1);
+        int altered = nan_name && strcmp(nan_name, name) == 0;
+        const void *data = src;
+        if (bf16 || altered) {
+            owned[k] = malloc(count * (bf16 ? 2 : 4));
+            if (!owned[k]) {
+                fprintf(stderr, "fp4rollout-client: out of memory\n");
+                rc = 1;
+                break;
+            }
+            if (bf16)
+                for (size_t e = 0; e < count; e++) ((uint16_t *)owned[k])[e] = to_bf16(src[e]);
+            else memcpy(owned[k], src, count * 4);
+            if (altered) {
+                if (bf16) ((uint16_t *)owned[k])[count / 2] = 0x7fc0;
+                else ((float *)owned[k])[count / 2] = NAN;
+            }
+            data = owned[k];
+        }
+        if (flat && strcmp(flat, name) == 0 && ndim == 2) {
+            shapes[k][0] *= shapes[k][1];
+            ndim = 1;
+        }
+        t[k] = (fr_client_tensor){.name = name, .dtype = bf16 ? FR_DTYPE_BF16 : FR_DTYPE_F32, .ndim = ndim,
+                                  .shape = shapes[k], .data = data};
+        bytes += count * (bf16 ? 2 : 4);
+        k++;
+    }
+    if (!rc && export_path) {
+        FILE *f = fopen(export_path, "wb");
+        for (int i = 0; f && i < k; i++) {
+            size_t count = (size_t)t[i].shape[0] * (size_t)(t[i].ndim == 2 ? t[i].shape[1] : 1);
+            if (fwrite(t[i].data, bf16 ? 2 : 4, count, f) != count) break;
+            printf("{\"name\":\"%s\",\"shape\":[%lld", t[i].name, (long long)t[i].shape[0]);
+            if (t[i].ndim == 2) printf(",%lld", (long long)t[i].shape[1]);
+            printf("]}\n");
+        }
+        if (!f || fclose(f)) {
+            fprintf(stderr, "fp4rollout-client: cannot write %s\n", export_path);
+            rc = 1;
+        }
+    } else if (!rc) {
+        double t0 = fr_now_s();
+        fr_msg_update_reply r;
+        if (fr_client_update_weights(c, t, k, (uint64_t)version, &opts, &r)) {
+            const char *code = "", *msg = "";
+            fr_client_last_error(c, &code, &msg, NULL);
+            fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());
+            printf("{\"committed\":false,\"code\":\"%s\"}\n", code);
+            rc = 1;
+        } else {
+            double dt = fr_now_s() - t0;
+            uint64_t nb = (bytes + (uint64_t)bucket - 1) / (uint64_t)bucket;
+            printf("{\"committed\":true,\"version\":%llu,\"weight_version\":%llu,\"tensors\":%d,\"bytes\":%llu,"
+                   "\"buckets_at_least\":%llu,\"seconds\":%.6f,\"mib_per_s\":%.1f}\n",
+                   (unsigned long long)r.version, (unsigned long long)r.weight_version, k,
+                   (unsigned long long)bytes, (unsigned long long)nb, dt, (double)bytes / (1 << 20) / dt);
+        }
+    }
+    for (int i = 0; owned && i < n; i++) free(owned[i]);
+    free(owned);
+    free(shapes);
+    free(t);
+    fr_weight_update_free(&names);
+    fr_model_destroy(&m);
+    return rc;
+}
+
+static int cmd_watch_metrics(const char *endpoint, const fr_client_curve *keys, int timeout_ms, int argc, char **argv)
+{
+    long long count = -1;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--count") == 0 && i + 1 < argc) {
+            if (parse_long(argv[i], argv[i + 1], 1, 1LL << 40, &count)) return 2;
+            i++;
+        } else return usage_error("watch-metrics: unknown or incomplete option '%s'", argv[i]);
+    }
+    fr_metrics_sub *sub;
+    if (fr_metrics_sub_new(endpoint, keys, &sub)) {
+        fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());
+        return 1;
+    }
+    int rc = 0;
+    for (long long got = 0; count < 0 || got < count; got++) {
+        char *json = NULL;
+        if (fr_metrics_sub_next(sub, timeout_ms, &json)) {
+            fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());
+            rc = 1;
+            break;
+        }
+        if (!json) {
+            fprintf(stderr, "fp4rollout-client: no metrics snapshot from %s within %d ms\n", endpoint, timeout_ms);
+            rc = 1;
+            break;
+        }
+        printf("%s\n", json);
+        fflush(stdout);
+        fr_client_free_string(json);
+    }
+    fr_metrics_sub_destroy(&sub);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const char *endpoint = "tcp://127.0.0.1:5555";
+    fr_client_curve keys = {NULL, NULL, NULL};
+    long long timeout = 30000;
+    int i = 1;
+    for (; i < argc; i++) {
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            printf("%s", usage_text);
+            return 0;
+        }
+        if (strcmp(argv[i], "--endpoint") == 0 && i + 1 < argc) endpoint = argv[++i];
+        else if (strcmp(argv[i], "--server-key") == 0 && i + 1 < argc) keys.server_public_key = argv[++i];
+        else if (strcmp(argv[i], "--public-key") == 0 && i + 1 < argc) keys.public_key = argv[++i];
+        else if (strcmp(argv[i], "--secret-key") == 0 && i + 1 < argc) keys.secret_key = argv[++i];
+        else if (strcmp(argv[i], "--timeout-ms") == 0 && i + 1 < argc) {
+            if (parse_long(argv[i], argv[i + 1], 1, 1 << 30, &timeout)) return 2;
+            i++;
+        } else break;
+    }
+    if (i >= argc) return usage_error("%s", "a command is required");
+    const char *cmd = argv[i++];
+    for (int j = i; j < argc; j++)
+        if (strcmp(argv[j], "-h") == 0 || strcmp(argv[j], "--help") == 0) {
+            printf("%s", usage_text);
+            return 0;
+        }
+    static const char *const known[] = {"hello", "stats", "pause", "resume", "generate", "send-raw", "push-weights"};
+    int ok = 0;
+    for (int k = 0; k < 7; k++) ok |= strcmp(cmd, known[k]) == 0;
+    if (strcmp(cmd, "keygen") == 0) {
+        char pub[41], sec[41];
+        if (fr_client_keypair(pub, sec)) {
+            fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());
+            return 1;
+        }
+        printf("{\"public\":\"%s\",\"secret\":\"%s\"}\n", pub, sec);
+        return 0;
+    }
+    int n_keys = !!keys.server_public_key + !!keys.public_key + !!keys.secret_key;
+    if (n_keys != 0 && n_keys != 3)
+        return usage_error("%s", "CURVE needs --server-key, --public-key and --secret-key together");
+    if (strcmp(cmd, "watch-metrics") == 0)
+        return cmd_watch_metrics(endpoint, n_keys ? &keys : NULL, (int)timeout, argc - i, argv + i);
+    if (!ok) return usage_error("unknown command '%s'", cmd);
+    fr_client *c;
+    if (fr_client_new_curve(endpoint, n_keys ? &keys : NULL, &c)) {
+        fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());
+        return 1;
+    }
+    fr_client_set_timeout(c, (int)timeout);
+    int rc = 0;
+    fr_msg m;
+    fr_msg_init(&m, FR_MSG_NONE);
+    fr_status st = FR_OK;
+    if (strcmp(cmd, "generate") == 0) rc = cmd_generate(c, (int)timeout, argc - i, argv + i);
+    else if (strcmp(cmd, "send-raw") == 0) rc = cmd_send_raw(c, (int)timeout, argc - i, argv + i);
+    else if (strcmp(cmd, "push-weights") == 0) rc = cmd_push_weights(c, argc - i, argv + i);
+    else if (i < argc && strcmp(cmd, "pause") != 0) rc = usage_error("%s takes no options", cmd);
+    else if (strcmp(cmd, "hello") == 0) {
+        m.type = FR_MSG_HELLO_REPLY;
+        st = fr_client_hello(c, "fp4rollout-client", &m.u.hello_reply);
+    } else if (strcmp(cmd, "stats") == 0) {
+        m.type = FR_MSG_STATS_REPLY;
+        st = fr_client_stats(c, &m.u.stats_reply);
+    } else if (strcmp(cmd, "resume") == 0) {
+        m.type = FR_MSG_RESUME_REPLY;
+        st = fr_client_resume(c, &m.u.resume_reply);
+    } else {
+        fr_pause_mode mode = FR_PAUSE_ABORT;
+        if (argc - i != 2 || strcmp(argv[i], "--mode") != 0) rc = usage_error("pause: %s is required", "--mode abort|wait");
+        else if (strcmp(argv[i + 1], "wait") == 0) mode = FR_PAUSE_WAIT;
+        else if (strcmp(argv[i + 1], "abort") != 0) rc = usage_error("pause: --mode must be abort or wait, got '%s'", argv[i + 1]);
+        if (!rc) {
+            m.type = FR_MSG_PAUSE_REPLY;
+            st = fr_client_pause(c, mode, &m.u.pause_reply);
+        }
+    }
+    if (st) {
+        fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());
+        rc = 1;
+    } else if (m.type != FR_MSG_NONE && !rc) {
+        print_reply(&m);
+    }
+    fflush(stdout);
+    fr_client_destroy(&c);
+    return rc;
+}

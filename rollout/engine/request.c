@@ -1,0 +1,131 @@
+#include "rollout/engine/request.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *fr_finish_reason_name(fr_finish_reason r)
+{
+    switch (r) {
+    case FR_FINISH_STOP: return "stop";
+    case FR_FINISH_LENGTH: return "length";
+    case FR_FINISH_ABORT: return "abort";
+    case FR_FINISH_ERROR: return "error";
+    default: return "none";
+    }
+}
+
+void fr_sample_result_free(fr_sample_result *r)
+{
+    if (!r) return;
+    free(r->tokens);
+    free(r->logprobs);
+    free(r->versions);
+    free(r->kl);
+    memset(r, 0, sizeof *r);
+}
+
+/* Flags of a record's optional parts. */
+enum { REC_TOKENS = 1, REC_KL = 2 };
+
+void fr_sample_result_put(fr_rank_buf *b, const fr_sample_result *r, int with_tokens)
+{
+    const unsigned parts = (with_tokens ? REC_TOKENS : 0) | (r->kl && r->n_tokens > 0 ? REC_KL : 0);
+    fr_rank_put_u64(b, r->request_id);
+    fr_rank_put_u64(b, r->group);
+    fr_rank_put_i32(b, r->sample);
+    fr_rank_put_i32(b, (int)r->finish);
+    fr_rank_put_i32(b, r->n_tokens);
+    fr_rank_put_i32(b, r->preemptions);
+    fr_rank_put_u8(b, (unsigned)(r->monitored != 0));
+    fr_rank_put(b, &r->div, sizeof r->div);
+    fr_rank_put_u8(b, parts);
+    if (parts & REC_TOKENS) {
+        fr_rank_put(b, r->tokens, sizeof(int) * (size_t)r->n_tokens);
+        fr_rank_put(b, r->logprobs, sizeof(float) * (size_t)r->n_tokens);
+        for (int i = 0; i < r->n_tokens; i++) fr_rank_put_u64(b, r->versions ? r->versions[i] : 0);
+    }
+    if (parts & REC_KL) fr_rank_put(b, r->kl, sizeof(float) * (size_t)r->n_tokens);
+}
+
+/* n elements of `size` bytes from the reader into a new array. NULL when
+ * truncated (*st FR_EFORMAT) or out of memory (*st FR_ENOMEM: the bytes are
+ * skipped, so the rest of the record and the next records stay readable). */
+static void *get_array(fr_rank_reader *r, int n, size_t size, fr_status *st)
+{
+    if (*st && *st != FR_ENOMEM) return NULL;
+    if ((size_t)n > (r->len - r->pos) / size) {
+        *st = fr_fail(FR_EFORMAT, "sample record: truncated array");
+        return NULL;
+    }
+    const size_t len = (size_t)n * size;
+    void *out = *st ? NULL : malloc(len ? len : 1);
+    if (!out) {
+        if (!*st) *st = fr_fail(FR_ENOMEM, "sample record: out of memory");
+        r->pos += len;
+        return NULL;
+    }
+    fr_rank_get(r, out, len);
+    return out;
+}
+
+fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out)
+{
+    memset(out, 0, sizeof *out);
+    out->request_id = fr_rank_get_u64(r);
+    out->group = fr_rank_get_u64(r);
+    out->sample = fr_rank_get_i32(r);
+    out->finish = (fr_finish_reason)fr_rank_get_i32(r);
+    out->n_tokens = fr_rank_get_i32(r);
+    out->preemptions = fr_rank_get_i32(r);
+    out->monitored = (int)fr_rank_get_u8(r);
+    if (fr_rank_get(r, &out->div, sizeof out->div)) r->bad = 1;
+    const unsigned parts = fr_rank_get_u8(r);
+    fr_status st = r->bad || out->n_tokens < 0 ? fr_fail(FR_EFORMAT, "sample record: truncated or malformed") : FR_OK;
+    if (parts & REC_TOKENS) {
+        out->tokens = get_array(r, out->n_tokens, sizeof(int), &st);
+        out->logprobs = get_array(r, out->n_tokens, sizeof(float), &st);
+        out->versions = get_array(r, out->n_tokens, sizeof(uint64_t), &st);
+    }
+    if (parts & REC_KL) out->kl = get_array(r, out->n_tokens, sizeof(float), &st);
+    if (st) {
+        if (st != FR_ENOMEM) r->bad = 1;
+        fr_sample_result_free(out);
+    }
+    return st;
+}
+
+fr_status fr_request_spec_check(const fr_request_spec *r, int vocab)
+{
+    if (!r) return fr_fail(FR_EINVAL, "request: NULL");
+    if (!r->prompt || r->n_prompt < 1) return fr_fail(FR_EINVAL, "request %llu: the prompt is empty",
+                                                      (unsigned long long)r->id);
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= vocab)
+            return fr_fail(FR_EINVAL, "request %llu: prompt token %d is id %d, outside the vocabulary of %d",
+                           (unsigned long long)r->id, i, r->prompt[i], vocab);
+    if (r->n < 1) return fr_fail(FR_EINVAL, "request %llu: n must be >= 1 (got %d)", (unsigned long long)r->id, r->n);
+    if (r->max_tokens < 1)
+        return fr_fail(FR_EINVAL, "request %llu: max_tokens must be >= 1 (got %d)", (unsigned long long)r->id,
+                       r->max_tokens);
+    if (r->n_stop < 0 || (r->n_stop > 0 && !r->stop_ids))
+        return fr_fail(FR_EINVAL, "request %llu: bad stop ids", (unsigned long long)r->id);
+    for (int i = 0; i < r->n_stop; i++)
+        if (r->stop_ids[i] < 0 || r->stop_ids[i] >= vocab)
+            return fr_fail(FR_EINVAL, "request %llu: stop id %d is outside the vocabulary of %d",
+                           (unsigned long long)r->id, r->stop_ids[i], vocab);
+    if (r->forced && r->n_forced < 1)
+        return fr_fail(FR_EINVAL, "request %llu: forced tokens given but n_forced is %d", (unsigned long long)r->id,
+                       r->n_forced);
+    for (int i = 0; r->forced && i < r->n_forced; i++)
+        if (r->forced[i] < 0 || r->forced[i] >= vocab)
+            return fr_fail(FR_EINVAL, "request %llu: forced token %d (%d) is outside the vocabulary of %d",
+                           (unsigned long long)r->id, i, r->forced[i], vocab);
+    fr_status st = fr_sampling_params_check(&r->params, vocab);
+    if (st) {
+        char msg[512];   /* the message is rewritten below: copy it first */
+        snprintf(msg, sizeof msg, "%s", fr_last_error());
+        return fr_fail(st, "request %llu: %s", (unsigned long long)r->id, msg);
+    }
+    return FR_OK;
+}

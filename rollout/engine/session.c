@@ -1,0 +1,579 @@
+#include "rollout/engine/session.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef FR_HAVE_CUDA
+#include "rollout/model/runner_cuda.h"
+#include "comm/nccl_group.h"
+#endif
+
+void fr_engine_opts_default(fr_engine_opts *o)
+{
+    *o = (fr_engine_opts){.model = "synthetic:tiny", .backend = FR_BACKEND_AUTO, .kv = FR_KV_BF16, .compute = FR_COMPUTE_EXACT,
+                          .recipe = fr_recipe_full(), .calib = NULL, .chunk = 512,
+                          .tp = 1, .group = NULL};
+}
+
+const char *fr_backend_name(fr_backend b)
+{
+    return b == FR_BACKEND_CPU ? "cpu" : b == FR_BACKEND_CUDA ? "cuda" : "auto";
+}
+
+/* Builds the cache and the runner for model m on backend b (CPU or CUDA).
+ * On the CUDA backend, wg holds the device weights (the session takes them)
+ * and m only its config. */
+static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, struct fr_weights_gpu *wg, int n_blocks,
+                         int max_seqs, fr_session *s)
+{
+    struct fr_nccl_group *nccl = s->nccl;   /* made by the caller, before the weights */
+    memset(s, 0, sizeof *s);
+    s->nccl = nccl;
+    s->model = m;
+    s->backend = b;
+    s->gpu_weights = wg;
+    s->tp = (fr_tp){.rank = o->tp > 1 ? o->group->layout.tp_rank : 0, .size = o->tp,
+                    .group = o->tp > 1 ? o->group : NULL};
+    fr_status st = FR_OK;
+    if (o->calib) {
+        if ((st = fr_calib_load(o->calib, fr_model_calib_dims(&m->cfg), &s->calib))) return st;
+        s->has_calib = 1;
+    }
+    /* Tensor parallel: this rank's KV heads, and their rows of the
+     * calibration tables. */
+    fr_tp_layout tl;
+    if ((st = fr_tp_layout_of(&m->cfg, s->tp.rank, s->tp.size, &tl))) return st;
+    const int L = m->cfg.num_layers;
+    float *key_mean = NULL, *fp8_scales = NULL;
+    if (s->has_calib && s->tp.size > 1) {
+        key_mean = malloc(sizeof(float) * (size_t)L * tl.n_kv_heads * m->cfg.head_dim);
+        fp8_scales = malloc(sizeof(float) * (size_t)L * tl.n_kv_heads * 2);
+        if (!key_mean || !fp8_scales) {
+            free(key_mean); free(fp8_scales);
+            return fr_fail(FR_ENOMEM, "out of memory");
+        }
+        fr_tp_slice_kv_table(s->calib.key_mean, L, m->cfg.num_kv_heads, m->cfg.head_dim, &tl, key_mean);
+        if (s->calib.fp8_scales) fr_tp_slice_kv_table(s->calib.fp8_scales, L, m->cfg.num_kv_heads, 2, &tl, fp8_scales);
+    }
+    fr_kv_cache_config kc = {
+        .n_layers = L, .n_kv_heads = tl.n_kv_heads, .head_dim = m->cfg.head_dim,
+        .dtype = o->kv, .compute = o->compute, .recipe = o->recipe,
+        .tau = s->has_calib ? s->calib.tau : FR_P_TAU, .n_blocks = n_blocks, .max_seqs = max_seqs,
+        .key_mean = !s->has_calib ? NULL : key_mean ? key_mean : s->calib.key_mean,
+        .fp8_scales = !s->has_calib || !s->calib.fp8_scales ? NULL : fp8_scales ? fp8_scales : s->calib.fp8_scales,
+        .bookkeeping_only = b == FR_BACKEND_CUDA,
+    };
+    const int step_tokens = o->chunk > max_seqs ? o->chunk : max_seqs;
+    st = fr_kv_cache_new(&kc, &s->kv);   /* copies the tables */
+    free(key_mean);
+    free(fp8_scales);
+    if (!st && b == FR_BACKEND_CPU) st = fr_runner_cpu_new_tp(m, s->kv, step_tokens, &s->tp, &s->runner);
+#ifdef FR_HAVE_CUDA
+    if (!st && b == FR_BACKEND_CUDA) st = fr_runner_cuda_new_tp(wg, s->kv, step_tokens, s->nccl, &s->gpu);
+#endif
+    return st;
+}
+
+#ifdef FR_HAVE_CUDA
+/* The device weights for a spec: synthetic models are generated on the GPU;
+ * checkpoints are loaded on the host, copied, and their host weights freed. */
+/* Tensor parallel: replaces *wg by this rank's shard of it. */
+static fr_status shard_weights(const fr_engine_opts *o, struct fr_weights_gpu **wg)
+{
+    if (o->tp <= 1) return FR_OK;
+    struct fr_weights_gpu *shard = NULL;
+    fr_status st = fr_weights_gpu_shard(*wg, o->group->layout.tp_rank, o->tp, &shard);
+    fr_weights_gpu_destroy(wg);
+    *wg = shard;
+    return st;
+}
+
+/* Tensor parallel on the GPU: the engine's NCCL group, which also picks this
+ * rank's GPU (so it comes before any device allocation). */
+static fr_status open_nccl(const fr_engine_opts *o, fr_session *s)
+{
+    if (o->tp <= 1) return FR_OK;
+    fr_comm_status cs = fr_nccl_group_new(o->group, &s->nccl);
+    return cs ? fr_fail(FR_EINTERNAL, "--tp %d on the GPU: %s", o->tp, fr_comm_last_error()) : FR_OK;
+}
+
+static fr_status gpu_weights_for(const fr_engine_opts *o, const char *spec, fr_model **m,
+                                 struct fr_weights_gpu **wg)
+{
+    *m = NULL;
+    *wg = NULL;
+    size_t plen = strlen(FR_SYNTHETIC_PREFIX);
+    fr_status st;
+    if (strncmp(spec, FR_SYNTHETIC_PREFIX, plen) == 0) {
+        fr_model_config cfg;
+        uint64_t seed;
+        if ((st = fr_synthetic_parse(spec + plen, &cfg, &seed))) return st;
+        if ((st = fr_model_config_only(&cfg, spec, m))) return st;
+        st = fr_weights_gpu_synthetic(&cfg, seed, wg);
+    } else {
+        if ((st = fr_model_load(spec, m))) return st;
+        st = fr_weights_gpu_from_model(*m, wg);
+        if (!st) fr_model_drop_weights(*m);
+    }
+    if (!st) st = shard_weights(o, wg);
+    if (st) fr_model_destroy(m);
+    return st;
+}
+#endif
+
+/* The options' tensor parallelism against their engine group. */
+static fr_status check_tp(const fr_engine_opts *o)
+{
+    if (o->tp < 1) return fr_fail(FR_EINVAL, "--tp %d must be >= 1", o->tp);
+    if (o->tp == 1) return FR_OK;
+    if (!o->group)
+        return fr_fail(FR_EINVAL, "--tp %d needs the %d ranks of an engine: launch under mpirun (generate "
+                                  "and score set this up)", o->tp, o->tp);
+    if (o->group->layout.tp_size != o->tp)
+        return fr_fail(FR_EINVAL, "--tp %d does not match the engine group's %d ranks", o->tp,
+                       o->group->layout.tp_size);
+    return FR_OK;
+}
+
+/* The backend a session should use, before anything is loaded. With tensor
+ * parallelism (tp > 1, checked by check_tp) auto picks the CPU; the GPU
+ * engine is asked for with --backend cuda (one GPU per rank). */
+static fr_status resolve_backend(const fr_engine_opts *o, fr_backend *out)
+{
+    fr_status st = check_tp(o);
+    if (st) return st;
+    if (o->tp > 1 && o->backend == FR_BACKEND_AUTO) {
+        *out = FR_BACKEND_CPU;
+        return FR_OK;
+    }
+    return fr_backend_pick(o->backend, out);
+}
+
+fr_status fr_backend_pick(fr_backend want, fr_backend *out)
+{
+#ifdef FR_HAVE_CUDA
+    int gpu = fr_cuda_available();
+#else
+    int gpu = 0;
+#endif
+    if (want == FR_BACKEND_CUDA && !gpu) {
+#ifdef FR_HAVE_CUDA
+        return fr_fail(FR_EUNSUPPORTED, "--backend cuda: no usable CUDA device");
+#else
+        return fr_fail(FR_EUNSUPPORTED, "--backend cuda: this build has no CUDA support (nvcc was absent)");
+#endif
+    }
+    *out = want == FR_BACKEND_AUTO ? (gpu ? FR_BACKEND_CUDA : FR_BACKEND_CPU) : want;
+    return FR_OK;
+}
+
+fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_blocks, int max_seqs,
+                                fr_session *s)
+{
+    fr_backend b = FR_BACKEND_CPU;
+    fr_status st = resolve_backend(o, &b);
+    if (st) return st;
+    struct fr_weights_gpu *wg = NULL;
+    memset(s, 0, sizeof *s);
+#ifdef FR_HAVE_CUDA
+    if (b == FR_BACKEND_CUDA && (st = open_nccl(o, s))) return st;
+    if (b == FR_BACKEND_CUDA && !(st = fr_weights_gpu_from_model(m, &wg))) st = shard_weights(o, &wg);
+    if (st) {
+        fr_nccl_group_destroy(&s->nccl);
+        return st;
+    }
+#endif
+    st = open_on(o, b, m, wg, n_blocks, max_seqs, s);
+    if (st && o->backend == FR_BACKEND_AUTO && b == FR_BACKEND_CUDA && st == FR_EUNSUPPORTED) {
+        s->model = NULL;   /* the caller's model: keep it */
+        fr_session_close(s);
+        return open_on(o, FR_BACKEND_CPU, m, NULL, n_blocks, max_seqs, s);
+    }
+    if (st) {
+        s->model = NULL;
+        fr_session_close(s);
+    }
+    return st;
+}
+
+fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, fr_session *s)
+{
+    memset(s, 0, sizeof *s);
+    fr_backend b = FR_BACKEND_CPU;
+    fr_status st = resolve_backend(o, &b);
+    if (st) return st;
+    fr_model *m = NULL;
+#ifdef FR_HAVE_CUDA
+    if (b == FR_BACKEND_CUDA) {
+        struct fr_weights_gpu *wg;
+        if ((st = open_nccl(o, s))) return st;
+        if ((st = gpu_weights_for(o, o->model, &m, &wg))) {
+            fr_nccl_group_destroy(&s->nccl);
+            return st;
+        }
+        st = open_on(o, b, m, wg, n_blocks, max_seqs, s);
+        if (!st) return FR_OK;
+        fr_session_close(s);   /* frees m and wg */
+        if (o->backend != FR_BACKEND_AUTO || st != FR_EUNSUPPORTED) return st;
+        b = FR_BACKEND_CPU;    /* auto: this configuration runs on the CPU only */
+    }
+#endif
+    if ((st = fr_model_load(o->model, &m))) return st;
+    st = open_on(o, b, m, NULL, n_blocks, max_seqs, s);
+    if (st) fr_session_close(s);
+    return st;
+}
+
+void fr_session_close(fr_session *s)
+{
+    fr_runner_cpu_destroy(&s->runner);
+#ifdef FR_HAVE_CUDA
+    fr_runner_cuda_destroy(&s->gpu);
+    if (!s->borrowed) {
+        fr_weights_gpu_destroy(&s->gpu_weights);
+        fr_nccl_group_destroy(&s->nccl);
+    }
+#endif
+    fr_kv_cache_destroy(&s->kv);
+    fr_sampler_destroy(&s->sampler);
+    free(s->step_logits);
+    if (s->has_calib) fr_calib_free(&s->calib);
+    if (!s->borrowed) fr_model_destroy(&s->model);
+    memset(s, 0, sizeof *s);
+}
+
+fr_status fr_session_open_shadow(const fr_session *main, int n_blocks, int max_seqs, int step_tokens,
+                                 fr_session *out)
+{
+    if (!main || !out || !main->kv) return fr_fail(FR_EINVAL, "fr_session_open_shadow: no session");
+    if (n_blocks < 1 || max_seqs < 1 || step_tokens < 1)
+        return fr_fail(FR_EINVAL, "shadow session: %d blocks, %d sequences, %d step tokens must all be >= 1",
+                       n_blocks, max_seqs, step_tokens);
+    memset(out, 0, sizeof *out);
+    out->borrowed = 1;
+    out->model = main->model;
+    out->backend = main->backend;
+    out->gpu_weights = main->gpu_weights;
+    out->nccl = main->nccl;
+    out->tp = main->tp;
+    fr_kv_cache_config kc = *fr_kv_cache_config_of(main->kv);
+    kc.dtype = FR_KV_BF16;
+    kc.compute = FR_COMPUTE_EXACT;
+    kc.key_mean = NULL;
+    kc.fp8_scales = NULL;
+    kc.n_blocks = n_blocks;
+    kc.max_seqs = max_seqs;
+    fr_status st = fr_kv_cache_new(&kc, &out->kv);
+    if (!st && out->backend == FR_BACKEND_CPU)
+        st = fr_runner_cpu_new_tp(out->model, out->kv, step_tokens, &out->tp, &out->runner);
+#ifdef FR_HAVE_CUDA
+    if (!st && out->backend == FR_BACKEND_CUDA)
+        st = fr_runner_cuda_new_tp(out->gpu_weights, out->kv, step_tokens, out->nccl, &out->gpu);
+#endif
+    if (st) fr_session_close(out);
+    return st;
+}
+
+fr_status fr_session_set_key_mean(fr_session *s, const float *key_mean)
+{
+    if (!s || !s->kv || !s->model || !key_mean) return fr_fail(FR_EINVAL, "fr_session_set_key_mean: NULL argument");
+    if (s->tp.size > 1)
+        return fr_fail(FR_EUNSUPPORTED, "changing the key mean of a tensor-parallel engine (tp %d) is not supported",
+                       s->tp.size);
+    const fr_model_config *mc = &s->model->cfg;
+    const size_t n = (size_t)mc->num_layers * mc->num_kv_heads * mc->head_dim;
+    float *copy = s->has_calib ? NULL : malloc(sizeof(float) * n);
+    if (!s->has_calib && !copy) return fr_fail(FR_ENOMEM, "out of memory");
+    fr_status st = fr_kv_cache_set_key_mean(s->kv, key_mean);   /* checks the values first */
+#ifdef FR_HAVE_CUDA
+    if (!st && s->gpu) st = fr_runner_cuda_set_key_mean(s->gpu, key_mean);
+#endif
+    if (st) {
+        free(copy);
+        return st;
+    }
+    if (!s->has_calib) {
+        s->calib.key_mean = copy;
+        s->calib.tau = fr_kv_cache_config_of(s->kv)->tau;
+        s->calib.has_tau = 1;
+        s->calib.fp8_scales = NULL;
+        s->has_calib = 1;
+    }
+    memcpy(s->calib.key_mean, key_mean, sizeof(float) * n);
+    return FR_OK;
+}
+
+fr_status fr_session_step(fr_session *s, const fr_step_seq *seqs, int n_seqs, float *logits)
+{
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA) return fr_runner_cuda_step(s->gpu, seqs, n_seqs, logits);
+#endif
+    return fr_runner_cpu_step(s->runner, seqs, n_seqs, logits);
+}
+
+#ifdef FR_HAVE_CUDA
+/* The GPU sampler's rows for decode rows (malloc'd, at least one; NULL when
+ * out of memory). */
+static fr_sample_row *device_rows(const fr_decode_row *rows, int n)
+{
+    fr_sample_row *p = malloc(sizeof *p * (size_t)(n > 0 ? n : 1));
+    for (int i = 0; p && i < n; i++)
+        p[i] = (fr_sample_row){.temperature = rows[i].params.temperature, .top_k = rows[i].params.top_k,
+                               .top_p = rows[i].params.top_p, .seed = rows[i].params.seed,
+                               .sequence = rows[i].sequence, .step = rows[i].step};
+    return p;
+}
+#endif
+
+fr_status fr_session_fill(fr_session *s, const fr_step_seq *seqs, int n_seqs)
+{
+    if (!s || n_seqs < 1 || !seqs) return fr_fail(FR_EINVAL, "fr_session_fill: bad argument");
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA) return fr_runner_cuda_fill(s->gpu, seqs, n_seqs);
+#endif
+    return fr_runner_cpu_fill(s->runner, seqs, n_seqs);
+}
+
+/* The host path's logits rows for a step of `rows` rows, and the sampler
+ * when tokens are drawn on the host. */
+static fr_status host_step_room(fr_session *s, int rows, int sampling)
+{
+    const int V = s->model->cfg.vocab_size;
+    fr_status st;
+    if (sampling && !s->sampler && (st = fr_sampler_new(V, &s->sampler))) return st;
+    if (s->step_logits_rows < rows) {
+        float *grown = realloc(s->step_logits, sizeof(float) * (size_t)V * (size_t)rows);
+        if (!grown) return fr_fail(FR_ENOMEM, "out of memory");
+        s->step_logits = grown;
+        s->step_logits_rows = rows;
+    }
+    return FR_OK;
+}
+
+fr_status fr_session_decode(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
+                            int *tokens, float *logprobs)
+{
+    return fr_session_decode_keep(s, seqs, rows, n_seqs, tokens, logprobs, NULL, 0, NULL);
+}
+
+fr_status fr_session_decode_keep(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
+                                 int *tokens, float *logprobs, const int *keep, int n_keep, float *kept_logits)
+{
+    if (!s || n_seqs < 0 || (n_seqs && (!seqs || !rows)))
+        return fr_fail(FR_EINVAL, "fr_session_decode: bad argument");
+    if (n_keep < 0 || n_keep > n_seqs || (n_keep && (!keep || !kept_logits)))
+        return fr_fail(FR_EINVAL, "fr_session_decode: bad list of rows whose logits to keep");
+    const int V = s->model->cfg.vocab_size;
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA) {
+        fr_sample_row *p = device_rows(rows, n_seqs);
+        if (!p) return fr_fail(FR_ENOMEM, "out of memory");
+        fr_status st = fr_runner_cuda_decode_keep(s->gpu, seqs, p, n_seqs, tokens, logprobs, keep, n_keep,
+                                                  kept_logits);
+        free(p);
+        return st;
+    }
+#endif
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] < 0 || keep[i] >= n_seqs)
+            return fr_fail(FR_EINVAL, "decode: row %d to keep is outside the batch of %d", keep[i], n_seqs);
+    for (int i = 0; i < n_seqs && tokens; i++) {
+        fr_status st = fr_sampling_params_check(&rows[i].params, V);
+        if (st) return st;
+    }
+    fr_status st = host_step_room(s, n_seqs, tokens != NULL);
+    if (!st) st = fr_session_step(s, seqs, n_seqs, s->step_logits);
+    for (int i = 0; i < n_seqs && !st && tokens; i++)
+        st = fr_sample(s->sampler, s->step_logits + (size_t)i * V, &rows[i].params, rows[i].sequence, rows[i].step,
+                       &tokens[i], logprobs ? &logprobs[i] : NULL);
+    for (int i = 0; i < n_keep && !st; i++)
+        memcpy(kept_logits + (size_t)i * V, s->step_logits + (size_t)keep[i] * V, sizeof(float) * (size_t)V);
+    return st;
+}
+
+fr_status fr_session_decode_launch(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs)
+{
+    if (!s || n_seqs < 1 || !seqs || !rows) return fr_fail(FR_EINVAL, "fr_session_decode_launch: bad argument");
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA) {
+        fr_sample_row *p = device_rows(rows, n_seqs);
+        if (!p) return fr_fail(FR_ENOMEM, "out of memory");
+        fr_status st = fr_runner_cuda_decode_launch(s->gpu, seqs, p, n_seqs);
+        free(p);
+        return st;
+    }
+#endif
+    return fr_fail(FR_EUNSUPPORTED, "a decode launched apart from its wait needs the CUDA backend");
+}
+
+fr_status fr_session_decode_launch_carrying(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows,
+                                            int n_seqs, fr_session *rider, const fr_step_seq *rider_seqs, int n_rider)
+{
+    if (!s || n_seqs < 1 || !seqs || !rows || !rider)
+        return fr_fail(FR_EINVAL, "fr_session_decode_launch_carrying: bad argument");
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA && rider->backend == FR_BACKEND_CUDA) {
+        fr_sample_row *p = device_rows(rows, n_seqs);
+        if (!p) return fr_fail(FR_ENOMEM, "out of memory");
+        fr_status st = fr_runner_cuda_decode_launch_carrying(s->gpu, seqs, p, n_seqs, rider->gpu, rider_seqs, n_rider);
+        free(p);
+        return st;
+    }
+#endif
+    (void)rider_seqs, (void)n_rider;
+    return fr_fail(FR_EUNSUPPORTED, "a decode carrying another session's needs the CUDA backend");
+}
+
+fr_status fr_session_decode_wait(fr_session *s, const fr_step_seq *seqs, int n_seqs, int *tokens, float *logprobs,
+                                 const int *keep, int n_keep, float *kept_logits)
+{
+    if (!s || n_seqs < 1 || !seqs) return fr_fail(FR_EINVAL, "fr_session_decode_wait: bad argument");
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA)
+        return fr_runner_cuda_decode_wait(s->gpu, seqs, n_seqs, tokens, logprobs, keep, n_keep, kept_logits);
+#endif
+    (void)tokens, (void)logprobs, (void)keep, (void)n_keep, (void)kept_logits;
+    return fr_fail(FR_EUNSUPPORTED, "a decode launched apart from its wait needs the CUDA backend");
+}
+
+fr_status fr_session_step_draw(fr_session *s, const fr_step_seq *seqs, int n_seqs, const fr_step_draw *draws,
+                               int n_draws, int *tokens, float *logprobs, const int *keep, int n_keep,
+                               float *kept_logits)
+{
+    if (!s || n_seqs < 0 || (n_seqs && !seqs) || n_draws < 0 || (n_draws && (!draws || !tokens)) || n_keep < 0 ||
+        (n_keep && (!keep || !kept_logits)))
+        return fr_fail(FR_EINVAL, "fr_session_step_draw: bad argument");
+#ifdef FR_HAVE_CUDA
+    if (s->backend == FR_BACKEND_CUDA) {
+        int *rows = malloc(sizeof(int) * (size_t)(n_draws > 0 ? n_draws : 1));
+        fr_sample_row *p = malloc(sizeof *p * (size_t)(n_draws > 0 ? n_draws : 1));
+        fr_status st = rows && p ? FR_OK : fr_fail(FR_ENOMEM, "out of memory");
+        for (int i = 0; i < n_draws && !st; i++) {
+            const fr_sampling_params *q = &draws[i].d.params;
+            rows[i] = draws[i].row;
+            p[i] = (fr_sample_row){.temperature = q->temperature, .top_k = q->top_k, .top_p = q->top_p,
+                                   .seed = q->seed, .sequence = draws[i].d.sequence, .step = draws[i].d.step};
+        }
+        if (!st)
+            st = fr_runner_cuda_step_draw(s->gpu, seqs, n_seqs, rows, p, n_draws, tokens, logprobs, keep, n_keep,
+                                          kept_logits);
+        free(rows);
+        free(p);
+        return st;
+    }
+#endif
+    /* The CUDA runner checks these itself. */
+    const int V = s->model->cfg.vocab_size;
+    int n_rows = 0;
+    for (int i = 0; i < n_seqs; i++) n_rows += seqs[i].all_logits ? seqs[i].n : 1;
+    for (int i = 0; i < n_draws; i++) {
+        if (draws[i].row < 0 || draws[i].row >= n_rows)
+            return fr_fail(FR_EINVAL, "step: draw %d reads logit row %d of %d", i, draws[i].row, n_rows);
+        fr_status st = fr_sampling_params_check(&draws[i].d.params, V);
+        if (st) return st;
+    }
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] < 0 || keep[i] >= n_rows)
+            return fr_fail(FR_EINVAL, "step: logit row %d to keep is outside the step's %d", keep[i], n_rows);
+    fr_status st = host_step_room(s, n_rows, n_draws > 0);
+    if (!st) st = fr_session_step(s, seqs, n_seqs, s->step_logits);
+    for (int i = 0; i < n_draws && !st; i++)
+        st = fr_sample(s->sampler, s->step_logits + (size_t)draws[i].row * V, &draws[i].d.params, draws[i].d.sequence,
+                       draws[i].d.step, &tokens[i], logprobs ? &logprobs[i] : NULL);
+    for (int i = 0; i < n_keep && !st; i++)
+        memcpy(kept_logits + (size_t)i * V, s->step_logits + (size_t)keep[i] * V, sizeof(float) * (size_t)V);
+    return st;
+}
+
+fr_status fr_session_fork(fr_session *s, int src, int *dst)
+{
+    fr_status st = fr_kv_seq_fork(s->kv, src, dst);
+#ifdef FR_HAVE_CUDA
+    if (!st && s->backend == FR_BACKEND_CUDA && (st = fr_runner_cuda_fork(s->gpu, src, *dst)))
+        fr_kv_seq_free(s->kv, *dst);
+#endif
+    return st;
+}
+
+fr_status fr_session_prefill(fr_session *s, const int *tokens, int n, int chunk, int *seq,
+                             float *last_logits, float *all_logits)
+{
+    const int V = s->model->cfg.vocab_size;
+    fr_status st = fr_kv_seq_new(s->kv, seq);
+    if (st) return st;
+    for (int i = 0; i < n && !st; i += chunk) {
+        int m = n - i < chunk ? n - i : chunk;
+        fr_step_seq step = {.seq = *seq, .n = m, .tokens = tokens + i, .all_logits = all_logits != NULL};
+        float *out = all_logits ? all_logits + (size_t)i * V : last_logits;
+        st = fr_session_step(s, &step, 1, out);
+        if (!st && all_logits && i + m == n && last_logits)
+            memcpy(last_logits, all_logits + (size_t)(n - 1) * V, sizeof(float) * (size_t)V);
+    }
+    if (st) fr_kv_seq_free(s->kv, *seq);
+    return st;
+}
+
+fr_status fr_parse_ids(const char *text, int **ids, int *n)
+{
+    int cap = 64, count = 0;
+    int *out = malloc(sizeof(int) * (size_t)cap);
+    if (!out) return fr_fail(FR_ENOMEM, "out of memory");
+    const char *p = text;
+    while (*p) {
+        while (*p && (isspace((unsigned char)*p) || *p == ',')) p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > 0x7fffffff || (*end && !isspace((unsigned char)*end) && *end != ',')) {
+            free(out);
+            return fr_fail(FR_EINVAL, "token ids: '%.20s' is not a non-negative integer", p);
+        }
+        if (count == cap) {
+            int *grown = realloc(out, sizeof(int) * (size_t)(cap *= 2));
+            if (!grown) { free(out); return fr_fail(FR_ENOMEM, "out of memory"); }
+            out = grown;
+        }
+        out[count++] = (int)v;
+        p = end;
+    }
+    *ids = out;
+    *n = count;
+    return FR_OK;
+}
+
+fr_status fr_read_ids_file(const char *path, int **ids, int *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return fr_fail(FR_EIO, "cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = size >= 0 ? malloc((size_t)size + 1) : NULL;
+    fr_status st = FR_OK;
+    if (!buf || fread(buf, 1, (size_t)size, f) != (size_t)size) st = fr_fail(FR_EIO, "cannot read %s", path);
+    fclose(f);
+    if (!st) {
+        buf[size] = 0;
+        st = fr_parse_ids(buf, ids, n);
+        if (st) st = fr_fail(st, "%s: %s", path, fr_last_error());
+    }
+    free(buf);
+    return st;
+}
+
+fr_status fr_check_prompt(const fr_model_config *cfg, const int *ids, int n, int extra)
+{
+    if (n < 1) return fr_fail(FR_EINVAL, "the prompt is empty");
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= cfg->vocab_size)
+            return fr_fail(FR_EINVAL, "prompt token %d is id %d, outside the vocabulary of %d", i, ids[i],
+                           cfg->vocab_size);
+    if (n >= cfg->max_position || (long)n + extra > cfg->max_position)
+        return fr_fail(FR_EINVAL, "the prompt (%d tokens) plus %d new tokens exceeds the context window of %d",
+                       n, extra, cfg->max_position);
+    return FR_OK;
+}

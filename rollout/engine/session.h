@@ -1,0 +1,163 @@
+/* An inference session: a model, its KV cache configured from the
+ * command-line numerics options, and a runner on the chosen backend (the CPU
+ * reference, or CUDA). Shared by generate, score and the evaluation commands
+ * so they all build the engine the same way. */
+#ifndef FR_SESSION_H
+#define FR_SESSION_H
+
+#include "kvcache/calib_file.h"
+#include "rollout/model/runner_cpu.h"
+#include "rollout/model/sampler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* auto: CUDA when a GPU is present and supports the configuration, else CPU. */
+typedef enum { FR_BACKEND_AUTO = 0, FR_BACKEND_CPU, FR_BACKEND_CUDA } fr_backend;
+
+typedef struct {
+    const char *model;          /* DIR or synthetic:NAME[:SEED] */
+    fr_backend backend;
+    fr_kv_dtype kv;
+    fr_fp4_compute compute;
+    fr_recipe recipe;
+    const char *calib;          /* calibration file or NULL */
+    int chunk;                  /* prefill chunk (tokens per step) */
+    int tp;                     /* ranks per engine (--tp, default 1); > 1 needs group
+                                 * (docs/tensor_parallel.md); auto then picks the CPU,
+                                 * --backend cuda runs one GPU per rank over NCCL */
+    const fr_engine_group *group; /* this rank's engine when tp > 1 (app/tp_launch.h),
+                                 * not owned; NULL for tp 1 */
+} fr_engine_opts;
+
+void fr_engine_opts_default(fr_engine_opts *o);
+
+typedef struct {
+    fr_model *model;            /* config always; host weights on the CPU backend only */
+    fr_kv_cache *kv;            /* the cache (CPU) or its bookkeeping (CUDA) */
+    fr_backend backend;         /* CPU or CUDA once open */
+    fr_runner_cpu *runner;      /* CPU backend */
+    struct fr_runner_cuda *gpu; /* CUDA backend (rollout/model/runner_cuda.h) */
+    struct fr_weights_gpu *gpu_weights;
+    struct fr_nccl_group *nccl; /* CUDA backend with tp > 1: the engine's NCCL group */
+    int borrowed;               /* a shadow session: model, weights and NCCL group are
+                                 * another session's (fr_session_open_shadow) */
+    fr_sampler *sampler;        /* CPU sampling scratch of fr_session_decode, made on first use */
+    float *step_logits;         /* its logits buffer, grown to the largest batch */
+    int step_logits_rows;
+    fr_calib calib;
+    int has_calib;
+    fr_tp tp;                   /* this rank in its engine; size 1 without tensor parallelism.
+                                 * With size > 1 every session call that steps the model is
+                                 * collective over the engine and the KV cache holds this
+                                 * rank's KV heads only. */
+} fr_session;
+
+fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, fr_session *s);
+/* Opens a session on an already loaded model, which it owns on success. */
+fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_blocks, int max_seqs,
+                                fr_session *s);
+void fr_session_close(fr_session *s);
+/* A second session over main's model and weights (not copied; main must
+ * outlive it) with its own BF16 KV cache of n_blocks blocks and max_seqs
+ * sequences, on main's backend and tensor-parallel rank: the BF16 shadow of
+ * divergence monitoring (rollout/engine/divergence.h). With tp > 1 its steps are
+ * collective like main's; every rank steps both in the same order. */
+fr_status fr_session_open_shadow(const fr_session *main, int n_blocks, int max_seqs, int step_tokens,
+                                 fr_session *out);
+const char *fr_backend_name(fr_backend b);
+/* The backend `want` runs on here: auto becomes cuda when a CUDA device is
+ * usable, else cpu; cuda fails (FR_EUNSUPPORTED, with the reason) without a
+ * device or without CUDA in the build. */
+fr_status fr_backend_pick(fr_backend want, fr_backend *out);
+
+/* Replaces the key mean of the session's FP4 cache (host and device) and of
+ * its calibration (s->calib; made, with the cache's tau, when the session
+ * had none), for keys written from now on: the caller has freed or will
+ * recompute every sequence (kvcache/kv_cache.h). One rank per engine only
+ * (tp 1): a tensor-parallel engine would need every rank to agree. */
+fr_status fr_session_set_key_mean(fr_session *s, const float *key_mean);
+
+/* One forward step on the session's backend (fr_runner_cpu_step's contract). */
+fr_status fr_session_step(fr_session *s, const fr_step_seq *seqs, int n_seqs, float *logits);
+/* Sampling parameters of one row of a decode step: the sample's parameters,
+ * its stream (sequence) and the index of the token being drawn (step), the
+ * Philox keys of rollout/model/sampler.h. */
+typedef struct {
+    fr_sampling_params params;
+    uint64_t sequence, step;
+} fr_decode_row;
+
+/* A decode step (one new token per sequence) and sampling: tokens[i] and
+ * logprobs[i] receive the next token of seqs[i] drawn with rows[i]. On CUDA
+ * the sampling runs on the GPU and the step replays a CUDA graph; the CPU
+ * samples from the step's logits with the same rules and draws. */
+fr_status fr_session_decode(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
+                            int *tokens, float *logprobs);
+/* The same decode, also handing out the logits of rows keep[0..n_keep)
+ * (indices into seqs) as kept_logits [n_keep][vocab]: on CUDA only those
+ * rows leave the device. tokens NULL: logits only (the CPU then samples
+ * nothing; CUDA samples on the device and drops the tokens). */
+fr_status fr_session_decode_keep(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
+                                 int *tokens, float *logprobs, const int *keep, int n_keep, float *kept_logits);
+
+/* fr_session_decode_keep in two halves (CUDA backend only; FR_EUNSUPPORTED
+ * otherwise): launch returns once the decode is enqueued, so the host can
+ * start other work on the device (a shadow's step) while it runs; wait (the
+ * same seqs) finishes it. */
+fr_status fr_session_decode_launch(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs);
+fr_status fr_session_decode_wait(fr_session *s, const fr_step_seq *seqs, int n_seqs, int *tokens, float *logprobs,
+                                 const int *keep, int n_keep, float *kept_logits);
+/* A launch whose batch also carries rider's decode of rider_seqs (a session
+ * over the same weights with a BF16 cache: the BF16-KV shadow), so the two
+ * read the weights once (rollout/model/runner_cuda.h); CUDA only. The wait above
+ * finishes both. */
+fr_status fr_session_decode_launch_carrying(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows,
+                                            int n_seqs, fr_session *rider, const fr_step_seq *rider_seqs, int n_rider);
+
+/* One token to draw in fr_session_step_draw: from logit row `row` of the
+ * step (fr_step_logit_rows' numbering) with the sample's parameters and keys. */
+typedef struct {
+    int row;
+    fr_decode_row d;
+} fr_step_draw;
+
+/* A forward step of any shape (prefill chunks and decodes together) with
+ * the sampling done where the logits are: tokens[i] and logprobs[i] (may be
+ * NULL) receive draws[i]'s token, and kept_logits [n_keep][vocab] the logits
+ * of rows keep[0..n_keep). On CUDA only those rows and the tokens cross to
+ * the host; the CPU steps and samples as fr_session_step and fr_sample do. */
+fr_status fr_session_step_draw(fr_session *s, const fr_step_seq *seqs, int n_seqs, const fr_step_draw *draws,
+                               int n_draws, int *tokens, float *logprobs, const int *keep, int n_keep,
+                               float *kept_logits);
+
+/* Appends the tokens of seqs to their sequences' caches without attention
+ * or the MLP (rollout/model/runner_cpu.h, fr_runner_cpu_fill): keys and values
+ * projected from the embeddings, no logits. For filling long contexts in
+ * benchmarks (bench/decode_step --fill); the tokens' positions and pages are
+ * as a prefill's, their contents are not. */
+fr_status fr_session_fill(fr_session *s, const fr_step_seq *seqs, int n_seqs);
+
+/* A new sequence holding src's tokens (shared full pages, copied slots). */
+fr_status fr_session_fork(fr_session *s, int src, int *dst);
+
+/* Prefills tokens into a new KV sequence in chunks; logits of the last token
+ * go to last_logits (vocab floats) and, when all_logits is non-NULL, every
+ * position's logits to all_logits [n][vocab]. */
+fr_status fr_session_prefill(fr_session *s, const int *tokens, int n, int chunk, int *seq,
+                             float *last_logits, float *all_logits);
+
+/* Parses "1,2,3" (commas and/or whitespace) into a new array. */
+fr_status fr_parse_ids(const char *text, int **ids, int *n);
+/* Reads a file of ids in the same syntax. */
+fr_status fr_read_ids_file(const char *path, int **ids, int *n);
+/* Checks a prompt against the model: non-empty, ids in the vocabulary, fits
+ * the context window together with extra tokens. */
+fr_status fr_check_prompt(const fr_model_config *cfg, const int *ids, int n, int extra);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

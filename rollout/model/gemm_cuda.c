@@ -1,0 +1,301 @@
+/* The matrix products on the GPU through cuBLASLt: see gemm_cuda.h.
+ *
+ * Row-major y[M][N] = x[M][K] . W[N][K]^T is, read column-major, y^T = W . x^T
+ * with W^T stored (a K x N column-major matrix with ld K), so cuBLASLt sees
+ * A = W (op T, K x N, ld K), B = x (op N, K x M, ld K), C = D = y (N x M,
+ * ld N): the "TN" layout, the best supported one on Hopper.
+ *
+ * Plans live in an open-addressing hash table keyed by the shape, the output
+ * type and the pointers' alignments; a hit costs a hash and a compare.
+ */
+#ifdef FR_HAVE_CUDA
+
+#include "rollout/model/gemm_cuda.h"
+
+#include <cublasLt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/cuda_check.h"
+
+#define SLOTS (2 * FR_GEMM_MAX_PLANS)   /* a power of two; at most half used */
+#define HEURISTIC_RESULTS 8
+
+typedef struct {
+    int used;
+    int M, N, K, out_bf16;
+    uint32_t ay, ax, aw;            /* alignment in bytes of y, x, w (1..256) */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+} plan;
+
+struct fr_gemm {
+    cublasLtHandle_t lt;
+    void *ws;
+    size_t ws_size;
+    plan *slots;                    /* [SLOTS] */
+    int n_plans;
+    long searches, flushes;
+};
+
+const char *fr_cublas_status_str(int status)
+{
+    switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED (library or handle not initialized)";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED (an allocation inside cuBLAS failed)";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE (unsupported or conflicting parameter)";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH (not available on this GPU)";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR (GPU memory access failed)";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED (the kernel failed to run)";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR (an internal operation failed)";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED (configuration not supported)";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    }
+    static _Thread_local char buf[48];
+    snprintf(buf, sizeof buf, "cublasStatus_t %d", status);
+    return buf;
+}
+
+/* Evaluates a cublasStatus_t expression; on failure returns a status naming
+ * the call, where, and cuBLAS's status. */
+#define LT_TRY(call)                                                                                    \
+    do {                                                                                                \
+        cublasStatus_t lt_st_ = (call);                                                                 \
+        if (lt_st_ != CUBLAS_STATUS_SUCCESS)                                                            \
+            return fr_fail(lt_st_ == CUBLAS_STATUS_NOT_SUPPORTED ? FR_EUNSUPPORTED : FR_EINTERNAL,     \
+                           "%s failed at %s:%d: %s", #call, __FILE__, __LINE__,                         \
+                           fr_cublas_status_str((int)lt_st_));                                          \
+    } while (0)
+
+static void plan_release(plan *p)
+{
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
+
+static void flush_plans(fr_gemm *g)
+{
+    for (int i = 0; i < SLOTS; i++)
+        if (g->slots[i].used) plan_release(&g->slots[i]);
+    g->n_plans = 0;
+}
+
+void fr_gemm_destroy(fr_gemm **pg)
+{
+    fr_gemm *g = pg ? *pg : NULL;
+    if (!g) return;
+    if (g->slots) {
+        flush_plans(g);
+        free(g->slots);
+    }
+    if (g->ws) cudaFree(g->ws);
+    if (g->lt) cublasLtDestroy(g->lt);
+    free(g);
+    *pg = NULL;
+}
+
+fr_status fr_gemm_new(size_t workspace_bytes, fr_gemm **out)
+{
+    if (!out) return fr_fail(FR_EINVAL, "gemm: NULL output pointer");
+    *out = NULL;
+    fr_gemm *g = calloc(1, sizeof *g);
+    if (!g) return fr_fail(FR_ENOMEM, "gemm: out of memory");
+    g->slots = calloc(SLOTS, sizeof *g->slots);
+    if (!g->slots) {
+        free(g);
+        return fr_fail(FR_ENOMEM, "gemm: out of memory");
+    }
+    g->ws_size = workspace_bytes ? workspace_bytes : FR_GEMM_DEFAULT_WORKSPACE;
+    cublasStatus_t st = cublasLtCreate(&g->lt);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        g->lt = NULL;
+        fr_gemm_destroy(&g);
+        return fr_fail(FR_EINTERNAL, "gemm: cublasLtCreate failed: %s", fr_cublas_status_str((int)st));
+    }
+    cudaError_t e = cudaMalloc(&g->ws, g->ws_size);
+    if (e != cudaSuccess) {
+        g->ws = NULL;
+        size_t sz = g->ws_size;
+        fr_gemm_destroy(&g);
+        return fr_fail(e == cudaErrorMemoryAllocation ? FR_ENOMEM : FR_EINTERNAL,
+                       "gemm: cannot allocate a %zu-byte workspace: %s", sz, cudaGetErrorString(e));
+    }
+    *out = g;
+    return FR_OK;
+}
+
+fr_gemm_stats fr_gemm_get_stats(const fr_gemm *g)
+{
+    fr_gemm_stats s = {0, 0, 0};
+    if (g) {
+        s.plans = g->n_plans;
+        s.searches = g->searches;
+        s.flushes = g->flushes;
+    }
+    return s;
+}
+
+/* The largest power of two dividing the address, at most 256 (NULL: 256). */
+static uint32_t align_of(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    if (!a) return 256;
+    uint32_t al = 1;
+    while (al < 256 && !(a & al)) al <<= 1;
+    return al;
+}
+
+static uint32_t hash_key(int M, int N, int K, int out_bf16, uint32_t ay, uint32_t ax, uint32_t aw)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    const uint64_t parts[5] = {(uint32_t)M, (uint32_t)N, (uint32_t)K,
+                               (uint64_t)out_bf16 << 32 | (uint64_t)ay << 16 | ax, aw};
+    for (int i = 0; i < 5; i++) {
+        h ^= parts[i] + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+        h *= 0xbf58476d1ce4e5b9ull;
+        h ^= h >> 31;
+    }
+    return (uint32_t)h;
+}
+
+/* Fills p (key already set): descriptors, layouts and the heuristic's choice. */
+static fr_status plan_build(fr_gemm *g, plan *p)
+{
+    const cudaDataType_t yt = p->out_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    LT_TRY(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, (uint64_t)p->K, (uint64_t)p->N, (int64_t)p->K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, (uint64_t)p->K, (uint64_t)p->M, (int64_t)p->K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->lc, yt, (uint64_t)p->N, (uint64_t)p->M, (int64_t)p->N));
+
+    cublasLtMatmulPreference_t pref = NULL;
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = g->ws_size;
+    const uint32_t aa = p->aw, ab = p->ax, ac = p->ay;
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
+    cublasLtMatmulHeuristicResult_t res[HEURISTIC_RESULTS];
+    int n_res = 0;
+    if (st == CUBLAS_STATUS_SUCCESS) {
+        g->searches++;
+        st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, HEURISTIC_RESULTS,
+                                            res, &n_res);
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
+        return fr_fail(FR_EINTERNAL, "gemm: the algorithm search for M %d N %d K %d failed: %s", p->M, p->N, p->K,
+                       fr_cublas_status_str((int)st));
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < n_res; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= g->ws_size) {
+            p->algo = res[i].algo;
+            return FR_OK;
+        }
+    return fr_fail(FR_EUNSUPPORTED,
+                   "gemm: cuBLASLt has no algorithm for M %d N %d K %d (%s output, alignments y %u x %u w %u, "
+                   "workspace %zu bytes)", p->M, p->N, p->K, p->out_bf16 ? "BF16" : "FP32", p->ay, p->ax, p->aw,
+                   g->ws_size);
+}
+
+/* The plan for a key, built on a miss. */
+static fr_status plan_get(fr_gemm *g, int M, int N, int K, int out_bf16, const void *y, const void *x,
+                          const void *w, const plan **out)
+{
+    const uint32_t ay = align_of(y), ax = align_of(x), aw = align_of(w);
+    uint32_t i = hash_key(M, N, K, out_bf16, ay, ax, aw) & (SLOTS - 1);
+    for (;; i = (i + 1) & (SLOTS - 1)) {
+        plan *p = &g->slots[i];
+        if (!p->used) break;
+        if (p->M == M && p->N == N && p->K == K && p->out_bf16 == out_bf16 && p->ay == ay && p->ax == ax &&
+            p->aw == aw) {
+            *out = p;
+            return FR_OK;
+        }
+    }
+    if (g->n_plans >= FR_GEMM_MAX_PLANS) {   /* full: start over */
+        flush_plans(g);
+        g->flushes++;
+        i = hash_key(M, N, K, out_bf16, ay, ax, aw) & (SLOTS - 1);
+    }
+    plan *p = &g->slots[i];
+    memset(p, 0, sizeof *p);
+    p->M = M; p->N = N; p->K = K; p->out_bf16 = out_bf16;
+    p->ay = ay; p->ax = ax; p->aw = aw;
+    fr_status st = plan_build(g, p);
+    if (st) {
+        plan_release(p);
+        return st;
+    }
+    p->used = 1;
+    g->n_plans++;
+    *out = p;
+    return FR_OK;
+}
+
+static fr_status check_args(const char *what, const fr_gemm *g, const void *y, const void *x, const void *w,
+                            int M, int N, int K, float beta)
+{
+    if (!g) return fr_fail(FR_EINVAL, "%s: NULL gemm context", what);
+    if (M < 0 || N < 0 || K < 1)
+        return fr_fail(FR_EINVAL, "%s: bad size: M %d, N %d, K %d (M, N >= 0, K >= 1)", what, M, N, K);
+    if (beta != beta) return fr_fail(FR_EINVAL, "%s: beta is NaN", what);
+    if (M > 0 && N > 0 && (!y || !x || !w)) return fr_fail(FR_EINVAL, "%s: NULL matrix pointer", what);
+    return FR_OK;
+}
+
+static fr_status gemm_run(const char *what, fr_gemm *g, void *y, int out_bf16, const uint16_t *x,
+                          const uint16_t *w, int M, int N, int K, float beta, cudaStream_t stream)
+{
+    fr_status st = check_args(what, g, y, x, w, M, N, K, beta);
+    if (st || M == 0 || N == 0) return st;
+    const plan *p = NULL;
+    if ((st = plan_get(g, M, N, K, out_bf16, y, x, w, &p))) return st;
+    const float alpha = 1.0f;
+    LT_TRY(cublasLtMatmul(g->lt, p->op, &alpha, w, p->la, x, p->lb, &beta, y, p->lc, y, p->lc, &p->algo, g->ws,
+                          g->ws_size, stream));
+    return FR_OK;
+}
+
+fr_status fr_gemm_bf16(fr_gemm *g, float *y, const uint16_t *x_bf16, const uint16_t *w_bf16, int M, int N, int K,
+                       float beta, cudaStream_t stream)
+{
+    return gemm_run("gemm bf16", g, y, 0, x_bf16, w_bf16, M, N, K, beta, stream);
+}
+
+fr_status fr_gemm_bf16_out(fr_gemm *g, uint16_t *y_bf16, const uint16_t *x_bf16, const uint16_t *w_bf16, int M,
+                           int N, int K, float beta, cudaStream_t stream)
+{
+    return gemm_run("gemm bf16_out", g, y_bf16, 1, x_bf16, w_bf16, M, N, K, beta, stream);
+}
+
+fr_status fr_gemm_prepare(fr_gemm *g, int M, int N, int K, int bf16_out, const void *y, const void *x_bf16,
+                          const void *w_bf16)
+{
+    if (!g) return fr_fail(FR_EINVAL, "gemm prepare: NULL gemm context");
+    if (M < 0 || N < 0 || K < 1)
+        return fr_fail(FR_EINVAL, "gemm prepare: bad size: M %d, N %d, K %d (M, N >= 0, K >= 1)", M, N, K);
+    if (M == 0 || N == 0) return FR_OK;
+    const plan *p = NULL;
+    return plan_get(g, M, N, K, bf16_out ? 1 : 0, y, x_bf16, w_bf16, &p);
+}
+
+#else
+
+/* Without CUDA this file is empty; the GPU backend is not built. */
+typedef int fr_gemm_cuda_unused;
+
+#endif

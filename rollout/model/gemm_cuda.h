@@ -1,0 +1,93 @@
+/* gemm_cuda: the matrix products of the forward pass on the GPU (cuBLASLt).
+ *
+ *   y[M][N] = x[M][K] . W[N][K]^T  (+ beta * y)
+ *
+ * row-major, as fr_matmul (a Hugging Face Linear without bias: W is
+ * [out_features][in_features]); x and W in BF16 (uint16_t bit patterns), the
+ * products exact in FP32 and summed in FP32 (CUBLAS_COMPUTE_32F: no reduced
+ * precision modes), y in float32 (fr_gemm_bf16) or BF16 (fr_gemm_bf16_out, the
+ * FP32 result rounded once to nearest even).
+ *
+ * beta = 1 adds the product to y in place: the residual add of o_proj and
+ * down_proj fused into the GEMM (y is then the float32 residual stream).
+ * beta = 0 overwrites y without reading it (y may hold garbage or NaN).
+ *
+ * An fr_gemm holds a cuBLASLt handle, a device workspace allocated once, and a
+ * cache of prepared plans (matmul and layout descriptors plus the algorithm the
+ * heuristic chose), one per (M, N, K, output type, pointer alignment). The first
+ * call of a shape runs the heuristic on the host; later calls of that shape do
+ * no search and no allocation, only the cuBLASLt launch, so they may be
+ * recorded into a CUDA graph. fr_gemm_prepare() runs the first call's work
+ * ahead of time (e.g. for every batch size a graph will be captured for).
+ * Decode repeats the same few shapes every step; the cache holds
+ * FR_GEMM_MAX_PLANS plans and is emptied wholesale when full.
+ *
+ * An fr_gemm is not thread-safe and its workspace is shared by its calls: use
+ * one per stream (or order the streams that share it).
+ *
+ * Alignment: plans are chosen for the actual alignment of x, W and y (up to
+ * 256 bytes, what cudaMalloc gives), so sub-views of larger buffers work.
+ */
+#ifndef FR_GEMM_CUDA_H
+#define FR_GEMM_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "base/fr_status.h"
+
+typedef struct fr_gemm fr_gemm;
+
+#define FR_GEMM_DEFAULT_WORKSPACE ((size_t)32 << 20)   /* 32 MiB */
+#define FR_GEMM_MAX_PLANS 512
+
+/* A GEMM context on the current device with a workspace of workspace_bytes
+ * (0: FR_GEMM_DEFAULT_WORKSPACE). On failure *out is NULL. */
+fr_status fr_gemm_new(size_t workspace_bytes, fr_gemm **out);
+
+/* Frees the workspace, the plans and the handle (waits for the device as
+ * cudaFree does); sets *g = NULL; accepts NULL and *g == NULL. */
+void fr_gemm_destroy(fr_gemm **g);
+
+/* y (float32 [M][N]) = x (BF16 [M][K]) . w (BF16 [N][K])^T + beta * y.
+ * M, N >= 0 (0 is a no-op), K >= 1; y must not alias x or w. Asynchronous on
+ * stream. Errors: bad sizes or NULL pointers FR_EINVAL; no algorithm for the
+ * shape FR_EUNSUPPORTED; a cuBLASLt failure FR_EINTERNAL with its status name. */
+fr_status fr_gemm_bf16(fr_gemm *g, float *y, const uint16_t *x_bf16, const uint16_t *w_bf16, int M, int N,
+                       int K, float beta, cudaStream_t stream);
+
+/* The same with a BF16 y (beta * y read in BF16, the sum rounded once). */
+fr_status fr_gemm_bf16_out(fr_gemm *g, uint16_t *y_bf16, const uint16_t *x_bf16, const uint16_t *w_bf16, int M,
+                           int N, int K, float beta, cudaStream_t stream);
+
+/* Builds (or finds) the plan the call with these arguments would use, without
+ * launching anything. Pointers only matter through their alignment; NULL means
+ * 256-byte aligned (a cudaMalloc'ed buffer). */
+fr_status fr_gemm_prepare(fr_gemm *g, int M, int N, int K, int bf16_out, const void *y, const void *x_bf16,
+                          const void *w_bf16);
+
+/* Counters for tests and logs: plans now cached, heuristic searches run since
+ * fr_gemm_new, and times the cache was emptied because it was full. */
+typedef struct {
+    int plans;
+    long searches;
+    long flushes;
+} fr_gemm_stats;
+fr_gemm_stats fr_gemm_get_stats(const fr_gemm *g);
+
+/* The name of a cublasStatus_t value ("CUBLAS_STATUS_NOT_SUPPORTED", ...; the
+ * number for an unknown one). The argument is the status as an int so this
+ * header does not need cuBLAS. */
+const char *fr_cublas_status_str(int status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

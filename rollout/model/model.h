@@ -1,0 +1,136 @@
+/* model: a Qwen3 model's weights in memory, as float32 (llama2.c style).
+ *
+ * Every weight lives in one float32 block that the model owns, laid out in
+ * this order (each tensor row-major, with its Hugging Face shape):
+ *   embed [vocab][hidden],
+ *   for each layer: attn_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm,
+ *                   mlp_norm, gate_proj, up_proj, down_proj,
+ *   final_norm [hidden],
+ *   lm_head [vocab][hidden]   (absent when tie_word_embeddings: it then
+ *                              points at embed).
+ * fr_model_param_count() is the block's length in floats.
+ *
+ * Specs fr_model_load() accepts:
+ *   "DIR"                   a Hugging Face checkpoint folder (config.json plus
+ *                           model.safetensors or a sharded index); tensors are
+ *                           converted to float32 (BF16/F16/F32) and every shape
+ *                           is checked;
+ *   "synthetic:tiny"        the built-in random model below, seed 1;
+ *   "synthetic:tiny:SEED"   the same with another seed (decimal, 0..2^64-1);
+ *   "synthetic:qwen3-4b[:SEED]"  Qwen3-4B's shape, for benchmarks on the GPU
+ *                           backend (host loading refuses it);
+ *   "synthetic:qwen3-4b-128k[:SEED]"  the same weights with a 131,072-token
+ *                           window, for long-context decode benchmarks.
+ *
+ * synthetic:tiny is a Qwen3 with the byte tokenizer of tq6: vocab 272 (ids
+ * 0..255 bytes, 256 BOS, 257 EOS, 258 PAD), hidden 128, 2 layers, 4 heads,
+ * 2 KV heads, head_dim 64, intermediate 256, rms_norm_eps 1e-6, rope_theta
+ * 10000, max_position 4096, untied embeddings. Its weights are a pure function
+ * of the seed, bit-identical on every machine (see synthetic_model.c).
+ */
+#ifndef FR_MODEL_H
+#define FR_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/fr_status.h"
+#include "rollout/model/model_config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    float *attn_norm;   /* [hidden] input_layernorm */
+    float *q_proj;      /* [n_heads*head_dim][hidden]  (row-major, as in HF: y = x W^T) */
+    float *k_proj;      /* [n_kv_heads*head_dim][hidden] */
+    float *v_proj;      /* [n_kv_heads*head_dim][hidden] */
+    float *o_proj;      /* [hidden][n_heads*head_dim] */
+    float *q_norm;      /* [head_dim] */
+    float *k_norm;      /* [head_dim] */
+    float *mlp_norm;    /* [hidden] post_attention_layernorm */
+    float *gate_proj;   /* [intermediate][hidden] */
+    float *up_proj;     /* [intermediate][hidden] */
+    float *down_proj;   /* [hidden][intermediate] */
+} fr_layer_weights;
+
+typedef struct {
+    float *embed;       /* [vocab][hidden] */
+    float *final_norm;  /* [hidden] */
+    float *lm_head;     /* [vocab][hidden]; points at embed when tie_word_embeddings */
+    fr_layer_weights *layers; /* [cfg.num_layers] */
+} fr_weights;
+
+typedef struct {
+    fr_model_config cfg;
+    fr_weights w;
+    char name[256];     /* the directory (truncated to fit), "synthetic:tiny" or
+                           "synthetic:tiny:SEED" (SEED != 1): a spec that reloads it */
+    /* private: the one allocation owning all weights; read via fr_model_data() */
+    float *data_;
+    size_t n_data_;
+} fr_model;
+
+#define FR_SYNTHETIC_PREFIX "synthetic:"
+#define FR_SYNTHETIC_DEFAULT_SEED 1u
+
+/* spec: a checkpoint directory, or "synthetic:tiny" / "synthetic:tiny:SEED".
+ * On failure *out is NULL and fr_last_error() says what and where. */
+fr_status fr_model_load(const char *spec, fr_model **out);
+
+/* Sets *m = NULL; accepts NULL and *m == NULL. */
+void fr_model_destroy(fr_model **m);
+
+/* Frees the host weights, keeping the config and name: for a backend that
+ * holds its own copy (the GPU). Weight pointers become NULL. */
+void fr_model_drop_weights(fr_model *m);
+/* A model with a config and name but no host weights (their values live on
+ * the GPU): what fr_model_drop_weights leaves. */
+fr_status fr_model_config_only(const fr_model_config *cfg, const char *name, fr_model **out);
+/* Number of float32 parameters held (lm_head counted only when untied). */
+size_t fr_model_param_count(const fr_model *m);
+
+/* Exchanges the host weights of two models of the same shape (every weight
+ * pointer, the block and the layer table move together; configs and names
+ * stay), so a staged copy becomes the served one without copying it. Both
+ * must hold host weights. FR_EINVAL, changing nothing, otherwise. */
+fr_status fr_model_swap_weights(fr_model *a, fr_model *b);
+
+/* The weight block (see the layout above) and its length in floats, e.g. for
+ * one host-to-device copy or a bitwise comparison. NULL for a NULL model. */
+float *fr_model_data(const fr_model *m, size_t *n_floats);
+
+/* A model for cfg whose weight pointers are laid out but whose values are
+ * unset (what the loaders fill). Checks that the sizes are positive and that
+ * the block size does not overflow. `name` may be NULL. */
+fr_status fr_model_alloc(const fr_model_config *cfg, const char *name, fr_model **out);
+
+/* ---- synthetic models (synthetic_model.c) ------------------------------ */
+
+/* The synthetic:tiny configuration. */
+void fr_synthetic_tiny_config(fr_model_config *cfg);
+
+/* synthetic:tiny with the given seed: what fr_model_load("synthetic:tiny:SEED")
+ * returns. */
+fr_status fr_model_synthetic_tiny(uint64_t seed, fr_model **out);
+
+/* The configuration of synthetic:qwen3-4b, the shape of Qwen3-4B (36 layers,
+ * hidden 2560, 32 query and 8 KV heads of 128, intermediate 9728, vocab
+ * 151936, tied embeddings). Its weights follow the same generator as tiny's
+ * but are made on the GPU (rollout/model/weights_cuda.h): 4.0e9 float32 values do
+ * not belong in host memory. */
+void fr_synthetic_qwen3_4b_config(fr_model_config *cfg);
+/* Resolves the part of a spec after "synthetic:" ("tiny", "qwen3-4b", either
+ * with ":SEED") to its configuration and seed. FR_EINVAL for unknown names
+ * and malformed seeds. */
+fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *seed);
+/* Builds a synthetic model in host memory; FR_EUNSUPPORTED for the ones
+ * made on the GPU only. */
+fr_status fr_model_synthetic(const char *rest, fr_model **out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

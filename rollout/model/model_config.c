@@ -1,0 +1,275 @@
+#include "rollout/model/model_config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A key's value, treating JSON null like an absent key: HF writes null for
+ * "not set" (rope_scaling, pad_token_id, head_dim...). */
+static const cJSON *get(const cJSON *obj, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    return cJSON_IsNull(v) ? NULL : v;
+}
+
+static int as_int(const cJSON *v, int *out)
+{
+    if (!cJSON_IsNumber(v)) return 0;
+    double d = v->valuedouble;
+    if (!(d >= INT_MIN && d <= INT_MAX) || d != (double)(int)d) return 0;
+    *out = (int)d;
+    return 1;
+}
+
+static fr_status positive_int(const cJSON *root, const char *label, const char *key, int *out)
+{
+    const cJSON *v = get(root, key);
+    if (!v) return fr_fail(FR_EFORMAT, "%s: missing key \"%s\"", label, key);
+    if (!as_int(v, out)) return fr_fail(FR_EFORMAT, "%s: key \"%s\" must be an integer", label, key);
+    if (*out <= 0) return fr_fail(FR_EFORMAT, "%s: key \"%s\" must be positive (got %d)", label, key, *out);
+    return FR_OK;
+}
+
+/* Token ids are optional, but one that is given must index the vocabulary. */
+static fr_status token_id(const cJSON *v, const char *label, const char *key, int vocab, int *out)
+{
+    if (!as_int(v, out)) return fr_fail(FR_EFORMAT, "%s: key \"%s\" must hold integer token ids", label, key);
+    if (*out < 0 || *out >= vocab)
+        return fr_fail(FR_EFORMAT, "%s: key \"%s\": token id %d is outside the vocabulary [0, %d)",
+                       label, key, *out, vocab);
+    return FR_OK;
+}
+
+static fr_status opt_bool(const cJSON *root, const char *label, const char *key, int *out)
+{
+    const cJSON *v = get(root, key);
+    *out = 0;
+    if (!v) return FR_OK;
+    if (!cJSON_IsBool(v)) return fr_fail(FR_EFORMAT, "%s: key \"%s\" must be true or false", label, key);
+    *out = cJSON_IsTrue(v);
+    return FR_OK;
+}
+
+/* Only unscaled RoPE is implemented; HF spells the type "rope_type" (older:
+ * "type") and uses "default" for plain RoPE. */
+static fr_status check_rope_type(const cJSON *obj, const char *label, const char *key)
+{
+    if (!cJSON_IsObject(obj)) return fr_fail(FR_EFORMAT, "%s: key \"%s\" must be an object", label, key);
+    const cJSON *t = get(obj, "rope_type");
+    if (!t) t = get(obj, "type");
+    if (!t) return FR_OK;
+    if (!cJSON_IsString(t)) return fr_fail(FR_EFORMAT, "%s: key \"%s.rope_type\" must be a string", label, key);
+    if (strcmp(t->valuestring, "default") != 0)
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"%s\": RoPE type \"%s\" is not supported (only \"default\")",
+                       label, key, t->valuestring);
+    return FR_OK;
+}
+
+/* Newer transformers write rope_parameters.rope_theta, official Qwen3
+ * checkpoints a top-level rope_theta; when both appear they must agree. */
+static fr_status parse_rope(const cJSON *root, const char *label, double *theta)
+{
+    const cJSON *params = get(root, "rope_parameters"), *scaling = get(root, "rope_scaling");
+    const cJSON *top = get(root, "rope_theta"), *nested = NULL;
+    fr_status rc;
+    if (params) {
+        if ((rc = check_rope_type(params, label, "rope_parameters")) != FR_OK) return rc;
+        nested = get(params, "rope_theta");
+    }
+    if (scaling && (rc = check_rope_type(scaling, label, "rope_scaling")) != FR_OK) return rc;
+    if (!top && !nested)
+        return fr_fail(FR_EFORMAT, "%s: missing key \"rope_theta\" (top level or in rope_parameters)", label);
+    const cJSON *v = nested ? nested : top;
+    const char *key = nested ? "rope_parameters.rope_theta" : "rope_theta";
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble <= 0)
+        return fr_fail(FR_EFORMAT, "%s: key \"%s\" must be a positive number", label, key);
+    if (top && nested && (!cJSON_IsNumber(top) || top->valuedouble != nested->valuedouble))
+        return fr_fail(FR_EFORMAT, "%s: keys \"rope_theta\" and \"rope_parameters.rope_theta\" disagree", label);
+    *theta = v->valuedouble;
+    return FR_OK;
+}
+
+static fr_status check_identity(const cJSON *root, const char *label, fr_model_config *c)
+{
+    const cJSON *arch = get(root, "architectures"), *a;
+    if (!arch) return fr_fail(FR_EFORMAT, "%s: missing key \"architectures\"", label);
+    if (!cJSON_IsArray(arch)) return fr_fail(FR_EFORMAT, "%s: key \"architectures\" must be a list", label);
+    char found[256] = "";
+    cJSON_ArrayForEach(a, arch) {
+        if (!cJSON_IsString(a))
+            return fr_fail(FR_EFORMAT, "%s: key \"architectures\" must be a list of strings", label);
+        if (strcmp(a->valuestring, "Qwen3ForCausalLM") == 0) {
+            snprintf(c->architecture, sizeof c->architecture, "%s", a->valuestring);
+            break;
+        }
+        size_t used = strlen(found);
+        snprintf(found + used, sizeof found - used, "%s\"%s\"", used ? ", " : "", a->valuestring);
+    }
+    if (!c->architecture[0])
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"architectures\" is [%s]; only Qwen3ForCausalLM is supported",
+                       label, found);
+
+    const cJSON *mt = get(root, "model_type");
+    if (!mt) return fr_fail(FR_EFORMAT, "%s: missing key \"model_type\"", label);
+    if (!cJSON_IsString(mt)) return fr_fail(FR_EFORMAT, "%s: key \"model_type\" must be a string", label);
+    if (strcmp(mt->valuestring, "qwen3") != 0)
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"model_type\" is \"%s\"; only \"qwen3\" is supported",
+                       label, mt->valuestring);
+
+    /* Options the dense forward does not implement. */
+    int on;
+    fr_status rc;
+    if ((rc = opt_bool(root, label, "attention_bias", &on)) != FR_OK) return rc;
+    if (on) return fr_fail(FR_EUNSUPPORTED, "%s: key \"attention_bias\" is true; biased attention is not supported", label);
+    if ((rc = opt_bool(root, label, "use_sliding_window", &on)) != FR_OK) return rc;
+    if (on) return fr_fail(FR_EUNSUPPORTED, "%s: key \"use_sliding_window\" is true; sliding windows are not supported", label);
+    const cJSON *act = get(root, "hidden_act");
+    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"hidden_act\" must be \"silu\"", label);
+    return FR_OK;
+}
+
+static fr_status parse_sizes(const cJSON *root, const char *label, fr_model_config *c)
+{
+    fr_status rc;
+    if ((rc = positive_int(root, label, "vocab_size", &c->vocab_size)) != FR_OK ||
+        (rc = positive_int(root, label, "hidden_size", &c->hidden_size)) != FR_OK ||
+        (rc = positive_int(root, label, "num_hidden_layers", &c->num_layers)) != FR_OK ||
+        (rc = positive_int(root, label, "num_attention_heads", &c->num_heads)) != FR_OK ||
+        (rc = positive_int(root, label, "intermediate_size", &c->intermediate_size)) != FR_OK ||
+        (rc = positive_int(root, label, "max_position_embeddings", &c->max_position)) != FR_OK)
+        return rc;
+
+    /* As in transformers: no num_key_value_heads means plain multi-head. */
+    c->num_kv_heads = c->num_heads;
+    if (get(root, "num_key_value_heads") &&
+        (rc = positive_int(root, label, "num_key_value_heads", &c->num_kv_heads)) != FR_OK)
+        return rc;
+    if (c->num_heads % c->num_kv_heads != 0)
+        return fr_fail(FR_EFORMAT, "%s: key \"num_attention_heads\" (%d) is not divisible by \"num_key_value_heads\" (%d)",
+                       label, c->num_heads, c->num_kv_heads);
+
+    /* Qwen3 decouples head_dim from hidden/heads (Qwen3-4B: 2560/32 != 128),
+     * so the derived value is only a fallback. */
+    if (get(root, "head_dim")) {
+        if ((rc = positive_int(root, label, "head_dim", &c->head_dim)) != FR_OK) return rc;
+    } else if (c->hidden_size % c->num_heads != 0) {
+        return fr_fail(FR_EFORMAT, "%s: missing key \"head_dim\", and hidden_size %d is not divisible by %d heads",
+                       label, c->hidden_size, c->num_heads);
+    } else {
+        c->head_dim = c->hidden_size / c->num_heads;
+    }
+
+    const cJSON *eps = get(root, "rms_norm_eps");
+    if (!eps) return fr_fail(FR_EFORMAT, "%s: missing key \"rms_norm_eps\"", label);
+    if (!cJSON_IsNumber(eps) || !(eps->valuedouble > 0 && eps->valuedouble < 1))
+        return fr_fail(FR_EFORMAT, "%s: key \"rms_norm_eps\" must be a number in (0, 1)", label);
+    c->rms_norm_eps = (float)eps->valuedouble;
+    return FR_OK;
+}
+
+static fr_status parse_tokens(const cJSON *root, const char *label, fr_model_config *c)
+{
+    fr_status rc;
+    const cJSON *v;
+    c->bos_id = c->pad_id = -1;
+    if ((v = get(root, "bos_token_id")) && (rc = token_id(v, label, "bos_token_id", c->vocab_size, &c->bos_id)) != FR_OK)
+        return rc;
+    if ((v = get(root, "pad_token_id")) && (rc = token_id(v, label, "pad_token_id", c->vocab_size, &c->pad_id)) != FR_OK)
+        return rc;
+
+    const cJSON *eos = get(root, "eos_token_id");
+    if (!eos) return FR_OK;
+    if (!cJSON_IsArray(eos)) {
+        c->n_eos = 1;
+        return token_id(eos, label, "eos_token_id", c->vocab_size, &c->eos_ids[0]);
+    }
+    int cap = (int)(sizeof c->eos_ids / sizeof c->eos_ids[0]);
+    if (cJSON_GetArraySize(eos) > cap)
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"eos_token_id\" lists %d ids, at most %d supported",
+                       label, cJSON_GetArraySize(eos), cap);
+    cJSON_ArrayForEach(v, eos) {
+        if ((rc = token_id(v, label, "eos_token_id", c->vocab_size, &c->eos_ids[c->n_eos])) != FR_OK)
+            return rc;
+        c->n_eos++;
+    }
+    return FR_OK;
+}
+
+fr_status fr_model_config_parse(const char *json, size_t len, const char *label, fr_model_config *cfg)
+{
+    if (!cfg) return fr_fail(FR_EINVAL, "fr_model_config_parse: cfg is NULL");
+    memset(cfg, 0, sizeof *cfg);
+    if (!label) label = "<config>";
+    if (!json && len) return fr_fail(FR_EINVAL, "%s: json is NULL", label);
+
+    /* cJSON wants a NUL-terminated string; the caller's bytes may have none. */
+    char *text = malloc(len + 1);
+    if (!text) return fr_fail(FR_ENOMEM, "%s: no memory for %zu bytes", label, len);
+    if (len) memcpy(text, json, len);
+    text[len] = '\0';
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithOpts(text, &end, 1);
+
+    fr_model_config c;
+    memset(&c, 0, sizeof c);
+    fr_status rc = FR_OK;
+    if (!root)
+        rc = fr_fail(FR_EFORMAT, "%s: not valid JSON (error near byte %td)", label, end ? end - text : (ptrdiff_t)0);
+    else if (!cJSON_IsObject(root))
+        rc = fr_fail(FR_EFORMAT, "%s: not a JSON object", label);
+    else if ((rc = check_identity(root, label, &c)) == FR_OK && (rc = parse_sizes(root, label, &c)) == FR_OK &&
+             (rc = parse_rope(root, label, &c.rope_theta)) == FR_OK &&
+             (rc = opt_bool(root, label, "tie_word_embeddings", &c.tie_word_embeddings)) == FR_OK &&
+             (rc = parse_tokens(root, label, &c)) == FR_OK)
+        *cfg = c;
+    cJSON_Delete(root);
+    free(text);
+    return rc;
+}
+
+/* Configs are a few KiB; the cap only stops a wrong path from reading a
+ * multi-gigabyte file into memory. */
+#define CONFIG_MAX_BYTES ((size_t)16 << 20)
+
+fr_status fr_model_config_load(const char *path, fr_model_config *cfg)
+{
+    if (!cfg) return fr_fail(FR_EINVAL, "fr_model_config_load: cfg is NULL");
+    memset(cfg, 0, sizeof *cfg);
+    if (!path) return fr_fail(FR_EINVAL, "fr_model_config_load: path is NULL");
+
+    char eb[128];
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return fr_fail(FR_EIO, "%s: cannot open: %s", path, strerror_r(errno, eb, sizeof eb));
+    size_t cap = 0, n = 0;
+    char *buf = NULL;
+    fr_status rc = FR_OK;
+    for (;;) {
+        if (n == cap) {
+            if (cap > CONFIG_MAX_BYTES) {
+                rc = fr_fail(FR_EFORMAT, "%s: larger than %zu bytes; not a config.json", path, CONFIG_MAX_BYTES);
+                break;
+            }
+            char *grown = realloc(buf, cap = cap ? 2 * cap : 16384);
+            if (!grown) {
+                rc = fr_fail(FR_ENOMEM, "%s: no memory", path);
+                break;
+            }
+            buf = grown;
+        }
+        n += fread(buf + n, 1, cap - n, fp);
+        if (ferror(fp)) {
+            rc = fr_fail(FR_EIO, "%s: read failed: %s", path, strerror_r(errno, eb, sizeof eb));
+            break;
+        }
+        if (feof(fp)) break;
+    }
+    if (rc == FR_OK) rc = fr_model_config_parse(buf, n, path, cfg);
+    free(buf);
+    fclose(fp);
+    return rc;
+}

@@ -1,0 +1,336 @@
+#include "rollout/model/runner_cpu.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rollout/model/ops_cpu.h"
+#include "rollout/model/tp_shard.h"
+
+struct fr_runner_cpu {
+    const fr_model *m;
+    /* What this rank computes with: the model's config and weights (tp 1),
+     * or its shard's local head, intermediate and vocabulary counts and
+     * weights (rollout/model/tp_shard.h). */
+    const fr_model_config *c;
+    const fr_weights *w;
+    fr_tp tp;
+    fr_tp_shard *shard;         /* tp > 1 */
+    float *logits_local;        /* tp > 1: [tokens][vocab / tp], the LM head's slice */
+    fr_kv_cache *kv;
+    int max_tokens;
+    /* activations of one step, [tokens][...] */
+    float *x, *xn, *q, *att, *gate, *up, *hidden_out;
+    float *kstep, *vstep;       /* [layers][tokens][kv_heads][d], raw post-RoPE */
+    int *pos;                   /* position of each token */
+    /* attention scratch, sized for the longest context */
+    float *kbuf, *vbuf, *scores;
+    int ctx_cap;
+    fr_forward_observer obs;    /* all callbacks NULL when unset */
+    int fill_only;              /* the step under way only writes keys and values (fr_runner_cpu_fill) */
+};
+
+enum { PREFILL_ROWS = 256 };   /* query rows per score block in chunked attention */
+
+void fr_runner_cpu_destroy(fr_runner_cpu **pr)
+{
+    fr_runner_cpu *r = pr ? *pr : NULL;
+    if (!r) return;
+    free(r->x); free(r->xn); free(r->q); free(r->att); free(r->gate); free(r->up);
+    free(r->hidden_out); free(r->kstep); free(r->vstep); free(r->pos);
+    free(r->kbuf); free(r->vbuf); free(r->scores);
+    free(r->logits_local);
+    fr_tp_shard_destroy(&r->shard);
+    free(r);
+    *pr = NULL;
+}
+
+fr_status fr_runner_cpu_weights_changed(fr_runner_cpu *r)
+{
+    if (r->tp.size == 1) return FR_OK;   /* reads the model's weights directly */
+    fr_tp_shard *fresh = NULL;
+    fr_status st = fr_tp_shard_new(r->m, r->tp.rank, r->tp.size, &fresh);
+    if (st) return st;
+    fr_tp_shard_destroy(&r->shard);
+    r->shard = fresh;
+    r->c = &r->shard->cfg;
+    r->w = &r->shard->w;
+    return FR_OK;
+}
+
+fr_status fr_runner_cpu_new(const fr_model *m, fr_kv_cache *kv, int max_step_tokens,
+                            fr_runner_cpu **out)
+{
+    return fr_runner_cpu_new_tp(m, kv, max_step_tokens, NULL, out);
+}
+
+fr_status fr_runner_cpu_new_tp(const fr_model *m, fr_kv_cache *kv, int max_step_tokens, const fr_tp *tp,
+                               fr_runner_cpu **out)
+{
+    *out = NULL;
+    fr_tp one = {.rank = 0, .size = 1, .group = NULL};
+    if (!tp) tp = &one;
+    if (tp->size > 1 && !tp->group)
+        return fr_fail(FR_EINVAL, "runner: tp %d needs an engine group", tp->size);
+    if (max_step_tokens < 1) return fr_fail(FR_EINVAL, "runner: max_step_tokens must be >= 1");
+    fr_runner_cpu *r = calloc(1, sizeof *r);
+    if (!r) return fr_fail(FR_ENOMEM, "runner: out of memory");
+    r->m = m; r->kv = kv; r->max_tokens = max_step_tokens; r->tp = *tp;
+    r->c = &m->cfg;
+    r->w = &m->w;
+    fr_status st = FR_OK;
+    if (tp->size > 1) {
+        if ((st = fr_tp_shard_new(m, tp->rank, tp->size, &r->shard))) {
+            fr_runner_cpu_destroy(&r);
+            return st;
+        }
+        r->c = &r->shard->cfg;
+        r->w = &r->shard->w;
+    }
+    const fr_model_config *c = r->c;
+    const fr_kv_cache_config *kc = fr_kv_cache_config_of(kv);
+    if (kc->n_layers != c->num_layers || kc->n_kv_heads != c->num_kv_heads || kc->head_dim != c->head_dim) {
+        st = fr_fail(FR_EINVAL, "runner: KV cache shape (%d layers, %d kv heads, head_dim %d) does not "
+                                "match the model (%d, %d, %d)%s", kc->n_layers, kc->n_kv_heads,
+                     kc->head_dim, c->num_layers, c->num_kv_heads, c->head_dim,
+                     tp->size > 1 ? " on this tensor-parallel rank" : "");
+        fr_runner_cpu_destroy(&r);
+        return st;
+    }
+    size_t T = (size_t)max_step_tokens, qd = (size_t)c->num_heads * c->head_dim;
+    size_t kvd = (size_t)c->num_kv_heads * c->head_dim;
+    r->x = malloc(sizeof(float) * T * c->hidden_size);
+    r->xn = malloc(sizeof(float) * T * c->hidden_size);
+    r->hidden_out = malloc(sizeof(float) * T * c->hidden_size);
+    r->q = malloc(sizeof(float) * T * qd);
+    r->att = malloc(sizeof(float) * T * qd);
+    r->gate = malloc(sizeof(float) * T * c->intermediate_size);
+    r->up = malloc(sizeof(float) * T * c->intermediate_size);
+    r->kstep = malloc(sizeof(float) * T * kvd * c->num_layers);
+    r->vstep = malloc(sizeof(float) * T * kvd * c->num_layers);
+    r->pos = malloc(sizeof(int) * T);
+    if (tp->size > 1) r->logits_local = malloc(sizeof(float) * T * c->vocab_size);
+    if (!r->x || !r->xn || !r->hidden_out || !r->q || !r->att || !r->gate || !r->up || !r->kstep ||
+        !r->vstep || !r->pos || (tp->size > 1 && !r->logits_local)) {
+        fr_runner_cpu_destroy(&r);
+        return fr_fail(FR_ENOMEM, "runner: cannot allocate activations for %d tokens", max_step_tokens);
+    }
+    *out = r;
+    return FR_OK;
+}
+
+/* Row-parallel matmul epilogue: adds up the ranks' partial sums in place. */
+static fr_status tp_allreduce(const fr_runner_cpu *r, float *buf, size_t n)
+{
+    if (r->tp.size == 1) return FR_OK;
+    fr_comm_status cs = fr_engine_allreduce_sum_f32(r->tp.group, buf, n);
+    return cs ? fr_fail(FR_EIO, "%s", fr_comm_last_error()) : FR_OK;
+}
+
+void fr_runner_cpu_set_observer(fr_runner_cpu *r, const fr_forward_observer *obs)
+{
+    if (obs) r->obs = *obs;
+    else memset(&r->obs, 0, sizeof r->obs);
+}
+
+int fr_step_logit_rows(const fr_step_seq *seqs, int n_seqs)
+{
+    int rows = 0;
+    for (int s = 0; s < n_seqs; s++) rows += seqs[s].all_logits ? seqs[s].n : 1;
+    return rows;
+}
+
+static fr_status ensure_ctx(fr_runner_cpu *r, int ctx)
+{
+    if (ctx <= r->ctx_cap) return FR_OK;
+    int cap = ctx < 1024 ? 1024 : ctx + ctx / 2;
+    size_t d = (size_t)r->c->head_dim;
+    int G = r->c->num_heads / r->c->num_kv_heads;
+    float *k = realloc(r->kbuf, sizeof(float) * d * cap);
+    if (k) r->kbuf = k;
+    float *v = realloc(r->vbuf, sizeof(float) * d * cap);
+    if (v) r->vbuf = v;
+    float *s = realloc(r->scores, sizeof(float) * (size_t)PREFILL_ROWS * G * cap);
+    if (s) r->scores = s;
+    if (!k || !v || !s) return fr_fail(FR_ENOMEM, "runner: cannot allocate attention scratch for %d tokens", ctx);
+    r->ctx_cap = cap;
+    return FR_OK;
+}
+
+/* Causal attention with unquantized query and probabilities: rows of
+ * G query heads for tokens [len, len + n) over keys [0, len + i]. */
+static void attend_chunk(fr_runner_cpu *r, const float *q, float *out, int len, int n, int G,
+                         const fr_kv_view *view)
+{
+    const int d = r->c->head_dim, H = r->c->num_heads;
+    const float scale = 1.0f / sqrtf((float)d);
+    for (int i0 = 0; i0 < n; i0 += PREFILL_ROWS) {
+        int ni = n - i0 < PREFILL_ROWS ? n - i0 : PREFILL_ROWS;
+        int ctx = len + i0 + ni;          /* keys visible to the last row */
+        for (int i = 0; i < ni; i++)      /* scores [ni][G][ctx] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, G, ctx, d, scale,
+                        q + (size_t)(i0 + i) * H * d, d, view->k, d, 0.0f,
+                        r->scores + (size_t)i * G * ctx, ctx);
+        for (int i = 0; i < ni; i++)
+            for (int g = 0; g < G; g++) {
+                float *s = r->scores + ((size_t)i * G + g) * ctx;
+                int visible = len + i0 + i + 1;
+                float mx = -INFINITY;
+                for (int t = 0; t < visible; t++) mx = fmaxf(mx, s[t]);
+                double sum = 0.0;
+                for (int t = 0; t < visible; t++) { s[t] = expf(s[t] - mx); sum += s[t]; }
+                float inv = (float)(1.0 / sum);
+                for (int t = 0; t < visible; t++) s[t] *= inv;
+                for (int t = visible; t < ctx; t++) s[t] = 0.0f;
+            }
+        for (int i = 0; i < ni; i++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, G, d, ctx, 1.0f,
+                        r->scores + (size_t)i * G * ctx, ctx, view->v, d, 0.0f,
+                        out + (size_t)(i0 + i) * H * d, d);
+    }
+}
+
+static fr_status attention(fr_runner_cpu *r, int layer, const fr_step_seq *seqs, int n_seqs)
+{
+    const fr_model_config *c = r->c;
+    const int d = c->head_dim, H = c->num_heads, KVH = c->num_kv_heads, G = H / KVH;
+    const size_t kvd = (size_t)KVH * d;
+    const float *kl = r->kstep + (size_t)layer * r->max_tokens * kvd;
+    const float *vl = r->vstep + (size_t)layer * r->max_tokens * kvd;
+    fr_attn_params ap = fr_kv_attn_params(r->kv, G);
+    int row = 0;
+    fr_status st = FR_OK;
+    for (int s = 0; s < n_seqs && !st; row += seqs[s].n, s++) {
+        int len = fr_kv_seq_len(r->kv, seqs[s].seq), n = seqs[s].n;
+        if ((st = ensure_ctx(r, len + n))) break;
+        float *qs = r->q + (size_t)row * H * d, *os = r->att + (size_t)row * H * d;
+        fr_kv_query_form(r->kv, n * H, qs);
+        for (int h = 0; h < KVH && !st; h++) {
+            fr_kv_view view;
+            st = fr_kv_gather(r->kv, seqs[s].seq, layer, h, n, kl + row * kvd, vl + row * kvd,
+                              r->kbuf, r->vbuf, &view);
+            if (st) break;
+            if (n == 1) {
+                float lse[FR_MAX_GROUP];
+                if (r->obs.decode_query &&
+                    (st = r->obs.decode_query(r->obs.user, layer, s, h, qs + (size_t)h * G * d, G, &view)))
+                    break;
+                st = fr_ref_attn_decode(&ap, qs + (size_t)h * G * d, &view, 1, os + (size_t)h * G * d, lse);
+            } else {
+                attend_chunk(r, qs + (size_t)h * G * d, os + (size_t)h * G * d, len, n, G, &view);
+            }
+        }
+    }
+    return st;
+}
+
+fr_status fr_step_admit(fr_kv_cache *kv, const fr_step_seq *seqs, int n_seqs, int vocab, int max_position,
+                        int max_tokens, int *n_tokens)
+{
+    int M = 0, need = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        if (seqs[s].n < 1 || !seqs[s].tokens)
+            return fr_fail(FR_EINVAL, "step: sequence %d has no tokens", seqs[s].seq);
+        for (int i = 0; i < seqs[s].n; i++)
+            if (seqs[s].tokens[i] < 0 || seqs[s].tokens[i] >= vocab)
+                return fr_fail(FR_EINVAL, "step: token id %d outside the vocabulary [0, %d)", seqs[s].tokens[i],
+                               vocab);
+        int len = fr_kv_seq_len(kv, seqs[s].seq);
+        if (len < 0) return fr_fail(FR_EINVAL, "step: KV sequence %d does not exist", seqs[s].seq);
+        if (len + seqs[s].n > max_position)
+            return fr_fail(FR_EINVAL, "step: %d tokens exceed the context window of %d", len + seqs[s].n,
+                           max_position);
+        M += seqs[s].n;
+        need += fr_kv_blocks_needed(kv, seqs[s].seq, seqs[s].n);
+    }
+    if (M > max_tokens) return fr_fail(FR_EINVAL, "step: %d tokens exceed the step limit of %d", M, max_tokens);
+    if (need > fr_kv_free_blocks(kv))
+        return fr_fail(FR_ENOMEM, "step: needs %d free KV blocks, %d are free", need, fr_kv_free_blocks(kv));
+    for (int s = 0; s < n_seqs; s++) {
+        fr_status st = fr_kv_reserve(kv, seqs[s].seq, seqs[s].n);
+        if (st) return st;
+    }
+    *n_tokens = M;
+    return FR_OK;
+}
+
+fr_status fr_runner_cpu_fill(fr_runner_cpu *r, const fr_step_seq *seqs, int n_seqs)
+{
+    r->fill_only = 1;
+    fr_status st = fr_runner_cpu_step(r, seqs, n_seqs, NULL);
+    r->fill_only = 0;
+    return st;
+}
+
+fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_seqs, float *logits)
+{
+    const fr_model_config *c = r->c;   /* local head, intermediate and vocabulary counts */
+    const fr_weights *w = r->w;
+    const int D = c->hidden_size, d = c->head_dim, H = c->num_heads, KVH = c->num_kv_heads;
+    const int vocab = r->m->cfg.vocab_size;
+    const size_t qd = (size_t)H * d, kvd = (size_t)KVH * d;
+    int M = 0;
+    fr_status st = fr_step_admit(r->kv, seqs, n_seqs, vocab, c->max_position, r->max_tokens, &M);
+    if (st) return st;
+    for (int s = 0, row = 0; s < n_seqs; row += seqs[s].n, s++)
+        for (int i = 0; i < seqs[s].n; i++) r->pos[row + i] = fr_kv_seq_len(r->kv, seqs[s].seq) + i;
+
+    for (int s = 0, row = 0; s < n_seqs; row += seqs[s].n, s++)
+        fr_embed(r->x + (size_t)row * D, w->embed, seqs[s].tokens, seqs[s].n, D);
+
+    for (int l = 0; l < c->num_layers && !st; l++) {
+        const fr_layer_weights *lw = &w->layers[l];
+        float *k = r->kstep + (size_t)l * r->max_tokens * kvd, *v = r->vstep + (size_t)l * r->max_tokens * kvd;
+        fr_rmsnorm(r->xn, r->x, lw->attn_norm, M, D, c->rms_norm_eps);
+        fr_matmul(r->q, r->xn, lw->q_proj, M, (int)qd, D);
+        fr_matmul(k, r->xn, lw->k_proj, M, (int)kvd, D);
+        fr_matmul(v, r->xn, lw->v_proj, M, (int)kvd, D);
+        fr_rmsnorm(r->q, r->q, lw->q_norm, M * H, d, c->rms_norm_eps);
+        fr_rmsnorm(k, k, lw->k_norm, M * KVH, d, c->rms_norm_eps);
+        for (int t = 0; t < M; t++) {
+            fr_rope(r->q + (size_t)t * qd, H, d, r->pos[t], c->rope_theta);
+            fr_rope(k + (size_t)t * kvd, KVH, d, r->pos[t], c->rope_theta);
+        }
+        if (r->obs.layer_kv && (st = r->obs.layer_kv(r->obs.user, l, seqs, n_seqs, k, v))) break;
+        if (r->obs.layer_q && (st = r->obs.layer_q(r->obs.user, l, seqs, n_seqs, r->q))) break;
+        if (r->fill_only) continue;   /* keys and values are all a fill wants */
+        if ((st = attention(r, l, seqs, n_seqs))) break;
+        fr_matmul(r->hidden_out, r->att, lw->o_proj, M, D, (int)qd);
+        if ((st = tp_allreduce(r, r->hidden_out, (size_t)M * D))) break;
+        for (size_t i = 0; i < (size_t)M * D; i++) r->x[i] += r->hidden_out[i];
+        fr_rmsnorm(r->xn, r->x, lw->mlp_norm, M, D, c->rms_norm_eps);
+        fr_matmul(r->gate, r->xn, lw->gate_proj, M, c->intermediate_size, D);
+        fr_matmul(r->up, r->xn, lw->up_proj, M, c->intermediate_size, D);
+        fr_swiglu(r->gate, r->gate, r->up, M * c->intermediate_size);
+        fr_matmul(r->hidden_out, r->gate, lw->down_proj, M, D, c->intermediate_size);
+        if ((st = tp_allreduce(r, r->hidden_out, (size_t)M * D))) break;
+        for (size_t i = 0; i < (size_t)M * D; i++) r->x[i] += r->hidden_out[i];
+    }
+    if (st) return st;
+
+    /* The step's tokens join the cache only after every layer has read them. */
+    for (int s = 0, row = 0; s < n_seqs && !st; row += seqs[s].n, s++)
+        st = fr_kv_append(r->kv, seqs[s].seq, seqs[s].n, r->kstep + (size_t)row * kvd,
+                          r->vstep + (size_t)row * kvd, (size_t)r->max_tokens * kvd);
+    if (st || r->fill_only) return st;
+
+    /* Final norm and LM head on the rows that want logits. */
+    int out_rows = 0;
+    for (int s = 0, row = 0; s < n_seqs; row += seqs[s].n, s++) {
+        int first = seqs[s].all_logits ? row : row + seqs[s].n - 1;
+        for (int t = first; t < row + seqs[s].n; t++, out_rows++)
+            memcpy(r->xn + (size_t)out_rows * D, r->x + (size_t)t * D, sizeof(float) * D);
+    }
+    fr_rmsnorm(r->xn, r->xn, w->final_norm, out_rows, D, c->rms_norm_eps);
+    if (r->tp.size == 1) {
+        fr_matmul(logits, r->xn, w->lm_head, out_rows, c->vocab_size, D);
+        return FR_OK;
+    }
+    /* Vocabulary-parallel LM head: this rank's slice, then every rank gets
+     * the full rows (the slices concatenated in tp-rank order). */
+    fr_matmul(r->logits_local, r->xn, w->lm_head, out_rows, c->vocab_size, D);
+    fr_comm_status cs = fr_engine_allgather_f32(r->tp.group, r->logits_local, (size_t)out_rows,
+                                                (size_t)c->vocab_size, logits);
+    return cs ? fr_fail(FR_EIO, "%s", fr_comm_last_error()) : FR_OK;
+}

@@ -1,0 +1,822 @@
+#include "rollout/model/runner_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/attn_bf16.h"
+#include "attention/attn_fp4.h"
+#include "attention/cuda_check.h"
+#include "kvcache/kv_store_cuda.h"
+#include "rollout/model/gemm_cuda.h"
+#include "rollout/model/ops_cuda.h"
+#include "rollout/model/sampler_cuda.h"
+#include "comm/nccl_group.h"
+
+enum { T = FR_PAGE_TOKENS };
+
+struct fr_runner_cuda {
+    const fr_weights_gpu *w;
+    fr_kv_cache *book;
+    fr_kv_store_gpu *store;
+    fr_gemm *gemm;
+    fr_sampler_gpu *sampler;
+    cudaStream_t stream;
+    /* Decode graphs, one per batch bucket (powers of two up to max_seqs). */
+    cudaGraphExec_t graphs[FR_CUDA_GRAPH_BUCKETS];
+    int graph_rows[FR_CUDA_GRAPH_BUCKETS];
+    int use_graphs;
+    int max_tokens, max_seqs, max_pages;
+    int step_tokens;            /* rows of the residual stream in the step under way */
+    int launched;               /* sequences of a decode launched and not yet waited for */
+    /* A rider: another runner's decode carried in this one's batch (the
+     * BF16-KV shadow of monitored samples): its rows follow ours in every
+     * matrix product, and only attention and the cache are its own. */
+    struct fr_runner_cuda *rider;
+    const fr_step_seq *rider_seqs;
+    int rider_n, rider_rows, rider_row0;  /* its sequences, padded rows, first row in our batch */
+    int riding;                 /* rider rows in the forward being enqueued (0 but in a carrying decode) */
+    int fill_only;              /* the step under way only writes keys and values (fr_runner_cuda_fill) */
+    cudaGraphExec_t rgraphs[FR_CUDA_GRAPH_BUCKETS][FR_CUDA_GRAPH_BUCKETS];
+    unsigned long long rgraph_rider[FR_CUDA_GRAPH_BUCKETS][FR_CUDA_GRAPH_BUCKETS];
+    unsigned long long id;      /* unique per runner: a carrying graph names the rider it was captured with */
+    cudaEvent_t rider_ready;
+    /* device buffers */
+    float *x, *q, *k, *v, *gu, *logits;
+    float *draw_logits;         /* [max_seqs][vocab]: rows gathered for sampling in a step (made on first use) */
+    int logit_cap;              /* rows of the logits buffer; the LM head runs in slices of it */
+    uint16_t *xn, *att, *h, *step_k, *step_v;
+    int *ids, *pos, *tables, *logit_rows, *tokens_out;
+    float *logprobs_out;
+    fr_sample_row *sample_rows;
+    fr_paged_seq *seqs;
+    float *rope_cos, *rope_sin;
+    void *attn_ws;
+    size_t attn_ws_bytes;
+    /* FP4/FP8 caches: their decode and prefill kernels, with workspaces. */
+    int quantized_kv;
+    fr_attn_fp4_config fp4;
+    void *fp4_ws, *prefill_ws;
+    size_t fp4_ws_bytes, prefill_ws_bytes;
+    /* pinned host mirrors of the step metadata */
+    int *h_ids, *h_pos, *h_tables, *h_logit_rows, *h_tokens;
+    float *h_logprobs;
+    fr_sample_row *h_sample_rows;
+    fr_paged_seq *h_seqs;
+    /* Forward taps (fr_runner_cuda_set_observer): host copies of a layer's
+     * post-RoPE q, k, v, made in fr_runner_cuda_step only. */
+    fr_forward_observer obs;
+    float *h_q, *h_k, *h_v;
+    /* Tensor parallelism (w->tp_size > 1): the engine's NCCL group, the
+     * row-parallel partial sums before their all-reduce, and the LM head's
+     * vocabulary slice of every rank ([tp][logit_cap][vocab / tp]). */
+    fr_nccl_group *nccl;
+    float *partial, *logits_local, *logits_all;
+    int vocab;                  /* the whole vocabulary (logits rows, sampling, ids) */
+    const fr_step_seq *obs_seqs;   /* the step being observed, NULL otherwise */
+    int obs_n_seqs;
+};
+
+int fr_cuda_available(void)
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define DEV_ALLOC(ptr, count)                                                                     \
+    do {                                                                                          \
+        if (!st && cudaMalloc((void **)&(ptr), sizeof(*(ptr)) * (size_t)(count)) != cudaSuccess)  \
+            st = fr_fail(FR_ENOMEM, "CUDA runner: cannot allocate %s (%zu bytes) on the device", \
+                         #ptr, sizeof(*(ptr)) * (size_t)(count));                                 \
+    } while (0)
+#define HOST_ALLOC(ptr, count)                                                                         \
+    do {                                                                                               \
+        if (!st && cudaMallocHost((void **)&(ptr), sizeof(*(ptr)) * (size_t)(count)) != cudaSuccess)   \
+            st = fr_fail(FR_ENOMEM, "CUDA runner: cannot allocate %s (%zu bytes) of pinned memory", #ptr, \
+                         sizeof(*(ptr)) * (size_t)(count));                                            \
+    } while (0)
+
+fr_status fr_runner_cuda_new(const fr_weights_gpu *w, fr_kv_cache *book, int max_step_tokens,
+                             fr_runner_cuda **out)
+{
+    return fr_runner_cuda_new_tp(w, book, max_step_tokens, NULL, out);
+}
+
+fr_status fr_runner_cuda_new_tp(const fr_weights_gpu *w, fr_kv_cache *book, int max_step_tokens,
+                                struct fr_nccl_group *nccl, fr_runner_cuda **out)
+{
+    *out = NULL;
+    if (w->tp_size > 1 && !nccl)
+        return fr_fail(FR_EINVAL, "CUDA runner: a tensor-parallel shard (rank %d of %d) needs the engine's NCCL group",
+                       w->tp_rank, w->tp_size);
+    const fr_model_config *c = &w->cfg;
+    const fr_kv_cache_config *kc = fr_kv_cache_config_of(book);
+    if (!kc->bookkeeping_only)
+        return fr_fail(FR_EINVAL, "CUDA runner: the host cache must be bookkeeping-only");
+    if (max_step_tokens < 1) return fr_fail(FR_EINVAL, "CUDA runner: max_step_tokens must be positive");
+    if (kc->n_layers != c->num_layers || kc->n_kv_heads != c->num_kv_heads || kc->head_dim != c->head_dim)
+        return fr_fail(FR_EINVAL, "CUDA runner: the cache's shape does not match the model's");
+    if (kc->dtype == FR_KV_F32)
+        return fr_fail(FR_EUNSUPPORTED, "CUDA runner: kv dtype f32 is the CPU backend's reference only");
+    fr_runner_cuda *r = calloc(1, sizeof *r);
+    if (!r) return fr_fail(FR_ENOMEM, "CUDA runner: out of memory");
+    static unsigned long long next_id = 1;   /* runners are made on one thread */
+    r->id = next_id++;
+    r->w = w;
+    r->book = book;
+    r->nccl = w->tp_size > 1 ? nccl : NULL;
+    r->vocab = w->vocab_full > 0 ? w->vocab_full : c->vocab_size;
+    r->max_tokens = max_step_tokens;
+    r->max_seqs = kc->max_seqs;
+    r->max_pages = (c->max_position + T - 1) / T;
+    const int M = max_step_tokens, D = c->hidden_size, d = c->head_dim;
+    const size_t qd = (size_t)c->num_heads * d, kvd = (size_t)c->num_kv_heads * d;
+    const int I = c->intermediate_size, V = r->vocab, Vl = c->vocab_size, tp = w->tp_size > 1 ? w->tp_size : 1;
+    fr_status st = fr_kv_store_gpu_new(kc, &r->store);
+    if (!st) st = fr_gemm_new(0, &r->gemm);
+    if (!st) st = fr_sampler_gpu_new(V, r->max_seqs, &r->sampler);
+    r->use_graphs = getenv("FR_CUDA_GRAPHS") == NULL || strcmp(getenv("FR_CUDA_GRAPHS"), "0") != 0;
+    if (!st && cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking) != cudaSuccess)
+        st = fr_fail(FR_EINTERNAL, "CUDA runner: cannot create a stream");
+    DEV_ALLOC(r->x, (size_t)M * D);
+    DEV_ALLOC(r->xn, (size_t)M * D);
+    DEV_ALLOC(r->q, (size_t)M * qd);
+    DEV_ALLOC(r->k, (size_t)M * kvd);
+    DEV_ALLOC(r->v, (size_t)M * kvd);
+    DEV_ALLOC(r->step_k, (size_t)M * kvd);
+    DEV_ALLOC(r->step_v, (size_t)M * kvd);
+    DEV_ALLOC(r->att, (size_t)M * qd);
+    DEV_ALLOC(r->gu, (size_t)M * 2 * I);
+    DEV_ALLOC(r->h, (size_t)M * I);
+    /* Full-vocabulary logits of a whole prefill chunk would not fit for a
+     * large vocabulary: the LM head runs in slices of logit_cap rows. */
+    r->logit_cap = M;
+    if ((size_t)r->logit_cap * V > ((size_t)64 << 20)) r->logit_cap = (int)(((size_t)64 << 20) / V);
+    if (r->logit_cap < r->max_seqs) r->logit_cap = r->max_seqs < M ? r->max_seqs : M;
+    if (r->logit_cap < 1) r->logit_cap = 1;
+    DEV_ALLOC(r->logits, (size_t)r->logit_cap * V);
+    if (tp > 1) {
+        DEV_ALLOC(r->partial, (size_t)M * D);
+        DEV_ALLOC(r->logits_local, (size_t)r->logit_cap * Vl);
+        DEV_ALLOC(r->logits_all, (size_t)tp * r->logit_cap * Vl);
+    }
+    DEV_ALLOC(r->ids, M);
+    DEV_ALLOC(r->pos, M);
+    DEV_ALLOC(r->logit_rows, M);
+    DEV_ALLOC(r->seqs, r->max_seqs);
+    DEV_ALLOC(r->tokens_out, r->max_seqs);
+    DEV_ALLOC(r->logprobs_out, r->max_seqs);
+    DEV_ALLOC(r->sample_rows, r->max_seqs);
+    HOST_ALLOC(r->h_tokens, r->max_seqs);
+    HOST_ALLOC(r->h_logprobs, r->max_seqs);
+    HOST_ALLOC(r->h_sample_rows, r->max_seqs);
+    DEV_ALLOC(r->tables, (size_t)r->max_seqs * r->max_pages);
+    HOST_ALLOC(r->h_ids, M);
+    HOST_ALLOC(r->h_pos, M);
+    HOST_ALLOC(r->h_logit_rows, M);
+    HOST_ALLOC(r->h_seqs, r->max_seqs);
+    HOST_ALLOC(r->h_tables, (size_t)r->max_seqs * r->max_pages);
+    if (!st) st = fr_cuda_rope_table_new(c->max_position, d, c->rope_theta, &r->rope_cos, &r->rope_sin);
+    if (!st) {
+        st = fr_attn_bf16_workspace_bytes(r->max_seqs, c->num_heads, c->num_kv_heads, d, c->max_position,
+                                          &r->attn_ws_bytes);
+        DEV_ALLOC(r->attn_ws, r->attn_ws_bytes ? r->attn_ws_bytes : 1);
+    }
+    if (!st && kc->dtype != FR_KV_BF16) {
+        const int G = c->num_heads / c->num_kv_heads, fp4 = fr_kv_dtype_is_fp4(kc->dtype);
+        r->quantized_kv = 1;
+        r->fp4 = (fr_attn_fp4_config){.dtype = kc->dtype, .p = fr_kv_attn_params(book, G),
+                                      .rotate = fp4 && kc->recipe.rotate, .sink_recent = fp4 && kc->recipe.sink_recent,
+                                      .fp8_scales = fr_kv_store_gpu_fp8_scales(r->store)};
+        st = fr_attn_fp4_workspace_bytes(&r->fp4, r->max_seqs, c->num_heads, c->num_kv_heads, c->max_position,
+                                         &r->fp4_ws_bytes);
+        if (!st)
+            st = fr_attn_fp4_prefill_workspace_bytes(&r->fp4, r->max_seqs, M, c->num_heads, c->num_kv_heads,
+                                                     &r->prefill_ws_bytes);
+        DEV_ALLOC(r->fp4_ws, r->fp4_ws_bytes ? r->fp4_ws_bytes : 1);
+        DEV_ALLOC(r->prefill_ws, r->prefill_ws_bytes ? r->prefill_ws_bytes : 1);
+    }
+    if (st) {
+        fr_runner_cuda_destroy(&r);
+        return st;
+    }
+    *out = r;
+    return FR_OK;
+}
+
+void fr_runner_cuda_destroy(fr_runner_cuda **pr)
+{
+    fr_runner_cuda *r = pr ? *pr : NULL;
+    if (!r) return;
+    if (r->stream) cudaStreamSynchronize(r->stream);
+    for (int b = 0; b < FR_CUDA_GRAPH_BUCKETS; b++) {
+        if (r->graphs[b]) cudaGraphExecDestroy(r->graphs[b]);
+        for (int b2 = 0; b2 < FR_CUDA_GRAPH_BUCKETS; b2++)
+            if (r->rgraphs[b][b2]) cudaGraphExecDestroy(r->rgraphs[b][b2]);
+    }
+    if (r->rider_ready) cudaEventDestroy(r->rider_ready);
+    void *dev[] = {r->x, r->xn, r->q, r->k, r->v, r->step_k, r->step_v, r->att, r->gu, r->h, r->logits,
+                   r->partial, r->logits_local, r->logits_all,
+                   r->ids, r->pos, r->logit_rows, r->seqs, r->tables, r->attn_ws, r->tokens_out,
+                   r->logprobs_out, r->sample_rows, r->fp4_ws, r->prefill_ws, r->draw_logits};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
+    void *host[] = {r->h_ids, r->h_pos, r->h_logit_rows, r->h_seqs, r->h_tables, r->h_tokens, r->h_logprobs,
+                    r->h_sample_rows};
+    for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) cudaFreeHost(host[i]);
+    free(r->h_q);
+    free(r->h_k);
+    free(r->h_v);
+    fr_cuda_rope_table_free(&r->rope_cos, &r->rope_sin);
+    fr_gemm_destroy(&r->gemm);
+    fr_sampler_gpu_destroy(&r->sampler);
+    fr_kv_store_gpu_destroy(&r->store);
+    if (r->stream) cudaStreamDestroy(r->stream);
+    free(r);
+    *pr = NULL;
+}
+
+/* The shared checks and block reservation (fr_step_admit), within the
+ * runner's sequence bound. */
+static fr_status admit(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int *M_out)
+{
+    const fr_model_config *c = &r->w->cfg;
+    if (n_seqs < 1 || n_seqs > r->max_seqs)
+        return fr_fail(FR_EINVAL, "step: %d sequences (1..%d allowed)", n_seqs, r->max_seqs);
+    return fr_step_admit(r->book, seqs, n_seqs, r->vocab, c->max_position, r->max_tokens, M_out);
+}
+
+/* Fills the pinned step metadata and sends it on the stream (no sync): token
+ * ids, positions, the fr_paged_seq of each sequence and its block table, and
+ * the rows whose logits are wanted. With pad_to > n_seqs (a graph's batch
+ * bucket), the missing sequences get no tokens (n_new 0: attention and the
+ * cache skip them) and one dummy row each, whose logits are computed and
+ * ignored. Returns the number of logit rows. */
+static fr_status upload_metadata(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int pad_to, int M,
+                                 int *n_logits)
+{
+    int row = 0, lrows = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int len = fr_kv_seq_len(r->book, seqs[s].seq), nb = 0;
+        const int *blocks = fr_kv_seq_blocks(r->book, seqs[s].seq, &nb);
+        int *trow = r->h_tables + (size_t)s * r->max_pages;
+        memcpy(trow, blocks, sizeof(int) * (size_t)nb);
+        r->h_seqs[s] = (fr_paged_seq){.block_table = r->tables + (size_t)s * r->max_pages, .len = len,
+                                      .n_new = seqs[s].n, .q_row = row, .slot = seqs[s].seq};
+        for (int i = 0; i < seqs[s].n; i++) {
+            r->h_ids[row + i] = seqs[s].tokens[i];
+            r->h_pos[row + i] = len + i;
+            if (seqs[s].all_logits || i == seqs[s].n - 1) r->h_logit_rows[lrows++] = row + i;
+        }
+        row += seqs[s].n;
+    }
+    for (int s = n_seqs; s < pad_to; s++, row++) {
+        r->h_seqs[s] = (fr_paged_seq){.block_table = r->tables + (size_t)s * r->max_pages, .len = 0, .n_new = 0,
+                                      .q_row = row, .slot = seqs[0].seq};
+        r->h_ids[row] = 0;
+        r->h_pos[row] = 0;
+        r->h_logit_rows[lrows++] = row;
+    }
+    const int n_meta = pad_to > n_seqs ? pad_to : n_seqs;
+    M = row > M ? row : M;
+    FR_CUDA_TRY(cudaMemcpyAsync(r->ids, r->h_ids, sizeof(int) * (size_t)M, cudaMemcpyHostToDevice, r->stream));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->pos, r->h_pos, sizeof(int) * (size_t)M, cudaMemcpyHostToDevice, r->stream));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->logit_rows, r->h_logit_rows, sizeof(int) * (size_t)lrows,
+                                cudaMemcpyHostToDevice, r->stream));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->seqs, r->h_seqs, sizeof(fr_paged_seq) * (size_t)n_meta,
+                                cudaMemcpyHostToDevice, r->stream));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->tables, r->h_tables, sizeof(int) * (size_t)n_seqs * r->max_pages,
+                                cudaMemcpyHostToDevice, r->stream));
+    *n_logits = lrows;
+    return FR_OK;
+}
+
+/* One decoder layer on the step's M rows. */
+/* Hands layer l's post-RoPE q, k, v of the step's M rows to the observer
+ * (synchronous copies: taps are for calibration and analysis, not speed). */
+static fr_status observe(fr_runner_cuda *r, int l, int M)
+{
+    const fr_model_config *c = &r->w->cfg;
+    const size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
+    cudaError_t e = cudaMemcpyAsync(r->h_q, r->q, sizeof(float) * M * qd, cudaMemcpyDeviceToHost, r->stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(r->h_k, r->k, sizeof(float) * M * kvd, cudaMemcpyDeviceToHost, r->stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(r->h_v, r->v, sizeof(float) * M * kvd, cudaMemcpyDeviceToHost, r->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(r->stream);
+    if (e != cudaSuccess) return fr_fail(FR_EINTERNAL, "CUDA runner: copying layer %d's q/k/v for the observer: %s", l,
+                                         cudaGetErrorString(e));
+    fr_status st = FR_OK;
+    if (r->obs.layer_kv) st = r->obs.layer_kv(r->obs.user, l, r->obs_seqs, r->obs_n_seqs, r->h_k, r->h_v);
+    if (!st && r->obs.layer_q) st = r->obs.layer_q(r->obs.user, l, r->obs_seqs, r->obs_n_seqs, r->h_q);
+    return st;
+}
+
+fr_status fr_runner_cuda_set_observer(fr_runner_cuda *r, const fr_forward_observer *obs)
+{
+    if (obs && obs->decode_query)
+        return fr_fail(FR_EUNSUPPORTED, "CUDA runner: the decode_query tap exists on the CPU backend only "
+                                        "(use layer_q and layer_kv)");
+    if (obs && (obs->layer_kv || obs->layer_q) && !r->h_q) {
+        const fr_model_config *c = &r->w->cfg;
+        const size_t M = (size_t)r->max_tokens, qd = (size_t)c->num_heads * c->head_dim,
+                     kvd = (size_t)c->num_kv_heads * c->head_dim;
+        r->h_q = malloc(sizeof(float) * M * qd);
+        r->h_k = malloc(sizeof(float) * M * kvd);
+        r->h_v = malloc(sizeof(float) * M * kvd);
+        if (!r->h_q || !r->h_k || !r->h_v) {
+            free(r->h_q); free(r->h_k); free(r->h_v);
+            r->h_q = r->h_k = r->h_v = NULL;
+            return fr_fail(FR_ENOMEM, "CUDA runner: out of host memory for the observer's buffers");
+        }
+    }
+    if (obs) r->obs = *obs;
+    else memset(&r->obs, 0, sizeof r->obs);
+    return FR_OK;
+}
+
+/* x += in . W^T for a row-parallel W ([hidden][k]): directly with beta 1 on
+ * one rank; across an engine, this rank's partial sum all-reduced over NCCL
+ * and then added, so every rank holds the same residual stream. */
+static fr_status residual_gemm(fr_runner_cuda *r, const uint16_t *in, const uint16_t *w, int M, int k)
+{
+    const int D = r->w->cfg.hidden_size;
+    if (!r->nccl) return fr_gemm_bf16(r->gemm, r->x, in, w, M, D, k, 1.0f, r->stream);
+    fr_status st = fr_gemm_bf16(r->gemm, r->partial, in, w, M, D, k, 0.0f, r->stream);
+    if (st) return st;
+    fr_comm_status cs = fr_nccl_allreduce_sum(r->nccl, r->partial, (size_t)M * D, FR_DTYPE_F32, r->stream);
+    if (cs) return fr_fail(FR_EINTERNAL, "CUDA runner: %s", fr_comm_last_error());
+    return fr_cuda_add_f32(r->x, r->partial, (size_t)M * D, r->stream);
+}
+
+/* Logits of `rows` normed rows (r->xn) into r->logits [rows][vocab]: one
+ * product on one rank; across an engine, this rank's vocabulary slice, an
+ * all-gather of every slice and a strided copy of each into its columns. */
+static fr_status lm_head(fr_runner_cuda *r, int rows)
+{
+    const int D = r->w->cfg.hidden_size, Vl = r->w->cfg.vocab_size;
+    if (!r->nccl) return fr_gemm_bf16(r->gemm, r->logits, r->xn, r->w->lm_head, rows, Vl, D, 0.0f, r->stream);
+    fr_status st = fr_gemm_bf16(r->gemm, r->logits_local, r->xn, r->w->lm_head, rows, Vl, D, 0.0f, r->stream);
+    if (st) return st;
+    fr_comm_status cs = fr_nccl_allgather_f32(r->nccl, r->logits_local, r->logits_all, (size_t)rows * Vl, r->stream);
+    if (cs) return fr_fail(FR_EINTERNAL, "CUDA runner: %s", fr_comm_last_error());
+    for (int t = 0; t < r->w->tp_size; t++) {
+        cudaError_t e = cudaMemcpy2DAsync(r->logits + (size_t)t * Vl, sizeof(float) * (size_t)r->vocab,
+                                          r->logits_all + (size_t)t * rows * Vl, sizeof(float) * (size_t)Vl,
+                                          sizeof(float) * (size_t)Vl, (size_t)rows, cudaMemcpyDeviceToDevice,
+                                          r->stream);
+        if (e != cudaSuccess) return fr_fail(FR_EINTERNAL, "CUDA runner: logits gather: %s", cudaGetErrorString(e));
+    }
+    return FR_OK;
+}
+
+static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int max_new)
+{
+    const fr_model_config *c = &r->w->cfg;
+    const fr_layer_weights_gpu *lw = &r->w->layers[l];
+    const int D = c->hidden_size, d = c->head_dim, H = c->num_heads, KVH = c->num_kv_heads;
+    const int qd = H * d, kvd = KVH * d, I = c->intermediate_size;
+    cudaStream_t s = r->stream;
+    /* A rider's rows (r->riding of them) follow ours through everything but
+     * attention and the cache. */
+    const int R = r->riding, Mt = M + R;
+    const fr_runner_cuda *rd = r->rider;
+    fr_status st = fr_cuda_rmsnorm(r->xn, r->x, NULL, lw->attn_norm, Mt, D, c->rms_norm_eps, s);
+    if (!st) st = fr_gemm_bf16(r->gemm, r->q, r->xn, lw->q_proj, Mt, qd, D, 0.0f, s);
+    if (!st) st = fr_gemm_bf16(r->gemm, r->k, r->xn, lw->k_proj, Mt, kvd, D, 0.0f, s);
+    if (!st) st = fr_gemm_bf16(r->gemm, r->v, r->xn, lw->v_proj, Mt, kvd, D, 0.0f, s);
+    if (!st)
+        st = fr_cuda_qk_norm_rope(r->q, r->k, lw->q_norm, lw->k_norm, r->pos, Mt, H, KVH, d, c->rms_norm_eps,
+                                  r->rope_cos, r->rope_sin, c->max_position, s);
+    if (!st && r->obs_seqs) st = observe(r, l, M);
+    if (!st) st = fr_kv_store_gpu_stage(r->store, l, M, r->k, r->v, r->step_k, r->step_v, s);
+    if (!st && R)
+        st = fr_kv_store_gpu_stage(rd->store, l, R, r->k + (size_t)M * kvd, r->v + (size_t)M * kvd, rd->step_k,
+                                   rd->step_v, s);
+    if (!st && r->fill_only)   /* keys and values are all a fill wants */
+        return fr_kv_store_gpu_commit(r->store, l, r->seqs, n_seqs, (max_new + T - 1) / T, r->step_k, r->step_v, s);
+    if (!st && R) {   /* the rider's cache is BF16 */
+        fr_paged_kv rv = fr_kv_store_gpu_view(rd->store, l, rd->step_k, rd->step_v);
+        st = fr_attn_bf16(&rv, rd->seqs, R, 1, c->max_position, r->q + (size_t)M * qd, r->att + (size_t)M * qd, H,
+                          r->attn_ws, r->attn_ws_bytes, s);
+    }
+    if (!st) {
+        fr_paged_kv view = fr_kv_store_gpu_view(r->store, l, r->step_k, r->step_v);
+        if (!r->quantized_kv) {
+            st = fr_attn_bf16(&view, r->seqs, n_seqs, max_new, c->max_position, r->q, r->att, H, r->attn_ws,
+                              r->attn_ws_bytes, s);
+        } else {
+            /* Each kernel computes its own sequences (n_new 1, or more) and skips the rest. */
+            st = fr_attn_fp4_decode(&r->fp4, &view, r->seqs, n_seqs, c->max_position, r->q, r->att, H, r->fp4_ws,
+                                    r->fp4_ws_bytes, s);
+            if (!st && max_new > 1)
+                st = fr_attn_fp4_prefill(&r->fp4, &view, r->seqs, n_seqs, max_new, c->max_position, r->q, r->att, H,
+                                         r->prefill_ws, r->prefill_ws_bytes, s);
+        }
+    }
+    /* o_proj and down_proj accumulate into the residual stream (beta = 1),
+     * or, tensor parallel, their partial sums are all-reduced first. */
+    if (!st) st = residual_gemm(r, r->att, lw->o_proj, Mt, qd);
+    if (!st) st = fr_cuda_rmsnorm(r->xn, r->x, NULL, lw->mlp_norm, Mt, D, c->rms_norm_eps, s);
+    if (!st) st = fr_gemm_bf16(r->gemm, r->gu, r->xn, lw->gate_up, Mt, 2 * I, D, 0.0f, s);
+    if (!st) st = fr_cuda_swiglu_rows(r->h, r->gu, Mt, I, s);
+    if (!st) st = residual_gemm(r, r->h, lw->down_proj, Mt, I);
+    if (!st)
+        st = fr_kv_store_gpu_commit(r->store, l, r->seqs, n_seqs, (max_new + T - 1) / T, r->step_k, r->step_v, s);
+    if (!st && R) st = fr_kv_store_gpu_commit(rd->store, l, rd->seqs, R, 1, rd->step_k, rd->step_v, s);
+    return st;
+}
+
+/* The step's forward pass up to the last layer (metadata, embedding,
+ * layers): the residual stream of every token is left in r->x. */
+static fr_status forward_layers(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int *n_logits)
+{
+    const fr_model_config *c = &r->w->cfg;
+    const int D = c->hidden_size, V = r->vocab;
+    int M = 0, max_new = 0;
+    fr_status st = admit(r, seqs, n_seqs, &M);
+    for (int s = 0; s < n_seqs; s++) max_new = seqs[s].n > max_new ? seqs[s].n : max_new;
+    if (!st) st = upload_metadata(r, seqs, n_seqs, 0, M, n_logits);
+    if (!st) st = fr_cuda_embed(r->x, r->w->embed, r->ids, M, D, V, r->stream);
+    if (r->obs.layer_kv || r->obs.layer_q) {
+        r->obs_seqs = seqs;
+        r->obs_n_seqs = n_seqs;
+    }
+    for (int l = 0; l < c->num_layers && !st; l++) st = layer_forward(r, l, M, n_seqs, max_new);
+    r->obs_seqs = NULL;
+    r->step_tokens = M;
+    return st;
+}
+
+/* Final norm and LM head of logit rows a .. a + rows - 1 (rows <= logit_cap)
+ * into r->logits. */
+static fr_status logits_slice(fr_runner_cuda *r, int a, int rows)
+{
+    const fr_model_config *c = &r->w->cfg;
+    fr_status st = fr_cuda_rmsnorm_rows(r->xn, r->x, r->step_tokens, r->logit_rows + a, rows, r->w->final_norm,
+                                        c->hidden_size, c->rms_norm_eps, r->stream);
+    return st ? st : lm_head(r, rows);
+}
+
+/* After the step's device work: the cache's checks, then the bookkeeping of
+ * the tokens the device cache now holds. */
+static fr_status finish_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs)
+{
+    fr_status st = fr_kv_store_gpu_check(r->store, r->stream);
+    for (int s = 0; s < n_seqs && !st; s++) st = fr_kv_append(r->book, seqs[s].seq, seqs[s].n, NULL, NULL, 0);
+    return st;
+}
+
+fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, float *logits)
+{
+    const int V = r->vocab;
+    int n_logits = 0;
+    fr_status st = forward_layers(r, seqs, n_seqs, &n_logits);
+    /* The LM head on the rows that want logits, a slice at a time. */
+    for (int a = 0; a < n_logits && !st; a += r->logit_cap) {
+        int rows = n_logits - a < r->logit_cap ? n_logits - a : r->logit_cap;
+        st = logits_slice(r, a, rows);
+        if (!st) {
+            cudaError_t e = cudaMemcpyAsync(logits + (size_t)a * V, r->logits, sizeof(float) * (size_t)rows * V,
+                                            cudaMemcpyDeviceToHost, r->stream);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(r->stream);
+            if (e != cudaSuccess) st = fr_fail(FR_EINTERNAL, "CUDA step failed: %s", cudaGetErrorString(e));
+        }
+    }
+    return st ? st : finish_step(r, seqs, n_seqs);
+}
+
+fr_status fr_runner_cuda_fill(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs)
+{
+    int n_logits = 0;
+    r->fill_only = 1;
+    fr_status st = forward_layers(r, seqs, n_seqs, &n_logits);
+    r->fill_only = 0;
+    if (!st && cudaStreamSynchronize(r->stream) != cudaSuccess)
+        st = fr_fail(FR_EINTERNAL, "CUDA fill failed: %s", cudaGetErrorString(cudaGetLastError()));
+    return st ? st : finish_step(r, seqs, n_seqs);
+}
+
+/* Samples the n gathered rows of r->draw_logits with r->h_sample_rows[0..n)
+ * and stores draw slot_of[p]'s token and log-prob. */
+static fr_status draw_gathered(fr_runner_cuda *r, int n, const int *slot_of, int *tokens, float *logprobs)
+{
+    if (n == 0) return FR_OK;
+    FR_CUDA_TRY(cudaMemcpyAsync(r->sample_rows, r->h_sample_rows, sizeof(fr_sample_row) * (size_t)n,
+                                cudaMemcpyHostToDevice, r->stream));
+    fr_status st = fr_sampler_gpu_sample(r->sampler, r->draw_logits, r->sample_rows, n, r->tokens_out,
+                                         r->logprobs_out, r->stream);
+    if (st) return st;
+    FR_CUDA_TRY(cudaMemcpyAsync(r->h_tokens, r->tokens_out, sizeof(int) * (size_t)n, cudaMemcpyDeviceToHost,
+                                r->stream));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->h_logprobs, r->logprobs_out, sizeof(float) * (size_t)n, cudaMemcpyDeviceToHost,
+                                r->stream));
+    FR_CUDA_TRY(cudaStreamSynchronize(r->stream));
+    for (int p = 0; p < n; p++) {
+        tokens[slot_of[p]] = r->h_tokens[p];
+        if (logprobs) logprobs[slot_of[p]] = r->h_logprobs[p];
+    }
+    return FR_OK;
+}
+
+fr_status fr_runner_cuda_step_draw(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, const int *draw_rows,
+                                   const fr_sample_row *draw_params, int n_draws, int *tokens, float *logprobs,
+                                   const int *keep, int n_keep, float *kept_logits)
+{
+    const int V = r->vocab;
+    int n_rows = 0;
+    for (int s = 0; s < n_seqs; s++) n_rows += seqs[s].all_logits ? seqs[s].n : 1;
+    if (n_draws < 0 || (n_draws && (!draw_rows || !draw_params || !tokens)) || n_keep < 0 ||
+        (n_keep && (!keep || !kept_logits)))
+        return fr_fail(FR_EINVAL, "step: bad list of draws or of rows whose logits to keep");
+    for (int i = 0; i < n_draws; i++) {
+        if (draw_rows[i] < 0 || draw_rows[i] >= n_rows)
+            return fr_fail(FR_EINVAL, "step: draw %d reads logit row %d of %d", i, draw_rows[i], n_rows);
+        fr_status st = fr_sample_row_check(&draw_params[i], V);
+        if (st) return st;
+    }
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] < 0 || keep[i] >= n_rows)
+            return fr_fail(FR_EINVAL, "step: logit row %d to keep is outside the step's %d", keep[i], n_rows);
+    /* The rows drawn from are gathered here, since a slice of the LM head's
+     * output is overwritten by the next; made on first use. */
+    if (n_draws && !r->draw_logits && cudaMalloc((void **)&r->draw_logits, sizeof(float) * (size_t)r->max_seqs * V))
+        return fr_fail(FR_ENOMEM, "CUDA runner: cannot allocate the sampling rows (%zu bytes) on the device",
+                       sizeof(float) * (size_t)r->max_seqs * V);
+    int *slot_of = malloc(sizeof(int) * (size_t)(r->max_seqs > 0 ? r->max_seqs : 1));
+    if (!slot_of) return fr_fail(FR_ENOMEM, "out of memory");
+    int n_logits = 0, gathered = 0;
+    fr_status st = forward_layers(r, seqs, n_seqs, &n_logits);
+    for (int a = 0; a < n_logits && !st; a += r->logit_cap) {
+        int rows = n_logits - a < r->logit_cap ? n_logits - a : r->logit_cap;
+        st = logits_slice(r, a, rows);
+        for (int i = 0; i < n_keep && !st; i++)
+            if (keep[i] >= a && keep[i] < a + rows) {
+                cudaError_t e = cudaMemcpyAsync(kept_logits + (size_t)i * V, r->logits + (size_t)(keep[i] - a) * V,
+                                                sizeof(float) * (size_t)V, cudaMemcpyDeviceToHost, r->stream);
+                if (e != cudaSuccess) st = fr_fail(FR_EINTERNAL, "CUDA step: %s", cudaGetErrorString(e));
+            }
+        for (int i = 0; i < n_draws && !st; i++) {
+            if (draw_rows[i] < a || draw_rows[i] >= a + rows) continue;
+            cudaError_t e = cudaMemcpyAsync(r->draw_logits + (size_t)gathered * V,
+                                            r->logits + (size_t)(draw_rows[i] - a) * V, sizeof(float) * (size_t)V,
+                                            cudaMemcpyDeviceToDevice, r->stream);
+            if (e != cudaSuccess) {
+                st = fr_fail(FR_EINTERNAL, "CUDA step: %s", cudaGetErrorString(e));
+                break;
+            }
+            r->h_sample_rows[gathered] = draw_params[i];
+            slot_of[gathered++] = i;
+            if (gathered == r->max_seqs) {   /* the sampler's capacity: draw these, go on */
+                st = draw_gathered(r, gathered, slot_of, tokens, logprobs);
+                gathered = 0;
+            }
+        }
+    }
+    if (!st) st = draw_gathered(r, gathered, slot_of, tokens, logprobs);
+    if (!st && cudaStreamSynchronize(r->stream) != cudaSuccess)
+        st = fr_fail(FR_EINTERNAL, "CUDA step failed: %s", cudaGetErrorString(cudaGetLastError()));
+    free(slot_of);
+    return st ? st : finish_step(r, seqs, n_seqs);
+}
+
+/* The device work of a decode step over `rows` rows (one per sequence,
+ * padding included), from the embedding to the sampled tokens: what a
+ * decode graph holds. */
+static fr_status enqueue_decode(fr_runner_cuda *r, int rows)
+{
+    const fr_model_config *c = &r->w->cfg;
+    const int D = c->hidden_size, V = r->vocab, Mt = rows + r->riding;   /* a rider's rows follow ours */
+    fr_status st = fr_cuda_embed(r->x, r->w->embed, r->ids, Mt, D, V, r->stream);
+    for (int l = 0; l < c->num_layers && !st; l++) st = layer_forward(r, l, rows, rows, 1);
+    if (!st)
+        st = fr_cuda_rmsnorm_rows(r->xn, r->x, Mt, r->logit_rows, Mt, r->w->final_norm, D, c->rms_norm_eps,
+                                  r->stream);
+    if (!st) st = lm_head(r, Mt);
+    if (!st)
+        st = fr_sampler_gpu_sample(r->sampler, r->logits, r->sample_rows, rows, r->tokens_out, r->logprobs_out,
+                                   r->stream);
+    return st;
+}
+
+/* The smallest bucket (a power of two, capped at max_seqs) holding n rows. */
+static int bucket_of(const fr_runner_cuda *r, int n, int *rows)
+{
+    int b = 0, size = 1;
+    while (size < n) size *= 2, b++;
+    *rows = size < r->max_seqs ? size : r->max_seqs;
+    return b;
+}
+
+fr_status fr_runner_cuda_decode(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
+                                int n_seqs, int *tokens, float *logprobs)
+{
+    return fr_runner_cuda_decode_keep(r, seqs, params, n_seqs, tokens, logprobs, NULL, 0, NULL);
+}
+
+/* Enqueues the decode of `rows` rows (and r->riding rows of rider rd, when
+ * carrying one) by replaying its graph, capturing it on first use. A
+ * carrying decode's graph is kept per pair of buckets and names the rider it
+ * was captured with (its cache and buffers are in the graph). */
+static fr_status run_decode(fr_runner_cuda *r, int rows, int b, int b2, const fr_runner_cuda *rd)
+{
+    if (!r->use_graphs) return enqueue_decode(r, rows);
+    cudaGraphExec_t *slot = rd ? &r->rgraphs[b][b2] : &r->graphs[b];
+    const int fresh = *slot && (rd ? r->rgraph_rider[b][b2] == rd->id : r->graph_rows[b] == rows);
+    if (fresh) {
+        FR_CUDA_TRY(cudaGraphLaunch(*slot, r->stream));
+        return FR_OK;
+    }
+    /* First use: run it directly (which also prepares the matrix-product
+     * plans and kernel attributes a capture must not create), then capture
+     * the same launches for the next steps. */
+    fr_status st = enqueue_decode(r, rows);
+    if (st) return st;
+    FR_CUDA_TRY(cudaStreamSynchronize(r->stream));
+    FR_CUDA_TRY(cudaStreamBeginCapture(r->stream, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t g = NULL;
+    fr_status cap = enqueue_decode(r, rows);
+    cudaError_t e = cudaStreamEndCapture(r->stream, &g);
+    if (cap) st = cap;
+    else if (e != cudaSuccess) st = fr_fail(FR_EINTERNAL, "decode graph capture failed: %s", cudaGetErrorString(e));
+    if (!st) {
+        if (*slot) cudaGraphExecDestroy(*slot);
+        *slot = NULL;
+        if (cudaGraphInstantiate(slot, g, 0) != cudaSuccess) {
+            *slot = NULL;
+            st = fr_fail(FR_EINTERNAL, "decode graph instantiation failed: %s", cudaGetErrorString(cudaGetLastError()));
+        } else if (rd) {
+            r->rgraph_rider[b][b2] = rd->id;
+        } else {
+            r->graph_rows[b] = rows;
+        }
+    }
+    if (g) cudaGraphDestroy(g);
+    return st;
+}
+
+/* The rider's metadata, sent on its stream, then its token ids and
+ * positions placed after our rows and its rows added to the logit rows, on
+ * ours: what a carrying decode reads besides our own metadata. */
+static fr_status upload_rider(fr_runner_cuda *r, int rows, fr_runner_cuda *rd, const fr_step_seq *rseqs, int n_r,
+                              int r_rows)
+{
+    int Mr = 0, n_logits = 0;
+    fr_status st = admit(rd, rseqs, n_r, &Mr);
+    if (!st) st = upload_metadata(rd, rseqs, n_r, r_rows, Mr, &n_logits);
+    if (st) return st;
+    if (!r->rider_ready && cudaEventCreateWithFlags(&r->rider_ready, cudaEventDisableTiming) != cudaSuccess)
+        return fr_fail(FR_EINTERNAL, "decode: cannot create an event");
+    FR_CUDA_TRY(cudaEventRecord(r->rider_ready, rd->stream));
+    FR_CUDA_TRY(cudaStreamWaitEvent(r->stream, r->rider_ready, 0));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->ids + rows, rd->ids, sizeof(int) * (size_t)r_rows, cudaMemcpyDeviceToDevice,
+                                r->stream));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->pos + rows, rd->pos, sizeof(int) * (size_t)r_rows, cudaMemcpyDeviceToDevice,
+                                r->stream));
+    for (int j = 0; j < r_rows; j++) r->h_logit_rows[rows + j] = rows + j;
+    FR_CUDA_TRY(cudaMemcpyAsync(r->logit_rows + rows, r->h_logit_rows + rows, sizeof(int) * (size_t)r_rows,
+                                cudaMemcpyHostToDevice, r->stream));
+    return FR_OK;
+}
+
+static fr_status decode_launch(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params, int n_seqs,
+                               fr_runner_cuda *rd, const fr_step_seq *rseqs, int n_r)
+{
+    const int V = r->vocab;
+    if (r->launched) return fr_fail(FR_EINVAL, "decode: the last launch has not been waited for");
+    for (int s = 0; s < n_seqs; s++) {
+        if (seqs[s].n != 1) return fr_fail(FR_EINVAL, "decode: sequence %d has %d new tokens, not 1", seqs[s].seq, seqs[s].n);
+        fr_status st = fr_sample_row_check(&params[s], V);
+        if (st) return st;
+    }
+    if (r->logit_cap < n_seqs) return fr_fail(FR_EINTERNAL, "decode: logits buffer smaller than the batch");
+    int M = 0, rows, n_logits, r_rows = 0, b2 = 0;
+    if (rd) {
+        b2 = bucket_of(rd, n_r, &r_rows);
+        if (!r->use_graphs) r_rows = n_r;
+    }
+    int b = bucket_of(r, n_seqs, &rows);
+    if (!r->use_graphs) rows = n_seqs;
+    if (rd && (rows + r_rows > r->max_tokens || rows + r_rows > r->logit_cap))
+        return fr_fail(FR_EINVAL, "decode: %d rows and %d of a rider exceed the step's %d", rows, r_rows,
+                       r->max_tokens < r->logit_cap ? r->max_tokens : r->logit_cap);
+    fr_status st = admit(r, seqs, n_seqs, &M);
+    if (st) return st;
+    if ((st = upload_metadata(r, seqs, n_seqs, rows, M, &n_logits))) return st;
+    if (rd && (st = upload_rider(r, rows, rd, rseqs, n_r, r_rows))) return st;
+    r->riding = r_rows;
+    r->rider = rd;
+    memcpy(r->h_sample_rows, params, sizeof(fr_sample_row) * (size_t)n_seqs);
+    for (int s = n_seqs; s < rows; s++)   /* padding rows: greedy, never read */
+        r->h_sample_rows[s] = (fr_sample_row){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
+    FR_CUDA_TRY(cudaMemcpyAsync(r->sample_rows, r->h_sample_rows, sizeof(fr_sample_row) * (size_t)rows,
+                                cudaMemcpyHostToDevice, r->stream));
+    st = run_decode(r, rows, b, b2, rd);
+    r->riding = 0;
+    if (st) {
+        r->rider = NULL;
+        return st;
+    }
+    FR_CUDA_TRY(cudaMemcpyAsync(r->h_tokens, r->tokens_out, sizeof(int) * (size_t)n_seqs, cudaMemcpyDeviceToHost,
+                                r->stream));
+    FR_CUDA_TRY(cudaMemcpyAsync(r->h_logprobs, r->logprobs_out, sizeof(float) * (size_t)n_seqs,
+                                cudaMemcpyDeviceToHost, r->stream));
+    r->launched = n_seqs;
+    r->rider_seqs = rd ? rseqs : NULL;
+    r->rider_n = rd ? n_r : 0;
+    r->rider_rows = r_rows;
+    r->rider_row0 = rows;
+    return FR_OK;
+}
+
+fr_status fr_runner_cuda_decode_launch(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
+                                       int n_seqs)
+{
+    return decode_launch(r, seqs, params, n_seqs, NULL, NULL, 0);
+}
+
+fr_status fr_runner_cuda_decode_launch_carrying(fr_runner_cuda *r, const fr_step_seq *seqs,
+                                                const fr_sample_row *params, int n_seqs, fr_runner_cuda *rider,
+                                                const fr_step_seq *rider_seqs, int n_rider)
+{
+    if (!rider || rider == r || n_rider < 1 || !rider_seqs)
+        return fr_fail(FR_EINVAL, "decode: a rider needs its own runner and at least one sequence");
+    if (rider->w != r->w || rider->quantized_kv || r->nccl)
+        return fr_fail(FR_EUNSUPPORTED, "decode: a rider must share the weights, keep a BF16 cache, and run "
+                                        "without tensor parallelism");
+    if (rider->launched) return fr_fail(FR_EINVAL, "decode: the rider has a decode of its own in flight");
+    return decode_launch(r, seqs, params, n_seqs, rider, rider_seqs, n_rider);
+}
+
+int fr_runner_cuda_rider_first_row(const fr_runner_cuda *r) { return r ? r->rider_row0 : 0; }
+
+/* A decode's list of rows whose logits go to the host: rows of its batch. */
+static fr_status check_keep(const int *keep, int n_keep, const float *kept_logits, int n_seqs)
+{
+    if (n_keep < 0 || n_keep > n_seqs || (n_keep && (!keep || !kept_logits)))
+        return fr_fail(FR_EINVAL, "decode: bad list of rows whose logits to keep");
+    for (int i = 0; i < n_keep; i++)
+        if (keep[i] < 0 || keep[i] >= n_seqs)
+            return fr_fail(FR_EINVAL, "decode: row %d to keep is outside the batch of %d", keep[i], n_seqs);
+    return FR_OK;
+}
+
+fr_status fr_runner_cuda_decode_wait(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int *tokens,
+                                     float *logprobs, const int *keep, int n_keep, float *kept_logits)
+{
+    const int V = r->vocab;
+    if (r->launched != n_seqs || n_seqs < 1)
+        return fr_fail(FR_EINVAL, "decode: waiting for %d sequences, %d were launched", n_seqs, r->launched);
+    r->launched = 0;
+    fr_status st = check_keep(keep, n_keep, kept_logits, n_seqs);
+    /* Only the rows asked for cross to the host: a full batch of logits is
+     * tens of MB per step at a 152k vocabulary. */
+    for (int i = 0; i < n_keep && !st; i++) {
+        cudaError_t e = cudaMemcpyAsync(kept_logits + (size_t)i * V, r->logits + (size_t)keep[i] * V,
+                                        sizeof(float) * (size_t)V, cudaMemcpyDeviceToHost, r->stream);
+        if (e != cudaSuccess) st = fr_fail(FR_EINTERNAL, "decode: %s", cudaGetErrorString(e));
+    }
+    /* Waits for the stream; the tokens enter the bookkeeping even after a
+     * bad keep list, since the device cache holds them now. */
+    fr_status chk = fr_kv_store_gpu_check(r->store, r->stream);
+    fr_runner_cuda *rd = r->rider;
+    const fr_step_seq *rseqs = r->rider_seqs;
+    const int n_r = r->rider_n;
+    r->rider = NULL;
+    r->rider_seqs = NULL;
+    r->rider_n = 0;
+    if (!chk && rd) chk = fr_kv_store_gpu_check(rd->store, r->stream);
+    for (int s = 0; s < n_r && !chk; s++) chk = fr_kv_append(rd->book, rseqs[s].seq, 1, NULL, NULL, 0);
+    if (chk) return chk;
+    if (tokens && !st) memcpy(tokens, r->h_tokens, sizeof(int) * (size_t)n_seqs);
+    if (logprobs && !st) memcpy(logprobs, r->h_logprobs, sizeof(float) * (size_t)n_seqs);
+    for (int s = 0; s < n_seqs; s++) {
+        fr_status a = fr_kv_append(r->book, seqs[s].seq, 1, NULL, NULL, 0);
+        if (a && !st) st = a;
+    }
+    return st;
+}
+
+fr_status fr_runner_cuda_decode_keep(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
+                                     int n_seqs, int *tokens, float *logprobs, const int *keep, int n_keep,
+                                     float *kept_logits)
+{
+    fr_status st = check_keep(keep, n_keep, kept_logits, n_seqs);   /* refused before anything runs */
+    if (st || n_seqs == 0) return st;
+    st = fr_runner_cuda_decode_launch(r, seqs, params, n_seqs);
+    return st ? st : fr_runner_cuda_decode_wait(r, seqs, n_seqs, tokens, logprobs, keep, n_keep, kept_logits);
+}
+
+const float *fr_runner_cuda_decode_logits(const fr_runner_cuda *r) { return r ? r->logits : NULL; }
+
+fr_status fr_runner_cuda_set_key_mean(fr_runner_cuda *r, const float *key_mean)
+{
+    if (!r) return fr_fail(FR_EINVAL, "fr_runner_cuda_set_key_mean: no runner");
+    if (cudaStreamSynchronize(r->stream) != cudaSuccess)
+        return fr_fail(FR_EIO, "CUDA runner: a step failed before the key mean changed: %s",
+                       cudaGetErrorString(cudaGetLastError()));
+    return fr_kv_store_gpu_set_key_mean(r->store, key_mean);
+}
+
+fr_status fr_runner_cuda_fork(fr_runner_cuda *r, int src_seq, int dst_seq)
+{
+    return fr_kv_store_gpu_copy_slot(r->store, src_seq, dst_seq, r->stream);
+}

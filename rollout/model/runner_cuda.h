@@ -1,0 +1,129 @@
+/* The CUDA model runner: one forward step of the Qwen3 model over a batch of
+ * sequences on the GPU, with the same contract as the CPU runner
+ * (runner_cpu.h): a step takes, for each sequence, its n new tokens, and
+ * appends their keys and values to the cache.
+ *
+ * Weights are BF16 on the device (weights_cuda.h); the residual stream is
+ * float32; matrix products take BF16 and accumulate in FP32 (gemm_cuda.h).
+ * Keys and values live in the device cache (kvcache/kv_store_cuda.h), whose
+ * sequences and block tables are kept by a bookkeeping-only fr_kv_cache on the
+ * host. Every buffer is allocated at creation; a step allocates nothing.
+ * docs/gpu_engine.md describes the step, the buffers and the CUDA graphs. */
+#ifndef FR_RUNNER_CUDA_H
+#define FR_RUNNER_CUDA_H
+
+#include "kvcache/kv_cache.h"
+#include "rollout/model/runner_cpu.h"
+#include "rollout/model/sampler_cuda.h"
+#include "rollout/model/weights_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fr_runner_cuda fr_runner_cuda;
+
+/* Decode graphs are kept per batch bucket: 1, 2, 4, ... up to max_seqs. */
+#define FR_CUDA_GRAPH_BUCKETS 16
+
+/* book: the bookkeeping-only cache (cfg.bookkeeping_only = 1) whose config
+ * also sizes the device cache; max_step_tokens bounds the tokens of a step. */
+fr_status fr_runner_cuda_new(const fr_weights_gpu *w, fr_kv_cache *book, int max_step_tokens,
+                             fr_runner_cuda **out);
+/* The same for one rank of a tensor-parallel engine: w is this rank's shard
+ * (fr_weights_gpu_shard), book holds its KV heads, nccl is the engine's
+ * group (comm/nccl_group.h; NULL when w is the whole model). Every step and
+ * decode is then collective over the engine: each rank makes the same calls
+ * in the same order, and each gets the full logits and the same tokens. */
+struct fr_nccl_group;
+fr_status fr_runner_cuda_new_tp(const fr_weights_gpu *w, fr_kv_cache *book, int max_step_tokens,
+                                struct fr_nccl_group *nccl, fr_runner_cuda **out);
+void fr_runner_cuda_destroy(fr_runner_cuda **r);
+
+/* Runs one step; logits (host) receives fr_step_logit_rows() rows of vocab
+ * floats. Blocks for the new tokens are reserved here; on FR_ENOMEM nothing
+ * changed. */
+fr_status fr_runner_cuda_step(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, float *logits);
+
+/* fr_runner_cpu_fill's step on the GPU: the tokens' keys and values
+ * projected from their embeddings and written to the cache, no attention,
+ * no MLP, no logits (a long context filled fast for benchmarks). */
+fr_status fr_runner_cuda_fill(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs);
+
+/* A step like fr_runner_cuda_step whose logits stay on the device but for
+ * the rows asked for: draw i samples logit row draw_rows[i] (rows numbered as
+ * fr_step_logit_rows numbers them) with draw_params[i] into tokens[i] and
+ * logprobs[i] (may be NULL); several draws may read one row (the n samples of
+ * a prompt). The logits of rows keep[0..n_keep) go to kept_logits
+ * [n_keep][vocab] on the host. A scheduler's mixed steps (prefill chunks
+ * beside decodes) take this path; decode-only ones take the graphs below. */
+fr_status fr_runner_cuda_step_draw(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, const int *draw_rows,
+                                   const fr_sample_row *draw_params, int n_draws, int *tokens, float *logprobs,
+                                   const int *keep, int n_keep, float *kept_logits);
+
+/* A decode step (one new token per sequence) with sampling on the GPU:
+ * tokens[i] and logprobs[i] (may be NULL) receive the token sampled for
+ * seqs[i] with params[i] and its log-prob; only these come back to the host.
+ * The batch is padded to its bucket and replayed from a CUDA graph captured
+ * on the bucket's first use (FR_CUDA_GRAPHS=0 runs the kernels directly). */
+fr_status fr_runner_cuda_decode(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
+                                int n_seqs, int *tokens, float *logprobs);
+/* The same decode, also copying the logits of rows keep[0..n_keep) (row
+ * indices into seqs, in any order) to kept_logits [n_keep][vocab] on the host:
+ * what a scheduler needs for the few rows it measures or teacher-forces while
+ * the rest are sampled on the device. tokens may be NULL (logits only). */
+fr_status fr_runner_cuda_decode_keep(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
+                                     int n_seqs, int *tokens, float *logprobs, const int *keep, int n_keep,
+                                     float *kept_logits);
+
+/* The decode above in two halves, so that the host can launch another
+ * runner's work (a shadow's decode) while this one runs: launch enqueues
+ * everything and returns; wait (the same seqs) finishes it as
+ * fr_runner_cuda_decode_keep does. One launch at a time; nothing else may
+ * step this runner in between. */
+fr_status fr_runner_cuda_decode_launch(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params,
+                                       int n_seqs);
+fr_status fr_runner_cuda_decode_wait(fr_runner_cuda *r, const fr_step_seq *seqs, int n_seqs, int *tokens,
+                                     float *logprobs, const int *keep, int n_keep, float *kept_logits);
+
+/* A decode that carries another runner's decode in its batch: rider (a
+ * runner over the same weights with a BF16 cache, no tensor parallelism)
+ * steps rider_seqs[0..n_rider) one token each, its rows after ours in every
+ * matrix product, with its own attention and cache. The two then cost about
+ * one decode: the weights are read once. Wait with fr_runner_cuda_decode_wait,
+ * which also advances the rider's bookkeeping (rider_seqs must stay valid
+ * until then); the rider's logits are this runner's rows from
+ * fr_runner_cuda_rider_first_row on. The BF16-KV shadow of the monitored
+ * samples rides this way. */
+fr_status fr_runner_cuda_decode_launch_carrying(fr_runner_cuda *r, const fr_step_seq *seqs,
+                                                const fr_sample_row *params, int n_seqs, fr_runner_cuda *rider,
+                                                const fr_step_seq *rider_seqs, int n_rider);
+int fr_runner_cuda_rider_first_row(const fr_runner_cuda *r);
+
+/* The device logits of the last decode, [batch rows][vocab] in batch order
+ * (valid until the next step or decode): for measurements made on the
+ * device beside another runner's. */
+const float *fr_runner_cuda_decode_logits(const fr_runner_cuda *r);
+
+/* Installs the forward taps of runner_cpu.h (copied; NULL removes them):
+ * layer_kv and layer_q see every layer of fr_runner_cuda_step's steps, as
+ * float32 host copies of the post-RoPE rows (the BF16 store form is made
+ * from them afterwards). fr_runner_cuda_decode does not call them, and
+ * decode_query is refused (FR_EUNSUPPORTED): the device cache has no float
+ * view to hand out. */
+fr_status fr_runner_cuda_set_observer(fr_runner_cuda *r, const fr_forward_observer *obs);
+
+/* After fr_kv_seq_fork(book, src, &dst): gives dst a copy of src's device slots. */
+/* The device cache's key mean (kvcache/kv_store_cuda.h), after the steps
+ * in flight have finished. */
+fr_status fr_runner_cuda_set_key_mean(fr_runner_cuda *r, const float *key_mean);
+fr_status fr_runner_cuda_fork(fr_runner_cuda *r, int src_seq, int dst_seq);
+
+/* Whether a CUDA device is usable (for --backend auto). */
+int fr_cuda_available(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

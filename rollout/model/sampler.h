@@ -1,0 +1,68 @@
+/* Token sampler: temperature, top-k, top-p (nucleus) over one logit vector,
+ * driven by the counter-based Philox RNG so a (seed, sequence, step) triple
+ * always picks the same token. docs/sampling.md states the rules in full;
+ * the CUDA sampler reproduces the random draws of this CPU reference exactly.
+ */
+#ifndef FR_SAMPLER_H
+#define FR_SAMPLER_H
+
+#include <stdint.h>
+
+#include "base/fr_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    float temperature;   /* 0 means greedy; otherwise finite and > 0 */
+    int top_k;           /* 0 or >= vocab means off */
+    float top_p;         /* 1.0 means off; must be in (0, 1] */
+    uint64_t seed;
+} fr_sampling_params;
+
+/* FR_EINVAL with a message for: p NULL, vocab <= 0, temperature negative,
+ * NaN or infinite, top_k < 0, top_p NaN or outside (0, 1]. */
+fr_status fr_sampling_params_check(const fr_sampling_params *p, int vocab);
+
+/* Owns scratch (an index and a weight per token) sized for one vocabulary, so
+ * fr_sample allocates nothing. One sampler per thread: fr_sample writes it. */
+typedef struct fr_sampler fr_sampler;
+
+fr_status fr_sampler_new(int vocab, fr_sampler **out);
+void fr_sampler_destroy(fr_sampler **s);   /* frees *s, sets it to NULL; NULL-safe */
+
+/* Picks one token from logits[vocab] (vocab as given to fr_sampler_new).
+ *
+ * Greedy (temperature 0): argmax, ties to the lowest id; no random draw.
+ * Otherwise: z = logits / temperature; order tokens by z descending, ties by
+ * lower id; keep the first top_k; keep the shortest prefix of those whose
+ * cumulative probability (renormalized over the top-k) reaches top_p; draw
+ * u = fr_philox_uniform(seed, sequence, step) and return the first kept token
+ * at which the cumulative renormalized probability exceeds u.
+ *
+ * sequence identifies the sample's stream (e.g. a request-derived sample id),
+ * step the token position being generated.
+ *
+ * *logprob (may be NULL) is the log-softmax of logits/temperature over the
+ * FULL vocabulary at the chosen token (temperature 1 when greedy), ignoring
+ * top-k/top-p: what a trainer recomputes.
+ *
+ * Non-finite logits: NaN is FR_EINVAL; -inf tokens are never chosen; if any
+ * logit is +inf, the +inf tokens share all the probability equally (the limit
+ * of softmax as they grow together). All -inf is FR_EINVAL.
+ * On failure *token and *logprob are left unchanged. */
+fr_status fr_sample(fr_sampler *s, const float *logits, const fr_sampling_params *p,
+                    uint64_t sequence, uint64_t step, int *token, float *logprob);
+
+/* Full-vocabulary log-softmax of logits/temperature into out[vocab], with the
+ * same numerics and non-finite rules as fr_sample's logprob (+inf tokens get
+ * -log(count of +inf), the rest -inf). temperature 0 means 1, as for a greedy
+ * fr_sample, so logprobs and KL checks agree on greedy requests. */
+fr_status fr_log_softmax(const float *logits, int vocab, float temperature, float *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,209 @@
+/* synthetic:tiny, a random Qwen3 that needs no files.
+ *
+ * The weights are a pure function of the seed, bit-identical on every machine,
+ * because the generator uses only integer arithmetic plus IEEE-754 double
+ * multiplications and one sqrt (all correctly rounded), never libm's
+ * transcendental functions (whose last bits differ between libraries), and no
+ * fused multiply-adds (the build compiles with -ffp-contract=off):
+ *
+ *   mix64(z)       the splitmix64 finalizer:
+ *                    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+ *                    z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+ *                    z ^ (z >> 31)
+ *   stream t       tensor t (its index in the block order of model.h: embed
+ *                  is 0, layer l's k-th tensor is 1 + 11 l + k, then
+ *                  final_norm, then lm_head) draws from its own splitmix64
+ *                  sequence: state = mix64(seed ^ mix64(t + 1)); each draw
+ *                  adds 0x9e3779b97f4a7c15 to the state and returns mix64(state).
+ *   normal draw    Irwin-Hall: six 64-bit draws give twelve 32-bit uniforms
+ *                  U_j (high and low halves); z = (sum U_j - 6 * 2^32) * 2^-32
+ *                  (exact in double): mean 0, variance 1, range (-6, 6).
+ *   values         element e of a tensor (row-major) takes the e-th normal z:
+ *                    embed                 (float) z
+ *                    projections           (float)(z * (1 / sqrt(fan_in)))
+ *                                          fan_in = the row length (in_features)
+ *                    norm weights          (float)(1 + 0.1 * z)
+ *
+ * With unit-variance embeddings and 1/sqrt(fan_in) projections every matmul
+ * roughly preserves the variance of its input, so activations and logits stay
+ * O(1) through the two layers.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rollout/model/model.h"
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+typedef struct {
+    uint64_t s;
+} syn_rng;
+
+static uint64_t syn_next(syn_rng *r) { return mix64(r->s += 0x9e3779b97f4a7c15ull); }
+
+static double syn_normal(syn_rng *r)
+{
+    uint64_t sum = 0;
+    for (int j = 0; j < 6; j++) {
+        uint64_t v = syn_next(r);
+        sum += (v >> 32) + (v & 0xffffffffull);
+    }
+    int64_t centered = (int64_t)sum - (int64_t)(6ull << 32);
+    return (double)centered * 0x1p-32;
+}
+
+typedef enum { FILL_EMBED, FILL_PROJ, FILL_NORM } fill_kind;
+
+static void fill(float *dst, size_t rows, size_t cols, fill_kind kind, uint64_t seed, uint64_t tensor)
+{
+    syn_rng r = {mix64(seed ^ mix64(tensor + 1))};
+    double scale = kind == FILL_PROJ ? 1.0 / sqrt((double)cols) : 1.0;
+    size_t n = rows * cols;
+    for (size_t e = 0; e < n; e++) {
+        double z = syn_normal(&r);
+        switch (kind) {
+        case FILL_EMBED: dst[e] = (float)z; break;
+        case FILL_PROJ: dst[e] = (float)(z * scale); break;
+        case FILL_NORM: dst[e] = (float)(1.0 + 0.1 * z); break;
+        }
+    }
+}
+
+void fr_synthetic_tiny_config(fr_model_config *cfg)
+{
+    if (!cfg) return;
+    memset(cfg, 0, sizeof *cfg);
+    snprintf(cfg->architecture, sizeof cfg->architecture, "Qwen3ForCausalLM");
+    cfg->vocab_size = 272;
+    cfg->hidden_size = 128;
+    cfg->num_layers = 2;
+    cfg->num_heads = 4;
+    cfg->num_kv_heads = 2;
+    cfg->head_dim = 64;
+    cfg->intermediate_size = 256;
+    cfg->max_position = 4096;
+    cfg->rms_norm_eps = 1e-6f;
+    cfg->rope_theta = 10000.0;
+    cfg->tie_word_embeddings = 0;
+    cfg->bos_id = 256;
+    cfg->pad_id = 258;
+    cfg->n_eos = 1;
+    cfg->eos_ids[0] = 257;
+}
+
+fr_status fr_model_synthetic_tiny(uint64_t seed, fr_model **out)
+{
+    if (!out) return fr_fail(FR_EINVAL, "fr_model_synthetic_tiny: out is NULL");
+    *out = NULL;
+    fr_model_config c;
+    fr_synthetic_tiny_config(&c);
+    char name[64];
+    if (seed == FR_SYNTHETIC_DEFAULT_SEED)
+        snprintf(name, sizeof name, "%stiny", FR_SYNTHETIC_PREFIX);
+    else
+        snprintf(name, sizeof name, "%stiny:%" PRIu64, FR_SYNTHETIC_PREFIX, seed);
+    fr_model *m = NULL;
+    fr_status rc = fr_model_alloc(&c, name, &m);
+    if (rc != FR_OK) return rc;
+
+    size_t V = (size_t)c.vocab_size, H = (size_t)c.hidden_size, D = (size_t)c.head_dim,
+           I = (size_t)c.intermediate_size;
+    size_t qd = (size_t)c.num_heads * D, kvd = (size_t)c.num_kv_heads * D;
+    uint64_t t = 0;
+    fill(m->w.embed, V, H, FILL_EMBED, seed, t++);
+    for (int l = 0; l < c.num_layers; l++) {
+        fr_layer_weights *L = &m->w.layers[l];
+        fill(L->attn_norm, 1, H, FILL_NORM, seed, t++);
+        fill(L->q_proj, qd, H, FILL_PROJ, seed, t++);
+        fill(L->k_proj, kvd, H, FILL_PROJ, seed, t++);
+        fill(L->v_proj, kvd, H, FILL_PROJ, seed, t++);
+        fill(L->o_proj, H, qd, FILL_PROJ, seed, t++);
+        fill(L->q_norm, 1, D, FILL_NORM, seed, t++);
+        fill(L->k_norm, 1, D, FILL_NORM, seed, t++);
+        fill(L->mlp_norm, 1, H, FILL_NORM, seed, t++);
+        fill(L->gate_proj, I, H, FILL_PROJ, seed, t++);
+        fill(L->up_proj, I, H, FILL_PROJ, seed, t++);
+        fill(L->down_proj, H, I, FILL_PROJ, seed, t++);
+    }
+    fill(m->w.final_norm, 1, H, FILL_NORM, seed, t++);
+    fill(m->w.lm_head, V, H, FILL_PROJ, seed, t++);
+    *out = m;
+    return FR_OK;
+}
+
+void fr_synthetic_qwen3_4b_config(fr_model_config *cfg)
+{
+    if (!cfg) return;
+    fr_synthetic_tiny_config(cfg);   /* tokenizer ids; every size below replaces tiny's */
+    cfg->vocab_size = 151936;
+    cfg->hidden_size = 2560;
+    cfg->num_layers = 36;
+    cfg->num_heads = 32;
+    cfg->num_kv_heads = 8;
+    cfg->head_dim = 128;
+    cfg->intermediate_size = 9728;
+    cfg->max_position = 40960;
+    cfg->rope_theta = 1000000.0;
+    cfg->tie_word_embeddings = 1;
+    cfg->bos_id = 151643;
+    cfg->pad_id = 151643;
+    cfg->n_eos = 1;
+    cfg->eos_ids[0] = 151645;
+}
+
+fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *seed_out)
+{
+    if (!rest || !cfg || !seed_out) return fr_fail(FR_EINVAL, "fr_synthetic_parse: NULL argument");
+    const char *colon = strchr(rest, ':');
+    size_t name_len = colon ? (size_t)(colon - rest) : strlen(rest);
+    if (name_len == 4 && strncmp(rest, "tiny", 4) == 0)
+        fr_synthetic_tiny_config(cfg);
+    else if (name_len == 8 && strncmp(rest, "qwen3-4b", 8) == 0)
+        fr_synthetic_qwen3_4b_config(cfg);
+    else if (name_len == 13 && strncmp(rest, "qwen3-4b-128k", 13) == 0) {
+        /* the same weights with a 131,072-token window (Qwen3's extended
+         * context), for decode benchmarks at 64K and beyond */
+        fr_synthetic_qwen3_4b_config(cfg);
+        cfg->max_position = 131072;
+    } else
+        return fr_fail(FR_EINVAL, "unknown synthetic model \"%.*s\" in spec \"%s%s\" (known: %stiny[:SEED], "
+                       "%sqwen3-4b[-128k][:SEED])", (int)(name_len > 64 ? 64 : name_len), rest, FR_SYNTHETIC_PREFIX,
+                       rest, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX);
+    uint64_t seed = FR_SYNTHETIC_DEFAULT_SEED;
+    if (colon) {
+        const char *s = colon + 1;
+        int digits = s[0] != '\0';
+        for (const char *p = s; *p; p++) digits = digits && *p >= '0' && *p <= '9';
+        errno = 0;
+        unsigned long long v = digits ? strtoull(s, NULL, 10) : 0;
+        if (!digits || errno == ERANGE)
+            return fr_fail(FR_EINVAL, "spec \"%s%s\": seed \"%s\" is not a decimal integer in [0, 2^64)",
+                           FR_SYNTHETIC_PREFIX, rest, s);
+        seed = (uint64_t)v;
+    }
+    *seed_out = seed;
+    return FR_OK;
+}
+
+fr_status fr_model_synthetic(const char *rest, fr_model **out)
+{
+    if (!out) return fr_fail(FR_EINVAL, "fr_model_synthetic: out is NULL");
+    *out = NULL;
+    fr_model_config cfg;
+    uint64_t seed;
+    fr_status st = fr_synthetic_parse(rest, &cfg, &seed);
+    if (st) return st;
+    if (cfg.num_layers != 2)   /* only tiny fits in host memory as float32 */
+        return fr_fail(FR_EUNSUPPORTED, "%s%s: the weights of this synthetic model are generated on the GPU; "
+                       "it needs --backend cuda", FR_SYNTHETIC_PREFIX, rest);
+    return fr_model_synthetic_tiny(seed, out);
+}

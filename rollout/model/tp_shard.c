@@ -1,0 +1,121 @@
+#include "rollout/model/tp_shard.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+fr_status fr_tp_layout_of(const fr_model_config *c, int rank, int size, fr_tp_layout *out)
+{
+    memset(out, 0, sizeof *out);
+    if (size < 1) return fr_fail(FR_EINVAL, "tensor parallel: tp %d must be >= 1", size);
+    if (rank < 0 || rank >= size)
+        return fr_fail(FR_EINVAL, "tensor parallel: rank %d outside [0, %d)", rank, size);
+    if (c->num_heads < 1 || c->num_kv_heads < 1 || c->num_heads % c->num_kv_heads)
+        return fr_fail(FR_EINVAL, "tensor parallel: %d query heads do not group over %d KV heads", c->num_heads,
+                       c->num_kv_heads);
+    if (c->num_heads % size)
+        return fr_fail(FR_EINVAL, "tensor parallel: %d query heads do not split over tp %d", c->num_heads, size);
+    if (c->num_kv_heads % size && size % c->num_kv_heads)
+        return fr_fail(FR_EINVAL,
+                       "tensor parallel: %d KV heads do not split over tp %d (tp must divide the KV heads "
+                       "or be a multiple of them)", c->num_kv_heads, size);
+    if (c->intermediate_size % size)
+        return fr_fail(FR_EINVAL, "tensor parallel: intermediate size %d does not split over tp %d",
+                       c->intermediate_size, size);
+    if (c->vocab_size % size)
+        return fr_fail(FR_EINVAL, "tensor parallel: vocabulary of %d does not split over tp %d", c->vocab_size,
+                       size);
+    const int G = c->num_heads / c->num_kv_heads;
+    out->rank = rank;
+    out->size = size;
+    out->n_heads = c->num_heads / size;
+    out->head0 = rank * out->n_heads;
+    if (size <= c->num_kv_heads) {
+        out->n_kv_heads = c->num_kv_heads / size;
+        out->kv_head0 = rank * out->n_kv_heads;
+    } else {   /* H/tp divides G: this rank's query heads share one KV head */
+        out->n_kv_heads = 1;
+        out->kv_head0 = out->head0 / G;
+    }
+    out->inter = c->intermediate_size / size;
+    out->inter0 = rank * out->inter;
+    out->vocab = c->vocab_size / size;
+    out->vocab0 = rank * out->vocab;
+    return FR_OK;
+}
+
+void fr_tp_local_config(const fr_model_config *cfg, const fr_tp_layout *l, fr_model_config *out)
+{
+    *out = *cfg;
+    out->num_heads = l->n_heads;
+    out->num_kv_heads = l->n_kv_heads;
+    out->intermediate_size = l->inter;
+    out->vocab_size = l->vocab;
+}
+
+void fr_tp_slice_kv_table(const float *src, int layers, int n_kv_heads, int per, const fr_tp_layout *l,
+                          float *dst)
+{
+    for (int layer = 0; layer < layers; layer++)
+        memcpy(dst + (size_t)layer * l->n_kv_heads * per,
+               src + ((size_t)layer * n_kv_heads + l->kv_head0) * per, sizeof(float) * (size_t)l->n_kv_heads * per);
+}
+
+/* dst[rows][cols] = src[rows][col0 .. col0 + cols) of a matrix `stride` wide. */
+static void copy_cols(float *dst, const float *src, size_t rows, size_t stride, size_t col0, size_t cols)
+{
+    for (size_t r = 0; r < rows; r++) memcpy(dst + r * cols, src + r * stride + col0, sizeof(float) * cols);
+}
+
+fr_status fr_tp_shard_new(const fr_model *m, int rank, int size, fr_tp_shard **out)
+{
+    *out = NULL;
+    const fr_model_config *c = &m->cfg;
+    fr_tp_layout l;
+    fr_status st = fr_tp_layout_of(c, rank, size, &l);
+    if (st) return st;
+    if (!m->w.layers || !m->w.embed)
+        return fr_fail(FR_EINVAL, "tensor parallel: the model has no host weights to shard");
+    fr_tp_shard *s = calloc(1, sizeof *s);
+    if (!s) return fr_fail(FR_ENOMEM, "tensor parallel: out of memory");
+    const size_t D = (size_t)c->hidden_size, d = (size_t)c->head_dim, L = (size_t)c->num_layers;
+    const size_t qd = (size_t)c->num_heads * d, lqd = (size_t)l.n_heads * d;
+    const size_t o_floats = D * lqd, down_floats = D * (size_t)l.inter;
+    s->layout = l;
+    fr_tp_local_config(c, &l, &s->cfg);
+    s->w.layers = calloc(L, sizeof *s->w.layers);
+    s->owned_ = malloc(sizeof(float) * L * (o_floats + down_floats));
+    if (!s->w.layers || !s->owned_) {
+        fr_tp_shard_destroy(&s);
+        return fr_fail(FR_ENOMEM, "tensor parallel: cannot allocate the row-parallel weight slices of rank %d",
+                       rank);
+    }
+    s->w.embed = m->w.embed;
+    s->w.final_norm = m->w.final_norm;
+    s->w.lm_head = m->w.lm_head + (size_t)l.vocab0 * D;
+    for (size_t i = 0; i < L; i++) {
+        const fr_layer_weights *src = &m->w.layers[i];
+        fr_layer_weights *dst = &s->w.layers[i];
+        *dst = *src;   /* norms (replicated) */
+        dst->q_proj = src->q_proj + (size_t)l.head0 * d * D;
+        dst->k_proj = src->k_proj + (size_t)l.kv_head0 * d * D;
+        dst->v_proj = src->v_proj + (size_t)l.kv_head0 * d * D;
+        dst->gate_proj = src->gate_proj + (size_t)l.inter0 * D;
+        dst->up_proj = src->up_proj + (size_t)l.inter0 * D;
+        dst->o_proj = s->owned_ + i * (o_floats + down_floats);
+        dst->down_proj = dst->o_proj + o_floats;
+        copy_cols(dst->o_proj, src->o_proj, D, qd, (size_t)l.head0 * d, lqd);
+        copy_cols(dst->down_proj, src->down_proj, D, (size_t)c->intermediate_size, (size_t)l.inter0, (size_t)l.inter);
+    }
+    *out = s;
+    return FR_OK;
+}
+
+void fr_tp_shard_destroy(fr_tp_shard **ps)
+{
+    fr_tp_shard *s = ps ? *ps : NULL;
+    if (!s) return;
+    free(s->w.layers);
+    free(s->owned_);
+    free(s);
+    *ps = NULL;
+}

@@ -1,0 +1,243 @@
+#include "rollout/model/weights_cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention/cuda_check.h"
+#include "attention/fp_formats.h"
+
+/* The tensors in the generator's order (model.h): stream t of the synthetic
+ * generator is the t-th tensor of this walk, tied lm_head included as a
+ * stream number even when it is not stored. */
+typedef enum { KIND_EMBED, KIND_PROJ, KIND_NORM } fill_kind;
+
+typedef struct {
+    uint16_t **dst;
+    size_t rows, cols;
+    fill_kind kind;
+    const float *host;   /* the host model's tensor, or NULL */
+} tensor_slot;
+
+static size_t align_up(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* Lays the tensors out in one block (each 256-byte aligned) and lists them.
+ * Returns the number of tensors; fills bytes with the block size. */
+static int plan(fr_weights_gpu *w, const fr_model *m, tensor_slot *t, size_t *bytes)
+{
+    const fr_model_config *c = &w->cfg;
+    /* A tensor-parallel shard keeps the whole embedding (vocab_full rows). */
+    size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size, D = (size_t)c->head_dim,
+           VE = w->vocab_full > 0 ? (size_t)w->vocab_full : V,
+           I = (size_t)c->intermediate_size, qd = (size_t)c->num_heads * D, kvd = (size_t)c->num_kv_heads * D;
+    int n = 0;
+#define ADD(ptr, r, cc, k, h) (t[n++] = (tensor_slot){&(ptr), (r), (cc), (k), (h)})
+    ADD(w->embed, VE, H, KIND_EMBED, m ? m->w.embed : NULL);
+    for (int l = 0; l < c->num_layers; l++) {
+        fr_layer_weights_gpu *L = &w->layers[l];
+        const fr_layer_weights *hl = m ? &m->w.layers[l] : NULL;
+        ADD(L->attn_norm, 1, H, KIND_NORM, hl ? hl->attn_norm : NULL);
+        ADD(L->q_proj, qd, H, KIND_PROJ, hl ? hl->q_proj : NULL);
+        ADD(L->k_proj, kvd, H, KIND_PROJ, hl ? hl->k_proj : NULL);
+        ADD(L->v_proj, kvd, H, KIND_PROJ, hl ? hl->v_proj : NULL);
+        ADD(L->o_proj, H, qd, KIND_PROJ, hl ? hl->o_proj : NULL);
+        ADD(L->q_norm, 1, D, KIND_NORM, hl ? hl->q_norm : NULL);
+        ADD(L->k_norm, 1, D, KIND_NORM, hl ? hl->k_norm : NULL);
+        ADD(L->mlp_norm, 1, H, KIND_NORM, hl ? hl->mlp_norm : NULL);
+        /* gate and up share one matrix: up's rows follow gate's */
+        ADD(L->gate_up, I, H, KIND_PROJ, hl ? hl->gate_proj : NULL);
+        ADD(L->gate_up, I, H, KIND_PROJ, hl ? hl->up_proj : NULL);
+        ADD(L->down_proj, H, I, KIND_PROJ, hl ? hl->down_proj : NULL);
+    }
+    ADD(w->final_norm, 1, H, KIND_NORM, m ? m->w.final_norm : NULL);
+    ADD(w->lm_head, V, H, KIND_PROJ, m ? m->w.lm_head : NULL);
+#undef ADD
+    /* Offsets: gate_up's second half continues the first; a tied lm_head takes no space. */
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        int up_half = i > 0 && t[i].dst == t[i - 1].dst;
+        int tied = t[i].dst == &w->lm_head && c->tie_word_embeddings;
+        if (!up_half && !tied) off = align_up(off);
+        if (!up_half && !tied) *t[i].dst = (uint16_t *)(uintptr_t)off;
+        if (!tied) off += t[i].rows * t[i].cols * sizeof(uint16_t);
+    }
+    *bytes = align_up(off);
+    return n;
+}
+
+static fr_status alloc_layers(const fr_model_config *cfg, fr_weights_gpu **out)
+{
+    *out = NULL;
+    if (cfg->num_layers < 1 || cfg->hidden_size < 1 || cfg->vocab_size < 1 || cfg->head_dim < 1 ||
+        cfg->num_heads < 1 || cfg->num_kv_heads < 1 || cfg->intermediate_size < 1)
+        return fr_fail(FR_EINVAL, "GPU weights: invalid model sizes");
+    fr_weights_gpu *w = (fr_weights_gpu *)calloc(1, sizeof *w);
+    if (!w) return fr_fail(FR_ENOMEM, "GPU weights: out of memory");
+    w->cfg = *cfg;
+    w->tp_size = 1;
+    w->layers = (fr_layer_weights_gpu *)calloc((size_t)cfg->num_layers, sizeof *w->layers);
+    if (!w->layers) {
+        free(w);
+        return fr_fail(FR_ENOMEM, "GPU weights: out of memory");
+    }
+    *out = w;
+    return FR_OK;
+}
+
+/* Turns the planned offsets into device pointers. */
+static void rebase(fr_weights_gpu *w, tensor_slot *t, int n)
+{
+    uint8_t *base = (uint8_t *)w->block_;
+    for (int i = 0; i < n; i++) {
+        if (i > 0 && t[i].dst == t[i - 1].dst) continue;   /* up half: same pointer */
+        if (t[i].dst == &w->lm_head && w->cfg.tie_word_embeddings) continue;
+        *t[i].dst = (uint16_t *)(base + (uintptr_t)*t[i].dst);
+    }
+    if (w->cfg.tie_word_embeddings) w->lm_head = w->embed;
+}
+
+static fr_status prepare(const fr_model_config *cfg, const fr_model *m, fr_weights_gpu **out, tensor_slot **slots,
+                         int *n, int vocab_full)
+{
+    fr_status st = alloc_layers(cfg, out);
+    if (st) return st;
+    fr_weights_gpu *w = *out;
+    w->vocab_full = vocab_full;
+    *slots = (tensor_slot *)calloc((size_t)(11 * cfg->num_layers + 3), sizeof **slots);
+    if (!*slots) {
+        fr_weights_gpu_destroy(out);
+        return fr_fail(FR_ENOMEM, "GPU weights: out of memory");
+    }
+    *n = plan(w, m, *slots, &w->bytes);
+    cudaError_t e = cudaMalloc(&w->block_, w->bytes);
+    if (e != cudaSuccess) {
+        free(*slots);
+        fr_weights_gpu_destroy(out);
+        return fr_fail(FR_ENOMEM, "GPU weights: cannot allocate %.2f GB on the device: %s", (double)w->bytes / 1e9,
+                       cudaGetErrorString(e));
+    }
+    rebase(w, *slots, *n);
+    return FR_OK;
+}
+
+/* Where tensor i's values start (the up half begins after the gate half). */
+static uint16_t *dest_of(const tensor_slot *t, int i)
+{
+    uint16_t *p = *t[i].dst;
+    if (i > 0 && t[i].dst == t[i - 1].dst) p += t[i - 1].rows * t[i - 1].cols;
+    return p;
+}
+
+fr_status fr_weights_gpu_from_model(const fr_model *m, fr_weights_gpu **out)
+{
+    if (!m || !out) return fr_fail(FR_EINVAL, "fr_weights_gpu_from_model: NULL argument");
+    tensor_slot *t;
+    int n;
+    fr_status st = prepare(&m->cfg, m, out, &t, &n, m->cfg.vocab_size);
+    if (st) return st;
+    size_t most = 0;
+    for (int i = 0; i < n; i++) most = t[i].rows * t[i].cols > most ? t[i].rows * t[i].cols : most;
+    uint16_t *stage = (uint16_t *)malloc(most * sizeof(uint16_t));
+    if (!stage) st = fr_fail(FR_ENOMEM, "GPU weights: out of memory");
+    for (int i = 0; i < n && !st; i++) {
+        if (t[i].dst == &(*out)->lm_head && m->cfg.tie_word_embeddings) continue;
+        size_t count = t[i].rows * t[i].cols;
+        for (size_t e = 0; e < count; e++) stage[e] = fr_bf16_encode(t[i].host[e]);
+        cudaError_t e = cudaMemcpy(dest_of(t, i), stage, count * sizeof(uint16_t), cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) st = fr_fail(FR_EINTERNAL, "GPU weights: copy failed: %s", cudaGetErrorString(e));
+    }
+    free(stage);
+    free(t);
+    if (st) fr_weights_gpu_destroy(out);
+    return st;
+}
+
+/* ---- the synthetic generator (rollout/model/synthetic_model.c states it) ---- */
+
+__device__ static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t mix64_host(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* BF16 round to nearest even of a finite float (the generator's values are
+ * small and finite). */
+__device__ static uint16_t bf16_rne(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Element e's normal draw is a pure function of the stream's start state:
+ * the generator advances the state by a constant per 64-bit draw, six draws
+ * per element. */
+__global__ void gen_kernel(uint16_t *dst, size_t n, uint64_t state0, int kind, double scale)
+{
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+        uint64_t s = state0 + 6 * e * 0x9e3779b97f4a7c15ull;
+        uint64_t sum = 0;
+        for (int j = 0; j < 6; j++) {
+            s += 0x9e3779b97f4a7c15ull;
+            uint64_t v = mix64(s);
+            sum += (v >> 32) + (v & 0xffffffffull);
+        }
+        double z = (double)((int64_t)sum - (int64_t)(6ull << 32)) * 0x1p-32;
+        float f = kind == KIND_EMBED ? (float)z
+                  : kind == KIND_PROJ ? (float)__dmul_rn(z, scale)
+                                      : (float)__dadd_rn(1.0, __dmul_rn(0.1, z));
+        dst[e] = bf16_rne(f);
+    }
+}
+
+fr_status fr_weights_gpu_synthetic(const fr_model_config *cfg, uint64_t seed, fr_weights_gpu **out)
+{
+    if (!cfg || !out) return fr_fail(FR_EINVAL, "fr_weights_gpu_synthetic: NULL argument");
+    tensor_slot *t;
+    int n;
+    fr_status st = prepare(cfg, NULL, out, &t, &n, cfg->vocab_size);
+    if (st) return st;
+    for (int i = 0; i < n && !st; i++) {
+        if (t[i].dst == &(*out)->lm_head && cfg->tie_word_embeddings) continue;
+        uint64_t state0 = mix64_host(seed ^ mix64_host((uint64_t)i + 1));
+        double scale = t[i].kind == KIND_PROJ ? 1.0 / sqrt((double)t[i].cols) : 1.0;
+        size_t count = t[i].rows * t[i].cols;
+        gen_kernel<<<1024, 256>>>(dest_of(t, i), count, state0, (int)t[i].kind, scale);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) st = fr_fail(FR_EINTERNAL, "GPU weights: generator launch failed: %s", cudaGetErrorString(e));
+    }
+    if (!st) {
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) st = fr_fail(FR_EINTERNAL, "GPU weights: generator failed: %s", cudaGetErrorString(e));
+    }
+    free(t);
+    if (st) fr_weights_gpu_destroy(out);
+    return st;
+}
+
+void fr_weights_gpu_destroy(fr_weights_gpu **pw)
+{
+    fr_weights_gpu *w = pw ? *pw : NULL;
+    if (!w) return;
+    if (w->block_) cudaFree(w->block_);
+    free(w->layers);
+    free(w);
+    *pw = NULL;
+}
+
+fr_status fr_weights_gpu_alloc(const fr_model_config *cfg, int vocab_full, fr_weights_gpu **out)
+{
+    if (!cfg || !out) return fr_fail(FR_EINVAL, "fr_weights_gpu_alloc: NULL argument");
+    tensor_slot *t;
+    int n;
+    fr_status st = prepare(cfg, NULL, out, &t, &n, vocab_full);
+    if (!st) free(t);
+    return st;
+}

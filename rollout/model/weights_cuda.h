@@ -1,0 +1,87 @@
+/* weights_cuda: a Qwen3 model's weights in GPU memory, BF16, in one device
+ * allocation. Made from a host model (a checkpoint or synthetic:tiny, whose
+ * float32 values are rounded to BF16: exact for BF16 checkpoints) or generated
+ * on the GPU for the synthetic models too large for host memory, with the
+ * same generator as rollout/model/synthetic_model.c, so synthetic:tiny made either
+ * way holds the same bits.
+ *
+ * Layout choices made for the GPU forward pass:
+ *   gate_up  [2 * intermediate][hidden]: gate_proj's rows, then up_proj's, so
+ *            one matrix product yields [rows][gate | up] for the SwiGLU;
+ *   lm_head  points at embed when the model ties them.
+ */
+#ifndef FR_WEIGHTS_CUDA_H
+#define FR_WEIGHTS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/fr_status.h"
+#include "rollout/model/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    uint16_t *attn_norm, *q_norm, *k_norm, *mlp_norm;  /* [hidden] / [head_dim] */
+    uint16_t *q_proj, *k_proj, *v_proj, *o_proj;       /* HF shapes, row-major */
+    uint16_t *gate_up;                                 /* [2 * intermediate][hidden] */
+    uint16_t *down_proj;                               /* [hidden][intermediate] */
+} fr_layer_weights_gpu;
+
+typedef struct fr_weights_gpu {
+    fr_model_config cfg;
+    uint16_t *embed;        /* [vocab][hidden] */
+    uint16_t *final_norm;   /* [hidden] */
+    uint16_t *lm_head;      /* [vocab][hidden], == embed when tied */
+    fr_layer_weights_gpu *layers; /* host array of device pointers */
+    void *block_;           /* the one device allocation */
+    size_t bytes;           /* its size */
+    /* Tensor parallelism (rollout/model/tp_shard.h): cfg holds the local counts
+     * (heads, KV heads, intermediate, vocabulary slice) of rank tp_rank of
+     * tp_size; vocab_full is the model's vocabulary, the embedding's rows
+     * (the embedding is whole on every rank). tp_size 1: the whole model. */
+    int tp_rank, tp_size, vocab_full;
+} fr_weights_gpu;
+
+/* Copies a host model to the GPU as BF16. */
+fr_status fr_weights_gpu_from_model(const fr_model *m, fr_weights_gpu **out);
+/* Generates a synthetic model ("tiny" or "qwen3-4b", with its seed: see
+ * fr_synthetic_parse) directly on the GPU. */
+fr_status fr_weights_gpu_synthetic(const fr_model_config *cfg, uint64_t seed, fr_weights_gpu **out);
+/* The device allocation and layout for cfg's tensors, unfilled (the
+ * embedding gets vocab_full rows): for code that fills weights itself. */
+fr_status fr_weights_gpu_alloc(const fr_model_config *cfg, int vocab_full, fr_weights_gpu **out);
+/* Rank `rank` of `size`'s tensor-parallel shard of whole-model weights, as a
+ * new device allocation (device-to-device copies: column-parallel tensors are
+ * row ranges, o_proj and down_proj column ranges, the gate|up halves each
+ * their slice; embedding and norms whole). full stays valid. */
+fr_status fr_weights_gpu_shard(const fr_weights_gpu *full, int rank, int size, fr_weights_gpu **out);
+/* Overwrites w's values with host model m's (w's own tensor-parallel shard
+ * of them when w is a shard), in place: the device pointers, and so any
+ * captured CUDA graph reading them, stay valid. m must have w's model
+ * config. Needs device memory for one more copy of the whole model. */
+fr_status fr_weights_gpu_refill(fr_weights_gpu *w, const fr_model *m);
+void fr_weights_gpu_destroy(fr_weights_gpu **w);
+
+/* One tensor of whole-model device weights under its Hugging Face name
+ * (rollout/engine/weight_update.h lists them): where its BF16 values start in w's
+ * block (gate_proj and up_proj are the halves of gate_up) and its shape.
+ * A tied lm_head is not listed (it is the embedding). */
+typedef struct {
+    char name[96];
+    uint16_t *dst;
+    int ndim;                /* 1 or 2 */
+    int64_t shape[2];        /* shape[1] is 1 for 1-D tensors */
+} fr_weights_gpu_tensor;
+
+/* The tensors of w, in the model's order, as a new array of *n (free()).
+ * Only whole-model weights (tp_size 1): FR_EUNSUPPORTED for a shard. */
+fr_status fr_weights_gpu_tensors(const fr_weights_gpu *w, fr_weights_gpu_tensor **out, int *n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

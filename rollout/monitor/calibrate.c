@@ -1,0 +1,522 @@
+#include "rollout/monitor/calibrate.h"
+
+#include "base/clock.h"
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attention/fp_formats.h"
+#include "attention/prob_quant.h"
+#include "rollout/model/runner_cpu.h"
+#ifdef FR_HAVE_CUDA
+#include "rollout/model/runner_cuda.h"
+#endif
+
+enum { P_BLOCK = 16 };   /* NVFP4 probability block: the only format tau applies to */
+
+/* ---- byte texts ---- */
+
+fr_status fr_byte_text_read(const fr_model_config *cfg, const char *path, int max_tokens, int **ids, int *n)
+{
+    *ids = NULL;
+    *n = 0;
+    if (cfg->bos_id < 0 || cfg->bos_id >= cfg->vocab_size)
+        return fr_fail(FR_EINVAL, "%s: the model has no BOS token id to start a text with", path);
+    if (cfg->vocab_size < 256)
+        return fr_fail(FR_EINVAL, "%s: texts are read as bytes, but the model's vocabulary has only %d ids",
+                       path, cfg->vocab_size);
+    if (max_tokens <= 0 || max_tokens > cfg->max_position) max_tokens = cfg->max_position;
+    FILE *f = fopen(path, "rb");
+    if (!f) return fr_fail(FR_EIO, "cannot read text file %s", path);
+    int *out = malloc(sizeof(int) * (size_t)max_tokens);
+    unsigned char *buf = malloc((size_t)max_tokens);
+    fr_status st = out && buf ? FR_OK : fr_fail(FR_ENOMEM, "%s: out of memory", path);
+    size_t got = 0;
+    if (!st) {
+        got = fread(buf, 1, (size_t)max_tokens - 1, f);
+        if (ferror(f)) st = fr_fail(FR_EIO, "cannot read text file %s", path);
+    }
+    fclose(f);
+    if (!st) {
+        out[0] = cfg->bos_id;
+        for (size_t i = 0; i < got; i++) out[i + 1] = buf[i];
+        *ids = out;
+        *n = (int)got + 1;
+    } else {
+        free(out);
+    }
+    free(buf);
+    return st;
+}
+
+/* ---- tau ---- */
+
+float fr_tau_candidate(int code)
+{
+    if (code < 0) code = 0;
+    if (code >= FR_TAU_CODES) code = FR_TAU_CODES - 1;
+    return 0.5f * (fr_e4m3_decode((uint8_t)code) + fr_e4m3_decode((uint8_t)(code + 1)));
+}
+
+void fr_tau_stats_init(fr_tau_stats *s) { memset(s, 0, sizeof *s); }
+
+/* The smallest candidate k with x <= tau_k, FR_TAU_CODES when none. */
+static int tau_bin(float x)
+{
+    int lo = 0, hi = FR_TAU_CODES;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (x <= fr_tau_candidate(mid)) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+static double block_sse(const float *cp, float p_max, float tau)
+{
+    fr_pquant_params pp = {.underflow_aware = 1, .c = FR_P_SCALE_C, .tau = tau};
+    float deq[P_BLOCK];
+    fr_pquant_block(FR_NVFP4, &pp, cp, p_max, deq);
+    double e = 0.0;
+    for (int i = 0; i < P_BLOCK; i++) e += ((double)deq[i] - cp[i]) * ((double)deq[i] - cp[i]);
+    return e;
+}
+
+void fr_tau_stats_add_block(fr_tau_stats *s, const float *cp, float p_max)
+{
+    if (!(p_max > 0.0f)) return;
+    /* tau = +inf forces kappa 2, tau = -1 forces kappa 6 */
+    double e2 = block_sse(cp, p_max, INFINITY), e6 = block_sse(cp, p_max, -1.0f);
+    int bin = tau_bin(FR_P_SCALE_C * p_max);
+    s->err6 += e6;
+    s->diff[bin] += e2 - e6;
+    s->count[bin]++;
+    s->blocks++;
+}
+
+double fr_tau_stats_error(const fr_tau_stats *s, int code)
+{
+    double e = s->err6;
+    for (int k = 0; k <= code && k < FR_TAU_CODES; k++) e += s->diff[k];
+    return e;
+}
+
+int fr_tau_stats_select(const fr_tau_stats *s)
+{
+    if (s->blocks == 0) return FR_TAU_DEFAULT_CODE;
+    int best = -1;
+    double best_err = 0.0, e = s->err6;
+    for (int k = 0; k < FR_TAU_CODES; k++) {
+        e += s->diff[k];
+        int dk = abs(k - FR_TAU_DEFAULT_CODE), db = abs(best - FR_TAU_DEFAULT_CODE);
+        if (best < 0 || e < best_err || (e == best_err && dk < db)) {
+            best = k;
+            best_err = e;
+        }
+    }
+    return best;
+}
+
+fr_status fr_tau_replay_query(fr_tau_stats *s, const float *q, const float *k, int n, int d, int n_sink,
+                              int tile, float *scratch)
+{
+    if (!s || !q || !k || !scratch || n < 0 || d < 1 || tile < P_BLOCK || tile % P_BLOCK)
+        return fr_fail(FR_EINVAL, "tau replay: invalid arguments");
+    if (n == 0) return FR_OK;
+    const float gamma = (float)(M_LOG2E / sqrt((double)d)), log2c = log2f(FR_P_SCALE_C);
+    float *S = scratch;
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, n, d, gamma, k, d, q, 1, 0.0f, S, 1);
+    for (int t = 0; t < n_sink && t < n; t++) S[t] = -INFINITY;
+    float m = -INFINITY;
+    for (int a = 0; a < n; a += tile) {
+        int b = a + tile < n ? a + tile : n;
+        float tile_max = -INFINITY;
+        for (int t = a; t < b; t++) tile_max = fmaxf(tile_max, S[t]);
+        if (tile_max == -INFINITY) continue;
+        float m_new = fmaxf(m, tile_max);
+        for (int i0 = a; i0 < b; i0 += P_BLOCK) {
+            float cp[P_BLOCK], smax = -INFINITY;
+            for (int j = 0; j < P_BLOCK; j++) {
+                int t = i0 + j;
+                float st = t < b ? S[t] : -INFINITY;
+                cp[j] = st == -INFINITY ? 0.0f : exp2f(st - m_new + log2c);
+                smax = fmaxf(smax, st);
+            }
+            if (smax == -INFINITY) continue;
+            fr_tau_stats_add_block(s, cp, exp2f(smax - m_new));
+        }
+        m = m_new;
+    }
+    return FR_OK;
+}
+
+/* ---- the whole calibration ---- */
+
+void fr_calib_opts_default(fr_calib_opts *o)
+{
+    *o = (fr_calib_opts){.context = -1, .seed_tokens = 256, .continue_tokens = 64, .tau_steps = 32,
+                         .chunk = 512, .kv = FR_KV_BF16, .verbose = 0};
+}
+
+void fr_calib_report_free(fr_calib_report *r)
+{
+    if (!r) return;
+    free(r->tokens);
+    r->tokens = NULL;
+}
+
+typedef struct {
+    const fr_model_config *cfg;
+    double *ksum;         /* [layers][kv_heads][d] */
+    float *amax;          /* [layers][kv_heads][2] */
+    long rows;            /* tokens accumulated */
+    int pos;              /* the observed sequence's length before the step */
+    int store_bf16;       /* keys are replayed in BF16 store form (bf16 cache) */
+    float *keys;          /* [layers][kv_heads][context][d]: the sequence's keys as
+                             cached, for the tau replay (NULL without tau steps) */
+    int context;
+    int tau_on;
+    fr_tau_stats tau;
+    float *scratch;       /* logits of one query over the context */
+} calib_state;
+
+static fr_status on_layer_kv(void *user, int layer, const fr_step_seq *seqs, int n_seqs, const float *k,
+                             const float *v)
+{
+    calib_state *cs = user;
+    const int H = cs->cfg->num_kv_heads, d = cs->cfg->head_dim;
+    int rows = 0;
+    for (int s = 0; s < n_seqs; s++) rows += seqs[s].n;
+    for (int t = 0; t < rows; t++)
+        for (int h = 0; h < H; h++) {
+            const float *kt = k + ((size_t)t * H + h) * d, *vt = v + ((size_t)t * H + h) * d;
+            double *sum = cs->ksum + ((size_t)layer * H + h) * d;
+            float *am = cs->amax + ((size_t)layer * H + h) * 2;
+            for (int c = 0; c < d; c++) {
+                sum[c] += kt[c];
+                am[0] = fmaxf(am[0], fabsf(kt[c]));
+                am[1] = fmaxf(am[1], fabsf(vt[c]));
+            }
+            if (cs->keys && cs->pos + t < cs->context) {
+                float *dst = cs->keys + (((size_t)layer * H + h) * cs->context + (size_t)(cs->pos + t)) * d;
+                for (int c = 0; c < d; c++) dst[c] = cs->store_bf16 ? fr_bf16_round(kt[c]) : kt[c];
+            }
+        }
+    if (layer == 0) cs->rows += rows;
+    return FR_OK;
+}
+
+/* A decode step's queries (one token: the step's only row). An FP4 cache
+ * would hold the full pages of the stored tokens in FP4, the sink masked:
+ * the queries replay online softmax over those keys as cached. */
+static fr_status on_layer_q(void *user, int layer, const fr_step_seq *seqs, int n_seqs, const float *q)
+{
+    calib_state *cs = user;
+    const int H = cs->cfg->num_kv_heads, G = cs->cfg->num_heads / H, d = cs->cfg->head_dim;
+    const int full = cs->pos / FR_PAGE_TOKENS * FR_PAGE_TOKENS;
+    fr_status st = FR_OK;
+    if (layer == cs->cfg->num_layers - 1)   /* the last tap of the step: the sequence grows after it */
+        for (int s = 0; s < n_seqs; s++) cs->pos += seqs[s].n;
+    if (!cs->tau_on) return FR_OK;
+    if (n_seqs != 1 || seqs[0].n != 1) return fr_fail(FR_EINTERNAL, "calibrate: a tau step has one token");
+    for (int h = 0; h < H && !st && full > FR_SINK_TOKENS; h++)
+        for (int g = 0; g < G && !st; g++)
+            st = fr_tau_replay_query(&cs->tau, q + ((size_t)h * G + g) * d,
+                                     cs->keys + ((size_t)layer * H + h) * cs->context * d, full, d, FR_SINK_TOKENS,
+                                     FR_PAGE_TOKENS, cs->scratch);
+    return st;
+}
+
+/* The backend the passes run on: the CPU runner, or the CUDA one when the
+ * options carry device weights. */
+typedef struct {
+    fr_runner_cpu *cpu;
+#ifdef FR_HAVE_CUDA
+    fr_runner_cuda *gpu;
+#endif
+} runner;
+
+static fr_status runner_step(runner *r, const fr_step_seq *seqs, int n_seqs, float *logits)
+{
+#ifdef FR_HAVE_CUDA
+    if (r->gpu) return fr_runner_cuda_step(r->gpu, seqs, n_seqs, logits);
+#endif
+    return fr_runner_cpu_step(r->cpu, seqs, n_seqs, logits);
+}
+
+static fr_status runner_observe(runner *r, const fr_forward_observer *obs)
+{
+#ifdef FR_HAVE_CUDA
+    if (r->gpu) return fr_runner_cuda_set_observer(r->gpu, obs);
+#endif
+    fr_runner_cpu_set_observer(r->cpu, obs);
+    return FR_OK;
+}
+
+static fr_status runner_open(runner *r, const fr_model *m, const fr_calib_opts *o, fr_kv_cache *kv, int max_tokens)
+{
+#ifdef FR_HAVE_CUDA
+    if (o->gpu) return fr_runner_cuda_new(o->gpu, kv, max_tokens, &r->gpu);
+#else
+    if (o->gpu) return fr_fail(FR_EUNSUPPORTED, "calibrate: this build has no CUDA backend");
+#endif
+    return fr_runner_cpu_new(m, kv, max_tokens, &r->cpu);
+}
+
+static void runner_close(runner *r)
+{
+    fr_runner_cpu_destroy(&r->cpu);
+#ifdef FR_HAVE_CUDA
+    fr_runner_cuda_destroy(&r->gpu);
+#endif
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static int is_eos(const fr_model_config *cfg, int tok)
+{
+    for (int i = 0; i < cfg->n_eos; i++)
+        if (cfg->eos_ids[i] == tok) return 1;
+    return 0;
+}
+
+/* Prefills tokens[0, n) into seq in chunks; the last position's logits to last. */
+static fr_status prefill(runner *r, int seq, const int *tokens, int n, int chunk, float *last,
+                         const char *what, int verbose)
+{
+    fr_status st = FR_OK;
+    double t0 = fr_now_s(), shown = t0;
+    for (int i = 0; i < n && !st; i += chunk) {
+        int m = n - i < chunk ? n - i : chunk;
+        fr_step_seq step = {.seq = seq, .n = m, .tokens = tokens + i, .all_logits = 0};
+        st = runner_step(r, &step, 1, last);
+        if (verbose && (fr_now_s() - shown > 2.0 || i + m == n)) {
+            fprintf(stderr, "calibrate: %s %d/%d tokens (%.1f s)\n", what, i + m, n, fr_now_s() - t0);
+            shown = fr_now_s();
+        }
+    }
+    return st;
+}
+
+static fr_status check_opts(const fr_model_config *cfg, const fr_calib_opts *o, int n_texts,
+                            const int *const *texts, const int *lens, int context)
+{
+    if (o->kv != FR_KV_BF16 && o->kv != FR_KV_F32)
+        return fr_fail(FR_EINVAL, "calibrate: the passes run with a bf16 or f32 cache, not %s",
+                       fr_kv_dtype_name(o->kv));
+    if (n_texts < 1 || !texts || !lens) return fr_fail(FR_EINVAL, "calibrate: no seed text");
+    if (context < 2 || context > cfg->max_position)
+        return fr_fail(FR_EINVAL, "calibrate: context %d outside [2, %d] (the model's window)", context,
+                       cfg->max_position);
+    if (o->tau_steps < 0 || o->tau_steps >= context)
+        return fr_fail(FR_EINVAL, "calibrate: %d tau steps leave no room to prefill a context of %d",
+                       o->tau_steps, context);
+    if (o->seed_tokens < 1 || o->continue_tokens < 0 || o->chunk < 1)
+        return fr_fail(FR_EINVAL, "calibrate: seed tokens (%d) and chunk (%d) must be >= 1, continuation "
+                                  "(%d) >= 0", o->seed_tokens, o->chunk, o->continue_tokens);
+    if (o->continue_tokens + 2 > cfg->max_position)
+        return fr_fail(FR_EINVAL, "calibrate: a continuation of %d tokens does not fit the window of %d",
+                       o->continue_tokens, cfg->max_position);
+    if (cfg->bos_id < 0 || cfg->bos_id >= cfg->vocab_size)
+        return fr_fail(FR_EINVAL, "calibrate: the model has no BOS token id");
+    for (int i = 0; i < n_texts; i++) {
+        if (!texts[i] || lens[i] < 1) return fr_fail(FR_EINVAL, "calibrate: seed text %d is empty", i);
+        for (int j = 0; j < lens[i]; j++)
+            if (texts[i][j] < 0 || texts[i][j] >= cfg->vocab_size)
+                return fr_fail(FR_EINVAL, "calibrate: seed text %d has id %d outside the vocabulary", i,
+                               texts[i][j]);
+    }
+    return FR_OK;
+}
+
+/* Step 1: continues every seed greedily, all texts in one batch. cont[i]
+ * receives text i's continuation (EOS ends it, not kept), n_cont[i] its length. */
+static fr_status continue_seeds(runner *r, fr_kv_cache *kv, const fr_model_config *cfg,
+                                const fr_calib_opts *o, int n_texts, const int *const *texts,
+                                const int *plen, int **cont, int *n_cont)
+{
+    const int V = cfg->vocab_size;
+    float *logits = malloc(sizeof(float) * (size_t)V * n_texts);
+    int *seq = malloc(sizeof(int) * (size_t)n_texts), *tok = malloc(sizeof(int) * (size_t)n_texts);
+    int *live = malloc(sizeof(int) * (size_t)n_texts);
+    fr_step_seq *steps = malloc(sizeof *steps * (size_t)n_texts);
+    fr_status st = logits && seq && tok && live && steps ? FR_OK : fr_fail(FR_ENOMEM, "calibrate: out of memory");
+    int opened = 0;
+    for (int i = 0; i < n_texts && !st; i++) {
+        if ((st = fr_kv_seq_new(kv, &seq[i]))) break;
+        opened++;
+        st = prefill(r, seq[i], texts[i], plen[i], o->chunk, logits + (size_t)i * V, "seed prefill",
+                     o->verbose && n_texts == 1);
+        live[i] = 1;
+        n_cont[i] = 0;
+    }
+    if (!st && o->verbose)
+        fprintf(stderr, "calibrate: %d seed texts prefilled, continuing each for %d greedy tokens\n", n_texts,
+                o->continue_tokens);
+    for (int step = 0; step < o->continue_tokens && !st; step++) {
+        int ns = 0;
+        /* logits row i belongs to the i-th live text of the previous step */
+        for (int i = 0, row = 0; i < n_texts; i++) {
+            if (!live[i]) continue;
+            int t = argmax(logits + (size_t)row++ * V, V);
+            if (is_eos(cfg, t)) { live[i] = 0; continue; }
+            cont[i][n_cont[i]++] = t;
+            tok[i] = t;
+        }
+        if (step + 1 == o->continue_tokens) break;
+        for (int i = 0; i < n_texts; i++)
+            if (live[i]) steps[ns++] = (fr_step_seq){.seq = seq[i], .n = 1, .tokens = &tok[i], .all_logits = 0};
+        if (ns == 0) break;
+        st = runner_step(r, steps, ns, logits);
+    }
+    for (int i = 0; i < opened; i++) fr_kv_seq_free(kv, seq[i]);
+    free(logits); free(seq); free(tok); free(live); free(steps);
+    return st;
+}
+
+fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, const int *const *texts,
+                       const int *lens, fr_calib *out, fr_calib_report *rep)
+{
+    const fr_model_config *cfg = &m->cfg;
+    const int L = cfg->num_layers, H = cfg->num_kv_heads, d = cfg->head_dim, V = cfg->vocab_size;
+    int context = o->context > 0 ? o->context : cfg->max_position;
+    if (o->context < 0 && context > FR_CALIB_DEFAULT_CONTEXT) context = FR_CALIB_DEFAULT_CONTEXT;
+    memset(out, 0, sizeof *out);
+    if (rep) memset(rep, 0, sizeof *rep);
+    fr_status st = check_opts(cfg, o, n_texts, texts, lens, context);
+    if (st) return st;
+
+    /* Seed prompts: BOS and up to seed_tokens bytes, leaving room for the continuation. */
+    int *plen = calloc((size_t)n_texts, sizeof(int)), *n_cont = calloc((size_t)n_texts, sizeof(int));
+    int **cont = calloc((size_t)n_texts, sizeof(int *));
+    int *tokens = malloc(sizeof(int) * (size_t)context), *body = NULL;
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    calib_state cs = {.cfg = cfg};
+    cs.ksum = calloc((size_t)L * H * d, sizeof(double));
+    cs.amax = calloc((size_t)L * H * 2, sizeof(float));
+    cs.scratch = malloc(sizeof(float) * (size_t)context);
+    cs.context = context;
+    cs.store_bf16 = o->kv == FR_KV_BF16;
+    if (o->tau_steps > 0) cs.keys = malloc(sizeof(float) * (size_t)L * H * context * d);
+    fr_tau_stats_init(&cs.tau);
+    fr_kv_cache *kv = NULL;
+    runner rn = {0}, *r = &rn;
+    if (!plen || !n_cont || !cont || !tokens || !logits || !cs.ksum || !cs.amax || !cs.scratch ||
+        (o->tau_steps > 0 && !cs.keys))
+        st = fr_fail(FR_ENOMEM, "calibrate: out of memory");
+    int seed_blocks = 0, body_len = 0;
+    for (int i = 0; i < n_texts && !st; i++) {
+        int cap = cfg->max_position - o->continue_tokens;
+        plen[i] = lens[i];
+        if (plen[i] > 1 + o->seed_tokens) plen[i] = 1 + o->seed_tokens;
+        if (plen[i] > cap) plen[i] = cap;
+        seed_blocks += (plen[i] + o->continue_tokens + FR_PAGE_TOKENS - 1) / FR_PAGE_TOKENS;
+        cont[i] = malloc(sizeof(int) * (size_t)(o->continue_tokens + 1));
+        if (!cont[i]) st = fr_fail(FR_ENOMEM, "calibrate: out of memory");
+    }
+    if (!st) {
+        int main_blocks = (context + FR_PAGE_TOKENS - 1) / FR_PAGE_TOKENS;
+        fr_kv_cache_config kc = {.n_layers = L, .n_kv_heads = H, .head_dim = d, .dtype = o->kv,
+                                 .compute = FR_COMPUTE_EXACT, .recipe = fr_recipe_full(), .tau = FR_P_TAU,
+                                 .n_blocks = (seed_blocks > main_blocks ? seed_blocks : main_blocks) + 1,
+                                 .max_seqs = n_texts, .bookkeeping_only = o->gpu != NULL};
+        st = fr_kv_cache_new(&kc, &kv);
+    }
+    /* no step is longer than the window: size the runner for what a chunk can be */
+    fr_calib_opts oc = *o;
+    if (oc.chunk > context) oc.chunk = context;
+    o = &oc;
+    if (!st) st = runner_open(r, m, o, kv, o->chunk > n_texts ? o->chunk : n_texts);
+
+    /* 1. continue the seeds */
+    double t0 = fr_now_s();
+    if (!st && o->continue_tokens > 0) st = continue_seeds(r, kv, cfg, o, n_texts, texts, plen, cont, n_cont);
+    double t1 = fr_now_s();
+
+    /* 2. join and tile */
+    for (int i = 0; i < n_texts; i++) body_len += plen[i] - 1 + n_cont[i];
+    if (!st && body_len == 0) st = fr_fail(FR_EINVAL, "calibrate: the seed texts hold no token after BOS");
+    if (!st && !(body = malloc(sizeof(int) * (size_t)body_len))) st = fr_fail(FR_ENOMEM, "calibrate: out of memory");
+    if (!st) {
+        int at = 0;
+        for (int i = 0; i < n_texts; i++) {
+            memcpy(body + at, texts[i] + 1, sizeof(int) * (size_t)(plen[i] - 1));
+            at += plen[i] - 1;
+            memcpy(body + at, cont[i], sizeof(int) * (size_t)n_cont[i]);
+            at += n_cont[i];
+        }
+        tokens[0] = cfg->bos_id;
+        for (int j = 1; j < context; j++) tokens[j] = body[(j - 1) % body_len];
+    }
+
+    /* 3. one prefill, keys observed */
+    const int n_prefill = context - o->tau_steps;
+    int seq = -1;
+    fr_forward_observer obs = {.user = &cs, .layer_kv = on_layer_kv, .layer_q = on_layer_q};
+    if (!st) st = runner_observe(r, &obs);
+    if (!st) {
+        if (o->verbose)
+            fprintf(stderr, "calibrate: joined text of %d tokens tiled to %d; prefilling %d tokens\n", body_len,
+                    context, n_prefill);
+        st = fr_kv_seq_new(kv, &seq);
+        if (!st) st = prefill(r, seq, tokens, n_prefill, o->chunk, logits, "prefill", o->verbose);
+    }
+    double t2 = fr_now_s();
+
+    /* 4. decode steps continuing it: their queries calibrate tau */
+    cs.tau_on = 1;
+    for (int i = n_prefill; i < context && !st; i++) {
+        tokens[i] = argmax(logits, V);
+        fr_step_seq step = {.seq = seq, .n = 1, .tokens = &tokens[i], .all_logits = 0};
+        st = runner_step(r, &step, 1, logits);
+        if (o->verbose && !st && (i + 1 == context || (i + 1 - n_prefill) % 64 == 0))
+            fprintf(stderr, "calibrate: tau decode step %d/%d (%ld probability blocks, %.1f s)\n",
+                    i + 1 - n_prefill, o->tau_steps, cs.tau.blocks, fr_now_s() - t2);
+    }
+    double t3 = fr_now_s();
+
+    if (!st) {
+        out->key_mean = malloc(sizeof(float) * (size_t)L * H * d);
+        out->fp8_scales = malloc(sizeof(float) * (size_t)L * H * 2);
+        if (!out->key_mean || !out->fp8_scales) st = fr_fail(FR_ENOMEM, "calibrate: out of memory");
+    }
+    if (!st) {
+        for (size_t i = 0; i < (size_t)L * H * d; i++) out->key_mean[i] = (float)(cs.ksum[i] / (double)cs.rows);
+        for (size_t i = 0; i < (size_t)L * H * 2; i++)
+            out->fp8_scales[i] = cs.amax[i] > 0.0f && isfinite(cs.amax[i]) ? cs.amax[i] / FR_E4M3_MAX : 1.0f;
+        int code = o->tau_steps > 0 ? fr_tau_stats_select(&cs.tau) : FR_TAU_DEFAULT_CODE;
+        out->tau = o->tau_steps > 0 ? fr_tau_candidate(code) : FR_P_TAU;
+        out->has_tau = 1;
+        if (rep) {
+            rep->tokens = tokens;
+            tokens = NULL;
+            rep->n_tokens = context;
+            rep->prefill_tokens = n_prefill;
+            rep->tau_code = code;
+            rep->tau_blocks = cs.tau.blocks;
+            rep->tau_err = fr_tau_stats_error(&cs.tau, code);
+            rep->tau_err_default = fr_tau_stats_error(&cs.tau, FR_TAU_DEFAULT_CODE);
+            for (int k = 0; k < FR_TAU_CODES; k++) rep->tau_err_by_code[k] = fr_tau_stats_error(&cs.tau, k);
+            memcpy(rep->tau_blocks_by_bin, cs.tau.count, sizeof cs.tau.count);
+            rep->seconds_seed = t1 - t0;
+            rep->seconds_prefill = t2 - t1;
+            rep->seconds_tau = t3 - t2;
+        }
+    }
+    if (st) fr_calib_free(out);
+    runner_close(r);
+    fr_kv_cache_destroy(&kv);
+    for (int i = 0; cont && i < n_texts; i++) free(cont[i]);
+    free(cont); free(plen); free(n_cont); free(tokens); free(body); free(logits);
+    free(cs.ksum); free(cs.amax); free(cs.scratch); free(cs.keys);
+    return st;
+}

@@ -1,0 +1,156 @@
+#include "rollout/monitor/metrics.h"
+
+#include "base/buf.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef fr_buf text;
+
+static fr_status finish(text *t, char **out, size_t *len)
+{
+    if (t->failed || !t->data) {
+        free(t->data);
+        return fr_fail(FR_ENOMEM, "metrics: out of memory");
+    }
+    *out = t->data;
+    *len = t->len;
+    return FR_OK;
+}
+
+/* A label or JSON string value without quotes, backslashes or control
+ * characters (model names are paths chosen by the operator). */
+static void clean(char *dst, size_t n, const char *src)
+{
+    size_t i = 0;
+    for (; src && src[i] && i + 1 < n; i++)
+        dst[i] = src[i] == '"' || src[i] == '\\' || (unsigned char)src[i] < 32 ? '_' : src[i];
+    dst[i] = 0;
+}
+
+/* A number Prometheus and JSON both read: NaN as the literal of each. */
+static double finite_or(double x, double dflt) { return isfinite(x) ? x : dflt; }
+
+static void gauge(text *t, const char *name, const char *help, const char *type)
+{
+    fr_buf_printf(t, "# HELP fp4rollout_%s %s\n# TYPE fp4rollout_%s %s\n", name, help, name, type);
+}
+
+fr_status fr_metrics_prometheus(const fr_metrics_snapshot *s, char **out, size_t *len)
+{
+    if (!s || !out || !len) return fr_fail(FR_EINVAL, "fr_metrics_prometheus: NULL argument");
+    text t = {0};
+    const fr_scheduler_stats *st = &s->stats;
+    char model[sizeof s->model], kv[sizeof s->kv_dtype];
+    clean(model, sizeof model, s->model);
+    clean(kv, sizeof kv, s->kv_dtype);
+    gauge(&t, "info", "the engine's model and KV cache dtype (value 1)", "gauge");
+    fr_buf_printf(&t, "fp4rollout_info{model=\"%s\",kv_dtype=\"%s\"} 1\n", model, kv);
+    gauge(&t, "uptime_seconds", "seconds since the server started", "gauge");
+    fr_buf_printf(&t, "fp4rollout_uptime_seconds %.3f\n", s->uptime_s);
+    gauge(&t, "kv_blocks", "KV cache blocks (128 tokens each) by state", "gauge");
+    fr_buf_printf(&t, "fp4rollout_kv_blocks{state=\"used\"} %d\nfp4rollout_kv_blocks{state=\"free\"} %d\n", st->kv_blocks_used,
+                  st->kv_blocks_free);
+    gauge(&t, "samples", "samples by state: running (decoding), prefilling (prompts), waiting", "gauge");
+    fr_buf_printf(&t, "fp4rollout_samples{state=\"running\"} %d\nfp4rollout_samples{state=\"prefilling\"} %d\n"
+                  "fp4rollout_samples{state=\"waiting\"} %d\n",
+                  st->running, st->prefilling, st->waiting);
+    gauge(&t, "requests_total", "generate requests accepted", "counter");
+    fr_buf_printf(&t, "fp4rollout_requests_total %lld\n", s->requests_total);
+    gauge(&t, "samples_finished_total", "samples ended, any reason", "counter");
+    fr_buf_printf(&t, "fp4rollout_samples_finished_total %lld\n", st->finished);
+    gauge(&t, "preemptions_total", "samples or prefills dropped and recomputed", "counter");
+    fr_buf_printf(&t, "fp4rollout_preemptions_total %lld\n", st->preemptions);
+    gauge(&t, "tokens_generated_total", "tokens drawn", "counter");
+    fr_buf_printf(&t, "fp4rollout_tokens_generated_total %lld\n", st->tokens_generated);
+    gauge(&t, "tokens_per_second", "tokens drawn per second over the last interval", "gauge");
+    fr_buf_printf(&t, "fp4rollout_tokens_per_second %.3f\n", s->tokens_per_s);
+    gauge(&t, "weight_version", "weight version new tokens are drawn with", "gauge");
+    fr_buf_printf(&t, "fp4rollout_weight_version %llu\n", (unsigned long long)st->weight_version);
+    gauge(&t, "weight_sync_seconds", "duration of the last committed weight update", "gauge");
+    fr_buf_printf(&t, "fp4rollout_weight_sync_seconds %.6f\n", s->weight_sync_seconds);
+    gauge(&t, "monitored_running", "running samples with a BF16 shadow", "gauge");
+    fr_buf_printf(&t, "fp4rollout_monitored_running %d\n", st->monitored);
+    gauge(&t, "monitored_samples_total", "monitored samples finished", "counter");
+    fr_buf_printf(&t, "fp4rollout_monitored_samples_total %lld\n", s->div.samples);
+    gauge(&t, "recalibrations_total", "automatic recalibrations of the key mean done", "counter");
+    fr_buf_printf(&t, "fp4rollout_recalibrations_total %lld\n", s->recalibrations);
+    gauge(&t, "recalibration_failures_total", "automatic recalibrations that failed (the old key mean stayed)",
+          "counter");
+    fr_buf_printf(&t, "fp4rollout_recalibration_failures_total %lld\n", s->recalibration_failures);
+    gauge(&t, "last_recalibration_version", "weight version of the last recalibration (0: none)", "gauge");
+    fr_buf_printf(&t, "fp4rollout_last_recalibration_version %llu\n", (unsigned long long)s->last_recalibration_version);
+    gauge(&t, "last_recalibration_seconds", "duration of the last recalibration", "gauge");
+    fr_buf_printf(&t, "fp4rollout_last_recalibration_seconds %.6f\n", s->last_recalibration_seconds);
+    gauge(&t, "kl_positions_total", "positions whose divergence was measured, by weight version and position bucket",
+          "counter");
+    for (int v = 0; v < FR_DIV_VERSIONS; v++)
+        for (int b = 0; s->div.v[v].used && b < FR_DIV_BUCKETS; b++)
+            fr_buf_printf(&t, "fp4rollout_kl_positions_total{version=\"%llu\",bucket=\"%s\"} %ld\n",
+                          (unsigned long long)s->div.v[v].version, fr_div_bucket_name(b), s->div.v[v].bucket[b].n);
+    gauge(&t, "kl_mean_nats", "mean KL(BF16 KV || served KV) over BF16's top-128 tokens (paper Eq. 9)", "gauge");
+    for (int v = 0; v < FR_DIV_VERSIONS; v++)
+        for (int b = 0; s->div.v[v].used && b < FR_DIV_BUCKETS; b++)
+            if (s->div.v[v].bucket[b].n)
+                fr_buf_printf(&t, "fp4rollout_kl_mean_nats{version=\"%llu\",bucket=\"%s\"} %.9g\n",
+                              (unsigned long long)s->div.v[v].version, fr_div_bucket_name(b),
+                              fr_div_summary_mean(&s->div.v[v].bucket[b]));
+    gauge(&t, "kl_max_nats", "largest per-position KL", "gauge");
+    for (int v = 0; v < FR_DIV_VERSIONS; v++)
+        for (int b = 0; s->div.v[v].used && b < FR_DIV_BUCKETS; b++)
+            if (s->div.v[v].bucket[b].n)
+                fr_buf_printf(&t, "fp4rollout_kl_max_nats{version=\"%llu\",bucket=\"%s\"} %.9g\n",
+                              (unsigned long long)s->div.v[v].version, fr_div_bucket_name(b), s->div.v[v].bucket[b].kl_max);
+    gauge(&t, "top1_agreement", "share of positions where BF16 KV and served KV agree on the top token", "gauge");
+    for (int v = 0; v < FR_DIV_VERSIONS; v++)
+        for (int b = 0; s->div.v[v].used && b < FR_DIV_BUCKETS; b++)
+            if (s->div.v[v].bucket[b].n)
+                fr_buf_printf(&t, "fp4rollout_top1_agreement{version=\"%llu\",bucket=\"%s\"} %.6f\n",
+                              (unsigned long long)s->div.v[v].version, fr_div_bucket_name(b),
+                              (double)s->div.v[v].bucket[b].top1_agree / (double)s->div.v[v].bucket[b].n);
+    return finish(&t, out, len);
+}
+
+fr_status fr_metrics_json(const fr_metrics_snapshot *s, char **out, size_t *len)
+{
+    if (!s || !out || !len) return fr_fail(FR_EINVAL, "fr_metrics_json: NULL argument");
+    text t = {0};
+    const fr_scheduler_stats *st = &s->stats;
+    char model[sizeof s->model], kv[sizeof s->kv_dtype];
+    clean(model, sizeof model, s->model);
+    clean(kv, sizeof kv, s->kv_dtype);
+    fr_buf_printf(&t,
+                  "{\"model\":\"%s\",\"kv_dtype\":\"%s\",\"uptime_s\":%.3f,\"kv_blocks_used\":%d,\"kv_blocks_free\":%d,"
+                  "\"running\":%d,\"prefilling\":%d,\"waiting\":%d,\"requests_total\":%lld,\"samples_finished_total\":%lld,"
+                  "\"preemptions_total\":%lld,\"tokens_generated_total\":%lld,\"tokens_per_second\":%.3f,"
+                  "\"weight_version\":%llu,\"weight_sync_seconds\":%.6f,\"monitored_running\":%d,"
+                  "\"monitored_samples_total\":%lld,\"recalibrations_total\":%lld,\"recalibration_failures_total\":%lld,"
+                  "\"last_recalibration_version\":%llu,\"last_recalibration_seconds\":%.6f,"
+                  "\"last_recalibration_kl_nats\":%.9g,\"divergence\":[",
+                  model, kv, s->uptime_s, st->kv_blocks_used, st->kv_blocks_free, st->running, st->prefilling,
+                  st->waiting, s->requests_total, st->finished, st->preemptions, st->tokens_generated, s->tokens_per_s,
+                  (unsigned long long)st->weight_version, s->weight_sync_seconds, st->monitored, s->div.samples,
+                  s->recalibrations, s->recalibration_failures, (unsigned long long)s->last_recalibration_version,
+                  s->last_recalibration_seconds, finite_or(s->last_recalibration_kl, 0.0));
+    int first = 1;
+    for (int v = 0; v < FR_DIV_VERSIONS; v++) {
+        const fr_div_version *e = &s->div.v[v];
+        if (!e->used) continue;
+        fr_buf_printf(&t, "%s{\"version\":%llu,\"positions\":%ld,\"kl_mean_nats\":%.9g,\"kl_max_nats\":%.9g,"
+                      "\"top1_agreement\":%.6f,\"buckets\":[",
+                      first ? "" : ",", (unsigned long long)e->version, e->all.n, finite_or(fr_div_summary_mean(&e->all), 0.0),
+                      e->all.kl_max, e->all.n ? (double)e->all.top1_agree / (double)e->all.n : 0.0);
+        first = 0;
+        for (int b = 0; b < FR_DIV_BUCKETS; b++)
+            fr_buf_printf(&t, "%s{\"bucket\":\"%s\",\"positions\":%ld,\"kl_mean_nats\":%.9g,\"top1_agreement\":%.6f}",
+                          b ? "," : "", fr_div_bucket_name(b), e->bucket[b].n,
+                          finite_or(fr_div_summary_mean(&e->bucket[b]), 0.0),
+                          e->bucket[b].n ? (double)e->bucket[b].top1_agree / (double)e->bucket[b].n : 0.0);
+        fr_buf_printf(&t, "]}");
+    }
+    fr_buf_printf(&t, "]}\n");
+    return finish(&t, out, len);
+}

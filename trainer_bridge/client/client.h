@@ -1,0 +1,215 @@
+/* The C client of the trainer bridge (libfp4rollout_client; docs/protocol.md).
+ * It needs nothing but libzmq, msgpack-c and the protocol codec.
+ *
+ *     fr_client *c;
+ *     fr_client_new("tcp://127.0.0.1:5555", &c);
+ *     fr_msg_hello_reply info;
+ *     fr_client_hello(c, "my-trainer", &info);
+ *     fr_client_generate(c, &request);            // returns at once
+ *     while (fr_client_open_samples(c) > 0)
+ *         fr_client_dispatch(c, &handlers, 1000, NULL);   // callbacks ...
+ *     // ... or poll: fr_client_next(c, 1000, &msg, &got), then fr_msg_free
+ *     fr_client_destroy(&c);
+ *
+ * Results (tokens, done, and errors about a request) arrive asynchronously.
+ * The synchronous calls (hello, abort, pause, resume, stats) wait for their
+ * reply; whatever else arrives meanwhile is kept, in order, for the next
+ * fr_client_next or fr_client_dispatch. One client is used by one thread at
+ * a time. */
+#ifndef FR_CLIENT_H
+#define FR_CLIENT_H
+
+#include "trainer_bridge/protocol/protocol.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fr_client fr_client;
+
+/* Connects a DEALER socket to endpoint (ZeroMQ connects lazily: a server
+ * that is not up yet is reached when it is). */
+fr_status fr_client_new(const char *endpoint, fr_client **out);
+void fr_client_destroy(fr_client **c);
+
+/* CURVE (docs/protocol.md, "Authentication"): the server's public key and
+ * this client's key pair, each 40 Z85 characters (fr_client_keypair makes a
+ * pair). A server with CURVE on answers only clients whose public key it
+ * lists; to any other client it never answers (calls time out). */
+typedef struct {
+    const char *server_public_key;
+    const char *public_key;
+    const char *secret_key;
+} fr_client_curve;
+fr_status fr_client_new_curve(const char *endpoint, const fr_client_curve *keys, fr_client **out);
+/* A new CURVE key pair, Z85 with the NUL (41 bytes each). */
+fr_status fr_client_keypair(char public_key[41], char secret_key[41]);
+
+/* How long synchronous calls and sends wait, in ms (default 30000). */
+void fr_client_set_timeout(fr_client *c, int timeout_ms);
+
+fr_status fr_client_hello(fr_client *c, const char *name, fr_msg_hello_reply *out);
+fr_status fr_client_stats(fr_client *c, fr_msg_stats_reply *out);
+/* Pause: abort mode ends the samples in flight now (their done messages
+ * come first); wait mode returns once the engine has finished them. */
+fr_status fr_client_pause(fr_client *c, fr_pause_mode mode, fr_msg_pause_reply *out);
+fr_status fr_client_resume(fr_client *c, fr_msg_resume_reply *out);
+
+/* Sends a generate. FR_EINVAL when request_id is already open on this
+ * client (ids must be unique among open requests) or the message is
+ * invalid; nothing is sent then. */
+fr_status fr_client_generate(fr_client *c, const fr_msg_generate *g);
+
+/* Aborts the given requests (n >= 1), or every open request of this
+ * client (ids NULL, n 0), and waits for the reply: *samples_ended (may be
+ * NULL) gets the samples it ended, *not_found (may be NULL) the number of
+ * ids the server had no open request for (finished already, or unknown).
+ * The done messages of the ended samples arrive before the reply. */
+fr_status fr_client_abort(fr_client *c, const uint64_t *ids, int n, int *samples_ended, int *not_found);
+
+/* Samples this client sent and has not seen the done of (requests the
+ * server refused with an error are not counted). */
+int fr_client_open_samples(const fr_client *c);
+
+/* Polling: the next tokens, done or error message, waiting up to
+ * timeout_ms (0: do not wait, -1: forever). *got 0 when none came. The
+ * caller frees *out with fr_msg_free. */
+fr_status fr_client_next(fr_client *c, int timeout_ms, fr_msg *out, int *got);
+
+/* ---- weight updates ---- */
+
+/* One tensor of a weight update, in the caller's memory: row-major,
+ * little-endian, fr_msg_tensor_bytes bytes (dtype size x the shape's
+ * elements). The client sends it without copying: it must stay valid and
+ * unchanged until fr_client_update_weights returns. */
+typedef struct {
+    const char *name;              /* Hugging Face name, < 256 bytes */
+    fr_dtype dtype;
+    int ndim;                      /* 1 to FR_PROTO_MAX_NDIM */
+    const int64_t *shape;
+    const void *data;
+} fr_client_tensor;
+
+#define FR_CLIENT_BUCKET_BYTES (512ull << 20)   /* default bucket size: 512 MiB */
+
+typedef struct {
+    uint64_t bucket_bytes;         /* payload bytes per bucket; 0: FR_CLIENT_BUCKET_BYTES */
+    /* For testing servers: send bucket number corrupt_bucket with a wrong
+     * checksum (-1: none). */
+    int corrupt_bucket;
+} fr_client_update_opts;
+
+/* Sends the tensors as weight version `version` (greater than the server's):
+ * update_weights_begin, the buckets (each with its xxHash64, the tensors'
+ * bytes as zero-copy payload frames, one reply each), then
+ * update_weights_commit; returns once the server has switched to the new
+ * weights (*out, may be NULL: the commit reply). A refusal by the server
+ * fails with the server's code and message (fr_client_last_error tells them
+ * apart); the server then keeps serving its old version. opts may be NULL. */
+fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors, int n, uint64_t version,
+                                   const fr_client_update_opts *opts, fr_msg_update_reply *out);
+
+/* ---- weights over NCCL (docs/protocol.md, "Weights over NCCL") ---- */
+
+/* Makes an NCCL group with the server for weight updates, this process as
+ * rank 0 on CUDA device cuda_device (made current for the calling thread),
+ * and returns once every member joined (within the client's timeout). The
+ * group lives until fr_client_nccl_group_close, fr_client_destroy, or a
+ * failure of an update over it. FR_EUNSUPPORTED when this library was built
+ * without CUDA or the device is missing (nothing is sent then); a server
+ * that cannot join (CPU backend, several ranks, built without CUDA)
+ * refuses with code nccl_unavailable (fr_client_last_error). */
+fr_status fr_client_nccl_group_init(fr_client *c, int cuda_device);
+/* Ends the group on both sides (best effort on the server's); NULL-safe on
+ * a client without one. */
+fr_status fr_client_nccl_group_close(fr_client *c);
+
+/* fr_client_update_weights over the NCCL group: the tensors' data are
+ * DEVICE pointers on the group's device, read on the caller's CUDA stream
+ * `stream` (a cudaStream_t; NULL: the legacy default stream) after the work
+ * already queued on it, so a PyTorch tensor's pending writes are seen and
+ * nothing is copied to the host. The tensors are packed into two device
+ * buckets of opts->bucket_bytes (default FR_CLIENT_BUCKET_BYTES) in turn:
+ * packing bucket k + 1 overlaps broadcasting bucket k. Returns once the
+ * server committed (*out: the commit reply) or refused (its code and
+ * message, as fr_client_update_weights). Any failure after the begin also
+ * ends the group (make a new one); the server keeps serving its old
+ * weights. opts->corrupt_bucket sends a wrong checksum for that bucket
+ * (testing). */
+fr_status fr_client_update_weights_nccl(fr_client *c, const fr_client_tensor *tensors, int n, uint64_t version,
+                                        void *stream, const fr_client_update_opts *opts, fr_msg_update_reply *out);
+
+/* The last error message the server sent to this client (in answer to a
+ * call, or about a request): 1 and its code, message and request id (-1
+ * when none) through the non-NULL pointers, or 0 when none came yet. The
+ * strings live until the next call. */
+int fr_client_last_error(const fr_client *c, const char **code, const char **message, long long *request_id);
+
+/* ---- finished samples (for bindings and simple loops) ---- */
+
+/* One sample assembled from its token deltas and its done. */
+typedef struct {
+    uint64_t request_id, group_id;
+    int sample;
+    int n_tokens;
+    int *token_ids;                /* [n_tokens] */
+    float *logprobs;               /* [n_tokens] */
+    uint64_t *weight_versions;     /* [n_tokens] */
+    char finish_reason[8];         /* stop, length, abort, error */
+    int n_prompt, preemptions;
+    int has_ttft;
+    double ttft_ms, total_ms;
+    fr_msg_divergence divergence;  /* kl: per-token KL when asked for */
+} fr_client_sample;
+
+/* Reads messages until a sample ends: 1 in *got and the sample (free with
+ * fr_client_sample_free), or *got 0 when nothing ended within timeout_ms.
+ * An error about a request (a refused generate) fails with FR_EINVAL and
+ * its message (fr_client_last_error has the code and the request id).
+ * Uses fr_client_next: do not mix with it. */
+fr_status fr_client_next_sample(fr_client *c, int timeout_ms, fr_client_sample **out, int *got);
+void fr_client_sample_free(fr_client_sample **s);
+
+/* ---- JSON (for command lines and bindings) ---- */
+
+/* A reply (hello_reply, stats_reply, pause_reply, resume_reply,
+ * abort_reply, update_weights_reply, error) as one JSON object with the
+ * keys of docs/protocol.md and "type"; *json is malloc'ed: free it with
+ * fr_client_free_string. */
+fr_status fr_msg_to_json(const fr_msg *m, char **json);
+fr_status fr_client_hello_json(fr_client *c, const char *name, char **json);
+fr_status fr_client_stats_json(fr_client *c, char **json);
+fr_status fr_client_pause_json(fr_client *c, fr_pause_mode mode, char **json);
+fr_status fr_client_resume_json(fr_client *c, char **json);
+fr_status fr_client_abort_json(fr_client *c, const uint64_t *ids, int n, char **json);
+void fr_client_free_string(char *s);
+/* One whole msgpack value (maps with string keys, arrays, numbers, strings,
+ * booleans, nil) as JSON; NaN and infinities become null. */
+fr_status fr_msgpack_to_json(const void *data, size_t len, char **json);
+
+/* The last error message of the calling thread (fr_last_error), for
+ * bindings that cannot reach the status module. */
+const char *fr_client_error_text(void);
+
+/* Sends bytes as frame 0, unchecked, followed by extra_frames empty
+ * frames: for testing how a server handles malformed messages. */
+fr_status fr_client_send_raw(fr_client *c, const void *data, size_t len, int extra_frames);
+
+typedef struct {
+    void (*on_tokens)(void *user, const fr_msg_tokens *t);
+    void (*on_done)(void *user, const fr_msg_done *d);
+    void (*on_error)(void *user, const fr_msg_error *e);   /* errors about requests */
+    void *user;
+} fr_client_handlers;
+
+/* Callbacks: hands every message that is ready to its handler (a NULL
+ * handler skips it); waits up to timeout_ms for the first one. *handled
+ * (may be NULL) gets the count. Callbacks may call fr_client_generate but
+ * not the synchronous calls. */
+fr_status fr_client_dispatch(fr_client *c, const fr_client_handlers *h, int timeout_ms, int *handled);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,110 @@
+"""ctypes declarations of the C client library (trainer_bridge/client/client.h).
+
+The structures mirror the C ones field for field; the library is
+libfp4rollout_client.so (`make build/libfp4rollout_client.so`), found through
+$FP4ROLLOUT_CLIENT_LIB, else in the repository's build/ folder, else by the
+system loader.
+"""
+import ctypes
+import os
+
+c_int, c_u64, c_dbl, c_char_p = ctypes.c_int, ctypes.c_uint64, ctypes.c_double, ctypes.c_char_p
+
+
+class Divergence(ctypes.Structure):
+    _fields_ = [("has_values", c_int), ("kl_mean", c_dbl), ("kl_max", c_dbl), ("top1_agreement", c_dbl),
+                ("logprob_diff_mean", c_dbl), ("positions", c_int), ("kl", ctypes.POINTER(ctypes.c_float)),
+                ("n_kl", c_int)]
+
+
+class Generate(ctypes.Structure):
+    _fields_ = [("request_id", c_u64), ("has_group_id", c_int), ("group_id", c_u64),
+                ("prompt", ctypes.POINTER(c_int)), ("n_prompt", c_int), ("n", c_int),
+                ("has_temperature", c_int), ("has_top_k", c_int), ("has_top_p", c_int), ("has_max_tokens", c_int),
+                ("has_stop_token_ids", c_int), ("has_seed", c_int), ("temperature", c_dbl), ("top_k", c_int),
+                ("top_p", c_dbl), ("max_tokens", c_int), ("stop_token_ids", ctypes.POINTER(c_int)),
+                ("n_stop_token_ids", c_int), ("seed", c_u64), ("monitor_divergence", c_int),
+                ("per_token_kl", c_int), ("forced_tokens", ctypes.POINTER(c_int)), ("n_forced_tokens", c_int)]
+
+
+class Sample(ctypes.Structure):
+    _fields_ = [("request_id", c_u64), ("group_id", c_u64), ("sample", c_int), ("n_tokens", c_int),
+                ("token_ids", ctypes.POINTER(c_int)), ("logprobs", ctypes.POINTER(ctypes.c_float)),
+                ("weight_versions", ctypes.POINTER(c_u64)), ("finish_reason", ctypes.c_char * 8),
+                ("n_prompt", c_int), ("preemptions", c_int), ("has_ttft", c_int), ("ttft_ms", c_dbl),
+                ("total_ms", c_dbl), ("divergence", Divergence)]
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("name", c_char_p), ("dtype", c_int), ("ndim", c_int), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("data", ctypes.c_void_p)]
+
+
+class UpdateOpts(ctypes.Structure):
+    _fields_ = [("bucket_bytes", c_u64), ("corrupt_bucket", c_int)]
+
+
+class UpdateReply(ctypes.Structure):
+    _fields_ = [("version", c_u64), ("stage", c_int), ("bucket", c_int), ("bytes", c_u64),
+                ("weight_version", c_u64)]
+
+
+class Curve(ctypes.Structure):
+    _fields_ = [("server_public_key", c_char_p), ("public_key", c_char_p), ("secret_key", c_char_p)]
+
+
+DTYPES = {"f32": 0, "bf16": 1, "f16": 2}
+PAUSE_MODES = {"abort": 0, "wait": 1}
+
+
+def _find_library():
+    env = os.environ.get("FP4ROLLOUT_CLIENT_LIB")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.normpath(os.path.join(here, "..", "..", "..", ".."))
+    for build in (os.environ.get("BUILD"), "build"):
+        if build:
+            path = build if os.path.isabs(build) else os.path.join(repo, build)
+            path = os.path.join(path, "libfp4rollout_client.so")
+            if os.path.exists(path):
+                return path
+    return "libfp4rollout_client.so"
+
+
+def load():
+    lib = ctypes.CDLL(_find_library())
+    P = ctypes.POINTER
+    sig = {
+        "fr_client_new_curve": (c_int, [c_char_p, P(Curve), P(ctypes.c_void_p)]),
+        "fr_client_destroy": (None, [P(ctypes.c_void_p)]),
+        "fr_client_set_timeout": (None, [ctypes.c_void_p, c_int]),
+        "fr_client_generate": (c_int, [ctypes.c_void_p, P(Generate)]),
+        "fr_client_open_samples": (c_int, [ctypes.c_void_p]),
+        "fr_client_next_sample": (c_int, [ctypes.c_void_p, c_int, P(P(Sample)), P(c_int)]),
+        "fr_client_sample_free": (None, [P(P(Sample))]),
+        "fr_client_update_weights": (c_int, [ctypes.c_void_p, P(Tensor), c_int, c_u64, P(UpdateOpts),
+                                             P(UpdateReply)]),
+        "fr_client_nccl_group_init": (c_int, [ctypes.c_void_p, c_int]),
+        "fr_client_nccl_group_close": (c_int, [ctypes.c_void_p]),
+        "fr_client_update_weights_nccl": (c_int, [ctypes.c_void_p, P(Tensor), c_int, c_u64, ctypes.c_void_p,
+                                                  P(UpdateOpts), P(UpdateReply)]),
+        "fr_client_send_raw": (c_int, [ctypes.c_void_p, c_char_p, ctypes.c_size_t, c_int]),
+        "fr_client_last_error": (c_int, [ctypes.c_void_p, P(c_char_p), P(c_char_p), P(ctypes.c_longlong)]),
+        "fr_client_hello_json": (c_int, [ctypes.c_void_p, c_char_p, P(ctypes.c_void_p)]),
+        "fr_client_stats_json": (c_int, [ctypes.c_void_p, P(ctypes.c_void_p)]),
+        "fr_client_pause_json": (c_int, [ctypes.c_void_p, c_int, P(ctypes.c_void_p)]),
+        "fr_client_resume_json": (c_int, [ctypes.c_void_p, P(ctypes.c_void_p)]),
+        "fr_client_abort_json": (c_int, [ctypes.c_void_p, P(c_u64), c_int, P(ctypes.c_void_p)]),
+        "fr_client_free_string": (None, [ctypes.c_void_p]),
+        "fr_client_error_text": (c_char_p, []),
+        "fr_client_keypair": (c_int, [ctypes.c_char_p, ctypes.c_char_p]),
+        "fr_metrics_sub_new": (c_int, [c_char_p, P(Curve), P(ctypes.c_void_p)]),
+        "fr_metrics_sub_next": (c_int, [ctypes.c_void_p, c_int, P(ctypes.c_void_p)]),
+        "fr_metrics_sub_destroy": (None, [P(ctypes.c_void_p)]),
+    }
+    for name, (res, args) in sig.items():
+        f = getattr(lib, name)
+        f.restype = res
+        f.argtypes = args
+    return lib

@@ -1,0 +1,384 @@
+/* The coordinator (trainer_bridge/server/server.h, docs/protocol.md): one
+ * engine in one process, or engines over the ranks of an MPI job
+ * (docs/protocol.md, "Serving on several ranks"). This file holds message
+ * dispatch and the lifecycle; each concern has a file of its own
+ * (server_internal.h lists them). */
+#include "trainer_bridge/server/server_internal.h"
+
+void srv_log(fr_bridge_server *srv, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(srv->log, "serve: ");
+    vfprintf(srv->log, fmt, ap);
+    fprintf(srv->log, "\n");
+    fflush(srv->log);
+    va_end(ap);
+}
+
+/* One message from the socket. */
+void srv_handle_message(fr_bridge_server *srv, fr_wire_msg *w)
+{
+    srv->messages_in++;
+    int peer;
+    if (w->peer_len == 0 || fr_peers_find_or_add(srv->peers, w->peer, w->peer_len, &peer)) {
+        srv->bad_messages++;
+        srv_log(srv, "dropped a message without a usable routing id");
+        return;
+    }
+    uint64_t id = 0;
+    int has_id = w->frame0 ? fr_msg_peek_request_id(w->frame0, w->len0, &id) : 0;
+    fr_msg_type named = fr_msg_peek_type(w->frame0, w->len0);
+    if (w->n_frames != 1 && named != FR_MSG_UPDATE_BUCKET) {
+        srv->bad_messages++;
+        srv_send_error(srv, peer, "bad_message", has_id, id,
+                   "message: %d frames; only update_weights_bucket carries payload frames (and no message has an "
+                   "empty delimiter)",
+                   w->n_frames);
+        return;
+    }
+    if (named != FR_MSG_NONE && !fr_msg_type_from_client(named)) {
+        srv->bad_messages++;
+        srv_send_error(srv, peer, "bad_message", has_id, id, "message: \"%s\" is a message the server sends",
+                   fr_msg_type_name(named));
+        return;
+    }
+    fr_msg m;
+    fr_status st = fr_msg_decode(w->frame0, w->len0, &m);
+    if (st) {
+        srv->bad_messages++;
+        srv_send_error(srv, peer, st == FR_EUNSUPPORTED ? "unsupported_version" : "bad_message", has_id, id, "%s",
+                   fr_last_error());
+        return;
+    }
+    if (!fr_msg_type_from_client(m.type)) {
+        srv->bad_messages++;
+        srv_send_error(srv, peer, "bad_message", has_id, id, "message: \"%s\" is a message the server sends",
+                   fr_msg_type_name(m.type));
+        fr_msg_free(&m);
+        return;
+    }
+    switch (m.type) {
+    case FR_MSG_HELLO: srv_handle_hello(srv, peer); break;
+    case FR_MSG_GENERATE: srv_handle_generate(srv, peer, &m.u.generate); break;
+    case FR_MSG_ABORT: srv_handle_abort(srv, peer, &m.u.abort); break;
+    case FR_MSG_PAUSE: srv_handle_pause(srv, peer, m.u.pause.mode); break;
+    case FR_MSG_RESUME: srv_handle_resume(srv, peer); break;
+    case FR_MSG_STATS: srv_handle_stats(srv, peer); break;
+    case FR_MSG_UPDATE_BEGIN: srv_handle_update_begin(srv, peer, &m.u.update_begin); break;
+    case FR_MSG_UPDATE_BUCKET: srv_handle_update_bucket(srv, peer, &m.u.update_bucket, w); break;
+    case FR_MSG_UPDATE_COMMIT: srv_handle_update_commit(srv, peer, m.u.update_end.version); break;
+    case FR_MSG_UPDATE_ABORT: srv_handle_update_abort(srv, peer, m.u.update_end.version); break;
+    case FR_MSG_NCCL_INIT: srv_handle_nccl_init(srv, peer, &m.u.nccl_init); break;
+    case FR_MSG_NCCL_BUCKET: srv_handle_nccl_bucket(srv, peer, &m.u.nccl_bucket); break;
+    case FR_MSG_NCCL_CLOSE: srv_handle_nccl_close(srv, peer); break;
+    default: break;
+    }
+    fr_msg_free(&m);
+}
+
+/* A client ZeroMQ no longer knows: its open requests end (their done
+ * messages are counted undeliverable) and it stops waiting for a pause. */
+void srv_drop_gone_peers(fr_bridge_server *srv)
+{
+    int peer;
+    while (fr_peers_take_gone(srv->peers, &peer)) {
+        int n, ended = 0;
+        uint64_t *sids = srv_sids_of(srv, peer, &n);
+        for (int i = 0; sids && i < n; i++) ended += srv_abort_sid(srv, sids[i]);
+        free(sids);
+        for (int i = 0; i < srv->n_waiters;)
+            if (srv->waiters[i] == peer) {
+                memmove(&srv->waiters[i], &srv->waiters[i + 1], sizeof(int) * (size_t)(srv->n_waiters - i - 1));
+                srv->n_waiters--;
+            } else i++;
+        srv_log(srv, "client %s disconnected: its messages are undeliverable, %d open samples aborted",
+              fr_peers_name(srv->peers, peer), ended);
+        if (srv->upd && srv->upd_peer == peer) srv_drop_update(srv, "its client disconnected");
+#ifdef FR_HAVE_CUDA
+        if (srv->ng && srv->ng_peer == peer) srv_nccl_end(srv, "its client disconnected", NULL);
+#endif
+    }
+}
+
+/* ---- lifecycle ------------------------------------------------------------ */
+
+fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_bridge_server **out)
+{
+    if (!out) return fr_fail(FR_EINVAL, "serve: out is NULL");
+    *out = NULL;
+    if (!s || !s->model || !s->kv || !cfg || !cfg->endpoint)
+        return fr_fail(FR_EINVAL, "serve: session, config and endpoint are required");
+    fr_bridge_server *srv = calloc(1, sizeof *srv);
+    if (!srv) return fr_fail(FR_ENOMEM, "serve: out of memory");
+    srv->sess = s;
+    srv->cfg = *cfg;
+    srv->log = cfg->log ? cfg->log : stderr;
+    srv->n_engines = 1;
+    srv->tp = 1;
+    srv->leader = 1;
+    if (cfg->world && cfg->world->size > 1) {
+        const int tp = cfg->tp > 0 ? cfg->tp : 1;
+        if (cfg->world->size % tp) {
+            free(srv);
+            return fr_fail(FR_EINVAL, "serve: tp %d does not divide the %d ranks into engines", tp, cfg->world->size);
+        }
+        srv->world = cfg->world;
+        srv->multi = 1;
+        srv->rank = cfg->world->rank;
+        srv->tp = tp;
+        srv->n_engines = cfg->world->size / tp;
+        srv->engine = srv->rank / tp;
+        srv->leader = srv->rank % tp == 0;
+        srv->agg.shadow_blocks_free = -1;
+        if (srv->rank == 0 && !(srv->engine_open = calloc((size_t)srv->n_engines, sizeof(int)))) {
+            free(srv);
+            return fr_fail(FR_ENOMEM, "serve: out of memory");
+        }
+    }
+    const fr_model_config *mc = &s->model->cfg;
+    const fr_kv_cache_config *kc = fr_kv_cache_config_of(s->kv);
+    srv->vocab = mc->vocab_size;
+    srv->max_pos = mc->max_position;
+    srv->n_blocks = kc->n_blocks;
+    srv->max_seqs = cfg->max_seqs > 0 ? cfg->max_seqs : kc->max_seqs;
+    srv->chunk = cfg->chunk > 0 ? cfg->chunk : 512;
+    if (cfg->sampling.n_stop > 0) {
+        srv->n_default_stop = cfg->sampling.n_stop;
+        memcpy(srv->default_stop, cfg->sampling.stop_token_ids, sizeof(int) * (size_t)cfg->sampling.n_stop);
+    } else {
+        srv->n_default_stop = mc->n_eos;
+        memcpy(srv->default_stop, mc->eos_ids, sizeof(int) * (size_t)mc->n_eos);
+    }
+    fr_scheduler_config sc = {.max_seqs = srv->max_seqs, .chunk = srv->chunk, .reserve_blocks = -1,
+                              .on_done = srv_on_done, .user = srv, .on_token = srv_on_token,
+                              .kl_sample_rate = cfg->kl_sample_rate};
+    fr_status st = fr_scheduler_new(s, &sc, &srv->sch);
+    if (st) {
+        free(srv->engine_open);
+        free(srv);
+        return st;
+    }
+    if (cfg->recal) {
+        fr_recal_config rc = *cfg->recal;
+        rc.log = srv->log;
+        st = srv->multi ? fr_fail(FR_EUNSUPPORTED, "serve: automatic recalibration runs with one rank (mpirun -np 1 or "
+                                                   "none); this job has %d",
+                                  srv->world->size)
+                        : fr_recal_new(&rc, &s->model->cfg, &srv->recal);
+        if (st) {
+            fr_scheduler_destroy(&srv->sch);
+            free(srv->engine_open);
+            free(srv);
+            return st;
+        }
+        if (cfg->kl_sample_rate <= 0 && cfg->recal->kl_threshold > 0)
+            srv_log(srv, "warning: recalibration watches the monitored KL, and kl_sample_rate is 0: only requests "
+                       "that ask for monitoring count");
+    }
+    if (srv->multi && srv->rank != 0) {
+        /* the socket, the clients and the metrics are rank 0's */
+        srv->started_ms = fr_now_ms();
+        snprintf(srv->endpoint, sizeof srv->endpoint, "%s", cfg->endpoint);
+        *out = srv;
+        return FR_OK;
+    }
+    srv->zctx = zmq_ctx_new();
+    srv->sock = srv->zctx ? zmq_socket(srv->zctx, ZMQ_ROUTER) : NULL;
+    /* Linger: what shutdown handed to ZeroMQ still goes out when the socket
+     * closes, for up to shutdown_linger_ms. */
+    int one = 1, linger = cfg->shutdown_linger_ms > 0 ? cfg->shutdown_linger_ms : 0;
+    if (!srv->sock || zmq_setsockopt(srv->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one) ||
+        zmq_setsockopt(srv->sock, ZMQ_LINGER, &linger, sizeof linger)) {
+        st = fr_fail(FR_EIO, "serve: cannot make a ZeroMQ ROUTER socket: %s", zmq_strerror(errno));
+    } else if (cfg->curve_secret_key && cfg->curve_secret_key[0] && (st = srv_setup_curve(srv, cfg))) {
+        /* st says why */
+    } else if (zmq_bind(srv->sock, cfg->endpoint)) {
+        st = fr_fail(FR_EIO, "serve: cannot bind %s: %s", cfg->endpoint, zmq_strerror(errno));
+    }
+    if (!st) {
+        size_t n = sizeof srv->endpoint;
+        if (zmq_getsockopt(srv->sock, ZMQ_LAST_ENDPOINT, srv->endpoint, &n))
+            snprintf(srv->endpoint, sizeof srv->endpoint, "%s", cfg->endpoint);
+        st = fr_peers_new(srv->sock, &srv->peers);
+    }
+    srv->started_ms = fr_now_ms();
+    if (!st && cfg->metrics_pub_endpoint && cfg->metrics_pub_endpoint[0]) {
+        st = fr_metrics_pub_open(srv->zctx, cfg->metrics_pub_endpoint, cfg->curve_secret_key, &srv->pub);
+        if (!st) srv_log(srv, "metrics snapshots on %s (ZeroMQ PUB, topic %s, msgpack)", fr_metrics_pub_endpoint(srv->pub),
+                       FR_METRICS_TOPIC);
+    }
+    if (!st && cfg->metrics_port != 0) {
+        st = fr_metrics_http_start(cfg->metrics_bind, cfg->metrics_port < 0 ? 0 : cfg->metrics_port, &srv->metrics);
+        if (!st) srv_log(srv, "metrics on http://%s:%d/metrics and /dashboard", cfg->metrics_bind ? cfg->metrics_bind : "127.0.0.1",
+                       fr_metrics_http_port(srv->metrics));
+    }
+    if (st) {
+        fr_bridge_server_destroy(&srv);
+        return st;
+    }
+    *out = srv;
+    return FR_OK;
+}
+
+int fr_bridge_server_metrics_port(const fr_bridge_server *srv)
+{
+    return srv && srv->metrics ? fr_metrics_http_port(srv->metrics) : -1;
+}
+
+const char *fr_bridge_server_endpoint(const fr_bridge_server *srv) { return srv ? srv->endpoint : ""; }
+
+/* Ends everything open with reason abort (held requests and the engine's). */
+int srv_abort_everything(fr_bridge_server *srv)
+{
+    int ended = 0, n;
+    uint64_t *sids = srv_sids_of(srv, -1, &n);
+    for (int i = 0; sids && i < n; i++) {
+        request *q = srv_find_sid(srv, sids[i]);
+        if (q && q->held) ended += srv_abort_held(srv, q);
+    }
+    free(sids);
+    int m = 0;
+    if (srv->sch && !fr_scheduler_abort_all(srv->sch, &m)) ended += m;
+    srv_flush_all(srv);
+    return ended;
+}
+
+/* A snapshot for the metrics endpoint: scheduler health, divergence, the
+ * token rate since the previous snapshot. */
+void srv_publish_metrics(fr_bridge_server *srv)
+{
+    fr_metrics_snapshot m;
+    memset(&m, 0, sizeof m);
+    if (srv->multi) m.stats = srv->agg;
+    else fr_scheduler_stats_get(srv->sch, &m.stats);
+    m.div = *fr_scheduler_divergence(srv->sch);   /* several engines: engine 0's */
+    const double now = fr_now_ms();
+    if (srv->last_pub_ms > 0 && now > srv->last_pub_ms)
+        m.tokens_per_s = (double)(m.stats.tokens_generated - srv->last_pub_tokens) / ((now - srv->last_pub_ms) * 1e-3);
+    srv->last_pub_ms = now;
+    srv->last_pub_tokens = m.stats.tokens_generated;
+    m.weight_sync_seconds = srv->last_sync_s;
+    m.uptime_s = (now - srv->started_ms) * 1e-3;
+    m.requests_total = (long long)srv->requests_accepted;
+    if (srv->recal) {
+        fr_recal_stats rs;
+        fr_recal_stats_get(srv->recal, &rs);
+        m.recalibrations = rs.recalibrations;
+        m.recalibration_failures = rs.failures;
+        m.last_recalibration_version = rs.last_version;
+        m.last_recalibration_seconds = rs.last_seconds;
+        m.last_recalibration_kl = rs.last_kl;
+    }
+    snprintf(m.model, sizeof m.model, "%s", srv->cfg.model_name ? srv->cfg.model_name : "");
+    snprintf(m.kv_dtype, sizeof m.kv_dtype, "%s", fr_kv_dtype_name(fr_kv_cache_config_of(srv->sess->kv)->dtype));
+    if (srv->metrics) fr_metrics_http_publish(srv->metrics, &m);
+    if (srv->pub && fr_metrics_pub_send(srv->pub, &m) && !srv->pub_failed) {
+        srv->pub_failed = 1;
+        srv_log(srv, "warning: %s (further failures are not logged)", fr_last_error());
+    }
+}
+
+int srv_publishes(const fr_bridge_server *srv) { return srv->metrics || srv->pub; }
+
+fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_t *stop)
+{
+    if (!srv || !stop) return fr_fail(FR_EINVAL, "serve: server and stop flag are required");
+    if (srv->multi) return srv_run_ranks(srv, stop);
+    fr_status failure = FR_OK;
+    srv_log(srv, "listening on %s (protocol version %d)", srv->endpoint, FR_PROTO_VERSION);
+    if (srv_publishes(srv)) srv_publish_metrics(srv);
+    while (!*stop) {
+        fr_peers_stats ps;
+        fr_peers_stats_get(srv->peers, &ps);
+        int work = !fr_scheduler_idle(srv->sch);
+        long wait = work ? 0 : ps.queued || srv_nccl_pending(srv) ? 1 : 100;
+        zmq_pollitem_t it = {.socket = srv->sock, .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, wait) < 0) {
+            if (errno == EINTR) continue;
+            failure = fr_fail(FR_EIO, "serve: poll failed: %s", zmq_strerror(errno));
+            break;
+        }
+        if ((failure = srv_handle_waiting(srv, stop, 0))) break;
+        srv_nccl_turn(srv);
+        if (!fr_scheduler_idle(srv->sch)) {
+            if (fr_scheduler_step(srv->sch))
+                srv_log(srv, "engine step failed (its samples end with reason error): %s", fr_last_error());
+        }
+        srv_flush_all(srv);
+        /* not while weights are being staged or the trainer has paused the engine */
+        fr_status rst = FR_OK;
+        if (srv->recal && !srv->upd && !srv_nccl_updating(srv) && srv->state == RUNNING &&
+            (rst = fr_recal_check(srv->recal, srv->sess, srv->sch, srv->weight_version, NULL))) {
+            failure = rst;
+            srv_log(srv, "recalibration left the engine unusable: %s", fr_last_error());
+            break;
+        }
+        if (srv->state == PAUSING && fr_scheduler_idle(srv->sch)) {
+            srv->state = PAUSED;
+            srv_reply_waiters(srv);
+        }
+        int gone = 0;
+        if (fr_peers_pump(srv->peers, &gone)) {
+            failure = FR_EIO;
+            break;
+        }
+        if (gone) srv_drop_gone_peers(srv);
+        if (srv_publishes(srv) && fr_now_ms() - srv->last_pub_ms >= 200.0) srv_publish_metrics(srv);
+        if (srv->upd && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
+            char why[96];
+            snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
+            srv_drop_update(srv, why);
+        }
+        if (srv_nccl_updating(srv) && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
+            char why[96];
+            snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
+            srv_nccl_drop_update(srv, why);
+        }
+    }
+    int ended = srv_abort_everything(srv);
+    srv_fail_waiters(srv, "shutdown", "the server is shutting down");
+    srv_log(srv, "shutting down: %d open samples ended with reason abort", ended);
+    fr_peers_flush(srv->peers, srv->cfg.shutdown_linger_ms > 0 ? srv->cfg.shutdown_linger_ms : 0);
+    fr_peers_stats ps;
+    fr_peers_stats_get(srv->peers, &ps);
+    if (ps.queued) srv_log(srv, "%llu messages could not be delivered before shutdown", (unsigned long long)ps.queued);
+    return failure;
+}
+
+void fr_bridge_server_destroy(fr_bridge_server **pp)
+{
+    if (!pp || !*pp) return;
+    fr_bridge_server *srv = *pp;
+    fr_metrics_http_stop(&srv->metrics);   /* its thread reads only published snapshots */
+    fr_metrics_pub_close(&srv->pub);
+    fr_recal_destroy(&srv->recal);
+    if (srv->sch && srv->peers) srv_abort_everything(srv);
+    fr_scheduler_destroy(&srv->sch);   /* nothing open is left; any result would find no request */
+    fr_bridge_update_free(&srv->upd);
+#ifdef FR_HAVE_CUDA
+    fr_nccl_recv_destroy(&srv->ng);
+#endif
+    for (int i = 0; i < srv->n_reqs; i++) srv_free_request(srv->reqs[i]);
+    free(srv->reqs);
+    free(srv->waiters);
+    fr_peers_destroy(&srv->peers);
+    if (srv->sock) zmq_close(srv->sock);
+    if (srv->zap.started) {
+        zmq_ctx_shutdown(srv->zctx);   /* the handler's receive fails with ETERM: it closes its socket and ends */
+        pthread_join(srv->zap.thread, NULL);
+    } else if (srv->zap.sock) {
+        zmq_close(srv->zap.sock);
+    }
+    free(srv->zap.keys);
+    if (srv->zctx) zmq_ctx_term(srv->zctx);
+    for (int i = 0; i < srv->n_deferred; i++) free(srv->deferred[i].data);
+    free(srv->deferred);
+    fr_weight_update_free(&srv->wupd);
+    fr_weight_update_free(&srv->spare);
+    fr_rank_buf_free(&srv->events);
+    fr_rank_buf_free(&srv->outbox);
+    free(srv->engine_open);
+    free(srv);
+    *pp = NULL;
+}

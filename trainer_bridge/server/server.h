@@ -1,0 +1,115 @@
+/* The coordinator of `fp4rollout serve` (docs/protocol.md): one ROUTER
+ * socket facing the trainers, driving a session's continuous-batching
+ * scheduler in a single loop; under mpirun, every rank runs the loop and
+ * world rank 0 alone owns the socket (docs/protocol.md, "Serving on several
+ * ranks").
+ *
+ *     fr_bridge_server *srv;
+ *     fr_bridge_server_new(&session, &cfg, &srv);   // binds the socket
+ *     fr_bridge_server_run(srv, &stop_flag);        // until *stop_flag
+ *     fr_bridge_server_destroy(&srv);
+ *
+ * The loop receives without blocking while the engine has work (and waits
+ * on the socket when it has none), steps the scheduler once per turn,
+ * streams each step's new tokens to the client that sent the request, and
+ * sends one done per sample. Requests are keyed by (client, request_id):
+ * two clients may use the same ids, and abort reaches only the sender's
+ * requests. Pause, resume, stats and hello are answered in the same loop.
+ * Every accepted sample gets exactly one done, shutdown included (reason
+ * abort). */
+#ifndef FR_BRIDGE_SERVER_H
+#define FR_BRIDGE_SERVER_H
+
+#include <signal.h>
+#include <stdio.h>
+
+#include "comm/mpi_world.h"
+#include "rollout/monitor/recalibrate.h"
+#include "rollout/engine/session.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FR_BRIDGE_MAX_STOP_IDS 64
+
+/* Sampling defaults of generates that leave them out. */
+typedef struct {
+    fr_sampling_params params;     /* temperature, top_k, top_p, seed */
+    int max_tokens;
+    int n_stop;                    /* 0: stop at the model's EOS ids */
+    int stop_token_ids[FR_BRIDGE_MAX_STOP_IDS];
+} fr_bridge_sampling;
+
+typedef struct {
+    const char *endpoint;          /* ZeroMQ endpoint to bind, e.g. "tcp://127.0.0.1:5555" */
+    const char *model_name;        /* what hello reports as the model */
+    int max_seqs;                  /* the scheduler's sequences at once (0: the cache's slots) */
+    int chunk;                     /* tokens per step (0: the session's) */
+    fr_bridge_sampling sampling;   /* defaults for what a generate leaves out */
+    int shutdown_linger_ms;        /* how long shutdown tries to deliver the last messages */
+    double kl_sample_rate;         /* share of samples with a BF16-KV shadow when a generate leaves it open */
+    int update_idle_ms;            /* a staged weight update with no message for this long is dropped; 0: never */
+    int nccl_timeout_ms;           /* an NCCL weight group that has work and makes no progress for this long is
+                                      aborted (docs/protocol.md, "Weights over NCCL"); 0: 30000 */
+    /* CURVE (docs/protocol.md, "Authentication"): the server's secret key in
+     * Z85 (40 characters), "" for none; then only clients whose public key
+     * is listed may talk to it. */
+    const char *curve_secret_key;
+    const char *const *curve_client_keys;   /* Z85 public keys */
+    int n_curve_client_keys;
+    FILE *log;                     /* start, stop and warning lines; NULL: stderr */
+    /* The metrics endpoint (rollout/monitor/metrics_http.h: /metrics, /metrics.json,
+     * /dashboard) on metrics_bind (NULL: 127.0.0.1): this port, 0 none, -1
+     * any free port (fr_bridge_server_metrics_port says which). */
+    int metrics_port;
+    const char *metrics_bind;
+    /* The same snapshots as msgpack on a ZeroMQ PUB socket bound to this
+     * endpoint (trainer_bridge/server/metrics_pub.h); NULL or "": none. */
+    const char *metrics_pub_endpoint;
+    /* Automatic recalibration of the key mean (rollout/monitor/recalibrate.h); NULL:
+     * off. One rank only (not with world of several ranks). */
+    const fr_recal_config *recal;
+    /* Several ranks: the MPI world (NULL, or a world of one: one process)
+     * and its ranks per engine. Every rank makes its server with the same
+     * config and session options (its session on its engine group when tp
+     * > 1) and runs it; world rank 0 binds the socket, routes each generate
+     * to the engine with the fewest open samples and streams every engine's
+     * results. fr_bridge_server_run is then collective over the world. */
+    const fr_mpi_world *world;
+    int tp;
+} fr_bridge_config;
+
+typedef struct fr_bridge_server fr_bridge_server;
+
+/* Builds the scheduler on the session (which must outlive the server) and
+ * binds the socket (rank 0 only with several ranks): FR_EIO naming the
+ * endpoint when it cannot bind. Not collective: with several ranks, the
+ * caller agrees with fr_mpi_world_all_ok that every rank made its server. */
+fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_bridge_server **out);
+
+/* Serves until *stop becomes non-zero (a signal handler sets it; with
+ * several ranks, on any rank), then
+ * shuts down: requests held by a pause and samples in flight end with done
+ * (reason abort), clients waiting for a pause get an error, and the last
+ * messages are delivered for up to shutdown_linger_ms. FR_EIO when the
+ * socket fails. With several ranks: a failure on any rank (a step of a
+ * tensor-parallel engine, out of memory, a weight switch that failed on
+ * some ranks only) ends the loop on every rank and every rank returns an
+ * error; an MPI failure ends the job (fr_mpi_world_abort). */
+fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_t *stop);
+
+/* The metrics endpoint's port, -1 when there is none. */
+int fr_bridge_server_metrics_port(const fr_bridge_server *srv);
+
+/* The endpoint the socket is bound to (ZMQ_LAST_ENDPOINT). */
+const char *fr_bridge_server_endpoint(const fr_bridge_server *srv);
+
+/* NULL-safe; ends anything still open with reason abort first. */
+void fr_bridge_server_destroy(fr_bridge_server **srv);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,225 @@
+/* What the files of the coordinator share (trainer_bridge/server/server.h):
+ * the server's state and the functions one concern calls in another. Private
+ * to trainer_bridge/server/; the public interface is server.h. Functions
+ * here take the srv_ prefix: they are visible to the whole library. */
+#ifndef FR_SERVER_INTERNAL_H
+#define FR_SERVER_INTERNAL_H
+
+#include "trainer_bridge/server/server.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "base/clock.h"
+#include "comm/rank_wire.h"
+#include "rollout/engine/scheduler.h"
+#include "rollout/monitor/metrics_http.h"
+#include "trainer_bridge/protocol/protocol.h"
+#include "trainer_bridge/protocol/wire.h"
+#include "trainer_bridge/server/metrics_pub.h"
+#include "trainer_bridge/server/peers.h"
+#include "trainer_bridge/server/update.h"
+#ifdef FR_HAVE_CUDA
+#include "trainer_bridge/server/nccl_recv.h"
+#endif
+
+enum { RUNNING = 0, PAUSING, PAUSED };
+
+/* A sample's tokens drawn since its last delta went out. */
+typedef struct {
+    int *tok;
+    float *lp;
+    uint64_t *wv;            /* the weight version each pending token was drawn with */
+    int n_pending, cap;
+    int sent;                /* tokens streamed so far: the next delta's start */
+    int has_first;
+    double first_ms;         /* when its first token was drawn */
+} sample_state;
+
+/* An accepted generate. sid is the scheduler's id for it (the server's
+ * own, increasing), so two clients' equal request ids never meet there. */
+typedef struct {
+    uint64_t sid;
+    uint64_t request_id, group_id;
+    int peer;
+    int n, n_prompt, open;
+    int held;                /* received during a pause: not yet submitted */
+    fr_request_spec spec;    /* held: prompt and stop ids owned here */
+    double t0_ms;            /* when it was received */
+    int engine;              /* several ranks: the engine serving it */
+    int from_held;           /* submitted by a resume (a refusal then ends its samples) */
+    sample_state *s;
+} request;
+
+/* Several ranks: what rank 0 sends every rank each turn (engine events)... */
+enum { EV_SUBMIT = 1, EV_ABORT, EV_ABORT_ALL, EV_UPD_BEGIN, EV_UPD_BUCKET, EV_UPD_DROP, EV_UPD_COMMIT };
+/* ...and what each engine leader sends rank 0 after its step. */
+enum { OB_TOKEN = 1, OB_DONE, OB_REJECT, OB_STATS };
+
+/* A reply encoded now and sent once this turn's results went out. */
+typedef struct {
+    int peer;
+    char *data;
+    size_t len;
+} deferred_msg;
+
+/* The ZAP handler (ZeroMQ's authentication protocol, RFC 27) of a CURVE
+ * server: a thread answering inproc://zeromq.zap.01 that accepts a client
+ * exactly when its public key is listed. */
+typedef struct {
+    void *sock;              /* REP, bound in the server's context */
+    unsigned char (*keys)[32];
+    int n_keys;
+    FILE *log;
+    pthread_t thread;
+    int started;
+} zap_handler;
+
+struct fr_bridge_server {
+    fr_session *sess;
+    fr_scheduler *sch;
+    fr_bridge_config cfg;
+    void *zctx, *sock;
+    fr_peers *peers;
+    zap_handler zap;
+    FILE *log;
+    char endpoint[256];
+    request **reqs;          /* open requests, sorted by sid */
+    int n_reqs, cap_reqs;
+    uint64_t next_sid;
+    int state;
+    int *waiters;            /* peers waiting for a pause (wait mode) to complete */
+    int n_waiters, cap_waiters;
+    int vocab, n_blocks, max_pos, max_seqs, chunk;
+    int default_stop[FR_BRIDGE_MAX_STOP_IDS];
+    int n_default_stop;
+    uint64_t weight_version;
+    /* the weight update being staged (NULL when none), its client, and when
+     * its last message arrived */
+    fr_bridge_update *upd;
+    /* the staging memory of the last update that ended (committed or
+     * dropped), reused by the next so it needs no fresh pages; NULL: none */
+    fr_weight_update *spare;
+    int upd_peer;
+    double upd_last_ms;
+    uint64_t updates_committed, updates_failed;
+    /* protocol counters (stats) */
+    uint64_t messages_in, messages_out, bad_messages, errors_sent;
+    uint64_t requests_accepted, requests_rejected, samples_done, tokens_streamed;
+    /* metrics endpoint (rollout/monitor/metrics_http.h), NULL when off */
+    fr_metrics_http *metrics;
+    /* the same snapshots on a ZeroMQ PUB socket (metrics_pub.h), NULL when off */
+    fr_metrics_pub *pub;
+    int pub_failed;   /* a send failed once: logged, not again */
+    /* automatic recalibration (rollout/monitor/recalibrate.h), NULL when off */
+    fr_recal *recal;
+    double started_ms, upd_begin_ms, last_sync_s, last_pub_ms;
+    long long last_pub_tokens;
+    /* Several ranks (multi): this rank's place; rank 0 alone has the socket
+     * and the request table. */
+    const fr_mpi_world *world;
+    int multi, rank, tp, n_engines, engine, leader;
+    fr_rank_buf events;       /* rank 0: the engine events of this turn */
+    fr_rank_buf outbox;       /* engine leaders: this turn's tokens, ends and stats */
+    int *engine_open;         /* rank 0: open samples per engine (routing) */
+    int next_engine;          /* rank 0: where the routing's tie-break starts */
+    fr_scheduler_stats agg;   /* rank 0: the engines' stats summed, as of the last turn */
+    fr_weight_update *wupd;   /* ranks other than 0: the update being staged */
+    int stage_failed;         /* ranks other than 0: staging the current update failed */
+    int turn_barrier;         /* rank 0: stop reading messages this turn (a commit waits for the ranks) */
+    deferred_msg *deferred;
+    int n_deferred, cap_deferred;
+    fr_status fatal;          /* a failure every rank saw alike: the loop ends */
+#ifdef FR_HAVE_CUDA
+    /* weights over NCCL (nccl_recv.h): a client's group, NULL when none */
+    fr_nccl_recv *ng;
+#endif
+    int ng_peer;              /* the client whose group it is */
+    int ng_commit;            /* 1: that client's commit waits for buckets in flight */
+    uint64_t ng_commit_version;
+};
+
+/* server_stream.c: the request table, sending, streaming tokens and ends */
+void srv_divergence_of(const fr_sample_result *r, fr_msg_divergence *div);
+request *srv_find_caller(const fr_bridge_server *srv, int peer, uint64_t request_id);
+request *srv_find_sid(const fr_bridge_server *srv, uint64_t sid);
+void srv_flush_all(fr_bridge_server *srv);
+void srv_free_request(request *q);
+void srv_on_done(void *user, const fr_sample_result *r);
+void srv_on_token(void *user, uint64_t sid, int sample, int index, int token, float logprob);
+void srv_remove_request(fr_bridge_server *srv, request *q);
+void srv_send_deferred(fr_bridge_server *srv);
+void srv_send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish why, int n_tokens, int preemptions,
+                   const fr_msg_divergence *div);
+void srv_send_error(fr_bridge_server *srv, int peer, const char *code, int has_id, uint64_t id,
+                    const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+void srv_send_later(fr_bridge_server *srv, int peer, const fr_msg *m);
+void srv_send_msg(fr_bridge_server *srv, int peer, const fr_msg *m);
+void srv_token_in(fr_bridge_server *srv, uint64_t sid, int sample, int index, int token, float logprob,
+                  uint64_t version);
+fr_wire_finish srv_wire_finish(fr_finish_reason r);
+
+/* server_requests.c: the engines and the requests that come in */
+int srv_abort_held(fr_bridge_server *srv, request *q);
+int srv_abort_sid(fr_bridge_server *srv, uint64_t sid);
+fr_status srv_check_spec(const fr_bridge_server *srv, const fr_request_spec *r, uint64_t caller_id);
+int srv_eng_idle(const fr_bridge_server *srv);
+int srv_engine_samples(const fr_bridge_server *srv);
+void srv_fail_waiters(fr_bridge_server *srv, const char *code, const char *why);
+void srv_handle_abort(fr_bridge_server *srv, int peer, const fr_msg_abort *a);
+void srv_handle_generate(fr_bridge_server *srv, int peer, const fr_msg_generate *g);
+void srv_handle_hello(fr_bridge_server *srv, int peer);
+void srv_handle_pause(fr_bridge_server *srv, int peer, fr_pause_mode mode);
+void srv_handle_resume(fr_bridge_server *srv, int peer);
+void srv_handle_stats(fr_bridge_server *srv, int peer);
+int srv_nccl_updating(const fr_bridge_server *srv);
+void srv_reply_waiters(fr_bridge_server *srv);
+uint64_t *srv_sids_of(const fr_bridge_server *srv, int peer, int *n);
+
+/* server_weights.c: weight updates over ZeroMQ */
+void srv_committed(fr_bridge_server *srv, uint64_t version, double t0);
+void srv_drop_update(fr_bridge_server *srv, const char *why);
+void srv_fail_update(fr_bridge_server *srv, int peer, const char *code);
+void srv_handle_update_abort(fr_bridge_server *srv, int peer, uint64_t version);
+void srv_handle_update_begin(fr_bridge_server *srv, int peer, const fr_msg_update_begin *b);
+void srv_handle_update_bucket(fr_bridge_server *srv, int peer, const fr_msg_update_bucket *b,
+                              const fr_wire_msg *w);
+void srv_handle_update_commit(fr_bridge_server *srv, int peer, uint64_t version);
+void srv_keep_spare(fr_bridge_server *srv, fr_weight_update *w);
+void srv_send_update_reply(fr_bridge_server *srv, int peer, uint64_t version, fr_update_stage stage, int bucket,
+                           uint64_t bytes);
+
+/* server_nccl.c: weight updates over NCCL */
+void srv_handle_nccl_begin(fr_bridge_server *srv, int peer, const fr_msg_update_begin *b);
+void srv_handle_nccl_bucket(fr_bridge_server *srv, int peer, const fr_msg_nccl_bucket *b);
+void srv_handle_nccl_close(fr_bridge_server *srv, int peer);
+void srv_handle_nccl_init(fr_bridge_server *srv, int peer, const fr_msg_nccl_init *n);
+void srv_nccl_drop_update(fr_bridge_server *srv, const char *why);
+void srv_nccl_end(fr_bridge_server *srv, const char *why, const char *code);
+int srv_nccl_end_message(fr_bridge_server *srv, int peer, uint64_t version, int commit);
+int srv_nccl_pending(const fr_bridge_server *srv);
+void srv_nccl_turn(fr_bridge_server *srv);
+
+/* server.c: logging, dispatch and lifecycle */
+void srv_log(fr_bridge_server *srv, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int srv_abort_everything(fr_bridge_server *srv);
+void srv_drop_gone_peers(fr_bridge_server *srv);
+void srv_handle_message(fr_bridge_server *srv, fr_wire_msg *w);
+void srv_publish_metrics(fr_bridge_server *srv);
+int srv_publishes(const fr_bridge_server *srv);
+
+/* server_auth.c: CURVE authentication */
+fr_status srv_setup_curve(fr_bridge_server *srv, const fr_bridge_config *cfg);
+
+/* server_ranks.c: several ranks */
+fr_status srv_apply_events(fr_bridge_server *srv);
+void srv_commit_on_ranks(fr_bridge_server *srv, uint64_t version);
+fr_status srv_handle_waiting(fr_bridge_server *srv, const volatile sig_atomic_t *stop, int at_barrier);
+fr_status srv_run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop);
+
+#endif
