@@ -29,7 +29,7 @@ void fr_serve_config_default(fr_serve_config *c)
     c->backend = FR_BACKEND_AUTO;
     c->tp = 1;
     c->kv_dtype = FR_KV_BF16;
-    c->fp4_compute = FR_COMPUTE_EXACT;
+    c->fp4_compute = FR_COMPUTE_AUTO;
     c->recipe = fr_recipe_full();
     c->max_seqs = 64;
     c->kv_blocks = 0;

@@ -32,11 +32,15 @@ fr_status fr_fp4_compute_parse(const char *s, fr_fp4_compute *out)
 {
     if (s && strcmp(s, "exact") == 0) { *out = FR_COMPUTE_EXACT; return FR_OK; }
     if (s && strcmp(s, "bf16") == 0) { *out = FR_COMPUTE_BF16; return FR_OK; }
-    return fr_fail(FR_EINVAL, "unknown fp4 compute mode '%s' (expected exact or bf16)",
+    if (s && strcmp(s, "auto") == 0) { *out = FR_COMPUTE_AUTO; return FR_OK; }
+    return fr_fail(FR_EINVAL, "unknown fp4 compute mode '%s' (expected auto, exact or bf16)",
                    s ? s : "(null)");
 }
 
-const char *fr_fp4_compute_name(fr_fp4_compute c) { return c == FR_COMPUTE_BF16 ? "bf16" : "exact"; }
+const char *fr_fp4_compute_name(fr_fp4_compute c)
+{
+    return c == FR_COMPUTE_BF16 ? "bf16" : c == FR_COMPUTE_AUTO ? "auto" : "exact";
+}
 
 static const struct { const char *name; size_t offset; } switches[] = {
     {"smooth", offsetof(fr_recipe, smooth)},         {"rotate", offsetof(fr_recipe, rotate)},

@@ -17,8 +17,11 @@ extern "C" {
 typedef enum { FR_KV_BF16 = 0, FR_KV_FP8, FR_KV_NVFP4, FR_KV_MXFP4, FR_KV_F32 } fr_kv_dtype;
 
 /* exact: dual FP4 query and FP4 probabilities, as native FP4 MMAs compute;
- * bf16: query and probabilities unquantized. */
-typedef enum { FR_COMPUTE_EXACT = 0, FR_COMPUTE_BF16 } fr_fp4_compute;
+ * bf16: query and probabilities unquantized; auto: the engine's choice for
+ * its backend (bf16 on CUDA: on a GPU without FP4 tensor cores it is both
+ * faster and closer to BF16 KV; exact on the CPU, the reference of the FP4
+ * numerics). A cache is always built with exact or bf16. */
+typedef enum { FR_COMPUTE_EXACT = 0, FR_COMPUTE_BF16, FR_COMPUTE_AUTO } fr_fp4_compute;
 
 typedef struct {
     int smooth;       /* subtract the calibrated key mean */

@@ -13,14 +13,14 @@
 #   --context N   tokens per sequence (default 65536)
 #   --steps N     timed decode steps per batch (default 10)
 #   --kvs LIST    dtypes (default bf16,fp8,nvfp4,mxfp4)
-#   --fp4-compute MODE  exact (the recipe's FP4 query and P, the default) or
-#                 bf16 (query and P in BF16) for the FP4 caches
+#   --fp4-compute MODE  bf16 (query and P in BF16: the CUDA engine's default) or
+#                 exact (the recipe's FP4 query and P) for the FP4 caches
 # Capacity per dtype: G / (context x 36 layers x 8 KV heads x the dtype's
 # bytes per token and head: 512 BF16, 256 FP8, 144 NVFP4, 136 MXFP4), less
 # one sequence (decode_step's cache holds one spare); batches are the powers
 # of two below it, and it.
 set -euo pipefail
-kv_gb=115 context=65536 steps=10 kvs=bf16,fp8,nvfp4,mxfp4 build=build compute=exact
+kv_gb=115 context=65536 steps=10 kvs=bf16,fp8,nvfp4,mxfp4 build=build compute=bf16
 while [ $# -gt 0 ]; do
   case $1 in
     --kv-gb) kv_gb=$2; shift 2 ;;

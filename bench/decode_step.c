@@ -186,7 +186,7 @@ int main(int argc, char **argv)
         printf("| model | kv | tp | copy bandwidth | weights per GPU | %s %d tokens (chunk %d) |\n"
                "|---|---|---|---|---|---|\n", fill ? "fill (no attention)" : "prefill", context, eo.chunk);
         printf("| %s | %s%s%s%s | %d | %.2f TB/s | %.2f GB | %.3f s, %.0f tokens/s |\n\n", eo.model,
-               fr_kv_dtype_name(eo.kv), fp4 ? " (" : "", fp4 ? fr_fp4_compute_name(eo.compute) : "", fp4 ? ")" : "", tp, bw / 1e12, (double)weight_bytes / 1e9, prefill_s, context / prefill_s);
+               fr_kv_dtype_name(eo.kv), fp4 ? " (" : "", fp4 ? fr_fp4_compute_name(fr_fp4_compute_for(eo.compute, FR_BACKEND_CUDA)) : "", fp4 ? ")" : "", tp, bw / 1e12, (double)weight_bytes / 1e9, prefill_s, context / prefill_s);
         printf("| batch | context | step ms (median) | tokens/s | tokens/s per GPU | bytes/step per GPU | roofline ms | "
                "of roofline |\n|---|---|---|---|---|---|---|---|\n");
     } else {

@@ -50,6 +50,9 @@ fr_status fr_kv_cache_new(const fr_kv_cache_config *cfg, fr_kv_cache **out)
     if (L < 1 || H < 1 || d < 1 || d > FR_MAX_HEAD_DIM || cfg->n_blocks < 1 || cfg->max_seqs < 1)
         return fr_fail(FR_EINVAL, "kv cache: invalid sizes (layers %d, kv heads %d, head_dim %d, "
                                   "blocks %d, sequences %d)", L, H, d, cfg->n_blocks, cfg->max_seqs);
+    if (cfg->compute != FR_COMPUTE_EXACT && cfg->compute != FR_COMPUTE_BF16)
+        return fr_fail(FR_EINVAL, "kv cache: fp4 compute mode %s (a cache takes exact or bf16; the engine "
+                                  "resolves auto for its backend)", fr_fp4_compute_name(cfg->compute));
     if (fr_kv_dtype_is_fp4(cfg->dtype)) {
         int B = fr_fp4_block_size(fr_kv_dtype_fp4_format(cfg->dtype));
         if (d % B) return fr_fail(FR_EINVAL, "kv cache: head_dim %d is not a multiple of the %s block %d",

@@ -13,9 +13,15 @@
 
 void fr_engine_opts_default(fr_engine_opts *o)
 {
-    *o = (fr_engine_opts){.model = "synthetic:tiny", .backend = FR_BACKEND_AUTO, .kv = FR_KV_BF16, .compute = FR_COMPUTE_EXACT,
+    *o = (fr_engine_opts){.model = "synthetic:tiny", .backend = FR_BACKEND_AUTO, .kv = FR_KV_BF16, .compute = FR_COMPUTE_AUTO,
                           .recipe = fr_recipe_full(), .calib = NULL, .chunk = 512,
                           .tp = 1, .group = NULL};
+}
+
+fr_fp4_compute fr_fp4_compute_for(fr_fp4_compute c, fr_backend b)
+{
+    if (c != FR_COMPUTE_AUTO) return c;
+    return b == FR_BACKEND_CUDA ? FR_COMPUTE_BF16 : FR_COMPUTE_EXACT;
 }
 
 const char *fr_backend_name(fr_backend b)
@@ -60,7 +66,7 @@ static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, str
     }
     fr_kv_cache_config kc = {
         .n_layers = L, .n_kv_heads = tl.n_kv_heads, .head_dim = m->cfg.head_dim,
-        .dtype = o->kv, .compute = o->compute, .recipe = o->recipe,
+        .dtype = o->kv, .compute = fr_fp4_compute_for(o->compute, b), .recipe = o->recipe,
         .tau = s->has_calib ? s->calib.tau : FR_P_TAU, .n_blocks = n_blocks, .max_seqs = max_seqs,
         .key_mean = !s->has_calib ? NULL : key_mean ? key_mean : s->calib.key_mean,
         .fp8_scales = !s->has_calib || !s->calib.fp8_scales ? NULL : fp8_scales ? fp8_scales : s->calib.fp8_scales,

@@ -33,6 +33,10 @@ typedef struct {
 
 void fr_engine_opts_default(fr_engine_opts *o);
 
+/* The compute mode a cache on backend b (CPU or CUDA) is built with: c,
+ * or for auto BF16 on CUDA and exact on the CPU (attention/kv_numerics.h). */
+fr_fp4_compute fr_fp4_compute_for(fr_fp4_compute c, fr_backend b);
+
 typedef struct {
     fr_model *model;            /* config always; host weights on the CPU backend only */
     fr_kv_cache *kv;            /* the cache (CPU) or its bookkeeping (CUDA) */

@@ -174,6 +174,8 @@ static void test_numerics_parsing(void **state)
     assert_int_equal(c, FR_COMPUTE_EXACT);
     assert_int_equal(fr_fp4_compute_parse("bf16", &c), FR_OK);
     assert_int_equal(c, FR_COMPUTE_BF16);
+    assert_int_equal(fr_fp4_compute_parse("auto", &c), FR_OK);
+    assert_int_equal(c, FR_COMPUTE_AUTO);
     assert_int_equal(fr_fp4_compute_parse("fp4", &c), FR_EINVAL);
 
     fr_recipe rc;

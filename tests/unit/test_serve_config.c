@@ -38,7 +38,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.backend, FR_BACKEND_AUTO);
     assert_int_equal(c.tp, 1);
     assert_int_equal(c.kv_dtype, FR_KV_BF16);
-    assert_int_equal(c.fp4_compute, FR_COMPUTE_EXACT);
+    assert_int_equal(c.fp4_compute, FR_COMPUTE_AUTO);
     fr_recipe full = fr_recipe_full();
     assert_memory_equal(&c.recipe, &full, sizeof full);
     assert_string_equal(c.calib, "");
