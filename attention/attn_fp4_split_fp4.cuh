@@ -13,7 +13,7 @@ namespace fr_fp4 {
 constexpr int kStages = 2;   /* pages in flight per CTA (bench/RESULTS.md: 2 stages x 5 CTAs beat 3 x 4) */
 
 /* Shared memory of the FP4 split CTAs: a ring of whole pages with their
- * full (bytes landed) and empty (every warp done) barriers, the exact
+ * full (bytes landed) and empty (every thread done) barriers, the exact
  * mode's page maxima, the warps' final (m, l); after the loop the ring's
  * bytes hold the warps' partial outputs for the merge. */
 template <int FMT, int MT, int D> struct SmemTok {
@@ -41,7 +41,7 @@ template <int FMT, int MT, int D> struct SmemTok {
  *    5, 3, 7}: the order a code word unpacks in), O rescaled only when a
  *    maximum grew (otherwise alpha is exactly 1);
  * then the four warps' (m, l, O) merge through shared memory. One thread
- * keeps the page ring full: a slot is refilled once all warps have
+ * keeps the page ring full: a slot is refilled once every thread has
  * released it (empty barrier), kStages pages ahead. */
 template <int FMT, bool EXACT, int MT, int D>
 __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head, int split, const fr_paged_seq &s)
@@ -82,7 +82,7 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
     if (threadIdx.x == 0) {
         for (int k = 0; k < kStages; k++) {
             mbar_init(full + k, 1);
-            mbar_init(empty + k, kWarps);
+            mbar_init(empty + k, kThreads);
         }
         mbar_fence_init();
     }
@@ -294,8 +294,9 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
                 }
             }
         }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty + st);   /* this warp is done with the slot */
+        /* every thread releases the slot after its own reads (a release per
+         * thread, so no read can be reordered past the refill) */
+        mbar_arrive(empty + st);
     }
 
     /* ---- merge the four warps ---- */
