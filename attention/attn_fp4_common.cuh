@@ -108,6 +108,26 @@ FR_K float e2m1_round(float x)
 
 FR_K float pow2f(int e) { return fr_dev_exp2i(e); }
 
+/* Split `split` of a sequence's quantized tokens (fr_ref_split_range): pages
+ * [pa, pb) of the tile-aligned region, keys of tokens [x1, t1) (below x1:
+ * the sink's quantized copy, masked). */
+struct SplitRange {
+    int pa, pb, x1, t1;
+};
+
+FR_K SplitRange split_range(const Params &P, const fr_paged_seq &s, int split)
+{
+    const int n = s.len + 1;
+    const int q_end = P.sink_recent ? s.len / kPage * kPage : n;
+    const int tiles = (q_end + kPage - 1) / kPage;
+    SplitRange r;
+    r.pa = (int)((long)tiles * split / P.n_splits);
+    r.pb = (int)((long)tiles * (split + 1) / P.n_splits);
+    r.x1 = P.sink_recent ? (n < kSink ? n : kSink) : 0;
+    r.t1 = r.pb * kPage < q_end ? r.pb * kPage : q_end;
+    return r;
+}
+
 FR_K void write_empty(const Params &P, size_t slot)
 {
     const int G = P.group, D = P.kv.head_dim;

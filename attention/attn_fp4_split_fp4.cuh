@@ -52,19 +52,16 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
     static_assert(D == 128, "the lane's 16-byte key load covers D / 4 = 32 dims");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int G = P.group, kvh = P.kv.n_kv_heads;
-    const int len = s.len, n = len + 1;
-    const int fp4_end = P.sink_recent ? len / kPage * kPage : n;
-    const int x1 = P.sink_recent ? (n < kSink ? n : kSink) : 0;   /* the sink's quantized copy */
-    const int tiles = (fp4_end + kPage - 1) / kPage;
-    const int pa = (int)((long)tiles * split / P.n_splits), pb = (int)((long)tiles * (split + 1) / P.n_splits);
-    const int t1 = pb * kPage < fp4_end ? pb * kPage : fp4_end;
+    const int len = s.len;
+    const SplitRange r = split_range(P, s, split);
+    const int pa = r.pa, x1 = r.x1, t1 = r.t1;
     const size_t sh = (size_t)seq * kvh + head;
     const size_t slot = sh * (P.n_splits + 1) + split;
-    if (pa >= pb) {
+    if (r.pa >= r.pb) {
         write_empty(P, slot);
         return;
     }
-    const int npages = pb - pa;
+    const int npages = r.pb - r.pa;
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + Sm::bars), *empty = full + kStages;
     float *pmax = reinterpret_cast<float *>(smem + Sm::pmax);
 
@@ -215,28 +212,20 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
             al[mt] = m[mt] == kNegInf ? 0.0f : ex2(m[mt] - mn);
             m[mt] = mn;
             const float mc = mn == kNegInf ? 0.0f : mn - P.log2c;   /* c folded into exp2 */
-            float pv[4][2], sum = 0.0f;
-            if (EXACT) {
+            float pv[4][2], sum = 0.0f, rs = 0.0f, ss = kPShift;
+            if (EXACT) {   /* the block's scale; P = E2M1(cp / s) * s */
                 const float sp = p_scale<FMT>(P, bm[mt], mn);
-                const float rs = sp > 0.0f ? __frcp_rn(sp) : 0.0f, ss = sp * kPShift;
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float cp = ex2(sc[mt][j][e] - mc);
-                        sum += cp;
-                        pv[j][e] = e2m1_round(cp * rs) * ss;
-                    }
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float cp = ex2(sc[mt][j][e] - mc);
-                        sum += cp;
-                        pv[j][e] = cp * kPShift;
-                    }
+                rs = sp > 0.0f ? __frcp_rn(sp) : 0.0f;
+                ss = sp * kPShift;
             }
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float cp = ex2(sc[mt][j][e] - mc);
+                    sum += cp;
+                    pv[j][e] = EXACT ? e2m1_round(cp * rs) * ss : cp * kPShift;
+                }
             l[mt] = l[mt] * al[mt] + sum;
             pbf[mt][0][0] = pack_f16x2(pv[0][0], pv[2][0]);
             pbf[mt][0][1] = pack_f16x2(pv[1][0], pv[3][0]);

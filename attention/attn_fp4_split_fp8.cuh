@@ -141,19 +141,16 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
     using Sm = Smem8<NP, D>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int G = P.group, kvh = P.kv.n_kv_heads;
-    const int len = s.len, n = len + 1;
-    const int fp4_end = P.sink_recent ? len / kPage * kPage : n;
-    const int x1 = P.sink_recent ? (n < kSink ? n : kSink) : 0;   /* the sink's quantized copy */
-    const int tiles = (fp4_end + kPage - 1) / kPage;
-    const int pa = (int)((long)tiles * split / P.n_splits), pb = (int)((long)tiles * (split + 1) / P.n_splits);
-    const int t1 = pb * kPage < fp4_end ? pb * kPage : fp4_end;
+    const int len = s.len;
+    const SplitRange r = split_range(P, s, split);
+    const int pa = r.pa, x1 = r.x1, t1 = r.t1;
     const size_t sh = (size_t)seq * kvh + head;
     const size_t slot = sh * (P.n_splits + 1) + split;
-    if (pa >= pb) {
+    if (r.pa >= r.pb) {
         write_empty(P, slot);
         return;
     }
-    const int npages = pb - pa;
+    const int npages = r.pb - r.pa;
 
     uint8_t *pbuf = smem + Sm::pbuf;
     float *maxbuf = reinterpret_cast<float *>(smem + Sm::maxbuf);   /* [2][warps][16] */
