@@ -248,7 +248,9 @@ static void on_done(void *user, const fr_msg_done *d)
            fr_wire_finish_name(d->finish_reason), d->n_tokens, d->preemptions);
     if (d->has_ttft) printf("%.3f", d->ttft_ms);
     else printf("null");
-    printf(",\"total_ms\":%.3f}\n", d->total_ms);
+    printf(",\"total_ms\":%.3f", d->total_ms);
+    if (d->has_seed) printf(",\"seed\":%llu", (unsigned long long)d->seed);
+    printf("}\n");
     fflush(stdout);
 }
 
