@@ -123,16 +123,11 @@ int fr_cli_generate(int argc, char **argv)
     }
     eo.group = tl.group;
     /* Every rank drew its own seed when none was given: rank 0's is the run's. */
-    if ((st = fr_tp_launch_agree_seed(&tl, &sp.seed))) {
-        fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
-        free(ids); free(stop);
-        fr_tp_launch_close(&tl);
-        return 1;
-    }
-    if (tl.output_rank) fprintf(stderr, "generate: seed %llu\n", (unsigned long long)sp.seed);
+    st = fr_tp_launch_agree_seed(&tl, &sp.seed);
+    if (!st && tl.output_rank) fprintf(stderr, "generate: seed %llu\n", (unsigned long long)sp.seed);
     fr_session s;
     int pages = (n_ids + max_tokens + 127) / 128 + 1;
-    st = fr_session_open(&eo, pages * n_samples + 1, n_samples, &s);
+    if (!st) st = fr_session_open(&eo, pages * n_samples + 1, n_samples, &s);
     if (st) {
         fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
         free(ids); free(stop);

@@ -340,16 +340,10 @@ int fr_cli_rollout(int argc, char **argv)
     }
     eo.group = tl.group;
     /* Every rank drew its own seed when none was given: rank 0's is the run's. */
-    if ((st = fr_tp_launch_agree_seed(&tl, &sp.seed))) {
-        fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
-        prompts_free(&pl);
-        free(stop);
-        fr_tp_launch_close(&tl);
-        return 1;
-    }
-    if (tl.output_rank) fprintf(stderr, "rollout: seed %llu\n", (unsigned long long)sp.seed);
+    st = fr_tp_launch_agree_seed(&tl, &sp.seed);
+    if (!st && tl.output_rank) fprintf(stderr, "rollout: seed %llu\n", (unsigned long long)sp.seed);
     fr_session s;
-    if ((st = fr_session_open(&eo, kv_blocks, max_seqs, &s))) {
+    if (st || (st = fr_session_open(&eo, kv_blocks, max_seqs, &s))) {
         fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
         prompts_free(&pl);
         free(stop);
