@@ -5,7 +5,9 @@
 # (fp4rollout-client) and the CLI's JSON; a reported seed replays its
 # sample bitwise (alone in the batch both times), through the server and
 # through `fp4rollout rollout`; a configured `sampling.seed` makes a server's
-# stream of seeds, and so its samples, reproducible; unseeded CLI runs differ.
+# stream of seeds, and so its samples, reproducible; unseeded CLI runs differ;
+# under mpirun, a seed replays on either of two engines and a two-engine
+# rollout samples with rank 0's seed.
 set -euo pipefail
 name=serve_seeds
 source "$(dirname "$0")/serve_setup.bash"
@@ -66,4 +68,55 @@ gs=$($py -c 'import json, sys; print(json.loads(open(sys.argv[1]).readline())["s
 cmp -s "$dir/g1.jsonl" "$dir/g3.jsonl" || fail "generate did not replay from its printed seed"
 cmp -s "$dir/g1.jsonl" "$dir/g2.jsonl" && fail "two unseeded generates printed the same samples"
 [ -n "$oseed" ] || fail "no seed came back"
+
+# Several ranks. Two engines behind rank 0: the seed rank 0 assigned an
+# unseeded request replays it on either engine (routing alternates between
+# idle engines). A two-engine rollout without --seed: both engines sample
+# with rank 0's seed, so one process given that seed prints the same.
+if command -v mpirun >/dev/null 2>&1; then
+  mpi=(mpirun --oversubscribe -x OPENBLAS_NUM_THREADS)
+  [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+  port=$(free_port)
+  echo "${conf/SAMPLING/}" | sed "s/PORT/$port/" > "$dir/mpi.json"
+  timeout 120 "${mpi[@]}" -np 2 "$bin" serve --config "$dir/mpi.json" 2> "$dir/mpi.log" &
+  pids+=($!)
+  for _ in $(seq 600); do
+    grep -q "listening on" "$dir/mpi.log" 2>/dev/null && break
+    kill -0 "${pids[-1]}" 2>/dev/null || fail "the two-engine server exited at start"
+    sleep 0.05
+  done
+  grep -q "engines 2" "$dir/mpi.log" || fail "the two-engine server did not start two engines"
+  m() { timeout 60 "$cli" --endpoint "tcp://127.0.0.1:$port" --timeout-ms 20000 "$@"; }
+  m "${gen[@]}" > "$dir/m1.jsonl" || fail "generate on two engines failed"
+  ms=$($py -c 'import json, sys; print(json.loads(open(sys.argv[1]).readline())["seed"])' "$dir/m1.jsonl")
+  m "${gen[@]}" --seed "$ms" > "$dir/m2.jsonl" || fail "replay on two engines failed"
+  m "${gen[@]}" --seed "$ms" > "$dir/m3.jsonl" || fail "replay on two engines failed"
+  $py - "$dir/m1.jsonl" "$dir/m2.jsonl" "$dir/m3.jsonl" <<'PY' || fail "a seed did not replay across engines"
+import json, sys
+a, b, c = ({x["sample"]: x for x in map(json.loads, open(p))} for p in sys.argv[1:4])
+for k in (0, 1):
+    assert a[k]["seed"] == b[k]["seed"] == c[k]["seed"]
+    assert (a[k]["tokens"], a[k]["logprobs"]) == (b[k]["tokens"], b[k]["logprobs"]) == (c[k]["tokens"], c[k]["logprobs"])
+PY
+  printf '256,104,101,108,108,111\n256,7,8,9\n' > "$dir/p2.txt"
+  roll2=(rollout --model synthetic:tiny --backend cpu --kv f32 --max-seqs 16 --prompts "$dir/p2.txt" --n 2
+         --max-tokens 24 --temperature 1 --ignore-eos --json)
+  timeout 120 "${mpi[@]}" -np 2 "$bin" "${roll2[@]}" > "$dir/mr.jsonl" 2> "$dir/mr.err" ||
+    fail "a two-engine rollout failed: $(tail -5 "$dir/mr.err")"
+  rs=$(sed -n 's/^rollout: seed \([0-9]*\)$/\1/p' "$dir/mr.err")
+  [ -n "$rs" ] || fail "the two-engine rollout printed no seed"
+  "$bin" "${roll2[@]}" --seed "$rs" > "$dir/sr.jsonl" 2> /dev/null || fail "rollout with the seed failed"
+  # Tokens and seeds only: one process batches both prompts where each
+  # engine ran one alone, so log-probs may differ in their last bits
+  # (docs/scheduler.md, "Exactness"); a seed of its own on either engine
+  # would change every token.
+  $py - "$dir/mr.jsonl" "$dir/sr.jsonl" "$rs" <<'PY' || fail "the two-engine rollout's engines did not share rank 0's seed"
+import json, sys
+a, b = ({(x["request"], x["sample"]): x for x in map(json.loads, open(p))} for p in sys.argv[1:3])
+assert set(a) == set(b) == {(r, k) for r in (0, 1) for k in (0, 1)}
+for key in a:
+    assert a[key]["seed"] == b[key]["seed"] == int(sys.argv[3]), key
+    assert a[key]["tokens"] == b[key]["tokens"], key
+PY
+fi
 echo "serve_seeds: ok"
