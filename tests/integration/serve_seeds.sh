@@ -76,17 +76,10 @@ cmp -s "$dir/g1.jsonl" "$dir/g2.jsonl" && fail "two unseeded generates printed t
 if command -v mpirun >/dev/null 2>&1; then
   mpi=(mpirun --oversubscribe -x OPENBLAS_NUM_THREADS)
   [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
-  port=$(free_port)
-  echo "${conf/SAMPLING/}" | sed "s/PORT/$port/" > "$dir/mpi.json"
-  timeout 120 "${mpi[@]}" -np 2 "$bin" serve --config "$dir/mpi.json" 2> "$dir/mpi.log" &
-  pids+=($!)
-  for _ in $(seq 600); do
-    grep -q "listening on" "$dir/mpi.log" 2>/dev/null && break
-    kill -0 "${pids[-1]}" 2>/dev/null || fail "the two-engine server exited at start"
-    sleep 0.05
-  done
+  start_server mpi "${conf/SAMPLING/}" timeout 120 "${mpi[@]}" -np 2
   grep -q "engines 2" "$dir/mpi.log" || fail "the two-engine server did not start two engines"
-  m() { timeout 60 "$cli" --endpoint "tcp://127.0.0.1:$port" --timeout-ms 20000 "$@"; }
+  mpi_ep=$ep
+  m() { timeout 60 "$cli" --endpoint "$mpi_ep" --timeout-ms 20000 "$@"; }
   m "${gen[@]}" > "$dir/m1.jsonl" || fail "generate on two engines failed"
   ms=$($py -c 'import json, sys; print(json.loads(open(sys.argv[1]).readline())["seed"])' "$dir/m1.jsonl")
   m "${gen[@]}" --seed "$ms" > "$dir/m2.jsonl" || fail "replay on two engines failed"
