@@ -41,7 +41,9 @@ int fr_cli_float(const char *cmd, const char *flag, const char *text, float *out
  * --greedy, --temperature, --top-p, --top-k, --seed, --stop-ids,
  * --ignore-eos, --json. */
 typedef struct {
-    int n_samples, max_tokens, json, ignore_eos, greedy, seed;
+    int n_samples, max_tokens, json, ignore_eos, greedy;
+    int has_seed;                   /* --seed given; else finish draws a fresh one */
+    uint64_t seed;
     const char *stop_text;          /* --stop-ids, or NULL */
     fr_sampling_params sp;
 } fr_cli_sampling;
@@ -49,8 +51,10 @@ void fr_cli_sampling_default(fr_cli_sampling *o);
 /* Consumes argv[*i] (and its value) when it is a sampling option: 1 when
  * consumed, 0 when not one, -1 after printing an error. */
 int fr_cli_sampling_parse(const char *cmd, int argc, char **argv, int *i, fr_cli_sampling *o);
-/* After parsing: checks --greedy against --temperature and fills sp (seed,
- * temperature 0 when greedy); returns 0, or 2 after printing an error. */
+/* After parsing: checks --greedy against --temperature and fills sp (seed:
+ * --seed's, else a fresh one from the operating system, which several ranks
+ * must then agree on with fr_tp_launch_agree_seed; temperature 0 when
+ * greedy); returns 0, or 2 after printing an error. */
 int fr_cli_sampling_finish(const char *cmd, fr_cli_sampling *o);
 /* The engine options every engine command takes (--model, --backend, --kv,
  * ...; rollout/engine/session.h's fr_engine_opts). Consumes argv[*i] (and its

@@ -3,7 +3,10 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+
+#include "base/seed.h"
 
 int fr_cli_wants_help(int argc, char **argv)
 {
@@ -56,6 +59,21 @@ void fr_cli_sampling_default(fr_cli_sampling *o)
                            .sp = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0}};
 }
 
+/* Any 64-bit seed, so that a seed reported by a run or a server replays. */
+static int parse_seed(const char *cmd, const char *text, fr_cli_sampling *o)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (!*text || *text == '-' || *text == '+' || *end || errno) {
+        fr_cli_usage_error(cmd, "--seed expects an integer in [0, 2^64), got '%s'", text);
+        return -1;
+    }
+    o->has_seed = 1;
+    o->seed = (uint64_t)v;
+    return 0;
+}
+
 int fr_cli_sampling_parse(const char *cmd, int argc, char **argv, int *i, fr_cli_sampling *o)
 {
     const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
@@ -68,7 +86,7 @@ int fr_cli_sampling_parse(const char *cmd, int argc, char **argv, int *i, fr_cli
     else if (strcmp(a, "--n") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 1, 4096, &o->n_samples);
     else if (strcmp(a, "--max-tokens") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 1, 1 << 24, &o->max_tokens);
     else if (strcmp(a, "--top-k") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 0, 1 << 30, &o->sp.top_k);
-    else if (strcmp(a, "--seed") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 0, 0x7fffffff, &o->seed);
+    else if (strcmp(a, "--seed") == 0) bad = parse_seed(cmd, argv[++*i], o);
     else if (strcmp(a, "--temperature") == 0) bad = fr_cli_float(cmd, a, argv[++*i], &o->sp.temperature);
     else if (strcmp(a, "--top-p") == 0) bad = fr_cli_float(cmd, a, argv[++*i], &o->sp.top_p);
     else return 0;
@@ -79,7 +97,11 @@ int fr_cli_sampling_finish(const char *cmd, fr_cli_sampling *o)
 {
     if (o->greedy && o->sp.temperature > 0.0f) return fr_cli_usage_error(cmd, "--greedy contradicts --temperature");
     if (o->greedy) o->sp.temperature = 0.0f;
-    o->sp.seed = (uint64_t)o->seed;
+    if (!o->has_seed && fr_seed_from_os(&o->seed)) {
+        fprintf(stderr, "fp4rollout %s: %s (give --seed)\n", cmd, fr_last_error());
+        return 2;
+    }
+    o->sp.seed = o->seed;
     return 0;
 }
 

@@ -29,11 +29,13 @@ static const char usage_text[] =
     "  --temperature T      sampling temperature (> 0)\n"
     "  --top-p P            nucleus sampling (0 < P <= 1, default 1)\n"
     "  --top-k K            keep the K most likely tokens (0 = off, default)\n"
-    "  --seed S             sampling seed (default 0); same seed, same tokens\n"
+    "  --seed S             sampling seed, 0 to 2^64 - 1 (default: a fresh one from\n"
+    "                       the operating system); same seed, same tokens. The seed\n"
+    "                       used is printed on stderr and in each JSON line\n"
     "  --stop-ids IDS       tokens that end a sample (default: the model's EOS ids)\n"
     "  --ignore-eos         do not stop at the model's EOS ids\n"
     "  --json               one JSON line per sample: sample, tokens, logprobs,\n"
-    "                       finish_reason (stop | length)\n"
+    "                       finish_reason (stop | length), seed\n"
     "engine options:\n";
 
 typedef struct {
@@ -50,14 +52,14 @@ static int is_stop(int tok, const int *stop, int n_stop)
     return 0;
 }
 
-static void print_sample(const sample *s, int idx, int json, int byte_vocab)
+static void print_sample(const sample *s, int idx, int json, uint64_t seed, int byte_vocab)
 {
     if (json) {
         printf("{\"sample\":%d,\"tokens\":[", idx);
         for (int i = 0; i < s->n; i++) printf("%s%d", i ? "," : "", s->tokens[i]);
         printf("],\"logprobs\":[");
         for (int i = 0; i < s->n; i++) printf("%s%.6g", i ? "," : "", s->logprobs[i]);
-        printf("],\"finish_reason\":\"%s\"}\n", s->finish);
+        printf("],\"finish_reason\":\"%s\",\"seed\":%llu}\n", s->finish, (unsigned long long)seed);
         return;
     }
     printf("sample %d (%s, %d tokens):", idx, s->finish, s->n);
@@ -120,9 +122,12 @@ int fr_cli_generate(int argc, char **argv)
         return 1;
     }
     eo.group = tl.group;
+    /* Every rank drew its own seed when none was given: rank 0's is the run's. */
+    st = fr_tp_launch_agree_seed(&tl, &sp.seed);
+    if (!st && tl.output_rank) fprintf(stderr, "generate: seed %llu\n", (unsigned long long)sp.seed);
     fr_session s;
     int pages = (n_ids + max_tokens + 127) / 128 + 1;
-    st = fr_session_open(&eo, pages * n_samples + 1, n_samples, &s);
+    if (!st) st = fr_session_open(&eo, pages * n_samples + 1, n_samples, &s);
     if (st) {
         fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
         free(ids); free(stop);
@@ -193,7 +198,7 @@ int fr_cli_generate(int argc, char **argv)
         n_new = n_step;
     }
     if (!st && tl.output_rank)
-        for (int i = 0; i < n_samples; i++) print_sample(&smp[i], i, json, V == 272 && mc->bos_id == 256);
+        for (int i = 0; i < n_samples; i++) print_sample(&smp[i], i, json, sp.seed, V == 272 && mc->bos_id == 256);
     if (st) fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
     for (int i = 0; smp && i < n_samples; i++) { free(smp[i].tokens); free(smp[i].logprobs); }
     free(smp); free(logits); free(step_tok); free(owner); free(new_tok); free(new_lp); free(steps); free(drows); free(ids); free(stop);

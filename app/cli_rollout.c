@@ -37,7 +37,9 @@ static const char usage_text[] =
     "  --temperature T      sampling temperature (> 0)\n"
     "  --top-p P            nucleus sampling (0 < P <= 1, default 1)\n"
     "  --top-k K            keep the K most likely tokens (0 = off, default)\n"
-    "  --seed S             sampling seed (default 0)\n"
+    "  --seed S             sampling seed, 0 to 2^64 - 1 (default: a fresh one from\n"
+    "                       the operating system); the seed used is printed on\n"
+    "                       stderr and in each JSON line: give it to replay a run\n"
     "  --stop-ids IDS       tokens that end a sample (default: the model's EOS ids)\n"
     "  --ignore-eos         do not stop at the model's EOS ids\n"
     "  --max-seqs N         sequences decoded at once (default 16)\n"
@@ -49,7 +51,8 @@ static const char usage_text[] =
     "                       agreement) is measured at every token (docs/scheduler.md)\n"
     "  --json               one JSON line per sample: request, sample, tokens,\n"
     "                       logprobs, finish_reason (stop | length | abort | error),\n"
-    "                       and for monitored samples kl_mean, kl_max, top1_agree\n"
+    "                       seed, and for monitored samples kl_mean, kl_max,\n"
+    "                       top1_agree\n"
     "                       (default: a readable line per sample)\n"
     "engine options:\n";
 
@@ -60,6 +63,7 @@ enum { OUT_PRINT, OUT_KEEP, OUT_DROP };
 
 typedef struct {
     int json, mode;
+    uint64_t seed;
     fr_buf line, records;
 } out_ctx;
 
@@ -72,7 +76,7 @@ typedef struct {
 } engine_totals;
 
 /* A sample's output line: JSON or text. */
-static void format_line(int json, const fr_sample_result *r, fr_buf *b)
+static void format_line(int json, uint64_t seed, const fr_sample_result *r, fr_buf *b)
 {
     b->len = 0;
     if (json) {
@@ -80,7 +84,8 @@ static void format_line(int json, const fr_sample_result *r, fr_buf *b)
         for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, "%s%d", i ? "," : "", r->tokens[i]);
         fr_buf_printf(b, "],\"logprobs\":[");
         for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, "%s%.6g", i ? "," : "", r->logprobs[i]);
-        fr_buf_printf(b, "],\"finish_reason\":\"%s\"", fr_finish_reason_name(r->finish));
+        fr_buf_printf(b, "],\"finish_reason\":\"%s\",\"seed\":%llu", fr_finish_reason_name(r->finish),
+                      (unsigned long long)seed);
         if (r->monitored && r->div.n > 0)
             fr_buf_printf(b, ",\"kl_mean\":%.6g,\"kl_max\":%.6g,\"top1_agree\":%.6g", fr_div_summary_mean(&r->div),
                           r->div.kl_max, (double)r->div.top1_agree / (double)r->div.n);
@@ -101,7 +106,7 @@ static void on_done(void *user, const fr_sample_result *r)
         fr_sample_result_put(&o->records, r, 1);
         return;
     }
-    format_line(o->json, r, &o->line);
+    format_line(o->json, o->seed, r, &o->line);
     if (!o->line.failed) fwrite(o->line.data, 1, o->line.len, stdout);
 }
 
@@ -114,7 +119,8 @@ static int result_cmp(const void *a, const void *b)
 
 /* World rank 0: every engine's samples in request order on stdout, and the
  * engines' totals summed into *sum. */
-static fr_status print_gathered(const char *all, const size_t *counts, int world_size, int json, engine_totals *sum)
+static fr_status print_gathered(const char *all, const size_t *counts, int world_size, int json, uint64_t seed,
+                                engine_totals *sum)
 {
     size_t n = 0, cap = 0;
     fr_sample_result *res = NULL;
@@ -152,7 +158,7 @@ static fr_status print_gathered(const char *all, const size_t *counts, int world
         qsort(res, n, sizeof *res, result_cmp);
         fr_buf line = {0};
         for (size_t i = 0; i < n; i++) {
-            format_line(json, &res[i], &line);
+            format_line(json, seed, &res[i], &line);
             if (!line.failed) fwrite(line.data, 1, line.len, stdout);
         }
         if (line.failed) st = fr_fail(FR_ENOMEM, "out of memory");
@@ -223,9 +229,10 @@ static fr_status read_prompts(const char *path, prompt_list *p)
  * the other ranks nothing, and world rank 0 prints every sample in request
  * order with the totals. Every rank then returns alike: a failure when any
  * engine failed. */
-static fr_status gather_results(const fr_tp_launch *tl, const fr_buf *records, const fr_scheduler_stats *ss,
-                                int n_requests, fr_status st, int json, int tp, int kv_blocks, const char *backend)
+static fr_status gather_results(const fr_tp_launch *tl, const out_ctx *oc, const fr_scheduler_stats *ss,
+                                int n_requests, fr_status st, int tp, int kv_blocks, const char *backend)
 {
+    const fr_buf *records = &oc->records;
     if (records->failed && !st) st = fr_fail(FR_ENOMEM, "out of memory keeping the results");
     fr_buf mine = {0};
     if (tl->engine_leader) {
@@ -248,7 +255,7 @@ static fr_status gather_results(const fr_tp_launch *tl, const fr_buf *records, c
         gst = fr_fail(FR_ENOMEM, "out of memory");
     else if (tl->output_rank) {
         engine_totals sum = {0};
-        if (all_len) gst = print_gathered(all, counts, tl->world_size, json, &sum);
+        if (all_len) gst = print_gathered(all, counts, tl->world_size, oc->json, oc->seed, &sum);
         if (!gst)
             fprintf(stderr,
                     "rollout: engines %d x tp %d (world %d) requests %lld samples %lld tokens %lld "
@@ -332,8 +339,11 @@ int fr_cli_rollout(int argc, char **argv)
         return 1;
     }
     eo.group = tl.group;
+    /* Every rank drew its own seed when none was given: rank 0's is the run's. */
+    st = fr_tp_launch_agree_seed(&tl, &sp.seed);
+    if (!st && tl.output_rank) fprintf(stderr, "rollout: seed %llu\n", (unsigned long long)sp.seed);
     fr_session s;
-    if ((st = fr_session_open(&eo, kv_blocks, max_seqs, &s))) {
+    if (st || (st = fr_session_open(&eo, kv_blocks, max_seqs, &s))) {
         fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
         prompts_free(&pl);
         free(stop);
@@ -351,7 +361,7 @@ int fr_cli_rollout(int argc, char **argv)
     /* Under mpirun, engine e serves prompts i with i % n_engines == e; all
      * ranks of an engine run the same scheduler on the same share. */
     const int multi = tl.world != NULL;
-    out_ctx oc = {.json = json, .mode = !multi ? OUT_PRINT : tl.engine_leader ? OUT_KEEP : OUT_DROP};
+    out_ctx oc = {.json = json, .mode = !multi ? OUT_PRINT : tl.engine_leader ? OUT_KEEP : OUT_DROP, .seed = sp.seed};
     fr_scheduler_config sc = {.max_seqs = max_seqs, .chunk = eo.chunk, .reserve_blocks = -1, .on_done = on_done,
                               .user = &oc, .kl_sample_rate = kl_rate};
     fr_scheduler *sch = NULL;
@@ -404,7 +414,7 @@ int fr_cli_rollout(int argc, char **argv)
                 fr_div_summary_mean(&div), div.kl_max, div.n ? (double)div.top1_agree / (double)div.n : 0.0,
                 ss.decode_steps, ss.forward_s, ss.shadow_s, ss.host_s, ss.kl_s);
     if (multi)
-        st = gather_results(&tl, &oc.records, &ss, n_requests, st, json, eo.tp, kv_blocks, fr_backend_name(s.backend));
+        st = gather_results(&tl, &oc, &ss, n_requests, st, eo.tp, kv_blocks, fr_backend_name(s.backend));
     free(oc.line.data);
     free(oc.records.data);
     fflush(stdout);

@@ -37,9 +37,11 @@ static const char usage_text[] =
     "                           one request per line of FILE (comma-separated token ids),\n"
     "                           request ids FIRST, FIRST+1, ...; prints each sample as a\n"
     "                           JSON line when it ends (request, sample, tokens, logprobs,\n"
-    "                           finish_reason, n_tokens, preemptions, ttft_ms, total_ms)\n"
+    "                           finish_reason, n_tokens, preemptions, ttft_ms, total_ms,\n"
+    "                           seed: the seed that produced it)\n"
     "      --n N --max-tokens N --temperature T --top-k K --top-p P --seed S\n"
-    "                           sampling (left out: the server's defaults)\n"
+    "                           sampling (left out: the server's defaults; without --seed\n"
+    "                           the server draws a fresh seed per request)\n"
     "      --stop-ids IDS | --ignore-eos\n"
     "                           stop tokens (left out: the server's default); --ignore-eos\n"
     "                           sends an empty list\n"
@@ -95,6 +97,20 @@ static int parse_long(const char *flag, const char *text, long long lo, long lon
         return -1;
     }
     *out = v;
+    return 0;
+}
+
+/* Any 64-bit seed: the server reports seeds of the whole range. */
+static int parse_seed(const char *flag, const char *text, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || end == text || *end || text[0] == '-' || text[0] == '+') {
+        fprintf(stderr, "fp4rollout-client: %s expects an integer in [0, 2^64), got '%s'\n", flag, text);
+        return -1;
+    }
+    *out = (uint64_t)v;
     return 0;
 }
 
@@ -248,7 +264,9 @@ static void on_done(void *user, const fr_msg_done *d)
            fr_wire_finish_name(d->finish_reason), d->n_tokens, d->preemptions);
     if (d->has_ttft) printf("%.3f", d->ttft_ms);
     else printf("null");
-    printf(",\"total_ms\":%.3f}\n", d->total_ms);
+    printf(",\"total_ms\":%.3f", d->total_ms);
+    if (d->has_seed) printf(",\"seed\":%llu", (unsigned long long)d->seed);
+    printf("}\n");
     fflush(stdout);
 }
 
@@ -350,9 +368,8 @@ static int cmd_generate(fr_client *c, int timeout_ms, int argc, char **argv)
             base.has_top_k = 1;
             base.top_k = (int)v;
         } else if (strcmp(a, "--seed") == 0 && val) {
-            bad = parse_long(a, argv[++i], 0, (1ll << 53), &v);
+            bad = parse_seed(a, argv[++i], &base.seed);
             base.has_seed = 1;
-            base.seed = (uint64_t)v;
         } else if (strcmp(a, "--stop-ids") == 0 && val) {
             free(stop);
             stop = NULL;

@@ -285,14 +285,16 @@ static fr_status parse_sampling(const char *label, const cJSON *obj, fr_serve_co
         } else if (strcmp(k, "max_tokens") == 0) {
             st = get_int(label, it, path, 1, 1 << 20, &s->max_tokens);
         } else if (strcmp(k, "seed") == 0) {
-            /* JSON numbers hold integers exactly up to 2^53. */
-            if (!cJSON_IsNumber(it))
+            /* JSON numbers hold integers exactly up to 2^53; null: seeds from the operating system. */
+            if (cJSON_IsNull(it))
+                s->has_seed = 0;
+            else if (!cJSON_IsNumber(it))
                 st = bad(label, path, "expected an integer in [0, 2^53], got %s", type_name(it));
             else if (it->valuedouble != floor(it->valuedouble) || it->valuedouble < 0 ||
                      it->valuedouble > 9007199254740992.0)
                 st = bad(label, path, "expected an integer in [0, 2^53], got %g", it->valuedouble);
             else
-                s->params.seed = (uint64_t)it->valuedouble;
+                s->has_seed = 1, s->params.seed = (uint64_t)it->valuedouble;
         } else if (strcmp(k, "stop_token_ids") == 0) {
             if (!cJSON_IsArray(it)) {
                 st = bad(label, path, "expected an array of token ids, got %s", type_name(it));
@@ -677,7 +679,8 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
         cJSON_AddItemToObject(sa, "stop_token_ids", stops);
         stops = NULL;
     }
-    ok = ok && cJSON_AddNumberToObject(sa, "seed", (double)c->sampling.params.seed);
+    ok = ok && (c->sampling.has_seed ? cJSON_AddNumberToObject(sa, "seed", (double)c->sampling.params.seed)
+                                     : cJSON_AddNullToObject(sa, "seed")) != NULL;
     if (ok) {
         cJSON_AddItemToObject(root, "sampling", sa);
         sa = NULL;

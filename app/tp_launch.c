@@ -35,6 +35,15 @@ fr_status fr_tp_launch_open(int tp, fr_tp_launch *l)
     return st;
 }
 
+fr_status fr_tp_launch_agree_seed(const fr_tp_launch *l, uint64_t *seed)
+{
+    if (!l || !seed) return fr_fail(FR_EINVAL, "agreeing on a seed needs the launch and the seed");
+    if (!l->world) return FR_OK;
+    if (fr_mpi_world_bcast(l->world, seed, sizeof *seed, 0))
+        return fr_fail(FR_EIO, "broadcasting the sampling seed: %s", fr_last_error());
+    return FR_OK;
+}
+
 void fr_tp_launch_close(fr_tp_launch *l)
 {
     if (!l) return;

@@ -16,6 +16,8 @@
 #ifndef FR_TP_LAUNCH_H
 #define FR_TP_LAUNCH_H
 
+#include <stdint.h>
+
 #include "base/fr_status.h"
 #include "comm/engine_group.h"
 #include "comm/mpi_world.h"
@@ -40,6 +42,10 @@ int fr_tp_under_mpirun(void);
  * size that is not a multiple of tp (the message names both), FR_EIO for MPI
  * failures; *l is then closed (MPI finalized). */
 fr_status fr_tp_launch_open(int tp, fr_tp_launch *l);
+/* Collective: world rank 0's *seed on every rank, so that ranks which each
+ * drew their own fresh seed sample alike (a no-op without MPI). FR_EIO for
+ * an MPI failure. */
+fr_status fr_tp_launch_agree_seed(const fr_tp_launch *l, uint64_t *seed);
 /* Collective. Destroys the group and finalizes MPI; NULL-safe, idempotent. */
 void fr_tp_launch_close(fr_tp_launch *l);
 

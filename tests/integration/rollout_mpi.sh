@@ -54,7 +54,8 @@ PY
 run_np 4 "${args[@]}" --tp 2 --prompts "$dir/prompts.txt" --kv f32 > "$dir/mpi.jsonl" 2> "$dir/mpi.err" ||
   fail "mpirun -np 4 --tp 2 failed: $(tail -5 "$dir/mpi.err")"
 echo -n "np 4 tp 2, f32 KV: "; check "$dir/mpi.jsonl" 64 "$dir/one.jsonl" || fail "tokens differ from one process"
-[ "$(grep -c '^rollout: ' "$dir/mpi.err")" -eq 1 ] || fail "not exactly one stats line: $(cat "$dir/mpi.err")"
+[ "$(grep -c '^rollout: engines ' "$dir/mpi.err")" -eq 1 ] || fail "not exactly one stats line: $(cat "$dir/mpi.err")"
+[ "$(grep -c '^rollout: seed 11$' "$dir/mpi.err")" -eq 1 ] || fail "not exactly one seed line: $(cat "$dir/mpi.err")"
 grep -q "^rollout: engines 2 x tp 2 (world 4) requests 64 samples 256 " "$dir/mpi.err" ||
   fail "stats line: $(cat "$dir/mpi.err")"
 

@@ -3,8 +3,9 @@
 # name. Defines build, bin (fp4rollout), cli (fp4rollout-client), py, dir (a
 # temporary folder removed at exit), server_pid and pids (processes killed at
 # exit), fail MESSAGE (prints the last lines of every $dir/*.log and exits 1),
-# free_port, and start_server NAME CONFIG-JSON (PORT in the JSON becomes a
-# free port; the server's log is $dir/NAME.log; its endpoint lands in $ep);
+# free_port, and start_server NAME CONFIG-JSON [LAUNCHER...] (PORT in the
+# JSON becomes a free port; the server's log is $dir/NAME.log; its endpoint
+# lands in $ep; a launcher such as mpirun -np 2 runs the server under it);
 # checks that the binaries are built.
 build=${BUILD:-build}
 bin=$build/fp4rollout
@@ -36,12 +37,12 @@ fail() {
 [ -x "$bin" ] && [ -x "$cli" ] || fail "$bin or $cli is missing (run make)"
 export OPENBLAS_NUM_THREADS=1
 free_port() { $py -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
-start_server() { # NAME CONFIG-JSON -> endpoint in $ep
+start_server() { # NAME CONFIG-JSON [LAUNCHER...] -> endpoint in $ep
   local port; port=$(free_port)
   echo "$2" | sed "s/PORT/$port/" > "$dir/$1.json"
-  "$bin" serve --config "$dir/$1.json" 2> "$dir/$1.log" &
+  "${@:3}" "$bin" serve --config "$dir/$1.json" 2> "$dir/$1.log" &
   pids+=($!)
-  for _ in $(seq 300); do
+  for _ in $(seq 600); do
     grep -q "listening on" "$dir/$1.log" 2>/dev/null && { ep=tcp://127.0.0.1:$port; return 0; }
     kill -0 "${pids[-1]}" 2>/dev/null || fail "server $1 exited at start"
     sleep 0.05

@@ -235,6 +235,10 @@ static void test_done(void **state)
         x->has_ttft = !variant;
         x->ttft_ms = variant ? 0 : 3.5;
         x->total_ms = 250.25;
+        /* the seed is optional on the wire (a server that predates it sends none);
+         * the full 64 bits must survive */
+        x->has_seed = !variant;
+        x->seed = variant ? 0 : 0xFEDCBA9876543210ull;
         if (variant) {   /* a monitored sample's figures travel as numbers */
             x->divergence = (fr_msg_divergence){.has_values = 1, .kl_mean = 1e-3, .kl_max = 0.02,
                                                 .top1_agreement = 0.98, .logprob_diff_mean = -0.01, .positions = 40};
@@ -250,6 +254,8 @@ static void test_done(void **state)
         assert_int_equal(y->has_ttft, x->has_ttft);
         assert_true(y->ttft_ms == x->ttft_ms && y->total_ms == 250.25);
         assert_int_equal(y->divergence.has_values, variant);
+        assert_int_equal(y->has_seed, !variant);
+        assert_true(y->seed == x->seed);
         if (variant)
             assert_true(y->divergence.kl_mean == 1e-3 && y->divergence.kl_max == 0.02 &&
                         y->divergence.top1_agreement == 0.98 && y->divergence.logprob_diff_mean == -0.01 &&

@@ -56,6 +56,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.sampling.params.top_k, 0);
     assert_true(c.sampling.params.top_p == 1.0f);
     assert_int_equal(c.sampling.params.seed, 0);
+    assert_int_equal(c.sampling.has_seed, 0);   /* absent: seeds from the operating system */
     assert_int_equal(c.sampling.max_tokens, 256);
     assert_int_equal(c.sampling.n_stop, 0);
     /* An empty object is the defaults; so are the engine options. */
@@ -115,6 +116,7 @@ static void test_every_key(void **state)
     assert_int_equal(c.sampling.stop_token_ids[0], 151643);
     assert_int_equal(c.sampling.stop_token_ids[1], 151645);
     assert_true(c.sampling.params.seed == 1234567890123ull);
+    assert_int_equal(c.sampling.has_seed, 1);
     fr_engine_opts o;
     fr_serve_config_engine_opts(&c, &o);
     assert_ptr_equal(o.model, c.model);
@@ -304,6 +306,7 @@ static void test_json_round_trip(void **state)
         assert_true(a.sampling.params.temperature == b.sampling.params.temperature);
         assert_true(a.sampling.params.top_p == b.sampling.params.top_p);
         assert_true(a.sampling.params.seed == b.sampling.params.seed);
+        assert_int_equal(a.sampling.has_seed, b.sampling.has_seed);
         assert_int_equal(a.sampling.n_stop, b.sampling.n_stop);
         assert_true(a.kl_sample_rate == b.kl_sample_rate);
         assert_memory_equal(&a.recalibration, &b.recalibration, sizeof a.recalibration);

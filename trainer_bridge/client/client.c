@@ -660,6 +660,8 @@ static fr_status finish_sample(fr_client *c, fr_msg_done *d, fr_client_sample **
     s->ttft_ms = d->ttft_ms;
     s->total_ms = d->total_ms;
     s->divergence = d->divergence;
+    s->has_seed = d->has_seed;
+    s->seed = d->seed;
     d->divergence.kl = NULL;   /* moved */
     d->divergence.n_kl = 0;
     *out = s;

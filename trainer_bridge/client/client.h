@@ -160,6 +160,8 @@ typedef struct {
     int has_ttft;
     double ttft_ms, total_ms;
     fr_msg_divergence divergence;  /* kl: per-token KL when asked for */
+    int has_seed;                  /* 0: the server did not report the seed */
+    uint64_t seed;                 /* the seed that produced it: replays it (docs/sampling.md) */
 } fr_client_sample;
 
 /* Reads messages until a sample ends: 1 in *got and the sample (free with

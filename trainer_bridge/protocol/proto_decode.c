@@ -551,7 +551,7 @@ static fr_status get_nullable(const ctx *c, const char *name, double *out, int *
 static fr_status dec_done(const ctx *c, fr_msg_done *d)
 {
     KEYS(c, "type", "v", "request_id", "group_id", "sample", "finish_reason", "n_tokens", "n_prompt", "preemptions",
-         "ttft_ms", "total_ms", "divergence");
+         "ttft_ms", "total_ms", "divergence", "seed");
     char reason[16];
     TRY(get_u64(c, "request_id", 1, &d->request_id, NULL));
     TRY(get_u64(c, "group_id", 1, &d->group_id, NULL));
@@ -564,6 +564,7 @@ static fr_status dec_done(const ctx *c, fr_msg_done *d)
     TRY(get_int(c, "preemptions", 1, 0, I_MAX, &d->preemptions, NULL));
     TRY(get_nullable(c, "ttft_ms", &d->ttft_ms, &d->has_ttft));
     TRY(get_double(c, "total_ms", 1, &d->total_ms, NULL));
+    TRY(get_u64(c, "seed", 0, &d->seed, &d->has_seed));
     ctx dv;
     TRY(get_map(c, "divergence", "divergence.", &dv));
     KEYS(&dv, "kl_mean", "kl_max", "top1_agreement", "logprob_diff_mean", "positions", "per_token_kl");

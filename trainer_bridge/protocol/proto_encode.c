@@ -129,7 +129,7 @@ static void enc_tokens(msgpack_packer *pk, const fr_msg_tokens *k)
 
 static void enc_done(msgpack_packer *pk, const fr_msg_done *d)
 {
-    head(pk, FR_MSG_DONE, 10);
+    head(pk, FR_MSG_DONE, 10 + (d->has_seed ? 1 : 0));
     kv_u64(pk, "request_id", d->request_id);
     kv_u64(pk, "group_id", d->group_id);
     kv_int(pk, "sample", d->sample);
@@ -140,6 +140,7 @@ static void enc_done(msgpack_packer *pk, const fr_msg_done *d)
     if (d->has_ttft) kv_double(pk, "ttft_ms", d->ttft_ms);
     else kv_nil(pk, "ttft_ms");
     kv_double(pk, "total_ms", d->total_ms);
+    if (d->has_seed) kv_u64(pk, "seed", d->seed);
     key(pk, "divergence");
     const fr_msg_divergence *v = &d->divergence;
     msgpack_pack_map(pk, 6);

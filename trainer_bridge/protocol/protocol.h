@@ -260,6 +260,8 @@ typedef struct {
     double ttft_ms;                      /* request received -> first token */
     double total_ms;                     /* request received -> done */
     fr_msg_divergence divergence;
+    int has_seed;                        /* 0: a server that does not report it */
+    uint64_t seed;                       /* the sampling seed of the sample's request */
 } fr_msg_done;
 
 typedef struct {

@@ -113,6 +113,10 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
     if (!srv) return fr_fail(FR_ENOMEM, "serve: out of memory");
     srv->sess = s;
     srv->cfg = *cfg;
+    if (fr_seed_stream_init(&srv->seeds, cfg->sampling.has_seed, cfg->sampling.params.seed)) {
+        free(srv);
+        return fr_fail(FR_EIO, "serve: no stream of seeds: %s", fr_last_error());
+    }
     srv->log = cfg->log ? cfg->log : stderr;
     srv->n_engines = 1;
     srv->tp = 1;

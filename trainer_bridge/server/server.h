@@ -33,9 +33,13 @@ extern "C" {
 
 #define FR_BRIDGE_MAX_STOP_IDS 64
 
-/* Sampling defaults of generates that leave them out. */
+/* Sampling defaults of generates that leave them out. A generate without
+ * a seed takes the next of the server's stream of seeds, which starts from
+ * params.seed when has_seed, else from the operating system
+ * (docs/sampling.md, "Seeds"). */
 typedef struct {
-    fr_sampling_params params;     /* temperature, top_k, top_p, seed */
+    fr_sampling_params params;     /* temperature, top_k, top_p; seed: see has_seed */
+    int has_seed;
     int max_tokens;
     int n_stop;                    /* 0: stop at the model's EOS ids */
     int stop_token_ids[FR_BRIDGE_MAX_STOP_IDS];

@@ -16,6 +16,7 @@
 #include <zmq.h>
 
 #include "base/clock.h"
+#include "base/seed.h"
 #include "comm/rank_wire.h"
 #include "rollout/engine/scheduler.h"
 #include "rollout/monitor/metrics_http.h"
@@ -51,6 +52,7 @@ typedef struct {
     int held;                /* received during a pause: not yet submitted */
     fr_request_spec spec;    /* held: prompt and stop ids owned here */
     double t0_ms;            /* when it was received */
+    uint64_t seed;           /* its own, or the one the server drew for it; every done reports it */
     int engine;              /* several ranks: the engine serving it */
     int from_held;           /* submitted by a resume (a refusal then ends its samples) */
     sample_state *s;
@@ -92,6 +94,9 @@ struct fr_bridge_server {
     request **reqs;          /* open requests, sorted by sid */
     int n_reqs, cap_reqs;
     uint64_t next_sid;
+    /* Seeds of unseeded generates, drawn on rank 0 before routing so that
+     * a request's seed does not depend on the engine that runs it. */
+    fr_seed_stream seeds;
     int state;
     int *waiters;            /* peers waiting for a pause (wait mode) to complete */
     int n_waiters, cap_waiters;

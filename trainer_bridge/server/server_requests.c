@@ -99,7 +99,7 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
     if (g->has_temperature) r->params.temperature = (float)g->temperature;
     if (g->has_top_k) r->params.top_k = g->top_k;
     if (g->has_top_p) r->params.top_p = (float)g->top_p;
-    if (g->has_seed) r->params.seed = g->seed;
+    r->params.seed = q->seed;
     r->max_tokens = g->has_max_tokens ? g->max_tokens : d->max_tokens;
     if (g->has_stop_token_ids) {
         r->stop_ids = g->stop_token_ids;
@@ -172,6 +172,7 @@ void srv_handle_generate(fr_bridge_server *srv, int peer, const fr_msg_generate 
     q->n = q->open = g->n;
     q->n_prompt = g->n_prompt;
     q->t0_ms = fr_now_ms();
+    q->seed = g->has_seed ? g->seed : fr_seed_stream_next(&srv->seeds);
     fr_request_spec spec;
     build_spec(srv, q, g, &spec);
     fr_status st = srv_check_spec(srv, &spec, id);

@@ -170,7 +170,8 @@ void srv_send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish why,
     m.u.done = (fr_msg_done){.request_id = q->request_id, .group_id = q->group_id, .sample = k,
                              .finish_reason = why, .n_tokens = s->sent, .n_prompt = q->n_prompt,
                              .preemptions = preemptions, .has_ttft = s->has_first,
-                             .ttft_ms = s->has_first ? s->first_ms - q->t0_ms : 0, .total_ms = t - q->t0_ms};
+                             .ttft_ms = s->has_first ? s->first_ms - q->t0_ms : 0, .total_ms = t - q->t0_ms,
+                             .has_seed = 1, .seed = q->seed};
     if (div) m.u.done.divergence = *div;
     srv_send_msg(srv, q->peer, &m);
     srv->samples_done++;

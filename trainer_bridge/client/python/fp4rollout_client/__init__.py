@@ -56,6 +56,10 @@ class SampleResult:
     # kl_mean, kl_max, top1_agreement, logprob_diff_mean, positions (None when not
     # monitored) and per_token_kl (a list when asked for, else None)
     divergence: Dict[str, object] = field(default_factory=dict)
+    # the sampling seed that produced it (the request's, or the one the server drew
+    # for an unseeded request): generate with it to replay the sample; None from a
+    # server that does not report it
+    seed: Optional[int] = None
 
 
 def keypair() -> Tuple[str, str]:
@@ -413,7 +417,8 @@ def _convert(s) -> SampleResult:
                         token_ids=[s.token_ids[i] for i in range(n)], logprobs=[s.logprobs[i] for i in range(n)],
                         weight_versions=[s.weight_versions[i] for i in range(n)],
                         finish_reason=s.finish_reason.decode(), n_prompt=s.n_prompt, preemptions=s.preemptions,
-                        ttft_ms=s.ttft_ms if s.has_ttft else None, total_ms=s.total_ms, divergence=div)
+                        ttft_ms=s.ttft_ms if s.has_ttft else None, total_ms=s.total_ms, divergence=div,
+                        seed=s.seed if s.has_seed else None)
 
 
 def load_exported(bin_path: str, index_path: str):

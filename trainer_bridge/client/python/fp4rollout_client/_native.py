@@ -32,7 +32,7 @@ class Sample(ctypes.Structure):
                 ("token_ids", ctypes.POINTER(c_int)), ("logprobs", ctypes.POINTER(ctypes.c_float)),
                 ("weight_versions", ctypes.POINTER(c_u64)), ("finish_reason", ctypes.c_char * 8),
                 ("n_prompt", c_int), ("preemptions", c_int), ("has_ttft", c_int), ("ttft_ms", c_dbl),
-                ("total_ms", c_dbl), ("divergence", Divergence)]
+                ("total_ms", c_dbl), ("divergence", Divergence), ("has_seed", c_int), ("seed", c_u64)]
 
 
 class Tensor(ctypes.Structure):
