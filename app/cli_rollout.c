@@ -85,7 +85,7 @@ static void on_done(void *user, const fr_sample_result *r)
         fr_buf_printf(b, "{\"request\":%llu,\"sample\":%d,\"tokens\":[", (unsigned long long)r->request_id, r->sample);
         for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, "%s%d", i ? "," : "", r->tokens[i]);
         fr_buf_printf(b, "],\"logprobs\":[");
-        for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, "%s%.6g", i ? "," : "", r->logprobs[i]);
+        for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, "%s%.9g", i ? "," : "", r->logprobs[i]);   /* round-trips a float */
         fr_buf_printf(b, "],\"finish_reason\":\"%s\"", fr_finish_reason_name(r->finish));
         if (r->monitored && r->div.n > 0)
             fr_buf_printf(b, ",\"kl_mean\":%.6g,\"kl_max\":%.6g,\"top1_agree\":%.6g", fr_div_summary_mean(&r->div),
