@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every CPU test: the cmocka unit tests under BUILD/tests, then the
-# integration scripts in tests/integration (each starts real processes), then
-# the libFuzzer targets of tests/fuzz (scripts/run-fuzz.sh).
+# integration scripts in tests/integration (each starts real processes), the
+# batch-invariance tests at two BLAS thread counts, then the libFuzzer targets of tests/fuzz (scripts/run-fuzz.sh).
 # Prints one summary line, "N passed, N failed", and exits non-zero on failure.
 set -uo pipefail
 build=${1:-build}
@@ -26,6 +26,20 @@ for t in tests/integration/*.sh; do
   else
     failed=$((failed + 1)); failures+=("integration/$name"); echo "FAIL integration/$name"; echo "$out" | tail -40
   fi
+done
+
+# The batch-invariance tests again at two BLAS thread counts: deterministic
+# mode promises the same numbers whatever the count (docs/determinism.md).
+for threads in 1 4; do
+  for t in "$build/tests/test_determinism" tests/integration/cli_rollout.sh; do
+    name=$(basename "$t" .sh)
+    case $t in *.sh) run=(bash "$t") ;; *) run=("$t") ;; esac
+    if out=$(OPENBLAS_NUM_THREADS=$threads BUILD="$build" "${run[@]}" 2>&1); then
+      passed=$((passed + 1)); echo "ok   threads$threads/$name"
+    else
+      failed=$((failed + 1)); failures+=("threads$threads/$name"); echo "FAIL threads$threads/$name"; echo "$out" | tail -40
+    fi
+  done
 done
 
 # The libFuzzer targets (tests/fuzz), FR_FUZZ_SECONDS each (default 60).
