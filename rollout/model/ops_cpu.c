@@ -169,6 +169,25 @@ static void dot4_fixed(const float *x, size_t ld, const float *w, int K, float *
     out[3 * ldo] = lanes_finish(a3, b3, x3, w, k8, K);
 }
 
+void fr_dot_fixed_rows(float *out, const float *rows, size_t ld, int n_rows, const float *v, int K)
+{
+    int i = 0;
+    /* x * w == w * x exactly, so each output is fr_dot_fixed(rows[i], v). */
+    for (; i + 4 <= n_rows && K > 0; i += 4) dot4_fixed(rows + (size_t)i * ld, ld, v, K, out + i, 1);
+    for (; i < n_rows; i++) out[i] = fr_dot_fixed(rows + (size_t)i * ld, v, K);
+}
+
+void fr_axpy(float *y, float a, const float *x, int n)
+{
+    int j = 0;
+    const fr_v4 av = {a, a, a, a};
+    for (; j + 4 <= n; j += 4) {
+        fr_v4 r = load4(y + j) + av * load4(x + j);
+        memcpy(y + j, &r, sizeof r);
+    }
+    for (; j < n; j++) y[j] += a * x[j];
+}
+
 /* Rows of x per pass over w: enough that a weight row is reused while
  * cached, few enough that the rows stay in L2. */
 enum { FIXED_ROW_BLOCK = 32 };

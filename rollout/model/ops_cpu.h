@@ -13,6 +13,8 @@
 #ifndef FR_OPS_CPU_H
 #define FR_OPS_CPU_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -67,6 +69,14 @@ void fr_matmul_fixed(float *y, const float *x, const float *w, int M, int N, int
  * k = j (mod 8) in increasing k (the K mod 8 trailing products added last to
  * lanes 0..), then ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)). 0 for K <= 0. */
 float fr_dot_fixed(const float *x, const float *w, int K);
+
+/* out[i] = fr_dot_fixed(rows + i * ld, v, K) for i < n_rows, bitwise, four
+ * rows at a time (attention's scores against a run of keys). */
+void fr_dot_fixed_rows(float *out, const float *rows, size_t ld, int n_rows, const float *v, int K);
+
+/* y[j] += a * x[j] for j < n: each element on its own (one rounding of the
+ * product, one of the sum), so vector width does not change a bit. */
+void fr_axpy(float *y, float a, const float *x, int n);
 
 /* out[t][:] = table[ids[t]][:] for t < n (rows of `hidden` floats). An id
  * outside [0, rows of table) is the caller's bug; the caller validates ids

@@ -224,18 +224,16 @@ static void attend_chunk_fixed(fr_runner_cpu *r, const float *q, float *out, int
             float *o = out + (size_t)i * H * d + (size_t)g * d;
             int visible = len + i + 1;
             float mx = -INFINITY;
+            fr_dot_fixed_rows(s, view->k, (size_t)d, visible, qr, d);
             for (int t = 0; t < visible; t++) {
-                s[t] = fr_dot_fixed(qr, view->k + (size_t)t * d, d) * scale;
+                s[t] *= scale;
                 mx = fmaxf(mx, s[t]);
             }
             double sum = 0.0;
             for (int t = 0; t < visible; t++) { s[t] = fr_expf(s[t] - mx); sum += s[t]; }
             float inv = (float)(1.0 / sum);
             for (int j = 0; j < d; j++) o[j] = 0.0f;
-            for (int t = 0; t < visible; t++) {
-                const float p = s[t] * inv, *vt = view->v + (size_t)t * d;
-                for (int j = 0; j < d; j++) o[j] += p * vt[j];
-            }
+            for (int t = 0; t < visible; t++) fr_axpy(o, s[t] * inv, view->v + (size_t)t * d, d);
         }
 }
 

@@ -2,7 +2,8 @@
  *  - fr_matmul_fixed: a row's outputs are bitwise the same computed alone or
  *    inside a batch of any size, equal fr_dot_fixed and the documented
  *    summation order written out in scalar code, and do not move with the
- *    BLAS thread count;
+ *    BLAS thread count; fr_dot_fixed_rows and fr_axpy, attention's forms,
+ *    agree with them;
  *  - the base/fixed_math functions stay within a few ulps of the C library;
  *  - an engine (tq6 when present, else synthetic:tiny; BF16 and f32 KV): a
  *    sample run alone, inside a batch of other requests, with another prefill
@@ -75,6 +76,19 @@ static void test_matmul_rows_invariant(void **state)
                 assert_true(fabs(want - exact) <= 1e-6 * mag + 1e-30);
             }
         }
+        /* Attention's form: one vector against runs of rows, and y += a x. */
+        float *sc = malloc(sizeof(float) * M);
+        assert_non_null(sc);
+        for (int n = 1; n <= M; n += 11) {
+            fr_dot_fixed_rows(sc, x, (size_t)K, n, w, K);
+            for (int m = 0; m < n; m++) assert_memory_equal(&sc[m], &all[(size_t)m * N], sizeof(float));
+        }
+        free(sc);
+        float acc[515], want[515];
+        for (int j = 0; j < K; j++) acc[j] = want[j] = x[j];
+        fr_axpy(acc, 0.37f, w, K);
+        for (int j = 0; j < K; j++) want[j] += 0.37f * w[j];
+        assert_memory_equal(acc, want, sizeof(float) * (size_t)K);
         /* Batches of every size from 1 to 9 starting at every row: the same rows. */
         for (int b = 1; b <= 9; b++)
             for (int m0 = 0; m0 + b <= M; m0 += 5) {
