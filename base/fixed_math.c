@@ -88,11 +88,20 @@ static double split_log(double x, int *e)
     return m;
 }
 
+/* The arguments log and log2 answer without computing; 1 when *r is set. */
+static int log_special(double x, double *r)
+{
+    if (x != x || x < 0.0) *r = NAN;
+    else if (x == 0.0) *r = -INFINITY;
+    else if (x == INFINITY) *r = x;
+    else return 0;
+    return 1;
+}
+
 double fr_log(double x)
 {
-    if (x != x || x < 0.0) return NAN;
-    if (x == 0.0) return -INFINITY;
-    if (x == INFINITY) return x;
+    double r;
+    if (log_special(x, &r)) return r;
     int e;
     double lm = log_reduced(split_log(x, &e));
     return (double)e * LN2_HI + (lm + (double)e * LN2_LO);
@@ -100,9 +109,8 @@ double fr_log(double x)
 
 double fr_log2(double x)
 {
-    if (x != x || x < 0.0) return NAN;
-    if (x == 0.0) return -INFINITY;
-    if (x == INFINITY) return x;
+    double r;
+    if (log_special(x, &r)) return r;
     int e;
     double lm = log_reduced(split_log(x, &e));
     return (double)e + lm * LOG2E;
