@@ -46,9 +46,9 @@ void fr_rope(float *x, int n_heads, int head_dim, int pos, double theta);
  * table or a GPU kernel can reuse exactly the same float32 numbers. */
 void fr_rope_cos_sin(float *cos_out, float *sin_out, int head_dim, int pos, double theta);
 
-/* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1.0f + expf(-g)) in float32,
- * expf being base/fixed_math.h's
- * (torch's CPU SiLU). out may alias gate or up. */
+/* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1.0f + expf(-g)) in float32
+ * (torch's CPU SiLU), expf being base/fixed_math.h's. out may alias gate or
+ * up. */
 void fr_swiglu(float *out, const float *gate, const float *up, int n);
 
 /* y[M][N] = x[M][K] . W[N][K]^T (a Hugging Face Linear without bias: W is
