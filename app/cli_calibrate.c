@@ -127,11 +127,16 @@ int fr_cli_calibrate(int argc, char **argv)
     else if (eo.tp > 1) rc = fr_cli_usage_error(cmd, "--tp %d: calibrate runs on one rank (--tp 1)", eo.tp);
     else if (eo.kv != FR_KV_BF16 && eo.kv != FR_KV_F32)
         rc = fr_cli_usage_error(cmd, "--kv must be bf16 or f32 (the calibration measures BF16 logits)");
+    else if (eo.deterministic && eo.backend == FR_BACKEND_CUDA)
+        rc = fr_cli_usage_error(cmd, "--deterministic runs on the CPU backend only so far (docs/determinism.md)");
     fr_backend backend = FR_BACKEND_CPU;
-    if (!rc && fr_backend_pick(eo.backend, &backend)) rc = fr_cli_usage_error(cmd, "%s", fr_last_error());
+    /* Deterministic mode exists on the CPU only: auto picks it there. */
+    if (!rc && fr_backend_pick(eo.deterministic ? FR_BACKEND_CPU : eo.backend, &backend))
+        rc = fr_cli_usage_error(cmd, "%s", fr_last_error());
     if (rc) { free(files); return rc; }
     co.kv = eo.kv;
     co.chunk = eo.chunk;
+    co.deterministic = eo.deterministic;
 
     fr_model *m = NULL;
     int **texts = calloc((size_t)n_files, sizeof *texts), *lens = calloc((size_t)n_files, sizeof(int));

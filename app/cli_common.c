@@ -121,11 +121,19 @@ const char fr_engine_opts_usage[] =
     "  --calib FILE         calibration file (key mean, tau) from fp4rollout calibrate\n"
     "  --chunk N            prefill chunk in tokens (default 512)\n"
     "  --tp N               tensor parallelism: ranks per engine (default 1); under\n"
-    "                       mpirun -np W the ranks form W/N engines (CPU backend)\n";
+    "                       mpirun -np W the ranks form W/N engines (CPU backend)\n"
+    "  --deterministic      a sample's tokens and log-probs bitwise the same whatever\n"
+    "                       else is in the batch, however its prompt is chunked, after\n"
+    "                       preemption, on any engine, thread count or x86-64 CPU\n"
+    "                       (CPU backend, f32 and bf16 KV; docs/determinism.md)\n";
 
 int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engine_opts *o)
 {
     const char *a = argv[*i];
+    if (strcmp(a, "--deterministic") == 0) {
+        o->deterministic = 1;
+        return 1;
+    }
     static const char *const flags[] = {"--model", "--kv", "--fp4-compute", "--recipe", "--calib", "--chunk",
                                         "--backend", "--tp"};
     int which = -1;

@@ -58,7 +58,7 @@ static void print_sample(const sample *s, int idx, int json, uint64_t seed, int 
         printf("{\"sample\":%d,\"tokens\":[", idx);
         for (int i = 0; i < s->n; i++) printf("%s%d", i ? "," : "", s->tokens[i]);
         printf("],\"logprobs\":[");
-        for (int i = 0; i < s->n; i++) printf("%s%.6g", i ? "," : "", s->logprobs[i]);
+        for (int i = 0; i < s->n; i++) printf("%s%.9g", i ? "," : "", s->logprobs[i]);   /* round-trips a float */
         printf("],\"finish_reason\":\"%s\",\"seed\":%llu}\n", s->finish, (unsigned long long)seed);
         return;
     }

@@ -83,7 +83,7 @@ static void format_line(int json, uint64_t seed, const fr_sample_result *r, fr_b
         fr_buf_printf(b, "{\"request\":%llu,\"sample\":%d,\"tokens\":[", (unsigned long long)r->request_id, r->sample);
         for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, "%s%d", i ? "," : "", r->tokens[i]);
         fr_buf_printf(b, "],\"logprobs\":[");
-        for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, "%s%.6g", i ? "," : "", r->logprobs[i]);
+        for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, "%s%.9g", i ? "," : "", r->logprobs[i]);   /* round-trips a float */
         fr_buf_printf(b, "],\"finish_reason\":\"%s\",\"seed\":%llu", fr_finish_reason_name(r->finish),
                       (unsigned long long)seed);
         if (r->monitored && r->div.n > 0)

@@ -95,7 +95,8 @@ int fr_cli_serve(int argc, char **argv)
     fr_engine_opts eo;
     fr_serve_config_engine_opts(&c, &eo);
     fr_backend backend;
-    if (fr_backend_pick(eo.backend, &backend)) {
+    /* Deterministic mode exists on the CPU only: auto picks it there. */
+    if (fr_backend_pick(eo.deterministic && eo.backend == FR_BACKEND_AUTO ? FR_BACKEND_CPU : eo.backend, &backend)) {
         fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
         return 1;
     }

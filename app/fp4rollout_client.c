@@ -259,7 +259,7 @@ static void on_done(void *user, const fr_msg_done *d)
     printf("{\"request\":%llu,\"sample\":%d,\"tokens\":[", (unsigned long long)d->request_id, d->sample);
     for (int i = 0; i < a->n; i++) printf("%s%d", i ? "," : "", a->tok[i]);
     printf("],\"logprobs\":[");
-    for (int i = 0; i < a->n; i++) printf("%s%.6g", i ? "," : "", (double)a->lp[i]);
+    for (int i = 0; i < a->n; i++) printf("%s%.9g", i ? "," : "", (double)a->lp[i]);   /* round-trips a float */
     printf("],\"finish_reason\":\"%s\",\"n_tokens\":%d,\"preemptions\":%d,\"ttft_ms\":",
            fr_wire_finish_name(d->finish_reason), d->n_tokens, d->preemptions);
     if (d->has_ttft) printf("%.3f", d->ttft_ms);

@@ -14,7 +14,7 @@
 static const char *const top_keys[] = {
     "model",     "backend",            "tp",    "kv_dtype",    "fp4_compute",  "recipe",         "calib",   "max_seqs",
     "kv_blocks", "kv_memory_fraction", "chunk", "coordinator", "metrics_port", "metrics_pub_port", "kl_sample_rate", "sampling",
-    "weight_update_idle_s", "nccl_timeout_s", "curve", "recalibration"};
+    "weight_update_idle_s", "nccl_timeout_s", "curve", "recalibration", "deterministic"};
 static const char *const recal_keys[] = {"kl_threshold", "after_commit", "min_positions", "texts", "context",
                                          "seed_tokens", "continue", "out_dir"};
 static const char *const curve_keys[] = {"server_secret_key", "client_public_keys"};
@@ -67,6 +67,7 @@ void fr_serve_config_engine_opts(const fr_serve_config *c, fr_engine_opts *o)
     o->calib = c->calib[0] ? c->calib : NULL;
     o->chunk = c->chunk;
     o->tp = c->tp;   /* the caller sets o->group (app/tp_launch.h) */
+    o->deterministic = c->deterministic;
 }
 
 /* ---- messages ---------------------------------------------------------- */
@@ -437,6 +438,10 @@ static fr_status parse_top(const char *label, const cJSON *root, fr_serve_config
             st = get_num(label, it, k, 0.0, 1.0, 1, &c->kv_memory_fraction);
             given->kv_memory_fraction = 1;
         } else if (strcmp(k, "chunk") == 0) st = get_int(label, it, k, 1, 1 << 20, &c->chunk);
+        else if (strcmp(k, "deterministic") == 0) {
+            if (!cJSON_IsBool(it)) st = bad(label, k, "expected true or false, got %s", type_name(it));
+            else c->deterministic = cJSON_IsTrue(it);
+        }
         else if (strcmp(k, "coordinator") == 0) st = parse_coordinator(label, it, c);
         else if (strcmp(k, "metrics_port") == 0) st = get_int(label, it, k, 0, 65535, &c->metrics_port);
         else if (strcmp(k, "metrics_pub_port") == 0) st = get_int(label, it, k, 0, 65535, &c->metrics_pub_port);
@@ -613,6 +618,7 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
     if (c->kv_blocks == 0 && c->backend != FR_BACKEND_CPU)
         ok = ok && cJSON_AddNumberToObject(root, "kv_memory_fraction", c->kv_memory_fraction);
     ok = ok && cJSON_AddNumberToObject(root, "chunk", c->chunk);
+    ok = ok && cJSON_AddBoolToObject(root, "deterministic", c->deterministic);
     ok = ok && cJSON_AddStringToObject(co, "bind", c->coordinator.bind);
     ok = ok && cJSON_AddNumberToObject(co, "port", c->coordinator.port);
     ok = ok && cJSON_AddNumberToObject(co, "weight_port", c->coordinator.weight_port);

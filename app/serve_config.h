@@ -62,6 +62,7 @@ typedef struct {
     int kv_blocks;                         /* KV pages per engine; 0: automatic */
     double kv_memory_fraction;             /* cuda, kv_blocks 0: share of free GPU memory for KV pages */
     int chunk;                             /* the most tokens of one forward step */
+    int deterministic;                     /* batch-invariant numbers (docs/determinism.md) */
     struct {
         char bind[FR_SERVE_HOST_MAX];      /* host or interface the coordinator binds */
         int port;                          /* trainer-facing: requests and results */

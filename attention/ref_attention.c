@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/fixed_math.h"
 #include "fp_formats.h"
 #include "hadamard.h"
 
@@ -96,7 +97,7 @@ static fr_status partial(const fr_attn_params *p, const float *q, const fr_kv_vi
     const int d = p->head_dim, G = p->group, B = fr_fp4_block_size(p->fmt);
     const int qp = quantized && p->quantize_p;
     const float gamma = (float)(M_LOG2E / sqrt((double)d));
-    const float c = qp ? p->p.c : 1.0f, log2c = log2f(c);
+    const float c = qp ? p->p.c : 1.0f, log2c = (float)fr_log2(c);
 
     float *q1 = malloc(sizeof(float) * (size_t)(2 * G * d));
     float *S = malloc(sizeof(float) * (size_t)p->tile);
@@ -126,10 +127,10 @@ static fr_status partial(const fr_attn_params *p, const float *q, const fr_kv_vi
             if (tile_max == -INFINITY) continue;   /* every key masked: nothing changes */
             /* Lines 9-11. */
             float m_new = fmaxf(m, tile_max);
-            float alpha = m == -INFINITY ? 0.0f : exp2f(m - m_new);
+            float alpha = m == -INFINITY ? 0.0f : fr_exp2f(m - m_new);
             double sum = 0.0;
             for (int i = 0; i < n; i++) {
-                P[i] = S[i] == -INFINITY ? 0.0f : exp2f(S[i] - m_new + log2c);
+                P[i] = S[i] == -INFINITY ? 0.0f : fr_exp2f(S[i] - m_new + log2c);
                 sum += P[i];
             }
             l = alpha * l + sum;
@@ -142,7 +143,7 @@ static fr_status partial(const fr_attn_params *p, const float *q, const fr_kv_vi
                         blk[j] = i0 + j < n ? P[i0 + j] : 0.0f;
                         if (i0 + j < n) smax = fmaxf(smax, S[i0 + j]);
                     }
-                    float pmax = smax == -INFINITY ? 0.0f : exp2f(smax - m_new);
+                    float pmax = smax == -INFINITY ? 0.0f : fr_exp2f(smax - m_new);
                     fr_pquant_block(p->fmt, &p->p, blk, pmax, deq);
                     for (int j = 0; j < B && i0 + j < n; j++) P[i0 + j] = deq[j];
                 }
@@ -158,7 +159,7 @@ static fr_status partial(const fr_attn_params *p, const float *q, const fr_kv_vi
         }
         /* Line 17, and the LSE without the factor c folded into P. */
         for (int j = 0; j < d; j++) o[h * d + j] = l > 0.0 ? (float)(oh[j] / l) : 0.0f;
-        lse[h] = l > 0.0 ? m + (float)log2(l) - log2c : -INFINITY;
+        lse[h] = l > 0.0 ? m + (float)fr_log2(l) - log2c : -INFINITY;
     }
     free(q1); free(S); free(P); free(acc);
     return FR_OK;
@@ -175,16 +176,16 @@ fr_status fr_ref_attn_combine(int n, int group, int head_dim, const float *o_par
         double wsum = 0.0;
         for (int j = 0; j < head_dim; j++) o[h * head_dim + j] = 0.0f;
         if (mx == -INFINITY) { lse[h] = -INFINITY; continue; }
-        for (int i = 0; i < n; i++) wsum += exp2((double)lse_parts[i * group + h] - mx);
+        for (int i = 0; i < n; i++) wsum += fr_exp2((double)lse_parts[i * group + h] - mx);
         for (int j = 0; j < head_dim; j++) {
             double s = 0.0;
             for (int i = 0; i < n; i++) {
-                double w = exp2((double)lse_parts[i * group + h] - mx) / wsum;
+                double w = fr_exp2((double)lse_parts[i * group + h] - mx) / wsum;
                 s += w * o_parts[((size_t)i * group + h) * head_dim + j];
             }
             o[h * head_dim + j] = (float)s;
         }
-        lse[h] = mx + (float)log2(wsum);
+        lse[h] = mx + (float)fr_log2(wsum);
     }
     return FR_OK;
 }

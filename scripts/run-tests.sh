@@ -2,8 +2,8 @@
 # Runs every CPU test: the source checks (the include graph against the
 # layers of docs/architecture.md, function lengths), the cmocka unit tests
 # under BUILD/tests, then the integration scripts in tests/integration (each
-# starts real processes), then the libFuzzer targets of tests/fuzz
-# (scripts/run-fuzz.sh).
+# starts real processes), the batch-invariance tests at two BLAS thread
+# counts, then the libFuzzer targets of tests/fuzz (scripts/run-fuzz.sh).
 # Prints one summary line, "N passed, N failed", and exits non-zero on failure.
 set -uo pipefail
 build=${1:-build}
@@ -36,6 +36,20 @@ for t in tests/integration/*.sh; do
   else
     failed=$((failed + 1)); failures+=("integration/$name"); echo "FAIL integration/$name"; echo "$out" | tail -40
   fi
+done
+
+# The batch-invariance tests again at two BLAS thread counts: deterministic
+# mode promises the same numbers whatever the count (docs/determinism.md).
+for threads in 1 4; do
+  for t in "$build/tests/test_determinism" tests/integration/cli_rollout.sh; do
+    name=$(basename "$t" .sh)
+    case $t in *.sh) run=(bash "$t") ;; *) run=("$t") ;; esac
+    if out=$(OPENBLAS_NUM_THREADS=$threads BUILD="$build" "${run[@]}" 2>&1); then
+      passed=$((passed + 1)); echo "ok   threads$threads/$name"
+    else
+      failed=$((failed + 1)); failures+=("threads$threads/$name"); echo "FAIL threads$threads/$name"; echo "$out" | tail -40
+    fi
+  done
 done
 
 # The libFuzzer targets (tests/fuzz), FR_FUZZ_SECONDS each (default 60).

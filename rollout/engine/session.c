@@ -15,7 +15,7 @@ void fr_engine_opts_default(fr_engine_opts *o)
 {
     *o = (fr_engine_opts){.model = "synthetic:tiny", .backend = FR_BACKEND_AUTO, .kv = FR_KV_BF16, .compute = FR_COMPUTE_AUTO,
                           .recipe = fr_recipe_full(), .calib = NULL, .chunk = 512,
-                          .tp = 1, .group = NULL};
+                          .tp = 1, .group = NULL, .deterministic = 0};
 }
 
 fr_fp4_compute fr_fp4_compute_for(fr_fp4_compute c, fr_backend b)
@@ -40,6 +40,7 @@ static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, str
     s->nccl = nccl;
     s->model = m;
     s->backend = b;
+    s->deterministic = o->deterministic;
     s->gpu_weights = wg;
     s->tp = (fr_tp){.rank = o->tp > 1 ? o->group->layout.tp_rank : 0, .size = o->tp,
                     .group = o->tp > 1 ? o->group : NULL};
@@ -77,6 +78,7 @@ static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, str
     free(key_mean);
     free(fp8_scales);
     if (!st && b == FR_BACKEND_CPU) st = fr_runner_cpu_new_tp(m, s->kv, step_tokens, &s->tp, &s->runner);
+    if (!st && b == FR_BACKEND_CPU) fr_runner_cpu_set_deterministic(s->runner, o->deterministic);
 #ifdef FR_HAVE_CUDA
     if (!st && b == FR_BACKEND_CUDA) st = fr_runner_cuda_new_tp(wg, s->kv, step_tokens, s->nccl, &s->gpu);
 #endif
@@ -151,7 +153,11 @@ static fr_status resolve_backend(const fr_engine_opts *o, fr_backend *out)
 {
     fr_status st = check_tp(o);
     if (st) return st;
-    if (o->tp > 1 && o->backend == FR_BACKEND_AUTO) {
+    if (o->deterministic && o->backend == FR_BACKEND_CUDA)
+        return fr_fail(FR_EUNSUPPORTED, "deterministic mode runs on the CPU backend only so far "
+                                        "(docs/determinism.md): use --backend cpu or auto");
+    /* Auto with deterministic mode: the backend that has it. */
+    if ((o->tp > 1 || o->deterministic) && o->backend == FR_BACKEND_AUTO) {
         *out = FR_BACKEND_CPU;
         return FR_OK;
     }
@@ -265,6 +271,7 @@ fr_status fr_session_open_shadow(const fr_session *main, int n_blocks, int max_s
     out->gpu_weights = main->gpu_weights;
     out->nccl = main->nccl;
     out->tp = main->tp;
+    out->deterministic = main->deterministic;
     fr_kv_cache_config kc = *fr_kv_cache_config_of(main->kv);
     kc.dtype = FR_KV_BF16;
     kc.compute = FR_COMPUTE_EXACT;
@@ -275,6 +282,7 @@ fr_status fr_session_open_shadow(const fr_session *main, int n_blocks, int max_s
     fr_status st = fr_kv_cache_new(&kc, &out->kv);
     if (!st && out->backend == FR_BACKEND_CPU)
         st = fr_runner_cpu_new_tp(out->model, out->kv, step_tokens, &out->tp, &out->runner);
+    if (!st && out->backend == FR_BACKEND_CPU) fr_runner_cpu_set_deterministic(out->runner, out->deterministic);
 #ifdef FR_HAVE_CUDA
     if (!st && out->backend == FR_BACKEND_CUDA)
         st = fr_runner_cuda_new_tp(out->gpu_weights, out->kv, step_tokens, out->nccl, &out->gpu);

@@ -29,6 +29,9 @@ typedef struct {
                                  * --backend cuda runs one GPU per rank over NCCL */
     const fr_engine_group *group; /* this rank's engine when tp > 1 (app/tp_launch.h),
                                  * not owned; NULL for tp 1 */
+    int deterministic;          /* --deterministic: a sample's numbers independent of the
+                                 * batch, chunking, preemption, engine, thread count and
+                                 * CPU (docs/determinism.md); CPU backend only */
 } fr_engine_opts;
 
 void fr_engine_opts_default(fr_engine_opts *o);
@@ -52,6 +55,7 @@ typedef struct {
     int step_logits_rows;
     fr_calib calib;
     int has_calib;
+    int deterministic;          /* the options' deterministic mode (a shadow: main's) */
     fr_tp tp;                   /* this rank in its engine; size 1 without tensor parallelism.
                                  * With size > 1 every session call that steps the model is
                                  * collective over the engine and the KV cache holds this

@@ -4,6 +4,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "base/fixed_math.h"
+
 void fr_rmsnorm(float *out, const float *x, const float *w, int rows, int n, float eps)
 {
     if (rows <= 0 || n <= 0) return;
@@ -34,10 +36,12 @@ static void rope_cos_sin_range(float *c, float *s, int i0, int len, int head_dim
     float fpos = (float)pos;
     for (int j = 0; j < len; j++) {
         float expo = (float)(2 * (i0 + j)) / (float)head_dim;
-        float inv_freq = 1.0f / powf(base, expo);
+        float inv_freq = 1.0f / fr_powf(base, expo);
         float angle = fpos * inv_freq;
-        c[j] = cosf(angle);
-        s[j] = sinf(angle);
+        double sd, cd;
+        fr_sincos((double)angle, &sd, &cd);
+        c[j] = (float)cd;
+        s[j] = (float)sd;
     }
 }
 
@@ -77,7 +81,7 @@ void fr_swiglu(float *out, const float *gate, const float *up, int n)
 {
     for (int i = 0; i < n; i++) {
         float g = gate[i];
-        float silu = g / (1.0f + expf(-g));
+        float silu = g / (1.0f + fr_expf(-g));
         out[i] = silu * up[i];
     }
 }
@@ -105,5 +109,104 @@ void fr_embed(float *out, const float *table, const int *ids, int n, int hidden)
             memset(dst, 0, row);
         else
             memcpy(dst, table + (size_t)ids[t] * (size_t)hidden, row);
+    }
+}
+
+/* The fixed-order dot product. Lane j (of FR_DOT_LANES = 8) sums the
+ * products of indices k = j (mod 8) in increasing k; the lanes then meet in
+ * a fixed tree. The two halves of the lanes are 4-float vectors: SSE2, which
+ * every x86-64 CPU has, so the compiler emits the same instructions
+ * everywhere, and a vector add rounds each lane like a scalar one. */
+typedef float fr_v4 __attribute__((vector_size(16)));
+
+static inline fr_v4 load4(const float *p)
+{
+    fr_v4 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Lanes (lo = 0..3, hi = 4..7) after the main loop, the tail added to lane
+ * k mod 8, then the tree ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)). */
+static inline float lanes_finish(fr_v4 lo, fr_v4 hi, const float *x, const float *w, int k8, int K)
+{
+    float l[8];
+    memcpy(l, &lo, sizeof lo);
+    memcpy(l + 4, &hi, sizeof hi);
+    for (int k = k8; k < K; k++) l[k - k8] += x[k] * w[k];
+    float t0 = l[0] + l[4], t1 = l[1] + l[5], t2 = l[2] + l[6], t3 = l[3] + l[7];
+    return (t0 + t2) + (t1 + t3);
+}
+
+float fr_dot_fixed(const float *x, const float *w, int K)
+{
+    const int k8 = K > 0 ? K / 8 * 8 : 0;
+    fr_v4 lo = {0, 0, 0, 0}, hi = {0, 0, 0, 0};
+    for (int k = 0; k < k8; k += 8) {
+        lo += load4(x + k) * load4(w + k);
+        hi += load4(x + k + 4) * load4(w + k + 4);
+    }
+    return lanes_finish(lo, hi, x, w, k8, K);
+}
+
+/* Four rows of x against one row of w: each w load serves four dot
+ * products, and each product is the same as fr_dot_fixed's. */
+static void dot4_fixed(const float *x, size_t ld, const float *w, int K, float *out, size_t ldo)
+{
+    const int k8 = K / 8 * 8;
+    const float *x0 = x, *x1 = x + ld, *x2 = x + 2 * ld, *x3 = x + 3 * ld;
+    fr_v4 a0 = {0, 0, 0, 0}, b0 = a0, a1 = a0, b1 = a0, a2 = a0, b2 = a0, a3 = a0, b3 = a0;
+    for (int k = 0; k < k8; k += 8) {
+        fr_v4 wl = load4(w + k), wh = load4(w + k + 4);
+        a0 += load4(x0 + k) * wl; b0 += load4(x0 + k + 4) * wh;
+        a1 += load4(x1 + k) * wl; b1 += load4(x1 + k + 4) * wh;
+        a2 += load4(x2 + k) * wl; b2 += load4(x2 + k + 4) * wh;
+        a3 += load4(x3 + k) * wl; b3 += load4(x3 + k + 4) * wh;
+    }
+    out[0] = lanes_finish(a0, b0, x0, w, k8, K);
+    out[ldo] = lanes_finish(a1, b1, x1, w, k8, K);
+    out[2 * ldo] = lanes_finish(a2, b2, x2, w, k8, K);
+    out[3 * ldo] = lanes_finish(a3, b3, x3, w, k8, K);
+}
+
+void fr_dot_fixed_rows(float *out, const float *rows, size_t ld, int n_rows, const float *v, int K)
+{
+    int i = 0;
+    /* x * w == w * x exactly, so each output is fr_dot_fixed(rows[i], v). */
+    for (; i + 4 <= n_rows && K > 0; i += 4) dot4_fixed(rows + (size_t)i * ld, ld, v, K, out + i, 1);
+    for (; i < n_rows; i++) out[i] = fr_dot_fixed(rows + (size_t)i * ld, v, K);
+}
+
+void fr_axpy(float *y, float a, const float *x, int n)
+{
+    int j = 0;
+    const fr_v4 av = {a, a, a, a};
+    for (; j + 4 <= n; j += 4) {
+        fr_v4 r = load4(y + j) + av * load4(x + j);
+        memcpy(y + j, &r, sizeof r);
+    }
+    for (; j < n; j++) y[j] += a * x[j];
+}
+
+/* Rows of x per pass over w: enough that a weight row is reused while
+ * cached, few enough that the rows stay in L2. */
+enum { FIXED_ROW_BLOCK = 32 };
+
+void fr_matmul_fixed(float *y, const float *x, const float *w, int M, int N, int K)
+{
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        memset(y, 0, (size_t)M * (size_t)N * sizeof *y);
+        return;
+    }
+    for (int m0 = 0; m0 < M; m0 += FIXED_ROW_BLOCK) {
+        int m1 = M - m0 < FIXED_ROW_BLOCK ? M : m0 + FIXED_ROW_BLOCK;
+        for (int n = 0; n < N; n++) {
+            const float *wn = w + (size_t)n * (size_t)K;
+            int m = m0;
+            for (; m + 4 <= m1; m += 4)
+                dot4_fixed(x + (size_t)m * K, (size_t)K, wn, K, y + (size_t)m * N + n, (size_t)N);
+            for (; m < m1; m++) y[(size_t)m * N + n] = fr_dot_fixed(x + (size_t)m * K, wn, K);
+        }
     }
 }

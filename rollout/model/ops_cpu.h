@@ -13,6 +13,8 @@
 #ifndef FR_OPS_CPU_H
 #define FR_OPS_CPU_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -36,7 +38,8 @@ void fr_rmsnorm(float *out, const float *x, const float *w, int rows, int n, flo
  *   out[i+h]   = x[i+h] * c + x[i] * s
  * (HF's x*cos + rotate_half(x)*sin; the negation in rotate_half is exact.)
  * Note: torch evaluates cos/sin with its own vectorized routines, which may
- * differ from libm's cosf/sinf by an ulp. */
+ * differ from a correctly rounded cos/sin by an ulp. cos and sin (and powf) are
+ * the engine's own (base/fixed_math.h), the same bits on every CPU. */
 void fr_rope(float *x, int n_heads, int head_dim, int pos, double theta);
 
 /* The cos and sin fr_rope uses at position pos: head_dim/2 values each, so a
@@ -44,7 +47,8 @@ void fr_rope(float *x, int n_heads, int head_dim, int pos, double theta);
 void fr_rope_cos_sin(float *cos_out, float *sin_out, int head_dim, int pos, double theta);
 
 /* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1.0f + expf(-g)) in float32
- * (torch's CPU SiLU). out may alias gate or up. */
+ * (torch's CPU SiLU), expf being base/fixed_math.h's. out may alias gate or
+ * up. */
 void fr_swiglu(float *out, const float *gate, const float *up, int n);
 
 /* y[M][N] = x[M][K] . W[N][K]^T (a Hugging Face Linear without bias: W is
@@ -53,6 +57,26 @@ void fr_swiglu(float *out, const float *gate, const float *up, int n);
  * a row's result is bitwise the same for M == 1 and M > 1. y must not alias x
  * or w. M <= 0 or N <= 0 does nothing; K <= 0 writes zeros. */
 void fr_matmul(float *y, const float *x, const float *w, int M, int N, int K);
+
+/* The deterministic mode's matmul (docs/determinism.md): the same y as
+ * fr_matmul up to rounding, but every y[m][n] is fr_dot_fixed(x[m], W[n], K),
+ * a sum whose order depends on K alone, never on M, N, the blocking, the
+ * thread count or the CPU: a row of x gives bitwise the same outputs alone or
+ * inside any batch. Single-threaded; no CPU dispatch. */
+void fr_matmul_fixed(float *y, const float *x, const float *w, int M, int N, int K);
+
+/* sum_k x[k] * w[k] in the fixed order: eight lanes, lane j summing indices
+ * k = j (mod 8) in increasing k (the K mod 8 trailing products added last to
+ * lanes 0..), then ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)). 0 for K <= 0. */
+float fr_dot_fixed(const float *x, const float *w, int K);
+
+/* out[i] = fr_dot_fixed(rows + i * ld, v, K) for i < n_rows, bitwise, four
+ * rows at a time (attention's scores against a run of keys). */
+void fr_dot_fixed_rows(float *out, const float *rows, size_t ld, int n_rows, const float *v, int K);
+
+/* y[j] += a * x[j] for j < n: each element on its own (one rounding of the
+ * product, one of the sum), so vector width does not change a bit. */
+void fr_axpy(float *y, float a, const float *x, int n);
 
 /* out[t][:] = table[ids[t]][:] for t < n (rows of `hidden` floats). An id
  * outside [0, rows of table) is the caller's bug; the caller validates ids

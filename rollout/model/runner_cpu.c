@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention/fp_formats.h"
+#include "base/fixed_math.h"
 #include "rollout/model/ops_cpu.h"
 #include "rollout/model/tp_shard.h"
 
@@ -29,6 +31,7 @@ struct fr_runner_cpu {
     int ctx_cap;
     fr_forward_observer obs;    /* all callbacks NULL when unset */
     int fill_only;              /* the step under way only writes keys and values (fr_runner_cpu_fill) */
+    int deterministic;          /* fr_runner_cpu_set_deterministic */
 };
 
 enum { PREFILL_ROWS = 256 };   /* query rows per score block in chunked attention */
@@ -120,6 +123,19 @@ fr_status fr_runner_cpu_new_tp(const fr_model *m, fr_kv_cache *kv, int max_step_
     return FR_OK;
 }
 
+void fr_runner_cpu_set_deterministic(fr_runner_cpu *r, int on)
+{
+    r->deterministic = on != 0;
+}
+
+/* BLAS by default; in deterministic mode the fixed-order kernel, whose rows
+ * do not depend on what else is in the batch. */
+static void matmul(const fr_runner_cpu *r, float *y, const float *x, const float *w, int M, int N, int K)
+{
+    if (r->deterministic) fr_matmul_fixed(y, x, w, M, N, K);
+    else fr_matmul(y, x, w, M, N, K);
+}
+
 /* Row-parallel matmul epilogue: adds up the ranks' partial sums in place. */
 static fr_status tp_allreduce(const fr_runner_cpu *r, float *buf, size_t n)
 {
@@ -179,7 +195,7 @@ static void attend_chunk(fr_runner_cpu *r, const float *q, float *out, int len, 
                 float mx = -INFINITY;
                 for (int t = 0; t < visible; t++) mx = fmaxf(mx, s[t]);
                 double sum = 0.0;
-                for (int t = 0; t < visible; t++) { s[t] = expf(s[t] - mx); sum += s[t]; }
+                for (int t = 0; t < visible; t++) { s[t] = fr_expf(s[t] - mx); sum += s[t]; }
                 float inv = (float)(1.0 / sum);
                 for (int t = 0; t < visible; t++) s[t] *= inv;
                 for (int t = visible; t < ctx; t++) s[t] = 0.0f;
@@ -191,6 +207,51 @@ static void attend_chunk(fr_runner_cpu *r, const float *q, float *out, int len, 
     }
 }
 
+/* attend_chunk in deterministic mode: row i of the chunk (position len + i)
+ * reads exactly keys [0, len + i] in token order, every score a fixed-order
+ * dot product and every output a sum over those keys in token order. Nothing
+ * depends on where the chunk starts or how many rows it has, so a prompt's
+ * numbers are the same however it was chunked. */
+static void attend_chunk_fixed(fr_runner_cpu *r, const float *q, float *out, int len, int n, int G,
+                               const fr_kv_view *view)
+{
+    const int d = r->c->head_dim, H = r->c->num_heads;
+    const float scale = 1.0f / sqrtf((float)d);
+    float *s = r->scores;   /* one row of scores at a time */
+    for (int i = 0; i < n; i++)
+        for (int g = 0; g < G; g++) {
+            const float *qr = q + (size_t)i * H * d + (size_t)g * d;
+            float *o = out + (size_t)i * H * d + (size_t)g * d;
+            int visible = len + i + 1;
+            float mx = -INFINITY;
+            fr_dot_fixed_rows(s, view->k, (size_t)d, visible, qr, d);
+            for (int t = 0; t < visible; t++) {
+                s[t] *= scale;
+                mx = fmaxf(mx, s[t]);
+            }
+            double sum = 0.0;
+            for (int t = 0; t < visible; t++) { s[t] = fr_expf(s[t] - mx); sum += s[t]; }
+            float inv = (float)(1.0 / sum);
+            for (int j = 0; j < d; j++) o[j] = 0.0f;
+            for (int t = 0; t < visible; t++) fr_axpy(o, s[t] * inv, view->v + (size_t)t * d, d);
+        }
+}
+
+/* Deterministic mode with a BF16 cache: the step's own keys and values, which
+ * attention would read at float32, rounded to BF16 as the cache stores them,
+ * so a token reads the same numbers whether a key came from this step or
+ * from an earlier chunk. (f32 caches store them exactly; FP8 and vanilla FP4
+ * quantize them on the fly already.) */
+static void round_step_kv(const fr_runner_cpu *r, float *k, float *v, int from, int to)
+{
+    if (!r->deterministic || fr_kv_cache_config_of(r->kv)->dtype != FR_KV_BF16) return;
+    const size_t d = (size_t)r->c->head_dim;
+    for (size_t j = (size_t)from * d; j < (size_t)to * d; j++) {
+        k[j] = fr_bf16_round(k[j]);
+        v[j] = fr_bf16_round(v[j]);
+    }
+}
+
 static fr_status attention(fr_runner_cpu *r, int layer, const fr_step_seq *seqs, int n_seqs)
 {
     const fr_model_config *c = r->c;
@@ -199,6 +260,10 @@ static fr_status attention(fr_runner_cpu *r, int layer, const fr_step_seq *seqs,
     const float *kl = r->kstep + (size_t)layer * r->max_tokens * kvd;
     const float *vl = r->vstep + (size_t)layer * r->max_tokens * kvd;
     fr_attn_params ap = fr_kv_attn_params(r->kv, G);
+    /* Deterministic mode gives a token one attention path whether it comes
+     * alone (a decode, or a prompt chunk of one token) or in a chunk. FP4
+     * caches keep their quantized decode path (docs/determinism.md). */
+    const int fixed = r->deterministic && !fr_kv_dtype_is_fp4(fr_kv_cache_config_of(r->kv)->dtype);
     int row = 0;
     fr_status st = FR_OK;
     for (int s = 0; s < n_seqs && !st; row += seqs[s].n, s++) {
@@ -211,12 +276,15 @@ static fr_status attention(fr_runner_cpu *r, int layer, const fr_step_seq *seqs,
             st = fr_kv_gather(r->kv, seqs[s].seq, layer, h, n, kl + row * kvd, vl + row * kvd,
                               r->kbuf, r->vbuf, &view);
             if (st) break;
-            if (n == 1) {
+            round_step_kv(r, r->kbuf, r->vbuf, len, len + n);
+            if (n == 1 && r->obs.decode_query &&
+                (st = r->obs.decode_query(r->obs.user, layer, s, h, qs + (size_t)h * G * d, G, &view)))
+                break;
+            if (n == 1 && !fixed) {
                 float lse[FR_MAX_GROUP];
-                if (r->obs.decode_query &&
-                    (st = r->obs.decode_query(r->obs.user, layer, s, h, qs + (size_t)h * G * d, G, &view)))
-                    break;
                 st = fr_ref_attn_decode(&ap, qs + (size_t)h * G * d, &view, 1, os + (size_t)h * G * d, lse);
+            } else if (fixed) {
+                attend_chunk_fixed(r, qs + (size_t)h * G * d, os + (size_t)h * G * d, len, n, G, &view);
             } else {
                 attend_chunk(r, qs + (size_t)h * G * d, os + (size_t)h * G * d, len, n, G, &view);
             }
@@ -283,9 +351,9 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
         const fr_layer_weights *lw = &w->layers[l];
         float *k = r->kstep + (size_t)l * r->max_tokens * kvd, *v = r->vstep + (size_t)l * r->max_tokens * kvd;
         fr_rmsnorm(r->xn, r->x, lw->attn_norm, M, D, c->rms_norm_eps);
-        fr_matmul(r->q, r->xn, lw->q_proj, M, (int)qd, D);
-        fr_matmul(k, r->xn, lw->k_proj, M, (int)kvd, D);
-        fr_matmul(v, r->xn, lw->v_proj, M, (int)kvd, D);
+        matmul(r, r->q, r->xn, lw->q_proj, M, (int)qd, D);
+        matmul(r, k, r->xn, lw->k_proj, M, (int)kvd, D);
+        matmul(r, v, r->xn, lw->v_proj, M, (int)kvd, D);
         fr_rmsnorm(r->q, r->q, lw->q_norm, M * H, d, c->rms_norm_eps);
         fr_rmsnorm(k, k, lw->k_norm, M * KVH, d, c->rms_norm_eps);
         for (int t = 0; t < M; t++) {
@@ -296,14 +364,14 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
         if (r->obs.layer_q && (st = r->obs.layer_q(r->obs.user, l, seqs, n_seqs, r->q))) break;
         if (r->fill_only) continue;   /* keys and values are all a fill wants */
         if ((st = attention(r, l, seqs, n_seqs))) break;
-        fr_matmul(r->hidden_out, r->att, lw->o_proj, M, D, (int)qd);
+        matmul(r, r->hidden_out, r->att, lw->o_proj, M, D, (int)qd);
         if ((st = tp_allreduce(r, r->hidden_out, (size_t)M * D))) break;
         for (size_t i = 0; i < (size_t)M * D; i++) r->x[i] += r->hidden_out[i];
         fr_rmsnorm(r->xn, r->x, lw->mlp_norm, M, D, c->rms_norm_eps);
-        fr_matmul(r->gate, r->xn, lw->gate_proj, M, c->intermediate_size, D);
-        fr_matmul(r->up, r->xn, lw->up_proj, M, c->intermediate_size, D);
+        matmul(r, r->gate, r->xn, lw->gate_proj, M, c->intermediate_size, D);
+        matmul(r, r->up, r->xn, lw->up_proj, M, c->intermediate_size, D);
         fr_swiglu(r->gate, r->gate, r->up, M * c->intermediate_size);
-        fr_matmul(r->hidden_out, r->gate, lw->down_proj, M, D, c->intermediate_size);
+        matmul(r, r->hidden_out, r->gate, lw->down_proj, M, D, c->intermediate_size);
         if ((st = tp_allreduce(r, r->hidden_out, (size_t)M * D))) break;
         for (size_t i = 0; i < (size_t)M * D; i++) r->x[i] += r->hidden_out[i];
     }
@@ -324,12 +392,12 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
     }
     fr_rmsnorm(r->xn, r->xn, w->final_norm, out_rows, D, c->rms_norm_eps);
     if (r->tp.size == 1) {
-        fr_matmul(logits, r->xn, w->lm_head, out_rows, c->vocab_size, D);
+        matmul(r, logits, r->xn, w->lm_head, out_rows, c->vocab_size, D);
         return FR_OK;
     }
     /* Vocabulary-parallel LM head: this rank's slice, then every rank gets
      * the full rows (the slices concatenated in tp-rank order). */
-    fr_matmul(r->logits_local, r->xn, w->lm_head, out_rows, c->vocab_size, D);
+    matmul(r, r->logits_local, r->xn, w->lm_head, out_rows, c->vocab_size, D);
     fr_comm_status cs = fr_engine_allgather_f32(r->tp.group, r->logits_local, (size_t)out_rows,
                                                 (size_t)c->vocab_size, logits);
     return cs ? fr_fail(FR_EIO, "%s", fr_comm_last_error()) : FR_OK;

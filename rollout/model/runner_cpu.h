@@ -91,6 +91,14 @@ typedef struct {
                               const fr_kv_view *view);
 } fr_forward_observer;
 
+/* Deterministic mode (docs/determinism.md), off by default: every matrix
+ * product a fixed-order kernel (fr_matmul_fixed) instead of BLAS, and
+ * attention of f32 and BF16 caches one fixed-order path for every query
+ * token, with the step's own keys and values read as the cache stores them,
+ * so a token's logits are bitwise the same whatever else is in the step,
+ * however its prompt was chunked, and with any thread count or CPU. */
+void fr_runner_cpu_set_deterministic(fr_runner_cpu *r, int on);
+
 /* Installs obs (copied), or removes it with NULL. Without an observer the
  * step does no extra work. The CUDA runner takes the same observer for its
  * layer_kv and layer_q (fr_runner_cuda_set_observer). */

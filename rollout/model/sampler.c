@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "base/fixed_math.h"
 #include "rollout/model/philox.h"
 
 struct fr_sampler {
@@ -89,7 +90,7 @@ static fr_status softmax_scan(const float *logits, int vocab, float temperature,
         return fr_fail(FR_EINVAL, "all %d logits are -inf: no token can be chosen", vocab);
     if (st->n_posinf > 0) {
         st->zmax = INFINITY;
-        st->log_sum = log((double)st->n_posinf);
+        st->log_sum = fr_log((double)st->n_posinf);
         return FR_OK;
     }
     /* Summed in id order in double: a fixed order, and even over 152k terms
@@ -97,8 +98,8 @@ static fr_status softmax_scan(const float *logits, int vocab, float temperature,
     st->zmax = scaled(logits[st->argmax], st->t);
     double sum = 0.0;
     for (int i = 0; i < vocab; i++)
-        sum += exp(scaled(logits[i], st->t) - st->zmax);   /* -inf gives 0 */
-    st->log_sum = log(sum);
+        sum += fr_exp(scaled(logits[i], st->t) - st->zmax);   /* -inf gives 0 */
+    st->log_sum = fr_log(sum);
     return FR_OK;
 }
 
@@ -113,7 +114,7 @@ static double weight_at(const softmax_stats *st, float x)
 {
     if (st->n_posinf > 0)
         return x == INFINITY ? 1.0 : 0.0;
-    return exp(scaled(x, st->t) - st->zmax);
+    return fr_exp(scaled(x, st->t) - st->zmax);
 }
 
 /* The sampling order: larger logit first, ties to the lower id. Comparing raw

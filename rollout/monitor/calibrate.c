@@ -263,7 +263,9 @@ static fr_status runner_open(runner *r, const fr_model *m, const fr_calib_opts *
 #else
     if (o->gpu) return fr_fail(FR_EUNSUPPORTED, "calibrate: this build has no CUDA backend");
 #endif
-    return fr_runner_cpu_new(m, kv, max_tokens, &r->cpu);
+    fr_status st = fr_runner_cpu_new(m, kv, max_tokens, &r->cpu);
+    if (!st) fr_runner_cpu_set_deterministic(r->cpu, o->deterministic);
+    return st;
 }
 
 static void runner_close(runner *r)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Black-box checks of `fp4rollout rollout` on the built-in synthetic model:
 # 64 prompts x 4 samples, every sample reported exactly once, and a
-# capacity-limited run that preempts yet yields the same tokens (f32 KV).
+# capacity-limited run that preempts, with other prefill chunks, yet yields
+# bitwise the same tokens and log-probs in deterministic mode (f32 KV).
 set -euo pipefail
 bin=${BUILD:-build}/fp4rollout
 dir=$(mktemp -d)
@@ -18,7 +19,7 @@ with open(sys.argv[1], "w") as f:
         f.write(",".join(["256"] + [str(random.randint(0, 255)) for _ in range(n)]) + "\n")
 PY
 run() { "$bin" rollout --model synthetic:tiny --backend cpu --prompts "$dir/prompts.txt" --n 4 \
-          --max-tokens 40 --temperature 1 --seed 11 --kv f32 --json "$@"; }
+          --max-tokens 40 --temperature 1 --seed 11 --kv f32 --deterministic --json "$@"; }
 run > "$dir/ample.jsonl" 2> "$dir/ample.err" || fail "ample run failed: $(cat "$dir/ample.err")"
 run --max-seqs 8 --kv-blocks 10 --chunk 64 > "$dir/tight.jsonl" 2> "$dir/tight.err" ||
   fail "capacity-limited run failed: $(cat "$dir/tight.err")"
@@ -38,7 +39,8 @@ def load(path):
         assert all(lp <= 0 and math.isfinite(lp) for lp in r["logprobs"])
     return {k: r for k, r in zip(keys, rows)}
 a, b = load(sys.argv[1]), load(sys.argv[2])
-same = sum(a[k]["tokens"] == b[k]["tokens"] for k in a)
+# Bitwise: the JSON log-probs have 9 significant digits, which round-trip a float.
+same = sum(a[k]["tokens"] == b[k]["tokens"] and a[k]["logprobs"] == b[k]["logprobs"] for k in a)
 assert same == 256, f"{256 - same} samples differ after preemption"
 PY
 

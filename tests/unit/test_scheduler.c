@@ -14,11 +14,14 @@
 #include "rollout/engine/scheduler.h"
 #include "test_util.h"
 
+/* f32 sessions run in deterministic mode: the tests that use them compare
+ * runs across batching, chunking and preemption bitwise. */
 static void open_session(fr_session *s, fr_kv_dtype kv, int n_blocks, int max_seqs, int chunk)
 {
     fr_engine_opts o;
     fr_engine_opts_default(&o);
     o.backend = FR_BACKEND_CPU;
+    o.deterministic = kv == FR_KV_F32;
     o.kv = kv;
     o.chunk = chunk;
     assert_int_equal(fr_session_open(&o, n_blocks, max_seqs, s), FR_OK);
@@ -73,9 +76,8 @@ static void make_requests(test_req *q, int count)
 
 /* 32 requests on a cache with room for 8 sequences: all finish, some are
  * preempted, and every sample's tokens equal those of its request run alone
- * with ample capacity. f32 KV: stored keys and values are the step's own,
- * so the chunked prompt prefill and the recompute agree with the original
- * run to float rounding (see docs/scheduler.md for BF16/FP4 caches). */
+ * with ample capacity, bitwise with their log-probs (f32 KV, deterministic
+ * mode: docs/determinism.md). */
 static void test_preemption_recompute_exact(void **state)
 {
     (void)state;
@@ -125,7 +127,7 @@ static void test_preemption_recompute_exact(void **state)
             assert_int_equal(a->n_tokens, 48);
             assert_int_equal(b->n_tokens, 48);
             assert_memory_equal(a->tokens, b->tokens, sizeof(int) * 48);
-            for (int t = 0; t < 48; t++) assert_true(fabsf(a->logprobs[t] - b->logprobs[t]) < 1e-3f);
+            assert_memory_equal(a->logprobs, b->logprobs, sizeof(float) * 48);
             assert_int_equal(a->group, 7);
             preempted += a->preemptions > 0;
             fr_sample_result_free(a);
@@ -137,8 +139,8 @@ static void test_preemption_recompute_exact(void **state)
 
 /* fr_scheduler_recompute_all in the middle of a run (what a recalibration
  * of the key mean does): every running sample and prefill is preempted, the
- * cache is emptied, and the run then ends with the tokens of an
- * uninterrupted run. */
+ * cache is emptied, and the run then ends with the tokens and log-probs of an
+ * uninterrupted run, bitwise (deterministic mode). */
 static void test_recompute_all(void **state)
 {
     (void)state;
@@ -180,6 +182,7 @@ static void test_recompute_all(void **state)
             fr_sample_result *a = &got[i][k], *b = &ref[i][k];
             assert_int_equal(a->n_tokens, b->n_tokens);
             assert_memory_equal(a->tokens, b->tokens, sizeof(int) * (size_t)a->n_tokens);
+            assert_memory_equal(a->logprobs, b->logprobs, sizeof(float) * (size_t)a->n_tokens);
             preempted += a->preemptions > 0;
             fr_sample_result_free(a);
             fr_sample_result_free(b);

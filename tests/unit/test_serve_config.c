@@ -46,6 +46,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.kv_blocks, 0);
     assert_true(c.kv_memory_fraction == 0.9);
     assert_int_equal(c.chunk, 512);
+    assert_int_equal(c.deterministic, 0);
     assert_string_equal(c.coordinator.bind, "127.0.0.1");
     assert_int_equal(c.coordinator.port, 5555);
     assert_int_equal(c.coordinator.weight_port, 5556);
@@ -74,13 +75,14 @@ static void test_defaults(void **state)
     assert_null(o.calib);
     assert_int_equal(o.chunk, od.chunk);
     assert_int_equal(o.tp, od.tp);
+    assert_int_equal(o.deterministic, od.deterministic);
     assert_null(o.group);
 }
 
 static const char *ALL_KEYS =
     "{\"model\": \"/models/qwen3-4b\", \"backend\": \"cuda\", \"tp\": 4, \"kv_dtype\": \"mxfp4\","
     " \"fp4_compute\": \"bf16\", \"recipe\": \"full,-rotate,-sink\", \"calib\": \"/models/calib.safetensors\","
-    " \"max_seqs\": 300, \"kv_blocks\": 0, \"kv_memory_fraction\": 0.5, \"chunk\": 1024,"
+    " \"max_seqs\": 300, \"kv_blocks\": 0, \"kv_memory_fraction\": 0.5, \"chunk\": 1024, \"deterministic\": true,"
     " \"coordinator\": {\"bind\": \"*\", \"port\": 6000, \"weight_port\": 6001, \"engine_port\": 6002},"
     " \"metrics_port\": 0, \"kl_sample_rate\": 0.125,"
     " \"sampling\": {\"temperature\": 0.7, \"top_k\": 50, \"top_p\": 0.95, \"max_tokens\": 4096,"
@@ -102,6 +104,7 @@ static void test_every_key(void **state)
     assert_int_equal(c.kv_blocks, 0);
     assert_true(c.kv_memory_fraction == 0.5);
     assert_int_equal(c.chunk, 1024);
+    assert_int_equal(c.deterministic, 1);
     assert_string_equal(c.coordinator.bind, "*");
     assert_int_equal(c.coordinator.port, 6000);
     assert_int_equal(c.coordinator.weight_port, 6001);
@@ -125,6 +128,7 @@ static void test_every_key(void **state)
     assert_int_equal(o.kv, FR_KV_MXFP4);
     assert_int_equal(o.compute, FR_COMPUTE_BF16);
     assert_int_equal(o.chunk, 1024);
+    assert_int_equal(o.deterministic, 1);
     assert_int_equal(o.tp, 4);
     /* Nested objects keep the defaults of the keys they leave out. */
     assert_int_equal(parse("{\"coordinator\": {\"port\": 7000}, \"sampling\": {\"top_k\": 5}}", &c), FR_OK);
@@ -181,6 +185,7 @@ static void test_bad_values(void **state)
         {"{\"kv_memory_fraction\": 0}", {"kv_memory_fraction: must be in (0, 1], got 0", NULL}},
         {"{\"kv_memory_fraction\": 1.5}", {"kv_memory_fraction: must be in (0, 1]", NULL}},
         {"{\"chunk\": 0}", {"chunk: must be in [1,", NULL}},
+        {"{\"deterministic\": 1}", {"deterministic: expected true or false, got a number", NULL}},
         {"{\"coordinator\": 5}", {"coordinator: expected an object, got a number", NULL}},
         {"{\"coordinator\": {\"port\": 70000}}", {"coordinator.port: must be in [1, 65535], got 70000", NULL}},
         {"{\"coordinator\": {\"bind\": \"tcp://*:5555\"}}", {"coordinator.bind: give the host", NULL}},
