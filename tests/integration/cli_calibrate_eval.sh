@@ -96,6 +96,6 @@ expect_error "--tokens expects" eval-kl --model synthetic:tiny --texts "$dir/t1.
 expect_error "--texts needs at least one file" eval-kl --model synthetic:tiny
 expect_error "cannot read text file" eval-kl --model synthetic:tiny --texts "$dir/missing.txt"
 expect_error "t0.txt: header length" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" --calib "$dir/t0.txt"
-for c in calibrate eval-kl; do "$bin" $c --help | grep -q "usage: fp4rollout $c" || fail "$c --help"; done
-"$bin" --help | grep -q "eval-kl" || fail "eval-kl missing from the command list"
+for c in calibrate eval-kl; do { out=$("$bin" $c --help) && grep -q "usage: fp4rollout $c" <<< "$out"; } || fail "$c --help"; done
+{ out=$("$bin" --help) && grep -q "eval-kl" <<< "$out"; } || fail "eval-kl missing from the command list"
 echo "cli_calibrate_eval: all checks passed"

@@ -58,5 +58,5 @@ expect_error "top_p" generate --temperature 1 --top-p 1.5
 expect_error "no such checkpoint folder" generate --model /nonexistent/dir
 expect_error "--out is required" score --prompt-ids 256,1
 expect_error "not a non-negative integer" score --prompt-ids 256,x --out "$dir/x"
-for c in generate score; do "$bin" $c --help | grep -q "usage: fp4rollout $c" || fail "$c --help"; done
+for c in generate score; do { out=$("$bin" $c --help) && grep -q "usage: fp4rollout $c" <<< "$out"; } || fail "$c --help"; done
 echo "cli_generate: all checks passed"

@@ -55,5 +55,5 @@ expect_error "cannot read" rollout --prompts "$dir/none.txt"
 expect_error "outside the vocabulary" rollout --backend cpu --prompts "$dir/bad.txt"
 expect_error "exceeds --max-seqs" rollout --prompts "$dir/prompts.txt" --n 8 --max-seqs 4
 expect_error "KV blocks" rollout --backend cpu --prompts "$dir/prompts.txt" --max-tokens 500 --kv-blocks 2
-"$bin" rollout --help | grep -q "usage: fp4rollout rollout" || fail "rollout --help"
+{ out=$("$bin" rollout --help) && grep -q "usage: fp4rollout rollout" <<< "$out"; } || fail "rollout --help"
 echo "cli_rollout: all checks passed"
