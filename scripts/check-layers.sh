@@ -9,7 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec python3 - "$@" <<'PY'
-import os, re, subprocess, sys
+import os, re, sys
+sys.path.insert(0, 'scripts')
+from source_files import sources
 
 # module -> the modules it may use (besides itself). The order of
 # docs/architecture.md's table; tests, benchmarks and examples may use all.
@@ -36,18 +38,6 @@ def module_of(path):
             best = m
     return best
 
-def sources(exts):
-    # git's list where there is a checkout (untracked files count, ignored
-    # ones not); else every file below the root but build outputs.
-    r = subprocess.run(['git', 'ls-files', '--cached', '--others', '--exclude-standard'] + ['*' + e for e in exts],
-                       capture_output=True, text=True)
-    if r.returncode == 0:
-        return [f for f in r.stdout.split() if os.path.exists(f)]
-    out = []
-    for d, dirs, names in os.walk('.'):
-        dirs[:] = sorted(x for x in dirs if not x.startswith('.') and not (d == '.' and x.startswith('build')))
-        out += [os.path.normpath(os.path.join(d, n)) for n in sorted(names) if n.endswith(exts)]
-    return out
 files = sources(('.c', '.h', '.cu', '.cuh'))
 include = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 edges = {}

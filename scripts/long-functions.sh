@@ -9,20 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec python3 - "${1:-150}" <<'PY'
-import os, re, subprocess, sys
+import os, re, sys
+sys.path.insert(0, 'scripts')
+from source_files import sources
 limit = int(sys.argv[1])
-def sources(exts):
-    # git's list where there is a checkout (untracked files count, ignored
-    # ones not); else every file below the root but build outputs.
-    r = subprocess.run(['git', 'ls-files', '--cached', '--others', '--exclude-standard'] + ['*' + e for e in exts],
-                       capture_output=True, text=True)
-    if r.returncode == 0:
-        return [f for f in r.stdout.split() if os.path.exists(f)]
-    out = []
-    for d, dirs, names in os.walk('.'):
-        dirs[:] = sorted(x for x in dirs if not x.startswith('.') and not (d == '.' and x.startswith('build')))
-        out += [os.path.normpath(os.path.join(d, n)) for n in sorted(names) if n.endswith(exts)]
-    return out
 files = sources(('.c', '.h'))
 name = re.compile(r'(\w+)\s*\([^;]*$')
 found = []
