@@ -46,7 +46,6 @@ template <int FMT, int D> struct Geom {
      * loaded on its own barrier into a ring of two (Smem): two pages of
      * shared memory keep K two pages ahead and V one page ahead of use. */
     static constexpr int k_half = v_codes, v_half = page_bytes - v_codes;
-    static constexpr int ksteps = D / 16;
 };
 
 /* Everything the kernels read; plain data, passed by value. */
@@ -61,10 +60,10 @@ struct Params {
     int q_mode, q_search, quantize_p, underflow_aware;
     float c, log2c, tau, gamma;
     /* workspace */
-    uint32_t *qfrag;           /* FP4: [seq][kvh][mt][ksteps][32][4] A fragments; FP8: [seq][kvh][nq][ksteps][32][2]
+    uint32_t *qfrag;           /* FP4: [seq][kvh][mt][D/16][32][4] A fragments; FP8: [seq][kvh][nq][D/16][32][2]
                                   B fragments; FP16x2 in the FP4/FP8 dim order (qk_dim_slot) */
     int qwords;                /* u32 of qfrag per (seq, kvh) */
-    uint32_t *qfrag_bf;        /* [seq][kvh][nq][ksteps][32][2] BF16x2 hi/lo, natural order */
+    uint32_t *qfrag_bf;        /* [seq][kvh][nq][D/16][32][2] BF16x2 hi/lo, natural order */
     float *qscale;             /* [seq][kvh][16]: S = (hi + lo column sum) * qscale */
     uint8_t *otf;              /* [seq][kvh][page_bytes]: the partial page, quantized */
     float *o_part;             /* [seq][kvh][n_splits + 1][G][D] */

@@ -34,16 +34,6 @@ FR_PTX void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint3
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* Transposes the 8x8 b16 matrix the warp holds in C-fragment order (lane
- * 4g + t: row g, columns 2t, 2t + 1) into B-fragment order (lane 4g + t:
- * rows 2t, 2t + 1 of column g). */
-FR_PTX uint32_t movmatrix_trans(uint32_t x)
-{
-    uint32_t y;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-    return y;
-}
-
 FR_PTX void ldsm_x4(const void *p, uint32_t (&r)[4])
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -100,13 +90,6 @@ FR_PTX uint32_t pack_f16x2(float lo, float hi)
     return d;
 }
 
-FR_PTX uint32_t pack_bf16x2(float lo, float hi)
-{
-    uint32_t d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-}
-
 /* One float to FP16 bits (round to nearest even, subnormals kept). */
 FR_PTX uint16_t f32_to_f16(float x)
 {
@@ -122,20 +105,11 @@ FR_PTX float f16_to_f32(uint16_t h)
     return d;
 }
 
-FR_PTX float bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-
 /* 2^x, MUFU (relative error about 2^-22; -inf gives 0). */
 FR_PTX float ex2(float x)
 {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-FR_PTX float lg2(float x)
-{
-    float y;
-    asm("lg2.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
 }
 
