@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Black-box checks of `fp4rollout serve` and its clients (docs/protocol.md)
 # on the built-in synthetic model over loopback: hello; 8 prompts x 4
-# samples streamed and equal to `fp4rollout rollout`; abort of one request;
+# samples streamed and bitwise equal to `fp4rollout rollout` (both in
+# deterministic mode: the server batches them with other requests); abort of one request;
 # pause abort, pause wait, held requests and resume; stats; malformed
 # messages (garbage, wrong types, unknown types, a frame declaring a huge
 # array) answered with errors while the server keeps serving; a client that
@@ -15,7 +16,7 @@ source "$(dirname "$0")/serve_setup.bash"
 port=$(free_port)
 ep=tcp://127.0.0.1:$port
 cat > "$dir/serve.json" <<EOF
-{"model": "synthetic:tiny", "backend": "cpu", "kv_dtype": "f32", "max_seqs": 16,
+{"model": "synthetic:tiny", "backend": "cpu", "kv_dtype": "f32", "max_seqs": 16, "deterministic": true,
  "coordinator": {"bind": "127.0.0.1", "port": $port}}
 EOF
 
@@ -62,7 +63,8 @@ head -4 "$dir/p8.txt" > "$dir/p4.txt"
 head -2 "$dir/q8.txt" > "$dir/q2.txt"
 ref() { # PROMPTS SEED OUT
   "$bin" rollout --model synthetic:tiny --backend cpu --kv f32 --max-seqs 16 --prompts "$1" --n 4 \
-    --max-tokens 40 --temperature 1 --seed "$2" --json > "$3" 2>/dev/null || fail "rollout reference failed"
+    --max-tokens 40 --temperature 1 --seed "$2" --deterministic --json > "$3" 2>/dev/null ||
+    fail "rollout reference failed"
 }
 ref "$dir/p8.txt" 11 "$dir/ref11.jsonl"
 ref "$dir/q8.txt" 12 "$dir/ref12.jsonl"
