@@ -13,6 +13,7 @@
 
 #include "base/clock.h"
 #include "rollout/model/model.h"
+#include "rollout/model/tensor_table.h"
 #include "rollout/engine/weight_update.h"
 #include "trainer_bridge/client/client.h"
 #include "trainer_bridge/client/metrics_sub.h"
@@ -532,39 +533,12 @@ static int cmd_send_raw(fr_client *c, int timeout_ms, int argc, char **argv)
 
 /* ---- push-weights ---------------------------------------------------------- */
 
-/* The float32 tensor of model m named `name` (Hugging Face names, as
- * rollout/engine/weight_update.h lists them), or NULL. */
+/* The float32 tensor of model m named `name` (rollout/model/tensor_table.h),
+ * or NULL. */
 static const float *model_tensor(const fr_model *m, const char *name)
 {
-    const fr_weights *w = &m->w;
-    if (strcmp(name, "model.embed_tokens.weight") == 0) return w->embed;
-    if (strcmp(name, "model.norm.weight") == 0) return w->final_norm;
-    if (strcmp(name, "lm_head.weight") == 0) return w->lm_head;
-    int l, used = 0;
-    char rest[96];
-    if (sscanf(name, "model.layers.%d.%95s%n", &l, rest, &used) != 2 || l < 0 || l >= m->cfg.num_layers ||
-        name[used] != 0)
-        return NULL;
-    const fr_layer_weights *L = &w->layers[l];
-    static const struct {
-        const char *suffix;
-        size_t off;
-    } parts[] = {
-        {"input_layernorm.weight", offsetof(fr_layer_weights, attn_norm)},
-        {"self_attn.q_proj.weight", offsetof(fr_layer_weights, q_proj)},
-        {"self_attn.k_proj.weight", offsetof(fr_layer_weights, k_proj)},
-        {"self_attn.v_proj.weight", offsetof(fr_layer_weights, v_proj)},
-        {"self_attn.o_proj.weight", offsetof(fr_layer_weights, o_proj)},
-        {"self_attn.q_norm.weight", offsetof(fr_layer_weights, q_norm)},
-        {"self_attn.k_norm.weight", offsetof(fr_layer_weights, k_norm)},
-        {"post_attention_layernorm.weight", offsetof(fr_layer_weights, mlp_norm)},
-        {"mlp.gate_proj.weight", offsetof(fr_layer_weights, gate_proj)},
-        {"mlp.up_proj.weight", offsetof(fr_layer_weights, up_proj)},
-        {"mlp.down_proj.weight", offsetof(fr_layer_weights, down_proj)},
-    };
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
-        if (strcmp(rest, parts[i].suffix) == 0) return *(float *const *)((const char *)L + parts[i].off);
-    return NULL;
+    fr_model_tensor t;
+    return fr_model_tensor_find(&m->cfg, &m->w, name, &t) ? t.data : NULL;
 }
 
 /* float32 -> bfloat16, round to nearest even (finite inputs). */

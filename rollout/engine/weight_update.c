@@ -6,12 +6,13 @@
 #include <string.h>
 
 #include "rollout/model/runner_cpu.h"
+#include "rollout/model/tensor_table.h"
 #include "base/safetensors.h"
 #ifdef FR_HAVE_CUDA
 #include "rollout/model/weights_cuda.h"
 #endif
 
-enum { NAME_CAP = 96 };
+enum { NAME_CAP = FR_TENSOR_NAME_CAP };
 
 /* One tensor of the model: where its floats go in the staging model, its
  * shape, and which of its bytes (in the sender's dtype) have arrived. */
@@ -66,7 +67,7 @@ fr_status fr_weight_update_begin(const fr_model_config *cfg, uint64_t version, f
     fr_weight_update *u = calloc(1, sizeof *u);
     if (!u) return fr_fail(FR_ENOMEM, "weight update: out of memory");
     fr_status st = fr_model_alloc(cfg, "weight update", &u->staged);
-    if (!st && !(u->t = calloc((size_t)(11 * cfg->num_layers + 3), sizeof *u->t)))
+    if (!st && !(u->t = calloc(fr_model_tensor_count(cfg), sizeof *u->t)))
         st = fr_fail(FR_ENOMEM, "weight update: out of memory");
     if (st) {
         fr_weight_update_free(&u);
@@ -78,35 +79,18 @@ fr_status fr_weight_update_begin(const fr_model_config *cfg, uint64_t version, f
     return FR_OK;
 }
 
+static fr_status add_tensor(void *user, const fr_model_tensor *t)
+{
+    add(user, t->name, t->data, t->ndim, t->rows, t->cols);
+    return FR_OK;
+}
+
 /* The tensor table over the staged model's current weight pointers (names,
  * shapes, destinations); what was received is left to the caller. */
 static void table(fr_weight_update *u)
 {
     u->n = 0;
-    const fr_model_config *c = &u->staged->cfg;
-    const fr_weights *w = &u->staged->w;
-    const int64_t H = c->hidden_size, D = c->head_dim, I = c->intermediate_size, V = c->vocab_size;
-    const int64_t qd = (int64_t)c->num_heads * D, kvd = (int64_t)c->num_kv_heads * D;
-    char name[NAME_CAP];
-    add(u, "model.embed_tokens.weight", w->embed, 2, V, H);
-    for (int l = 0; l < c->num_layers; l++) {
-        const fr_layer_weights *L = &w->layers[l];
-#define N(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix), name)
-        add(u, N("input_layernorm.weight"), L->attn_norm, 1, H, 0);
-        add(u, N("self_attn.q_proj.weight"), L->q_proj, 2, qd, H);
-        add(u, N("self_attn.k_proj.weight"), L->k_proj, 2, kvd, H);
-        add(u, N("self_attn.v_proj.weight"), L->v_proj, 2, kvd, H);
-        add(u, N("self_attn.o_proj.weight"), L->o_proj, 2, H, qd);
-        add(u, N("self_attn.q_norm.weight"), L->q_norm, 1, D, 0);
-        add(u, N("self_attn.k_norm.weight"), L->k_norm, 1, D, 0);
-        add(u, N("post_attention_layernorm.weight"), L->mlp_norm, 1, H, 0);
-        add(u, N("mlp.gate_proj.weight"), L->gate_proj, 2, I, H);
-        add(u, N("mlp.up_proj.weight"), L->up_proj, 2, I, H);
-        add(u, N("mlp.down_proj.weight"), L->down_proj, 2, H, I);
-#undef N
-    }
-    add(u, "model.norm.weight", w->final_norm, 1, H, 0);
-    if (!c->tie_word_embeddings) add(u, "lm_head.weight", w->lm_head, 2, V, H);
+    fr_model_tensors_each(&u->staged->cfg, &u->staged->w, add_tensor, u);
 }
 
 fr_status fr_weight_update_restart(fr_weight_update *u, uint64_t version)

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "rollout/model/checkpoint.h"
+#include "rollout/model/tensor_table.h"
 
 /* ---- layout -------------------------------------------------------------- */
 
@@ -45,9 +46,17 @@ static size_t layout(const fr_model_config *c, fr_weights *w, float *base)
         PLACE(L->q_norm, 1, D);
         PLACE(L->k_norm, 1, D);
         PLACE(L->mlp_norm, 1, H);
-        PLACE(L->gate_proj, I, H);
-        PLACE(L->up_proj, I, H);
-        PLACE(L->down_proj, H, I);
+        if (fr_model_layer_is_moe(c, l)) {
+            size_t E = (size_t)c->num_experts, Im = (size_t)c->moe_intermediate_size;
+            PLACE(L->router, E, H);
+            PLACE(L->expert_gate, E * Im, H);
+            PLACE(L->expert_up, E * Im, H);
+            PLACE(L->expert_down, E * H, Im);
+        } else {
+            PLACE(L->gate_proj, I, H);
+            PLACE(L->up_proj, I, H);
+            PLACE(L->down_proj, H, I);
+        }
     }
     PLACE(w->final_norm, 1, H);
     if (c->tie_word_embeddings) {
@@ -77,6 +86,11 @@ fr_status fr_model_alloc(const fr_model_config *cfg, const char *name, fr_model 
     if (cfg->head_dim % 2 != 0)
         return fr_fail(FR_EUNSUPPORTED, "%s: head_dim %d is odd; RoPE needs an even head_dim", label,
                        cfg->head_dim);
+    if (cfg->num_experts > 0 && (cfg->experts_per_tok < 1 || cfg->experts_per_tok > cfg->num_experts ||
+                                 cfg->moe_intermediate_size <= 0 || cfg->decoder_sparse_step < 1))
+        return fr_fail(FR_EINVAL, "%s: expert sizes must be positive and top-k within the %d experts (top-k %d, "
+                                  "expert intermediate %d, sparse step %d)", label, cfg->num_experts,
+                       cfg->experts_per_tok, cfg->moe_intermediate_size, cfg->decoder_sparse_step);
     if ((int64_t)cfg->num_heads * cfg->head_dim > INT_MAX)
         return fr_fail(FR_EUNSUPPORTED, "%s: num_heads x head_dim = %lld is too large", label,
                        (long long)cfg->num_heads * cfg->head_dim);
@@ -157,7 +171,9 @@ fr_status fr_model_swap_weights(fr_model *a, fr_model *b)
     const fr_model_config *x = &a->cfg, *y = &b->cfg;
     if (x->num_layers != y->num_layers || x->hidden_size != y->hidden_size || x->vocab_size != y->vocab_size ||
         x->num_heads != y->num_heads || x->num_kv_heads != y->num_kv_heads || x->head_dim != y->head_dim ||
-        x->intermediate_size != y->intermediate_size || x->tie_word_embeddings != y->tie_word_embeddings)
+        x->intermediate_size != y->intermediate_size || x->tie_word_embeddings != y->tie_word_embeddings ||
+        x->num_experts != y->num_experts || x->moe_intermediate_size != y->moe_intermediate_size ||
+        x->decoder_sparse_step != y->decoder_sparse_step || memcmp(x->mlp_only, y->mlp_only, sizeof x->mlp_only))
         return fr_fail(FR_EINVAL, "fr_model_swap_weights: the two models differ in shape");
     if (!a->data_ || !b->data_ || a->n_data_ != b->n_data_)
         return fr_fail(FR_EINVAL, "fr_model_swap_weights: both models must hold host weights of one size");
@@ -178,41 +194,19 @@ float *fr_model_data(const fr_model *m, size_t *n_floats)
 
 /* ---- loading a checkpoint -------------------------------------------------- */
 
-static fr_status load_2d(const fr_checkpoint *ck, const char *name, int64_t rows, int64_t cols, float *dst)
+static fr_status load_tensor(void *user, const fr_model_tensor *t)
 {
-    int64_t shape[2] = {rows, cols};
-    return fr_checkpoint_load_f32(ck, name, 2, shape, dst);
+    int64_t shape[2] = {t->rows, t->cols};
+    return fr_checkpoint_load_f32(user, t->name, t->ndim, shape, t->data);
 }
 
-static fr_status load_1d(const fr_checkpoint *ck, const char *name, int64_t n, float *dst)
+/* Qwen3 has no biases; a checkpoint that carries them would be computed
+ * wrongly without them, so refuse it (config.json may not say so). */
+static fr_status refuse_biases(const fr_checkpoint *ck, int l)
 {
-    return fr_checkpoint_load_f32(ck, name, 1, &n, dst);
-}
-
-static fr_status load_layer(const fr_checkpoint *ck, const fr_model_config *c, int l, fr_layer_weights *L)
-{
-    int64_t H = c->hidden_size, D = c->head_dim, I = c->intermediate_size;
-    int64_t qd = (int64_t)c->num_heads * D, kvd = (int64_t)c->num_kv_heads * D;
-    char name[128];
-    fr_status rc;
-#define NAME(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix), name)
-    if ((rc = load_1d(ck, NAME("input_layernorm.weight"), H, L->attn_norm)) != FR_OK ||
-        (rc = load_2d(ck, NAME("self_attn.q_proj.weight"), qd, H, L->q_proj)) != FR_OK ||
-        (rc = load_2d(ck, NAME("self_attn.k_proj.weight"), kvd, H, L->k_proj)) != FR_OK ||
-        (rc = load_2d(ck, NAME("self_attn.v_proj.weight"), kvd, H, L->v_proj)) != FR_OK ||
-        (rc = load_2d(ck, NAME("self_attn.o_proj.weight"), H, qd, L->o_proj)) != FR_OK ||
-        (rc = load_1d(ck, NAME("self_attn.q_norm.weight"), D, L->q_norm)) != FR_OK ||
-        (rc = load_1d(ck, NAME("self_attn.k_norm.weight"), D, L->k_norm)) != FR_OK ||
-        (rc = load_1d(ck, NAME("post_attention_layernorm.weight"), H, L->mlp_norm)) != FR_OK ||
-        (rc = load_2d(ck, NAME("mlp.gate_proj.weight"), I, H, L->gate_proj)) != FR_OK ||
-        (rc = load_2d(ck, NAME("mlp.up_proj.weight"), I, H, L->up_proj)) != FR_OK ||
-        (rc = load_2d(ck, NAME("mlp.down_proj.weight"), H, I, L->down_proj)) != FR_OK)
-        return rc;
-#undef NAME
-    /* Qwen3 has no biases; a checkpoint that carries them would be computed
-     * wrongly without them, so refuse it (config.json may not say so). */
     static const char *const bias_names[] = {"self_attn.q_proj.bias", "self_attn.k_proj.bias",
                                              "self_attn.v_proj.bias", "self_attn.o_proj.bias"};
+    char name[128];
     for (size_t i = 0; i < sizeof bias_names / sizeof bias_names[0]; i++) {
         snprintf(name, sizeof name, "model.layers.%d.%s", l, bias_names[i]);
         if (fr_checkpoint_find(ck, name))
@@ -242,21 +236,16 @@ static fr_status load_dir(const char *dir, fr_model **out)
     const fr_model_config *c = fr_checkpoint_config(ck);
     if ((rc = fr_model_alloc(c, dir, &m)) != FR_OK) goto done;
 
-    int64_t V = c->vocab_size, H = c->hidden_size;
-    if ((rc = load_2d(ck, "model.embed_tokens.weight", V, H, m->w.embed)) != FR_OK) goto done;
     for (int l = 0; l < c->num_layers; l++)
-        if ((rc = load_layer(ck, c, l, &m->w.layers[l])) != FR_OK) goto done;
-    if ((rc = load_1d(ck, "model.norm.weight", H, m->w.final_norm)) != FR_OK) goto done;
+        if ((rc = refuse_biases(ck, l)) != FR_OK) goto done;
     /* Tied: transformers ties lm_head to the embedding and ignores any stored
-     * lm_head.weight; so do we. */
-    if (!c->tie_word_embeddings &&
-        (rc = load_2d(ck, "lm_head.weight", V, H, m->w.lm_head)) != FR_OK) {
-        if (!fr_checkpoint_find(ck, "lm_head.weight"))
-            rc = fr_fail(rc, "%s: missing tensor lm_head.weight, and config.json does not set "
-                             "tie_word_embeddings",
-                         dir);
+     * lm_head.weight; so does the table. */
+    if (!c->tie_word_embeddings && !fr_checkpoint_find(ck, "lm_head.weight")) {
+        rc = fr_fail(FR_EFORMAT, "%s: missing tensor lm_head.weight, and config.json does not set "
+                                 "tie_word_embeddings", dir);
         goto done;
     }
+    rc = fr_model_tensors_each(c, &m->w, load_tensor, ck);
 done:
     fr_checkpoint_close(&ck);
     if (rc != FR_OK) fr_model_destroy(&m);

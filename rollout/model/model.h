@@ -4,7 +4,10 @@
  * this order (each tensor row-major, with its Hugging Face shape):
  *   embed [vocab][hidden],
  *   for each layer: attn_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm,
- *                   mlp_norm, gate_proj, up_proj, down_proj,
+ *                   mlp_norm, then either the dense MLP gate_proj, up_proj,
+ *                   down_proj or, in a Mixture-of-Experts layer
+ *                   (fr_model_layer_is_moe), router, expert_gate,
+ *                   expert_up, expert_down (the experts' tensors stacked),
  *   final_norm [hidden],
  *   lm_head [vocab][hidden]   (absent when tie_word_embeddings: it then
  *                              points at embed).
@@ -53,6 +56,12 @@ typedef struct {
     float *gate_proj;   /* [intermediate][hidden] */
     float *up_proj;     /* [intermediate][hidden] */
     float *down_proj;   /* [hidden][intermediate] */
+    /* MoE layers only (the dense three above are then NULL); E experts of
+     * moe_intermediate_size Im, expert e's tensors at offset e * Im * hidden: */
+    float *router;      /* [E][hidden] mlp.gate */
+    float *expert_gate; /* [E][Im][hidden] mlp.experts.e.gate_proj */
+    float *expert_up;   /* [E][Im][hidden] mlp.experts.e.up_proj */
+    float *expert_down; /* [E][hidden][Im] mlp.experts.e.down_proj */
 } fr_layer_weights;
 
 typedef struct {

@@ -93,32 +93,43 @@ static fr_status parse_rope(const cJSON *root, const char *label, double *theta)
     return FR_OK;
 }
 
+/* The architectures the engine implements, with the model_type each implies. */
+static const struct {
+    const char *arch, *model_type;
+} known_archs[] = {
+    {"Qwen3ForCausalLM", "qwen3"},
+    {"Qwen3MoeForCausalLM", "qwen3_moe"},
+};
+
 static fr_status check_identity(const cJSON *root, const char *label, fr_model_config *c)
 {
     const cJSON *arch = get(root, "architectures"), *a;
     if (!arch) return fr_fail(FR_EFORMAT, "%s: missing key \"architectures\"", label);
     if (!cJSON_IsArray(arch)) return fr_fail(FR_EFORMAT, "%s: key \"architectures\" must be a list", label);
     char found[256] = "";
+    const char *want_type = NULL;
     cJSON_ArrayForEach(a, arch) {
         if (!cJSON_IsString(a))
             return fr_fail(FR_EFORMAT, "%s: key \"architectures\" must be a list of strings", label);
-        if (strcmp(a->valuestring, "Qwen3ForCausalLM") == 0) {
-            snprintf(c->architecture, sizeof c->architecture, "%s", a->valuestring);
-            break;
-        }
+        for (size_t i = 0; i < sizeof known_archs / sizeof known_archs[0] && !want_type; i++)
+            if (strcmp(a->valuestring, known_archs[i].arch) == 0) {
+                snprintf(c->architecture, sizeof c->architecture, "%s", a->valuestring);
+                want_type = known_archs[i].model_type;
+            }
+        if (want_type) break;
         size_t used = strlen(found);
         snprintf(found + used, sizeof found - used, "%s\"%s\"", used ? ", " : "", a->valuestring);
     }
     if (!c->architecture[0])
-        return fr_fail(FR_EUNSUPPORTED, "%s: key \"architectures\" is [%s]; only Qwen3ForCausalLM is supported",
-                       label, found);
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"architectures\" is [%s]; only Qwen3ForCausalLM and "
+                       "Qwen3MoeForCausalLM are supported", label, found);
 
     const cJSON *mt = get(root, "model_type");
     if (!mt) return fr_fail(FR_EFORMAT, "%s: missing key \"model_type\"", label);
     if (!cJSON_IsString(mt)) return fr_fail(FR_EFORMAT, "%s: key \"model_type\" must be a string", label);
-    if (strcmp(mt->valuestring, "qwen3") != 0)
-        return fr_fail(FR_EUNSUPPORTED, "%s: key \"model_type\" is \"%s\"; only \"qwen3\" is supported",
-                       label, mt->valuestring);
+    if (strcmp(mt->valuestring, want_type) != 0)
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"model_type\" is \"%s\"; %s needs \"%s\"", label,
+                       mt->valuestring, c->architecture, want_type);
 
     /* Options the dense forward does not implement. */
     int on;
@@ -143,6 +154,9 @@ static fr_status parse_sizes(const cJSON *root, const char *label, fr_model_conf
         (rc = positive_int(root, label, "intermediate_size", &c->intermediate_size)) != FR_OK ||
         (rc = positive_int(root, label, "max_position_embeddings", &c->max_position)) != FR_OK)
         return rc;
+    if (c->num_layers > FR_MAX_LAYERS)
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"num_hidden_layers\" is %d; at most %d are supported", label,
+                       c->num_layers, FR_MAX_LAYERS);
 
     /* As in transformers: no num_key_value_heads means plain multi-head. */
     c->num_kv_heads = c->num_heads;
@@ -200,6 +214,75 @@ static fr_status parse_tokens(const cJSON *root, const char *label, fr_model_con
     return FR_OK;
 }
 
+/* A non-negative integer key with a default for when it is absent. */
+static fr_status opt_int(const cJSON *root, const char *label, const char *key, int dflt, int min, int *out)
+{
+    const cJSON *v = get(root, key);
+    *out = dflt;
+    if (!v) return FR_OK;
+    if (!as_int(v, out)) return fr_fail(FR_EFORMAT, "%s: key \"%s\" must be an integer", label, key);
+    if (*out < min) return fr_fail(FR_EFORMAT, "%s: key \"%s\" must be >= %d (got %d)", label, key, min, *out);
+    return FR_OK;
+}
+
+/* Published Qwen3-MoE configs say num_experts, newer transformers write
+ * num_local_experts; when both appear they must agree. */
+static fr_status parse_expert_count(const cJSON *root, const char *label, int *n)
+{
+    int a = 0, b = 0;
+    fr_status rc;
+    int has_a = get(root, "num_experts") != NULL, has_b = get(root, "num_local_experts") != NULL;
+    if (!has_a && !has_b)
+        return fr_fail(FR_EFORMAT, "%s: missing key \"num_experts\" (or \"num_local_experts\")", label);
+    if (has_a && (rc = positive_int(root, label, "num_experts", &a)) != FR_OK) return rc;
+    if (has_b && (rc = positive_int(root, label, "num_local_experts", &b)) != FR_OK) return rc;
+    if (has_a && has_b && a != b)
+        return fr_fail(FR_EFORMAT, "%s: keys \"num_experts\" (%d) and \"num_local_experts\" (%d) disagree",
+                       label, a, b);
+    *n = has_a ? a : b;
+    return FR_OK;
+}
+
+static fr_status parse_mlp_only(const cJSON *root, const char *label, fr_model_config *c)
+{
+    const cJSON *list = get(root, "mlp_only_layers"), *v;
+    if (!list) return FR_OK;
+    if (!cJSON_IsArray(list)) return fr_fail(FR_EFORMAT, "%s: key \"mlp_only_layers\" must be a list", label);
+    cJSON_ArrayForEach(v, list) {
+        int l;
+        if (!as_int(v, &l) || l < 0 || l >= c->num_layers)
+            return fr_fail(FR_EFORMAT, "%s: key \"mlp_only_layers\" must list layer indices in [0, %d)", label,
+                           c->num_layers);
+        c->mlp_only[l / 64] |= 1ull << (l % 64);
+    }
+    return FR_OK;
+}
+
+/* The routed-expert keys of a qwen3_moe config. Everything that would change
+ * the math and is not implemented (shared experts, as in Qwen2-MoE) is
+ * refused. */
+static fr_status parse_moe(const cJSON *root, const char *label, fr_model_config *c)
+{
+    fr_status rc;
+    int shared = 0;
+    if (strcmp(c->architecture, "Qwen3MoeForCausalLM") != 0) return FR_OK;
+    if ((rc = parse_expert_count(root, label, &c->num_experts)) != FR_OK ||
+        (rc = positive_int(root, label, "num_experts_per_tok", &c->experts_per_tok)) != FR_OK ||
+        (rc = positive_int(root, label, "moe_intermediate_size", &c->moe_intermediate_size)) != FR_OK ||
+        (rc = opt_int(root, label, "decoder_sparse_step", 1, 1, &c->decoder_sparse_step)) != FR_OK ||
+        (rc = opt_bool(root, label, "norm_topk_prob", &c->norm_topk_prob)) != FR_OK ||
+        (rc = opt_int(root, label, "shared_expert_intermediate_size", 0, 0, &shared)) != FR_OK ||
+        (rc = parse_mlp_only(root, label, c)) != FR_OK)
+        return rc;
+    if (c->experts_per_tok > c->num_experts)
+        return fr_fail(FR_EFORMAT, "%s: key \"num_experts_per_tok\" (%d) is larger than the %d experts", label,
+                       c->experts_per_tok, c->num_experts);
+    if (shared > 0)
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"shared_expert_intermediate_size\" is %d; shared experts "
+                       "are not supported", label, shared);
+    return FR_OK;
+}
+
 fr_status fr_model_config_parse(const char *json, size_t len, const char *label, fr_model_config *cfg)
 {
     if (!cfg) return fr_fail(FR_EINVAL, "fr_model_config_parse: cfg is NULL");
@@ -225,7 +308,7 @@ fr_status fr_model_config_parse(const char *json, size_t len, const char *label,
     else if ((rc = check_identity(root, label, &c)) == FR_OK && (rc = parse_sizes(root, label, &c)) == FR_OK &&
              (rc = parse_rope(root, label, &c.rope_theta)) == FR_OK &&
              (rc = opt_bool(root, label, "tie_word_embeddings", &c.tie_word_embeddings)) == FR_OK &&
-             (rc = parse_tokens(root, label, &c)) == FR_OK)
+             (rc = parse_tokens(root, label, &c)) == FR_OK && (rc = parse_moe(root, label, &c)) == FR_OK)
         *cfg = c;
     cJSON_Delete(root);
     free(text);

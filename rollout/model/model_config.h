@@ -1,4 +1,5 @@
-/* model_config: the Hugging Face config.json of a dense Qwen3 model.
+/* model_config: the Hugging Face config.json of a Qwen3 model, dense
+ * (Qwen3ForCausalLM) or Mixture-of-Experts (Qwen3MoeForCausalLM).
  *
  * Only what the forward pass needs is kept. Anything that would change the
  * math without the engine knowing (another architecture, scaled RoPE, biased
@@ -9,6 +10,7 @@
 #define FR_MODEL_CONFIG_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/fr_status.h"
 #include "kvcache/calib_file.h"
@@ -16,6 +18,9 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The most layers a config may declare (the MoE layer mask is sized by it). */
+#define FR_MAX_LAYERS 256
 
 typedef struct {
     char architecture[64];   /* "Qwen3ForCausalLM" */
@@ -27,7 +32,24 @@ typedef struct {
     int bos_id, pad_id;      /* -1 when absent or null */
     int n_eos;               /* 0..8 */
     int eos_ids[8];
+    /* Mixture of experts (model_type "qwen3_moe"); num_experts 0 means a
+     * dense model and the fields below are unused. */
+    int num_experts;         /* num_experts or num_local_experts */
+    int experts_per_tok;     /* top-k, 1..num_experts */
+    int moe_intermediate_size;
+    int norm_topk_prob;      /* renormalize the top-k weights to sum 1 */
+    int decoder_sparse_step; /* layer l is sparse when (l + 1) % step == 0 ... */
+    uint64_t mlp_only[FR_MAX_LAYERS / 64]; /* ... and bit l is clear here */
 } fr_model_config;
+
+/* Whether layer l has a routed-expert MLP (transformers' rule: not listed in
+ * mlp_only_layers and (l + 1) a multiple of decoder_sparse_step). */
+static inline int fr_model_layer_is_moe(const fr_model_config *c, int l)
+{
+    if (c->num_experts <= 0 || l < 0 || l >= FR_MAX_LAYERS) return 0;
+    if ((c->mlp_only[l / 64] >> (l % 64)) & 1u) return 0;
+    return (l + 1) % c->decoder_sparse_step == 0;
+}
 
 /* The shape of the model's calibration tables (kvcache/calib_file.h). */
 static inline fr_calib_dims fr_model_calib_dims(const fr_model_config *c)

@@ -7,6 +7,7 @@
 
 #include "attention/fp_formats.h"
 #include "base/fixed_math.h"
+#include "rollout/model/moe_cpu.h"
 #include "rollout/model/ops_cpu.h"
 #include "rollout/model/tp_shard.h"
 
@@ -19,6 +20,7 @@ struct fr_runner_cpu {
     const fr_weights *w;
     fr_tp tp;
     fr_tp_shard *shard;         /* tp > 1 */
+    fr_moe_cpu *moe;            /* scratch of the expert layers; NULL for a dense model */
     float *logits_local;        /* tp > 1: [tokens][vocab / tp], the LM head's slice */
     fr_kv_cache *kv;
     int max_tokens;
@@ -44,6 +46,7 @@ void fr_runner_cpu_destroy(fr_runner_cpu **pr)
     free(r->hidden_out); free(r->kstep); free(r->vstep); free(r->pos);
     free(r->kbuf); free(r->vbuf); free(r->scores);
     free(r->logits_local);
+    fr_moe_cpu_destroy(&r->moe);
     fr_tp_shard_destroy(&r->shard);
     free(r);
     *pr = NULL;
@@ -118,6 +121,10 @@ fr_status fr_runner_cpu_new_tp(const fr_model *m, fr_kv_cache *kv, int max_step_
         !r->vstep || !r->pos || (tp->size > 1 && !r->logits_local)) {
         fr_runner_cpu_destroy(&r);
         return fr_fail(FR_ENOMEM, "runner: cannot allocate activations for %d tokens", max_step_tokens);
+    }
+    if (c->num_experts > 0 && (st = fr_moe_cpu_new(c, max_step_tokens, &r->moe))) {
+        fr_runner_cpu_destroy(&r);
+        return st;
     }
     *out = r;
     return FR_OK;
@@ -331,6 +338,22 @@ fr_status fr_runner_cpu_fill(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
     return st;
 }
 
+/* hidden_out = the layer's MLP (dense, or routed experts) of xn; under
+ * tensor parallelism a partial sum the caller all-reduces. */
+static void mlp(fr_runner_cpu *r, const fr_layer_weights *lw, int M)
+{
+    const fr_model_config *c = r->c;
+    const int D = c->hidden_size;
+    if (lw->router) {
+        fr_moe_cpu_forward(r->moe, c, lw, r->xn, M, r->hidden_out, r->deterministic);
+        return;
+    }
+    matmul(r, r->gate, r->xn, lw->gate_proj, M, c->intermediate_size, D);
+    matmul(r, r->up, r->xn, lw->up_proj, M, c->intermediate_size, D);
+    fr_swiglu(r->gate, r->gate, r->up, M * c->intermediate_size);
+    matmul(r, r->hidden_out, r->gate, lw->down_proj, M, D, c->intermediate_size);
+}
+
 fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_seqs, float *logits)
 {
     const fr_model_config *c = r->c;   /* local head, intermediate and vocabulary counts */
@@ -368,10 +391,7 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
         if ((st = tp_allreduce(r, r->hidden_out, (size_t)M * D))) break;
         for (size_t i = 0; i < (size_t)M * D; i++) r->x[i] += r->hidden_out[i];
         fr_rmsnorm(r->xn, r->x, lw->mlp_norm, M, D, c->rms_norm_eps);
-        matmul(r, r->gate, r->xn, lw->gate_proj, M, c->intermediate_size, D);
-        matmul(r, r->up, r->xn, lw->up_proj, M, c->intermediate_size, D);
-        fr_swiglu(r->gate, r->gate, r->up, M * c->intermediate_size);
-        matmul(r, r->hidden_out, r->gate, lw->down_proj, M, D, c->intermediate_size);
+        mlp(r, lw, M);
         if ((st = tp_allreduce(r, r->hidden_out, (size_t)M * D))) break;
         for (size_t i = 0; i < (size_t)M * D; i++) r->x[i] += r->hidden_out[i];
     }

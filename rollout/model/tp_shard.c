@@ -21,6 +21,9 @@ fr_status fr_tp_layout_of(const fr_model_config *c, int rank, int size, fr_tp_la
     if (c->intermediate_size % size)
         return fr_fail(FR_EINVAL, "tensor parallel: intermediate size %d does not split over tp %d",
                        c->intermediate_size, size);
+    if (c->num_experts > 0 && c->moe_intermediate_size % size)
+        return fr_fail(FR_EINVAL, "tensor parallel: expert intermediate size %d does not split over tp %d",
+                       c->moe_intermediate_size, size);
     if (c->vocab_size % size)
         return fr_fail(FR_EINVAL, "tensor parallel: vocabulary of %d does not split over tp %d", c->vocab_size,
                        size);
@@ -38,6 +41,10 @@ fr_status fr_tp_layout_of(const fr_model_config *c, int rank, int size, fr_tp_la
     }
     out->inter = c->intermediate_size / size;
     out->inter0 = rank * out->inter;
+    if (c->num_experts > 0) {
+        out->moe_inter = c->moe_intermediate_size / size;
+        out->moe_inter0 = rank * out->moe_inter;
+    }
     out->vocab = c->vocab_size / size;
     out->vocab0 = rank * out->vocab;
     return FR_OK;
@@ -49,6 +56,7 @@ void fr_tp_local_config(const fr_model_config *cfg, const fr_tp_layout *l, fr_mo
     out->num_heads = l->n_heads;
     out->num_kv_heads = l->n_kv_heads;
     out->intermediate_size = l->inter;
+    out->moe_intermediate_size = l->moe_inter;
     out->vocab_size = l->vocab;
 }
 
@@ -66,6 +74,32 @@ static void copy_cols(float *dst, const float *src, size_t rows, size_t stride, 
     for (size_t r = 0; r < rows; r++) memcpy(dst + r * cols, src + r * stride + col0, sizeof(float) * cols);
 }
 
+/* The floats a rank owns of layer i: o_proj's columns, then down_proj's,
+ * or, in an expert layer, every expert's gate rows, up rows and down columns. */
+static size_t owned_floats(const fr_model_config *c, const fr_tp_layout *l, int i)
+{
+    const size_t D = (size_t)c->hidden_size, o = D * (size_t)l->n_heads * (size_t)c->head_dim;
+    if (fr_model_layer_is_moe(c, i)) return o + 3 * (size_t)c->num_experts * (size_t)l->moe_inter * D;
+    return o + D * (size_t)l->inter;
+}
+
+/* The rank's slice of every expert, copied to dst (gate, up, down after one
+ * another, each stacked by expert as in the model). */
+static void shard_experts(const fr_model_config *c, const fr_tp_layout *l, const fr_layer_weights *src,
+                          fr_layer_weights *dst, float *at)
+{
+    const size_t D = (size_t)c->hidden_size, E = (size_t)c->num_experts, Im = (size_t)c->moe_intermediate_size;
+    const size_t il = (size_t)l->moe_inter, i0 = (size_t)l->moe_inter0;
+    dst->expert_gate = at;
+    dst->expert_up = at + E * il * D;
+    dst->expert_down = at + 2 * E * il * D;
+    for (size_t e = 0; e < E; e++) {
+        memcpy(dst->expert_gate + e * il * D, src->expert_gate + (e * Im + i0) * D, sizeof(float) * il * D);
+        memcpy(dst->expert_up + e * il * D, src->expert_up + (e * Im + i0) * D, sizeof(float) * il * D);
+        copy_cols(dst->expert_down + e * D * il, src->expert_down + e * D * Im, D, Im, i0, il);
+    }
+}
+
 fr_status fr_tp_shard_new(const fr_model *m, int rank, int size, fr_tp_shard **out)
 {
     *out = NULL;
@@ -78,12 +112,13 @@ fr_status fr_tp_shard_new(const fr_model *m, int rank, int size, fr_tp_shard **o
     fr_tp_shard *s = calloc(1, sizeof *s);
     if (!s) return fr_fail(FR_ENOMEM, "tensor parallel: out of memory");
     const size_t D = (size_t)c->hidden_size, d = (size_t)c->head_dim, L = (size_t)c->num_layers;
-    const size_t qd = (size_t)c->num_heads * d, lqd = (size_t)l.n_heads * d;
-    const size_t o_floats = D * lqd, down_floats = D * (size_t)l.inter;
+    const size_t qd = (size_t)c->num_heads * d, lqd = (size_t)l.n_heads * d, o_floats = D * lqd;
+    size_t total = 0;
+    for (size_t i = 0; i < L; i++) total += owned_floats(c, &l, (int)i);
     s->layout = l;
     fr_tp_local_config(c, &l, &s->cfg);
     s->w.layers = calloc(L, sizeof *s->w.layers);
-    s->owned_ = malloc(sizeof(float) * L * (o_floats + down_floats));
+    s->owned_ = malloc(sizeof(float) * total);
     if (!s->w.layers || !s->owned_) {
         fr_tp_shard_destroy(&s);
         return fr_fail(FR_ENOMEM, "tensor parallel: cannot allocate the row-parallel weight slices of rank %d",
@@ -92,19 +127,26 @@ fr_status fr_tp_shard_new(const fr_model *m, int rank, int size, fr_tp_shard **o
     s->w.embed = m->w.embed;
     s->w.final_norm = m->w.final_norm;
     s->w.lm_head = m->w.lm_head + (size_t)l.vocab0 * D;
+    float *at = s->owned_;
     for (size_t i = 0; i < L; i++) {
         const fr_layer_weights *src = &m->w.layers[i];
         fr_layer_weights *dst = &s->w.layers[i];
-        *dst = *src;   /* norms (replicated) */
+        *dst = *src;   /* norms and the router (replicated) */
         dst->q_proj = src->q_proj + (size_t)l.head0 * d * D;
         dst->k_proj = src->k_proj + (size_t)l.kv_head0 * d * D;
         dst->v_proj = src->v_proj + (size_t)l.kv_head0 * d * D;
-        dst->gate_proj = src->gate_proj + (size_t)l.inter0 * D;
-        dst->up_proj = src->up_proj + (size_t)l.inter0 * D;
-        dst->o_proj = s->owned_ + i * (o_floats + down_floats);
-        dst->down_proj = dst->o_proj + o_floats;
+        dst->o_proj = at;
         copy_cols(dst->o_proj, src->o_proj, D, qd, (size_t)l.head0 * d, lqd);
-        copy_cols(dst->down_proj, src->down_proj, D, (size_t)c->intermediate_size, (size_t)l.inter0, (size_t)l.inter);
+        if (src->router) {
+            shard_experts(c, &l, src, dst, at + o_floats);
+        } else {
+            dst->gate_proj = src->gate_proj + (size_t)l.inter0 * D;
+            dst->up_proj = src->up_proj + (size_t)l.inter0 * D;
+            dst->down_proj = at + o_floats;
+            copy_cols(dst->down_proj, src->down_proj, D, (size_t)c->intermediate_size, (size_t)l.inter0,
+                      (size_t)l.inter);
+        }
+        at += owned_floats(c, &l, (int)i);
     }
     *out = s;
     return FR_OK;

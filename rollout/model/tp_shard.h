@@ -8,8 +8,12 @@
  *    else the one KV head of its query heads (replicated on tp/KVH ranks),
  *  - intermediate rows [t * I/tp, (t + 1) * I/tp) (rows of gate_proj and
  *    up_proj, columns of down_proj),
+ *  - in a Mixture-of-Experts layer, rows [t * Im/tp, (t + 1) * Im/tp) of every
+ *    expert's intermediate dimension (gate and up rows, down columns); the
+ *    router is replicated, so every rank routes every token alike,
  *  - vocabulary rows [t * V/tp, (t + 1) * V/tp) of lm_head.
- * Embedding and norms are replicated. o_proj and down_proj produce partial
+ * Embedding and norms are replicated. o_proj and down_proj (and the experts'
+ * weighted sum) produce partial
  * sums of the hidden state that an all-reduce adds up; the logits' vocabulary
  * slices are gathered to every rank.
  *
@@ -38,6 +42,7 @@ typedef struct {
     int n_heads, head0;         /* local query heads: [head0, head0 + n_heads) */
     int n_kv_heads, kv_head0;   /* local KV heads: [kv_head0, kv_head0 + n_kv_heads) */
     int inter, inter0;          /* local intermediate rows: [inter0, inter0 + inter) */
+    int moe_inter, moe_inter0;  /* local rows of each expert (0 for a dense model) */
     int vocab, vocab0;          /* local vocabulary rows: [vocab0, vocab0 + vocab) */
 } fr_tp_layout;
 
@@ -49,7 +54,8 @@ typedef struct {
 fr_status fr_tp_layout_of(const fr_model_config *cfg, int rank, int size, fr_tp_layout *out);
 
 /* The model config a rank computes with: num_heads, num_kv_heads,
- * intermediate_size and vocab_size replaced by the local counts. */
+ * intermediate_size, moe_intermediate_size and vocab_size replaced by the
+ * local counts. */
 void fr_tp_local_config(const fr_model_config *cfg, const fr_tp_layout *l, fr_model_config *out);
 
 /* Copies the local KV heads' rows of a per-(layer, KV head) table
@@ -61,7 +67,8 @@ void fr_tp_slice_kv_table(const float *src, int layers, int n_kv_heads, int per,
 /* The weights of one rank. Column-parallel tensors (q/k/v_proj, gate/up_proj,
  * lm_head) are contiguous row ranges of the model's tensors and point into
  * them; row-parallel ones (o_proj, down_proj) are column ranges and are
- * copied into a block the shard owns. Embedding and norms point at the
+ * copied into a block the shard owns, as are the experts' slices (a slice of
+ * every expert is not one range of the stacked tensors). Embedding and norms point at the
  * model's. The model must outlive the shard. */
 typedef struct {
     fr_tp_layout layout;

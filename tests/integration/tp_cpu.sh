@@ -3,6 +3,8 @@
 # job at --tp 1 and under mpirun at --tp 2 (and 4) must agree.
 #  - synthetic:tiny: prefill logits at tp 2 and tp 4 (replicated KV heads),
 #    greedy tokens, the refusals (tp that does not divide, no mpirun, CUDA);
+#  - tqm, a Mixture-of-Experts model (skipped when absent): golden prompt p3,
+#    prefill and f32-KV decode within 1e-4 x max |logit|, greedy tokens;
 #  - tq6 (skipped when absent): golden prompt p3 (511 tokens), prefill and the
 #    f32-KV decode path within 1e-4 x max |logit|; the nvfp4 decode path
 #    within the bounds below; generate --greedy --max-tokens 32 same tokens.
@@ -69,15 +71,9 @@ expect_error "--tp expects" "$bin" generate --tp 0
 echo 65 > "$dir/t.txt"
 expect_error "calibrate runs on one rank" "$bin" calibrate --tp 2 --model synthetic:tiny --texts "$dir/t.txt" --out "$dir/x"
 
-# ---- tq6 -------------------------------------------------------------------
-tq6=${FR_TQ6_DIR:-../shared/models/tq6}
-if [ ! -f "$tq6/golden.safetensors" ]; then
-  echo "tp_cpu: SKIP tq6 part: checkpoint not found (set FR_TQ6_DIR or place it at ../shared/models/tq6)"
-  echo "tp_cpu: all checks passed (synthetic only)"
-  exit 0
-fi
-# Golden prompt p3 (511 tokens) as a file of ids.
-$py - "$tq6/golden.safetensors" p3.ids "$dir/p3.txt" <<'PY'
+# golden_ids DIR pN OUT: golden prompt pN of checkpoint DIR as a file of ids.
+golden_ids() {
+  $py - "$1/golden.safetensors" "$2.ids" "$3" <<'PY'
 import json, struct, sys
 with open(sys.argv[1], 'rb') as f:
     n = struct.unpack('<Q', f.read(8))[0]
@@ -89,6 +85,37 @@ with open(sys.argv[1], 'rb') as f:
 with open(sys.argv[3], 'w') as out:
     out.write(','.join(map(str, ids)))
 PY
+}
+
+# ---- tqm: Mixture of experts, each expert's intermediate rows split --------
+tqm=${FR_TQM_DIR:-../shared/models/tqm}
+if [ -f "$tqm/golden.safetensors" ]; then
+  golden_ids "$tqm" p3 "$dir/m3.txt"
+  mm=(--model "$tqm" --backend cpu --prompt-file "$dir/m3.txt")
+  "$bin" score "${mm[@]}" --out "$dir/m1.f32"
+  run_np 2 score --tp 2 "${mm[@]}" --out "$dir/m2.f32"
+  echo -n "tqm p3 prefill: "; compare "$dir/m1.f32" "$dir/m2.f32" 1e-4 || fail "tqm prefill logits differ at tp 2"
+  "$bin" score "${mm[@]}" --decode --kv f32 --out "$dir/md1.f32"
+  run_np 2 score --tp 2 "${mm[@]}" --decode --kv f32 --out "$dir/md2.f32"
+  echo -n "tqm p3 decode, f32 KV: "; compare "$dir/md1.f32" "$dir/md2.f32" 1e-4 ||
+    fail "tqm decode (f32 KV) differs at tp 2"
+  g=(generate --model "$tqm" --backend cpu --prompt-file "$dir/m3.txt" --greedy --max-tokens 32 --json)
+  "$bin" "${g[@]}" > "$dir/mq1.json"
+  run_np 2 "${g[@]}" --tp 2 > "$dir/mq2.json"
+  same_tokens "$dir/mq1.json" "$dir/mq2.json" "tqm p3 greedy 32 tokens" ||
+    fail "tqm greedy tokens differ at tp 2: $(cat "$dir/mq1.json" "$dir/mq2.json")"
+else
+  echo "tp_cpu: SKIP tqm part: checkpoint not found (set FR_TQM_DIR or place it at ../shared/models/tqm)"
+fi
+
+# ---- tq6 -------------------------------------------------------------------
+tq6=${FR_TQ6_DIR:-../shared/models/tq6}
+if [ ! -f "$tq6/golden.safetensors" ]; then
+  echo "tp_cpu: SKIP tq6 part: checkpoint not found (set FR_TQ6_DIR or place it at ../shared/models/tq6)"
+  echo "tp_cpu: all checks passed (synthetic only)"
+  exit 0
+fi
+golden_ids "$tq6" p3 "$dir/p3.txt"
 m=(--model "$tq6" --backend cpu --prompt-file "$dir/p3.txt")
 "$bin" score "${m[@]}" --out "$dir/p1.f32"
 run_np 2 score --tp 2 "${m[@]}" --out "$dir/p2.f32"

@@ -249,15 +249,27 @@ static void write_file(const char *name, const void *buf, size_t len)
 #define TKV 2 /* kv heads * head_dim */
 #define TI 6
 
+/* With tiny_moe set, the same model as a Qwen3-MoE: every layer routes to
+ * TE experts of intermediate TIM, top-tiny_topk. */
+#define TE 3
+#define TIM 2
+static int tiny_moe, tiny_topk = 2;
+
 static const char *tiny_config(int tied, const char *arch)
 {
     static char buf[1024];
+    char moe[256] = "";
+    if (tiny_moe) {
+        arch = "Qwen3MoeForCausalLM";
+        snprintf(moe, sizeof moe, ",\"num_local_experts\":%d,\"num_experts_per_tok\":%d,"
+                 "\"moe_intermediate_size\":%d,\"norm_topk_prob\":true,\"decoder_sparse_step\":1", TE, tiny_topk, TIM);
+    }
     snprintf(buf, sizeof buf,
-             "{\"architectures\":[\"%s\"],\"model_type\":\"qwen3\",\"vocab_size\":%d,"
+             "{\"architectures\":[\"%s\"],\"model_type\":\"%s\",\"vocab_size\":%d,"
              "\"hidden_size\":%d,\"num_hidden_layers\":%d,\"num_attention_heads\":2,\"num_key_value_heads\":1,"
              "\"head_dim\":%d,\"intermediate_size\":%d,\"max_position_embeddings\":64,\"rms_norm_eps\":1e-6,"
-             "\"rope_theta\":10000,\"eos_token_id\":7,\"bos_token_id\":6,\"tie_word_embeddings\":%s}",
-             arch, TV, TH, TL, TD, TI, tied ? "true" : "false");
+             "\"rope_theta\":10000,\"eos_token_id\":7,\"bos_token_id\":6,\"tie_word_embeddings\":%s%s}",
+             arch, tiny_moe ? "qwen3_moe" : "qwen3", TV, TH, TL, TD, TI, tied ? "true" : "false", moe);
     return buf;
 }
 
@@ -277,9 +289,22 @@ static int tiny_tensors(spec_t *t, int tied)
     for (int l = TL - 1; l >= 0; l--) {
         char nm[96];
 #define LAYER(suffix, r, c) (snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix), ADD(nm, r, c))
-        LAYER("mlp.down_proj.weight", TH, TI);
-        LAYER("mlp.up_proj.weight", TI, TH);
-        LAYER("mlp.gate_proj.weight", TI, TH);
+        if (tiny_moe) {
+            for (int e = TE - 1; e >= 0; e--) {
+                char ex[64];
+                snprintf(ex, sizeof ex, "mlp.experts.%d.down_proj.weight", e);
+                LAYER(ex, TH, TIM);
+                snprintf(ex, sizeof ex, "mlp.experts.%d.gate_proj.weight", e);
+                LAYER(ex, TIM, TH);
+                snprintf(ex, sizeof ex, "mlp.experts.%d.up_proj.weight", e);
+                LAYER(ex, TIM, TH);
+            }
+            LAYER("mlp.gate.weight", TE, TH);
+        } else {
+            LAYER("mlp.down_proj.weight", TH, TI);
+            LAYER("mlp.up_proj.weight", TI, TH);
+            LAYER("mlp.gate_proj.weight", TI, TH);
+        }
         LAYER("post_attention_layernorm.weight", TH, 0);
         LAYER("self_attn.k_norm.weight", TD, 0);
         LAYER("self_attn.q_norm.weight", TD, 0);
@@ -303,7 +328,7 @@ static float tiny_value(int k, int64_t e) { return (float)(1000 * (k + 1) + e); 
  * `extra` (a name or NULL) is added as a 1-D F32 tensor of length 2. */
 static void write_tiny(int tied, const char *skip, const char *reshape, const char *extra)
 {
-    spec_t t[64];
+    spec_t t[128];
     int n = tiny_tensors(t, tied);
     if (extra) {
         snprintf(t[n].name, sizeof t[n].name, "%s", extra);
@@ -346,9 +371,25 @@ static void write_tiny(int tied, const char *skip, const char *reshape, const ch
 }
 
 /* Checks that every pointer of m holds the tensor of that name. */
+/* Where expert tensor `suffix` ("mlp.experts.E.gate_proj.weight", ...) of
+ * layer L lives in the stacked expert tensors, or the router; NULL otherwise. */
+static const float *expert_tensor(const fr_layer_weights *L, const char *suffix)
+{
+    int e, used = 0;
+    char part[32];
+    if (!strcmp(suffix, "mlp.gate.weight")) return L->router;
+    if (sscanf(suffix, "mlp.experts.%d.%31[a-z_]%n", &e, part, &used) != 2 || strcmp(suffix + used, ".weight"))
+        return NULL;
+    size_t at = (size_t)e * TIM * TH;
+    return !strcmp(part, "gate_proj") ? L->expert_gate + at
+         : !strcmp(part, "up_proj") ? L->expert_up + at
+         : !strcmp(part, "down_proj") ? L->expert_down + at
+         : NULL;
+}
+
 static void check_tiny_values(const fr_model *m, int tied)
 {
-    spec_t t[64];
+    spec_t t[128];
     int n = tiny_tensors(t, tied);
     for (int k = 0; k < n; k++) {
         const float *p = NULL;
@@ -371,7 +412,7 @@ static void check_tiny_values(const fr_model *m, int tied)
               : !strcmp(suffix, "mlp.gate_proj.weight") ? L->gate_proj
               : !strcmp(suffix, "mlp.up_proj.weight") ? L->up_proj
               : !strcmp(suffix, "mlp.down_proj.weight") ? L->down_proj
-              : NULL;
+              : expert_tensor(L, suffix);
         }
         assert_non_null(p);
         int64_t cnt = t[k].rows * (t[k].cols ? t[k].cols : 1);
@@ -498,6 +539,38 @@ static void test_tq6(void **state)
     fr_model_destroy(&m);
 }
 
+/* A Qwen3-MoE checkpoint: every expert's tensor lands in its place of the
+ * stacked expert tensors, and broken ones are refused naming the tensor. */
+static void test_moe_folder(void **state)
+{
+    (void)state;
+    tiny_moe = 1;
+    clear_dir();
+    put_config(0, NULL);
+    write_tiny(0, NULL, NULL, NULL);
+    fr_model *m = NULL;
+    if (fr_model_load(tmpdir, &m) != FR_OK) fail_msg("load failed: %s", fr_last_error());
+    assert_int_equal(m->cfg.num_experts, TE);
+    assert_int_equal(m->cfg.experts_per_tok, 2);
+    assert_int_equal(m->cfg.moe_intermediate_size, TIM);
+    assert_int_equal(m->cfg.norm_topk_prob, 1);
+    assert_null(m->w.layers[0].gate_proj);
+    check_tiny_values(m, 0);
+    fr_model_destroy(&m);
+
+    write_tiny(0, "model.layers.1.mlp.experts.2.up_proj.weight", NULL, NULL);
+    expect_load_fails(tmpdir, FR_EFORMAT, "missing tensor model.layers.1.mlp.experts.2.up_proj.weight", NULL);
+    write_tiny(0, NULL, "model.layers.0.mlp.gate.weight", NULL);
+    expect_load_fails(tmpdir, FR_EFORMAT, "tensor model.layers.0.mlp.gate.weight", "[4, 4]");
+
+    tiny_topk = TE + 1;
+    put_config(0, NULL);
+    write_tiny(0, NULL, NULL, NULL);
+    expect_load_fails(tmpdir, FR_EFORMAT, "num_experts_per_tok", "larger than the 3 experts");
+    tiny_topk = 2;
+    tiny_moe = 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -506,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_bad_specs),
         cmocka_unit_test(test_folder_loads),
         cmocka_unit_test(test_folder_defects),
+        cmocka_unit_test(test_moe_folder),
         cmocka_unit_test(test_tq6),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);

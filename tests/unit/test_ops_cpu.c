@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rollout/model/moe_cpu.h"
 #include "rollout/model/ops_cpu.h"
 #include "tests/unit/test_util.h"
 
@@ -304,6 +305,31 @@ static void test_embed(void **state)
     free(table);
 }
 
+/* Routing: softmax, top-k in descending order with ties to the lower index,
+ * renormalized or not. */
+static void test_moe_route(void **state)
+{
+    (void)state;
+    const float logits[5] = {1.0f, 3.0f, -2.0f, 3.0f, 2.0f};
+    float p[5], w[3];
+    int ids[3];
+    fr_moe_route(logits, 5, 3, 0, p, ids, w);
+    double z = exp(1.0) + 2 * exp(3.0) + exp(-2.0) + exp(2.0);
+    for (int e = 0; e < 5; e++) assert_float_equal(p[e], exp(logits[e]) / z, 1e-6);
+    assert_int_equal(ids[0], 1);   /* the tie of experts 1 and 3: lower index first */
+    assert_int_equal(ids[1], 3);
+    assert_int_equal(ids[2], 4);
+    assert_true(w[0] == p[1] && w[1] == p[3] && w[2] == p[4]);
+    fr_moe_route(logits, 5, 3, 1, p, ids, w);
+    assert_float_equal(w[0] + w[1] + w[2], 1.0, 1e-6);
+    assert_float_equal(w[2], p[4] / (p[1] + p[3] + p[4]), 1e-6);
+    float w5[5];
+    int ids5[5], seen = 0;
+    fr_moe_route(logits, 5, 5, 1, p, ids5, w5);
+    for (int j = 0; j < 5; j++) seen |= 1 << ids5[j];
+    assert_int_equal(seen, 31);   /* k = E picks every expert once */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -318,6 +344,7 @@ int main(void)
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_matmul_degenerate),
         cmocka_unit_test(test_embed),
+        cmocka_unit_test(test_moe_route),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

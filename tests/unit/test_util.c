@@ -8,24 +8,37 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
-const char *fr_test_tq6_dir(void)
+const char *fr_test_model_dir(const char *name)
 {
-    const char *env = getenv("FR_TQ6_DIR");
-    const char *dir = env && *env ? env : "../shared/models/tq6";
-    static char probe[4096];
+    char var[64] = "FR_";
+    size_t n = strlen(var);
+    for (const char *c = name; *c && n < sizeof var - 5; c++) var[n++] = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
+    memcpy(var + n, "_DIR", 5);
+    const char *env = getenv(var);
+    static char dir[4096], probe[4200];
+    if (env && *env) snprintf(dir, sizeof dir, "%s", env);
+    else snprintf(dir, sizeof dir, "../shared/models/%s", name);
     struct stat st;
     snprintf(probe, sizeof probe, "%s/config.json", dir);
     return stat(probe, &st) == 0 ? dir : NULL;
 }
 
-const char *fr_test_require_tq6(void)
+const char *fr_test_require_model(const char *name)
 {
-    const char *dir = fr_test_tq6_dir();
-    if (!dir)
-        fprintf(stderr, "SKIP: tq6 checkpoint not found (set FR_TQ6_DIR or place it at "
-                        "../shared/models/tq6)\n");
+    const char *dir = fr_test_model_dir(name);
+    if (!dir) {
+        char var[64];
+        snprintf(var, sizeof var, "%s", name);
+        for (char *c = var; *c; c++) *c = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
+        fprintf(stderr, "SKIP: %s checkpoint not found (set FR_%s_DIR or place it at ../shared/models/%s)\n",
+                name, var, name);
+    }
     return dir;
 }
+
+const char *fr_test_tq6_dir(void) { return fr_test_model_dir("tq6"); }
+
+const char *fr_test_require_tq6(void) { return fr_test_require_model("tq6"); }
 
 uint64_t fr_test_u64(fr_test_rng *r)
 {

@@ -14,6 +14,11 @@ extern "C" {
  * message when it returns NULL. */
 const char *fr_test_tq6_dir(void);
 const char *fr_test_require_tq6(void);
+/* The same for any of the test checkpoints by folder name ("tq6", "tqm",
+ * "tqa"): $FR_<NAME>_DIR, else ../shared/models/<name>. The returned string
+ * is overwritten by the next call. */
+const char *fr_test_model_dir(const char *name);
+const char *fr_test_require_model(const char *name);
 
 /* Removes every file in dir (no subfolders), and dir itself when remove_self. */
 void fr_test_clear_dir(const char *dir, int remove_self);

@@ -1,6 +1,7 @@
-/* The CPU engine against Hugging Face transformers on the tq6 checkpoint
- * (golden.safetensors: float32 logits and greedy continuations of seven
- * prompts), and the FP4 cache's effect on the decode path. */
+/* The CPU engine against Hugging Face transformers on the trained test
+ * checkpoints, dense (tq6) and Mixture-of-Experts (tqm): golden.safetensors
+ * holds float32 logits and greedy continuations of seven prompts. Also the
+ * FP4 cache's effect on the decode path. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,14 +18,28 @@
 #include "rollout/engine/session.h"
 #include "test_util.h"
 
+/* One checkpoint under test. greedy_prompts: how many of the seven greedy
+ * continuations must equal transformers' 64 tokens. A top-k router turns a
+ * float32 rounding difference near a tie of two experts into a different
+ * expert, so an MoE model may lose one prompt where a dense one loses none. */
+typedef struct {
+    const char *name;
+    int greedy_prompts;
+    float bf16_decode_bound;   /* see test_decode_matches_prefill */
+} golden_model;
+
+static const golden_model tq6 = {"tq6", 7, 4e-3f}, tqm = {"tqm", 6, 0.1f};
+
 static char model_dir[4096], golden_path[4096];
 
-static int have_tq6(void)
+static int have(void **state)
 {
-    const char *d = fr_test_require_tq6();
+    const golden_model *gm = *state;
+    const char *d = fr_test_require_model(gm->name);
     if (!d) return 0;
     snprintf(model_dir, sizeof model_dir, "%s", d);
     snprintf(golden_path, sizeof golden_path, "%s/golden.safetensors", d);
+    printf("  %s:\n", gm->name);
     return 1;
 }
 
@@ -92,8 +107,7 @@ static float *score(fr_session *s, const int *ids, int n, int decode)
 /* Prefill logits of all seven prompts within 1e-3 x max |golden|. */
 static void test_prefill_matches_golden(void **state)
 {
-    (void)state;
-    if (!have_tq6()) skip();
+    if (!have(state)) skip();
     fr_st_file *g;
     assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     for (int p = 0; p < 7; p++) {
@@ -120,16 +134,20 @@ static void test_prefill_matches_golden(void **state)
  * 1e-3 of max |logit| (they do to float32 summation order). With a BF16
  * cache the cached keys and values carry BF16 rounding (2^-9 relative) that
  * the prefill's float32 step activations do not, so that bound is the BF16
- * budget, 4e-3; the measured ratios print. */
+ * budget, 4e-3 for a dense model; the measured ratios print. In an MoE model
+ * that rounding can move a token's hidden state across a tie of two experts
+ * of its router's top-k, and the token then runs another expert: tqm's
+ * decode path departs from its prefill by up to 5e-2 of max |logit| with a
+ * BF16 cache (and 1e-6 with f32 storage), hence its 0.1. */
 static void test_decode_matches_prefill(void **state)
 {
-    (void)state;
-    if (!have_tq6()) skip();
+    if (!have(state)) skip();
     fr_st_file *g;
     assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     const int prompts[] = {1, 2, 3, 6};
     const fr_kv_dtype dtypes[] = {FR_KV_F32, FR_KV_BF16};
-    const float bound[] = {1e-3f, 4e-3f};
+    const golden_model *gm = *state;
+    const float bound[] = {1e-3f, gm->bf16_decode_bound};
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < 4; i++) {
             int n, p = prompts[i];
@@ -152,13 +170,13 @@ static void test_decode_matches_prefill(void **state)
 /* Greedy continuations equal transformers' 64 tokens. */
 static void test_greedy_matches_golden(void **state)
 {
-    (void)state;
-    if (!have_tq6()) skip();
+    if (!have(state)) skip();
     fr_st_file *g;
     assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     fr_sampler *smp;
     assert_int_equal(fr_sampler_new(272, &smp), FR_OK);
     fr_sampling_params greedy = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
+    int prompts_equal = 0;
     for (int p = 0; p < 7; p++) {
         int n;
         int *ids = golden_ids(g, p, &n);
@@ -169,31 +187,36 @@ static void test_greedy_matches_golden(void **state)
         float logits[272];
         assert_int_equal(fr_session_prefill(&s, ids, n, 512, &seq, logits, NULL), FR_OK);
         int matched = 0;
-        for (int i = 0; i < n_new; i++) {
+        for (int i = 0; i < n_new && matched == i; i++) {
             assert_int_equal(fr_sample(smp, logits, &greedy, 0, (uint64_t)i, &tok, NULL), FR_OK);
             int expect;
             memcpy(&expect, (const char *)want->data + 4 * i, 4);
             if (tok != expect) {
-                fail_msg("p%d: greedy token %d is %d, transformers has %d", p, i, tok, expect);
+                printf("  p%d: greedy token %d is %d, transformers has %d\n", p, i, tok, expect);
+                break;
             }
             matched++;
             fr_step_seq step = {.seq = seq, .n = 1, .tokens = &tok, .all_logits = 0};
             assert_int_equal(fr_runner_cpu_step(s.runner, &step, 1, logits), FR_OK);
         }
         printf("  p%d: %d/%d greedy tokens equal\n", p, matched, n_new);
+        prompts_equal += matched == n_new;
         free(ids);
         fr_session_close(&s);
     }
     fr_sampler_destroy(&smp);
     fr_st_file_close(&g);
+    const golden_model *gm = *state;
+    printf("  %d of 7 prompts' greedy continuations equal transformers' (at least %d required)\n",
+           prompts_equal, gm->greedy_prompts);
+    assert_true(prompts_equal >= gm->greedy_prompts);
 }
 
 /* An NVFP4 cache changes the decode-path logits (the cache really is 4-bit)
  * and stays close to BF16: mean KL over BF16's top-128 tokens. */
 static void test_nvfp4_decode_close(void **state)
 {
-    (void)state;
-    if (!have_tq6()) skip();
+    if (!have(state)) skip();
     fr_st_file *g;
     assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     const int prompts[] = {3, 6};
@@ -230,10 +253,14 @@ static void test_nvfp4_decode_close(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_prefill_matches_golden),
-        cmocka_unit_test(test_greedy_matches_golden),
-        cmocka_unit_test(test_decode_matches_prefill),
-        cmocka_unit_test(test_nvfp4_decode_close),
+        cmocka_unit_test_prestate(test_prefill_matches_golden, (void *)&tq6),
+        cmocka_unit_test_prestate(test_greedy_matches_golden, (void *)&tq6),
+        cmocka_unit_test_prestate(test_decode_matches_prefill, (void *)&tq6),
+        cmocka_unit_test_prestate(test_nvfp4_decode_close, (void *)&tq6),
+        cmocka_unit_test_prestate(test_prefill_matches_golden, (void *)&tqm),
+        cmocka_unit_test_prestate(test_greedy_matches_golden, (void *)&tqm),
+        cmocka_unit_test_prestate(test_decode_matches_prefill, (void *)&tqm),
+        cmocka_unit_test_prestate(test_nvfp4_decode_close, (void *)&tqm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,108 @@
+#include "rollout/model/tensor_table.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+size_t fr_model_tensor_count(const fr_model_config *c)
+{
+    size_t n = 2 + (c->tie_word_embeddings ? 0 : 1);   /* embed, final norm, lm_head */
+    for (int l = 0; l < c->num_layers; l++)
+        n += 8 + (fr_model_layer_is_moe(c, l) ? 1 + 3 * (size_t)c->num_experts : 3);
+    return n;
+}
+
+typedef struct {
+    fr_model_tensor t;
+    fr_model_tensor_fn fn;
+    void *user;
+} walk;
+
+static fr_status visit(walk *k, float *data, int64_t rows, int64_t cols, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->t.name, sizeof k->t.name, fmt, ap);
+    va_end(ap);
+    k->t.data = data;
+    k->t.ndim = cols ? 2 : 1;
+    k->t.rows = rows;
+    k->t.cols = cols;
+    return k->fn(k->user, &k->t);
+}
+
+static fr_status experts(walk *k, const fr_model_config *c, const fr_layer_weights *L, int l)
+{
+    const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
+    const size_t per = (size_t)Im * (size_t)H;
+    fr_status st = visit(k, L->router, c->num_experts, H, "model.layers.%d.mlp.gate.weight", l);
+    for (int e = 0; e < c->num_experts && !st; e++) {
+        size_t at = (size_t)e * per;
+        st = visit(k, L->expert_gate ? L->expert_gate + at : NULL, Im, H,
+                   "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+        if (!st)
+            st = visit(k, L->expert_up ? L->expert_up + at : NULL, Im, H,
+                       "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+        if (!st)
+            st = visit(k, L->expert_down ? L->expert_down + at : NULL, H, Im,
+                       "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+    }
+    return st;
+}
+
+static fr_status layer(walk *k, const fr_model_config *c, const fr_layer_weights *L, int l)
+{
+    const int64_t H = c->hidden_size, D = c->head_dim, I = c->intermediate_size;
+    const int64_t qd = (int64_t)c->num_heads * D, kvd = (int64_t)c->num_kv_heads * D;
+    fr_status st;
+    if ((st = visit(k, L->attn_norm, H, 0, "model.layers.%d.input_layernorm.weight", l)) ||
+        (st = visit(k, L->q_proj, qd, H, "model.layers.%d.self_attn.q_proj.weight", l)) ||
+        (st = visit(k, L->k_proj, kvd, H, "model.layers.%d.self_attn.k_proj.weight", l)) ||
+        (st = visit(k, L->v_proj, kvd, H, "model.layers.%d.self_attn.v_proj.weight", l)) ||
+        (st = visit(k, L->o_proj, H, qd, "model.layers.%d.self_attn.o_proj.weight", l)) ||
+        (st = visit(k, L->q_norm, D, 0, "model.layers.%d.self_attn.q_norm.weight", l)) ||
+        (st = visit(k, L->k_norm, D, 0, "model.layers.%d.self_attn.k_norm.weight", l)) ||
+        (st = visit(k, L->mlp_norm, H, 0, "model.layers.%d.post_attention_layernorm.weight", l)))
+        return st;
+    if (fr_model_layer_is_moe(c, l)) return experts(k, c, L, l);
+    if ((st = visit(k, L->gate_proj, I, H, "model.layers.%d.mlp.gate_proj.weight", l)) ||
+        (st = visit(k, L->up_proj, I, H, "model.layers.%d.mlp.up_proj.weight", l)))
+        return st;
+    return visit(k, L->down_proj, H, I, "model.layers.%d.mlp.down_proj.weight", l);
+}
+
+fr_status fr_model_tensors_each(const fr_model_config *c, const fr_weights *w, fr_model_tensor_fn fn, void *user)
+{
+    if (!c || !w || !fn) return fr_fail(FR_EINVAL, "fr_model_tensors_each: NULL argument");
+    walk k = {.fn = fn, .user = user};
+    const int64_t V = c->vocab_size, H = c->hidden_size;
+    static const fr_layer_weights none;
+    fr_status st = visit(&k, w->embed, V, H, "model.embed_tokens.weight");
+    for (int l = 0; l < c->num_layers && !st; l++) st = layer(&k, c, w->layers ? &w->layers[l] : &none, l);
+    if (!st) st = visit(&k, w->final_norm, H, 0, "model.norm.weight");
+    if (!st && !c->tie_word_embeddings) st = visit(&k, w->lm_head, V, H, "lm_head.weight");
+    return st;
+}
+
+typedef struct {
+    const char *name;
+    fr_model_tensor *out;
+    int found;
+} find_ctx;
+
+static fr_status match(void *user, const fr_model_tensor *t)
+{
+    find_ctx *f = user;
+    if (strcmp(t->name, f->name) != 0) return FR_OK;
+    *f->out = *t;
+    f->found = 1;
+    return FR_EINVAL;   /* stops the walk; not an error to the caller */
+}
+
+int fr_model_tensor_find(const fr_model_config *c, const fr_weights *w, const char *name, fr_model_tensor *out)
+{
+    if (!c || !w || !name || !out) return 0;
+    find_ctx f = {.name = name, .out = out};
+    fr_model_tensors_each(c, w, match, &f);
+    return f.found;
+}
