@@ -109,6 +109,7 @@ const char fr_engine_opts_usage[] =
     "  --model M            checkpoint directory, or synthetic:tiny[:SEED] (default);\n"
     "                       synthetic:qwen3-4b[:SEED] (Qwen3-4B's shape) on --backend cuda\n"
     "                       (synthetic:qwen3-4b-128k: the same with a 131,072-token window)\n"
+    "                       (synthetic:qwen3-30b-a3b[-128k]: Qwen3-30B-A3B's MoE shape)\n"
     "  --backend B          auto (default: cuda when a GPU is present and supports\n"
     "                       the configuration, else cpu), cpu or cuda\n"
     "  --kv T               KV cache dtype: bf16 (default), fp8, nvfp4, mxfp4, or\n"

@@ -6,23 +6,27 @@
 # attention (--fill), one markdown table per dtype, then the peak tokens/s of
 # each dtype against BF16's.
 #
-# usage: bench/decode_64k.sh [--kv-gb G] [--context N] [--steps N] [--kvs LIST]
+# usage: bench/decode_64k.sh [--shape S] [--kv-gb G] [--context N] [--steps N] [--kvs LIST]
 #                            [--fp4-compute MODE] [--build DIR]
-#   --kv-gb G     device memory for the KV cache in GB (default 115: an H200
-#                 less the 8 GB of weights and the engine's buffers)
+#   --shape S     qwen3-4b (default; 36 layers x 8 KV heads) or qwen3-30b-a3b
+#                 (the Mixture-of-Experts shape; 48 layers x 4 KV heads)
+#   --kv-gb G     device memory for the KV cache in GB (default: an H200 less
+#                 the weights and the engine's buffers: 115 for qwen3-4b's
+#                 8 GB, 70 for qwen3-30b-a3b's 61 GB)
 #   --context N   tokens per sequence (default 65536)
 #   --steps N     timed decode steps per batch (default 10)
 #   --kvs LIST    dtypes (default bf16,fp8,nvfp4,mxfp4)
 #   --fp4-compute MODE  bf16 (query and P in BF16: the CUDA engine's default) or
 #                 exact (the recipe's FP4 query and P) for the FP4 caches
-# Capacity per dtype: G / (context x 36 layers x 8 KV heads x the dtype's
+# Capacity per dtype: G / (context x layers x KV heads x the dtype's
 # bytes per token and head: 512 BF16, 256 FP8, 144 NVFP4, 136 MXFP4), less
 # one sequence (decode_step's cache holds one spare); batches are the powers
 # of two below it, and it.
 set -euo pipefail
-kv_gb=115 context=65536 steps=10 kvs=bf16,fp8,nvfp4,mxfp4 build=build compute=bf16
+kv_gb= context=65536 steps=10 kvs=bf16,fp8,nvfp4,mxfp4 build=build compute=bf16 shape=qwen3-4b
 while [ $# -gt 0 ]; do
   case $1 in
+    --shape) shape=$2; shift 2 ;;
     --kv-gb) kv_gb=$2; shift 2 ;;
     --context) context=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
@@ -33,6 +37,12 @@ while [ $# -gt 0 ]; do
     *) echo "decode_64k: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+case $shape in
+  qwen3-4b) layer_heads=$((36 * 8)) default_gb=115 ;;
+  qwen3-30b-a3b) layer_heads=$((48 * 4)) default_gb=70 ;;
+  *) echo "decode_64k: unknown shape $shape (qwen3-4b or qwen3-30b-a3b)" >&2; exit 2 ;;
+esac
+kv_gb=${kv_gb:-$default_gb}
 bin=$build/bench/decode_step
 [ -x "$bin" ] || { echo "decode_64k: $bin is missing (make bench)" >&2; exit 1; }
 declare -A per_token=([bf16]=512 [fp8]=256 [nvfp4]=144 [mxfp4]=136)
@@ -40,13 +50,13 @@ declare -A peak
 IFS=, read -r -a list <<< "$kvs"
 for kv in "${list[@]}"; do
   [ -n "${per_token[$kv]:-}" ] || { echo "decode_64k: unknown dtype $kv" >&2; exit 2; }
-  cap=$(awk -v g="$kv_gb" -v c="$context" -v b="${per_token[$kv]}" \
-        'BEGIN { n = int(g * 1e9 / (c * 36 * 8 * b)) - 1; print (n < 1 ? 1 : n) }')
+  cap=$(awk -v g="$kv_gb" -v c="$context" -v b="${per_token[$kv]}" -v lh="$layer_heads" \
+        'BEGIN { n = int(g * 1e9 / (c * lh * b)) - 1; print (n < 1 ? 1 : n) }')
   batches=1
   for ((b = 2; b < cap; b *= 2)); do batches="$batches,$b"; done
   [ "$cap" -gt 1 ] && batches="$batches,$cap"
   echo "decode_64k: $kv, up to $cap sequences of $context tokens (batches $batches)" >&2
-  out=$("$bin" --model synthetic:qwen3-4b-128k --kv "$kv" --context "$context" --fill --batches "$batches" \
+  out=$("$bin" --model "synthetic:$shape-128k" --kv "$kv" --context "$context" --fill --batches "$batches" \
         --steps "$steps" --fp4-compute "$compute" --markdown)
   echo "$out"
   echo

@@ -12,7 +12,9 @@
  *     and layout, with other contents), with
  *     sampling on the GPU and the step replayed from a CUDA graph, against
  *     the roofline: (weight bytes + KV bytes read) / copy bandwidth, the KV
- *     bytes being the cache's own page bytes for its dtype.
+ *     bytes being the cache's own page bytes for its dtype; a
+ *     Mixture-of-Experts model's weight bytes are its dense part and the
+ *     experts its tokens chose in the step.
  * A step's time is the wall time of the call (metadata upload, graph launch,
  * the sampled tokens back on the host); the median of --steps steps after
  * three warm-up steps is reported.
@@ -58,6 +60,39 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* Bytes read plus written per second by cudaMemcpy device to device on 2 GiB. */
+/* The weight bytes a decode step reads. A dense model reads all of them; a
+ * Mixture-of-Experts model reads its dense part and, per layer, the experts
+ * its tokens chose (counted on the last step run, printed with the spread of
+ * the last layer's load over the experts). */
+static size_t step_weight_bytes(const fr_session *s, size_t all, int batch)
+{
+    const fr_model_config *c = &s->gpu_weights->cfg;
+    if (c->num_experts == 0) return all;
+    int *active = calloc((size_t)c->num_layers, sizeof(int)), *counts = calloc((size_t)c->num_experts, sizeof(int));
+    size_t per_expert = 3 * (size_t)c->moe_intermediate_size * (size_t)c->hidden_size * 2, bytes = all;
+    if (active && counts && !fr_runner_cuda_moe_usage(s->gpu, active, counts)) {
+        long used = 0;
+        int most = 0, idle = 0;
+        for (int l = 0; l < c->num_layers; l++)
+            if (fr_model_layer_is_moe(c, l)) {
+                bytes -= per_expert * (size_t)c->num_experts;
+                bytes += per_expert * (size_t)active[l];
+                used += active[l];
+            }
+        for (int e = 0; e < c->num_experts; e++) {
+            most = counts[e] > most ? counts[e] : most;
+            idle += counts[e] == 0;
+        }
+        fprintf(stderr, "batch %d: %.1f of %d experts active per layer; last layer: busiest expert %d of %d "
+                "token-expert pairs (even share %.1f), %d experts idle\n", batch, (double)used / c->num_layers,
+                c->num_experts, most, batch * c->experts_per_tok, (double)batch * c->experts_per_tok / c->num_experts,
+                idle);
+    }
+    free(active);
+    free(counts);
+    return bytes;
+}
+
 static double copy_bandwidth(void)
 {
     const size_t n = (size_t)2 << 30;
@@ -235,7 +270,7 @@ int main(int argc, char **argv)
         qsort(times, (size_t)n_steps, sizeof(double), cmp_double);
         double med = times[n_steps / 2];
         double ctx_mid = tokens_before / B + 3 + n_steps / 2.0;   /* at the median step */
-        double bytes = (double)weight_bytes + B * ctx_mid * kv_token_bytes;
+        double bytes = (double)step_weight_bytes(&s, weight_bytes, B) + B * ctx_mid * kv_token_bytes;
         double roof = bytes / bw;
         if (markdown)
             printf("| %d | %.0f | %.3f | %.0f | %.0f | %.2f GB | %.3f | %.1f%% |\n", B, ctx_mid, med * 1e3, B / med,

@@ -23,7 +23,9 @@
  *   "synthetic:qwen3-4b[:SEED]"  Qwen3-4B's shape, for benchmarks on the GPU
  *                           backend (host loading refuses it);
  *   "synthetic:qwen3-4b-128k[:SEED]"  the same weights with a 131,072-token
- *                           window, for long-context decode benchmarks.
+ *                           window, for long-context decode benchmarks;
+ *   "synthetic:qwen3-30b-a3b[-128k][:SEED]"  Qwen3-30B-A3B's shape, a
+ *                           Mixture-of-Experts model (GPU backend only).
  *
  * synthetic:tiny is a Qwen3 with the byte tokenizer of tq6: vocab 272 (ids
  * 0..255 bytes, 256 BOS, 257 EOS, 258 PAD), hidden 128, 2 layers, 4 heads,
@@ -130,6 +132,12 @@ fr_status fr_model_synthetic_tiny(uint64_t seed, fr_model **out);
  * but are made on the GPU (rollout/model/weights_cuda.h): 4.0e9 float32 values do
  * not belong in host memory. */
 void fr_synthetic_qwen3_4b_config(fr_model_config *cfg);
+/* The configuration of synthetic:qwen3-30b-a3b, the published shape of
+ * Qwen3-30B-A3B (48 layers, hidden 2048, 32 query and 4 KV heads of 128, 128
+ * experts of intermediate 768, top-8 with normalized weights, vocab 151936,
+ * untied, a 40,960-token window; -128k: 131,072), made on the GPU as
+ * qwen3-4b's, with a router whose experts are used unevenly. */
+void fr_synthetic_qwen3_30b_a3b_config(fr_model_config *cfg);
 /* Resolves the part of a spec after "synthetic:" ("tiny", "qwen3-4b", either
  * with ":SEED") to its configuration and seed. FR_EINVAL for unknown names
  * and malformed seeds. */

@@ -8,6 +8,7 @@
 #include "attention/cuda_check.h"
 #include "kvcache/kv_store_cuda.h"
 #include "rollout/model/gemm_cuda.h"
+#include "rollout/model/moe_cuda.h"
 #include "rollout/model/ops_cuda.h"
 #include "rollout/model/sampler_cuda.h"
 #include "comm/nccl_group.h"
@@ -19,6 +20,7 @@ struct fr_runner_cuda {
     fr_kv_cache *book;
     fr_kv_store_gpu *store;
     fr_gemm *gemm;
+    fr_moe_gpu *moe;            /* expert scratch; NULL for a dense model */
     fr_sampler_gpu *sampler;
     cudaStream_t stream;
     /* Decode graphs, one per batch bucket (powers of two up to max_seqs). */
@@ -133,6 +135,7 @@ fr_status fr_runner_cuda_new_tp(const fr_weights_gpu *w, fr_kv_cache *book, int 
     const int I = c->intermediate_size, V = r->vocab, Vl = c->vocab_size, tp = w->tp_size > 1 ? w->tp_size : 1;
     fr_status st = fr_kv_store_gpu_new(kc, &r->store);
     if (!st) st = fr_gemm_new(0, &r->gemm);
+    if (!st && c->num_experts > 0) st = fr_moe_gpu_new(c, M, &r->moe);
     if (!st) st = fr_sampler_gpu_new(V, r->max_seqs, &r->sampler);
     r->use_graphs = getenv("FR_CUDA_GRAPHS") == NULL || strcmp(getenv("FR_CUDA_GRAPHS"), "0") != 0;
     if (!st && cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking) != cudaSuccess)
@@ -227,6 +230,7 @@ void fr_runner_cuda_destroy(fr_runner_cuda **pr)
     free(r->h_v);
     fr_cuda_rope_table_free(&r->rope_cos, &r->rope_sin);
     fr_gemm_destroy(&r->gemm);
+    fr_moe_gpu_destroy(&r->moe);
     fr_sampler_gpu_destroy(&r->sampler);
     fr_kv_store_gpu_destroy(&r->store);
     if (r->stream) cudaStreamDestroy(r->stream);
@@ -336,15 +340,39 @@ fr_status fr_runner_cuda_set_observer(fr_runner_cuda *r, const fr_forward_observ
 /* x += in . W^T for a row-parallel W ([hidden][k]): directly with beta 1 on
  * one rank; across an engine, this rank's partial sum all-reduced over NCCL
  * and then added, so every rank holds the same residual stream. */
+/* Tensor parallel: the ranks' partial sums in r->partial added up across
+ * the engine, then into the residual stream. */
+static fr_status residual_allreduce(fr_runner_cuda *r, int M)
+{
+    const int D = r->w->cfg.hidden_size;
+    fr_comm_status cs = fr_nccl_allreduce_sum(r->nccl, r->partial, (size_t)M * D, FR_DTYPE_F32, r->stream);
+    if (cs) return fr_fail(FR_EINTERNAL, "CUDA runner: %s", fr_comm_last_error());
+    return fr_cuda_add_f32(r->x, r->partial, (size_t)M * D, r->stream);
+}
+
 static fr_status residual_gemm(fr_runner_cuda *r, const uint16_t *in, const uint16_t *w, int M, int k)
 {
     const int D = r->w->cfg.hidden_size;
     if (!r->nccl) return fr_gemm_bf16(r->gemm, r->x, in, w, M, D, k, 1.0f, r->stream);
     fr_status st = fr_gemm_bf16(r->gemm, r->partial, in, w, M, D, k, 0.0f, r->stream);
-    if (st) return st;
-    fr_comm_status cs = fr_nccl_allreduce_sum(r->nccl, r->partial, (size_t)M * D, FR_DTYPE_F32, r->stream);
-    if (cs) return fr_fail(FR_EINTERNAL, "CUDA runner: %s", fr_comm_last_error());
-    return fr_cuda_add_f32(r->x, r->partial, (size_t)M * D, r->stream);
+    return st ? st : residual_allreduce(r, M);
+}
+
+/* The layer's MLP on r->xn into the residual stream: dense, or routed
+ * experts (rollout/model/moe_cuda.h). */
+static fr_status mlp(fr_runner_cuda *r, const fr_layer_weights_gpu *lw, int l, int M)
+{
+    const fr_model_config *c = &r->w->cfg;
+    const int D = c->hidden_size, I = c->intermediate_size;
+    fr_status st;
+    if (lw->router) {
+        if (!r->nccl) return fr_moe_gpu_forward(r->moe, r->gemm, lw, l, r->xn, M, r->x, 1, r->stream);
+        st = fr_moe_gpu_forward(r->moe, r->gemm, lw, l, r->xn, M, r->partial, 0, r->stream);
+        return st ? st : residual_allreduce(r, M);
+    }
+    st = fr_gemm_bf16(r->gemm, r->gu, r->xn, lw->gate_up, M, 2 * I, D, 0.0f, r->stream);
+    if (!st) st = fr_cuda_swiglu_rows(r->h, r->gu, M, I, r->stream);
+    return st ? st : residual_gemm(r, r->h, lw->down_proj, M, I);
 }
 
 /* Logits of `rows` normed rows (r->xn) into r->logits [rows][vocab]: one
@@ -373,7 +401,7 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
     const fr_model_config *c = &r->w->cfg;
     const fr_layer_weights_gpu *lw = &r->w->layers[l];
     const int D = c->hidden_size, d = c->head_dim, H = c->num_heads, KVH = c->num_kv_heads;
-    const int qd = H * d, kvd = KVH * d, I = c->intermediate_size;
+    const int qd = H * d, kvd = KVH * d;
     cudaStream_t s = r->stream;
     /* A rider's rows (r->riding of them) follow ours through everything but
      * attention and the cache. */
@@ -416,9 +444,7 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
      * or, tensor parallel, their partial sums are all-reduced first. */
     if (!st) st = residual_gemm(r, r->att, lw->o_proj, Mt, qd);
     if (!st) st = fr_cuda_rmsnorm(r->xn, r->x, NULL, lw->mlp_norm, Mt, D, c->rms_norm_eps, s);
-    if (!st) st = fr_gemm_bf16(r->gemm, r->gu, r->xn, lw->gate_up, Mt, 2 * I, D, 0.0f, s);
-    if (!st) st = fr_cuda_swiglu_rows(r->h, r->gu, Mt, I, s);
-    if (!st) st = residual_gemm(r, r->h, lw->down_proj, Mt, I);
+    if (!st) st = mlp(r, lw, l, Mt);
     if (!st)
         st = fr_kv_store_gpu_commit(r->store, l, r->seqs, n_seqs, (max_new + T - 1) / T, r->step_k, r->step_v, s);
     if (!st && R) st = fr_kv_store_gpu_commit(rd->store, l, rd->seqs, R, 1, rd->step_k, rd->step_v, s);
@@ -819,4 +845,12 @@ fr_status fr_runner_cuda_set_key_mean(fr_runner_cuda *r, const float *key_mean)
 fr_status fr_runner_cuda_fork(fr_runner_cuda *r, int src_seq, int dst_seq)
 {
     return fr_kv_store_gpu_copy_slot(r->store, src_seq, dst_seq, r->stream);
+}
+
+fr_status fr_runner_cuda_moe_usage(fr_runner_cuda *r, int *active_per_layer, int *last_layer_counts)
+{
+    if (!r->moe) return fr_fail(FR_EINVAL, "CUDA runner: the model has no experts");
+    fr_status st = active_per_layer ? fr_moe_gpu_active(r->moe, active_per_layer, r->stream) : FR_OK;
+    if (!st && last_layer_counts) st = fr_moe_gpu_counts(r->moe, last_layer_counts, r->stream);
+    return st;
 }

@@ -122,6 +122,13 @@ fr_status fr_runner_cuda_fork(fr_runner_cuda *r, int src_seq, int dst_seq);
 /* Whether a CUDA device is usable (for --backend auto). */
 int fr_cuda_available(void);
 
+/* A Mixture-of-Experts model's expert use in the last step (what its expert
+ * weight traffic was): per layer the number of experts at least one token
+ * chose (active_per_layer[num_layers]), and the tokens each expert of the
+ * last layer received (last_layer_counts[num_experts]); either may be NULL.
+ * Synchronizes the runner's stream. FR_EINVAL for a dense model. */
+fr_status fr_runner_cuda_moe_usage(fr_runner_cuda *r, int *active_per_layer, int *last_layer_counts);
+
 #ifdef __cplusplus
 }
 #endif

@@ -160,24 +160,49 @@ void fr_synthetic_qwen3_4b_config(fr_model_config *cfg)
     cfg->eos_ids[0] = 151645;
 }
 
+void fr_synthetic_qwen3_30b_a3b_config(fr_model_config *cfg)
+{
+    if (!cfg) return;
+    fr_synthetic_qwen3_4b_config(cfg);   /* tokenizer ids, head_dim, RoPE */
+    snprintf(cfg->architecture, sizeof cfg->architecture, "Qwen3MoeForCausalLM");
+    cfg->hidden_size = 2048;
+    cfg->num_layers = 48;
+    cfg->num_heads = 32;
+    cfg->num_kv_heads = 4;
+    cfg->intermediate_size = 6144;   /* unused: every layer is sparse */
+    cfg->tie_word_embeddings = 0;
+    cfg->num_experts = 128;
+    cfg->experts_per_tok = 8;
+    cfg->moe_intermediate_size = 768;
+    cfg->norm_topk_prob = 1;
+    cfg->decoder_sparse_step = 1;
+    memset(cfg->mlp_only, 0, sizeof cfg->mlp_only);
+}
+
+/* Whether rest's name part (before any ":SEED") is exactly `name`. */
+static int named(const char *rest, size_t len, const char *name)
+{
+    return len == strlen(name) && strncmp(rest, name, len) == 0;
+}
+
 fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *seed_out)
 {
     if (!rest || !cfg || !seed_out) return fr_fail(FR_EINVAL, "fr_synthetic_parse: NULL argument");
     const char *colon = strchr(rest, ':');
     size_t name_len = colon ? (size_t)(colon - rest) : strlen(rest);
-    if (name_len == 4 && strncmp(rest, "tiny", 4) == 0)
+    /* The -128k variants: the same weights with a 131,072-token window
+     * (Qwen3's extended context), for decode benchmarks at 64K and beyond. */
+    if (named(rest, name_len, "tiny"))
         fr_synthetic_tiny_config(cfg);
-    else if (name_len == 8 && strncmp(rest, "qwen3-4b", 8) == 0)
+    else if (named(rest, name_len, "qwen3-4b") || named(rest, name_len, "qwen3-4b-128k"))
         fr_synthetic_qwen3_4b_config(cfg);
-    else if (name_len == 13 && strncmp(rest, "qwen3-4b-128k", 13) == 0) {
-        /* the same weights with a 131,072-token window (Qwen3's extended
-         * context), for decode benchmarks at 64K and beyond */
-        fr_synthetic_qwen3_4b_config(cfg);
-        cfg->max_position = 131072;
-    } else
+    else if (named(rest, name_len, "qwen3-30b-a3b") || named(rest, name_len, "qwen3-30b-a3b-128k"))
+        fr_synthetic_qwen3_30b_a3b_config(cfg);
+    else
         return fr_fail(FR_EINVAL, "unknown synthetic model \"%.*s\" in spec \"%s%s\" (known: %stiny[:SEED], "
-                       "%sqwen3-4b[-128k][:SEED])", (int)(name_len > 64 ? 64 : name_len), rest, FR_SYNTHETIC_PREFIX,
-                       rest, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX);
+                       "%sqwen3-4b[-128k][:SEED], %sqwen3-30b-a3b[-128k][:SEED])", (int)(name_len > 64 ? 64 : name_len),
+                       rest, FR_SYNTHETIC_PREFIX, rest, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX);
+    if (name_len > 5 && strncmp(rest + name_len - 5, "-128k", 5) == 0) cfg->max_position = 131072;
     uint64_t seed = FR_SYNTHETIC_DEFAULT_SEED;
     if (colon) {
         const char *s = colon + 1;

@@ -5,18 +5,46 @@
 
 #include "attention/cuda_check.h"
 #include "attention/fp_formats.h"
+#include "rollout/model/tensor_table.h"
 
 /* The tensors in the generator's order (model.h): stream t of the synthetic
  * generator is the t-th tensor of this walk, tied lm_head included as a
  * stream number even when it is not stored. */
-typedef enum { KIND_EMBED, KIND_PROJ, KIND_NORM } fill_kind;
+typedef enum { KIND_EMBED, KIND_PROJ, KIND_NORM, KIND_ROUTER } fill_kind;
 
 typedef struct {
     uint16_t **dst;
     size_t rows, cols;
     fill_kind kind;
     const float *host;   /* the host model's tensor, or NULL */
+    size_t offset;       /* elements after *dst: tensors that continue the previous one's block */
 } tensor_slot;
+
+
+/* Adds the layer's MLP: the dense gate|up and down, or the router and every
+ * expert's gate|up, then every expert's down. */
+static int plan_mlp(const fr_model_config *c, int l, fr_layer_weights_gpu *L, const fr_layer_weights *hl,
+                    tensor_slot *t, int n)
+{
+    const size_t H = (size_t)c->hidden_size, I = (size_t)c->intermediate_size;
+#define ADD(ptr, r, cc, k, h) (t[n++] = (tensor_slot){&(ptr), (r), (cc), (k), (h), 0})
+    if (!fr_model_layer_is_moe(c, l)) {
+        /* gate and up share one matrix: up's rows follow gate's */
+        ADD(L->gate_up, I, H, KIND_PROJ, hl ? hl->gate_proj : NULL);
+        ADD(L->gate_up, I, H, KIND_PROJ, hl ? hl->up_proj : NULL);
+        ADD(L->down_proj, H, I, KIND_PROJ, hl ? hl->down_proj : NULL);
+        return n;
+    }
+    const size_t E = (size_t)c->num_experts, Im = (size_t)c->moe_intermediate_size, per = Im * H;
+    ADD(L->router, E, H, KIND_ROUTER, hl ? hl->router : NULL);
+    for (size_t e = 0; e < E; e++) {
+        ADD(L->expert_gate_up, Im, H, KIND_PROJ, hl ? hl->expert_gate + e * per : NULL);
+        ADD(L->expert_gate_up, Im, H, KIND_PROJ, hl ? hl->expert_up + e * per : NULL);
+    }
+    for (size_t e = 0; e < E; e++) ADD(L->expert_down, H, Im, KIND_PROJ, hl ? hl->expert_down + e * per : NULL);
+#undef ADD
+    return n;
+}
 
 static size_t align_up(size_t x) { return (x + 255) & ~(size_t)255; }
 
@@ -28,9 +56,9 @@ static int plan(fr_weights_gpu *w, const fr_model *m, tensor_slot *t, size_t *by
     /* A tensor-parallel shard keeps the whole embedding (vocab_full rows). */
     size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size, D = (size_t)c->head_dim,
            VE = w->vocab_full > 0 ? (size_t)w->vocab_full : V,
-           I = (size_t)c->intermediate_size, qd = (size_t)c->num_heads * D, kvd = (size_t)c->num_kv_heads * D;
+           qd = (size_t)c->num_heads * D, kvd = (size_t)c->num_kv_heads * D;
     int n = 0;
-#define ADD(ptr, r, cc, k, h) (t[n++] = (tensor_slot){&(ptr), (r), (cc), (k), (h)})
+#define ADD(ptr, r, cc, k, h) (t[n++] = (tensor_slot){&(ptr), (r), (cc), (k), (h), 0})
     ADD(w->embed, VE, H, KIND_EMBED, m ? m->w.embed : NULL);
     for (int l = 0; l < c->num_layers; l++) {
         fr_layer_weights_gpu *L = &w->layers[l];
@@ -43,21 +71,20 @@ static int plan(fr_weights_gpu *w, const fr_model *m, tensor_slot *t, size_t *by
         ADD(L->q_norm, 1, D, KIND_NORM, hl ? hl->q_norm : NULL);
         ADD(L->k_norm, 1, D, KIND_NORM, hl ? hl->k_norm : NULL);
         ADD(L->mlp_norm, 1, H, KIND_NORM, hl ? hl->mlp_norm : NULL);
-        /* gate and up share one matrix: up's rows follow gate's */
-        ADD(L->gate_up, I, H, KIND_PROJ, hl ? hl->gate_proj : NULL);
-        ADD(L->gate_up, I, H, KIND_PROJ, hl ? hl->up_proj : NULL);
-        ADD(L->down_proj, H, I, KIND_PROJ, hl ? hl->down_proj : NULL);
+        n = plan_mlp(c, l, L, hl, t, n);
     }
     ADD(w->final_norm, 1, H, KIND_NORM, m ? m->w.final_norm : NULL);
     ADD(w->lm_head, V, H, KIND_PROJ, m ? m->w.lm_head : NULL);
 #undef ADD
-    /* Offsets: gate_up's second half continues the first; a tied lm_head takes no space. */
+    /* Offsets: a tensor with the previous one's pointer (gate_up's second
+     * half, the experts) continues its block; a tied lm_head takes no space. */
     size_t off = 0;
     for (int i = 0; i < n; i++) {
-        int up_half = i > 0 && t[i].dst == t[i - 1].dst;
+        int cont = i > 0 && t[i].dst == t[i - 1].dst;
         int tied = t[i].dst == &w->lm_head && c->tie_word_embeddings;
-        if (!up_half && !tied) off = align_up(off);
-        if (!up_half && !tied) *t[i].dst = (uint16_t *)(uintptr_t)off;
+        if (cont) t[i].offset = t[i - 1].offset + t[i - 1].rows * t[i - 1].cols;
+        if (!cont && !tied) off = align_up(off);
+        if (!cont && !tied) *t[i].dst = (uint16_t *)(uintptr_t)off;
         if (!tied) off += t[i].rows * t[i].cols * sizeof(uint16_t);
     }
     *bytes = align_up(off);
@@ -88,7 +115,7 @@ static void rebase(fr_weights_gpu *w, tensor_slot *t, int n)
 {
     uint8_t *base = (uint8_t *)w->block_;
     for (int i = 0; i < n; i++) {
-        if (i > 0 && t[i].dst == t[i - 1].dst) continue;   /* up half: same pointer */
+        if (i > 0 && t[i].dst == t[i - 1].dst) continue;   /* continues the previous block */
         if (t[i].dst == &w->lm_head && w->cfg.tie_word_embeddings) continue;
         *t[i].dst = (uint16_t *)(base + (uintptr_t)*t[i].dst);
     }
@@ -102,7 +129,7 @@ static fr_status prepare(const fr_model_config *cfg, const fr_model *m, fr_weigh
     if (st) return st;
     fr_weights_gpu *w = *out;
     w->vocab_full = vocab_full;
-    *slots = (tensor_slot *)calloc((size_t)(11 * cfg->num_layers + 3), sizeof **slots);
+    *slots = (tensor_slot *)calloc(fr_model_tensor_count(cfg) + 1, sizeof **slots);   /* + a tied lm_head */
     if (!*slots) {
         fr_weights_gpu_destroy(out);
         return fr_fail(FR_ENOMEM, "GPU weights: out of memory");
@@ -119,13 +146,8 @@ static fr_status prepare(const fr_model_config *cfg, const fr_model *m, fr_weigh
     return FR_OK;
 }
 
-/* Where tensor i's values start (the up half begins after the gate half). */
-static uint16_t *dest_of(const tensor_slot *t, int i)
-{
-    uint16_t *p = *t[i].dst;
-    if (i > 0 && t[i].dst == t[i - 1].dst) p += t[i - 1].rows * t[i - 1].cols;
-    return p;
-}
+/* Where tensor i's values start. */
+static uint16_t *dest_of(const tensor_slot *t, int i) { return *t[i].dst + t[i].offset; }
 
 fr_status fr_weights_gpu_from_model(const fr_model *m, fr_weights_gpu **out)
 {
@@ -179,7 +201,8 @@ __device__ static uint16_t bf16_rne(float f)
 /* Element e's normal draw is a pure function of the stream's start state:
  * the generator advances the state by a constant per 64-bit draw, six draws
  * per element. */
-__global__ void gen_kernel(uint16_t *dst, size_t n, uint64_t state0, int kind, double scale)
+__global__ void gen_kernel(uint16_t *dst, size_t n, uint64_t state0, int kind, double scale, size_t rows,
+                           size_t cols)
 {
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
         uint64_t s = state0 + 6 * e * 0x9e3779b97f4a7c15ull;
@@ -190,8 +213,14 @@ __global__ void gen_kernel(uint16_t *dst, size_t n, uint64_t state0, int kind, d
             sum += (v >> 32) + (v & 0xffffffffull);
         }
         double z = (double)((int64_t)sum - (int64_t)(6ull << 32)) * 0x1p-32;
+        if (kind == KIND_ROUTER) {
+            /* expert r's spread: 0.25 .. 3 times a projection's, in a
+             * scattered order over the experts */
+            const double u = (double)((e / cols * 37) % rows) / (double)rows;
+            z = __dmul_rn(z, __dadd_rn(0.25, __dmul_rn(2.75, __dmul_rn(u, u))));
+        }
         float f = kind == KIND_EMBED ? (float)z
-                  : kind == KIND_PROJ ? (float)__dmul_rn(z, scale)
+                  : kind == KIND_PROJ || kind == KIND_ROUTER ? (float)__dmul_rn(z, scale)
                                       : (float)__dadd_rn(1.0, __dmul_rn(0.1, z));
         dst[e] = bf16_rne(f);
     }
@@ -207,9 +236,9 @@ fr_status fr_weights_gpu_synthetic(const fr_model_config *cfg, uint64_t seed, fr
     for (int i = 0; i < n && !st; i++) {
         if (t[i].dst == &(*out)->lm_head && cfg->tie_word_embeddings) continue;
         uint64_t state0 = mix64_host(seed ^ mix64_host((uint64_t)i + 1));
-        double scale = t[i].kind == KIND_PROJ ? 1.0 / sqrt((double)t[i].cols) : 1.0;
+        double scale = t[i].kind == KIND_PROJ || t[i].kind == KIND_ROUTER ? 1.0 / sqrt((double)t[i].cols) : 1.0;
         size_t count = t[i].rows * t[i].cols;
-        gen_kernel<<<1024, 256>>>(dest_of(t, i), count, state0, (int)t[i].kind, scale);
+        gen_kernel<<<1024, 256>>>(dest_of(t, i), count, state0, (int)t[i].kind, scale, t[i].rows, t[i].cols);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) st = fr_fail(FR_EINTERNAL, "GPU weights: generator launch failed: %s", cudaGetErrorString(e));
     }

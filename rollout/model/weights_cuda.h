@@ -8,7 +8,13 @@
  * Layout choices made for the GPU forward pass:
  *   gate_up  [2 * intermediate][hidden]: gate_proj's rows, then up_proj's, so
  *            one matrix product yields [rows][gate | up] for the SwiGLU;
- *   lm_head  points at embed when the model ties them.
+ *   lm_head  points at embed when the model ties them;
+ *   experts  (Mixture-of-Experts layers) expert_gate_up [E][2 * Im][hidden]:
+ *            each expert's gate rows, then its up rows, as gate_up;
+ *            expert_down [E][hidden][Im]; the router [E][hidden].
+ * The synthetic MoE models' routers are drawn with a spread that differs from
+ * expert to expert (fill kind ROUTER below), so that some experts win the
+ * top-k far more often than others, as in trained routers.
  */
 #ifndef FR_WEIGHTS_CUDA_H
 #define FR_WEIGHTS_CUDA_H
@@ -28,6 +34,10 @@ typedef struct {
     uint16_t *q_proj, *k_proj, *v_proj, *o_proj;       /* HF shapes, row-major */
     uint16_t *gate_up;                                 /* [2 * intermediate][hidden] */
     uint16_t *down_proj;                               /* [hidden][intermediate] */
+    /* MoE layers only (gate_up and down_proj are then NULL) */
+    uint16_t *router;                                  /* [E][hidden] */
+    uint16_t *expert_gate_up;                          /* [E][2 * Im][hidden] */
+    uint16_t *expert_down;                             /* [E][hidden][Im] */
 } fr_layer_weights_gpu;
 
 typedef struct fr_weights_gpu {

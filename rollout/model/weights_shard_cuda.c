@@ -22,6 +22,24 @@ static cudaError_t copy_rows(uint16_t *dst, const uint16_t *src, size_t r0, size
     return cudaMemcpy(dst, src + r0 * cols, rows * cols * sizeof(uint16_t), cudaMemcpyDeviceToDevice);
 }
 
+/* The router whole; of every expert, this rank's gate rows, up rows and down
+ * columns (rollout/model/tp_shard.h). */
+static cudaError_t shard_experts(const fr_model_config *c, const fr_tp_layout *l, const fr_layer_weights_gpu *F,
+                                 fr_layer_weights_gpu *L)
+{
+    const size_t H = (size_t)c->hidden_size, Im = (size_t)c->moe_intermediate_size, Il = (size_t)l->moe_inter,
+                 i0 = (size_t)l->moe_inter0;
+    cudaError_t e = copy_rows(L->router, F->router, 0, (size_t)c->num_experts, H);
+    for (size_t x = 0; x < (size_t)c->num_experts && e == cudaSuccess; x++) {
+        const uint16_t *fg = F->expert_gate_up + x * 2 * Im * H;
+        uint16_t *lg = L->expert_gate_up + x * 2 * Il * H;
+        e = copy_rows(lg, fg, i0, Il, H);
+        if (e == cudaSuccess) e = copy_rows(lg + Il * H, fg, Im + i0, Il, H);
+        if (e == cudaSuccess) e = copy_cols(L->expert_down + x * H * Il, F->expert_down + x * H * Im, H, Im, i0, Il);
+    }
+    return e;
+}
+
 fr_status fr_weights_gpu_shard(const fr_weights_gpu *full, int rank, int size, fr_weights_gpu **out)
 {
     if (!full || !out) return fr_fail(FR_EINVAL, "fr_weights_gpu_shard: NULL argument");
@@ -52,6 +70,10 @@ fr_status fr_weights_gpu_shard(const fr_weights_gpu *full, int rank, int size, f
         if (e == cudaSuccess) e = copy_rows(L->k_proj, F->k_proj, (size_t)l.kv_head0 * D, (size_t)l.n_kv_heads * D, H);
         if (e == cudaSuccess) e = copy_rows(L->v_proj, F->v_proj, (size_t)l.kv_head0 * D, (size_t)l.n_kv_heads * D, H);
         if (e == cudaSuccess) e = copy_cols(L->o_proj, F->o_proj, H, qd, (size_t)l.head0 * D, (size_t)l.n_heads * D);
+        if (F->router) {
+            if (e == cudaSuccess) e = shard_experts(c, &l, F, L);
+            continue;
+        }
         /* gate rows, then up rows, of this rank's intermediate slice */
         if (e == cudaSuccess) e = copy_rows(L->gate_up, F->gate_up, (size_t)l.inter0, Il, H);
         if (e == cudaSuccess) e = copy_rows(L->gate_up + Il * H, F->gate_up, I + (size_t)l.inter0, Il, H);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "rollout/model/tensor_table.h"
 #include "rollout/model/weights_cuda.h"
 
 static void add(fr_weights_gpu_tensor *t, int *n, const char *name, uint16_t *dst, int ndim, int64_t d0, int64_t d1)
@@ -16,6 +17,25 @@ static void add(fr_weights_gpu_tensor *t, int *n, const char *name, uint16_t *ds
     x->shape[1] = ndim == 2 ? d1 : 1;
 }
 
+/* A MoE layer's router and experts, in the order of rollout/model/tensor_table.h. */
+static int add_experts(fr_weights_gpu_tensor *t, int k, const fr_model_config *c, const fr_layer_weights_gpu *L, int l)
+{
+    const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
+    char name[96];
+    snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", l);
+    add(t, &k, name, L->router, 2, c->num_experts, H);
+    for (int e = 0; e < c->num_experts; e++) {
+        uint16_t *gu = L->expert_gate_up + (size_t)e * 2 * (size_t)(Im * H);
+        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+        add(t, &k, name, gu, 2, Im, H);
+        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
+        add(t, &k, name, gu + (size_t)(Im * H), 2, Im, H);
+        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+        add(t, &k, name, L->expert_down + (size_t)e * (size_t)(H * Im), 2, H, Im);
+    }
+    return k;
+}
+
 fr_status fr_weights_gpu_tensors(const fr_weights_gpu *w, fr_weights_gpu_tensor **out, int *n)
 {
     if (!w || !out || !n) return fr_fail(FR_EINVAL, "fr_weights_gpu_tensors: NULL argument");
@@ -24,7 +44,7 @@ fr_status fr_weights_gpu_tensors(const fr_weights_gpu *w, fr_weights_gpu_tensor 
     if (w->tp_size > 1)
         return fr_fail(FR_EUNSUPPORTED, "GPU weights: the tensor table of a tensor-parallel shard is not offered");
     const fr_model_config *c = &w->cfg;
-    fr_weights_gpu_tensor *t = calloc((size_t)(11 * c->num_layers + 3), sizeof *t);
+    fr_weights_gpu_tensor *t = calloc(fr_model_tensor_count(c), sizeof *t);
     if (!t) return fr_fail(FR_ENOMEM, "GPU weights: out of memory");
     const int64_t H = c->hidden_size, D = c->head_dim, I = c->intermediate_size, V = c->vocab_size;
     const int64_t qd = (int64_t)c->num_heads * D, kvd = (int64_t)c->num_kv_heads * D;
@@ -42,10 +62,17 @@ fr_status fr_weights_gpu_tensors(const fr_weights_gpu *w, fr_weights_gpu_tensor 
         add(t, &k, N("self_attn.q_norm.weight"), L->q_norm, 1, D, 0);
         add(t, &k, N("self_attn.k_norm.weight"), L->k_norm, 1, D, 0);
         add(t, &k, N("post_attention_layernorm.weight"), L->mlp_norm, 1, H, 0);
-        add(t, &k, N("mlp.gate_proj.weight"), L->gate_up, 2, I, H);
-        add(t, &k, N("mlp.up_proj.weight"), L->gate_up + (size_t)I * (size_t)H, 2, I, H);
-        add(t, &k, N("mlp.down_proj.weight"), L->down_proj, 2, H, I);
 #undef N
+        if (L->router) {
+            k = add_experts(t, k, c, L, l);
+            continue;
+        }
+        snprintf(name, sizeof name, "model.layers.%d.mlp.gate_proj.weight", l);
+        add(t, &k, name, L->gate_up, 2, I, H);
+        snprintf(name, sizeof name, "model.layers.%d.mlp.up_proj.weight", l);
+        add(t, &k, name, L->gate_up + (size_t)I * (size_t)H, 2, I, H);
+        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj.weight", l);
+        add(t, &k, name, L->down_proj, 2, H, I);
     }
     add(t, &k, "model.norm.weight", w->final_norm, 1, H, 0);
     if (!c->tie_word_embeddings) add(t, &k, "lm_head.weight", w->lm_head, 2, V, H);

@@ -1,8 +1,10 @@
 /* The CUDA engine end to end: the synthetic weights it generates on the GPU
  * against the CPU's, its logits against the CPU engine's (synthetic:tiny,
- * prefill and decode paths), and tq6 against transformers' float32 golden
- * logits and greedy continuations, next to transformers' own bfloat16 run
- * ($FR_HF_BF16_STATS, written by hf_bf16_reference.py). */
+ * prefill and decode paths), and the trained checkpoints tq6 (dense) and
+ * tqm (Mixture of Experts) against transformers' float32 golden logits and
+ * greedy continuations, tq6 next to transformers' own bfloat16 run
+ * ($FR_HF_BF16_STATS, written by hf_bf16_reference.py); decode graphs
+ * against direct launches, bit for bit, on both. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -214,17 +216,30 @@ static void test_fill_cpu_vs_cuda(void **state)
     fr_session_close(&gpu);
 }
 
-static char tq6[4096], golden_path[4200];
+/* A trained checkpoint with golden figures from transformers: the dense tq6
+ * or the Mixture-of-Experts tqm. The golden-prompt tests run on both. */
+typedef struct {
+    const char *name;
+    int exact_greedy;   /* p6's 64 greedy tokens must all equal transformers' */
+} golden_model;
 
-static int have_tq6_and_gpu(void)
+static const golden_model m_tq6 = {"tq6", 1}, m_tqm = {"tqm", 0};
+
+static char tq6[4096], golden_path[4200];   /* the model of the test under way */
+
+static int have_model_and_gpu(void **state)
 {
     if (!fr_gpu_test_available()) return 0;
-    const char *d = fr_test_require_tq6();
+    const golden_model *gm = state && *state ? *state : &m_tq6;
+    const char *d = fr_test_require_model(gm->name);
     if (!d) return 0;
     snprintf(tq6, sizeof tq6, "%s", d);
     snprintf(golden_path, sizeof golden_path, "%s/golden.safetensors", d);
+    printf("  %s:\n", gm->name);
     return 1;
 }
+
+static int have_tq6_and_gpu(void) { return have_model_and_gpu(NULL); }
 
 /* A session on tq6 with the CUDA backend, 2 sequence slots. */
 static void open_tq6_cuda(fr_session *s, int n_blocks)
@@ -268,13 +283,15 @@ static int read_hf_stats(double maxd[7], double meand[7])
 
 /* tq6 prefill logits against the float32 golden ones: no further than
  * transformers' bf16 run is, within 2x (max and mean |diff|). */
-static void test_tq6_vs_golden(void **state)
+static void test_golden_logits(void **state)
 {
-    (void)state;
-    if (!have_tq6_and_gpu()) skip();
+    if (!have_model_and_gpu(state)) skip();
     double hf_max[7], hf_mean[7];
-    int have_hf = read_hf_stats(hf_max, hf_mean);
-    if (!have_hf) printf("  FR_HF_BF16_STATS not given: printing our figures only\n");
+    const golden_model *gm = *state;
+    /* transformers' own BF16 figures are recorded for tq6; tqm is held to
+     * BF16 weight precision directly: mean |diff| under 1% of max |logit| */
+    int have_hf = gm == &m_tq6 && read_hf_stats(hf_max, hf_mean);
+    if (!have_hf && gm == &m_tq6) printf("  FR_HF_BF16_STATS not given: printing our figures only\n");
     fr_st_file *g;
     assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     fr_session s;
@@ -296,6 +313,10 @@ static void test_tq6_vs_golden(void **state)
         if (have_hf) {
             assert_true(md <= 2.0 * hf_max[p]);
             assert_true(mean <= 2.0 * hf_mean[p]);
+        } else if (gm != &m_tq6) {
+            float top = max_abs((const float *)ref->data, (size_t)n * 272);
+            printf("    mean |diff| %.2e of max |golden| %.3g\n", mean / top, top);
+            assert_true(mean <= 1e-2 * top);
         }
         free(ours);
         free(ids);
@@ -306,10 +327,9 @@ static void test_tq6_vs_golden(void **state)
 
 /* Greedy continuations on the GPU against transformers' float32 ones; BF16
  * may flip a near tie, so the figure is reported and most must hold. */
-static void test_tq6_greedy(void **state)
+static void test_golden_greedy(void **state)
 {
-    (void)state;
-    if (!have_tq6_and_gpu()) skip();
+    if (!have_model_and_gpu(state)) skip();
     fr_st_file *g;
     assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     fr_session s;
@@ -354,10 +374,9 @@ static void test_tq6_greedy(void **state)
 
 /* Decode path against prefill on the GPU (p3, 511 tokens): both read the
  * same BF16 cache, so they differ by summation order and BF16 rounding. */
-static void test_tq6_decode_vs_prefill(void **state)
+static void test_golden_decode_vs_prefill(void **state)
 {
-    (void)state;
-    if (!have_tq6_and_gpu()) skip();
+    if (!have_model_and_gpu(state)) skip();
     fr_st_file *g;
     assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     fr_session s;
@@ -455,8 +474,7 @@ static void run_decode(const char *model, int graphs, const int *prompt, int n, 
 
 static void test_decode_graphs(void **state)
 {
-    (void)state;
-    if (!have_tq6_and_gpu()) skip();
+    if (!have_model_and_gpu(state)) skip();
     fr_st_file *g;
     assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     int n;
@@ -470,7 +488,8 @@ static void test_decode_graphs(void **state)
     int same = 0;
     while (same < 64 && toks[same] == ((const int *)want->data)[same]) same++;
     printf("  p6 through GPU sampling and decode graphs: first %d of 64 greedy tokens equal\n", same);
-    assert_int_equal(same, 64);
+    const golden_model *gm = *state;
+    if (gm->exact_greedy) assert_int_equal(same, 64);
     fr_sampling_params sp = {.temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .seed = 42};
     int ta[3 * 40], tb[3 * 40];
     float la[3 * 40], lb[3 * 40];
@@ -625,10 +644,14 @@ int main(void)
         cmocka_unit_test(test_tiny_cpu_vs_cuda),
         cmocka_unit_test(test_fill_cpu_vs_cuda),
         cmocka_unit_test(test_fork_on_gpu),
-        cmocka_unit_test(test_tq6_vs_golden),
-        cmocka_unit_test(test_tq6_decode_vs_prefill),
-        cmocka_unit_test(test_tq6_greedy),
-        cmocka_unit_test(test_decode_graphs),
+        cmocka_unit_test_prestate(test_golden_logits, (void *)&m_tq6),
+        cmocka_unit_test_prestate(test_golden_decode_vs_prefill, (void *)&m_tq6),
+        cmocka_unit_test_prestate(test_golden_greedy, (void *)&m_tq6),
+        cmocka_unit_test_prestate(test_decode_graphs, (void *)&m_tq6),
+        cmocka_unit_test_prestate(test_golden_logits, (void *)&m_tqm),
+        cmocka_unit_test_prestate(test_golden_decode_vs_prefill, (void *)&m_tqm),
+        cmocka_unit_test_prestate(test_golden_greedy, (void *)&m_tqm),
+        cmocka_unit_test_prestate(test_decode_graphs, (void *)&m_tqm),
         cmocka_unit_test(test_tq6_quantized_cache_gpu_vs_cpu),
         cmocka_unit_test(test_weight_update_on_gpu),
     };
