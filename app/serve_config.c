@@ -595,6 +595,7 @@ fr_status fr_serve_config_load(const char *path, fr_serve_config *c)
     if ((st = rebase(t.recalibration.out_dir, sizeof t.recalibration.out_dir, slash ? dir : NULL, path,
                      "recalibration.out_dir")))
         return st;
+    if ((st = rebase(t.metrics_log, sizeof t.metrics_log, slash ? dir : NULL, path, "metrics_log"))) return st;
     *c = t;
     return FR_OK;
 }
@@ -633,7 +634,8 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
     }
     ok = ok && cJSON_AddNumberToObject(root, "metrics_port", c->metrics_port);
     ok = ok && cJSON_AddNumberToObject(root, "metrics_pub_port", c->metrics_pub_port);
-    ok = ok && cJSON_AddStringToObject(root, "metrics_log", c->metrics_log);
+    ok = ok && (c->metrics_log[0] ? cJSON_AddStringToObject(root, "metrics_log", c->metrics_log) != NULL
+                                  : cJSON_AddNullToObject(root, "metrics_log") != NULL);
     ok = ok && cJSON_AddNumberToObject(root, "kl_sample_rate", c->kl_sample_rate);
     ok = ok && cJSON_AddNumberToObject(root, "weight_update_idle_s", c->weight_update_idle_s);
     ok = ok && cJSON_AddNumberToObject(root, "nccl_timeout_s", c->nccl_timeout_s);
