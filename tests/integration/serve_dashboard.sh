@@ -139,8 +139,11 @@ PY
 }
 [ "$(http_status "http://127.0.0.1:$mport/health")" = "200 serving" ] || fail "/health is not 200 while serving"
 timeout 20 "$cli" --endpoint "$ep" pause --mode wait > /dev/null || fail "pause failed"
-sleep 0.5   # a snapshot after the pause
-h=$(http_status "http://127.0.0.1:$mport/health")
+for _ in $(seq 25); do   # the next snapshot (every 200 ms) says paused
+  h=$(http_status "http://127.0.0.1:$mport/health")
+  [ "$h" = "503 paused" ] && break
+  sleep 0.2
+done
 [ "$h" = "503 paused" ] || fail "/health while paused: $h"
 timeout 20 "$cli" --endpoint "$ep" resume > /dev/null || fail "resume failed"
 get "http://127.0.0.1:$mport/metrics" > "$dir/metrics3.txt" || fail "GET /metrics failed"
