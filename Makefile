@@ -100,6 +100,10 @@ $(call lib_of,$(1)): $(call objs_of,$(1))
 endef
 $(foreach m,$(MODULES),$(eval $(call module_rule,$(m))))
 
+# The dashboard's page and charting library are embedded with .incbin,
+# which the compiler's dependency files do not see.
+$(BUILD)/obj/rollout/monitor/dashboard_assets.o: rollout/monitor/dashboard.html $(wildcard rollout/monitor/vendor/uplot/*)
+
 $(BIN): $(MAIN_OBJ) $(LIBS)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 

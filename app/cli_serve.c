@@ -159,6 +159,7 @@ int fr_cli_serve(int argc, char **argv)
                            .curve_secret_key = c.curve.server_secret_key, .curve_client_keys = client_keys,
                            .n_curve_client_keys = c.curve.n_clients, .metrics_port = c.metrics_port,
                            .metrics_bind = c.coordinator.bind, .metrics_pub_endpoint = pub_endpoint,
+                           .metrics_log = c.metrics_log,
                            .world = tl.world, .tp = c.tp};
     /* automatic recalibration: the config's texts and folder, by pointer */
     const char *recal_texts[FR_SERVE_MAX_RECAL_TEXTS];

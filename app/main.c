@@ -12,6 +12,7 @@ static const fr_cli_command commands[] = {
     {"score", "write the logits at every prompt position (prefill or decode path)", fr_cli_score},
     {"calibrate", "measure the key mean, tau and FP8 scales of a model (paper Appendices B, C)", fr_cli_calibrate},
     {"eval-kl", "teacher-forced KL of KV cache configurations against BF16 KV (Appendix A)", fr_cli_eval_kl},
+    {"dashboard", "serve the divergence dashboard of a finished run from its metrics_log", fr_cli_dashboard},
     {"demo", "print the quantization error table of every format on a demo tensor", fr_cli_demo},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };

@@ -14,7 +14,7 @@
 static const char *const top_keys[] = {
     "model",     "backend",            "tp",    "kv_dtype",    "fp4_compute",  "recipe",         "calib",   "max_seqs",
     "kv_blocks", "kv_memory_fraction", "chunk", "coordinator", "metrics_port", "metrics_pub_port", "kl_sample_rate", "sampling",
-    "weight_update_idle_s", "nccl_timeout_s", "curve", "recalibration", "deterministic"};
+    "weight_update_idle_s", "nccl_timeout_s", "curve", "recalibration", "deterministic", "metrics_log"};
 static const char *const recal_keys[] = {"kl_threshold", "after_commit", "min_positions", "texts", "context",
                                          "seed_tokens", "continue", "out_dir"};
 static const char *const curve_keys[] = {"server_secret_key", "client_public_keys"};
@@ -445,6 +445,7 @@ static fr_status parse_top(const char *label, const cJSON *root, fr_serve_config
         else if (strcmp(k, "coordinator") == 0) st = parse_coordinator(label, it, c);
         else if (strcmp(k, "metrics_port") == 0) st = get_int(label, it, k, 0, 65535, &c->metrics_port);
         else if (strcmp(k, "metrics_pub_port") == 0) st = get_int(label, it, k, 0, 65535, &c->metrics_pub_port);
+        else if (strcmp(k, "metrics_log") == 0) st = get_str(label, it, k, c->metrics_log, sizeof c->metrics_log, 1);
         else if (strcmp(k, "kl_sample_rate") == 0) st = get_num(label, it, k, 0.0, 1.0, 0, &c->kl_sample_rate);
         else if (strcmp(k, "sampling") == 0) st = parse_sampling(label, it, c);
         else if (strcmp(k, "weight_update_idle_s") == 0)
@@ -472,6 +473,9 @@ static fr_status check_across(const char *label, const fr_serve_config *c, const
                        label);
     if ((c->recalibration.kl_threshold > 0 || c->recalibration.after_commit) && c->tp > 1)
         return fr_fail(FR_EINVAL, "%s: recalibration needs tp 1 (each engine one rank); tp is %d", label, c->tp);
+    if (c->metrics_log[0] && c->metrics_port == 0)
+        return fr_fail(FR_EINVAL, "%s: metrics_log records the history the metrics endpoint keeps: set metrics_port too",
+                       label);
     const struct { const char *name; int port; } ports[] = {
         {"coordinator.port", c->coordinator.port},
         {"coordinator.weight_port", c->coordinator.weight_port},
@@ -591,6 +595,7 @@ fr_status fr_serve_config_load(const char *path, fr_serve_config *c)
     if ((st = rebase(t.recalibration.out_dir, sizeof t.recalibration.out_dir, slash ? dir : NULL, path,
                      "recalibration.out_dir")))
         return st;
+    if ((st = rebase(t.metrics_log, sizeof t.metrics_log, slash ? dir : NULL, path, "metrics_log"))) return st;
     *c = t;
     return FR_OK;
 }
@@ -629,6 +634,8 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
     }
     ok = ok && cJSON_AddNumberToObject(root, "metrics_port", c->metrics_port);
     ok = ok && cJSON_AddNumberToObject(root, "metrics_pub_port", c->metrics_pub_port);
+    ok = ok && (c->metrics_log[0] ? cJSON_AddStringToObject(root, "metrics_log", c->metrics_log) != NULL
+                                  : cJSON_AddNullToObject(root, "metrics_log") != NULL);
     ok = ok && cJSON_AddNumberToObject(root, "kl_sample_rate", c->kl_sample_rate);
     ok = ok && cJSON_AddNumberToObject(root, "weight_update_idle_s", c->weight_update_idle_s);
     ok = ok && cJSON_AddNumberToObject(root, "nccl_timeout_s", c->nccl_timeout_s);

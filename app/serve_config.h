@@ -71,6 +71,7 @@ typedef struct {
     } coordinator;
     int metrics_port;                      /* 0: no metrics endpoint */
     int metrics_pub_port;                  /* 0: no metrics PUB socket */
+    char metrics_log[FR_SERVE_PATH_MAX];   /* history records appended here (JSON lines); "" none */
     double kl_sample_rate;                 /* share of samples with a BF16-KV shadow */
     double weight_update_idle_s;           /* a staged weight update idle this long is dropped; 0: never */
     double nccl_timeout_s;                 /* an NCCL weight group without progress this long is aborted */

@@ -46,23 +46,51 @@ const fr_div_version *fr_div_aggregates_find(const fr_div_aggregates *a, uint64_
     return NULL;
 }
 
-void fr_div_aggregates_add(fr_div_aggregates *a, uint64_t version, long position, const fr_kl_result *r)
+/* The entry of `version`, made when missing: a free one, else the oldest
+ * version's. */
+static fr_div_version *entry_of(fr_div_aggregates *a, uint64_t version)
 {
     fr_div_version *e = (fr_div_version *)fr_div_aggregates_find(a, version);
-    if (!e) {   /* a free entry, else the oldest version's */
-        for (int i = 0; i < FR_DIV_VERSIONS && !e; i++)
-            if (!a->v[i].used) e = &a->v[i];
-        if (!e) {
-            e = &a->v[0];
-            for (int i = 1; i < FR_DIV_VERSIONS; i++)
-                if (a->v[i].version < e->version) e = &a->v[i];
-        }
-        memset(e, 0, sizeof *e);
-        e->used = 1;
-        e->version = version;
+    if (e) return e;
+    for (int i = 0; i < FR_DIV_VERSIONS && !e; i++)
+        if (!a->v[i].used) e = &a->v[i];
+    if (!e) {
+        e = &a->v[0];
+        for (int i = 1; i < FR_DIV_VERSIONS; i++)
+            if (a->v[i].version < e->version) e = &a->v[i];
     }
+    memset(e, 0, sizeof *e);
+    e->used = 1;
+    e->version = version;
+    fr_hist_init(&e->kl, FR_HIST_KL);
+    fr_hist_init(&e->sample_kl, FR_HIST_KL);
+    return e;
+}
+
+void fr_div_aggregates_add(fr_div_aggregates *a, uint64_t version, long position, const fr_kl_result *r)
+{
+    fr_div_version *e = entry_of(a, version);
     fr_div_summary_add(&e->bucket[fr_div_bucket_of(position)], r);
     fr_div_summary_add(&e->all, r);
+    fr_hist_add(&e->kl, r->kl);
+    a->positions_total++;
+    a->kl_sum_total += r->kl;
+}
+
+void fr_div_aggregates_add_sample(fr_div_aggregates *a, uint64_t version, uint64_t request_id, int sample,
+                                  const fr_div_summary *s)
+{
+    if (!s || s->n <= 0) return;
+    fr_div_version *e = entry_of(a, version);
+    const double mean = fr_div_summary_mean(s);
+    fr_hist_add(&e->sample_kl, mean);
+    int at = e->n_worst;   /* insertion point, highest mean first */
+    while (at > 0 && e->worst[at - 1].kl_mean < mean) at--;
+    if (at >= FR_DIV_WORST) return;
+    const int keep = e->n_worst < FR_DIV_WORST ? e->n_worst : FR_DIV_WORST - 1;
+    memmove(&e->worst[at + 1], &e->worst[at], sizeof e->worst[0] * (size_t)(keep - at));
+    e->worst[at] = (fr_div_worst){.request_id = request_id, .sample = sample, .positions = s->n, .kl_mean = mean};
+    if (e->n_worst < FR_DIV_WORST) e->n_worst++;
 }
 
 /* ---- the shadow ---- */

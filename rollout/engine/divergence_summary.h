@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "rollout/engine/histogram.h"
 #include "rollout/engine/kl_metrics.h"
 
 #ifdef __cplusplus
@@ -35,19 +36,41 @@ const char *fr_div_bucket_name(int b);   /* "0-1K", "1K-4K", ... */
 /* Aggregates by weight version (the most recent FR_DIV_VERSIONS kept) and
  * position bucket. */
 #define FR_DIV_VERSIONS 8
+/* The monitored samples of highest mean KL a version keeps. */
+#define FR_DIV_WORST 5
+typedef struct {
+    uint64_t request_id;
+    int sample;
+    long positions;
+    double kl_mean;         /* nats */
+} fr_div_worst;
+
 typedef struct {
     uint64_t version;
     int used;
     fr_div_summary bucket[FR_DIV_BUCKETS];
     fr_div_summary all;
+    fr_hist kl;             /* D_t of every position (FR_HIST_KL) */
+    fr_hist sample_kl;      /* mean D_t of each finished monitored sample */
+    fr_div_worst worst[FR_DIV_WORST];   /* highest mean first; n_worst used */
+    int n_worst;
 } fr_div_version;
 
 typedef struct {
     fr_div_version v[FR_DIV_VERSIONS];
     long long samples;      /* monitored samples finished */
+    /* every position ever measured, whatever its version (evicted ones
+     * included): rates over time come from these */
+    long long positions_total;
+    double kl_sum_total;
 } fr_div_aggregates;
 
 void fr_div_aggregates_add(fr_div_aggregates *a, uint64_t version, long position, const fr_kl_result *r);
+/* A finished monitored sample (s: its figures) under the version of its
+ * last token: its mean into the version's per-sample histogram and, when
+ * among the highest, its worst list. Samples with no position are skipped. */
+void fr_div_aggregates_add_sample(fr_div_aggregates *a, uint64_t version, uint64_t request_id, int sample,
+                                  const fr_div_summary *s);
 /* The entry of `version`, or NULL when it has none (or was evicted). */
 const fr_div_version *fr_div_aggregates_find(const fr_div_aggregates *a, uint64_t version);
 

@@ -50,6 +50,11 @@ typedef struct {
      * end with reason length; copied; NULL: sample as usual. */
     const int *forced;
     int n_forced;
+    /* The id reports name the request by (the worst monitored samples of
+     * the metrics) when it differs from id, as a server's own ids do from
+     * its trainer's; has_report_id 0: id. */
+    uint64_t report_id;
+    int has_report_id;
 } fr_request_spec;
 
 /* One finished sample. tokens and logprobs hold n_tokens entries each; a

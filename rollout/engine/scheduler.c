@@ -30,6 +30,7 @@ typedef struct {
     int monitored, shadow_seq;
     fr_div_summary div;
     float *kl;             /* [r->max_tokens] when per_token_kl */
+    double t_first;        /* when its first token was drawn (fr_now_s) */
 } sample;
 
 struct req {
@@ -42,6 +43,9 @@ struct req {
     int open;              /* samples not yet ended */
     int monitor, per_token_kl;
     int *forced, n_forced; /* teacher forcing: emitted instead of sampled */
+    uint64_t report_id;    /* the id metrics name it by */
+    double t_submit;       /* fr_now_s at submit: latencies count from here */
+    int prompt_counted;    /* its prompt tokens are in the serving figures */
 };
 
 /* Prefill work: a prompt for all n samples of a request (sample -1), or the
@@ -93,6 +97,7 @@ struct fr_scheduler {
     fr_kl_result *mon_kl;
     int cap_mon_kl;
     fr_div_aggregates agg;
+    fr_serving_stats serving;        /* latencies, prompt tokens, ends by reason */
     /* How a decode-only step runs the shadow on CUDA: carried in the serving
      * batch (default), else beside it on its own stream, else after it;
      * FR_SHADOW_CARRY=0 and FR_SHADOW_OVERLAP=0 step down, for measuring. */
@@ -175,6 +180,19 @@ static void remove_running(fr_scheduler *sch, sample *x)
         }
 }
 
+/* The serving figures of a sample that ends now: its reason, latencies, and
+ * (monitored) its mean KL under the version of its last token. */
+static void count_end(fr_scheduler *sch, const sample *x, fr_finish_reason why)
+{
+    fr_serving_stats *v = &sch->serving;
+    if ((int)why > 0 && (int)why < FR_FINISH_KINDS) v->finished[why]++;
+    const double now = fr_now_s();
+    fr_hist_add(&v->e2e, now - x->r->t_submit);
+    if (x->n >= 2) fr_hist_add(&v->tpot, (now - x->t_first) / (double)(x->n - 1));
+    if (x->monitored && x->n > 0)
+        fr_div_aggregates_add_sample(&sch->agg, x->versions[x->n - 1], x->r->report_id, x->index, &x->div);
+}
+
 /* Ends a sample: frees its sequence, delivers its result, and frees the
  * request with its last sample (the request must not be used after). */
 static void finish(fr_scheduler *sch, sample *x, fr_finish_reason why)
@@ -192,6 +210,7 @@ static void finish(fr_scheduler *sch, sample *x, fr_finish_reason why)
         x->shadow_seq = -1;
     }
     if (x->monitored) sch->agg.samples++;
+    count_end(sch, x, why);
     fr_sample_result res = {.request_id = r->id, .group = r->group, .sample = x->index, .tokens = x->tokens,
                             .logprobs = x->logprobs, .n_tokens = x->n, .finish = why,
                             .preemptions = x->preemptions, .versions = x->versions,
@@ -229,6 +248,15 @@ static int is_stop(const req *r, int tok)
     return 0;
 }
 
+/* x's first token: time to it, and its request's prompt once. */
+static void first_token(fr_scheduler *sch, sample *x)
+{
+    x->t_first = fr_now_s();
+    fr_hist_add(&sch->serving.ttft, x->t_first - x->r->t_submit);
+    if (!x->r->prompt_counted) sch->serving.prompt_tokens += x->r->n_prompt;
+    x->r->prompt_counted = 1;
+}
+
 /* Records tok (drawn with log-prob lp) as x's next token; returns its finish
  * reason, or FR_FINISH_NONE when it goes on. */
 static fr_finish_reason accept(fr_scheduler *sch, sample *x, int tok, float lp)
@@ -239,6 +267,7 @@ static fr_finish_reason accept(fr_scheduler *sch, sample *x, int tok, float lp)
     x->versions[x->n] = sch->version;
     x->logprobs[x->n++] = lp;
     sch->st.tokens_generated++;
+    if (x->n == 1) first_token(sch, x);
     if (sch->cfg.on_token) sch->cfg.on_token(sch->cfg.user, r->id, x->index, x->n - 1, tok, lp);
     if (is_stop(r, tok)) return FR_FINISH_STOP;
     if (x->n >= r->max_tokens) return FR_FINISH_LENGTH;
@@ -465,6 +494,7 @@ fr_status fr_scheduler_new(fr_session *s, const fr_scheduler_config *cfg, fr_sch
     sch->cfg = c;
     sch->vocab = s->model->cfg.vocab_size;
     sch->n_blocks = kc->n_blocks;
+    fr_serving_stats_init(&sch->serving);
     const char *ov = getenv("FR_SHADOW_OVERLAP"), *ca = getenv("FR_SHADOW_CARRY");
     sch->overlap = !ov || strcmp(ov, "0") != 0;
     sch->carry = !ca || strcmp(ca, "0") != 0;
@@ -539,7 +569,8 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
     if (spec->forced && spec->n_forced < max_tokens) max_tokens = spec->n_forced;
     *r = (req){.id = spec->id, .group = spec->group, .n_prompt = spec->n_prompt, .n = spec->n,
                .max_tokens = max_tokens, .params = spec->params, .n_stop = spec->n_stop, .open = spec->n,
-               .monitor = spec->monitor, .per_token_kl = spec->per_token_kl};
+               .monitor = spec->monitor, .per_token_kl = spec->per_token_kl, .t_submit = fr_now_s(),
+               .report_id = spec->has_report_id ? spec->report_id : spec->id};
     r->prompt = malloc(sizeof(int) * (size_t)spec->n_prompt);
     r->stop = malloc(sizeof(int) * (size_t)(spec->n_stop > 0 ? spec->n_stop : 1));
     r->samples = calloc((size_t)spec->n, sizeof(sample));
@@ -1163,3 +1194,5 @@ void fr_scheduler_set_weight_version(fr_scheduler *sch, uint64_t version)
 }
 
 const fr_div_aggregates *fr_scheduler_divergence(const fr_scheduler *sch) { return sch ? &sch->agg : NULL; }
+
+const fr_serving_stats *fr_scheduler_serving(const fr_scheduler *sch) { return sch ? &sch->serving : NULL; }

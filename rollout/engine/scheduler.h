@@ -130,6 +130,9 @@ void fr_scheduler_set_weight_version(fr_scheduler *sch, uint64_t version);
 /* Divergence aggregates of the monitored samples (by weight version and
  * position bucket); valid until the next scheduler call. */
 const fr_div_aggregates *fr_scheduler_divergence(const fr_scheduler *sch);
+/* Latencies, prompt tokens and ends by reason (rollout/engine/histogram.h);
+ * valid until the next scheduler call. */
+const fr_serving_stats *fr_scheduler_serving(const fr_scheduler *sch);
 
 /* Takes the oldest queued result (no callback configured): 1 and *out filled
  * (free with fr_sample_result_free), or 0 when none is queued. */

@@ -39,6 +39,109 @@ static void gauge(text *t, const char *name, const char *help, const char *type)
     fr_buf_printf(t, "# HELP fp4rollout_%s %s\n# TYPE fp4rollout_%s %s\n", name, help, name, type);
 }
 
+const char *fr_metrics_state_name(int state)
+{
+    return state == FR_METRICS_PAUSED ? "paused" : state == FR_METRICS_STOPPING ? "stopping" : "serving";
+}
+
+double fr_metrics_kv_usage(const fr_metrics_snapshot *s)
+{
+    const int all = s->stats.kv_blocks_used + s->stats.kv_blocks_free;
+    return all > 0 ? (double)s->stats.kv_blocks_used / (double)all : 0.0;
+}
+
+/* One histogram in the Prometheus convention: cumulative name_bucket{le},
+ * name_sum, name_count; labels ("" or `k="v"`) go first in each. */
+static void histogram(text *t, const char *name, const char *labels, const fr_hist *h)
+{
+    int n;
+    const double *b = fr_hist_bounds((fr_hist_kind)h->kind, &n);
+    const char *sep = labels[0] ? "," : "";
+    long long cum = 0;
+    for (int i = 0; i < n; i++) {
+        cum += h->count[i];
+        fr_buf_printf(t, "fp4rollout_%s_bucket{%s%sle=\"%g\"} %lld\n", name, labels, sep, b[i], cum);
+    }
+    fr_buf_printf(t, "fp4rollout_%s_bucket{%s%sle=\"+Inf\"} %lld\n", name, labels, sep, h->n);
+    fr_buf_printf(t, "fp4rollout_%s_sum%s%s%s %.9g\nfp4rollout_%s_count%s%s%s %lld\n", name, labels[0] ? "{" : "",
+                  labels, labels[0] ? "}" : "", h->sum, name, labels[0] ? "{" : "", labels, labels[0] ? "}" : "", h->n);
+}
+
+/* The families vLLM users chart, under fp4rollout_ (docs/metrics.md). */
+static void serving_families(text *t, const fr_metrics_snapshot *s)
+{
+    const fr_serving_stats *v = &s->serving;
+    gauge(t, "build_info", "how this binary was built (value 1)", "gauge");
+#ifdef FR_HAVE_CUDA
+    const char *cuda = "yes";
+#else
+    const char *cuda = "no";
+#endif
+    char compiler[64];
+    clean(compiler, sizeof compiler, __VERSION__);
+    fr_buf_printf(t, "fp4rollout_build_info{cuda=\"%s\",compiler=\"%s\",built=\"%s\"} 1\n", cuda, compiler, __DATE__);
+    gauge(t, "prompt_tokens_total", "prompt tokens of requests that drew their first token", "counter");
+    fr_buf_printf(t, "fp4rollout_prompt_tokens_total %lld\n", v->prompt_tokens);
+    gauge(t, "generation_tokens_total", "tokens drawn (the same count as tokens_generated_total)", "counter");
+    fr_buf_printf(t, "fp4rollout_generation_tokens_total %lld\n", s->stats.tokens_generated);
+    gauge(t, "num_requests_running", "samples decoding or prefilling", "gauge");
+    fr_buf_printf(t, "fp4rollout_num_requests_running %d\n", s->stats.running + s->stats.prefilling);
+    gauge(t, "num_requests_waiting", "samples not admitted yet, or preempted", "gauge");
+    fr_buf_printf(t, "fp4rollout_num_requests_waiting %d\n", s->stats.waiting);
+    gauge(t, "kv_cache_usage_ratio", "share of KV cache blocks in use (0..1)", "gauge");
+    fr_buf_printf(t, "fp4rollout_kv_cache_usage_ratio %.6f\n", fr_metrics_kv_usage(s));
+    gauge(t, "requests_finished_total", "samples ended, by finish reason", "counter");
+    for (int i = 1; i < FR_FINISH_KINDS; i++)
+        fr_buf_printf(t, "fp4rollout_requests_finished_total{finished_reason=\"%s\"} %lld\n",
+                      fr_finish_reason_name((fr_finish_reason)i), v->finished[i]);
+    gauge(t, "time_to_first_token_seconds", "from submit to the first token, per sample", "histogram");
+    histogram(t, "time_to_first_token_seconds", "", &v->ttft);
+    gauge(t, "time_per_output_token_seconds", "mean time between tokens after the first, per sample", "histogram");
+    histogram(t, "time_per_output_token_seconds", "", &v->tpot);
+    gauge(t, "e2e_request_latency_seconds", "from submit to the end, per sample", "histogram");
+    histogram(t, "e2e_request_latency_seconds", "", &v->e2e);
+    gauge(t, "weight_updates_total", "weight updates by result: committed, refused (refused or failed)", "counter");
+    fr_buf_printf(t, "fp4rollout_weight_updates_total{result=\"committed\"} %lld\n"
+                  "fp4rollout_weight_updates_total{result=\"refused\"} %lld\n",
+                  s->weight_updates_committed, s->weight_updates_refused);
+    gauge(t, "weight_update_duration_seconds", "committed weight updates, from begin to commit", "histogram");
+    histogram(t, "weight_update_duration_seconds", "", &s->weight_update_seconds);
+    gauge(t, "up", "1 while serving, 0 while paused or shutting down (as /health)", "gauge");
+    fr_buf_printf(t, "fp4rollout_up %d\n", s->state == FR_METRICS_SERVING);
+}
+
+/* KL as histograms (sums and counts add over time and servers) and top-1
+ * agreements as a counter, by weight version: at most FR_DIV_VERSIONS. */
+static void divergence_families(text *t, const fr_metrics_snapshot *s)
+{
+    char lab[48];
+    gauge(t, "top1_agreements_total", "positions where both argmaxes agree, by version and position bucket",
+          "counter");
+    for (int v = 0; v < FR_DIV_VERSIONS; v++)
+        for (int b = 0; s->div.v[v].used && b < FR_DIV_BUCKETS; b++)
+            fr_buf_printf(t, "fp4rollout_top1_agreements_total{version=\"%llu\",bucket=\"%s\"} %ld\n",
+                          (unsigned long long)s->div.v[v].version, fr_div_bucket_name(b), s->div.v[v].bucket[b].top1_agree);
+    gauge(t, "kl_bucket_nats_total", "sum of D_t by weight version and position bucket (over kl_positions_total: the mean)",
+          "counter");
+    for (int v = 0; v < FR_DIV_VERSIONS; v++)
+        for (int b = 0; s->div.v[v].used && b < FR_DIV_BUCKETS; b++)
+            fr_buf_printf(t, "fp4rollout_kl_bucket_nats_total{version=\"%llu\",bucket=\"%s\"} %.9g\n",
+                          (unsigned long long)s->div.v[v].version, fr_div_bucket_name(b), s->div.v[v].bucket[b].kl_sum);
+    gauge(t, "kl_nats", "D_t of every measured position (paper Eq. 9), by weight version", "histogram");
+    for (int v = 0; v < FR_DIV_VERSIONS; v++)
+        if (s->div.v[v].used) {
+            snprintf(lab, sizeof lab, "version=\"%llu\"", (unsigned long long)s->div.v[v].version);
+            histogram(t, "kl_nats", lab, &s->div.v[v].kl);
+        }
+    gauge(t, "sample_kl_nats", "mean D_t of each finished monitored sample, by the version of its last token",
+          "histogram");
+    for (int v = 0; v < FR_DIV_VERSIONS; v++)
+        if (s->div.v[v].used) {
+            snprintf(lab, sizeof lab, "version=\"%llu\"", (unsigned long long)s->div.v[v].version);
+            histogram(t, "sample_kl_nats", lab, &s->div.v[v].sample_kl);
+        }
+}
+
 fr_status fr_metrics_prometheus(const fr_metrics_snapshot *s, char **out, size_t *len)
 {
     if (!s || !out || !len) return fr_fail(FR_EINVAL, "fr_metrics_prometheus: NULL argument");
@@ -66,8 +169,6 @@ fr_status fr_metrics_prometheus(const fr_metrics_snapshot *s, char **out, size_t
     fr_buf_printf(&t, "fp4rollout_preemptions_total %lld\n", st->preemptions);
     gauge(&t, "tokens_generated_total", "tokens drawn", "counter");
     fr_buf_printf(&t, "fp4rollout_tokens_generated_total %lld\n", st->tokens_generated);
-    gauge(&t, "tokens_per_second", "tokens drawn per second over the last interval", "gauge");
-    fr_buf_printf(&t, "fp4rollout_tokens_per_second %.3f\n", s->tokens_per_s);
     gauge(&t, "weight_version", "weight version new tokens are drawn with", "gauge");
     fr_buf_printf(&t, "fp4rollout_weight_version %llu\n", (unsigned long long)st->weight_version);
     gauge(&t, "weight_sync_seconds", "duration of the last committed weight update", "gauge");
@@ -111,6 +212,8 @@ fr_status fr_metrics_prometheus(const fr_metrics_snapshot *s, char **out, size_t
                 fr_buf_printf(&t, "fp4rollout_top1_agreement{version=\"%llu\",bucket=\"%s\"} %.6f\n",
                               (unsigned long long)s->div.v[v].version, fr_div_bucket_name(b),
                               (double)s->div.v[v].bucket[b].top1_agree / (double)s->div.v[v].bucket[b].n);
+    serving_families(&t, s);
+    divergence_families(&t, s);
     return finish(&t, out, len);
 }
 
@@ -129,12 +232,20 @@ fr_status fr_metrics_json(const fr_metrics_snapshot *s, char **out, size_t *len)
                   "\"weight_version\":%llu,\"weight_sync_seconds\":%.6f,\"monitored_running\":%d,"
                   "\"monitored_samples_total\":%lld,\"recalibrations_total\":%lld,\"recalibration_failures_total\":%lld,"
                   "\"last_recalibration_version\":%llu,\"last_recalibration_seconds\":%.6f,"
-                  "\"last_recalibration_kl_nats\":%.9g,\"divergence\":[",
+                  "\"last_recalibration_kl_nats\":%.9g,",
                   model, kv, s->uptime_s, st->kv_blocks_used, st->kv_blocks_free, st->running, st->prefilling,
                   st->waiting, s->requests_total, st->finished, st->preemptions, st->tokens_generated, s->tokens_per_s,
                   (unsigned long long)st->weight_version, s->weight_sync_seconds, st->monitored, s->div.samples,
                   s->recalibrations, s->recalibration_failures, (unsigned long long)s->last_recalibration_version,
                   s->last_recalibration_seconds, finite_or(s->last_recalibration_kl, 0.0));
+    const fr_serving_stats *sv = &s->serving;
+    fr_buf_printf(&t,
+                  "\"state\":\"%s\",\"prompt_tokens_total\":%lld,\"kv_cache_usage_ratio\":%.6f,"
+                  "\"finished_stop\":%lld,\"finished_length\":%lld,\"finished_abort\":%lld,\"finished_error\":%lld,"
+                  "\"weight_updates_committed\":%lld,\"weight_updates_refused\":%lld,\"divergence\":[",
+                  fr_metrics_state_name(s->state), sv->prompt_tokens, fr_metrics_kv_usage(s), sv->finished[1],
+                  sv->finished[2], sv->finished[3], sv->finished[4], s->weight_updates_committed,
+                  s->weight_updates_refused);
     int first = 1;
     for (int v = 0; v < FR_DIV_VERSIONS; v++) {
         const fr_div_version *e = &s->div.v[v];

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "rollout/engine/divergence_summary.h"
+#include "rollout/engine/histogram.h"
 #include "rollout/engine/scheduler.h"
 
 #ifdef __cplusplus
@@ -28,7 +29,20 @@ typedef struct {
     double last_recalibration_seconds, last_recalibration_kl;
     char kv_dtype[16];
     char model[64];
+    /* latencies, prompt tokens and ends by reason (engine 0's with several) */
+    fr_serving_stats serving;
+    /* weight updates: committed, and refused or failed; the begin-to-commit
+     * time of each committed one (a zeroed fr_hist is a latency histogram) */
+    long long weight_updates_committed, weight_updates_refused;
+    fr_hist weight_update_seconds;
+    int state;                      /* fr_metrics_state: what /health answers */
 } fr_metrics_snapshot;
+
+typedef enum { FR_METRICS_SERVING = 0, FR_METRICS_PAUSED, FR_METRICS_STOPPING } fr_metrics_state;
+const char *fr_metrics_state_name(int state);   /* "serving", "paused", "stopping" */
+
+/* Share of the KV cache's blocks in use (0..1; 0 when it has none). */
+double fr_metrics_kv_usage(const fr_metrics_snapshot *s);
 
 /* Prometheus text exposition format 0.0.4 of s into a new NUL-terminated
  * buffer (*out, *len without the NUL; free it). */

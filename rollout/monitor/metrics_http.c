@@ -7,81 +7,90 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 struct fr_metrics_http {
     struct MHD_Daemon *d;
     pthread_mutex_t mu;
     fr_metrics_snapshot snap;
     int port;
+    fr_metrics_history *hist;   /* NULL until the first snapshot (or log_to) */
+    int offline;                /* serving a finished run's history */
 };
 
-/* The page: health figures in elements named after their JSON fields (a
- * test reads them back), KL and top-1 agreement over time per weight
- * version, and the latest version's figures by position bucket, as inline
- * SVG. It asks its own server for /metrics.json every 2 s and keeps the
- * history in the page. */
-const char fr_metrics_dashboard_html[] =
-    "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>fp4rollout</title>\n"
-    "<style>body{font:14px sans-serif;margin:20px;color:#222}table{border-collapse:collapse}"
-    "td{padding:2px 12px 2px 0}h2{font-size:16px;margin:18px 0 6px}svg{border:1px solid #ccc;background:#fff}"
-    ".v{font-weight:bold;text-align:right}</style></head><body>\n"
-    "<h1 style=\"font-size:20px\">fp4rollout: <span id=\"model\"></span> (<span id=\"kv_dtype\"></span> KV)</h1>\n"
-    "<h2>Health</h2><table>\n"
-    "<tr><td>weight version</td><td class=\"v\" id=\"weight_version\"></td>"
-    "<td>last weight sync (s)</td><td class=\"v\" id=\"weight_sync_seconds\"></td></tr>\n"
-    "<tr><td>tokens generated</td><td class=\"v\" id=\"tokens_generated_total\"></td>"
-    "<td>tokens/s</td><td class=\"v\" id=\"tokens_per_second\"></td></tr>\n"
-    "<tr><td>KV blocks used</td><td class=\"v\" id=\"kv_blocks_used\"></td>"
-    "<td>KV blocks free</td><td class=\"v\" id=\"kv_blocks_free\"></td></tr>\n"
-    "<tr><td>running</td><td class=\"v\" id=\"running\"></td><td>waiting</td><td class=\"v\" id=\"waiting\"></td></tr>\n"
-    "<tr><td>preemptions</td><td class=\"v\" id=\"preemptions_total\"></td>"
-    "<td>requests</td><td class=\"v\" id=\"requests_total\"></td></tr>\n"
-    "<tr><td>monitored samples</td><td class=\"v\" id=\"monitored_samples_total\"></td>"
-    "<td>monitored running</td><td class=\"v\" id=\"monitored_running\"></td></tr>\n"
-    "<tr><td>recalibrations</td><td class=\"v\" id=\"recalibrations_total\"></td>"
-    "<td>last for version</td><td class=\"v\" id=\"last_recalibration_version\"></td></tr>\n"
-    "</table>\n"
-    "<h2>Divergence of weight version <span id=\"div_version\">-</span>: mean KL <span id=\"kl_mean_nats\">-</span> "
-    "nats, top-1 agreement <span id=\"top1_agreement\">-</span> over <span id=\"positions\">-</span> positions</h2>\n"
-    "<div>KL (1e-3 nats) over time, one line per weight version</div><svg id=\"kl\" width=\"720\" height=\"180\"></svg>\n"
-    "<div>top-1 agreement over time</div><svg id=\"top1\" width=\"720\" height=\"180\"></svg>\n"
-    "<div>by position bucket (latest version): KL (1e-3 nats) and top-1 agreement</div>"
-    "<svg id=\"buckets\" width=\"720\" height=\"180\"></svg>\n"
-    "<p style=\"color:#666\">refreshes every 2 s from <a href=\"/metrics.json\">/metrics.json</a>; Prometheus: "
-    "<a href=\"/metrics\">/metrics</a></p>\n"
-    "<script>\n"
-    "var hist={},t0=Date.now(),colors=['#1f77b4','#d62728','#2ca02c','#9467bd','#ff7f0e','#8c564b','#e377c2','#17becf'];\n"
-    "function el(n,a){var e=document.createElementNS('http://www.w3.org/2000/svg',n);"
-    "for(var k in a)e.setAttribute(k,a[k]);return e;}\n"
-    "function lines(id,key,scale){var s=document.getElementById(id);while(s.firstChild)s.removeChild(s.firstChild);"
-    "var W=720,H=180,maxT=1,maxY=0,i=0;for(var v in hist)hist[v].forEach(function(p){maxT=Math.max(maxT,p.t);"
-    "maxY=Math.max(maxY,p[key]*scale);});if(maxY<=0)maxY=1;"
-    "s.appendChild(el('text',{x:4,y:14,'font-size':11})).textContent=maxY.toPrecision(3);"
-    "for(var v in hist){var pts=hist[v].map(function(p){return (40+(W-50)*p.t/maxT).toFixed(1)+','+"
-    "(H-10-(H-30)*p[key]*scale/maxY).toFixed(1);}).join(' ');"
-    "s.appendChild(el('polyline',{points:pts,fill:'none',stroke:colors[i%8],'stroke-width':2}));"
-    "s.appendChild(el('text',{x:W-80,y:16+14*i,fill:colors[i%8],'font-size':11})).textContent='v'+v;i++;}}\n"
-    "function bars(d){var s=document.getElementById('buckets');while(s.firstChild)s.removeChild(s.firstChild);"
-    "if(!d)return;var m=0;d.buckets.forEach(function(b){m=Math.max(m,b.kl_mean_nats);});if(m<=0)m=1;"
-    "d.buckets.forEach(function(b,j){var x=40+j*135,h=120*b.kl_mean_nats/m,h2=120*b.top1_agreement;"
-    "s.appendChild(el('rect',{x:x,y:150-h,width:40,height:h,fill:'#1f77b4'}));"
-    "s.appendChild(el('rect',{x:x+45,y:150-h2,width:40,height:h2,fill:'#2ca02c'}));"
-    "s.appendChild(el('text',{x:x,y:170,'font-size':11})).textContent=b.bucket+' ('+b.positions+')';"
-    "s.appendChild(el('text',{x:x,y:145-h,'font-size':10})).textContent=(1e3*b.kl_mean_nats).toPrecision(3);});}\n"
-    "function show(m){['model','kv_dtype','weight_version','weight_sync_seconds','tokens_generated_total',"
-    "'tokens_per_second','kv_blocks_used','kv_blocks_free','running','waiting','preemptions_total','requests_total',"
-    "'monitored_samples_total','monitored_running','recalibrations_total','last_recalibration_version']"
-    ".forEach(function(k){document.getElementById(k).textContent=m[k];});"
-    "var t=(Date.now()-t0)/1000,last=null;m.divergence.forEach(function(d){(hist[d.version]=hist[d.version]||[])"
-    ".push({t:t,kl:d.kl_mean_nats,top1:d.top1_agreement});if(!last||d.version>last.version)last=d;});"
-    "if(last){document.getElementById('div_version').textContent=last.version;"
-    "document.getElementById('kl_mean_nats').textContent=last.kl_mean_nats;"
-    "document.getElementById('top1_agreement').textContent=last.top1_agreement;"
-    "document.getElementById('positions').textContent=last.positions;}"
-    "lines('kl','kl',1e3);lines('top1','top1',1);bars(last);}\n"
-    "function poll(){fetch('/metrics.json').then(function(r){return r.json();}).then(show)"
-    ".catch(function(){}).then(function(){setTimeout(poll,2000);});}\npoll();\n"
-    "</script></body></html>\n";
+/* ---- the routes beside /metrics ---- */
+
+typedef struct {
+    char *body;
+    size_t len;
+    const char *type;
+    unsigned status;
+    int owned;   /* body is malloc'ed */
+} reply;
+
+static int text_reply(reply *r, unsigned status, const char *msg)
+{
+    *r = (reply){.body = (char *)msg, .len = strlen(msg), .type = "text/plain; charset=utf-8", .status = status};
+    return 1;
+}
+
+/* The page and the charting library, embedded at build time. */
+static int asset_route(const char *url, reply *r)
+{
+    const char *b = NULL, *e = NULL, *type = NULL;
+    if (strcmp(url, "/dashboard") == 0 || strcmp(url, "/") == 0) {
+        b = fr_metrics_dashboard_html, e = fr_metrics_dashboard_html_end, type = "text/html; charset=utf-8";
+    } else if (strcmp(url, "/uplot.js") == 0) {
+        b = fr_metrics_uplot_js, e = fr_metrics_uplot_js_end, type = "text/javascript; charset=utf-8";
+    } else if (strcmp(url, "/uplot.css") == 0) {
+        b = fr_metrics_uplot_css, e = fr_metrics_uplot_css_end, type = "text/css; charset=utf-8";
+    } else {
+        return 0;
+    }
+    *r = (reply){.body = (char *)b, .len = (size_t)(e - b), .type = type, .status = MHD_HTTP_OK};
+    return 1;
+}
+
+/* 200 while serving (or showing a finished run), 503 while paused or
+ * stopping, so a load balancer or a supervisor can tell. */
+static int health_route(fr_metrics_http *h, const char *url, reply *r)
+{
+    if (strcmp(url, "/health") != 0) return 0;
+    pthread_mutex_lock(&h->mu);
+    const int state = h->offline ? FR_METRICS_SERVING : h->snap.state;
+    pthread_mutex_unlock(&h->mu);
+    static const char ok[] = "serving\n", paused[] = "paused\n", stopping[] = "stopping\n";
+    if (state == FR_METRICS_SERVING) return text_reply(r, MHD_HTTP_OK, ok);
+    return text_reply(r, MHD_HTTP_SERVICE_UNAVAILABLE, state == FR_METRICS_PAUSED ? paused : stopping);
+}
+
+/* The history, made on first use (2048 points of 1 s at first, 1024
+ * versions). Under h->mu. */
+static fr_metrics_history *history_of(fr_metrics_http *h)
+{
+    if (!h->hist && fr_metrics_history_new(2048, 1024, 1.0, &h->hist)) h->hist = NULL;
+    return h->hist;
+}
+
+static int history_route(fr_metrics_http *h, const char *url, reply *r)
+{
+    if (strcmp(url, "/history.json") != 0) return 0;
+    *r = (reply){.type = "application/json", .status = MHD_HTTP_OK, .owned = 1};
+    pthread_mutex_lock(&h->mu);
+    fr_status st = history_of(h) ? fr_metrics_history_json(h->hist, &r->body, &r->len) : FR_ENOMEM;
+    pthread_mutex_unlock(&h->mu);
+    if (st) {
+        static const char err[] = "out of memory\n";
+        return text_reply(r, MHD_HTTP_INTERNAL_SERVER_ERROR, err);
+    }
+    return 1;
+}
+
+static int other_route(fr_metrics_http *h, const char *url, reply *r)
+{
+    return asset_route(url, r) || health_route(h, url, r) || history_route(h, url, r);
+}
+
 
 static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                               const char *version, const char *upload, size_t *upload_len, void **con_cls)
@@ -100,7 +109,12 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
     const char *type = "text/plain; version=0.0.4; charset=utf-8";
     unsigned status = MHD_HTTP_OK;
     int owned = 1;
-    if (strcmp(url, "/metrics") == 0 || strcmp(url, "/metrics.json") == 0) {
+    reply rp;
+    if (other_route(h, url, &rp)) {
+        body = rp.body, len = rp.len, type = rp.type, status = rp.status, owned = rp.owned;
+    } else if (h->offline) {
+        status = MHD_HTTP_NOT_FOUND;
+    } else if (strcmp(url, "/metrics") == 0 || strcmp(url, "/metrics.json") == 0) {
         fr_metrics_snapshot s;
         pthread_mutex_lock(&h->mu);
         s = h->snap;
@@ -111,16 +125,11 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
             body = NULL;
             status = MHD_HTTP_INTERNAL_SERVER_ERROR;
         }
-    } else if (strcmp(url, "/dashboard") == 0 || strcmp(url, "/") == 0) {
-        body = (char *)fr_metrics_dashboard_html;
-        len = sizeof fr_metrics_dashboard_html - 1;
-        type = "text/html; charset=utf-8";
-        owned = 0;
     } else {
         status = MHD_HTTP_NOT_FOUND;
     }
     if (!body) {
-        static const char nf[] = "not found: /metrics, /metrics.json, /dashboard\n", err[] = "out of memory\n";
+        static const char nf[] = "not found: /metrics, /metrics.json, /health, /history.json, /dashboard\n", err[] = "out of memory\n";
         body = (char *)(status == MHD_HTTP_NOT_FOUND ? nf : err);
         len = strlen(body);
         owned = 0;
@@ -173,9 +182,34 @@ int fr_metrics_http_port(const fr_metrics_http *h) { return h ? h->port : 0; }
 void fr_metrics_http_publish(fr_metrics_http *h, const fr_metrics_snapshot *s)
 {
     if (!h || !s) return;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
     pthread_mutex_lock(&h->mu);
-    h->snap = *s;
+    if (!h->offline) {
+        h->snap = *s;
+        /* a failed log write is seen by the reader of the file; serving goes on */
+        if (history_of(h)) (void)fr_metrics_history_add(h->hist, s, (double)now.tv_sec + 1e-9 * (double)now.tv_nsec);
+    }
     pthread_mutex_unlock(&h->mu);
+}
+
+void fr_metrics_http_serve_history(fr_metrics_http *h, fr_metrics_history *hist)
+{
+    if (!h || !hist) return;
+    pthread_mutex_lock(&h->mu);
+    fr_metrics_history_free(&h->hist);
+    h->hist = hist;
+    h->offline = 1;
+    pthread_mutex_unlock(&h->mu);
+}
+
+fr_status fr_metrics_http_log_to(fr_metrics_http *h, const char *path)
+{
+    if (!h || !path) return fr_fail(FR_EINVAL, "fr_metrics_http_log_to: NULL argument");
+    pthread_mutex_lock(&h->mu);
+    fr_status st = history_of(h) ? fr_metrics_history_log_to(h->hist, path) : fr_fail(FR_ENOMEM, "metrics: out of memory");
+    pthread_mutex_unlock(&h->mu);
+    return st;
 }
 
 void fr_metrics_http_stop(fr_metrics_http **ph)
@@ -183,6 +217,7 @@ void fr_metrics_http_stop(fr_metrics_http **ph)
     fr_metrics_http *h = ph ? *ph : NULL;
     if (!h) return;
     MHD_stop_daemon(h->d);
+    fr_metrics_history_free(&h->hist);
     pthread_mutex_destroy(&h->mu);
     free(h);
     *ph = NULL;

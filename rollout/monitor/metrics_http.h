@@ -1,14 +1,16 @@
 /* The metrics endpoint (libmicrohttpd, its own thread): GET /metrics
  * (Prometheus text, rollout/monitor/metrics.h), /metrics.json (the same figures as
- * JSON) and /dashboard (one self-contained page, no network fetches but its
- * own /metrics.json, plotting KL and top-1 agreement over time, by weight
- * version and position bucket, and the health figures; it refreshes itself).
+ * JSON), /health (200 while serving, 503 while paused or stopping),
+ * /history.json (the whole run, rollout/monitor/metrics_history.h) and
+ * /dashboard (a page that fetches nothing but this server's /history.json
+ * and the charting library it embeds, /uplot.js and /uplot.css).
  * The serving loop publishes a snapshot whenever it likes; requests read the
- * latest one. docs/metrics.md. */
+ * latest one, and each snapshot goes into the history. docs/metrics.md. */
 #ifndef FR_METRICS_HTTP_H
 #define FR_METRICS_HTTP_H
 
 #include "rollout/monitor/metrics.h"
+#include "rollout/monitor/metrics_history.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,8 +27,18 @@ void fr_metrics_http_publish(fr_metrics_http *h, const fr_metrics_snapshot *s);
 /* Stops the thread and frees everything; NULL-safe. */
 void fr_metrics_http_stop(fr_metrics_http **h);
 
-/* The dashboard page (for tests and for saving it). */
-extern const char fr_metrics_dashboard_html[];
+/* Serves the history of a finished run (rollout/monitor/metrics_history.h,
+ * taken over: freed with h) instead of live snapshots: /metrics and
+ * /metrics.json answer 404, /health 200, publish is ignored. */
+void fr_metrics_http_serve_history(fr_metrics_http *h, fr_metrics_history *hist);
+/* Appends the history's records to path (metrics_log, docs/metrics.md). */
+fr_status fr_metrics_http_log_to(fr_metrics_http *h, const char *path);
+
+/* The dashboard's files, embedded at build time (NUL-terminated; each
+ * *_end marks the NUL): the page, the charting library and its style. */
+extern const char fr_metrics_dashboard_html[], fr_metrics_dashboard_html_end[];
+extern const char fr_metrics_uplot_js[], fr_metrics_uplot_js_end[];
+extern const char fr_metrics_uplot_css[], fr_metrics_uplot_css_end[];
 
 #ifdef __cplusplus
 }

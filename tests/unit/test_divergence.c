@@ -99,6 +99,47 @@ static void forced_kl(fr_session *main, int n_texts, int *const *texts, const in
     fr_shadow_close(&sh);
 }
 
+/* Finished samples: the per-sample histogram, the worst list (highest mean
+ * first, at most FR_DIV_WORST, ties keep the earlier), per-position
+ * histograms and the running totals that survive eviction. */
+static void test_samples_and_worst(void **state)
+{
+    (void)state;
+    fr_div_aggregates a;
+    memset(&a, 0, sizeof a);
+    const double means[] = {3e-3, 1e-3, 7e-3, 2e-3, 5e-3, 4e-3, 6e-3, 0.5e-3};
+    for (int i = 0; i < 8; i++) {
+        fr_div_summary s = {.n = 10, .kl_sum = 10 * means[i]};
+        fr_div_aggregates_add_sample(&a, 2, 100 + (uint64_t)i, i % 3, &s);
+    }
+    fr_div_summary empty = {0};
+    fr_div_aggregates_add_sample(&a, 2, 999, 0, &empty);   /* no position: not a sample */
+    const fr_div_version *e = fr_div_aggregates_find(&a, 2);
+    assert_non_null(e);
+    assert_int_equal(e->sample_kl.n, 8);
+    assert_int_equal(e->n_worst, FR_DIV_WORST);
+    const uint64_t want[FR_DIV_WORST] = {102, 106, 104, 105, 100};   /* 7, 6, 5, 4, 3 (1e-3 nats) */
+    for (int i = 0; i < FR_DIV_WORST; i++) {
+        assert_int_equal(e->worst[i].request_id, want[i]);
+        assert_int_equal(e->worst[i].positions, 10);
+    }
+    assert_int_equal(e->worst[0].sample, 2);
+    assert_true(fabs(e->worst[0].kl_mean - 7e-3) < 1e-15);
+    /* the median of 0.5 .. 7 (1e-3 nats) lies in the (2e-3, 5e-3] bucket */
+    const double med = fr_hist_quantile(&e->sample_kl, 0.5);
+    assert_true(med > 2e-3 && med <= 5e-3);
+    /* positions: the histogram, and totals that outlive an evicted version */
+    fr_kl_result k = {.kl = 3e-4, .top1_match = 1};
+    for (uint64_t v = 0; v < FR_DIV_VERSIONS + 2; v++) fr_div_aggregates_add(&a, 10 + v, 5, &k);
+    assert_null(fr_div_aggregates_find(&a, 10));
+    assert_int_equal(a.positions_total, FR_DIV_VERSIONS + 2);
+    assert_true(fabs(a.kl_sum_total - (FR_DIV_VERSIONS + 2) * 3e-4) < 1e-15);
+    const fr_div_version *last = fr_div_aggregates_find(&a, 10 + FR_DIV_VERSIONS + 1);
+    assert_non_null(last);
+    assert_int_equal(last->kl.n, 1);
+    assert_int_equal(last->kl.count[8], 1);   /* (2e-4, 5e-4]: the ninth bucket */
+}
+
 static void test_bf16_shadow_of_bf16_is_zero(void **state)
 {
     (void)state;
@@ -124,6 +165,7 @@ int main(void)
     openblas_set_num_threads(1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_summaries_and_buckets),
+        cmocka_unit_test(test_samples_and_worst),
         cmocka_unit_test(test_bf16_shadow_of_bf16_is_zero),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

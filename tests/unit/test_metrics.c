@@ -1,7 +1,9 @@
 /* Serving metrics (rollout/monitor/metrics.h, rollout/monitor/metrics_http.h,
  * trainer_bridge/server/metrics_pub.h, metrics_sub.h): the Prometheus text and JSON
- * of a snapshot, the HTTP endpoint serving them and the dashboard over a real
- * socket on loopback, and the msgpack snapshots on a PUB socket read back
+ * of a snapshot (the histogram families included), /health by state, the
+ * history (rollout/monitor/metrics_history.h) and its log, the HTTP endpoint
+ * serving them and the dashboard with its library over a real socket on
+ * loopback, and the msgpack snapshots on a PUB socket read back
  * by a subscriber. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -132,11 +134,23 @@ static void test_http(void **state)
     free(r);
     r = get(port, "/dashboard");
     has(r, "text/html");
-    has(r, "id=\"tokens_generated_total\"");
-    has(r, "fetch('/metrics.json')");
-    /* self-contained: the only absolute URL is the SVG namespace */
-    for (const char *u = strstr(r, "://"); u; u = strstr(u + 3, "://"))
-        assert_int_equal(strncmp(u - 4, "http://www.w3.org/2000/svg", 26), 0);
+    has(r, "fetch('/history.json')");
+    has(r, "<script src=\"/uplot.js\"></script>");
+    assert_null(strstr(r, "://"));   /* self-contained: no absolute URL to fetch */
+    free(r);
+    r = get(port, "/uplot.js");   /* the embedded library, whole and without the NUL */
+    has(r, "text/javascript");
+    const size_t js = (size_t)(fr_metrics_uplot_js_end - fr_metrics_uplot_js);
+    assert_true(js > 10000 && fr_metrics_uplot_js[js] == 0 && strlen(fr_metrics_uplot_js) == js);
+    assert_memory_equal(r + strlen(r) - js, fr_metrics_uplot_js, js);
+    free(r);
+    r = get(port, "/uplot.css");
+    has(r, "text/css");
+    has(r, ".uplot");
+    free(r);
+    r = get(port, "/history.json");
+    has(r, "application/json");
+    has(r, "\"versions\":{\"version\":[3,4]");
     free(r);
     r = get(port, "/nope");
     has(r, "404");
@@ -158,6 +172,197 @@ static void same_json(const char *a, const char *b)
     if (!cJSON_Compare(x, y, 1)) fail_msg("JSON differs:\n%s\n%s", a, b);
     cJSON_Delete(x);
     cJSON_Delete(y);
+}
+
+/* /health by state: 200 serving, 503 paused or stopping; a finished run's
+ * history served offline has no /metrics. */
+static void test_health(void **state)
+{
+    (void)state;
+    fr_metrics_http *h;
+    assert_int_equal(fr_metrics_http_start("127.0.0.1", 0, &h), FR_OK);
+    const int port = fr_metrics_http_port(h);
+    fr_metrics_snapshot s;
+    snapshot(&s);
+    static const struct { int state; const char *status, *body; } cases[] = {
+        {FR_METRICS_SERVING, " 200 OK", "serving"},
+        {FR_METRICS_PAUSED, " 503 Service Unavailable", "paused"},
+        {FR_METRICS_STOPPING, " 503 Service Unavailable", "stopping"},
+    };
+    for (int i = 0; i < 3; i++) {
+        s.state = cases[i].state;
+        fr_metrics_http_publish(h, &s);
+        char *r = get(port, "/health");
+        has(r, cases[i].status);
+        has(r, cases[i].body);
+        free(r);
+    }
+    fr_metrics_history *hist;
+    assert_int_equal(fr_metrics_history_new(8, 4, 1.0, &hist), FR_OK);
+    fr_metrics_http_serve_history(h, hist);
+    char *r = get(port, "/health");
+    has(r, " 200 OK");
+    free(r);
+    r = get(port, "/metrics");
+    has(r, " 404 ");
+    free(r);
+    fr_metrics_http_stop(&h);
+}
+
+/* The Prometheus families of issue-level names: histograms cumulative with
+ * +Inf equal to the count, counters by reason and result, KL by version. */
+static void test_families(void **state)
+{
+    (void)state;
+    fr_metrics_snapshot s;
+    snapshot(&s);
+    fr_serving_stats_init(&s.serving);
+    fr_hist_add(&s.serving.ttft, 0.003);
+    fr_hist_add(&s.serving.ttft, 0.2);
+    fr_hist_add(&s.serving.ttft, 500.0);   /* above every bound */
+    s.serving.prompt_tokens = 77;
+    s.serving.finished[FR_FINISH_LENGTH] = 5;
+    s.serving.finished[FR_FINISH_ABORT] = 1;
+    s.weight_updates_committed = 2;
+    s.weight_updates_refused = 1;
+    fr_hist_add(&s.weight_update_seconds, 0.03);
+    fr_div_summary one = {.n = 4, .kl_sum = 0.004};
+    fr_div_aggregates_add_sample(&s.div, 4, 99, 1, &one);
+    char *t;
+    size_t n;
+    assert_int_equal(fr_metrics_prometheus(&s, &t, &n), FR_OK);
+    has(t, "# TYPE fp4rollout_time_to_first_token_seconds histogram\n");
+    has(t, "fp4rollout_time_to_first_token_seconds_bucket{le=\"0.001\"} 0\n");
+    has(t, "fp4rollout_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n");
+    has(t, "fp4rollout_time_to_first_token_seconds_bucket{le=\"0.25\"} 2\n");
+    has(t, "fp4rollout_time_to_first_token_seconds_bucket{le=\"120\"} 2\n");
+    has(t, "fp4rollout_time_to_first_token_seconds_bucket{le=\"+Inf\"} 3\n");
+    has(t, "fp4rollout_time_to_first_token_seconds_sum 500.203\nfp4rollout_time_to_first_token_seconds_count 3\n");
+    has(t, "fp4rollout_time_per_output_token_seconds_count 0\n");
+    has(t, "fp4rollout_prompt_tokens_total 77\n");
+    has(t, "fp4rollout_generation_tokens_total 4321\n");
+    has(t, "fp4rollout_requests_finished_total{finished_reason=\"length\"} 5\n");
+    has(t, "fp4rollout_requests_finished_total{finished_reason=\"abort\"} 1\n");
+    has(t, "fp4rollout_requests_finished_total{finished_reason=\"stop\"} 0\n");
+    has(t, "fp4rollout_num_requests_running 3\n");
+    has(t, "fp4rollout_num_requests_waiting 5\n");
+    has(t, "fp4rollout_kv_cache_usage_ratio 0.375000\n");   /* 12 of 32 blocks */
+    has(t, "fp4rollout_weight_updates_total{result=\"committed\"} 2\nfp4rollout_weight_updates_total{result=\"refused\"} 1\n");
+    has(t, "fp4rollout_weight_update_duration_seconds_bucket{le=\"0.04\"} 1\n");
+    has(t, "fp4rollout_kl_nats_bucket{version=\"4\",le=\"0.002\"} 1\n");
+    has(t, "fp4rollout_kl_nats_bucket{version=\"4\",le=\"+Inf\"} 2\n");
+    has(t, "fp4rollout_kl_nats_sum{version=\"4\"} 0.006\nfp4rollout_kl_nats_count{version=\"4\"} 2\n");
+    has(t, "fp4rollout_kl_nats_count{version=\"3\"} 1\n");
+    has(t, "fp4rollout_sample_kl_nats_count{version=\"4\"} 1\n");
+    has(t, "fp4rollout_kl_bucket_nats_total{version=\"4\",bucket=\"4K-16K\"} 0.004\n");
+    has(t, "fp4rollout_top1_agreements_total{version=\"4\",bucket=\"0-1K\"} 1\n");
+    has(t, "fp4rollout_up 1\n");
+    has(t, "fp4rollout_build_info{cuda=");
+    assert_null(strstr(t, "tokens_per_second"));   /* a rate is Prometheus's to compute */
+    free(t);
+    s.state = FR_METRICS_PAUSED;
+    assert_int_equal(fr_metrics_prometheus(&s, &t, &n), FR_OK);
+    has(t, "fp4rollout_up 0\n");
+    free(t);
+}
+
+/* Quantiles read from a histogram, interpolated inside the bucket. */
+static void test_quantile(void **state)
+{
+    (void)state;
+    fr_hist h;
+    fr_hist_init(&h, FR_HIST_KL);
+    assert_true(isnan(fr_hist_quantile(&h, 0.5)));
+    for (int i = 0; i < 10; i++) fr_hist_add(&h, 1.5e-3);   /* all in (1e-3, 2e-3] */
+    double q = fr_hist_quantile(&h, 0.5);
+    assert_true(q > 1e-3 && q <= 2e-3);
+    fr_hist_add(&h, 0.3);
+    assert_true(fr_hist_quantile(&h, 0.99) > 0.2 && fr_hist_quantile(&h, 0.99) <= 0.5);
+    assert_true(fr_hist_quantile(&h, 0.1) <= fr_hist_quantile(&h, 0.5));
+    fr_hist_add(&h, NAN);   /* ignored */
+    assert_int_equal(h.n, 11);
+}
+
+/* A snapshot of a run at a point: `tokens` drawn, positions measured on
+ * `version`. */
+static void run_at(fr_metrics_snapshot *s, long long tokens, uint64_t version, int committed)
+{
+    snapshot(s);
+    memset(&s->div, 0, sizeof s->div);
+    fr_serving_stats_init(&s->serving);
+    s->stats.tokens_generated = tokens;
+    s->stats.weight_version = version;
+    s->weight_updates_committed = committed;
+    fr_kl_result k = {.kl = 0.001 * (double)(version + 1), .top1_match = 1};
+    for (long i = 0; i < tokens / 10; i++) fr_div_aggregates_add(&s->div, version, i, &k);
+    fr_div_summary one = {.n = 10, .kl_sum = 0.01};
+    fr_div_aggregates_add_sample(&s->div, version, 1000 + (uint64_t)tokens, 0, &one);
+}
+
+static char *history_text(const fr_metrics_history *h)
+{
+    char *t;
+    size_t n;
+    assert_int_equal(fr_metrics_history_json(h, &t, &n), FR_OK);
+    assert_int_equal(strlen(t), n);
+    return t;
+}
+
+/* Points summed per interval, merged in pairs when full; a row per version;
+ * weight updates; the log read back into the same history. */
+static void test_history(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/fr_test_history_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    fr_metrics_history *h;
+    assert_int_equal(fr_metrics_history_new(3, 4, 1.0, &h), FR_EINVAL);   /* too few points */
+    assert_int_equal(fr_metrics_history_new(4, 4, 1.0, &h), FR_OK);
+    assert_int_equal(fr_metrics_history_log_to(h, path), FR_OK);
+    fr_metrics_snapshot s;
+    for (int i = 0; i <= 10; i++) {   /* 100 tokens a second for 10 s, a weight update at 5 s */
+        run_at(&s, 100 * i, i >= 5, i >= 5);
+        assert_int_equal(fr_metrics_history_add(h, &s, 1000.0 + i), FR_OK);
+    }
+    /* 10 intervals of 1 s into 4 points: 1+1+1+1 -> 2+2, +1+1 -> 2+2+2(+...): widths double */
+    assert_true(fr_metrics_history_points(h) <= 4);
+    assert_int_equal(fr_metrics_history_versions(h), 2);
+    char *live = history_text(h);
+    cJSON *j = cJSON_Parse(live);
+    assert_non_null(j);
+    const cJSON *p = cJSON_GetObjectItem(j, "points");
+    double tokens = 0, dt = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItem(p, "tokens")) tokens += x->valuedouble;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItem(p, "dt")) dt += x->valuedouble;
+    assert_true(fabs(tokens - 1000.0) < 1e-9 && fabs(dt - 10.0) < 1e-9);   /* nothing lost in the merging */
+    assert_true(cJSON_GetObjectItem(j, "interval_s")->valuedouble >= 2.0);
+    has(live, "\"syncs\":{\"t\":[1005],\"version\":[1],\"seconds\":[0.25],\"committed\":[1]}");
+    has(live, "\"latest\":{\"kind\":\"latest\",\"model\":\"tq6 _quoted_\",\"kv_dtype\":\"nvfp4\",\"version\":1,");
+    has(live, "\"worst\":[{\"request_id\":\"2000\",\"sample\":0,\"positions\":10,\"kl_mean\":0.001}");
+    cJSON_Delete(j);
+    fr_metrics_history_free(&h);
+    /* the log gives back the same versions, updates and latest, and the logged points */
+    fr_metrics_history *back;
+    assert_int_equal(fr_metrics_history_load(path, 4, 4, &back), FR_OK);
+    char *again = history_text(back);
+    const char *v1 = strstr(live, "\"versions\""), *v2 = strstr(again, "\"versions\"");
+    assert_non_null(v1);
+    assert_non_null(v2);
+    assert_string_equal(v1, v2);
+    free(again);
+    free(live);
+    fr_metrics_history_free(&back);
+    FILE *f = fopen(path, "a");
+    fputs("{\"kind\":\"nonsense\"}\n", f);
+    fclose(f);
+    assert_int_equal(fr_metrics_history_load(path, 4, 4, &back), FR_EINVAL);
+    has(fr_last_error(), "is not a metrics_log record");
+    assert_null(back);
+    unlink(path);
+    assert_int_equal(fr_metrics_history_load(path, 4, 4, &back), FR_EIO);
 }
 
 static void test_msgpack(void **state)
@@ -248,6 +453,8 @@ static void test_pub_sub(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_render), cmocka_unit_test(test_http),
+                                       cmocka_unit_test(test_health), cmocka_unit_test(test_families),
+                                       cmocka_unit_test(test_quantile), cmocka_unit_test(test_history),
                                        cmocka_unit_test(test_msgpack), cmocka_unit_test(test_pub_sub)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

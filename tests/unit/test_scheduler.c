@@ -221,6 +221,15 @@ static void test_samples_share_pages(void **state)
     fr_scheduler_stats_get(sch, &st);
     assert_int_equal(st.kv_blocks_used, 0);
     assert_int_equal(st.finished, 4);
+    /* the serving figures: four samples, one prompt counted once */
+    const fr_serving_stats *v = fr_scheduler_serving(sch);
+    assert_int_equal(v->prompt_tokens, 300);
+    assert_int_equal(v->finished[FR_FINISH_LENGTH], 4);
+    assert_int_equal(v->finished[FR_FINISH_STOP] + v->finished[FR_FINISH_ABORT] + v->finished[FR_FINISH_ERROR], 0);
+    assert_int_equal(v->ttft.n, 4);
+    assert_int_equal(v->tpot.n, 4);
+    assert_int_equal(v->e2e.n, 4);
+    assert_true(v->ttft.sum > 0 && v->ttft.sum <= v->e2e.sum);
     fr_sample_result res;
     int seen = 0;
     while (fr_scheduler_next_result(sch, &res)) {
@@ -290,6 +299,17 @@ static void test_abort(void **state)
     fr_scheduler_stats_get(sch, &st);
     assert_int_equal(st.kv_blocks_used, 0);
     assert_int_equal(st.finished, 8);
+    const fr_serving_stats *v = fr_scheduler_serving(sch);
+    assert_int_equal(v->finished[FR_FINISH_ABORT], 8);
+    assert_int_equal(v->e2e.n, 8);
+    int drew = 0, drew2 = 0, prompts = 0;   /* samples with a first (second) token, requests with any */
+    for (int i = 0; i < 4; i++) {
+        prompts += t.n_tokens[i][0] > 0 || t.n_tokens[i][1] > 0;
+        for (int k = 0; k < 2; k++) drew += t.n_tokens[i][k] > 0, drew2 += t.n_tokens[i][k] > 1;
+    }
+    assert_int_equal(v->ttft.n, drew);
+    assert_int_equal(v->tpot.n, drew2);
+    assert_int_equal(v->prompt_tokens, 6 * prompts);
     /* Destroy with work in flight ends it with reason abort. */
     fr_request_spec r = {.id = 5, .prompt = prompt, .n_prompt = 6, .n = 3,
                          .params = {.temperature = 0.0f, .top_p = 1.0f}, .max_tokens = 50};

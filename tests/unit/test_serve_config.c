@@ -84,7 +84,7 @@ static const char *ALL_KEYS =
     " \"fp4_compute\": \"bf16\", \"recipe\": \"full,-rotate,-sink\", \"calib\": \"/models/calib.safetensors\","
     " \"max_seqs\": 300, \"kv_blocks\": 0, \"kv_memory_fraction\": 0.5, \"chunk\": 1024, \"deterministic\": true,"
     " \"coordinator\": {\"bind\": \"*\", \"port\": 6000, \"weight_port\": 6001, \"engine_port\": 6002},"
-    " \"metrics_port\": 0, \"kl_sample_rate\": 0.125,"
+    " \"metrics_port\": 9100, \"metrics_log\": \"/var/log/run.jsonl\", \"kl_sample_rate\": 0.125,"
     " \"sampling\": {\"temperature\": 0.7, \"top_k\": 50, \"top_p\": 0.95, \"max_tokens\": 4096,"
     "   \"stop_token_ids\": [151643, 151645], \"seed\": 1234567890123}}";
 
@@ -109,7 +109,8 @@ static void test_every_key(void **state)
     assert_int_equal(c.coordinator.port, 6000);
     assert_int_equal(c.coordinator.weight_port, 6001);
     assert_int_equal(c.coordinator.engine_port, 6002);
-    assert_int_equal(c.metrics_port, 0);
+    assert_int_equal(c.metrics_port, 9100);
+    assert_string_equal(c.metrics_log, "/var/log/run.jsonl");
     assert_true(c.kl_sample_rate == 0.125);
     assert_true(c.sampling.params.temperature == 0.7f);
     assert_int_equal(c.sampling.params.top_k, 50);
@@ -241,6 +242,8 @@ static void test_contradictions(void **state)
     assert_msg_has("metrics_port and metrics_pub_port are both 7000");
     assert_int_equal(parse("{\"metrics_pub_port\": 7001}", &c), FR_OK);
     assert_int_equal(c.metrics_pub_port, 7001);
+    assert_int_equal(parse("{\"metrics_log\": \"run.jsonl\"}", &c), FR_EINVAL);   /* no endpoint, no history */
+    assert_msg_has("metrics_log records the history the metrics endpoint keeps: set metrics_port too");
     assert_int_equal(parse("{\"recalibration\": {\"kl_threshold\": 0.02, \"texts\": [\"a.txt\", \"b.txt\"], "
                            "\"min_positions\": 100, \"continue\": 0, \"out_dir\": \"recal\"}}", &c), FR_OK);
     assert_true(c.recalibration.kl_threshold == 0.02);
@@ -335,9 +338,13 @@ static void test_load_paths(void **state)
     fr_serve_config_default(&r);
     f = fopen(path, "w");
     assert_non_null(f);
-    fputs("{\"recalibration\": {\"kl_threshold\": 1, \"texts\": [\"t/a.txt\", \"/abs/b.txt\"], \"out_dir\": \"o\"}}", f);
+    fputs("{\"recalibration\": {\"kl_threshold\": 1, \"texts\": [\"t/a.txt\", \"/abs/b.txt\"], \"out_dir\": \"o\"},"
+          " \"metrics_port\": 9100, \"metrics_log\": \"logs/m.jsonl\"}", f);
     fclose(f);
     assert_int_equal(fr_serve_config_load(path, &r), FR_OK);
+    char logp[300];
+    snprintf(logp, sizeof logp, "%s/logs/m.jsonl", dir);
+    assert_string_equal(r.metrics_log, logp);   /* relative to the file's folder, like every path */
     char rel[300];
     snprintf(rel, sizeof rel, "%s/t/a.txt", dir);
     assert_string_equal(r.recalibration.texts[0], rel);

@@ -216,6 +216,7 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
         st = fr_metrics_http_start(cfg->metrics_bind, cfg->metrics_port < 0 ? 0 : cfg->metrics_port, &srv->metrics);
         if (!st) srv_log(srv, "metrics on http://%s:%d/metrics and /dashboard", cfg->metrics_bind ? cfg->metrics_bind : "127.0.0.1",
                        fr_metrics_http_port(srv->metrics));
+        if (!st && cfg->metrics_log && cfg->metrics_log[0]) st = fr_metrics_http_log_to(srv->metrics, cfg->metrics_log);
     }
     if (st) {
         fr_bridge_server_destroy(&srv);
@@ -265,6 +266,11 @@ void srv_publish_metrics(fr_bridge_server *srv)
     m.weight_sync_seconds = srv->last_sync_s;
     m.uptime_s = (now - srv->started_ms) * 1e-3;
     m.requests_total = (long long)srv->requests_accepted;
+    m.serving = *fr_scheduler_serving(srv->sch);
+    m.weight_updates_committed = (long long)srv->updates_committed;
+    m.weight_updates_refused = (long long)srv->updates_failed;
+    m.weight_update_seconds = srv->update_seconds;
+    m.state = srv->stopping ? FR_METRICS_STOPPING : srv->state == RUNNING ? FR_METRICS_SERVING : FR_METRICS_PAUSED;
     if (srv->recal) {
         fr_recal_stats rs;
         fr_recal_stats_get(srv->recal, &rs);
@@ -340,6 +346,8 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
             srv_nccl_drop_update(srv, why);
         }
     }
+    srv->stopping = 1;
+    if (srv_publishes(srv)) srv_publish_metrics(srv);   /* /health: 503 from now on */
     int ended = srv_abort_everything(srv);
     srv_fail_waiters(srv, "shutdown", "the server is shutting down");
     srv_log(srv, "shutting down: %d open samples ended with reason abort", ended);

@@ -71,6 +71,9 @@ typedef struct {
     /* The same snapshots as msgpack on a ZeroMQ PUB socket bound to this
      * endpoint (trainer_bridge/server/metrics_pub.h); NULL or "": none. */
     const char *metrics_pub_endpoint;
+    /* The metrics endpoint's history is also appended to this file (JSON
+     * lines, rollout/monitor/metrics_history.h); NULL or "": none. */
+    const char *metrics_log;
     /* Automatic recalibration of the key mean (rollout/monitor/recalibrate.h); NULL:
      * off. One rank only (not with world of several ranks). */
     const fr_recal_config *recal;

@@ -113,6 +113,8 @@ struct fr_bridge_server {
     int upd_peer;
     double upd_last_ms;
     uint64_t updates_committed, updates_failed;
+    fr_hist update_seconds;  /* begin to commit of each committed update (metrics) */
+    int stopping;            /* the loop has ended: /health answers 503 */
     /* protocol counters (stats) */
     uint64_t messages_in, messages_out, bad_messages, errors_sent;
     uint64_t requests_accepted, requests_rejected, samples_done, tokens_streamed;

@@ -72,6 +72,7 @@ static void nccl_try_commit(fr_bridge_server *srv)
     fr_scheduler_set_weight_version(srv->sch, version);
     srv->updates_committed++;
     srv->last_sync_s = (fr_now_ms() - srv->upd_begin_ms) * 1e-3;
+    fr_hist_add(&srv->update_seconds, srv->last_sync_s);
     srv_log(srv, "weights are now version %llu, over NCCL (%llu bytes; switched in %.1f ms, %.3f s since the begin)",
           (unsigned long long)version, (unsigned long long)bytes, fr_now_ms() - t0, srv->last_sync_s);
     srv_send_update_reply(srv, peer, version, FR_UPD_COMMIT, -1, bytes);

@@ -92,6 +92,8 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
     memset(r, 0, sizeof *r);
     r->id = q->sid;
     r->group = q->group_id;
+    r->report_id = q->request_id;   /* the metrics name the trainer's id */
+    r->has_report_id = 1;
     r->prompt = g->prompt;
     r->n_prompt = g->n_prompt;
     r->n = g->n;

@@ -147,6 +147,7 @@ void srv_committed(fr_bridge_server *srv, uint64_t version, double t0)
     fr_bridge_update_free(&srv->upd);
     srv->updates_committed++;
     srv->last_sync_s = (fr_now_ms() - srv->upd_begin_ms) * 1e-3;
+    fr_hist_add(&srv->update_seconds, srv->last_sync_s);
     if (srv->multi)
         srv_log(srv, "weights are now version %llu on all %d ranks (%llu bytes; switched in %.1f ms)",
               (unsigned long long)version, srv->world->size, (unsigned long long)bytes, fr_now_ms() - t0);
