@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Black-box checks of `fp4rollout calibrate` and `fp4rollout eval-kl` on the
 # built-in synthetic model: a calibration file from two small texts, loaded
-# by eval-kl, generate and score; eval-kl's JSON; clear errors for bad input.
+# by eval-kl, generate and score; eval-kl's JSON; clear errors for bad input;
+# both commands on the Mixture-of-Experts checkpoint tqm when present.
 set -euo pipefail
 bin=${BUILD:-build}/fp4rollout
 dir=$(mktemp -d)
@@ -96,6 +97,27 @@ expect_error "--tokens expects" eval-kl --model synthetic:tiny --texts "$dir/t1.
 expect_error "--texts needs at least one file" eval-kl --model synthetic:tiny
 expect_error "cannot read text file" eval-kl --model synthetic:tiny --texts "$dir/missing.txt"
 expect_error "t0.txt: header length" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" --calib "$dir/t0.txt"
+# A Mixture-of-Experts checkpoint (tqm) through both commands: calibrate and
+# a short teacher-forced evaluation; the recipe must stay well below vanilla.
+tqm=${FR_TQM_DIR:-../shared/models/tqm}
+if [ -f "$tqm/config.json" ]; then
+  "$bin" calibrate --model "$tqm" --texts "$dir/t0.txt" "$dir/t1.txt" --context 400 --seed-tokens 100 \
+    --continue 16 --tau-steps 8 --chunk 128 --out "$dir/tqm.safetensors" > /dev/null 2> "$dir/cal.err" ||
+    fail "calibrate on tqm failed: $(cat "$dir/cal.err")"
+  "$bin" eval-kl --model "$tqm" --texts "$dir/t0.txt" "$dir/t1.txt" --calib "$dir/tqm.safetensors" --tokens 400 \
+    --configs nvfp4,nvfp4-vanilla --quiet --json > "$dir/tqm.json" 2> "$dir/ev.err" ||
+    fail "eval-kl on tqm failed: $(cat "$dir/ev.err")"
+  $py - "$dir/tqm.json" <<'PY' || fail "eval-kl on tqm: unexpected figures: $(cat "$dir/tqm.json")"
+import json, sys
+rows = {r["config"]: r for r in map(json.loads, open(sys.argv[1]))}
+full, vanilla = rows["nvfp4"]["kl_1e3"], rows["nvfp4-vanilla"]["kl_1e3"]
+print("tqm eval-kl: nvfp4 %.3f, nvfp4-vanilla %.3f (1e-3 nats)" % (full, vanilla))
+sys.exit(0 if 0 < full < vanilla / 3 else 1)
+PY
+else
+  echo "cli_calibrate_eval: SKIP tqm part: checkpoint not found (set FR_TQM_DIR or place it at ../shared/models/tqm)"
+fi
+
 for c in calibrate eval-kl; do { out=$("$bin" $c --help) && grep -q "usage: fp4rollout $c" <<< "$out"; } || fail "$c --help"; done
 { out=$("$bin" --help) && grep -q "eval-kl" <<< "$out"; } || fail "eval-kl missing from the command list"
 echo "cli_calibrate_eval: all checks passed"

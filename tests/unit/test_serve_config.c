@@ -399,6 +399,10 @@ static void test_example_files(void **state)
     assert_int_equal(c.tp, 1);
     assert_int_equal(c.kv_dtype, FR_KV_NVFP4);
     assert_true(c.kv_blocks > 0);
+    fr_serve_config_default(&c);
+    if (fr_serve_config_load("configs/qwen3-moe-tqm-cpu.json", &c) != FR_OK) fail_msg("%s", fr_last_error());
+    assert_string_equal(c.model, "configs/../../shared/models/tqm");
+    assert_int_equal(c.kv_dtype, FR_KV_NVFP4);
     for (int tp = 1; tp <= 2; tp++) {
         char path[64];
         snprintf(path, sizeof path, "configs/qwen3-4b-tp%d.json", tp);
