@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "rollout/model/checkpoint.h"
+#include "rollout/engine/weight_update.h"
 #include "rollout/model/model.h"
 #include "tests/unit/test_util.h"
 
@@ -556,6 +557,22 @@ static void test_moe_folder(void **state)
     assert_int_equal(m->cfg.norm_topk_prob, 1);
     assert_null(m->w.layers[0].gate_proj);
     check_tiny_values(m, 0);
+    /* A weight update names the same tensors, experts included. */
+    fr_weight_update *u = NULL;
+    assert_int_equal(fr_weight_update_begin(&m->cfg, 1, &u), FR_OK);
+    spec_t t[128];
+    int n = tiny_tensors(t, 0), found = 0;
+    assert_int_equal(fr_weight_update_tensor_count(u), n);
+    for (int i = 0; i < n; i++) {
+        const char *name;
+        int ndim;
+        int64_t shape[2];
+        assert_int_equal(fr_weight_update_tensor(u, i, &name, &ndim, shape), FR_OK);
+        found += strcmp(name, "model.layers.1.mlp.experts.2.down_proj.weight") == 0 && shape[0] == TH &&
+                 shape[1] == TIM;
+    }
+    assert_int_equal(found, 1);
+    fr_weight_update_free(&u);
     fr_model_destroy(&m);
 
     write_tiny(0, "model.layers.1.mlp.experts.2.up_proj.weight", NULL, NULL);
