@@ -3,11 +3,12 @@
 # checked): two ranks of one tp-2 engine, the Python ctypes client, a
 # mid-stream update to a perturbed tq6, and a fresh server from the
 # perturbed checkpoint on disk for the greedy comparison. Skipped with a
-# message when mpirun, python3-numpy or tq6 is missing.
+# message when mpirun, python3-numpy or tq6 is missing. FR_SERVE_UPDATE_MODEL
+# runs the same checks on another checkpoint (the MoE tqm, say).
 set -euo pipefail
 name=serve_tq6_update
 source "$(dirname "$0")/serve_setup.bash"
-tq6=${FR_TQ6_DIR:-../shared/models/tq6}
+tq6=${FR_SERVE_UPDATE_MODEL:-${FR_TQ6_DIR:-../shared/models/tq6}}
 command -v mpirun >/dev/null 2>&1 || { echo "$name: SKIP: mpirun not found"; exit 0; }
 [ -f "$tq6/config.json" ] || { echo "$name: SKIP: tq6 not found (set FR_TQ6_DIR)"; exit 0; }
 tq6=$(cd "$tq6" && pwd)   # the config resolves relative paths against its own folder
