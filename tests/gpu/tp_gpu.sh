@@ -11,7 +11,8 @@
 #    and the FP4 cache turns those into whole-code differences: the same
 #    noise the CUDA and CPU backends show against each other on the same
 #    FP4 path (docs/tensor_parallel.md has the figures);
-#  - generate --greedy --max-tokens 32: the same tokens.
+#  - generate --greedy --max-tokens 32: the same tokens;
+# then the same on the Mixture-of-Experts tqm ($FR_TQM_DIR) when present.
 # Needs two GPUs, mpirun and tq6 ($FR_TQ6_DIR or ../shared/models/tq6);
 # skipped with a message otherwise.
 # usage: tests/gpu/tp_gpu.sh [BUILD_DIR]
@@ -32,7 +33,10 @@ mpi=(mpirun --oversubscribe -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -np 2)
 [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
 run2() { timeout 300 "${mpi[@]}" "$bin" "$@"; }
 
-$py - "$tq6/golden.safetensors" "$dir" <<'PY'
+# check_model DIR LABEL: the checks above on one checkpoint.
+check_model() {
+  local model=$1 label=$2
+  $py - "$model/golden.safetensors" "$dir" <<'PY'
 import json, struct, sys
 with open(sys.argv[1], 'rb') as f:
     n = struct.unpack('<Q', f.read(8))[0]
@@ -45,13 +49,13 @@ with open(sys.argv[1], 'rb') as f:
     open(sys.argv[2] + '/p3.txt', 'w').write(','.join(map(str, ids)))
     open(sys.argv[2] + '/golden.f32', 'wb').write(tensor('p3.logits_f32'))
 PY
-m=(--model "$tq6" --backend cuda --prompt-file "$dir/p3.txt")
-"$bin" score "${m[@]}" --out "$dir/p1.f32"
-run2 score --tp 2 "${m[@]}" --out "$dir/p2.f32"
-"$bin" score "${m[@]}" --decode --kv bf16 --out "$dir/b1.f32"
-"$bin" score "${m[@]}" --decode --kv nvfp4 --out "$dir/n1.f32"
-run2 score --tp 2 "${m[@]}" --decode --kv nvfp4 --out "$dir/n2.f32"
-$py - "$dir" <<'PY' || fail "tp 2 differs from tp 1 beyond the bounds"
+  m=(--model "$model" --backend cuda --prompt-file "$dir/p3.txt")
+  "$bin" score "${m[@]}" --out "$dir/p1.f32"
+  run2 score --tp 2 "${m[@]}" --out "$dir/p2.f32"
+  "$bin" score "${m[@]}" --decode --kv bf16 --out "$dir/b1.f32"
+  "$bin" score "${m[@]}" --decode --kv nvfp4 --out "$dir/n1.f32"
+  run2 score --tp 2 "${m[@]}" --decode --kv nvfp4 --out "$dir/n2.f32"
+  $py - "$dir" "$label" <<'PY' || fail "$label: tp 2 differs from tp 1 beyond the bounds"
 import array, sys
 d = sys.argv[1]
 def read(p):
@@ -64,7 +68,7 @@ p1, p2, gold, b1, n1, n2 = (read(p) for p in ('p1.f32', 'p2.f32', 'golden.f32', 
 top = max(abs(x) for x in p1)
 tp = max(abs(x - y) for x, y in zip(p1, p2))
 bf = max(abs(x - y) for x, y in zip(p1, gold))
-print("prefill p3: tp 2 vs tp 1 max |diff| %.4g (%.3g of max |logit| %.3g); tp 1 vs float32 golden %.4g (%.3g)"
+print(sys.argv[2] + " prefill p3: tp 2 vs tp 1 max |diff| %.4g (%.3g of max |logit| %.3g); tp 1 vs float32 golden %.4g (%.3g)"
       % (tp, tp / top, top, bf, bf / top))
 ok = tp <= 2e-2 * top
 rows = len(n1) // V
@@ -73,16 +77,16 @@ q_e = [abs(x - y) for x, y in zip(n1, b1)]
 argmax = lambda a, r: max(range(V), key=lambda i: a[r * V + i])
 agree = sum(argmax(n1, r) == argmax(n2, r) for r in range(rows))
 mt, mq = sum(tp_d) / len(tp_d), sum(q_e) / len(q_e)
-print("decode p3, nvfp4 KV: tp 2 vs tp 1 max |diff| %.4g (%.3g of max |logit|), mean %.4g = %.3g x the mean "
+print(sys.argv[2] + " decode p3, nvfp4 KV: tp 2 vs tp 1 max |diff| %.4g (%.3g of max |logit|), mean %.4g = %.3g x the mean "
       "FP4 error (nvfp4 vs bf16 KV) %.4g; top-1 agreement %d/%d" % (max(tp_d), max(tp_d) / top, mt, mt / mq, mq,
       agree, rows))
 ok = ok and max(tp_d) <= 0.05 * top and mt <= 0.5 * mq and agree >= 0.99 * rows
 sys.exit(0 if ok else 1)
 PY
-g=(generate --model "$tq6" --backend cuda --prompt-file "$dir/p3.txt" --greedy --max-tokens 32 --json)
-"$bin" "${g[@]}" > "$dir/q1.json"
-run2 "${g[@]}" --tp 2 > "$dir/q2.json"
-$py - "$dir/q1.json" "$dir/q2.json" <<'PY' || fail "greedy tokens differ at tp 2"
+  g=(generate --model "$model" --backend cuda --prompt-file "$dir/p3.txt" --greedy --max-tokens 32 --json)
+  "$bin" "${g[@]}" > "$dir/q1.json"
+  run2 "${g[@]}" --tp 2 > "$dir/q2.json"
+  $py - "$dir/q1.json" "$dir/q2.json" <<'PY' || fail "$label: greedy tokens differ at tp 2"
 import json, sys
 a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
 if len(b) != 1:
@@ -92,4 +96,11 @@ same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), len(ta))
 print("greedy p3: %d of %d tokens equal before the first difference" % (same, len(ta)))
 sys.exit(0 if ta == tb else 1)
 PY
+}
+
+check_model "$tq6" tq6
+# The Mixture-of-Experts tqm: every expert's intermediate rows split, the
+# router replicated (docs/tensor_parallel.md); the same bounds.
+tqm=${FR_TQM_DIR:-../shared/models/tqm}
+if [ -f "$tqm/golden.safetensors" ]; then check_model "$tqm" tqm; else echo "$name: SKIP tqm: not found"; fi
 echo "$name: all checks passed"
