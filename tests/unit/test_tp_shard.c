@@ -9,10 +9,12 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "rollout/model/ops_cpu.h"
+#include "rollout/model/moe_cpu.h"
 #include "rollout/model/tp_shard.h"
 #include "tests/unit/test_util.h"
 
@@ -183,12 +185,72 @@ static void test_shard_weights(void **state)
     fr_model_destroy(&m);
 }
 
+/* A Mixture-of-Experts model: the router replicated; every expert's gate and
+ * up rows and down columns sliced; the ranks' partial MoE outputs (the same
+ * routing on every rank) sum to the whole model's. */
+static void test_shard_experts(void **state)
+{
+    (void)state;
+    fr_model_config c;
+    fr_synthetic_tiny_config(&c);
+    snprintf(c.architecture, sizeof c.architecture, "Qwen3MoeForCausalLM");
+    c.num_experts = 4;
+    c.experts_per_tok = 2;
+    c.moe_intermediate_size = 64;
+    c.norm_topk_prob = 1;
+    c.decoder_sparse_step = 1;
+    fr_model *m = NULL;
+    assert_int_equal(fr_model_alloc(&c, "moe", &m), FR_OK);
+    size_t n;
+    float *w = fr_model_data(m, &n);
+    fr_test_rng rng = {11};
+    for (size_t i = 0; i < n; i++) w[i] = 0.1f * fr_test_normal(&rng);
+    const int D = c.hidden_size, Im = c.moe_intermediate_size, E = c.num_experts, tp = 2, M = 3;
+    const fr_layer_weights *lw = &m->w.layers[0];
+    float *x = malloc(sizeof(float) * M * D), *full = malloc(sizeof(float) * M * D);
+    float *part = malloc(sizeof(float) * M * D), *sum = calloc((size_t)M * D, sizeof(float));
+    for (int i = 0; i < M * D; i++) x[i] = fr_test_normal(&rng);
+    fr_moe_cpu *moe = NULL;
+    assert_int_equal(fr_moe_cpu_new(&c, M, &moe), FR_OK);
+    fr_moe_cpu_forward(moe, &c, lw, x, M, full, 0);
+    fr_moe_cpu_destroy(&moe);
+    for (int r = 0; r < tp; r++) {
+        fr_tp_shard *s = NULL;
+        assert_int_equal(fr_tp_shard_new(m, r, tp, &s), FR_OK);
+        const fr_layer_weights *sw = &s->w.layers[0];
+        const int il = Im / tp;
+        assert_int_equal(s->cfg.moe_intermediate_size, il);
+        assert_ptr_equal(sw->router, lw->router);
+        for (int e = 0; e < E; e++) {
+            assert_memory_equal(sw->expert_gate + (size_t)e * il * D, lw->expert_gate + ((size_t)e * Im + r * il) * D,
+                                sizeof(float) * il * D);
+            assert_memory_equal(sw->expert_up + (size_t)e * il * D, lw->expert_up + ((size_t)e * Im + r * il) * D,
+                                sizeof(float) * il * D);
+            for (int row = 0; row < D; row++)
+                assert_memory_equal(sw->expert_down + ((size_t)e * D + row) * il,
+                                    lw->expert_down + ((size_t)e * D + row) * Im + r * il, sizeof(float) * il);
+        }
+        assert_int_equal(fr_moe_cpu_new(&s->cfg, M, &moe), FR_OK);
+        fr_moe_cpu_forward(moe, &s->cfg, sw, x, M, part, 0);
+        fr_moe_cpu_destroy(&moe);
+        for (int i = 0; i < M * D; i++) sum[i] += part[i];
+        fr_tp_shard_destroy(&s);
+    }
+    for (int i = 0; i < M * D; i++) assert_true(fabsf(sum[i] - full[i]) <= 1e-4f * (1.0f + fabsf(full[i])));
+    fr_tp_layout l;
+    c.moe_intermediate_size = 63;
+    assert_int_equal(fr_tp_layout_of(&c, 0, 2, &l), FR_EINVAL);
+    free(x); free(full); free(part); free(sum);
+    fr_model_destroy(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_even_split),  cmocka_unit_test(test_replicated_kv),
         cmocka_unit_test(test_refusals),    cmocka_unit_test(test_kv_table),
         cmocka_unit_test(test_shard_weights),
+        cmocka_unit_test(test_shard_experts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
