@@ -23,7 +23,9 @@
 extern "C" {
 #endif
 
-#define FR_MAX_HEAD_DIM 256
+/* The widest cache row: DeepSeek-V3's latent row, 512 + 64 (an MLA model's
+ * "head" is its latent row: rollout/model/model_config.h). */
+#define FR_MAX_HEAD_DIM 576
 #define FR_MAX_GROUP 16
 
 typedef enum { FR_Q_UNQUANTIZED = 0, FR_Q_SINGLE, FR_Q_DUAL } fr_qquant_mode;

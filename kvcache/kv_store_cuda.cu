@@ -265,11 +265,14 @@ __global__ void __launch_bounds__(SLOT_THREADS) slot_kernel(commit_args a)
 
 /* ================= host side ================= */
 
+/* The store's kernels give a lane at most 8 elements of a head. */
+constexpr int kMaxStoreDim = 256;
+
 static fr_status check_config(const fr_kv_cache_config *cfg)
 {
     if (!cfg) return fr_fail(FR_EINVAL, "kv store (GPU): NULL config");
     const int L = cfg->n_layers, H = cfg->n_kv_heads, d = cfg->head_dim;
-    if (L < 1 || H < 1 || d < 1 || d > FR_MAX_HEAD_DIM || cfg->n_blocks < 1 || cfg->max_seqs < 1)
+    if (L < 1 || H < 1 || d < 1 || d > kMaxStoreDim || cfg->n_blocks < 1 || cfg->max_seqs < 1)
         return fr_fail(FR_EINVAL, "kv store (GPU): invalid sizes (layers %d, kv heads %d, head_dim %d, "
                                   "blocks %d, sequences %d)", L, H, d, cfg->n_blocks, cfg->max_seqs);
     if (H > MAX_GRID_YZ)
@@ -449,7 +452,7 @@ fr_status fr_kv_store_gpu_stage(const fr_kv_store_gpu *s, int layer, int rows, c
     a.vectors = rows * H;
     a.n_kv_heads = H;
     a.d = d;
-    switch ((d + 31) / 32) {   /* d <= FR_MAX_HEAD_DIM = 256: at most 8 elements a lane */
+    switch ((d + 31) / 32) {   /* d <= kMaxStoreDim = 256: at most 8 elements a lane */
     case 1: launch_stage<1>(a, stream); break;
     case 2: launch_stage<2>(a, stream); break;
     case 3: launch_stage<3>(a, stream); break;

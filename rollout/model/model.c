@@ -39,12 +39,28 @@ static size_t layout(const fr_model_config *c, fr_weights *w, float *base)
     for (int l = 0; l < c->num_layers; l++) {
         fr_layer_weights *L = &w->layers[l];
         PLACE(L->attn_norm, 1, H);
-        PLACE(L->q_proj, qd, H);
-        PLACE(L->k_proj, kvd, H);
-        PLACE(L->v_proj, kvd, H);
-        PLACE(L->o_proj, H, qd);
-        PLACE(L->q_norm, 1, D);
-        PLACE(L->k_norm, 1, D);
+        if (fr_model_is_mla(c)) {
+            size_t nh = (size_t)c->num_heads, dc = (size_t)c->kv_lora_rank, dr = (size_t)c->qk_rope_dim;
+            size_t dn = (size_t)c->qk_nope_dim, dv = (size_t)c->v_head_dim, ql = (size_t)c->q_lora_rank;
+            if (ql) {
+                PLACE(L->q_a_proj, ql, H);
+                PLACE(L->q_a_norm, 1, ql);
+                PLACE(L->q_b_proj, nh * (dn + dr), ql);
+            } else {
+                PLACE(L->q_proj, nh * (dn + dr), H);
+            }
+            PLACE(L->kv_a_proj, dc + dr, H);
+            PLACE(L->kv_a_norm, 1, dc);
+            PLACE(L->kv_b_proj, nh * (dn + dv), dc);
+            PLACE(L->o_proj, H, nh * dv);
+        } else {
+            PLACE(L->q_proj, qd, H);
+            PLACE(L->k_proj, kvd, H);
+            PLACE(L->v_proj, kvd, H);
+            PLACE(L->o_proj, H, qd);
+            PLACE(L->q_norm, 1, D);
+            PLACE(L->k_norm, 1, D);
+        }
         PLACE(L->mlp_norm, 1, H);
         if (fr_model_layer_is_moe(c, l)) {
             size_t E = (size_t)c->num_experts, Im = (size_t)c->moe_intermediate_size;

@@ -3,8 +3,10 @@
  * Every weight lives in one float32 block that the model owns, laid out in
  * this order (each tensor row-major, with its Hugging Face shape):
  *   embed [vocab][hidden],
- *   for each layer: attn_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm,
- *                   mlp_norm, then either the dense MLP gate_proj, up_proj,
+ *   for each layer: attn_norm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm
+ *                   (with latent attention instead: q_a_proj, q_a_norm,
+ *                   q_b_proj or q_proj, kv_a_proj, kv_a_norm, kv_b_proj,
+ *                   o_proj), mlp_norm, then either the dense MLP gate_proj, up_proj,
  *                   down_proj or, in a Mixture-of-Experts layer
  *                   (fr_model_layer_is_moe), router, expert_gate,
  *                   expert_up, expert_down (the experts' tensors stacked),
@@ -64,6 +66,15 @@ typedef struct {
     float *expert_gate; /* [E][Im][hidden] mlp.experts.e.gate_proj */
     float *expert_up;   /* [E][Im][hidden] mlp.experts.e.up_proj */
     float *expert_down; /* [E][hidden][Im] mlp.experts.e.down_proj */
+    /* Multi-head latent attention only (k_proj, v_proj, q_norm, k_norm are
+     * then NULL; q_proj [H*(dn+dr)][hidden] only without a query low rank;
+     * o_proj [hidden][H*dv]): */
+    float *q_a_proj;    /* [q_lora][hidden] */
+    float *q_a_norm;    /* [q_lora] */
+    float *q_b_proj;    /* [H*(dn+dr)][q_lora] */
+    float *kv_a_proj;   /* [dc+dr][hidden] kv_a_proj_with_mqa */
+    float *kv_a_norm;   /* [dc] */
+    float *kv_b_proj;   /* [H*(dn+dv)][dc] */
 } fr_layer_weights;
 
 typedef struct {

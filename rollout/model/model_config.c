@@ -99,6 +99,7 @@ static const struct {
 } known_archs[] = {
     {"Qwen3ForCausalLM", "qwen3"},
     {"Qwen3MoeForCausalLM", "qwen3_moe"},
+    {"DeepseekV3ForCausalLM", "deepseek_v3"},
 };
 
 static fr_status check_identity(const cJSON *root, const char *label, fr_model_config *c)
@@ -121,8 +122,8 @@ static fr_status check_identity(const cJSON *root, const char *label, fr_model_c
         snprintf(found + used, sizeof found - used, "%s\"%s\"", used ? ", " : "", a->valuestring);
     }
     if (!c->architecture[0])
-        return fr_fail(FR_EUNSUPPORTED, "%s: key \"architectures\" is [%s]; only Qwen3ForCausalLM and "
-                       "Qwen3MoeForCausalLM are supported", label, found);
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"architectures\" is [%s]; only Qwen3ForCausalLM, "
+                       "Qwen3MoeForCausalLM and DeepseekV3ForCausalLM are supported", label, found);
 
     const cJSON *mt = get(root, "model_type");
     if (!mt) return fr_fail(FR_EFORMAT, "%s: missing key \"model_type\"", label);
@@ -283,6 +284,36 @@ static fr_status parse_moe(const cJSON *root, const char *label, fr_model_config
     return FR_OK;
 }
 
+/* The attention keys of a deepseek_v3 config. Only dense MLP layers are
+ * implemented: DeepSeek's routed experts (sigmoid scores, group-limited
+ * top-k, shared experts, a routed scaling factor) are refused by name. */
+static fr_status parse_mla(const cJSON *root, const char *label, fr_model_config *c)
+{
+    fr_status rc;
+    int dense = 0;
+    if (strcmp(c->architecture, "DeepseekV3ForCausalLM") != 0) return FR_OK;
+    if ((rc = positive_int(root, label, "kv_lora_rank", &c->kv_lora_rank)) != FR_OK ||
+        (rc = opt_int(root, label, "q_lora_rank", 0, 0, &c->q_lora_rank)) != FR_OK ||
+        (rc = positive_int(root, label, "qk_nope_head_dim", &c->qk_nope_dim)) != FR_OK ||
+        (rc = positive_int(root, label, "qk_rope_head_dim", &c->qk_rope_dim)) != FR_OK ||
+        (rc = positive_int(root, label, "v_head_dim", &c->v_head_dim)) != FR_OK ||
+        (rc = opt_int(root, label, "first_k_dense_replace", 0, 0, &dense)) != FR_OK)
+        return rc;
+    const cJSON *il = get(root, "rope_interleave");
+    c->rope_interleave = 1;   /* transformers' default for DeepSeek-V3 */
+    if (il && !cJSON_IsBool(il)) return fr_fail(FR_EFORMAT, "%s: key \"rope_interleave\" must be true or false", label);
+    if (il) c->rope_interleave = cJSON_IsTrue(il);
+    if (dense < c->num_layers)
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"first_k_dense_replace\" is %d of %d layers: layers %d.. use "
+                       "DeepSeek's routed experts, which are not supported (only dense MLP layers with latent "
+                       "attention)", label, dense, c->num_layers, dense);
+    if (c->qk_rope_dim % 2) return fr_fail(FR_EFORMAT, "%s: key \"qk_rope_head_dim\" must be even", label);
+    /* The cache row of a token: latent then RoPE key, shared by the heads. */
+    c->num_kv_heads = 1;
+    c->head_dim = c->kv_lora_rank + c->qk_rope_dim;
+    return FR_OK;
+}
+
 fr_status fr_model_config_parse(const char *json, size_t len, const char *label, fr_model_config *cfg)
 {
     if (!cfg) return fr_fail(FR_EINVAL, "fr_model_config_parse: cfg is NULL");
@@ -308,7 +339,8 @@ fr_status fr_model_config_parse(const char *json, size_t len, const char *label,
     else if ((rc = check_identity(root, label, &c)) == FR_OK && (rc = parse_sizes(root, label, &c)) == FR_OK &&
              (rc = parse_rope(root, label, &c.rope_theta)) == FR_OK &&
              (rc = opt_bool(root, label, "tie_word_embeddings", &c.tie_word_embeddings)) == FR_OK &&
-             (rc = parse_tokens(root, label, &c)) == FR_OK && (rc = parse_moe(root, label, &c)) == FR_OK)
+             (rc = parse_tokens(root, label, &c)) == FR_OK && (rc = parse_moe(root, label, &c)) == FR_OK &&
+             (rc = parse_mla(root, label, &c)) == FR_OK)
         *cfg = c;
     cJSON_Delete(root);
     free(text);

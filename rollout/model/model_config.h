@@ -1,5 +1,7 @@
 /* model_config: the Hugging Face config.json of a Qwen3 model, dense
- * (Qwen3ForCausalLM) or Mixture-of-Experts (Qwen3MoeForCausalLM).
+ * (Qwen3ForCausalLM) or Mixture-of-Experts (Qwen3MoeForCausalLM), or of a
+ * DeepSeek-V3 model with multi-head latent attention and dense MLPs
+ * (DeepseekV3ForCausalLM).
  *
  * Only what the forward pass needs is kept. Anything that would change the
  * math without the engine knowing (another architecture, scaled RoPE, biased
@@ -40,7 +42,18 @@ typedef struct {
     int norm_topk_prob;      /* renormalize the top-k weights to sum 1 */
     int decoder_sparse_step; /* layer l is sparse when (l + 1) % step == 0 ... */
     uint64_t mlp_only[FR_MAX_LAYERS / 64]; /* ... and bit l is clear here */
+    /* Multi-head latent attention (model_type "deepseek_v3"); kv_lora_rank 0
+     * means the Qwen3 attention above. An MLA model caches one row per token
+     * shared by all heads: the normed latent (kv_lora_rank) then the rotated
+     * RoPE key (qk_rope_dim). num_kv_heads is then 1 and head_dim that row's
+     * width, so the KV cache and everything sized by it hold latent rows. */
+    int kv_lora_rank;        /* d_c */
+    int q_lora_rank;         /* 0: no query low-rank path (q_proj) */
+    int qk_nope_dim, qk_rope_dim, v_head_dim;
+    int rope_interleave;     /* RoPE on interleaved pairs (DeepSeek-V3) */
 } fr_model_config;
+
+static inline int fr_model_is_mla(const fr_model_config *c) { return c->kv_lora_rank > 0; }
 
 /* Whether layer l has a routed-expert MLP (transformers' rule: not listed in
  * mlp_only_layers and (l + 1) a multiple of decoder_sparse_step). */

@@ -7,6 +7,7 @@
 
 #include "attention/fp_formats.h"
 #include "base/fixed_math.h"
+#include "rollout/model/mla_cpu.h"
 #include "rollout/model/moe_cpu.h"
 #include "rollout/model/ops_cpu.h"
 #include "rollout/model/tp_shard.h"
@@ -21,6 +22,7 @@ struct fr_runner_cpu {
     fr_tp tp;
     fr_tp_shard *shard;         /* tp > 1 */
     fr_moe_cpu *moe;            /* scratch of the expert layers; NULL for a dense model */
+    fr_mla_cpu *mla;            /* scratch of latent attention; NULL for Qwen3 attention */
     float *logits_local;        /* tp > 1: [tokens][vocab / tp], the LM head's slice */
     fr_kv_cache *kv;
     int max_tokens;
@@ -47,6 +49,7 @@ void fr_runner_cpu_destroy(fr_runner_cpu **pr)
     free(r->kbuf); free(r->vbuf); free(r->scores);
     free(r->logits_local);
     fr_moe_cpu_destroy(&r->moe);
+    fr_mla_cpu_destroy(&r->mla);
     fr_tp_shard_destroy(&r->shard);
     free(r);
     *pr = NULL;
@@ -123,6 +126,14 @@ fr_status fr_runner_cpu_new_tp(const fr_model *m, fr_kv_cache *kv, int max_step_
         return fr_fail(FR_ENOMEM, "runner: cannot allocate activations for %d tokens", max_step_tokens);
     }
     if (c->num_experts > 0 && (st = fr_moe_cpu_new(c, max_step_tokens, &r->moe))) {
+        fr_runner_cpu_destroy(&r);
+        return st;
+    }
+    if (fr_model_is_mla(c) && kc->dtype != FR_KV_F32 && kc->dtype != FR_KV_BF16)
+        st = fr_fail(FR_EUNSUPPORTED, "runner: %s has multi-head latent attention, whose cache is f32 or bf16 so "
+                     "far (no %s latent pages yet)", c->architecture, fr_kv_dtype_name(kc->dtype));
+    if (!st && fr_model_is_mla(c)) st = fr_mla_cpu_new(c, max_step_tokens, &r->mla);
+    if (st) {
         fr_runner_cpu_destroy(&r);
         return st;
     }
@@ -300,6 +311,30 @@ static fr_status attention(fr_runner_cpu *r, int layer, const fr_step_seq *seqs,
     return st;
 }
 
+/* Latent attention of every sequence of the step (rollout/model/mla_cpu.h):
+ * the cache rows are the single "KV head" of an MLA model. */
+static fr_status mla_attention(fr_runner_cpu *r, int layer, const fr_step_seq *seqs, int n_seqs)
+{
+    const fr_model_config *c = r->c;
+    const int H = c->num_heads, qh = c->qk_nope_dim + c->qk_rope_dim, dv = c->v_head_dim;
+    const size_t kvd = (size_t)c->head_dim;
+    const float *kl = r->kstep + (size_t)layer * r->max_tokens * kvd;
+    const float *vl = r->vstep + (size_t)layer * r->max_tokens * kvd;
+    int row = 0;
+    fr_status st = FR_OK;
+    for (int s = 0; s < n_seqs && !st; row += seqs[s].n, s++) {
+        int len = fr_kv_seq_len(r->kv, seqs[s].seq), n = seqs[s].n;
+        fr_kv_view view;
+        if ((st = ensure_ctx(r, len + n))) break;
+        if ((st = fr_kv_gather(r->kv, seqs[s].seq, layer, 0, n, kl + row * kvd, vl + row * kvd, r->kbuf, r->vbuf,
+                               &view)))
+            break;
+        fr_mla_cpu_attend(r->mla, c, &r->w->layers[layer], r->q + (size_t)row * H * qh, len, n, view.k, r->scores,
+                          r->att + (size_t)row * H * dv);
+    }
+    return st;
+}
+
 fr_status fr_step_admit(fr_kv_cache *kv, const fr_step_seq *seqs, int n_seqs, int vocab, int max_position,
                         int max_tokens, int *n_tokens)
 {
@@ -338,6 +373,23 @@ fr_status fr_runner_cpu_fill(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
     return st;
 }
 
+/* Qwen3's q, k, v of xn: projections, per-head RMSNorm, RoPE. */
+static void qwen_qkv(fr_runner_cpu *r, const fr_layer_weights *lw, int M, float *k, float *v)
+{
+    const fr_model_config *c = r->c;
+    const int D = c->hidden_size, d = c->head_dim, H = c->num_heads, KVH = c->num_kv_heads;
+    const size_t qd = (size_t)H * d, kvd = (size_t)KVH * d;
+    matmul(r, r->q, r->xn, lw->q_proj, M, (int)qd, D);
+    matmul(r, k, r->xn, lw->k_proj, M, (int)kvd, D);
+    matmul(r, v, r->xn, lw->v_proj, M, (int)kvd, D);
+    fr_rmsnorm(r->q, r->q, lw->q_norm, M * H, d, c->rms_norm_eps);
+    fr_rmsnorm(k, k, lw->k_norm, M * KVH, d, c->rms_norm_eps);
+    for (int t = 0; t < M; t++) {
+        fr_rope(r->q + (size_t)t * qd, H, d, r->pos[t], c->rope_theta);
+        fr_rope(k + (size_t)t * kvd, KVH, d, r->pos[t], c->rope_theta);
+    }
+}
+
 /* hidden_out = the layer's MLP (dense, or routed experts) of xn; under
  * tensor parallelism a partial sum the caller all-reduces. */
 static void mlp(fr_runner_cpu *r, const fr_layer_weights *lw, int M)
@@ -374,20 +426,21 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
         const fr_layer_weights *lw = &w->layers[l];
         float *k = r->kstep + (size_t)l * r->max_tokens * kvd, *v = r->vstep + (size_t)l * r->max_tokens * kvd;
         fr_rmsnorm(r->xn, r->x, lw->attn_norm, M, D, c->rms_norm_eps);
-        matmul(r, r->q, r->xn, lw->q_proj, M, (int)qd, D);
-        matmul(r, k, r->xn, lw->k_proj, M, (int)kvd, D);
-        matmul(r, v, r->xn, lw->v_proj, M, (int)kvd, D);
-        fr_rmsnorm(r->q, r->q, lw->q_norm, M * H, d, c->rms_norm_eps);
-        fr_rmsnorm(k, k, lw->k_norm, M * KVH, d, c->rms_norm_eps);
-        for (int t = 0; t < M; t++) {
-            fr_rope(r->q + (size_t)t * qd, H, d, r->pos[t], c->rope_theta);
-            fr_rope(k + (size_t)t * kvd, KVH, d, r->pos[t], c->rope_theta);
+        if (r->mla) {
+            fr_mla_cpu_project(r->mla, c, lw, r->xn, M, r->pos, r->q, k);
+            memcpy(v, k, sizeof(float) * (size_t)M * kvd);   /* V pages unused: the latent row is both */
+            if (r->obs.layer_kv && (st = r->obs.layer_kv(r->obs.user, l, seqs, n_seqs, k, v))) break;
+            if (r->fill_only) continue;
+            if ((st = mla_attention(r, l, seqs, n_seqs))) break;
+            matmul(r, r->hidden_out, r->att, lw->o_proj, M, D, H * c->v_head_dim);
+        } else {
+            qwen_qkv(r, lw, M, k, v);
+            if (r->obs.layer_kv && (st = r->obs.layer_kv(r->obs.user, l, seqs, n_seqs, k, v))) break;
+            if (r->obs.layer_q && (st = r->obs.layer_q(r->obs.user, l, seqs, n_seqs, r->q))) break;
+            if (r->fill_only) continue;   /* keys and values are all a fill wants */
+            if ((st = attention(r, l, seqs, n_seqs))) break;
+            matmul(r, r->hidden_out, r->att, lw->o_proj, M, D, (int)qd);
         }
-        if (r->obs.layer_kv && (st = r->obs.layer_kv(r->obs.user, l, seqs, n_seqs, k, v))) break;
-        if (r->obs.layer_q && (st = r->obs.layer_q(r->obs.user, l, seqs, n_seqs, r->q))) break;
-        if (r->fill_only) continue;   /* keys and values are all a fill wants */
-        if ((st = attention(r, l, seqs, n_seqs))) break;
-        matmul(r, r->hidden_out, r->att, lw->o_proj, M, D, (int)qd);
         if ((st = tp_allreduce(r, r->hidden_out, (size_t)M * D))) break;
         for (size_t i = 0; i < (size_t)M * D; i++) r->x[i] += r->hidden_out[i];
         fr_rmsnorm(r->xn, r->x, lw->mlp_norm, M, D, c->rms_norm_eps);

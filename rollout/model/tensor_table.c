@@ -7,8 +7,10 @@
 size_t fr_model_tensor_count(const fr_model_config *c)
 {
     size_t n = 2 + (c->tie_word_embeddings ? 0 : 1);   /* embed, final norm, lm_head */
+    /* norms, then the attention's tensors */
+    const size_t attn = fr_model_is_mla(c) ? (c->q_lora_rank ? 7 : 5) : 6;
     for (int l = 0; l < c->num_layers; l++)
-        n += 8 + (fr_model_layer_is_moe(c, l) ? 1 + 3 * (size_t)c->num_experts : 3);
+        n += 2 + attn + (fr_model_layer_is_moe(c, l) ? 1 + 3 * (size_t)c->num_experts : 3);
     return n;
 }
 
@@ -50,11 +52,41 @@ static fr_status experts(walk *k, const fr_model_config *c, const fr_layer_weigh
     return st;
 }
 
+static fr_status mlp(walk *k, const fr_model_config *c, const fr_layer_weights *L, int l);
+
+/* Multi-head latent attention's tensors (DeepSeek-V3 names). */
+static fr_status mla(walk *k, const fr_model_config *c, const fr_layer_weights *L, int l)
+{
+    const int64_t H = c->hidden_size, nh = c->num_heads, dc = c->kv_lora_rank, dr = c->qk_rope_dim,
+                  dn = c->qk_nope_dim, dv = c->v_head_dim, ql = c->q_lora_rank;
+    fr_status st;
+    if (ql) {
+        if ((st = visit(k, L->q_a_proj, ql, H, "model.layers.%d.self_attn.q_a_proj.weight", l)) ||
+            (st = visit(k, L->q_a_norm, ql, 0, "model.layers.%d.self_attn.q_a_layernorm.weight", l)) ||
+            (st = visit(k, L->q_b_proj, nh * (dn + dr), ql, "model.layers.%d.self_attn.q_b_proj.weight", l)))
+            return st;
+    } else if ((st = visit(k, L->q_proj, nh * (dn + dr), H, "model.layers.%d.self_attn.q_proj.weight", l))) {
+        return st;
+    }
+    if ((st = visit(k, L->kv_a_proj, dc + dr, H, "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l)) ||
+        (st = visit(k, L->kv_a_norm, dc, 0, "model.layers.%d.self_attn.kv_a_layernorm.weight", l)) ||
+        (st = visit(k, L->kv_b_proj, nh * (dn + dv), dc, "model.layers.%d.self_attn.kv_b_proj.weight", l)))
+        return st;
+    return visit(k, L->o_proj, H, nh * dv, "model.layers.%d.self_attn.o_proj.weight", l);
+}
+
 static fr_status layer(walk *k, const fr_model_config *c, const fr_layer_weights *L, int l)
 {
-    const int64_t H = c->hidden_size, D = c->head_dim, I = c->intermediate_size;
+    const int64_t H = c->hidden_size, D = c->head_dim;
     const int64_t qd = (int64_t)c->num_heads * D, kvd = (int64_t)c->num_kv_heads * D;
     fr_status st;
+    if (fr_model_is_mla(c)) {
+        if ((st = visit(k, L->attn_norm, H, 0, "model.layers.%d.input_layernorm.weight", l)) ||
+            (st = mla(k, c, L, l)) ||
+            (st = visit(k, L->mlp_norm, H, 0, "model.layers.%d.post_attention_layernorm.weight", l)))
+            return st;
+        return mlp(k, c, L, l);
+    }
     if ((st = visit(k, L->attn_norm, H, 0, "model.layers.%d.input_layernorm.weight", l)) ||
         (st = visit(k, L->q_proj, qd, H, "model.layers.%d.self_attn.q_proj.weight", l)) ||
         (st = visit(k, L->k_proj, kvd, H, "model.layers.%d.self_attn.k_proj.weight", l)) ||
@@ -64,6 +96,14 @@ static fr_status layer(walk *k, const fr_model_config *c, const fr_layer_weights
         (st = visit(k, L->k_norm, D, 0, "model.layers.%d.self_attn.k_norm.weight", l)) ||
         (st = visit(k, L->mlp_norm, H, 0, "model.layers.%d.post_attention_layernorm.weight", l)))
         return st;
+    return mlp(k, c, L, l);
+}
+
+/* The layer's MLP: routed experts or the dense three. */
+static fr_status mlp(walk *k, const fr_model_config *c, const fr_layer_weights *L, int l)
+{
+    const int64_t H = c->hidden_size, I = c->intermediate_size;
+    fr_status st;
     if (fr_model_layer_is_moe(c, l)) return experts(k, c, L, l);
     if ((st = visit(k, L->gate_proj, I, H, "model.layers.%d.mlp.gate_proj.weight", l)) ||
         (st = visit(k, L->up_proj, I, H, "model.layers.%d.mlp.up_proj.weight", l)))

@@ -97,6 +97,9 @@ static fr_status alloc_layers(const fr_model_config *cfg, fr_weights_gpu **out)
     if (cfg->num_layers < 1 || cfg->hidden_size < 1 || cfg->vocab_size < 1 || cfg->head_dim < 1 ||
         cfg->num_heads < 1 || cfg->num_kv_heads < 1 || cfg->intermediate_size < 1)
         return fr_fail(FR_EINVAL, "GPU weights: invalid model sizes");
+    if (fr_model_is_mla(cfg))
+        return fr_fail(FR_EUNSUPPORTED, "GPU weights: multi-head latent attention (%s) runs on the CPU backend only "
+                       "so far", cfg->architecture);
     fr_weights_gpu *w = (fr_weights_gpu *)calloc(1, sizeof *w);
     if (!w) return fr_fail(FR_ENOMEM, "GPU weights: out of memory");
     w->cfg = *cfg;
