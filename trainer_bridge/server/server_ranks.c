@@ -355,9 +355,8 @@ static fr_status after_turn(fr_bridge_server *srv)
         srv_reply_waiters(srv);
     }
     srv_send_deferred(srv);
-    int gone = 0;
-    if (fr_peers_pump(srv->peers, &gone)) return FR_EIO;
-    if (gone) srv_drop_gone_peers(srv);
+    if (fr_peers_pump(srv->peers, NULL)) return FR_EIO;
+    srv_conn_watch(srv);   /* peers found gone by a send, or whose connection closed */
     if (srv_publishes(srv) && fr_now_ms() - srv->last_pub_ms >= 200.0) srv_publish_metrics(srv);
     if (srv->upd && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
         char why[96];
@@ -385,6 +384,7 @@ fr_status srv_run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop
     if (srv->rank == 0) {
         srv_log(srv, "listening on %s (protocol version %d; %d engine(s) of tp %d on %d ranks)", srv->endpoint,
               FR_PROTO_VERSION, srv->n_engines, srv->tp, srv->world->size);
+        if (!srv->zap.started) srv_log(srv, "CURVE is off: every client has the trainer role (loopback only)");
         if (srv_publishes(srv)) srv_publish_metrics(srv);
     }
     for (;;) {
