@@ -201,6 +201,9 @@ int fr_cli_serve(int argc, char **argv)
                 "engines %d tp %d ranks %d\n",
                 c.model, fr_backend_name(s.backend), fr_kv_dtype_name(c.kv_dtype), c.max_seqs, kv_blocks, c.chunk,
                 c.kl_sample_rate, tl.n_engines, c.tp, tl.world_size);
+    /* from here on a lost rank ends the job after rank_timeout_s instead of
+     * freezing it (docs/failures.md); loading may take longer, so not before */
+    if (tl.world) fr_mpi_world_set_timeout(tl.world, c.coordinator.rank_timeout_s * 1000);
     fr_status st = fr_bridge_server_run(srv, &stop_flag);
     if (st) fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
     fr_bridge_server_destroy(&srv);

@@ -21,7 +21,7 @@ static const char *const recal_keys[] = {"kl_threshold", "after_commit", "min_po
                                          "seed_tokens", "continue", "out_dir"};
 static const char *const curve_keys[] = {"server_secret_key", "client_public_keys", "trainer_public_keys"};
 static const char *const coordinator_keys[] = {"bind", "port", "weight_port", "engine_port", "heartbeat_ms",
-                                               "heartbeat_timeout_ms", "max_message_bytes"};
+                                               "heartbeat_timeout_ms", "max_message_bytes", "rank_timeout_s"};
 static const char *const sampling_keys[] = {"temperature", "top_k", "top_p", "max_tokens", "stop_token_ids", "seed"};
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -45,6 +45,7 @@ void fr_serve_config_default(fr_serve_config *c)
     c->coordinator.heartbeat_ms = 1000;
     c->coordinator.heartbeat_timeout_ms = 3000;
     c->coordinator.max_message_bytes = 1 << 30;
+    c->coordinator.rank_timeout_s = 60;
     c->metrics_port = 0;
     c->metrics_pub_port = 0;
     c->metrics_http.max_connections = 64;
@@ -276,6 +277,8 @@ static fr_status parse_coordinator(const char *label, const cJSON *obj, fr_serve
             st = get_int(label, it, path, 1, 3600000, &c->coordinator.heartbeat_timeout_ms);
         } else if (strcmp(k, "max_message_bytes") == 0) {
             st = get_int(label, it, path, 65536, INT_MAX, &c->coordinator.max_message_bytes);
+        } else if (strcmp(k, "rank_timeout_s") == 0) {
+            st = get_int(label, it, path, 0, 86400, &c->coordinator.rank_timeout_s);
         }
     }
     return st;
@@ -663,6 +666,7 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
     ok = ok && cJSON_AddNumberToObject(co, "heartbeat_ms", c->coordinator.heartbeat_ms);
     ok = ok && cJSON_AddNumberToObject(co, "heartbeat_timeout_ms", c->coordinator.heartbeat_timeout_ms);
     ok = ok && cJSON_AddNumberToObject(co, "max_message_bytes", c->coordinator.max_message_bytes);
+    ok = ok && cJSON_AddNumberToObject(co, "rank_timeout_s", c->coordinator.rank_timeout_s);
     if (ok) {
         cJSON_AddItemToObject(root, "coordinator", co);
         co = NULL;

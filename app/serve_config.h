@@ -71,6 +71,7 @@ typedef struct {
         int heartbeat_ms;                  /* ZMTP heartbeat interval; 0: none */
         int heartbeat_timeout_ms;          /* a connection silent this long is closed, its requests aborted */
         int max_message_bytes;             /* the largest frame a client may send */
+        int rank_timeout_s;                /* several ranks: a rank silent this long ends the job; 0: never */
     } coordinator;
     int metrics_port;                      /* 0: no metrics endpoint */
     int metrics_pub_port;                  /* 0: no metrics PUB socket */

@@ -436,6 +436,120 @@ def curve_roles(env):
         srv.stop()
 
 
+# ---- 7. a lost rank ---------------------------------------------------------------
+
+def mpirun():
+    import shutil
+    if not shutil.which("mpirun"):
+        return None
+    cmd = ["mpirun", "--oversubscribe", "-x", "OPENBLAS_NUM_THREADS", "-np", "2"]
+    if os.geteuid() == 0:
+        cmd.insert(1, "--allow-run-as-root")
+    return cmd
+
+
+def rank_pid(root_pid, rank):
+    """The pid of the fp4rollout process of world rank `rank` under root_pid."""
+    todo, seen = [root_pid], []
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        try:
+            todo += [int(c) for c in open(f"/proc/{p}/task/{p}/children").read().split()]
+        except OSError:
+            pass
+    for p in seen:
+        try:
+            env = open(f"/proc/{p}/environ", "rb").read().split(b"\0")
+            exe = os.readlink(f"/proc/{p}/exe")
+        except OSError:
+            continue
+        if exe.endswith("fp4rollout") and f"OMPI_COMM_WORLD_RANK={rank}".encode() in env:
+            return p
+    return None
+
+
+def lost_rank(env, sig, rank):
+    launcher = mpirun()
+    if not launcher:
+        print(f"     SKIP: mpirun not found", flush=True)
+        return
+    srv = Server(env.dir, f"mpi{sig}", launcher=launcher, coordinator={"rank_timeout_s": 2})
+    try:
+        c = Raw(srv.endpoint)
+        for r in range(4):
+            gen(c, r, n=2, prompt=[256, r, 7], **LONG)
+        first_tokens(c, 20000)
+        pid = rank_pid(srv.pid(), rank)
+        check(pid, f"no process of rank {rank}")
+        os.kill(pid, sig)
+        t0 = time.time()
+        dones, end = {}, time.time() + 20
+        while len(dones) < 8 and time.time() < end:
+            m = c.recv(500)
+            if m and m["type"] == "done":
+                dones[(m["request_id"], m["sample"])] = m["finish_reason"]
+        check(len(dones) == 8, f"{len(dones)} of 8 open samples got their done after rank {rank} got signal {sig}")
+        check(all(v == "error" for v in dones.values()), f"finish reasons {sorted(set(dones.values()))}")
+        check(time.time() - t0 < 10, f"took {time.time() - t0:.1f} s")
+        c.close()
+        if sig == signal.SIGSTOP:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        srv.stop()
+
+
+@scenario
+def lost_rank_stopped(env):
+    """mpirun -np 2, rank 1 stopped (SIGSTOP): after rank_timeout_s every
+    open sample gets a done with reason error and the job ends."""
+    lost_rank(env, signal.SIGSTOP, 1)
+
+
+@scenario
+def lost_rank_killed(env):
+    """mpirun -np 2, rank 1 killed (SIGKILL): every open sample gets a done
+    with reason error before the job ends."""
+    lost_rank(env, signal.SIGKILL, 1)
+
+
+@scenario
+def client_notices_lost_server(env):
+    """The Python client (over the C library) notices a killed server within
+    its heartbeat timeout, names the samples that will not end, and
+    resubmits them to a restarted server on the same port."""
+    sys.path.insert(0, os.path.join(ROOT, "trainer_bridge", "client", "python"))
+    from fp4rollout_client import ClientError, RolloutClient
+    srv = Server(env.dir, "lost1")
+    port = srv.port
+    with RolloutClient(srv.endpoint, timeout_ms=20000) as c:
+        try:
+            for r in (41, 42):
+                c.submit([256, r, 3], n=2, max_tokens=300, stop_token_ids=[], temperature=1.0, request_id=r)
+            time.sleep(0.3)
+            srv.proc.kill()
+            srv.proc.wait()
+            t0 = time.time()
+            try:
+                got = list(c.results())
+                raise Failure(f"results() ended without an error ({len(got)} samples) after the server died")
+            except ClientError as e:
+                msg = str(e)
+            check(time.time() - t0 < 8, f"the client took {time.time() - t0:.1f} s to notice")
+            check("request 41" in msg and "request 42" in msg and c.lost(), f"the error does not name them: {msg}")
+            srv2 = Server(env.dir, "lost2", port=port)
+            try:
+                check(c.resubmit() == 2, "resubmit did not send 2 requests")
+                done = list(c.results())
+                check(sorted((s.request_id, s.sample) for s in done) == [(41, 0), (41, 1), (42, 0), (42, 1)],
+                      f"after resubmission: {[(s.request_id, s.sample) for s in done]}")
+                check(all(len(s.token_ids) == 300 for s in done), "resubmitted samples are not whole")
+            finally:
+                srv2.stop()
+        finally:
+            srv.stop()
+
+
 # ---- storms and load -----------------------------------------------------------
 
 @scenario

@@ -40,8 +40,8 @@ class Server:
     """One `fp4rollout serve` on synthetic:tiny (CPU, f32 KV) with the given
     configuration keys over the defaults below; its log in self.log_path."""
 
-    def __init__(self, workdir, name="serve", launcher=(), **conf):
-        self.port = free_port()
+    def __init__(self, workdir, name="serve", launcher=(), port=None, **conf):
+        self.port = port or free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         c = {"model": "synthetic:tiny", "backend": "cpu", "kv_dtype": "f32", "max_seqs": 16,
              "coordinator": {"bind": "127.0.0.1", "port": self.port, "heartbeat_ms": 200,

@@ -40,6 +40,7 @@ typedef struct {
     int sent;                /* tokens streamed so far: the next delta's start */
     int has_first;
     double first_ms;         /* when its first token was drawn */
+    int ended;               /* its done went out */
 } sample_state;
 
 /* An accepted generate. sid is the scheduler's id for it (the server's
@@ -161,6 +162,7 @@ struct fr_bridge_server {
 
 /* server_stream.c: the request table, sending, streaming tokens and ends */
 void srv_divergence_of(const fr_sample_result *r, fr_msg_divergence *div);
+int srv_end_all(fr_bridge_server *srv, fr_wire_finish why);
 request *srv_find_caller(const fr_bridge_server *srv, int peer, uint64_t request_id);
 request *srv_find_sid(const fr_bridge_server *srv, uint64_t sid);
 void srv_flush_all(fr_bridge_server *srv);

@@ -8,6 +8,15 @@
 static void comm_fatal(fr_bridge_server *srv, const char *what)
 {
     srv_log(srv, "rank %d: %s failed: %s; ending every rank", srv->rank, what, fr_comm_last_error());
+    if (srv->rank == 0 && srv->peers) {
+        /* the coordinator knows every open sample: each gets its done (reason
+         * error) before the job ends, so no client waits for ever */
+        int n = srv_end_all(srv, FR_WIRE_ERROR);
+        srv_send_deferred(srv);
+        srv_fail_waiters(srv, "shutdown", "a rank was lost: the server is ending");
+        fr_peers_flush(srv->peers, srv->cfg.shutdown_linger_ms > 0 ? srv->cfg.shutdown_linger_ms : 1000);
+        srv_log(srv, "a rank was lost: %d open samples ended with reason error", n);
+    }
     fr_mpi_world_abort(srv->world, 1);
 }
 
