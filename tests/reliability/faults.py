@@ -312,6 +312,8 @@ def update_owned(env):
         check(s["updating"] and s["update_version"] == 200, f"the first update was dropped: {s}")
         r = a.call({"type": "update_weights_abort", "version": 200}, "update_weights_reply")
         check(r["type"] == "update_weights_reply", f"abort: {r}")
+        r = a.call(dict(begin_msg(202, env.tensors), bucket_bytes=4 << 30), "update_weights_reply")
+        check(r["type"] == "error" and r["code"] == "bad_bucket", f"buckets over the frame limit: {r}")
     finally:
         a.close()
         b.close()

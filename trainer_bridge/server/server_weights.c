@@ -95,6 +95,16 @@ void srv_handle_update_begin(fr_bridge_server *srv, int peer, const fr_msg_updat
                        (unsigned long long)b->version, (unsigned long long)srv->weight_version);
         return;
     }
+    const long long max_frame = srv_max_message_bytes(&srv->cfg);
+    if (!b->nccl && b->bucket_bytes > (uint64_t)max_frame) {
+        /* its buckets' frames would be dropped with the connection */
+        srv->updates_failed++;
+        srv_send_error(srv, peer, "bad_bucket", 0, 0,
+                       "update_weights_begin: bucket_bytes %llu exceeds the server's frame limit, "
+                       "coordinator.max_message_bytes = %lld",
+                       (unsigned long long)b->bucket_bytes, max_frame);
+        return;
+    }
     if (srv_nccl_updating(srv)) {
         char why[160];
         snprintf(why, sizeof why, "a new update_weights_begin (version %llu) arrived", (unsigned long long)b->version);
