@@ -43,7 +43,7 @@ void fr_serve_config_default(fr_serve_config *c)
     c->coordinator.weight_port = 5556;
     c->coordinator.engine_port = 5557;
     c->coordinator.heartbeat_ms = 1000;
-    c->coordinator.heartbeat_timeout_ms = 3000;
+    c->coordinator.heartbeat_timeout_ms = 10000;
     c->coordinator.max_message_bytes = 1 << 30;
     c->coordinator.rank_timeout_s = 60;
     c->metrics_port = 0;
@@ -676,7 +676,8 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
     cJSON *mh = ok ? cJSON_CreateObject() : NULL;
     ok = ok && mh && cJSON_AddNumberToObject(mh, "max_connections", c->metrics_http.max_connections) &&
          cJSON_AddNumberToObject(mh, "idle_timeout_s", c->metrics_http.idle_timeout_s) &&
-         cJSON_AddStringToObject(mh, "token", c->metrics_http.token);
+         (c->metrics_http.token[0] ? cJSON_AddStringToObject(mh, "token", c->metrics_http.token) != NULL
+                                   : cJSON_AddNullToObject(mh, "token") != NULL);
     if (ok) cJSON_AddItemToObject(root, "metrics_http", mh);
     else cJSON_Delete(mh);
     ok = ok && cJSON_AddNumberToObject(root, "kl_sample_rate", c->kl_sample_rate);

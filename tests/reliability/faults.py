@@ -591,6 +591,34 @@ def malformed_storm(env):
 
 
 @scenario
+def slow_reader(env):
+    """A client that stops reading while its samples stream: a bystander is
+    not held up, and when the slow one reads again every sample is there,
+    once, in order."""
+    # the default heartbeat timeout (10 s): a reader whose queue is full
+    # answers no heartbeats, so a pause longer than that counts as departed
+    srv = Server(env.dir, "slow", coordinator={"heartbeat_timeout_ms": 10000})
+    slow, by = Raw(srv.endpoint), Raw(srv.endpoint)
+    try:
+        slow.sock.setsockopt(__import__("zmq").RCVHWM, 16)   # the server's queue for it fills
+        for r in range(4):
+            gen(slow, r, n=4, prompt=[256, r], max_tokens=400, stop_token_ids=[], temperature=1.0)
+        time.sleep(0.5)
+        t0 = time.time()
+        gen(by, 1, n=2, max_tokens=64, stop_token_ids=[], temperature=1.0)
+        collect(by, [1], 2, 30)
+        check(time.time() - t0 < 10, f"the bystander took {time.time() - t0:.1f} s beside a slow reader")
+        time.sleep(1.0)
+        time.sleep(2.0)   # 2.5 s without reading in all
+        got = collect(slow, range(4), 4, 60)
+        check(all(d["n_tokens"] == 400 for d in got.values()), "the slow reader's samples are short")
+    finally:
+        slow.close()
+        by.close()
+        srv.stop()
+
+
+@scenario
 def clients_aborts_updates(env):
     """4 clients x 8 requests x n=3 with aborts while weight updates commit:
     every sample ends exactly once."""

@@ -101,9 +101,13 @@ static fr_status open_socket(fr_client *c)
                      zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, c->public_key, 40) ||
                      zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, c->secret_key, 40)))
         return fr_fail(FR_EINVAL, "client: the CURVE keys were refused: %s", zmq_strerror(errno));
-    int ivl = HEARTBEAT_IVL_MS, hb = HEARTBEAT_TIMEOUT_MS;
+    int ivl = HEARTBEAT_IVL_MS, hb = HEARTBEAT_TIMEOUT_MS, unbounded = 0;
     zmq_setsockopt(c->sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
     zmq_setsockopt(c->sock, ZMQ_HEARTBEAT_TIMEOUT, &hb, sizeof hb);
+    /* ZeroMQ stops reading a connection whose receive queue is full, and
+     * with it the heartbeats: an unbounded queue keeps a busy caller (one
+     * training between reads) from looking departed to the server */
+    zmq_setsockopt(c->sock, ZMQ_RCVHWM, &unbounded, sizeof unbounded);
     /* the monitor says when the connection ends (docs/failures.md): then
      * the samples open on it will never end, and the client says so */
     char ep[64];

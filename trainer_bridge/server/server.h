@@ -71,8 +71,9 @@ typedef struct {
     int n_curve_trainer_keys;
     /* Connections (docs/protocol.md, "Departed clients"): ZMTP heartbeats
      * every heartbeat_ms (0: 1000; < 0: none), a connection silent for
-     * heartbeat_timeout_ms (0: three intervals) is closed and its client's
-     * requests aborted; frames over max_message_bytes (0: 1 GiB) make
+     * heartbeat_timeout_ms (0: ten intervals) is closed and its client's
+     * requests aborted (a client whose receive queue is full reads no
+     * heartbeats either); frames over max_message_bytes (0: 1 GiB) make
      * ZeroMQ drop the connection that sent them. */
     int heartbeat_ms;
     int heartbeat_timeout_ms;

@@ -26,7 +26,7 @@ long long srv_max_message_bytes(const fr_bridge_config *cfg)
 fr_status srv_conn_setup(fr_bridge_server *srv, const fr_bridge_config *cfg)
 {
     int ivl = cfg->heartbeat_ms == 0 ? 1000 : cfg->heartbeat_ms > 0 ? cfg->heartbeat_ms : 0;
-    int timeout = cfg->heartbeat_timeout_ms > 0 ? cfg->heartbeat_timeout_ms : 3 * ivl;
+    int timeout = cfg->heartbeat_timeout_ms > 0 ? cfg->heartbeat_timeout_ms : 10 * ivl;
     int64_t max = srv_max_message_bytes(cfg);
     if (ivl > 0 && (zmq_setsockopt(srv->sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) ||
                     zmq_setsockopt(srv->sock, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout) ||
