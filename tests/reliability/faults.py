@@ -602,7 +602,7 @@ def slow_reader(env):
     try:
         slow.sock.setsockopt(__import__("zmq").RCVHWM, 16)   # the server's queue for it fills
         for r in range(4):
-            gen(slow, r, n=4, prompt=[256, r], max_tokens=400, stop_token_ids=[], temperature=1.0)
+            gen(slow, r, n=4, prompt=[256, r], max_tokens=200, stop_token_ids=[], temperature=1.0)
         time.sleep(0.5)
         t0 = time.time()
         gen(by, 1, n=2, max_tokens=64, stop_token_ids=[], temperature=1.0)
@@ -611,7 +611,7 @@ def slow_reader(env):
         time.sleep(1.0)
         time.sleep(2.0)   # 2.5 s without reading in all
         got = collect(slow, range(4), 4, 60)
-        check(all(d["n_tokens"] == 400 for d in got.values()), "the slow reader's samples are short")
+        check(all(d["n_tokens"] == 200 for d in got.values()), "the slow reader's samples are short")
     finally:
         slow.close()
         by.close()
