@@ -151,6 +151,8 @@ int fr_cli_serve(int argc, char **argv)
         snprintf(pub_endpoint, sizeof pub_endpoint, "tcp://%s:%d", c.coordinator.bind, c.metrics_pub_port);
     const char *client_keys[FR_SERVE_MAX_CURVE_CLIENTS];
     for (int i = 0; i < c.curve.n_clients; i++) client_keys[i] = c.curve.client_public_keys[i];
+    const char *trainer_keys[FR_SERVE_MAX_CURVE_CLIENTS];
+    for (int i = 0; i < c.curve.n_trainers; i++) trainer_keys[i] = c.curve.trainer_public_keys[i];
     fr_bridge_config bc = {.endpoint = endpoint, .model_name = c.model, .max_seqs = c.max_seqs, .chunk = c.chunk,
                            .sampling = c.sampling, .shutdown_linger_ms = 2000, .log = stderr,
                            .kl_sample_rate = c.kl_sample_rate,
@@ -160,7 +162,14 @@ int fr_cli_serve(int argc, char **argv)
                            .n_curve_client_keys = c.curve.n_clients, .metrics_port = c.metrics_port,
                            .metrics_bind = c.coordinator.bind, .metrics_pub_endpoint = pub_endpoint,
                            .metrics_log = c.metrics_log,
-                           .world = tl.world, .tp = c.tp};
+                           .world = tl.world, .tp = c.tp,
+                           .heartbeat_ms = c.coordinator.heartbeat_ms > 0 ? c.coordinator.heartbeat_ms : -1,
+                           .heartbeat_timeout_ms = c.coordinator.heartbeat_timeout_ms,
+                           .max_message_bytes = c.coordinator.max_message_bytes,
+                           .curve_trainer_keys = trainer_keys, .n_curve_trainer_keys = c.curve.n_trainers,
+                           .metrics_max_connections = c.metrics_http.max_connections,
+                           .metrics_idle_timeout_s = c.metrics_http.idle_timeout_s,
+                           .metrics_token = c.metrics_http.token};
     /* automatic recalibration: the config's texts and folder, by pointer */
     const char *recal_texts[FR_SERVE_MAX_RECAL_TEXTS];
     for (int i = 0; i < c.recalibration.n_texts; i++) recal_texts[i] = c.recalibration.texts[i];
@@ -193,6 +202,9 @@ int fr_cli_serve(int argc, char **argv)
                 "engines %d tp %d ranks %d\n",
                 c.model, fr_backend_name(s.backend), fr_kv_dtype_name(c.kv_dtype), c.max_seqs, kv_blocks, c.chunk,
                 c.kl_sample_rate, tl.n_engines, c.tp, tl.world_size);
+    /* from here on a lost rank ends the job after rank_timeout_s instead of
+     * freezing it (docs/failures.md); loading may take longer, so not before */
+    if (tl.world) fr_mpi_world_set_timeout(tl.world, c.coordinator.rank_timeout_s * 1000);
     fr_status st = fr_bridge_server_run(srv, &stop_flag);
     if (st) fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
     fr_bridge_server_destroy(&srv);

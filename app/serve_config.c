@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,11 +15,13 @@
 static const char *const top_keys[] = {
     "model",     "backend",            "tp",    "kv_dtype",    "fp4_compute",  "recipe",         "calib",   "max_seqs",
     "kv_blocks", "kv_memory_fraction", "chunk", "coordinator", "metrics_port", "metrics_pub_port", "kl_sample_rate", "sampling",
-    "weight_update_idle_s", "nccl_timeout_s", "curve", "recalibration", "deterministic", "metrics_log"};
+    "weight_update_idle_s", "nccl_timeout_s", "curve", "recalibration", "deterministic", "metrics_log", "metrics_http"};
+static const char *const metrics_http_keys[] = {"max_connections", "idle_timeout_s", "token"};
 static const char *const recal_keys[] = {"kl_threshold", "after_commit", "min_positions", "texts", "context",
                                          "seed_tokens", "continue", "out_dir"};
-static const char *const curve_keys[] = {"server_secret_key", "client_public_keys"};
-static const char *const coordinator_keys[] = {"bind", "port", "weight_port", "engine_port"};
+static const char *const curve_keys[] = {"server_secret_key", "client_public_keys", "trainer_public_keys"};
+static const char *const coordinator_keys[] = {"bind", "port", "weight_port", "engine_port", "heartbeat_ms",
+                                               "heartbeat_timeout_ms", "max_message_bytes", "rank_timeout_s"};
 static const char *const sampling_keys[] = {"temperature", "top_k", "top_p", "max_tokens", "stop_token_ids", "seed"};
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
@@ -39,8 +42,14 @@ void fr_serve_config_default(fr_serve_config *c)
     c->coordinator.port = 5555;
     c->coordinator.weight_port = 5556;
     c->coordinator.engine_port = 5557;
+    c->coordinator.heartbeat_ms = 1000;
+    c->coordinator.heartbeat_timeout_ms = 10000;
+    c->coordinator.max_message_bytes = 1 << 30;
+    c->coordinator.rank_timeout_s = 60;
     c->metrics_port = 0;
     c->metrics_pub_port = 0;
+    c->metrics_http.max_connections = 64;
+    c->metrics_http.idle_timeout_s = 10;
     c->recalibration.kl_threshold = 0.0;
     c->recalibration.min_positions = 2048;
     c->recalibration.n_texts = 0;
@@ -262,7 +271,32 @@ static fr_status parse_coordinator(const char *label, const cJSON *obj, fr_serve
             st = get_int(label, it, path, 1, 65535, &c->coordinator.weight_port);
         } else if (strcmp(k, "engine_port") == 0) {
             st = get_int(label, it, path, 1, 65535, &c->coordinator.engine_port);
+        } else if (strcmp(k, "heartbeat_ms") == 0) {
+            st = get_int(label, it, path, 0, 3600000, &c->coordinator.heartbeat_ms);
+        } else if (strcmp(k, "heartbeat_timeout_ms") == 0) {
+            st = get_int(label, it, path, 1, 3600000, &c->coordinator.heartbeat_timeout_ms);
+        } else if (strcmp(k, "max_message_bytes") == 0) {
+            st = get_int(label, it, path, 65536, INT_MAX, &c->coordinator.max_message_bytes);
+        } else if (strcmp(k, "rank_timeout_s") == 0) {
+            st = get_int(label, it, path, 0, 86400, &c->coordinator.rank_timeout_s);
         }
+    }
+    return st;
+}
+
+/* The metrics endpoint's limits (docs/metrics.md, "Limits"). */
+static fr_status parse_metrics_http(const char *label, const cJSON *obj, fr_serve_config *c)
+{
+    fr_status st = want_object(label, obj, "metrics_http");
+    if (!st) st = check_keys(label, obj, "metrics_http", metrics_http_keys, COUNT(metrics_http_keys));
+    for (const cJSON *it = obj->child; it && !st; it = it->next) {
+        char path[128];
+        join_path(path, sizeof path, "metrics_http", it->string);
+        if (strcmp(it->string, "max_connections") == 0)
+            st = get_int(label, it, path, 1, 4096, &c->metrics_http.max_connections);
+        else if (strcmp(it->string, "idle_timeout_s") == 0)
+            st = get_int(label, it, path, 1, 3600, &c->metrics_http.idle_timeout_s);
+        else st = get_str(label, it, path, c->metrics_http.token, sizeof c->metrics_http.token, 1);
     }
     return st;
 }
@@ -351,18 +385,23 @@ static fr_status parse_curve(const char *label, const cJSON *obj, fr_serve_confi
                 st = bad(label, path, "has %d keys; at most %d", n, FR_SERVE_MAX_CURVE_CLIENTS);
                 break;
             }
-            c->curve.n_clients = 0;
+            const int trainers = strcmp(it->string, "trainer_public_keys") == 0;
+            int *count = trainers ? &c->curve.n_trainers : &c->curve.n_clients;
+            char(*keys)[FR_SERVE_CURVE_KEY] = trainers ? c->curve.trainer_public_keys : c->curve.client_public_keys;
+            *count = 0;
             for (int i = 0; i < n && !st; i++) {
                 char epath[280];
                 snprintf(epath, sizeof epath, "%s[%d]", path, i);
-                st = get_curve_key(label, cJSON_GetArrayItem(it, i), epath, c->curve.client_public_keys[i]);
-                if (!st) c->curve.n_clients = i + 1;
+                st = get_curve_key(label, cJSON_GetArrayItem(it, i), epath, keys[i]);
+                if (!st) *count = i + 1;
             }
         }
     }
-    if (!st && c->curve.server_secret_key[0] && c->curve.n_clients == 0)
+    if (!st && c->curve.server_secret_key[0] && c->curve.n_clients + c->curve.n_trainers == 0)
         st = bad(label, "curve", "a server_secret_key needs at least one key in client_public_keys (only listed "
-                                 "clients may connect)");
+                                 "clients may connect) or trainer_public_keys");
+    if (!st && !c->curve.server_secret_key[0] && c->curve.n_trainers > 0)
+        st = bad(label, "curve", "trainer_public_keys needs a server_secret_key");
     if (!st && !c->curve.server_secret_key[0] && c->curve.n_clients > 0)
         st = bad(label, "curve", "client_public_keys needs a server_secret_key");
     return st;
@@ -446,6 +485,7 @@ static fr_status parse_top(const char *label, const cJSON *root, fr_serve_config
         else if (strcmp(k, "metrics_port") == 0) st = get_int(label, it, k, 0, 65535, &c->metrics_port);
         else if (strcmp(k, "metrics_pub_port") == 0) st = get_int(label, it, k, 0, 65535, &c->metrics_pub_port);
         else if (strcmp(k, "metrics_log") == 0) st = get_str(label, it, k, c->metrics_log, sizeof c->metrics_log, 1);
+        else if (strcmp(k, "metrics_http") == 0) st = parse_metrics_http(label, it, c);
         else if (strcmp(k, "kl_sample_rate") == 0) st = get_num(label, it, k, 0.0, 1.0, 0, &c->kl_sample_rate);
         else if (strcmp(k, "sampling") == 0) st = parse_sampling(label, it, c);
         else if (strcmp(k, "weight_update_idle_s") == 0)
@@ -628,6 +668,10 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
     ok = ok && cJSON_AddNumberToObject(co, "port", c->coordinator.port);
     ok = ok && cJSON_AddNumberToObject(co, "weight_port", c->coordinator.weight_port);
     ok = ok && cJSON_AddNumberToObject(co, "engine_port", c->coordinator.engine_port);
+    ok = ok && cJSON_AddNumberToObject(co, "heartbeat_ms", c->coordinator.heartbeat_ms);
+    ok = ok && cJSON_AddNumberToObject(co, "heartbeat_timeout_ms", c->coordinator.heartbeat_timeout_ms);
+    ok = ok && cJSON_AddNumberToObject(co, "max_message_bytes", c->coordinator.max_message_bytes);
+    ok = ok && cJSON_AddNumberToObject(co, "rank_timeout_s", c->coordinator.rank_timeout_s);
     if (ok) {
         cJSON_AddItemToObject(root, "coordinator", co);
         co = NULL;
@@ -636,6 +680,13 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
     ok = ok && cJSON_AddNumberToObject(root, "metrics_pub_port", c->metrics_pub_port);
     ok = ok && (c->metrics_log[0] ? cJSON_AddStringToObject(root, "metrics_log", c->metrics_log) != NULL
                                   : cJSON_AddNullToObject(root, "metrics_log") != NULL);
+    cJSON *mh = ok ? cJSON_CreateObject() : NULL;
+    ok = ok && mh && cJSON_AddNumberToObject(mh, "max_connections", c->metrics_http.max_connections) &&
+         cJSON_AddNumberToObject(mh, "idle_timeout_s", c->metrics_http.idle_timeout_s) &&
+         (c->metrics_http.token[0] ? cJSON_AddStringToObject(mh, "token", c->metrics_http.token) != NULL
+                                   : cJSON_AddNullToObject(mh, "token") != NULL);
+    if (ok) cJSON_AddItemToObject(root, "metrics_http", mh);
+    else cJSON_Delete(mh);
     ok = ok && cJSON_AddNumberToObject(root, "kl_sample_rate", c->kl_sample_rate);
     ok = ok && cJSON_AddNumberToObject(root, "weight_update_idle_s", c->weight_update_idle_s);
     ok = ok && cJSON_AddNumberToObject(root, "nccl_timeout_s", c->nccl_timeout_s);
@@ -647,6 +698,15 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
             ok = k != NULL;
             if (ok) cJSON_AddItemToArray(keys, k);
         }
+        cJSON *tkeys = c->curve.n_trainers && ok ? cJSON_CreateArray() : NULL;
+        ok = ok && (tkeys || !c->curve.n_trainers);
+        for (int i = 0; ok && i < c->curve.n_trainers; i++) {
+            cJSON *k = cJSON_CreateString(c->curve.trainer_public_keys[i]);
+            ok = k != NULL;
+            if (ok) cJSON_AddItemToArray(tkeys, k);
+        }
+        if (tkeys && ok) cJSON_AddItemToObject(cv, "trainer_public_keys", tkeys);
+        else cJSON_Delete(tkeys);
         if (ok) {
             cJSON_AddItemToObject(cv, "client_public_keys", keys);
             keys = NULL;

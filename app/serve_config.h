@@ -68,10 +68,19 @@ typedef struct {
         int port;                          /* trainer-facing: requests and results */
         int weight_port;                   /* trainer-facing: weight-update buckets */
         int engine_port;                   /* engine leaders to the coordinator */
+        int heartbeat_ms;                  /* ZMTP heartbeat interval; 0: none */
+        int heartbeat_timeout_ms;          /* a connection silent this long is closed, its requests aborted */
+        int max_message_bytes;             /* the largest frame a client may send */
+        int rank_timeout_s;                /* several ranks: a rank silent this long ends the job; 0: never */
     } coordinator;
     int metrics_port;                      /* 0: no metrics endpoint */
     int metrics_pub_port;                  /* 0: no metrics PUB socket */
     char metrics_log[FR_SERVE_PATH_MAX];   /* history records appended here (JSON lines); "" none */
+    struct {                               /* the metrics endpoint's limits (docs/metrics.md, "Limits") */
+        int max_connections;
+        int idle_timeout_s;
+        char token[128];                   /* "": none required */
+    } metrics_http;
     double kl_sample_rate;                 /* share of samples with a BF16-KV shadow */
     double weight_update_idle_s;           /* a staged weight update idle this long is dropped; 0: never */
     double nccl_timeout_s;                 /* an NCCL weight group without progress this long is aborted */
@@ -79,6 +88,8 @@ typedef struct {
         char server_secret_key[FR_SERVE_CURVE_KEY];   /* "" when off */
         int n_clients;
         char client_public_keys[FR_SERVE_MAX_CURVE_CLIENTS][FR_SERVE_CURVE_KEY];
+        int n_trainers;                    /* keys with the trainer role (docs/protocol.md, "Roles") */
+        char trainer_public_keys[FR_SERVE_MAX_CURVE_CLIENTS][FR_SERVE_CURVE_KEY];
     } curve;
     fr_serve_sampling sampling;
     fr_serve_recal recalibration;

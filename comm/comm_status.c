@@ -27,6 +27,7 @@ const char *fr_comm_status_name(fr_comm_status st)
     case FR_COMM_ENCCL: return "NCCL error";
     case FR_COMM_ECUDA: return "CUDA error";
     case FR_COMM_EUNSUPPORTED: return "unsupported";
+    case FR_COMM_ETIMEOUT: return "timeout";
     }
     return "unknown status";
 }

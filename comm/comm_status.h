@@ -23,7 +23,8 @@ typedef enum {
     FR_COMM_EMPI,        /* an MPI call failed; the message holds MPI's own text */
     FR_COMM_ENCCL,       /* an NCCL call failed, or a communicator reported an asynchronous error */
     FR_COMM_ECUDA,       /* a CUDA runtime call failed (device selection, no device) */
-    FR_COMM_EUNSUPPORTED /* valid, but not offered by the MPI/NCCL/CUDA at hand */
+    FR_COMM_EUNSUPPORTED, /* valid, but not offered by the MPI/NCCL/CUDA at hand */
+    FR_COMM_ETIMEOUT     /* other ranks did not take part in a collective in time (fr_mpi_world_set_timeout) */
 } fr_comm_status;
 
 /* Records a printf-style message for the calling thread and returns st:

@@ -3,8 +3,46 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm_internal.h"
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+void fr_mpi_world_set_timeout(fr_mpi_world *w, int ms)
+{
+    if (w) w->timeout_ms = ms > 0 ? ms : 0;
+}
+
+/* Completes a non-blocking call started with rc: spins on MPI_Test (as a
+ * blocking call would), napping once the wait is long, and gives up after
+ * the world's timeout. A timed-out request is left behind: the job ends. */
+static fr_comm_status finish(const fr_mpi_world *w, int rc, MPI_Request *req, const char *what)
+{
+    if (rc != MPI_SUCCESS) return fr_comm_mpi_fail(rc, what);
+    const double t0 = now_ms();
+    for (long spin = 0;; spin++) {
+        int done = 0;
+        rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return fr_comm_mpi_fail(rc, what);
+        if (done) return FR_COMM_OK;
+        if ((spin & 255) == 0 && spin > 0) {
+            const double waited = now_ms() - t0;
+            if (w->timeout_ms > 0 && waited > w->timeout_ms)
+                return fr_comm_fail(FR_COMM_ETIMEOUT, "%s: another rank did not take part within %d ms (killed, "
+                                                      "stopped or hung)", what, w->timeout_ms);
+            if (waited > 2.0) {
+                struct timespec nap = {0, 20000};
+                nanosleep(&nap, NULL);
+            }
+        }
+    }
+}
 
 fr_comm_status fr_comm_mpi_fail(int rc, const char *what)
 {
@@ -110,7 +148,9 @@ fr_comm_status fr_mpi_world_bcast(const fr_mpi_world *w, void *buf, size_t bytes
     if (bytes && !buf) return fr_comm_fail(FR_COMM_EINVAL, "fr_mpi_world_bcast: buffer is NULL");
     for (size_t off = 0; off < bytes; off += FR_COMM_MPI_CHUNK) {
         size_t n = bytes - off < FR_COMM_MPI_CHUNK ? bytes - off : FR_COMM_MPI_CHUNK;
-        FR_MPI_TRY(MPI_Bcast((char *)buf + off, (int)n, MPI_BYTE, root, w->comm));
+        MPI_Request r;
+        fr_comm_status st = finish(w, MPI_Ibcast((char *)buf + off, (int)n, MPI_BYTE, root, w->comm, &r), &r, "MPI_Bcast");
+        if (st) return st;
     }
     return FR_COMM_OK;
 }
@@ -119,7 +159,9 @@ fr_comm_status fr_mpi_world_all_ok(const fr_mpi_world *w, int ok, int *all_ok)
 {
     if (!w || !all_ok) return fr_comm_fail(FR_COMM_EINVAL, "fr_mpi_world_all_ok: world or result is NULL");
     int mine = ok != 0, all = 0;
-    FR_MPI_TRY(MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_LAND, w->comm));
+    MPI_Request r;
+    fr_comm_status st = finish(w, MPI_Iallreduce(&mine, &all, 1, MPI_INT, MPI_LAND, w->comm, &r), &r, "MPI_Allreduce");
+    if (st) return st;
     *all_ok = all != 0;
     return FR_COMM_OK;
 }
@@ -127,8 +169,8 @@ fr_comm_status fr_mpi_world_all_ok(const fr_mpi_world *w, int ok, int *all_ok)
 fr_comm_status fr_mpi_world_barrier(const fr_mpi_world *w)
 {
     if (!w) return fr_comm_fail(FR_COMM_EINVAL, "fr_mpi_world_barrier: world is NULL");
-    FR_MPI_TRY(MPI_Barrier(w->comm));
-    return FR_COMM_OK;
+    MPI_Request r;
+    return finish(w, MPI_Ibarrier(w->comm, &r), &r, "MPI_Barrier");
 }
 
 fr_comm_status fr_mpi_world_gather_bytes(const fr_mpi_world *w, const void *buf, size_t bytes, int root,
@@ -146,10 +188,12 @@ fr_comm_status fr_mpi_world_gather_bytes(const fr_mpi_world *w, const void *buf,
     uint64_t mine = bytes, *sizes = NULL;
     if (is_root && !(sizes = malloc(sizeof *sizes * (size_t)w->size)))
         return fr_comm_fail(FR_COMM_ENOMEM, "fr_mpi_world_gather_bytes: out of memory");
-    int rc = MPI_Gather(&mine, 1, MPI_UINT64_T, sizes, 1, MPI_UINT64_T, root, w->comm);
-    if (rc != MPI_SUCCESS) {
+    MPI_Request req;
+    fr_comm_status gst = finish(w, MPI_Igather(&mine, 1, MPI_UINT64_T, sizes, 1, MPI_UINT64_T, root, w->comm, &req),
+                                &req, "MPI_Gather");
+    if (gst) {
         free(sizes);
-        return fr_comm_mpi_fail(rc, "MPI_Gather");
+        return gst;
     }
     /* The root allocates, then tells everyone whether it could, so that no
      * rank is left sending to a root that gave up. */
@@ -160,11 +204,11 @@ fr_comm_status fr_mpi_world_gather_bytes(const fr_mpi_world *w, const void *buf,
         for (int r = 0; r < w->size; r++) total += (size_t)sizes[r];
         if (total && !(all = malloc(total))) ok = 0;
     }
-    rc = MPI_Bcast(&ok, 1, MPI_INT, root, w->comm);
-    if (rc != MPI_SUCCESS || !ok) {
+    gst = finish(w, MPI_Ibcast(&ok, 1, MPI_INT, root, w->comm, &req), &req, "MPI_Bcast");
+    if (gst || !ok) {
         free(sizes);
         free(all);
-        if (rc != MPI_SUCCESS) return fr_comm_mpi_fail(rc, "MPI_Bcast");
+        if (gst) return gst;
         return fr_comm_fail(FR_COMM_ENOMEM, "fr_mpi_world_gather_bytes: rank %d cannot hold %zu bytes", root,
                             total);
     }
@@ -173,8 +217,8 @@ fr_comm_status fr_mpi_world_gather_bytes(const fr_mpi_world *w, const void *buf,
     if (!is_root) {
         for (size_t off = 0; !st && off < bytes; off += FR_COMM_MPI_CHUNK) {
             size_t n = bytes - off < FR_COMM_MPI_CHUNK ? bytes - off : FR_COMM_MPI_CHUNK;
-            rc = MPI_Send((const char *)buf + off, (int)n, MPI_BYTE, root, TAG, w->comm);
-            if (rc != MPI_SUCCESS) st = fr_comm_mpi_fail(rc, "MPI_Send");
+            st = finish(w, MPI_Isend((const char *)buf + off, (int)n, MPI_BYTE, root, TAG, w->comm, &req), &req,
+                        "MPI_Send");
         }
         return st;
     }
@@ -186,8 +230,7 @@ fr_comm_status fr_mpi_world_gather_bytes(const fr_mpi_world *w, const void *buf,
         } else {
             for (size_t off = 0; !st && off < len; off += FR_COMM_MPI_CHUNK) {
                 size_t n = len - off < FR_COMM_MPI_CHUNK ? len - off : FR_COMM_MPI_CHUNK;
-                rc = MPI_Recv(all + at + off, (int)n, MPI_BYTE, r, TAG, w->comm, MPI_STATUS_IGNORE);
-                if (rc != MPI_SUCCESS) st = fr_comm_mpi_fail(rc, "MPI_Recv");
+                st = finish(w, MPI_Irecv(all + at + off, (int)n, MPI_BYTE, r, TAG, w->comm, &req), &req, "MPI_Recv");
             }
         }
         at += len;

@@ -34,6 +34,8 @@ typedef struct {
     MPI_Comm comm;              /* a duplicate of MPI_COMM_WORLD */
     MPI_Comm local;             /* the ranks of this host, ordered by world rank */
     int owns_mpi;               /* 1 when fr_mpi_world_init started MPI (finalize ends it) */
+    int timeout_ms;             /* the collectives below fail after this long without the
+                                 * other ranks (0: they wait for ever); fr_mpi_world_set_timeout */
 } fr_mpi_world;
 
 /* Collective. Starts MPI with MPI_Init_thread asking for MPI_THREAD_MULTIPLE
@@ -47,6 +49,13 @@ fr_comm_status fr_mpi_world_init(int *argc, char ***argv, fr_mpi_world **out);
 /* Collective. Frees the world's communicators and ends MPI when init started
  * it; sets *w to NULL; NULL-safe. Destroy engine and NCCL groups first. */
 void fr_mpi_world_finalize(fr_mpi_world **w);
+
+/* A lost rank (killed, or stopped) would leave the others waiting in a
+ * collective for ever. With ms > 0, bcast, all_ok, barrier and
+ * gather_bytes wait at most ms for the other ranks, then fail with
+ * FR_COMM_ETIMEOUT naming the wait; the ranks can then no longer agree,
+ * so the caller ends the job (after telling its clients). */
+void fr_mpi_world_set_timeout(fr_mpi_world *w, int ms);
 
 /* Ends every process of the job with exit code `code` (MPI_Abort): for a
  * caller that decides an error is fatal to the whole job, typically when

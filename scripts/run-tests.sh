@@ -2,7 +2,8 @@
 # Runs every CPU test: the source checks (the include graph against the
 # layers of docs/architecture.md, function lengths), the cmocka unit tests
 # under BUILD/tests, then the integration scripts in tests/integration (each
-# starts real processes), the batch-invariance tests at two BLAS thread
+# starts real processes), the fault harness (tests/reliability, short
+# form), the batch-invariance tests at two BLAS thread
 # counts, then the libFuzzer targets of tests/fuzz (scripts/run-fuzz.sh).
 # Prints one summary line, "N passed, N failed", and exits non-zero on failure.
 set -uo pipefail
@@ -37,6 +38,14 @@ for t in tests/integration/*.sh; do
     failed=$((failed + 1)); failures+=("integration/$name"); echo "FAIL integration/$name"; echo "$out" | tail -40
   fi
 done
+
+# The fault harness, short form (tests/reliability/README.md; the soak runs
+# on demand: tests/reliability/run.sh --soak SECONDS).
+if out=$(BUILD="$build" bash tests/reliability/run.sh 2>&1); then
+  passed=$((passed + 1)); echo "ok   reliability"
+else
+  failed=$((failed + 1)); failures+=("reliability"); echo "FAIL reliability"; echo "$out" | tail -40
+fi
 
 # The batch-invariance tests again at two BLAS thread counts: deterministic
 # mode promises the same numbers whatever the count (docs/determinism.md).

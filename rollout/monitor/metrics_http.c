@@ -4,6 +4,8 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -16,7 +18,44 @@ struct fr_metrics_http {
     int port;
     fr_metrics_history *hist;   /* NULL until the first snapshot (or log_to) */
     int offline;                /* serving a finished run's history */
+    char token[FR_METRICS_TOKEN_MAX];   /* "" when none is required */
+    time_t last_log;                    /* the daemon's log lines: one a second at most */
+    long unlogged;
 };
+
+/* With a token, a request must carry "Authorization: Bearer TOKEN"; 1 when
+ * it may be answered. Compares every byte, so the time says nothing of
+ * where a guess went wrong. */
+static int authorized(const fr_metrics_http *h, struct MHD_Connection *c)
+{
+    if (!h->token[0]) return 1;
+    const char *got = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!got || strncmp(got, "Bearer ", 7) != 0) return 0;
+    got += 7;
+    size_t n = strlen(h->token);
+    if (strlen(got) != n) return 0;
+    unsigned diff = 0;
+    for (size_t i = 0; i < n; i++) diff |= (unsigned)(got[i] ^ h->token[i]);
+    return diff == 0;
+}
+
+/* libmicrohttpd's own messages (a refused connection over the limit, say)
+ * go to stderr at most once a second: a flood of connections writes one
+ * line a second, with the count of lines left out. */
+static void daemon_log(void *cls, const char *fmt, va_list ap)
+{
+    fr_metrics_http *h = cls;
+    const time_t now = time(NULL);
+    if (h->last_log == now) {
+        h->unlogged++;
+        return;
+    }
+    fprintf(stderr, "metrics: ");
+    vfprintf(stderr, fmt, ap);
+    if (h->unlogged) fprintf(stderr, "(and %ld more messages in the second before)\n", h->unlogged);
+    h->last_log = now;
+    h->unlogged = 0;
+}
 
 /* ---- the routes beside /metrics ---- */
 
@@ -97,6 +136,13 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
 {
     (void)version; (void)upload; (void)upload_len; (void)con_cls;
     fr_metrics_http *h = cls;
+    if (!authorized(h, c)) {
+        static const char msg[] = "a token is required: Authorization: Bearer TOKEN\n";
+        struct MHD_Response *r = MHD_create_response_from_buffer(sizeof msg - 1, (void *)msg, MHD_RESPMEM_PERSISTENT);
+        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_UNAUTHORIZED, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
     if (strcmp(method, "GET") != 0) {
         static const char msg[] = "only GET\n";
         struct MHD_Response *r = MHD_create_response_from_buffer(sizeof msg - 1, (void *)msg, MHD_RESPMEM_PERSISTENT);
@@ -150,7 +196,15 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
 
 fr_status fr_metrics_http_start(const char *bind_addr, int port, fr_metrics_http **out)
 {
+    return fr_metrics_http_start_opts(bind_addr, port, NULL, out);
+}
+
+fr_status fr_metrics_http_start_opts(const char *bind_addr, int port, const fr_metrics_http_opts *o,
+                                     fr_metrics_http **out)
+{
     if (!out) return fr_fail(FR_EINVAL, "fr_metrics_http_start: NULL argument");
+    if (o && o->token && strlen(o->token) >= FR_METRICS_TOKEN_MAX)
+        return fr_fail(FR_EINVAL, "metrics: the token is longer than %d bytes", FR_METRICS_TOKEN_MAX - 1);
     *out = NULL;
     if (port < 0 || port > 65535) return fr_fail(FR_EINVAL, "metrics: port %d outside [0, 65535]", port);
     struct sockaddr_in a;
@@ -163,8 +217,18 @@ fr_status fr_metrics_http_start(const char *bind_addr, int port, fr_metrics_http
     fr_metrics_http *h = calloc(1, sizeof *h);
     if (!h) return fr_fail(FR_ENOMEM, "metrics: out of memory");
     pthread_mutex_init(&h->mu, NULL);
-    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)port, NULL, NULL, answer, h,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&a, MHD_OPTION_END);
+    if (o && o->token) snprintf(h->token, sizeof h->token, "%s", o->token);
+    /* epoll (poll where there is none): select() cannot watch a descriptor
+     * numbered FD_SETSIZE or above, so a few hundred idle connections
+     * would stop the endpoint; idle connections are closed after a
+     * timeout, and connections over the limit are refused at once. */
+    const unsigned limit = o && o->max_connections > 0 ? (unsigned)o->max_connections : 64;
+    const unsigned idle = o && o->idle_timeout_s > 0 ? (unsigned)o->idle_timeout_s : 10;
+    const unsigned flags = MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL_INTERNAL_THREAD
+                                                                                : MHD_USE_POLL_INTERNAL_THREAD;
+    h->d = MHD_start_daemon(flags | MHD_USE_ERROR_LOG, (uint16_t)port, NULL, NULL, answer, h, MHD_OPTION_SOCK_ADDR,
+                            (struct sockaddr *)&a, MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_TIMEOUT,
+                            idle, MHD_OPTION_EXTERNAL_LOGGER, daemon_log, h, MHD_OPTION_END);
     if (!h->d) {
         pthread_mutex_destroy(&h->mu);
         free(h);

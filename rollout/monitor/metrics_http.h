@@ -21,6 +21,19 @@ typedef struct fr_metrics_http fr_metrics_http;
 /* Listens on bind_addr (an IPv4 address, "127.0.0.1" by default when NULL)
  * and port (0: any free port; fr_metrics_http_port says which). */
 fr_status fr_metrics_http_start(const char *bind_addr, int port, fr_metrics_http **out);
+
+/* Limits of the endpoint (docs/metrics.md, "Limits"): connections at once
+ * (0: 64; more are refused), seconds an idle connection stays open (0:
+ * 10), and a token every request must carry as "Authorization: Bearer
+ * TOKEN" (NULL or "": none). */
+#define FR_METRICS_TOKEN_MAX 128
+typedef struct {
+    int max_connections;
+    int idle_timeout_s;
+    const char *token;
+} fr_metrics_http_opts;
+fr_status fr_metrics_http_start_opts(const char *bind_addr, int port, const fr_metrics_http_opts *o,
+                                     fr_metrics_http **out);
 int fr_metrics_http_port(const fr_metrics_http *h);
 /* Copies s as the snapshot requests see from now on. */
 void fr_metrics_http_publish(fr_metrics_http *h, const fr_metrics_snapshot *s);

@@ -456,7 +456,8 @@ static void test_frame_level_errors(void **state)
     assert_int_equal(fr_msg_peek_type("\x81\xa1\x78\xdd\x08\x00\x00\x00", 8), FR_MSG_NONE);
 
     field no_v[] = {TYPE("hello")};
-    expect_fields_refused(no_v, N(no_v), FR_EFORMAT, "missing key \"v\"");
+    /* no version is no version this side speaks (docs/protocol.md, "Strictness") */
+    expect_fields_refused(no_v, N(no_v), FR_EUNSUPPORTED, "missing key \"v\"");
     field v2[] = {TYPE("hello"), {.k = "v", .t = V_UINT, .i = 2}};
     expect_fields_refused(v2, N(v2), FR_EUNSUPPORTED, "protocol version 2 is not supported");
     field vstr[] = {TYPE("hello"), {.k = "v", .t = V_STR, .s = "1"}};
@@ -679,6 +680,58 @@ static void test_truncated_frames(void **state)
     free(data);
 }
 
+/* Strings on the wire are UTF-8 (docs/protocol.md, "Strings"). */
+static void test_utf8(void **state)
+{
+    (void)state;
+    assert_true(fr_utf8_valid("", 0));
+    assert_true(fr_utf8_valid("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 14));
+    assert_false(fr_utf8_valid("\xff\xfe", 2));
+    assert_false(fr_utf8_valid("\xc3\x28", 2));           /* bad continuation */
+    assert_false(fr_utf8_valid("\xc0\xaf", 2));           /* overlong */
+    assert_false(fr_utf8_valid("\xed\xa0\x80", 3));       /* a surrogate */
+    assert_false(fr_utf8_valid("\xf4\x90\x80\x80", 4));   /* above U+10FFFF */
+    assert_false(fr_utf8_valid("\xe2\x82", 2));           /* cut short */
+    char out[64];
+    assert_int_equal(fr_utf8_escape("a\xff\xc3\xa9", 4, out, sizeof out), 7);
+    assert_string_equal(out, "a\\xff\xc3\xa9");
+    assert_true(fr_utf8_valid(out, strlen(out)));
+    /* an unknown type of non-UTF-8 bytes: refused, and the message is UTF-8 */
+    static const unsigned char bad_type[] = {0x82, 0xa4, 't', 'y', 'p', 'e', 0xa2, 0xff, 0xfe, 0xa1, 'v', 0x01};
+    expect_refused(bad_type, sizeof bad_type, FR_EFORMAT, "type \"\\xff\\xfe\"");
+    assert_true(fr_utf8_valid(fr_last_error(), strlen(fr_last_error())));
+    /* a string value that is not UTF-8: refused */
+    static const unsigned char bad_client[] = {0x83, 0xa4, 't', 'y', 'p', 'e', 0xa5, 'h', 'e', 'l', 'l', 'o', 0xa1, 'v',
+                                               0x01, 0xa6, 'c', 'l', 'i', 'e', 'n', 't', 0xa2, 0xc3, 0x28};
+    expect_refused(bad_client, sizeof bad_client, FR_EFORMAT, "\"client\" is not valid UTF-8");
+    /* the encoder escapes what is not UTF-8 (an error quoting a client's bytes) */
+    fr_msg m;
+    fr_msg_init(&m, FR_MSG_ERROR);
+    snprintf(m.u.error.code, sizeof m.u.error.code, "bad_message");
+    snprintf(m.u.error.message, sizeof m.u.error.message, "key \"\xff\"");
+    char *data;
+    size_t len;
+    assert_int_equal(fr_msg_encode(&m, &data, &len), FR_OK);
+    fr_msg d;
+    assert_int_equal(fr_msg_decode(data, len, &d), FR_OK);
+    assert_string_equal(d.u.error.message, "key \"\\xff\"");
+    fr_msg_free(&d);
+    free(data);
+}
+
+/* Arrays longer than a bound are refused before anything is unpacked. */
+static void test_check_bounds(void **state)
+{
+    (void)state;
+    static const unsigned char arr16[] = {0x81, 0xa1, 'p', 0xdc, 0x01, 0x00};   /* declares 256 entries */
+    assert_int_equal(fr_msg_check_bounds(arr16, sizeof arr16, 256), FR_OK);
+    assert_int_equal(fr_msg_check_bounds(arr16, sizeof arr16, 255), FR_EFORMAT);
+    assert_msg_has("declares 256 entries");
+    static const unsigned char fix[] = {0x81, 0xa1, 'p', 0x93, 1, 2, 3};
+    assert_int_equal(fr_msg_check_bounds(fix, sizeof fix, 3), FR_OK);
+    assert_int_equal(fr_msg_check_bounds(fix, sizeof fix, 2), FR_EFORMAT);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -696,6 +749,8 @@ int main(void)
         cmocka_unit_test(test_server_message_errors),
         cmocka_unit_test(test_peek_request_id),
         cmocka_unit_test(test_truncated_frames),
+        cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_check_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

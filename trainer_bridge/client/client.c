@@ -22,6 +22,7 @@ typedef struct item {
 typedef struct {
     uint64_t id;
     int open;               /* samples without their done */
+    fr_msg_generate g;      /* what was sent (arrays owned), for fr_client_resubmit */
 } pending;
 
 /* A sample being assembled for fr_client_next_sample. */
@@ -49,7 +50,45 @@ struct fr_client {
     /* payload frames ZeroMQ still holds (zero-copy sends of a weight update) */
     atomic_long in_flight;
     void *nccl;             /* the NCCL weight group (client_nccl.c), NULL when none */
+    void *monitor;          /* PAIR: the socket monitor's events, NULL when none */
+    int lost;               /* the connection to the server ended with samples open */
 };
+
+/* ZMTP heartbeats: a server that stops answering (killed, frozen, or its
+ * host gone) closes the connection after this long. */
+#define HEARTBEAT_IVL_MS 1000
+#define HEARTBEAT_TIMEOUT_MS 3000
+
+/* A generate's arrays, owned: what fr_client_resubmit sends again. */
+static int *copy_ints(const int *v, int n)
+{
+    if (!v) return NULL;
+    int *c = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    if (c && n > 0) memcpy(c, v, sizeof(int) * (size_t)n);
+    return c;
+}
+
+static void free_generate(fr_msg_generate *g)
+{
+    free(g->prompt);
+    free(g->stop_token_ids);
+    free(g->forced_tokens);
+    memset(g, 0, sizeof *g);
+}
+
+static int copy_generate(const fr_msg_generate *g, fr_msg_generate *out)
+{
+    *out = *g;
+    out->prompt = copy_ints(g->prompt, g->n_prompt);
+    out->stop_token_ids = copy_ints(g->stop_token_ids, g->n_stop_token_ids);
+    out->forced_tokens = copy_ints(g->forced_tokens, g->n_forced_tokens);
+    if ((g->prompt && !out->prompt) || (g->stop_token_ids && !out->stop_token_ids) ||
+        (g->forced_tokens && !out->forced_tokens)) {
+        free_generate(out);
+        return -1;
+    }
+    return 0;
+}
 
 /* Makes and connects the DEALER socket (with the CURVE keys when set). */
 static fr_status open_socket(fr_client *c)
@@ -62,10 +101,62 @@ static fr_status open_socket(fr_client *c)
                      zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, c->public_key, 40) ||
                      zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, c->secret_key, 40)))
         return fr_fail(FR_EINVAL, "client: the CURVE keys were refused: %s", zmq_strerror(errno));
+    int ivl = HEARTBEAT_IVL_MS, hb = HEARTBEAT_TIMEOUT_MS, unbounded = 0;
+    zmq_setsockopt(c->sock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
+    zmq_setsockopt(c->sock, ZMQ_HEARTBEAT_TIMEOUT, &hb, sizeof hb);
+    /* ZeroMQ stops reading a connection whose receive queue is full, and
+     * with it the heartbeats: an unbounded queue keeps a busy caller (one
+     * training between reads) from looking departed to the server */
+    zmq_setsockopt(c->sock, ZMQ_RCVHWM, &unbounded, sizeof unbounded);
+    /* the monitor says when the connection ends (docs/failures.md): then
+     * the samples open on it will never end, and the client says so */
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://fp4rollout-client-monitor-%p", (void *)c);
+    if (zmq_socket_monitor(c->sock, ep, ZMQ_EVENT_DISCONNECTED) ||
+        !(c->monitor = zmq_socket(c->ctx, ZMQ_PAIR)) || zmq_connect(c->monitor, ep))
+        return fr_fail(FR_EIO, "client: cannot watch the connection: %s", zmq_strerror(errno));
     if (zmq_connect(c->sock, c->endpoint))
         return fr_fail(FR_EIO, "client: cannot connect to %s: %s", c->endpoint, zmq_strerror(errno));
     zmq_setsockopt(c->sock, ZMQ_SNDTIMEO, &c->timeout_ms, sizeof c->timeout_ms);
     return FR_OK;
+}
+
+/* Reads the monitor's events; a disconnect with samples open marks them lost. */
+static void read_monitor(fr_client *c)
+{
+    for (int more = 1; c->monitor && more;) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, c->monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            return;
+        }
+        uint16_t event = 0;
+        if (zmq_msg_size(&f) == 6) memcpy(&event, zmq_msg_data(&f), 2);
+        more = zmq_msg_more(&f);
+        zmq_msg_close(&f);
+        while (more) {   /* the event's endpoint frame */
+            zmq_msg_init(&f);
+            more = zmq_msg_recv(&f, c->monitor, 0) >= 0 && zmq_msg_more(&f);
+            zmq_msg_close(&f);
+        }
+        more = 1;
+        if (event == ZMQ_EVENT_DISCONNECTED && c->open_samples > 0) c->lost = 1;
+    }
+}
+
+/* The error of a lost connection, naming the samples that will not end. */
+static fr_status lost_error(fr_client *c)
+{
+    char list[600] = "";
+    size_t o = 0;
+    for (int i = 0; i < c->n_p && o + 64 < sizeof list; i++)
+        o += (size_t)snprintf(list + o, sizeof list - o, "%s request %llu (%d of %d samples)", i ? "," : "",
+                              (unsigned long long)c->p[i].id, c->p[i].open, c->p[i].g.n);
+    if (o + 64 >= sizeof list) snprintf(list + o, sizeof list - o, ", ...");
+    return fr_fail(FR_EIO, "client: the connection to %s was lost (the server ended, or was silent for %d ms): "
+                           "%d samples will not end:%s; fr_client_resubmit sends these requests again",
+                   c->endpoint, HEARTBEAT_TIMEOUT_MS, c->open_samples, list);
 }
 
 static int z85_key_ok(const char *k)
@@ -128,9 +219,12 @@ void fr_client_destroy(fr_client **pc)
         free(i);
         i = next;
     }
+    for (int i = 0; i < c->n_p; i++) free_generate(&c->p[i].g);
     free(c->p);
     for (int i = 0; i < c->n_parts; i++) fr_client_sample_free(&c->parts[i].s);
     free(c->parts);
+    if (c->sock) zmq_socket_monitor(c->sock, NULL, 0);
+    if (c->monitor) zmq_close(c->monitor);
     if (c->sock) zmq_close(c->sock);
     if (c->ctx) zmq_ctx_term(c->ctx);
     free(c->endpoint);
@@ -157,6 +251,7 @@ static int find_pending(const fr_client *c, uint64_t id)
 static void drop_pending(fr_client *c, int i)
 {
     c->open_samples -= c->p[i].open;
+    free_generate(&c->p[i].g);
     c->p[i] = c->p[--c->n_p];
 }
 
@@ -213,12 +308,35 @@ fr_status fr_client_send_raw(fr_client *c, const void *data, size_t len, int ext
     return st;
 }
 
-/* Receives and decodes one message from the socket. */
+/* Waits up to wait_ms (-1: for ever) for a message or a monitor event;
+ * 1 when the socket has a message. */
+static int wait_socket(fr_client *c, int wait_ms)
+{
+    zmq_pollitem_t it[2] = {{.socket = c->sock, .events = ZMQ_POLLIN}, {.socket = c->monitor, .events = ZMQ_POLLIN}};
+    const double end = fr_now_ms() + wait_ms;
+    for (;;) {
+        long left = wait_ms < 0 ? -1 : (long)(end - fr_now_ms());
+        if (wait_ms >= 0 && left < 0) left = 0;
+        int rc = zmq_poll(it, c->monitor ? 2 : 1, left);
+        if (rc > 0 && (it[0].revents & ZMQ_POLLIN)) return 1;
+        if (rc > 0) read_monitor(c);
+        if (c->lost || (rc <= 0 && (wait_ms >= 0 && fr_now_ms() >= end))) return 0;
+        if (rc < 0 && errno != EINTR) return 0;
+    }
+}
+
+/* Receives and decodes one message from the socket. What the server sent
+ * before the connection ended is read first; then a lost connection with
+ * samples open is an error naming them. */
 static fr_status recv_one(fr_client *c, int wait_ms, fr_msg *m, int *got)
 {
     fr_wire_msg w;
     *got = 0;
-    fr_status st = fr_wire_recv(c->sock, 0, wait_ms, &w, got);
+    read_monitor(c);
+    fr_status st = fr_wire_recv(c->sock, 0, 0, &w, got);
+    if (!st && !*got && !c->lost && wait_ms != 0 && wait_socket(c, wait_ms))
+        st = fr_wire_recv(c->sock, 0, 0, &w, got);
+    if (!st && !*got && c->lost && c->open_samples > 0) return lost_error(c);
     if (st || !*got) return st;
     *got = 0;
     st = w.n_frames == 1 ? fr_msg_decode(w.frame0, w.len0, m)
@@ -356,12 +474,44 @@ fr_status fr_client_generate(fr_client *c, const fr_msg_generate *g)
     fr_msg m;
     fr_msg_init(&m, FR_MSG_GENERATE);
     m.u.generate = *g;
+    pending p = {.id = g->request_id, .open = g->n};
+    if (copy_generate(g, &p.g)) return fr_fail(FR_ENOMEM, "client: out of memory");
     fr_status st = send_msg(c, &m);
-    if (st) return st;
-    c->p[c->n_p++] = (pending){.id = g->request_id, .open = g->n};
+    if (st) {
+        free_generate(&p.g);
+        return st;
+    }
+    c->p[c->n_p++] = p;
     c->open_samples += g->n;
     return FR_OK;
 }
+
+fr_status fr_client_resubmit(fr_client *c, int *n_requests)
+{
+    if (n_requests) *n_requests = 0;
+    if (!c) return fr_fail(FR_EINVAL, "client: NULL");
+    read_monitor(c);
+    for (int i = 0; i < c->n_p; i++) {
+        /* the server starts the sample again: drop what was streamed of it */
+        for (int k = 0; k < c->n_parts;)
+            if (c->parts[k].s->request_id == c->p[i].id) {
+                fr_client_sample_free(&c->parts[k].s);
+                c->parts[k] = c->parts[--c->n_parts];
+            } else k++;
+        fr_msg m;
+        fr_msg_init(&m, FR_MSG_GENERATE);
+        m.u.generate = c->p[i].g;
+        fr_status st = send_msg(c, &m);
+        if (st) return st;
+        c->open_samples += c->p[i].g.n - c->p[i].open;
+        c->p[i].open = c->p[i].g.n;
+        if (n_requests) (*n_requests)++;
+    }
+    c->lost = 0;
+    return FR_OK;
+}
+
+int fr_client_lost(const fr_client *c) { return c ? c->lost : 0; }
 
 fr_status fr_client_next(fr_client *c, int timeout_ms, fr_msg *out, int *got)
 {

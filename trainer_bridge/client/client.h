@@ -71,6 +71,20 @@ fr_status fr_client_abort(fr_client *c, const uint64_t *ids, int n, int *samples
  * server refused with an error are not counted). */
 int fr_client_open_samples(const fr_client *c);
 
+/* A lost server (docs/failures.md). The client sends ZMTP heartbeats and
+ * watches its connection: when it ends (the server was killed, or was
+ * silent for 3 s) with samples open, fr_client_next and the calls built on
+ * it return FR_EIO, once what arrived before is read, with a message
+ * naming the requests whose samples will not end; fr_client_lost is then
+ * 1. fr_client_resubmit sends every request with samples open again, with
+ * its own request id (to a restarted server: request ids make it
+ * idempotent, as a server that still has the request refuses the copy
+ * with duplicate_request_id), drops what was streamed of their samples,
+ * and clears the lost state; *n_requests gets how many it sent. An
+ * unseeded request gets a new seed from the new server. */
+int fr_client_lost(const fr_client *c);
+fr_status fr_client_resubmit(fr_client *c, int *n_requests);
+
 /* Polling: the next tokens, done or error message, waiting up to
  * timeout_ms (0: do not wait, -1: forever). *got 0 when none came. The
  * caller frees *out with fr_msg_free. */

@@ -63,7 +63,8 @@ static void stats(jbuf *b, const fr_msg_stats_reply *s)
     u64(b, "tokens_streamed", s->tokens_streamed, 1);
     u64(b, "send_retries", s->send_retries, 1);
     u64(b, "queued_messages", s->queued_messages, 1);
-    u64(b, "undeliverable_messages", s->undeliverable_messages, 0);
+    u64(b, "undeliverable_messages", s->undeliverable_messages, 1);
+    u64(b, "clients_departed", s->clients_departed, 0);
     fr_buf_printf(b, "}");
 }
 

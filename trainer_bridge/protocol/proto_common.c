@@ -1,6 +1,7 @@
 /* Protocol names, message init/free, and the value checks shared by the
  * encoder and the decoder (trainer_bridge/protocol/protocol.h). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -198,18 +199,30 @@ static fr_status check_name(const char *type, const char *key, const char *s, in
     return FR_OK;
 }
 
+/* v as the shortest decimal that reads back as the same double (1.0000001
+ * stays 1.0000001, not "1"), for messages that quote a refused value. */
+static const char *num(double v, char *buf, size_t cap)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    return buf;
+}
+
 static fr_status check_generate(const fr_msg_generate *g)
 {
     const char *t = "generate";
+    char nb[32];
     fr_status st = check_ids(t, "prompt", g->prompt, g->n_prompt, 1);
     if (st) return st;
     if (g->n < 1 || g->n > FR_PROTO_MAX_SAMPLES)
         return BAD("%s: \"n\" must be in [1, %d], got %d", t, FR_PROTO_MAX_SAMPLES, g->n);
     if (g->has_temperature && !(isfinite(g->temperature) && g->temperature >= 0))
-        return BAD("%s: \"temperature\" must be a finite number >= 0 (0 = greedy), got %g", t, g->temperature);
+        return BAD("%s: \"temperature\" must be a finite number >= 0 (0 = greedy), got %s", t, num(g->temperature, nb, sizeof nb));
     if (g->has_top_k && g->top_k < 0) return BAD("%s: \"top_k\" must be >= 0 (0 = off), got %d", t, g->top_k);
     if (g->has_top_p && !(g->top_p > 0 && g->top_p <= 1))
-        return BAD("%s: \"top_p\" must be in (0, 1], got %g", t, g->top_p);
+        return BAD("%s: \"top_p\" must be in (0, 1], got %s", t, num(g->top_p, nb, sizeof nb));
     if (g->has_max_tokens && g->max_tokens < 1)
         return BAD("%s: \"max_tokens\" must be >= 1, got %d", t, g->max_tokens);
     if (g->has_stop_token_ids &&

@@ -58,13 +58,16 @@ static fr_status check_keys(const ctx *c, const char *const *allowed, int n_allo
             return BAD("%s: %skeys must be strings, found %s", c->type, c->prefix, kind(k));
         int known = 0;
         for (int a = 0; a < n_allowed && !known; a++) known = key_is(k, allowed[a]);
-        int len = k->via.str.size > 64 ? 64 : (int)k->via.str.size;
+        char shown[4 * 64 + 1];   /* the key as text, cut to 64 bytes, non-UTF-8 bytes escaped */
+        fr_utf8_escape(k->via.str.ptr, k->via.str.size > 64 ? 64 : k->via.str.size, shown, sizeof shown);
+        if (!fr_utf8_valid(k->via.str.ptr, k->via.str.size))
+            return BAD("%s: key \"%s%s\" is not valid UTF-8", c->type, c->prefix, shown);
         if (!known)
-            return BAD("%s: unknown key \"%s%.*s\"", c->type, c->prefix, len, k->via.str.ptr);
+            return BAD("%s: unknown key \"%s%s\"", c->type, c->prefix, shown);
         for (uint32_t j = 0; j < i; j++)
             if (m->ptr[j].key.type == MSGPACK_OBJECT_STR && m->ptr[j].key.via.str.size == k->via.str.size &&
                 memcmp(m->ptr[j].key.via.str.ptr, k->via.str.ptr, k->via.str.size) == 0)
-                return BAD("%s: key \"%s%.*s\" given twice", c->type, c->prefix, len, k->via.str.ptr);
+                return BAD("%s: key \"%s%s\" given twice", c->type, c->prefix, shown);
     }
     return FR_OK;
 }
@@ -86,8 +89,10 @@ static fr_status as_i64(const ctx *c, const char *name, const msgpack_object *o,
 {
     long long v;
     if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
-        if (o->via.u64 > (uint64_t)LLONG_MAX) v = LLONG_MAX;
-        else v = (long long)o->via.u64;
+        if (o->via.u64 > (uint64_t)LLONG_MAX)   /* above every range: say the value as sent */
+            return BAD("%s: \"%s%s\" must be in [%lld, %lld], got %llu", c->type, c->prefix, name, lo, hi,
+                       (unsigned long long)o->via.u64);
+        v = (long long)o->via.u64;
     } else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
         v = (long long)o->via.i64;
     } else {
@@ -168,6 +173,8 @@ static fr_status get_str(const ctx *c, const char *name, int required, char *buf
                    cap - 1);
     if (memchr(o->via.str.ptr, 0, o->via.str.size))
         return BAD("%s: \"%s%s\" holds a NUL byte", c->type, c->prefix, name);
+    if (!fr_utf8_valid(o->via.str.ptr, o->via.str.size))
+        return BAD("%s: \"%s%s\" is not valid UTF-8", c->type, c->prefix, name);
     memcpy(buf, o->via.str.ptr, o->via.str.size);
     buf[o->via.str.size] = 0;
     return FR_OK;
@@ -206,9 +213,12 @@ static fr_status get_ints(const ctx *c, const char *name, int required, long lon
             free(v);
             return BAD("%s: \"%s%s\"[%u] must be an integer, got %s", c->type, c->prefix, name, i, kind(e));
         }
-        x = e->type == MSGPACK_OBJECT_NEGATIVE_INTEGER ? (long long)e->via.i64
-            : e->via.u64 > (uint64_t)LLONG_MAX         ? LLONG_MAX
-                                                       : (long long)e->via.u64;
+        if (e->type == MSGPACK_OBJECT_POSITIVE_INTEGER && e->via.u64 > (uint64_t)LLONG_MAX) {
+            free(v);
+            return BAD("%s: \"%s%s\"[%u] must be in [%lld, %lld], got %llu", c->type, c->prefix, name, i, lo, hi,
+                       (unsigned long long)e->via.u64);
+        }
+        x = e->type == MSGPACK_OBJECT_NEGATIVE_INTEGER ? (long long)e->via.i64 : (long long)e->via.u64;
         if (x < lo || x > hi) {
             free(v);
             return BAD("%s: \"%s%s\"[%u] must be in [%lld, %lld], got %lld", c->type, c->prefix, name, i, lo, hi, x);
@@ -613,7 +623,7 @@ static fr_status dec_stats_reply(const ctx *c, fr_msg_stats_reply *s)
     TRY(get_map(c, "server", "server.", &b));
     KEYS(&b, "state", "updating", "update_version", "updates_committed", "updates_failed", "weight_version", "clients", "open_requests", "held_requests", "messages_in", "messages_out",
          "bad_messages", "errors_sent", "requests_accepted", "requests_rejected", "samples_done", "tokens_streamed",
-         "send_retries", "queued_messages", "undeliverable_messages");
+         "send_retries", "queued_messages", "undeliverable_messages", "clients_departed");
     TRY(get_str(&b, "state", 1, s->state, sizeof s->state));
     TRY(get_bool(&b, "updating", 1, &s->updating));
     TRY(get_u64(&b, "update_version", 1, &s->update_version, NULL));
@@ -634,6 +644,7 @@ static fr_status dec_stats_reply(const ctx *c, fr_msg_stats_reply *s)
     TRY(get_u64(&b, "send_retries", 1, &s->send_retries, NULL));
     TRY(get_u64(&b, "queued_messages", 1, &s->queued_messages, NULL));
     TRY(get_u64(&b, "undeliverable_messages", 1, &s->undeliverable_messages, NULL));
+    TRY(get_u64(&b, "clients_departed", 0, &s->clients_departed, NULL));
     return FR_OK;
 }
 
@@ -717,7 +728,12 @@ static fr_status dec_body(const ctx *c, fr_msg *m)
  * left to the unpacker, which says so. Nesting deeper than 64 is refused.
  * 1: plausible (the unpacker still judges everything), 0: not. */
 enum { SLACK = 1 << 20 };
-static int lengths_fit(const uint8_t *p, size_t len)
+static int lengths_fit_max(const uint8_t *p, size_t len, uint64_t max_array, uint64_t *longest);
+static int lengths_fit(const uint8_t *p, size_t len) { return lengths_fit_max(p, len, UINT64_MAX, NULL); }
+
+/* lengths_fit, and no array declares more than max_array entries (*longest:
+ * the longest one declared, when not NULL). */
+static int lengths_fit_max(const uint8_t *p, size_t len, uint64_t max_array, uint64_t *longest)
 {
     size_t at = 0, pending[65];
     int depth = 0;
@@ -734,7 +750,10 @@ static int lengths_fit(const uint8_t *p, size_t len)
         size_t w = 0;                /* bytes of the length field */
         if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) continue;        /* fixint, nil, bool */
         if ((b & 0xe0) == 0xa0) n = b & 0x1f;                                                /* fixstr */
-        else if ((b & 0xf0) == 0x90) items = b & 0x0f;                                       /* fixarray */
+        else if ((b & 0xf0) == 0x90) {                                                       /* fixarray */
+            items = b & 0x0f;
+            if (items > max_array) return 0;
+        }
         else if ((b & 0xf0) == 0x80) items = 2 * (uint64_t)(b & 0x0f);                      /* fixmap */
         else {
             switch (b) {
@@ -762,7 +781,11 @@ static int lengths_fit(const uint8_t *p, size_t len)
                 uint64_t v = 0;
                 for (size_t i = 0; i < w; i++) v = v << 8 | p[at + i];
                 at += w;
-                if (b == 0xdc || b == 0xdd) items = v;
+                if (b == 0xdc || b == 0xdd) {
+                    items = v;
+                    if (longest && v > *longest) *longest = v;
+                    if (v > max_array) return 0;
+                }
                 else if (b == 0xde || b == 0xdf) items = 2 * v;
                 else n = v + (b >= 0xc7 && b <= 0xc9 ? 1 : 0);
             }
@@ -809,7 +832,8 @@ fr_status fr_msg_decode(const void *data, size_t len, fr_msg *out)
     const msgpack_object *t = NULL, *v = NULL;
     if (!st && !(t = find(c.map, "type"))) st = BAD("message: missing key \"type\"");
     if (!st && t->type != MSGPACK_OBJECT_STR) st = BAD("message: \"type\" must be a string, got %s", kind(t));
-    if (!st && !(v = find(c.map, "v"))) st = BAD("message: missing key \"v\" (the protocol version, %d)", FR_PROTO_VERSION);
+    if (!st && !(v = find(c.map, "v")))   /* no version says no version this side speaks */
+        st = fr_fail(FR_EUNSUPPORTED, "message: missing key \"v\" (the protocol version, %d)", FR_PROTO_VERSION);
     if (!st && v->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
         st = BAD("message: \"v\" must be an integer, got %s", kind(v));
     if (!st && v->via.u64 != FR_PROTO_VERSION)
@@ -819,8 +843,11 @@ fr_status fr_msg_decode(const void *data, size_t len, fr_msg *out)
     fr_msg_init(&m, FR_MSG_NONE);
     if (!st) {
         m.type = fr_proto_type_from_name(t->via.str.ptr, t->via.str.size);
-        int n = t->via.str.size > 64 ? 64 : (int)t->via.str.size;
-        if (m.type == FR_MSG_NONE) st = BAD("message: unknown type \"%.*s\"", n, t->via.str.ptr);
+        char shown[4 * 64 + 1];   /* cut to 64 bytes, non-UTF-8 bytes escaped */
+        fr_utf8_escape(t->via.str.ptr, t->via.str.size > 64 ? 64 : t->via.str.size, shown, sizeof shown);
+        if (m.type == FR_MSG_NONE)
+            st = BAD("message: %s type \"%s\"", fr_utf8_valid(t->via.str.ptr, t->via.str.size) ? "unknown" : "non-UTF-8",
+                     shown);
     }
     if (!st) {
         fr_msg_init(&m, m.type);
@@ -868,4 +895,15 @@ fr_msg_type fr_msg_peek_type(const void *data, size_t len)
     }
     msgpack_unpacked_destroy(&u);
     return t;
+}
+
+fr_status fr_msg_check_bounds(const void *data, size_t len, uint64_t max_array)
+{
+    uint64_t longest = 0;
+    if (!data || len == 0) return FR_OK;   /* the decoder says what is wrong */
+    if (lengths_fit_max(data, len, max_array, &longest)) return FR_OK;
+    if (longest > max_array)
+        return BAD("message: an array declares %llu entries; no message this server accepts holds more than %llu",
+                   (unsigned long long)longest, (unsigned long long)max_array);
+    return BAD("message: frame 0 (%zu bytes) declares lengths far beyond its bytes, or nests deeper than 64", len);
 }

@@ -7,9 +7,18 @@
 
 #include "base/buf.h"
 
+/* Every string goes out as UTF-8: bytes that are not (a client's bytes
+ * quoted in an error, a message cut inside a character) are escaped. */
 static void put_str(msgpack_packer *pk, const char *s)
 {
     size_t n = strlen(s);
+    if (!fr_utf8_valid(s, n)) {
+        char esc[4 * FR_PROTO_TEXT_MAX];
+        n = fr_utf8_escape(s, n, esc, sizeof esc);
+        msgpack_pack_str(pk, n);
+        msgpack_pack_str_body(pk, esc, n);
+        return;
+    }
     msgpack_pack_str(pk, n);
     msgpack_pack_str_body(pk, s, n);
 }
@@ -251,7 +260,7 @@ static void enc_stats_reply(msgpack_packer *pk, const fr_msg_stats_reply *s)
     kv_int(pk, "kv_blocks_used", s->kv_blocks_used);
     kv_int(pk, "kv_blocks_free", s->kv_blocks_free);
     key(pk, "server");
-    msgpack_pack_map(pk, 20);
+    msgpack_pack_map(pk, 21);
     kv_str(pk, "state", s->state);
     kv_bool(pk, "updating", s->updating);
     kv_u64(pk, "update_version", s->update_version);
@@ -272,6 +281,7 @@ static void enc_stats_reply(msgpack_packer *pk, const fr_msg_stats_reply *s)
     kv_u64(pk, "send_retries", s->send_retries);
     kv_u64(pk, "queued_messages", s->queued_messages);
     kv_u64(pk, "undeliverable_messages", s->undeliverable_messages);
+    kv_u64(pk, "clients_departed", s->clients_departed);
 }
 
 /* The packer's output goes to a growable buffer that remembers a failed

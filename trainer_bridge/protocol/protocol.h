@@ -291,6 +291,7 @@ typedef struct {
     uint64_t messages_in, messages_out, bad_messages, errors_sent;
     uint64_t requests_accepted, requests_rejected, samples_done, tokens_streamed;
     uint64_t send_retries, queued_messages, undeliverable_messages;
+    uint64_t clients_departed;           /* optional key: connections that ended (0 from older servers) */
     int updating;                        /* 1 while a weight update is staged */
     uint64_t update_version;             /* its version (0 when none) */
     uint64_t updates_committed, updates_failed;
@@ -341,6 +342,22 @@ fr_status fr_msg_encode(const fr_msg *m, char **data, size_t *len);
 /* Decodes frame 0. On failure *out is cleared (type FR_MSG_NONE) and
  * nothing needs freeing. */
 fr_status fr_msg_decode(const void *data, size_t len, fr_msg *out);
+
+/* Strings on the wire are UTF-8 (docs/protocol.md, "Strings").
+ * fr_utf8_valid: 1 when data[0, n) is well-formed UTF-8 (RFC 3629).
+ * fr_utf8_escape: data[0, n) as text into out (cap bytes, NUL-terminated),
+ * every byte that starts no well-formed sequence, and NUL, written as
+ * \xNN; stops at a whole character when out is full. Returns the length
+ * written. The result is valid UTF-8 whatever the input. */
+int fr_utf8_valid(const void *data, size_t n);
+size_t fr_utf8_escape(const void *data, size_t n, char *out, size_t cap);
+
+/* Before anything is unpacked: 0 when frame 0 declares no array longer than
+ * max_array entries (and no string or container far beyond its bytes),
+ * else FR_EFORMAT saying what it declares. The decoder allocates per
+ * declared element, so a server passes the longest array a legal message
+ * can hold (the model's window, say) to refuse huge prompts cheaply. */
+fr_status fr_msg_check_bounds(const void *data, size_t len, uint64_t max_array);
 
 /* Best effort on a frame that may fail fr_msg_decode: 1 and *id when the
  * frame is a map holding a non-negative integer "request_id", else 0. Lets

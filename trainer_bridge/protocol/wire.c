@@ -79,6 +79,7 @@ fr_status fr_wire_recv(void *sock, int router, int wait_ms, fr_wire_msg *out, in
         if (e == EAGAIN || e == EINTR) return FR_OK;
         return fr_fail(FR_EIO, "wire: receive failed: %s", zmq_strerror(e));
     }
+    out->fd = zmq_msg_get(&part, ZMQ_SRCFD);   /* -1 (inproc, say) when there is no descriptor */
     if (router) {
         size_t n = zmq_msg_size(&part);
         if (n > FR_WIRE_PEER_MAX) n = FR_WIRE_PEER_MAX;
@@ -97,6 +98,9 @@ fr_status fr_wire_recv(void *sock, int router, int wait_ms, fr_wire_msg *out, in
             return fr_fail(FR_EIO, "wire: receive failed: %s", zmq_strerror(e));
         }
     }
+    if (out->fd < 0) out->fd = zmq_msg_get(&part, ZMQ_SRCFD);   /* a ROUTER may leave it off the routing id */
+    const char *user = zmq_msg_gets(&part, "User-Id");
+    if (user) snprintf(out->user_id, sizeof out->user_id, "%s", user);
     size_t n = zmq_msg_size(&part);
     out->frame0 = malloc(n ? n : 1);
     if (!out->frame0) {

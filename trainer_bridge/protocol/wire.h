@@ -18,6 +18,8 @@ extern "C" {
 typedef struct {
     unsigned char peer[FR_WIRE_PEER_MAX];   /* ROUTER: the sender's routing id */
     size_t peer_len;                        /* 0 on a DEALER socket */
+    int fd;                                 /* the connection it came on (ZMQ_SRCFD), -1 when unknown */
+    char user_id[16];                       /* the ZAP handler's user id for its connection ("" none), cut */
     char *frame0;                           /* malloc'ed copy of frame 0 */
     size_t len0;
     int n_frames;                           /* frames after the routing id, frame 0 included */

@@ -22,6 +22,7 @@ typedef struct {
     size_t id_len;
     frame *head, *tail;
     int gone, reported;
+    int fd;                  /* the connection its last message came on (ZMQ_SRCFD), -1 unknown */
 } peer;
 
 struct fr_peers {
@@ -76,7 +77,6 @@ fr_status fr_peers_find_or_add(fr_peers *p, const unsigned char *id, size_t len,
         return fr_fail(FR_EINVAL, "peers: bad routing id (%zu bytes)", len);
     for (int i = 0; i < p->n; i++)
         if (p->v[i].id_len == len && memcmp(p->v[i].id, id, len) == 0) {
-            p->v[i].gone = 0;   /* it just sent: reachable again (a client that kept its routing id) */
             *index = i;
             return FR_OK;
         }
@@ -91,6 +91,7 @@ fr_status fr_peers_find_or_add(fr_peers *p, const unsigned char *id, size_t len,
     memset(q, 0, sizeof *q);
     memcpy(q->id, id, len);
     q->id_len = len;
+    q->fd = -1;
     *index = p->n++;
     return FR_OK;
 }
@@ -110,6 +111,7 @@ static void mark_gone(fr_peers *p, int index)
     peer *q = &p->v[index];
     if (q->gone) return;
     q->gone = 1;
+    q->fd = -1;
     drop_queue(p, q);
     if (p->n_gone == p->cap_gone) {
         int c = p->cap_gone ? p->cap_gone * 2 : 8;
@@ -174,17 +176,47 @@ fr_status fr_peers_send(fr_peers *p, int index, char *data, size_t len)
     return pump_one(p, index) < 0 ? FR_EIO : FR_OK;
 }
 
+void fr_peers_arrived(fr_peers *p, int index, int fd)
+{
+    if (!p || index < 0 || index >= p->n || fd < 0) return;
+    peer *q = &p->v[index];
+    /* ZeroMQ gives a routing id to one live connection at a time: a message
+     * on another connection means the one this peer had has ended */
+    if (!q->gone && q->fd >= 0 && q->fd != fd) mark_gone(p, index);
+}
+
+void fr_peers_revive(fr_peers *p, int index, int fd)
+{
+    if (!p || index < 0 || index >= p->n) return;
+    p->v[index].gone = 0;
+    if (fd >= 0) p->v[index].fd = fd;
+}
+
+int fr_peers_closed(fr_peers *p, int fd)
+{
+    int n = 0;
+    for (int i = 0; p && fd >= 0 && i < p->n; i++)
+        if (!p->v[i].gone && p->v[i].fd == fd) {
+            mark_gone(p, i);
+            n++;
+        }
+    return n;
+}
+
 fr_status fr_peers_pump(fr_peers *p, int *newly_gone)
 {
     if (newly_gone) *newly_gone = 0;
     if (!p) return fr_fail(FR_EINVAL, "peers: NULL");
+    /* peers found gone by a send or a closed connection since the last
+     * pump count too: their requests must end even when nothing is queued */
+    if (newly_gone) *newly_gone = p->n_gone;
     if (p->st.queued == 0) return FR_OK;
     for (int i = 0; i < p->n; i++) {
         if (!p->v[i].head) continue;
         int r = pump_one(p, i);
         if (r < 0) return FR_EIO;
-        if (r && newly_gone) (*newly_gone)++;
     }
+    if (newly_gone) *newly_gone = p->n_gone;
     return FR_OK;
 }
 

@@ -25,12 +25,24 @@ typedef struct fr_peers fr_peers;
 fr_status fr_peers_new(void *sock, fr_peers **out);
 void fr_peers_destroy(fr_peers **p);
 
-/* The index of the peer with this routing id, added when new; call it for
- * every message received, which also clears a gone mark. */
+/* The index of the peer with this routing id, added when new (a peer
+ * found gone stays so: see fr_peers_revive); call it for every message
+ * received. */
 fr_status fr_peers_find_or_add(fr_peers *p, const unsigned char *id, size_t len, int *index);
 int fr_peers_count(const fr_peers *p);
 /* 1 once the peer was found gone. */
 int fr_peers_gone(const fr_peers *p, int index);
+/* Connections (docs/protocol.md, "Departed clients"). fr_peers_arrived:
+ * the peer's message came on connection fd (ZMQ_SRCFD); when its last one
+ * came on another, that connection has ended and the peer is found gone
+ * (listed by fr_peers_take_gone: the caller ends its requests), and then
+ * fr_peers_revive makes it reachable on fd. fr_peers_closed: connection fd
+ * ended (the socket monitor said so): every peer on it is found gone;
+ * returns how many. A peer found gone is never reachable again until it
+ * sends on a new connection. */
+void fr_peers_arrived(fr_peers *p, int index, int fd);
+void fr_peers_revive(fr_peers *p, int index, int fd);
+int fr_peers_closed(fr_peers *p, int fd);
 /* The routing id as hex (for logs); valid until the next call. */
 const char *fr_peers_name(fr_peers *p, int index);
 

@@ -16,6 +16,33 @@ void srv_log(fr_bridge_server *srv, const char *fmt, ...)
     va_end(ap);
 }
 
+/* Messages only a trainer may send (docs/protocol.md, "Roles"): they change
+ * the weights or stop everyone's samples. */
+static int needs_trainer(fr_msg_type t)
+{
+    switch (t) {
+    case FR_MSG_PAUSE:
+    case FR_MSG_RESUME:
+    case FR_MSG_UPDATE_BEGIN:
+    case FR_MSG_UPDATE_BUCKET:
+    case FR_MSG_UPDATE_COMMIT:
+    case FR_MSG_UPDATE_ABORT:
+    case FR_MSG_NCCL_INIT:
+    case FR_MSG_NCCL_BUCKET:
+    case FR_MSG_NCCL_CLOSE: return 1;
+    default: return 0;
+    }
+}
+
+/* 1 when a ZeroMQ endpoint can only be reached from this host. */
+static int loopback_endpoint(const char *ep)
+{
+    static const char *const local[] = {"tcp://127.", "tcp://localhost:", "tcp://[::1]:", "ipc://", "inproc://"};
+    for (size_t i = 0; i < sizeof local / sizeof local[0]; i++)
+        if (strncmp(ep, local[i], strlen(local[i])) == 0) return 1;
+    return 0;
+}
+
 /* One message from the socket. */
 void srv_handle_message(fr_bridge_server *srv, fr_wire_msg *w)
 {
@@ -24,6 +51,14 @@ void srv_handle_message(fr_bridge_server *srv, fr_wire_msg *w)
     if (w->peer_len == 0 || fr_peers_find_or_add(srv->peers, w->peer, w->peer_len, &peer)) {
         srv->bad_messages++;
         srv_log(srv, "dropped a message without a usable routing id");
+        return;
+    }
+    srv_conn_arrived(srv, peer, w->fd);
+    /* before anything unpacks it: the decoder allocates per declared entry */
+    if (w->frame0 && fr_msg_check_bounds(w->frame0, w->len0, srv->max_array)) {
+        srv->bad_messages++;
+        srv_send_error(srv, peer, "bad_message", 0, 0, "%s", fr_last_error());
+        srv_conn_refused(w->len0);
         return;
     }
     uint64_t id = 0;
@@ -49,12 +84,22 @@ void srv_handle_message(fr_bridge_server *srv, fr_wire_msg *w)
         srv->bad_messages++;
         srv_send_error(srv, peer, st == FR_EUNSUPPORTED ? "unsupported_version" : "bad_message", has_id, id, "%s",
                    fr_last_error());
+        srv_conn_refused(w->len0);
         return;
     }
     if (!fr_msg_type_from_client(m.type)) {
         srv->bad_messages++;
         srv_send_error(srv, peer, "bad_message", has_id, id, "message: \"%s\" is a message the server sends",
                    fr_msg_type_name(m.type));
+        fr_msg_free(&m);
+        return;
+    }
+    if (srv->roles && needs_trainer(m.type) && strcmp(w->user_id, "trainer") != 0) {
+        srv->forbidden++;
+        srv_send_error(srv, peer, "forbidden", has_id, id,
+                       "%s needs the trainer role; this client's key has the rollout-client role (docs/protocol.md, "
+                       "\"Roles\")",
+                       fr_msg_type_name(m.type));
         fr_msg_free(&m);
         return;
     }
@@ -87,14 +132,21 @@ void srv_drop_gone_peers(fr_bridge_server *srv)
         uint64_t *sids = srv_sids_of(srv, peer, &n);
         for (int i = 0; sids && i < n; i++) ended += srv_abort_sid(srv, sids[i]);
         free(sids);
+        int waited = 0;
         for (int i = 0; i < srv->n_waiters;)
             if (srv->waiters[i] == peer) {
+                waited = 1;
                 memmove(&srv->waiters[i], &srv->waiters[i + 1], sizeof(int) * (size_t)(srv->n_waiters - i - 1));
                 srv->n_waiters--;
             } else i++;
-        srv_log(srv, "client %s disconnected: its messages are undeliverable, %d open samples aborted",
-              fr_peers_name(srv->peers, peer), ended);
-        if (srv->upd && srv->upd_peer == peer) srv_drop_update(srv, "its client disconnected");
+        srv->clients_departed++;
+        int had_update = srv->upd && srv->upd_peer == peer;
+        /* one line for a client that left something behind; a client that
+         * had nothing open (a stats query, say) leaves only the count */
+        if (ended > 0 || waited || had_update)
+            srv_log(srv, "client %s disconnected: its messages are undeliverable, %d open samples aborted%s",
+                    fr_peers_name(srv->peers, peer), ended, had_update ? ", its weight update dropped" : "");
+        if (had_update) srv_drop_update(srv, "its client disconnected");
 #ifdef FR_HAVE_CUDA
         if (srv->ng && srv->ng_peer == peer) srv_nccl_end(srv, "its client disconnected", NULL);
 #endif
@@ -147,6 +199,9 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
     srv->n_blocks = kc->n_blocks;
     srv->max_seqs = cfg->max_seqs > 0 ? cfg->max_seqs : kc->max_seqs;
     srv->chunk = cfg->chunk > 0 ? cfg->chunk : 512;
+    /* prompts and forced tokens fit the window; a weight update lists at most
+     * FR_PROTO_MAX_TENSORS tensors; no other array is longer */
+    srv->max_array = (uint64_t)(srv->max_pos > FR_PROTO_MAX_TENSORS ? srv->max_pos : FR_PROTO_MAX_TENSORS);
     if (cfg->sampling.n_stop > 0) {
         srv->n_default_stop = cfg->sampling.n_stop;
         memcpy(srv->default_stop, cfg->sampling.stop_token_ids, sizeof(int) * (size_t)cfg->sampling.n_stop);
@@ -195,6 +250,13 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
     if (!srv->sock || zmq_setsockopt(srv->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one) ||
         zmq_setsockopt(srv->sock, ZMQ_LINGER, &linger, sizeof linger)) {
         st = fr_fail(FR_EIO, "serve: cannot make a ZeroMQ ROUTER socket: %s", zmq_strerror(errno));
+    } else if ((st = srv_conn_setup(srv, cfg))) {
+        /* st says why */
+    } else if (!(cfg->curve_secret_key && cfg->curve_secret_key[0]) && !loopback_endpoint(cfg->endpoint)) {
+        st = fr_fail(FR_EINVAL, "serve: %s is not a loopback address and CURVE is off: without CURVE every client "
+                                "has the trainer role (weights, pause), so the server binds loopback only; set "
+                                "curve.server_secret_key and the key lists (docs/protocol.md, \"Roles\")",
+                     cfg->endpoint);
     } else if (cfg->curve_secret_key && cfg->curve_secret_key[0] && (st = srv_setup_curve(srv, cfg))) {
         /* st says why */
     } else if (zmq_bind(srv->sock, cfg->endpoint)) {
@@ -213,9 +275,15 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
                        FR_METRICS_TOPIC);
     }
     if (!st && cfg->metrics_port != 0) {
-        st = fr_metrics_http_start(cfg->metrics_bind, cfg->metrics_port < 0 ? 0 : cfg->metrics_port, &srv->metrics);
-        if (!st) srv_log(srv, "metrics on http://%s:%d/metrics and /dashboard", cfg->metrics_bind ? cfg->metrics_bind : "127.0.0.1",
-                       fr_metrics_http_port(srv->metrics));
+        const int curve = cfg->curve_secret_key && cfg->curve_secret_key[0];
+        const int token = cfg->metrics_token && cfg->metrics_token[0];
+        const char *bind = curve && !token ? "127.0.0.1" : cfg->metrics_bind;
+        const fr_metrics_http_opts mo = {.max_connections = cfg->metrics_max_connections,
+                                         .idle_timeout_s = cfg->metrics_idle_timeout_s, .token = cfg->metrics_token};
+        st = fr_metrics_http_start_opts(bind, cfg->metrics_port < 0 ? 0 : cfg->metrics_port, &mo, &srv->metrics);
+        if (!st) srv_log(srv, "metrics on http://%s:%d/metrics and /dashboard%s", bind ? bind : "127.0.0.1",
+                         fr_metrics_http_port(srv->metrics),
+                         token ? " (a bearer token required)" : curve ? " (CURVE on, no metrics_http.token: loopback only)" : "");
         if (!st && cfg->metrics_log && cfg->metrics_log[0]) st = fr_metrics_http_log_to(srv->metrics, cfg->metrics_log);
     }
     if (st) {
@@ -297,6 +365,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
     if (srv->multi) return srv_run_ranks(srv, stop);
     fr_status failure = FR_OK;
     srv_log(srv, "listening on %s (protocol version %d)", srv->endpoint, FR_PROTO_VERSION);
+    if (!srv->zap.started) srv_log(srv, "CURVE is off: every client has the trainer role (loopback only)");
     if (srv_publishes(srv)) srv_publish_metrics(srv);
     while (!*stop) {
         fr_peers_stats ps;
@@ -328,12 +397,11 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
             srv->state = PAUSED;
             srv_reply_waiters(srv);
         }
-        int gone = 0;
-        if (fr_peers_pump(srv->peers, &gone)) {
+        if (fr_peers_pump(srv->peers, NULL)) {
             failure = FR_EIO;
             break;
         }
-        if (gone) srv_drop_gone_peers(srv);
+        srv_conn_watch(srv);   /* peers found gone by a send, or whose connection closed */
         if (srv_publishes(srv) && fr_now_ms() - srv->last_pub_ms >= 200.0) srv_publish_metrics(srv);
         if (srv->upd && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
             char why[96];
@@ -375,6 +443,7 @@ void fr_bridge_server_destroy(fr_bridge_server **pp)
     free(srv->reqs);
     free(srv->waiters);
     fr_peers_destroy(&srv->peers);
+    srv_conn_close(srv);
     if (srv->sock) zmq_close(srv->sock);
     if (srv->zap.started) {
         zmq_ctx_shutdown(srv->zctx);   /* the handler's receive fails with ETERM: it closes its socket and ends */

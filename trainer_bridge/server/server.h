@@ -62,12 +62,35 @@ typedef struct {
     const char *curve_secret_key;
     const char *const *curve_client_keys;   /* Z85 public keys */
     int n_curve_client_keys;
+    /* Keys with the trainer role (docs/protocol.md, "Roles"): weight updates,
+     * pause and resume, NCCL groups; the client keys above have the
+     * rollout-client role (generate, abort, stats, hello). None listed: every
+     * client key is a trainer. Without CURVE every client is a trainer and
+     * the socket must be on loopback. */
+    const char *const *curve_trainer_keys;
+    int n_curve_trainer_keys;
+    /* Connections (docs/protocol.md, "Departed clients"): ZMTP heartbeats
+     * every heartbeat_ms (0: 1000; < 0: none), a connection silent for
+     * heartbeat_timeout_ms (0: ten intervals) is closed and its client's
+     * requests aborted (a client whose receive queue is full reads no
+     * heartbeats either); frames over max_message_bytes (0: 1 GiB) make
+     * ZeroMQ drop the connection that sent them. */
+    int heartbeat_ms;
+    int heartbeat_timeout_ms;
+    long long max_message_bytes;
     FILE *log;                     /* start, stop and warning lines; NULL: stderr */
     /* The metrics endpoint (rollout/monitor/metrics_http.h: /metrics, /metrics.json,
      * /dashboard) on metrics_bind (NULL: 127.0.0.1): this port, 0 none, -1
      * any free port (fr_bridge_server_metrics_port says which). */
     int metrics_port;
     const char *metrics_bind;
+    /* Its limits (docs/metrics.md, "Limits"): connections at once (0: 64),
+     * seconds an idle connection stays (0: 10), and a bearer token (NULL or
+     * "": none). With CURVE on and no token it binds 127.0.0.1 whatever
+     * metrics_bind says: the figures are then for this host only. */
+    int metrics_max_connections;
+    int metrics_idle_timeout_s;
+    const char *metrics_token;
     /* The same snapshots as msgpack on a ZeroMQ PUB socket bound to this
      * endpoint (trainer_bridge/server/metrics_pub.h); NULL or "": none. */
     const char *metrics_pub_endpoint;

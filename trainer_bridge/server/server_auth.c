@@ -32,6 +32,26 @@ static int frame_is(zmq_msg_t *f, const char *s)
     return zmq_msg_size(f) == n && memcmp(zmq_msg_data(f), s, n) == 0;
 }
 
+/* One line per refused handshake, at most one a second: a flood of
+ * refusals writes one line a second, saying how many went unlogged. */
+static void log_refusal(zap_handler *z, int n, zmq_msg_t *f)
+{
+    const double now = fr_now_ms();
+    if (z->last_refusal_ms > 0 && now - z->last_refusal_ms < 1000.0) {
+        z->refusals_unlogged++;
+        return;
+    }
+    char key[41] = "none";
+    if (n >= 7 && zmq_msg_size(&f[6]) == 32) zmq_z85_encode(key, zmq_msg_data(&f[6]), 32);
+    fprintf(z->log, "serve: refused a client: %s key %s is not among the allowed keys", n >= 6 && frame_is(&f[5], "CURVE") ? "CURVE" : "its",
+            key);
+    if (z->refusals_unlogged) fprintf(z->log, " (and %lld more refused in the second before)", z->refusals_unlogged);
+    fprintf(z->log, "\n");
+    fflush(z->log);
+    z->refusals_unlogged = 0;
+    z->last_refusal_ms = now;
+}
+
 static void *zap_main(void *arg)
 {
     zap_handler *z = arg;
@@ -40,16 +60,14 @@ static void *zap_main(void *arg)
         zmq_msg_t f[8];
         int n = zap_recv(z->sock, f, 8);
         if (n < 0) break;
-        int ok = 0;
+        int ok = 0, trainer = 0;
         if (n >= 7 && frame_is(&f[0], "1.0") && frame_is(&f[5], "CURVE") && zmq_msg_size(&f[6]) == 32)
-            for (int k = 0; k < z->n_keys && !ok; k++) ok = memcmp(zmq_msg_data(&f[6]), z->keys[k], 32) == 0;
-        if (!ok) {
-            char key[41] = "none";
-            if (n >= 7 && zmq_msg_size(&f[6]) == 32) zmq_z85_encode(key, zmq_msg_data(&f[6]), 32);
-            fprintf(z->log, "serve: refused a client: %s key %s is not among the allowed keys\n",
-                    n >= 6 && frame_is(&f[5], "CURVE") ? "CURVE" : "its", key);
-            fflush(z->log);
-        }
+            for (int k = 0; k < z->n_keys && !ok; k++)
+                if (memcmp(zmq_msg_data(&f[6]), z->keys[k], 32) == 0) {
+                    ok = 1;
+                    trainer = k < z->n_trainers;
+                }
+        if (!ok) log_refusal(z, n, f);
         /* reply: version, request id, status code, status text, user id, metadata */
         const char *code = ok ? "200" : "400", *text = ok ? "OK" : "client key not allowed";
         int sent = zmq_send(z->sock, "1.0", 3, ZMQ_SNDMORE) >= 0;
@@ -57,7 +75,9 @@ static void *zap_main(void *arg)
         else if (sent) sent = zmq_send(z->sock, "", 0, ZMQ_SNDMORE) >= 0;
         if (sent) sent = zmq_send(z->sock, code, 3, ZMQ_SNDMORE) >= 0;
         if (sent) sent = zmq_send(z->sock, text, strlen(text), ZMQ_SNDMORE) >= 0;
-        if (sent) sent = zmq_send(z->sock, "", 0, ZMQ_SNDMORE) >= 0;
+        /* the user id names the role; the server reads it off each message (User-Id) */
+        const char *user = ok ? (trainer ? "trainer" : "rollout") : "";
+        if (sent) sent = zmq_send(z->sock, user, strlen(user), ZMQ_SNDMORE) >= 0;
         if (sent) sent = zmq_send(z->sock, "", 0, 0) >= 0;
         for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
         if (!sent && errno == ETERM) break;
@@ -78,17 +98,23 @@ fr_status srv_setup_curve(fr_bridge_server *srv, const fr_bridge_config *cfg)
     if (strlen(cfg->curve_secret_key) != 40 || !zmq_z85_decode(secret, cfg->curve_secret_key) ||
         zmq_curve_public(pub, cfg->curve_secret_key))
         return fr_fail(FR_EINVAL, "serve: the CURVE server secret key must be 40 Z85 characters");
-    if (cfg->n_curve_client_keys < 1 || !cfg->curve_client_keys)
-        return fr_fail(FR_EINVAL, "serve: a CURVE server needs at least one allowed client public key");
+    const int nt = cfg->curve_trainer_keys ? cfg->n_curve_trainer_keys : 0;
+    const int nc = cfg->curve_client_keys ? cfg->n_curve_client_keys : 0;
+    if (nt + nc < 1) return fr_fail(FR_EINVAL, "serve: a CURVE server needs at least one allowed client public key");
     zap_handler *z = &srv->zap;
-    z->keys = calloc((size_t)cfg->n_curve_client_keys, sizeof *z->keys);
+    z->keys = calloc((size_t)(nt + nc), sizeof *z->keys);
     if (!z->keys) return fr_fail(FR_ENOMEM, "serve: out of memory");
-    for (int i = 0; i < cfg->n_curve_client_keys; i++) {
-        const char *k = cfg->curve_client_keys[i];
+    /* trainers first: keys[0, n_trainers) have the trainer role; none
+     * listed: every client key has it (as before roles existed) */
+    for (int i = 0; i < nt + nc; i++) {
+        const char *k = i < nt ? cfg->curve_trainer_keys[i] : cfg->curve_client_keys[i - nt];
         if (!k || strlen(k) != 40 || !zmq_z85_decode(z->keys[i], k))
-            return fr_fail(FR_EINVAL, "serve: allowed client key %d is not 40 Z85 characters", i);
+            return fr_fail(FR_EINVAL, "serve: allowed %s key %d is not 40 Z85 characters", i < nt ? "trainer" : "client",
+                           i < nt ? i : i - nt);
     }
-    z->n_keys = cfg->n_curve_client_keys;
+    z->n_keys = nt + nc;
+    z->n_trainers = nt > 0 ? nt : nt + nc;
+    srv->roles = nt > 0;
     z->log = srv->log;
     z->sock = zmq_socket(srv->zctx, ZMQ_REP);
     if (!z->sock || zmq_bind(z->sock, "inproc://zeromq.zap.01"))
@@ -103,6 +129,7 @@ fr_status srv_setup_curve(fr_bridge_server *srv, const fr_bridge_config *cfg)
     if (zmq_setsockopt(srv->sock, ZMQ_CURVE_SERVER, &one, sizeof one) ||
         zmq_setsockopt(srv->sock, ZMQ_CURVE_SECRETKEY, cfg->curve_secret_key, 40))
         return fr_fail(FR_EIO, "serve: cannot make the socket a CURVE server: %s", zmq_strerror(errno));
-    srv_log(srv, "CURVE authentication on: server public key %s, %d allowed client keys", pub, z->n_keys);
+    srv_log(srv, "CURVE authentication on: server public key %s, %d allowed client keys, %d with the trainer role%s", pub,
+            z->n_keys, z->n_trainers, nt > 0 ? "" : " (no trainer_public_keys: every client key is a trainer)");
     return FR_OK;
 }

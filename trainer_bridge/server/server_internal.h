@@ -40,6 +40,7 @@ typedef struct {
     int sent;                /* tokens streamed so far: the next delta's start */
     int has_first;
     double first_ms;         /* when its first token was drawn */
+    int ended;               /* its done went out */
 } sample_state;
 
 /* An accepted generate. sid is the scheduler's id for it (the server's
@@ -77,6 +78,9 @@ typedef struct {
     void *sock;              /* REP, bound in the server's context */
     unsigned char (*keys)[32];
     int n_keys;
+    int n_trainers;          /* keys[0, n_trainers) have the trainer role, the rest the rollout-client role */
+    double last_refusal_ms;  /* refusals are logged once a second at most (a flood writes one line a second) */
+    long long refusals_unlogged;
     FILE *log;
     pthread_t thread;
     int started;
@@ -87,6 +91,13 @@ struct fr_bridge_server {
     fr_scheduler *sch;
     fr_bridge_config cfg;
     void *zctx, *sock;
+    void *monitor;           /* PAIR: the socket monitor's events (server_conn.c), NULL when none */
+    int heartbeat_timeout_ms; /* 0: no heartbeats */
+    uint64_t max_array;      /* the longest array a legal message holds (fr_msg_check_bounds) */
+    uint64_t clients_departed; /* clients whose connection ended with something open or not */
+    uint64_t held_aborted;   /* samples of held requests ended by abort (the scheduler never saw them) */
+    int roles;               /* 1: CURVE with trainer keys: trainer-only messages need the trainer role */
+    uint64_t forbidden;      /* messages refused for the sender's role */
     fr_peers *peers;
     zap_handler zap;
     FILE *log;
@@ -153,6 +164,7 @@ struct fr_bridge_server {
 
 /* server_stream.c: the request table, sending, streaming tokens and ends */
 void srv_divergence_of(const fr_sample_result *r, fr_msg_divergence *div);
+int srv_end_all(fr_bridge_server *srv, fr_wire_finish why);
 request *srv_find_caller(const fr_bridge_server *srv, int peer, uint64_t request_id);
 request *srv_find_sid(const fr_bridge_server *srv, uint64_t sid);
 void srv_flush_all(fr_bridge_server *srv);
@@ -219,6 +231,14 @@ void srv_drop_gone_peers(fr_bridge_server *srv);
 void srv_handle_message(fr_bridge_server *srv, fr_wire_msg *w);
 void srv_publish_metrics(fr_bridge_server *srv);
 int srv_publishes(const fr_bridge_server *srv);
+
+/* server_conn.c: heartbeats, the size limit, departed clients */
+void srv_conn_arrived(fr_bridge_server *srv, int peer, int fd);
+void srv_conn_close(fr_bridge_server *srv);
+void srv_conn_refused(size_t bytes);
+fr_status srv_conn_setup(fr_bridge_server *srv, const fr_bridge_config *cfg);
+void srv_conn_watch(fr_bridge_server *srv);
+long long srv_max_message_bytes(const fr_bridge_config *cfg);
 
 /* server_auth.c: CURVE authentication */
 fr_status srv_setup_curve(fr_bridge_server *srv, const fr_bridge_config *cfg);

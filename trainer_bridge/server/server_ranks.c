@@ -8,6 +8,15 @@
 static void comm_fatal(fr_bridge_server *srv, const char *what)
 {
     srv_log(srv, "rank %d: %s failed: %s; ending every rank", srv->rank, what, fr_comm_last_error());
+    if (srv->rank == 0 && srv->peers) {
+        /* the coordinator knows every open sample: each gets its done (reason
+         * error) before the job ends, so no client waits for ever */
+        int n = srv_end_all(srv, FR_WIRE_ERROR);
+        srv_send_deferred(srv);
+        srv_fail_waiters(srv, "shutdown", "a rank was lost: the server is ending");
+        fr_peers_flush(srv->peers, srv->cfg.shutdown_linger_ms > 0 ? srv->cfg.shutdown_linger_ms : 1000);
+        srv_log(srv, "a rank was lost: %d open samples ended with reason error", n);
+    }
     fr_mpi_world_abort(srv->world, 1);
 }
 
@@ -355,9 +364,8 @@ static fr_status after_turn(fr_bridge_server *srv)
         srv_reply_waiters(srv);
     }
     srv_send_deferred(srv);
-    int gone = 0;
-    if (fr_peers_pump(srv->peers, &gone)) return FR_EIO;
-    if (gone) srv_drop_gone_peers(srv);
+    if (fr_peers_pump(srv->peers, NULL)) return FR_EIO;
+    srv_conn_watch(srv);   /* peers found gone by a send, or whose connection closed */
     if (srv_publishes(srv) && fr_now_ms() - srv->last_pub_ms >= 200.0) srv_publish_metrics(srv);
     if (srv->upd && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
         char why[96];
@@ -385,6 +393,7 @@ fr_status srv_run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop
     if (srv->rank == 0) {
         srv_log(srv, "listening on %s (protocol version %d; %d engine(s) of tp %d on %d ranks)", srv->endpoint,
               FR_PROTO_VERSION, srv->n_engines, srv->tp, srv->world->size);
+        if (!srv->zap.started) srv_log(srv, "CURVE is off: every client has the trainer role (loopback only)");
         if (srv_publishes(srv)) srv_publish_metrics(srv);
     }
     for (;;) {

@@ -120,7 +120,9 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
  * is refused at once rather than after the resume. */
 fr_status srv_check_spec(const fr_bridge_server *srv, const fr_request_spec *r, uint64_t caller_id)
 {
-    fr_status st = fr_request_spec_check(r, srv->vocab);
+    fr_request_spec named = *r;   /* messages name the client's request id, not the server's own */
+    named.id = caller_id;
+    fr_status st = fr_request_spec_check(&named, srv->vocab);
     if (st) return st;
     if (r->n_prompt >= srv->max_pos)
         return fr_fail(FR_EINVAL, "request %llu: the prompt (%d tokens) does not fit the context window of %d",
@@ -225,6 +227,7 @@ void srv_handle_generate(fr_bridge_server *srv, int peer, const fr_msg_generate 
 int srv_abort_held(fr_bridge_server *srv, request *q)
 {
     int n = q->open, total = q->n;
+    srv->held_aborted += (uint64_t)n;
     for (int k = 0; k < total; k++) srv_send_done(srv, q, k, FR_WIRE_ABORT, 0, 0, NULL);   /* the last frees q */
     return n;
 }
@@ -415,7 +418,7 @@ void srv_handle_stats(fr_bridge_server *srv, int peer)
     r->tokens_generated = (uint64_t)ss.tokens_generated;
     r->prefill_tokens = (uint64_t)ss.prefill_tokens;
     r->steps = (uint64_t)ss.steps;
-    r->finished = (uint64_t)ss.finished;
+    r->finished = (uint64_t)ss.finished + srv->held_aborted;   /* held samples never reached the engine */
     r->kv_blocks_used = ss.kv_blocks_used;
     r->kv_blocks_free = ss.kv_blocks_free;
     snprintf(r->state, sizeof r->state, "%s", state_names[srv->state]);
@@ -434,6 +437,7 @@ void srv_handle_stats(fr_bridge_server *srv, int peer)
     r->send_retries = ps.retries;
     r->queued_messages = ps.queued;
     r->undeliverable_messages = ps.undeliverable;
+    r->clients_departed = srv->clients_departed;
     r->updating = srv->upd != NULL || srv_nccl_updating(srv);
     r->update_version = srv->upd ? fr_bridge_update_version(srv->upd) : nccl_update_version(srv);
     r->updates_committed = srv->updates_committed;

@@ -175,7 +175,29 @@ void srv_send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish why,
     if (div) m.u.done.divergence = *div;
     srv_send_msg(srv, q->peer, &m);
     srv->samples_done++;
+    s->ended = 1;
     if (--q->open == 0) srv_remove_request(srv, q);
+}
+
+/* Ends every open sample on the coordinator's side alone (the engines may
+ * be gone: a lost rank), each with its tokens streamed so far; returns how
+ * many. */
+int srv_end_all(fr_bridge_server *srv, fr_wire_finish why)
+{
+    int n_sids, ended = 0;
+    uint64_t *sids = srv_sids_of(srv, -1, &n_sids);
+    for (int i = 0; sids && i < n_sids; i++) {
+        request *q = srv_find_sid(srv, sids[i]);
+        for (int k = 0; q && k < q->n; k++) {
+            if (q->s[k].ended) continue;
+            const int last = q->open == 1;
+            srv_send_done(srv, q, k, why, q->s[k].sent + q->s[k].n_pending, 0, NULL);
+            ended++;
+            if (last) break;   /* q is freed */
+        }
+    }
+    free(sids);
+    return ended;
 }
 
 /* ---- scheduler callbacks -------------------------------------------------- */

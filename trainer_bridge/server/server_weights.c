@@ -66,8 +66,45 @@ static fr_bridge_update *update_of(fr_bridge_server *srv, int peer, const char *
     return srv->upd;
 }
 
+/* The client whose update is in progress (ZeroMQ or NCCL), or -1. */
+static int update_owner(const fr_bridge_server *srv)
+{
+    if (srv->upd) return srv->upd_peer;
+    if (srv_nccl_updating(srv)) return srv->ng_peer;
+    return -1;
+}
+
 void srv_handle_update_begin(fr_bridge_server *srv, int peer, const fr_msg_update_begin *b)
 {
+    /* One update at a time, owned by the client that began it: a begin from
+     * anyone else is refused and leaves it alone; the owner's own begin
+     * replaces it, once the new version is known to be acceptable. */
+    const int owner = update_owner(srv);
+    if (owner >= 0 && owner != peer) {
+        srv->updates_failed++;
+        srv_send_error(srv, peer, "update_state", 0, 0,
+                       "update_weights_begin (version %llu): another client's weight update is in progress; it "
+                       "ends with its commit or abort, its client's departure, or weight_update_idle_s",
+                       (unsigned long long)b->version);
+        return;
+    }
+    if (b->version <= srv->weight_version) {
+        srv->updates_failed++;
+        srv_send_error(srv, peer, "bad_version",
+                       0, 0, "update_weights_begin: version %llu must be greater than the version serving, %llu",
+                       (unsigned long long)b->version, (unsigned long long)srv->weight_version);
+        return;
+    }
+    const long long max_frame = srv_max_message_bytes(&srv->cfg);
+    if (!b->nccl && b->bucket_bytes > (uint64_t)max_frame) {
+        /* its buckets' frames would be dropped with the connection */
+        srv->updates_failed++;
+        srv_send_error(srv, peer, "bad_bucket", 0, 0,
+                       "update_weights_begin: bucket_bytes %llu exceeds the server's frame limit, "
+                       "coordinator.max_message_bytes = %lld",
+                       (unsigned long long)b->bucket_bytes, max_frame);
+        return;
+    }
     if (srv_nccl_updating(srv)) {
         char why[160];
         snprintf(why, sizeof why, "a new update_weights_begin (version %llu) arrived", (unsigned long long)b->version);
@@ -77,13 +114,6 @@ void srv_handle_update_begin(fr_bridge_server *srv, int peer, const fr_msg_updat
         char why[160];
         snprintf(why, sizeof why, "a new update_weights_begin (version %llu) arrived", (unsigned long long)b->version);
         srv_drop_update(srv, why);
-    }
-    if (b->version <= srv->weight_version) {
-        srv->updates_failed++;
-        srv_send_error(srv, peer, "bad_version", 0, 0,
-                   "update_weights_begin: version %llu must be greater than the version serving, %llu",
-                   (unsigned long long)b->version, (unsigned long long)srv->weight_version);
-        return;
     }
     if (b->nccl) {
         srv_handle_nccl_begin(srv, peer, b);

@@ -253,6 +253,24 @@ class RolloutClient(_Closes):
     def open_samples(self) -> int:
         return self._lib.fr_client_open_samples(self._c)
 
+    def lost(self) -> bool:
+        """True once the connection to the server ended with samples open
+        (the server was killed or went silent for 3 s): results() then
+        raises ClientError naming the requests whose samples will not end
+        (docs/failures.md)."""
+        return bool(self._lib.fr_client_lost(self._c))
+
+    def resubmit(self) -> int:
+        """Sends every request with samples open again, under its own
+        request id, e.g. to a restarted server (a server that still has the
+        request refuses the copy: request ids make this idempotent); what
+        was streamed of their samples is dropped. Returns how many requests
+        went out."""
+        n = ctypes.c_int(0)
+        if self._lib.fr_client_resubmit(self._c, ctypes.byref(n)):
+            self._raise()
+        return n.value
+
     def results(self, timeout_ms: Optional[int] = None) -> Iterator[SampleResult]:
         """Yields finished samples until none of this client's samples is open.
         A refused request raises ServerError (code, message, request_id)."""

@@ -81,6 +81,8 @@ def load():
         "fr_client_set_timeout": (None, [ctypes.c_void_p, c_int]),
         "fr_client_generate": (c_int, [ctypes.c_void_p, P(Generate)]),
         "fr_client_open_samples": (c_int, [ctypes.c_void_p]),
+        "fr_client_lost": (c_int, [ctypes.c_void_p]),
+        "fr_client_resubmit": (c_int, [ctypes.c_void_p, P(c_int)]),
         "fr_client_next_sample": (c_int, [ctypes.c_void_p, c_int, P(P(Sample)), P(c_int)]),
         "fr_client_sample_free": (None, [P(P(Sample))]),
         "fr_client_update_weights": (c_int, [ctypes.c_void_p, P(Tensor), c_int, c_u64, P(UpdateOpts),
