@@ -226,9 +226,10 @@ fr_status fr_metrics_http_start_opts(const char *bind_addr, int port, const fr_m
     const unsigned idle = o && o->idle_timeout_s > 0 ? (unsigned)o->idle_timeout_s : 10;
     const unsigned flags = MHD_is_feature_supported(MHD_FEATURE_EPOLL) == MHD_YES ? MHD_USE_EPOLL_INTERNAL_THREAD
                                                                                 : MHD_USE_POLL_INTERNAL_THREAD;
-    h->d = MHD_start_daemon(flags | MHD_USE_ERROR_LOG, (uint16_t)port, NULL, NULL, answer, h, MHD_OPTION_SOCK_ADDR,
-                            (struct sockaddr *)&a, MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_TIMEOUT,
-                            idle, MHD_OPTION_EXTERNAL_LOGGER, daemon_log, h, MHD_OPTION_END);
+    /* the logger first: libmicrohttpd uses its own until it reads it */
+    h->d = MHD_start_daemon(flags | MHD_USE_ERROR_LOG, (uint16_t)port, NULL, NULL, answer, h,
+                            MHD_OPTION_EXTERNAL_LOGGER, daemon_log, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&a,
+                            MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_TIMEOUT, idle, MHD_OPTION_END);
     if (!h->d) {
         pthread_mutex_destroy(&h->mu);
         free(h);

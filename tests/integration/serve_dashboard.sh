@@ -146,6 +146,12 @@ for _ in $(seq 25); do   # the next snapshot (every 200 ms) says paused
 done
 [ "$h" = "503 paused" ] || fail "/health while paused: $h"
 timeout 20 "$cli" --endpoint "$ep" resume > /dev/null || fail "resume failed"
+for _ in $(seq 25); do   # and the next one says serving again
+  h=$(http_status "http://127.0.0.1:$mport/health")
+  [ "$h" = "200 serving" ] && break
+  sleep 0.2
+done
+[ "$h" = "200 serving" ] || fail "/health after resume: $h"
 get "http://127.0.0.1:$mport/metrics" > "$dir/metrics3.txt" || fail "GET /metrics failed"
 get "http://127.0.0.1:$mport/metrics.json" > "$dir/metrics3.json" || fail "GET /metrics.json failed"
 get "http://127.0.0.1:$mport/history.json" > "$dir/history.json" || fail "GET /history.json failed"
