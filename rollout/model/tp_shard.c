@@ -78,7 +78,8 @@ static void copy_cols(float *dst, const float *src, size_t rows, size_t stride, 
  * or, in an expert layer, every expert's gate rows, up rows and down columns. */
 static size_t owned_floats(const fr_model_config *c, const fr_tp_layout *l, int i)
 {
-    const size_t D = (size_t)c->hidden_size, o = D * (size_t)l->n_heads * (size_t)c->head_dim;
+    const size_t per_head = fr_model_is_mla(c) ? (size_t)c->v_head_dim : (size_t)c->head_dim;
+    const size_t D = (size_t)c->hidden_size, o = D * (size_t)l->n_heads * per_head;
     if (fr_model_layer_is_moe(c, i)) return o + 3 * (size_t)c->num_experts * (size_t)l->moe_inter * D;
     return o + D * (size_t)l->inter;
 }
@@ -100,6 +101,21 @@ static void shard_experts(const fr_model_config *c, const fr_tp_layout *l, const
     }
 }
 
+/* Latent attention: the rank's heads' rows of the query and kv_b
+ * projections, its heads' columns of o_proj (into dst->o_proj, already
+ * placed); the latent path (q_a, kv_a and their norms) is replicated. */
+static void shard_mla(const fr_model_config *c, const fr_tp_layout *l, const fr_layer_weights *src,
+                      fr_layer_weights *dst)
+{
+    const size_t D = (size_t)c->hidden_size, h0 = (size_t)l->head0, nh = (size_t)l->n_heads;
+    const size_t qh = (size_t)c->qk_nope_dim + (size_t)c->qk_rope_dim, dv = (size_t)c->v_head_dim;
+    const size_t kvb = (size_t)c->qk_nope_dim + dv, dc = (size_t)c->kv_lora_rank;
+    if (c->q_lora_rank) dst->q_b_proj = src->q_b_proj + h0 * qh * (size_t)c->q_lora_rank;
+    else dst->q_proj = src->q_proj + h0 * qh * D;
+    dst->kv_b_proj = src->kv_b_proj + h0 * kvb * dc;
+    copy_cols(dst->o_proj, src->o_proj, D, (size_t)c->num_heads * dv, h0 * dv, nh * dv);
+}
+
 fr_status fr_tp_shard_new(const fr_model *m, int rank, int size, fr_tp_shard **out)
 {
     *out = NULL;
@@ -112,7 +128,8 @@ fr_status fr_tp_shard_new(const fr_model *m, int rank, int size, fr_tp_shard **o
     fr_tp_shard *s = calloc(1, sizeof *s);
     if (!s) return fr_fail(FR_ENOMEM, "tensor parallel: out of memory");
     const size_t D = (size_t)c->hidden_size, d = (size_t)c->head_dim, L = (size_t)c->num_layers;
-    const size_t qd = (size_t)c->num_heads * d, lqd = (size_t)l.n_heads * d, o_floats = D * lqd;
+    const size_t qd = (size_t)c->num_heads * d, lqd = (size_t)l.n_heads * d;
+    const size_t o_floats = D * (size_t)l.n_heads * (fr_model_is_mla(c) ? (size_t)c->v_head_dim : d);
     size_t total = 0;
     for (size_t i = 0; i < L; i++) total += owned_floats(c, &l, (int)i);
     s->layout = l;
@@ -131,12 +148,16 @@ fr_status fr_tp_shard_new(const fr_model *m, int rank, int size, fr_tp_shard **o
     for (size_t i = 0; i < L; i++) {
         const fr_layer_weights *src = &m->w.layers[i];
         fr_layer_weights *dst = &s->w.layers[i];
-        *dst = *src;   /* norms and the router (replicated) */
-        dst->q_proj = src->q_proj + (size_t)l.head0 * d * D;
-        dst->k_proj = src->k_proj + (size_t)l.kv_head0 * d * D;
-        dst->v_proj = src->v_proj + (size_t)l.kv_head0 * d * D;
+        *dst = *src;   /* norms, the router, the latent projection (replicated) */
         dst->o_proj = at;
-        copy_cols(dst->o_proj, src->o_proj, D, qd, (size_t)l.head0 * d, lqd);
+        if (fr_model_is_mla(c)) {
+            shard_mla(c, &l, src, dst);
+        } else {
+            dst->q_proj = src->q_proj + (size_t)l.head0 * d * D;
+            dst->k_proj = src->k_proj + (size_t)l.kv_head0 * d * D;
+            dst->v_proj = src->v_proj + (size_t)l.kv_head0 * d * D;
+            copy_cols(dst->o_proj, src->o_proj, D, qd, (size_t)l.head0 * d, lqd);
+        }
         if (src->router) {
             shard_experts(c, &l, src, dst, at + o_floats);
         } else {

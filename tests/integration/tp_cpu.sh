@@ -3,8 +3,9 @@
 # job at --tp 1 and under mpirun at --tp 2 (and 4) must agree.
 #  - synthetic:tiny: prefill logits at tp 2 and tp 4 (replicated KV heads),
 #    greedy tokens, the refusals (tp that does not divide, no mpirun, CUDA);
-#  - tqm, a Mixture-of-Experts model (skipped when absent): golden prompt p3,
-#    prefill and f32-KV decode within 1e-4 x max |logit|, greedy tokens;
+#  - tqm (Mixture of experts) and tqa (multi-head latent attention), each
+#    skipped when absent: golden prompt p3, prefill and f32-KV decode within
+#    1e-4 x max |logit|, greedy tokens;
 #  - tq6 (skipped when absent): golden prompt p3 (511 tokens), prefill and the
 #    f32-KV decode path within 1e-4 x max |logit|; the nvfp4 decode path
 #    within the bounds below; generate --greedy --max-tokens 32 same tokens.
@@ -87,26 +88,33 @@ with open(sys.argv[3], 'w') as out:
 PY
 }
 
-# ---- tqm: Mixture of experts, each expert's intermediate rows split --------
-tqm=${FR_TQM_DIR:-../shared/models/tqm}
-if [ -f "$tqm/golden.safetensors" ]; then
-  golden_ids "$tqm" p3 "$dir/m3.txt"
-  mm=(--model "$tqm" --backend cpu --prompt-file "$dir/m3.txt")
-  "$bin" score "${mm[@]}" --out "$dir/m1.f32"
-  run_np 2 score --tp 2 "${mm[@]}" --out "$dir/m2.f32"
-  echo -n "tqm p3 prefill: "; compare "$dir/m1.f32" "$dir/m2.f32" 1e-4 || fail "tqm prefill logits differ at tp 2"
-  "$bin" score "${mm[@]}" --decode --kv f32 --out "$dir/md1.f32"
-  run_np 2 score --tp 2 "${mm[@]}" --decode --kv f32 --out "$dir/md2.f32"
-  echo -n "tqm p3 decode, f32 KV: "; compare "$dir/md1.f32" "$dir/md2.f32" 1e-4 ||
-    fail "tqm decode (f32 KV) differs at tp 2"
-  g=(generate --model "$tqm" --backend cpu --prompt-file "$dir/m3.txt" --greedy --max-tokens 32 --json)
-  "$bin" "${g[@]}" > "$dir/mq1.json"
-  run_np 2 "${g[@]}" --tp 2 > "$dir/mq2.json"
-  same_tokens "$dir/mq1.json" "$dir/mq2.json" "tqm p3 greedy 32 tokens" ||
-    fail "tqm greedy tokens differ at tp 2: $(cat "$dir/mq1.json" "$dir/mq2.json")"
-else
-  echo "tp_cpu: SKIP tqm part: checkpoint not found (set FR_TQM_DIR or place it at ../shared/models/tqm)"
-fi
+# ---- tqm (Mixture of experts: each expert's intermediate rows split) and ---
+# ---- tqa (latent attention: heads split, the latent row replicated) --------
+# golden_tp NAME DIR: prompt p3 at tp 1 and 2: prefill, f32-KV decode, greedy.
+golden_tp() {
+  local name=$1 d=$2
+  if [ ! -f "$d/golden.safetensors" ]; then
+    echo "tp_cpu: SKIP $name part: checkpoint not found (place it at $d)"
+    return 0
+  fi
+  golden_ids "$d" p3 "$dir/$name.txt"
+  local mm=(--model "$d" --backend cpu --prompt-file "$dir/$name.txt")
+  "$bin" score "${mm[@]}" --out "$dir/${name}1.f32"
+  run_np 2 score --tp 2 "${mm[@]}" --out "$dir/${name}2.f32"
+  echo -n "$name p3 prefill: "; compare "$dir/${name}1.f32" "$dir/${name}2.f32" 1e-4 ||
+    fail "$name prefill logits differ at tp 2"
+  "$bin" score "${mm[@]}" --decode --kv f32 --out "$dir/${name}d1.f32"
+  run_np 2 score --tp 2 "${mm[@]}" --decode --kv f32 --out "$dir/${name}d2.f32"
+  echo -n "$name p3 decode, f32 KV: "; compare "$dir/${name}d1.f32" "$dir/${name}d2.f32" 1e-4 ||
+    fail "$name decode (f32 KV) differs at tp 2"
+  local g=(generate --model "$d" --backend cpu --prompt-file "$dir/$name.txt" --greedy --max-tokens 32 --json)
+  "$bin" "${g[@]}" > "$dir/${name}q1.json"
+  run_np 2 "${g[@]}" --tp 2 > "$dir/${name}q2.json"
+  same_tokens "$dir/${name}q1.json" "$dir/${name}q2.json" "$name p3 greedy 32 tokens" ||
+    fail "$name greedy tokens differ at tp 2: $(cat "$dir/${name}q1.json" "$dir/${name}q2.json")"
+}
+golden_tp tqm "${FR_TQM_DIR:-../shared/models/tqm}"
+golden_tp tqa "${FR_TQA_DIR:-../shared/models/tqa}"
 
 # ---- tq6 -------------------------------------------------------------------
 tq6=${FR_TQ6_DIR:-../shared/models/tq6}
