@@ -225,6 +225,66 @@ static void test_unsupported_models(void **state)
     assert_string_equal(c.architecture, "Qwen3ForCausalLM");
 }
 
+/* A test checkpoint's config.json as text, or NULL (then the test skips). */
+static char *read_config(const char *name)
+{
+    const char *dir = fr_test_require_model(name);
+    if (!dir) return NULL;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char *text = calloc(1, 1 << 16);
+    assert_non_null(text);
+    assert_true(fread(text, 1, (1 << 16) - 1, f) > 0);
+    fclose(f);
+    return text;
+}
+
+/* Qwen3-MoE (tqm) and DeepSeek-V3 latent attention (tqa): the keys read,
+ * both spellings of the expert count, and the refusals naming their key. */
+static void test_moe_and_mla(void **state)
+{
+    (void)state;
+    char *tqm = read_config("tqm"), *tqa = read_config("tqa");
+    if (!tqm || !tqa) {
+        free(tqm);
+        free(tqa);
+        skip();
+    }
+    fr_model_config c;
+    assert_int_equal(parse_text(tqm, &c), FR_OK);
+    assert_int_equal(c.num_experts, 16);
+    assert_int_equal(c.experts_per_tok, 4);
+    assert_int_equal(c.moe_intermediate_size, 128);
+    assert_true(c.norm_topk_prob && fr_model_layer_is_moe(&c, 0) && fr_model_layer_is_moe(&c, 3));
+    assert_int_equal(parse_edit(tqm, "num_experts", "16", &c), FR_OK);
+    assert_int_equal(parse_edit(tqm, "num_experts", "8", &c), FR_EFORMAT);
+    assert_msg_has("disagree");
+    assert_int_equal(parse_edit(tqm, "num_experts_per_tok", "17", &c), FR_EFORMAT);
+    assert_msg_has("num_experts_per_tok");
+    assert_int_equal(parse_edit(tqm, "mlp_only_layers", "[1, 3]", &c), FR_OK);
+    assert_true(fr_model_layer_is_moe(&c, 0) && !fr_model_layer_is_moe(&c, 1) && !fr_model_layer_is_moe(&c, 3));
+    assert_int_equal(parse_edit(tqm, "decoder_sparse_step", "2", &c), FR_OK);
+    assert_true(!fr_model_layer_is_moe(&c, 0) && fr_model_layer_is_moe(&c, 1));
+    assert_int_equal(parse_edit(tqm, "shared_expert_intermediate_size", "64", &c), FR_EUNSUPPORTED);
+
+    assert_int_equal(parse_text(tqa, &c), FR_OK);
+    assert_true(fr_model_is_mla(&c));
+    assert_int_equal(c.kv_lora_rank, 256);
+    assert_int_equal(c.q_lora_rank, 192);
+    assert_int_equal(c.num_kv_heads, 1);
+    assert_int_equal(c.head_dim, 256 + 64);   /* the cached latent row */
+    assert_int_equal(parse_edit(tqa, "q_lora_rank", "null", &c), FR_OK);
+    assert_int_equal(c.q_lora_rank, 0);
+    assert_int_equal(parse_edit(tqa, "first_k_dense_replace", "1", &c), FR_EUNSUPPORTED);
+    assert_msg_has("routed experts");
+    assert_int_equal(parse_edit(tqa, "kv_lora_rank", NULL, &c), FR_EFORMAT);
+    assert_msg_has("kv_lora_rank");
+    free(tqm);
+    free(tqa);
+}
+
 static void test_malformed(void **state)
 {
     (void)state;
@@ -267,6 +327,7 @@ int main(void)
         cmocka_unit_test(test_defaults),       cmocka_unit_test(test_missing_keys),
         cmocka_unit_test(test_wrong_values),   cmocka_unit_test(test_unsupported_models),
         cmocka_unit_test(test_malformed),      cmocka_unit_test(test_load),
+        cmocka_unit_test(test_moe_and_mla),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
