@@ -45,6 +45,9 @@ static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, str
     s->tp = (fr_tp){.rank = o->tp > 1 ? o->group->layout.tp_rank : 0, .size = o->tp,
                     .group = o->tp > 1 ? o->group : NULL};
     fr_status st = FR_OK;
+    if (fr_model_is_mla(&m->cfg) && o->kv != FR_KV_F32 && o->kv != FR_KV_BF16)
+        return fr_fail(FR_EUNSUPPORTED, "%s has multi-head latent attention: its cache holds latent rows in f32 or "
+                       "bf16 so far (%s latent pages are not built yet)", m->cfg.architecture, fr_kv_dtype_name(o->kv));
     if (o->calib) {
         if ((st = fr_calib_load(o->calib, fr_model_calib_dims(&m->cfg), &s->calib))) return st;
         s->has_calib = 1;

@@ -388,6 +388,9 @@ static fr_status continue_seeds(runner *r, fr_kv_cache *kv, const fr_model_confi
 fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, const int *const *texts,
                        const int *lens, fr_calib *out, fr_calib_report *rep)
 {
+    if (m && fr_model_is_mla(&m->cfg))
+        return fr_fail(FR_EUNSUPPORTED, "calibrate: %s has multi-head latent attention; its calibration (the "
+                       "latent mean) is not built yet", m->cfg.architecture);
     const fr_model_config *cfg = &m->cfg;
     const int L = cfg->num_layers, H = cfg->num_kv_heads, d = cfg->head_dim, V = cfg->vocab_size;
     int context = o->context > 0 ? o->context : cfg->max_position;
