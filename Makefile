@@ -112,8 +112,10 @@ $(CLIENT_SO): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS)) $(CLIENT_CUOBJS)
 	$(CC) $(CFLAGS) -shared $^ -o $@ $(CLIENT_LDLIBS)
 
 # push-weights reads a model with rollout/: the tool links the engine's
-# libraries after the client library (the library itself stays light).
-$(CLIENT_BIN): $(BUILD)/obj/app/fp4rollout_client.o $(CLIENT_LIB) $(filter-out $(call lib_of,app) $(BUILD)/libtrainer_bridge_%,$(LIBS))
+# libraries after the client library (the library itself stays light), and
+# the command-line helpers of app/ (one way of parsing for both programs).
+CLIENT_APP_OBJS := $(BUILD)/obj/app/cli_args.o $(BUILD)/obj/app/cli_common.o
+$(CLIENT_BIN): $(BUILD)/obj/app/fp4rollout_client.o $(CLIENT_APP_OBJS) $(CLIENT_LIB) $(filter-out $(call lib_of,app) $(BUILD)/libtrainer_bridge_%,$(LIBS))
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBS)

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/clock.h"
+#include "base/log.h"
 #include "rollout/model/checkpoint.h"
 
 /* ---- layout -------------------------------------------------------------- */
@@ -221,6 +223,17 @@ static fr_status load_layer(const fr_checkpoint *ck, const fr_model_config *c, i
     return FR_OK;
 }
 
+/* Loading a large checkpoint takes minutes: a line at least every 5 s
+ * says how far it got (debug level for the rest). */
+static void load_progress(const char *dir, int layer, int n_layers, double t0, double *last)
+{
+    double now = fr_now_s();
+    fr_log_level lv = now - *last >= 5.0 ? FR_LOG_INFO : FR_LOG_DEBUG;
+    if (!fr_log_enabled(lv)) return;
+    fr_log_msg(lv, "model %s: loaded %d of %d layers (%.1f s)", dir, layer, n_layers, now - t0);
+    if (lv == FR_LOG_INFO) *last = now;
+}
+
 static fr_status load_dir(const char *dir, fr_model **out)
 {
     struct stat sb;
@@ -240,12 +253,17 @@ static fr_status load_dir(const char *dir, fr_model **out)
     fr_status rc = fr_checkpoint_open(dir, &ck);
     if (rc != FR_OK) return rc;
     const fr_model_config *c = fr_checkpoint_config(ck);
+    double t0 = fr_now_s(), last = t0;
+    fr_info("model %s: loading %d layers, hidden %d, vocabulary %d", dir, c->num_layers, c->hidden_size,
+            c->vocab_size);
     if ((rc = fr_model_alloc(c, dir, &m)) != FR_OK) goto done;
 
     int64_t V = c->vocab_size, H = c->hidden_size;
     if ((rc = load_2d(ck, "model.embed_tokens.weight", V, H, m->w.embed)) != FR_OK) goto done;
-    for (int l = 0; l < c->num_layers; l++)
+    for (int l = 0; l < c->num_layers; l++) {
         if ((rc = load_layer(ck, c, l, &m->w.layers[l])) != FR_OK) goto done;
+        load_progress(dir, l + 1, c->num_layers, t0, &last);
+    }
     if ((rc = load_1d(ck, "model.norm.weight", H, m->w.final_norm)) != FR_OK) goto done;
     /* Tied: transformers ties lm_head to the embedding and ignores any stored
      * lm_head.weight; so do we. */
@@ -257,6 +275,7 @@ static fr_status load_dir(const char *dir, fr_model **out)
                          dir);
         goto done;
     }
+    fr_info("model %s: loaded in %.2f s", dir, fr_now_s() - t0);
 done:
     fr_checkpoint_close(&ck);
     if (rc != FR_OK) fr_model_destroy(&m);

@@ -29,18 +29,18 @@ $py - "$dir/ample.jsonl" "$dir/tight.jsonl" <<'PY' || fail "samples missing, rep
 import json, math, sys
 def load(path):
     rows = [json.loads(l) for l in open(path)]
-    keys = [(r["request"], r["sample"]) for r in rows]
+    keys = [(r["request_id"], r["sample"]) for r in rows]
     assert len(keys) == len(set(keys)) == 256, "each sample exactly once"
     assert set(keys) == {(i, k) for i in range(64) for k in range(4)}
     for r in rows:
-        assert len(r["tokens"]) == len(r["logprobs"]) >= 1
+        assert len(r["token_ids"]) == len(r["logprobs"]) >= 1
         assert r["finish_reason"] in ("stop", "length")
-        assert r["finish_reason"] == "stop" or len(r["tokens"]) == 40
+        assert r["finish_reason"] == "stop" or len(r["token_ids"]) == 40
         assert all(lp <= 0 and math.isfinite(lp) for lp in r["logprobs"])
     return {k: r for k, r in zip(keys, rows)}
 a, b = load(sys.argv[1]), load(sys.argv[2])
 # Bitwise: the JSON log-probs have 9 significant digits, which round-trip a float.
-same = sum(a[k]["tokens"] == b[k]["tokens"] and a[k]["logprobs"] == b[k]["logprobs"] for k in a)
+same = sum(a[k]["token_ids"] == b[k]["token_ids"] and a[k]["logprobs"] == b[k]["logprobs"] for k in a)
 assert same == 256, f"{256 - same} samples differ after preemption"
 PY
 
