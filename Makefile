@@ -1,7 +1,8 @@
 # fp4rollout build. `make` builds build/fp4rollout, build/fp4rollout-client and
 # the module libraries;
 # `make test` installs missing packages, builds and runs every CPU test;
-# `make demo` installs, builds and runs the main job on a built-in default.
+# `make demo` installs, builds and serves the bundled demo model to a Python
+# trainer (examples/demo/run.sh).
 # CUDA sources (*.cu, and C files named *_cuda.c) build for sm_90a when nvcc
 # is on the PATH; without it the CPU backend builds alone (FR_HAVE_CUDA unset).
 # Open MPI is required (scripts/install-deps.sh); NCCL is linked with CUDA.
@@ -135,9 +136,8 @@ test: deps
 	@scripts/run-tests.sh $(BUILD)
 
 demo: deps
-	@$(MAKE) --no-print-directory $(BIN)
-	$(BIN) demo
-	$(BIN) generate --model synthetic:tiny --kv nvfp4 --n 2 --max-tokens 24 --temperature 0.8 --seed 1
+	@$(MAKE) --no-print-directory $(BIN) $(CLIENT_SO)
+	@examples/demo/run.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)
