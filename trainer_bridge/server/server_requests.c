@@ -118,7 +118,9 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
  * is refused at once rather than after the resume. */
 fr_status srv_check_spec(const fr_bridge_server *srv, const fr_request_spec *r, uint64_t caller_id)
 {
-    fr_status st = fr_request_spec_check(r, srv->vocab);
+    fr_request_spec named = *r;
+    named.id = caller_id;   /* messages name the caller's id, never the server's own */
+    fr_status st = fr_request_spec_check(&named, srv->vocab);
     if (st) return st;
     if (r->n_prompt >= srv->max_pos)
         return fr_fail(FR_EINVAL, "request %llu: the prompt (%d tokens) does not fit the context window of %d",
