@@ -22,29 +22,27 @@ def show(text: str, width: int) -> str:
     return out if len(out) <= width else out[:width - 3] + "..."
 
 
-def print_sample(s, prompt: str, tok) -> None:
+def print_sample(s, tok) -> None:
     d = s.divergence
-    kl = "not monitored" if d["kl_mean"] is None else \
-        f"KL(BF16 KV || NVFP4 KV) {d['kl_mean']:.2e} nats/token, top-1 agreement {100 * d['top1_agreement']:.1f}%"
-    print(f"  [{s.request_id}.{s.sample}] {len(s.token_ids)} tokens ({s.finish_reason}), {kl}")
-    print(f"      {show(prompt, 40)}|{show(s.text, 100)}")
+    kl = "not monitored" if d["kl_mean"] is None else f"KL {d['kl_mean']:.1e}, top-1 {100 * d['top1_agreement']:.0f}%"
+    print(f"  [{s.request_id}.{s.sample}] {kl}: {show(s.text, 80)}")
     pieces = [f"{show(tok.decode([t]) or '<' + str(t) + '>', 8)}:{lp:.2f}" for t, lp in zip(s.token_ids, s.logprobs)]
-    print("      log-probs: " + " ".join(pieces[:12]) + (" ..." if len(pieces) > 12 else ""))
+    print("        log-probs: " + " ".join(pieces[:10]) + (" ..." if len(pieces) > 10 else ""))
 
 
 async def run(a) -> int:
     t0 = time.monotonic()
     async with AsyncRolloutClient(a.endpoint, timeout_ms=60000) as c:
         hello = await c.hello("make demo")
-        print(f"demo: server {a.endpoint}: model {hello['model'].split('/')[-1]}, backend {hello['backend']}, "
-              f"KV cache {hello['kv_dtype']}, weight version {hello['weight_version']}")
+        print(f"demo: {a.endpoint} serves {hello['model'].split('/')[-1]} on the {hello['backend']} with a "
+              f"{hello['kv_dtype']} KV cache; every sample also runs a BF16-KV shadow (KL per token in nats)")
         samples, tokens, shown = [], 0, set()
         async for s in c.stream(PROMPTS, n=4, max_tokens=a.max_tokens, temperature=0.8, top_p=0.95, seed=a.seed,
                                 monitor=True):
             if s.request_id not in shown:
                 shown.add(s.request_id)
-                print(f"prompt {s.request_id}: {show(PROMPTS[s.request_id], 60)}")
-            print_sample(s, PROMPTS[s.request_id], c.tokenizer)
+                print(f"prompt {s.request_id}: \"{show(PROMPTS[s.request_id], 60)}\", n = 4, temperature 0.8")
+            print_sample(s, c.tokenizer)
             samples.append(s)
             tokens += len(s.token_ids)
         secs = time.monotonic() - t0
@@ -52,7 +50,7 @@ async def run(a) -> int:
         agree = [s.divergence["top1_agreement"] for s in samples if s.divergence["top1_agreement"] is not None]
         if a.dashboard:
             with urllib.request.urlopen(a.dashboard, timeout=10) as page:   # the dashboard serves
-                print(f"demo: dashboard {a.dashboard} (HTTP {page.status}; open it while the server runs)")
+                print(f"demo: dashboard {a.dashboard} (HTTP {page.status} while the server runs)")
         if len(samples) != 4 * len(PROMPTS) or len(kls) != len(samples):
             print(f"demo: FAILED: {len(samples)} samples, {len(kls)} with a KL")
             return 1

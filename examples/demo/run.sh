@@ -35,7 +35,6 @@ for _ in $(seq 300); do   # up to 30 s for the model to load and the socket to b
   sleep 0.1
 done
 grep -q "listening on" "$dir/serve.log" || { cat "$dir/serve.log" >&2; echo "demo: the server did not start" >&2; exit 1; }
-sed 's/^/server| /' "$dir/serve.log"
 
 PYTHONPATH=trainer_bridge/client/python FP4ROLLOUT_CLIENT_LIB=$build/libfp4rollout_client.so \
   $py -u examples/demo/demo_client.py --endpoint "tcp://127.0.0.1:$port" \
@@ -45,6 +44,6 @@ kill -INT "$server"
 rc=0
 wait "$server" || rc=$?
 server=
-grep -v "listening on" "$dir/serve.log" | tail -n 4 | sed "s/^/server| /"
+{ grep " tokens/s, " "$dir/serve.log" | tail -n 1; tail -n 1 "$dir/serve.log"; } | sed "s/^/server| /"
 [ "$rc" -eq 0 ] && grep -q "serve: stopped" "$dir/serve.log" || { echo "demo: the server did not stop cleanly" >&2; exit 1; }
 echo "demo: server stopped cleanly"

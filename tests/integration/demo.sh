@@ -15,13 +15,12 @@ examples/demo/run.sh "$build" > "$out" 2>&1 || { cat "$out" >&2; fail "examples/
 secs=$(($(date +%s) - start))
 cat "$out"
 [ "$secs" -lt 120 ] || fail "took $secs s (budget 120 s)"
-[ "$(grep -c '^  \[[0-9]*\.[0-3]\] [0-9]* tokens .*KL(BF16 KV || NVFP4 KV) ' "$out")" -eq 12 ] ||
+[ "$(grep -c '^  \[[0-2]\.[0-3]\] KL [0-9.e+-]*, top-1 [0-9]*%: ' "$out")" -eq 12 ] ||
   fail "not 12 monitored samples"
-[ "$(grep -c '^      log-probs: ' "$out")" -eq 12 ] || fail "not 12 log-prob lines"
-grep -q '^demo: dashboard http://127.0.0.1:[0-9]*/dashboard (HTTP 200' "$out" || fail "no working dashboard"
+[ "$(grep -c '^        log-probs: ' "$out")" -eq 12 ] || fail "not 12 log-prob lines"
+grep -q '^demo: dashboard http://127.0.0.1:[0-9]*/dashboard (HTTP 200 ' "$out" || fail "no working dashboard"
 grep -Eq '^demo: 3 prompts x 4 samples, [0-9]+ tokens in .* mean KL [0-9.e+-]+ nats/token, top-1 agreement' "$out" ||
   fail "no summary line"
-grep -q 'INFO  serve: listening on' "$out" || fail "no timestamped server log"
 grep -Eq 'INFO  serve: [0-9.]+ tokens/s, [0-9]+ running, [0-9]+ waiting, KV [0-9.]+% used .*weight version 0' "$out" ||
   fail "no serving summary line"
 grep -q '^demo: server stopped cleanly' "$out" || fail "the server did not stop cleanly"

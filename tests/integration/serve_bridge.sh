@@ -243,7 +243,9 @@ grep -q "open samples ended with reason abort" "$dir/serve.log" || fail "no shut
 grep -q "serve: stopped" "$dir/serve.log" || fail "the server did not stop cleanly"
 
 # Command-line errors.
-expect_error "--config is required" serve
+expect_error "--port expects an integer, got 'x'" serve --port=x
+expect_error "command line: max_seqs" serve --max-num-seqs 0
+expect_error "unknown or ambiguous option '--bogus'" serve --bogus
 expect_error "cannot read\|No such file\|cannot open" serve --config "$dir/none.json"
 echo '{"kv_dtpye": "f32"}' > "$dir/typo.json"
 expect_error 'did you mean "kv_dtype"' serve --config "$dir/typo.json"
