@@ -320,7 +320,6 @@ int fr_cli_rollout(int argc, char **argv)
     }
     if (!path) return fr_cli_usage_error(cmd, "--prompts is required");
     if (fr_cli_sampling_finish(cmd, &so)) return 2;
-    if (so.n_samples > max_seqs) return fr_cli_usage_error(cmd, "--n %d exceeds --max-seqs %d", so.n_samples, max_seqs);
     const char *stop_text = so.stop_text;
     int n_samples = so.n_samples, max_tokens = so.max_tokens, json = so.json, ignore_eos = so.ignore_eos;
     fr_sampling_params sp = so.sp;

@@ -56,6 +56,12 @@ with fc.RolloutClient(endpoint) as c:
         except fc.ClientError:
             pass
 
+    # A GRPO group larger than the engine's max_seqs (4) is queued, not refused.
+    group = list(c.generate(ids, n=6, max_tokens=6, seed=3, temperature=1.0))
+    check(sorted(s.sample for s in group) == list(range(6)), "n = 6 on max_seqs 4: not 6 samples")
+    check(all(s.divergence["kl_mean"] is not None for s in group), "a queued sample lost its monitoring")
+    check(len({tuple(s.token_ids) for s in group}) > 1, "the queued samples are all alike")
+
     # A stand-in tokenizer with the Hugging Face interface (upper-cases text).
     class Upper:
         def encode(self, t):
