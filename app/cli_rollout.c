@@ -416,7 +416,7 @@ int fr_cli_rollout(int argc, char **argv)
         fprintf(stderr,
                 "rollout: requests %d samples %lld tokens %lld prefill_tokens %lld steps %lld preemptions %lld "
                 "kv_blocks %d backend %s seconds %.3f tokens/s %.0f monitored %lld kl_mean %.6g kl_max %.6g "
-                "top1_agree %.4f decode_steps %lld forward_s %.3f shadow_s %.3f host_s %.3f kl_s %.3f\n",
+                "top1_agreement %.4f decode_steps %lld forward_s %.3f shadow_s %.3f host_s %.3f kl_s %.3f\n",
                 pl.n, ss.finished, ss.tokens_generated, ss.prefill_tokens, ss.steps, ss.preemptions, kv_blocks,
                 fr_backend_name(s.backend), run_s, run_s > 0 ? (double)ss.tokens_generated / run_s : 0.0, monitored,
                 fr_div_summary_mean(&div), div.kl_max, div.n ? (double)div.top1_agree / (double)div.n : 0.0,
