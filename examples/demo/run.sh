@@ -26,8 +26,10 @@ s = [socket.socket() for _ in range(2)]
 for x in s: x.bind(("127.0.0.1", 0))
 print(*[x.getsockname()[1] for x in s])')
 
+# 256 KV pages: 16 of 128 tokens for each of the 16 sequences (the CUDA
+# backend needs the count; the CPU's automatic one is the same).
 "$bin" serve --model models/demo --kv nvfp4 --port "$port" --metrics-port "$mport" --kl-sample-rate 1 \
-  --max-seqs 16 --log-stats-interval 1 2> "$dir/serve.log" &
+  --max-seqs 16 --kv-blocks 256 --log-stats-interval 1 2> "$dir/serve.log" &
 server=$!
 for _ in $(seq 300); do   # up to 30 s for the model to load and the socket to bind
   grep -q "listening on" "$dir/serve.log" && break
