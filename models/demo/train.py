@@ -284,6 +284,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="CPU threads (0: PyTorch's default)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--save-state", help="also save the float32 PyTorch state here (to export again)")
+    ap.add_argument("--init-state", help="start from a state --save-state saved (train on: a new warm-up and decay)")
     a = ap.parse_args()
 
     torch.manual_seed(a.seed)
@@ -299,6 +300,8 @@ def main():
 
     cfg = model_config(a)
     model = Qwen3(cfg).to(device)
+    if a.init_state:
+        model.load_state_dict(torch.load(a.init_state, map_location=device))
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params} parameters, {2 * n_params / 1e6:.1f} MB in BF16", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -337,7 +340,7 @@ def main():
     write_json(os.path.join(a.out, "train_info.json"), {
         "name": "demo", "params": n_params, "steps": step, "tokens": seen, "seq_len": a.seq_len,
         "batch": a.batch, "lr": a.lr, "seed": a.seed, "minutes": round((time.time() - t0) / 60.0, 1),
-        "device": device, "torch": torch.__version__,
+        "device": device, "torch": torch.__version__, "init_state": bool(a.init_state),
         "corpus": "Python standard library sources (%d files, %d bytes)" % (len(train_files), n_bytes),
         "val_files": len(val_files), "val_loss_nats_per_byte": round(val_loss, 4),
         "greedy_after_def": sample,
