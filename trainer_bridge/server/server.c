@@ -26,12 +26,13 @@ void srv_log(fr_bridge_server *srv, const char *fmt, ...)
 }
 
 /* The serving summary: one line every stats_log_ms, so an operator sees the
- * service at work without asking for stats. */
-static void srv_log_stats(fr_bridge_server *srv)
+ * service at work without asking for stats, and a last one at shutdown
+ * (final) for the time since. */
+static void srv_log_stats(fr_bridge_server *srv, int final)
 {
     int every = srv->cfg.stats_log_ms ? srv->cfg.stats_log_ms : 10000;
     double now = fr_now_ms();
-    if (every < 0 || now - srv->last_stats_ms < every) return;
+    if (every < 0 || (!final && now - srv->last_stats_ms < every) || now <= srv->last_stats_ms) return;
     fr_scheduler_stats ss;
     fr_scheduler_stats_get(srv->sch, &ss);
     int pages = ss.kv_blocks_used + ss.kv_blocks_free;
@@ -358,7 +359,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
         }
         if (gone) srv_drop_gone_peers(srv);
         if (srv_publishes(srv) && fr_now_ms() - srv->last_pub_ms >= 200.0) srv_publish_metrics(srv);
-        srv_log_stats(srv);
+        srv_log_stats(srv, 0);
         if (srv->upd && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
             char why[96];
             snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
@@ -370,6 +371,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
             srv_nccl_drop_update(srv, why);
         }
     }
+    srv_log_stats(srv, 1);
     int ended = srv_abort_everything(srv);
     srv_fail_waiters(srv, "shutdown", "the server is shutting down");
     srv_log(srv, "shutting down: %d open samples ended with reason abort", ended);
