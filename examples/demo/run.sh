@@ -46,6 +46,6 @@ kill -INT "$server"
 rc=0
 wait "$server" || rc=$?
 server=
-{ grep " tokens/s, " "$dir/serve.log" | tail -n 1 || true; tail -n 1 "$dir/serve.log"; } | sed "s/^/server| /"
+{ grep " serve: served " "$dir/serve.log" || true; tail -n 1 "$dir/serve.log"; } | sed "s/^/server| /"
 [ "$rc" -eq 0 ] && grep -q "serve: stopped" "$dir/serve.log" || { echo "demo: the server did not stop cleanly" >&2; exit 1; }
 echo "demo: server stopped cleanly"

@@ -13,10 +13,11 @@ source "$(dirname "$0")/serve_setup.bash"
 $py -m venv --system-site-packages "$dir/venv" || fail "python3 -m venv failed (python3-venv)"
 BUILD=$build "$dir/venv/bin/pip" install --no-build-isolation --no-index -q trainer_bridge/client/python \
   > "$dir/pip.log" 2>&1 || fail "pip install failed: $(tail -5 "$dir/pip.log")"
+rm -rf trainer_bridge/client/python/build trainer_bridge/client/python/*.egg-info   # pip's in-tree build
 
 port=$(free_port)
 "$bin" serve --model=synthetic:tiny --kv=nvfp4 --port "$port" --max-num-seqs 4 --kl-sample-rate=1 \
-  2> "$dir/serve.log" &
+  --log-stats-interval=0.5 2> "$dir/serve.log" &
 pids+=($!)
 for _ in $(seq 600); do grep -q "listening on" "$dir/serve.log" && break; sleep 0.05; done
 grep -q "listening on" "$dir/serve.log" || fail "the server did not start"
@@ -27,4 +28,7 @@ script=$PWD/tests/integration/python_package.py
 (cd "$dir" && env -u FP4ROLLOUT_CLIENT_LIB -u BUILD -u PYTHONPATH \
    "$dir/venv/bin/python" "$script" "tcp://127.0.0.1:$port" "tcp://127.0.0.1:$dead") ||
   fail "python_package.py failed"
+# the periodic serving summary, timestamped and leveled
+grep -Eq '^[0-9-]{10}T[0-9:.]{12}Z INFO  serve: [0-9.]+ tokens/s, [0-9]+ running, [0-9]+ waiting, KV [0-9.]+% used \([0-9]+ of 64 pages\), weight version 0$' \
+  "$dir/serve.log" || fail "no serving summary line in the server's log"
 echo "$name: all checks passed"

@@ -26,8 +26,8 @@ void srv_log(fr_bridge_server *srv, const char *fmt, ...)
 }
 
 /* The serving summary: one line every stats_log_ms, so an operator sees the
- * service at work without asking for stats, and a last one at shutdown
- * (final) for the time since. */
+ * service at work without asking for stats, and at shutdown (final) one
+ * for the whole run. */
 static void srv_log_stats(fr_bridge_server *srv, int final)
 {
     int every = srv->cfg.stats_log_ms ? srv->cfg.stats_log_ms : 10000;
@@ -35,6 +35,13 @@ static void srv_log_stats(fr_bridge_server *srv, int final)
     if (every < 0 || (!final && now - srv->last_stats_ms < every) || now <= srv->last_stats_ms) return;
     fr_scheduler_stats ss;
     fr_scheduler_stats_get(srv->sch, &ss);
+    if (final) {
+        double secs = (now - srv->started_ms) / 1000.0;
+        srv_log(srv, "served %lld tokens in %.1f s (%.1f tokens/s), %lld preemptions, weight version %llu",
+                ss.tokens_generated, secs, secs > 0 ? (double)ss.tokens_generated / secs : 0.0, ss.preemptions,
+                (unsigned long long)ss.weight_version);
+        return;
+    }
     int pages = ss.kv_blocks_used + ss.kv_blocks_free;
     double secs = (now - srv->last_stats_ms) / 1000.0;
     srv_log(srv, "%.1f tokens/s, %d running, %d waiting, KV %.1f%% used (%d of %d pages), weight version %llu",
