@@ -1,7 +1,8 @@
 # fp4rollout build. `make` builds build/fp4rollout, build/fp4rollout-client and
 # the module libraries;
 # `make test` installs missing packages, builds and runs every CPU test;
-# `make demo` installs, builds and runs the main job on a built-in default.
+# `make demo` installs, builds and serves the bundled demo model to a Python
+# trainer (examples/demo/run.sh).
 # CUDA sources (*.cu, and C files named *_cuda.c) build for sm_90a when nvcc
 # is on the PATH; without it the CPU backend builds alone (FR_HAVE_CUDA unset).
 # Open MPI is required (scripts/install-deps.sh); NCCL is linked with CUDA.
@@ -116,8 +117,10 @@ $(CLIENT_SO): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS)) $(CLIENT_CUOBJS)
 	$(CC) $(CFLAGS) -shared $^ -o $@ $(CLIENT_LDLIBS)
 
 # push-weights reads a model with rollout/: the tool links the engine's
-# libraries after the client library (the library itself stays light).
-$(CLIENT_BIN): $(BUILD)/obj/app/fp4rollout_client.o $(CLIENT_LIB) $(filter-out $(call lib_of,app) $(BUILD)/libtrainer_bridge_%,$(LIBS))
+# libraries after the client library (the library itself stays light), and
+# the command-line helpers of app/ (one way of parsing for both programs).
+CLIENT_APP_OBJS := $(BUILD)/obj/app/cli_args.o $(BUILD)/obj/app/cli_common.o
+$(CLIENT_BIN): $(BUILD)/obj/app/fp4rollout_client.o $(CLIENT_APP_OBJS) $(CLIENT_LIB) $(filter-out $(call lib_of,app) $(BUILD)/libtrainer_bridge_%,$(LIBS))
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(UNIT_HOBJ) $(LIBS)
@@ -137,9 +140,8 @@ test: deps
 	@scripts/run-tests.sh $(BUILD)
 
 demo: deps
-	@$(MAKE) --no-print-directory $(BIN)
-	$(BIN) demo
-	$(BIN) generate --model synthetic:tiny --kv nvfp4 --n 2 --max-tokens 24 --temperature 0.8 --seed 1
+	@$(MAKE) --no-print-directory $(BIN) $(CLIENT_SO)
+	@examples/demo/run.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

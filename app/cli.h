@@ -4,6 +4,7 @@
 #ifndef FR_CLI_H
 #define FR_CLI_H
 
+#include <getopt.h>
 #include <stdio.h>
 
 #include "rollout/model/sampler.h"
@@ -30,6 +31,30 @@ int fr_cli_serve(int argc, char **argv);
 int fr_cli_dashboard(int argc, char **argv);
 
 /* Small helpers so every subcommand parses and reports the same way. */
+
+/* The release, printed by --version. */
+#define FR_VERSION "0.9.0"
+
+/* Reads *argv with getopt_long against the options of tables (a
+ * NULL-terminated list of arrays, each ended by a zeroed entry; flag and val
+ * are not used), plus --log-level, which it applies, and vLLM's aliases of
+ * known names (--kv-cache-dtype, --tensor-parallel-size, --max-num-seqs).
+ * `--opt=value` and `--opt value` both work. On success replaces *argc and
+ * *argv by a canonical argv: every option as "--full-name", then its value
+ * when it takes one; other arguments in their places. Returns 0, or 2 after
+ * printing the usage error. The canonical argv lives until
+ * fr_cli_args_release (main's, after the subcommand returns). */
+int fr_cli_args(const char *cmd, int *argc, char ***argv, const struct option *const *tables);
+void fr_cli_args_release(void);
+/* The same for the options before a command word (fp4rollout-client's
+ * global options): parsing stops at the first operand, which and all after
+ * it stay as they are. */
+int fr_cli_args_head(const char *cmd, int *argc, char ***argv, const struct option *const *tables);
+/* The program named in usage errors: "fp4rollout" unless set. */
+extern const char *fr_cli_program;
+/* The option tables of fr_engine_opts_parse and fr_cli_sampling_parse. */
+extern const struct option fr_cli_engine_longopts[];
+extern const struct option fr_cli_sampling_longopts[];
 
 /* True when argv holds -h or --help. */
 int fr_cli_wants_help(int argc, char **argv);
@@ -62,6 +87,15 @@ int fr_cli_sampling_finish(const char *cmd, fr_cli_sampling *o);
  * value) when it is one: returns 1 when consumed, 0 when not an engine
  * option, -1 after printing an error. */
 int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engine_opts *o);
+/* The engine's defaults, with the bundled demo model (models/demo beside
+ * the program's build folder) as the model. */
+void fr_cli_engine_opts_default(fr_engine_opts *o);
+const char *fr_cli_demo_model(void);
+/* Whether the model is byte-level (ids 0-255 are bytes, 256 is BOS: the
+ * demo model and the test models), so text maps to ids without a tokenizer. */
+int fr_cli_byte_model(const fr_model_config *mc);
+/* BOS, then the bytes of text: *ids malloc'ed, the caller frees it. */
+fr_status fr_cli_byte_prompt(const char *text, int **ids, int *n);
 /* The usage lines of the engine options. */
 extern const char fr_engine_opts_usage[];
 /* Prints "fp4rollout CMD: message" and a hint to --help; returns exit status 2. */

@@ -86,6 +86,14 @@ static void summarize(const char *out, const fr_model_config *mc, const fr_calib
            rep->seconds_tau);
 }
 
+/* The options of this command (app/cli_args.c reads them with getopt_long). */
+static const struct option own_opts[] = {
+    {"texts", required_argument, 0, 0}, {"out", required_argument, 0, 0},
+    {"context", required_argument, 0, 0}, {"seed-tokens", required_argument, 0, 0},
+    {"continue", required_argument, 0, 0}, {"tau-steps", required_argument, 0, 0},
+    {"quiet", no_argument, 0, 0}, {0, 0, 0, 0},
+};
+
 int fr_cli_calibrate(int argc, char **argv)
 {
     const char *cmd = "calibrate", *out = NULL;
@@ -98,6 +106,7 @@ int fr_cli_calibrate(int argc, char **argv)
         printf("%s%s", usage_text, fr_engine_opts_usage);
         return 0;
     }
+    if (fr_cli_args(cmd, &argc, &argv, (const struct option *const[]){own_opts, fr_cli_engine_longopts, NULL})) return 2;
     const char **files = calloc((size_t)argc, sizeof *files);
     int n_files = 0, model_given = 0;
     if (!files) return fr_cli_usage_error(cmd, "out of memory");

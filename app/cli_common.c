@@ -8,6 +8,58 @@
 
 #include "base/seed.h"
 
+#include <limits.h>
+#include <unistd.h>
+
+/* The bundled demo model is found from the program's own place (build/,
+ * build/cpu/ or an installed bin/ below the tree), then from the working
+ * directory, so it works without an install step or a variable. */
+const char *fr_cli_demo_model(void)
+{
+    static char found[PATH_MAX + 16];
+    if (found[0]) return found;
+    char dir[PATH_MAX], probe[PATH_MAX + 64];
+    ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
+    for (int up = 0; n > 0 && up < 4; up++) {
+        dir[n] = '\0';
+        char *slash = strrchr(dir, '/');
+        if (!slash || slash == dir) break;
+        *slash = '\0';
+        n = slash - dir;
+        snprintf(probe, sizeof probe, "%s/models/demo/config.json", dir);
+        if (access(probe, R_OK) == 0) {
+            snprintf(found, sizeof found, "%s/models/demo", dir);
+            return found;
+        }
+    }
+    snprintf(found, sizeof found, "models/demo");   /* the clear error then names it */
+    return found;
+}
+
+int fr_cli_byte_model(const fr_model_config *mc)
+{
+    return mc->bos_id == 256 && mc->vocab_size > 256 && mc->vocab_size <= 512;
+}
+
+fr_status fr_cli_byte_prompt(const char *text, int **ids, int *n)
+{
+    size_t len = strlen(text);
+    if (len > (1u << 24)) return fr_fail(FR_EINVAL, "--prompt: text longer than 16 MiB");
+    int *out = malloc(sizeof(int) * (len + 1));
+    if (!out) return fr_fail(FR_ENOMEM, "out of memory");
+    out[0] = 256;   /* BOS */
+    for (size_t i = 0; i < len; i++) out[i + 1] = (unsigned char)text[i];
+    *ids = out;
+    *n = (int)len + 1;
+    return FR_OK;
+}
+
+void fr_cli_engine_opts_default(fr_engine_opts *o)
+{
+    fr_engine_opts_default(o);
+    o->model = fr_cli_demo_model();
+}
+
 int fr_cli_wants_help(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
@@ -15,14 +67,16 @@ int fr_cli_wants_help(int argc, char **argv)
     return 0;
 }
 
+const char *fr_cli_program = "fp4rollout";
+
 int fr_cli_usage_error(const char *cmd, const char *fmt, ...)
 {
     va_list ap;
-    fprintf(stderr, "fp4rollout %s: ", cmd);
+    fprintf(stderr, "%s%s%s: ", fr_cli_program, *cmd ? " " : "", cmd);
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "\n(run 'fp4rollout %s --help' for usage)\n", cmd);
+    fprintf(stderr, "\n(run '%s%s%s --help' for usage)\n", fr_cli_program, *cmd ? " " : "", cmd);
     return 2;
 }
 
@@ -105,8 +159,23 @@ int fr_cli_sampling_finish(const char *cmd, fr_cli_sampling *o)
     return 0;
 }
 
+const struct option fr_cli_sampling_longopts[] = {
+    {"greedy", no_argument, 0, 0},      {"json", no_argument, 0, 0},         {"ignore-eos", no_argument, 0, 0},
+    {"stop-ids", required_argument, 0, 0}, {"n", required_argument, 0, 0}, {"max-tokens", required_argument, 0, 0},
+    {"top-k", required_argument, 0, 0}, {"seed", required_argument, 0, 0},  {"temperature", required_argument, 0, 0},
+    {"top-p", required_argument, 0, 0}, {0, 0, 0, 0},
+};
+
+const struct option fr_cli_engine_longopts[] = {
+    {"deterministic", no_argument, 0, 0}, {"model", required_argument, 0, 0},   {"kv", required_argument, 0, 0},
+    {"fp4-compute", required_argument, 0, 0}, {"recipe", required_argument, 0, 0}, {"calib", required_argument, 0, 0},
+    {"chunk", required_argument, 0, 0},   {"backend", required_argument, 0, 0}, {"tp", required_argument, 0, 0},
+    {"max-model-len", required_argument, 0, 0}, {0, 0, 0, 0},
+};
+
 const char fr_engine_opts_usage[] =
-    "  --model M            checkpoint directory, or synthetic:tiny[:SEED] (default);\n"
+    "  --model M            checkpoint directory (default: the bundled demo model,\n"
+    "                       models/demo), or synthetic:tiny[:SEED] (random weights);\n"
     "                       synthetic:qwen3-4b[:SEED] (Qwen3-4B's shape) on --backend cuda\n"
     "                       (synthetic:qwen3-4b-128k: the same with a 131,072-token window)\n"
     "                       (synthetic:qwen3-30b-a3b[-128k]: Qwen3-30B-A3B's MoE shape)\n"
@@ -121,6 +190,8 @@ const char fr_engine_opts_usage[] =
     "                       switches: full,-rotate,-search,-smooth,-dual,-pscale,-sink\n"
     "  --calib FILE         calibration file (key mean, tau) from fp4rollout calibrate\n"
     "  --chunk N            prefill chunk in tokens (default 512)\n"
+    "  --max-model-len N    cap the context window (prompt plus new tokens) at N\n"
+    "                       tokens, below the model's own (smaller buffers)\n"
     "  --tp N               tensor parallelism: ranks per engine (default 1); under\n"
     "                       mpirun -np W the ranks form W/N engines (CPU backend)\n"
     "  --deterministic      a sample's tokens and log-probs bitwise the same whatever\n"
@@ -136,9 +207,9 @@ int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engi
         return 1;
     }
     static const char *const flags[] = {"--model", "--kv", "--fp4-compute", "--recipe", "--calib", "--chunk",
-                                        "--backend", "--tp"};
+                                        "--backend", "--tp", "--max-model-len"};
     int which = -1;
-    for (int f = 0; f < 8; f++)
+    for (int f = 0; f < 9; f++)
         if (strcmp(a, flags[f]) == 0) which = f;
     if (which < 0) return 0;
     if (*i + 1 >= argc) {
@@ -161,6 +232,7 @@ int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engi
         else st = fr_fail(FR_EINVAL, "unknown backend '%s' (expected auto, cpu or cuda)", v);
         break;
     case 7: return fr_cli_int(cmd, "--tp", v, 1, 1024, &o->tp) ? -1 : 1;
+    case 8: return fr_cli_int(cmd, "--max-model-len", v, 2, 1 << 30, &o->max_model_len) ? -1 : 1;
     }
     if (st) {
         fr_cli_usage_error(cmd, "%s", fr_last_error());

@@ -147,10 +147,16 @@ static int attention_table(const float *k, const float *v, const float *q, const
     return rc;
 }
 
+/* The options of this command (app/cli_args.c reads them with getopt_long). */
+static const struct option own_opts[] = {
+    {"seed", required_argument, 0, 0}, {0, 0, 0, 0},
+};
+
 int fr_cli_demo(int argc, char **argv)
 {
     int seed = 1;
     if (fr_cli_wants_help(argc, argv)) { fputs(usage_text, stdout); return 0; }
+    if (fr_cli_args("demo", &argc, &argv, (const struct option *const[]){own_opts, NULL})) return 2;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
             if (fr_cli_int("demo", "--seed", argv[++i], 0, 1L << 30, &seed)) return 2;

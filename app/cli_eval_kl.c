@@ -153,6 +153,15 @@ static void print_table(const fr_eval_kl_report *r, const char *model, const cha
     }
 }
 
+/* The options of this command (app/cli_args.c reads them with getopt_long). */
+static const struct option own_opts[] = {
+    {"texts", required_argument, 0, 0}, {"model", required_argument, 0, 0},
+    {"calib", required_argument, 0, 0}, {"configs", required_argument, 0, 0},
+    {"tokens", required_argument, 0, 0}, {"ablation", no_argument, 0, 0}, {"json", no_argument, 0, 0},
+    {"quiet", no_argument, 0, 0}, {"backend", required_argument, 0, 0}, {"tp", required_argument, 0, 0},
+    {0, 0, 0, 0},
+};
+
 int fr_cli_eval_kl(int argc, char **argv)
 {
     const char *cmd = "eval-kl", *model = NULL, *calib_path = NULL, *configs = NULL;
@@ -162,6 +171,7 @@ int fr_cli_eval_kl(int argc, char **argv)
         printf("%s", usage_text);
         return 0;
     }
+    if (fr_cli_args(cmd, &argc, &argv, (const struct option *const[]){own_opts, NULL})) return 2;
     const char **files = calloc((size_t)argc, sizeof *files);
     int n_files = 0;
     if (!files) return fr_cli_usage_error(cmd, "out of memory");

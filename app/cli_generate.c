@@ -4,12 +4,13 @@
 #include <string.h>
 
 #include "app/cli.h"
+#include "base/log.h"
 #include "rollout/model/sampler.h"
 #include "rollout/engine/session.h"
 #include "app/tp_launch.h"
 
 static const char usage_text[] =
-    "usage: fp4rollout generate [--model M] (--prompt-ids IDS | --prompt-file F)\n"
+    "usage: fp4rollout generate [--model M] (--prompt TEXT | --prompt-ids IDS | --prompt-file F)\n"
     "                           [--n N] [--max-tokens N] [--greedy | --temperature T\n"
     "                           --top-p P --top-k K] [--seed S] [--stop-ids IDS]\n"
     "                           [--ignore-eos] [--json] [engine options]\n"
@@ -20,8 +21,11 @@ static const char usage_text[] =
     "With --tp N under mpirun, every rank runs the same steps and draws (on the\n"
     "full gathered logits) and world rank 0 prints.\n"
     "\n"
-    "  --prompt-ids IDS     comma-separated token ids (default for the synthetic\n"
-    "                       model: 256,104,101,108,108,111)\n"
+    "  --prompt TEXT        the prompt as text, for byte-level models (the bundled\n"
+    "                       demo model, tq6): BOS, then the text's bytes. Other\n"
+    "                       models need token ids (--prompt-ids, --prompt-file)\n"
+    "  --prompt-ids IDS     comma-separated token ids (default: 256,104,101,108,108,111,\n"
+    "                       BOS and \"hello\" in bytes)\n"
     "  --prompt-file F      a file of token ids\n"
     "  --n N                samples (default 1)\n"
     "  --max-tokens N       new tokens per sample (default 64)\n"
@@ -34,7 +38,7 @@ static const char usage_text[] =
     "                       used is printed on stderr and in each JSON line\n"
     "  --stop-ids IDS       tokens that end a sample (default: the model's EOS ids)\n"
     "  --ignore-eos         do not stop at the model's EOS ids\n"
-    "  --json               one JSON line per sample: sample, tokens, logprobs,\n"
+    "  --json               one JSON line per sample: sample, token_ids, logprobs,\n"
     "                       finish_reason (stop | length), seed\n"
     "engine options:\n";
 
@@ -55,7 +59,7 @@ static int is_stop(int tok, const int *stop, int n_stop)
 static void print_sample(const sample *s, int idx, int json, uint64_t seed, int byte_vocab)
 {
     if (json) {
-        printf("{\"sample\":%d,\"tokens\":[", idx);
+        printf("{\"sample\":%d,\"token_ids\":[", idx);
         for (int i = 0; i < s->n; i++) printf("%s%d", i ? "," : "", s->tokens[i]);
         printf("],\"logprobs\":[");
         for (int i = 0; i < s->n; i++) printf("%s%.9g", i ? "," : "", s->logprobs[i]);   /* round-trips a float */
@@ -76,17 +80,26 @@ static void print_sample(const sample *s, int idx, int json, uint64_t seed, int 
     putchar('\n');
 }
 
+/* The options of this command (app/cli_args.c reads them with getopt_long). */
+static const struct option own_opts[] = {
+    {"prompt-ids", required_argument, 0, 0}, {"prompt-file", required_argument, 0, 0},
+    {"prompt", required_argument, 0, 0}, {0, 0, 0, 0},
+};
+
 int fr_cli_generate(int argc, char **argv)
 {
-    const char *cmd = "generate", *ids_text = NULL, *ids_file = NULL;
+    const char *cmd = "generate", *ids_text = NULL, *ids_file = NULL, *prompt_text = NULL;
     fr_cli_sampling so;
     fr_cli_sampling_default(&so);
     fr_engine_opts eo;
-    fr_engine_opts_default(&eo);
+    fr_cli_engine_opts_default(&eo);
     if (fr_cli_wants_help(argc, argv)) {
         printf("%s%s", usage_text, fr_engine_opts_usage);
         return 0;
     }
+    if (fr_cli_args(cmd, &argc, &argv,
+                    (const struct option *const[]){own_opts, fr_cli_engine_longopts, fr_cli_sampling_longopts, NULL}))
+        return 2;
     for (int i = 1; i < argc; i++) {
         int r = fr_engine_opts_parse(cmd, argc, argv, &i, &eo);
         if (r < 0) return 2;
@@ -96,9 +109,11 @@ int fr_cli_generate(int argc, char **argv)
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--prompt-ids") == 0 && v) ids_text = argv[++i];
         else if (strcmp(a, "--prompt-file") == 0 && v) ids_file = argv[++i];
+        else if (strcmp(a, "--prompt") == 0 && v) prompt_text = argv[++i];
         else return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", a);
     }
-    if (ids_text && ids_file) return fr_cli_usage_error(cmd, "give one of --prompt-ids and --prompt-file");
+    if (!!ids_text + !!ids_file + !!prompt_text > 1)
+        return fr_cli_usage_error(cmd, "give one of --prompt, --prompt-ids and --prompt-file");
     if (fr_cli_sampling_finish(cmd, &so)) return 2;
     const char *stop_text = so.stop_text;
     int n_samples = so.n_samples, max_tokens = so.max_tokens, json = so.json, ignore_eos = so.ignore_eos;
@@ -107,6 +122,7 @@ int fr_cli_generate(int argc, char **argv)
     int *ids = NULL, n_ids = 0, *stop = NULL, n_stop = 0;
     fr_status st = FR_OK;
     if (ids_file) st = fr_read_ids_file(ids_file, &ids, &n_ids);
+    else if (prompt_text) st = fr_cli_byte_prompt(prompt_text, &ids, &n_ids);
     else st = fr_parse_ids(ids_text ? ids_text : "256,104,101,108,108,111", &ids, &n_ids);
     if (!st && stop_text) st = fr_parse_ids(stop_text, &stop, &n_stop);
     if (st) {
@@ -124,7 +140,7 @@ int fr_cli_generate(int argc, char **argv)
     eo.group = tl.group;
     /* Every rank drew its own seed when none was given: rank 0's is the run's. */
     st = fr_tp_launch_agree_seed(&tl, &sp.seed);
-    if (!st && tl.output_rank) fprintf(stderr, "generate: seed %llu\n", (unsigned long long)sp.seed);
+    if (!st && tl.output_rank) fr_info("generate: seed %llu", (unsigned long long)sp.seed);
     fr_session s;
     int pages = (n_ids + max_tokens + 127) / 128 + 1;
     if (!st) st = fr_session_open(&eo, pages * n_samples + 1, n_samples, &s);
@@ -136,6 +152,14 @@ int fr_cli_generate(int argc, char **argv)
     }
     const fr_model_config *mc = &s.model->cfg;
     const int V = mc->vocab_size;
+    if (prompt_text && !fr_cli_byte_model(mc)) {
+        fprintf(stderr, "fp4rollout generate: --prompt TEXT needs a byte-level model (ids 0-255 bytes, BOS 256); "
+                        "this model has its own tokenizer: give the prompt's ids with --prompt-ids or --prompt-file\n");
+        free(ids); free(stop);
+        fr_session_close(&s);
+        fr_tp_launch_close(&tl);
+        return 2;
+    }
     if (!stop_text && !ignore_eos) {
         stop = malloc(sizeof(int) * (size_t)(mc->n_eos > 0 ? mc->n_eos : 1));
         if (stop) { memcpy(stop, mc->eos_ids, sizeof(int) * (size_t)mc->n_eos); n_stop = mc->n_eos; }
@@ -198,7 +222,7 @@ int fr_cli_generate(int argc, char **argv)
         n_new = n_step;
     }
     if (!st && tl.output_rank)
-        for (int i = 0; i < n_samples; i++) print_sample(&smp[i], i, json, sp.seed, V == 272 && mc->bos_id == 256);
+        for (int i = 0; i < n_samples; i++) print_sample(&smp[i], i, json, sp.seed, fr_cli_byte_model(mc));
     if (st) fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
     for (int i = 0; smp && i < n_samples; i++) { free(smp[i].tokens); free(smp[i].logprobs); }
     free(smp); free(logits); free(step_tok); free(owner); free(new_tok); free(new_lp); free(steps); free(drows); free(ids); free(stop);

@@ -46,11 +46,18 @@ static int quantize_file(FILE *in, FILE *out, fr_fp4_format f, int search, int d
     return st;
 }
 
+/* The options of this command (app/cli_args.c reads them with getopt_long). */
+static const struct option own_opts[] = {
+    {"format", required_argument, 0, 0}, {"scale-search", no_argument, 0, 0}, {"dual", no_argument, 0, 0},
+    {"dim", required_argument, 0, 0}, {0, 0, 0, 0},
+};
+
 int fr_cli_quant(int argc, char **argv)
 {
     const char *cmd = "quant", *format = NULL, *paths[2] = {0};
     int search = 0, dual = 0, d = 0, n_paths = 0;
     if (fr_cli_wants_help(argc, argv)) { fputs(usage_text, stdout); return 0; }
+    if (fr_cli_args(cmd, &argc, &argv, (const struct option *const[]){own_opts, NULL})) return 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--format") == 0 && i + 1 < argc) format = argv[++i];

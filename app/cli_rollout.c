@@ -9,6 +9,7 @@
 
 #include "base/buf.h"
 #include "base/clock.h"
+#include "base/log.h"
 #include "app/cli.h"
 #include "rollout/engine/scheduler.h"
 #include "rollout/engine/session.h"
@@ -49,10 +50,10 @@ static const char usage_text[] =
     "  --kl-sample-rate R   share of samples (0..1, default 0) that also run a BF16-KV\n"
     "                       shadow: their divergence (KL over BF16's top-128, top-1\n"
     "                       agreement) is measured at every token (docs/scheduler.md)\n"
-    "  --json               one JSON line per sample: request, sample, tokens,\n"
+    "  --json               one JSON line per sample: request_id, sample, token_ids,\n"
     "                       logprobs, finish_reason (stop | length | abort | error),\n"
     "                       seed, and for monitored samples kl_mean, kl_max,\n"
-    "                       top1_agree\n"
+    "                       top1_agreement\n"
     "                       (default: a readable line per sample)\n"
     "engine options:\n";
 
@@ -80,14 +81,14 @@ static void format_line(int json, uint64_t seed, const fr_sample_result *r, fr_b
 {
     b->len = 0;
     if (json) {
-        fr_buf_printf(b, "{\"request\":%llu,\"sample\":%d,\"tokens\":[", (unsigned long long)r->request_id, r->sample);
+        fr_buf_printf(b, "{\"request_id\":%llu,\"sample\":%d,\"token_ids\":[", (unsigned long long)r->request_id, r->sample);
         for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, "%s%d", i ? "," : "", r->tokens[i]);
         fr_buf_printf(b, "],\"logprobs\":[");
         for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, "%s%.9g", i ? "," : "", r->logprobs[i]);   /* round-trips a float */
         fr_buf_printf(b, "],\"finish_reason\":\"%s\",\"seed\":%llu", fr_finish_reason_name(r->finish),
                       (unsigned long long)seed);
         if (r->monitored && r->div.n > 0)
-            fr_buf_printf(b, ",\"kl_mean\":%.6g,\"kl_max\":%.6g,\"top1_agree\":%.6g", fr_div_summary_mean(&r->div),
+            fr_buf_printf(b, ",\"kl_mean\":%.6g,\"kl_max\":%.6g,\"top1_agreement\":%.6g", fr_div_summary_mean(&r->div),
                           r->div.kl_max, (double)r->div.top1_agree / (double)r->div.n);
         fr_buf_printf(b, "}\n");
     } else {
@@ -276,6 +277,12 @@ static fr_status gather_results(const fr_tp_launch *tl, const out_ctx *oc, const
     return st;
 }
 
+/* The options of this command (app/cli_args.c reads them with getopt_long). */
+static const struct option own_opts[] = {
+    {"prompts", required_argument, 0, 0}, {"max-seqs", required_argument, 0, 0},
+    {"kv-blocks", required_argument, 0, 0}, {"kl-sample-rate", required_argument, 0, 0}, {0, 0, 0, 0},
+};
+
 int fr_cli_rollout(int argc, char **argv)
 {
     const char *cmd = "rollout", *path = NULL;
@@ -284,11 +291,13 @@ int fr_cli_rollout(int argc, char **argv)
     fr_cli_sampling so;
     fr_cli_sampling_default(&so);
     fr_engine_opts eo;
-    fr_engine_opts_default(&eo);
+    fr_cli_engine_opts_default(&eo);
     if (fr_cli_wants_help(argc, argv)) {
         printf("%s%s", usage_text, fr_engine_opts_usage);
         return 0;
     }
+    static const struct option *const tables[] = {own_opts, fr_cli_engine_longopts, fr_cli_sampling_longopts, NULL};
+    if (fr_cli_args(cmd, &argc, &argv, tables)) return 2;
     for (int i = 1; i < argc; i++) {
         int r = fr_engine_opts_parse(cmd, argc, argv, &i, &eo);
         if (r < 0) return 2;
@@ -311,7 +320,6 @@ int fr_cli_rollout(int argc, char **argv)
     }
     if (!path) return fr_cli_usage_error(cmd, "--prompts is required");
     if (fr_cli_sampling_finish(cmd, &so)) return 2;
-    if (so.n_samples > max_seqs) return fr_cli_usage_error(cmd, "--n %d exceeds --max-seqs %d", so.n_samples, max_seqs);
     const char *stop_text = so.stop_text;
     int n_samples = so.n_samples, max_tokens = so.max_tokens, json = so.json, ignore_eos = so.ignore_eos;
     fr_sampling_params sp = so.sp;
@@ -341,7 +349,7 @@ int fr_cli_rollout(int argc, char **argv)
     eo.group = tl.group;
     /* Every rank drew its own seed when none was given: rank 0's is the run's. */
     st = fr_tp_launch_agree_seed(&tl, &sp.seed);
-    if (!st && tl.output_rank) fprintf(stderr, "rollout: seed %llu\n", (unsigned long long)sp.seed);
+    if (!st && tl.output_rank) fr_info("rollout: seed %llu", (unsigned long long)sp.seed);
     fr_session s;
     if (st || (st = fr_session_open(&eo, kv_blocks, max_seqs, &s))) {
         fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
@@ -408,7 +416,7 @@ int fr_cli_rollout(int argc, char **argv)
         fprintf(stderr,
                 "rollout: requests %d samples %lld tokens %lld prefill_tokens %lld steps %lld preemptions %lld "
                 "kv_blocks %d backend %s seconds %.3f tokens/s %.0f monitored %lld kl_mean %.6g kl_max %.6g "
-                "top1_agree %.4f decode_steps %lld forward_s %.3f shadow_s %.3f host_s %.3f kl_s %.3f\n",
+                "top1_agreement %.4f decode_steps %lld forward_s %.3f shadow_s %.3f host_s %.3f kl_s %.3f\n",
                 pl.n, ss.finished, ss.tokens_generated, ss.prefill_tokens, ss.steps, ss.preemptions, kv_blocks,
                 fr_backend_name(s.backend), run_s, run_s > 0 ? (double)ss.tokens_generated / run_s : 0.0, monitored,
                 fr_div_summary_mean(&div), div.kl_max, div.n ? (double)div.top1_agree / (double)div.n : 0.0,

@@ -34,17 +34,24 @@ static fr_status write_all(const char *path, const float *x, size_t n)
     return ok || st ? st : fr_fail(FR_EIO, "cannot write %s", path);
 }
 
+/* The options of this command (app/cli_args.c reads them with getopt_long). */
+static const struct option own_opts[] = {
+    {"prompt-ids", required_argument, 0, 0}, {"prompt-file", required_argument, 0, 0},
+    {"out", required_argument, 0, 0}, {"decode", no_argument, 0, 0}, {0, 0, 0, 0},
+};
+
 int fr_cli_score(int argc, char **argv)
 {
     const char *cmd = "score", *ids_text = NULL, *ids_file = NULL, *out = NULL;
     int decode = 0;
     fr_engine_opts eo;
-    fr_engine_opts_default(&eo);
+    fr_cli_engine_opts_default(&eo);
     eo.chunk = 0;   /* 0: the whole prompt in one prefill step */
     if (fr_cli_wants_help(argc, argv)) {
         printf("%s%s", usage_text, fr_engine_opts_usage);
         return 0;
     }
+    if (fr_cli_args(cmd, &argc, &argv, (const struct option *const[]){own_opts, fr_cli_engine_longopts, NULL})) return 2;
     for (int i = 1; i < argc; i++) {
         int r = fr_engine_opts_parse(cmd, argc, argv, &i, &eo);
         if (r < 0) return 2;

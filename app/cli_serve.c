@@ -9,12 +9,14 @@
 
 #include "app/cli.h"
 #include "app/serve_config.h"
+#include "app/serve_flags.h"
+#include "base/log.h"
 #include "rollout/engine/session.h"
 #include "app/tp_launch.h"
 #include "trainer_bridge/server/server.h"
 
 static const char usage_text[] =
-    "usage: fp4rollout serve --config FILE\n"
+    "usage: fp4rollout serve [--config FILE] [--model M] [--kv T] [--port P] [flags]\n"
     "\n"
     "Serves rollouts to trainers over ZeroMQ (protocol version 1, docs/protocol.md):\n"
     "one ROUTER socket bound to tcp://BIND:PORT from the configuration's\n"
@@ -30,8 +32,33 @@ static const char usage_text[] =
     "SIGINT or SIGTERM shut it down: every open sample first gets its done\n"
     "message with reason abort. Logs go to stderr.\n"
     "\n"
-    "  --config FILE   the serve configuration (JSON, every key optional;\n"
-    "                  configs/README.md lists the keys)\n"
+    "  --config FILE          the serve configuration (JSON, every key optional;\n"
+    "                         configs/README.md lists the keys). Optional: the\n"
+    "                         flags below alone configure a server, and override\n"
+    "                         the file's values when both are given\n"
+    "  --model M              model (default: the bundled demo model)   [model]\n"
+    "  --backend B            auto, cpu or cuda                         [backend]\n"
+    "  --kv T, --kv-cache-dtype T  bf16, fp8, nvfp4, mxfp4 or f32      [kv_dtype]\n"
+    "  --fp4-compute C        auto, exact or bf16                       [fp4_compute]\n"
+    "  --recipe R             full or vanilla, with switches            [recipe]\n"
+    "  --calib FILE           calibration file                          [calib]\n"
+    "  --tp N, --tensor-parallel-size N  ranks per engine              [tp]\n"
+    "  --max-seqs N, --max-num-seqs N    sequences run at once         [max_seqs]\n"
+    "  --kv-blocks N          KV pages per engine                       [kv_blocks]\n"
+    "  --chunk N              most tokens of one step                   [chunk]\n"
+    "  --max-model-len N      cap on the context window                 [max_model_len]\n"
+    "  --deterministic        batch-invariant numbers (CPU)             [deterministic]\n"
+    "  --bind HOST            address to bind                           [coordinator.bind]\n"
+    "  --port P               trainer-facing port                       [coordinator.port]\n"
+    "  --metrics-port P       HTTP metrics and dashboard port           [metrics_port]\n"
+    "  --metrics-pub-port P   ZeroMQ PUB metrics port                   [metrics_pub_port]\n"
+    "  --kl-sample-rate R     share of samples with a BF16-KV shadow    [kl_sample_rate]\n"
+    "  --temperature T, --top-p P, --top-k K, --max-tokens N\n"
+    "                         defaults of requests that leave them out  [sampling.*]\n"
+    "  --log-stats-interval S the serving summary every S seconds (default 10,\n"
+    "                         0: never): tokens/s, running and waiting samples, KV\n"
+    "                         use, weight version                [log_stats_interval_s]\n"
+    "  --log-level L          debug, info (default), warn, error or off\n"
     "\n"
     "Under mpirun -np W with the configuration's tp T, the W ranks form W / T\n"
     "engines of T tensor-parallel ranks; world rank 0 owns the socket, routes each\n"
@@ -70,11 +97,9 @@ int fr_cli_serve(int argc, char **argv)
         printf("%s", usage_text);
         return 0;
     }
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) path = argv[++i];
-        else return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", argv[i]);
-    }
-    if (!path) return fr_cli_usage_error(cmd, "--config is required");
+    if (fr_cli_args(cmd, &argc, &argv, (const struct option *const[]){fr_serve_longopts, NULL})) return 2;
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--config") == 0) path = argv[++i];
     /* Weight updates allocate and free buffers of hundreds of MiB (ZeroMQ's
      * message per bucket on its I/O thread, the staging copy). glibc maps
      * each such block afresh and the kernel zeroes every page again on
@@ -88,10 +113,12 @@ int fr_cli_serve(int argc, char **argv)
     mallopt(M_TRIM_THRESHOLD, -1);   /* never give the heap back */
     fr_serve_config c;
     fr_serve_config_default(&c);
-    if (fr_serve_config_load(path, &c)) {
+    snprintf(c.model, sizeof c.model, "%s", fr_cli_demo_model());
+    if ((path && fr_serve_config_load(path, &c)) || fr_serve_flags_apply(argc, argv, &c)) {
         fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
         return 2;
     }
+    if (!path) path = "command line";
     fr_engine_opts eo;
     fr_serve_config_engine_opts(&c, &eo);
     fr_backend backend;
@@ -157,6 +184,7 @@ int fr_cli_serve(int argc, char **argv)
                            .sampling = c.sampling, .shutdown_linger_ms = 2000, .log = stderr,
                            .kl_sample_rate = c.kl_sample_rate,
                            .update_idle_ms = (int)(c.weight_update_idle_s * 1000.0 + 0.5),
+                           .stats_log_ms = c.log_stats_interval_s > 0 ? (int)(c.log_stats_interval_s * 1000.0 + 0.5) : -1,
                            .nccl_timeout_ms = (int)(c.nccl_timeout_s * 1000.0 + 0.5),
                            .curve_secret_key = c.curve.server_secret_key, .curve_client_keys = client_keys,
                            .n_curve_client_keys = c.curve.n_clients, .metrics_port = c.metrics_port,
@@ -197,9 +225,8 @@ int fr_cli_serve(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     if (tl.output_rank)
-        fprintf(stderr,
-                "serve: model %s backend %s kv %s max_seqs %d kv_blocks %d chunk %d kl_sample_rate %g "
-                "engines %d tp %d ranks %d\n",
+        fr_info("serve: model %s backend %s kv %s max_seqs %d kv_blocks %d chunk %d kl_sample_rate %g "
+                "engines %d tp %d ranks %d",
                 c.model, fr_backend_name(s.backend), fr_kv_dtype_name(c.kv_dtype), c.max_seqs, kv_blocks, c.chunk,
                 c.kl_sample_rate, tl.n_engines, c.tp, tl.world_size);
     /* from here on a lost rank ends the job after rank_timeout_s instead of
@@ -210,6 +237,6 @@ int fr_cli_serve(int argc, char **argv)
     fr_bridge_server_destroy(&srv);
     fr_session_close(&s);
     fr_tp_launch_close(&tl);
-    if (tl.output_rank) fprintf(stderr, "serve: stopped\n");
+    if (tl.output_rank) fr_info("serve: stopped");
     return st ? 1 : 0;
 }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app/cli.h"
 #include "base/clock.h"
 #include "rollout/model/model.h"
 #include "rollout/model/tensor_table.h"
@@ -37,7 +38,7 @@ static const char usage_text[] =
     "  generate --prompts FILE [options]\n"
     "                           one request per line of FILE (comma-separated token ids),\n"
     "                           request ids FIRST, FIRST+1, ...; prints each sample as a\n"
-    "                           JSON line when it ends (request, sample, tokens, logprobs,\n"
+    "                           JSON line when it ends (request_id, sample, token_ids, logprobs,\n"
     "                           finish_reason, n_tokens, preemptions, ttft_ms, total_ms,\n"
     "                           seed: the seed that produced it)\n"
     "      --n N --max-tokens N --temperature T --top-k K --top-p P --seed S\n"
@@ -257,7 +258,7 @@ static void on_done(void *user, const fr_msg_done *d)
                 (unsigned long long)d->request_id, d->sample, a->n, d->n_tokens);
         g->failed = 1;
     }
-    printf("{\"request\":%llu,\"sample\":%d,\"tokens\":[", (unsigned long long)d->request_id, d->sample);
+    printf("{\"request_id\":%llu,\"sample\":%d,\"token_ids\":[", (unsigned long long)d->request_id, d->sample);
     for (int i = 0; i < a->n; i++) printf("%s%d", i ? "," : "", a->tok[i]);
     printf("],\"logprobs\":[");
     for (int i = 0; i < a->n; i++) printf("%s%.9g", i ? "," : "", (double)a->lp[i]);   /* round-trips a float */
@@ -712,17 +713,70 @@ static int cmd_watch_metrics(const char *endpoint, const fr_client_curve *keys, 
     return rc;
 }
 
+#define REQ(name) {name, required_argument, 0, 0}
+#define FLAG(name) {name, no_argument, 0, 0}
+static const struct option global_opts[] = {
+    REQ("endpoint"), REQ("server-key"), REQ("public-key"), REQ("secret-key"), REQ("timeout-ms"), {0, 0, 0, 0}};
+static const struct option generate_opts[] = {
+    REQ("prompts"),  REQ("n"),         REQ("max-tokens"),        REQ("temperature"),   REQ("top-p"),
+    REQ("top-k"),    REQ("seed"),      REQ("stop-ids"),          FLAG("ignore-eos"),   REQ("first-id"),
+    REQ("group-id"), REQ("abort-id"),  FLAG("monitor-divergence"), FLAG("no-monitor"), REQ("abort-after"),
+    {0, 0, 0, 0}};
+static const struct option send_raw_opts[] = {REQ("hex"), REQ("extra-frames"), {0, 0, 0, 0}};
+static const struct option push_opts[] = {
+    REQ("model"), REQ("version"), REQ("bucket-mib"), REQ("bucket-bytes"), REQ("dtype"), REQ("skip"),
+    REQ("nan"),   REQ("flatten"), REQ("export"),     REQ("corrupt-bucket"), {0, 0, 0, 0}};
+static const struct option watch_opts[] = {REQ("count"), {0, 0, 0, 0}};
+static const struct option pause_opts[] = {REQ("mode"), {0, 0, 0, 0}};
+static const struct option no_opts[] = {{0, 0, 0, 0}};
+
+/* getopt_long over a command's own options (app/cli.h); argv[i - 1] is the
+ * command word. Leaves *i at the first canonical argument. */
+static int command_args(const char *cmd, int *argc, char ***argv, int *i)
+{
+    static const struct { const char *cmd; const struct option *opts; } table[] = {
+        {"generate", generate_opts}, {"send-raw", send_raw_opts}, {"push-weights", push_opts},
+        {"watch-metrics", watch_opts}, {"pause", pause_opts},
+    };
+    const struct option *opts = no_opts;
+    for (size_t k = 0; k < sizeof table / sizeof table[0]; k++)
+        if (strcmp(cmd, table[k].cmd) == 0) opts = table[k].opts;
+    int n = *argc - *i + 1;
+    char **av = *argv + *i - 1;
+    if (fr_cli_args(cmd, &n, &av, (const struct option *const[]){opts, NULL})) return 2;
+    *argc = n;
+    *argv = av;
+    *i = 1;
+    return 0;
+}
+
+static int run(int argc, char **argv);
+
 int main(int argc, char **argv)
+{
+    fr_cli_program = "fp4rollout-client";
+    int rc = run(argc, argv);
+    fr_cli_args_release();
+    return rc;
+}
+
+static int run(int argc, char **argv)
 {
     const char *endpoint = "tcp://127.0.0.1:5555";
     fr_client_curve keys = {NULL, NULL, NULL};
     long long timeout = 30000;
     int i = 1;
-    for (; i < argc; i++) {
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+    for (int j = 1; j < argc; j++)
+        if (strcmp(argv[j], "-h") == 0 || strcmp(argv[j], "--help") == 0) {
             printf("%s", usage_text);
             return 0;
         }
+    if (argc > 1 && strcmp(argv[1], "--version") == 0) {
+        printf("fp4rollout-client %s\n", FR_VERSION);
+        return 0;
+    }
+    if (fr_cli_args_head("", &argc, &argv, (const struct option *const[]){global_opts, NULL})) return 2;
+    for (; i < argc; i++) {
         if (strcmp(argv[i], "--endpoint") == 0 && i + 1 < argc) endpoint = argv[++i];
         else if (strcmp(argv[i], "--server-key") == 0 && i + 1 < argc) keys.server_public_key = argv[++i];
         else if (strcmp(argv[i], "--public-key") == 0 && i + 1 < argc) keys.public_key = argv[++i];
@@ -734,11 +788,6 @@ int main(int argc, char **argv)
     }
     if (i >= argc) return usage_error("%s", "a command is required");
     const char *cmd = argv[i++];
-    for (int j = i; j < argc; j++)
-        if (strcmp(argv[j], "-h") == 0 || strcmp(argv[j], "--help") == 0) {
-            printf("%s", usage_text);
-            return 0;
-        }
     static const char *const known[] = {"hello", "stats", "pause", "resume", "generate", "send-raw", "push-weights"};
     int ok = 0;
     for (int k = 0; k < 7; k++) ok |= strcmp(cmd, known[k]) == 0;
@@ -755,8 +804,9 @@ int main(int argc, char **argv)
     if (n_keys != 0 && n_keys != 3)
         return usage_error("%s", "CURVE needs --server-key, --public-key and --secret-key together");
     if (strcmp(cmd, "watch-metrics") == 0)
-        return cmd_watch_metrics(endpoint, n_keys ? &keys : NULL, (int)timeout, argc - i, argv + i);
+        return command_args(cmd, &argc, &argv, &i) ? 2 : cmd_watch_metrics(endpoint, n_keys ? &keys : NULL, (int)timeout, argc - i, argv + i);
     if (!ok) return usage_error("unknown command '%s'", cmd);
+    if (command_args(cmd, &argc, &argv, &i)) return 2;
     fr_client *c;
     if (fr_client_new_curve(endpoint, n_keys ? &keys : NULL, &c)) {
         fprintf(stderr, "fp4rollout-client: %s\n", fr_last_error());

@@ -19,8 +19,12 @@ enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: fp4rollout COMMAND [options]   (fp4rollout COMMAND --help for details)\n\n"
-                 "An RL rollout engine with a 4-bit microscaling KV cache.\n\ncommands:\n");
+    fprintf(out, "usage: fp4rollout COMMAND [options]   (fp4rollout COMMAND --help for details)\n"
+                 "       fp4rollout --version\n\n"
+                 "An RL rollout engine with a 4-bit microscaling KV cache.\n"
+                 "Options take '--opt value' or '--opt=value'; every command takes --log-level\n"
+                 "(debug, info, warn, error, off). Exit status: 0 done, 1 failed, 2 usage error.\n\n"
+                 "commands:\n");
     for (int i = 0; i < N_COMMANDS; i++) fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
 }
 
@@ -30,12 +34,20 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        printf("fp4rollout %s\n", FR_VERSION);
+        return 0;
+    }
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "help") == 0) {
         usage(stdout);
         return 0;
     }
     for (int i = 0; i < N_COMMANDS; i++)
-        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+        if (strcmp(argv[1], commands[i].name) == 0) {
+            int rc = commands[i].run(argc - 1, argv + 1);
+            fr_cli_args_release();
+            return rc;
+        }
     fprintf(stderr, "fp4rollout: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

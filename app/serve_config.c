@@ -15,7 +15,8 @@
 static const char *const top_keys[] = {
     "model",     "backend",            "tp",    "kv_dtype",    "fp4_compute",  "recipe",         "calib",   "max_seqs",
     "kv_blocks", "kv_memory_fraction", "chunk", "coordinator", "metrics_port", "metrics_pub_port", "kl_sample_rate", "sampling",
-    "weight_update_idle_s", "nccl_timeout_s", "curve", "recalibration", "deterministic", "metrics_log", "metrics_http"};
+    "weight_update_idle_s", "nccl_timeout_s", "curve", "recalibration", "deterministic", "metrics_log", "metrics_http",
+    "max_model_len", "log_stats_interval_s"};
 static const char *const metrics_http_keys[] = {"max_connections", "idle_timeout_s", "token"};
 static const char *const recal_keys[] = {"kl_threshold", "after_commit", "min_positions", "texts", "context",
                                          "seed_tokens", "continue", "out_dir"};
@@ -59,6 +60,7 @@ void fr_serve_config_default(fr_serve_config *c)
     c->recalibration.out_dir[0] = 0;
     c->kl_sample_rate = 0.0;
     c->weight_update_idle_s = 120.0;
+    c->log_stats_interval_s = 10.0;
     c->nccl_timeout_s = 30.0;
     c->sampling.params = (fr_sampling_params){.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
     c->sampling.max_tokens = 256;
@@ -75,6 +77,7 @@ void fr_serve_config_engine_opts(const fr_serve_config *c, fr_engine_opts *o)
     o->recipe = c->recipe;
     o->calib = c->calib[0] ? c->calib : NULL;
     o->chunk = c->chunk;
+    o->max_model_len = c->max_model_len;
     o->tp = c->tp;   /* the caller sets o->group (app/tp_launch.h) */
     o->deterministic = c->deterministic;
 }
@@ -477,6 +480,7 @@ static fr_status parse_top(const char *label, const cJSON *root, fr_serve_config
             st = get_num(label, it, k, 0.0, 1.0, 1, &c->kv_memory_fraction);
             given->kv_memory_fraction = 1;
         } else if (strcmp(k, "chunk") == 0) st = get_int(label, it, k, 1, 1 << 20, &c->chunk);
+        else if (strcmp(k, "max_model_len") == 0) st = get_int(label, it, k, 0, 1 << 30, &c->max_model_len);
         else if (strcmp(k, "deterministic") == 0) {
             if (!cJSON_IsBool(it)) st = bad(label, k, "expected true or false, got %s", type_name(it));
             else c->deterministic = cJSON_IsTrue(it);
@@ -488,6 +492,8 @@ static fr_status parse_top(const char *label, const cJSON *root, fr_serve_config
         else if (strcmp(k, "metrics_http") == 0) st = parse_metrics_http(label, it, c);
         else if (strcmp(k, "kl_sample_rate") == 0) st = get_num(label, it, k, 0.0, 1.0, 0, &c->kl_sample_rate);
         else if (strcmp(k, "sampling") == 0) st = parse_sampling(label, it, c);
+        else if (strcmp(k, "log_stats_interval_s") == 0)
+            st = get_num(label, it, k, 0.0, 86400.0, 0, &c->log_stats_interval_s);
         else if (strcmp(k, "weight_update_idle_s") == 0)
             st = get_num(label, it, k, 0.0, 86400.0, 0, &c->weight_update_idle_s);
         else if (strcmp(k, "nccl_timeout_s") == 0)
@@ -663,6 +669,7 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
     if (c->kv_blocks == 0 && c->backend != FR_BACKEND_CPU)
         ok = ok && cJSON_AddNumberToObject(root, "kv_memory_fraction", c->kv_memory_fraction);
     ok = ok && cJSON_AddNumberToObject(root, "chunk", c->chunk);
+    ok = ok && cJSON_AddNumberToObject(root, "max_model_len", c->max_model_len);
     ok = ok && cJSON_AddBoolToObject(root, "deterministic", c->deterministic);
     ok = ok && cJSON_AddStringToObject(co, "bind", c->coordinator.bind);
     ok = ok && cJSON_AddNumberToObject(co, "port", c->coordinator.port);
@@ -689,6 +696,7 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
     else cJSON_Delete(mh);
     ok = ok && cJSON_AddNumberToObject(root, "kl_sample_rate", c->kl_sample_rate);
     ok = ok && cJSON_AddNumberToObject(root, "weight_update_idle_s", c->weight_update_idle_s);
+    ok = ok && cJSON_AddNumberToObject(root, "log_stats_interval_s", c->log_stats_interval_s);
     ok = ok && cJSON_AddNumberToObject(root, "nccl_timeout_s", c->nccl_timeout_s);
     if (ok && c->curve.server_secret_key[0]) {
         cJSON *cv = cJSON_CreateObject(), *keys = cJSON_CreateArray();

@@ -62,6 +62,7 @@ typedef struct {
     int kv_blocks;                         /* KV pages per engine; 0: automatic */
     double kv_memory_fraction;             /* cuda, kv_blocks 0: share of free GPU memory for KV pages */
     int chunk;                             /* the most tokens of one forward step */
+    int max_model_len;                     /* > 0: the context window capped at this */
     int deterministic;                     /* batch-invariant numbers (docs/determinism.md) */
     struct {
         char bind[FR_SERVE_HOST_MAX];      /* host or interface the coordinator binds */
@@ -82,6 +83,7 @@ typedef struct {
         char token[128];                   /* "": none required */
     } metrics_http;
     double kl_sample_rate;                 /* share of samples with a BF16-KV shadow */
+    double log_stats_interval_s;           /* the serving summary line every this many seconds; 0: never */
     double weight_update_idle_s;           /* a staged weight update idle this long is dropped; 0: never */
     double nccl_timeout_s;                 /* an NCCL weight group without progress this long is aborted */
     struct {                               /* CURVE authentication of the trainer-facing socket */

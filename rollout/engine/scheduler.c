@@ -48,11 +48,14 @@ struct req {
     int prompt_counted;    /* its prompt tokens are in the serving figures */
 };
 
-/* Prefill work: a prompt for all n samples of a request (sample -1), or the
- * recompute of one preempted sample (its prompt and generated tokens). */
+/* Prefill work: a prompt for samples [lo, hi) of a request (sample -1; a
+ * request of more samples than max_seqs has one such job per max_seqs
+ * samples, each its own prefill), or the recompute of one preempted sample
+ * (its prompt and generated tokens). */
 typedef struct {
     req *r;
     int sample;
+    int lo, hi;            /* sample -1: the samples it starts */
     int *buf;              /* recompute: prompt + generated tokens (owned) */
     const int *tokens;
     int n_total, done, seq;
@@ -376,7 +379,20 @@ static void shadow_catch_up(fr_scheduler *sch, sample *x, const float *logits)
     measure(sch, x, logits, sch->ref);
 }
 
-static int job_slots(const job *j) { return j->sample < 0 ? j->r->open : 1; }
+/* The samples a job stands for: [*lo, *hi). */
+static void job_range(const job *j, int *lo, int *hi)
+{
+    *lo = j->sample >= 0 ? j->sample : j->lo;
+    *hi = j->sample >= 0 ? j->sample + 1 : j->hi;
+}
+
+static int job_slots(const job *j)
+{
+    if (j->sample >= 0) return 1;
+    int n = 0;
+    for (int i = j->lo; i < j->hi; i++) n += !j->r->samples[i].done;
+    return n;
+}
 
 static int push_waiting(fr_scheduler *sch, job j, int front)
 {
@@ -401,8 +417,8 @@ static void fail_job_samples(fr_scheduler *sch, job *j, fr_finish_reason why)
         finish(sch, &r->samples[j->sample], why);
         return;
     }
-    int left = r->open, n = r->n;
-    for (int i = 0; left > 0 && i < n; i++)
+    int left = job_slots(j), n = j->hi;   /* counted first: the last finish may free r */
+    for (int i = j->lo; left > 0 && i < n; i++)
         if (!r->samples[i].done) {
             left--;
             finish(sch, &r->samples[i], why);   /* the last one may free r */
@@ -555,9 +571,6 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
     if (spec->n_prompt >= mc->max_position)
         return fr_fail(FR_EINVAL, "request %llu: the prompt (%d tokens) does not fit the context window of %d",
                        (unsigned long long)spec->id, spec->n_prompt, mc->max_position);
-    if (spec->n > sch->cfg.max_seqs)
-        return fr_fail(FR_EINVAL, "request %llu: n = %d exceeds the %d sequences the engine runs at once",
-                       (unsigned long long)spec->id, spec->n, sch->cfg.max_seqs);
     int max_tokens = spec->max_tokens;
     if (max_tokens > mc->max_position - spec->n_prompt) max_tokens = mc->max_position - spec->n_prompt;
     if (blocks_for(spec->n_prompt + max_tokens) > sch->n_blocks)
@@ -594,8 +607,15 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
     if (ok) {
         memcpy(r->prompt, spec->prompt, sizeof(int) * (size_t)spec->n_prompt);
         if (spec->n_stop > 0) memcpy(r->stop, spec->stop_ids, sizeof(int) * (size_t)spec->n_stop);
-        job j = {.r = r, .sample = -1, .tokens = r->prompt, .n_total = r->n_prompt, .seq = -1};
-        ok = !push_waiting(sch, j, 0);
+        /* more samples than the engine runs at once: queued max_seqs at a time
+         * (room made first, so that no push fails halfway) */
+        int jobs = (spec->n + sch->cfg.max_seqs - 1) / sch->cfg.max_seqs;
+        ok = !grow((void **)&sch->waiting, &sch->cap_waiting, sch->n_waiting + jobs, sizeof(job));
+        for (int lo = 0; ok && lo < spec->n; lo += sch->cfg.max_seqs) {
+            int hi = spec->n - lo > sch->cfg.max_seqs ? lo + sch->cfg.max_seqs : spec->n;
+            job j = {.r = r, .sample = -1, .lo = lo, .hi = hi, .tokens = r->prompt, .n_total = r->n_prompt, .seq = -1};
+            ok = !push_waiting(sch, j, 0);
+        }
     }
     if (!ok) {
         if (r->samples) free_req(r);
@@ -664,7 +684,8 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits, const i
     }
     /* The monitored samples' shadow: one prefill of the prompt, forked. */
     int shadow_src = -1;
-    for (int i = 0; i < r->n; i++) {
+    const int lo = j->lo, hi = j->hi;
+    for (int i = lo; i < hi; i++) {
         sample *x = &r->samples[i];
         if (x->done || !x->monitored || !shadow_of(sch)) continue;
         if (!ref_rows(sch, 1)) break;
@@ -680,8 +701,8 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits, const i
     }
     /* Samples that end on their first token are finished last: the last
      * finish frees the request. */
-    sample **end = malloc(sizeof(sample *) * (size_t)r->n);
-    fr_finish_reason *whys = malloc(sizeof *whys * (size_t)r->n);
+    sample **end = malloc(sizeof(sample *) * (size_t)(hi - lo));
+    fr_finish_reason *whys = malloc(sizeof *whys * (size_t)(hi - lo));
     if (!end || !whys) {
         free(end);
         free(whys);
@@ -689,10 +710,10 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits, const i
         return;
     }
     int n_end = 0, seq = j->seq;
-    for (int i = 0; i < r->n; i++) {
+    for (int i = lo; i < hi; i++) {
         sample *x = &r->samples[i];
         if (x->done) continue;
-        fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, i);
+        fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, i - lo);
         if (why != FR_FINISH_ERROR && x->shadow_seq >= 0 && logits) measure(sch, x, logits, sch->ref);
         if (!why && seq >= 0) {        /* the first one keeps the prefill's sequence */
             x->seq = seq;
@@ -842,7 +863,9 @@ static fr_status schedule_outputs(fr_scheduler *sch, step_plan *p)
     int n_draws = n_dec;
     for (int k = 0; k < p->n_jobs; k++) {
         const job *j = &sch->prefill[k];
-        if (j->done + sch->row_job_m[n_dec + k] >= j->n_total) n_draws += j->sample >= 0 ? 1 : j->r->n;
+        int lo, hi;
+        job_range(j, &lo, &hi);
+        if (j->done + sch->row_job_m[n_dec + k] >= j->n_total) n_draws += hi - lo;
     }
     if (grow_decode(sch, p->n_rows > n_draws ? p->n_rows : n_draws)) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
     schedule_monitoring(sch, p);
@@ -868,7 +891,8 @@ static fr_status schedule_outputs(fr_scheduler *sch, step_plan *p)
         const req *r = j->r;
         sch->keep_at[row] = sch->dslot[row] = -1;
         if (j->done + sch->row_job_m[row] < j->n_total) continue;   /* not its last chunk: logits unused */
-        int lo = j->sample >= 0 ? j->sample : 0, hi = j->sample >= 0 ? j->sample + 1 : r->n, wanted = r->forced != NULL;
+        int lo, hi, wanted = r->forced != NULL;
+        job_range(j, &lo, &hi);
         for (int i = lo; i < hi; i++)
             wanted |= j->sample >= 0 ? r->samples[i].shadow_seq >= 0 : r->samples[i].monitored && !r->samples[i].done;
         if (wanted) {

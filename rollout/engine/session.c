@@ -214,6 +214,13 @@ fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_bloc
     return st;
 }
 
+/* --max-model-len: a shorter window than the model's sizes every buffer
+ * that scales with it (rope tables, GPU page tables and workspaces). */
+static void cap_context(const fr_engine_opts *o, fr_model *m)
+{
+    if (o->max_model_len > 0 && o->max_model_len < m->cfg.max_position) m->cfg.max_position = o->max_model_len;
+}
+
 fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, fr_session *s)
 {
     memset(s, 0, sizeof *s);
@@ -229,6 +236,7 @@ fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, f
             fr_nccl_group_destroy(&s->nccl);
             return st;
         }
+        cap_context(o, m);
         st = open_on(o, b, m, wg, n_blocks, max_seqs, s);
         if (!st) return FR_OK;
         fr_session_close(s);   /* frees m and wg */
@@ -237,6 +245,7 @@ fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, f
     }
 #endif
     if ((st = fr_model_load(o->model, &m))) return st;
+    cap_context(o, m);
     st = open_on(o, b, m, NULL, n_blocks, max_seqs, s);
     if (st) fr_session_close(s);
     return st;
@@ -533,29 +542,49 @@ fr_status fr_session_prefill(fr_session *s, const int *tokens, int n, int chunk,
     return st;
 }
 
+/* One separator of an id list: white space, or one comma with white space
+ * around it. Returns the separator's end; *comma says whether it held one. */
+static const char *skip_separator(const char *p, int *comma)
+{
+    *comma = 0;
+    while (isspace((unsigned char)*p)) p++;
+    if (*p == ',') {
+        *comma = 1;
+        p++;
+        while (isspace((unsigned char)*p)) p++;
+    }
+    return p;
+}
+
 fr_status fr_parse_ids(const char *text, int **ids, int *n)
 {
-    int cap = 64, count = 0;
+    int cap = 64, count = 0, comma = 0;
     int *out = malloc(sizeof(int) * (size_t)cap);
     if (!out) return fr_fail(FR_ENOMEM, "out of memory");
-    const char *p = text;
-    while (*p) {
-        while (*p && (isspace((unsigned char)*p) || *p == ',')) p++;
-        if (!*p) break;
+    const char *p = skip_separator(text, &comma);
+    fr_status st = comma ? fr_fail(FR_EINVAL, "token ids: a list cannot start with a comma") : FR_OK;
+    while (!st && *p) {
         char *end;
         errno = 0;
         long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > 0x7fffffff || (*end && !isspace((unsigned char)*end) && *end != ',')) {
-            free(out);
-            return fr_fail(FR_EINVAL, "token ids: '%.20s' is not a non-negative integer", p);
+        if (end == p || errno || v < 0 || v > 0x7fffffff || *p == '+' ||
+            (*end && !isspace((unsigned char)*end) && *end != ',')) {
+            st = fr_fail(FR_EINVAL, "token ids: '%.20s' is not a non-negative integer", p);
+            break;
         }
         if (count == cap) {
             int *grown = realloc(out, sizeof(int) * (size_t)(cap *= 2));
-            if (!grown) { free(out); return fr_fail(FR_ENOMEM, "out of memory"); }
+            if (!grown) { st = fr_fail(FR_ENOMEM, "out of memory"); break; }
             out = grown;
         }
         out[count++] = (int)v;
-        p = end;
+        p = skip_separator(end, &comma);
+        if (comma && (!*p || *p == ','))   /* "1,,2" and "1,2," name no id */
+            st = fr_fail(FR_EINVAL, "token ids: an empty entry after id %d (entry %d)", (int)v, count);
+    }
+    if (st) {
+        free(out);
+        return st;
     }
     *ids = out;
     *n = count;

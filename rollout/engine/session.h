@@ -29,6 +29,7 @@ typedef struct {
                                  * --backend cuda runs one GPU per rank over NCCL */
     const fr_engine_group *group; /* this rank's engine when tp > 1 (app/tp_launch.h),
                                  * not owned; NULL for tp 1 */
+    int max_model_len;          /* > 0: the context window capped at this many tokens */
     int deterministic;          /* --deterministic: a sample's numbers independent of the
                                  * batch, chunking, preemption, engine, thread count and
                                  * CPU (docs/determinism.md); CPU backend only */

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/clock.h"
+#include "base/log.h"
 #include "rollout/model/checkpoint.h"
 #include "rollout/model/tensor_table.h"
 
@@ -210,10 +212,24 @@ float *fr_model_data(const fr_model *m, size_t *n_floats)
 
 /* ---- loading a checkpoint -------------------------------------------------- */
 
+/* The walk over the tensor table that fills a model from a checkpoint. */
+typedef struct {
+    const fr_checkpoint *ck;
+    const char *dir;
+    double t0, last;
+    size_t done, total;
+} load_ctx;
+
+static void load_progress(load_ctx *lc);
+
 static fr_status load_tensor(void *user, const fr_model_tensor *t)
 {
+    load_ctx *lc = user;
     int64_t shape[2] = {t->rows, t->cols};
-    return fr_checkpoint_load_f32(user, t->name, t->ndim, shape, t->data);
+    fr_status st = fr_checkpoint_load_f32(lc->ck, t->name, t->ndim, shape, t->data);
+    lc->done++;
+    if (!st) load_progress(lc);
+    return st;
 }
 
 /* Qwen3 has no biases; a checkpoint that carries them would be computed
@@ -229,6 +245,17 @@ static fr_status refuse_biases(const fr_checkpoint *ck, int l)
             return fr_fail(FR_EUNSUPPORTED, "checkpoint has tensor %s; biased attention is not supported", name);
     }
     return FR_OK;
+}
+
+/* Loading a large checkpoint takes minutes: a line at least every 5 s
+ * says how far it got (debug level for the rest, one a tensor). */
+static void load_progress(load_ctx *lc)
+{
+    double now = fr_now_s();
+    fr_log_level lv = now - lc->last >= 5.0 ? FR_LOG_INFO : FR_LOG_DEBUG;
+    if (!fr_log_enabled(lv)) return;
+    fr_log_msg(lv, "model %s: loaded %zu of %zu tensors (%.1f s)", lc->dir, lc->done, lc->total, now - lc->t0);
+    if (lv == FR_LOG_INFO) lc->last = now;
 }
 
 static fr_status load_dir(const char *dir, fr_model **out)
@@ -250,6 +277,9 @@ static fr_status load_dir(const char *dir, fr_model **out)
     fr_status rc = fr_checkpoint_open(dir, &ck);
     if (rc != FR_OK) return rc;
     const fr_model_config *c = fr_checkpoint_config(ck);
+    double t0 = fr_now_s(), last = t0;
+    fr_info("model %s: loading %d layers, hidden %d, vocabulary %d", dir, c->num_layers, c->hidden_size,
+            c->vocab_size);
     if ((rc = fr_model_alloc(c, dir, &m)) != FR_OK) goto done;
 
     for (int l = 0; l < c->num_layers; l++)
@@ -261,7 +291,9 @@ static fr_status load_dir(const char *dir, fr_model **out)
                                  "tie_word_embeddings", dir);
         goto done;
     }
-    rc = fr_model_tensors_each(c, &m->w, load_tensor, ck);
+    load_ctx lc = {.ck = ck, .dir = dir, .t0 = t0, .last = last, .total = fr_model_tensor_count(c)};
+    rc = fr_model_tensors_each(c, &m->w, load_tensor, &lc);
+    if (rc == FR_OK) fr_info("model %s: loaded in %.2f s", dir, fr_now_s() - t0);
 done:
     fr_checkpoint_close(&ck);
     if (rc != FR_OK) fr_model_destroy(&m);

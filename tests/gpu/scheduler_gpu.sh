@@ -45,10 +45,10 @@ PY
 close_generation() { # APART.jsonl CARRIED.jsonl LABEL MIN_EQUAL_SHARE
   $py - "$@" <<'PY' || fail "$3: the carried shadow's run differs too much from the run apart"
 import json, sys
-a = {(j["request"], j["sample"]): j for j in map(json.loads, open(sys.argv[1]))}
-b = {(j["request"], j["sample"]): j for j in map(json.loads, open(sys.argv[2]))}
+a = {(j["request_id"], j["sample"]): j for j in map(json.loads, open(sys.argv[1]))}
+b = {(j["request_id"], j["sample"]): j for j in map(json.loads, open(sys.argv[2]))}
 assert a.keys() == b.keys(), "different samples"
-same = [k for k in a if a[k]["tokens"] == b[k]["tokens"]]
+same = [k for k in a if a[k]["token_ids"] == b[k]["token_ids"]]
 kl = [k for k in same if "kl_mean" in a[k]]
 assert all(("kl_mean" in a[k]) == ("kl_mean" in b[k]) for k in a), "different samples monitored"
 bad = [k for k in kl if abs(a[k]["kl_mean"] - b[k]["kl_mean"]) > 1e-9 + 0.02 * abs(a[k]["kl_mean"])]
@@ -66,18 +66,18 @@ same_generation() { # A.jsonl B.jsonl LABEL: tokens and logprobs equal; KL only 
 import json, math, sys
 a = [json.loads(l) for l in open(sys.argv[1])]
 b = [json.loads(l) for l in open(sys.argv[2])]
-key = lambda j: (j["request"], j["sample"])
+key = lambda j: (j["request_id"], j["sample"])
 a.sort(key=key); b.sort(key=key)
 assert len(a) == len(b) and len(a) > 0, "sample counts differ"
 mon = 0
 for x, y in zip(a, b):
     assert key(x) == key(y)
-    assert x["tokens"] == y["tokens"], "tokens differ at %s" % (key(x),)
+    assert x["token_ids"] == y["token_ids"], "tokens differ at %s" % (key(x),)
     assert x["logprobs"] == y["logprobs"], "log-probs differ at %s" % (key(x),)
     assert "kl_mean" not in x, "an unmonitored run reports KL"
     if "kl_mean" in y:
         mon += 1
-        assert math.isfinite(y["kl_mean"]) and y["top1_agree"] >= 0, "bad KL %s" % y
+        assert math.isfinite(y["kl_mean"]) and y["top1_agreement"] >= 0, "bad KL %s" % y
 assert 0 < mon < len(b), "monitored %d of %d" % (mon, len(b))
 print("%s: %d samples, %d monitored, tokens and log-probs equal" % (sys.argv[3], len(a), mon))
 PY
@@ -127,11 +127,11 @@ done < "$dir/ptq6.txt"
 $py - "$dir" $i <<'PY' || fail "greedy scheduler tokens differ from generate's"
 import json, sys
 d, n = sys.argv[1], int(sys.argv[2])
-roll = {j["request"]: j["tokens"] for j in map(json.loads, open(d + "/greedy_rollout.jsonl"))}
+roll = {j["request_id"]: j["token_ids"] for j in map(json.loads, open(d + "/greedy_rollout.jsonl"))}
 bad = 0
 for i in range(n):
     g = json.loads(open("%s/gen_%d.json" % (d, i)).read().splitlines()[0])
-    toks = g["tokens"] if "tokens" in g else g["samples"][0]["tokens"]
+    toks = g["token_ids"] if "token_ids" in g else g["samples"][0]["token_ids"]
     if toks != roll[i]:
         bad += 1
         k = next(t for t in range(len(toks)) if toks[t] != roll[i][t])

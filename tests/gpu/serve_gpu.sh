@@ -65,7 +65,7 @@ gen "$auto_ep" "$dir/g_auto.jsonl" --max-tokens 48 --temperature 0 --ignore-eos 
 gen "$with_ep" "$dir/g_with.jsonl" --max-tokens 48 --temperature 0 --ignore-eos
 same_tokens() { $py - "$1" "$2" <<'PY'
 import json, sys
-a, b = ({x["request"]: x["tokens"] for x in map(json.loads, open(p))} for p in sys.argv[1:3])
+a, b = ({x["request_id"]: x["token_ids"] for x in map(json.loads, open(p))} for p in sys.argv[1:3])
 sys.exit(0 if a == b and len(a) == 8 else 1)
 PY
 }

@@ -91,7 +91,7 @@ import json, sys
 a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
 if len(b) != 1:
     sys.exit("%d output lines at tp 2: only rank 0 should print" % len(b))
-ta, tb = a[0]["tokens"], b[0]["tokens"]
+ta, tb = a[0]["token_ids"], b[0]["token_ids"]
 same = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), len(ta))
 print("greedy p3: %d of %d tokens equal before the first difference" % (same, len(ta)))
 sys.exit(0 if ta == tb else 1)

@@ -21,9 +21,9 @@ import json, math, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert [r["sample"] for r in rows] == [0, 1, 2]
 for r in rows:
-    assert len(r["tokens"]) == len(r["logprobs"]) >= 1
+    assert len(r["token_ids"]) == len(r["logprobs"]) >= 1
     assert r["finish_reason"] in ("stop", "length")
-    assert r["finish_reason"] == "stop" or len(r["tokens"]) == 12
+    assert r["finish_reason"] == "stop" or len(r["token_ids"]) == 12
     assert all(lp <= 0 and math.isfinite(lp) for lp in r["logprobs"])
 PY
 
@@ -47,7 +47,9 @@ expect_error() {
   grep -q -- "$pattern" "$dir/err" || fail "message for '$*' lacks '$pattern': $(cat "$dir/err")"
 }
 expect_error "outside the vocabulary" generate --prompt-ids 256,272
-expect_error "prompt is empty" generate --prompt-ids ","
+expect_error "prompt is empty" generate --prompt-ids ""
+expect_error "cannot start with a comma" generate --prompt-ids ","
+expect_error "empty entry" generate --prompt-ids 256,1,,2
 expect_error "exceeds the context window" generate --prompt-ids "$(seq -s, 1 4096 | sed 's/[0-9]\+/5/g')"
 expect_error "--max-tokens expects" generate --max-tokens 0
 expect_error "--max-tokens expects" generate --max-tokens -3
@@ -59,4 +61,23 @@ expect_error "no such checkpoint folder" generate --model /nonexistent/dir
 expect_error "--out is required" score --prompt-ids 256,1
 expect_error "not a non-negative integer" score --prompt-ids 256,x --out "$dir/x"
 for c in generate score; do { out=$("$bin" $c --help) && grep -q "usage: fp4rollout $c" <<< "$out"; } || fail "$c --help"; done
+
+# Conventions: --opt=value equals --opt value; usage errors exit 2, runtime
+# errors 1; --version; text prompts for byte-level models.
+gen --max-tokens=6 --seed=3 --temperature=0.7 --json > "$dir/eq.json"
+gen --max-tokens 6 --seed 3 --temperature 0.7 --json > "$dir/sp.json"
+cmp -s "$dir/eq.json" "$dir/sp.json" || fail "--opt=value and --opt value differ"
+status() { set +e; "$bin" "$@" >/dev/null 2>&1; echo $?; set -e; }
+for bad in "generate --bogus" "generate --max-tokens" "generate --greedy=1" "score --out" "rollout --max-seqs=x" \
+           "serve --port" "calibrate --tau-steps=-1" "eval-kl --tokens 0" "quant --dim=0" "demo --seed=q" \
+           "generate --log-level loud" "nosuchcommand"; do
+  [ "$(status $bad)" = 2 ] || fail "'$bad' did not exit 2"
+done
+[ "$(status generate --model /nonexistent/dir)" = 1 ] || fail "a missing model did not exit 1"
+"$bin" --version | grep -Eq '^fp4rollout [0-9]+\.[0-9]+\.[0-9]+$' || fail "--version"
+"$bin" generate --model=synthetic:tiny --prompt "hello" --max-tokens=3 --greedy --seed=1 --json > "$dir/t.json"
+"$bin" generate --model=synthetic:tiny --prompt-ids 256,104,101,108,108,111 --max-tokens=3 --greedy --seed=1 --json > "$dir/i.json"
+cmp -s "$dir/t.json" "$dir/i.json" || fail "--prompt hello is not BOS and its bytes"
+"$bin" generate --model synthetic:tiny --prompt hi --max-tokens 2 --log-level=debug 2>&1 >/dev/null |
+  grep -Eq '^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z ' || fail "no timestamped log line"
 echo "cli_generate: all checks passed"

@@ -24,24 +24,28 @@ run > "$dir/ample.jsonl" 2> "$dir/ample.err" || fail "ample run failed: $(cat "$
 run --max-seqs 8 --kv-blocks 10 --chunk 64 > "$dir/tight.jsonl" 2> "$dir/tight.err" ||
   fail "capacity-limited run failed: $(cat "$dir/tight.err")"
 grep -q "preemptions [1-9]" "$dir/tight.err" || fail "no preemption reported: $(cat "$dir/tight.err")"
+# n = 4 on an engine of 3 sequences: each request's samples queue, 3 then 1.
+run --max-seqs 3 > "$dir/split.jsonl" 2> "$dir/split.err" || fail "n > max-seqs run failed: $(cat "$dir/split.err")"
 grep -q "samples 256 " "$dir/tight.err" || fail "stats line: $(cat "$dir/tight.err")"
-$py - "$dir/ample.jsonl" "$dir/tight.jsonl" <<'PY' || fail "samples missing, repeated or different"
+$py - "$dir/ample.jsonl" "$dir/tight.jsonl" "$dir/split.jsonl" <<'PY' || fail "samples missing, repeated or different"
 import json, math, sys
 def load(path):
     rows = [json.loads(l) for l in open(path)]
-    keys = [(r["request"], r["sample"]) for r in rows]
+    keys = [(r["request_id"], r["sample"]) for r in rows]
     assert len(keys) == len(set(keys)) == 256, "each sample exactly once"
     assert set(keys) == {(i, k) for i in range(64) for k in range(4)}
     for r in rows:
-        assert len(r["tokens"]) == len(r["logprobs"]) >= 1
+        assert len(r["token_ids"]) == len(r["logprobs"]) >= 1
         assert r["finish_reason"] in ("stop", "length")
-        assert r["finish_reason"] == "stop" or len(r["tokens"]) == 40
+        assert r["finish_reason"] == "stop" or len(r["token_ids"]) == 40
         assert all(lp <= 0 and math.isfinite(lp) for lp in r["logprobs"])
     return {k: r for k, r in zip(keys, rows)}
-a, b = load(sys.argv[1]), load(sys.argv[2])
+a, b, c = load(sys.argv[1]), load(sys.argv[2]), load(sys.argv[3])
 # Bitwise: the JSON log-probs have 9 significant digits, which round-trip a float.
-same = sum(a[k]["tokens"] == b[k]["tokens"] and a[k]["logprobs"] == b[k]["logprobs"] for k in a)
+same = sum(a[k]["token_ids"] == b[k]["token_ids"] and a[k]["logprobs"] == b[k]["logprobs"] for k in a)
 assert same == 256, f"{256 - same} samples differ after preemption"
+same = sum(a[k]["token_ids"] == c[k]["token_ids"] and a[k]["logprobs"] == c[k]["logprobs"] for k in a)
+assert same == 256, f"{256 - same} samples differ when n exceeds max-seqs"
 PY
 
 expect_error() {
@@ -53,7 +57,6 @@ printf '256,1,2\n256,999\n' > "$dir/bad.txt"
 expect_error "--prompts is required" rollout
 expect_error "cannot read" rollout --prompts "$dir/none.txt"
 expect_error "outside the vocabulary" rollout --backend cpu --prompts "$dir/bad.txt"
-expect_error "exceeds --max-seqs" rollout --prompts "$dir/prompts.txt" --n 8 --max-seqs 4
 expect_error "KV blocks" rollout --backend cpu --prompts "$dir/prompts.txt" --max-tokens 500 --kv-blocks 2
 { out=$("$bin" rollout --help) && grep -q "usage: fp4rollout rollout" <<< "$out"; } || fail "rollout --help"
 echo "cli_rollout: all checks passed"

@@ -35,14 +35,14 @@ check() {
 import json, sys
 def load(path, n):
     rows = [json.loads(l) for l in open(path)]
-    keys = [(r["request"], r["sample"]) for r in rows]
+    keys = [(r["request_id"], r["sample"]) for r in rows]
     assert len(rows) == n * 4, f"{path}: {len(rows)} lines, not {n * 4}"
     assert set(keys) == {(i, k) for i in range(n) for k in range(4)}, f"{path}: samples missing or repeated"
     assert keys == sorted(keys), f"{path}: not in request order"
     for r in rows:
         assert r["finish_reason"] in ("stop", "length"), r["finish_reason"]
-        assert len(r["tokens"]) == len(r["logprobs"]) >= 1
-    return {k: (r["tokens"], r["logprobs"]) if bitwise or close else r["tokens"] for k, r in zip(keys, rows)}
+        assert len(r["token_ids"]) == len(r["logprobs"]) >= 1
+    return {k: (r["token_ids"], r["logprobs"]) if bitwise or close else r["token_ids"] for k, r in zip(keys, rows)}
 n = int(sys.argv[2])
 bitwise = len(sys.argv) > 4 and sys.argv[4] == "bitwise"
 close = len(sys.argv) > 4 and sys.argv[4] == "close"
@@ -54,7 +54,7 @@ if close:
     # sampling CDF: about 1e-6 per token, so over the ~10k tokens here rarely
     # one sample, and 2 of 256 is a generous bound. Before the first differing
     # token the log-probs agree within 1e-4.
-    b = {(r["request"], r["sample"]): (r["tokens"], r["logprobs"]) for r in map(json.loads, open(sys.argv[3]))}
+    b = {(r["request_id"], r["sample"]): (r["token_ids"], r["logprobs"]) for r in map(json.loads, open(sys.argv[3]))}
     same = 0
     for k, (ta, la) in a.items():
         tb, lb = b[k]
@@ -66,7 +66,7 @@ if close:
     print(f"{same}/{len(a)} samples equal to the single-process run, the rest within tolerance")
     sys.exit(0 if same >= len(a) - 2 else 1)
 if len(sys.argv) > 3:
-    b = {(r["request"], r["sample"]): (r["tokens"], r["logprobs"]) if bitwise else r["tokens"]
+    b = {(r["request_id"], r["sample"]): (r["token_ids"], r["logprobs"]) if bitwise else r["token_ids"]
          for r in map(json.loads, open(sys.argv[3]))}
     same = sum(a[k] == b.get(k) for k in a)
     print(f"{same}/{len(a)} samples equal to the single-process run")
@@ -81,7 +81,7 @@ run_np 4 "${args[@]}" --tp 2 --prompts "$dir/prompts.txt" --kv f32 > "$dir/mpi.j
   fail "mpirun -np 4 --tp 2 failed: $(tail -5 "$dir/mpi.err")"
 echo -n "np 4 tp 2, f32 KV: "; check "$dir/mpi.jsonl" 64 "$dir/one.jsonl" close || fail "tokens differ from one process"
 [ "$(grep -c '^rollout: engines ' "$dir/mpi.err")" -eq 1 ] || fail "not exactly one stats line: $(cat "$dir/mpi.err")"
-[ "$(grep -c '^rollout: seed 11$' "$dir/mpi.err")" -eq 1 ] || fail "not exactly one seed line: $(cat "$dir/mpi.err")"
+[ "$(grep -c ' rollout: seed 11$' "$dir/mpi.err")" -eq 1 ] || fail "not exactly one seed line: $(cat "$dir/mpi.err")"
 grep -q "^rollout: engines 2 x tp 2 (world 4) requests 64 samples 256 " "$dir/mpi.err" ||
   fail "stats line: $(cat "$dir/mpi.err")"
 

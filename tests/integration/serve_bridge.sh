@@ -74,15 +74,15 @@ same_as() { # GOT REF
   $py - "$1" "$2" <<'PY' || fail "$1 differs from $2"
 import json, sys
 got = [json.loads(l) for l in open(sys.argv[1])]
-ref = {(r["request"], r["sample"]): r for r in map(json.loads, open(sys.argv[2]))}
-keys = [(r["request"], r["sample"]) for r in got]
+ref = {(r["request_id"], r["sample"]): r for r in map(json.loads, open(sys.argv[2]))}
+keys = [(r["request_id"], r["sample"]) for r in got]
 assert len(keys) == len(set(keys)) == len(ref) == 32, f"{len(keys)} samples, {len(set(keys))} distinct"
 for r in got:
-    e = ref[(r["request"], r["sample"])]
-    assert r["tokens"] == e["tokens"], (r["request"], r["sample"])
-    assert r["logprobs"] == e["logprobs"], (r["request"], r["sample"])
+    e = ref[(r["request_id"], r["sample"])]
+    assert r["token_ids"] == e["token_ids"], (r["request_id"], r["sample"])
+    assert r["logprobs"] == e["logprobs"], (r["request_id"], r["sample"])
     assert r["finish_reason"] == e["finish_reason"]
-    assert r["n_tokens"] == len(r["tokens"]) and r["ttft_ms"] is not None and r["total_ms"] >= r["ttft_ms"]
+    assert r["n_tokens"] == len(r["token_ids"]) and r["ttft_ms"] is not None and r["total_ms"] >= r["ttft_ms"]
 PY
 }
 
@@ -104,13 +104,13 @@ c generate --prompts "$dir/p4.txt" --first-id 50 --n 2 --max-tokens 600 --ignore
 grep -q "aborted request 51: 2 samples ended" "$dir/abort.err" || fail "abort reply: $(cat "$dir/abort.err")"
 $py - "$dir/abort.jsonl" <<'PY' || fail "abort of one request"
 import json, sys
-rows = {(r["request"], r["sample"]): r for r in map(json.loads, open(sys.argv[1]))}
+rows = {(r["request_id"], r["sample"]): r for r in map(json.loads, open(sys.argv[1]))}
 assert len(rows) == 8
 for (req, s), r in rows.items():
     if req == 51:
-        assert r["finish_reason"] == "abort" and len(r["tokens"]) < 600, r["finish_reason"]
+        assert r["finish_reason"] == "abort" and len(r["token_ids"]) < 600, r["finish_reason"]
     else:
-        assert r["finish_reason"] == "length" and len(r["tokens"]) == 600
+        assert r["finish_reason"] == "length" and len(r["token_ids"]) == 600
 PY
 
 # pause abort: samples in flight end now with their partial tokens.
@@ -125,7 +125,7 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 aborted = json.loads(sys.argv[2])["aborted"]
 assert len(rows) == 8 and sum(r["finish_reason"] == "abort" for r in rows) == aborted
-assert all(r["finish_reason"] == "abort" or len(r["tokens"]) == 1500 for r in rows)
+assert all(r["finish_reason"] == "abort" or len(r["token_ids"]) == 1500 for r in rows)
 PY
 # While paused, a generate is held; resume releases it.
 c generate --prompts "$dir/q2.txt" --first-id 70 --max-tokens 20 > "$dir/held.jsonl" &
@@ -155,7 +155,7 @@ json_check "$dir/stats.json" 'd["server"]["state"] == "paused" and d["scheduler"
 $py -c '
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-assert len(rows) == 8 and all(r["finish_reason"] == "length" and len(r["tokens"]) == 700 for r in rows)
+assert len(rows) == 8 and all(r["finish_reason"] == "length" and len(r["token_ids"]) == 700 for r in rows)
 ' "$dir/pw.jsonl" || fail "pause wait ended samples early"
 c resume > /dev/null || fail "resume failed"
 
@@ -243,7 +243,9 @@ grep -q "open samples ended with reason abort" "$dir/serve.log" || fail "no shut
 grep -q "serve: stopped" "$dir/serve.log" || fail "the server did not stop cleanly"
 
 # Command-line errors.
-expect_error "--config is required" serve
+expect_error "--port expects an integer, got 'x'" serve --port=x
+expect_error "command line: max_seqs" serve --max-num-seqs 0
+expect_error "unknown or ambiguous option '--bogus'" serve --bogus
 expect_error "cannot read\|No such file\|cannot open" serve --config "$dir/none.json"
 echo '{"kv_dtpye": "f32"}' > "$dir/typo.json"
 expect_error 'did you mean "kv_dtype"' serve --config "$dir/typo.json"

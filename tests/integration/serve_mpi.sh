@@ -92,18 +92,18 @@ same_as() { # GOT REF TOL
   $py - "$1" "$2" "$3" <<'PY' || fail "$1 differs from $2"
 import json, sys
 got = [json.loads(l) for l in open(sys.argv[1])]
-ref = {(r["request"], r["sample"]): r for r in map(json.loads, open(sys.argv[2]))}
+ref = {(r["request_id"], r["sample"]): r for r in map(json.loads, open(sys.argv[2]))}
 tol = float(sys.argv[3])
-keys = [(r["request"], r["sample"]) for r in got]
+keys = [(r["request_id"], r["sample"]) for r in got]
 assert len(keys) == len(set(keys)) == len(ref) == 128, f"{len(keys)} samples, {len(set(keys))} distinct"
 differ = 0
 for r in got:
-    e = ref[(r["request"], r["sample"])]
+    e = ref[(r["request_id"], r["sample"])]
     for i, (a, b) in enumerate(zip(r["logprobs"], e["logprobs"])):
-        assert abs(a - b) <= tol, (r["request"], r["sample"], i)
-        if r["tokens"][i] != e["tokens"][i]:
+        assert abs(a - b) <= tol, (r["request_id"], r["sample"], i)
+        if r["token_ids"][i] != e["token_ids"][i]:
             break
-    if r["tokens"] != e["tokens"] or r["finish_reason"] != e["finish_reason"]:
+    if r["token_ids"] != e["token_ids"] or r["finish_reason"] != e["finish_reason"]:
         differ += 1
 # tol 0: every sample the same. tol > 0 (tp 2): a token changes only where a
 # draw falls within the rounding difference of a boundary of the sampling
@@ -236,7 +236,7 @@ greedy_c "$ref_ep" "$dir/ref_greedy.jsonl"
 greedy_c "$tp2_ep" "$dir/tp2_greedy.jsonl"
 $py - "$dir/tp2_greedy.jsonl" "$dir/ref_greedy.jsonl" <<'PY' || fail "greedy outputs after push-weights version 4"
 import json, sys
-a, b = ({(r["request"], r["sample"]): r["tokens"] for r in map(json.loads, open(f))} for f in sys.argv[1:3])
+a, b = ({(r["request_id"], r["sample"]): r["token_ids"] for r in map(json.loads, open(f))} for f in sys.argv[1:3])
 assert a == b and len(a) == 32
 PY
 
@@ -249,7 +249,7 @@ ranks=($(ranks_of "$tp2_job"))
 [ ${#ranks[@]} -eq 2 ] || fail "found ${#ranks[@]} ranks of the tp 2 job"
 stop_job "$dir/tp2.log" "${ranks[@]}"
 wait $gen_pid || fail "the client lost samples at shutdown: $(cat "$dir/term.err")"
-$py -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; k={(x["request"],x["sample"]) for x in r}; sys.exit(0 if len(r)==len(k)==128 and any(x["finish_reason"]=="abort" for x in r) else 1)' \
+$py -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; k={(x["request_id"],x["sample"]) for x in r}; sys.exit(0 if len(r)==len(k)==128 and any(x["finish_reason"]=="abort" for x in r) else 1)' \
   "$dir/term.jsonl" || fail "shutdown dones: $(wc -l < "$dir/term.jsonl") lines"
 
 # --- two engines of tp 1 ------------------------------------------------------
@@ -264,7 +264,7 @@ greedy_c "$fresh_ep" "$dir/fresh_greedy.jsonl"
 greedy_c "$e2_ep" "$dir/e2_greedy.jsonl"
 $py - "$dir/e2_greedy.jsonl" "$dir/fresh_greedy.jsonl" <<'PY' || fail "greedy outputs of two engines after the update"
 import json, sys
-a, b = ({(r["request"], r["sample"]): r["tokens"] for r in map(json.loads, open(f))} for f in sys.argv[1:3])
+a, b = ({(r["request_id"], r["sample"]): r["token_ids"] for r in map(json.loads, open(f))} for f in sys.argv[1:3])
 assert a == b and len(a) == 32
 PY
 ranks=($(ranks_of "$e2_job"))

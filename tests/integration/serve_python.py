@@ -25,7 +25,7 @@ def main():
     ref = {}
     for line in open(ref_path):
         r = json.loads(line)
-        ref[(r["request"], r["sample"])] = r
+        ref[(r["request_id"], r["sample"])] = r
 
     with RolloutClient(endpoint, timeout_ms=20000) as c:
         info = c.hello("serve_python")
@@ -40,7 +40,7 @@ def main():
         check(set(got) == set(ref), f"samples {sorted(set(ref) ^ set(got))[:5]} missing or extra")
         for k, t in got.items():
             r = ref[k]
-            check(t.token_ids == r["tokens"], f"sample {k}: tokens differ from fp4rollout rollout")
+            check(t.token_ids == r["token_ids"], f"sample {k}: tokens differ from fp4rollout rollout")
             check(t.finish_reason == r["finish_reason"], f"sample {k}: finish reason {t.finish_reason}")
             check(all(abs(a - b) <= 1e-5 * max(1, abs(b)) for a, b in zip(t.logprobs, r["logprobs"])),
                   f"sample {k}: log-probs differ")

@@ -62,7 +62,7 @@ grep -q "recalibrated the key mean for weight version 0" "$dir/auto.log" || fail
 $py - "$dir/sampled.jsonl" <<'PY' || fail "samples were lost or cut short by the recalibration"
 import json, sys
 s = [json.loads(l) for l in open(sys.argv[1])]
-assert all(x["finish_reason"] in ("length", "stop") and x["n_tokens"] == len(x["tokens"]) for x in s), s
+assert all(x["finish_reason"] in ("length", "stop") and x["n_tokens"] == len(x["token_ids"]) for x in s), s
 assert sum(x["preemptions"] for x in s) > 0, "nothing was recomputed"
 PY
 
@@ -83,13 +83,13 @@ done
 $py - "$dir" <<'PY' || fail "greedy outputs after the recalibration differ from a server with the recorded file"
 import json, sys
 def load(n):
-    return {x["request"]: x for x in map(json.loads, open(f"{sys.argv[1]}/greedy_{n}.jsonl"))}
+    return {x["request_id"]: x for x in map(json.loads, open(f"{sys.argv[1]}/greedy_{n}.jsonl"))}
 a, w, o = load("auto"), load("with"), load("without")
 assert a.keys() == w.keys() == o.keys() and len(a) == 6
 for k in a:
-    assert a[k]["tokens"] == w[k]["tokens"], k
+    assert a[k]["token_ids"] == w[k]["token_ids"], k
     assert max(abs(x - y) for x, y in zip(a[k]["logprobs"], w[k]["logprobs"])) <= 1e-6, k
-d = max(abs(x - y) for k in a for x, y in zip(a[k]["logprobs"], o[k]["logprobs"]) if a[k]["tokens"] == o[k]["tokens"])
+d = max(abs(x - y) for k in a for x, y in zip(a[k]["logprobs"], o[k]["logprobs"]) if a[k]["token_ids"] == o[k]["token_ids"])
 assert d > 1e-6, "the recalibrated server serves like one without a key mean"
 print("serve_recalibrate: greedy after the switch equals the recorded calibration; log-probs move by up to %.3g "
       "against no key mean" % d)

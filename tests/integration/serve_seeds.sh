@@ -35,10 +35,10 @@ import json, sys
 a, b, r = ({x["sample"]: x for x in map(json.loads, open(p))} for p in sys.argv[1:4])
 assert set(a) == set(b) == set(r) == {0, 1}
 assert a[0]["seed"] == a[1]["seed"] and b[0]["seed"] == b[1]["seed"] and a[0]["seed"] != b[0]["seed"]
-assert a[0]["tokens"] != b[0]["tokens"], "two unseeded generates gave the same tokens"
+assert a[0]["token_ids"] != b[0]["token_ids"], "two unseeded generates gave the same tokens"
 for k in (0, 1):
     assert r[k]["seed"] == a[k]["seed"]
-    assert (r[k]["tokens"], r[k]["logprobs"]) == (a[k]["tokens"], a[k]["logprobs"]), f"sample {k} did not replay"
+    assert (r[k]["token_ids"], r[k]["logprobs"]) == (a[k]["token_ids"], a[k]["logprobs"]), f"sample {k} did not replay"
 PY
 
 # The CLI: unseeded runs draw fresh seeds (printed on stderr and in the
@@ -52,12 +52,12 @@ roll=(rollout --model synthetic:tiny --backend cpu --kv f32 --max-seqs 16 --prom
 $py - "$dir/r1.jsonl" "$dir/r2.jsonl" "$dir/r3.jsonl" "$dir/c1.jsonl" "$dir/r1.err" <<'PY' || fail "rollout's seeds"
 import json, re, sys
 r1, r2, r3, c1 = ({x["sample"]: x for x in map(json.loads, open(p))} for p in sys.argv[1:5])
-printed = re.search(r"^rollout: seed (\d+)$", open(sys.argv[5]).read(), re.M)
+printed = re.search(r" rollout: seed (\d+)$", open(sys.argv[5]).read(), re.M)
 assert printed and int(printed.group(1)) == r1[0]["seed"] == r1[1]["seed"], "the seed printed on stderr"
-assert r1[0]["seed"] != r2[0]["seed"] and r1[0]["tokens"] != r2[0]["tokens"], "two unseeded rollouts are equal"
+assert r1[0]["seed"] != r2[0]["seed"] and r1[0]["token_ids"] != r2[0]["token_ids"], "two unseeded rollouts are equal"
 for k in (0, 1):
     assert r3[k]["seed"] == c1[k]["seed"]
-    assert (r3[k]["tokens"], r3[k]["logprobs"]) == (c1[k]["tokens"], c1[k]["logprobs"]), f"sample {k}"
+    assert (r3[k]["token_ids"], r3[k]["logprobs"]) == (c1[k]["token_ids"], c1[k]["logprobs"]), f"sample {k}"
 PY
 # generate: the same, and a seed it printed replays it.
 g=(generate --model synthetic:tiny --backend cpu --kv f32 --max-tokens 16 --temperature 1 --json)
@@ -89,14 +89,14 @@ import json, sys
 a, b, c = ({x["sample"]: x for x in map(json.loads, open(p))} for p in sys.argv[1:4])
 for k in (0, 1):
     assert a[k]["seed"] == b[k]["seed"] == c[k]["seed"]
-    assert (a[k]["tokens"], a[k]["logprobs"]) == (b[k]["tokens"], b[k]["logprobs"]) == (c[k]["tokens"], c[k]["logprobs"])
+    assert (a[k]["token_ids"], a[k]["logprobs"]) == (b[k]["token_ids"], b[k]["logprobs"]) == (c[k]["token_ids"], c[k]["logprobs"])
 PY
   printf '256,104,101,108,108,111\n256,7,8,9\n' > "$dir/p2.txt"
   roll2=(rollout --model synthetic:tiny --backend cpu --kv f32 --max-seqs 16 --prompts "$dir/p2.txt" --n 2
          --max-tokens 24 --temperature 1 --ignore-eos --json)
   timeout 120 "${mpi[@]}" -np 2 "$bin" "${roll2[@]}" > "$dir/mr.jsonl" 2> "$dir/mr.err" ||
     fail "a two-engine rollout failed: $(tail -5 "$dir/mr.err")"
-  rs=$(sed -n 's/^rollout: seed \([0-9]*\)$/\1/p' "$dir/mr.err")
+  rs=$(sed -n 's/^.* rollout: seed \([0-9]*\)$/\1/p' "$dir/mr.err")
   [ -n "$rs" ] || fail "the two-engine rollout printed no seed"
   "$bin" "${roll2[@]}" --seed "$rs" > "$dir/sr.jsonl" 2> /dev/null || fail "rollout with the seed failed"
   # Tokens and seeds only: one process batches both prompts where each
@@ -105,11 +105,11 @@ PY
   # would change every token.
   $py - "$dir/mr.jsonl" "$dir/sr.jsonl" "$rs" <<'PY' || fail "the two-engine rollout's engines did not share rank 0's seed"
 import json, sys
-a, b = ({(x["request"], x["sample"]): x for x in map(json.loads, open(p))} for p in sys.argv[1:3])
+a, b = ({(x["request_id"], x["sample"]): x for x in map(json.loads, open(p))} for p in sys.argv[1:3])
 assert set(a) == set(b) == {(r, k) for r in (0, 1) for k in (0, 1)}
 for key in a:
     assert a[key]["seed"] == b[key]["seed"] == int(sys.argv[3]), key
-    assert a[key]["tokens"] == b[key]["tokens"], key
+    assert a[key]["token_ids"] == b[key]["token_ids"], key
 PY
 fi
 echo "serve_seeds: ok"

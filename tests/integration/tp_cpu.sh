@@ -57,9 +57,9 @@ import json, sys
 a, b = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
 if len(b) != 1:
     sys.exit("%d output lines at tp > 1: only world rank 0 should print" % len(b))
-print("%s: tp 1 %s tp > 1 (%d tokens)" % (sys.argv[3], "==" if a[0]["tokens"] == b[0]["tokens"] else "!=",
-      len(a[0]["tokens"])))
-sys.exit(0 if a[0]["tokens"] == b[0]["tokens"] else 1)
+print("%s: tp 1 %s tp > 1 (%d tokens)" % (sys.argv[3], "==" if a[0]["token_ids"] == b[0]["token_ids"] else "!=",
+      len(a[0]["token_ids"])))
+sys.exit(0 if a[0]["token_ids"] == b[0]["token_ids"] else 1)
 PY
 }
 same_tokens "$dir/g1.json" "$dir/g2.json" "tiny greedy, 2 engines of tp 2" ||

@@ -368,15 +368,32 @@ static void test_stop_and_length(void **state)
     assert_int_equal(c.finish, FR_FINISH_LENGTH);
     assert_int_equal(c.n_tokens, 1);
     assert_int_equal(c.tokens[0], a.tokens[0]);
-    fr_sample_result_free(&a);
     fr_sample_result_free(&b);
     fr_sample_result_free(&c);
 
     fr_scheduler *sch = new_sched(&s, 512);
+    /* More samples than the 4 slots queue: 4 run, then the fifth, each drawn
+     * as it would be in a batch of its own request alone. */
+    fr_request_spec many = r;
+    many.n = 5;
+    many.max_tokens = 6;
+    assert_int_equal(fr_scheduler_submit(sch, &many), FR_OK);
+    int done5[5] = {0}, n5 = 0;
+    while (!fr_scheduler_idle(sch)) {
+        assert_int_equal(fr_scheduler_step(sch), FR_OK);
+        fr_sample_result x;
+        while (fr_scheduler_next_result(sch, &x)) {
+            assert_true(x.sample >= 0 && x.sample < 5 && !done5[x.sample]);
+            assert_int_equal(x.n_tokens, 6);
+            if (x.sample == 0) assert_memory_equal(x.tokens, a.tokens, sizeof(int) * 6);
+            done5[x.sample] = 1;
+            n5++;
+            fr_sample_result_free(&x);
+        }
+    }
+    assert_int_equal(n5, 5);
+    fr_sample_result_free(&a);
     fr_request_spec bad = r;
-    bad.n = 5;   /* more than the 4 slots */
-    assert_int_equal(fr_scheduler_submit(sch, &bad), FR_EINVAL);
-    bad = r;
     bad.n_prompt = 0;
     assert_int_equal(fr_scheduler_submit(sch, &bad), FR_EINVAL);
     bad = r;

@@ -37,6 +37,7 @@ struct fr_client {
     int curve;
     char server_key[41], public_key[41], secret_key[41];
     int timeout_ms;
+    int heard;              /* a message ever came back: the endpoint has a server */
     item *head, *tail;      /* results received during synchronous calls */
     pending *p;
     int n_p, cap_p;
@@ -345,6 +346,7 @@ static fr_status recv_one(fr_client *c, int wait_ms, fr_msg *m, int *got)
     if (st) return st;
     track(c, m);
     *got = 1;
+    c->heard = 1;
     return FR_OK;
 }
 
@@ -372,8 +374,13 @@ static fr_status await_reply(fr_client *c, const fr_msg *m, fr_msg_type want, fr
     double end = fr_now_ms() + c->timeout_ms;
     for (;;) {
         int left = c->timeout_ms < 0 ? -1 : (int)(end - fr_now_ms());
+        if (c->timeout_ms >= 0 && left <= 0 && !c->heard)
+            return fr_fail(FR_EIO, "client: cannot reach a server at %s: nothing answered within %d ms "
+                                   "(is fp4rollout serve running there?)",
+                           c->endpoint, c->timeout_ms);
         if (c->timeout_ms >= 0 && left <= 0)
-            return fr_fail(FR_EIO, "client: no %s within %d ms", fr_msg_type_name(want), c->timeout_ms);
+            return fr_fail(FR_EIO, "client: no %s from %s within %d ms", fr_msg_type_name(want), c->endpoint,
+                           c->timeout_ms);
         fr_msg r;
         int got;
         if ((st = recv_one(c, left, &r, &got))) return st;

@@ -5,14 +5,23 @@
  * (server_internal.h lists them). */
 #include "trainer_bridge/server/server_internal.h"
 
+#include "base/log.h"
+
 void srv_log(fr_bridge_server *srv, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(srv->log, "serve: ");
-    vfprintf(srv->log, fmt, ap);
-    fprintf(srv->log, "\n");
-    fflush(srv->log);
+    if (srv->log == stderr) {   /* the program's log: timestamped and leveled (base/log.h) */
+        char msg[1024];
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        int warning = strncmp(msg, "warning: ", 9) == 0;
+        fr_log_msg(warning ? FR_LOG_WARN : FR_LOG_INFO, "serve: %s", warning ? msg + 9 : msg);
+    } else {
+        fprintf(srv->log, "serve: ");
+        vfprintf(srv->log, fmt, ap);
+        fprintf(srv->log, "\n");
+        fflush(srv->log);
+    }
     va_end(ap);
 }
 
@@ -41,6 +50,33 @@ static int loopback_endpoint(const char *ep)
     for (size_t i = 0; i < sizeof local / sizeof local[0]; i++)
         if (strncmp(ep, local[i], strlen(local[i])) == 0) return 1;
     return 0;
+}
+
+/* The serving summary: one line every stats_log_ms, so an operator sees the
+ * service at work without asking for stats, and at shutdown (final) one
+ * for the whole run. */
+static void srv_log_stats(fr_bridge_server *srv, int final)
+{
+    int every = srv->cfg.stats_log_ms ? srv->cfg.stats_log_ms : 10000;
+    double now = fr_now_ms();
+    if (every < 0 || (!final && now - srv->last_stats_ms < every) || now <= srv->last_stats_ms) return;
+    fr_scheduler_stats ss;
+    fr_scheduler_stats_get(srv->sch, &ss);
+    if (final) {
+        double secs = (now - srv->started_ms) / 1000.0;
+        srv_log(srv, "served %lld tokens in %.1f s (%.1f tokens/s), %lld preemptions, weight version %llu",
+                ss.tokens_generated, secs, secs > 0 ? (double)ss.tokens_generated / secs : 0.0, ss.preemptions,
+                (unsigned long long)ss.weight_version);
+        return;
+    }
+    int pages = ss.kv_blocks_used + ss.kv_blocks_free;
+    double secs = (now - srv->last_stats_ms) / 1000.0;
+    srv_log(srv, "%.1f tokens/s, %d running, %d waiting, KV %.1f%% used (%d of %d pages), weight version %llu",
+            (double)(ss.tokens_generated - srv->last_stats_tokens) / secs, ss.running, ss.waiting,
+            pages ? 100.0 * ss.kv_blocks_used / pages : 0.0, ss.kv_blocks_used, pages,
+            (unsigned long long)ss.weight_version);
+    srv->last_stats_ms = now;
+    srv->last_stats_tokens = ss.tokens_generated;
 }
 
 /* One message from the socket. */
@@ -367,6 +403,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
     srv_log(srv, "listening on %s (protocol version %d)", srv->endpoint, FR_PROTO_VERSION);
     if (!srv->zap.started) srv_log(srv, "CURVE is off: every client has the trainer role (loopback only)");
     if (srv_publishes(srv)) srv_publish_metrics(srv);
+    srv->last_stats_ms = fr_now_ms();
     while (!*stop) {
         fr_peers_stats ps;
         fr_peers_stats_get(srv->peers, &ps);
@@ -403,6 +440,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
         }
         srv_conn_watch(srv);   /* peers found gone by a send, or whose connection closed */
         if (srv_publishes(srv) && fr_now_ms() - srv->last_pub_ms >= 200.0) srv_publish_metrics(srv);
+        srv_log_stats(srv, 0);
         if (srv->upd && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
             char why[96];
             snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
@@ -416,6 +454,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
     }
     srv->stopping = 1;
     if (srv_publishes(srv)) srv_publish_metrics(srv);   /* /health: 503 from now on */
+    srv_log_stats(srv, 1);
     int ended = srv_abort_everything(srv);
     srv_fail_waiters(srv, "shutdown", "the server is shutting down");
     srv_log(srv, "shutting down: %d open samples ended with reason abort", ended);

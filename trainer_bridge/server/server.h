@@ -53,6 +53,7 @@ typedef struct {
     fr_bridge_sampling sampling;   /* defaults for what a generate leaves out */
     int shutdown_linger_ms;        /* how long shutdown tries to deliver the last messages */
     double kl_sample_rate;         /* share of samples with a BF16-KV shadow when a generate leaves it open */
+    int stats_log_ms;              /* the one-line serving summary every this often; 0: 10 s; < 0: never */
     int update_idle_ms;            /* a staged weight update with no message for this long is dropped; 0: never */
     int nccl_timeout_ms;           /* an NCCL weight group that has work and makes no progress for this long is
                                       aborted (docs/protocol.md, "Weights over NCCL"); 0: 30000 */

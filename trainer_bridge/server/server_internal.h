@@ -138,6 +138,8 @@ struct fr_bridge_server {
     fr_recal *recal;
     double started_ms, upd_begin_ms, last_sync_s, last_pub_ms;
     long long last_pub_tokens;
+    double last_stats_ms;          /* the last serving summary line (srv_log_stats) */
+    long long last_stats_tokens;
     /* Several ranks (multi): this rank's place; rank 0 alone has the socket
      * and the request table. */
     const fr_mpi_world *world;

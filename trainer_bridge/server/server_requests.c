@@ -127,9 +127,6 @@ fr_status srv_check_spec(const fr_bridge_server *srv, const fr_request_spec *r, 
     if (r->n_prompt >= srv->max_pos)
         return fr_fail(FR_EINVAL, "request %llu: the prompt (%d tokens) does not fit the context window of %d",
                        (unsigned long long)caller_id, r->n_prompt, srv->max_pos);
-    if (r->n > srv->max_seqs)
-        return fr_fail(FR_EINVAL, "request %llu: n = %d exceeds the %d sequences the engine runs at once",
-                       (unsigned long long)caller_id, r->n, srv->max_seqs);
     int mt = r->max_tokens < srv->max_pos - r->n_prompt ? r->max_tokens : srv->max_pos - r->n_prompt;
     int blocks = (r->n_prompt + mt + FR_PAGE_TOKENS - 1) / FR_PAGE_TOKENS;
     if (blocks > srv->n_blocks)

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from . import _native
+from . import text as _text
+from .text import ByteTokenizer
 
-__all__ = ["RolloutClient", "MetricsSubscriber", "SampleResult", "ServerError", "ClientError", "group_by_prompt", "mismatch_metrics",
-           "keypair", "load_exported"]
+__all__ = ["RolloutClient", "AsyncRolloutClient", "MetricsSubscriber", "SampleResult", "ServerError", "ClientError",
+           "ByteTokenizer", "group_by_prompt", "mismatch_metrics", "keypair", "load_exported"]
 
 _lib = None
 
@@ -29,11 +31,16 @@ class ClientError(Exception):
     """A failure on the client side (connection, timeout, bad argument)."""
 
 
+class ConnectError(ClientError, ConnectionError):
+    """No server answers at the endpoint (the message names it)."""
+
+
 class ServerError(Exception):
     """An error message from the server: code (e.g. bad_checksum, invalid_request), message and request_id."""
 
     def __init__(self, code: str, message: str, request_id: Optional[int] = None):
-        super().__init__(f"{code}: {message}" + (f" (request {request_id})" if request_id is not None else ""))
+        named = request_id is None or f"request {request_id}" in message
+        super().__init__(f"{code}: {message}" + ("" if named else f" (request {request_id})"))
         self.code = code
         self.message = message
         self.request_id = request_id
@@ -60,6 +67,8 @@ class SampleResult:
     # for an unseeded request): generate with it to replay the sample; None from a
     # server that does not report it
     seed: Optional[int] = None
+    # the tokens as text, when the client has a tokenizer (None otherwise)
+    text: Optional[str] = None
 
 
 def keypair() -> Tuple[str, str]:
@@ -155,16 +164,22 @@ class RolloutClient(_Closes):
 
     def __init__(self, addr: str = "tcp://127.0.0.1:5555", timeout_ms: int = 30000,
                  server_public_key: Optional[str] = None, public_key: Optional[str] = None,
-                 secret_key: Optional[str] = None):
+                 secret_key: Optional[str] = None, tokenizer=None):
+        """tokenizer: any object with Hugging Face's encode/decode (prompts may
+        then be text, and samples carry .text); "byte" for ByteTokenizer; None:
+        a byte-level server's model gets ByteTokenizer when text is first used."""
         lib = _native_lib()
         self._lib = lib
+        self.addr = addr
+        self.tokenizer = ByteTokenizer() if tokenizer == "byte" else tokenizer
+        self._tokenizer_checked = tokenizer is not None
         self._c = ctypes.c_void_p()
         keys = _curve_keys(server_public_key, public_key, secret_key)
         if lib.fr_client_new_curve(addr.encode(), ctypes.byref(keys) if keys else None, ctypes.byref(self._c)):
             raise ClientError(lib.fr_client_error_text().decode())
         lib.fr_client_set_timeout(self._c, int(timeout_ms))
         self.timeout_ms = timeout_ms
-        self._next_id = 1
+        self._next_id = 0   # request ids count from 0, as fp4rollout-client's --first-id does
 
     def close(self) -> None:
         if self._c:
@@ -179,6 +194,8 @@ class RolloutClient(_Closes):
         if self._lib.fr_client_last_error(self._c, ctypes.byref(code), ctypes.byref(msg), ctypes.byref(rid)) and \
                 (text.startswith("server") or text.startswith("weight update refused")):
             raise ServerError(code.value.decode(), msg.value.decode(), rid.value if rid.value >= 0 else None)
+        if "cannot reach a server" in text:
+            raise ConnectError(text)
         raise ClientError(text)
 
     def _json(self, fn, *args) -> dict:
@@ -217,7 +234,10 @@ class RolloutClient(_Closes):
                monitor: Optional[bool] = None, per_token_kl: bool = False,
                forced_tokens: Optional[Sequence[int]] = None, request_id: Optional[int] = None,
                group_id: Optional[int] = None) -> int:
-        """Sends one generate and returns its request id (results come from results())."""
+        """Sends one generate and returns its request id (results come from results()).
+        prompt_ids: text (with a tokenizer), or token ids as a list, tuple, numpy
+        or torch integer array."""
+        prompt_ids = self._ids(prompt_ids)
         rid = self._next_id if request_id is None else int(request_id)
         self._next_id = max(self._next_id, rid + 1)
         g = _native.Generate()
@@ -276,15 +296,24 @@ class RolloutClient(_Closes):
         A refused request raises ServerError (code, message, request_id)."""
         wait = self.timeout_ms if timeout_ms is None else timeout_ms
         while self.open_samples() > 0:
-            ptr, got = ctypes.POINTER(_native.Sample)(), ctypes.c_int(0)
-            if self._lib.fr_client_next_sample(self._c, int(wait), ctypes.byref(ptr), ctypes.byref(got)):
-                self._raise()
-            if not got.value:
+            s = self._next_sample(wait)
+            if s is None:
                 raise ClientError(f"no sample finished within {wait} ms ({self.open_samples()} open)")
-            try:
-                yield _convert(ptr.contents)
-            finally:
-                self._lib.fr_client_sample_free(ctypes.byref(ptr))
+            yield s
+
+    def _next_sample(self, wait_ms: int) -> Optional[SampleResult]:
+        """The next finished sample, or None when none finished within wait_ms."""
+        ptr, got = ctypes.POINTER(_native.Sample)(), ctypes.c_int(0)
+        if self._lib.fr_client_next_sample(self._c, int(wait_ms), ctypes.byref(ptr), ctypes.byref(got)):
+            self._raise()
+        if not got.value:
+            return None
+        try:
+            s = _convert(ptr.contents)
+        finally:
+            self._lib.fr_client_sample_free(ctypes.byref(ptr))
+        s.text = _text.decode(self.tokenizer, s.token_ids)
+        return s
 
     def generate(self, prompt_ids, n: int = 1, temperature: Optional[float] = None, top_k: Optional[int] = None,
                  top_p: Optional[float] = None, max_tokens: Optional[int] = None,
@@ -292,15 +321,29 @@ class RolloutClient(_Closes):
                  monitor: Optional[bool] = None, per_token_kl: bool = False,
                  forced_tokens: Optional[Sequence[int]] = None, group_id: Optional[int] = None
                  ) -> Iterator[SampleResult]:
-        """Submits one prompt (a list of token ids) or several (a list of such lists,
-        request ids in order) and yields every sample as it finishes, in the order
-        they finish. monitor None lets the server's kl_sample_rate decide."""
-        prompts = [prompt_ids] if prompt_ids and isinstance(prompt_ids[0], int) else list(prompt_ids)
+        """Submits one prompt (text, or token ids as a list, tuple, numpy or torch
+        integer array) or several (a list of such prompts, request ids in order)
+        and yields every sample as it finishes, in the order they finish.
+        monitor None lets the server's kl_sample_rate decide."""
+        prompts = [prompt_ids] if _text.is_single_prompt(prompt_ids) else list(prompt_ids)
+        if not prompts:
+            raise ClientError("generate: no prompt given")
+        prompts = [self._ids(p) for p in prompts]   # all checked before any is sent
         for p in prompts:
             self.submit(p, n=n, temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens,
                         stop_token_ids=stop_token_ids, seed=seed, monitor=monitor, per_token_kl=per_token_kl,
                         forced_tokens=forced_tokens, group_id=group_id)
         return self.results()
+
+    def _ids(self, prompt) -> List[int]:
+        if isinstance(prompt, str) and self.tokenizer is None and not self._tokenizer_checked:
+            self._tokenizer_checked = True
+            if _text.is_byte_vocabulary(self.hello()):
+                self.tokenizer = ByteTokenizer(int(self.hello()["vocab_size"]))
+        try:
+            return _text.prompt_ids(prompt, self.tokenizer)
+        except ValueError as e:
+            raise ClientError(str(e)) from None
 
     # ---- weights ----
 
@@ -518,3 +561,6 @@ def mismatch_metrics(rollout_logprobs, trainer_logprobs, mask=None) -> Dict[str,
     std = math.sqrt(sum((d - mean) ** 2 for d in diffs) / len(diffs))
     return {"rollout_probs_diff_mean": mean, "rollout_probs_diff_max": max(diffs), "rollout_probs_diff_std": std,
             "mismatch_kl": sum(k3) / len(k3), "tokens": float(len(diffs))}
+
+
+from .aio import AsyncRolloutClient  # noqa: E402  (it builds on RolloutClient)

@@ -1,12 +1,14 @@
 """ctypes declarations of the C client library (trainer_bridge/client/client.h).
 
 The structures mirror the C ones field for field; the library is
-libfp4rollout_client.so (`make build/libfp4rollout_client.so`), found through
-$FP4ROLLOUT_CLIENT_LIB, else in the repository's build/ folder, else by the
-system loader.
+libfp4rollout_client.so (`make build/libfp4rollout_client.so`), found as
+_find_library says: no environment variable is needed.
 """
 import ctypes
+import glob
 import os
+
+LIB_NAME = "libfp4rollout_client.so"
 
 c_int, c_u64, c_dbl, c_char_p = ctypes.c_int, ctypes.c_uint64, ctypes.c_double, ctypes.c_char_p
 
@@ -58,18 +60,24 @@ PAUSE_MODES = {"abort": 0, "wait": 1}
 
 
 def _find_library():
+    """The library: $FP4ROLLOUT_CLIENT_LIB when set; else the copy an install
+    put beside this file; else the build folder of the tree this package sits
+    in ($BUILD, build/, or a folder under build/); else the system loader's."""
     env = os.environ.get("FP4ROLLOUT_CLIENT_LIB")
     if env:
         return env
     here = os.path.dirname(os.path.abspath(__file__))
+    packed = os.path.join(here, LIB_NAME)
+    if os.path.exists(packed):
+        return packed
     repo = os.path.normpath(os.path.join(here, "..", "..", "..", ".."))
-    for build in (os.environ.get("BUILD"), "build"):
+    builds = [os.environ.get("BUILD"), "build"] + sorted(glob.glob(os.path.join(repo, "build", "*")))
+    for build in builds:
         if build:
-            path = build if os.path.isabs(build) else os.path.join(repo, build)
-            path = os.path.join(path, "libfp4rollout_client.so")
+            path = os.path.join(build if os.path.isabs(build) else os.path.join(repo, build), LIB_NAME)
             if os.path.exists(path):
                 return path
-    return "libfp4rollout_client.so"
+    return LIB_NAME
 
 
 def load():
