@@ -7,8 +7,8 @@
  *   top-k  the k largest p in descending order; of equal values the lower
  *          expert index comes first. (torch.topk, which transformers uses,
  *          promises no order among equal values, and its CPU and CUDA
- *          kernels differ: on [.1 .3 .3 0 .3 .2 .3 .3], k = 4, torch 2 on an
- *          H200 host gives experts 4 7 6 1 on the CPU and 2 1 4 6 on CUDA;
+ *          kernels differ: on [.1 .3 .3 0 .3 .2 .3 .3], k = 4, measured on an
+ *          H200 (PyTorch) gives experts 4 7 6 1 on the CPU and 2 1 4 6 on CUDA;
  *          so there is no one rule to copy, and this one is deterministic.
  *          On tqm's real router logits no tie changed a token: the golden
  *          logits and greedy continuations match.)
