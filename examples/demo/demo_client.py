@@ -35,7 +35,7 @@ async def run(a) -> int:
     async with AsyncRolloutClient(a.endpoint, timeout_ms=60000) as c:
         hello = await c.hello("make demo")
         print(f"demo: {a.endpoint} serves {hello['model'].split('/')[-1]} on the {hello['backend'].upper()} "
-              f"backend with an {hello['kv_dtype'].upper()} KV cache; every sample also runs a BF16-KV shadow (KL per token in nats)")
+              f"backend, KV cache {hello['kv_dtype'].upper()}; every sample also runs a BF16-KV shadow (KL per token in nats)")
         samples, tokens, shown = [], 0, set()
         async for s in c.stream(PROMPTS, n=4, max_tokens=a.max_tokens, temperature=0.8, top_p=0.95, seed=a.seed,
                                 monitor=True):
