@@ -89,7 +89,7 @@ expect_error "cannot read text file" calibrate --model synthetic:tiny --texts "$
 expect_error "--kv must be bf16 or f32" calibrate --model synthetic:tiny --texts "$dir/t0.txt" --kv nvfp4 --out "$dir/x.safetensors"
 expect_error "--continue expects" calibrate --model synthetic:tiny --texts "$dir/t0.txt" --continue -1 --out "$dir/x.safetensors"
 expect_error "context" calibrate --model synthetic:tiny --texts "$dir/t0.txt" --context 99999 --out "$dir/x.safetensors"
-expect_error "unknown or incomplete option" calibrate --model synthetic:tiny --bogus
+expect_error "unknown or ambiguous option" calibrate --model synthetic:tiny --bogus
 [ -e "$dir/x.safetensors" ] && fail "a failed calibrate left an output file"
 expect_error "unknown configuration 'nvfp5'" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" --configs nvfp4,nvfp5
 expect_error "unknown recipe switch" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" --configs nvfp4-no-magic

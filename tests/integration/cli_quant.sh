@@ -53,7 +53,7 @@ expect_error "--dim expects" --format nvfp4 --dim 12x "$dir/in.f32" "$dir/bad.ou
 expect_error "--format is required" --dim 16 "$dir/in.f32" "$dir/bad.out"
 expect_error "cannot read" --format nvfp4 --dim 16 "$dir/missing.f32" "$dir/bad.out"
 expect_error "expected IN and OUT" --format nvfp4 --dim 16 "$dir/in.f32"
-expect_error "unknown or incomplete option" --format nvfp4 --dim 16 --frobnicate "$dir/in.f32" "$dir/bad.out"
+expect_error "unknown or ambiguous option" --format nvfp4 --dim 16 --frobnicate "$dir/in.f32" "$dir/bad.out"
 { out=$("$bin" quant --help) && grep -q "usage: fp4rollout quant" <<< "$out"; } || fail "--help"
 { out=$("$bin" demo --help) && grep -q "usage: fp4rollout demo" <<< "$out"; } || fail "demo --help"
 { out=$("$bin" --help) && grep -q "quant" <<< "$out"; } || fail "top-level --help"
