@@ -135,12 +135,16 @@ $(BUILD)/bench/%: bench/%.c $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(LIBS) -o $@ $(LDLIBS)
 
+# The two entry points build on every core (JOBS, default nproc): the CUDA
+# kernels alone take minutes one at a time.
+JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+
 test: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@scripts/run-tests.sh $(BUILD)
 
 demo: deps
-	@$(MAKE) --no-print-directory $(BIN) $(CLIENT_SO)
+	@$(MAKE) --no-print-directory -j$(JOBS) $(BIN) $(CLIENT_SO)
 	@examples/demo/run.sh $(BUILD)
 
 clean:
