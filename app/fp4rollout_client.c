@@ -534,14 +534,6 @@ static int cmd_send_raw(fr_client *c, int timeout_ms, int argc, char **argv)
 
 /* ---- push-weights ---------------------------------------------------------- */
 
-/* The float32 tensor of model m named `name` (rollout/model/tensor_table.h),
- * or NULL. */
-static const float *model_tensor(const fr_model *m, const char *name)
-{
-    fr_model_tensor t;
-    return fr_model_tensor_find(&m->cfg, &m->w, name, &t) ? t.data : NULL;
-}
-
 /* float32 -> bfloat16, round to nearest even (finite inputs). */
 static uint16_t to_bf16(float f)
 {
@@ -585,8 +577,12 @@ static int cmd_push_weights(fr_client *c, int argc, char **argv)
     opts.bucket_bytes = (uint64_t)bucket;
     fr_model *m = NULL;
     fr_weight_update *names = NULL;
-    if (fr_model_load(spec, &m) || fr_weight_update_begin(&m->cfg, 0, &names)) {
+    fr_model_tensor *mt = NULL;   /* the model's tensors, in the order the update lists them */
+    size_t n_mt = 0;
+    if (fr_model_load(spec, &m) || fr_weight_update_begin(&m->cfg, 0, &names) ||
+        fr_model_tensor_list(&m->cfg, &m->w, &mt, &n_mt)) {
         fprintf(stderr, "fp4rollout-client: push-weights: %s\n", fr_last_error());
+        fr_weight_update_free(&names);
         fr_model_destroy(&m);
         return 1;
     }
@@ -603,7 +599,7 @@ static int cmd_push_weights(fr_client *c, int argc, char **argv)
         const char *name;
         int ndim;
         fr_weight_update_tensor(names, i, &name, &ndim, shapes[k]);
-        const float *src = model_tensor(m, name);
+        const float *src = (size_t)i < n_mt && strcmp(mt[i].name, name) == 0 ? mt[i].data : NULL;
         if (!src) {
             fprintf(stderr, "fp4rollout-client: push-weights: the model has no tensor %s\n", name);
             rc = 1;
@@ -672,6 +668,7 @@ static int cmd_push_weights(fr_client *c, int argc, char **argv)
     for (int i = 0; owned && i < n; i++) free(owned[i]);
     free(owned);
     free(shapes);
+    free(mt);
     free(t);
     fr_weight_update_free(&names);
     fr_model_destroy(&m);

@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 size_t fr_model_tensor_count(const fr_model_config *c)
@@ -125,24 +126,30 @@ fr_status fr_model_tensors_each(const fr_model_config *c, const fr_weights *w, f
 }
 
 typedef struct {
-    const char *name;
-    fr_model_tensor *out;
-    int found;
-} find_ctx;
+    fr_model_tensor *t;
+    size_t n;
+} list_ctx;
 
-static fr_status match(void *user, const fr_model_tensor *t)
+static fr_status append(void *user, const fr_model_tensor *t)
 {
-    find_ctx *f = user;
-    if (strcmp(t->name, f->name) != 0) return FR_OK;
-    *f->out = *t;
-    f->found = 1;
-    return FR_EINVAL;   /* stops the walk; not an error to the caller */
+    list_ctx *l = user;
+    l->t[l->n++] = *t;
+    return FR_OK;
 }
 
-int fr_model_tensor_find(const fr_model_config *c, const fr_weights *w, const char *name, fr_model_tensor *out)
+fr_status fr_model_tensor_list(const fr_model_config *c, const fr_weights *w, fr_model_tensor **out, size_t *n)
 {
-    if (!c || !w || !name || !out) return 0;
-    find_ctx f = {.name = name, .out = out};
-    fr_model_tensors_each(c, w, match, &f);
-    return f.found;
+    if (!c || !w || !out || !n) return fr_fail(FR_EINVAL, "fr_model_tensor_list: NULL argument");
+    *out = NULL;
+    *n = 0;
+    list_ctx l = {.t = calloc(fr_model_tensor_count(c), sizeof *l.t)};
+    if (!l.t) return fr_fail(FR_ENOMEM, "tensor table: out of memory");
+    fr_status st = fr_model_tensors_each(c, w, append, &l);
+    if (st) {
+        free(l.t);
+        return st;
+    }
+    *out = l.t;
+    *n = l.n;
+    return FR_OK;
 }

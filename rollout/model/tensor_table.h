@@ -38,10 +38,10 @@ typedef fr_status (*fr_model_tensor_fn)(void *user, const fr_model_tensor *t);
  * gate, up and down, expert 1's, ...), final norm, lm_head when untied. */
 fr_status fr_model_tensors_each(const fr_model_config *c, const fr_weights *w, fr_model_tensor_fn fn, void *user);
 
-/* Looks a tensor up by name (a linear walk: for occasional lookups, not for
- * every tensor of a large model). Returns 1 and fills *out when found, 0
- * otherwise. */
-int fr_model_tensor_find(const fr_model_config *c, const fr_weights *w, const char *name, fr_model_tensor *out);
+/* The tensors fr_model_tensors_each visits, in its order, as a new array of
+ * *n entries (the caller frees it). Callers holding a list in this order
+ * (a weight update's) pair its entries by index, with no search by name. */
+fr_status fr_model_tensor_list(const fr_model_config *c, const fr_weights *w, fr_model_tensor **out, size_t *n);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,7 @@
 #include <zmq.h>
 
 #include "rollout/model/model.h"
+#include "rollout/model/tensor_table.h"
 #include "trainer_bridge/client/client.h"
 #include "trainer_bridge/client/client_internal.h"
 #include "trainer_bridge/protocol/protocol.h"
@@ -476,29 +477,6 @@ static void test_client_settle_drops_stale_answers(void **state)
 
 /* ---- staging --------------------------------------------------------------- */
 
-/* The float32 data of tensor `name` of model m (the names of
- * rollout/engine/weight_update.h), or NULL. */
-static const float *model_tensor(const fr_model *m, const char *name)
-{
-    const fr_weights *w = &m->w;
-    if (strcmp(name, "model.embed_tokens.weight") == 0) return w->embed;
-    if (strcmp(name, "model.norm.weight") == 0) return w->final_norm;
-    if (strcmp(name, "lm_head.weight") == 0) return w->lm_head;
-    int l;
-    char rest[96];
-    if (sscanf(name, "model.layers.%d.%95s", &l, rest) != 2 || l < 0 || l >= m->cfg.num_layers) return NULL;
-    const fr_layer_weights *L = &w->layers[l];
-    const char *sfx[] = {"input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                         "self_attn.v_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
-                         "self_attn.k_norm.weight", "post_attention_layernorm.weight", "mlp.gate_proj.weight",
-                         "mlp.up_proj.weight", "mlp.down_proj.weight"};
-    const float *ptr[] = {L->attn_norm, L->q_proj, L->k_proj, L->v_proj, L->o_proj, L->q_norm,
-                          L->k_norm,    L->mlp_norm, L->gate_proj, L->up_proj, L->down_proj};
-    for (int i = 0; i < 11; i++)
-        if (strcmp(rest, sfx[i]) == 0) return ptr[i];
-    return NULL;
-}
-
 /* The model's tensors as a begin lists them (f32), and their data. */
 typedef struct {
     fr_model *src;
@@ -514,7 +492,11 @@ static void source_load(source *s, const char *spec)
     assert_int_equal(fr_model_load(spec, &s->src), FR_OK);
     fr_weight_update *names;
     assert_int_equal(fr_weight_update_begin(&s->src->cfg, 0, &names), FR_OK);
+    fr_model_tensor *mt;   /* the model's tensors, in the update's order */
+    size_t n_mt;
+    assert_int_equal(fr_model_tensor_list(&s->src->cfg, &s->src->w, &mt, &n_mt), FR_OK);
     s->n = fr_weight_update_tensor_count(names);
+    assert_int_equal((size_t)s->n, n_mt);
     s->t = calloc((size_t)s->n, sizeof *s->t);
     s->data = calloc((size_t)s->n, sizeof *s->data);
     assert_non_null(s->t);
@@ -525,10 +507,12 @@ static void source_load(source *s, const char *spec)
         int64_t shape[2];
         assert_int_equal(fr_weight_update_tensor(names, i, &name, &ndim, shape), FR_OK);
         s->t[i] = tensor(name, FR_DTYPE_F32, ndim, shape[0], shape[1]);
-        s->data[i] = model_tensor(s->src, name);
+        assert_string_equal(mt[i].name, name);
+        s->data[i] = mt[i].data;
         assert_non_null(s->data[i]);
         s->total += fr_msg_tensor_bytes(&s->t[i]);
     }
+    free(mt);
     fr_weight_update_free(&names);
 }
 

@@ -8,12 +8,18 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+/* FR_<NAME>_DIR, the variable that points at checkpoint `name`. */
+static void dir_variable(const char *name, char *var, size_t cap)
+{
+    size_t n = (size_t)snprintf(var, cap, "FR_");
+    for (const char *c = name; *c && n + 5 < cap; c++) var[n++] = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
+    snprintf(var + n, cap - n, "_DIR");
+}
+
 const char *fr_test_model_dir(const char *name)
 {
-    char var[64] = "FR_";
-    size_t n = strlen(var);
-    for (const char *c = name; *c && n < sizeof var - 5; c++) var[n++] = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
-    memcpy(var + n, "_DIR", 5);
+    char var[64];
+    dir_variable(name, var, sizeof var);
     const char *env = getenv(var);
     static char dir[4096], probe[4200];
     if (env && *env) snprintf(dir, sizeof dir, "%s", env);
@@ -28,10 +34,9 @@ const char *fr_test_require_model(const char *name)
     const char *dir = fr_test_model_dir(name);
     if (!dir) {
         char var[64];
-        snprintf(var, sizeof var, "%s", name);
-        for (char *c = var; *c; c++) *c = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
-        fprintf(stderr, "SKIP: %s checkpoint not found (set FR_%s_DIR or place it at ../shared/models/%s)\n",
-                name, var, name);
+        dir_variable(name, var, sizeof var);
+        fprintf(stderr, "SKIP: %s checkpoint not found (set %s or place it at ../shared/models/%s)\n", name, var,
+                name);
     }
     return dir;
 }
