@@ -137,9 +137,9 @@ int fr_cli_calibrate(int argc, char **argv)
     else if (eo.kv != FR_KV_BF16 && eo.kv != FR_KV_F32)
         rc = fr_cli_usage_error(cmd, "--kv must be bf16 or f32 (the calibration measures BF16 logits)");
     else if (eo.deterministic && eo.backend == FR_BACKEND_CUDA)
-        rc = fr_cli_usage_error(cmd, "--deterministic runs on the CPU backend only so far (docs/determinism.md)");
+        rc = fr_cli_usage_error(cmd, "calibrate --deterministic runs on the CPU backend (docs/determinism.md)");
     fr_backend backend = FR_BACKEND_CPU;
-    /* Deterministic mode exists on the CPU only: auto picks it there. */
+    /* Calibration's deterministic passes exist on the CPU: auto picks it there. */
     if (!rc && fr_backend_pick(eo.deterministic ? FR_BACKEND_CPU : eo.backend, &backend))
         rc = fr_cli_usage_error(cmd, "%s", fr_last_error());
     if (rc) { free(files); return rc; }

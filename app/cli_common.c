@@ -197,7 +197,8 @@ const char fr_engine_opts_usage[] =
     "  --deterministic      a sample's tokens and log-probs bitwise the same whatever\n"
     "                       else is in the batch, however its prompt is chunked, after\n"
     "                       preemption, on any engine, thread count or x86-64 CPU\n"
-    "                       (CPU backend, f32 and bf16 KV; docs/determinism.md)\n";
+    "                       (CPU: f32 and bf16 KV; GPU: bf16 KV, and FP4/FP8 KV\n"
+    "                       with the prompt's chunks unchanged; docs/determinism.md)\n";
 
 int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engine_opts *o)
 {

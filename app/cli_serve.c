@@ -47,7 +47,7 @@ static const char usage_text[] =
     "  --kv-blocks N          KV pages per engine                       [kv_blocks]\n"
     "  --chunk N              most tokens of one step                   [chunk]\n"
     "  --max-model-len N      cap on the context window                 [max_model_len]\n"
-    "  --deterministic        batch-invariant numbers (CPU)             [deterministic]\n"
+    "  --deterministic        batch-invariant numbers                   [deterministic]\n"
     "  --bind HOST            address to bind                           [coordinator.bind]\n"
     "  --port P               trainer-facing port                       [coordinator.port]\n"
     "  --metrics-port P       HTTP metrics and dashboard port           [metrics_port]\n"
@@ -122,8 +122,7 @@ int fr_cli_serve(int argc, char **argv)
     fr_engine_opts eo;
     fr_serve_config_engine_opts(&c, &eo);
     fr_backend backend;
-    /* Deterministic mode exists on the CPU only: auto picks it there. */
-    if (fr_backend_pick(eo.deterministic && eo.backend == FR_BACKEND_AUTO ? FR_BACKEND_CPU : eo.backend, &backend)) {
+    if (fr_backend_pick(eo.backend, &backend)) {
         fprintf(stderr, "fp4rollout serve: %s\n", fr_last_error());
         return 1;
     }

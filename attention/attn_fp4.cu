@@ -220,6 +220,15 @@ int plan_splits(int n_seqs, int n_kv_heads, int max_ctx, int slots)
     return best;
 }
 
+/* Deterministic mode's count: the requested one, capped by the kernels' limit
+ * and by the pages of max_ctx (a constant of the runner, not of the batch). */
+int fixed_split_count(int requested, int max_ctx)
+{
+    const long pages = max_ctx > 0 ? ((long)max_ctx + kPage - 1) / kPage : 1;
+    int n = requested < kMaxSplits ? requested : kMaxSplits;
+    return pages < n ? (int)pages : n;
+}
+
 bool misaligned(const void *p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) != 0; }
 
 fr_status check_view(const fr_attn_fp4_config *cfg, const fr_paged_kv *kv, int fmt)
@@ -261,9 +270,10 @@ extern "C" fr_status fr_attn_fp4_plan_for(const fr_attn_fp4_config *cfg, int n_s
     if (n_seqs < 1) return fr_fail(FR_EINVAL, "attn_fp4_plan_for: %d sequences", n_seqs);
     int slots;
     if ((st = setup(sh.v, &slots))) return st;
-    int n = plan_splits(n_seqs, n_kv_heads, max_ctx, slots);
+    int n = cfg->fixed_splits > 0 ? fixed_split_count(cfg->fixed_splits, max_ctx)
+                                  : plan_splits(n_seqs, n_kv_heads, max_ctx, slots);
     Layout l = layout_for(sh, cfg->sink_recent != 0, n_seqs, n);
-    while (n > 1 && l.total > workspace_bytes) {   /* fit the plan to the workspace */
+    while (cfg->fixed_splits <= 0 && n > 1 && l.total > workspace_bytes) {   /* fit the plan to the workspace */
         n--;
         l = layout_for(sh, cfg->sink_recent != 0, n_seqs, n);
     }
@@ -291,7 +301,9 @@ extern "C" fr_status fr_attn_fp4_workspace_bytes(const fr_attn_fp4_config *cfg, 
     if ((st = setup(sh.v, &slots))) return st;
     size_t need = 0;
     for (int n = 1; n <= max_seqs; n++) {
-        const Layout l = layout_for(sh, cfg->sink_recent != 0, n, plan_splits(n, n_kv_heads, max_ctx, slots));
+        const int splits = cfg->fixed_splits > 0 ? fixed_split_count(cfg->fixed_splits, max_ctx)
+                                                 : plan_splits(n, n_kv_heads, max_ctx, slots);
+        const Layout l = layout_for(sh, cfg->sink_recent != 0, n, splits);
         if (l.total > need) need = l.total;
     }
     *bytes = need;

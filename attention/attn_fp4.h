@@ -48,6 +48,10 @@ typedef struct {
     int rotate;               /* keys are Hadamard-rotated: rotate the query too */
     int sink_recent;          /* FP4 only: BF16 sink and recent tokens (full recipe) */
     const float *fp8_scales;  /* FP8 only: device [layers][kv_heads][2] (K, V) */
+    int fixed_splits;         /* > 0: decode always cuts a sequence's pages into this many splits (at most
+                               * FR_ATTN_FP4_MAX_SPLITS and the pages of max_ctx), so a split's range depends on
+                               * the sequence's own length, never on the batch (deterministic mode); a workspace
+                               * too small for it is an error instead of a smaller plan */
 } fr_attn_fp4_config;
 
 /* Most quantized splits one sequence's pages are cut into. */

@@ -29,8 +29,13 @@
  * rank's bytes (its weight shard and its KV heads), and tokens/s is given per
  * engine and per GPU.
  *
+ * With --vs-deterministic every batch is timed twice, side by side on the
+ * same caches: in the default mode and in deterministic mode
+ * (docs/determinism.md), with the ratio; the contexts are prefilled or
+ * filled in the default mode (their contents do not change a step's cost).
+ *
  * usage: decode_step [--model M] [--kv T] [--tp N] [--batches 1,16,64] [--context N]
- *                    [--chunk N] [--steps N] [--fill] [--markdown]
+ *                    [--chunk N] [--steps N] [--fill] [--vs-deterministic] [--markdown]
  * 64K contexts need synthetic:qwen3-4b-128k (Qwen3-4B's window is 40,960).
  */
 #include <stdio.h>
@@ -123,9 +128,10 @@ static double copy_bandwidth(void)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: decode_step [--model M] [--kv T] [--tp N] [--batches 1,16,64] [--context N] [--chunk N]\n"
-               "                   [--steps N] [--fill] [--markdown]\n"
+               "                   [--steps N] [--fill] [--vs-deterministic] [--markdown]\n"
                "  --fill   fill the contexts without attention (fr_session_fill) instead of prefilling them;\n"
                "           the prefill figure is then the fill's. 64K contexts: --model synthetic:qwen3-4b-128k\n"
+               "  --vs-deterministic  time each batch in the default mode and in deterministic mode\n"
                "Decode step time and prefill throughput of the CUDA engine against the memory roofline.\n");
 }
 
@@ -150,7 +156,7 @@ int main(int argc, char **argv)
     eo.backend = FR_BACKEND_CUDA;
     eo.chunk = 2048;
     const char *batches_text = "1,16,64";
-    int context = 4096, n_steps = 20, markdown = 0, fill = 0;
+    int context = 4096, n_steps = 20, markdown = 0, fill = 0, vs_det = 0;
     for (int i = 1; i < argc; i++) {
         int used = fr_engine_opts_parse("decode_step", argc, argv, &i, &eo);
         if (used < 0) return 2;
@@ -161,6 +167,7 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) n_steps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--markdown") == 0) markdown = 1;
         else if (strcmp(argv[i], "--fill") == 0) fill = 1;
+        else if (strcmp(argv[i], "--vs-deterministic") == 0) vs_det = 1;
         else { usage(stderr); return 2; }
     }
     int *batches = NULL, n_batches = 0, max_batch = 0;
@@ -170,7 +177,12 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < n_batches; i++) max_batch = batches[i] > max_batch ? batches[i] : max_batch;
     /* room for every step of every batch size (sequences are kept across them) */
-    const int pages = (context + n_batches * (n_steps + 3) + 8 + 127) / 128 + 1;
+    const int modes = vs_det ? 2 : 1;
+    const int pages = (context + modes * n_batches * (n_steps + 3) + 8 + 127) / 128 + 1;
+    if (vs_det && (eo.deterministic || eo.tp > 1)) {
+        fprintf(stderr, "decode_step: --vs-deterministic times both modes itself, with --tp 1\n");
+        return 2;
+    }
     fr_tp_launch launch;
     if (fr_tp_launch_open(eo.tp, &launch)) {
         fprintf(stderr, "decode_step: %s\n", fr_last_error());
@@ -222,8 +234,16 @@ int main(int argc, char **argv)
                "|---|---|---|---|---|---|\n", fill ? "fill (no attention)" : "prefill", context, eo.chunk);
         printf("| %s | %s%s%s%s | %d | %.2f TB/s | %.2f GB | %.3f s, %.0f tokens/s |\n\n", eo.model,
                fr_kv_dtype_name(eo.kv), fp4 ? " (" : "", fp4 ? fr_fp4_compute_name(fr_fp4_compute_for(eo.compute, FR_BACKEND_CUDA)) : "", fp4 ? ")" : "", tp, bw / 1e12, (double)weight_bytes / 1e9, prefill_s, context / prefill_s);
-        printf("| batch | context | step ms (median) | tokens/s | tokens/s per GPU | bytes/step per GPU | roofline ms | "
-               "of roofline |\n|---|---|---|---|---|---|---|---|\n");
+        if (vs_det)
+            printf("| batch | context | step ms, default | step ms, deterministic | deterministic / default time | "
+                   "tokens/s, default | tokens/s, deterministic | roofline ms | of roofline, default | "
+                   "of roofline, deterministic |\n|---|---|---|---|---|---|---|---|---|---|\n");
+        else
+            printf("| batch | context | step ms (median) | tokens/s | tokens/s per GPU | bytes/step per GPU | "
+                   "roofline ms | of roofline |\n|---|---|---|---|---|---|---|---|\n");
+    } else if (vs_det) {
+        printf("copy bandwidth %.2f TB/s, weights %.2f GB\n", bw / 1e12, (double)weight_bytes / 1e9);
+        printf("%6s %8s %12s %12s %8s %12s\n", "batch", "context", "default ms", "determ. ms", "ratio", "roofline ms");
     } else {
         printf("copy bandwidth %.2f TB/s, weights %.2f GB, prefill %d tokens in %.3f s (%.0f tokens/s)\n", bw / 1e12,
                (double)weight_bytes / 1e9, context, prefill_s, context / prefill_s);
@@ -251,28 +271,43 @@ int main(int argc, char **argv)
         }
         fprintf(stderr, "batch %d: %d sequences of %d tokens %s in %.1f s\n", B, B, context,
                 fill ? "filled" : "prefilled", now_s() - a);
-        double tokens_before = 0.0;   /* cached tokens of the batch before its first step */
-        for (int b = 0; b < B; b++) tokens_before += len[b];
-        for (int it = 0; it < n_steps + 3; it++) {
-            for (int b = 0; b < B; b++) {
-                steps[b] = (fr_step_seq){.seq = seqs[b], .n = 1, .tokens = &tok[b]};
-                rows[b] = (fr_decode_row){.params = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 7},
-                                          .sequence = (uint64_t)b, .step = (uint64_t)it};
-            }
-            double t = now_s();
-            if (fr_session_decode(&s, steps, rows, B, tok, NULL)) {
+        double med_of[2] = {0, 0}, roof_of[2] = {0, 0}, roof = 0, ctx_mid = 0, bytes = 0;
+        for (int mode = 0; mode < modes; mode++) {
+            if (vs_det && fr_runner_cuda_set_deterministic(s.gpu, mode)) {
                 fprintf(stderr, "decode_step: %s\n", fr_last_error());
                 return 1;
             }
-            if (it >= 3) times[it - 3] = now_s() - t;
+            double tokens_before = 0.0;   /* cached tokens of the batch before its first step */
+            for (int b = 0; b < B; b++) tokens_before += len[b];
+            for (int it = 0; it < n_steps + 3; it++) {
+                for (int b = 0; b < B; b++) {
+                    steps[b] = (fr_step_seq){.seq = seqs[b], .n = 1, .tokens = &tok[b]};
+                    rows[b] = (fr_decode_row){.params = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 7},
+                                              .sequence = (uint64_t)b, .step = (uint64_t)it};
+                }
+                double t = now_s();
+                if (fr_session_decode(&s, steps, rows, B, tok, NULL)) {
+                    fprintf(stderr, "decode_step: %s\n", fr_last_error());
+                    return 1;
+                }
+                if (it >= 3) times[it - 3] = now_s() - t;
+            }
+            for (int b = 0; b < B; b++) len[b] += n_steps + 3;
+            qsort(times, (size_t)n_steps, sizeof(double), cmp_double);
+            med_of[mode] = times[n_steps / 2];
+            ctx_mid = tokens_before / B + 3 + n_steps / 2.0;   /* at the median step */
+            bytes = (double)step_weight_bytes(&s, weight_bytes, B) + B * ctx_mid * kv_token_bytes;
+            roof = roof_of[mode] = bytes / bw;
         }
-        for (int b = 0; b < B; b++) len[b] += n_steps + 3;
-        qsort(times, (size_t)n_steps, sizeof(double), cmp_double);
-        double med = times[n_steps / 2];
-        double ctx_mid = tokens_before / B + 3 + n_steps / 2.0;   /* at the median step */
-        double bytes = (double)step_weight_bytes(&s, weight_bytes, B) + B * ctx_mid * kv_token_bytes;
-        double roof = bytes / bw;
-        if (markdown)
+        const double med = med_of[0];
+        if (vs_det && markdown)
+            printf("| %d | %.0f | %.3f | %.3f | %.3f | %.0f | %.0f | %.3f | %.1f%% | %.1f%% |\n", B, ctx_mid,
+                   med * 1e3, med_of[1] * 1e3, med_of[1] / med, B / med, B / med_of[1], roof * 1e3,
+                   100.0 * roof_of[0] / med, 100.0 * roof_of[1] / med_of[1]);
+        else if (vs_det)
+            printf("%6d %8.0f %12.3f %12.3f %8.3f %12.3f\n", B, ctx_mid, med * 1e3, med_of[1] * 1e3,
+                   med_of[1] / med, roof * 1e3);
+        else if (markdown)
             printf("| %d | %.0f | %.3f | %.0f | %.0f | %.2f GB | %.3f | %.1f%% |\n", B, ctx_mid, med * 1e3, B / med,
                    B / med / tp, bytes / 1e9, roof * 1e3, 100.0 * roof / med);
         else

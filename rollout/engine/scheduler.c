@@ -65,6 +65,7 @@ typedef struct {
 struct fr_scheduler {
     fr_session *s;
     fr_scheduler_config cfg;
+    int aligned_chunks;              /* deterministic mode with an FP4/FP8 cache: see schedule_batch */
     int vocab, n_blocks;
     req **reqs;
     int n_reqs, cap_reqs;
@@ -508,6 +509,7 @@ fr_status fr_scheduler_new(fr_session *s, const fr_scheduler_config *cfg, fr_sch
     if (!sch) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
     sch->s = s;
     sch->cfg = c;
+    sch->aligned_chunks = s->deterministic && kc->dtype != FR_KV_BF16 && kc->dtype != FR_KV_F32;
     sch->vocab = s->model->cfg.vocab_size;
     sch->n_blocks = kc->n_blocks;
     fr_serving_stats_init(&sch->serving);
@@ -804,6 +806,14 @@ static fr_status schedule_batch(fr_scheduler *sch, step_plan *p)
          * one per step, as they first ran: the decode path again. */
         int end = j->sample >= 0 && j->done < j->r->n_prompt ? j->r->n_prompt : j->n_total;
         int m = j->sample >= 0 && j->done >= j->r->n_prompt ? 1 : end - j->done;
+        if (sch->aligned_chunks && m > 1) {
+            /* Cut at multiples of the chunk from the prompt's start whatever
+             * the load: an FP4/FP8 prefill's numbers depend on its chunks. A
+             * piece that does not fit waits for decodes to finish. */
+            const int stop = (j->done / sch->cfg.chunk + 1) * sch->cfg.chunk;
+            if (stop < end) m = stop - j->done;
+            if (m > budget) break;
+        }
         if (m > budget) m = budget;
         budget -= m;
         sch->row_job_m[n_rows] = m;

@@ -84,6 +84,7 @@ static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, str
     if (!st && b == FR_BACKEND_CPU) fr_runner_cpu_set_deterministic(s->runner, o->deterministic);
 #ifdef FR_HAVE_CUDA
     if (!st && b == FR_BACKEND_CUDA) st = fr_runner_cuda_new_tp(wg, s->kv, step_tokens, s->nccl, &s->gpu);
+    if (!st && b == FR_BACKEND_CUDA && o->deterministic) st = fr_runner_cuda_set_deterministic(s->gpu, 1);
 #endif
     return st;
 }
@@ -156,11 +157,10 @@ static fr_status resolve_backend(const fr_engine_opts *o, fr_backend *out)
 {
     fr_status st = check_tp(o);
     if (st) return st;
-    if (o->deterministic && o->backend == FR_BACKEND_CUDA)
-        return fr_fail(FR_EUNSUPPORTED, "deterministic mode runs on the CPU backend only so far "
-                                        "(docs/determinism.md): use --backend cpu or auto");
-    /* Auto with deterministic mode: the backend that has it. */
-    if ((o->tp > 1 || o->deterministic) && o->backend == FR_BACKEND_AUTO) {
+    if (o->deterministic && o->backend == FR_BACKEND_CUDA && o->tp > 1)
+        return fr_fail(FR_EUNSUPPORTED, "deterministic mode on the GPU runs with one GPU per engine (--tp 1): NCCL's "
+                                        "all-reduce order depends on the message size (docs/determinism.md)");
+    if (o->tp > 1 && o->backend == FR_BACKEND_AUTO) {
         *out = FR_BACKEND_CPU;
         return FR_OK;
     }
@@ -298,6 +298,8 @@ fr_status fr_session_open_shadow(const fr_session *main, int n_blocks, int max_s
 #ifdef FR_HAVE_CUDA
     if (!st && out->backend == FR_BACKEND_CUDA)
         st = fr_runner_cuda_new_tp(out->gpu_weights, out->kv, step_tokens, out->nccl, &out->gpu);
+    if (!st && out->backend == FR_BACKEND_CUDA && out->deterministic)
+        st = fr_runner_cuda_set_deterministic(out->gpu, 1);
 #endif
     if (st) fr_session_close(out);
     return st;

@@ -18,13 +18,14 @@
 #include <string.h>
 
 #include "attention/cuda_check.h"
+#include "rollout/model/gemm_fixed_cuda.h"
 
 #define SLOTS (2 * FR_GEMM_MAX_PLANS)   /* a power of two; at most half used */
 #define HEURISTIC_RESULTS 8
 
 typedef struct {
     int used;
-    int M, N, K, out_bf16;
+    int M, N, K, out_bf16, pinned;
     uint32_t ay, ax, aw;            /* alignment in bytes of y, x, w (1..256) */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
@@ -38,7 +39,19 @@ struct fr_gemm {
     plan *slots;                    /* [SLOTS] */
     int n_plans;
     long searches, flushes;
+    fr_gemm_mode mode;
 };
+
+fr_status fr_gemm_set_mode(fr_gemm *g, fr_gemm_mode mode)
+{
+    if (!g) return fr_fail(FR_EINVAL, "gemm: NULL gemm context");
+    if (mode != FR_GEMM_FAST && mode != FR_GEMM_FIXED && mode != FR_GEMM_PINNED)
+        return fr_fail(FR_EINVAL, "gemm: unknown mode %d", (int)mode);
+    g->mode = mode;
+    return FR_OK;
+}
+
+fr_gemm_mode fr_gemm_get_mode(const fr_gemm *g) { return g ? g->mode : FR_GEMM_FAST; }
 
 const char *fr_cublas_status_str(int status)
 {
@@ -151,10 +164,10 @@ static uint32_t align_of(const void *p)
     return al;
 }
 
-static uint32_t hash_key(int M, int N, int K, int out_bf16, uint32_t ay, uint32_t ax, uint32_t aw)
+static uint32_t hash_key(int M, int N, int K, int out_bf16, int pinned, uint32_t ay, uint32_t ax, uint32_t aw)
 {
     uint64_t h = 0x9e3779b97f4a7c15ull;
-    const uint64_t parts[5] = {(uint32_t)M, (uint32_t)N, (uint32_t)K,
+    const uint64_t parts[5] = {(uint32_t)M, (uint32_t)N, (uint64_t)pinned << 32 | (uint32_t)K,
                                (uint64_t)out_bf16 << 32 | (uint64_t)ay << 16 | ax, aw};
     for (int i = 0; i < 5; i++) {
         h ^= parts[i] + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
@@ -191,20 +204,41 @@ static fr_status plan_build(fr_gemm *g, plan *p)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
     cublasLtMatmulHeuristicResult_t res[HEURISTIC_RESULTS];
     int n_res = 0;
+    /* Pinned: the search runs at FR_GEMM_PIN_M whatever M is, so every M of
+     * an (N, K) gets the same algorithm. */
+    cublasLtMatrixLayout_t pin_b = NULL, pin_c = NULL;
+    if (st == CUBLAS_STATUS_SUCCESS && p->pinned) {
+        st = cublasLtMatrixLayoutCreate(&pin_b, CUDA_R_16BF, (uint64_t)p->K, FR_GEMM_PIN_M, (int64_t)p->K);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = cublasLtMatrixLayoutCreate(&pin_c, yt, (uint64_t)p->N, FR_GEMM_PIN_M, (int64_t)p->N);
+    }
     if (st == CUBLAS_STATUS_SUCCESS) {
         g->searches++;
-        st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->la, p->lb, p->lc, p->lc, pref, HEURISTIC_RESULTS,
-                                            res, &n_res);
+        st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->la, p->pinned ? pin_b : p->lb, p->pinned ? pin_c : p->lc,
+                                            p->pinned ? pin_c : p->lc, pref, HEURISTIC_RESULTS, res, &n_res);
     }
     cublasLtMatmulPreferenceDestroy(pref);
+    if (pin_b) cublasLtMatrixLayoutDestroy(pin_b);
+    if (pin_c) cublasLtMatrixLayoutDestroy(pin_c);
     if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED)
         return fr_fail(FR_EINTERNAL, "gemm: the algorithm search for M %d N %d K %d failed: %s", p->M, p->N, p->K,
                        fr_cublas_status_str((int)st));
-    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < n_res; i++)
-        if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= g->ws_size) {
-            p->algo = res[i].algo;
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < n_res; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > g->ws_size) continue;
+        p->algo = res[i].algo;
+        if (!p->pinned) return FR_OK;
+        const int32_t one = 1;
+        const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+        cublasLtMatmulHeuristicResult_t chk;
+        if (cublasLtMatmulAlgoConfigSetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof one) ==
+                CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulAlgoConfigSetAttribute(&p->algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
+                                                 sizeof none) == CUBLAS_STATUS_SUCCESS &&
+            cublasLtMatmulAlgoCheck(g->lt, p->op, p->la, p->lb, p->lc, p->lc, &p->algo, &chk) ==
+                CUBLAS_STATUS_SUCCESS &&
+            chk.workspaceSize <= g->ws_size)
             return FR_OK;
-        }
+    }
     return fr_fail(FR_EUNSUPPORTED,
                    "gemm: cuBLASLt has no algorithm for M %d N %d K %d (%s output, alignments y %u x %u w %u, "
                    "workspace %zu bytes)", p->M, p->N, p->K, p->out_bf16 ? "BF16" : "FP32", p->ay, p->ax, p->aw,
@@ -216,12 +250,13 @@ static fr_status plan_get(fr_gemm *g, int M, int N, int K, int out_bf16, const v
                           const void *w, const plan **out)
 {
     const uint32_t ay = align_of(y), ax = align_of(x), aw = align_of(w);
-    uint32_t i = hash_key(M, N, K, out_bf16, ay, ax, aw) & (SLOTS - 1);
+    const int pinned = g->mode == FR_GEMM_PINNED;
+    uint32_t i = hash_key(M, N, K, out_bf16, pinned, ay, ax, aw) & (SLOTS - 1);
     for (;; i = (i + 1) & (SLOTS - 1)) {
         plan *p = &g->slots[i];
         if (!p->used) break;
-        if (p->M == M && p->N == N && p->K == K && p->out_bf16 == out_bf16 && p->ay == ay && p->ax == ax &&
-            p->aw == aw) {
+        if (p->M == M && p->N == N && p->K == K && p->out_bf16 == out_bf16 && p->pinned == pinned && p->ay == ay &&
+            p->ax == ax && p->aw == aw) {
             *out = p;
             return FR_OK;
         }
@@ -229,11 +264,11 @@ static fr_status plan_get(fr_gemm *g, int M, int N, int K, int out_bf16, const v
     if (g->n_plans >= FR_GEMM_MAX_PLANS) {   /* full: start over */
         flush_plans(g);
         g->flushes++;
-        i = hash_key(M, N, K, out_bf16, ay, ax, aw) & (SLOTS - 1);
+        i = hash_key(M, N, K, out_bf16, pinned, ay, ax, aw) & (SLOTS - 1);
     }
     plan *p = &g->slots[i];
     memset(p, 0, sizeof *p);
-    p->M = M; p->N = N; p->K = K; p->out_bf16 = out_bf16;
+    p->M = M; p->N = N; p->K = K; p->out_bf16 = out_bf16; p->pinned = pinned;
     p->ay = ay; p->ax = ax; p->aw = aw;
     fr_status st = plan_build(g, p);
     if (st) {
@@ -262,6 +297,7 @@ static fr_status gemm_run(const char *what, fr_gemm *g, void *y, int out_bf16, c
 {
     fr_status st = check_args(what, g, y, x, w, M, N, K, beta);
     if (st || M == 0 || N == 0) return st;
+    if (g->mode == FR_GEMM_FIXED) return fr_gemm_fixed_bf16(y, out_bf16, x, w, M, N, K, beta, g->ws, g->ws_size, stream);
     const plan *p = NULL;
     if ((st = plan_get(g, M, N, K, out_bf16, y, x, w, &p))) return st;
     const float alpha = 1.0f;
@@ -288,7 +324,7 @@ fr_status fr_gemm_prepare(fr_gemm *g, int M, int N, int K, int bf16_out, const v
     if (!g) return fr_fail(FR_EINVAL, "gemm prepare: NULL gemm context");
     if (M < 0 || N < 0 || K < 1)
         return fr_fail(FR_EINVAL, "gemm prepare: bad size: M %d, N %d, K %d (M, N >= 0, K >= 1)", M, N, K);
-    if (M == 0 || N == 0) return FR_OK;
+    if (M == 0 || N == 0 || g->mode == FR_GEMM_FIXED) return FR_OK;
     const plan *p = NULL;
     return plan_get(g, M, N, K, bf16_out ? 1 : 0, y, x_bf16, w_bf16, &p);
 }

@@ -44,6 +44,23 @@ extern "C" {
 
 typedef struct fr_gemm fr_gemm;
 
+/* How a product's reduction order is chosen:
+ *   FR_GEMM_FAST    cuBLASLt's heuristic per (M, N, K): the fastest plan, but
+ *                   the kernel, its tiles and its split-K change with M, so a
+ *                   row's bits depend on how many rows share the call;
+ *   FR_GEMM_FIXED   the project's fixed-order kernel (gemm_fixed_cuda.h): a
+ *                   row's bits do not depend on M (deterministic mode);
+ *   FR_GEMM_PINNED  cuBLASLt with one algorithm per (N, K, output, alignment),
+ *                   the heuristic's choice at M = FR_GEMM_PIN_M with split-K
+ *                   forced off, used for every M: a fixed kernel and tile
+ *                   shape, so a row's reduction order does not depend on M
+ *                   (cuBLASLt does not document it; tests/gpu checks it on
+ *                   the engine's shapes). Deterministic mode's default: as
+ *                   fast as FR_GEMM_FAST (bench/RESULTS.md). The algorithm
+ *                   depends on the GPU model and the cuBLAS version. */
+typedef enum { FR_GEMM_FAST = 0, FR_GEMM_FIXED = 1, FR_GEMM_PINNED = 2 } fr_gemm_mode;
+#define FR_GEMM_PIN_M 64
+
 #define FR_GEMM_DEFAULT_WORKSPACE ((size_t)32 << 20)   /* 32 MiB */
 #define FR_GEMM_MAX_PLANS 512
 
@@ -54,6 +71,10 @@ fr_status fr_gemm_new(size_t workspace_bytes, fr_gemm **out);
 /* Frees the workspace, the plans and the handle (waits for the device as
  * cudaFree does); sets *g = NULL; accepts NULL and *g == NULL. */
 void fr_gemm_destroy(fr_gemm **g);
+
+/* Sets the mode of later calls (plans of other modes stay cached). */
+fr_status fr_gemm_set_mode(fr_gemm *g, fr_gemm_mode mode);
+fr_gemm_mode fr_gemm_get_mode(const fr_gemm *g);
 
 /* y (float32 [M][N]) = x (BF16 [M][K]) . w (BF16 [N][K])^T + beta * y.
  * M, N >= 0 (0 is a no-op), K >= 1; y must not alias x or w. Asynchronous on

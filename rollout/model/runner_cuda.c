@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "attention/attn_bf16.h"
+#include "attention/attn_fixed.h"
 #include "attention/attn_fp4.h"
 #include "attention/cuda_check.h"
 #include "kvcache/kv_store_cuda.h"
@@ -59,6 +60,11 @@ struct fr_runner_cuda {
     fr_attn_fp4_config fp4;
     void *fp4_ws, *prefill_ws;
     size_t fp4_ws_bytes, prefill_ws_bytes;
+    /* Deterministic mode (fr_runner_cuda_set_deterministic): fixed-order
+     * GEMMs, and with a BF16 cache one attention path for every token. */
+    int deterministic;
+    void *fixed_ws;
+    size_t fixed_ws_bytes;
     /* pinned host mirrors of the step metadata */
     int *h_ids, *h_pos, *h_tables, *h_logit_rows, *h_tokens;
     float *h_logprobs;
@@ -229,6 +235,7 @@ void fr_runner_cuda_destroy(fr_runner_cuda **pr)
     free(r->h_k);
     free(r->h_v);
     fr_cuda_rope_table_free(&r->rope_cos, &r->rope_sin);
+    cudaFree(r->fixed_ws);
     fr_gemm_destroy(&r->gemm);
     fr_moe_gpu_destroy(&r->moe);
     fr_sampler_gpu_destroy(&r->sampler);
@@ -428,7 +435,9 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
     }
     if (!st) {
         fr_paged_kv view = fr_kv_store_gpu_view(r->store, l, r->step_k, r->step_v);
-        if (!r->quantized_kv) {
+        if (!r->quantized_kv && r->deterministic) {
+            st = fr_attn_fixed(&view, r->seqs, n_seqs, M, r->q, r->att, H, r->fixed_ws, r->fixed_ws_bytes, s);
+        } else if (!r->quantized_kv) {
             st = fr_attn_bf16(&view, r->seqs, n_seqs, max_new, c->max_position, r->q, r->att, H, r->attn_ws,
                               r->attn_ws_bytes, s);
         } else {
@@ -832,6 +841,71 @@ fr_status fr_runner_cuda_decode_keep(fr_runner_cuda *r, const fr_step_seq *seqs,
 }
 
 const float *fr_runner_cuda_decode_logits(const fr_runner_cuda *r) { return r ? r->logits : NULL; }
+
+/* Drops the captured decode graphs: they hold the kernels of the mode they
+ * were captured in. */
+static void drop_graphs(fr_runner_cuda *r)
+{
+    for (int b = 0; b < FR_CUDA_GRAPH_BUCKETS; b++) {
+        if (r->graphs[b]) cudaGraphExecDestroy(r->graphs[b]);
+        r->graphs[b] = NULL;
+        r->graph_rows[b] = 0;
+        for (int b2 = 0; b2 < FR_CUDA_GRAPH_BUCKETS; b2++) {
+            if (r->rgraphs[b][b2]) cudaGraphExecDestroy(r->rgraphs[b][b2]);
+            r->rgraphs[b][b2] = NULL;
+            r->rgraph_rider[b][b2] = 0;
+        }
+    }
+}
+
+fr_status fr_runner_cuda_set_deterministic(fr_runner_cuda *r, int on)
+{
+    if (!r) return fr_fail(FR_EINVAL, "CUDA runner: NULL runner");
+    on = on != 0;
+    if (on == r->deterministic) return FR_OK;
+    if (r->launched) return fr_fail(FR_EINVAL, "CUDA runner: deterministic mode changed while a decode is in flight");
+    if (on && r->nccl)
+        return fr_fail(FR_EUNSUPPORTED, "deterministic mode on the GPU runs with one GPU per engine (--tp 1): NCCL's "
+                                        "all-reduce order depends on the message size (docs/determinism.md)");
+    const fr_model_config *c = &r->w->cfg;
+    /* cuBLASLt with pinned algorithms: as fast as the heuristic and
+     * row-invariant in every shape tests/gpu/test_determinism_gpu.c checks;
+     * FR_DETERMINISTIC_GEMM=fixed picks the project's fixed-order kernel,
+     * invariant by construction (bench/RESULTS.md measures both). */
+    const char *env = getenv("FR_DETERMINISTIC_GEMM");
+    const fr_gemm_mode det_gemm = env && strcmp(env, "fixed") == 0 ? FR_GEMM_FIXED : FR_GEMM_PINNED;
+    fr_status st = fr_gemm_set_mode(r->gemm, on ? det_gemm : FR_GEMM_FAST);
+    if (!st && on && !r->quantized_kv && !r->fixed_ws) {
+        const int rows = r->max_tokens < 64 ? r->max_tokens : 64;   /* rows per launch; more run in turns */
+        st = fr_attn_fixed_workspace_bytes(c->num_heads, c->head_dim, rows, &r->fixed_ws_bytes);
+        DEV_ALLOC(r->fixed_ws, r->fixed_ws_bytes);
+    }
+    if (!st && r->quantized_kv) {
+        fr_attn_fp4_config cfg = r->fp4;
+        cfg.fixed_splits = on ? FR_ATTN_FIXED_SPLITS : 0;
+        size_t need = 0;
+        st = fr_attn_fp4_workspace_bytes(&cfg, r->max_seqs, c->num_heads, c->num_kv_heads, c->max_position, &need);
+        if (!st && need > r->fp4_ws_bytes) {
+            void *ws = NULL;
+            if (cudaMalloc(&ws, need) != cudaSuccess)
+                st = fr_fail(FR_ENOMEM, "CUDA runner: cannot allocate the %zu-byte attention workspace of "
+                             "deterministic mode", need);
+            else {
+                cudaFree(r->fp4_ws);
+                r->fp4_ws = ws;
+                r->fp4_ws_bytes = need;
+            }
+        }
+        if (!st) r->fp4 = cfg;
+    }
+    if (st) {
+        fr_gemm_set_mode(r->gemm, r->deterministic ? det_gemm : FR_GEMM_FAST);
+        return st;
+    }
+    drop_graphs(r);
+    r->deterministic = on;
+    return FR_OK;
+}
 
 fr_status fr_runner_cuda_set_key_mean(fr_runner_cuda *r, const float *key_mean)
 {

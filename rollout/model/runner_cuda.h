@@ -116,6 +116,16 @@ fr_status fr_runner_cuda_set_observer(fr_runner_cuda *r, const fr_forward_observ
 /* After fr_kv_seq_fork(book, src, &dst): gives dst a copy of src's device slots. */
 /* The device cache's key mean (kvcache/kv_store_cuda.h), after the steps
  * in flight have finished. */
+/* Deterministic mode (docs/determinism.md): matrix products with pinned
+ * cuBLASLt algorithms (FR_DETERMINISTIC_GEMM=fixed: the fixed-order kernel of
+ * gemm_fixed_cuda.h), and attention whose plan is fixed by
+ * token position: with a BF16 cache one path for decode and prefill tokens
+ * (attn_fixed.h), with FP4/FP8 caches decode splits fixed per sequence
+ * (fr_attn_fp4_config.fixed_splits). A sample's tokens and log-probs are then
+ * independent of the batch. Call between steps; captured graphs are dropped.
+ * Refused with tensor parallelism (FR_EUNSUPPORTED). */
+fr_status fr_runner_cuda_set_deterministic(fr_runner_cuda *r, int on);
+
 fr_status fr_runner_cuda_set_key_mean(fr_runner_cuda *r, const float *key_mean);
 fr_status fr_runner_cuda_fork(fr_runner_cuda *r, int src_seq, int dst_seq);
 
