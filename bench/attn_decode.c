@@ -64,6 +64,7 @@
 #include "attention/kv_numerics.h"
 #include "attention/ref_attention.h"
 #include "kvcache/page_layout.h"
+#include "bench/copy_bandwidth.h"
 
 enum { PAGE = FR_PAGE_TOKENS, SINK = FR_SINK_TOKENS, MAX_LIST = 32, GATE_CHUNK = 50, MAX_RUNS = 10000 };
 
@@ -614,36 +615,6 @@ static int parse_kernels(const char *text, options *o)
 
 /* ---- main ---------------------------------------------------------------- */
 
-/* Bytes read plus written per second by a device-to-device copy of 1 GiB. */
-static double copy_bandwidth(cudaStream_t st)
-{
-    const size_t n = (size_t)1 << 30;
-    void *a = NULL, *b = NULL;
-    double best = 0.0;
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) goto out;
-    cudaMemsetAsync(a, 1, n, st);
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    for (int rep = 0; rep < 6; rep++) {
-        cudaEventRecord(e0, st);
-        cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, st);
-        cudaEventRecord(e1, st);
-        cudaEventSynchronize(e1);
-        float ms = 0.0f;
-        cudaEventElapsedTime(&ms, e0, e1);
-        double bw = 2.0 * (double)n / (ms * 1e-3);
-        if (rep > 0 && bw > best) best = bw;
-    }
-out:
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    cudaFree(a);
-    cudaFree(b);
-    cudaGetLastError();
-    return best;
-}
-
 int main(int argc, char **argv)
 {
     options o;
@@ -693,7 +664,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "attn_decode: cannot create a stream\n");
         return 1;
     }
-    const double bw = copy_bandwidth(st);
+    const double bw = fr_bench_copy_bandwidth((size_t)1 << 30, st);
 
     printf("# bench: attn_decode (paged decode attention, one layer, n_new 1, len = context - 1)\n");
     printf("# command:");

@@ -50,6 +50,7 @@
 #include "rollout/engine/session.h"
 #include "app/cli.h"
 #include "app/tp_launch.h"
+#include "bench/copy_bandwidth.h"
 
 static double now_s(void)
 {
@@ -96,33 +97,6 @@ static size_t step_weight_bytes(const fr_session *s, size_t all, int batch)
     free(active);
     free(counts);
     return bytes;
-}
-
-static double copy_bandwidth(void)
-{
-    const size_t n = (size_t)2 << 30;
-    void *a = NULL, *b = NULL;
-    if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) return 0.0;
-    cudaMemset(a, 1, n);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    double best = 0.0;
-    for (int rep = 0; rep < 6; rep++) {
-        cudaEventRecord(e0, 0);
-        cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0);
-        cudaEventRecord(e1, 0);
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        double bw = 2.0 * (double)n / (ms * 1e-3);
-        if (rep > 0 && bw > best) best = bw;
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaFree(a);
-    cudaFree(b);
-    return best;
 }
 
 static void usage(FILE *f)
@@ -201,7 +175,7 @@ int main(int argc, char **argv)
     }
     const fr_model_config *c = &s.model->cfg;
     fprintf(stderr, "model %s loaded on the GPU in %.1f s\n", eo.model, now_s() - t0);
-    double bw = copy_bandwidth();
+    double bw = fr_bench_copy_bandwidth((size_t)2 << 30, 0);
     size_t weight_bytes = s.gpu_weights->bytes;
     const int tp = eo.tp, kvh = fr_kv_cache_config_of(s.kv)->n_kv_heads;   /* this rank's KV heads */
     /* KV bytes a decode reads per cached token: the cache's own page bytes

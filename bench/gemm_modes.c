@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "rollout/model/gemm_cuda.h"
+#include "bench/copy_bandwidth.h"
 
 typedef struct {
     const char *name;
@@ -27,32 +28,6 @@ static const shape SHAPES[] = {{"q_proj", 4096, 2560, 1},   {"k_proj, v_proj", 1
                                {"o_proj", 2560, 4096, 1},   {"gate|up", 19456, 2560, 1},
                                {"down_proj", 2560, 9728, 1}, {"lm_head", 151936, 2560, 0}};
 static const char *const MODE_NAMES[] = {"cuBLASLt heuristic", "fixed-order kernel", "cuBLASLt pinned"};
-
-static double copy_bandwidth(void)
-{
-    const size_t n = (size_t)1 << 30;
-    void *a = NULL, *b = NULL;
-    if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) return 0.0;
-    cudaMemset(a, 1, n);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    double best = 0.0;
-    for (int rep = 0; rep < 6; rep++) {
-        cudaEventRecord(e0, 0);
-        cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0);
-        cudaEventRecord(e1, 0);
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (rep > 0 && 2.0 * n / (ms * 1e-3) > best) best = 2.0 * n / (ms * 1e-3);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaFree(a);
-    cudaFree(b);
-    return best;
-}
 
 static int cmp_float(const void *a, const void *b)
 {
@@ -117,7 +92,7 @@ int main(int argc, char **argv)
         }
     }
     if (reps < 1) reps = 1;
-    const double bw = copy_bandwidth();
+    const double bw = fr_bench_copy_bandwidth((size_t)1 << 30, 0);
     size_t max_w = 0, max_y = 0;
     for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
         size_t wn = (size_t)SHAPES[i].N * SHAPES[i].K, yn = (size_t)64 * SHAPES[i].N;
