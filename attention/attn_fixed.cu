@@ -1,11 +1,16 @@
 /* Deterministic-mode attention over a BF16 paged cache: see attn_fixed.h.
  *
- * Split kernel: a block of 128 threads per (split, KV head, row). Per tile of
- * 128 keys: thread i loads value row i into shared memory and key row i into
- * registers and scores key i against the G query heads (dot products in
- * increasing dimension), a warp per head takes the tile maximum and sums the
- * weights in a fixed tree, and for the values each thread owns a pair of
- * dimensions of a share of the heads and accumulates the keys in order. No reduction depends on the warp schedule. */
+ * Split kernel: a block of 128 threads per (row block, KV head, split). A row
+ * block is up to R consecutive tokens of one sequence (R = 1 for a decode
+ * step, 32 / G for steps with prefill chunks), so the R x G query rows share
+ * each key and value the block loads. Per tile of 128 keys: thread i loads
+ * value row i into shared memory and key row i into registers and scores key
+ * i against every query row (dot products in increasing dimension); a warp
+ * per query row takes the tile maximum and sums the weights in a fixed tree;
+ * for the values each thread owns a pair of dimensions of a share of the
+ * query rows and accumulates the keys in order. A query row's operations are
+ * the same whichever R its block has and whichever rows share it: the
+ * threads that run them differ, the operations do not. */
 #include "attention/attn_fixed.h"
 
 #include <cuda_bf16.h>
@@ -13,7 +18,10 @@
 
 namespace {
 
-constexpr int kThreads = 128, kTile = 128, kSplits = FR_ATTN_FIXED_SPLITS;
+constexpr int kThreads = 128, kTile = 128, kSplitKeys = FR_ATTN_FIXED_SPLIT_KEYS;
+constexpr int kTilesPerSplit = kSplitKeys / kTile, kMaxQueryRows = 32;
+constexpr int kBlocksPerRow = 64;   /* blocks per (row block, KV head); each takes every 64th split */
+constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ float bf(uint16_t v) { return __bfloat162float(__ushort_as_bfloat16(v)); }
 
@@ -33,211 +41,267 @@ __device__ __forceinline__ const uint16_t *token_row(const fr_paged_kv &kv, cons
     return (value ? kv.step_v : kv.step_k) + ((size_t)(s.q_row + t - s.len) * kv.n_kv_heads + h) * d;
 }
 
-/* The sequence holding row r, or -1 (warp 0 scans, the block waits). */
-__device__ int find_seq(const fr_paged_seq *seqs, int n_seqs, int r)
+/* Row block b of the step: sequences in order, ceil(n_new / R) blocks each.
+ * Warp 0 walks the sequences 32 at a time with a prefix sum over lanes; the
+ * block gets the sequence and the block's first row, or -1. */
+template <int R> __device__ void find_block(const fr_paged_seq *seqs, int n_seqs, int b, int *seq, int *first)
 {
-    __shared__ int found;
-    if (threadIdx.x == 0) found = -1;
-    __syncthreads();
-    if (threadIdx.x < 32)
-        for (int i = threadIdx.x; i < n_seqs; i += 32) {
-            const fr_paged_seq s = seqs[i];
-            if (s.n_new > 0 && r >= s.q_row && r < s.q_row + s.n_new) found = i;   /* at most one matches */
+    __shared__ int found_seq, found_first;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        int base = 0, fs = -1, ff = 0;
+        for (int i0 = 0; i0 < n_seqs && fs < 0; i0 += 32) {
+            const int i = i0 + lane;
+            const int n_new = i < n_seqs ? seqs[i].n_new : 0;
+            const int nb = n_new > 0 ? (n_new + R - 1) / R : 0;
+            int incl = nb;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int up = __shfl_up_sync(kFull, incl, o);
+                if (lane >= o) incl += up;
+            }
+            const int start = base + incl - nb;
+            const unsigned hit = __ballot_sync(kFull, nb > 0 && b >= start && b < start + nb);
+            if (hit) {
+                const int l = __ffs(hit) - 1;
+                fs = i0 + l;
+                ff = __shfl_sync(kFull, b - start, l) * R;
+            }
+            base += __shfl_sync(kFull, incl, 31);
         }
+        if (lane == 0) {
+            found_seq = fs;
+            found_first = ff;
+        }
+    }
     __syncthreads();
-    return found;
+    *seq = found_seq;
+    *first = found_first;
 }
 
-__device__ __forceinline__ void split_tiles(int p, int j, int *a, int *b, int *ns)
-{
-    const int T = p / kTile + 1, n = T < kSplits ? T : kSplits;
-    *ns = n;
-    *a = (int)((long)T * j / n);
-    *b = (int)((long)T * (j + 1) / n);
-}
-
+/* Where the partial outputs of the launch's rows [row0, row0 + rows) go. */
 struct Part {
-    float *o, *m, *l;   /* [rows][H][kSplits][d], [rows][H][kSplits] x 2 */
+    float *o, *m, *l;   /* [rows][H][ns_max][d], [rows][H][ns_max] x 2 */
+    int ns_max;
 };
 
-__device__ __forceinline__ Part part_of(void *ws, int rows, int H, int d)
+__device__ __forceinline__ Part part_of(void *ws, int rows, int H, int d, int ns_max)
 {
     Part P;
     P.o = static_cast<float *>(ws);
-    P.m = P.o + (size_t)rows * H * kSplits * d;
-    P.l = P.m + (size_t)rows * H * kSplits;
+    P.m = P.o + (size_t)rows * H * ns_max * d;
+    P.l = P.m + (size_t)rows * H * ns_max;
+    P.ns_max = ns_max;
     return P;
 }
 
 /* Shared memory of the split kernel: the tile's values (rows padded by 16
- * bytes, so that thread i writing row i meets no bank conflict), the
- * weights, the query, and per head the running maximum, sum and rescale. */
-template <int D, int G> struct Smem {
+ * bytes, so that thread i writing row i meets no bank conflict), the query
+ * rows, their scores and running outputs, and per query row the running
+ * maximum, sum and rescale and its number of live keys in the tile. */
+template <int D, int QR> struct Smem {
     static constexpr int kRow = D + 8;
     uint16_t v[kTile][kRow];
-    float sc[G][kTile];
-    float q[G][D];
-    float m[G], l[G], alpha[G];
+    float q[QR][D];
+    float sc[QR][kTile];
+    float acc[QR][D];
+    float m[QR], l[QR], alpha[QR];
+    int keys[QR];
 };
 
-template <int D, int G>
-__global__ void __launch_bounds__(kThreads) split_kernel(fr_paged_kv kv, const fr_paged_seq *seqs, int n_seqs,
-                                                         int row0, int rows, const float *q, int H, void *ws)
+struct Args {
+    fr_paged_kv kv;
+    const fr_paged_seq *seqs;
+    int n_seqs, row0, rows, H, ns_max;
+    const float *q;
+    void *ws;
+};
+
+/* Query row qr = (row k of the block, head g of the group): qr = k * G + g. */
+template <int D, int G, int R>
+__global__ void __launch_bounds__(kThreads) split_kernel(Args A)
 {
-    constexpr int kVec = D / 8;                  /* 16-byte pieces of a row */
-    constexpr int kDims = 2;                     /* dimensions a thread accumulates (a bf16 pair) */
-    constexpr int kGroups = kThreads * kDims / D;   /* head groups the threads split into: 1 (d 128) or 2 */
-    constexpr int kMine = G / kGroups > 0 ? G / kGroups : 1;
+    constexpr int QR = G * R;
+    constexpr int kVec = D / 8;                    /* 16-byte pieces of a row */
+    constexpr int kPairs = D / 2;                  /* dimension pairs */
+    constexpr int kShares = kThreads / kPairs;     /* query-row shares: 2 (d 128) or 4 (d 64) */
+    constexpr int kMine = (QR + kShares - 1) / kShares;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    Smem<D, G> &S = *reinterpret_cast<Smem<D, G> *>(smem_raw);
-    const int j = blockIdx.x, h = blockIdx.y, rl = blockIdx.z, r = row0 + rl, tid = threadIdx.x;
-    const int lane = tid & 31, warp = tid >> 5;
-    const int si = find_seq(seqs, n_seqs, r);
+    Smem<D, QR> &S = *reinterpret_cast<Smem<D, QR> *>(smem_raw);
+    const int h = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int si, first;
+    find_block<R>(A.seqs, A.n_seqs, blockIdx.z, &si, &first);
     if (si < 0) return;
-    const fr_paged_seq s = seqs[si];
-    const int p = s.len + (r - s.q_row);
-    int a, b, ns;
-    split_tiles(p, j, &a, &b, &ns);
-    if (j >= ns) return;
-    for (int i = tid; i < G * D; i += kThreads) {
-        const float x = q[((size_t)r * H + h * G + i / D) * D + i % D];
-        S.q[i / D][i % D] = __bfloat162float(__float2bfloat16_rn(x));
-    }
-    if (tid < G) {
-        S.m[tid] = -INFINITY;
-        S.l[tid] = 0.0f;
+    const fr_paged_seq s = A.seqs[si];
+    /* the block's rows in this launch: [k0, k1) of the block */
+    const int n_rows = s.n_new - first < R ? s.n_new - first : R;
+    const int r_first = s.q_row + first;
+    const int k0 = A.row0 > r_first ? A.row0 - r_first : 0;
+    const int k1 = A.row0 + A.rows - r_first < n_rows ? A.row0 + A.rows - r_first : n_rows;
+    if (k0 >= k1) return;
+    const int p_last = s.len + first + k1 - 1;                 /* the last row's position */
+    if ((int)blockIdx.x * kSplitKeys > p_last) return;
+    for (int i = tid; i < QR * D; i += kThreads) {
+        const int qr = i / D, k = qr / G, g = qr % G, r = r_first + k;
+        const bool ok = k >= k0 && k < k1;
+        const float x = ok ? A.q[((size_t)r * A.H + h * G + g) * D + i % D] : 0.0f;
+        S.q[qr][i % D] = __bfloat162float(__float2bfloat16_rn(x));
     }
     const float scale = (float)(1.4426950408889634 / sqrt((double)D));   /* log2(e) / sqrt(d) */
-    const int dim = (tid % (D / kDims)) * kDims, grp = tid / (D / kDims);
-    float acc[kMine][kDims];
-#pragma unroll
-    for (int u = 0; u < kMine; u++) acc[u][0] = acc[u][1] = 0.0f;
-    for (int tile = a; tile < b; tile++) {
-        const int n_keys = (tile + 1) * kTile <= p + 1 ? kTile : p + 1 - tile * kTile;
-        const bool live = tid < n_keys;
-        const int t = tile * kTile + tid;
-        /* thread tid owns key tid: its value row into shared memory (16
-         * loads in flight), then its key row straight into the dot products */
-        {
-            const uint4 *vr = live ? reinterpret_cast<const uint4 *>(token_row(kv, s, h, t, true)) : nullptr;
-            uint4 buf[kVec];
-#pragma unroll
-            for (int c = 0; c < kVec; c++) buf[c] = live ? __ldg(vr + c) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-            for (int c = 0; c < kVec; c++) *reinterpret_cast<uint4 *>(&S.v[tid][c * 8]) = buf[c];
+    const int pair = tid % kPairs, share = tid / kPairs, dim = pair * 2;
+    const Part P = part_of(A.ws, A.rows, A.H, D, A.ns_max);
+    /* the block's splits: blockIdx.x, + gridDim.x, ... (each split's
+     * partial stands alone, so which block computes it changes nothing) */
+    for (int j = blockIdx.x; j * kSplitKeys <= p_last; j += gridDim.x) {
+        const int tile_end = min((j + 1) * kTilesPerSplit, p_last / kTile + 1);
+        for (int i = tid; i < QR * D; i += kThreads) S.acc[i / D][i % D] = 0.0f;
+        if (tid < QR) {
+            S.m[tid] = -INFINITY;
+            S.l[tid] = 0.0f;
         }
-        __syncthreads();   /* (also: the query is in place) */
-        {
-            float dot[G];
-#pragma unroll
-            for (int g = 0; g < G; g++) dot[g] = 0.0f;
-            if (live) {
-                const uint4 *kr = reinterpret_cast<const uint4 *>(token_row(kv, s, h, t, false));
+        for (int tile = j * kTilesPerSplit; tile < tile_end; tile++) {
+            const int t = tile * kTile + tid;
+            const bool live = t <= p_last;
+            /* thread tid owns key tid: its value row into shared memory (16
+             * loads in flight), then its key row into registers */
+            {
+                const uint4 *vr = live ? reinterpret_cast<const uint4 *>(token_row(A.kv, s, h, t, true)) : nullptr;
                 uint4 buf[kVec];
-#pragma unroll
-                for (int c = 0; c < kVec; c++) buf[c] = __ldg(kr + c);
-#pragma unroll
-                for (int c = 0; c < kVec; c++) {
-                    const uint16_t *e = reinterpret_cast<const uint16_t *>(&buf[c]);
-#pragma unroll
-                    for (int g = 0; g < G; g++) {
-                        const float4 q0 = *reinterpret_cast<const float4 *>(&S.q[g][c * 8]);
-                        const float4 q1 = *reinterpret_cast<const float4 *>(&S.q[g][c * 8 + 4]);
-                        const float qq[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-#pragma unroll
-                        for (int x = 0; x < 8; x++) dot[g] = __fmaf_rn(qq[x], bf(e[x]), dot[g]);
+    #pragma unroll
+                for (int c = 0; c < kVec; c++) buf[c] = live ? __ldg(vr + c) : make_uint4(0, 0, 0, 0);
+    #pragma unroll
+                for (int c = 0; c < kVec; c++) *reinterpret_cast<uint4 *>(&S.v[tid][c * 8]) = buf[c];
+            }
+            if (tid < QR) {   /* live keys of the query row in this tile: position p sees keys 0..p */
+                const int k = tid / G, p = s.len + first + k;
+                const int n = p + 1 - tile * kTile;
+                S.keys[tid] = k < k0 || k >= k1 || n <= 0 ? 0 : n < kTile ? n : kTile;
+            }
+            __syncthreads();   /* (also: the query rows are in place) */
+            {
+                uint4 kb[kVec];
+                const uint4 *kr = live ? reinterpret_cast<const uint4 *>(token_row(A.kv, s, h, t, false)) : nullptr;
+    #pragma unroll
+                for (int c = 0; c < kVec; c++) kb[c] = live ? __ldg(kr + c) : make_uint4(0, 0, 0, 0);
+                for (int qr = 0; qr < QR; qr++) {
+                    float dot = 0.0f;
+    #pragma unroll
+                    for (int c = 0; c < kVec; c++) {
+                        const uint16_t *e = reinterpret_cast<const uint16_t *>(&kb[c]);
+                        const float4 q0 = *reinterpret_cast<const float4 *>(&S.q[qr][c * 8]);
+                        const float4 q1 = *reinterpret_cast<const float4 *>(&S.q[qr][c * 8 + 4]);
+                        dot = __fmaf_rn(q0.x, bf(e[0]), dot);
+                        dot = __fmaf_rn(q0.y, bf(e[1]), dot);
+                        dot = __fmaf_rn(q0.z, bf(e[2]), dot);
+                        dot = __fmaf_rn(q0.w, bf(e[3]), dot);
+                        dot = __fmaf_rn(q1.x, bf(e[4]), dot);
+                        dot = __fmaf_rn(q1.y, bf(e[5]), dot);
+                        dot = __fmaf_rn(q1.z, bf(e[6]), dot);
+                        dot = __fmaf_rn(q1.w, bf(e[7]), dot);
+                    }
+                    S.sc[qr][tid] = tid < S.keys[qr] ? __fmul_rn(dot, scale) : -INFINITY;
+                }
+            }
+            __syncthreads();
+            /* warp w: query rows w, w + 4, ...: the tile maximum, the weights,
+             * their sum (each lane its 4 keys in order, then a butterfly over
+             * the lanes, the same in every lane and every run) */
+            for (int qr = warp; qr < QR; qr += kThreads / 32) {
+                if (S.keys[qr] == 0) continue;   /* no live key: the row skips the tile */
+                float4 e4 = *reinterpret_cast<const float4 *>(&S.sc[qr][lane * 4]);
+                float mx = fmaxf(fmaxf(e4.x, e4.y), fmaxf(e4.z, e4.w));
+    #pragma unroll
+                for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, o));
+                const float m_old = S.m[qr], m_new = fmaxf(m_old, mx);
+                e4.x = exp2f(__fsub_rn(e4.x, m_new));
+                e4.y = exp2f(__fsub_rn(e4.y, m_new));
+                e4.z = exp2f(__fsub_rn(e4.z, m_new));
+                e4.w = exp2f(__fsub_rn(e4.w, m_new));
+                *reinterpret_cast<float4 *>(&S.sc[qr][lane * 4]) = e4;
+                float sum = __fadd_rn(__fadd_rn(__fadd_rn(e4.x, e4.y), e4.z), e4.w);
+    #pragma unroll
+                for (int o = 16; o; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(kFull, sum, o));
+                __syncwarp();
+                if (lane == 0) {
+                    const float al = exp2f(__fsub_rn(m_old, m_new));   /* the row's first tile: exp2(-inf) = 0 */
+                    S.alpha[qr] = al;
+                    S.m[qr] = m_new;
+                    S.l[qr] = __fadd_rn(__fmul_rn(S.l[qr], al), sum);
+                }
+            }
+            __syncthreads();
+            /* the values: thread (pair, share) accumulates query rows share,
+             * share + kShares, ... over the live keys in order */
+            {
+                float o0[kMine], o1[kMine];
+                int nk[kMine];
+    #pragma unroll
+                for (int u = 0; u < kMine; u++) {
+                    const int qr = share + u * kShares;
+                    nk[u] = qr < QR ? S.keys[qr] : 0;
+                    o0[u] = o1[u] = 0.0f;
+                    if (nk[u]) {
+                        o0[u] = __fmul_rn(S.acc[qr][dim], S.alpha[qr]);
+                        o1[u] = __fmul_rn(S.acc[qr][dim + 1], S.alpha[qr]);
                     }
                 }
-            }
-#pragma unroll
-            for (int g = 0; g < G; g++) S.sc[g][tid] = live ? __fmul_rn(dot[g], scale) : -INFINITY;
-        }
-        __syncthreads();
-        /* warp w: heads w, w + 4, ...: the tile maximum, the weights, their
-         * sum (each lane its 4 keys in order, then a butterfly over lanes,
-         * whose result is the same in every lane and every run) */
-        for (int g = warp; g < G; g += kThreads / 32) {
-            float4 e4 = *reinterpret_cast<const float4 *>(&S.sc[g][lane * 4]);
-            float mx = fmaxf(fmaxf(e4.x, e4.y), fmaxf(e4.z, e4.w));
-#pragma unroll
-            for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-            const float m_old = S.m[g], m_new = fmaxf(m_old, mx);
-            e4.x = exp2f(__fsub_rn(e4.x, m_new));
-            e4.y = exp2f(__fsub_rn(e4.y, m_new));
-            e4.z = exp2f(__fsub_rn(e4.z, m_new));
-            e4.w = exp2f(__fsub_rn(e4.w, m_new));
-            *reinterpret_cast<float4 *>(&S.sc[g][lane * 4]) = e4;
-            float sum = __fadd_rn(__fadd_rn(__fadd_rn(e4.x, e4.y), e4.z), e4.w);
-#pragma unroll
-            for (int o = 16; o; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
-            __syncwarp();
-            if (lane == 0) {
-                const float al = exp2f(__fsub_rn(m_old, m_new));   /* the first tile: exp2(-inf) = 0 */
-                S.alpha[g] = al;
-                S.m[g] = m_new;
-                S.l[g] = __fadd_rn(__fmul_rn(S.l[g], al), sum);
-            }
-        }
-        __syncthreads();
-        /* the values: thread (dim pair, group) accumulates its heads over
-         * the keys in order, four keys' weights per shared-memory read */
-#pragma unroll
-        for (int u = 0; u < kMine; u++) {
-            const int g = u * kGroups + grp;
-            if (g >= G) continue;
-            const float al = S.alpha[g];
-            float o0 = __fmul_rn(acc[u][0], al), o1 = __fmul_rn(acc[u][1], al);
-            int i = 0;
-            for (; i + 4 <= n_keys; i += 4) {
-                const float4 w = *reinterpret_cast<const float4 *>(&S.sc[g][i]);
-                const float ww[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const uint32_t pr = *reinterpret_cast<const uint32_t *>(&S.v[i + k][dim]);
-                    o0 = __fmaf_rn(ww[k], bf((uint16_t)(pr & 0xffffu)), o0);
-                    o1 = __fmaf_rn(ww[k], bf((uint16_t)(pr >> 16)), o1);
+                int n_any = 0;
+    #pragma unroll
+                for (int u = 0; u < kMine; u++) n_any = nk[u] > n_any ? nk[u] : n_any;
+                for (int i = 0; i < n_any; i++) {
+                    const uint32_t pr = *reinterpret_cast<const uint32_t *>(&S.v[i][dim]);
+                    const float v0 = bf((uint16_t)(pr & 0xffffu)), v1 = bf((uint16_t)(pr >> 16));
+    #pragma unroll
+                    for (int u = 0; u < kMine; u++) {
+                        if (i >= nk[u]) continue;
+                        const float w = S.sc[share + u * kShares][i];
+                        o0[u] = __fmaf_rn(w, v0, o0[u]);
+                        o1[u] = __fmaf_rn(w, v1, o1[u]);
+                    }
+                }
+    #pragma unroll
+                for (int u = 0; u < kMine; u++) {
+                    if (!nk[u]) continue;
+                    const int qr = share + u * kShares;
+                    S.acc[qr][dim] = o0[u];
+                    S.acc[qr][dim + 1] = o1[u];
                 }
             }
-            for (; i < n_keys; i++) {
-                const uint32_t pr = *reinterpret_cast<const uint32_t *>(&S.v[i][dim]);
-                o0 = __fmaf_rn(S.sc[g][i], bf((uint16_t)(pr & 0xffffu)), o0);
-                o1 = __fmaf_rn(S.sc[g][i], bf((uint16_t)(pr >> 16)), o1);
-            }
-            acc[u][0] = o0;
-            acc[u][1] = o1;
+            __syncthreads();
         }
-        __syncthreads();
-    }
-    const Part P = part_of(ws, rows, H, D);
-#pragma unroll
-    for (int u = 0; u < kMine; u++) {
-        const int g = u * kGroups + grp;
-        if (g >= G) continue;
-        float *o = P.o + (((size_t)rl * H + h * G + g) * kSplits + j) * D + dim;
-        o[0] = acc[u][0];
-        o[1] = acc[u][1];
-    }
-    if (tid < G) {
-        const size_t i = ((size_t)rl * H + h * G + tid) * kSplits + j;
-        P.m[i] = S.m[tid];
-        P.l[i] = S.l[tid];
+        for (int i = tid; i < QR * D; i += kThreads) {
+            const int qr = i / D, k = qr / G, g = qr % G;
+            if (k < k0 || k >= k1 || j * kSplitKeys > s.len + first + k) continue;   /* the row is not in this split */
+            const size_t row = (size_t)(r_first + k - A.row0);
+            P.o[((row * A.H + h * G + g) * A.ns_max + j) * D + i % D] = S.acc[qr][i % D];
+            if (i % D == 0) {
+                P.m[(row * A.H + h * G + g) * A.ns_max + j] = S.m[qr];
+                P.l[(row * A.H + h * G + g) * A.ns_max + j] = S.l[qr];
+            }
+        }
+        __syncthreads();   /* the next split overwrites acc, m and l */
     }
 }
 
-/* One block per (row, head): the splits joined in split order. */
+/* One block per (row, head): the splits joined in split order. Rows that
+ * belong to no sequence are left alone. */
 template <int D>
-__global__ void __launch_bounds__(D) combine_kernel(const fr_paged_seq *seqs, int n_seqs, int row0, int rows, int H,
-                                                    const void *ws, uint16_t *out)
+__global__ void __launch_bounds__(D) combine_kernel(Args A, uint16_t *out)
 {
-    const int rl = blockIdx.x, head = blockIdx.y, r = row0 + rl, dim = threadIdx.x;
-    const int si = find_seq(seqs, n_seqs, r);
-    if (si < 0) return;
-    const fr_paged_seq s = seqs[si];
-    const int p = s.len + (r - s.q_row);
-    int a, b, ns;
-    split_tiles(p, 0, &a, &b, &ns);
-    const Part P = part_of(const_cast<void *>(ws), rows, H, D);
-    const size_t base = ((size_t)rl * H + head) * kSplits;
+    const int rl = blockIdx.x, head = blockIdx.y, r = A.row0 + rl, dim = threadIdx.x;
+    __shared__ int pos;
+    if (threadIdx.x == 0) pos = -1;
+    __syncthreads();
+    if (threadIdx.x < 32)
+        for (int i = threadIdx.x; i < A.n_seqs; i += 32) {
+            const fr_paged_seq s = A.seqs[i];
+            if (s.n_new > 0 && r >= s.q_row && r < s.q_row + s.n_new) pos = s.len + (r - s.q_row);
+        }
+    __syncthreads();
+    if (pos < 0) return;
+    const int ns = pos / kSplitKeys + 1;
+    const Part P = part_of(A.ws, A.rows, A.H, D, A.ns_max);
+    const size_t base = ((size_t)rl * A.H + head) * A.ns_max;
     float mx = -INFINITY;
     for (int j = 0; j < ns; j++) mx = fmaxf(mx, P.m[base + j]);
     float L = 0.0f, O = 0.0f;
@@ -246,70 +310,88 @@ __global__ void __launch_bounds__(D) combine_kernel(const fr_paged_seq *seqs, in
         L = __fadd_rn(L, __fmul_rn(P.l[base + j], w));
         O = __fadd_rn(O, __fmul_rn(P.o[(base + j) * D + dim], w));
     }
-    out[((size_t)r * H + head) * D + dim] = __bfloat16_as_ushort(__float2bfloat16_rn(__fdiv_rn(O, L)));
+    out[((size_t)r * A.H + head) * D + dim] = __bfloat16_as_ushort(__float2bfloat16_rn(__fdiv_rn(O, L)));
 }
 
-template <int D, int G>
-void launch_one(dim3 grid, cudaStream_t st, const fr_paged_kv &kv, const fr_paged_seq *seqs, int n_seqs, int row0,
-                int rows, const float *q, int H, void *ws)
+template <int D, int G, int R>
+void launch_one(dim3 grid, cudaStream_t st, const Args &a)
 {
-    split_kernel<D, G><<<grid, kThreads, sizeof(Smem<D, G>), st>>>(kv, seqs, n_seqs, row0, rows, q, H, ws);
+    split_kernel<D, G, R><<<grid, kThreads, sizeof(Smem<D, G * R>), st>>>(a);
+}
+
+/* Rows a block of a step with prefill chunks holds: 32 query rows. */
+template <int G> constexpr int chunk_rows() { return kMaxQueryRows / G; }
+
+template <int D, int G>
+void launch_group(bool decode, dim3 grid, cudaStream_t st, const Args &a)
+{
+    if (decode) launch_one<D, G, 1>(grid, st, a);
+    else launch_one<D, G, chunk_rows<G>()>(grid, st, a);
+}
+
+template <int D>
+void launch_split(int G, bool decode, dim3 grid, cudaStream_t st, const Args &a)
+{
+    switch (G) {
+    case 1: launch_group<D, 1>(decode, grid, st, a); break;
+    case 2: launch_group<D, 2>(decode, grid, st, a); break;
+    case 4: launch_group<D, 4>(decode, grid, st, a); break;
+    case 8: launch_group<D, 8>(decode, grid, st, a); break;
+    default: launch_group<D, 16>(decode, grid, st, a); break;
+    }
 }
 
 /* The kernels' shared-memory opt-in (above 48 KB), made outside any graph
  * capture: fr_attn_fixed_workspace_bytes calls it. */
-template <int D, int G> cudaError_t opt_in()
+template <int D, int G, int R> cudaError_t opt_in()
 {
-    return cudaFuncSetAttribute(split_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)sizeof(Smem<D, G>));
+    return cudaFuncSetAttribute(split_kernel<D, G, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)sizeof(Smem<D, G * R>));
 }
 
-cudaError_t opt_in_all()
+template <int D> cudaError_t opt_in_d()
 {
-    const cudaError_t e[] = {opt_in<128, 1>(), opt_in<128, 2>(), opt_in<128, 4>(), opt_in<128, 8>(),
-                             opt_in<128, 16>(), opt_in<64, 1>(), opt_in<64, 2>(), opt_in<64, 4>(),
-                             opt_in<64, 8>(), opt_in<64, 16>()};
+    const cudaError_t e[] = {opt_in<D, 1, 1>(), opt_in<D, 2, 1>(), opt_in<D, 4, 1>(), opt_in<D, 8, 1>(),
+                             opt_in<D, 16, 1>(), opt_in<D, 1, chunk_rows<1>()>(), opt_in<D, 2, chunk_rows<2>()>(),
+                             opt_in<D, 4, chunk_rows<4>()>(), opt_in<D, 8, chunk_rows<8>()>(),
+                             opt_in<D, 16, chunk_rows<16>()>()};
     for (cudaError_t x : e)
         if (x != cudaSuccess) return x;
     return cudaSuccess;
 }
 
-template <int D>
-void launch_split(int G, dim3 grid, cudaStream_t st, const fr_paged_kv &kv, const fr_paged_seq *seqs, int n_seqs,
-                  int row0, int rows, const float *q, int H, void *ws)
-{
-    switch (G) {
-    case 1: launch_one<D, 1>(grid, st, kv, seqs, n_seqs, row0, rows, q, H, ws); break;
-    case 2: launch_one<D, 2>(grid, st, kv, seqs, n_seqs, row0, rows, q, H, ws); break;
-    case 4: launch_one<D, 4>(grid, st, kv, seqs, n_seqs, row0, rows, q, H, ws); break;
-    case 8: launch_one<D, 8>(grid, st, kv, seqs, n_seqs, row0, rows, q, H, ws); break;
-    default: launch_one<D, 16>(grid, st, kv, seqs, n_seqs, row0, rows, q, H, ws); break;
-    }
-}
+int max_splits(int max_ctx) { return max_ctx > 0 ? (max_ctx + kSplitKeys - 1) / kSplitKeys : 1; }
 
-size_t per_row_bytes(int H, int d) { return (size_t)H * kSplits * ((size_t)d + 2) * sizeof(float); }
+size_t per_row_bytes(int H, int d, int max_ctx)
+{
+    return (size_t)H * max_splits(max_ctx) * ((size_t)d + 2) * sizeof(float);
+}
 
 }  // namespace
 
-extern "C" fr_status fr_attn_fixed_workspace_bytes(int n_heads, int head_dim, int rows_per_launch, size_t *bytes)
+extern "C" fr_status fr_attn_fixed_workspace_bytes(int n_heads, int head_dim, int max_ctx, int rows_per_launch,
+                                                   size_t *bytes)
 {
     if (!bytes) return fr_fail(FR_EINVAL, "attn_fixed_workspace_bytes: NULL result");
-    if (n_heads < 1 || (head_dim != 64 && head_dim != 128) || rows_per_launch < 1)
-        return fr_fail(FR_EINVAL, "attn_fixed_workspace_bytes: %d heads, head_dim %d, %d rows", n_heads, head_dim,
-                       rows_per_launch);
-    *bytes = per_row_bytes(n_heads, head_dim) * (size_t)rows_per_launch;
-    const cudaError_t e = opt_in_all();
+    if (n_heads < 1 || (head_dim != 64 && head_dim != 128) || rows_per_launch < 1 || max_ctx < 1)
+        return fr_fail(FR_EINVAL, "attn_fixed_workspace_bytes: %d heads, head_dim %d, context %d, %d rows", n_heads,
+                       head_dim, max_ctx, rows_per_launch);
+    *bytes = per_row_bytes(n_heads, head_dim, max_ctx) * (size_t)rows_per_launch;
+    cudaError_t e = opt_in_d<128>();
+    if (e == cudaSuccess) e = opt_in_d<64>();
     return e == cudaSuccess ? FR_OK
                             : fr_fail(FR_EINTERNAL, "attn_fixed: cannot raise the kernels' shared memory: %s",
                                       cudaGetErrorString(e));
 }
 
 extern "C" fr_status fr_attn_fixed(const fr_paged_kv *kv, const fr_paged_seq *seqs_dev, int n_seqs, int n_rows,
-                                   const float *q, uint16_t *out, int n_heads, void *ws, size_t ws_bytes,
-                                   cudaStream_t stream)
+                                   int max_new, int max_ctx, const float *q, uint16_t *out, int n_heads, void *ws,
+                                   size_t ws_bytes, cudaStream_t stream)
 {
     if (!kv || !seqs_dev || !q || !out) return fr_fail(FR_EINVAL, "attn_fixed: NULL argument");
-    if (n_seqs < 0 || n_rows < 0) return fr_fail(FR_EINVAL, "attn_fixed: %d sequences, %d rows", n_seqs, n_rows);
+    if (n_seqs < 0 || n_rows < 0 || max_new < 1 || max_ctx < 1)
+        return fr_fail(FR_EINVAL, "attn_fixed: %d sequences, %d rows, max_new %d, context %d", n_seqs, n_rows,
+                       max_new, max_ctx);
     if (n_seqs == 0 || n_rows == 0) return FR_OK;
     const int d = kv->head_dim, KVH = kv->n_kv_heads;
     if (d != 64 && d != 128) return fr_fail(FR_EUNSUPPORTED, "attn_fixed: head_dim %d (64 or 128)", d);
@@ -320,22 +402,26 @@ extern "C" fr_status fr_attn_fixed(const fr_paged_kv *kv, const fr_paged_seq *se
         return fr_fail(FR_EUNSUPPORTED, "attn_fixed: a group of %d query heads (1, 2, 4, 8 or 16)", G);
     if (kv->layer < 0 || kv->layer >= kv->n_layers)
         return fr_fail(FR_EINVAL, "attn_fixed: layer %d outside [0, %d)", kv->layer, kv->n_layers);
-    const size_t per_row = per_row_bytes(n_heads, d);
+    const size_t per_row = per_row_bytes(n_heads, d, max_ctx);
     if (!ws || ws_bytes < per_row)
         return fr_fail(FR_EINVAL, "attn_fixed: a workspace of %zu bytes is below the %zu one row needs", ws_bytes,
                        per_row);
+    const bool decode = max_new == 1;
+    const int R = decode ? 1 : kMaxQueryRows / G;
     const int chunk = ws_bytes / per_row < (size_t)n_rows ? (int)(ws_bytes / per_row) : n_rows;
+    /* every sequence has ceil(n_new / R) <= n_new / R + 1 blocks */
+    const int blocks = decode ? n_rows : n_seqs + n_rows / R;
     for (int row0 = 0; row0 < n_rows; row0 += chunk) {
-        const int rows = n_rows - row0 < chunk ? n_rows - row0 : chunk;
-        const dim3 grid(kSplits, KVH, rows);
+        const Args a = {*kv, seqs_dev, n_seqs, row0, n_rows - row0 < chunk ? n_rows - row0 : chunk, n_heads,
+                        max_splits(max_ctx), q, ws};
+        const int ns = max_splits(max_ctx);
+        const dim3 grid(ns < kBlocksPerRow ? ns : kBlocksPerRow, KVH, blocks);
         if (d == 128) {
-            launch_split<128>(G, grid, stream, *kv, seqs_dev, n_seqs, row0, rows, q, n_heads, ws);
-            combine_kernel<128><<<dim3(rows, n_heads), 128, 0, stream>>>(seqs_dev, n_seqs, row0, rows, n_heads, ws,
-                                                                         out);
+            launch_split<128>(G, decode, grid, stream, a);
+            combine_kernel<128><<<dim3(a.rows, n_heads), 128, 0, stream>>>(a, out);
         } else {
-            launch_split<64>(G, grid, stream, *kv, seqs_dev, n_seqs, row0, rows, q, n_heads, ws);
-            combine_kernel<64><<<dim3(rows, n_heads), 64, 0, stream>>>(seqs_dev, n_seqs, row0, rows, n_heads, ws,
-                                                                       out);
+            launch_split<64>(G, decode, grid, stream, a);
+            combine_kernel<64><<<dim3(a.rows, n_heads), 64, 0, stream>>>(a, out);
         }
     }
     cudaError_t e = cudaGetLastError();

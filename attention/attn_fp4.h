@@ -54,6 +54,9 @@ typedef struct {
                                * too small for it is an error instead of a smaller plan */
 } fr_attn_fp4_config;
 
+/* The split count of fixed_splits in deterministic mode. */
+#define FR_ATTN_FP4_DETERMINISTIC_SPLITS 32
+
 /* Most quantized splits one sequence's pages are cut into. */
 #define FR_ATTN_FP4_MAX_SPLITS 256
 

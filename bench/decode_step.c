@@ -202,12 +202,35 @@ int main(int argc, char **argv)
         prefill_s = now_s() - a;
         fr_kv_seq_free(s.kv, seq);
     }
+    /* With --vs-deterministic: a real prefill (attention included) of up to
+     * 4,096 tokens in each mode. */
+    double prefill_mode_s[2] = {0, 0};
+    const int pc = context < 4096 ? context : 4096;
+    for (int mode = 0; vs_det && mode < 2; mode++) {
+        for (int rep = 0; rep < 2; rep++) {   /* the first run warms the plans */
+            double a = now_s();
+            if (fr_runner_cuda_set_deterministic(s.gpu, mode) ||
+                fr_session_prefill(&s, ids, pc, eo.chunk, &seq, last, NULL)) {
+                fprintf(stderr, "decode_step: %s\n", fr_last_error());
+                return 1;
+            }
+            prefill_mode_s[mode] = now_s() - a;
+            fr_kv_seq_free(s.kv, seq);
+        }
+    }
+    if (vs_det && fr_runner_cuda_set_deterministic(s.gpu, 0)) {
+        fprintf(stderr, "decode_step: %s\n", fr_last_error());
+        return 1;
+    }
     const int fp4 = fr_kv_dtype_is_fp4(eo.kv);   /* its compute mode is named */
     if (markdown) {
         printf("| model | kv | tp | copy bandwidth | weights per GPU | %s %d tokens (chunk %d) |\n"
                "|---|---|---|---|---|---|\n", fill ? "fill (no attention)" : "prefill", context, eo.chunk);
         printf("| %s | %s%s%s%s | %d | %.2f TB/s | %.2f GB | %.3f s, %.0f tokens/s |\n\n", eo.model,
                fr_kv_dtype_name(eo.kv), fp4 ? " (" : "", fp4 ? fr_fp4_compute_name(fr_fp4_compute_for(eo.compute, FR_BACKEND_CUDA)) : "", fp4 ? ")" : "", tp, bw / 1e12, (double)weight_bytes / 1e9, prefill_s, context / prefill_s);
+        if (vs_det)
+            printf("prefill of %d tokens (chunk %d): %.3f s default, %.3f s deterministic (%.2fx)\n\n", pc, eo.chunk,
+                   prefill_mode_s[0], prefill_mode_s[1], prefill_mode_s[1] / prefill_mode_s[0]);
         if (vs_det)
             printf("| batch | context | step ms, default | step ms, deterministic | deterministic / default time | "
                    "tokens/s, default | tokens/s, deterministic | roofline ms | of roofline, default | "
@@ -216,7 +239,9 @@ int main(int argc, char **argv)
             printf("| batch | context | step ms (median) | tokens/s | tokens/s per GPU | bytes/step per GPU | "
                    "roofline ms | of roofline |\n|---|---|---|---|---|---|---|---|\n");
     } else if (vs_det) {
-        printf("copy bandwidth %.2f TB/s, weights %.2f GB\n", bw / 1e12, (double)weight_bytes / 1e9);
+        printf("copy bandwidth %.2f TB/s, weights %.2f GB; prefill of %d tokens (chunk %d): %.3f s default, %.3f s "
+               "deterministic\n", bw / 1e12, (double)weight_bytes / 1e9, pc, eo.chunk, prefill_mode_s[0],
+               prefill_mode_s[1]);
         printf("%6s %8s %12s %12s %8s %12s\n", "batch", "context", "default ms", "determ. ms", "ratio", "roofline ms");
     } else {
         printf("copy bandwidth %.2f TB/s, weights %.2f GB, prefill %d tokens in %.3f s (%.0f tokens/s)\n", bw / 1e12,

@@ -436,7 +436,8 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
     if (!st) {
         fr_paged_kv view = fr_kv_store_gpu_view(r->store, l, r->step_k, r->step_v);
         if (!r->quantized_kv && r->deterministic) {
-            st = fr_attn_fixed(&view, r->seqs, n_seqs, M, r->q, r->att, H, r->fixed_ws, r->fixed_ws_bytes, s);
+            st = fr_attn_fixed(&view, r->seqs, n_seqs, M, max_new, c->max_position, r->q, r->att, H, r->fixed_ws,
+                               r->fixed_ws_bytes, s);
         } else if (!r->quantized_kv) {
             st = fr_attn_bf16(&view, r->seqs, n_seqs, max_new, c->max_position, r->q, r->att, H, r->attn_ws,
                               r->attn_ws_bytes, s);
@@ -876,13 +877,17 @@ fr_status fr_runner_cuda_set_deterministic(fr_runner_cuda *r, int on)
     const fr_gemm_mode det_gemm = env && strcmp(env, "fixed") == 0 ? FR_GEMM_FIXED : FR_GEMM_PINNED;
     fr_status st = fr_gemm_set_mode(r->gemm, on ? det_gemm : FR_GEMM_FAST);
     if (!st && on && !r->quantized_kv && !r->fixed_ws) {
-        const int rows = r->max_tokens < 64 ? r->max_tokens : 64;   /* rows per launch; more run in turns */
-        st = fr_attn_fixed_workspace_bytes(c->num_heads, c->head_dim, rows, &r->fixed_ws_bytes);
+        /* rows per launch within 64 MiB of split partials; more run in turns */
+        size_t one = 0;
+        st = fr_attn_fixed_workspace_bytes(c->num_heads, c->head_dim, c->max_position, 1, &one);
+        const size_t fit = one ? ((size_t)64 << 20) / one : 1;
+        const int rows = fit < 1 ? 1 : fit < (size_t)r->max_tokens ? (int)fit : r->max_tokens;
+        if (!st) st = fr_attn_fixed_workspace_bytes(c->num_heads, c->head_dim, c->max_position, rows, &r->fixed_ws_bytes);
         DEV_ALLOC(r->fixed_ws, r->fixed_ws_bytes);
     }
     if (!st && r->quantized_kv) {
         fr_attn_fp4_config cfg = r->fp4;
-        cfg.fixed_splits = on ? FR_ATTN_FIXED_SPLITS : 0;
+        cfg.fixed_splits = on ? FR_ATTN_FP4_DETERMINISTIC_SPLITS : 0;
         size_t need = 0;
         st = fr_attn_fp4_workspace_bytes(&cfg, r->max_seqs, c->num_heads, c->num_kv_heads, c->max_position, &need);
         if (!st && need > r->fp4_ws_bytes) {
