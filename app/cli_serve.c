@@ -50,7 +50,8 @@ static const char usage_text[] =
     "  --deterministic        batch-invariant numbers                   [deterministic]\n"
     "  --bind HOST            address to bind                           [coordinator.bind]\n"
     "  --port P               trainer-facing port                       [coordinator.port]\n"
-    "  --metrics-port P       HTTP metrics and dashboard port           [metrics_port]\n"
+    "  --metrics-port P       HTTP metrics and dashboard port (default 8000,\n"
+    "                         or a free one when taken; 0: off)         [metrics_port]\n"
     "  --metrics-pub-port P   ZeroMQ PUB metrics port                   [metrics_pub_port]\n"
     "  --kl-sample-rate R     share of samples with a BF16-KV shadow    [kl_sample_rate]\n"
     "  --temperature T, --top-p P, --top-k K, --max-tokens N\n"
@@ -187,6 +188,7 @@ int fr_cli_serve(int argc, char **argv)
                            .nccl_timeout_ms = (int)(c.nccl_timeout_s * 1000.0 + 0.5),
                            .curve_secret_key = c.curve.server_secret_key, .curve_client_keys = client_keys,
                            .n_curve_client_keys = c.curve.n_clients, .metrics_port = c.metrics_port,
+                           .metrics_port_fallback = c.metrics_port_default,
                            .metrics_bind = c.coordinator.bind, .metrics_pub_endpoint = pub_endpoint,
                            .metrics_log = c.metrics_log,
                            .world = tl.world, .tp = c.tp,

@@ -47,7 +47,8 @@ void fr_serve_config_default(fr_serve_config *c)
     c->coordinator.heartbeat_timeout_ms = 10000;
     c->coordinator.max_message_bytes = 1 << 30;
     c->coordinator.rank_timeout_s = 60;
-    c->metrics_port = 0;
+    c->metrics_port = FR_METRICS_PORT_DEFAULT;
+    c->metrics_port_default = 1;
     c->metrics_pub_port = 0;
     c->metrics_http.max_connections = 64;
     c->metrics_http.idle_timeout_s = 10;
@@ -486,7 +487,10 @@ static fr_status parse_top(const char *label, const cJSON *root, fr_serve_config
             else c->deterministic = cJSON_IsTrue(it);
         }
         else if (strcmp(k, "coordinator") == 0) st = parse_coordinator(label, it, c);
-        else if (strcmp(k, "metrics_port") == 0) st = get_int(label, it, k, 0, 65535, &c->metrics_port);
+        else if (strcmp(k, "metrics_port") == 0) {
+            st = get_int(label, it, k, 0, 65535, &c->metrics_port);
+            c->metrics_port_default = 0;
+        }
         else if (strcmp(k, "metrics_pub_port") == 0) st = get_int(label, it, k, 0, 65535, &c->metrics_pub_port);
         else if (strcmp(k, "metrics_log") == 0) st = get_str(label, it, k, c->metrics_log, sizeof c->metrics_log, 1);
         else if (strcmp(k, "metrics_http") == 0) st = parse_metrics_http(label, it, c);
@@ -520,13 +524,14 @@ static fr_status check_across(const char *label, const fr_serve_config *c, const
     if ((c->recalibration.kl_threshold > 0 || c->recalibration.after_commit) && c->tp > 1)
         return fr_fail(FR_EINVAL, "%s: recalibration needs tp 1 (each engine one rank); tp is %d", label, c->tp);
     if (c->metrics_log[0] && c->metrics_port == 0)
-        return fr_fail(FR_EINVAL, "%s: metrics_log records the history the metrics endpoint keeps: set metrics_port too",
+        return fr_fail(FR_EINVAL, "%s: metrics_log records the history the metrics endpoint keeps: set metrics_port too "
+                                  "(it is 0: off)",
                        label);
     const struct { const char *name; int port; } ports[] = {
         {"coordinator.port", c->coordinator.port},
         {"coordinator.weight_port", c->coordinator.weight_port},
         {"coordinator.engine_port", c->coordinator.engine_port},
-        {"metrics_port", c->metrics_port},
+        {"metrics_port", c->metrics_port_default ? 0 : c->metrics_port},   /* the default gives way */
         {"metrics_pub_port", c->metrics_pub_port},
     };
     const int n_ports = (int)(sizeof ports / sizeof ports[0]);
@@ -683,7 +688,7 @@ fr_status fr_serve_config_to_json(const fr_serve_config *c, char **json)
         cJSON_AddItemToObject(root, "coordinator", co);
         co = NULL;
     }
-    ok = ok && cJSON_AddNumberToObject(root, "metrics_port", c->metrics_port);
+    if (!c->metrics_port_default) ok = ok && cJSON_AddNumberToObject(root, "metrics_port", c->metrics_port);
     ok = ok && cJSON_AddNumberToObject(root, "metrics_pub_port", c->metrics_pub_port);
     ok = ok && (c->metrics_log[0] ? cJSON_AddStringToObject(root, "metrics_log", c->metrics_log) != NULL
                                   : cJSON_AddNullToObject(root, "metrics_log") != NULL);

@@ -21,6 +21,11 @@
 #include "rollout/engine/session.h"
 #include "trainer_bridge/server/server.h"
 
+/* The metrics endpoint's port when the configuration names none (the port
+ * vLLM users know for HTTP); a server whose default port is taken takes any
+ * free one and logs it. */
+#define FR_METRICS_PORT_DEFAULT 8000
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -74,7 +79,8 @@ typedef struct {
         int max_message_bytes;             /* the largest frame a client may send */
         int rank_timeout_s;                /* several ranks: a rank silent this long ends the job; 0: never */
     } coordinator;
-    int metrics_port;                      /* 0: no metrics endpoint */
+    int metrics_port;                      /* 0: no metrics endpoint; default FR_METRICS_PORT_DEFAULT */
+    int metrics_port_default;              /* metrics_port not given: another free port when it is taken */
     int metrics_pub_port;                  /* 0: no metrics PUB socket */
     char metrics_log[FR_SERVE_PATH_MAX];   /* history records appended here (JSON lines); "" none */
     struct {                               /* the metrics endpoint's limits (docs/metrics.md, "Limits") */

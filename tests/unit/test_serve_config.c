@@ -51,7 +51,8 @@ static void test_defaults(void **state)
     assert_int_equal(c.coordinator.port, 5555);
     assert_int_equal(c.coordinator.weight_port, 5556);
     assert_int_equal(c.coordinator.engine_port, 5557);
-    assert_int_equal(c.metrics_port, 0);
+    assert_int_equal(c.metrics_port, FR_METRICS_PORT_DEFAULT);   /* on by default, giving way when taken */
+    assert_int_equal(c.metrics_port_default, 1);
     assert_true(c.kl_sample_rate == 0.0);
     assert_true(c.sampling.params.temperature == 1.0f);
     assert_int_equal(c.sampling.params.top_k, 0);
@@ -242,8 +243,9 @@ static void test_contradictions(void **state)
     assert_msg_has("metrics_port and metrics_pub_port are both 7000");
     assert_int_equal(parse("{\"metrics_pub_port\": 7001}", &c), FR_OK);
     assert_int_equal(c.metrics_pub_port, 7001);
-    assert_int_equal(parse("{\"metrics_log\": \"run.jsonl\"}", &c), FR_EINVAL);   /* no endpoint, no history */
+    assert_int_equal(parse("{\"metrics_log\": \"run.jsonl\", \"metrics_port\": 0}", &c), FR_EINVAL);
     assert_msg_has("metrics_log records the history the metrics endpoint keeps: set metrics_port too");
+    assert_int_equal(parse("{\"metrics_log\": \"run.jsonl\"}", &c), FR_OK);   /* the default endpoint keeps it */
     assert_int_equal(parse("{\"recalibration\": {\"kl_threshold\": 0.02, \"texts\": [\"a.txt\", \"b.txt\"], "
                            "\"min_positions\": 100, \"continue\": 0, \"out_dir\": \"recal\"}}", &c), FR_OK);
     assert_true(c.recalibration.kl_threshold == 0.02);
@@ -259,6 +261,13 @@ static void test_contradictions(void **state)
     assert_int_equal(parse("{\"kv_blocks\": 0, \"kv_memory_fraction\": 0.5}", &c), FR_OK);
     assert_int_equal(parse("{\"backend\": \"cpu\", \"kv_blocks\": 64}", &c), FR_OK);
     assert_int_equal(parse("{\"metrics_port\": 0, \"coordinator\": {\"port\": 80}}", &c), FR_OK);
+    assert_int_equal(c.metrics_port, 0);   /* 0 turns the endpoint off */
+    assert_int_equal(c.metrics_port_default, 0);
+    /* The default metrics port gives way to a coordinator that takes it; a
+     * metrics_port given is the user's and must not collide. */
+    assert_int_equal(parse("{\"coordinator\": {\"port\": 8000}}", &c), FR_OK);
+    assert_int_equal(parse("{\"metrics_port\": 8000, \"coordinator\": {\"port\": 8000}}", &c), FR_EINVAL);
+    assert_msg_has("coordinator.port and metrics_port are both 8000");
 }
 
 static void test_malformed(void **state)

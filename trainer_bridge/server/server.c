@@ -317,6 +317,10 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
         const fr_metrics_http_opts mo = {.max_connections = cfg->metrics_max_connections,
                                          .idle_timeout_s = cfg->metrics_idle_timeout_s, .token = cfg->metrics_token};
         st = fr_metrics_http_start_opts(bind, cfg->metrics_port < 0 ? 0 : cfg->metrics_port, &mo, &srv->metrics);
+        if (st && cfg->metrics_port_fallback && cfg->metrics_port > 0) {
+            srv_log(srv, "metrics port %d: %s; taking a free port instead", cfg->metrics_port, fr_last_error());
+            st = fr_metrics_http_start_opts(bind, 0, &mo, &srv->metrics);
+        }
         if (!st) srv_log(srv, "metrics on http://%s:%d/metrics and /dashboard%s", bind ? bind : "127.0.0.1",
                          fr_metrics_http_port(srv->metrics),
                          token ? " (a bearer token required)" : curve ? " (CURVE on, no metrics_http.token: loopback only)" : "");

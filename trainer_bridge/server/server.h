@@ -82,8 +82,11 @@ typedef struct {
     FILE *log;                     /* start, stop and warning lines; NULL: stderr */
     /* The metrics endpoint (rollout/monitor/metrics_http.h: /metrics, /metrics.json,
      * /dashboard) on metrics_bind (NULL: 127.0.0.1): this port, 0 none, -1
-     * any free port (fr_bridge_server_metrics_port says which). */
+     * any free port (fr_bridge_server_metrics_port says which). With
+     * metrics_port_fallback a taken port gives way to any free one (logged):
+     * the default port of a configuration that names none. */
     int metrics_port;
+    int metrics_port_fallback;
     const char *metrics_bind;
     /* Its limits (docs/metrics.md, "Limits"): connections at once (0: 64),
      * seconds an idle connection stays (0: 10), and a bearer token (NULL or
