@@ -35,7 +35,7 @@ wait_listening() { # LOG PID
 }
 config() { # NAME MODEL TP PORT
   echo "{\"model\": \"$2\", \"backend\": \"cpu\", \"kv_dtype\": \"f32\", \"max_seqs\": 32, \"tp\": $3,
- \"deterministic\": true,
+ \"deterministic\": true, \"log_stats_interval_s\": 0.2,
  \"coordinator\": {\"bind\": \"127.0.0.1\", \"port\": $4}}" > "$dir/$1.json"
 }
 start_one() { # NAME MODEL -> endpoint in $ep
@@ -273,6 +273,11 @@ ranks=($(ranks_of "$e2_job"))
 rank1=$(for p in "${ranks[@]}"; do grep -qz '^OMPI_COMM_WORLD_RANK=1$' "/proc/$p/environ" 2>/dev/null && echo "$p"; done)
 [ -n "$rank1" ] || fail "rank 1 of the two-engine job not found"
 stop_job "$dir/e2.log" "$rank1"
+# Rank 0 logs the serving summary of both engines while serving, and the
+# run's at shutdown.
+grep -Eq "[0-9.]+ tokens/s, [0-9]+ running, [0-9]+ waiting, KV [0-9.]+% used \(0 of 1024 pages\)|[0-9.]+ tokens/s, [0-9]+ running, [0-9]+ waiting, KV [0-9.]+% used \([0-9]+ of 1024 pages\)" "$dir/e2.log" ||
+  fail "no serving summary of the two engines in the log"
+grep -Eq "served [0-9]+ tokens in [0-9.]+ s" "$dir/e2.log" || fail "no summary of the run at shutdown"
 
 # A rank that cannot start (rank 0's port is taken) stops every rank.
 config taken synthetic:tiny 2 "${ref_ep##*:}"

@@ -54,14 +54,16 @@ static int loopback_endpoint(const char *ep)
 
 /* The serving summary: one line every stats_log_ms, so an operator sees the
  * service at work without asking for stats, and at shutdown (final) one
- * for the whole run. */
-static void srv_log_stats(fr_bridge_server *srv, int final)
+ * for the whole run. Several ranks: rank 0 logs every engine's sum (the
+ * figures its leaders send each turn). */
+void srv_log_stats(fr_bridge_server *srv, int final)
 {
     int every = srv->cfg.stats_log_ms ? srv->cfg.stats_log_ms : 10000;
     double now = fr_now_ms();
     if (every < 0 || (!final && now - srv->last_stats_ms < every) || now <= srv->last_stats_ms) return;
     fr_scheduler_stats ss;
-    fr_scheduler_stats_get(srv->sch, &ss);
+    if (srv->multi) ss = srv->agg;
+    else fr_scheduler_stats_get(srv->sch, &ss);
     if (final) {
         double secs = (now - srv->started_ms) / 1000.0;
         srv_log(srv, "served %lld tokens in %.1f s (%.1f tokens/s), %lld preemptions, weight version %llu",

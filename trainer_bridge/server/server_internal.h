@@ -232,6 +232,7 @@ int srv_abort_everything(fr_bridge_server *srv);
 void srv_drop_gone_peers(fr_bridge_server *srv);
 void srv_handle_message(fr_bridge_server *srv, fr_wire_msg *w);
 void srv_publish_metrics(fr_bridge_server *srv);
+void srv_log_stats(fr_bridge_server *srv, int final);   /* the periodic summary line (final: the run's) */
 int srv_publishes(const fr_bridge_server *srv);
 
 /* server_conn.c: heartbeats, the size limit, departed clients */

@@ -395,6 +395,7 @@ fr_status srv_run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop
               FR_PROTO_VERSION, srv->n_engines, srv->tp, srv->world->size);
         if (!srv->zap.started) srv_log(srv, "CURVE is off: every client has the trainer role (loopback only)");
         if (srv_publishes(srv)) srv_publish_metrics(srv);
+        srv->last_stats_ms = fr_now_ms();
     }
     for (;;) {
         if (srv->rank == 0 && !failure && !*stop) NOTE_FAILURE(drain_messages(srv, stop));
@@ -415,6 +416,7 @@ fr_status srv_run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop
         }
         NOTE_FAILURE(exchange_results(srv));
         if (srv->rank == 0) NOTE_FAILURE(after_turn(srv));
+        if (srv->rank == 0) srv_log_stats(srv, 0);
     }
     /* Shutdown: every engine ends its samples; rank 0 sends their dones. */
     int ended = srv->rank == 0 ? srv_engine_samples(srv) : 0;
@@ -423,6 +425,7 @@ fr_status srv_run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop
     int all = 0;
     if (fr_mpi_world_all_ok(srv->world, !failure, &all)) comm_fatal(srv, "the shutdown vote");
     if (srv->rank == 0) {
+        srv_log_stats(srv, 1);
         ended += srv_abort_everything(srv);
         srv_send_deferred(srv);
         srv_fail_waiters(srv, "shutdown", "the server is shutting down");
