@@ -122,6 +122,105 @@ static fr_status fill_context(fr_session *s, const int *ids, int n, int chunk, i
     return st;
 }
 
+/* The median wall time of n_steps decode steps of the first B sequences
+ * (after three warm-up steps), each sampling at temperature 1 on the GPU. */
+static int time_steps(fr_session *s, int B, const int *seqs, int *tok, int n_steps, double *median)
+{
+    fr_step_seq *steps = malloc(sizeof *steps * (size_t)B);
+    fr_decode_row *rows = malloc(sizeof *rows * (size_t)B);
+    double *times = malloc(sizeof(double) * (size_t)n_steps);
+    int rc = steps && rows && times ? 0 : 1;
+    for (int it = 0; !rc && it < n_steps + 3; it++) {
+        for (int b = 0; b < B; b++) {
+            steps[b] = (fr_step_seq){.seq = seqs[b], .n = 1, .tokens = &tok[b]};
+            rows[b] = (fr_decode_row){.params = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 7},
+                                      .sequence = (uint64_t)b, .step = (uint64_t)it};
+        }
+        double t = now_s();
+        if (fr_session_decode(s, steps, rows, B, tok, NULL)) {
+            fprintf(stderr, "decode_step: %s\n", fr_last_error());
+            rc = 1;
+        }
+        if (it >= 3) times[it - 3] = now_s() - t;
+    }
+    if (!rc) {
+        qsort(times, (size_t)n_steps, sizeof(double), cmp_double);
+        *median = times[n_steps / 2];
+    }
+    free(steps);
+    free(rows);
+    free(times);
+    return rc;
+}
+
+/* A real prefill (attention included) of n tokens timed in the default mode
+ * and in deterministic mode (the second of two runs each); back to the
+ * default mode after. */
+static int prefill_both_modes(fr_session *s, const int *ids, int n, int chunk, float *last, double secs[2])
+{
+    for (int mode = 0; mode < 2; mode++)
+        for (int rep = 0; rep < 2; rep++) {   /* the first run warms the plans */
+            double a = now_s();
+            int seq;
+            if (fr_runner_cuda_set_deterministic(s->gpu, mode) ||
+                fr_session_prefill(s, ids, n, chunk, &seq, last, NULL)) {
+                fprintf(stderr, "decode_step: %s\n", fr_last_error());
+                return 1;
+            }
+            secs[mode] = now_s() - a;
+            fr_kv_seq_free(s->kv, seq);
+        }
+    if (fr_runner_cuda_set_deterministic(s->gpu, 0)) {
+        fprintf(stderr, "decode_step: %s\n", fr_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+/* What the table's header and first lines say. */
+typedef struct {
+    const char *model;
+    fr_kv_dtype kv;
+    fr_fp4_compute compute;
+    int tp;
+    double bw, weight_bytes;
+    int fill, context, chunk;
+    double prefill_s;
+    int vs_det, pc;
+    double mode_s[2];
+} header;
+
+static void print_header(const header *h, int markdown)
+{
+    const int fp4 = fr_kv_dtype_is_fp4(h->kv);   /* its compute mode is named */
+    if (markdown) {
+        printf("| model | kv | tp | copy bandwidth | weights per GPU | %s %d tokens (chunk %d) |\n"
+               "|---|---|---|---|---|---|\n", h->fill ? "fill (no attention)" : "prefill", h->context, h->chunk);
+        printf("| %s | %s%s%s%s | %d | %.2f TB/s | %.2f GB | %.3f s, %.0f tokens/s |\n\n", h->model,
+               fr_kv_dtype_name(h->kv), fp4 ? " (" : "", fp4 ? fr_fp4_compute_name(fr_fp4_compute_for(h->compute, FR_BACKEND_CUDA)) : "", fp4 ? ")" : "", h->tp, h->bw / 1e12, h->weight_bytes / 1e9, h->prefill_s, h->context / h->prefill_s);
+        if (h->vs_det)
+            printf("prefill of %d tokens (chunk %d): %.3f s default, %.3f s deterministic (%.2fx)\n\n", h->pc, h->chunk,
+                   h->mode_s[0], h->mode_s[1], h->mode_s[1] / h->mode_s[0]);
+        if (h->vs_det)
+            printf("| batch | context | step ms, default | step ms, deterministic | deterministic / default time | "
+                   "tokens/s, default | tokens/s, deterministic | roofline ms | of roofline, default | "
+                   "of roofline, deterministic |\n|---|---|---|---|---|---|---|---|---|---|\n");
+        else
+            printf("| batch | context | step ms (median) | tokens/s | tokens/s per GPU | bytes/step per GPU | "
+                   "roofline ms | of roofline |\n|---|---|---|---|---|---|---|---|\n");
+    } else if (h->vs_det) {
+        printf("copy bandwidth %.2f TB/s, weights %.2f GB; prefill of %d tokens (chunk %d): %.3f s default, %.3f s "
+               "deterministic\n", h->bw / 1e12, h->weight_bytes / 1e9, h->pc, h->chunk, h->mode_s[0],
+               h->mode_s[1]);
+        printf("%6s %8s %12s %12s %8s %12s\n", "batch", "context", "default ms", "determ. ms", "ratio", "roofline ms");
+    } else {
+        printf("copy bandwidth %.2f TB/s, weights %.2f GB, prefill %d tokens in %.3f s (%.0f tokens/s)\n", h->bw / 1e12,
+               h->weight_bytes / 1e9, h->context, h->prefill_s, h->context / h->prefill_s);
+        printf("%6s %8s %12s %10s %12s %12s %10s\n", "batch", "context", "step ms", "tokens/s", "GB/step",
+               "roofline ms", "ratio");
+    }
+}
+
 int main(int argc, char **argv)
 {
     fr_engine_opts eo;
@@ -202,59 +301,18 @@ int main(int argc, char **argv)
         prefill_s = now_s() - a;
         fr_kv_seq_free(s.kv, seq);
     }
-    /* With --vs-deterministic: a real prefill (attention included) of up to
-     * 4,096 tokens in each mode. */
+    /* With --vs-deterministic: a real prefill of up to 4,096 tokens in each mode. */
     double prefill_mode_s[2] = {0, 0};
     const int pc = context < 4096 ? context : 4096;
-    for (int mode = 0; vs_det && mode < 2; mode++) {
-        for (int rep = 0; rep < 2; rep++) {   /* the first run warms the plans */
-            double a = now_s();
-            if (fr_runner_cuda_set_deterministic(s.gpu, mode) ||
-                fr_session_prefill(&s, ids, pc, eo.chunk, &seq, last, NULL)) {
-                fprintf(stderr, "decode_step: %s\n", fr_last_error());
-                return 1;
-            }
-            prefill_mode_s[mode] = now_s() - a;
-            fr_kv_seq_free(s.kv, seq);
-        }
-    }
-    if (vs_det && fr_runner_cuda_set_deterministic(s.gpu, 0)) {
-        fprintf(stderr, "decode_step: %s\n", fr_last_error());
-        return 1;
-    }
-    const int fp4 = fr_kv_dtype_is_fp4(eo.kv);   /* its compute mode is named */
-    if (markdown) {
-        printf("| model | kv | tp | copy bandwidth | weights per GPU | %s %d tokens (chunk %d) |\n"
-               "|---|---|---|---|---|---|\n", fill ? "fill (no attention)" : "prefill", context, eo.chunk);
-        printf("| %s | %s%s%s%s | %d | %.2f TB/s | %.2f GB | %.3f s, %.0f tokens/s |\n\n", eo.model,
-               fr_kv_dtype_name(eo.kv), fp4 ? " (" : "", fp4 ? fr_fp4_compute_name(fr_fp4_compute_for(eo.compute, FR_BACKEND_CUDA)) : "", fp4 ? ")" : "", tp, bw / 1e12, (double)weight_bytes / 1e9, prefill_s, context / prefill_s);
-        if (vs_det)
-            printf("prefill of %d tokens (chunk %d): %.3f s default, %.3f s deterministic (%.2fx)\n\n", pc, eo.chunk,
-                   prefill_mode_s[0], prefill_mode_s[1], prefill_mode_s[1] / prefill_mode_s[0]);
-        if (vs_det)
-            printf("| batch | context | step ms, default | step ms, deterministic | deterministic / default time | "
-                   "tokens/s, default | tokens/s, deterministic | roofline ms | of roofline, default | "
-                   "of roofline, deterministic |\n|---|---|---|---|---|---|---|---|---|---|\n");
-        else
-            printf("| batch | context | step ms (median) | tokens/s | tokens/s per GPU | bytes/step per GPU | "
-                   "roofline ms | of roofline |\n|---|---|---|---|---|---|---|---|\n");
-    } else if (vs_det) {
-        printf("copy bandwidth %.2f TB/s, weights %.2f GB; prefill of %d tokens (chunk %d): %.3f s default, %.3f s "
-               "deterministic\n", bw / 1e12, (double)weight_bytes / 1e9, pc, eo.chunk, prefill_mode_s[0],
-               prefill_mode_s[1]);
-        printf("%6s %8s %12s %12s %8s %12s\n", "batch", "context", "default ms", "determ. ms", "ratio", "roofline ms");
-    } else {
-        printf("copy bandwidth %.2f TB/s, weights %.2f GB, prefill %d tokens in %.3f s (%.0f tokens/s)\n", bw / 1e12,
-               (double)weight_bytes / 1e9, context, prefill_s, context / prefill_s);
-        printf("%6s %8s %12s %10s %12s %12s %10s\n", "batch", "context", "step ms", "tokens/s", "GB/step",
-               "roofline ms", "ratio");
+    if (vs_det && prefill_both_modes(&s, ids, pc, eo.chunk, last, prefill_mode_s)) return 1;
+    {
+        const header h = {eo.model, eo.kv, eo.compute, tp, bw, (double)weight_bytes, fill, context, eo.chunk, prefill_s,
+                          vs_det, pc, {prefill_mode_s[0], prefill_mode_s[1]}};
+        print_header(&h, markdown);
     }
 
-    fr_step_seq *steps = malloc(sizeof *steps * (size_t)max_batch);
-    fr_decode_row *rows = malloc(sizeof *rows * (size_t)max_batch);
     int *seqs = malloc(sizeof(int) * (size_t)max_batch), *tok = malloc(sizeof(int) * (size_t)max_batch);
     int *len = malloc(sizeof(int) * (size_t)max_batch), n_filled = 0;
-    double *times = malloc(sizeof(double) * (size_t)n_steps);
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi];
         double a = now_s();
@@ -278,22 +336,8 @@ int main(int argc, char **argv)
             }
             double tokens_before = 0.0;   /* cached tokens of the batch before its first step */
             for (int b = 0; b < B; b++) tokens_before += len[b];
-            for (int it = 0; it < n_steps + 3; it++) {
-                for (int b = 0; b < B; b++) {
-                    steps[b] = (fr_step_seq){.seq = seqs[b], .n = 1, .tokens = &tok[b]};
-                    rows[b] = (fr_decode_row){.params = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 7},
-                                              .sequence = (uint64_t)b, .step = (uint64_t)it};
-                }
-                double t = now_s();
-                if (fr_session_decode(&s, steps, rows, B, tok, NULL)) {
-                    fprintf(stderr, "decode_step: %s\n", fr_last_error());
-                    return 1;
-                }
-                if (it >= 3) times[it - 3] = now_s() - t;
-            }
+            if (time_steps(&s, B, seqs, tok, n_steps, &med_of[mode])) return 1;
             for (int b = 0; b < B; b++) len[b] += n_steps + 3;
-            qsort(times, (size_t)n_steps, sizeof(double), cmp_double);
-            med_of[mode] = times[n_steps / 2];
             ctx_mid = tokens_before / B + 3 + n_steps / 2.0;   /* at the median step */
             bytes = (double)step_weight_bytes(&s, weight_bytes, B) + B * ctx_mid * kv_token_bytes;
             roof = roof_of[mode] = bytes / bw;
@@ -315,7 +359,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     for (int b = 0; b < n_filled; b++) fr_kv_seq_free(s.kv, seqs[b]);
-    free(steps); free(rows); free(seqs); free(tok); free(len); free(times); free(ids); free(last); free(batches);
+    free(seqs); free(tok); free(len); free(ids); free(last); free(batches);
     fr_session_close(&s);
     fr_tp_launch_close(&launch);
     return 0;
