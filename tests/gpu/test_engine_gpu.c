@@ -603,7 +603,8 @@ static void test_weight_update_on_gpu(void **state)
     fr_model *m7;
     assert_int_equal(fr_model_load("synthetic:tiny:7", &m7), FR_OK);
     fr_weight_update *u;
-    assert_int_equal(fr_weight_update_begin(&m7->cfg, 3, &u), FR_OK);
+    assert_int_equal(fr_weight_update_begin_for(&a, 3, &u), FR_OK);   /* the device stage */
+    assert_true(fr_weight_update_on_device(u));
     size_t off = 0, total;
     const float *data = fr_model_data(m7, &total);
     for (int i = 0; i < fr_weight_update_tensor_count(u); i++) {
