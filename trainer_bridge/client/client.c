@@ -644,6 +644,7 @@ fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors
     fr_msg_update_begin *b = &m.u.update_begin;
     fr_status st = fr_client_begin_tensors_(b, tensors, n, version, bucket, "update_weights");
     if (st == FR_ENOMEM) return st;
+    b->partial = opts && opts->partial;
     if (!st) st = update_refused(c, call(c, &m, FR_MSG_UPDATE_REPLY, &r));
     if (st) {
         free(b->tensors);

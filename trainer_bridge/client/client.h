@@ -111,6 +111,10 @@ typedef struct {
     /* For testing servers: send bucket number corrupt_bucket with a wrong
      * checksum (-1: none). */
     int corrupt_bucket;
+    /* 1: a partial update: only these tensors change, the model's others
+     * keep their serving values (docs/protocol.md, update_weights_begin's
+     * partial); 0: the tensors must be every weight of the model. */
+    int partial;
 } fr_client_update_opts;
 
 /* Sends the tensors as weight version `version` (greater than the server's):
