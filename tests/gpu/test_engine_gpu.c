@@ -638,6 +638,93 @@ static void test_weight_update_on_gpu(void **state)
     fr_session_close(&b);
 }
 
+/* Puts tensor i of host model m into u as BF16 (rounded to nearest even, as
+ * the device holds them). */
+static void put_bf16(fr_weight_update *u, const fr_model *m, int i)
+{
+    const char *name;
+    int ndim;
+    int64_t shape[2];
+    assert_int_equal(fr_weight_update_tensor(u, i, &name, &ndim, shape), FR_OK);
+    size_t off = 0, total;
+    for (int j = 0; j < i; j++) {
+        const char *n2;
+        int d2;
+        int64_t s2[2];
+        assert_int_equal(fr_weight_update_tensor(u, j, &n2, &d2, s2), FR_OK);
+        off += (size_t)s2[0] * (size_t)(d2 == 2 ? s2[1] : 1);
+    }
+    const float *data = fr_model_data(m, &total);
+    const size_t cnt = (size_t)shape[0] * (size_t)(ndim == 2 ? shape[1] : 1);
+    uint16_t *h = malloc(cnt * sizeof *h);
+    assert_non_null(h);
+    for (size_t e = 0; e < cnt; e++) h[e] = fr_bf16_encode(data[off + e]);
+    FR_OK_OR_FAIL(fr_weight_update_put(u, name, FR_DTYPE_BF16, shape, ndim, 0, h, cnt * 2));
+    free(h);
+}
+
+/* The device stage with BF16 pieces (straight to their place) and partial
+ * updates: a session on synthetic:tiny:7 gets synthetic:tiny's tensors in
+ * two partial updates (all but the embedding, then the embedding); after
+ * the first its logits are neither model's, after the second they equal a
+ * fresh synthetic:tiny session's bit for bit. Non-finite values are refused
+ * naming the element, a float32 that rounds to infinity in BF16 too. */
+static void test_device_stage_partial(void **state)
+{
+    (void)state;
+    if (!fr_gpu_test_available()) skip();
+    fr_engine_opts o;
+    fr_engine_opts_default(&o);
+    o.backend = FR_BACKEND_CUDA;
+    fr_session a, c;
+    o.model = "synthetic:tiny:7";
+    open_or_fail(&o, 16, 2, &a);
+    o.model = "synthetic:tiny";
+    open_or_fail(&o, 16, 2, &c);
+    static const int prompt[] = {256, 35, 32, 97, 32, 115, 109, 97, 108, 108};
+    enum { N = sizeof prompt / sizeof prompt[0] };
+    const int V = a.model->cfg.vocab_size;
+    float *l7 = score(&a, prompt, N, 64, 0), *l0 = score(&c, prompt, N, 64, 0);
+    fr_model *m0;
+    assert_int_equal(fr_model_load("synthetic:tiny", &m0), FR_OK);
+    fr_weight_update *u;
+    FR_OK_OR_FAIL(fr_weight_update_begin_for(&a, 4, &u));
+    assert_true(fr_weight_update_on_device(u));
+    /* refusals: a BF16 NaN, a float32 past BF16's largest finite value */
+    const char *name;
+    int ndim;
+    int64_t shape[2];
+    assert_int_equal(fr_weight_update_tensor(u, 1, &name, &ndim, shape), FR_OK);
+    uint16_t hb[4] = {0x3f80, 0x3f80, 0x7fc0, 0x3f80};
+    assert_int_equal(fr_weight_update_put(u, name, FR_DTYPE_BF16, shape, ndim, 0, hb, sizeof hb), FR_EFORMAT);
+    assert_non_null(strstr(fr_last_error(), "element 2 is NaN"));
+    float hf[2] = {1.0f, 3.4e38f};
+    assert_int_equal(fr_weight_update_put(u, name, FR_DTYPE_F32, shape, ndim, 0, hf, sizeof hf), FR_EFORMAT);
+    assert_non_null(strstr(fr_last_error(), "element 1 is infinite"));
+    FR_OK_OR_FAIL(fr_weight_update_set_partial(u, 1));
+    const int n = fr_weight_update_tensor_count(u);
+    for (int i = 1; i < n; i++) put_bf16(u, m0, i);
+    FR_OK_OR_FAIL(fr_session_commit_weights_move(&a, u));
+    float *lp = score(&a, prompt, N, 64, 0);
+    assert_true(memcmp(lp, l7, sizeof(float) * (size_t)N * V) != 0);
+    assert_true(memcmp(lp, l0, sizeof(float) * (size_t)N * V) != 0);
+    FR_OK_OR_FAIL(fr_weight_update_restart(u, 5));
+    FR_OK_OR_FAIL(fr_weight_update_set_partial(u, 1));
+    put_bf16(u, m0, 0);
+    FR_OK_OR_FAIL(fr_session_commit_weights_move(&a, u));
+    float *la = score(&a, prompt, N, 64, 0);
+    float md;
+    double mean;
+    diff_stats(la, l0, (size_t)N * V, &md, &mean);
+    printf("  after two partial BF16 updates: max |logit diff| against a fresh synthetic:tiny session %g\n", md);
+    assert_true(md == 0.0f);
+    fr_weight_update_free(&u);
+    free(l7); free(l0); free(lp); free(la);
+    fr_model_destroy(&m0);
+    fr_session_close(&a);
+    fr_session_close(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -655,6 +742,7 @@ int main(void)
         cmocka_unit_test_prestate(test_decode_graphs, (void *)&m_tqm),
         cmocka_unit_test(test_tq6_quantized_cache_gpu_vs_cpu),
         cmocka_unit_test(test_weight_update_on_gpu),
+        cmocka_unit_test(test_device_stage_partial),
     };
     fr_gpu_test_filter();
     return cmocka_run_group_tests(tests, NULL, NULL);
