@@ -23,6 +23,8 @@
 #include "base/safetensors.h"
 #include "rollout/model/sampler.h"
 #include "rollout/model/runner_cuda.h"
+#include "rollout/model/tensor_table.h"
+#include "rollout/model/tp_shard.h"
 #include "rollout/engine/session.h"
 #include "rollout/engine/weight_update.h"
 #include "rollout/model/weights_cuda.h"
@@ -725,6 +727,60 @@ static void test_device_stage_partial(void **state)
     fr_session_close(&c);
 }
 
+/* The device tensor table of a tensor-parallel shard (each tensor's split
+ * and start, what sharding and weight commits copy by) against the host's
+ * shard of the same model (rollout/model/tp_shard.h), cut independently:
+ * for both ranks of tp 2, every tensor of fr_weights_gpu_shard holds the
+ * host shard's values in BF16, bit for bit (the embedding is whole on the
+ * device, the host's points at the model's). */
+static void test_shard_table(void **state)
+{
+    (void)state;
+    if (!fr_gpu_test_available()) skip();
+    fr_model *m;
+    assert_int_equal(fr_model_load("synthetic:tiny", &m), FR_OK);
+    fr_weights_gpu *full = NULL;
+    FR_OK_OR_FAIL(fr_weights_gpu_from_model(m, &full));
+    for (int rank = 0; rank < 2; rank++) {
+        fr_weights_gpu *shard = NULL;
+        FR_OK_OR_FAIL(fr_weights_gpu_shard(full, rank, 2, &shard));
+        fr_weights_gpu_tensor *tab = NULL;
+        int n = 0;
+        FR_OK_OR_FAIL(fr_weights_gpu_tensors(shard, &m->cfg, &tab, &n));
+        fr_tp_shard *host = NULL;
+        FR_OK_OR_FAIL(fr_tp_shard_new(m, rank, 2, &host));
+        fr_model_tensor *ht = NULL;
+        size_t hn = 0;
+        FR_OK_OR_FAIL(fr_model_tensor_list(&host->cfg, &host->w, &ht, &hn));
+        assert_int_equal((size_t)n, hn);
+        size_t checked = 0;
+        for (int i = 0; i < n; i++) {
+            assert_string_equal(tab[i].name, ht[i].name);
+            const int embed = i == 0;   /* whole on the device */
+            const int64_t rows = embed ? m->cfg.vocab_size : ht[i].rows, cols = ht[i].ndim == 2 ? ht[i].cols : 1;
+            assert_true(tab[i].shape[0] == rows && tab[i].shape[1] == cols);
+            const float *want = embed ? m->w.embed : ht[i].data;
+            const size_t cnt = (size_t)rows * (size_t)cols;
+            uint16_t *got = malloc(cnt * sizeof *got);
+            assert_non_null(got);
+            CUDA_OK(cudaMemcpy(got, tab[i].dst, cnt * sizeof *got, cudaMemcpyDeviceToHost));
+            for (size_t e = 0; e < cnt; e++)
+                if (got[e] != fr_bf16_encode(want[e]))
+                    fail_msg("rank %d: %s[%zu]: 0x%04x, the host shard's 0x%04x", rank, tab[i].name, e, got[e],
+                             fr_bf16_encode(want[e]));
+            checked += cnt;
+            free(got);
+        }
+        printf("  tp rank %d of 2: %d tensors, %zu values equal to the host shard's\n", rank, n, checked);
+        free(ht);
+        fr_tp_shard_destroy(&host);
+        free(tab);
+        fr_weights_gpu_destroy(&shard);
+    }
+    fr_weights_gpu_destroy(&full);
+    fr_model_destroy(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -743,6 +799,7 @@ int main(void)
         cmocka_unit_test(test_tq6_quantized_cache_gpu_vs_cpu),
         cmocka_unit_test(test_weight_update_on_gpu),
         cmocka_unit_test(test_device_stage_partial),
+        cmocka_unit_test(test_shard_table),
     };
     fr_gpu_test_filter();
     return cmocka_run_group_tests(tests, NULL, NULL);
