@@ -119,7 +119,8 @@ typedef struct {
 
 /* Sends the tensors as weight version `version` (greater than the server's):
  * update_weights_begin, the buckets (each with its xxHash64, the tensors'
- * bytes as zero-copy payload frames, one reply each), then
+ * bytes as zero-copy payload frames, one reply each, two buckets in flight
+ * so the server stages one while the next travels), then
  * update_weights_commit; returns once the server has switched to the new
  * weights (*out, may be NULL: the commit reply). A refusal by the server
  * fails with the server's code and message (fr_client_last_error tells them
