@@ -610,7 +610,7 @@ static int run_case(const op_case *c, fr_test_rng *r)
 static void test_op(void **state)
 {
     REQUIRE_GPU();
-    const op_kind op = (op_kind)(intptr_t)*state;
+    const op_kind op = *(const op_kind *)*state;
     fr_test_rng r = {1000 + (uint64_t)op};
     int n = 0, failed = 0;
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
@@ -644,10 +644,12 @@ static int group_teardown(void **state)
 
 int main(void)
 {
+    static op_kind ops[N_OPS];
     struct CMUnitTest tests[N_OPS];
-    for (int op = 0; op < N_OPS; op++)
-        tests[op] = (struct CMUnitTest){.name = OP_NAMES[op], .test_func = test_op,
-                                        .initial_state = (void *)(intptr_t)op};
+    for (int op = 0; op < N_OPS; op++) {
+        ops[op] = (op_kind)op;
+        tests[op] = (struct CMUnitTest){.name = OP_NAMES[op], .test_func = test_op, .initial_state = &ops[op]};
+    }
     fr_gpu_test_filter();
     return _cmocka_run_group_tests("backend_ops", tests, N_OPS, group_setup, group_teardown);
 }
