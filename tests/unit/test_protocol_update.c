@@ -59,7 +59,13 @@ static void test_update_messages_round_trip(void **state)
     round_trip(&m, &d);
     assert_true(d.u.update_begin.version == 7 && d.u.update_begin.n_tensors == 2 &&
                 d.u.update_begin.bucket_bytes == 1 << 20);
+    assert_int_equal(d.u.update_begin.partial, 0);   /* absent: a whole update */
     assert_memory_equal(d.u.update_begin.tensors, ts, sizeof ts);
+    fr_msg_free(&d);
+    m.u.update_begin.partial = 1;   /* "partial": true, beside "transport": "nccl" */
+    m.u.update_begin.nccl = 1;
+    round_trip(&m, &d);
+    assert_true(d.u.update_begin.partial == 1 && d.u.update_begin.nccl == 1);
     fr_msg_free(&d);
 
     fr_msg_piece ps[2] = {{.t = ts[0], .offset = 0, .nbytes = 256}, {.t = ts[1], .offset = 512, .nbytes = 1024}};
