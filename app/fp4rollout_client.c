@@ -65,6 +65,8 @@ static const char usage_text[] =
     "                           for testing a server's checks: leave tensor NAME out, put a\n"
     "                           NaN into it, declare it flattened to one dimension, or send\n"
     "                           bucket K with a wrong checksum\n"
+    "      --partial            a partial update: tensors left out (--skip) keep their\n"
+    "                           serving values\n"
     "      --export FILE        send nothing: write the tensors (float32, in order) to FILE and\n"
     "                           print their names and shapes as JSON lines\n"
     "  watch-metrics [--count N]\n"
@@ -563,6 +565,7 @@ static int cmd_push_weights(fr_client *c, int argc, char **argv)
             if (strcmp(argv[i], "bf16") == 0) bf16 = 1;
             else if (strcmp(argv[i], "f32") != 0) return usage_error("push-weights: --dtype must be f32 or bf16, got '%s'", argv[i]);
         } else if (strcmp(a, "--skip") == 0 && val) skip = argv[++i];
+        else if (strcmp(a, "--partial") == 0) opts.partial = 1;
         else if (strcmp(a, "--nan") == 0 && val) nan_name = argv[++i];
         else if (strcmp(a, "--flatten") == 0 && val) flat = argv[++i];
         else if (strcmp(a, "--export") == 0 && val) export_path = argv[++i];
@@ -576,17 +579,14 @@ static int cmd_push_weights(fr_client *c, int argc, char **argv)
         return usage_error("push-weights: %s are required", "--model and --version");
     opts.bucket_bytes = (uint64_t)bucket;
     fr_model *m = NULL;
-    fr_weight_update *names = NULL;
-    fr_model_tensor *mt = NULL;   /* the model's tensors, in the order the update lists them */
+    fr_model_tensor *mt = NULL;   /* the model's tensors (rollout/model/tensor_table.h) */
     size_t n_mt = 0;
-    if (fr_model_load(spec, &m) || fr_weight_update_begin(&m->cfg, 0, &names) ||
-        fr_model_tensor_list(&m->cfg, &m->w, &mt, &n_mt)) {
+    if (fr_model_load(spec, &m) || fr_model_tensor_list(&m->cfg, &m->w, &mt, &n_mt)) {
         fprintf(stderr, "fp4rollout-client: push-weights: %s\n", fr_last_error());
-        fr_weight_update_free(&names);
         fr_model_destroy(&m);
         return 1;
     }
-    int n = fr_weight_update_tensor_count(names), k = 0, rc = 0;
+    int n = (int)n_mt, k = 0, rc = 0;
     fr_client_tensor *t = calloc((size_t)n, sizeof *t);
     int64_t (*shapes)[2] = calloc((size_t)n, sizeof *shapes);
     void **owned = calloc((size_t)n, sizeof *owned);   /* converted or altered copies */
@@ -596,10 +596,11 @@ static int cmd_push_weights(fr_client *c, int argc, char **argv)
         rc = 1;
     }
     for (int i = 0; !rc && i < n; i++) {
-        const char *name;
-        int ndim;
-        fr_weight_update_tensor(names, i, &name, &ndim, shapes[k]);
-        const float *src = (size_t)i < n_mt && strcmp(mt[i].name, name) == 0 ? mt[i].data : NULL;
+        const char *name = mt[i].name;
+        int ndim = mt[i].ndim;
+        shapes[k][0] = mt[i].rows;
+        shapes[k][1] = ndim == 2 ? mt[i].cols : 1;
+        const float *src = mt[i].data;
         if (!src) {
             fprintf(stderr, "fp4rollout-client: push-weights: the model has no tensor %s\n", name);
             rc = 1;
@@ -670,7 +671,6 @@ static int cmd_push_weights(fr_client *c, int argc, char **argv)
     free(shapes);
     free(mt);
     free(t);
-    fr_weight_update_free(&names);
     fr_model_destroy(&m);
     return rc;
 }
@@ -722,7 +722,7 @@ static const struct option generate_opts[] = {
 static const struct option send_raw_opts[] = {REQ("hex"), REQ("extra-frames"), {0, 0, 0, 0}};
 static const struct option push_opts[] = {
     REQ("model"), REQ("version"), REQ("bucket-mib"), REQ("bucket-bytes"), REQ("dtype"), REQ("skip"),
-    REQ("nan"),   REQ("flatten"), REQ("export"),     REQ("corrupt-bucket"), {0, 0, 0, 0}};
+    REQ("nan"),   REQ("flatten"), REQ("export"),     REQ("corrupt-bucket"), FLAG("partial"), {0, 0, 0, 0}};
 static const struct option watch_opts[] = {REQ("count"), {0, 0, 0, 0}};
 static const struct option pause_opts[] = {REQ("mode"), {0, 0, 0, 0}};
 static const struct option no_opts[] = {{0, 0, 0, 0}};

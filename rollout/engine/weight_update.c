@@ -1,28 +1,24 @@
+/* Weight updates (rollout/engine/weight_update.h): the bookkeeping of what
+ * arrived, over a stage that holds the values (weight_stage.h). */
 #include "rollout/engine/weight_update.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout/model/runner_cpu.h"
+#include "rollout/engine/weight_stage.h"
 #include "rollout/model/tensor_table.h"
-#include "base/safetensors.h"
-#ifdef FR_HAVE_CUDA
-#include "rollout/model/weights_cuda.h"
-#endif
 
 enum { NAME_CAP = FR_TENSOR_NAME_CAP };
 
-/* One tensor of the model: where its floats go in the staging model, its
- * shape, and which of its bytes (in the sender's dtype) have arrived. */
+/* One tensor of the model: its shape, and which of its bytes (in the
+ * sender's dtype) have arrived. */
 typedef struct {
     char name[NAME_CAP];
-    float *dst;
     int ndim;
     int64_t shape[2];
     size_t count;                 /* elements */
-    fr_dtype dtype;        /* fixed by the first piece */
+    fr_dtype dtype;               /* fixed by the first piece */
     int have_dtype;
     size_t received;              /* elements received */
     /* received element ranges, kept sorted and disjoint */
@@ -31,11 +27,13 @@ typedef struct {
 } tensor;
 
 struct fr_weight_update {
-    fr_model *staged;
-    int spent;           /* committed by move: staged holds the previous weights */
+    fr_weight_stage *stage;
+    int spent;           /* committed by move: the stage holds the previous weights */
+    int partial;         /* tensors never sent keep their serving values */
     uint64_t version;
     tensor *t;
     int n;
+    unsigned char *touched;   /* commit scratch: tensors with bytes received */
 };
 
 fr_status fr_weight_dtype_parse(const char *s, fr_dtype *out)
@@ -47,50 +45,53 @@ fr_status fr_weight_dtype_parse(const char *s, fr_dtype *out)
     return FR_OK;
 }
 
-static void add(fr_weight_update *u, const char *name, float *dst, int ndim, int64_t d0, int64_t d1)
+static fr_status add_tensor(void *user, const fr_model_tensor *m)
 {
+    fr_weight_update *u = user;
     tensor *x = &u->t[u->n++];
-    snprintf(x->name, sizeof x->name, "%s", name);
-    x->dst = dst;
-    x->ndim = ndim;
-    x->shape[0] = d0;
-    x->shape[1] = ndim == 2 ? d1 : 1;
-    x->count = (size_t)d0 * (size_t)x->shape[1];
+    snprintf(x->name, sizeof x->name, "%s", m->name);
+    x->ndim = m->ndim;
+    x->shape[0] = m->rows;
+    x->shape[1] = m->ndim == 2 ? m->cols : 1;
+    x->count = (size_t)x->shape[0] * (size_t)x->shape[1];
+    return FR_OK;
 }
 
-static void table(fr_weight_update *u);
+/* The bookkeeping for cfg's tensors around a stage made by the caller. */
+static fr_status begin(const fr_model_config *cfg, uint64_t version, fr_weight_stage *stage, fr_weight_update **out)
+{
+    fr_weight_update *u = calloc(1, sizeof *u);
+    const size_t n = fr_model_tensor_count(cfg);
+    if (u) u->stage = stage;
+    if (!u || !(u->t = calloc(n, sizeof *u->t)) || !(u->touched = calloc(n, 1))) {
+        if (u) fr_weight_update_free(&u);
+        else stage->ops->destroy(stage);
+        return fr_fail(FR_ENOMEM, "weight update: out of memory");
+    }
+    const fr_weights none = {0};
+    fr_model_tensors_each(cfg, &none, add_tensor, u);
+    u->version = version;
+    *out = u;
+    return FR_OK;
+}
 
 fr_status fr_weight_update_begin(const fr_model_config *cfg, uint64_t version, fr_weight_update **out)
 {
     if (!cfg || !out) return fr_fail(FR_EINVAL, "fr_weight_update_begin: NULL argument");
     *out = NULL;
-    fr_weight_update *u = calloc(1, sizeof *u);
-    if (!u) return fr_fail(FR_ENOMEM, "weight update: out of memory");
-    fr_status st = fr_model_alloc(cfg, "weight update", &u->staged);
-    if (!st && !(u->t = calloc(fr_model_tensor_count(cfg), sizeof *u->t)))
-        st = fr_fail(FR_ENOMEM, "weight update: out of memory");
-    if (st) {
-        fr_weight_update_free(&u);
-        return st;
-    }
-    u->version = version;
-    table(u);
-    *out = u;
-    return FR_OK;
+    fr_weight_stage *stage;
+    fr_status st = fr_weight_stage_host_new(cfg, &stage);
+    return st ? st : begin(cfg, version, stage, out);
 }
 
-static fr_status add_tensor(void *user, const fr_model_tensor *t)
+fr_status fr_weight_update_begin_for(const fr_session *s, uint64_t version, fr_weight_update **out)
 {
-    add(user, t->name, t->data, t->ndim, t->rows, t->cols);
-    return FR_OK;
-}
-
-/* The tensor table over the staged model's current weight pointers (names,
- * shapes, destinations); what was received is left to the caller. */
-static void table(fr_weight_update *u)
-{
-    u->n = 0;
-    fr_model_tensors_each(&u->staged->cfg, &u->staged->w, add_tensor, u);
+    if (!s || !s->model || !out) return fr_fail(FR_EINVAL, "fr_weight_update_begin_for: NULL argument");
+    *out = NULL;
+    if (s->backend != FR_BACKEND_CUDA) return fr_weight_update_begin(&s->model->cfg, version, out);
+    fr_weight_stage *stage;
+    fr_status st = fr_weight_stage_device_new(s, &stage);
+    return st ? st : begin(&s->model->cfg, version, stage, out);
 }
 
 fr_status fr_weight_update_restart(fr_weight_update *u, uint64_t version)
@@ -101,11 +102,23 @@ fr_status fr_weight_update_restart(fr_weight_update *u, uint64_t version)
         u->t[i].received = 0;
         u->t[i].have_dtype = 0;
     }
-    table(u);   /* a move commit exchanged the staged block: point at the one held now */
+    fr_status st = u->stage->ops->restart(u->stage);
+    if (st) return st;
     u->version = version;
     u->spent = 0;
+    u->partial = 0;
     return FR_OK;
 }
+
+fr_status fr_weight_update_set_partial(fr_weight_update *u, int partial)
+{
+    if (!u) return fr_fail(FR_EINVAL, "fr_weight_update_set_partial: NULL update");
+    u->partial = partial != 0;
+    return FR_OK;
+}
+
+int fr_weight_update_is_partial(const fr_weight_update *u) { return u && u->partial; }
+int fr_weight_update_on_device(const fr_weight_update *u) { return u && u->stage->on_device; }
 
 void fr_weight_update_free(fr_weight_update **pu)
 {
@@ -113,61 +126,18 @@ void fr_weight_update_free(fr_weight_update **pu)
     if (!u) return;
     for (int i = 0; u->t && i < u->n; i++) free(u->t[i].ranges);
     free(u->t);
-    fr_model_destroy(&u->staged);
+    free(u->touched);
+    if (u->stage) u->stage->ops->destroy(u->stage);
     free(u);
     *pu = NULL;
 }
 
 uint64_t fr_weight_update_version(const fr_weight_update *u) { return u ? u->version : 0; }
 
-static tensor *find(fr_weight_update *u, const char *name)
+int fr_weight_update_find(const fr_weight_update *u, const char *name)
 {
-    for (int i = 0; i < u->n; i++)
-        if (strcmp(u->t[i].name, name) == 0) return &u->t[i];
-    return NULL;
-}
-
-/* Converts n elements of dtype t (little-endian bytes, as safetensors stores
- * them) to float32 at out, in one pass that also looks for NaN and infinity
- * (an all-ones exponent field). Returns the index of the first non-finite
- * element, or -1. Blocks of 4096 elements keep the inner loops free of
- * branches (so they vectorize); only a block that has one is scanned again.
- * out may hold part of the converted block past a non-finite element. */
-static long long convert_checked(const char *name, fr_dtype t, const unsigned char *in, size_t n, float *out,
-                                 fr_status *st)
-{
-    enum { BLOCK = 4096 };
-    *st = FR_OK;
-    for (size_t b = 0; b < n; b += BLOCK) {
-        const size_t m = n - b < BLOCK ? n - b : BLOCK;
-        uint32_t bad = 0;
-        if (t == FR_DTYPE_F32) {
-            const unsigned char *p = in + 4 * b;
-            memcpy(out + b, p, 4 * m);
-            for (size_t i = 0; i < m; i++) {
-                uint32_t v;
-                memcpy(&v, p + 4 * i, 4);
-                bad |= (v & 0x7f800000u) == 0x7f800000u;
-            }
-        } else if (t == FR_DTYPE_BF16) {
-            const unsigned char *p = in + 2 * b;
-            for (size_t i = 0; i < m; i++) {
-                uint16_t h;
-                memcpy(&h, p + 2 * i, 2);
-                const uint32_t v = (uint32_t)h << 16;
-                memcpy(&out[b + i], &v, 4);
-                bad |= (h & 0x7f80u) == 0x7f80u;
-            }
-        } else {
-            fr_st_tensor v = {.name = name, .dtype = FR_DTYPE_F16, .ndim = 1, .shape = {(int64_t)m}, .nbytes = 2 * m,
-                           .data = in + 2 * b};
-            if ((*st = fr_st_tensor_to_f32(&v, out + b, m))) return -1;
-            for (size_t i = 0; i < m; i++) bad |= !isfinite(out[b + i]);
-        }
-        if (bad)
-            for (size_t i = 0; i < m; i++)
-                if (!isfinite(out[b + i])) return (long long)(b + i);
-    }
+    for (int i = 0; u && name && i < u->n; i++)
+        if (strcmp(u->t[i].name, name) == 0) return i;
     return -1;
 }
 
@@ -179,16 +149,15 @@ static int overlaps(const tensor *x, size_t a, size_t b)
     return i < x->n_ranges && x->ranges[i][0] < b;
 }
 
-/* Inserts [a, b) into the sorted disjoint list; 0 when it overlaps one. */
-static int claim(tensor *x, size_t a, size_t b)
+/* Inserts [a, b), which overlaps no range, into the sorted disjoint list. */
+static fr_status claim(tensor *x, size_t a, size_t b)
 {
     int i = 0;
     while (i < x->n_ranges && x->ranges[i][1] <= a) i++;
-    if (i < x->n_ranges && x->ranges[i][0] < b) return 0;
     if (x->n_ranges == x->cap_ranges) {
         int cap = x->cap_ranges ? 2 * x->cap_ranges : 8;
         size_t (*r)[2] = realloc(x->ranges, sizeof *r * (size_t)cap);
-        if (!r) return -1;
+        if (!r) return fr_fail(FR_ENOMEM, "weight update: out of memory");
         x->ranges = r;
         x->cap_ranges = cap;
     }
@@ -196,7 +165,68 @@ static int claim(tensor *x, size_t a, size_t b)
     x->ranges[i][0] = a;
     x->ranges[i][1] = b;
     x->n_ranges++;
-    return 1;
+    return FR_OK;
+}
+
+/* The checks every piece passes, whoever stores its values: the update
+ * usable, dtype, element alignment, inside the tensor, no byte twice. On
+ * success *first and *n are its element range. */
+static fr_status check_range(const fr_weight_update *u, const tensor *x, fr_dtype dtype, uint64_t offset,
+                             size_t n_bytes, size_t *first, size_t *n)
+{
+    if (dtype != FR_DTYPE_F32 && dtype != FR_DTYPE_BF16 && dtype != FR_DTYPE_F16)
+        return fr_fail(FR_EINVAL, "%s: unknown dtype %d", x->name, (int)dtype);
+    if (u->spent) return fr_fail(FR_EINVAL, "%s: the update to version %llu was committed already", x->name,
+                                 (unsigned long long)u->version);
+    if (x->have_dtype && dtype != x->dtype)
+        return fr_fail(FR_EINVAL, "%s: piece in %s after pieces in %s", x->name, fr_dtype_file_name(dtype),
+                       fr_dtype_file_name(x->dtype));
+    const size_t es = fr_dtype_size(dtype);
+    if (offset % es || n_bytes % es)
+        return fr_fail(FR_EINVAL, "%s: offset %llu and length %zu must be multiples of the %s size %zu", x->name,
+                       (unsigned long long)offset, n_bytes, fr_dtype_file_name(dtype), es);
+    *first = (size_t)(offset / es);
+    *n = n_bytes / es;
+    if (offset / es > x->count || *n > x->count - *first)
+        return fr_fail(FR_EINVAL, "%s: bytes [%llu, %llu) run past the tensor's %zu bytes", x->name,
+                       (unsigned long long)offset, (unsigned long long)offset + n_bytes, x->count * es);
+    if (*n && overlaps(x, *first, *first + *n))
+        return fr_fail(FR_EINVAL, "%s: bytes [%llu, %llu) overlap bytes already received", x->name,
+                       (unsigned long long)offset, (unsigned long long)offset + n_bytes);
+    return FR_OK;
+}
+
+static fr_status received(tensor *x, fr_dtype dtype, size_t first, size_t n)
+{
+    fr_status st = claim(x, first, first + n);
+    if (st) return st;
+    x->received += n;
+    x->dtype = dtype;
+    x->have_dtype = 1;
+    return FR_OK;
+}
+
+static fr_status check_shape(const tensor *x, const int64_t *shape, int ndim)
+{
+    if (ndim == x->ndim && shape[0] == x->shape[0] && (ndim != 2 || shape[1] == x->shape[1])) return FR_OK;
+    char want[64], got[64];
+    snprintf(want, sizeof want, x->ndim == 2 ? "[%lld, %lld]" : "[%lld]", (long long)x->shape[0],
+             (long long)x->shape[1]);
+    if (ndim == 1) snprintf(got, sizeof got, "[%lld]", (long long)shape[0]);
+    else if (ndim == 2) snprintf(got, sizeof got, "[%lld, %lld]", (long long)shape[0], (long long)shape[1]);
+    else snprintf(got, sizeof got, "%d dimensions", ndim);
+    return fr_fail(FR_EINVAL, "%s: shape %s, the model's is %s", x->name, got, want);
+}
+
+/* Whether the element at p (little-endian) is a NaN: all-ones exponent,
+ * nonzero mantissa. */
+static int is_nan(fr_dtype t, const unsigned char *p)
+{
+    uint32_t v = 0;
+    memcpy(&v, p, fr_dtype_size(t));
+    if (t == FR_DTYPE_F32) return (v & 0x7f800000u) == 0x7f800000u && (v & 0x7fffffu);
+    if (t == FR_DTYPE_BF16) return (v & 0x7f80u) == 0x7f80u && (v & 0x7fu);
+    return (v & 0x7c00u) == 0x7c00u && (v & 0x3ffu);
 }
 
 fr_status fr_weight_update_put(fr_weight_update *u, const char *name, fr_dtype dtype, const int64_t *shape,
@@ -204,49 +234,37 @@ fr_status fr_weight_update_put(fr_weight_update *u, const char *name, fr_dtype d
 {
     if (!u || !name || !shape || (n_bytes && !bytes))
         return fr_fail(FR_EINVAL, "fr_weight_update_put: NULL argument");
-    if (dtype != FR_DTYPE_F32 && dtype != FR_DTYPE_BF16 && dtype != FR_DTYPE_F16)
-        return fr_fail(FR_EINVAL, "%s: unknown dtype %d", name, (int)dtype);
-    if (u->spent) return fr_fail(FR_EINVAL, "%s: the update to version %llu was committed already", name,
-                                 (unsigned long long)u->version);
-    tensor *x = find(u, name);
-    if (!x) return fr_fail(FR_EINVAL, "unknown tensor '%s' (not a weight of this model)", name);
-    if (ndim != x->ndim || shape[0] != x->shape[0] || (ndim == 2 && shape[1] != x->shape[1])) {
-        char want[64], got[64];
-        snprintf(want, sizeof want, x->ndim == 2 ? "[%lld, %lld]" : "[%lld]", (long long)x->shape[0],
-                 (long long)x->shape[1]);
-        if (ndim == 1) snprintf(got, sizeof got, "[%lld]", (long long)shape[0]);
-        else if (ndim == 2) snprintf(got, sizeof got, "[%lld, %lld]", (long long)shape[0], (long long)shape[1]);
-        else snprintf(got, sizeof got, "%d dimensions", ndim);
-        return fr_fail(FR_EINVAL, "%s: shape %s, the model's is %s", name, got, want);
-    }
-    if (x->have_dtype && dtype != x->dtype)
-        return fr_fail(FR_EINVAL, "%s: piece in %s after pieces in %s", name, fr_dtype_file_name(dtype), fr_dtype_file_name(x->dtype));
-    const size_t es = fr_dtype_size(dtype);
-    if (offset % es || n_bytes % es)
-        return fr_fail(FR_EINVAL, "%s: offset %llu and length %zu must be multiples of the %s size %zu", name,
-                       (unsigned long long)offset, n_bytes, fr_dtype_file_name(dtype), es);
-    const size_t a = (size_t)(offset / es), n = n_bytes / es;
-    if (offset / es > x->count || n > x->count - a)
-        return fr_fail(FR_EINVAL, "%s: bytes [%llu, %llu) run past the tensor's %zu bytes", name,
-                       (unsigned long long)offset, (unsigned long long)offset + n_bytes, x->count * es);
-    if (n == 0) return FR_OK;
-    if (overlaps(x, a, a + n))
-        return fr_fail(FR_EINVAL, "%s: bytes [%llu, %llu) overlap bytes already received", name,
-                       (unsigned long long)offset, (unsigned long long)offset + n_bytes);
-    /* Straight into the staging copy: the range holds nothing received yet,
-     * so a piece refused halfway leaves the staged tensor as it was (its
+    const int i = fr_weight_update_find(u, name);
+    if (i < 0) return fr_fail(FR_EINVAL, "unknown tensor '%s' (not a weight of this model)", name);
+    tensor *x = &u->t[i];
+    size_t first, n, bad = 0;
+    fr_status st = check_shape(x, shape, ndim);
+    if (!st) st = check_range(u, x, dtype, offset, n_bytes, &first, &n);
+    if (st || n == 0) return st;
+    /* Straight into the stage: the range holds nothing received yet, so a
+     * piece refused halfway leaves the staged tensor as it was (its
      * unreceived bytes are not part of it). */
-    fr_status st;
-    const long long bad = convert_checked(name, dtype, bytes, n, x->dst + a, &st);
-    if (st) return st;
-    if (bad >= 0)
-        return fr_fail(FR_EFORMAT, "%s: element %zu is %s", name, a + (size_t)bad,
-                       isnan(x->dst[a + (size_t)bad]) ? "NaN" : "infinite");
-    if (claim(x, a, a + n) < 0) return fr_fail(FR_ENOMEM, "weight update: out of memory");
-    x->received += n;
-    x->dtype = dtype;
-    x->have_dtype = 1;
-    return FR_OK;
+    st = u->stage->ops->put(u->stage, i, dtype, first, bytes, n, &bad);
+    if (st == FR_EFORMAT)
+        return fr_fail(FR_EFORMAT, "%s: element %zu is %s", x->name, first + bad,
+                       is_nan(dtype, (const unsigned char *)bytes + bad * fr_dtype_size(dtype))
+                           ? "NaN" : "infinite (or rounds to infinity in BF16)");
+    return st ? st : received(x, dtype, first, n);
+}
+
+uint16_t *fr_weight_update_device_dst(fr_weight_update *u, int i)
+{
+    if (!u || !u->stage->on_device || i < 0 || i >= u->n || u->spent) return NULL;
+    return u->stage->dev_dst[i];
+}
+
+fr_status fr_weight_update_mark(fr_weight_update *u, int i, fr_dtype dtype, uint64_t offset, uint64_t n_bytes)
+{
+    if (!u || i < 0 || i >= u->n) return fr_fail(FR_EINVAL, "fr_weight_update_mark: bad argument");
+    size_t first, n;
+    fr_status st = check_range(u, &u->t[i], dtype, offset, (size_t)n_bytes, &first, &n);
+    if (st || n == 0) return st;
+    return received(&u->t[i], dtype, first, n);
 }
 
 fr_status fr_weight_update_complete(const fr_weight_update *u)
@@ -254,10 +272,15 @@ fr_status fr_weight_update_complete(const fr_weight_update *u)
     if (!u) return fr_fail(FR_EINVAL, "fr_weight_update_complete: NULL update");
     if (u->spent)
         return fr_fail(FR_EINVAL, "the update to version %llu was committed already", (unsigned long long)u->version);
-    for (int i = 0; i < u->n; i++)
-        if (u->t[i].received != u->t[i].count)
+    int any = 0;
+    for (int i = 0; i < u->n; i++) {
+        const tensor *x = &u->t[i];
+        any |= x->received > 0;
+        if (x->received != x->count && (!u->partial || x->received))
             return fr_fail(FR_EINVAL, "incomplete update to version %llu: %s has %zu of %zu elements",
-                           (unsigned long long)u->version, u->t[i].name, u->t[i].received, u->t[i].count);
+                           (unsigned long long)u->version, x->name, x->received, x->count);
+    }
+    if (!any) return fr_fail(FR_EINVAL, "update to version %llu: no tensor arrived", (unsigned long long)u->version);
     return FR_OK;
 }
 
@@ -273,57 +296,48 @@ fr_status fr_weight_update_tensor(const fr_weight_update *u, int i, const char *
     return FR_OK;
 }
 
-const fr_model *fr_weight_update_model(const fr_weight_update *u) { return u ? u->staged : NULL; }
+const fr_model *fr_weight_update_model(const fr_weight_update *u) { return u ? u->stage->host : NULL; }
 
-static fr_status weights_changed(fr_session *s);
+typedef struct {
+    const fr_weight_update *u;
+    int i;
+} same_shape;
+
+/* Whether the session's next tensor is the update's, name and shape. */
+static fr_status compare(void *user, const fr_model_tensor *m)
+{
+    same_shape *k = user;
+    const tensor *x = &k->u->t[k->i++];
+    if (strcmp(x->name, m->name) != 0 || x->ndim != m->ndim || x->shape[0] != m->rows ||
+        (m->ndim == 2 && x->shape[1] != m->cols))
+        return FR_EINVAL;
+    return FR_OK;
+}
+
+static fr_status commit(fr_session *s, fr_weight_update *u, int move)
+{
+    fr_status st = fr_weight_update_complete(u);
+    if (st) return st;
+    same_shape k = {u, 0};
+    const fr_weights none = {0};
+    if ((size_t)u->n != fr_model_tensor_count(&s->model->cfg) ||
+        fr_model_tensors_each(&s->model->cfg, &none, compare, &k))
+        return fr_fail(FR_EINVAL, "the update was staged for another model shape");
+    int all = 1;
+    for (int i = 0; i < u->n; i++) all &= (u->touched[i] = u->t[i].received > 0);
+    return u->stage->ops->commit(u->stage, s, u->touched, all, move);
+}
 
 fr_status fr_session_commit_weights(fr_session *s, const fr_weight_update *u)
 {
     if (!s || !u) return fr_fail(FR_EINVAL, "fr_session_commit_weights: NULL argument");
-    fr_status st = fr_weight_update_complete(u);
-    if (st) return st;
-    const fr_model_config *a = &s->model->cfg, *b = &u->staged->cfg;
-    if (a->num_layers != b->num_layers || a->hidden_size != b->hidden_size || a->vocab_size != b->vocab_size ||
-        a->num_heads != b->num_heads || a->num_kv_heads != b->num_kv_heads || a->head_dim != b->head_dim ||
-        a->intermediate_size != b->intermediate_size || a->tie_word_embeddings != b->tie_word_embeddings)
-        return fr_fail(FR_EINVAL, "the update was staged for another model shape");
-#ifdef FR_HAVE_CUDA
-    if (s->backend == FR_BACKEND_CUDA) return fr_weights_gpu_refill(s->gpu_weights, u->staged);
-#endif
-    size_t n_dst = 0, n_src = 0;
-    float *dst = fr_model_data(s->model, &n_dst), *src = fr_model_data(u->staged, &n_src);
-    if (!dst || n_dst != n_src) return fr_fail(FR_EINTERNAL, "the session's host weights do not match the update");
-    memcpy(dst, src, sizeof(float) * n_dst);
-    return weights_changed(s);
+    return commit(s, (fr_weight_update *)u, 0);
 }
 
 fr_status fr_session_commit_weights_move(fr_session *s, fr_weight_update *u)
 {
     if (!s || !u) return fr_fail(FR_EINVAL, "fr_session_commit_weights_move: NULL argument");
-#ifdef FR_HAVE_CUDA
-    if (s->backend == FR_BACKEND_CUDA) {
-        fr_status st = fr_session_commit_weights(s, u);
-        if (!st) u->spent = 1;
-        return st;
-    }
-#endif
-    fr_status st = fr_weight_update_complete(u);
-    if (st) return st;
-    /* The session's model keeps its address (runners and shadows hold it);
-     * its weight pointers and block move. */
-    if ((st = fr_model_swap_weights(s->model, u->staged))) return st;
-    u->spent = 1;
-    return weights_changed(s);
-}
-
-/* After the host weights changed: a tensor-parallel rank's row-parallel
- * slices are copies, cut again. */
-static fr_status weights_changed(fr_session *s)
-{
-    fr_status st = fr_runner_cpu_weights_changed(s->runner);
-    if (st)
-        return fr_fail(st, "the new weights are in, but this rank's tensor-parallel shard could not be cut again "
-                           "(%s): its o_proj and down_proj are the old version's",
-                       fr_last_error());
-    return FR_OK;
+    fr_status st = commit(s, u, 1);
+    if (!st) u->spent = 1;
+    return st;
 }

@@ -68,27 +68,40 @@ fr_status fr_weights_gpu_alloc(const fr_model_config *cfg, int vocab_full, fr_we
  * row ranges, o_proj and down_proj column ranges, the gate|up halves each
  * their slice; embedding and norms whole). full stays valid. */
 fr_status fr_weights_gpu_shard(const fr_weights_gpu *full, int rank, int size, fr_weights_gpu **out);
-/* Overwrites w's values with host model m's (w's own tensor-parallel shard
- * of them when w is a shard), in place: the device pointers, and so any
- * captured CUDA graph reading them, stay valid. m must have w's model
- * config. Needs device memory for one more copy of the whole model. */
-fr_status fr_weights_gpu_refill(fr_weights_gpu *w, const fr_model *m);
 void fr_weights_gpu_destroy(fr_weights_gpu **w);
 
-/* One tensor of whole-model device weights under its Hugging Face name
- * (rollout/engine/weight_update.h lists them): where its BF16 values start in w's
- * block (gate_proj and up_proj are the halves of gate_up) and its shape.
- * A tied lm_head is not listed (it is the embedding). */
+/* One tensor of device weights under its Hugging Face name (tensor_table.h
+ * lists them): where its BF16 values start in w's block (gate_proj and
+ * up_proj are the halves of gate_up) and its shape in w. In a
+ * tensor-parallel shard a tensor is the whole model's (split NONE: norms,
+ * embedding, router), a range of its rows (ROWS: q, k, v, gate, up, an
+ * untied lm_head, the experts' gate and up) or of its columns (COLS: o_proj,
+ * down_proj, the experts' down), starting at row or column `start` of the
+ * whole tensor; shape is the local one. A tied lm_head is not listed (it is
+ * the embedding). */
+typedef enum { FR_SPLIT_NONE = 0, FR_SPLIT_ROWS, FR_SPLIT_COLS } fr_tensor_split;
+
 typedef struct {
     char name[96];
     uint16_t *dst;
     int ndim;                /* 1 or 2 */
     int64_t shape[2];        /* shape[1] is 1 for 1-D tensors */
+    fr_tensor_split split;
+    int64_t start;
 } fr_weights_gpu_tensor;
 
-/* The tensors of w, in the model's order, as a new array of *n (free()).
- * Only whole-model weights (tp_size 1): FR_EUNSUPPORTED for a shard. */
-fr_status fr_weights_gpu_tensors(const fr_weights_gpu *w, fr_weights_gpu_tensor **out, int *n);
+/* The tensors of w, in the order of rollout/model/tensor_table.h, as a new
+ * array of *n (free()). full: the whole model's config, needed for a shard
+ * (tp_size > 1; NULL for whole-model weights). */
+fr_status fr_weights_gpu_tensors(const fr_weights_gpu *w, const fr_model_config *full, fr_weights_gpu_tensor **out,
+                                 int *n);
+
+/* Enqueues on stream (a cudaStream_t; NULL: the legacy stream) the copy of whole tensor src (of whole-model
+ * weights) into dst, dst's part of it when dst belongs to a shard (its
+ * split and start). FR_EINTERNAL with CUDA's text when the copy cannot be
+ * enqueued. */
+fr_status fr_weights_gpu_copy_tensor(const fr_weights_gpu_tensor *dst, const fr_weights_gpu_tensor *src,
+                                     void *stream);
 
 #ifdef __cplusplus
 }

@@ -1,82 +1,111 @@
 /* The Hugging Face names of device weights (fr_weights_gpu_tensors of
- * rollout/model/weights_cuda.h): what a receiver writing straight into a
- * fr_weights_gpu needs to find each tensor. */
+ * rollout/model/weights_cuda.h), with the part of the whole tensor a shard
+ * holds: what a writer into a fr_weights_gpu (weight staging, sharding)
+ * needs to find each tensor. */
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <cuda_runtime.h>
+
 #include "rollout/model/tensor_table.h"
+#include "rollout/model/tp_shard.h"
 #include "rollout/model/weights_cuda.h"
 
-static void add(fr_weights_gpu_tensor *t, int *n, const char *name, uint16_t *dst, int ndim, int64_t d0, int64_t d1)
+typedef struct {
+    fr_weights_gpu_tensor *t;
+    int n;
+} table;
+
+static void add(table *b, uint16_t *dst, int ndim, int64_t d0, int64_t d1, fr_tensor_split split, int64_t start,
+                const char *fmt, int l, int e)
 {
-    fr_weights_gpu_tensor *x = &t[(*n)++];
-    snprintf(x->name, sizeof x->name, "%s", name);
+    fr_weights_gpu_tensor *x = &b->t[b->n++];
+    snprintf(x->name, sizeof x->name, fmt, l, e);
     x->dst = dst;
     x->ndim = ndim;
     x->shape[0] = d0;
     x->shape[1] = ndim == 2 ? d1 : 1;
+    x->split = split;
+    x->start = start;
 }
 
-/* A MoE layer's router and experts, in the order of rollout/model/tensor_table.h. */
-static int add_experts(fr_weights_gpu_tensor *t, int k, const fr_model_config *c, const fr_layer_weights_gpu *L, int l)
+/* A MoE layer's router and experts: the router whole, of every expert this
+ * rank's gate and up rows and down columns. */
+static void add_experts(table *b, const fr_model_config *c, const fr_tp_layout *tl, const fr_layer_weights_gpu *L,
+                        int l)
 {
-    const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
-    char name[96];
-    snprintf(name, sizeof name, "model.layers.%d.mlp.gate.weight", l);
-    add(t, &k, name, L->router, 2, c->num_experts, H);
+    const int64_t H = c->hidden_size, Il = tl->moe_inter, i0 = tl->moe_inter0;
+    add(b, L->router, 2, c->num_experts, H, FR_SPLIT_NONE, 0, "model.layers.%d.mlp.gate.weight", l, 0);
     for (int e = 0; e < c->num_experts; e++) {
-        uint16_t *gu = L->expert_gate_up + (size_t)e * 2 * (size_t)(Im * H);
-        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
-        add(t, &k, name, gu, 2, Im, H);
-        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.up_proj.weight", l, e);
-        add(t, &k, name, gu + (size_t)(Im * H), 2, Im, H);
-        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
-        add(t, &k, name, L->expert_down + (size_t)e * (size_t)(H * Im), 2, H, Im);
+        uint16_t *gu = L->expert_gate_up + (size_t)e * 2 * (size_t)(Il * H);
+        add(b, gu, 2, Il, H, FR_SPLIT_ROWS, i0, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
+        add(b, gu + (size_t)(Il * H), 2, Il, H, FR_SPLIT_ROWS, i0, "model.layers.%d.mlp.experts.%d.up_proj.weight",
+            l, e);
+        add(b, L->expert_down + (size_t)e * (size_t)(H * Il), 2, H, Il, FR_SPLIT_COLS, i0,
+            "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
     }
-    return k;
 }
 
-fr_status fr_weights_gpu_tensors(const fr_weights_gpu *w, fr_weights_gpu_tensor **out, int *n)
+static void add_layer(table *b, const fr_model_config *c, const fr_tp_layout *tl, const fr_layer_weights_gpu *L, int l)
+{
+    const int64_t H = c->hidden_size, D = c->head_dim, qd = (int64_t)tl->n_heads * D, kvd = (int64_t)tl->n_kv_heads * D;
+    const int64_t q0 = (int64_t)tl->head0 * D, kv0 = (int64_t)tl->kv_head0 * D;
+    add(b, L->attn_norm, 1, H, 0, FR_SPLIT_NONE, 0, "model.layers.%d.input_layernorm.weight", l, 0);
+    add(b, L->q_proj, 2, qd, H, FR_SPLIT_ROWS, q0, "model.layers.%d.self_attn.q_proj.weight", l, 0);
+    add(b, L->k_proj, 2, kvd, H, FR_SPLIT_ROWS, kv0, "model.layers.%d.self_attn.k_proj.weight", l, 0);
+    add(b, L->v_proj, 2, kvd, H, FR_SPLIT_ROWS, kv0, "model.layers.%d.self_attn.v_proj.weight", l, 0);
+    add(b, L->o_proj, 2, H, qd, FR_SPLIT_COLS, q0, "model.layers.%d.self_attn.o_proj.weight", l, 0);
+    add(b, L->q_norm, 1, D, 0, FR_SPLIT_NONE, 0, "model.layers.%d.self_attn.q_norm.weight", l, 0);
+    add(b, L->k_norm, 1, D, 0, FR_SPLIT_NONE, 0, "model.layers.%d.self_attn.k_norm.weight", l, 0);
+    add(b, L->mlp_norm, 1, H, 0, FR_SPLIT_NONE, 0, "model.layers.%d.post_attention_layernorm.weight", l, 0);
+    if (L->router) {
+        add_experts(b, c, tl, L, l);
+        return;
+    }
+    const int64_t I = tl->inter, i0 = tl->inter0;
+    add(b, L->gate_up, 2, I, H, FR_SPLIT_ROWS, i0, "model.layers.%d.mlp.gate_proj.weight", l, 0);
+    add(b, L->gate_up + (size_t)I * (size_t)H, 2, I, H, FR_SPLIT_ROWS, i0, "model.layers.%d.mlp.up_proj.weight", l, 0);
+    add(b, L->down_proj, 2, H, I, FR_SPLIT_COLS, i0, "model.layers.%d.mlp.down_proj.weight", l, 0);
+}
+
+fr_status fr_weights_gpu_tensors(const fr_weights_gpu *w, const fr_model_config *full, fr_weights_gpu_tensor **out,
+                                 int *n)
 {
     if (!w || !out || !n) return fr_fail(FR_EINVAL, "fr_weights_gpu_tensors: NULL argument");
     *out = NULL;
     *n = 0;
-    if (w->tp_size > 1)
-        return fr_fail(FR_EUNSUPPORTED, "GPU weights: the tensor table of a tensor-parallel shard is not offered");
-    const fr_model_config *c = &w->cfg;
-    fr_weights_gpu_tensor *t = calloc(fr_model_tensor_count(c), sizeof *t);
-    if (!t) return fr_fail(FR_ENOMEM, "GPU weights: out of memory");
-    const int64_t H = c->hidden_size, D = c->head_dim, I = c->intermediate_size, V = c->vocab_size;
-    const int64_t qd = (int64_t)c->num_heads * D, kvd = (int64_t)c->num_kv_heads * D;
-    char name[96];
-    int k = 0;
-    add(t, &k, "model.embed_tokens.weight", w->embed, 2, V, H);
-    for (int l = 0; l < c->num_layers; l++) {
-        const fr_layer_weights_gpu *L = &w->layers[l];
-#define N(suffix) (snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix), name)
-        add(t, &k, N("input_layernorm.weight"), L->attn_norm, 1, H, 0);
-        add(t, &k, N("self_attn.q_proj.weight"), L->q_proj, 2, qd, H);
-        add(t, &k, N("self_attn.k_proj.weight"), L->k_proj, 2, kvd, H);
-        add(t, &k, N("self_attn.v_proj.weight"), L->v_proj, 2, kvd, H);
-        add(t, &k, N("self_attn.o_proj.weight"), L->o_proj, 2, H, qd);
-        add(t, &k, N("self_attn.q_norm.weight"), L->q_norm, 1, D, 0);
-        add(t, &k, N("self_attn.k_norm.weight"), L->k_norm, 1, D, 0);
-        add(t, &k, N("post_attention_layernorm.weight"), L->mlp_norm, 1, H, 0);
-#undef N
-        if (L->router) {
-            k = add_experts(t, k, c, L, l);
-            continue;
-        }
-        snprintf(name, sizeof name, "model.layers.%d.mlp.gate_proj.weight", l);
-        add(t, &k, name, L->gate_up, 2, I, H);
-        snprintf(name, sizeof name, "model.layers.%d.mlp.up_proj.weight", l);
-        add(t, &k, name, L->gate_up + (size_t)I * (size_t)H, 2, I, H);
-        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj.weight", l);
-        add(t, &k, name, L->down_proj, 2, H, I);
-    }
-    add(t, &k, "model.norm.weight", w->final_norm, 1, H, 0);
-    if (!c->tie_word_embeddings) add(t, &k, "lm_head.weight", w->lm_head, 2, V, H);
-    *out = t;
-    *n = k;
+    if (w->tp_size > 1 && !full)
+        return fr_fail(FR_EINVAL, "GPU weights: the tensor table of a shard needs the whole model's config");
+    const fr_model_config *fc = w->tp_size > 1 ? full : &w->cfg;
+    fr_tp_layout tl;
+    fr_status st = fr_tp_layout_of(fc, w->tp_size > 1 ? w->tp_rank : 0, w->tp_size > 1 ? w->tp_size : 1, &tl);
+    if (st) return st;
+    table b = {calloc(fr_model_tensor_count(fc), sizeof *b.t), 0};
+    if (!b.t) return fr_fail(FR_ENOMEM, "GPU weights: out of memory");
+    const int64_t H = fc->hidden_size;
+    add(&b, w->embed, 2, fc->vocab_size, H, FR_SPLIT_NONE, 0, "model.embed_tokens.weight", 0, 0);
+    for (int l = 0; l < fc->num_layers; l++) add_layer(&b, fc, &tl, &w->layers[l], l);
+    add(&b, w->final_norm, 1, H, 0, FR_SPLIT_NONE, 0, "model.norm.weight", 0, 0);
+    if (!fc->tie_word_embeddings) add(&b, w->lm_head, 2, tl.vocab, H, FR_SPLIT_ROWS, tl.vocab0, "lm_head.weight", 0, 0);
+    *out = b.t;
+    *n = b.n;
+    return FR_OK;
+}
+
+fr_status fr_weights_gpu_copy_tensor(const fr_weights_gpu_tensor *dst, const fr_weights_gpu_tensor *src, void *stream)
+{
+    if (!dst || !src) return fr_fail(FR_EINVAL, "fr_weights_gpu_copy_tensor: NULL argument");
+    cudaStream_t s = (cudaStream_t)stream;
+    const size_t rows = (size_t)dst->shape[0], cols = (size_t)dst->shape[1], src_cols = (size_t)src->shape[1];
+    const size_t es = sizeof(uint16_t);
+    const uint16_t *from = src->dst;
+    cudaError_t e;
+    if (dst->split == FR_SPLIT_COLS)
+        e = cudaMemcpy2DAsync(dst->dst, cols * es, from + dst->start, src_cols * es, cols * es, rows,
+                              cudaMemcpyDeviceToDevice, s);
+    else
+        e = cudaMemcpyAsync(dst->dst, from + (dst->split == FR_SPLIT_ROWS ? (size_t)dst->start * src_cols : 0),
+                            rows * cols * es, cudaMemcpyDeviceToDevice, s);
+    if (e != cudaSuccess) return fr_fail(FR_EINTERNAL, "GPU weights: copying %s failed: %s", dst->name, cudaGetErrorString(e));
     return FR_OK;
 }

@@ -23,6 +23,8 @@
 #include "base/safetensors.h"
 #include "rollout/model/sampler.h"
 #include "rollout/model/runner_cuda.h"
+#include "rollout/model/tensor_table.h"
+#include "rollout/model/tp_shard.h"
 #include "rollout/engine/session.h"
 #include "rollout/engine/weight_update.h"
 #include "rollout/model/weights_cuda.h"
@@ -603,7 +605,8 @@ static void test_weight_update_on_gpu(void **state)
     fr_model *m7;
     assert_int_equal(fr_model_load("synthetic:tiny:7", &m7), FR_OK);
     fr_weight_update *u;
-    assert_int_equal(fr_weight_update_begin(&m7->cfg, 3, &u), FR_OK);
+    assert_int_equal(fr_weight_update_begin_for(&a, 3, &u), FR_OK);   /* the device stage */
+    assert_true(fr_weight_update_on_device(u));
     size_t off = 0, total;
     const float *data = fr_model_data(m7, &total);
     for (int i = 0; i < fr_weight_update_tensor_count(u); i++) {
@@ -637,6 +640,147 @@ static void test_weight_update_on_gpu(void **state)
     fr_session_close(&b);
 }
 
+/* Puts tensor i of host model m into u as BF16 (rounded to nearest even, as
+ * the device holds them). */
+static void put_bf16(fr_weight_update *u, const fr_model *m, int i)
+{
+    const char *name;
+    int ndim;
+    int64_t shape[2];
+    assert_int_equal(fr_weight_update_tensor(u, i, &name, &ndim, shape), FR_OK);
+    size_t off = 0, total;
+    for (int j = 0; j < i; j++) {
+        const char *n2;
+        int d2;
+        int64_t s2[2];
+        assert_int_equal(fr_weight_update_tensor(u, j, &n2, &d2, s2), FR_OK);
+        off += (size_t)s2[0] * (size_t)(d2 == 2 ? s2[1] : 1);
+    }
+    const float *data = fr_model_data(m, &total);
+    const size_t cnt = (size_t)shape[0] * (size_t)(ndim == 2 ? shape[1] : 1);
+    uint16_t *h = malloc(cnt * sizeof *h);
+    assert_non_null(h);
+    for (size_t e = 0; e < cnt; e++) h[e] = fr_bf16_encode(data[off + e]);
+    FR_OK_OR_FAIL(fr_weight_update_put(u, name, FR_DTYPE_BF16, shape, ndim, 0, h, cnt * 2));
+    free(h);
+}
+
+/* The device stage with BF16 pieces (straight to their place) and partial
+ * updates: a session on synthetic:tiny:7 gets synthetic:tiny's tensors in
+ * two partial updates (all but the embedding, then the embedding); after
+ * the first its logits are neither model's, after the second they equal a
+ * fresh synthetic:tiny session's bit for bit. Non-finite values are refused
+ * naming the element, a float32 that rounds to infinity in BF16 too. */
+static void test_device_stage_partial(void **state)
+{
+    (void)state;
+    if (!fr_gpu_test_available()) skip();
+    fr_engine_opts o;
+    fr_engine_opts_default(&o);
+    o.backend = FR_BACKEND_CUDA;
+    fr_session a, c;
+    o.model = "synthetic:tiny:7";
+    open_or_fail(&o, 16, 2, &a);
+    o.model = "synthetic:tiny";
+    open_or_fail(&o, 16, 2, &c);
+    static const int prompt[] = {256, 35, 32, 97, 32, 115, 109, 97, 108, 108};
+    enum { N = sizeof prompt / sizeof prompt[0] };
+    const int V = a.model->cfg.vocab_size;
+    float *l7 = score(&a, prompt, N, 64, 0), *l0 = score(&c, prompt, N, 64, 0);
+    fr_model *m0;
+    assert_int_equal(fr_model_load("synthetic:tiny", &m0), FR_OK);
+    fr_weight_update *u;
+    FR_OK_OR_FAIL(fr_weight_update_begin_for(&a, 4, &u));
+    assert_true(fr_weight_update_on_device(u));
+    /* refusals: a BF16 NaN, a float32 past BF16's largest finite value */
+    const char *name;
+    int ndim;
+    int64_t shape[2];
+    assert_int_equal(fr_weight_update_tensor(u, 1, &name, &ndim, shape), FR_OK);
+    uint16_t hb[4] = {0x3f80, 0x3f80, 0x7fc0, 0x3f80};
+    assert_int_equal(fr_weight_update_put(u, name, FR_DTYPE_BF16, shape, ndim, 0, hb, sizeof hb), FR_EFORMAT);
+    assert_non_null(strstr(fr_last_error(), "element 2 is NaN"));
+    float hf[2] = {1.0f, 3.4e38f};
+    assert_int_equal(fr_weight_update_put(u, name, FR_DTYPE_F32, shape, ndim, 0, hf, sizeof hf), FR_EFORMAT);
+    assert_non_null(strstr(fr_last_error(), "element 1 is infinite"));
+    FR_OK_OR_FAIL(fr_weight_update_set_partial(u, 1));
+    const int n = fr_weight_update_tensor_count(u);
+    for (int i = 1; i < n; i++) put_bf16(u, m0, i);
+    FR_OK_OR_FAIL(fr_session_commit_weights_move(&a, u));
+    float *lp = score(&a, prompt, N, 64, 0);
+    assert_true(memcmp(lp, l7, sizeof(float) * (size_t)N * V) != 0);
+    assert_true(memcmp(lp, l0, sizeof(float) * (size_t)N * V) != 0);
+    FR_OK_OR_FAIL(fr_weight_update_restart(u, 5));
+    FR_OK_OR_FAIL(fr_weight_update_set_partial(u, 1));
+    put_bf16(u, m0, 0);
+    FR_OK_OR_FAIL(fr_session_commit_weights_move(&a, u));
+    float *la = score(&a, prompt, N, 64, 0);
+    float md;
+    double mean;
+    diff_stats(la, l0, (size_t)N * V, &md, &mean);
+    printf("  after two partial BF16 updates: max |logit diff| against a fresh synthetic:tiny session %g\n", md);
+    assert_true(md == 0.0f);
+    fr_weight_update_free(&u);
+    free(l7); free(l0); free(lp); free(la);
+    fr_model_destroy(&m0);
+    fr_session_close(&a);
+    fr_session_close(&c);
+}
+
+/* The device tensor table of a tensor-parallel shard (each tensor's split
+ * and start, what sharding and weight commits copy by) against the host's
+ * shard of the same model (rollout/model/tp_shard.h), cut independently:
+ * for both ranks of tp 2, every tensor of fr_weights_gpu_shard holds the
+ * host shard's values in BF16, bit for bit (the embedding is whole on the
+ * device, the host's points at the model's). */
+static void test_shard_table(void **state)
+{
+    (void)state;
+    if (!fr_gpu_test_available()) skip();
+    fr_model *m;
+    assert_int_equal(fr_model_load("synthetic:tiny", &m), FR_OK);
+    fr_weights_gpu *full = NULL;
+    FR_OK_OR_FAIL(fr_weights_gpu_from_model(m, &full));
+    for (int rank = 0; rank < 2; rank++) {
+        fr_weights_gpu *shard = NULL;
+        FR_OK_OR_FAIL(fr_weights_gpu_shard(full, rank, 2, &shard));
+        fr_weights_gpu_tensor *tab = NULL;
+        int n = 0;
+        FR_OK_OR_FAIL(fr_weights_gpu_tensors(shard, &m->cfg, &tab, &n));
+        fr_tp_shard *host = NULL;
+        FR_OK_OR_FAIL(fr_tp_shard_new(m, rank, 2, &host));
+        fr_model_tensor *ht = NULL;
+        size_t hn = 0;
+        FR_OK_OR_FAIL(fr_model_tensor_list(&host->cfg, &host->w, &ht, &hn));
+        assert_int_equal((size_t)n, hn);
+        size_t checked = 0;
+        for (int i = 0; i < n; i++) {
+            assert_string_equal(tab[i].name, ht[i].name);
+            const int embed = i == 0;   /* whole on the device */
+            const int64_t rows = embed ? m->cfg.vocab_size : ht[i].rows, cols = ht[i].ndim == 2 ? ht[i].cols : 1;
+            assert_true(tab[i].shape[0] == rows && tab[i].shape[1] == cols);
+            const float *want = embed ? m->w.embed : ht[i].data;
+            const size_t cnt = (size_t)rows * (size_t)cols;
+            uint16_t *got = malloc(cnt * sizeof *got);
+            assert_non_null(got);
+            CUDA_OK(cudaMemcpy(got, tab[i].dst, cnt * sizeof *got, cudaMemcpyDeviceToHost));
+            for (size_t e = 0; e < cnt; e++)
+                if (got[e] != fr_bf16_encode(want[e]))
+                    fail_msg("rank %d: %s[%zu]: 0x%04x, the host shard's 0x%04x", rank, tab[i].name, e, got[e],
+                             fr_bf16_encode(want[e]));
+            checked += cnt;
+            free(got);
+        }
+        printf("  tp rank %d of 2: %d tensors, %zu values equal to the host shard's\n", rank, n, checked);
+        free(ht);
+        fr_tp_shard_destroy(&host);
+        free(tab);
+        fr_weights_gpu_destroy(&shard);
+    }
+    fr_weights_gpu_destroy(&full);
+    fr_model_destroy(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -654,6 +798,8 @@ int main(void)
         cmocka_unit_test_prestate(test_decode_graphs, (void *)&m_tqm),
         cmocka_unit_test(test_tq6_quantized_cache_gpu_vs_cpu),
         cmocka_unit_test(test_weight_update_on_gpu),
+        cmocka_unit_test(test_device_stage_partial),
+        cmocka_unit_test(test_shard_table),
     };
     fr_gpu_test_filter();
     return cmocka_run_group_tests(tests, NULL, NULL);

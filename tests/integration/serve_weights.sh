@@ -4,7 +4,9 @@
 # (serve_weights.py) and fp4rollout-client push-weights: a mid-stream update
 # to synthetic:tiny:7 (tokens after it carry version 2, greedy outputs then
 # equal a fresh synthetic:tiny:7 server's); a bad checksum, a NaN, a missing
-# tensor and a wrong shape refused with the old weights still serving; a
+# tensor and a wrong shape refused with the old weights still serving;
+# partial updates (Python partial=True, push-weights --partial) that carry
+# the tensors not sent over; a
 # client without keys or with an unlisted key gets no reply, and no
 # metrics snapshot from the CURVE server's PUB socket either.
 set -euo pipefail
@@ -77,20 +79,25 @@ except ServerError as e:
 except ClientError as e:  # no CUDA device here, or a library without CUDA: nothing was sent
     assert "CUDA" in str(e), e
 st = c.stats()["server"]
-assert st["weight_version"] == 2 and not st["updating"], st
+assert st["weight_version"] == 5 and not st["updating"], st   # serve_weights.py left version 5
 print("weights over NCCL refused on the CPU backend")
 PY
 
-# The C tool: an update to the same weights as version 5 in bf16, then a
-# refused one (its error names the tensor), and the server still answers.
+# The C tool: an update to the same weights as version 8 in bf16, then a
+# refused one (its error names the tensor), and the server still answers;
+# the same tensors as a partial update (--partial) are accepted.
 c() { timeout 60 "$cli" --endpoint "$main_ep" --timeout-ms 20000 "$@"; }
-c push-weights --model synthetic:tiny:7 --version 5 --dtype bf16 --bucket-mib 1 > "$dir/push.json" || fail "push-weights"
-$py -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["committed"] and d["weight_version"] == 5 else 1)' "$dir/push.json" ||
+c push-weights --model synthetic:tiny:7 --version 8 --dtype bf16 --bucket-mib 1 > "$dir/push.json" || fail "push-weights"
+$py -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["committed"] and d["weight_version"] == 8 else 1)' "$dir/push.json" ||
   fail "push-weights reply: $(cat "$dir/push.json")"
-if c push-weights --model synthetic:tiny:7 --version 6 --skip lm_head.weight > "$dir/bad.json" 2> "$dir/bad.err"; then
+if c push-weights --model synthetic:tiny:7 --version 9 --skip lm_head.weight > "$dir/bad.json" 2> "$dir/bad.err"; then
   fail "an update without lm_head.weight was accepted"
 fi
 grep -q "missing_tensor" "$dir/bad.err" && grep -q "lm_head.weight" "$dir/bad.err" || fail "missing tensor: $(cat "$dir/bad.err")"
-c stats | $py -c 'import json,sys; d=json.load(sys.stdin)["server"]; sys.exit(0 if d["weight_version"] == 5 and d["updates_failed"] >= 5 else 1)' ||
+c stats | $py -c 'import json,sys; d=json.load(sys.stdin)["server"]; sys.exit(0 if d["weight_version"] == 8 and d["updates_failed"] >= 5 else 1)' ||
   fail "stats after the refused update"
+c push-weights --model synthetic:tiny:7 --version 9 --skip lm_head.weight --partial > "$dir/partial.json" ||
+  fail "a partial push-weights was refused"
+c stats | $py -c 'import json,sys; d=json.load(sys.stdin)["server"]; sys.exit(0 if d["weight_version"] == 9 else 1)' ||
+  fail "stats after the partial update"
 echo "serve_weights: all checks passed"

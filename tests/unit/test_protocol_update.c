@@ -59,7 +59,13 @@ static void test_update_messages_round_trip(void **state)
     round_trip(&m, &d);
     assert_true(d.u.update_begin.version == 7 && d.u.update_begin.n_tensors == 2 &&
                 d.u.update_begin.bucket_bytes == 1 << 20);
+    assert_int_equal(d.u.update_begin.partial, 0);   /* absent: a whole update */
     assert_memory_equal(d.u.update_begin.tensors, ts, sizeof ts);
+    fr_msg_free(&d);
+    m.u.update_begin.partial = 1;   /* "partial": true, beside "transport": "nccl" */
+    m.u.update_begin.nccl = 1;
+    round_trip(&m, &d);
+    assert_true(d.u.update_begin.partial == 1 && d.u.update_begin.nccl == 1);
     fr_msg_free(&d);
 
     fr_msg_piece ps[2] = {{.t = ts[0], .offset = 0, .nbytes = 256}, {.t = ts[1], .offset = 512, .nbytes = 1024}};
@@ -556,7 +562,9 @@ static fr_bridge_update *begin_all(const source *s, int n_tensors)
     for (int i = 0; i < n_tensors; i++) b.total_bytes += fr_msg_tensor_bytes(&s->t[i]);
     fr_bridge_update *u = NULL;
     const char *code = NULL;
-    if (fr_bridge_update_begin(&s->src->cfg, &b, &u, &code)) fail_msg("begin: %s (%s)", fr_last_error(), code);
+    fr_weight_update *w = NULL;
+    assert_int_equal(fr_weight_update_begin(&s->src->cfg, 0, &w), FR_OK);
+    if (fr_bridge_update_begin(w, &b, &u, &code)) fail_msg("begin: %s (%s)", fr_last_error(), code);
     return u;
 }
 
@@ -612,13 +620,16 @@ static void test_staging_failures(void **state)
     snprintf(s.t[1].name, sizeof s.t[1].name, "model.layers.0.self_attn.x_proj.weight");
     fr_msg_update_begin b = {.version = 2, .tensors = s.t, .n_tensors = s.n, .total_bytes = s.total,
                              .bucket_bytes = 1 << 20};
-    expect_code(fr_bridge_update_begin(&s.src->cfg, &b, &u, &code), &code, "unknown_tensor", "x_proj");
+    fr_weight_update *staged = NULL;
+    assert_int_equal(fr_weight_update_begin(&s.src->cfg, 0, &staged), FR_OK);
+    expect_code(fr_bridge_update_begin(staged, &b, &u, &code), &code, "unknown_tensor", "x_proj");
     assert_null(u);
     s.t[1] = saved;
     s.t[0].shape[0] += 1;
-    expect_code(fr_bridge_update_begin(&s.src->cfg, &b, &u, &code), &code, "bad_shape",
+    expect_code(fr_bridge_update_begin(staged, &b, &u, &code), &code, "bad_shape",
                 "\"model.embed_tokens.weight\" has shape");
     s.t[0].shape[0] -= 1;
+    fr_weight_update_free(&staged);   /* a refused begin leaves it the caller's */
 
     fr_msg_piece pieces[2];
     fr_msg_update_bucket bk;

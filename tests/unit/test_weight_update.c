@@ -260,12 +260,69 @@ static void test_commit_by_move(void **state)
     fr_session_close(&c);
 }
 
+/* A partial update: the tensors sent change, the others keep their serving
+ * values. Sending every tensor but the first partially, then the first,
+ * reaches synthetic:tiny:7's weights; a partial update with nothing sent or
+ * with a tensor sent in part is refused; the move commit of a partial
+ * update copies (the stage holds only what was sent). */
+static void test_partial_update(void **state)
+{
+    (void)state;
+    fr_session a, b, c;
+    open_tiny("synthetic:tiny", &a);
+    open_tiny("synthetic:tiny:7", &b);
+    open_tiny("synthetic:tiny", &c);
+    float *lb = logits_of(&b), *lc = logits_of(&c);
+    fr_weight_update *u;
+    assert_int_equal(fr_weight_update_begin_for(&a, 3, &u), FR_OK);   /* a CPU session: a host stage */
+    assert_false(fr_weight_update_on_device(u));
+    assert_int_equal(fr_weight_update_set_partial(u, 1), FR_OK);
+    expect_fail(fr_session_commit_weights_move(&a, u), "no tensor arrived");
+    const int n = fr_weight_update_tensor_count(u);
+    size_t count;
+    const float *src = source(b.model, u, 1, &count);
+    put(u, 1, src, count, 0, count / 2);
+    expect_fail(fr_session_commit_weights_move(&a, u), "incomplete update to version 3");   /* tensor 1 in part */
+    put(u, 1, src, count, count / 2, count);
+    for (int i = 2; i < n; i++) {
+        src = source(b.model, u, i, &count);
+        put(u, i, src, count, 0, count);
+    }
+    assert_int_equal(fr_session_commit_weights_move(&a, u), FR_OK);
+    /* the embedding (tensor 0) is still synthetic:tiny's */
+    size_t n0;
+    const float *emb_a = source(a.model, u, 0, &n0), *emb_c = source(c.model, u, 0, &n0);
+    assert_memory_equal(emb_a, emb_c, sizeof(float) * n0);
+    const float *q_a = source(a.model, u, 1, &count), *q_b = source(b.model, u, 1, &count);
+    assert_memory_equal(q_a, q_b, sizeof(float) * count);
+    float *la = logits_of(&a);
+    assert_true(memcmp(la, lb, sizeof(float) * 272) != 0 && memcmp(la, lc, sizeof(float) * 272) != 0);
+    free(la);
+    /* the next update, partial again, sends the embedding alone */
+    assert_int_equal(fr_weight_update_restart(u, 4), FR_OK);
+    assert_false(fr_weight_update_is_partial(u));   /* restart makes a full update */
+    assert_int_equal(fr_weight_update_set_partial(u, 1), FR_OK);
+    src = source(b.model, u, 0, &count);
+    put(u, 0, src, count, 0, count);
+    assert_int_equal(fr_session_commit_weights_move(&a, u), FR_OK);
+    la = logits_of(&a);
+    assert_memory_equal(la, lb, sizeof(float) * 272);   /* now all synthetic:tiny:7 */
+    fr_weight_update_free(&u);
+    free(la);
+    free(lb);
+    free(lc);
+    fr_session_close(&a);
+    fr_session_close(&b);
+    fr_session_close(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_update_equals_fresh_session),
         cmocka_unit_test(test_refusals_change_nothing),
         cmocka_unit_test(test_commit_by_move),
+        cmocka_unit_test(test_partial_update),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

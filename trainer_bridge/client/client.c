@@ -630,6 +630,27 @@ static fr_status update_refused(fr_client *c, fr_status st)
     return st;
 }
 
+/* The reply to the oldest bucket in flight; after a refusal the server
+ * dropped the update, so the answer to the bucket still in flight (if any)
+ * is read and dropped too, keeping the first refusal as the client's last
+ * error. */
+static fr_status await_bucket(fr_client *c, const fr_msg *bm, int *in_flight)
+{
+    fr_msg r;
+    fr_status st = update_refused(c, await_reply(c, bm, FR_MSG_UPDATE_REPLY, &r));
+    (*in_flight)--;
+    if (!st || !c->has_err || *in_flight == 0) return st;
+    char code[sizeof c->err_code], msg[sizeof c->err_msg], text[FR_PROTO_TEXT_MAX + 256];
+    snprintf(code, sizeof code, "%s", c->err_code);
+    snprintf(msg, sizeof msg, "%s", c->err_msg);
+    snprintf(text, sizeof text, "%s", fr_last_error());
+    (void)await_reply(c, bm, FR_MSG_UPDATE_REPLY, &r);
+    (*in_flight)--;
+    snprintf(c->err_code, sizeof c->err_code, "%s", code);
+    snprintf(c->err_msg, sizeof c->err_msg, "%s", msg);
+    return fr_fail(st, "%s", text);
+}
+
 fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors, int n, uint64_t version,
                                    const fr_client_update_opts *opts, fr_msg_update_reply *out)
 {
@@ -644,6 +665,7 @@ fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors
     fr_msg_update_begin *b = &m.u.update_begin;
     fr_status st = fr_client_begin_tensors_(b, tensors, n, version, bucket, "update_weights");
     if (st == FR_ENOMEM) return st;
+    b->partial = opts && opts->partial;
     if (!st) st = update_refused(c, call(c, &m, FR_MSG_UPDATE_REPLY, &r));
     if (st) {
         free(b->tensors);
@@ -656,8 +678,10 @@ fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors
     uint64_t *lens = malloc(sizeof *lens * 1024);
     int cap = 1024;
     if (!pieces || !data || !lens) st = fr_fail(FR_ENOMEM, "client: out of memory");
-    int ti = 0, k = 0;
+    int ti = 0, k = 0, in_flight = 0;
     uint64_t off = 0;
+    fr_msg bm;
+    fr_msg_init(&bm, FR_MSG_UPDATE_BUCKET);
     XXH64_state_t *h = st ? NULL : XXH64_createState();
     if (!st && !h) st = fr_fail(FR_ENOMEM, "client: out of memory");
     while (!st && ti < n) {
@@ -696,14 +720,22 @@ fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors
             }
         }
         if (st) break;
-        fr_msg bm;
-        fr_msg_init(&bm, FR_MSG_UPDATE_BUCKET);
         bm.u.update_bucket = (fr_msg_update_bucket){.version = version, .bucket = k, .xxh64 = XXH64_digest(h),
                                                     .pieces = pieces, .n_pieces = np};
         if (k == corrupt) bm.u.update_bucket.xxh64 ^= 0x9e3779b97f4a7c15ull;
         st = send_with_payload(c, &bm, data, lens, np);
-        if (!st) st = update_refused(c, await_reply(c, &bm, FR_MSG_UPDATE_REPLY, &r));
+        if (!st) in_flight++;
+        /* Two buckets in flight: the server stages one while the next
+         * travels (and this side hashes the one after). */
+        if (!st && in_flight == 2) st = await_bucket(c, &bm, &in_flight);
         k++;
+    }
+    while (!st && in_flight > 0) st = await_bucket(c, &bm, &in_flight);
+    if (st && in_flight > 0) {   /* failed on this side: the answer in flight must not pass for the abort's */
+        char keep_msg[FR_PROTO_TEXT_MAX];
+        snprintf(keep_msg, sizeof keep_msg, "%s", fr_last_error());
+        for (; in_flight > 0; in_flight--) (void)await_reply(c, &bm, FR_MSG_UPDATE_REPLY, &r);
+        fr_fail(st, "%s", keep_msg);
     }
     XXH64_freeState(h);
     free(pieces);

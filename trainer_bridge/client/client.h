@@ -111,11 +111,16 @@ typedef struct {
     /* For testing servers: send bucket number corrupt_bucket with a wrong
      * checksum (-1: none). */
     int corrupt_bucket;
+    /* 1: a partial update: only these tensors change, the model's others
+     * keep their serving values (docs/protocol.md, update_weights_begin's
+     * partial); 0: the tensors must be every weight of the model. */
+    int partial;
 } fr_client_update_opts;
 
 /* Sends the tensors as weight version `version` (greater than the server's):
  * update_weights_begin, the buckets (each with its xxHash64, the tensors'
- * bytes as zero-copy payload frames, one reply each), then
+ * bytes as zero-copy payload frames, one reply each, two buckets in flight
+ * so the server stages one while the next travels), then
  * update_weights_commit; returns once the server has switched to the new
  * weights (*out, may be NULL: the commit reply). A refusal by the server
  * fails with the server's code and message (fr_client_last_error tells them

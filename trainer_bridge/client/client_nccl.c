@@ -364,6 +364,7 @@ fr_status fr_client_update_weights_nccl(fr_client *c, const fr_client_tensor *te
     fr_status st = fr_client_begin_tensors_(b, tensors, n, version, bucket, "update_weights_nccl");
     if (st == FR_ENOMEM) return st;
     b->nccl = 1;
+    b->partial = opts && opts->partial;
     plan p;
     memset(&p, 0, sizeof p);
     if (!st) st = make_plan(b, tensors, bucket, &p);

@@ -362,12 +362,13 @@ static fr_status map_elem(const ctx *c, const char *name, const msgpack_object_a
 
 static fr_status dec_update_begin(const ctx *c, fr_msg_update_begin *b)
 {
-    KEYS(c, "type", "v", "version", "tensors", "total_bytes", "bucket_bytes", "transport");
+    KEYS(c, "type", "v", "version", "tensors", "total_bytes", "bucket_bytes", "transport", "partial");
     char transport[16] = "zmq";
     TRY(get_str(c, "transport", 0, transport, sizeof transport));
     if (strcmp(transport, "nccl") == 0) b->nccl = 1;
     else if (strcmp(transport, "zmq") != 0)
         return BAD("%s: \"transport\" must be \"zmq\" or \"nccl\", got \"%s\"", c->type, transport);
+    TRY(get_bool(c, "partial", 0, &b->partial));
     TRY(get_u64(c, "version", 1, &b->version, NULL));
     TRY(get_u64(c, "total_bytes", 1, &b->total_bytes, NULL));
     TRY(get_u64(c, "bucket_bytes", 1, &b->bucket_bytes, NULL));

@@ -186,8 +186,9 @@ static void put_tensor_keys(msgpack_packer *pk, const fr_msg_tensor *t)
 
 static void enc_update_begin(msgpack_packer *pk, const fr_msg_update_begin *b)
 {
-    head(pk, FR_MSG_UPDATE_BEGIN, b->nccl ? 5 : 4);
+    head(pk, FR_MSG_UPDATE_BEGIN, 4 + (b->nccl != 0) + (b->partial != 0));
     if (b->nccl) kv_str(pk, "transport", "nccl");
+    if (b->partial) kv_bool(pk, "partial", 1);
     kv_u64(pk, "version", b->version);
     kv_u64(pk, "total_bytes", b->total_bytes);
     kv_u64(pk, "bucket_bytes", b->bucket_bytes);

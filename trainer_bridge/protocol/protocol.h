@@ -107,6 +107,8 @@ typedef struct {
     uint64_t bucket_bytes;               /* >= 1 */
     int nccl;                            /* transport: 0 "zmq" (absent), 1 "nccl" (the buckets are broadcast
                                             over the client's NCCL group: update_weights_nccl_bucket) */
+    int partial;                         /* 1: only the tensors listed change; the model's others keep
+                                            their serving values (absent: 0, every tensor must be sent) */
 } fr_msg_update_begin;
 
 /* One piece of a tensor in a bucket: bytes [offset, offset + nbytes) of

@@ -1,5 +1,9 @@
 /* The server's side of weights over NCCL (trainer_bridge/server/nccl_recv.h).
  *
+ * The buckets are unpacked into the engine's device stage of the update
+ * (rollout/engine/weight_update.h), the same stage ZeroMQ buckets go to, and
+ * recorded there once checked; the commit is the engine's.
+ *
  * Two bucket buffers, two streams: bucket k is received into buffer k % 2
  * on the receive stream, then checksummed and unpacked on the unpack
  * stream, which overlaps the receive of bucket k + 1. Events order the
@@ -18,7 +22,7 @@
 #include <nccl.h>
 
 #include "comm/dev_checksum.h"
-#include "trainer_bridge/server/nccl_unpack.h"
+#include "rollout/model/weights_unpack.h"
 #include "trainer_bridge/server/update.h"
 
 _Static_assert(sizeof(ncclUniqueId) == FR_PROTO_NCCL_ID_BYTES, "the protocol's unique id is NCCL's");
@@ -27,7 +31,7 @@ _Static_assert(sizeof(ncclUniqueId) == FR_PROTO_NCCL_ID_BYTES, "the protocol's u
  * in order, so one count is its received range). */
 typedef struct {
     fr_msg_tensor t;
-    int table;            /* index into the device tensor table */
+    int table;            /* the tensor's index in the update */
     uint64_t bytes, received;
 } declared;
 
@@ -46,10 +50,6 @@ struct fr_nccl_recv {
     ncclComm_t comm;
     int joined;
     double timeout_ms, last_progress_ms;
-    fr_weights_gpu *live;
-    fr_weights_gpu *stage;             /* made by the first begin, kept */
-    fr_weights_gpu_tensor *tab;
-    int n_tab;
     cudaStream_t rs, us;               /* receive, unpack */
     void *buf[2];
     uint64_t buf_bytes;
@@ -63,6 +63,7 @@ struct fr_nccl_recv {
     int n_waiting, cap_waiting;
     /* the update */
     int updating;
+    fr_weight_update *u;               /* the engine's stage (borrowed) */
     uint64_t version, bucket_bytes, staged;
     declared *d;
     int n_d;
@@ -90,21 +91,18 @@ static fr_status cuda_fail(cudaError_t e, const char *what)
                    what, cudaGetErrorString(e));
 }
 
-fr_status fr_nccl_recv_new(fr_weights_gpu *live, const unsigned char unique_id[FR_PROTO_NCCL_ID_BYTES],
-                           int timeout_ms, fr_nccl_recv **out)
+fr_status fr_nccl_recv_new(const unsigned char unique_id[FR_PROTO_NCCL_ID_BYTES], int timeout_ms,
+                           fr_nccl_recv **out)
 {
     if (!out) return fr_fail(FR_EINVAL, "fr_nccl_recv_new: out is NULL");
     *out = NULL;
-    if (!live || !unique_id) return fr_fail(FR_EINVAL, "fr_nccl_recv_new: NULL argument");
-    if (live->tp_size > 1)
-        return fr_fail(FR_EUNSUPPORTED, "weights over NCCL: tensor-parallel serving ranks are not supported yet");
+    if (!unique_id) return fr_fail(FR_EINVAL, "fr_nccl_recv_new: NULL argument");
     fr_nccl_recv *r = calloc(1, sizeof *r);
     if (!r) return fr_fail(FR_ENOMEM, "NCCL weight group: out of memory");
-    r->live = live;
     r->timeout_ms = timeout_ms > 0 ? timeout_ms : 30000;
-    fr_status st = fr_weights_gpu_tensors(live, &r->tab, &r->n_tab);
+    fr_status st = FR_OK;
     cudaError_t e = cudaSuccess;
-    if (!st && (e = cudaStreamCreateWithFlags(&r->rs, cudaStreamNonBlocking)) == cudaSuccess &&
+    if ((e = cudaStreamCreateWithFlags(&r->rs, cudaStreamNonBlocking)) == cudaSuccess &&
         (e = cudaStreamCreateWithFlags(&r->us, cudaStreamNonBlocking)) == cudaSuccess)
         for (int i = 0; i < 2 && e == cudaSuccess; i++) {
             e = cudaEventCreateWithFlags(&r->unpacked[i], cudaEventDisableTiming);
@@ -141,6 +139,7 @@ static void free_slot(slot *s)
 static void clear_update(fr_nccl_recv *r)
 {
     r->updating = 0;
+    r->u = NULL;
     free(r->d);
     r->d = NULL;
     r->n_d = 0;
@@ -172,8 +171,6 @@ void fr_nccl_recv_destroy(fr_nccl_recv **pr)
     }
     if (r->rs) cudaStreamDestroy(r->rs);
     if (r->us) cudaStreamDestroy(r->us);
-    fr_weights_gpu_destroy(&r->stage);
-    free(r->tab);
     free(r);
     *pr = NULL;
 }
@@ -207,13 +204,6 @@ static fr_status ensure_buffers(fr_nccl_recv *r, uint64_t bytes)
     return FR_OK;
 }
 
-static int find_table(const fr_nccl_recv *r, const char *name)
-{
-    for (int i = 0; i < r->n_tab; i++)
-        if (strcmp(r->tab[i].name, name) == 0) return i;
-    return -1;
-}
-
 static declared *find_declared(fr_nccl_recv *r, const char *name)
 {
     for (int i = 0; i < r->n_d; i++)
@@ -221,10 +211,15 @@ static declared *find_declared(fr_nccl_recv *r, const char *name)
     return NULL;
 }
 
-fr_status fr_nccl_recv_begin(fr_nccl_recv *r, const fr_msg_update_begin *b, const char **code)
+fr_status fr_nccl_recv_begin(fr_nccl_recv *r, const fr_msg_update_begin *b, fr_weight_update *staged,
+                             const char **code)
 {
     if (code) *code = "bad_message";
-    if (!r || !b || b->n_tensors < 1 || !b->tensors) return fr_fail(FR_EINVAL, "fr_nccl_recv_begin: bad argument");
+    if (!r || !b || b->n_tensors < 1 || !b->tensors || !staged)
+        return fr_fail(FR_EINVAL, "fr_nccl_recv_begin: bad argument");
+    if (!fr_weight_update_on_device(staged))
+        return FAIL("nccl_unavailable", FR_EINVAL, "update to version %llu: weights over NCCL need a device stage",
+                    (unsigned long long)b->version);
     if (!r->joined) {   /* the trainer's side returns once joined; this side may not have polled yet */
         ncclResult_t a = ncclInProgress;
         if (ncclCommGetAsyncError(r->comm, &a) == ncclSuccess && a == ncclSuccess) r->joined = 1;
@@ -240,14 +235,16 @@ fr_status fr_nccl_recv_begin(fr_nccl_recv *r, const fr_msg_update_begin *b, cons
     if (!d) return FAIL("out_of_memory", FR_ENOMEM, "NCCL weight group: out of memory");
     for (int i = 0; i < b->n_tensors; i++) {
         const fr_msg_tensor *t = &b->tensors[i];
-        const int k = find_table(r, t->name);
-        if (k < 0) {
+        const int k = fr_weight_update_find(staged, t->name);
+        const char *name;
+        int ndim = 0;
+        int64_t shape[2] = {0, 0};
+        if (k < 0 || fr_weight_update_tensor(staged, k, &name, &ndim, shape)) {
             free(d);
             return FAIL("unknown_tensor", FR_EINVAL, "update to version %llu: \"%s\" is not a weight of this model",
                         (unsigned long long)b->version, t->name);
         }
-        const fr_weights_gpu_tensor *x = &r->tab[k];
-        fr_status sst = fr_bridge_check_model_shape(t, x->ndim, x->shape, b->version, code);
+        fr_status sst = fr_bridge_check_model_shape(t, ndim, shape, b->version, code);
         if (sst) {
             free(d);
             return sst;
@@ -255,13 +252,8 @@ fr_status fr_nccl_recv_begin(fr_nccl_recv *r, const fr_msg_update_begin *b, cons
         d[i] = (declared){.t = *t, .table = k, .bytes = fr_msg_tensor_bytes(t)};
     }
     fr_status st = ensure_buffers(r, b->bucket_bytes);
-    if (!st && !r->stage) {
-        st = fr_weights_gpu_alloc(&r->live->cfg, r->live->vocab_full, &r->stage);
-        if (!st && r->stage->bytes != r->live->bytes) {
-            fr_weights_gpu_destroy(&r->stage);
-            st = fr_fail(FR_EINTERNAL, "NCCL weight group: the staging copy's layout differs from the serving one");
-        }
-    }
+    if (!st) st = fr_weight_update_restart(staged, b->version);
+    if (!st) st = fr_weight_update_set_partial(staged, b->partial);
     if (st) {
         free(d);
         return fail(code, st == FR_ENOMEM ? "out_of_memory" : "update_failed", st);
@@ -272,6 +264,7 @@ fr_status fr_nccl_recv_begin(fr_nccl_recv *r, const fr_msg_update_begin *b, cons
     r->version = b->version;
     r->bucket_bytes = b->bucket_bytes;
     r->updating = 1;
+    r->u = staged;
     return FR_OK;
 }
 
@@ -348,13 +341,10 @@ static fr_status launch(fr_nccl_recv *r, int i, fr_msg_nccl_bucket *b, const cha
         const fr_msg_piece *p = &b->pieces[k];
         const declared *d = find_declared(r, p->t.name);
         const size_t es = fr_dtype_size(p->t.dtype);
-        uint16_t *dst = r->tab[d->table].dst;
-        /* the staging copy has the serving layout: the same offset into the other block */
-        dst = (uint16_t *)((char *)r->stage->block_ + ((char *)dst - (char *)r->live->block_)) + p->offset / es;
-        const int kind = p->t.dtype == FR_DTYPE_F32 ? FR_DTYPE_F32 : p->t.dtype == FR_DTYPE_BF16 ? FR_DTYPE_BF16
-                                                                                             : FR_DTYPE_F16;
-        st = fr_nccl_unpack_launch((const char *)r->buf[i] + p->at, kind, (size_t)(p->nbytes / es), dst, r->dbad[i],
-                                   (unsigned long long)k, r->us);
+        uint16_t *dst = fr_weight_update_device_dst(r->u, d->table);
+        if (!dst) return FAIL("update_failed", FR_EINTERNAL, "NCCL weight group: the update has no device stage");
+        st = fr_weights_unpack_launch((const char *)r->buf[i] + p->at, (int)p->t.dtype, (size_t)(p->nbytes / es),
+                                      dst + p->offset / es, r->dbad[i], (unsigned long long)k, r->us);
     }
     if (st) return fail(code, "update_failed", st);
     const size_t chunks = fr_dev_checksum_chunks((size_t)b->nbytes);
@@ -405,6 +395,19 @@ fr_status fr_nccl_recv_bucket(fr_nccl_recv *r, const fr_msg_nccl_bucket *b, cons
     return FR_OK;
 }
 
+/* A checked bucket's pieces, recorded in the update as received. */
+static fr_status record(fr_nccl_recv *r, const slot *s, const char **code)
+{
+    for (int k = 0; k < s->n_pieces; k++) {
+        const fr_msg_piece *p = &s->pieces[k];
+        const declared *d = find_declared(r, p->t.name);
+        if (!d || fr_weight_update_mark(r->u, d->table, p->t.dtype, p->offset, p->nbytes))
+            return FAIL("bad_piece", FR_EINVAL, "update to version %llu: bucket %d: \"%s\": %s",
+                        (unsigned long long)r->version, s->bucket, p->t.name, d ? fr_last_error() : "not declared");
+    }
+    return FR_OK;
+}
+
 /* Checks the oldest busy slot if its unpacking finished: 1 and *ok when it
  * was checked (ok 0: *code and fr_last_error say why), 0 when not done. */
 static int check_slot(fr_nccl_recv *r, int *bucket, int *ok, const char **code)
@@ -434,8 +437,8 @@ static int check_slot(fr_nccl_recv *r, int *bucket, int *ok, const char **code)
                  "infinite (in BF16)", (unsigned long long)r->version, s->bucket, p ? p->t.name : "?",
                  p ? el + p->offset / fr_dtype_size(p->t.dtype) : el);
         } else {
-            *ok = 1;
-            r->staged += s->nbytes;
+            *ok = record(r, s, code) == FR_OK;
+            if (*ok) r->staged += s->nbytes;
         }
     }
     free_slot(s);
@@ -521,28 +524,23 @@ fr_status fr_nccl_recv_ready(fr_nccl_recv *r, int *ready, const char **code)
             return FAIL("missing_tensor", FR_EINVAL, "update to version %llu: \"%s\" has %llu of its %llu bytes",
                         (unsigned long long)r->version, r->d[i].t.name, (unsigned long long)r->d[i].received,
                         (unsigned long long)r->d[i].bytes);
-    for (int k = 0; k < r->n_tab; k++) {
-        int found = 0;
-        for (int i = 0; i < r->n_d && !found; i++) found = r->d[i].table == k;
-        if (!found)
-            return FAIL("missing_tensor", FR_EINVAL, "update to version %llu: \"%s\" was not sent (every weight of "
-                        "the model must be)", (unsigned long long)r->version, r->tab[k].name);
+    if (fr_weight_update_complete(r->u)) {
+        char msg[FR_PROTO_TEXT_MAX - 64];
+        snprintf(msg, sizeof msg, "%s", fr_last_error());
+        return FAIL("missing_tensor", FR_EINVAL, "%s (%s)", msg, fr_weight_update_is_partial(r->u) ? "a partial "
+                    "update sends at least one tensor" : "every weight of the model must be sent, or the begin says "
+                    "partial");
     }
     *ready = 1;
     return FR_OK;
 }
 
-fr_status fr_nccl_recv_commit(fr_nccl_recv *r)
+fr_weight_update *fr_nccl_recv_finish(fr_nccl_recv *r)
 {
-    if (!r || !r->updating || !r->stage) return fr_fail(FR_EINVAL, "fr_nccl_recv_commit: no staged update");
-    /* the legacy stream orders the copy after the engine's own work, as
-     * fr_weights_gpu_refill does */
-    cudaError_t e = cudaMemcpy(r->live->block_, r->stage->block_, r->live->bytes, cudaMemcpyDeviceToDevice);
+    if (!r || !r->updating || fr_nccl_recv_busy(r)) return NULL;
+    fr_weight_update *u = r->u;
     clear_update(r);
-    if (e != cudaSuccess)
-        return fr_fail(FR_EINTERNAL, "NCCL weight group: copying the new weights in failed (%s); the device weights "
-                                     "are now undefined", cudaGetErrorString(e));
-    return FR_OK;
+    return u;
 }
 
 fr_status fr_nccl_recv_drop(fr_nccl_recv *r)

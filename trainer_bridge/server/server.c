@@ -482,7 +482,8 @@ void fr_bridge_server_destroy(fr_bridge_server **pp)
     fr_scheduler_destroy(&srv->sch);   /* nothing open is left; any result would find no request */
     fr_bridge_update_free(&srv->upd);
 #ifdef FR_HAVE_CUDA
-    fr_nccl_recv_destroy(&srv->ng);
+    fr_nccl_recv_destroy(&srv->ng);   /* first: its streams may still write into ng_upd's stage */
+    fr_weight_update_free(&srv->ng_upd);
 #endif
     for (int i = 0; i < srv->n_reqs; i++) srv_free_request(srv->reqs[i]);
     free(srv->reqs);

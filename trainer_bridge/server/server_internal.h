@@ -158,6 +158,7 @@ struct fr_bridge_server {
 #ifdef FR_HAVE_CUDA
     /* weights over NCCL (nccl_recv.h): a client's group, NULL when none */
     fr_nccl_recv *ng;
+    fr_weight_update *ng_upd;  /* the engine's stage its update in progress fills */
 #endif
     int ng_peer;              /* the client whose group it is */
     int ng_commit;            /* 1: that client's commit waits for buckets in flight */
@@ -212,6 +213,7 @@ void srv_handle_update_bucket(fr_bridge_server *srv, int peer, const fr_msg_upda
                               const fr_wire_msg *w);
 void srv_handle_update_commit(fr_bridge_server *srv, int peer, uint64_t version);
 void srv_keep_spare(fr_bridge_server *srv, fr_weight_update *w);
+fr_weight_update *srv_take_stage(fr_bridge_server *srv, uint64_t version);
 void srv_send_update_reply(fr_bridge_server *srv, int peer, uint64_t version, fr_update_stage stage, int bucket,
                            uint64_t bytes);
 

@@ -20,7 +20,9 @@ void srv_nccl_end(fr_bridge_server *srv, const char *why, const char *code)
     }
     if (code) srv_send_error(srv, srv->ng_peer, code, 0, 0, "%s", why);
     srv_log(srv, "NCCL weight group of client %s ended: %s", fr_peers_name(srv->peers, srv->ng_peer), why);
-    fr_nccl_recv_destroy(&srv->ng);
+    fr_nccl_recv_destroy(&srv->ng);   /* its streams are done with the stage now */
+    srv_keep_spare(srv, srv->ng_upd);
+    srv->ng_upd = NULL;
     srv->ng_commit = 0;
 }
 #endif
@@ -35,7 +37,12 @@ void srv_nccl_drop_update(fr_bridge_server *srv, const char *why)
           why);
     srv->updates_failed++;
     srv->ng_commit = 0;
-    if (fr_nccl_recv_drop(srv->ng)) srv_nccl_end(srv, fr_last_error(), NULL);
+    if (fr_nccl_recv_drop(srv->ng)) {
+        srv_nccl_end(srv, fr_last_error(), NULL);   /* keeps the stage once the streams are done */
+        return;
+    }
+    srv_keep_spare(srv, srv->ng_upd);
+    srv->ng_upd = NULL;
 #else
     (void)srv;
     (void)why;
@@ -61,7 +68,13 @@ static void nccl_try_commit(fr_bridge_server *srv)
     srv->ng_commit = 0;
     const uint64_t version = srv->ng_commit_version, bytes = fr_nccl_recv_bytes(srv->ng);
     const double t0 = fr_now_ms();
-    if (fr_nccl_recv_commit(srv->ng)) {
+    fr_weight_update *w = fr_nccl_recv_finish(srv->ng);
+    srv->ng_upd = NULL;
+    /* the engine's commit, as for ZeroMQ updates (between steps: this loop runs none meanwhile) */
+    const fr_status cst = w ? fr_session_commit_weights_move(srv->sess, w)
+                            : fr_fail(FR_EINTERNAL, "NCCL weight group: the update has no stage");
+    srv_keep_spare(srv, w);
+    if (cst) {
         snprintf(msg, sizeof msg, "%s", fr_last_error());
         srv->updates_failed++;
         srv_log(srv, "weight update to version %llu over NCCL failed: %s", (unsigned long long)version, msg);
@@ -140,7 +153,7 @@ void srv_handle_nccl_init(fr_bridge_server *srv, int peer, const fr_msg_nccl_ini
     }
     if (srv->ng) srv_nccl_end(srv, "a new nccl_group_init arrived", NULL);
     if (srv->upd && srv->upd_peer == peer) srv_drop_update(srv, "its client makes an NCCL weight group");
-    if (fr_nccl_recv_new(srv->sess->gpu_weights, n->unique_id, nccl_timeout_ms(srv), &srv->ng)) {
+    if (fr_nccl_recv_new(n->unique_id, nccl_timeout_ms(srv), &srv->ng)) {
         srv_send_error(srv, peer, "nccl_failed", 0, 0, "%s", fr_last_error());
         return;
     }
@@ -183,12 +196,15 @@ void srv_handle_nccl_begin(fr_bridge_server *srv, int peer, const fr_msg_update_
                    "first)");
         return;
     }
-    const char *code = "update_state";
-    if (fr_nccl_recv_begin(srv->ng, b, &code)) {
+    const char *code = "out_of_memory";
+    fr_weight_update *w = srv_take_stage(srv, b->version);
+    if (!w || fr_nccl_recv_begin(srv->ng, b, w, &code)) {
+        srv_keep_spare(srv, w);
         srv->updates_failed++;
         srv_send_error(srv, peer, code, 0, 0, "%s", fr_last_error());
         return;
     }
+    srv->ng_upd = w;
     srv->upd_last_ms = srv->upd_begin_ms = fr_now_ms();
     srv->ng_commit = 0;
     srv_log(srv, "weight update to version %llu over NCCL begins: %d tensors, %llu bytes, buckets of %llu bytes",

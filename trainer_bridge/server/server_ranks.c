@@ -182,12 +182,13 @@ fr_status srv_apply_events(fr_bridge_server *srv)
             break;
         case EV_UPD_BEGIN: {
             uint64_t v = fr_rank_get_u64(&r);
+            const int partial = fr_rank_get_u8(&r);
             if (r.bad || srv->rank == 0) break;
             srv_keep_spare(srv, srv->wupd);
-            srv->wupd = srv->spare;
-            srv->spare = NULL;
+            srv->wupd = srv_take_stage(srv, v);
             srv->stage_failed = 0;
-            if (srv->wupd ? fr_weight_update_restart(srv->wupd, v) : fr_weight_update_begin(&srv->sess->model->cfg, v, &srv->wupd)) {
+            if (!srv->wupd || fr_weight_update_restart(srv->wupd, v) ||
+                fr_weight_update_set_partial(srv->wupd, partial)) {
                 srv_log(srv, "rank %d: cannot stage weight version %llu: %s", srv->rank, (unsigned long long)v,
                       fr_last_error());
                 srv->stage_failed = 1;

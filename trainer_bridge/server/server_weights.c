@@ -20,6 +20,17 @@ void srv_keep_spare(fr_bridge_server *srv, fr_weight_update *w)
     srv->spare = w;
 }
 
+/* The engine's stage for an update to `version`: the one kept from the last
+ * update, else a new one where the session keeps its weights (NULL and
+ * fr_last_error when it cannot be made). */
+fr_weight_update *srv_take_stage(fr_bridge_server *srv, uint64_t version)
+{
+    fr_weight_update *w = srv->spare;
+    srv->spare = NULL;
+    if (!w && fr_weight_update_begin_for(srv->sess, version, &w)) return NULL;
+    return w;
+}
+
 /* Drops the staged update (the serving weights are untouched); why goes to
  * the log. */
 void srv_drop_update(fr_bridge_server *srv, const char *why)
@@ -119,8 +130,10 @@ void srv_handle_update_begin(fr_bridge_server *srv, int peer, const fr_msg_updat
         srv_handle_nccl_begin(srv, peer, b);
         return;
     }
-    const char *code;
-    if (fr_bridge_update_begin_reusing(&srv->sess->model->cfg, b, &srv->spare, &srv->upd, &code)) {
+    const char *code = "out_of_memory";
+    fr_weight_update *w = srv_take_stage(srv, b->version);
+    if (!w || fr_bridge_update_begin(w, b, &srv->upd, &code)) {
+        srv_keep_spare(srv, w);
         srv->updates_failed++;
         srv_send_error(srv, peer, code, 0, 0, "%s", fr_last_error());
         return;
@@ -131,10 +144,12 @@ void srv_handle_update_begin(fr_bridge_server *srv, int peer, const fr_msg_updat
     if (srv->multi) {
         fr_rank_put_u8(&srv->events, EV_UPD_BEGIN);
         fr_rank_put_u64(&srv->events, b->version);
+        fr_rank_put_u8(&srv->events, (uint8_t)(b->partial != 0));
     }
-    srv_log(srv, "weight update to version %llu begins: %d tensors, %llu bytes, buckets of %llu bytes",
-          (unsigned long long)b->version, b->n_tensors, (unsigned long long)b->total_bytes,
-          (unsigned long long)b->bucket_bytes);
+    srv_log(srv, "weight update to version %llu begins: %d tensors%s, %llu bytes, buckets of %llu bytes, staged on "
+          "the %s", (unsigned long long)b->version, b->n_tensors, b->partial ? " (partial)" : "",
+          (unsigned long long)b->total_bytes, (unsigned long long)b->bucket_bytes,
+          fr_weight_update_on_device(fr_bridge_update_staged(srv->upd)) ? "device" : "host");
     srv_send_update_reply(srv, peer, b->version, FR_UPD_BEGIN, -1, 0);
 }
 
@@ -156,7 +171,7 @@ void srv_handle_update_bucket(fr_bridge_server *srv, int peer, const fr_msg_upda
         for (int i = 0; i < b->n_pieces; i++) {
             const fr_msg_piece *p = &b->pieces[i];
             fr_rank_put_bytes(e, p->t.name, strlen(p->t.name));
-            fr_rank_put_i32(e, p->t.dtype == FR_DTYPE_F32 ? FR_DTYPE_F32 : p->t.dtype == FR_DTYPE_BF16 ? FR_DTYPE_BF16 : FR_DTYPE_F16);
+            fr_rank_put_i32(e, (int32_t)p->t.dtype);
             fr_rank_put_i32(e, p->t.ndim);
             for (int k = 0; k < p->t.ndim; k++) fr_rank_put_u64(e, (uint64_t)p->t.shape[k]);
             fr_rank_put_u64(e, p->offset);

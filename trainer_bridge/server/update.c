@@ -29,11 +29,6 @@ static fr_status fail(const char **code, const char *c, fr_status st)
 
 #define FAIL(c, st, ...) fail(code, c, fr_fail(st, __VA_ARGS__))
 
-static fr_dtype engine_dtype(fr_dtype t)
-{
-    return t == FR_DTYPE_F32 ? FR_DTYPE_F32 : t == FR_DTYPE_BF16 ? FR_DTYPE_BF16 : FR_DTYPE_F16;
-}
-
 static void shape_text(const fr_msg_tensor *t, char *buf, size_t cap)
 {
     size_t o = (size_t)snprintf(buf, cap, "[");
@@ -49,60 +44,44 @@ static const declared *find_declared(const fr_bridge_update *u, const char *name
     return NULL;
 }
 
-fr_status fr_bridge_update_begin(const fr_model_config *cfg, const fr_msg_update_begin *b, fr_bridge_update **out,
+fr_status fr_bridge_update_begin(fr_weight_update *staged, const fr_msg_update_begin *b, fr_bridge_update **out,
                                  const char **code)
-{
-    return fr_bridge_update_begin_reusing(cfg, b, NULL, out, code);
-}
-
-fr_status fr_bridge_update_begin_reusing(const fr_model_config *cfg, const fr_msg_update_begin *b,
-                                         fr_weight_update **spare, fr_bridge_update **out, const char **code)
 {
     if (code) *code = "bad_message";
     if (!out) return fr_fail(FR_EINVAL, "update: out is NULL");
     *out = NULL;
-    if (!cfg || !b || b->n_tensors < 1 || !b->tensors) return fr_fail(FR_EINVAL, "update: begin needs tensors");
+    if (!staged || !b || b->n_tensors < 1 || !b->tensors) return fr_fail(FR_EINVAL, "update: begin needs tensors");
+    for (int i = 0; i < b->n_tensors; i++) {
+        const fr_msg_tensor *t = &b->tensors[i];
+        const int k = fr_weight_update_find(staged, t->name);
+        int ndim = 0;
+        int64_t shape[2] = {0, 0};
+        const char *name;
+        if (k < 0 || fr_weight_update_tensor(staged, k, &name, &ndim, shape))
+            return FAIL("unknown_tensor", FR_EINVAL, "update to version %llu: \"%s\" is not a weight of this model",
+                        (unsigned long long)b->version, t->name);
+        fr_status st = fr_bridge_check_model_shape(t, ndim, shape, b->version, code);
+        if (st) return st;
+    }
     fr_bridge_update *u = calloc(1, sizeof *u);
     if (!u || !(u->d = calloc((size_t)b->n_tensors, sizeof *u->d))) {
         free(u);
         return FAIL("out_of_memory", FR_ENOMEM, "update to version %llu: out of memory",
                     (unsigned long long)b->version);
     }
-    fr_status st;
-    if (spare && *spare) {   /* the previous update's staging memory, already paged in */
-        u->w = *spare;
-        *spare = NULL;
-        st = fr_weight_update_restart(u->w, b->version);
-    } else {
-        st = fr_weight_update_begin(cfg, b->version, &u->w);
-    }
+    fr_status st = fr_weight_update_restart(staged, b->version);
+    if (!st) st = fr_weight_update_set_partial(staged, b->partial);
     if (st) {
-        fr_bridge_update_free(&u);
-        return fail(code, st == FR_ENOMEM ? "out_of_memory" : "update_state", st);
+        free(u->d);
+        free(u);
+        return fail(code, "update_state", st);
     }
+    u->w = staged;
     u->n = b->n_tensors;
     u->bucket_bytes = b->bucket_bytes;
-    const int n_model = fr_weight_update_tensor_count(u->w);
     for (int i = 0; i < b->n_tensors; i++) {
-        const fr_msg_tensor *t = &b->tensors[i];
-        int found = -1, ndim = 0;
-        int64_t shape[2] = {0, 0};
-        for (int k = 0; k < n_model && found < 0; k++) {
-            const char *name;
-            if (fr_weight_update_tensor(u->w, k, &name, &ndim, shape) == FR_OK && strcmp(name, t->name) == 0)
-                found = k;
-        }
-        if (found < 0) {
-            fr_bridge_update_free(&u);
-            return FAIL("unknown_tensor", FR_EINVAL, "update to version %llu: \"%s\" is not a weight of this model",
-                        (unsigned long long)b->version, t->name);
-        }
-        if ((st = fr_bridge_check_model_shape(t, ndim, shape, b->version, code))) {
-            fr_bridge_update_free(&u);
-            return st;
-        }
-        u->d[i].t = *t;
-        u->d[i].bytes = fr_msg_tensor_bytes(t);
+        u->d[i].t = b->tensors[i];
+        u->d[i].bytes = fr_msg_tensor_bytes(&b->tensors[i]);
     }
     *out = u;
     return FR_OK;
@@ -204,7 +183,7 @@ fr_status fr_bridge_update_bucket(fr_bridge_update *u, const fr_msg_update_bucke
         const fr_msg_piece *p = &b->pieces[i];
         int64_t shape[FR_PROTO_MAX_NDIM];
         for (int k = 0; k < p->t.ndim; k++) shape[k] = p->t.shape[k];
-        fr_status st = fr_weight_update_put(u->w, p->t.name, engine_dtype(p->t.dtype), shape, p->t.ndim, p->offset,
+        fr_status st = fr_weight_update_put(u->w, p->t.name, p->t.dtype, shape, p->t.ndim, p->offset,
                                             fr_wire_payload(w, i, NULL), (size_t)p->nbytes);
         if (st) {   /* values are checked as they are staged, in the same pass (weight_update.h) */
             char msg[FR_PROTO_TEXT_MAX - 128];
@@ -233,7 +212,8 @@ fr_status fr_bridge_update_ready(const fr_bridge_update *u, const char **code)
     if (st) {
         char msg[FR_PROTO_TEXT_MAX - 64];
         snprintf(msg, sizeof msg, "%s", fr_last_error());
-        return FAIL("missing_tensor", st, "%s (every weight of the model must be sent)", msg);
+        return FAIL("missing_tensor", st, "%s (%s)", msg, fr_weight_update_is_partial(u->w) ? "a partial update "
+                    "sends at least one tensor" : "every weight of the model must be sent, or the begin says partial");
     }
     return FR_OK;
 }

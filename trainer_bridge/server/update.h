@@ -1,10 +1,14 @@
-/* The server's side of update_weights (docs/protocol.md): one staged update
- * checked message by message against what its begin declared and against
- * the model, on top of rollout/engine/weight_update.h.
+/* The server's side of update_weights (docs/protocol.md): the messages of
+ * one update decoded and checked against what its begin declared and
+ * against the model, their pieces forwarded to the engine's staging
+ * (rollout/engine/weight_update.h), which stores them where the engine
+ * keeps its weights.
  *
+ *     fr_weight_update *staged;                                // the engine's
+ *     fr_weight_update_begin_for(session, version, &staged);   // or an earlier update's, kept
  *     fr_bridge_update *u;
  *     const char *code;
- *     fr_bridge_update_begin(&model->cfg, &begin, &u, &code);
+ *     fr_bridge_update_begin(staged, &begin, &u, &code);       // u owns staged now
  *     fr_bridge_update_bucket(u, &bucket, &wire_msg, &code);   // each bucket, in order
  *     fr_bridge_update_ready(u, &code);                        // then commit the staged weights
  *     fr_bridge_update_free(&u);
@@ -20,7 +24,6 @@
 #include <stdint.h>
 
 #include "trainer_bridge/protocol/protocol.h"
-#include "rollout/model/model_config.h"
 #include "rollout/engine/weight_update.h"
 #include "trainer_bridge/protocol/wire.h"
 
@@ -31,8 +34,10 @@ extern "C" {
 typedef struct fr_bridge_update fr_bridge_update;
 
 /* Checks the declared tensors against the model (every name a weight of
- * it, every shape the model's) and starts staging. */
-fr_status fr_bridge_update_begin(const fr_model_config *cfg, const fr_msg_update_begin *b, fr_bridge_update **out,
+ * it, every shape the model's), then takes staged over (restarted to the
+ * begin's version, partial when the begin says so). On failure staged stays
+ * the caller's and is unchanged. */
+fr_status fr_bridge_update_begin(fr_weight_update *staged, const fr_msg_update_begin *b, fr_bridge_update **out,
                                  const char **code);
 
 /* One bucket with its payload frames (w's payload): the version and bucket
@@ -43,16 +48,12 @@ fr_status fr_bridge_update_begin(const fr_model_config *cfg, const fr_msg_update
 fr_status fr_bridge_update_bucket(fr_bridge_update *u, const fr_msg_update_bucket *b, const fr_wire_msg *w,
                                   const char **code);
 
-/* Whether every tensor of the model arrived whole (missing_tensor names the
- * first one that did not). */
+/* Whether every declared tensor arrived whole and, unless the update is
+ * partial, every tensor of the model (missing_tensor names the first one
+ * that did not). */
 fr_status fr_bridge_update_ready(const fr_bridge_update *u, const char **code);
 
 fr_weight_update *fr_bridge_update_staged(fr_bridge_update *u);
-/* The same begin, staging into *spare (an earlier update of this model, for
- * example the one a move commit spent; taken over and set to NULL) instead
- * of a new allocation when there is one. */
-fr_status fr_bridge_update_begin_reusing(const fr_model_config *cfg, const fr_msg_update_begin *b,
-                                         fr_weight_update **spare, fr_bridge_update **out, const char **code);
 /* Detaches the staged update from u (for reuse as a spare; u keeps its
  * counters but stages nothing more); the caller owns the result. */
 fr_weight_update *fr_bridge_update_release_staged(fr_bridge_update *u);

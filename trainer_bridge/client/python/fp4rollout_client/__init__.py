@@ -348,14 +348,16 @@ class RolloutClient(_Closes):
     # ---- weights ----
 
     def update_weights(self, named_tensors, version: int, bucket_bytes: Optional[int] = None,
-                       _corrupt_bucket: int = -1) -> dict:
+                       partial: bool = False, _corrupt_bucket: int = -1) -> dict:
         """Sends new weights as `version` (greater than the server's) and returns
         the commit reply once the server uses them. named_tensors: a dict or a
         sequence of (name, tensor) with Hugging Face names; a tensor is a numpy
         array (float32, float16), a torch CPU tensor (float32, float16, bfloat16)
         or any C-contiguous buffer of float32 ('f') or float16 ('e'). The bytes
-        are sent without a copy. A refusal raises ServerError with the server's
-        code; the server then keeps its old weights."""
+        are sent without a copy. partial=True sends only some of the model's
+        tensors: the others keep their serving values (without it every weight
+        of the model must be sent). A refusal raises ServerError with the
+        server's code; the server then keeps its old weights."""
         items = list(named_tensors.items()) if isinstance(named_tensors, dict) else list(named_tensors)
         n = len(items)
         arr = (_native.Tensor * max(1, n))()
@@ -366,7 +368,7 @@ class RolloutClient(_Closes):
             bname = name.encode()
             keep += [shp, bname, owner]
             arr[i] = _native.Tensor(bname, _native.DTYPES[dtype], len(shape), shp, addr)
-        opts = _native.UpdateOpts(int(bucket_bytes or 0), int(_corrupt_bucket))
+        opts = _native.UpdateOpts(int(bucket_bytes or 0), int(_corrupt_bucket), int(bool(partial)))
         reply = _native.UpdateReply()
         if self._lib.fr_client_update_weights(self._c, arr, n, int(version), ctypes.byref(opts), ctypes.byref(reply)):
             self._raise()
@@ -397,12 +399,12 @@ class RolloutClient(_Closes):
             self._raise()
 
     def update_weights_nccl(self, named_tensors, version: int, bucket_bytes: Optional[int] = None,
-                            _corrupt_bucket: int = -1) -> dict:
+                            partial: bool = False, _corrupt_bucket: int = -1) -> dict:
         """update_weights over the NCCL group (init_weight_group first): the
         tensors are torch CUDA tensors on the group's device (bfloat16,
         float16 or float32, contiguous), read in place on the current CUDA
         stream after the work already queued on it: nothing is copied to the
-        host. Returns the commit reply once the server uses the new weights;
+        host. partial as for update_weights. Returns the commit reply once the server uses the new weights;
         a refusal raises ServerError with the server's code, and any failure
         after the begin also ends the group (init a new one)."""
         import torch  # the tensors are torch's
@@ -425,7 +427,7 @@ class RolloutClient(_Closes):
             keep += [shp, bname, t]
             arr[i] = _native.Tensor(bname, _native.DTYPES[kind], len(shape), shp, t.data_ptr())
         stream = torch.cuda.current_stream().cuda_stream
-        opts = _native.UpdateOpts(int(bucket_bytes or 0), int(_corrupt_bucket))
+        opts = _native.UpdateOpts(int(bucket_bytes or 0), int(_corrupt_bucket), int(bool(partial)))
         reply = _native.UpdateReply()
         if self._lib.fr_client_update_weights_nccl(self._c, arr, n, int(version), ctypes.c_void_p(stream),
                                                    ctypes.byref(opts), ctypes.byref(reply)):

@@ -43,7 +43,7 @@ class Tensor(ctypes.Structure):
 
 
 class UpdateOpts(ctypes.Structure):
-    _fields_ = [("bucket_bytes", c_u64), ("corrupt_bucket", c_int)]
+    _fields_ = [("bucket_bytes", c_u64), ("corrupt_bucket", c_int), ("partial", c_int)]
 
 
 class UpdateReply(ctypes.Structure):

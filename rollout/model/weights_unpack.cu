@@ -1,10 +1,10 @@
-/* The conversion kernel of trainer_bridge/server/nccl_unpack.h. */
-#include "trainer_bridge/server/nccl_unpack.h"
+/* The conversion kernel of rollout/model/weights_unpack.h. */
+#include "rollout/model/weights_unpack.h"
 
 #include <cuda_fp16.h>
 
 /* Nearest-even BF16 of a finite float, as fr_bf16_encode rounds it on the
- * host (the ZeroMQ path uploads with that function: both paths agree). */
+ * host (host weights uploaded at load agree with staged ones). */
 __device__ static inline uint16_t to_bf16(float f)
 {
     uint32_t u = __float_as_uint(f);
@@ -32,12 +32,12 @@ __global__ static void unpack_kernel(const unsigned char *src, int kind, size_t 
     }
 }
 
-fr_status fr_nccl_unpack_launch(const void *src, int kind, size_t n, uint16_t *dst, unsigned long long *bad,
+fr_status fr_weights_unpack_launch(const void *src, int kind, size_t n, uint16_t *dst, unsigned long long *bad,
                                 unsigned long long tag, cudaStream_t s)
 {
     if (n == 0) return FR_OK;
     if (!src || !dst || !bad || kind < FR_DTYPE_F32 || kind > FR_DTYPE_F16)
-        return fr_fail(FR_EINVAL, "fr_nccl_unpack_launch: bad argument");
+        return fr_fail(FR_EINVAL, "fr_weights_unpack_launch: bad argument");
     const unsigned threads = 256;
     size_t blocks = (n + threads - 1) / threads;
     if (blocks > 4096) blocks = 4096;   /* grid-stride beyond: enough to fill the device */
