@@ -64,10 +64,11 @@ int fr_cli_int(const char *cmd, const char *flag, const char *text, long lo, lon
 int fr_cli_float(const char *cmd, const char *flag, const char *text, float *out);
 
 /* The sampling options generate and rollout share: --n, --max-tokens,
- * --greedy, --temperature, --top-p, --top-k, --seed, --stop-ids,
- * --ignore-eos, --json. */
+ * --greedy, --temperature, --top-p, --top-k, --seed, --first-sample,
+ * --stop-ids, --ignore-eos, --json. */
 typedef struct {
     int n_samples, max_tokens, json, ignore_eos, greedy;
+    int first_sample;               /* samples are numbered first_sample, ...: stream i of the seed */
     int has_seed;                   /* --seed given; else finish draws a fresh one */
     uint64_t seed;
     const char *stop_text;          /* --stop-ids, or NULL */

@@ -1,6 +1,7 @@
 #include "app/cli.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -8,7 +9,6 @@
 
 #include "base/seed.h"
 
-#include <limits.h>
 #include <unistd.h>
 
 /* The bundled demo model is found from the program's own place (build/,
@@ -141,6 +141,8 @@ int fr_cli_sampling_parse(const char *cmd, int argc, char **argv, int *i, fr_cli
     else if (strcmp(a, "--max-tokens") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 1, 1 << 24, &o->max_tokens);
     else if (strcmp(a, "--top-k") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 0, 1 << 30, &o->sp.top_k);
     else if (strcmp(a, "--seed") == 0) bad = parse_seed(cmd, argv[++*i], o);
+    else if (strcmp(a, "--first-sample") == 0)
+        bad = fr_cli_int(cmd, a, argv[++*i], 0, INT_MAX - 4096, &o->first_sample);
     else if (strcmp(a, "--temperature") == 0) bad = fr_cli_float(cmd, a, argv[++*i], &o->sp.temperature);
     else if (strcmp(a, "--top-p") == 0) bad = fr_cli_float(cmd, a, argv[++*i], &o->sp.top_p);
     else return 0;
@@ -163,7 +165,7 @@ const struct option fr_cli_sampling_longopts[] = {
     {"greedy", no_argument, 0, 0},      {"json", no_argument, 0, 0},         {"ignore-eos", no_argument, 0, 0},
     {"stop-ids", required_argument, 0, 0}, {"n", required_argument, 0, 0}, {"max-tokens", required_argument, 0, 0},
     {"top-k", required_argument, 0, 0}, {"seed", required_argument, 0, 0},  {"temperature", required_argument, 0, 0},
-    {"top-p", required_argument, 0, 0}, {0, 0, 0, 0},
+    {"top-p", required_argument, 0, 0}, {"first-sample", required_argument, 0, 0}, {0, 0, 0, 0},
 };
 
 const struct option fr_cli_engine_longopts[] = {

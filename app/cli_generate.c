@@ -12,7 +12,8 @@
 static const char usage_text[] =
     "usage: fp4rollout generate [--model M] (--prompt TEXT | --prompt-ids IDS | --prompt-file F)\n"
     "                           [--n N] [--max-tokens N] [--greedy | --temperature T\n"
-    "                           --top-p P --top-k K] [--seed S] [--stop-ids IDS]\n"
+    "                           --top-p P --top-k K] [--seed S [--first-sample I]]\n"
+    "                           [--stop-ids IDS]\n"
     "                           [--ignore-eos] [--json] [engine options]\n"
     "\n"
     "Samples N continuations of the prompt. Each token's log-prob is the\n"
@@ -36,6 +37,9 @@ static const char usage_text[] =
     "  --seed S             sampling seed, 0 to 2^64 - 1 (default: a fresh one from\n"
     "                       the operating system); same seed, same tokens. The seed\n"
     "                       used is printed on stderr and in each JSON line\n"
+    "  --first-sample I     number the samples I, I+1, ... (default 0): sample i draws\n"
+    "                       from stream i of the seed, so --seed S --first-sample I\n"
+    "                       --n 1 replays sample I of a run with seed S\n"
     "  --stop-ids IDS       tokens that end a sample (default: the model's EOS ids)\n"
     "  --ignore-eos         do not stop at the model's EOS ids\n"
     "  --json               one JSON line per sample: sample, token_ids, logprobs,\n"
@@ -118,6 +122,7 @@ int fr_cli_generate(int argc, char **argv)
     const char *stop_text = so.stop_text;
     int n_samples = so.n_samples, max_tokens = so.max_tokens, json = so.json, ignore_eos = so.ignore_eos;
     fr_sampling_params sp = so.sp;
+    const int first = so.first_sample;
 
     int *ids = NULL, n_ids = 0, *stop = NULL, n_stop = 0;
     fr_status st = FR_OK;
@@ -192,7 +197,7 @@ int fr_cli_generate(int argc, char **argv)
     for (int i = 1; !st && i < n_samples; i++) st = fr_session_fork(&s, smp[0].seq, &smp[i].seq);
     int active = n_samples;
     for (int i = 0; !st && i < n_samples; i++) {
-        st = fr_sample(sampler, logits, &sp, (uint64_t)i, 0, &new_tok[i], &new_lp[i]);
+        st = fr_sample(sampler, logits, &sp, (uint64_t)first + (uint64_t)i, 0, &new_tok[i], &new_lp[i]);
         owner[i] = i;
     }
     int n_new = n_samples;
@@ -215,14 +220,14 @@ int fr_cli_generate(int argc, char **argv)
             if (x->done) continue;
             step_tok[i] = x->tokens[x->n - 1];
             steps[n_step] = (fr_step_seq){.seq = x->seq, .n = 1, .tokens = &step_tok[i], .all_logits = 0};
-            drows[n_step] = (fr_decode_row){.params = sp, .sequence = (uint64_t)i, .step = (uint64_t)x->n};
+            drows[n_step] = (fr_decode_row){.params = sp, .sequence = (uint64_t)first + (uint64_t)i, .step = (uint64_t)x->n};
             owner[n_step++] = i;
         }
         st = fr_session_decode(&s, steps, drows, n_step, new_tok, new_lp);
         n_new = n_step;
     }
     if (!st && tl.output_rank)
-        for (int i = 0; i < n_samples; i++) print_sample(&smp[i], i, json, sp.seed, fr_cli_byte_model(mc));
+        for (int i = 0; i < n_samples; i++) print_sample(&smp[i], first + i, json, sp.seed, fr_cli_byte_model(mc));
     if (st) fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
     for (int i = 0; smp && i < n_samples; i++) { free(smp[i].tokens); free(smp[i].logprobs); }
     free(smp); free(logits); free(step_tok); free(owner); free(new_tok); free(new_lp); free(steps); free(drows); free(ids); free(stop);

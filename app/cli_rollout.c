@@ -18,7 +18,7 @@
 static const char usage_text[] =
     "usage: fp4rollout rollout --prompts FILE [--n N] [--max-tokens N]\n"
     "                          [--greedy | --temperature T --top-p P --top-k K]\n"
-    "                          [--seed S] [--stop-ids IDS] [--ignore-eos]\n"
+    "                          [--seed S [--first-sample I]] [--stop-ids IDS] [--ignore-eos]\n"
     "                          [--max-seqs N] [--kv-blocks N] [--kl-sample-rate R] [--json]\n"
     "                          [engine options]\n"
     "\n"
@@ -41,6 +41,9 @@ static const char usage_text[] =
     "  --seed S             sampling seed, 0 to 2^64 - 1 (default: a fresh one from\n"
     "                       the operating system); the seed used is printed on\n"
     "                       stderr and in each JSON line: give it to replay a run\n"
+    "  --first-sample I     number each prompt's samples I, I+1, ... (default 0):\n"
+    "                       sample i draws from stream i of the seed, so --seed S\n"
+    "                       --first-sample I --n 1 replays sample I alone\n"
     "  --stop-ids IDS       tokens that end a sample (default: the model's EOS ids)\n"
     "  --ignore-eos         do not stop at the model's EOS ids\n"
     "  --max-seqs N         sequences decoded at once (default 16)\n"
@@ -378,8 +381,8 @@ int fr_cli_rollout(int argc, char **argv)
     for (int i = 0; !st && i < pl.n; i++) {
         if (i % tl.n_engines != tl.engine) continue;
         fr_request_spec r = {.id = (uint64_t)i, .group = (uint64_t)i, .prompt = pl.ids[i], .n_prompt = pl.len[i],
-                             .n = n_samples, .params = sp, .max_tokens = max_tokens, .stop_ids = stop,
-                             .n_stop = n_stop, .monitor = -1};
+                             .n = n_samples, .first_sample = so.first_sample, .params = sp,
+                             .max_tokens = max_tokens, .stop_ids = stop, .n_stop = n_stop, .monitor = -1};
         if ((st = fr_scheduler_submit(sch, &r))) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", fr_last_error());

@@ -4,6 +4,7 @@
  * sample, streamed tokens equal to the done's count) and prints each
  * sample as `fp4rollout rollout --json` does. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -44,6 +45,9 @@ static const char usage_text[] =
     "      --n N --max-tokens N --temperature T --top-k K --top-p P --seed S\n"
     "                           sampling (left out: the server's defaults; without --seed\n"
     "                           the server draws a fresh seed per request)\n"
+    "      --first-sample I     number the samples I, I+1, ...: sample I draws from stream I\n"
+    "                           of the seed, so --seed S --first-sample I --n 1 replays\n"
+    "                           sample I of an earlier request with seed S (default 0)\n"
     "      --stop-ids IDS | --ignore-eos\n"
     "                           stop tokens (left out: the server's default); --ignore-eos\n"
     "                           sends an empty list\n"
@@ -185,8 +189,8 @@ typedef struct {
 
 typedef struct {
     long long first_id;
-    int n_req, n;
-    sample_acc *acc;          /* [n_req][n] */
+    int n_req, n, first_sample;
+    sample_acc *acc;          /* [n_req][n]: samples first_sample .. first_sample + n - 1 */
     int failed;
     long long abort_id, abort_after;
     long long abort_seen;     /* tokens of abort_id received */
@@ -196,6 +200,7 @@ typedef struct {
 static sample_acc *acc_of(gen_ctx *g, uint64_t request, int sample)
 {
     long long r = (long long)request - g->first_id;
+    sample -= g->first_sample;
     if (r < 0 || r >= g->n_req || sample < 0 || sample >= g->n) return NULL;
     return &g->acc[r * g->n + sample];
 }
@@ -372,6 +377,9 @@ static int cmd_generate(fr_client *c, int timeout_ms, int argc, char **argv)
         } else if (strcmp(a, "--seed") == 0 && val) {
             bad = parse_seed(a, argv[++i], &base.seed);
             base.has_seed = 1;
+        } else if (strcmp(a, "--first-sample") == 0 && val) {
+            bad = parse_long(a, argv[++i], 0, INT_MAX - 65536, &v);
+            base.first_sample = (int)v;
         } else if (strcmp(a, "--stop-ids") == 0 && val) {
             free(stop);
             stop = NULL;
@@ -414,7 +422,8 @@ static int cmd_generate(fr_client *c, int timeout_ms, int argc, char **argv)
         rc = 1;
         goto out;
     }
-    gen_ctx g = {.first_id = first_id, .n_req = p.n, .n = base.n, .abort_id = abort_id, .abort_after = abort_after};
+    gen_ctx g = {.first_id = first_id, .n_req = p.n, .n = base.n, .first_sample = base.first_sample,
+                 .abort_id = abort_id, .abort_after = abort_after};
     g.acc = calloc((size_t)p.n * (size_t)base.n, sizeof *g.acc);
     if (!g.acc) {
         fprintf(stderr, "fp4rollout-client: out of memory\n");
@@ -718,7 +727,7 @@ static const struct option generate_opts[] = {
     REQ("prompts"),  REQ("n"),         REQ("max-tokens"),        REQ("temperature"),   REQ("top-p"),
     REQ("top-k"),    REQ("seed"),      REQ("stop-ids"),          FLAG("ignore-eos"),   REQ("first-id"),
     REQ("group-id"), REQ("abort-id"),  FLAG("monitor-divergence"), FLAG("no-monitor"), REQ("abort-after"),
-    {0, 0, 0, 0}};
+    REQ("first-sample"), {0, 0, 0, 0}};
 static const struct option send_raw_opts[] = {REQ("hex"), REQ("extra-frames"), {0, 0, 0, 0}};
 static const struct option push_opts[] = {
     REQ("model"), REQ("version"), REQ("bucket-mib"), REQ("bucket-bytes"), REQ("dtype"), REQ("skip"),

@@ -1,5 +1,6 @@
 #include "rollout/engine/request.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,6 +106,9 @@ fr_status fr_request_spec_check(const fr_request_spec *r, int vocab)
             return fr_fail(FR_EINVAL, "request %llu: prompt token %d is id %d, outside the vocabulary of %d",
                            (unsigned long long)r->id, i, r->prompt[i], vocab);
     if (r->n < 1) return fr_fail(FR_EINVAL, "request %llu: n must be >= 1 (got %d)", (unsigned long long)r->id, r->n);
+    if (r->first_sample < 0 || r->first_sample > INT_MAX - r->n)
+        return fr_fail(FR_EINVAL, "request %llu: first_sample must be in [0, %d] for n = %d (got %d)",
+                       (unsigned long long)r->id, INT_MAX - r->n, r->n, r->first_sample);
     if (r->max_tokens < 1)
         return fr_fail(FR_EINVAL, "request %llu: max_tokens must be >= 1 (got %d)", (unsigned long long)r->id,
                        r->max_tokens);

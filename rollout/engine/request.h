@@ -2,9 +2,11 @@
  *
  * A request is a prompt (token ids), n samples that share the prompt's KV
  * pages, sampling parameters, a token limit, stop ids, and ids the caller
- * chooses (id, group). Sample i of a request draws its t-th token with the
- * Philox keys (seed, sequence = i, step = t) of rollout/model/sampler.h, so a
- * sample's tokens do not depend on what else runs beside it. */
+ * chooses (id, group). Sample i of a request (i = first_sample .. first_sample
+ * + n - 1) draws its t-th token with the Philox keys (seed, sequence = i,
+ * step = t) of rollout/model/sampler.h, so a sample's tokens do not depend on
+ * what else runs beside it, and sample i of a request replays alone as a
+ * request with the same seed, first_sample i and n 1. */
 #ifndef FR_REQUEST_H
 #define FR_REQUEST_H
 
@@ -35,6 +37,7 @@ typedef struct {
     const int *prompt;           /* [n_prompt] token ids; copied on submit */
     int n_prompt;
     int n;                       /* samples, >= 1 */
+    int first_sample;            /* index of the first sample (0 usually); first_sample + n <= INT_MAX */
     fr_sampling_params params;
     int max_tokens;              /* >= 1; lowered to fit the context window */
     const int *stop_ids;         /* [n_stop]; copied; none: never stops early */
@@ -62,7 +65,7 @@ typedef struct {
  * chosen token (temperature 1 when greedy). */
 typedef struct {
     uint64_t request_id, group;
-    int sample;                  /* index within the request, 0..n-1 */
+    int sample;                  /* index within the request, first_sample .. first_sample + n - 1 */
     int *tokens;
     float *logprobs;
     int n_tokens;
@@ -93,7 +96,7 @@ void fr_sample_result_put(fr_rank_buf *b, const fr_sample_result *r, int with_to
 fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out);
 
 /* Checks a request against a model's vocabulary: prompt non-empty and in the
- * vocabulary, n and max_tokens >= 1, valid sampling parameters, stop ids in
+ * vocabulary, n and max_tokens >= 1, first_sample >= 0 with room for n, valid sampling parameters, stop ids in
  * the vocabulary. FR_EINVAL with a message naming the field otherwise. */
 fr_status fr_request_spec_check(const fr_request_spec *r, int vocab);
 

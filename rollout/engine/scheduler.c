@@ -16,7 +16,8 @@ typedef struct req req;
 /* A sample: its tokens so far and, while it decodes, its KV sequence. */
 typedef struct {
     req *r;
-    int index;
+    int index;             /* 0 .. n-1 within the request */
+    uint64_t stream;       /* first_sample + index: the Philox sequence, and the index results report */
     int seq;               /* -1 when it holds no sequence */
     int *tokens;           /* [r->max_tokens] */
     float *logprobs;
@@ -193,7 +194,7 @@ static void count_end(fr_scheduler *sch, const sample *x, fr_finish_reason why)
     fr_hist_add(&v->e2e, now - x->r->t_submit);
     if (x->n >= 2) fr_hist_add(&v->tpot, (now - x->t_first) / (double)(x->n - 1));
     if (x->monitored && x->n > 0)
-        fr_div_aggregates_add_sample(&sch->agg, x->versions[x->n - 1], x->r->report_id, x->index, &x->div);
+        fr_div_aggregates_add_sample(&sch->agg, x->versions[x->n - 1], x->r->report_id, (int)x->stream, &x->div);
 }
 
 /* Ends a sample: frees its sequence, delivers its result, and frees the
@@ -214,7 +215,7 @@ static void finish(fr_scheduler *sch, sample *x, fr_finish_reason why)
     }
     if (x->monitored) sch->agg.samples++;
     count_end(sch, x, why);
-    fr_sample_result res = {.request_id = r->id, .group = r->group, .sample = x->index, .tokens = x->tokens,
+    fr_sample_result res = {.request_id = r->id, .group = r->group, .sample = (int)x->stream, .tokens = x->tokens,
                             .logprobs = x->logprobs, .n_tokens = x->n, .finish = why,
                             .preemptions = x->preemptions, .versions = x->versions,
                             .monitored = x->monitored, .div = x->div, .kl = x->kl};
@@ -271,7 +272,7 @@ static fr_finish_reason accept(fr_scheduler *sch, sample *x, int tok, float lp)
     x->logprobs[x->n++] = lp;
     sch->st.tokens_generated++;
     if (x->n == 1) first_token(sch, x);
-    if (sch->cfg.on_token) sch->cfg.on_token(sch->cfg.user, r->id, x->index, x->n - 1, tok, lp);
+    if (sch->cfg.on_token) sch->cfg.on_token(sch->cfg.user, r->id, (int)x->stream, x->n - 1, tok, lp);
     if (is_stop(r, tok)) return FR_FINISH_STOP;
     if (x->n >= r->max_tokens) return FR_FINISH_LENGTH;
     return FR_FINISH_NONE;
@@ -287,7 +288,7 @@ static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits)
         tok = r->forced[x->n];
         if (fr_log_softmax(logits, sch->vocab, r->params.temperature, sch->lsm)) return FR_FINISH_ERROR;
         lp = sch->lsm[tok];
-    } else if (fr_sample(sch->sampler, logits, &r->params, (uint64_t)x->index, (uint64_t)x->n, &tok, &lp)) {
+    } else if (fr_sample(sch->sampler, logits, &r->params, x->stream, (uint64_t)x->n, &tok, &lp)) {
         return FR_FINISH_ERROR;
     }
     return accept(sch, x, tok, lp);
@@ -595,7 +596,8 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
     }
     for (int i = 0; ok && i < spec->n; i++) {
         sample *x = &r->samples[i];
-        *x = (sample){.r = r, .index = i, .seq = -1, .shadow_seq = -1};
+        *x = (sample){.r = r, .index = i, .stream = (uint64_t)spec->first_sample + (uint64_t)i, .seq = -1,
+                      .shadow_seq = -1};
         x->monitored = spec->monitor == 1 || (spec->monitor != 0 && chosen(spec->id, i, sch->cfg.kl_sample_rate));
         x->tokens = malloc(sizeof(int) * (size_t)max_tokens);
         x->logprobs = malloc(sizeof(float) * (size_t)max_tokens);
@@ -879,7 +881,7 @@ static fr_status schedule_outputs(fr_scheduler *sch, step_plan *p)
             sch->keep[n_keep++] = i;
         }
         /* A forced row's draw (greedy) keeps the decode batch whole; unused. */
-        fr_decode_row dr = {.params = r->params, .sequence = (uint64_t)x->index, .step = (uint64_t)x->n};
+        fr_decode_row dr = {.params = r->params, .sequence = x->stream, .step = (uint64_t)x->n};
         if (r->forced) dr.params = (fr_sampling_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
         sch->drows[i] = dr;
         sch->dslot[i] = r->forced ? -1 : d;
@@ -904,7 +906,7 @@ static fr_status schedule_outputs(fr_scheduler *sch, step_plan *p)
         for (int i = lo; i < hi; i++)
             sch->sdraws[d++] = (fr_step_draw){
                 .row = row,
-                .d = {.params = r->params, .sequence = (uint64_t)r->samples[i].index, .step = (uint64_t)r->samples[i].n}};
+                .d = {.params = r->params, .sequence = r->samples[i].stream, .step = (uint64_t)r->samples[i].n}};
     }
     if (n_keep > sch->logit_rows) {
         float *g = realloc(sch->logits, sizeof(float) * (size_t)sch->vocab * (size_t)n_keep);

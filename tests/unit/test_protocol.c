@@ -97,6 +97,7 @@ static void test_generate_full_and_minimal(void **state)
     g->n_stop_token_ids = 2;
     g->has_seed = 1;
     g->seed = 12345678901234ull;
+    g->first_sample = 3;
     g->monitor_divergence = 1;
     round_trip(&m, &d);
     const fr_msg_generate *h = &d.u.generate;
@@ -112,6 +113,7 @@ static void test_generate_full_and_minimal(void **state)
     assert_true(h->has_stop_token_ids && h->n_stop_token_ids == 2);
     assert_memory_equal(h->stop_token_ids, stop, sizeof stop);
     assert_true(h->has_seed && h->seed == 12345678901234ull);
+    assert_int_equal(h->first_sample, 3);
     assert_int_equal(h->monitor_divergence, 1);
     fr_msg_free(&d);
     assert_int_equal(d.type, FR_MSG_NONE);
@@ -129,7 +131,8 @@ static void test_generate_full_and_minimal(void **state)
     h = &d.u.generate;
     assert_int_equal(h->n, 1);
     assert_false(h->has_group_id || h->has_temperature || h->has_top_k || h->has_top_p || h->has_max_tokens ||
-                 h->has_seed || h->monitor_divergence != -1 || h->per_token_kl || h->forced_tokens);
+                 h->has_seed || h->first_sample || h->monitor_divergence != -1 || h->per_token_kl ||
+                 h->forced_tokens);
     assert_true(h->has_stop_token_ids);
     assert_int_equal(h->n_stop_token_ids, 0);
     fr_msg_free(&d);
@@ -550,6 +553,10 @@ static void test_generate_errors(void **state)
     expect_generate_refused(&c, NULL, "\"stop_token_ids\" must be an array, got an integer");
     c = (field){.k = "seed", .t = V_INT, .i = -1};
     expect_generate_refused(&c, NULL, "\"seed\" must be an integer >= 0");
+    c = (field){.k = "first_sample", .t = V_INT, .i = -1};
+    expect_generate_refused(&c, NULL, "\"first_sample\" must be in [0, 2147483645], got -1");
+    c = (field){.k = "first_sample", .t = V_INT, .i = 2147483646};   /* no room for n = 2 */
+    expect_generate_refused(&c, NULL, "\"first_sample\" must be in [0, 2147483645], got 2147483646");
     c = (field){.k = "group_id", .t = V_DBL, .d = 1.0};
     expect_generate_refused(&c, NULL, "\"group_id\" must be an integer >= 0, got a float");
     c = (field){.k = "monitor_divergence", .t = V_INT, .i = 1};

@@ -1,5 +1,6 @@
 /* Protocol names, message init/free, and the value checks shared by the
  * encoder and the decoder (trainer_bridge/protocol/protocol.h). */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -218,6 +219,9 @@ static fr_status check_generate(const fr_msg_generate *g)
     if (st) return st;
     if (g->n < 1 || g->n > FR_PROTO_MAX_SAMPLES)
         return BAD("%s: \"n\" must be in [1, %d], got %d", t, FR_PROTO_MAX_SAMPLES, g->n);
+    if (g->first_sample < 0 || g->first_sample > INT_MAX - g->n)
+        return BAD("%s: \"first_sample\" must be in [0, %d] for n = %d, got %d", t, INT_MAX - g->n, g->n,
+                   g->first_sample);
     if (g->has_temperature && !(isfinite(g->temperature) && g->temperature >= 0))
         return BAD("%s: \"temperature\" must be a finite number >= 0 (0 = greedy), got %s", t, num(g->temperature, nb, sizeof nb));
     if (g->has_top_k && g->top_k < 0) return BAD("%s: \"top_k\" must be >= 0 (0 = off), got %d", t, g->top_k);

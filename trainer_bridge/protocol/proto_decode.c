@@ -303,12 +303,13 @@ enum { I_MAX = INT_MAX };
 static fr_status dec_generate(const ctx *c, fr_msg_generate *g)
 {
     KEYS(c, "type", "v", "request_id", "prompt", "n", "group_id", "temperature", "top_k", "top_p", "max_tokens",
-         "stop_token_ids", "seed", "monitor_divergence", "per_token_kl", "forced_tokens");
+         "stop_token_ids", "seed", "monitor_divergence", "per_token_kl", "forced_tokens", "first_sample");
     int has_n = 0;
     TRY(get_u64(c, "request_id", 1, &g->request_id, NULL));
     TRY(get_ints(c, "prompt", 1, 0, I_MAX, &g->prompt, &g->n_prompt, NULL));
     TRY(get_int(c, "n", 0, 1, FR_PROTO_MAX_SAMPLES, &g->n, &has_n));
     if (!has_n) g->n = 1;
+    TRY(get_int(c, "first_sample", 0, 0, I_MAX - g->n, &g->first_sample, NULL));
     TRY(get_u64(c, "group_id", 0, &g->group_id, &g->has_group_id));
     TRY(get_double(c, "temperature", 0, &g->temperature, &g->has_temperature));
     TRY(get_int(c, "top_k", 0, 0, I_MAX, &g->top_k, &g->has_top_k));

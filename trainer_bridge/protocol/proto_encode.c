@@ -86,12 +86,13 @@ static void head(msgpack_packer *pk, fr_msg_type t, int n_fields)
 
 static void enc_generate(msgpack_packer *pk, const fr_msg_generate *g)
 {
-    int n = 3 + (g->monitor_divergence >= 0) + g->per_token_kl + (g->forced_tokens != NULL) + g->has_group_id +
+    int n = 3 + (g->first_sample > 0) + (g->monitor_divergence >= 0) + g->per_token_kl + (g->forced_tokens != NULL) + g->has_group_id +
             g->has_temperature + g->has_top_k + g->has_top_p + g->has_max_tokens + g->has_stop_token_ids + g->has_seed;
     head(pk, FR_MSG_GENERATE, n);
     kv_u64(pk, "request_id", g->request_id);
     kv_ints(pk, "prompt", g->prompt, g->n_prompt);
     kv_int(pk, "n", g->n);
+    if (g->first_sample > 0) kv_int(pk, "first_sample", g->first_sample);
     if (g->monitor_divergence >= 0) kv_bool(pk, "monitor_divergence", g->monitor_divergence);
     if (g->per_token_kl) kv_bool(pk, "per_token_kl", 1);
     if (g->forced_tokens) kv_ints(pk, "forced_tokens", g->forced_tokens, g->n_forced_tokens);

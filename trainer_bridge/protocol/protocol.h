@@ -188,6 +188,7 @@ typedef struct {
     int *prompt;                         /* token ids, >= 0 */
     int n_prompt;                        /* >= 1 */
     int n;                               /* samples, >= 1 (1 when absent) */
+    int first_sample;                    /* index of the first sample, >= 0 (0 when absent; sent when > 0) */
     int has_temperature, has_top_k, has_top_p, has_max_tokens, has_stop_token_ids, has_seed;
     double temperature;                  /* >= 0, 0 = greedy */
     int top_k;                           /* >= 0, 0 = off */

@@ -50,6 +50,7 @@ typedef struct {
     uint64_t request_id, group_id;
     int peer;
     int n, n_prompt, open;
+    int first_sample;        /* the wire's sample of q->s[k] is first_sample + k, as the engine's */
     int held;                /* received during a pause: not yet submitted */
     fr_request_spec spec;    /* held: prompt and stop ids owned here */
     double t0_ms;            /* when it was received */

@@ -19,6 +19,7 @@ static void put_spec(fr_rank_buf *b, int engine, const fr_request_spec *r)
     fr_rank_put_u64(b, r->group);
     fr_rank_put_i32s(b, r->prompt, r->n_prompt);
     fr_rank_put_i32(b, r->n);
+    fr_rank_put_i32(b, r->first_sample);
     fr_rank_put_f32(b, r->params.temperature);
     fr_rank_put_i32(b, r->params.top_k);
     fr_rank_put_f32(b, r->params.top_p);
@@ -97,6 +98,7 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
     r->prompt = g->prompt;
     r->n_prompt = g->n_prompt;
     r->n = g->n;
+    r->first_sample = q->first_sample;
     r->params = d->params;
     if (g->has_temperature) r->params.temperature = (float)g->temperature;
     if (g->has_top_k) r->params.top_k = g->top_k;
@@ -171,6 +173,7 @@ void srv_handle_generate(fr_bridge_server *srv, int peer, const fr_msg_generate 
     q->group_id = g->has_group_id ? g->group_id : id;
     q->peer = peer;
     q->n = q->open = g->n;
+    q->first_sample = g->first_sample;
     q->n_prompt = g->n_prompt;
     q->t0_ms = fr_now_ms();
     q->seed = g->has_seed ? g->seed : fr_seed_stream_next(&srv->seeds);

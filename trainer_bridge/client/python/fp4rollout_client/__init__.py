@@ -233,16 +233,20 @@ class RolloutClient(_Closes):
                stop_token_ids: Optional[Sequence[int]] = None, seed: Optional[int] = None,
                monitor: Optional[bool] = None, per_token_kl: bool = False,
                forced_tokens: Optional[Sequence[int]] = None, request_id: Optional[int] = None,
-               group_id: Optional[int] = None) -> int:
+               group_id: Optional[int] = None, first_sample: int = 0) -> int:
         """Sends one generate and returns its request id (results come from results()).
         prompt_ids: text (with a tokenizer), or token ids as a list, tuple, numpy
-        or torch integer array."""
+        or torch integer array. The samples are numbered first_sample ..
+        first_sample + n - 1, and sample i draws from the seed's stream i: a
+        sample s replays alone with seed=s.seed, first_sample=s.sample, n=1 and
+        the same prompt and parameters (docs/sampling.md, "Seeds")."""
         prompt_ids = self._ids(prompt_ids)
         rid = self._next_id if request_id is None else int(request_id)
         self._next_id = max(self._next_id, rid + 1)
         g = _native.Generate()
         prompt = _int_array(prompt_ids)
         g.request_id, g.prompt, g.n_prompt, g.n = rid, prompt, len(prompt_ids), int(n)
+        g.first_sample = int(first_sample)
         keep = [prompt]
         if group_id is not None:
             g.has_group_id, g.group_id = 1, int(group_id)
@@ -319,8 +323,8 @@ class RolloutClient(_Closes):
                  top_p: Optional[float] = None, max_tokens: Optional[int] = None,
                  stop_token_ids: Optional[Sequence[int]] = None, seed: Optional[int] = None,
                  monitor: Optional[bool] = None, per_token_kl: bool = False,
-                 forced_tokens: Optional[Sequence[int]] = None, group_id: Optional[int] = None
-                 ) -> Iterator[SampleResult]:
+                 forced_tokens: Optional[Sequence[int]] = None, group_id: Optional[int] = None,
+                 first_sample: int = 0) -> Iterator[SampleResult]:
         """Submits one prompt (text, or token ids as a list, tuple, numpy or torch
         integer array) or several (a list of such prompts, request ids in order)
         and yields every sample as it finishes, in the order they finish.
@@ -332,7 +336,7 @@ class RolloutClient(_Closes):
         for p in prompts:
             self.submit(p, n=n, temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens,
                         stop_token_ids=stop_token_ids, seed=seed, monitor=monitor, per_token_kl=per_token_kl,
-                        forced_tokens=forced_tokens, group_id=group_id)
+                        forced_tokens=forced_tokens, group_id=group_id, first_sample=first_sample)
         return self.results()
 
     def _ids(self, prompt) -> List[int]:

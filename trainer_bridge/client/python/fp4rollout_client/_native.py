@@ -21,7 +21,7 @@ class Divergence(ctypes.Structure):
 
 class Generate(ctypes.Structure):
     _fields_ = [("request_id", c_u64), ("has_group_id", c_int), ("group_id", c_u64),
-                ("prompt", ctypes.POINTER(c_int)), ("n_prompt", c_int), ("n", c_int),
+                ("prompt", ctypes.POINTER(c_int)), ("n_prompt", c_int), ("n", c_int), ("first_sample", c_int),
                 ("has_temperature", c_int), ("has_top_k", c_int), ("has_top_p", c_int), ("has_max_tokens", c_int),
                 ("has_stop_token_ids", c_int), ("has_seed", c_int), ("temperature", c_dbl), ("top_k", c_int),
                 ("top_p", c_dbl), ("max_tokens", c_int), ("stop_token_ids", ctypes.POINTER(c_int)),
