@@ -58,6 +58,15 @@ typedef struct {
      * its trainer's; has_report_id 0: id. */
     uint64_t report_id;
     int has_report_id;
+    /* Options trainers ask for (docs/sampling.md): min_tokens (0 to
+     * max_tokens): the stop ids are barred from the draws until that many
+     * tokens were generated; top_logprobs (0 to FR_MAX_TOP_LOGPROBS): every
+     * generated token also reports the top_logprobs most likely tokens and
+     * their log-probs; prompt_logprobs (0 or 1): the log-prob of every prompt
+     * token after the first, reported with the request's first sample. */
+    int min_tokens;
+    int top_logprobs;
+    int prompt_logprobs;
 } fr_request_spec;
 
 /* One finished sample. tokens and logprobs hold n_tokens entries each; a
@@ -77,6 +86,16 @@ typedef struct {
     int monitored;
     fr_div_summary div;
     float *kl;                   /* [n_tokens] D_t in nats when per_token_kl, else NULL */
+    /* top_n > 0 (the request's top_logprobs): token i's top_n most likely
+     * tokens, best first, at top_ids[i * top_n ..] with their log-probs */
+    int top_n;
+    int *top_ids;                /* [n_tokens * top_n] */
+    float *top_logprobs;         /* [n_tokens * top_n] */
+    /* prompt_logprobs[i]: the log-prob of prompt token i + 1 given the ones
+     * before (logits / temperature, temperature 1 when greedy); in the result
+     * of the request's first sample only, when asked; else NULL */
+    float *prompt_logprobs;      /* [n_prompt_logprobs = n_prompt - 1] */
+    int n_prompt_logprobs;
 } fr_sample_result;
 
 /* Frees the arrays of a result taken from fr_scheduler_next_result and
@@ -96,7 +115,9 @@ void fr_sample_result_put(fr_rank_buf *b, const fr_sample_result *r, int with_to
 fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out);
 
 /* Checks a request against a model's vocabulary: prompt non-empty and in the
- * vocabulary, n and max_tokens >= 1, first_sample >= 0 with room for n, valid sampling parameters, stop ids in
+ * vocabulary, n and max_tokens >= 1, first_sample >= 0 with room for n,
+ * min_tokens in [0, max_tokens], top_logprobs in [0, FR_MAX_TOP_LOGPROBS]
+ * and at most the vocabulary, prompt_logprobs 0 or 1, valid sampling parameters, stop ids in
  * the vocabulary. FR_EINVAL with a message naming the field otherwise. */
 fr_status fr_request_spec_check(const fr_request_spec *r, int vocab);
 

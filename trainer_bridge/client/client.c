@@ -745,6 +745,9 @@ void fr_client_sample_free(fr_client_sample **ps)
     free(s->logprobs);
     free(s->weight_versions);
     free(s->divergence.kl);
+    free(s->top_token_ids);
+    free(s->top_logprobs);
+    free(s->prompt_logprobs);
     free(s);
     *ps = NULL;
 }
@@ -821,6 +824,14 @@ static fr_status finish_sample(fr_client *c, fr_msg_done *d, fr_client_sample **
     s->seed = d->seed;
     d->divergence.kl = NULL;   /* moved */
     d->divergence.n_kl = 0;
+    s->top_k = d->top_k;
+    s->top_token_ids = d->top_token_ids;
+    s->top_logprobs = d->top_logprobs;
+    s->prompt_logprobs = d->prompt_logprobs;
+    s->n_prompt_logprobs = d->n_prompt_logprobs;
+    d->top_token_ids = NULL;   /* moved */
+    d->top_logprobs = NULL;
+    d->prompt_logprobs = NULL;
     *out = s;
     return FR_OK;
 }

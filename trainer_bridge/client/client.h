@@ -176,6 +176,12 @@ typedef struct {
     fr_msg_divergence divergence;  /* kl: per-token KL when asked for */
     int has_seed;                  /* 0: the server did not report the seed */
     uint64_t seed;                 /* the seed that produced it: replays it (docs/sampling.md) */
+    /* Asked for with the generate's logprobs (k) and prompt_logprobs. */
+    int top_k;                     /* 0: none */
+    int *top_token_ids;            /* [n_tokens * top_k]: token i's k most likely, best first */
+    float *top_logprobs;           /* [n_tokens * top_k] */
+    float *prompt_logprobs;        /* prompt tokens 1 .. n_prompt - 1 (the request's first sample); NULL: none */
+    int n_prompt_logprobs;
 } fr_client_sample;
 
 /* Reads messages until a sample ends: 1 in *got and the sample (free with

@@ -57,6 +57,9 @@ static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
     int *stop = fr_rank_get_i32s(r, &spec.n_stop, &oom[1]);
     spec.monitor = fr_rank_get_i32(r);
     spec.per_token_kl = fr_rank_get_i32(r);
+    spec.min_tokens = fr_rank_get_i32(r);
+    spec.top_logprobs = fr_rank_get_i32(r);
+    spec.prompt_logprobs = fr_rank_get_i32(r);
     has_forced = fr_rank_get_i32(r);
     int *forced = has_forced ? fr_rank_get_i32s(r, &spec.n_forced, &oom[2]) : NULL;
     spec.prompt = prompt;
@@ -251,7 +254,7 @@ static void take_done(fr_bridge_server *srv, fr_rank_reader *r)
         fr_msg_divergence div;
         srv_divergence_of(&res, &div);
         srv->engine_open[q->engine]--;
-        srv_send_done(srv, q, k, srv_wire_finish(res.finish), res.n_tokens, res.preemptions, &div);
+        srv_send_done(srv, q, k, srv_wire_finish(res.finish), res.n_tokens, res.preemptions, &div, &res);
     }
     fr_sample_result_free(&res);
 }

@@ -28,6 +28,9 @@ static void put_spec(fr_rank_buf *b, int engine, const fr_request_spec *r)
     fr_rank_put_i32s(b, r->stop_ids, r->n_stop > 0 ? r->n_stop : 0);
     fr_rank_put_i32(b, r->monitor);
     fr_rank_put_i32(b, r->per_token_kl);
+    fr_rank_put_i32(b, r->min_tokens);
+    fr_rank_put_i32(b, r->top_logprobs);
+    fr_rank_put_i32(b, r->prompt_logprobs);
     fr_rank_put_i32(b, r->forced ? 1 : 0);
     if (r->forced) fr_rank_put_i32s(b, r->forced, r->n_forced);
 }
@@ -114,6 +117,9 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
     }
     r->monitor = g->monitor_divergence;   /* -1 when absent: the scheduler's kl_sample_rate */
     r->per_token_kl = g->per_token_kl;
+    r->min_tokens = g->min_tokens;
+    r->top_logprobs = g->logprobs;
+    r->prompt_logprobs = g->prompt_logprobs;
     r->forced = g->forced_tokens;
     r->n_forced = g->forced_tokens ? g->n_forced_tokens : 0;
 }
@@ -228,7 +234,7 @@ int srv_abort_held(fr_bridge_server *srv, request *q)
 {
     int n = q->open, total = q->n;
     srv->held_aborted += (uint64_t)n;
-    for (int k = 0; k < total; k++) srv_send_done(srv, q, k, FR_WIRE_ABORT, 0, 0, NULL);   /* the last frees q */
+    for (int k = 0; k < total; k++) srv_send_done(srv, q, k, FR_WIRE_ABORT, 0, 0, NULL, NULL);   /* the last frees q */
     return n;
 }
 

@@ -157,7 +157,7 @@ void srv_flush_all(fr_bridge_server *srv)
  * sample (q must not be used after). div: the divergence figures, NULL for
  * none. */
 void srv_send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish why, int n_tokens, int preemptions,
-                   const fr_msg_divergence *div)
+                   const fr_msg_divergence *div, const fr_sample_result *res)
 {
     flush_sample(srv, q, k);
     sample_state *s = &q->s[k];
@@ -173,6 +173,15 @@ void srv_send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish why,
                              .ttft_ms = s->has_first ? s->first_ms - q->t0_ms : 0, .total_ms = t - q->t0_ms,
                              .has_seed = 1, .seed = q->seed};
     if (div) m.u.done.divergence = *div;
+    if (res && res->top_n > 0 && res->top_ids && res->n_tokens == s->sent) {
+        m.u.done.top_k = res->top_n;
+        m.u.done.top_token_ids = res->top_ids;
+        m.u.done.top_logprobs = res->top_logprobs;
+    }
+    if (res && res->prompt_logprobs && res->n_prompt_logprobs == q->n_prompt - 1) {
+        m.u.done.prompt_logprobs = res->prompt_logprobs;
+        m.u.done.n_prompt_logprobs = res->n_prompt_logprobs;
+    }
     srv_send_msg(srv, q->peer, &m);
     srv->samples_done++;
     s->ended = 1;
@@ -191,7 +200,7 @@ int srv_end_all(fr_bridge_server *srv, fr_wire_finish why)
         for (int k = 0; q && k < q->n; k++) {
             if (q->s[k].ended) continue;
             const int last = q->open == 1;
-            srv_send_done(srv, q, k, why, q->s[k].sent + q->s[k].n_pending, 0, NULL);
+            srv_send_done(srv, q, k, why, q->s[k].sent + q->s[k].n_pending, 0, NULL, NULL);
             ended++;
             if (last) break;   /* q is freed */
         }
@@ -317,5 +326,5 @@ void srv_on_done(void *user, const fr_sample_result *r)
     }
     fr_msg_divergence div;
     srv_divergence_of(r, &div);
-    srv_send_done(srv, q, k, srv_wire_finish(r->finish), r->n_tokens, r->preemptions, &div);
+    srv_send_done(srv, q, k, srv_wire_finish(r->finish), r->n_tokens, r->preemptions, &div, r);
 }

@@ -69,6 +69,13 @@ class SampleResult:
     seed: Optional[int] = None
     # the tokens as text, when the client has a tokenizer (None otherwise)
     text: Optional[str] = None
+    # with logprobs=k: for every generated token, its k most likely tokens as
+    # (token id, log-prob) pairs, best first (None when not asked)
+    top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
+    # with prompt_logprobs=True, in the request's first sample: one entry per
+    # prompt token, None for the first (nothing precedes it), else its log-prob
+    # given the tokens before it
+    prompt_logprobs: Optional[List[Optional[float]]] = None
 
 
 def keypair() -> Tuple[str, str]:
@@ -233,13 +240,18 @@ class RolloutClient(_Closes):
                stop_token_ids: Optional[Sequence[int]] = None, seed: Optional[int] = None,
                monitor: Optional[bool] = None, per_token_kl: bool = False,
                forced_tokens: Optional[Sequence[int]] = None, request_id: Optional[int] = None,
-               group_id: Optional[int] = None, first_sample: int = 0) -> int:
+               group_id: Optional[int] = None, first_sample: int = 0, min_tokens: int = 0, logprobs: int = 0,
+               prompt_logprobs: bool = False) -> int:
         """Sends one generate and returns its request id (results come from results()).
         prompt_ids: text (with a tokenizer), or token ids as a list, tuple, numpy
         or torch integer array. The samples are numbered first_sample ..
         first_sample + n - 1, and sample i draws from the seed's stream i: a
         sample s replays alone with seed=s.seed, first_sample=s.sample, n=1 and
-        the same prompt and parameters (docs/sampling.md, "Seeds")."""
+        the same prompt and parameters (docs/sampling.md, "Seeds"). min_tokens:
+        the stop tokens are barred until that many tokens were generated;
+        logprobs=k (k <= 20): every token's k most likely tokens and their
+        log-probs (SampleResult.top_logprobs); prompt_logprobs: the prompt
+        tokens' log-probs in the first sample's result."""
         prompt_ids = self._ids(prompt_ids)
         rid = self._next_id if request_id is None else int(request_id)
         self._next_id = max(self._next_id, rid + 1)
@@ -247,6 +259,7 @@ class RolloutClient(_Closes):
         prompt = _int_array(prompt_ids)
         g.request_id, g.prompt, g.n_prompt, g.n = rid, prompt, len(prompt_ids), int(n)
         g.first_sample = int(first_sample)
+        g.min_tokens, g.logprobs, g.prompt_logprobs = int(min_tokens), int(logprobs), int(bool(prompt_logprobs))
         keep = [prompt]
         if group_id is not None:
             g.has_group_id, g.group_id = 1, int(group_id)
@@ -324,7 +337,8 @@ class RolloutClient(_Closes):
                  stop_token_ids: Optional[Sequence[int]] = None, seed: Optional[int] = None,
                  monitor: Optional[bool] = None, per_token_kl: bool = False,
                  forced_tokens: Optional[Sequence[int]] = None, group_id: Optional[int] = None,
-                 first_sample: int = 0) -> Iterator[SampleResult]:
+                 first_sample: int = 0, min_tokens: int = 0, logprobs: int = 0,
+                 prompt_logprobs: bool = False) -> Iterator[SampleResult]:
         """Submits one prompt (text, or token ids as a list, tuple, numpy or torch
         integer array) or several (a list of such prompts, request ids in order)
         and yields every sample as it finishes, in the order they finish.
@@ -336,7 +350,8 @@ class RolloutClient(_Closes):
         for p in prompts:
             self.submit(p, n=n, temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens,
                         stop_token_ids=stop_token_ids, seed=seed, monitor=monitor, per_token_kl=per_token_kl,
-                        forced_tokens=forced_tokens, group_id=group_id, first_sample=first_sample)
+                        forced_tokens=forced_tokens, group_id=group_id, first_sample=first_sample,
+                        min_tokens=min_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         return self.results()
 
     def _ids(self, prompt) -> List[int]:
@@ -483,7 +498,16 @@ def _convert(s) -> SampleResult:
                         weight_versions=[s.weight_versions[i] for i in range(n)],
                         finish_reason=s.finish_reason.decode(), n_prompt=s.n_prompt, preemptions=s.preemptions,
                         ttft_ms=s.ttft_ms if s.has_ttft else None, total_ms=s.total_ms, divergence=div,
-                        seed=s.seed if s.has_seed else None)
+                        seed=s.seed if s.has_seed else None, top_logprobs=_top(s),
+                        prompt_logprobs=[None] + [s.prompt_logprobs[i] for i in range(s.n_prompt_logprobs)]
+                        if s.prompt_logprobs else None)
+
+
+def _top(s) -> Optional[List[List[Tuple[int, float]]]]:
+    k = s.top_k
+    if k <= 0:
+        return None
+    return [[(s.top_token_ids[i * k + j], s.top_logprobs[i * k + j]) for j in range(k)] for i in range(s.n_tokens)]
 
 
 def load_exported(bin_path: str, index_path: str):

@@ -26,7 +26,8 @@ class Generate(ctypes.Structure):
                 ("has_stop_token_ids", c_int), ("has_seed", c_int), ("temperature", c_dbl), ("top_k", c_int),
                 ("top_p", c_dbl), ("max_tokens", c_int), ("stop_token_ids", ctypes.POINTER(c_int)),
                 ("n_stop_token_ids", c_int), ("seed", c_u64), ("monitor_divergence", c_int),
-                ("per_token_kl", c_int), ("forced_tokens", ctypes.POINTER(c_int)), ("n_forced_tokens", c_int)]
+                ("per_token_kl", c_int), ("forced_tokens", ctypes.POINTER(c_int)), ("n_forced_tokens", c_int),
+                ("min_tokens", c_int), ("logprobs", c_int), ("prompt_logprobs", c_int)]
 
 
 class Sample(ctypes.Structure):
@@ -34,7 +35,10 @@ class Sample(ctypes.Structure):
                 ("token_ids", ctypes.POINTER(c_int)), ("logprobs", ctypes.POINTER(ctypes.c_float)),
                 ("weight_versions", ctypes.POINTER(c_u64)), ("finish_reason", ctypes.c_char * 8),
                 ("n_prompt", c_int), ("preemptions", c_int), ("has_ttft", c_int), ("ttft_ms", c_dbl),
-                ("total_ms", c_dbl), ("divergence", Divergence), ("has_seed", c_int), ("seed", c_u64)]
+                ("total_ms", c_dbl), ("divergence", Divergence), ("has_seed", c_int), ("seed", c_u64),
+                ("top_k", c_int), ("top_token_ids", ctypes.POINTER(c_int)),
+                ("top_logprobs", ctypes.POINTER(ctypes.c_float)), ("prompt_logprobs", ctypes.POINTER(ctypes.c_float)),
+                ("n_prompt_logprobs", c_int)]
 
 
 class Tensor(ctypes.Structure):
