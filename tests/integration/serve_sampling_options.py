@@ -4,14 +4,19 @@ by serve_sampling_options.sh.
 
 usage: serve_sampling_options.py ENDPOINT OUT_JSON
 Writes the samples of one request with every option to OUT_JSON, for the
-script to compare with `fp4rollout rollout`.
+script to compare with `fp4rollout rollout`. Also checks token-level
+streaming (RolloutClient.generate_stream, AsyncRolloutClient.stream_tokens):
+a sample's deltas arrive before it ends, in order, and concatenated equal
+its result.
 """
+import asyncio
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "trainer_bridge", "client", "python"))
-from fp4rollout_client import ClientError, RolloutClient, ServerError  # noqa: E402
+from fp4rollout_client import (AsyncRolloutClient, ClientError, RolloutClient, SampleResult,  # noqa: E402
+                               ServerError, TokenDelta)
 
 PROMPT = [256, 104, 101, 108, 108, 111, 32, 119]
 
@@ -21,8 +26,45 @@ def check(cond, what):
         raise SystemExit(f"serve_sampling_options: {what}")
 
 
+def check_stream(events, n_samples):
+    """Deltas then the sample, tokens in order; returns the samples."""
+    got, done = {}, {}
+    for e in events:
+        key = (e.request_id, e.sample)
+        if isinstance(e, TokenDelta):
+            check(key not in done, f"a delta of {key} after its end")
+            toks, lps = got.setdefault(key, ([], []))
+            check(e.start == len(toks) and len(e.token_ids) == len(e.logprobs) == len(e.weight_versions) >= 1,
+                  f"delta of {key} starts at {e.start} after {len(toks)} tokens")
+            toks += e.token_ids
+            lps += e.logprobs
+        else:
+            check(isinstance(e, SampleResult) and key not in done, f"a second end of {key}")
+            done[key] = e
+            check(got.get(key, ([], []))[0] == e.token_ids and got[key][1] == e.logprobs,
+                  f"the deltas of {key} differ from its result")
+    check(len(done) == n_samples, f"{len(done)} samples ended, expected {n_samples}")
+    return got
+
+
+def streaming(ep):
+    with RolloutClient(ep, timeout_ms=20000) as c:
+        got = check_stream(c.generate_stream([PROMPT, PROMPT[:3]], n=2, temperature=1.0, max_tokens=12,
+                                             stop_token_ids=[]), 4)
+        check(all(len(v[0]) == 12 for v in got.values()), "streamed samples are not whole")
+
+    async def run():
+        async with AsyncRolloutClient(ep, timeout_ms=20000) as a:
+            return [e async for e in a.stream_tokens(PROMPT, n=2, temperature=1.0, max_tokens=10,
+                                                     stop_token_ids=[])]
+    events = asyncio.run(run())
+    check_stream(events, 2)
+    check(sum(isinstance(e, TokenDelta) for e in events) >= 4, "the tokens did not come in several deltas")
+
+
 def main():
     ep, out = sys.argv[1], sys.argv[2]
+    streaming(ep)
     with RolloutClient(ep, timeout_ms=20000) as c:
         # Top log-probs change no draw: the same seed with and without them.
         plain = sorted(c.generate(PROMPT, n=2, temperature=1.0, max_tokens=16, stop_token_ids=[], seed=11),

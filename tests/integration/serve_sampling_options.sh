@@ -4,7 +4,8 @@
 # the Python client (serve_sampling_options.py), fp4rollout-client's JSON,
 # and `fp4rollout rollout` and `generate`, whose samples, top log-probs and
 # prompt log-probs for the same seed equal the server's; bad values are
-# refused with a clear message (exit 2 on the command line).
+# refused with a clear message (exit 2 on the command line); the Python
+# client streams tokens (generate_stream, stream_tokens).
 set -euo pipefail
 name=serve_sampling_options
 source "$(dirname "$0")/serve_setup.bash"

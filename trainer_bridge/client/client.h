@@ -192,6 +192,25 @@ typedef struct {
 fr_status fr_client_next_sample(fr_client *c, int timeout_ms, fr_client_sample **out, int *got);
 void fr_client_sample_free(fr_client_sample **s);
 
+/* A token delta as it arrives (docs/protocol.md, "tokens"): tokens start
+ * .. start + n - 1 of one sample. The arrays belong to the client and stay
+ * valid until its next call. */
+typedef struct {
+    uint64_t request_id;
+    int sample, start, n;
+    const int *token_ids;
+    const float *logprobs;
+    const uint64_t *weight_versions;
+} fr_client_delta;
+
+/* fr_client_next_sample that also hands out every token delta as it
+ * arrives, for streaming: *got 1 with *delta, 2 with *out (a finished
+ * sample, as fr_client_next_sample gives it; its tokens are the deltas'
+ * concatenated), 0 when nothing came within timeout_ms. Do not mix with
+ * fr_client_next. */
+fr_status fr_client_next_event(fr_client *c, int timeout_ms, fr_client_delta *delta, fr_client_sample **out,
+                               int *got);
+
 /* ---- JSON (for command lines and bindings) ---- */
 
 /* A reply (hello_reply, stats_reply, pause_reply, resume_reply,

@@ -8,13 +8,14 @@ import ctypes
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _native
 from . import text as _text
 from .text import ByteTokenizer
 
-__all__ = ["RolloutClient", "AsyncRolloutClient", "MetricsSubscriber", "SampleResult", "ServerError", "ClientError",
+__all__ = ["RolloutClient", "AsyncRolloutClient", "MetricsSubscriber", "SampleResult", "TokenDelta", "ServerError",
+           "ClientError",
            "ByteTokenizer", "group_by_prompt", "mismatch_metrics", "keypair", "load_exported"]
 
 _lib = None
@@ -76,6 +77,21 @@ class SampleResult:
     # prompt token, None for the first (nothing precedes it), else its log-prob
     # given the tokens before it
     prompt_logprobs: Optional[List[Optional[float]]] = None
+
+
+@dataclass
+class TokenDelta:
+    """Tokens of one sample as the server streams them (docs/protocol.md,
+    "tokens"): token_ids[i] is the sample's token start + i."""
+    request_id: int
+    sample: int
+    start: int
+    token_ids: List[int]
+    logprobs: List[float]
+    weight_versions: List[int]
+    # the tokens as text, when the client has a tokenizer (None otherwise; a
+    # multi-byte character split between deltas decodes with replacements)
+    text: Optional[str] = None
 
 
 def keypair() -> Tuple[str, str]:
@@ -317,6 +333,53 @@ class RolloutClient(_Closes):
             if s is None:
                 raise ClientError(f"no sample finished within {wait} ms ({self.open_samples()} open)")
             yield s
+
+    def events(self, timeout_ms: Optional[int] = None) -> Iterator[Union[TokenDelta, SampleResult]]:
+        """Streams: yields every TokenDelta as it arrives and every SampleResult
+        as its sample finishes (after its last delta), until none of this
+        client's samples is open. A sample's deltas concatenated are its
+        result's tokens. A refused request raises ServerError."""
+        wait = self.timeout_ms if timeout_ms is None else timeout_ms
+        while self.open_samples() > 0:
+            e = self._next_event(wait)
+            if e is None:
+                raise ClientError(f"nothing arrived within {wait} ms ({self.open_samples()} samples open)")
+            yield e
+
+    def _next_event(self, wait_ms: int) -> Optional[Union[TokenDelta, SampleResult]]:
+        """The next delta or finished sample, or None when none came within wait_ms."""
+        delta, ptr, got = _native.Delta(), ctypes.POINTER(_native.Sample)(), ctypes.c_int(0)
+        if self._lib.fr_client_next_event(self._c, int(wait_ms), ctypes.byref(delta), ctypes.byref(ptr),
+                                          ctypes.byref(got)):
+            self._raise()
+        if got.value == 0:
+            return None
+        if got.value == 1:   # the arrays live until the next call: copied now
+            n = delta.n
+            ids = [delta.token_ids[i] for i in range(n)]
+            return TokenDelta(request_id=delta.request_id, sample=delta.sample, start=delta.start, token_ids=ids,
+                              logprobs=[delta.logprobs[i] for i in range(n)],
+                              weight_versions=[delta.weight_versions[i] for i in range(n)],
+                              text=_text.decode(self.tokenizer, ids))
+        try:
+            s = _convert(ptr.contents)
+        finally:
+            self._lib.fr_client_sample_free(ctypes.byref(ptr))
+        s.text = _text.decode(self.tokenizer, s.token_ids)
+        return s
+
+    def generate_stream(self, prompt_ids, timeout_ms: Optional[int] = None,
+                        **kwargs) -> Iterator[Union[TokenDelta, SampleResult]]:
+        """generate() with token-level streaming: submits the prompt(s) (request
+        ids in order) with submit()'s keywords and yields what events() yields:
+        each sample's tokens as they are drawn, then the sample."""
+        prompts = [prompt_ids] if _text.is_single_prompt(prompt_ids) else list(prompt_ids)
+        if not prompts:
+            raise ClientError("generate_stream: no prompt given")
+        prompts = [self._ids(p) for p in prompts]   # all checked before any is sent
+        for p in prompts:
+            self.submit(p, **kwargs)
+        return self.events(timeout_ms)
 
     def _next_sample(self, wait_ms: int) -> Optional[SampleResult]:
         """The next finished sample, or None when none finished within wait_ms."""

@@ -41,6 +41,12 @@ class Sample(ctypes.Structure):
                 ("n_prompt_logprobs", c_int)]
 
 
+class Delta(ctypes.Structure):
+    _fields_ = [("request_id", c_u64), ("sample", c_int), ("start", c_int), ("n", c_int),
+                ("token_ids", ctypes.POINTER(c_int)), ("logprobs", ctypes.POINTER(ctypes.c_float)),
+                ("weight_versions", ctypes.POINTER(c_u64))]
+
+
 class Tensor(ctypes.Structure):
     _fields_ = [("name", c_char_p), ("dtype", c_int), ("ndim", c_int), ("shape", ctypes.POINTER(ctypes.c_int64)),
                 ("data", ctypes.c_void_p)]
@@ -97,6 +103,7 @@ def load():
         "fr_client_resubmit": (c_int, [ctypes.c_void_p, P(c_int)]),
         "fr_client_next_sample": (c_int, [ctypes.c_void_p, c_int, P(P(Sample)), P(c_int)]),
         "fr_client_sample_free": (None, [P(P(Sample))]),
+        "fr_client_next_event": (c_int, [ctypes.c_void_p, c_int, P(Delta), P(P(Sample)), P(c_int)]),
         "fr_client_update_weights": (c_int, [ctypes.c_void_p, P(Tensor), c_int, c_u64, P(UpdateOpts),
                                              P(UpdateReply)]),
         "fr_client_nccl_group_init": (c_int, [ctypes.c_void_p, c_int]),
