@@ -5,7 +5,9 @@
 # and `fp4rollout rollout` and `generate`, whose samples, top log-probs and
 # prompt log-probs for the same seed equal the server's; bad values are
 # refused with a clear message (exit 2 on the command line); the Python
-# client streams tokens (generate_stream, stream_tokens).
+# client streams tokens (generate_stream, stream_tokens). Under mpirun, a
+# two-engine server and a two-engine deterministic rollout carry the options
+# across the ranks and give the single process's numbers.
 set -euo pipefail
 name=serve_sampling_options
 source "$(dirname "$0")/serve_setup.bash"
@@ -40,6 +42,27 @@ for name, run in zip(("fp4rollout-client", "rollout", "generate"), runs):
         assert ("prompt_logprobs" in run[k]) == (k == 0), (name, k, "prompt_logprobs only with sample 0")
         assert norm(py[k]) == norm(run[k]), (name, k, norm(py[k]), norm(run[k]))
 PY
+
+# Several ranks: the results travel from the engines to rank 0 with their
+# top and prompt log-probs.
+if command -v mpirun >/dev/null 2>&1; then
+  mpi=(mpirun --oversubscribe -x OPENBLAS_NUM_THREADS)
+  [ "$(id -u)" -eq 0 ] && mpi+=(--allow-run-as-root)
+  start_server mpi '{"model": "synthetic:tiny", "backend": "cpu", "kv_dtype": "f32", "max_seqs": 16,
+   "sampling": {"max_tokens": 16}, "coordinator": {"bind": "127.0.0.1", "port": PORT}}' timeout 120 "${mpi[@]}" -np 2
+  timeout 60 "$cli" --endpoint "$ep" --timeout-ms 20000 generate --prompts "$dir/p.txt" "${opts[@]}" > "$dir/m.jsonl" ||
+    fail "generate on two engines failed"
+  cmp -s <(sort "$dir/c.jsonl" | sed 's/"ttft_ms":[^,]*,"total_ms":[^,]*,//') \
+         <(sort "$dir/m.jsonl" | sed 's/"ttft_ms":[^,]*,"total_ms":[^,]*,//') ||
+    fail "a two-engine server's samples differ from one process's"
+  printf '256,104,101,108,108,111\n256,7,8,9,10\n' > "$dir/p2.txt"
+  det=(rollout --model synthetic:tiny --backend cpu --kv bf16 --deterministic --prompts "$dir/p2.txt" --json "${opts[@]}")
+  timeout 120 "${mpi[@]}" -np 2 "$bin" "${det[@]}" > "$dir/mr.jsonl" 2> "$dir/mr.err" ||
+    fail "a two-engine rollout failed: $(tail -3 "$dir/mr.err")"
+  "$bin" "${det[@]}" > "$dir/sr.jsonl" 2> /dev/null || fail "rollout failed"
+  cmp -s <(sort "$dir/mr.jsonl") <(sort "$dir/sr.jsonl") || fail "a two-engine rollout differs from one process"
+  grep -c prompt_logprobs "$dir/mr.jsonl" | grep -qx 2 || fail "two prompts, two samples with prompt log-probs"
+fi
 
 # Bad values on the command line: exit 2 with the reason.
 expect_usage() {
