@@ -7,6 +7,7 @@
 #include <getopt.h>
 #include <stdio.h>
 
+#include "base/buf.h"
 #include "rollout/model/sampler.h"
 #include "rollout/engine/session.h"
 
@@ -64,10 +65,13 @@ int fr_cli_int(const char *cmd, const char *flag, const char *text, long lo, lon
 int fr_cli_float(const char *cmd, const char *flag, const char *text, float *out);
 
 /* The sampling options generate and rollout share: --n, --max-tokens,
- * --greedy, --temperature, --top-p, --top-k, --seed, --stop-ids,
- * --ignore-eos, --json. */
+ * --greedy, --temperature, --top-p, --top-k, --seed, --first-sample,
+ * --stop-ids, --ignore-eos, --min-tokens, --logprobs, --prompt-logprobs,
+ * --json. */
 typedef struct {
     int n_samples, max_tokens, json, ignore_eos, greedy;
+    int min_tokens, logprobs, prompt_logprobs;   /* rollout/engine/request.h's options */
+    int first_sample;               /* samples are numbered first_sample, ...: stream i of the seed */
     int has_seed;                   /* --seed given; else finish draws a fresh one */
     uint64_t seed;
     const char *stop_text;          /* --stop-ids, or NULL */
@@ -98,6 +102,12 @@ int fr_cli_byte_model(const fr_model_config *mc);
 fr_status fr_cli_byte_prompt(const char *text, int **ids, int *n);
 /* The usage lines of the engine options. */
 extern const char fr_engine_opts_usage[];
+/* The JSON keys of the log-prob options, appended to a sample's object:
+ * ,"top_logprobs":[[[id,logprob],...],...] (one list per token, best first)
+ * when top_k > 0, and ,"prompt_logprobs":[null,lp1,...] (one entry per
+ * prompt token) when plp is non-NULL. */
+void fr_cli_json_logprobs(fr_buf *b, int top_k, const int *ids, const float *lps, int n_tokens, const float *plp,
+                          int n_plp);
 /* Prints "fp4rollout CMD: message" and a hint to --help; returns exit status 2. */
 int fr_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

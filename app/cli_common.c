@@ -1,6 +1,8 @@
 #include "app/cli.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -8,7 +10,6 @@
 
 #include "base/seed.h"
 
-#include <limits.h>
 #include <unistd.h>
 
 /* The bundled demo model is found from the program's own place (build/,
@@ -107,6 +108,41 @@ int fr_cli_float(const char *cmd, const char *flag, const char *text, float *out
     return 0;
 }
 
+/* A log-prob as JSON: %.9g round-trips a float; -inf as -1e999 (which JSON
+ * readers take as -infinity), NaN as null. */
+static void json_logprob(fr_buf *b, float x)
+{
+    if (isfinite(x)) fr_buf_printf(b, "%.9g", (double)x);
+    else if (x == -INFINITY) fr_buf_printf(b, "-1e999");
+    else fr_buf_printf(b, "null");
+}
+
+void fr_cli_json_logprobs(fr_buf *b, int top_k, const int *ids, const float *lps, int n_tokens, const float *plp,
+                          int n_plp)
+{
+    if (top_k > 0 && ids && lps) {
+        fr_buf_printf(b, ",\"top_logprobs\":[");
+        for (int i = 0; i < n_tokens; i++) {
+            fr_buf_printf(b, "%s[", i ? "," : "");
+            for (int k = 0; k < top_k; k++) {
+                fr_buf_printf(b, "%s[%d,", k ? "," : "", ids[(size_t)i * top_k + k]);
+                json_logprob(b, lps[(size_t)i * top_k + k]);
+                fr_buf_printf(b, "]");
+            }
+            fr_buf_printf(b, "]");
+        }
+        fr_buf_printf(b, "]");
+    }
+    if (plp) {
+        fr_buf_printf(b, ",\"prompt_logprobs\":[null");
+        for (int i = 0; i < n_plp; i++) {
+            fr_buf_printf(b, ",");
+            json_logprob(b, plp[i]);
+        }
+        fr_buf_printf(b, "]");
+    }
+}
+
 void fr_cli_sampling_default(fr_cli_sampling *o)
 {
     *o = (fr_cli_sampling){.n_samples = 1, .max_tokens = 64,
@@ -135,12 +171,17 @@ int fr_cli_sampling_parse(const char *cmd, int argc, char **argv, int *i, fr_cli
     if (strcmp(a, "--greedy") == 0) o->greedy = 1;
     else if (strcmp(a, "--json") == 0) o->json = 1;
     else if (strcmp(a, "--ignore-eos") == 0) o->ignore_eos = 1;
+    else if (strcmp(a, "--prompt-logprobs") == 0) o->prompt_logprobs = 1;
     else if (!v) return 0;
     else if (strcmp(a, "--stop-ids") == 0) o->stop_text = argv[++*i];
     else if (strcmp(a, "--n") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 1, 4096, &o->n_samples);
     else if (strcmp(a, "--max-tokens") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 1, 1 << 24, &o->max_tokens);
     else if (strcmp(a, "--top-k") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 0, 1 << 30, &o->sp.top_k);
     else if (strcmp(a, "--seed") == 0) bad = parse_seed(cmd, argv[++*i], o);
+    else if (strcmp(a, "--min-tokens") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 0, 1 << 24, &o->min_tokens);
+    else if (strcmp(a, "--logprobs") == 0) bad = fr_cli_int(cmd, a, argv[++*i], 0, FR_MAX_TOP_LOGPROBS, &o->logprobs);
+    else if (strcmp(a, "--first-sample") == 0)
+        bad = fr_cli_int(cmd, a, argv[++*i], 0, INT_MAX - 4096, &o->first_sample);
     else if (strcmp(a, "--temperature") == 0) bad = fr_cli_float(cmd, a, argv[++*i], &o->sp.temperature);
     else if (strcmp(a, "--top-p") == 0) bad = fr_cli_float(cmd, a, argv[++*i], &o->sp.top_p);
     else return 0;
@@ -151,6 +192,8 @@ int fr_cli_sampling_finish(const char *cmd, fr_cli_sampling *o)
 {
     if (o->greedy && o->sp.temperature > 0.0f) return fr_cli_usage_error(cmd, "--greedy contradicts --temperature");
     if (o->greedy) o->sp.temperature = 0.0f;
+    if (o->min_tokens > o->max_tokens)
+        return fr_cli_usage_error(cmd, "--min-tokens %d exceeds --max-tokens %d", o->min_tokens, o->max_tokens);
     if (!o->has_seed && fr_seed_from_os(&o->seed)) {
         fprintf(stderr, "fp4rollout %s: %s (give --seed)\n", cmd, fr_last_error());
         return 2;
@@ -163,7 +206,9 @@ const struct option fr_cli_sampling_longopts[] = {
     {"greedy", no_argument, 0, 0},      {"json", no_argument, 0, 0},         {"ignore-eos", no_argument, 0, 0},
     {"stop-ids", required_argument, 0, 0}, {"n", required_argument, 0, 0}, {"max-tokens", required_argument, 0, 0},
     {"top-k", required_argument, 0, 0}, {"seed", required_argument, 0, 0},  {"temperature", required_argument, 0, 0},
-    {"top-p", required_argument, 0, 0}, {0, 0, 0, 0},
+    {"top-p", required_argument, 0, 0}, {"first-sample", required_argument, 0, 0},
+    {"min-tokens", required_argument, 0, 0}, {"logprobs", required_argument, 0, 0},
+    {"prompt-logprobs", no_argument, 0, 0}, {0, 0, 0, 0},
 };
 
 const struct option fr_cli_engine_longopts[] = {

@@ -16,7 +16,7 @@
 static const char usage_text[] =
     "usage: fp4rollout eval-kl --model M --texts FILE... [--calib FILE]\n"
     "                          [--configs LIST] [--ablation] [--tokens N] [--json]\n"
-    "                          [--quiet] [--backend B] [--tp N]\n"
+    "                          [--quiet] [--backend B] [--tp N] [--deterministic]\n"
     "\n"
     "Teacher-forced KL from a BF16 KV cache (paper Appendix A). Texts are raw bytes,\n"
     "read as BOS followed by one token per byte. A reference pass with a BF16 cache\n"
@@ -52,6 +52,10 @@ static const char usage_text[] =
     "  --tp N               tensor parallel over N ranks (CPU backend; launch with\n"
     "                       mpirun -np N, or a multiple: every engine evaluates, world\n"
     "                       rank 0 prints; docs/tensor_parallel.md)\n"
+    "  --deterministic      every text's figures bitwise the same whatever other\n"
+    "                       texts are evaluated beside it, at any BLAS thread count\n"
+    "                       or x86-64 CPU (CPU backend; --backend auto then picks the\n"
+    "                       CPU; docs/determinism.md)\n"
     "\n"
     "configurations:\n"
     "  bf16                 BF16 KV: the reference rerun (0 on this deterministic path)\n"
@@ -159,13 +163,13 @@ static const struct option own_opts[] = {
     {"calib", required_argument, 0, 0}, {"configs", required_argument, 0, 0},
     {"tokens", required_argument, 0, 0}, {"ablation", no_argument, 0, 0}, {"json", no_argument, 0, 0},
     {"quiet", no_argument, 0, 0}, {"backend", required_argument, 0, 0}, {"tp", required_argument, 0, 0},
-    {0, 0, 0, 0},
+    {"deterministic", no_argument, 0, 0}, {0, 0, 0, 0},
 };
 
 int fr_cli_eval_kl(int argc, char **argv)
 {
     const char *cmd = "eval-kl", *model = NULL, *calib_path = NULL, *configs = NULL;
-    int tokens = 0, ablation = 0, json = 0, verbose = 1, tp = 1;
+    int tokens = 0, ablation = 0, json = 0, verbose = 1, tp = 1, deterministic = 0;
     const char *backend = "auto";
     if (fr_cli_wants_help(argc, argv)) {
         printf("%s", usage_text);
@@ -187,6 +191,7 @@ int fr_cli_eval_kl(int argc, char **argv)
         else if (strcmp(a, "--ablation") == 0) ablation = 1;
         else if (strcmp(a, "--json") == 0) json = 1;
         else if (strcmp(a, "--quiet") == 0) verbose = 0;
+        else if (strcmp(a, "--deterministic") == 0) deterministic = 1;
         else if (strcmp(a, "--backend") == 0 && v) backend = argv[++i];
         else if (strcmp(a, "--tp") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 1, 1024, &tp);
         else { free(files); return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", a); }
@@ -201,6 +206,11 @@ int fr_cli_eval_kl(int argc, char **argv)
         free(files);
         return fr_cli_usage_error(cmd, "unknown backend '%s' (expected auto, cpu or cuda)", backend);
     }
+    if (deterministic && want == FR_BACKEND_CUDA) {
+        free(files);
+        return fr_cli_usage_error(cmd, "--deterministic runs on the CPU backend only so far (--backend cpu)");
+    }
+    if (deterministic) want = FR_BACKEND_CPU;   /* auto: the backend that has the mode */
     if (fr_backend_pick(want, &picked)) {
         free(files);
         return fr_cli_usage_error(cmd, "%s", fr_last_error());
@@ -259,7 +269,7 @@ int fr_cli_eval_kl(int argc, char **argv)
     if (!st) {
         fr_eval_kl_params p = {.n_texts = n_files, .texts = (const int *const *)texts, .lens = lens,
                                .configs = cfgs, .n_configs = n_cfgs, .calib = has_calib ? &calib : NULL,
-                               .verbose = verbose, .gpu = gpu, .tp = &rank};
+                               .verbose = verbose, .gpu = gpu, .tp = &rank, .deterministic = deterministic};
         st = fr_eval_kl(m, &p, &rep);
     }
 #ifdef FR_HAVE_CUDA

@@ -12,7 +12,9 @@
 static const char usage_text[] =
     "usage: fp4rollout generate [--model M] (--prompt TEXT | --prompt-ids IDS | --prompt-file F)\n"
     "                           [--n N] [--max-tokens N] [--greedy | --temperature T\n"
-    "                           --top-p P --top-k K] [--seed S] [--stop-ids IDS]\n"
+    "                           --top-p P --top-k K] [--seed S [--first-sample I]]\n"
+    "                           [--stop-ids IDS] [--min-tokens N] [--logprobs K]\n"
+    "                           [--prompt-logprobs]\n"
     "                           [--ignore-eos] [--json] [engine options]\n"
     "\n"
     "Samples N continuations of the prompt. Each token's log-prob is the\n"
@@ -36,8 +38,17 @@ static const char usage_text[] =
     "  --seed S             sampling seed, 0 to 2^64 - 1 (default: a fresh one from\n"
     "                       the operating system); same seed, same tokens. The seed\n"
     "                       used is printed on stderr and in each JSON line\n"
+    "  --first-sample I     number the samples I, I+1, ... (default 0): sample i draws\n"
+    "                       from stream i of the seed, so --seed S --first-sample I\n"
+    "                       --n 1 replays sample I of a run with seed S\n"
     "  --stop-ids IDS       tokens that end a sample (default: the model's EOS ids)\n"
     "  --ignore-eos         do not stop at the model's EOS ids\n"
+    "  --min-tokens N       bar the stop ids (EOS included) until N tokens were drawn\n"
+    "  --logprobs K         with --json, every token's K (<= 20) most likely tokens\n"
+    "                       and their log-probs: top_logprobs, [[id, logprob], ...]\n"
+    "                       per token, best first (docs/sampling.md)\n"
+    "  --prompt-logprobs    with --json, the prompt tokens' log-probs in the first\n"
+    "                       sample's line: prompt_logprobs, null for the first token\n"
     "  --json               one JSON line per sample: sample, token_ids, logprobs,\n"
     "                       finish_reason (stop | length), seed\n"
     "engine options:\n";
@@ -47,7 +58,41 @@ typedef struct {
     int *tokens;
     float *logprobs;
     const char *finish;
+    int *top_ids;          /* [max_tokens * top_n] with --logprobs */
+    float *top_lps;
 } sample;
+
+/* --min-tokens and --logprobs: every token is drawn on the host by the CPU
+ * sampler with its extras, from logits the backend hands over. */
+typedef struct {
+    int on, min_tokens, top_n;
+    const int *stop;
+    int n_stop;
+    float *kept;           /* [n_samples][vocab]: a decode step's logits */
+    int *keep;             /* 0, 1, ...: every row of the step */
+} host_draws;
+
+/* Draws x's next token (index x->n) from logits with the options. */
+static fr_status host_draw(const host_draws *h, fr_sampler *sampler, const float *logits,
+                           const fr_sampling_params *sp, uint64_t sequence, const sample *x, int *tok, float *lp)
+{
+    const int bar = x->n < h->min_tokens;
+    fr_sample_extras ex = {.banned = bar ? h->stop : NULL, .n_banned = bar ? h->n_stop : 0, .top_n = h->top_n,
+                           .top_ids = h->top_n ? x->top_ids + (size_t)x->n * h->top_n : NULL,
+                           .top_logprobs = h->top_n ? x->top_lps + (size_t)x->n * h->top_n : NULL};
+    return fr_sample_ex(sampler, logits, sp, sequence, (uint64_t)x->n, &ex, tok, lp);
+}
+
+/* The log-probs of prompt tokens 1 .. n - 1 from every position's logits
+ * (all [n][vocab]), at the sampling temperature (1 when greedy). */
+static fr_status prompt_logprobs(const float *all, const int *ids, int n, int V, float temperature, float *lsm,
+                                 float *out)
+{
+    fr_status st = FR_OK;
+    for (int i = 0; i + 1 < n && !st; i++)
+        if (!(st = fr_log_softmax(all + (size_t)i * V, V, temperature, lsm))) out[i] = lsm[ids[i + 1]];
+    return st;
+}
 
 static int is_stop(int tok, const int *stop, int n_stop)
 {
@@ -56,14 +101,21 @@ static int is_stop(int tok, const int *stop, int n_stop)
     return 0;
 }
 
-static void print_sample(const sample *s, int idx, int json, uint64_t seed, int byte_vocab)
+/* plp: the prompt log-probs to print with this sample (n_plp), or NULL. */
+static void print_sample(const sample *s, int idx, int json, uint64_t seed, int byte_vocab, int top_n,
+                         const float *plp, int n_plp)
 {
     if (json) {
         printf("{\"sample\":%d,\"token_ids\":[", idx);
         for (int i = 0; i < s->n; i++) printf("%s%d", i ? "," : "", s->tokens[i]);
         printf("],\"logprobs\":[");
         for (int i = 0; i < s->n; i++) printf("%s%.9g", i ? "," : "", s->logprobs[i]);   /* round-trips a float */
-        printf("],\"finish_reason\":\"%s\",\"seed\":%llu}\n", s->finish, (unsigned long long)seed);
+        printf("],\"finish_reason\":\"%s\",\"seed\":%llu", s->finish, (unsigned long long)seed);
+        fr_buf b = {0};
+        fr_cli_json_logprobs(&b, top_n, s->top_ids, s->top_lps, s->n, plp, n_plp);
+        if (b.len && !b.failed) fwrite(b.data, 1, b.len, stdout);
+        fr_buf_free(&b);
+        printf("}\n");
         return;
     }
     printf("sample %d (%s, %d tokens):", idx, s->finish, s->n);
@@ -78,6 +130,136 @@ static void print_sample(const sample *s, int idx, int json, uint64_t seed, int 
         }
     }
     putchar('\n');
+}
+
+/* One generate run: the session, the prompt and every sample's state. */
+typedef struct {
+    fr_session *s;
+    const int *ids;
+    int n_ids, n_samples, first, chunk, max_tokens;
+    const int *stop;
+    int n_stop;
+    fr_sampling_params sp;
+    host_draws h;
+    fr_sampler *sampler;
+    sample *smp;
+    float *logits;         /* [vocab], or [n_ids][vocab] with prompt log-probs */
+    int *step_tok, *owner, *new_tok;
+    float *new_lp;
+    fr_step_seq *steps;
+    fr_decode_row *drows;
+} gen_run;
+
+static void gen_run_free(gen_run *g)
+{
+    for (int i = 0; g->smp && i < g->n_samples; i++) {
+        free(g->smp[i].tokens); free(g->smp[i].logprobs); free(g->smp[i].top_ids); free(g->smp[i].top_lps);
+    }
+    free(g->smp); free(g->logits); free(g->step_tok); free(g->owner); free(g->new_tok); free(g->new_lp);
+    free(g->steps); free(g->drows); free(g->h.kept); free(g->h.keep);
+    fr_sampler_destroy(&g->sampler);
+}
+
+static fr_status gen_run_alloc(gen_run *g, int V, int all_logits)
+{
+    const size_t n = (size_t)g->n_samples, T = (size_t)g->max_tokens, K = (size_t)g->h.top_n;
+    g->smp = calloc(n, sizeof *g->smp);
+    g->logits = malloc(sizeof(float) * (size_t)V * (all_logits ? (size_t)g->n_ids : 1));
+    g->step_tok = malloc(sizeof(int) * n);
+    g->owner = malloc(sizeof(int) * n);
+    g->new_tok = malloc(sizeof(int) * n);
+    g->new_lp = malloc(sizeof(float) * n);
+    g->steps = malloc(sizeof *g->steps * n);
+    g->drows = malloc(sizeof *g->drows * n);
+    int ok = g->smp && g->logits && g->step_tok && g->owner && g->new_tok && g->new_lp && g->steps && g->drows;
+    if (ok && g->h.on) {
+        g->h.kept = malloc(sizeof(float) * (size_t)V * n);
+        g->h.keep = malloc(sizeof(int) * n);
+        ok = g->h.kept && g->h.keep;
+        for (int i = 0; ok && i < g->n_samples; i++) g->h.keep[i] = i;
+    }
+    for (size_t i = 0; ok && i < n; i++) {
+        g->smp[i].seq = -1;
+        g->smp[i].tokens = malloc(sizeof(int) * T);
+        g->smp[i].logprobs = malloc(sizeof(float) * T);
+        ok = g->smp[i].tokens && g->smp[i].logprobs;
+        if (ok && K) {
+            g->smp[i].top_ids = malloc(sizeof(int) * T * K);
+            g->smp[i].top_lps = malloc(sizeof(float) * T * K);
+            ok = g->smp[i].top_ids && g->smp[i].top_lps;
+        }
+    }
+    if (!ok) return fr_fail(FR_ENOMEM, "out of memory");
+    return fr_sampler_new(V, &g->sampler);
+}
+
+/* The first token of sample i from logits. */
+static fr_status first_token(gen_run *g, const float *logits, int i)
+{
+    const uint64_t q = (uint64_t)g->first + (uint64_t)i;
+    if (g->h.on) return host_draw(&g->h, g->sampler, logits, &g->sp, q, &g->smp[i], &g->new_tok[i], &g->new_lp[i]);
+    return fr_sample(g->sampler, logits, &g->sp, q, 0, &g->new_tok[i], &g->new_lp[i]);
+}
+
+/* One prefill; the other samples fork it (full pages shared, the partial
+ * page copied), then batched decode steps, which sample on the backend
+ * (the GPU when it runs there) with the same draws, or hand their logits
+ * over for host draws. plp (NULL: not asked) receives the prompt's
+ * log-probs. */
+static fr_status run_samples(gen_run *g, float *plp)
+{
+    const int V = g->s->model->cfg.vocab_size;
+    fr_status st = gen_run_alloc(g, V, plp != NULL);
+    float *last = g->logits + (plp ? (size_t)(g->n_ids - 1) * (size_t)V : 0);
+    if (!st) st = fr_session_prefill(g->s, g->ids, g->n_ids, g->chunk, &g->smp[0].seq, last, plp ? g->logits : NULL);
+    if (!st && plp) {   /* the vocabulary's row of scratch: the new tokens' buffer is big enough only for n */
+        float *lsm = malloc(sizeof(float) * (size_t)V);
+        st = lsm ? prompt_logprobs(g->logits, g->ids, g->n_ids, V, g->sp.temperature, lsm, plp)
+                 : fr_fail(FR_ENOMEM, "out of memory");
+        free(lsm);
+    }
+    for (int i = 1; !st && i < g->n_samples; i++) st = fr_session_fork(g->s, g->smp[0].seq, &g->smp[i].seq);
+    int active = g->n_samples;
+    for (int i = 0; !st && i < g->n_samples; i++) {
+        st = first_token(g, last, i);
+        g->owner[i] = i;
+    }
+    int n_new = g->n_samples;
+    while (!st) {
+        int n_step = 0;
+        for (int k = 0; k < n_new; k++) {   /* record the tokens just drawn */
+            sample *x = &g->smp[g->owner[k]];
+            const int tok = g->new_tok[k], stops = is_stop(tok, g->stop, g->n_stop);
+            x->tokens[x->n] = tok;
+            x->logprobs[x->n++] = g->new_lp[k];
+            if (stops || x->n == g->max_tokens) {
+                x->done = 1;
+                x->finish = stops ? "stop" : "length";
+                fr_kv_seq_free(g->s->kv, x->seq);
+                active--;
+            }
+        }
+        if (active == 0) break;
+        for (int i = 0; i < g->n_samples; i++) {
+            sample *x = &g->smp[i];
+            if (x->done) continue;
+            g->step_tok[i] = x->tokens[x->n - 1];
+            g->steps[n_step] = (fr_step_seq){.seq = x->seq, .n = 1, .tokens = &g->step_tok[i], .all_logits = 0};
+            g->drows[n_step] = (fr_decode_row){.params = g->sp, .sequence = (uint64_t)g->first + (uint64_t)i,
+                                               .step = (uint64_t)x->n};
+            g->owner[n_step++] = i;
+        }
+        if (!g->h.on) {
+            st = fr_session_decode(g->s, g->steps, g->drows, n_step, g->new_tok, g->new_lp);
+        } else {
+            st = fr_session_decode_keep(g->s, g->steps, g->drows, n_step, NULL, NULL, g->h.keep, n_step, g->h.kept);
+            for (int k = 0; k < n_step && !st; k++)
+                st = host_draw(&g->h, g->sampler, g->h.kept + (size_t)k * V, &g->sp, g->drows[k].sequence,
+                               &g->smp[g->owner[k]], &g->new_tok[k], &g->new_lp[k]);
+        }
+        n_new = n_step;
+    }
+    return st;
 }
 
 /* The options of this command (app/cli_args.c reads them with getopt_long). */
@@ -118,6 +300,7 @@ int fr_cli_generate(int argc, char **argv)
     const char *stop_text = so.stop_text;
     int n_samples = so.n_samples, max_tokens = so.max_tokens, json = so.json, ignore_eos = so.ignore_eos;
     fr_sampling_params sp = so.sp;
+    const int first = so.first_sample;
 
     int *ids = NULL, n_ids = 0, *stop = NULL, n_stop = 0;
     fr_status st = FR_OK;
@@ -164,69 +347,31 @@ int fr_cli_generate(int argc, char **argv)
         stop = malloc(sizeof(int) * (size_t)(mc->n_eos > 0 ? mc->n_eos : 1));
         if (stop) { memcpy(stop, mc->eos_ids, sizeof(int) * (size_t)mc->n_eos); n_stop = mc->n_eos; }
     }
-    sample *smp = calloc((size_t)n_samples, sizeof *smp);
-    float *logits = malloc(sizeof(float) * (size_t)V);
-    int *step_tok = malloc(sizeof(int) * (size_t)n_samples), *owner = malloc(sizeof(int) * (size_t)n_samples);
-    int *new_tok = malloc(sizeof(int) * (size_t)n_samples);
-    float *new_lp = malloc(sizeof(float) * (size_t)n_samples);
-    fr_step_seq *steps = malloc(sizeof *steps * (size_t)n_samples);
-    fr_decode_row *drows = malloc(sizeof *drows * (size_t)n_samples);
-    fr_sampler *sampler = NULL;
-    if (!smp || !logits || !step_tok || !owner || !new_tok || !new_lp || !steps || !drows)
-        st = fr_fail(FR_ENOMEM, "out of memory");
+    /* Every sample's first token comes from the prefill's logits (all of
+     * its positions' with --prompt-logprobs); with --min-tokens or
+     * --logprobs every token is drawn on the host (host_draws). */
+    gen_run g = {.s = &s, .ids = ids, .n_ids = n_ids, .n_samples = n_samples, .first = first, .chunk = eo.chunk,
+                 .max_tokens = max_tokens, .stop = stop, .n_stop = n_stop, .sp = sp,
+                 .h = {.on = so.min_tokens > 0 || so.logprobs > 0, .min_tokens = so.min_tokens, .top_n = so.logprobs,
+                       .stop = stop, .n_stop = n_stop}};
     if (!st) st = fr_check_prompt(mc, ids, n_ids, 0);
-    if (!st && n_ids + max_tokens > mc->max_position) max_tokens = mc->max_position - n_ids;
+    if (!st && n_ids + max_tokens > mc->max_position) g.max_tokens = mc->max_position - n_ids;
+    if (!st && so.min_tokens > g.max_tokens)
+        st = fr_fail(FR_EINVAL, "--min-tokens %d exceeds the %d tokens the context window leaves", so.min_tokens,
+                     g.max_tokens);
     if (!st) st = fr_sampling_params_check(&sp, V);
-    if (!st) st = fr_sampler_new(V, &sampler);
-    for (int i = 0; !st && i < n_samples; i++) {
-        smp[i].tokens = malloc(sizeof(int) * (size_t)max_tokens);
-        smp[i].logprobs = malloc(sizeof(float) * (size_t)max_tokens);
-        smp[i].seq = -1;
-        if (!smp[i].tokens || !smp[i].logprobs) st = fr_fail(FR_ENOMEM, "out of memory");
-    }
-    /* One prefill; the other samples fork it (full pages shared, the partial
-     * page copied). Each sample's first token comes from the prefill's
-     * logits; the following ones from batched decode steps, which sample on
-     * the backend (the GPU when it runs there) with the same draws. */
-    if (!st) st = fr_session_prefill(&s, ids, n_ids, eo.chunk, &smp[0].seq, logits, NULL);
-    for (int i = 1; !st && i < n_samples; i++) st = fr_session_fork(&s, smp[0].seq, &smp[i].seq);
-    int active = n_samples;
-    for (int i = 0; !st && i < n_samples; i++) {
-        st = fr_sample(sampler, logits, &sp, (uint64_t)i, 0, &new_tok[i], &new_lp[i]);
-        owner[i] = i;
-    }
-    int n_new = n_samples;
-    while (!st) {
-        int n_step = 0;
-        for (int k = 0; k < n_new; k++) {   /* record the tokens just drawn */
-            sample *x = &smp[owner[k]];
-            x->tokens[x->n] = new_tok[k];
-            x->logprobs[x->n++] = new_lp[k];
-            if (is_stop(new_tok[k], stop, n_stop) || x->n == max_tokens) {
-                x->done = 1;
-                x->finish = is_stop(new_tok[k], stop, n_stop) ? "stop" : "length";
-                fr_kv_seq_free(s.kv, x->seq);
-                active--;
-            }
-        }
-        if (active == 0) break;
-        for (int i = 0; i < n_samples; i++) {
-            sample *x = &smp[i];
-            if (x->done) continue;
-            step_tok[i] = x->tokens[x->n - 1];
-            steps[n_step] = (fr_step_seq){.seq = x->seq, .n = 1, .tokens = &step_tok[i], .all_logits = 0};
-            drows[n_step] = (fr_decode_row){.params = sp, .sequence = (uint64_t)i, .step = (uint64_t)x->n};
-            owner[n_step++] = i;
-        }
-        st = fr_session_decode(&s, steps, drows, n_step, new_tok, new_lp);
-        n_new = n_step;
-    }
+    if (!st && so.logprobs > V) st = fr_fail(FR_EINVAL, "--logprobs %d exceeds the vocabulary of %d", so.logprobs, V);
+    float *plp = NULL;
+    if (!st && so.prompt_logprobs && !(plp = malloc(sizeof(float) * (size_t)(n_ids > 1 ? n_ids - 1 : 1))))
+        st = fr_fail(FR_ENOMEM, "out of memory");
+    if (!st) st = run_samples(&g, plp);
     if (!st && tl.output_rank)
-        for (int i = 0; i < n_samples; i++) print_sample(&smp[i], i, json, sp.seed, fr_cli_byte_model(mc));
+        for (int i = 0; i < n_samples; i++)
+            print_sample(&g.smp[i], first + i, json, sp.seed, fr_cli_byte_model(mc), so.logprobs,
+                         i == 0 ? plp : NULL, n_ids - 1);
     if (st) fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
-    for (int i = 0; smp && i < n_samples; i++) { free(smp[i].tokens); free(smp[i].logprobs); }
-    free(smp); free(logits); free(step_tok); free(owner); free(new_tok); free(new_lp); free(steps); free(drows); free(ids); free(stop);
-    fr_sampler_destroy(&sampler);
+    gen_run_free(&g);
+    free(plp); free(ids); free(stop);
     fr_session_close(&s);
     fr_tp_launch_close(&tl);
     return st ? 1 : 0;

@@ -18,7 +18,8 @@
 static const char usage_text[] =
     "usage: fp4rollout rollout --prompts FILE [--n N] [--max-tokens N]\n"
     "                          [--greedy | --temperature T --top-p P --top-k K]\n"
-    "                          [--seed S] [--stop-ids IDS] [--ignore-eos]\n"
+    "                          [--seed S [--first-sample I]] [--stop-ids IDS] [--ignore-eos]\n"
+    "                          [--min-tokens N] [--logprobs K] [--prompt-logprobs]\n"
     "                          [--max-seqs N] [--kv-blocks N] [--kl-sample-rate R] [--json]\n"
     "                          [engine options]\n"
     "\n"
@@ -41,8 +42,17 @@ static const char usage_text[] =
     "  --seed S             sampling seed, 0 to 2^64 - 1 (default: a fresh one from\n"
     "                       the operating system); the seed used is printed on\n"
     "                       stderr and in each JSON line: give it to replay a run\n"
+    "  --first-sample I     number each prompt's samples I, I+1, ... (default 0):\n"
+    "                       sample i draws from stream i of the seed, so --seed S\n"
+    "                       --first-sample I --n 1 replays sample I alone\n"
     "  --stop-ids IDS       tokens that end a sample (default: the model's EOS ids)\n"
     "  --ignore-eos         do not stop at the model's EOS ids\n"
+    "  --min-tokens N       bar the stop ids (EOS included) until N tokens were drawn\n"
+    "  --logprobs K         with --json, every token's K (<= 20) most likely tokens\n"
+    "                       and their log-probs: top_logprobs, [[id, logprob], ...]\n"
+    "                       per token, best first (docs/sampling.md)\n"
+    "  --prompt-logprobs    with --json, the prompt tokens' log-probs in each\n"
+    "                       prompt's first sample: prompt_logprobs, null first\n"
     "  --max-seqs N         sequences decoded at once (default 16)\n"
     "  --kv-blocks N        KV cache pages of 128 tokens (default: enough for\n"
     "                       max-seqs sequences of the longest prompt + max-tokens);\n"
@@ -90,6 +100,8 @@ static void format_line(int json, uint64_t seed, const fr_sample_result *r, fr_b
         if (r->monitored && r->div.n > 0)
             fr_buf_printf(b, ",\"kl_mean\":%.6g,\"kl_max\":%.6g,\"top1_agreement\":%.6g", fr_div_summary_mean(&r->div),
                           r->div.kl_max, (double)r->div.top1_agree / (double)r->div.n);
+        fr_cli_json_logprobs(b, r->top_n, r->top_ids, r->top_logprobs, r->n_tokens, r->prompt_logprobs,
+                             r->n_prompt_logprobs);
         fr_buf_printf(b, "}\n");
     } else {
         fr_buf_printf(b, "request %llu sample %d (%s, %d tokens):", (unsigned long long)r->request_id, r->sample,
@@ -378,8 +390,9 @@ int fr_cli_rollout(int argc, char **argv)
     for (int i = 0; !st && i < pl.n; i++) {
         if (i % tl.n_engines != tl.engine) continue;
         fr_request_spec r = {.id = (uint64_t)i, .group = (uint64_t)i, .prompt = pl.ids[i], .n_prompt = pl.len[i],
-                             .n = n_samples, .params = sp, .max_tokens = max_tokens, .stop_ids = stop,
-                             .n_stop = n_stop, .monitor = -1};
+            .n = n_samples, .first_sample = so.first_sample, .params = sp, .max_tokens = max_tokens, .stop_ids = stop,
+            .n_stop = n_stop, .monitor = -1, .min_tokens = so.min_tokens, .top_logprobs = so.logprobs,
+            .prompt_logprobs = so.prompt_logprobs};
         if ((st = fr_scheduler_submit(sch, &r))) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", fr_last_error());

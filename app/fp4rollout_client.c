@@ -4,6 +4,7 @@
  * sample, streamed tokens equal to the done's count) and prints each
  * sample as `fp4rollout rollout --json` does. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -44,6 +45,14 @@ static const char usage_text[] =
     "      --n N --max-tokens N --temperature T --top-k K --top-p P --seed S\n"
     "                           sampling (left out: the server's defaults; without --seed\n"
     "                           the server draws a fresh seed per request)\n"
+    "      --min-tokens N       bar the stop tokens until N tokens were generated\n"
+    "      --logprobs K         print every token's K (<= 20) most likely tokens and their\n"
+    "                           log-probs (top_logprobs: [[id, logprob], ...] per token)\n"
+    "      --prompt-logprobs    print the prompt tokens' log-probs with each request's\n"
+    "                           first sample (prompt_logprobs: null, then one per token)\n"
+    "      --first-sample I     number the samples I, I+1, ...: sample I draws from stream I\n"
+    "                           of the seed, so --seed S --first-sample I --n 1 replays\n"
+    "                           sample I of an earlier request with seed S (default 0)\n"
     "      --stop-ids IDS | --ignore-eos\n"
     "                           stop tokens (left out: the server's default); --ignore-eos\n"
     "                           sends an empty list\n"
@@ -102,6 +111,26 @@ static int parse_long(const char *flag, const char *text, long long lo, long lon
     }
     *out = v;
     return 0;
+}
+
+/* --min-tokens, --logprobs, --prompt-logprobs, --first-sample into g: 1
+ * when argv[*i] was one (consumed), 0 when not, -1 after printing a usage
+ * error. */
+static int parse_request_opt(int argc, char **argv, int *i, fr_msg_generate *g)
+{
+    const char *a = argv[*i];
+    long long v;
+    if (strcmp(a, "--prompt-logprobs") == 0) {
+        g->prompt_logprobs = 1;
+        return 1;
+    }
+    int min = strcmp(a, "--min-tokens") == 0, lp = strcmp(a, "--logprobs") == 0;
+    int first = strcmp(a, "--first-sample") == 0;
+    if ((!min && !lp && !first) || *i + 1 >= argc) return 0;
+    long long hi = min ? 1 << 30 : lp ? FR_PROTO_MAX_LOGPROBS : INT_MAX - 65536;
+    if (parse_long(a, argv[++*i], 0, hi, &v)) return -1;
+    *(min ? &g->min_tokens : lp ? &g->logprobs : &g->first_sample) = (int)v;
+    return 1;
 }
 
 /* Any 64-bit seed: the server reports seeds of the whole range. */
@@ -187,8 +216,8 @@ typedef struct {
 
 typedef struct {
     long long first_id;
-    int n_req, n;
-    sample_acc *acc;          /* [n_req][n] */
+    int n_req, n, first_sample;
+    sample_acc *acc;          /* [n_req][n]: samples first_sample .. first_sample + n - 1 */
     int failed;
     long long abort_id, abort_after;
     long long abort_seen;     /* tokens of abort_id received */
@@ -198,6 +227,7 @@ typedef struct {
 static sample_acc *acc_of(gen_ctx *g, uint64_t request, int sample)
 {
     long long r = (long long)request - g->first_id;
+    sample -= g->first_sample;
     if (r < 0 || r >= g->n_req || sample < 0 || sample >= g->n) return NULL;
     return &g->acc[r * g->n + sample];
 }
@@ -270,6 +300,12 @@ static void on_done(void *user, const fr_msg_done *d)
     else printf("null");
     printf(",\"total_ms\":%.3f", d->total_ms);
     if (d->has_seed) printf(",\"seed\":%llu", (unsigned long long)d->seed);
+    fr_buf extra = {0};
+    fr_cli_json_logprobs(&extra, d->top_k, d->top_token_ids, d->top_logprobs, d->n_tokens, d->prompt_logprobs,
+                         d->n_prompt_logprobs);
+    if (extra.failed) g->failed = 1;
+    else if (extra.len) fwrite(extra.data, 1, extra.len, stdout);
+    fr_buf_free(&extra);
     printf("}\n");
     fflush(stdout);
 }
@@ -374,6 +410,8 @@ static int cmd_generate(fr_client *c, int timeout_ms, int argc, char **argv)
         } else if (strcmp(a, "--seed") == 0 && val) {
             bad = parse_seed(a, argv[++i], &base.seed);
             base.has_seed = 1;
+        } else if ((bad = parse_request_opt(argc, argv, &i, &base)) != 0) {
+            bad = bad < 0;
         } else if (strcmp(a, "--stop-ids") == 0 && val) {
             free(stop);
             stop = NULL;
@@ -416,7 +454,8 @@ static int cmd_generate(fr_client *c, int timeout_ms, int argc, char **argv)
         rc = 1;
         goto out;
     }
-    gen_ctx g = {.first_id = first_id, .n_req = p.n, .n = base.n, .abort_id = abort_id, .abort_after = abort_after};
+    gen_ctx g = {.first_id = first_id, .n_req = p.n, .n = base.n, .first_sample = base.first_sample,
+                 .abort_id = abort_id, .abort_after = abort_after};
     g.acc = calloc((size_t)p.n * (size_t)base.n, sizeof *g.acc);
     if (!g.acc) {
         fprintf(stderr, "fp4rollout-client: out of memory\n");
@@ -718,7 +757,7 @@ static const struct option generate_opts[] = {
     REQ("prompts"),  REQ("n"),         REQ("max-tokens"),        REQ("temperature"),   REQ("top-p"),
     REQ("top-k"),    REQ("seed"),      REQ("stop-ids"),          FLAG("ignore-eos"),   REQ("first-id"),
     REQ("group-id"), REQ("abort-id"),  FLAG("monitor-divergence"), FLAG("no-monitor"), REQ("abort-after"),
-    {0, 0, 0, 0}};
+    REQ("first-sample"), REQ("min-tokens"), REQ("logprobs"), FLAG("prompt-logprobs"), {0, 0, 0, 0}};
 static const struct option send_raw_opts[] = {REQ("hex"), REQ("extra-frames"), {0, 0, 0, 0}};
 static const struct option push_opts[] = {
     REQ("model"), REQ("version"), REQ("bucket-mib"), REQ("bucket-bytes"), REQ("dtype"), REQ("skip"),

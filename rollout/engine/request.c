@@ -1,5 +1,6 @@
 #include "rollout/engine/request.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,15 +23,20 @@ void fr_sample_result_free(fr_sample_result *r)
     free(r->logprobs);
     free(r->versions);
     free(r->kl);
+    free(r->top_ids);
+    free(r->top_logprobs);
+    free(r->prompt_logprobs);
     memset(r, 0, sizeof *r);
 }
 
 /* Flags of a record's optional parts. */
-enum { REC_TOKENS = 1, REC_KL = 2 };
+enum { REC_TOKENS = 1, REC_KL = 2, REC_TOP = 4, REC_PROMPT = 8 };
 
 void fr_sample_result_put(fr_rank_buf *b, const fr_sample_result *r, int with_tokens)
 {
-    const unsigned parts = (with_tokens ? REC_TOKENS : 0) | (r->kl && r->n_tokens > 0 ? REC_KL : 0);
+    const unsigned parts = (with_tokens ? REC_TOKENS : 0) | (r->kl && r->n_tokens > 0 ? REC_KL : 0) |
+                           (r->top_n > 0 && r->top_ids && r->top_logprobs ? REC_TOP : 0) |
+                           (r->prompt_logprobs ? REC_PROMPT : 0);
     fr_rank_put_u64(b, r->request_id);
     fr_rank_put_u64(b, r->group);
     fr_rank_put_i32(b, r->sample);
@@ -46,6 +52,15 @@ void fr_sample_result_put(fr_rank_buf *b, const fr_sample_result *r, int with_to
         for (int i = 0; i < r->n_tokens; i++) fr_rank_put_u64(b, r->versions ? r->versions[i] : 0);
     }
     if (parts & REC_KL) fr_rank_put(b, r->kl, sizeof(float) * (size_t)r->n_tokens);
+    if (parts & REC_TOP) {
+        fr_rank_put_i32(b, r->top_n);
+        fr_rank_put(b, r->top_ids, sizeof(int) * (size_t)r->n_tokens * (size_t)r->top_n);
+        fr_rank_put(b, r->top_logprobs, sizeof(float) * (size_t)r->n_tokens * (size_t)r->top_n);
+    }
+    if (parts & REC_PROMPT) {
+        fr_rank_put_i32(b, r->n_prompt_logprobs);
+        fr_rank_put(b, r->prompt_logprobs, sizeof(float) * (size_t)r->n_prompt_logprobs);
+    }
 }
 
 /* n elements of `size` bytes from the reader into a new array. NULL when
@@ -88,6 +103,21 @@ fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out)
         out->versions = get_array(r, out->n_tokens, sizeof(uint64_t), &st);
     }
     if (parts & REC_KL) out->kl = get_array(r, out->n_tokens, sizeof(float), &st);
+    if (parts & REC_TOP) {
+        out->top_n = fr_rank_get_i32(r);
+        if (out->top_n < 1 || out->top_n > FR_MAX_TOP_LOGPROBS) {
+            if (!st) st = fr_fail(FR_EFORMAT, "sample record: %d top log-probs", out->top_n);
+        } else {
+            out->top_ids = get_array(r, out->n_tokens * out->top_n, sizeof(int), &st);
+            out->top_logprobs = get_array(r, out->n_tokens * out->top_n, sizeof(float), &st);
+        }
+    }
+    if (parts & REC_PROMPT) {
+        out->n_prompt_logprobs = fr_rank_get_i32(r);
+        if (out->n_prompt_logprobs < 0 && !st) st = fr_fail(FR_EFORMAT, "sample record: bad prompt log-probs");
+        if (!st || st == FR_ENOMEM)
+            out->prompt_logprobs = get_array(r, out->n_prompt_logprobs, sizeof(float), &st);
+    }
     if (st) {
         if (st != FR_ENOMEM) r->bad = 1;
         fr_sample_result_free(out);
@@ -105,6 +135,9 @@ fr_status fr_request_spec_check(const fr_request_spec *r, int vocab)
             return fr_fail(FR_EINVAL, "request %llu: prompt token %d is id %d, outside the vocabulary of %d",
                            (unsigned long long)r->id, i, r->prompt[i], vocab);
     if (r->n < 1) return fr_fail(FR_EINVAL, "request %llu: n must be >= 1 (got %d)", (unsigned long long)r->id, r->n);
+    if (r->first_sample < 0 || r->first_sample > INT_MAX - r->n)
+        return fr_fail(FR_EINVAL, "request %llu: first_sample must be in [0, %d] for n = %d (got %d)",
+                       (unsigned long long)r->id, INT_MAX - r->n, r->n, r->first_sample);
     if (r->max_tokens < 1)
         return fr_fail(FR_EINVAL, "request %llu: max_tokens must be >= 1 (got %d)", (unsigned long long)r->id,
                        r->max_tokens);
@@ -121,6 +154,16 @@ fr_status fr_request_spec_check(const fr_request_spec *r, int vocab)
         if (r->forced[i] < 0 || r->forced[i] >= vocab)
             return fr_fail(FR_EINVAL, "request %llu: forced token %d (%d) is outside the vocabulary of %d",
                            (unsigned long long)r->id, i, r->forced[i], vocab);
+    if (r->min_tokens < 0 || r->min_tokens > r->max_tokens)
+        return fr_fail(FR_EINVAL, "request %llu: min_tokens must be in [0, max_tokens = %d] (got %d)",
+                       (unsigned long long)r->id, r->max_tokens, r->min_tokens);
+    if (r->top_logprobs < 0 || r->top_logprobs > FR_MAX_TOP_LOGPROBS || r->top_logprobs > vocab)
+        return fr_fail(FR_EINVAL, "request %llu: logprobs (top log-probs per token) must be in [0, %d] (got %d)",
+                       (unsigned long long)r->id, FR_MAX_TOP_LOGPROBS < vocab ? FR_MAX_TOP_LOGPROBS : vocab,
+                       r->top_logprobs);
+    if (r->prompt_logprobs != 0 && r->prompt_logprobs != 1)
+        return fr_fail(FR_EINVAL, "request %llu: prompt_logprobs must be 0 or 1 (got %d)", (unsigned long long)r->id,
+                       r->prompt_logprobs);
     fr_status st = fr_sampling_params_check(&r->params, vocab);
     if (st) {
         char msg[512];   /* the message is rewritten below: copy it first */

@@ -2,9 +2,11 @@
  *
  * A request is a prompt (token ids), n samples that share the prompt's KV
  * pages, sampling parameters, a token limit, stop ids, and ids the caller
- * chooses (id, group). Sample i of a request draws its t-th token with the
- * Philox keys (seed, sequence = i, step = t) of rollout/model/sampler.h, so a
- * sample's tokens do not depend on what else runs beside it. */
+ * chooses (id, group). Sample i of a request (i = first_sample .. first_sample
+ * + n - 1) draws its t-th token with the Philox keys (seed, sequence = i,
+ * step = t) of rollout/model/sampler.h, so a sample's tokens do not depend on
+ * what else runs beside it, and sample i of a request replays alone as a
+ * request with the same seed, first_sample i and n 1. */
 #ifndef FR_REQUEST_H
 #define FR_REQUEST_H
 
@@ -35,6 +37,7 @@ typedef struct {
     const int *prompt;           /* [n_prompt] token ids; copied on submit */
     int n_prompt;
     int n;                       /* samples, >= 1 */
+    int first_sample;            /* index of the first sample (0 usually); first_sample + n <= INT_MAX */
     fr_sampling_params params;
     int max_tokens;              /* >= 1; lowered to fit the context window */
     const int *stop_ids;         /* [n_stop]; copied; none: never stops early */
@@ -55,6 +58,15 @@ typedef struct {
      * its trainer's; has_report_id 0: id. */
     uint64_t report_id;
     int has_report_id;
+    /* Options trainers ask for (docs/sampling.md): min_tokens (0 to
+     * max_tokens): the stop ids are barred from the draws until that many
+     * tokens were generated; top_logprobs (0 to FR_MAX_TOP_LOGPROBS): every
+     * generated token also reports the top_logprobs most likely tokens and
+     * their log-probs; prompt_logprobs (0 or 1): the log-prob of every prompt
+     * token after the first, reported with the request's first sample. */
+    int min_tokens;
+    int top_logprobs;
+    int prompt_logprobs;
 } fr_request_spec;
 
 /* One finished sample. tokens and logprobs hold n_tokens entries each; a
@@ -62,7 +74,7 @@ typedef struct {
  * chosen token (temperature 1 when greedy). */
 typedef struct {
     uint64_t request_id, group;
-    int sample;                  /* index within the request, 0..n-1 */
+    int sample;                  /* index within the request, first_sample .. first_sample + n - 1 */
     int *tokens;
     float *logprobs;
     int n_tokens;
@@ -74,6 +86,16 @@ typedef struct {
     int monitored;
     fr_div_summary div;
     float *kl;                   /* [n_tokens] D_t in nats when per_token_kl, else NULL */
+    /* top_n > 0 (the request's top_logprobs): token i's top_n most likely
+     * tokens, best first, at top_ids[i * top_n ..] with their log-probs */
+    int top_n;
+    int *top_ids;                /* [n_tokens * top_n] */
+    float *top_logprobs;         /* [n_tokens * top_n] */
+    /* prompt_logprobs[i]: the log-prob of prompt token i + 1 given the ones
+     * before (logits / temperature, temperature 1 when greedy); in the result
+     * of the request's first sample only, when asked; else NULL */
+    float *prompt_logprobs;      /* [n_prompt_logprobs = n_prompt - 1] */
+    int n_prompt_logprobs;
 } fr_sample_result;
 
 /* Frees the arrays of a result taken from fr_scheduler_next_result and
@@ -93,7 +115,9 @@ void fr_sample_result_put(fr_rank_buf *b, const fr_sample_result *r, int with_to
 fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out);
 
 /* Checks a request against a model's vocabulary: prompt non-empty and in the
- * vocabulary, n and max_tokens >= 1, valid sampling parameters, stop ids in
+ * vocabulary, n and max_tokens >= 1, first_sample >= 0 with room for n,
+ * min_tokens in [0, max_tokens], top_logprobs in [0, FR_MAX_TOP_LOGPROBS]
+ * and at most the vocabulary, prompt_logprobs 0 or 1, valid sampling parameters, stop ids in
  * the vocabulary. FR_EINVAL with a message naming the field otherwise. */
 fr_status fr_request_spec_check(const fr_request_spec *r, int vocab);
 

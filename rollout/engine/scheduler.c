@@ -16,7 +16,8 @@ typedef struct req req;
 /* A sample: its tokens so far and, while it decodes, its KV sequence. */
 typedef struct {
     req *r;
-    int index;
+    int index;             /* 0 .. n-1 within the request */
+    uint64_t stream;       /* first_sample + index: the Philox sequence, and the index results report */
     int seq;               /* -1 when it holds no sequence */
     int *tokens;           /* [r->max_tokens] */
     float *logprobs;
@@ -31,6 +32,8 @@ typedef struct {
     fr_div_summary div;
     float *kl;             /* [r->max_tokens] when per_token_kl */
     double t_first;        /* when its first token was drawn (fr_now_s) */
+    int *top_ids;          /* [r->max_tokens * r->top_n] when the request asks for top log-probs */
+    float *top_lps;
 } sample;
 
 struct req {
@@ -46,6 +49,8 @@ struct req {
     uint64_t report_id;    /* the id metrics name it by */
     double t_submit;       /* fr_now_s at submit: latencies count from here */
     int prompt_counted;    /* its prompt tokens are in the serving figures */
+    int min_tokens, top_n; /* the stop ids are barred before min_tokens; top log-probs per token */
+    float *plp;            /* [n_prompt - 1] prompt log-probs when asked (sample 0's job fills them), else NULL */
 };
 
 /* Prefill work: a prompt for samples [lo, hi) of a request (sample -1; a
@@ -80,6 +85,8 @@ struct fr_scheduler {
     fr_step_seq *rows;
     sample **row_samples;
     int *row_job_m;
+    int *lrow;                       /* a row's first logit row in the step (fr_step_logit_rows' numbering) */
+    int *plp_at;                     /* a job row's first kept logit row when it fills prompt log-probs, else -1 */
     int cap_rows;
     /* a decode-only batch: sampled on the backend, logits kept for few rows */
     fr_decode_row *drows;
@@ -155,8 +162,11 @@ static void free_req(req *r)
         free(r->samples[i].logprobs);
         free(r->samples[i].versions);
         free(r->samples[i].kl);
+        free(r->samples[i].top_ids);
+        free(r->samples[i].top_lps);
     }
     free(r->samples);
+    free(r->plp);
     free(r->prompt);
     free(r->stop);
     free(r->forced);
@@ -194,7 +204,7 @@ static void count_end(fr_scheduler *sch, const sample *x, fr_finish_reason why)
     fr_hist_add(&v->e2e, now - x->r->t_submit);
     if (x->n >= 2) fr_hist_add(&v->tpot, (now - x->t_first) / (double)(x->n - 1));
     if (x->monitored && x->n > 0)
-        fr_div_aggregates_add_sample(&sch->agg, x->versions[x->n - 1], x->r->report_id, x->index, &x->div);
+        fr_div_aggregates_add_sample(&sch->agg, x->versions[x->n - 1], x->r->report_id, (int)x->stream, &x->div);
 }
 
 /* Ends a sample: frees its sequence, delivers its result, and frees the
@@ -215,14 +225,22 @@ static void finish(fr_scheduler *sch, sample *x, fr_finish_reason why)
     }
     if (x->monitored) sch->agg.samples++;
     count_end(sch, x, why);
-    fr_sample_result res = {.request_id = r->id, .group = r->group, .sample = x->index, .tokens = x->tokens,
+    fr_sample_result res = {.request_id = r->id, .group = r->group, .sample = (int)x->stream, .tokens = x->tokens,
                             .logprobs = x->logprobs, .n_tokens = x->n, .finish = why,
                             .preemptions = x->preemptions, .versions = x->versions,
-                            .monitored = x->monitored, .div = x->div, .kl = x->kl};
+                            .monitored = x->monitored, .div = x->div, .kl = x->kl, .top_n = r->top_n,
+                            .top_ids = x->top_ids, .top_logprobs = x->top_lps};
+    if (x->index == 0 && r->plp) {   /* the request's first sample carries them */
+        res.prompt_logprobs = r->plp;
+        res.n_prompt_logprobs = r->n_prompt - 1;
+        r->plp = NULL;
+    }
     x->tokens = NULL;
     x->logprobs = NULL;
     x->versions = NULL;
     x->kl = NULL;
+    x->top_ids = NULL;
+    x->top_lps = NULL;
     sch->st.finished++;
     if (sch->cfg.on_done) {
         sch->cfg.on_done(sch->cfg.user, &res);
@@ -272,10 +290,19 @@ static fr_finish_reason accept(fr_scheduler *sch, sample *x, int tok, float lp)
     x->logprobs[x->n++] = lp;
     sch->st.tokens_generated++;
     if (x->n == 1) first_token(sch, x);
-    if (sch->cfg.on_token) sch->cfg.on_token(sch->cfg.user, r->id, x->index, x->n - 1, tok, lp);
+    if (sch->cfg.on_token) sch->cfg.on_token(sch->cfg.user, r->id, (int)x->stream, x->n - 1, tok, lp);
     if (is_stop(r, tok)) return FR_FINISH_STOP;
     if (x->n >= r->max_tokens) return FR_FINISH_LENGTH;
     return FR_FINISH_NONE;
+}
+
+/* Whether x's next token is drawn on the host, from its logits: teacher
+ * forcing, top log-probs, and stop ids barred by min_tokens need the CPU
+ * sampler's extras (the backend's sampler draws the rest). */
+static int host_drawn(const sample *x)
+{
+    const req *r = x->r;
+    return r->forced || r->top_n > 0 || (r->n_stop > 0 && x->n < r->min_tokens);
 }
 
 /* Draws the next token of x from logits (host), then accepts it. */
@@ -284,12 +311,21 @@ static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits)
     const req *r = x->r;
     int tok;
     float lp;
+    int *top_ids = r->top_n ? x->top_ids + (size_t)x->n * (size_t)r->top_n : NULL;
+    float *top_lps = r->top_n ? x->top_lps + (size_t)x->n * (size_t)r->top_n : NULL;
+    if (!logits) return FR_FINISH_ERROR;
     if (r->forced) {   /* teacher forcing: the given token, the model's log-prob of it */
         tok = r->forced[x->n];
         if (fr_log_softmax(logits, sch->vocab, r->params.temperature, sch->lsm)) return FR_FINISH_ERROR;
         lp = sch->lsm[tok];
-    } else if (fr_sample(sch->sampler, logits, &r->params, (uint64_t)x->index, (uint64_t)x->n, &tok, &lp)) {
-        return FR_FINISH_ERROR;
+        if (r->top_n && fr_top_logprobs(sch->sampler, logits, r->params.temperature, r->top_n, top_ids, top_lps))
+            return FR_FINISH_ERROR;
+    } else {
+        const int bar = x->n < r->min_tokens;
+        fr_sample_extras ex = {.banned = bar ? r->stop : NULL, .n_banned = bar ? r->n_stop : 0, .top_n = r->top_n,
+                               .top_ids = top_ids, .top_logprobs = top_lps};
+        if (fr_sample_ex(sch->sampler, logits, &r->params, x->stream, (uint64_t)x->n, &ex, &tok, &lp))
+            return FR_FINISH_ERROR;
     }
     return accept(sch, x, tok, lp);
 }
@@ -543,6 +579,8 @@ void fr_scheduler_destroy(fr_scheduler **p)
     free(sch->rows);
     free(sch->row_samples);
     free(sch->row_job_m);
+    free(sch->lrow);
+    free(sch->plp_at);
     free(sch->drows);
     free(sch->sdraws);
     free(sch->dslot);
@@ -585,11 +623,17 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
     *r = (req){.id = spec->id, .group = spec->group, .n_prompt = spec->n_prompt, .n = spec->n,
                .max_tokens = max_tokens, .params = spec->params, .n_stop = spec->n_stop, .open = spec->n,
                .monitor = spec->monitor, .per_token_kl = spec->per_token_kl, .t_submit = fr_now_s(),
-               .report_id = spec->has_report_id ? spec->report_id : spec->id};
+               .report_id = spec->has_report_id ? spec->report_id : spec->id, .min_tokens = spec->min_tokens,
+               .top_n = spec->top_logprobs};
     r->prompt = malloc(sizeof(int) * (size_t)spec->n_prompt);
     r->stop = malloc(sizeof(int) * (size_t)(spec->n_stop > 0 ? spec->n_stop : 1));
     r->samples = calloc((size_t)spec->n, sizeof(sample));
     int ok = r->prompt && r->stop && r->samples;
+    if (ok && spec->prompt_logprobs) {
+        r->plp = malloc(sizeof(float) * (size_t)(spec->n_prompt > 1 ? spec->n_prompt - 1 : 1));
+        ok = r->plp != NULL;
+        for (int i = 0; ok && i < spec->n_prompt - 1; i++) r->plp[i] = NAN;   /* until its prefill ran */
+    }
     if (ok && spec->forced) {
         r->forced = malloc(sizeof(int) * (size_t)max_tokens);
         if ((ok = r->forced != NULL)) memcpy(r->forced, spec->forced, sizeof(int) * (size_t)max_tokens);
@@ -597,13 +641,19 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
     }
     for (int i = 0; ok && i < spec->n; i++) {
         sample *x = &r->samples[i];
-        *x = (sample){.r = r, .index = i, .seq = -1, .shadow_seq = -1};
+        *x = (sample){.r = r, .index = i, .stream = (uint64_t)spec->first_sample + (uint64_t)i, .seq = -1,
+                      .shadow_seq = -1};
         x->monitored = spec->monitor == 1 || (spec->monitor != 0 && chosen(spec->id, i, sch->cfg.kl_sample_rate));
         x->tokens = malloc(sizeof(int) * (size_t)max_tokens);
         x->logprobs = malloc(sizeof(float) * (size_t)max_tokens);
         x->versions = malloc(sizeof(uint64_t) * (size_t)max_tokens);
         if (x->monitored && spec->per_token_kl) x->kl = calloc((size_t)max_tokens, sizeof(float));
         ok = x->tokens && x->logprobs && x->versions && (!x->monitored || !spec->per_token_kl || x->kl);
+        if (ok && r->top_n) {
+            x->top_ids = malloc(sizeof(int) * (size_t)max_tokens * (size_t)r->top_n);
+            x->top_lps = malloc(sizeof(float) * (size_t)max_tokens * (size_t)r->top_n);
+            ok = x->top_ids && x->top_lps;
+        }
     }
     if (ok) ok = !grow((void **)&sch->reqs, &sch->cap_reqs, sch->n_reqs + 1, sizeof(req *));
     if (ok) {
@@ -621,7 +671,7 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
     }
     if (!ok) {
         if (r->samples) free_req(r);
-        else { free(r->prompt); free(r->stop); free(r); }
+        else { free(r->prompt); free(r->stop); free(r->plp); free(r); }
         return fr_fail(FR_ENOMEM, "scheduler: out of memory");
     }
     sch->reqs[sch->n_reqs++] = r;
@@ -749,7 +799,8 @@ typedef struct {
     int fast;            /* decodes alone: a decode graph's replay */
     int dev_kl;          /* the monitored decodes' KL is measured on the device */
     int n_mon;           /* monitored decodes (sch->mon_*) */
-    int n_keep;          /* rows whose logits come to the host (sch->keep) */
+    int n_keep;          /* logit rows that come to the host (sch->keep) */
+    int n_lrows;         /* logit rows of the step: one per row, a prompt's every row when it fills prompt log-probs */
     int n_draws;         /* tokens drawn on the backend (sch->sdraws) */
     int carried;         /* the shadow's rows rode in the serving batch */
     int shadow_launched; /* the shadow's step ran beside the serving one */
@@ -788,11 +839,16 @@ static fr_status schedule_batch(fr_scheduler *sch, step_plan *p)
     if (rs) sch->row_samples = rs;
     int *rm = rs ? realloc(sch->row_job_m, sizeof(int) * (size_t)cap) : NULL;
     if (rm) sch->row_job_m = rm;
-    if (!rs || !rm) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
-    int n_dec = sch->n_running, n_rows = 0;
+    int *lr = rm ? realloc(sch->lrow, sizeof(int) * (size_t)cap) : NULL;
+    if (lr) sch->lrow = lr;
+    int *pa = lr ? realloc(sch->plp_at, sizeof(int) * (size_t)cap) : NULL;
+    if (pa) sch->plp_at = pa;
+    if (!rs || !rm || !lr || !pa) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    int n_dec = sch->n_running, n_rows = 0, n_lrows = 0;
     for (int i = 0; i < n_dec; i++) {
         sample *x = sch->running[i];
         sch->row_samples[n_rows] = x;
+        sch->lrow[n_rows] = n_lrows++;
         sch->rows[n_rows++] = (fr_step_seq){.seq = x->seq, .n = 1, .tokens = &x->tokens[x->n - 1]};
     }
     int budget = sch->cfg.chunk - n_dec;
@@ -816,10 +872,16 @@ static fr_status schedule_batch(fr_scheduler *sch, step_plan *p)
         }
         if (m > budget) m = budget;
         budget -= m;
+        /* The prefill of a request's first samples fills its prompt log-probs:
+         * every position's logits, not the last one's alone. */
+        const int all = j->r->plp && j->sample < 0 && j->lo == 0;
         sch->row_job_m[n_rows] = m;
-        sch->rows[n_rows++] = (fr_step_seq){.seq = j->seq, .n = m, .tokens = j->tokens + j->done};
+        sch->lrow[n_rows] = n_lrows;
+        n_lrows += all ? m : 1;
+        sch->rows[n_rows++] = (fr_step_seq){.seq = j->seq, .n = m, .tokens = j->tokens + j->done, .all_logits = all};
         n_jobs++;
     }
+    p->n_lrows = n_lrows;
     p->n_dec = n_dec;
     p->n_rows = n_rows;
     p->n_jobs = n_jobs;
@@ -832,8 +894,11 @@ static fr_status schedule_batch(fr_scheduler *sch, step_plan *p)
 static void schedule_monitoring(fr_scheduler *sch, step_plan *p)
 {
     const int n_dec = p->n_dec;
-    /* A decode-only step measures on the device when the shadow can. */
+    /* A decode-only step measures on the device when the shadow can and
+     * every monitored token is drawn there too. */
     p->dev_kl = p->fast && sch->shadow && fr_shadow_on_device(sch->shadow);
+    for (int i = 0; i < n_dec && p->dev_kl; i++)
+        if (sch->row_samples[i]->shadow_seq >= 0 && host_drawn(sch->row_samples[i])) p->dev_kl = 0;
     p->n_mon = 0;
     if (sch->shadow && (grow((void **)&sch->mon_seqs, &sch->cap_mon_seqs, n_dec, sizeof(int)) ||
                         grow((void **)&sch->mon_toks, &sch->cap_mon_toks, n_dec, sizeof(int)) ||
@@ -877,44 +942,55 @@ static fr_status schedule_outputs(fr_scheduler *sch, step_plan *p)
         job_range(j, &lo, &hi);
         if (j->done + sch->row_job_m[n_dec + k] >= j->n_total) n_draws += hi - lo;
     }
-    if (grow_decode(sch, p->n_rows > n_draws ? p->n_rows : n_draws)) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    if (grow_decode(sch, p->n_lrows > n_draws ? p->n_lrows : n_draws)) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
     schedule_monitoring(sch, p);
     int n_keep = 0, d = 0;
     for (int i = 0; i < n_dec; i++) {
         const sample *x = sch->row_samples[i];
         const req *r = x->r;
+        const int host = host_drawn(x);
         sch->keep_at[i] = -1;
-        if (r->forced || (x->shadow_seq >= 0 && !p->dev_kl)) {
+        if (host || (x->shadow_seq >= 0 && !p->dev_kl)) {
             sch->keep_at[i] = n_keep;
-            sch->keep[n_keep++] = i;
+            sch->keep[n_keep++] = sch->lrow[i];
         }
-        /* A forced row's draw (greedy) keeps the decode batch whole; unused. */
-        fr_decode_row dr = {.params = r->params, .sequence = (uint64_t)x->index, .step = (uint64_t)x->n};
-        if (r->forced) dr.params = (fr_sampling_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
+        /* A host-drawn row's draw on the backend (greedy) keeps the decode
+         * batch whole; unused. */
+        fr_decode_row dr = {.params = r->params, .sequence = x->stream, .step = (uint64_t)x->n};
+        if (host) dr.params = (fr_sampling_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
         sch->drows[i] = dr;
-        sch->dslot[i] = r->forced ? -1 : d;
-        if (p->fast || !r->forced) sch->sdraws[d++] = (fr_step_draw){.row = i, .d = dr};
+        sch->dslot[i] = host ? -1 : d;
+        if (p->fast || !host) sch->sdraws[d++] = (fr_step_draw){.row = sch->lrow[i], .d = dr};
     }
     for (int k = 0; k < p->n_jobs; k++) {
         const job *j = &sch->prefill[k];
         const int row = n_dec + k;
         const req *r = j->r;
-        sch->keep_at[row] = sch->dslot[row] = -1;
-        if (j->done + sch->row_job_m[row] < j->n_total) continue;   /* not its last chunk: logits unused */
-        int lo, hi, wanted = r->forced != NULL;
+        const int m = sch->row_job_m[row], last = sch->lrow[row] + (sch->rows[row].all_logits ? m - 1 : 0);
+        sch->keep_at[row] = sch->dslot[row] = sch->plp_at[row] = -1;
+        if (sch->rows[row].all_logits) {   /* every position's logits: the prompt log-probs */
+            sch->plp_at[row] = n_keep;
+            for (int t = 0; t < m; t++) sch->keep[n_keep++] = sch->lrow[row] + t;
+        }
+        if (j->done + m < j->n_total) continue;   /* not its last chunk: logits unused */
+        int lo, hi;
         job_range(j, &lo, &hi);
+        const int host = host_drawn(&r->samples[lo]);   /* the job's samples alike: none has a token yet, or one */
+        int wanted = host;
         for (int i = lo; i < hi; i++)
             wanted |= j->sample >= 0 ? r->samples[i].shadow_seq >= 0 : r->samples[i].monitored && !r->samples[i].done;
-        if (wanted) {
+        if (wanted && sch->plp_at[row] >= 0) {
+            sch->keep_at[row] = sch->plp_at[row] + m - 1;
+        } else if (wanted) {
             sch->keep_at[row] = n_keep;
-            sch->keep[n_keep++] = row;
+            sch->keep[n_keep++] = last;
         }
-        if (r->forced) continue;
+        if (host) continue;
         sch->dslot[row] = d;
         for (int i = lo; i < hi; i++)
             sch->sdraws[d++] = (fr_step_draw){
-                .row = row,
-                .d = {.params = r->params, .sequence = (uint64_t)r->samples[i].index, .step = (uint64_t)r->samples[i].n}};
+                .row = last,
+                .d = {.params = r->params, .sequence = r->samples[i].stream, .step = (uint64_t)r->samples[i].n}};
     }
     if (n_keep > sch->logit_rows) {
         float *g = realloc(sch->logits, sizeof(float) * (size_t)sch->vocab * (size_t)n_keep);
@@ -1009,6 +1085,21 @@ static void run_shadow(fr_scheduler *sch, step_plan *p)
     }
 }
 
+/* The log-probs of the prompt tokens that follow the m positions a chunk of
+ * job j ran (logits: their rows), from logits / temperature as a sampled
+ * token's. A failure leaves NaN there (never expected: the logits are the
+ * model's). */
+static void prompt_logprobs(fr_scheduler *sch, const job *j, int m, const float *logits)
+{
+    req *r = j->r;
+    for (int t = 0; r->plp && t < m; t++) {
+        const int pos = j->done + t;
+        if (pos + 1 >= r->n_prompt) break;
+        const float *row = logits + (size_t)t * (size_t)sch->vocab;
+        r->plp[pos] = fr_log_softmax(row, sch->vocab, r->params.temperature, sch->lsm) ? NAN : sch->lsm[r->prompt[pos + 1]];
+    }
+}
+
 /* After the step: decode tokens and their D_t, then the prefills' progress
  * (a job whose last chunk ran starts its samples). */
 static void postprocess(fr_scheduler *sch, const step_plan *p)
@@ -1031,6 +1122,7 @@ static void postprocess(fr_scheduler *sch, const step_plan *p)
     for (int k = 0; k < p->n_jobs; k++) {
         job j = sch->prefill[kept];
         int m = sch->row_job_m[n_dec + k];
+        if (sch->plp_at[n_dec + k] >= 0) prompt_logprobs(sch, &j, m, sch->logits + (size_t)sch->plp_at[n_dec + k] * V);
         j.done += m;
         sch->st.prefill_tokens += m;
         if (j.done < j.n_total) {

@@ -10,6 +10,7 @@ struct fr_sampler {
     int vocab;
     int *order;    /* candidate token ids, best first once selected */
     double *w;     /* unnormalized probability of order[i] */
+    float *barred; /* the logits with the banned tokens at -inf (fr_sample_ex) */
 };
 
 fr_status fr_sampling_params_check(const fr_sampling_params *p, int vocab)
@@ -39,8 +40,9 @@ fr_status fr_sampler_new(int vocab, fr_sampler **out)
         s->vocab = vocab;
         s->order = malloc((size_t)vocab * sizeof *s->order);
         s->w = malloc((size_t)vocab * sizeof *s->w);
+        s->barred = malloc((size_t)vocab * sizeof *s->barred);
     }
-    if (!s || !s->order || !s->w) {
+    if (!s || !s->order || !s->w || !s->barred) {
         fr_sampler_destroy(&s);
         return fr_fail(FR_ENOMEM, "fr_sampler_new: no memory for vocab %d", vocab);
     }
@@ -54,6 +56,7 @@ void fr_sampler_destroy(fr_sampler **s)
         return;
     free((*s)->order);
     free((*s)->w);
+    free((*s)->barred);
     free(*s);
     *s = NULL;
 }
@@ -217,6 +220,79 @@ fr_status fr_sample(fr_sampler *s, const float *logits, const fr_sampling_params
     *token = tok;
     if (logprob)
         *logprob = logprob_at(&sm, logits[tok]);
+    return FR_OK;
+}
+
+/* The top_n best tokens (sampling order over the whole vocabulary) and
+ * their log-probs under sm. */
+static void top_of(fr_sampler *s, const float *logits, const softmax_stats *sm, int top_n, int *ids, float *lps)
+{
+    for (int i = 0; i < s->vocab; i++) s->order[i] = i;
+    select_best(s->order, s->vocab, top_n, logits);
+    for (int i = 0; i < top_n; i++) {
+        ids[i] = s->order[i];
+        lps[i] = logprob_at(sm, logits[ids[i]]);
+    }
+}
+
+static fr_status check_top(const fr_sampler *s, int top_n, int lo)
+{
+    if (top_n < lo || top_n > FR_MAX_TOP_LOGPROBS || top_n > s->vocab)
+        return fr_fail(FR_EINVAL, "top log-probs: %d must be in [%d, %d] and at most the vocabulary of %d", top_n,
+                       lo, FR_MAX_TOP_LOGPROBS, s->vocab);
+    return FR_OK;
+}
+
+fr_status fr_sample_ex(fr_sampler *s, const float *logits, const fr_sampling_params *p, uint64_t sequence,
+                       uint64_t step, const fr_sample_extras *x, int *token, float *logprob)
+{
+    if (!x) return fr_sample(s, logits, p, sequence, step, token, logprob);
+    if (!s || !logits || !token)
+        return fr_fail(FR_EINVAL, "fr_sample: sampler, logits and token must not be NULL");
+    fr_status st = check_top(s, x->top_n, 0);
+    if (st) return st;
+    if (x->top_n > 0 && (!x->top_ids || !x->top_logprobs))
+        return fr_fail(FR_EINVAL, "fr_sample_ex: top_ids and top_logprobs must not be NULL");
+    if (x->n_banned < 0 || (x->n_banned > 0 && !x->banned))
+        return fr_fail(FR_EINVAL, "fr_sample_ex: bad list of barred tokens");
+    for (int i = 0; i < x->n_banned; i++)
+        if (x->banned[i] < 0 || x->banned[i] >= s->vocab)
+            return fr_fail(FR_EINVAL, "fr_sample_ex: barred token %d is outside the vocabulary of %d", x->banned[i],
+                           s->vocab);
+    if ((st = fr_sampling_params_check(p, s->vocab))) return st;
+    softmax_stats full;
+    if ((st = softmax_scan(logits, s->vocab, p->temperature, &full))) return st;
+    int tok;
+    if (x->n_banned == 0) {
+        tok = p->temperature == 0.0f ? full.argmax : draw(s, logits, p, &full, sequence, step);
+    } else {
+        /* The draw sees the barred tokens at -inf: the rules of fr_sample on
+         * the rest, renormalized; the log-probs stay the full distribution's. */
+        for (int i = 0; i < s->vocab; i++) s->barred[i] = logits[i];
+        for (int i = 0; i < x->n_banned; i++) s->barred[x->banned[i]] = -INFINITY;
+        softmax_stats kept;
+        if (softmax_scan(s->barred, s->vocab, p->temperature, &kept))
+            return fr_fail(FR_EINVAL, "every token is barred (%d barred of %d, the rest -inf)", x->n_banned,
+                           s->vocab);
+        tok = p->temperature == 0.0f ? kept.argmax : draw(s, s->barred, p, &kept, sequence, step);
+    }
+    if (x->top_n > 0) top_of(s, logits, &full, x->top_n, x->top_ids, x->top_logprobs);
+    *token = tok;
+    if (logprob) *logprob = logprob_at(&full, logits[tok]);
+    return FR_OK;
+}
+
+fr_status fr_top_logprobs(fr_sampler *s, const float *logits, float temperature, int top_n, int *ids,
+                          float *logprobs)
+{
+    if (!s || !logits || !ids || !logprobs) return fr_fail(FR_EINVAL, "fr_top_logprobs: NULL argument");
+    fr_status st = check_top(s, top_n, 1);
+    if (st) return st;
+    if (isnan(temperature) || temperature < 0.0f || isinf(temperature))
+        return fr_fail(FR_EINVAL, "fr_top_logprobs: temperature %g must be finite and >= 0", (double)temperature);
+    softmax_stats sm;
+    if ((st = softmax_scan(logits, s->vocab, temperature, &sm))) return st;
+    top_of(s, logits, &sm, top_n, ids, logprobs);
     return FR_OK;
 }
 

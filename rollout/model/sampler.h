@@ -55,6 +55,35 @@ void fr_sampler_destroy(fr_sampler **s);   /* frees *s, sets it to NULL; NULL-sa
 fr_status fr_sample(fr_sampler *s, const float *logits, const fr_sampling_params *p,
                     uint64_t sequence, uint64_t step, int *token, float *logprob);
 
+/* The most top log-probs a step reports (docs/sampling.md, "Top log-probs"). */
+#define FR_MAX_TOP_LOGPROBS 20
+
+/* What a draw can do beyond fr_sample (all optional; zeroed: nothing).
+ * banned: token ids the draw never picks, as if their logits were -inf
+ * (min_tokens bars the stop ids this way); the log-probs are still those of
+ * the unbarred distribution, the quantity a trainer recomputes. top_n (0 to
+ * FR_MAX_TOP_LOGPROBS, at most vocab): top_ids and top_logprobs receive the
+ * top_n tokens with the largest logits (ties to the lower id), best first,
+ * and their log-probs, the same full-vocabulary log-softmax as *logprob. */
+typedef struct {
+    const int *banned;
+    int n_banned;
+    int top_n;
+    int *top_ids;          /* [top_n] */
+    float *top_logprobs;   /* [top_n] */
+} fr_sample_extras;
+
+/* fr_sample with extras (NULL: fr_sample). Barring every token that could
+ * be drawn is FR_EINVAL ("every token is barred"). */
+fr_status fr_sample_ex(fr_sampler *s, const float *logits, const fr_sampling_params *p, uint64_t sequence,
+                       uint64_t step, const fr_sample_extras *x, int *token, float *logprob);
+
+/* The top_n (1 to FR_MAX_TOP_LOGPROBS, at most vocab) most likely tokens of
+ * logits/temperature (temperature 0 means 1) and their log-probs, as
+ * fr_sample_extras fills them; for teacher-forced rows, which draw nothing. */
+fr_status fr_top_logprobs(fr_sampler *s, const float *logits, float temperature, int top_n, int *ids,
+                          float *logprobs);
+
 /* Full-vocabulary log-softmax of logits/temperature into out[vocab], with the
  * same numerics and non-finite rules as fr_sample's logprob (+inf tokens get
  * -log(count of +inf), the rest -inf). temperature 0 means 1, as for a greedy

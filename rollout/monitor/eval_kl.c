@@ -194,6 +194,7 @@ static fr_status run_pass(const eval_ctx *e, fr_kv_cache_config kc, const char *
     else
 #endif
     if (!st) st = fr_runner_cpu_new_tp(e->m, kv, N, p->tp, &r);
+    if (r) fr_runner_cpu_set_deterministic(r, p->deterministic);
     for (int i = 0; i < N && !st; i++)
         if (!(st = fr_kv_seq_new(kv, &seq[i]))) opened++;
     double t0 = fr_now_s(), shown = t0;
@@ -280,6 +281,9 @@ static fr_status check_params(const fr_model *m, const fr_eval_kl_params *p)
 {
     if (!p || p->n_texts < 1 || !p->texts || !p->lens) return fr_fail(FR_EINVAL, "eval-kl: no text");
     if (p->n_configs < 1 || !p->configs) return fr_fail(FR_EINVAL, "eval-kl: no configuration");
+    if (p->deterministic && p->gpu)
+        return fr_fail(FR_EUNSUPPORTED, "eval-kl: deterministic mode runs on the CPU backend only so far "
+                       "(docs/determinism.md)");
     for (int i = 0; i < p->n_texts; i++) {
         if (!p->texts[i] || p->lens[i] < 1) return fr_fail(FR_EINVAL, "eval-kl: text %d is empty", i);
         if (p->lens[i] > m->cfg.max_position)

@@ -73,6 +73,11 @@ typedef struct {
      * of its engine; NULL or size 1 for one process. Every rank of the engine
      * calls fr_eval_kl alike and gets the same report. */
     const fr_tp *tp;
+    /* Deterministic mode (docs/determinism.md), CPU backend only: every
+     * text's figures are bitwise the same whatever other texts run beside it
+     * (each step batches one token of every text), and at any BLAS thread
+     * count or x86-64 CPU. */
+    int deterministic;
 } fr_eval_kl_params;
 
 typedef struct {

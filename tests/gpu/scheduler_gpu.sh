@@ -15,7 +15,13 @@
 #    rounding decides sampled tokens, so there the shares are only printed;
 #  - on tq6, greedy tokens from the scheduler equal `generate`'s (the
 #    sampler's keys are the same; greedy makes the check independent of
-#    how batches are composed, up to exact logit ties).
+#    how batches are composed, up to exact logit ties);
+#  - the sampling options on CUDA (rows with them come to the host and are
+#    drawn by the CPU sampler): greedy with --logprobs 5 --prompt-logprobs
+#    gives the tokens of the run without them (log-probs within 1e-5), each
+#    token first in its top list with its own log-prob, prompt log-probs for
+#    every prompt token of each prompt's first sample only; --min-tokens 8
+#    keeps the stop ids (the greedy first tokens) out of the first 8 tokens.
 # Needs a GPU; tq6 from $FR_TQ6_DIR or ../shared/models/tq6 (its cases skip
 # without it).
 # usage: tests/gpu/scheduler_gpu.sh [BUILD_DIR]
@@ -100,6 +106,36 @@ prompts "$dir/p4b.txt" 8 151000 151643
 three_runs q4b "$dir/p4b.txt" "${q4b[@]}"
 same_generation "$dir/q4b_0_1.jsonl" "$dir/q4b_0.25_0.jsonl" "$name: qwen3-4b shape, shadow apart"
 close_generation "$dir/q4b_0.25_0.jsonl" "$dir/q4b_0.25_1.jsonl" "$name: qwen3-4b shape, shadow carried" 0
+
+# The sampling options (docs/sampling.md) on CUDA, Qwen3-4B shape, greedy.
+opt=(--model synthetic:qwen3-4b --backend cuda --kv nvfp4 --n 2 --max-tokens 24 --greedy --max-seqs 32
+     --prompts "$dir/p4b.txt" --json)
+timeout 300 "$bin" rollout "${opt[@]}" --ignore-eos > "$dir/o_plain.jsonl" 2> "$dir/o.err" || { tail -5 "$dir/o.err"; fail "options: plain"; }
+timeout 300 "$bin" rollout "${opt[@]}" --ignore-eos --logprobs 5 --prompt-logprobs > "$dir/o_top.jsonl" 2> "$dir/o.err" ||
+  { tail -5 "$dir/o.err"; fail "options: --logprobs"; }
+stops=$($py -c 'import json, sys; print(",".join(sorted({str(json.loads(l)["token_ids"][0]) for l in open(sys.argv[1])})))' "$dir/o_plain.jsonl")
+timeout 300 "$bin" rollout "${opt[@]}" --stop-ids "$stops" --min-tokens 8 > "$dir/o_min.jsonl" 2> "$dir/o.err" ||
+  { tail -5 "$dir/o.err"; fail "options: --min-tokens"; }
+$py - "$dir" "$stops" <<'PY' || fail "the sampling options on CUDA"
+import json, math, sys
+d, stops = sys.argv[1], {int(x) for x in sys.argv[2].split(",")}
+load = lambda f: {(j["request_id"], j["sample"]): j for j in map(json.loads, open(d + "/" + f))}
+plain, top, mn = load("o_plain.jsonl"), load("o_top.jsonl"), load("o_min.jsonl")
+prompts = [l.count(",") + 1 for l in open(d + "/p4b.txt")]
+assert plain.keys() == top.keys() == mn.keys()
+for k, a in plain.items():
+    b = top[k]
+    assert a["token_ids"] == b["token_ids"], ("--logprobs changed greedy tokens", k)
+    assert all(abs(x - y) <= 1e-5 * max(1, abs(x)) for x, y in zip(a["logprobs"], b["logprobs"])), k
+    for t, lp, pairs in zip(b["token_ids"], b["logprobs"], b["top_logprobs"]):
+        assert len(pairs) == 5 and pairs[0] == [t, lp], (k, t, pairs[0])
+    assert ("prompt_logprobs" in b) == (k[1] == 0), k
+    if k[1] == 0:
+        plp = b["prompt_logprobs"]
+        assert len(plp) == prompts[k[0]] and plp[0] is None and all(math.isfinite(x) and x <= 0 for x in plp[1:]), k
+    assert not stops & set(mn[k]["token_ids"][:8]), ("a stop id inside --min-tokens", k)
+print("scheduler_gpu: options on CUDA: %d samples, top and prompt log-probs, min_tokens as on the CPU" % len(plain))
+PY
 
 tq6=$(cd "${FR_TQ6_DIR:-../shared/models/tq6}" 2>/dev/null && pwd || true)
 if [ -z "$tq6" ] || [ ! -f "$tq6/config.json" ]; then

@@ -69,6 +69,22 @@ assert nv["baseline"] == "nvfp4" and nv["t_text"] is None and van["baseline"] ==
 assert mxkv["kv"] == "mxfp4" and mxkv["compute"] == "bf16" and mxkv["baseline"] == "mxfp4-kv"
 PY
 
+# --deterministic: text 1's figures alone (one BLAS thread) equal those
+# beside text 2 (four threads) in the JSON; the CUDA backend refuses it.
+det=(eval-kl --model synthetic:tiny --calib "$dir/calib.safetensors" --configs fp8,nvfp4 --tokens 120 --json --quiet
+     --deterministic)
+OPENBLAS_NUM_THREADS=4 "$bin" "${det[@]}" --texts "$dir/t1.txt" "$dir/t2.txt" > "$dir/d2.jsonl" 2> "$dir/d.err" ||
+  fail "eval-kl --deterministic failed: $(cat "$dir/d.err")"
+OPENBLAS_NUM_THREADS=1 "$bin" "${det[@]}" --texts "$dir/t1.txt" > "$dir/d1.jsonl" 2> "$dir/d.err" ||
+  fail "eval-kl --deterministic failed: $(cat "$dir/d.err")"
+$py - "$dir/d1.jsonl" "$dir/d2.jsonl" <<'PY' || fail "eval-kl --deterministic: text 1 alone differs from beside text 2"
+import json, sys
+alone, both = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+for a, b in zip(alone, both):
+    assert a["config"] == b["config"] and a["text_kl_1e3"][0] == b["text_kl_1e3"][0] != 0, (a, b)
+    assert a["text_top1_mismatch_pct"][0] == b["text_top1_mismatch_pct"][0], (a, b)
+PY
+
 # the table, the ablation list, and the warning without --calib
 "$bin" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" --tokens 40 --ablation --quiet > "$dir/abl.txt" \
   2> "$dir/abl.err" || fail "eval-kl --ablation failed"
@@ -95,6 +111,8 @@ expect_error "unknown configuration 'nvfp5'" eval-kl --model synthetic:tiny --te
 expect_error "unknown recipe switch" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" --configs nvfp4-no-magic
 expect_error "--tokens expects" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" --tokens 0
 expect_error "--texts needs at least one file" eval-kl --model synthetic:tiny
+expect_error "--deterministic runs on the CPU backend only" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" \
+  --backend cuda --deterministic
 expect_error "cannot read text file" eval-kl --model synthetic:tiny --texts "$dir/missing.txt"
 expect_error "t0.txt: header length" eval-kl --model synthetic:tiny --texts "$dir/t1.txt" --calib "$dir/t0.txt"
 # A Mixture-of-Experts checkpoint (tqm) through both commands: calibrate and

@@ -1,9 +1,10 @@
 """Seeds through the Python client against running `fp4rollout serve`s;
 started by serve_seeds.sh.
 
-usage: serve_seeds.py OS_ENDPOINT SEEDED_ENDPOINT_A SEEDED_ENDPOINT_B CONFIG_SEED
+usage: serve_seeds.py OS_ENDPOINT SEEDED_ENDPOINT_A SEEDED_ENDPOINT_B CONFIG_SEED DET_ENDPOINT
 OS_ENDPOINT serves without a configured seed; the two others are separate
-servers started with the same `sampling.seed` CONFIG_SEED.
+servers started with the same `sampling.seed` CONFIG_SEED; DET_ENDPOINT
+serves in deterministic mode with a BF16 KV cache.
 """
 import os
 import sys
@@ -31,12 +32,33 @@ def splitmix64(state):
         yield z ^ (z >> 31)
 
 
-def run_alone(c, **kw):
+def run_alone(c, n=2, **kw):
     """One request alone in the server's batch: its samples by index."""
-    c.submit(PROMPT, n=2, temperature=1.0, max_tokens=24, stop_token_ids=[], **kw)
+    c.submit(PROMPT, n=n, temperature=1.0, max_tokens=24, stop_token_ids=[], **kw)
     got = sorted(c.results(), key=lambda s: s.sample)
-    check(len(got) == 2, f"{len(got)} samples, expected 2")
+    check(len(got) == n, f"{len(got)} samples, expected {n}")
     return got
+
+
+def deterministic_replays(ep):
+    """Deterministic mode (BF16 KV): samples drawn in a busy batch (three
+    unseeded requests of three samples at once, two prompts) replay bitwise
+    one at a time, alone, from their reported seed and index."""
+    other = [256, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]
+    with RolloutClient(ep, timeout_ms=20000) as c:
+        ids = [c.submit(p, n=3, temperature=1.0, max_tokens=24, stop_token_ids=[]) for p in (PROMPT, other, PROMPT)]
+        busy = {(s.request_id, s.sample): s for s in c.results()}
+        check(len(busy) == 9, f"{len(busy)} samples, expected 9")
+        check(len({busy[(r, 0)].seed for r in ids}) == 3, "three unseeded requests did not get three seeds")
+        check(not same(busy[(ids[0], 0)], busy[(ids[2], 0)]), "two unseeded requests for one prompt are equal")
+        for r, prompt in zip(ids, (PROMPT, other, PROMPT)):
+            for k in range(3):
+                want = busy[(r, k)]
+                c.submit(prompt, n=1, temperature=1.0, max_tokens=24, stop_token_ids=[], seed=want.seed,
+                         first_sample=k)
+                (got,) = list(c.results())
+                check(got.sample == k and got.seed == want.seed, f"the replay reports sample {got.sample}, seed {got.seed}")
+                check(same(got, want), f"request {r} sample {k} (seed {want.seed}) did not replay bitwise alone")
 
 
 def same(a, b):
@@ -45,7 +67,8 @@ def same(a, b):
 
 
 def main():
-    os_ep, ep_a, ep_b, config_seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    os_ep, ep_a, ep_b, config_seed, det_ep = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    deterministic_replays(det_ep)
 
     with RolloutClient(os_ep, timeout_ms=20000) as c:
         # The same prompt twice without a seed: fresh seeds, different samples.

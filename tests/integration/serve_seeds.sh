@@ -6,6 +6,9 @@
 # sample bitwise (alone in the batch both times), through the server and
 # through `fp4rollout rollout`; a configured `sampling.seed` makes a server's
 # stream of seeds, and so its samples, reproducible; unseeded CLI runs differ;
+# one sample of a request replays alone from its seed and index
+# (first_sample), through the server, rollout and generate, and in
+# deterministic mode with a BF16 cache even when it was drawn in a busy batch;
 # under mpirun, a seed replays on either of two engines and a two-engine
 # rollout samples with rank 0's seed.
 set -euo pipefail
@@ -17,8 +20,11 @@ conf='{"model": "synthetic:tiny", "backend": "cpu", "kv_dtype": "f32", "max_seqs
 start_server os "${conf/SAMPLING/}"; os_ep=$ep
 start_server a "${conf/SAMPLING/, \"sampling\": {\"seed\": 77}}"; a_ep=$ep
 start_server b "${conf/SAMPLING/, \"sampling\": {\"seed\": 77}}"; b_ep=$ep
+det='{"model": "synthetic:tiny", "backend": "cpu", "kv_dtype": "bf16", "max_seqs": 16, "deterministic": true,
+ "coordinator": {"bind": "127.0.0.1", "port": PORT}}'
+start_server det "$det"; det_ep=$ep
 
-oseed=$(BUILD="$build" timeout 120 $py "$(dirname "$0")/serve_seeds.py" "$os_ep" "$a_ep" "$b_ep" 77) ||
+oseed=$(BUILD="$build" timeout 120 $py "$(dirname "$0")/serve_seeds.py" "$os_ep" "$a_ep" "$b_ep" 77 "$det_ep") ||
   fail "the Python client's seed checks failed"
 
 # The C client prints each done's seed; a reported seed replays the request.
@@ -49,7 +55,7 @@ roll=(rollout --model synthetic:tiny --backend cpu --kv f32 --max-seqs 16 --prom
 "$bin" "${roll[@]}" > "$dir/r1.jsonl" 2> "$dir/r1.err" || fail "rollout failed"
 "$bin" "${roll[@]}" > "$dir/r2.jsonl" 2> "$dir/r2.err" || fail "rollout failed"
 "$bin" "${roll[@]}" --seed "$s1" > "$dir/r3.jsonl" 2> /dev/null || fail "rollout with a seed failed"
-$py - "$dir/r1.jsonl" "$dir/r2.jsonl" "$dir/r3.jsonl" "$dir/c1.jsonl" "$dir/r1.err" <<'PY' || fail "rollout's seeds"
+$py - "$dir/r1.jsonl" "$dir/r2.jsonl" "$dir/r3.jsonl" "$dir/c1.jsonl" "$dir/r1.err" <<'PY' ||
 import json, re, sys
 r1, r2, r3, c1 = ({x["sample"]: x for x in map(json.loads, open(p))} for p in sys.argv[1:5])
 printed = re.search(r" rollout: seed (\d+)$", open(sys.argv[5]).read(), re.M)
@@ -59,6 +65,23 @@ for k in (0, 1):
     assert r3[k]["seed"] == c1[k]["seed"]
     assert (r3[k]["token_ids"], r3[k]["logprobs"]) == (c1[k]["token_ids"], c1[k]["logprobs"]), f"sample {k}"
 PY
+  fail "rollout's seeds"
+# One sample of a request alone, from its seed and index (--first-sample I
+# --n 1): bitwise in deterministic mode, where the batch it ran in does not
+# matter; through the C client and the server, and through rollout.
+d() { timeout 60 "$cli" --endpoint "$det_ep" --timeout-ms 20000 "$@"; }
+d "${gen[@]}" > "$dir/d1.jsonl" || fail "generate failed"
+ds=$($py -c 'import json, sys; print(json.loads(open(sys.argv[1]).readline())["seed"])' "$dir/d1.jsonl")
+d "${gen[@]}" --seed "$ds" --first-sample 1 --n 1 > "$dir/d2.jsonl" || fail "generate --first-sample failed"
+droll=("${roll[@]/f32/bf16}" --deterministic --seed "$ds" --first-sample 1 --n 1)
+"$bin" "${droll[@]}" > "$dir/d3.jsonl" 2> /dev/null || fail "rollout --first-sample failed"
+$py - "$dir/d1.jsonl" "$dir/d2.jsonl" "$dir/d3.jsonl" <<'PY' || fail "one sample did not replay alone"
+import json, sys
+a, one, roll = ({x["sample"]: x for x in map(json.loads, open(p))} for p in sys.argv[1:4])
+for got in (one, roll):
+    assert set(got) == {1} and got[1]["seed"] == a[1]["seed"], "--first-sample 1 --n 1 reports another sample"
+    assert (got[1]["token_ids"], got[1]["logprobs"]) == (a[1]["token_ids"], a[1]["logprobs"]), "sample 1 alone"
+PY
 # generate: the same, and a seed it printed replays it.
 g=(generate --model synthetic:tiny --backend cpu --kv f32 --max-tokens 16 --temperature 1 --json)
 "$bin" "${g[@]}" > "$dir/g1.jsonl" 2> /dev/null || fail "generate failed"
@@ -67,6 +90,12 @@ gs=$($py -c 'import json, sys; print(json.loads(open(sys.argv[1]).readline())["s
 "$bin" "${g[@]}" --seed "$gs" > "$dir/g3.jsonl" 2> /dev/null || fail "generate with its seed failed"
 cmp -s "$dir/g1.jsonl" "$dir/g3.jsonl" || fail "generate did not replay from its printed seed"
 cmp -s "$dir/g1.jsonl" "$dir/g2.jsonl" && fail "two unseeded generates printed the same samples"
+# generate, deterministic: sample 2 of three replays alone from its seed and index.
+"$bin" "${g[@]}" --deterministic --kv bf16 --n 3 --seed "$gs" > "$dir/g4.jsonl" 2> /dev/null || fail "generate --n 3"
+"$bin" "${g[@]}" --deterministic --kv bf16 --seed "$gs" --first-sample 2 > "$dir/g5.jsonl" 2> /dev/null ||
+  fail "generate --first-sample failed"
+[ "$(sed -n 3p "$dir/g4.jsonl")" = "$(cat "$dir/g5.jsonl")" ] || fail "generate's sample 2 did not replay alone"
+grep -q '"sample":2,' "$dir/g5.jsonl" || fail "generate --first-sample 2 did not report sample 2"
 [ -n "$oseed" ] || fail "no seed came back"
 
 # Several ranks. Two engines behind rank 0: the seed rank 0 assigned an

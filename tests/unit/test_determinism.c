@@ -10,7 +10,10 @@
  *    chunk, and with 1 or 4 BLAS threads gives bitwise the same tokens and
  *    log-probs; in a cache so small that samples are preempted and
  *    recomputed, every sample equals the run with room for all. With NVFP4
- *    KV the same in a batch and after preemption, the chunk size kept. */
+ *    KV the same in a batch and after preemption, the chunk size kept;
+ *  - sample k of a request of n samples replays alone, bitwise, as a request
+ *    with the same seed, first_sample k and n 1 (docs/sampling.md, "Seeds"),
+ *    and reports index k; a first_sample without room for n is refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +21,7 @@
 #include <cmocka.h>
 
 #include <cblas.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -234,12 +238,92 @@ static void test_engine_batch_invariant(void **state)
     }
 }
 
+/* The samples of one request, by reported index. */
+typedef struct {
+    int got[8], n[8];
+    int tokens[8][MAX_NEW];
+    float logprobs[8][MAX_NEW];
+} by_index;
+
+static void on_sample(void *user, const fr_sample_result *r)
+{
+    by_index *o = user;
+    assert_true(r->sample >= 0 && r->sample < 8 && r->n_tokens <= MAX_NEW && !o->got[r->sample]);
+    o->got[r->sample] = 1;
+    o->n[r->sample] = r->n_tokens;
+    memcpy(o->tokens[r->sample], r->tokens, sizeof(int) * (size_t)r->n_tokens);
+    memcpy(o->logprobs[r->sample], r->logprobs, sizeof(float) * (size_t)r->n_tokens);
+}
+
+/* One request of n samples numbered from first, run to its end. */
+static void run_samples(fr_session *s, int n, int first, by_index *out)
+{
+    fr_scheduler_config c = {.chunk = 512, .reserve_blocks = -1, .on_done = on_sample, .user = out};
+    fr_scheduler *sch;
+    assert_int_equal(fr_scheduler_new(s, &c, &sch), FR_OK);
+    static const int prompt[] = {256, 100, 101, 102, 32, 40, 115, 101, 108, 102};
+    fr_request_spec q = {.id = 1, .prompt = prompt, .n_prompt = 10, .n = n, .first_sample = first,
+                         .max_tokens = MAX_NEW, .stop_ids = NULL, .n_stop = 0,
+                         .params = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 0x123456789abcdefull}};
+    assert_int_equal(fr_scheduler_submit(sch, &q), FR_OK);
+    assert_int_equal(fr_scheduler_run(sch), FR_OK);
+    fr_scheduler_destroy(&sch);
+}
+
+static void test_sample_replays_alone(void **state)
+{
+    (void)state;
+    const char *model = fr_test_tq6_dir() ? fr_test_tq6_dir() : "synthetic:tiny";
+    fr_engine_opts o;
+    fr_engine_opts_default(&o);
+    o.model = model;
+    o.backend = FR_BACKEND_CPU;
+    o.deterministic = 1;
+    fr_session s;
+    if (fr_session_open(&o, 32, 8, &s)) fail_msg("%s", fr_last_error());
+    static by_index group, one;
+    memset(&group, 0, sizeof group);
+    run_samples(&s, 4, 0, &group);
+    int differ = 0;
+    for (int k = 0; k < 4; k++) {
+        assert_true(group.got[k]);
+        differ |= k > 0 && memcmp(group.tokens[k], group.tokens[0], sizeof(int) * MAX_NEW) != 0;
+        memset(&one, 0, sizeof one);
+        run_samples(&s, 1, k, &one);
+        for (int j = 0; j < 8; j++) assert_int_equal(one.got[j], j == k);   /* reported as sample k */
+        assert_int_equal(one.n[k], group.n[k]);
+        assert_memory_equal(one.tokens[k], group.tokens[k], sizeof(int) * (size_t)group.n[k]);
+        assert_memory_equal(one.logprobs[k], group.logprobs[k], sizeof(float) * (size_t)group.n[k]);
+    }
+    assert_true(differ);   /* the streams of one seed are different samples */
+    /* Two samples numbered from 2 are the group's samples 2 and 3. */
+    memset(&one, 0, sizeof one);
+    run_samples(&s, 2, 2, &one);
+    for (int k = 2; k < 4; k++) assert_memory_equal(one.tokens[k], group.tokens[k], sizeof(int) * (size_t)group.n[k]);
+    /* No room for n samples above first_sample, or a negative one: refused. */
+    fr_scheduler_config c = {.chunk = 512, .reserve_blocks = -1};
+    fr_scheduler *sch;
+    assert_int_equal(fr_scheduler_new(&s, &c, &sch), FR_OK);
+    static const int prompt[] = {256, 100};
+    fr_request_spec q = {.id = 2, .prompt = prompt, .n_prompt = 2, .n = 2, .first_sample = INT_MAX - 1,
+                         .max_tokens = 4, .params = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f}};
+    assert_int_equal(fr_scheduler_submit(sch, &q), FR_EINVAL);
+    assert_non_null(strstr(fr_last_error(), "first_sample"));
+    q.first_sample = -1;
+    assert_int_equal(fr_scheduler_submit(sch, &q), FR_EINVAL);
+    q.first_sample = INT_MAX - 2;
+    assert_int_equal(fr_scheduler_submit(sch, &q), FR_OK);
+    fr_scheduler_destroy(&sch);
+    fr_session_close(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_rows_invariant),
         cmocka_unit_test(test_fixed_math),
         cmocka_unit_test(test_engine_batch_invariant),
+        cmocka_unit_test(test_sample_replays_alone),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

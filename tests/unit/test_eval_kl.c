@@ -1,7 +1,9 @@
 /* Teacher-forced KL (paper Appendix A): configuration names, the paired t
  * statistic, KL of the reference configuration against itself, and the
  * reduced tq6 run (calibration from one text, two evaluation texts of 512
- * tokens) with the ordering of configurations that holds there. */
+ * tokens) with the ordering of configurations that holds there; in
+ * deterministic mode a text's figures do not depend on the texts beside it
+ * or on the BLAS thread count. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -132,6 +134,49 @@ static void test_self_kl_is_zero(void **state)
     fr_model_destroy(&m);
 }
 
+/* Deterministic mode: text 0 evaluated beside another text with 4 BLAS
+ * threads, then alone with 1, gives bitwise the same per-position KL and
+ * mismatch under every cache format (each text runs token by token, so no
+ * prompt chunking is involved); the CUDA backend refuses the mode. */
+static void test_deterministic_text_alone(void **state)
+{
+    (void)state;
+    const char *model = fr_test_tq6_dir() ? fr_test_tq6_dir() : "synthetic:tiny";
+    fr_model *m;
+    if (fr_model_load(model, &m)) fail_msg("%s", fr_last_error());
+    fr_test_rng rng = {21};
+    int lens[2] = {180, 140};
+    int *texts[2] = {random_text(&rng, lens[0]), random_text(&rng, lens[1])};
+    fr_eval_config *cfgs;
+    int n;
+    assert_int_equal(fr_eval_config_list("f32,fp8,nvfp4,mxfp4-vanilla", 0, &cfgs, &n), FR_OK);
+    fr_eval_kl_params p = {.n_texts = 2, .texts = (const int *const *)texts, .lens = lens, .configs = cfgs,
+                           .n_configs = n, .deterministic = 1};
+    fr_eval_kl_report both, alone;
+    openblas_set_num_threads(4);
+    if (fr_eval_kl(m, &p, &both)) fail_msg("%s", fr_last_error());
+    openblas_set_num_threads(1);
+    p.n_texts = 1;
+    if (fr_eval_kl(m, &p, &alone)) fail_msg("%s", fr_last_error());
+    for (int c = 0; c < n; c++) {
+        const fr_eval_result *a = &alone.results[c], *b = &both.results[c];
+        assert_memory_equal(a->pos_kl, b->pos_kl, sizeof(double) * (size_t)lens[0]);
+        assert_memory_equal(&a->text_kl[0], &b->text_kl[0], sizeof(double));
+        assert_memory_equal(&a->text_mismatch[0], &b->text_mismatch[0], sizeof(double));
+        if (c > 0) assert_true(a->kl > 0.0);   /* not a trivially equal zero */
+    }
+    printf("  %s, deterministic: text 0 alone = beside another (f32, fp8, nvfp4, mxfp4-vanilla)\n", model);
+    fr_eval_kl_report_free(&both);
+    fr_eval_kl_report_free(&alone);
+    struct fr_weights_gpu *not_used = (struct fr_weights_gpu *)&p;   /* refused before it is read */
+    p.gpu = not_used;
+    assert_int_equal(fr_eval_kl(m, &p, &alone), FR_EUNSUPPORTED);
+    assert_non_null(strstr(fr_last_error(), "deterministic mode runs on the CPU backend"));
+    free(cfgs);
+    free(texts[0]); free(texts[1]);
+    fr_model_destroy(&m);
+}
+
 /* The reduced tq6 run. At 512 tokens only 3 full pages exist per text (the
  * 4th is the BF16 recent page), so the full recipe's FP4 share is small and
  * FP8 and NVFP4 land close together; what holds robustly is the vanilla FP4
@@ -209,6 +254,7 @@ int main(void)
         cmocka_unit_test(test_config_names),
         cmocka_unit_test(test_paired_t),
         cmocka_unit_test(test_self_kl_is_zero),
+        cmocka_unit_test(test_deterministic_text_alone),
         cmocka_unit_test(test_tq6_reduced),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

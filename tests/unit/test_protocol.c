@@ -97,6 +97,10 @@ static void test_generate_full_and_minimal(void **state)
     g->n_stop_token_ids = 2;
     g->has_seed = 1;
     g->seed = 12345678901234ull;
+    g->first_sample = 3;
+    g->min_tokens = 7;
+    g->logprobs = 20;
+    g->prompt_logprobs = 1;
     g->monitor_divergence = 1;
     round_trip(&m, &d);
     const fr_msg_generate *h = &d.u.generate;
@@ -112,6 +116,8 @@ static void test_generate_full_and_minimal(void **state)
     assert_true(h->has_stop_token_ids && h->n_stop_token_ids == 2);
     assert_memory_equal(h->stop_token_ids, stop, sizeof stop);
     assert_true(h->has_seed && h->seed == 12345678901234ull);
+    assert_int_equal(h->first_sample, 3);
+    assert_true(h->min_tokens == 7 && h->logprobs == 20 && h->prompt_logprobs == 1);
     assert_int_equal(h->monitor_divergence, 1);
     fr_msg_free(&d);
     assert_int_equal(d.type, FR_MSG_NONE);
@@ -129,7 +135,8 @@ static void test_generate_full_and_minimal(void **state)
     h = &d.u.generate;
     assert_int_equal(h->n, 1);
     assert_false(h->has_group_id || h->has_temperature || h->has_top_k || h->has_top_p || h->has_max_tokens ||
-                 h->has_seed || h->monitor_divergence != -1 || h->per_token_kl || h->forced_tokens);
+                 h->has_seed || h->first_sample || h->monitor_divergence != -1 || h->per_token_kl ||
+                 h->forced_tokens || h->min_tokens || h->logprobs || h->prompt_logprobs);
     assert_true(h->has_stop_token_ids);
     assert_int_equal(h->n_stop_token_ids, 0);
     fr_msg_free(&d);
@@ -239,6 +246,21 @@ static void test_done(void **state)
          * the full 64 bits must survive */
         x->has_seed = !variant;
         x->seed = variant ? 0 : 0xFEDCBA9876543210ull;
+        /* top and prompt log-probs, when asked for */
+        static int top_ids[40 * 3];
+        static float top_lps[40 * 3], plp[11];
+        for (int i = 0; i < 120; i++) {
+            top_ids[i] = i % 272;
+            top_lps[i] = -0.125f * (float)i;
+        }
+        for (int i = 0; i < 11; i++) plp[i] = -1.0f / (float)(i + 1);
+        if (!variant) {
+            x->top_k = 3;
+            x->top_token_ids = top_ids;
+            x->top_logprobs = top_lps;
+            x->prompt_logprobs = plp;
+            x->n_prompt_logprobs = 11;
+        }
         if (variant) {   /* a monitored sample's figures travel as numbers */
             x->divergence = (fr_msg_divergence){.has_values = 1, .kl_mean = 1e-3, .kl_max = 0.02,
                                                 .top1_agreement = 0.98, .logprob_diff_mean = -0.01, .positions = 40};
@@ -256,6 +278,16 @@ static void test_done(void **state)
         assert_int_equal(y->divergence.has_values, variant);
         assert_int_equal(y->has_seed, !variant);
         assert_true(y->seed == x->seed);
+        assert_int_equal(y->top_k, variant ? 0 : 3);
+        assert_int_equal(y->n_prompt_logprobs, variant ? 0 : 11);
+        if (!variant) {
+            assert_memory_equal(y->top_token_ids, top_ids, sizeof top_ids);
+            assert_memory_equal(y->top_logprobs, top_lps, sizeof top_lps);
+            assert_memory_equal(y->prompt_logprobs, plp, sizeof plp);
+        } else {
+            assert_null(y->top_token_ids);
+            assert_null(y->prompt_logprobs);
+        }
         if (variant)
             assert_true(y->divergence.kl_mean == 1e-3 && y->divergence.kl_max == 0.02 &&
                         y->divergence.top1_agreement == 0.98 && y->divergence.logprob_diff_mean == -0.01 &&
@@ -550,6 +582,22 @@ static void test_generate_errors(void **state)
     expect_generate_refused(&c, NULL, "\"stop_token_ids\" must be an array, got an integer");
     c = (field){.k = "seed", .t = V_INT, .i = -1};
     expect_generate_refused(&c, NULL, "\"seed\" must be an integer >= 0");
+    c = (field){.k = "first_sample", .t = V_INT, .i = -1};
+    expect_generate_refused(&c, NULL, "\"first_sample\" must be in [0, 2147483645], got -1");
+    c = (field){.k = "first_sample", .t = V_INT, .i = 2147483646};   /* no room for n = 2 */
+    expect_generate_refused(&c, NULL, "\"first_sample\" must be in [0, 2147483645], got 2147483646");
+    c = (field){.k = "logprobs", .t = V_INT, .i = 21};
+    expect_generate_refused(&c, NULL, "\"logprobs\" must be in [0, 20], got 21");
+    c = (field){.k = "min_tokens", .t = V_INT, .i = -2};
+    expect_generate_refused(&c, NULL, "\"min_tokens\" must be in [0, ");
+    c = (field){.k = "prompt_logprobs", .t = V_INT, .i = 1};
+    expect_generate_refused(&c, NULL, "\"prompt_logprobs\" must be a boolean, got an integer");
+    {   /* min_tokens above the request's own max_tokens */
+        field f[] = {TYPE("generate"), V1, {.k = "request_id", .t = V_UINT, .i = 4},
+                     {.k = "prompt", .t = V_INTS, .a = P3, .n = 3}, {.k = "max_tokens", .t = V_INT, .i = 5},
+                     {.k = "min_tokens", .t = V_INT, .i = 6}};
+        expect_fields_refused(f, N(f), FR_EFORMAT, "\"min_tokens\" (6) must not exceed \"max_tokens\" (5)");
+    }
     c = (field){.k = "group_id", .t = V_DBL, .d = 1.0};
     expect_generate_refused(&c, NULL, "\"group_id\" must be an integer >= 0, got a float");
     c = (field){.k = "monitor_divergence", .t = V_INT, .i = 1};

@@ -146,6 +146,78 @@ static void test_logprob_matches_naive(void **state)
     free(ls);
 }
 
+/* ---- extras: barred tokens and top log-probs --------------------------- */
+
+/* Barred tokens are never drawn, the other draws equal fr_sample's on logits
+ * with the barred ones at -inf, and the log-prob stays the full
+ * distribution's; the top-n are the n largest logits (ties to the lower id),
+ * best first, with fr_log_softmax's values bit for bit; barring everything
+ * and more than 20 top log-probs are refused. */
+static void test_extras(void **state)
+{
+    (void)state;
+    enum { V = 300 };
+    float logits[V], masked[V], ls[V];
+    random_logits(logits, V, 3.0f, 23);
+    logits[40] = logits[41];   /* a tie inside the top 20 */
+    fr_sampler *s = NULL;
+    assert_int_equal(fr_sampler_new(V, &s), FR_OK);
+    int argmax = 0;
+    for (int i = 1; i < V; i++) if (logits[i] > logits[argmax]) argmax = i;
+    int banned[] = {argmax, 7, 41};
+    memcpy(masked, logits, sizeof masked);
+    for (int b = 0; b < 3; b++) masked[banned[b]] = -INFINITY;
+    static const float temps[] = {0.0f, 0.6f, 1.0f};
+    for (size_t ti = 0; ti < 3; ti++) {
+        fr_sampling_params p = params(temps[ti], ti == 2 ? 40 : 0, ti == 1 ? 0.9f : 1.0f, 99);
+        assert_int_equal(fr_log_softmax(logits, V, temps[ti], ls), FR_OK);
+        for (uint64_t step = 0; step < 200; step++) {
+            int ids[20], tok, want;
+            float lps[20], lp;
+            fr_sample_extras x = {.banned = banned, .n_banned = 3, .top_n = 20, .top_ids = ids, .top_logprobs = lps};
+            assert_int_equal(fr_sample_ex(s, logits, &p, 4, step, &x, &tok, &lp), FR_OK);
+            assert_int_equal(fr_sample(s, masked, &p, 4, step, &want, NULL), FR_OK);
+            assert_int_equal(tok, want);
+            assert_true(tok != argmax && tok != 7 && tok != 41);
+            assert_memory_equal(&lp, &ls[tok], sizeof lp);
+            for (int k = 0; k < 20; k++) {
+                assert_memory_equal(&lps[k], &ls[ids[k]], sizeof(float));
+                if (k) assert_true(logits[ids[k]] < logits[ids[k - 1]] ||
+                                   (logits[ids[k]] == logits[ids[k - 1]] && ids[k] > ids[k - 1]));
+                int better = 0;   /* exactly k tokens come before ids[k] */
+                for (int i = 0; i < V; i++)
+                    better += logits[i] > logits[ids[k]] || (logits[i] == logits[ids[k]] && i < ids[k]);
+                assert_int_equal(better, k);
+            }
+            assert_int_equal(ids[0], argmax);   /* the top list is the unbarred distribution's */
+            /* Without extras, the same draw as fr_sample. */
+            fr_sample_extras none = {0};
+            assert_int_equal(fr_sample_ex(s, logits, &p, 4, step, &none, &tok, &lp), FR_OK);
+            assert_int_equal(fr_sample(s, logits, &p, 4, step, &want, NULL), FR_OK);
+            assert_int_equal(tok, want);
+        }
+        int ids[5];
+        float lps[5];
+        assert_int_equal(fr_top_logprobs(s, logits, temps[ti], 5, ids, lps), FR_OK);
+        assert_int_equal(ids[0], argmax);
+        assert_memory_equal(&lps[0], &ls[argmax], sizeof(float));
+    }
+    int all[V];
+    for (int i = 0; i < V; i++) all[i] = i;
+    fr_sampling_params p = params(1.0f, 0, 1.0f, 1);
+    int tok = -5, ids[21];
+    float lps[21];
+    fr_sample_extras x = {.banned = all, .n_banned = V};
+    assert_int_equal(fr_sample_ex(s, logits, &p, 0, 0, &x, &tok, NULL), FR_EINVAL);
+    assert_non_null(strstr(fr_last_error(), "every token is barred"));
+    assert_int_equal(tok, -5);
+    x = (fr_sample_extras){.top_n = 21, .top_ids = ids, .top_logprobs = lps};
+    assert_int_equal(fr_sample_ex(s, logits, &p, 0, 0, &x, &tok, NULL), FR_EINVAL);
+    assert_non_null(strstr(fr_last_error(), "must be in [0, 20]"));
+    assert_int_equal(fr_top_logprobs(s, logits, 1.0f, 0, ids, lps), FR_EINVAL);
+    fr_sampler_destroy(&s);
+}
+
 /* ---- reproducibility -------------------------------------------------- */
 
 static void test_reproducible_and_streams_differ(void **state)
@@ -499,6 +571,7 @@ int main(void)
         cmocka_unit_test(test_philox_uniform_rule),
         cmocka_unit_test(test_greedy_argmax_ties_to_lowest),
         cmocka_unit_test(test_logprob_matches_naive),
+        cmocka_unit_test(test_extras),
         cmocka_unit_test(test_reproducible_and_streams_differ),
         cmocka_unit_test(test_stats_top_p),
         cmocka_unit_test(test_stats_top_p_over_sequences),

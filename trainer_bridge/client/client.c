@@ -53,6 +53,7 @@ struct fr_client {
     void *nccl;             /* the NCCL weight group (client_nccl.c), NULL when none */
     void *monitor;          /* PAIR: the socket monitor's events, NULL when none */
     int lost;               /* the connection to the server ended with samples open */
+    fr_msg delta;           /* the tokens delta fr_client_next_event handed out last (its arrays) */
 };
 
 /* ZMTP heartbeats: a server that stops answering (killed, frozen, or its
@@ -224,6 +225,7 @@ void fr_client_destroy(fr_client **pc)
     free(c->p);
     for (int i = 0; i < c->n_parts; i++) fr_client_sample_free(&c->parts[i].s);
     free(c->parts);
+    fr_msg_free(&c->delta);
     if (c->sock) zmq_socket_monitor(c->sock, NULL, 0);
     if (c->monitor) zmq_close(c->monitor);
     if (c->sock) zmq_close(c->sock);
@@ -777,6 +779,9 @@ void fr_client_sample_free(fr_client_sample **ps)
     free(s->logprobs);
     free(s->weight_versions);
     free(s->divergence.kl);
+    free(s->top_token_ids);
+    free(s->top_logprobs);
+    free(s->prompt_logprobs);
     free(s);
     *ps = NULL;
 }
@@ -853,15 +858,26 @@ static fr_status finish_sample(fr_client *c, fr_msg_done *d, fr_client_sample **
     s->seed = d->seed;
     d->divergence.kl = NULL;   /* moved */
     d->divergence.n_kl = 0;
+    s->top_k = d->top_k;
+    s->top_token_ids = d->top_token_ids;
+    s->top_logprobs = d->top_logprobs;
+    s->prompt_logprobs = d->prompt_logprobs;
+    s->n_prompt_logprobs = d->n_prompt_logprobs;
+    d->top_token_ids = NULL;   /* moved */
+    d->top_logprobs = NULL;
+    d->prompt_logprobs = NULL;
     *out = s;
     return FR_OK;
 }
 
-fr_status fr_client_next_sample(fr_client *c, int timeout_ms, fr_client_sample **out, int *got)
+/* The loop of fr_client_next_sample and fr_client_next_event: deltas are
+ * assembled into samples, and handed out too when delta is non-NULL
+ * (*got 1); a done gives its finished sample (*got 2). */
+static fr_status next_event(fr_client *c, int timeout_ms, fr_client_delta *delta, fr_client_sample **out, int *got)
 {
-    if (!c || !out || !got) return fr_fail(FR_EINVAL, "client: next_sample needs out and got");
     *out = NULL;
     *got = 0;
+    fr_msg_free(&c->delta);   /* the arrays of the delta handed out last */
     double end = fr_now_ms() + timeout_ms;
     for (;;) {
         int left = timeout_ms < 0 ? -1 : (int)(end - fr_now_ms());
@@ -874,14 +890,37 @@ fr_status fr_client_next_sample(fr_client *c, int timeout_ms, fr_client_sample *
             if (timeout_ms >= 0 && fr_now_ms() >= end) return FR_OK;
             continue;
         }
-        if (m.type == FR_MSG_TOKENS) st = add_tokens(c, &m.u.tokens);
-        else if (m.type == FR_MSG_DONE && !(st = finish_sample(c, &m.u.done, out))) *got = 1;
+        if (m.type == FR_MSG_TOKENS && !(st = add_tokens(c, &m.u.tokens)) && delta) {
+            const fr_msg_tokens *t = &m.u.tokens;
+            *delta = (fr_client_delta){.request_id = t->request_id, .sample = t->sample, .start = t->start, .n = t->n,
+                                       .token_ids = t->token_ids, .logprobs = t->logprobs,
+                                       .weight_versions = t->weight_versions};
+            c->delta = m;   /* kept until the next call */
+            *got = 1;
+            return FR_OK;
+        }
+        if (m.type == FR_MSG_DONE && !st && !(st = finish_sample(c, &m.u.done, out))) *got = 2;
         else if (m.type == FR_MSG_ERROR && (note_error(c, &m.u.error), 1))
             st = fr_fail(FR_EINVAL, "server error%s: %s: %s", m.u.error.has_request_id ? " about a request" : "",
                          m.u.error.code, m.u.error.message);
         fr_msg_free(&m);
         if (st || *got) return st;
     }
+}
+
+fr_status fr_client_next_sample(fr_client *c, int timeout_ms, fr_client_sample **out, int *got)
+{
+    if (!c || !out || !got) return fr_fail(FR_EINVAL, "client: next_sample needs out and got");
+    fr_status st = next_event(c, timeout_ms, NULL, out, got);
+    *got = *got != 0;
+    return st;
+}
+
+fr_status fr_client_next_event(fr_client *c, int timeout_ms, fr_client_delta *delta, fr_client_sample **out,
+                               int *got)
+{
+    if (!c || !delta || !out || !got) return fr_fail(FR_EINVAL, "client: next_event needs delta, out and got");
+    return next_event(c, timeout_ms, delta, out, got);
 }
 
 /* ---- JSON ------------------------------------------------------------------ */

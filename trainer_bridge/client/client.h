@@ -181,6 +181,12 @@ typedef struct {
     fr_msg_divergence divergence;  /* kl: per-token KL when asked for */
     int has_seed;                  /* 0: the server did not report the seed */
     uint64_t seed;                 /* the seed that produced it: replays it (docs/sampling.md) */
+    /* Asked for with the generate's logprobs (k) and prompt_logprobs. */
+    int top_k;                     /* 0: none */
+    int *top_token_ids;            /* [n_tokens * top_k]: token i's k most likely, best first */
+    float *top_logprobs;           /* [n_tokens * top_k] */
+    float *prompt_logprobs;        /* prompt tokens 1 .. n_prompt - 1 (the request's first sample); NULL: none */
+    int n_prompt_logprobs;
 } fr_client_sample;
 
 /* Reads messages until a sample ends: 1 in *got and the sample (free with
@@ -190,6 +196,25 @@ typedef struct {
  * Uses fr_client_next: do not mix with it. */
 fr_status fr_client_next_sample(fr_client *c, int timeout_ms, fr_client_sample **out, int *got);
 void fr_client_sample_free(fr_client_sample **s);
+
+/* A token delta as it arrives (docs/protocol.md, "tokens"): tokens start
+ * .. start + n - 1 of one sample. The arrays belong to the client and stay
+ * valid until its next call. */
+typedef struct {
+    uint64_t request_id;
+    int sample, start, n;
+    const int *token_ids;
+    const float *logprobs;
+    const uint64_t *weight_versions;
+} fr_client_delta;
+
+/* fr_client_next_sample that also hands out every token delta as it
+ * arrives, for streaming: *got 1 with *delta, 2 with *out (a finished
+ * sample, as fr_client_next_sample gives it; its tokens are the deltas'
+ * concatenated), 0 when nothing came within timeout_ms. Do not mix with
+ * fr_client_next. */
+fr_status fr_client_next_event(fr_client *c, int timeout_ms, fr_client_delta *delta, fr_client_sample **out,
+                               int *got);
 
 /* ---- JSON (for command lines and bindings) ---- */
 

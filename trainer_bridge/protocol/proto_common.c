@@ -1,5 +1,6 @@
 /* Protocol names, message init/free, and the value checks shared by the
  * encoder and the decoder (trainer_bridge/protocol/protocol.h). */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,6 +151,9 @@ void fr_msg_free(fr_msg *m)
         break;
     case FR_MSG_DONE:
         free(m->u.done.divergence.kl);
+        free(m->u.done.top_token_ids);
+        free(m->u.done.top_logprobs);
+        free(m->u.done.prompt_logprobs);
         break;
     case FR_MSG_UPDATE_BEGIN:
         free(m->u.update_begin.tensors);
@@ -218,6 +222,9 @@ static fr_status check_generate(const fr_msg_generate *g)
     if (st) return st;
     if (g->n < 1 || g->n > FR_PROTO_MAX_SAMPLES)
         return BAD("%s: \"n\" must be in [1, %d], got %d", t, FR_PROTO_MAX_SAMPLES, g->n);
+    if (g->first_sample < 0 || g->first_sample > INT_MAX - g->n)
+        return BAD("%s: \"first_sample\" must be in [0, %d] for n = %d, got %d", t, INT_MAX - g->n, g->n,
+                   g->first_sample);
     if (g->has_temperature && !(isfinite(g->temperature) && g->temperature >= 0))
         return BAD("%s: \"temperature\" must be a finite number >= 0 (0 = greedy), got %s", t, num(g->temperature, nb, sizeof nb));
     if (g->has_top_k && g->top_k < 0) return BAD("%s: \"top_k\" must be >= 0 (0 = off), got %d", t, g->top_k);
@@ -233,6 +240,13 @@ static fr_status check_generate(const fr_msg_generate *g)
     if (g->per_token_kl != 0 && g->per_token_kl != 1) return BAD("%s: \"per_token_kl\" must be a boolean", t);
     if (g->forced_tokens && (st = check_ids(t, "forced_tokens", g->forced_tokens, g->n_forced_tokens, 1)))
         return st;
+    if (g->min_tokens < 0) return BAD("%s: \"min_tokens\" must be >= 0, got %d", t, g->min_tokens);
+    if (g->has_max_tokens && g->min_tokens > g->max_tokens)
+        return BAD("%s: \"min_tokens\" (%d) must not exceed \"max_tokens\" (%d)", t, g->min_tokens, g->max_tokens);
+    if (g->logprobs < 0 || g->logprobs > FR_PROTO_MAX_LOGPROBS)
+        return BAD("%s: \"logprobs\" must be in [0, %d] (top log-probs per token), got %d", t, FR_PROTO_MAX_LOGPROBS,
+                   g->logprobs);
+    if (g->prompt_logprobs != 0 && g->prompt_logprobs != 1) return BAD("%s: \"prompt_logprobs\" must be a boolean", t);
     return FR_OK;
 }
 
@@ -425,6 +439,12 @@ fr_status fr_proto_check(const fr_msg *m)
         if (d->divergence.n_kl < 0 || d->divergence.n_kl > FR_PROTO_MAX_ARRAY ||
             (d->divergence.n_kl > 0 && !d->divergence.kl) || (d->divergence.kl && !d->divergence.has_values))
             return BAD("done: \"divergence.per_token_kl\" comes only with the other divergence figures");
+        if (d->top_k < 0 || d->top_k > FR_PROTO_MAX_LOGPROBS || (d->top_k > 0 && (!d->top_token_ids || !d->top_logprobs)))
+            return BAD("done: \"top_logprobs.k\" must be in [1, %d] with its arrays", FR_PROTO_MAX_LOGPROBS);
+        if (d->n_prompt_logprobs < 0 || (d->n_prompt_logprobs > 0 && !d->prompt_logprobs) ||
+            (d->prompt_logprobs && d->n_prompt_logprobs != (d->n_prompt > 0 ? d->n_prompt - 1 : 0)))
+            return BAD("done: \"prompt_logprobs\" must hold n_prompt - 1 = %d entries, got %d",
+                       d->n_prompt > 0 ? d->n_prompt - 1 : 0, d->n_prompt_logprobs);
         return FR_OK;
     }
     case FR_MSG_ABORT_REPLY:

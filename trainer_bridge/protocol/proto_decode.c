@@ -303,12 +303,14 @@ enum { I_MAX = INT_MAX };
 static fr_status dec_generate(const ctx *c, fr_msg_generate *g)
 {
     KEYS(c, "type", "v", "request_id", "prompt", "n", "group_id", "temperature", "top_k", "top_p", "max_tokens",
-         "stop_token_ids", "seed", "monitor_divergence", "per_token_kl", "forced_tokens");
+         "stop_token_ids", "seed", "monitor_divergence", "per_token_kl", "forced_tokens", "first_sample",
+         "min_tokens", "logprobs", "prompt_logprobs");
     int has_n = 0;
     TRY(get_u64(c, "request_id", 1, &g->request_id, NULL));
     TRY(get_ints(c, "prompt", 1, 0, I_MAX, &g->prompt, &g->n_prompt, NULL));
     TRY(get_int(c, "n", 0, 1, FR_PROTO_MAX_SAMPLES, &g->n, &has_n));
     if (!has_n) g->n = 1;
+    TRY(get_int(c, "first_sample", 0, 0, I_MAX - g->n, &g->first_sample, NULL));
     TRY(get_u64(c, "group_id", 0, &g->group_id, &g->has_group_id));
     TRY(get_double(c, "temperature", 0, &g->temperature, &g->has_temperature));
     TRY(get_int(c, "top_k", 0, 0, I_MAX, &g->top_k, &g->has_top_k));
@@ -321,6 +323,11 @@ static fr_status dec_generate(const ctx *c, fr_msg_generate *g)
     TRY(get_bool(c, "per_token_kl", 0, &g->per_token_kl));
     int has_forced = 0;
     TRY(get_ints(c, "forced_tokens", 0, 0, I_MAX, &g->forced_tokens, &g->n_forced_tokens, &has_forced));
+    TRY(get_int(c, "min_tokens", 0, 0, I_MAX, &g->min_tokens, NULL));
+    if (g->has_max_tokens && g->min_tokens > g->max_tokens)
+        return BAD("generate: \"min_tokens\" (%d) must not exceed \"max_tokens\" (%d)", g->min_tokens, g->max_tokens);
+    TRY(get_int(c, "logprobs", 0, 0, FR_PROTO_MAX_LOGPROBS, &g->logprobs, NULL));
+    TRY(get_bool(c, "prompt_logprobs", 0, &g->prompt_logprobs));
     return FR_OK;
 }
 
@@ -559,10 +566,28 @@ static fr_status get_nullable(const ctx *c, const char *name, double *out, int *
     return *present ? as_double(c, name, o, out) : FR_OK;
 }
 
+/* done's optional "top_logprobs": {k, token_ids, logprobs}, k per token. */
+static fr_status get_top_logprobs(const ctx *c, fr_msg_done *d)
+{
+    const msgpack_object *o = find(c->map, "top_logprobs");
+    if (!o || o->type == MSGPACK_OBJECT_NIL) return FR_OK;
+    ctx t;
+    TRY(get_map(c, "top_logprobs", "top_logprobs.", &t));
+    KEYS(&t, "k", "token_ids", "logprobs");
+    int n_ids = 0, n_lp = 0;
+    TRY(get_int(&t, "k", 1, 1, FR_PROTO_MAX_LOGPROBS, &d->top_k, NULL));
+    TRY(get_ints(&t, "token_ids", 1, 0, I_MAX, &d->top_token_ids, &n_ids, NULL));
+    TRY(get_floats(&t, "logprobs", &d->top_logprobs, &n_lp));
+    if ((long long)n_ids != (long long)d->n_tokens * d->top_k || n_lp != n_ids)
+        return BAD("done: \"top_logprobs\" must hold n_tokens x k = %lld entries, got %d and %d",
+                   (long long)d->n_tokens * d->top_k, n_ids, n_lp);
+    return FR_OK;
+}
+
 static fr_status dec_done(const ctx *c, fr_msg_done *d)
 {
     KEYS(c, "type", "v", "request_id", "group_id", "sample", "finish_reason", "n_tokens", "n_prompt", "preemptions",
-         "ttft_ms", "total_ms", "divergence", "seed");
+         "ttft_ms", "total_ms", "divergence", "seed", "top_logprobs", "prompt_logprobs");
     char reason[16];
     TRY(get_u64(c, "request_id", 1, &d->request_id, NULL));
     TRY(get_u64(c, "group_id", 1, &d->group_id, NULL));
@@ -576,6 +601,14 @@ static fr_status dec_done(const ctx *c, fr_msg_done *d)
     TRY(get_nullable(c, "ttft_ms", &d->ttft_ms, &d->has_ttft));
     TRY(get_double(c, "total_ms", 1, &d->total_ms, NULL));
     TRY(get_u64(c, "seed", 0, &d->seed, &d->has_seed));
+    TRY(get_top_logprobs(c, d));
+    const msgpack_object *plp = find(c->map, "prompt_logprobs");
+    if (plp && plp->type != MSGPACK_OBJECT_NIL) {
+        TRY(get_floats(c, "prompt_logprobs", &d->prompt_logprobs, &d->n_prompt_logprobs));
+        if (d->n_prompt_logprobs != (d->n_prompt > 0 ? d->n_prompt - 1 : 0))
+            return BAD("done: \"prompt_logprobs\" must hold n_prompt - 1 = %d entries, got %d",
+                       d->n_prompt > 0 ? d->n_prompt - 1 : 0, d->n_prompt_logprobs);
+    }
     ctx dv;
     TRY(get_map(c, "divergence", "divergence.", &dv));
     KEYS(&dv, "kl_mean", "kl_max", "top1_agreement", "logprob_diff_mean", "positions", "per_token_kl");

@@ -86,12 +86,17 @@ static void head(msgpack_packer *pk, fr_msg_type t, int n_fields)
 
 static void enc_generate(msgpack_packer *pk, const fr_msg_generate *g)
 {
-    int n = 3 + (g->monitor_divergence >= 0) + g->per_token_kl + (g->forced_tokens != NULL) + g->has_group_id +
+    int n = 3 + (g->first_sample > 0) + (g->min_tokens > 0) + (g->logprobs > 0) + g->prompt_logprobs +
+            (g->monitor_divergence >= 0) + g->per_token_kl + (g->forced_tokens != NULL) + g->has_group_id +
             g->has_temperature + g->has_top_k + g->has_top_p + g->has_max_tokens + g->has_stop_token_ids + g->has_seed;
     head(pk, FR_MSG_GENERATE, n);
     kv_u64(pk, "request_id", g->request_id);
     kv_ints(pk, "prompt", g->prompt, g->n_prompt);
     kv_int(pk, "n", g->n);
+    if (g->first_sample > 0) kv_int(pk, "first_sample", g->first_sample);
+    if (g->min_tokens > 0) kv_int(pk, "min_tokens", g->min_tokens);
+    if (g->logprobs > 0) kv_int(pk, "logprobs", g->logprobs);
+    if (g->prompt_logprobs) kv_bool(pk, "prompt_logprobs", 1);
     if (g->monitor_divergence >= 0) kv_bool(pk, "monitor_divergence", g->monitor_divergence);
     if (g->per_token_kl) kv_bool(pk, "per_token_kl", 1);
     if (g->forced_tokens) kv_ints(pk, "forced_tokens", g->forced_tokens, g->n_forced_tokens);
@@ -138,7 +143,7 @@ static void enc_tokens(msgpack_packer *pk, const fr_msg_tokens *k)
 
 static void enc_done(msgpack_packer *pk, const fr_msg_done *d)
 {
-    head(pk, FR_MSG_DONE, 10 + (d->has_seed ? 1 : 0));
+    head(pk, FR_MSG_DONE, 10 + (d->has_seed ? 1 : 0) + (d->top_k > 0) + (d->prompt_logprobs != NULL));
     kv_u64(pk, "request_id", d->request_id);
     kv_u64(pk, "group_id", d->group_id);
     kv_int(pk, "sample", d->sample);
@@ -150,6 +155,21 @@ static void enc_done(msgpack_packer *pk, const fr_msg_done *d)
     else kv_nil(pk, "ttft_ms");
     kv_double(pk, "total_ms", d->total_ms);
     if (d->has_seed) kv_u64(pk, "seed", d->seed);
+    if (d->top_k > 0) {
+        const size_t n = (size_t)d->n_tokens * (size_t)d->top_k;
+        key(pk, "top_logprobs");
+        msgpack_pack_map(pk, 3);
+        kv_int(pk, "k", d->top_k);
+        kv_ints(pk, "token_ids", d->top_token_ids, (int)n);
+        key(pk, "logprobs");
+        msgpack_pack_array(pk, n);
+        for (size_t i = 0; i < n; i++) msgpack_pack_float(pk, d->top_logprobs[i]);
+    }
+    if (d->prompt_logprobs) {
+        key(pk, "prompt_logprobs");
+        msgpack_pack_array(pk, (size_t)d->n_prompt_logprobs);
+        for (int i = 0; i < d->n_prompt_logprobs; i++) msgpack_pack_float(pk, d->prompt_logprobs[i]);
+    }
     key(pk, "divergence");
     const fr_msg_divergence *v = &d->divergence;
     msgpack_pack_map(pk, 6);

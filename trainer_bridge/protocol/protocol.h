@@ -32,6 +32,7 @@ extern "C" {
 #define FR_PROTO_MAX_NDIM 8        /* dimensions of a tensor shape */
 #define FR_PROTO_MAX_TENSORS 65536 /* tensors of one weight update */
 #define FR_PROTO_NCCL_ID_BYTES 128 /* an NCCL unique id (ncclUniqueId) */
+#define FR_PROTO_MAX_LOGPROBS 20   /* top log-probs per generated token (generate's "logprobs") */
 
 typedef enum {
     FR_MSG_NONE = 0,
@@ -190,6 +191,7 @@ typedef struct {
     int *prompt;                         /* token ids, >= 0 */
     int n_prompt;                        /* >= 1 */
     int n;                               /* samples, >= 1 (1 when absent) */
+    int first_sample;                    /* index of the first sample, >= 0 (0 when absent; sent when > 0) */
     int has_temperature, has_top_k, has_top_p, has_max_tokens, has_stop_token_ids, has_seed;
     double temperature;                  /* >= 0, 0 = greedy */
     int top_k;                           /* >= 0, 0 = off */
@@ -202,6 +204,9 @@ typedef struct {
     int per_token_kl;                    /* 0 or 1: the done carries every token's KL */
     int *forced_tokens;                  /* teacher forcing: the tokens the samples emit; NULL when absent */
     int n_forced_tokens;                 /* 1 .. FR_PROTO_MAX_ARRAY when present */
+    int min_tokens;                      /* >= 0 (0 when absent): stop tokens barred before this many tokens */
+    int logprobs;                        /* 0 .. FR_PROTO_MAX_LOGPROBS (0 when absent): top log-probs per token */
+    int prompt_logprobs;                 /* 0 or 1: the first sample's done carries the prompt's log-probs */
 } fr_msg_generate;
 
 typedef struct {
@@ -264,6 +269,11 @@ typedef struct {
     fr_msg_divergence divergence;
     int has_seed;                        /* 0: a server that does not report it */
     uint64_t seed;                       /* the sampling seed of the sample's request */
+    int top_k;                           /* > 0: top log-probs of every token (the generate's logprobs) */
+    int *top_token_ids;                  /* [n_tokens * top_k], token i's best first */
+    float *top_logprobs;                 /* [n_tokens * top_k] */
+    float *prompt_logprobs;              /* log-probs of prompt tokens 1 .. n_prompt - 1; NULL when absent */
+    int n_prompt_logprobs;
 } fr_msg_done;
 
 typedef struct {

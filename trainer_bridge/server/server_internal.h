@@ -50,6 +50,7 @@ typedef struct {
     uint64_t request_id, group_id;
     int peer;
     int n, n_prompt, open;
+    int first_sample;        /* the wire's sample of q->s[k] is first_sample + k, as the engine's */
     int held;                /* received during a pause: not yet submitted */
     fr_request_spec spec;    /* held: prompt and stop ids owned here */
     double t0_ms;            /* when it was received */
@@ -176,8 +177,9 @@ void srv_on_done(void *user, const fr_sample_result *r);
 void srv_on_token(void *user, uint64_t sid, int sample, int index, int token, float logprob);
 void srv_remove_request(fr_bridge_server *srv, request *q);
 void srv_send_deferred(fr_bridge_server *srv);
+/* res (may be NULL): the engine's result, for its top and prompt log-probs. */
 void srv_send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish why, int n_tokens, int preemptions,
-                   const fr_msg_divergence *div);
+                   const fr_msg_divergence *div, const fr_sample_result *res);
 void srv_send_error(fr_bridge_server *srv, int peer, const char *code, int has_id, uint64_t id,
                     const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 void srv_send_later(fr_bridge_server *srv, int peer, const fr_msg *m);

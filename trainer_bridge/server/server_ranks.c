@@ -48,6 +48,7 @@ static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
     spec.group = fr_rank_get_u64(r);
     int *prompt = fr_rank_get_i32s(r, &spec.n_prompt, &oom[0]);
     spec.n = fr_rank_get_i32(r);
+    spec.first_sample = fr_rank_get_i32(r);
     spec.params.temperature = fr_rank_get_f32(r);
     spec.params.top_k = fr_rank_get_i32(r);
     spec.params.top_p = fr_rank_get_f32(r);
@@ -56,6 +57,9 @@ static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
     int *stop = fr_rank_get_i32s(r, &spec.n_stop, &oom[1]);
     spec.monitor = fr_rank_get_i32(r);
     spec.per_token_kl = fr_rank_get_i32(r);
+    spec.min_tokens = fr_rank_get_i32(r);
+    spec.top_logprobs = fr_rank_get_i32(r);
+    spec.prompt_logprobs = fr_rank_get_i32(r);
     has_forced = fr_rank_get_i32(r);
     int *forced = has_forced ? fr_rank_get_i32s(r, &spec.n_forced, &oom[2]) : NULL;
     spec.prompt = prompt;
@@ -244,13 +248,14 @@ static void take_done(fr_bridge_server *srv, fr_rank_reader *r)
         return;
     }
     request *q = srv_find_sid(srv, res.request_id);
-    if (!q || res.sample < 0 || res.sample >= q->n) {
+    const int k = q ? res.sample - q->first_sample : -1;
+    if (!q || k < 0 || k >= q->n) {
         srv_log(srv, "an engine ended an unknown sample (%llu, %d)", (unsigned long long)res.request_id, res.sample);
     } else {
         fr_msg_divergence div;
         srv_divergence_of(&res, &div);
         srv->engine_open[q->engine]--;
-        srv_send_done(srv, q, res.sample, srv_wire_finish(res.finish), res.n_tokens, res.preemptions, &div);
+        srv_send_done(srv, q, k, srv_wire_finish(res.finish), res.n_tokens, res.preemptions, &div, &res);
     }
     fr_sample_result_free(&res);
 }

@@ -19,6 +19,7 @@ static void put_spec(fr_rank_buf *b, int engine, const fr_request_spec *r)
     fr_rank_put_u64(b, r->group);
     fr_rank_put_i32s(b, r->prompt, r->n_prompt);
     fr_rank_put_i32(b, r->n);
+    fr_rank_put_i32(b, r->first_sample);
     fr_rank_put_f32(b, r->params.temperature);
     fr_rank_put_i32(b, r->params.top_k);
     fr_rank_put_f32(b, r->params.top_p);
@@ -27,6 +28,9 @@ static void put_spec(fr_rank_buf *b, int engine, const fr_request_spec *r)
     fr_rank_put_i32s(b, r->stop_ids, r->n_stop > 0 ? r->n_stop : 0);
     fr_rank_put_i32(b, r->monitor);
     fr_rank_put_i32(b, r->per_token_kl);
+    fr_rank_put_i32(b, r->min_tokens);
+    fr_rank_put_i32(b, r->top_logprobs);
+    fr_rank_put_i32(b, r->prompt_logprobs);
     fr_rank_put_i32(b, r->forced ? 1 : 0);
     if (r->forced) fr_rank_put_i32s(b, r->forced, r->n_forced);
 }
@@ -97,6 +101,7 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
     r->prompt = g->prompt;
     r->n_prompt = g->n_prompt;
     r->n = g->n;
+    r->first_sample = q->first_sample;
     r->params = d->params;
     if (g->has_temperature) r->params.temperature = (float)g->temperature;
     if (g->has_top_k) r->params.top_k = g->top_k;
@@ -112,6 +117,9 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
     }
     r->monitor = g->monitor_divergence;   /* -1 when absent: the scheduler's kl_sample_rate */
     r->per_token_kl = g->per_token_kl;
+    r->min_tokens = g->min_tokens;
+    r->top_logprobs = g->logprobs;
+    r->prompt_logprobs = g->prompt_logprobs;
     r->forced = g->forced_tokens;
     r->n_forced = g->forced_tokens ? g->n_forced_tokens : 0;
 }
@@ -171,6 +179,7 @@ void srv_handle_generate(fr_bridge_server *srv, int peer, const fr_msg_generate 
     q->group_id = g->has_group_id ? g->group_id : id;
     q->peer = peer;
     q->n = q->open = g->n;
+    q->first_sample = g->first_sample;
     q->n_prompt = g->n_prompt;
     q->t0_ms = fr_now_ms();
     q->seed = g->has_seed ? g->seed : fr_seed_stream_next(&srv->seeds);
@@ -225,7 +234,7 @@ int srv_abort_held(fr_bridge_server *srv, request *q)
 {
     int n = q->open, total = q->n;
     srv->held_aborted += (uint64_t)n;
-    for (int k = 0; k < total; k++) srv_send_done(srv, q, k, FR_WIRE_ABORT, 0, 0, NULL);   /* the last frees q */
+    for (int k = 0; k < total; k++) srv_send_done(srv, q, k, FR_WIRE_ABORT, 0, 0, NULL, NULL);   /* the last frees q */
     return n;
 }
 

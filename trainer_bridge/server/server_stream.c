@@ -139,7 +139,7 @@ static void flush_sample(fr_bridge_server *srv, request *q, int k)
     if (s->n_pending == 0) return;
     fr_msg m;
     fr_msg_init(&m, FR_MSG_TOKENS);
-    m.u.tokens = (fr_msg_tokens){.request_id = q->request_id, .sample = k, .start = s->sent, .n = s->n_pending,
+    m.u.tokens = (fr_msg_tokens){.request_id = q->request_id, .sample = q->first_sample + k, .start = s->sent, .n = s->n_pending,
                                  .token_ids = s->tok, .logprobs = s->lp, .weight_versions = s->wv};
     srv_send_msg(srv, q->peer, &m);
     srv->tokens_streamed += (uint64_t)s->n_pending;
@@ -157,7 +157,7 @@ void srv_flush_all(fr_bridge_server *srv)
  * sample (q must not be used after). div: the divergence figures, NULL for
  * none. */
 void srv_send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish why, int n_tokens, int preemptions,
-                   const fr_msg_divergence *div)
+                   const fr_msg_divergence *div, const fr_sample_result *res)
 {
     flush_sample(srv, q, k);
     sample_state *s = &q->s[k];
@@ -167,12 +167,21 @@ void srv_send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish why,
     fr_msg m;
     fr_msg_init(&m, FR_MSG_DONE);
     double t = fr_now_ms();
-    m.u.done = (fr_msg_done){.request_id = q->request_id, .group_id = q->group_id, .sample = k,
+    m.u.done = (fr_msg_done){.request_id = q->request_id, .group_id = q->group_id, .sample = q->first_sample + k,
                              .finish_reason = why, .n_tokens = s->sent, .n_prompt = q->n_prompt,
                              .preemptions = preemptions, .has_ttft = s->has_first,
                              .ttft_ms = s->has_first ? s->first_ms - q->t0_ms : 0, .total_ms = t - q->t0_ms,
                              .has_seed = 1, .seed = q->seed};
     if (div) m.u.done.divergence = *div;
+    if (res && res->top_n > 0 && res->top_ids && res->n_tokens == s->sent) {
+        m.u.done.top_k = res->top_n;
+        m.u.done.top_token_ids = res->top_ids;
+        m.u.done.top_logprobs = res->top_logprobs;
+    }
+    if (res && res->prompt_logprobs && res->n_prompt_logprobs == q->n_prompt - 1) {
+        m.u.done.prompt_logprobs = res->prompt_logprobs;
+        m.u.done.n_prompt_logprobs = res->n_prompt_logprobs;
+    }
     srv_send_msg(srv, q->peer, &m);
     srv->samples_done++;
     s->ended = 1;
@@ -191,7 +200,7 @@ int srv_end_all(fr_bridge_server *srv, fr_wire_finish why)
         for (int k = 0; q && k < q->n; k++) {
             if (q->s[k].ended) continue;
             const int last = q->open == 1;
-            srv_send_done(srv, q, k, why, q->s[k].sent + q->s[k].n_pending, 0, NULL);
+            srv_send_done(srv, q, k, why, q->s[k].sent + q->s[k].n_pending, 0, NULL, NULL);
             ended++;
             if (last) break;   /* q is freed */
         }
@@ -208,8 +217,8 @@ void srv_token_in(fr_bridge_server *srv, uint64_t sid, int sample, int index, in
                   uint64_t version)
 {
     request *q = srv_find_sid(srv, sid);
-    if (!q || sample < 0 || sample >= q->n) return;
-    sample_state *s = &q->s[sample];
+    if (!q || sample < q->first_sample || sample - q->first_sample >= q->n) return;
+    sample_state *s = &q->s[sample - q->first_sample];
     if (index != s->sent + s->n_pending)
         srv_log(srv, "request %llu sample %d: token %d arrived out of order (expected %d)",
               (unsigned long long)q->request_id, sample, index, s->sent + s->n_pending);
@@ -298,13 +307,14 @@ void srv_on_done(void *user, const fr_sample_result *r)
         return;
     }
     request *q = srv_find_sid(srv, r->request_id);
-    if (!q || r->sample < 0 || r->sample >= q->n) {
+    const int k = q ? r->sample - q->first_sample : -1;
+    if (!q || k < 0 || k >= q->n) {
         srv_log(srv, "the engine ended an unknown sample (%llu, %d)", (unsigned long long)r->request_id, r->sample);
         return;
     }
     /* The tokens were stamped as they were drawn; the result's versions say
      * the same (a mismatch would be a bug worth a log line). */
-    const sample_state *s = &q->s[r->sample];
+    const sample_state *s = &q->s[k];
     for (int i = 0; r->versions && i < s->n_pending; i++) {
         int idx = s->sent + i;
         if (idx < r->n_tokens && r->versions[idx] != s->wv[i]) {
@@ -316,5 +326,5 @@ void srv_on_done(void *user, const fr_sample_result *r)
     }
     fr_msg_divergence div;
     srv_divergence_of(r, &div);
-    srv_send_done(srv, q, r->sample, srv_wire_finish(r->finish), r->n_tokens, r->preemptions, &div);
+    srv_send_done(srv, q, k, srv_wire_finish(r->finish), r->n_tokens, r->preemptions, &div, r);
 }

@@ -8,13 +8,14 @@ import ctypes
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _native
 from . import text as _text
 from .text import ByteTokenizer
 
-__all__ = ["RolloutClient", "AsyncRolloutClient", "MetricsSubscriber", "SampleResult", "ServerError", "ClientError",
+__all__ = ["RolloutClient", "AsyncRolloutClient", "MetricsSubscriber", "SampleResult", "TokenDelta", "ServerError",
+           "ClientError",
            "ByteTokenizer", "group_by_prompt", "mismatch_metrics", "keypair", "load_exported"]
 
 _lib = None
@@ -68,6 +69,28 @@ class SampleResult:
     # server that does not report it
     seed: Optional[int] = None
     # the tokens as text, when the client has a tokenizer (None otherwise)
+    text: Optional[str] = None
+    # with logprobs=k: for every generated token, its k most likely tokens as
+    # (token id, log-prob) pairs, best first (None when not asked)
+    top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
+    # with prompt_logprobs=True, in the request's first sample: one entry per
+    # prompt token, None for the first (nothing precedes it), else its log-prob
+    # given the tokens before it
+    prompt_logprobs: Optional[List[Optional[float]]] = None
+
+
+@dataclass
+class TokenDelta:
+    """Tokens of one sample as the server streams them (docs/protocol.md,
+    "tokens"): token_ids[i] is the sample's token start + i."""
+    request_id: int
+    sample: int
+    start: int
+    token_ids: List[int]
+    logprobs: List[float]
+    weight_versions: List[int]
+    # the tokens as text, when the client has a tokenizer (None otherwise; a
+    # multi-byte character split between deltas decodes with replacements)
     text: Optional[str] = None
 
 
@@ -233,16 +256,26 @@ class RolloutClient(_Closes):
                stop_token_ids: Optional[Sequence[int]] = None, seed: Optional[int] = None,
                monitor: Optional[bool] = None, per_token_kl: bool = False,
                forced_tokens: Optional[Sequence[int]] = None, request_id: Optional[int] = None,
-               group_id: Optional[int] = None) -> int:
+               group_id: Optional[int] = None, first_sample: int = 0, min_tokens: int = 0, logprobs: int = 0,
+               prompt_logprobs: bool = False) -> int:
         """Sends one generate and returns its request id (results come from results()).
         prompt_ids: text (with a tokenizer), or token ids as a list, tuple, numpy
-        or torch integer array."""
+        or torch integer array. The samples are numbered first_sample ..
+        first_sample + n - 1, and sample i draws from the seed's stream i: a
+        sample s replays alone with seed=s.seed, first_sample=s.sample, n=1 and
+        the same prompt and parameters (docs/sampling.md, "Seeds"). min_tokens:
+        the stop tokens are barred until that many tokens were generated;
+        logprobs=k (k <= 20): every token's k most likely tokens and their
+        log-probs (SampleResult.top_logprobs); prompt_logprobs: the prompt
+        tokens' log-probs in the first sample's result."""
         prompt_ids = self._ids(prompt_ids)
         rid = self._next_id if request_id is None else int(request_id)
         self._next_id = max(self._next_id, rid + 1)
         g = _native.Generate()
         prompt = _int_array(prompt_ids)
         g.request_id, g.prompt, g.n_prompt, g.n = rid, prompt, len(prompt_ids), int(n)
+        g.first_sample = int(first_sample)
+        g.min_tokens, g.logprobs, g.prompt_logprobs = int(min_tokens), int(logprobs), int(bool(prompt_logprobs))
         keep = [prompt]
         if group_id is not None:
             g.has_group_id, g.group_id = 1, int(group_id)
@@ -301,6 +334,53 @@ class RolloutClient(_Closes):
                 raise ClientError(f"no sample finished within {wait} ms ({self.open_samples()} open)")
             yield s
 
+    def events(self, timeout_ms: Optional[int] = None) -> Iterator[Union[TokenDelta, SampleResult]]:
+        """Streams: yields every TokenDelta as it arrives and every SampleResult
+        as its sample finishes (after its last delta), until none of this
+        client's samples is open. A sample's deltas concatenated are its
+        result's tokens. A refused request raises ServerError."""
+        wait = self.timeout_ms if timeout_ms is None else timeout_ms
+        while self.open_samples() > 0:
+            e = self._next_event(wait)
+            if e is None:
+                raise ClientError(f"nothing arrived within {wait} ms ({self.open_samples()} samples open)")
+            yield e
+
+    def _next_event(self, wait_ms: int) -> Optional[Union[TokenDelta, SampleResult]]:
+        """The next delta or finished sample, or None when none came within wait_ms."""
+        delta, ptr, got = _native.Delta(), ctypes.POINTER(_native.Sample)(), ctypes.c_int(0)
+        if self._lib.fr_client_next_event(self._c, int(wait_ms), ctypes.byref(delta), ctypes.byref(ptr),
+                                          ctypes.byref(got)):
+            self._raise()
+        if got.value == 0:
+            return None
+        if got.value == 1:   # the arrays live until the next call: copied now
+            n = delta.n
+            ids = [delta.token_ids[i] for i in range(n)]
+            return TokenDelta(request_id=delta.request_id, sample=delta.sample, start=delta.start, token_ids=ids,
+                              logprobs=[delta.logprobs[i] for i in range(n)],
+                              weight_versions=[delta.weight_versions[i] for i in range(n)],
+                              text=_text.decode(self.tokenizer, ids))
+        try:
+            s = _convert(ptr.contents)
+        finally:
+            self._lib.fr_client_sample_free(ctypes.byref(ptr))
+        s.text = _text.decode(self.tokenizer, s.token_ids)
+        return s
+
+    def generate_stream(self, prompt_ids, timeout_ms: Optional[int] = None,
+                        **kwargs) -> Iterator[Union[TokenDelta, SampleResult]]:
+        """generate() with token-level streaming: submits the prompt(s) (request
+        ids in order) with submit()'s keywords and yields what events() yields:
+        each sample's tokens as they are drawn, then the sample."""
+        prompts = [prompt_ids] if _text.is_single_prompt(prompt_ids) else list(prompt_ids)
+        if not prompts:
+            raise ClientError("generate_stream: no prompt given")
+        prompts = [self._ids(p) for p in prompts]   # all checked before any is sent
+        for p in prompts:
+            self.submit(p, **kwargs)
+        return self.events(timeout_ms)
+
     def _next_sample(self, wait_ms: int) -> Optional[SampleResult]:
         """The next finished sample, or None when none finished within wait_ms."""
         ptr, got = ctypes.POINTER(_native.Sample)(), ctypes.c_int(0)
@@ -319,8 +399,9 @@ class RolloutClient(_Closes):
                  top_p: Optional[float] = None, max_tokens: Optional[int] = None,
                  stop_token_ids: Optional[Sequence[int]] = None, seed: Optional[int] = None,
                  monitor: Optional[bool] = None, per_token_kl: bool = False,
-                 forced_tokens: Optional[Sequence[int]] = None, group_id: Optional[int] = None
-                 ) -> Iterator[SampleResult]:
+                 forced_tokens: Optional[Sequence[int]] = None, group_id: Optional[int] = None,
+                 first_sample: int = 0, min_tokens: int = 0, logprobs: int = 0,
+                 prompt_logprobs: bool = False) -> Iterator[SampleResult]:
         """Submits one prompt (text, or token ids as a list, tuple, numpy or torch
         integer array) or several (a list of such prompts, request ids in order)
         and yields every sample as it finishes, in the order they finish.
@@ -332,7 +413,8 @@ class RolloutClient(_Closes):
         for p in prompts:
             self.submit(p, n=n, temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens,
                         stop_token_ids=stop_token_ids, seed=seed, monitor=monitor, per_token_kl=per_token_kl,
-                        forced_tokens=forced_tokens, group_id=group_id)
+                        forced_tokens=forced_tokens, group_id=group_id, first_sample=first_sample,
+                        min_tokens=min_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         return self.results()
 
     def _ids(self, prompt) -> List[int]:
@@ -481,7 +563,16 @@ def _convert(s) -> SampleResult:
                         weight_versions=[s.weight_versions[i] for i in range(n)],
                         finish_reason=s.finish_reason.decode(), n_prompt=s.n_prompt, preemptions=s.preemptions,
                         ttft_ms=s.ttft_ms if s.has_ttft else None, total_ms=s.total_ms, divergence=div,
-                        seed=s.seed if s.has_seed else None)
+                        seed=s.seed if s.has_seed else None, top_logprobs=_top(s),
+                        prompt_logprobs=[None] + [s.prompt_logprobs[i] for i in range(s.n_prompt_logprobs)]
+                        if s.prompt_logprobs else None)
+
+
+def _top(s) -> Optional[List[List[Tuple[int, float]]]]:
+    k = s.top_k
+    if k <= 0:
+        return None
+    return [[(s.top_token_ids[i * k + j], s.top_logprobs[i * k + j]) for j in range(k)] for i in range(s.n_tokens)]
 
 
 def load_exported(bin_path: str, index_path: str):

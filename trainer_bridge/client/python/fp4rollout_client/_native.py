@@ -21,12 +21,13 @@ class Divergence(ctypes.Structure):
 
 class Generate(ctypes.Structure):
     _fields_ = [("request_id", c_u64), ("has_group_id", c_int), ("group_id", c_u64),
-                ("prompt", ctypes.POINTER(c_int)), ("n_prompt", c_int), ("n", c_int),
+                ("prompt", ctypes.POINTER(c_int)), ("n_prompt", c_int), ("n", c_int), ("first_sample", c_int),
                 ("has_temperature", c_int), ("has_top_k", c_int), ("has_top_p", c_int), ("has_max_tokens", c_int),
                 ("has_stop_token_ids", c_int), ("has_seed", c_int), ("temperature", c_dbl), ("top_k", c_int),
                 ("top_p", c_dbl), ("max_tokens", c_int), ("stop_token_ids", ctypes.POINTER(c_int)),
                 ("n_stop_token_ids", c_int), ("seed", c_u64), ("monitor_divergence", c_int),
-                ("per_token_kl", c_int), ("forced_tokens", ctypes.POINTER(c_int)), ("n_forced_tokens", c_int)]
+                ("per_token_kl", c_int), ("forced_tokens", ctypes.POINTER(c_int)), ("n_forced_tokens", c_int),
+                ("min_tokens", c_int), ("logprobs", c_int), ("prompt_logprobs", c_int)]
 
 
 class Sample(ctypes.Structure):
@@ -34,7 +35,16 @@ class Sample(ctypes.Structure):
                 ("token_ids", ctypes.POINTER(c_int)), ("logprobs", ctypes.POINTER(ctypes.c_float)),
                 ("weight_versions", ctypes.POINTER(c_u64)), ("finish_reason", ctypes.c_char * 8),
                 ("n_prompt", c_int), ("preemptions", c_int), ("has_ttft", c_int), ("ttft_ms", c_dbl),
-                ("total_ms", c_dbl), ("divergence", Divergence), ("has_seed", c_int), ("seed", c_u64)]
+                ("total_ms", c_dbl), ("divergence", Divergence), ("has_seed", c_int), ("seed", c_u64),
+                ("top_k", c_int), ("top_token_ids", ctypes.POINTER(c_int)),
+                ("top_logprobs", ctypes.POINTER(ctypes.c_float)), ("prompt_logprobs", ctypes.POINTER(ctypes.c_float)),
+                ("n_prompt_logprobs", c_int)]
+
+
+class Delta(ctypes.Structure):
+    _fields_ = [("request_id", c_u64), ("sample", c_int), ("start", c_int), ("n", c_int),
+                ("token_ids", ctypes.POINTER(c_int)), ("logprobs", ctypes.POINTER(ctypes.c_float)),
+                ("weight_versions", ctypes.POINTER(c_u64))]
 
 
 class Tensor(ctypes.Structure):
@@ -93,6 +103,7 @@ def load():
         "fr_client_resubmit": (c_int, [ctypes.c_void_p, P(c_int)]),
         "fr_client_next_sample": (c_int, [ctypes.c_void_p, c_int, P(P(Sample)), P(c_int)]),
         "fr_client_sample_free": (None, [P(P(Sample))]),
+        "fr_client_next_event": (c_int, [ctypes.c_void_p, c_int, P(Delta), P(P(Sample)), P(c_int)]),
         "fr_client_update_weights": (c_int, [ctypes.c_void_p, P(Tensor), c_int, c_u64, P(UpdateOpts),
                                              P(UpdateReply)]),
         "fr_client_nccl_group_init": (c_int, [ctypes.c_void_p, c_int]),

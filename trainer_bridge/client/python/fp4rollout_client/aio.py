@@ -69,6 +69,22 @@ class AsyncRolloutClient:
                     raise ClientError(f"no sample finished within {wait} ms")
             yield sample
 
+    async def stream_tokens(self, prompts, timeout_ms: Optional[int] = None, **kwargs) -> AsyncIterator:
+        """Submits like RolloutClient.generate and yields every TokenDelta as it
+        arrives and every SampleResult as its sample finishes
+        (RolloutClient.events)."""
+        await self._call(self._submit_all, prompts, kwargs)
+        wait = self.timeout_ms if timeout_ms is None else timeout_ms
+        from . import ClientError
+        while await self._call(self._client.open_samples) > 0:
+            deadline = time.monotonic() + wait / 1000.0
+            event = None
+            while event is None:
+                event = await self._call(self._client._next_event, SLICE_MS)
+                if event is None and time.monotonic() > deadline:
+                    raise ClientError(f"nothing arrived within {wait} ms")
+            yield event
+
     async def generate(self, prompts, **kwargs) -> List:
         """Every sample of the prompts, in the order they finished."""
         return [s async for s in self.stream(prompts, **kwargs)]
