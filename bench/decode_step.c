@@ -342,6 +342,10 @@ int main(int argc, char **argv)
             bytes = (double)step_weight_bytes(&s, weight_bytes, B) + B * ctx_mid * kv_token_bytes;
             roof = roof_of[mode] = bytes / bw;
         }
+        if (vs_det && fr_runner_cuda_set_deterministic(s.gpu, 0)) {   /* the next fills in the default mode */
+            fprintf(stderr, "decode_step: %s\n", fr_last_error());
+            return 1;
+        }
         const double med = med_of[0];
         if (vs_det && markdown)
             printf("| %d | %.0f | %.3f | %.3f | %.3f | %.0f | %.0f | %.3f | %.1f%% | %.1f%% |\n", B, ctx_mid,
