@@ -184,10 +184,6 @@ static fr_status run_pass(const eval_ctx *e, fr_kv_cache_config kc, const char *
     fr_step_seq *steps = malloc(sizeof *steps * (size_t)N);
     float *logits = malloc(sizeof(float) * (size_t)V * N);
     fr_status st = seq && text_of && steps && logits ? FR_OK : fr_fail(FR_ENOMEM, "eval-kl: out of memory");
-    if (!st && fr_model_is_mla(&e->m->cfg) && kc.dtype != FR_KV_F32 && kc.dtype != FR_KV_BF16)
-        st = fr_fail(FR_EUNSUPPORTED, "eval-kl: %s: %s has multi-head latent attention, whose latent rows are cached "
-                     "in f32 or bf16 so far (no %s latent pages yet)", label, e->m->cfg.architecture,
-                     fr_kv_dtype_name(kc.dtype));
     if (!st) st = fr_kv_cache_new(&kc, &kv);
 #ifdef FR_HAVE_CUDA
     if (!st && p->gpu) st = fr_runner_cuda_new(p->gpu, kv, N, &gr);
@@ -269,6 +265,7 @@ static fr_kv_cache_config cache_config(const fr_model_config *mc, const fr_eval_
     const int local = calib && tl->size > 1;
     return (fr_kv_cache_config){
         .n_layers = mc->num_layers, .n_kv_heads = tl->n_kv_heads, .head_dim = mc->head_dim,
+        .latent_dim = mc->kv_lora_rank,
         .dtype = c->kv, .compute = c->compute, .recipe = c->recipe,
         .tau = calib && calib->has_tau ? calib->tau : FR_P_TAU,
         .key_mean = !calib ? NULL : local ? key_mean : calib->key_mean,
