@@ -91,6 +91,25 @@ void fr_eval_config_describe(const fr_eval_config *c, char *buf, int len)
              c->compute == FR_COMPUTE_BF16 ? "query and P in BF16" : "FP4 query and P");
 }
 
+void fr_eval_config_describe_latent(const fr_eval_config *c, char *buf, int len)
+{
+    if (c->kv == FR_KV_FP8) {
+        snprintf(buf, (size_t)len, "FP8 E4M3 latent, per-layer scale");
+        return;
+    }
+    if (!fr_kv_dtype_is_fp4(c->kv)) {
+        fr_eval_config_describe(c, buf, len);
+        return;
+    }
+    fr_recipe van = fr_recipe_vanilla(), full = fr_recipe_full();
+    char r[96];
+    if (recipe_equal(&c->recipe, &van)) snprintf(r, sizeof r, "vanilla");
+    else if (recipe_equal(&c->recipe, &full)) snprintf(r, sizeof r, "full recipe");
+    else fr_recipe_format(&c->recipe, r, (int)sizeof r);
+    snprintf(buf, (size_t)len, "%s latent, %s, %s, P unquantized", c->kv == FR_KV_NVFP4 ? "NVFP4" : "MXFP4", r,
+             c->compute == FR_COMPUTE_BF16 ? "query in BF16" : "FP4 query");
+}
+
 static const char *const ablation_parts[] = {"smooth", "rotate", "search", "dual", "pscale", "sink"};
 enum { N_ABLATION = 6 };
 
@@ -344,6 +363,7 @@ fr_status fr_eval_kl(const fr_model *m, const fr_eval_kl_params *p, fr_eval_kl_r
     }
     out->n_texts = N;
     out->positions = P;
+    out->latent = fr_model_is_mla(&m->cfg);
     out->n_configs = p->n_configs;
     out->results = calloc((size_t)p->n_configs, sizeof *out->results);
     ref_sink ref = {.ref = malloc(sizeof(float) * (size_t)P * V), .off = off, .vocab = V};
