@@ -436,7 +436,10 @@ static void read_latent_page(const fr_kv_cache *c, int layer, const uint8_t *pag
         } else {
             const uint8_t *scales = page + l->k_scales + (size_t)t * (dc / B);
             fr_fp4_words_load(page + l->k_codes + (size_t)t * dc / 2, dc, codes);
-            for (int j = 0; j < dc; j++) x[j] = fr_fp4_scale_value(f, scales[j / B]) * fr_e2m1_decode(codes[j]);
+            for (int b = 0; b < dc / B; b++) {   /* every step reads every page: one scale per block */
+                const float s = fr_fp4_scale_value(f, scales[b]);
+                for (int j = b * B; j < (b + 1) * B; j++) x[j] = s * fr_e2m1_decode(codes[j]);
+            }
         }
     }
 }
