@@ -32,6 +32,10 @@ static const char usage_text[] =
     "     grid (code k: midway between the E4M3 values of codes k and k+1; the\n"
     "     default 21/1024 is code 10) with the least total squared error of c*p\n"
     "     (c = 8) over all NVFP4 probability blocks.\n"
+    "A multi-head latent attention model (DeepSeek-V3) caches one row per token,\n"
+    "[latent | RoPE key]: key_mean is then the latent mean (its RoPE part zero),\n"
+    "fp8_scales the latent's amax / 448 per layer, and tau keeps its default:\n"
+    "latent attention quantizes no probability (paper Appendix G).\n"
     "\n"
     "  --texts FILE...      seed texts: every argument up to the next option\n"
     "  --out FILE           the calibration file (written whole or not at all)\n"
@@ -71,16 +75,21 @@ static void summarize(const char *out, const fr_model_config *mc, const fr_calib
     printf("  key_mean: [%d][%d][%d], mean |mu_k| %.4g, max |mu_k| %.4g\n", mc->num_layers, mc->num_kv_heads,
            mc->head_dim, sum / (double)nk, mx);
     printf("  fp8_scales: K %.4g .. %.4g, V %.4g .. %.4g\n", lo[0], hi[0], lo[1], hi[1]);
-    if (co->tau_steps > 0)
+    if (fr_model_is_mla(mc)) {
+        printf("  latent attention: key_mean holds the latent mean (%d channels, the %d RoPE channels zero); "
+               "the FP8 scales cover the latent\n", mc->kv_lora_rank, mc->head_dim - mc->kv_lora_rank);
+        printf("  tau: the default %.7g (code %d): latent attention quantizes no probability\n", c->tau,
+               FR_TAU_DEFAULT_CODE);
+    } else if (co->tau_steps > 0)
         printf("  tau: code %d = %.7g (%g/1024); %ld probability blocks; squared error of c*p %.6g, at the "
                "default code %d: %.6g\n", rep->tau_code, c->tau, c->tau * 1024.0f, rep->tau_blocks, rep->tau_err,
                FR_TAU_DEFAULT_CODE, rep->tau_err_default);
-    if (co->tau_steps > 0) {
+    if (co->tau_steps > 0 && !fr_model_is_mla(mc)) {
         printf("  code   tau (x1024)   blocks in bin   error - error at code %d\n", FR_TAU_DEFAULT_CODE);
         for (int k = 0; k <= 20; k++)
             printf("  %4d %13.4g %15ld %+24.6g%s\n", k, 1024.0 * fr_tau_candidate(k), rep->tau_blocks_by_bin[k],
                    rep->tau_err_by_code[k] - rep->tau_err_default, k == rep->tau_code ? "  <- chosen" : "");
-    } else
+    } else if (!fr_model_is_mla(mc))
         printf("  tau: the default %.7g (code %d), not calibrated (--tau-steps 0)\n", c->tau, FR_TAU_DEFAULT_CODE);
     printf("  time: seeds %.1f s, prefill %.1f s, tau steps %.1f s\n", rep->seconds_seed, rep->seconds_prefill,
            rep->seconds_tau);

@@ -94,7 +94,8 @@ static void print_json(const fr_eval_kl_report *r, const char *model, const char
     for (int c = 0; c < r->n_configs; c++) {
         const fr_eval_result *res = &r->results[c];
         char desc[160], recipe[96];
-        fr_eval_config_describe(&res->cfg, desc, (int)sizeof desc);
+        if (r->latent) fr_eval_config_describe_latent(&res->cfg, desc, (int)sizeof desc);
+        else fr_eval_config_describe(&res->cfg, desc, (int)sizeof desc);
         fr_recipe_format(&res->cfg.recipe, recipe, (int)sizeof recipe);
         printf("{\"config\":\"%s\",\"description\":\"%s\",\"kv\":\"%s\",\"compute\":\"%s\",\"recipe\":\"%s\","
                "\"model\":", res->cfg.name, desc, fr_kv_dtype_name(res->cfg.kv),
@@ -146,7 +147,8 @@ static void print_table(const fr_eval_kl_report *r, const char *model, const cha
     for (int k = 0; k < r->n_configs; k++) {
         const fr_eval_result *res = &r->results[k];
         char desc[160];
-        fr_eval_config_describe(&res->cfg, desc, (int)sizeof desc);
+        if (r->latent) fr_eval_config_describe_latent(&res->cfg, desc, (int)sizeof desc);
+        else fr_eval_config_describe(&res->cfg, desc, (int)sizeof desc);
         printf("| %s | %s | %.3f | %.2f | %s |", res->cfg.name, desc, 1e3 * res->kl, 100.0 * res->top1_mismatch,
                res->baseline == k ? "(itself)" : res->baseline >= 0 ? r->results[res->baseline].cfg.name : "-");
         print_t(res->t_text);

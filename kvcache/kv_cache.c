@@ -35,6 +35,12 @@ struct fr_kv_cache {
 };
 
 static int is_fp4(const fr_kv_cache *c) { return fr_kv_dtype_is_fp4(c->cfg.dtype); }
+static int is_latent(const fr_kv_cache *c) { return c->cfg.latent_dim > 0; }
+/* Slots per token: K and V, or a latent cache's row alone. */
+static size_t halves(const fr_kv_cache *c) { return is_latent(c) ? 1 : 2; }
+/* The channels the FP4 recipe smooths, rotates and quantizes: the head, or
+ * a latent row's latent part. */
+static int quant_dim(const fr_kv_cache *c) { return is_latent(c) ? c->cfg.latent_dim : c->cfg.head_dim; }
 static int keeps_bf16(const fr_kv_cache *c) { return is_fp4(c) && c->cfg.recipe.sink_recent; }
 static fr_fp4_format fmt(const fr_kv_cache *c) { return fr_kv_dtype_fp4_format(c->cfg.dtype); }
 /* The precision of the slots and of the store form: BF16, except f32. */
@@ -53,18 +59,23 @@ fr_status fr_kv_cache_new(const fr_kv_cache_config *cfg, fr_kv_cache **out)
     if (cfg->compute != FR_COMPUTE_EXACT && cfg->compute != FR_COMPUTE_BF16)
         return fr_fail(FR_EINVAL, "kv cache: fp4 compute mode %s (a cache takes exact or bf16; the engine "
                                   "resolves auto for its backend)", fr_fp4_compute_name(cfg->compute));
+    const int dc = cfg->latent_dim;
+    if (dc < 0 || (dc > 0 && (H != 1 || dc >= d)))
+        return fr_fail(FR_EINVAL, "kv cache: a latent cache needs one KV head and a latent width below the row's "
+                                  "%d (kv heads %d, latent %d)", d, H, dc);
     if (fr_kv_dtype_is_fp4(cfg->dtype)) {
-        int B = fr_fp4_block_size(fr_kv_dtype_fp4_format(cfg->dtype));
-        if (d % B) return fr_fail(FR_EINVAL, "kv cache: head_dim %d is not a multiple of the %s block %d",
-                                  d, fr_kv_dtype_name(cfg->dtype), B);
-        if (cfg->recipe.rotate && (d & (d - 1)))
-            return fr_fail(FR_EINVAL, "kv cache: Hadamard rotation needs a power-of-two head_dim, not %d", d);
+        int B = fr_fp4_block_size(fr_kv_dtype_fp4_format(cfg->dtype)), qd = dc > 0 ? dc : d;
+        const char *what = dc > 0 ? "latent width" : "head_dim";
+        if (qd % B) return fr_fail(FR_EINVAL, "kv cache: %s %d is not a multiple of the %s block %d",
+                                   what, qd, fr_kv_dtype_name(cfg->dtype), B);
+        if (cfg->recipe.rotate && (qd & (qd - 1)))
+            return fr_fail(FR_EINVAL, "kv cache: Hadamard rotation needs a power-of-two %s, not %d", what, qd);
     }
     fr_kv_cache *c = calloc(1, sizeof *c);
     if (!c) return fr_fail(FR_ENOMEM, "kv cache: out of memory");
     c->cfg = *cfg;
     c->cfg.key_mean = c->cfg.fp8_scales = NULL;
-    c->layout = fr_page_layout_for(cfg->dtype, d);
+    c->layout = dc > 0 ? fr_page_layout_latent(cfg->dtype, dc, d - dc) : fr_page_layout_for(cfg->dtype, d);
     c->block_bytes = c->layout.head_page_bytes * (size_t)(L * H);
     c->slot_elems = (size_t)L * H * T * d;
     c->sink_elems = (size_t)L * H * SINK * d;
@@ -73,8 +84,8 @@ fr_status fr_kv_cache_new(const fr_kv_cache_config *cfg, fr_kv_cache **out)
     const size_t store = cfg->bookkeeping_only ? 0 : 1;
     c->pool = calloc(store ? (size_t)cfg->n_blocks : 1, store ? c->block_bytes : 1);
     c->seqs = calloc((size_t)cfg->max_seqs, sizeof *c->seqs);
-    c->recent = malloc(store ? sizeof(float) * 2 * c->slot_elems * (size_t)cfg->max_seqs : 1);
-    c->sink = malloc(store ? sizeof(float) * 2 * c->sink_elems * (size_t)cfg->max_seqs : 1);
+    c->recent = malloc(store ? sizeof(float) * halves(c) * c->slot_elems * (size_t)cfg->max_seqs : 1);
+    c->sink = malloc(store ? sizeof(float) * halves(c) * c->sink_elems * (size_t)cfg->max_seqs : 1);
     c->key_mean = calloc((size_t)(L * H * d), sizeof(float));
     c->fp8_scales = malloc(sizeof(float) * (size_t)(L * H * 2));
     fr_status st = FR_OK;
@@ -141,7 +152,7 @@ fr_attn_params fr_kv_attn_params(const fr_kv_cache *c, int group)
 
 static float *slot_k(const fr_kv_cache *c, int seq, int layer, int head)
 {
-    size_t base = (size_t)seq * 2 * c->slot_elems;
+    size_t base = (size_t)seq * halves(c) * c->slot_elems;
     return c->recent + base + ((size_t)layer * c->cfg.n_kv_heads + head) * T * c->cfg.head_dim;
 }
 static float *slot_v(const fr_kv_cache *c, int seq, int layer, int head)
@@ -150,7 +161,7 @@ static float *slot_v(const fr_kv_cache *c, int seq, int layer, int head)
 }
 static float *sink_k(const fr_kv_cache *c, int seq, int layer, int head)
 {
-    size_t base = (size_t)seq * 2 * c->sink_elems;
+    size_t base = (size_t)seq * halves(c) * c->sink_elems;
     return c->sink + base + ((size_t)layer * c->cfg.n_kv_heads + head) * SINK * c->cfg.head_dim;
 }
 static float *sink_v(const fr_kv_cache *c, int seq, int layer, int head)
@@ -203,8 +214,8 @@ fr_status fr_kv_seq_fork(fr_kv_cache *c, int src, int *dst)
         *dst = d;
         return FR_OK;
     }
-    memcpy(slot_k(c, d, 0, 0), slot_k(c, src, 0, 0), sizeof(float) * 2 * c->slot_elems);
-    memcpy(sink_k(c, d, 0, 0), sink_k(c, src, 0, 0), sizeof(float) * 2 * c->sink_elems);
+    memcpy(slot_k(c, d, 0, 0), slot_k(c, src, 0, 0), sizeof(float) * halves(c) * c->slot_elems);
+    memcpy(sink_k(c, d, 0, 0), sink_k(c, src, 0, 0), sizeof(float) * halves(c) * c->sink_elems);
     *dst = d;
     return FR_OK;
 }
@@ -248,16 +259,17 @@ fr_status fr_kv_reserve(fr_kv_cache *c, int seq, int n)
 
 /* ---- numerics of storing ---- */
 
-/* Smoothing and rotation of one head's key, without rounding. */
+/* Smoothing and rotation of one head's key (a latent row: of its latent),
+ * without rounding. */
 static void transform_key(const fr_kv_cache *c, int layer, int head, float *x)
 {
-    const int d = c->cfg.head_dim;
+    const int d = c->cfg.head_dim, qd = quant_dim(c);
     if (!is_fp4(c)) return;
     if (c->cfg.recipe.smooth) {
         const float *mu = c->key_mean + ((size_t)layer * c->cfg.n_kv_heads + head) * d;
-        for (int j = 0; j < d; j++) x[j] -= mu[j];
+        for (int j = 0; j < qd; j++) x[j] -= mu[j];
     }
-    if (c->cfg.recipe.rotate) fr_hadamard(x, d);
+    if (c->cfg.recipe.rotate) fr_hadamard(x, qd);
 }
 
 void fr_kv_key_form(const fr_kv_cache *c, int layer, int n, float *k)
@@ -277,7 +289,7 @@ void fr_kv_value_form(const fr_kv_cache *c, int n, float *v)
 
 void fr_kv_query_form(const fr_kv_cache *c, int rows, float *q)
 {
-    if (!is_fp4(c) || !c->cfg.recipe.rotate) return;
+    if (!is_fp4(c) || !c->cfg.recipe.rotate || is_latent(c)) return;
     for (int r = 0; r < rows; r++) fr_hadamard(q + (size_t)r * c->cfg.head_dim, c->cfg.head_dim);
 }
 
@@ -362,13 +374,85 @@ static void read_head_page(const fr_kv_cache *c, int layer, int head, const uint
     }
 }
 
+/* The FP8 scale of a latent (the k entry of its layer). */
+static float latent_fp8_scale(const fr_kv_cache *c, int layer) { return c->fp8_scales[(size_t)layer * 2]; }
+
+/* Quantizes T latent rows (store form, [T][head_dim]) into a latent page:
+ * the latent per token along its channels, the RoPE part in BF16. */
+static void write_latent_page(const fr_kv_cache *c, int layer, const float *rows, uint8_t *page)
+{
+    const int d = c->cfg.head_dim, dc = c->cfg.latent_dim, dr = d - dc;
+    const fr_page_layout *l = &c->layout;
+    for (int t = 0; t < T; t++) {
+        const float *x = rows + (size_t)t * d;
+        if (c->cfg.dtype == FR_KV_F32) {
+            memcpy(page + l->k_codes + (size_t)t * dc * 4, x, sizeof(float) * (size_t)dc);
+            memcpy(page + l->rope + (size_t)t * dr * 4, x + dc, sizeof(float) * (size_t)dr);
+            continue;
+        }
+        uint16_t *pr = (uint16_t *)(page + l->rope) + (size_t)t * dr;
+        for (int j = 0; j < dr; j++) pr[j] = fr_bf16_encode(x[dc + j]);
+        if (c->cfg.dtype == FR_KV_BF16) {
+            uint16_t *pc = (uint16_t *)(page + l->k_codes) + (size_t)t * dc;
+            for (int j = 0; j < dc; j++) pc[j] = fr_bf16_encode(x[j]);
+        } else if (c->cfg.dtype == FR_KV_FP8) {
+            const float sc = latent_fp8_scale(c, layer);
+            for (int j = 0; j < dc; j++) page[l->k_codes + (size_t)t * dc + j] = fr_e4m3_encode(x[j] / sc);
+        } else {
+            fr_fp4_format f = fmt(c);
+            const int B = fr_fp4_block_size(f);
+            uint8_t codes[FR_MAX_FP4_BLOCK];
+            for (int b = 0; b < dc / B; b++) {
+                page[l->k_scales + (size_t)t * (dc / B) + b] =
+                    fr_fp4_quantize_block(f, c->cfg.recipe.scale_search, x + b * B, codes);
+                fr_fp4_words_store(codes, B, page + l->k_codes + (size_t)t * dc / 2 + b * B / 2);
+            }
+        }
+    }
+}
+
+static void read_latent_page(const fr_kv_cache *c, int layer, const uint8_t *page, float *rows)
+{
+    const int d = c->cfg.head_dim, dc = c->cfg.latent_dim, dr = d - dc;
+    const fr_page_layout *l = &c->layout;
+    fr_fp4_format f = fmt(c);
+    const int B = fr_fp4_block_size(f);
+    uint8_t codes[FR_MAX_HEAD_DIM];
+    for (int t = 0; t < T; t++) {
+        float *x = rows + (size_t)t * d;
+        if (c->cfg.dtype == FR_KV_F32) {
+            memcpy(x, page + l->k_codes + (size_t)t * dc * 4, sizeof(float) * (size_t)dc);
+            memcpy(x + dc, page + l->rope + (size_t)t * dr * 4, sizeof(float) * (size_t)dr);
+            continue;
+        }
+        const uint16_t *pr = (const uint16_t *)(page + l->rope) + (size_t)t * dr;
+        for (int j = 0; j < dr; j++) x[dc + j] = fr_bf16_decode(pr[j]);
+        if (c->cfg.dtype == FR_KV_BF16) {
+            const uint16_t *pc = (const uint16_t *)(page + l->k_codes) + (size_t)t * dc;
+            for (int j = 0; j < dc; j++) x[j] = fr_bf16_decode(pc[j]);
+        } else if (c->cfg.dtype == FR_KV_FP8) {
+            const float sc = latent_fp8_scale(c, layer);
+            for (int j = 0; j < dc; j++) x[j] = sc * fr_e4m3_decode(page[l->k_codes + (size_t)t * dc + j]);
+        } else {
+            const uint8_t *scales = page + l->k_scales + (size_t)t * (dc / B);
+            fr_fp4_words_load(page + l->k_codes + (size_t)t * dc / 2, dc, codes);
+            for (int b = 0; b < dc / B; b++) {   /* every step reads every page: one scale per block */
+                const float s = fr_fp4_scale_value(f, scales[b]);
+                for (int j = b * B; j < (b + 1) * B; j++) x[j] = s * fr_e2m1_decode(codes[j]);
+            }
+        }
+    }
+}
+
 static fr_status promote(fr_kv_cache *c, int seq, int page)
 {
     const int d = c->cfg.head_dim;
     float *k = malloc(sizeof(float) * 2 * T * (size_t)d), *v = k ? k + T * d : NULL;
     if (!k) return fr_fail(FR_ENOMEM, "kv cache: out of memory");
     int block = c->seqs[seq].table.blocks[page];
-    for (int l = 0; l < c->cfg.n_layers; l++)
+    for (int l = 0; l < c->cfg.n_layers && is_latent(c); l++)
+        write_latent_page(c, l, slot_k(c, seq, l, 0), head_page(c, block, l, 0));
+    for (int l = 0; l < c->cfg.n_layers && !is_latent(c); l++)
         for (int h = 0; h < c->cfg.n_kv_heads; h++) {
             memcpy(k, slot_k(c, seq, l, h), sizeof(float) * T * (size_t)d);
             memcpy(v, slot_v(c, seq, l, h), sizeof(float) * T * (size_t)d);
@@ -386,7 +470,7 @@ fr_status fr_kv_append(fr_kv_cache *c, int seq, int n, const float *k, const flo
 {
     fr_status st = check_seq(c, seq);
     if (st) return st;
-    if (n < 0 || (n > 0 && !c->cfg.bookkeeping_only && (!k || !v)))
+    if (n < 0 || (n > 0 && !c->cfg.bookkeeping_only && (!k || (!v && !is_latent(c)))))
         return fr_fail(FR_EINVAL, "kv append: invalid arguments");
     if (fr_kv_blocks_needed(c, seq, n))
         return fr_fail(FR_EINTERNAL, "kv append: sequence %d has no block reserved for %d more tokens", seq, n);
@@ -403,8 +487,13 @@ fr_status fr_kv_append(fr_kv_cache *c, int seq, int n, const float *k, const flo
         for (int l = 0; l < c->cfg.n_layers; l++) {
             size_t off = (size_t)l * layer_stride + (size_t)i * H * d;
             memcpy(row, k + off, sizeof(float) * (size_t)(H * d));
-            memcpy(vrow, v + off, sizeof(float) * (size_t)(H * d));
             fr_kv_key_form(c, l, 1, row);
+            if (is_latent(c)) {
+                memcpy(slot_k(c, seq, l, 0) + (size_t)t * d, row, sizeof(float) * (size_t)d);
+                if (pos < SINK) memcpy(sink_k(c, seq, l, 0) + (size_t)pos * d, row, sizeof(float) * (size_t)d);
+                continue;
+            }
+            memcpy(vrow, v + off, sizeof(float) * (size_t)(H * d));
             for (int h = 0; h < H; h++) {
                 const float *kr = row + h * d, *vr = vrow + h * d;
                 float *dk = slot_k(c, seq, l, h) + (size_t)t * d, *dv = slot_v(c, seq, l, h) + (size_t)t * d;
@@ -424,9 +513,27 @@ fr_status fr_kv_append(fr_kv_cache *c, int seq, int n, const float *k, const flo
 
 /* Unpaged tokens read as a page would hold them (vanilla FP4, FP8): keys per
  * token, values per block of B tokens from the page start, zero padded. */
+static void latent_on_the_fly(const fr_kv_cache *c, int layer, int n, float *rows)
+{
+    const int d = c->cfg.head_dim, dc = c->cfg.latent_dim;
+    const float sc = latent_fp8_scale(c, layer);
+    for (int t = 0; t < n; t++) {
+        float *x = rows + (size_t)t * d;
+        if (c->cfg.dtype == FR_KV_FP8)
+            for (int j = 0; j < dc; j++) x[j] = sc * fr_e4m3_round(x[j] / sc);
+        else
+            fr_fp4_fake_quantize(fmt(c), c->cfg.recipe.scale_search, x, dc, x);
+        for (int j = dc; j < d; j++) x[j] = fr_bf16_round(x[j]);   /* the RoPE part as a page keeps it */
+    }
+}
+
 static void quantize_on_the_fly(const fr_kv_cache *c, int layer, int head, int n, float *k, float *v)
 {
     const int d = c->cfg.head_dim;
+    if (is_latent(c)) {
+        latent_on_the_fly(c, layer, n, k);
+        return;
+    }
     if (c->cfg.dtype == FR_KV_FP8) {
         const float *sc = c->fp8_scales + ((size_t)layer * c->cfg.n_kv_heads + head) * 2;
         for (int i = 0; i < n * d; i++) {
@@ -455,35 +562,52 @@ fr_status fr_kv_gather(const fr_kv_cache *c, int seq, int layer, int head, int n
     fr_status st = check_seq(c, seq);
     if (st) return st;
     if (c->cfg.bookkeeping_only) return fr_fail(FR_EINVAL, "kv gather: this cache keeps no storage");
+    const int lat = is_latent(c);
     if (layer < 0 || layer >= c->cfg.n_layers || head < 0 || head >= c->cfg.n_kv_heads || n_step < 0 ||
-        (n_step > 0 && (!step_k || !step_v)))
+        (n_step > 0 && (!step_k || (!step_v && !lat))) || (!v_out && !lat))
         return fr_fail(FR_EINVAL, "kv gather: invalid layer %d, head %d or step of %d tokens", layer, head, n_step);
     const int d = c->cfg.head_dim, H = c->cfg.n_kv_heads;
     const kv_seq *s = &c->seqs[seq];
     const int len = s->len, n = len + n_step, full = len / T * T;
-    for (int p = 0; p < len / T; p++)
-        read_head_page(c, layer, head, head_page(c, s->table.blocks[p], layer, head),
-                       k_out + (size_t)p * T * d, v_out + (size_t)p * T * d);
+    for (int p = 0; p < len / T; p++) {
+        const uint8_t *page = head_page(c, s->table.blocks[p], layer, head);
+        if (lat) read_latent_page(c, layer, page, k_out + (size_t)p * T * d);
+        else read_head_page(c, layer, head, page, k_out + (size_t)p * T * d, v_out + (size_t)p * T * d);
+    }
     memcpy(k_out + (size_t)full * d, slot_k(c, seq, layer, head), sizeof(float) * (size_t)(len - full) * d);
-    memcpy(v_out + (size_t)full * d, slot_v(c, seq, layer, head), sizeof(float) * (size_t)(len - full) * d);
+    if (!lat)
+        memcpy(v_out + (size_t)full * d, slot_v(c, seq, layer, head), sizeof(float) * (size_t)(len - full) * d);
     for (int i = 0; i < n_step; i++) {   /* only this head's rows: no work for the others */
         float *kt = k_out + (size_t)(len + i) * d;
         memcpy(kt, step_k + ((size_t)i * H + head) * d, sizeof(float) * (size_t)d);
         transform_key(c, layer, head, kt);
-        memcpy(v_out + (size_t)(len + i) * d, step_v + ((size_t)i * H + head) * d, sizeof(float) * (size_t)d);
+        if (!lat)
+            memcpy(v_out + (size_t)(len + i) * d, step_v + ((size_t)i * H + head) * d, sizeof(float) * (size_t)d);
     }
-    *view = (fr_kv_view){.n_tokens = n, .k = k_out, .v = v_out};
+    *view = (fr_kv_view){.n_tokens = n, .k = k_out, .v = lat ? k_out : v_out};
     if (keeps_bf16(c)) {
         view->n_sink = n < SINK ? n : SINK;
         view->fp4_end = full;
         int ns = len < SINK ? len : SINK;   /* stored sink tokens; step tokens stay as computed */
         memcpy(k_out, sink_k(c, seq, layer, head), sizeof(float) * (size_t)ns * d);
-        memcpy(v_out, sink_v(c, seq, layer, head), sizeof(float) * (size_t)ns * d);
+        if (!lat) memcpy(v_out, sink_v(c, seq, layer, head), sizeof(float) * (size_t)ns * d);
     } else if (c->cfg.dtype != FR_KV_BF16 && c->cfg.dtype != FR_KV_F32) {
-        quantize_on_the_fly(c, layer, head, n - full, k_out + (size_t)full * d, v_out + (size_t)full * d);
+        quantize_on_the_fly(c, layer, head, n - full, k_out + (size_t)full * d,
+                            lat ? NULL : v_out + (size_t)full * d);
         if (is_fp4(c)) view->fp4_end = n;
     }
     return FR_OK;
+}
+
+fr_kv_latent_form fr_kv_latent_form_of(const fr_kv_cache *c, int layer)
+{
+    fr_kv_latent_form f = {.latent_dim = c->cfg.latent_dim, .fmt = fmt(c), .q_search = c->cfg.recipe.scale_search};
+    if (!is_latent(c) || !is_fp4(c)) return f;
+    if (c->cfg.recipe.smooth) f.mean = c->key_mean + (size_t)layer * c->cfg.head_dim;
+    f.rotate = c->cfg.recipe.rotate;
+    if (c->cfg.compute == FR_COMPUTE_EXACT) f.q_mode = c->cfg.recipe.dual_query ? FR_Q_DUAL : FR_Q_SINGLE;
+    else f.q_bf16 = 1;
+    return f;
 }
 
 const uint8_t *fr_kv_page(const fr_kv_cache *c, int seq, int page)

@@ -275,6 +275,9 @@ static fr_status check_config(const fr_kv_cache_config *cfg)
     if (L < 1 || H < 1 || d < 1 || d > kMaxStoreDim || cfg->n_blocks < 1 || cfg->max_seqs < 1)
         return fr_fail(FR_EINVAL, "kv store (GPU): invalid sizes (layers %d, kv heads %d, head_dim %d, "
                                   "blocks %d, sequences %d)", L, H, d, cfg->n_blocks, cfg->max_seqs);
+    if (cfg->latent_dim > 0)
+        return fr_fail(FR_EUNSUPPORTED, "kv store (GPU): latent pages (multi-head latent attention) are kept by "
+                                        "the CPU backend only");
     if (H > MAX_GRID_YZ)
         return fr_fail(FR_EINVAL, "kv store (GPU): %d kv heads exceed the %d a launch allows", H, MAX_GRID_YZ);
     if (cfg->dtype == FR_KV_F32)

@@ -12,6 +12,14 @@
  * Keys are packed along head_dim (one scale per B channels of a token),
  * values along tokens (one scale per B tokens of a channel), as the two
  * attention products need them.
+ *
+ * A latent page (multi-head latent attention: one row per token, the latent
+ * c of d_c channels then the RoPE key r of d_r; the model's one "KV head")
+ * has no V half: both attention products read the latent along its channels.
+ *   FP4   latent codes [T][d_c/8] | latent scales [T][d_c/B] | RoPE [T][d_r] BF16
+ *   FP8   latent [T][d_c] E4M3    | RoPE [T][d_r] BF16
+ *   BF16  latent [T][d_c] BF16    | RoPE [T][d_r] BF16
+ *   F32   latent [T][d_c] float32 | RoPE [T][d_r] float32
  */
 #ifndef FR_PAGE_LAYOUT_H
 #define FR_PAGE_LAYOUT_H
@@ -26,11 +34,16 @@ extern "C" {
 
 typedef struct {
     size_t k_codes, k_scales, v_codes, v_scales; /* offsets inside a head page */
+    size_t rope;             /* latent pages: the RoPE rows; GQA pages: head_page_bytes */
     size_t head_page_bytes;
 } fr_page_layout;
 
 /* The layout for a dtype and head_dim (FP4 dtypes need d a multiple of B). */
 fr_page_layout fr_page_layout_for(fr_kv_dtype t, int head_dim);
+/* The latent page layout for a row of latent_dim + rope_dim values: k_codes
+ * and k_scales hold the latent, rope the RoPE part; v_codes = v_scales =
+ * rope (no V half). FP4 dtypes need latent_dim a multiple of B. */
+fr_page_layout fr_page_layout_latent(fr_kv_dtype t, int latent_dim, int rope_dim);
 
 #ifdef __cplusplus
 }

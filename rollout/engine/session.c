@@ -45,9 +45,6 @@ static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, str
     s->tp = (fr_tp){.rank = o->tp > 1 ? o->group->layout.tp_rank : 0, .size = o->tp,
                     .group = o->tp > 1 ? o->group : NULL};
     fr_status st = FR_OK;
-    if (fr_model_is_mla(&m->cfg) && o->kv != FR_KV_F32 && o->kv != FR_KV_BF16)
-        return fr_fail(FR_EUNSUPPORTED, "%s has multi-head latent attention: its cache holds latent rows in f32 or "
-                       "bf16 so far (%s latent pages are not built yet)", m->cfg.architecture, fr_kv_dtype_name(o->kv));
     if (o->calib) {
         if ((st = fr_calib_load(o->calib, fr_model_calib_dims(&m->cfg), &s->calib))) return st;
         s->has_calib = 1;
@@ -70,7 +67,7 @@ static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, str
     }
     fr_kv_cache_config kc = {
         .n_layers = L, .n_kv_heads = tl.n_kv_heads, .head_dim = m->cfg.head_dim,
-        .dtype = o->kv, .compute = fr_fp4_compute_for(o->compute, b), .recipe = o->recipe,
+        .latent_dim = m->cfg.kv_lora_rank, .dtype = o->kv, .compute = fr_fp4_compute_for(o->compute, b), .recipe = o->recipe,
         .tau = s->has_calib ? s->calib.tau : FR_P_TAU, .n_blocks = n_blocks, .max_seqs = max_seqs,
         .key_mean = !s->has_calib ? NULL : key_mean ? key_mean : s->calib.key_mean,
         .fp8_scales = !s->has_calib || !s->calib.fp8_scales ? NULL : fp8_scales ? fp8_scales : s->calib.fp8_scales,

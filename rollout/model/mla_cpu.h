@@ -16,11 +16,19 @@
  *   s_t    = (q_c . c_t + q_rope . r_t) / sqrt(dn + dr), causal softmax
  *   o_h    = W_UV_h (sum_t p_t c_t)  (W_UV_h: the next dv rows of kv_b)
  * which equals transformers' expanded form (keys k = W_UK c, values
- * v = W_UV c) up to float32 summation order. */
+ * v = W_UV c) up to float32 summation order.
+ *
+ * Over a latent cache in FP4 store form (kvcache/kv_cache.h, paper
+ * Algorithm 2) the rows hold c' = H (c - mu): the content query is rotated
+ * (H q_c), meets the FP4 pages as its dual-residual FP4 terms (exact
+ * compute) or in BF16 (bf16 compute), the RoPE scores stay float32, the
+ * probabilities are not quantized, and the context sum_t p_t c'_t is rotated
+ * back and mu added before W_UV. */
 #ifndef FR_MLA_CPU_H
 #define FR_MLA_CPU_H
 
 #include "base/fr_status.h"
+#include "kvcache/kv_cache.h"
 #include "rollout/model/model.h"
 
 #ifdef __cplusplus
@@ -39,10 +47,12 @@ void fr_mla_cpu_project(fr_mla_cpu *s, const fr_model_config *c, const fr_layer_
                         const int *pos, float *q, float *rows);
 
 /* Attention of one sequence's n query rows q[n][H*(dn+dr)] at positions
- * len .. len + n - 1 over the cache rows keys[len + n][dc+dr] (causal):
- * out[n][H*dv]. scores: scratch of at least min(n, 256) x (len + n) floats. */
+ * len .. len + n - 1 over the cache rows view->k[len + n][dc+dr] (causal),
+ * in the store form `form` describes (NULL: rows as computed, no quantized
+ * region): out[n][H*dv]. scores: scratch of at least min(n, 256) x (len + n)
+ * floats. */
 void fr_mla_cpu_attend(fr_mla_cpu *s, const fr_model_config *c, const fr_layer_weights *lw, const float *q, int len,
-                       int n, const float *keys, float *scores, float *out);
+                       int n, const fr_kv_view *view, const fr_kv_latent_form *form, float *scores, float *out);
 
 #ifdef __cplusplus
 }

@@ -129,9 +129,10 @@ fr_status fr_runner_cpu_new_tp(const fr_model *m, fr_kv_cache *kv, int max_step_
         fr_runner_cpu_destroy(&r);
         return st;
     }
-    if (fr_model_is_mla(c) && kc->dtype != FR_KV_F32 && kc->dtype != FR_KV_BF16)
-        st = fr_fail(FR_EUNSUPPORTED, "runner: %s has multi-head latent attention, whose cache is f32 or bf16 so "
-                     "far (no %s latent pages yet)", c->architecture, fr_kv_dtype_name(kc->dtype));
+    if (fr_model_is_mla(c) != (kc->latent_dim > 0) || (kc->latent_dim > 0 && kc->latent_dim != c->kv_lora_rank))
+        st = fr_fail(FR_EINVAL, "runner: the KV cache's latent width %d does not match the model's %d (a "
+                     "multi-head latent attention model needs a latent cache, and only it)", kc->latent_dim,
+                     c->kv_lora_rank);
     if (!st && fr_model_is_mla(c)) st = fr_mla_cpu_new(c, max_step_tokens, &r->mla);
     if (st) {
         fr_runner_cpu_destroy(&r);
@@ -312,25 +313,25 @@ static fr_status attention(fr_runner_cpu *r, int layer, const fr_step_seq *seqs,
 }
 
 /* Latent attention of every sequence of the step (rollout/model/mla_cpu.h):
- * the cache rows are the single "KV head" of an MLA model. */
+ * the cache rows are the single "KV head" of an MLA model, in the store
+ * form of the cache (kvcache/kv_cache.h). */
 static fr_status mla_attention(fr_runner_cpu *r, int layer, const fr_step_seq *seqs, int n_seqs)
 {
     const fr_model_config *c = r->c;
     const int H = c->num_heads, qh = c->qk_nope_dim + c->qk_rope_dim, dv = c->v_head_dim;
     const size_t kvd = (size_t)c->head_dim;
     const float *kl = r->kstep + (size_t)layer * r->max_tokens * kvd;
-    const float *vl = r->vstep + (size_t)layer * r->max_tokens * kvd;
+    const fr_kv_latent_form form = fr_kv_latent_form_of(r->kv, layer);
     int row = 0;
     fr_status st = FR_OK;
     for (int s = 0; s < n_seqs && !st; row += seqs[s].n, s++) {
         int len = fr_kv_seq_len(r->kv, seqs[s].seq), n = seqs[s].n;
         fr_kv_view view;
         if ((st = ensure_ctx(r, len + n))) break;
-        if ((st = fr_kv_gather(r->kv, seqs[s].seq, layer, 0, n, kl + row * kvd, vl + row * kvd, r->kbuf, r->vbuf,
-                               &view)))
+        if ((st = fr_kv_gather(r->kv, seqs[s].seq, layer, 0, n, kl + row * kvd, NULL, r->kbuf, NULL, &view)))
             break;
-        fr_mla_cpu_attend(r->mla, c, &r->w->layers[layer], r->q + (size_t)row * H * qh, len, n, view.k, r->scores,
-                          r->att + (size_t)row * H * dv);
+        fr_mla_cpu_attend(r->mla, c, &r->w->layers[layer], r->q + (size_t)row * H * qh, len, n, &view, &form,
+                          r->scores, r->att + (size_t)row * H * dv);
     }
     return st;
 }
@@ -428,8 +429,8 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
         fr_rmsnorm(r->xn, r->x, lw->attn_norm, M, D, c->rms_norm_eps);
         if (r->mla) {
             fr_mla_cpu_project(r->mla, c, lw, r->xn, M, r->pos, r->q, k);
-            memcpy(v, k, sizeof(float) * (size_t)M * kvd);   /* V pages unused: the latent row is both */
-            if (r->obs.layer_kv && (st = r->obs.layer_kv(r->obs.user, l, seqs, n_seqs, k, v))) break;
+            /* the latent row is both key and value: observers see it as both */
+            if (r->obs.layer_kv && (st = r->obs.layer_kv(r->obs.user, l, seqs, n_seqs, k, k))) break;
             if (r->fill_only) continue;
             if ((st = mla_attention(r, l, seqs, n_seqs))) break;
             matmul(r, r->hidden_out, r->att, lw->o_proj, M, D, H * c->v_head_dim);

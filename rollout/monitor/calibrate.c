@@ -170,6 +170,7 @@ void fr_calib_report_free(fr_calib_report *r)
 
 typedef struct {
     const fr_model_config *cfg;
+    int latent_dim;       /* latent attention: the latent part of each cached row */
     double *ksum;         /* [layers][kv_heads][d] */
     float *amax;          /* [layers][kv_heads][2] */
     long rows;            /* tokens accumulated */
@@ -195,8 +196,10 @@ static fr_status on_layer_kv(void *user, int layer, const fr_step_seq *seqs, int
             const float *kt = k + ((size_t)t * H + h) * d, *vt = v + ((size_t)t * H + h) * d;
             double *sum = cs->ksum + ((size_t)layer * H + h) * d;
             float *am = cs->amax + ((size_t)layer * H + h) * 2;
-            for (int c = 0; c < d; c++) {
-                sum[c] += kt[c];
+            /* a latent row's FP8 scale covers its latent only (the RoPE part stays BF16) */
+            const int scaled = cs->latent_dim > 0 ? cs->latent_dim : d;
+            for (int c = 0; c < d; c++) sum[c] += kt[c];
+            for (int c = 0; c < scaled; c++) {
                 am[0] = fmaxf(am[0], fabsf(kt[c]));
                 am[1] = fmaxf(am[1], fabsf(vt[c]));
             }
@@ -388,9 +391,6 @@ static fr_status continue_seeds(runner *r, fr_kv_cache *kv, const fr_model_confi
 fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, const int *const *texts,
                        const int *lens, fr_calib *out, fr_calib_report *rep)
 {
-    if (m && fr_model_is_mla(&m->cfg))
-        return fr_fail(FR_EUNSUPPORTED, "calibrate: %s has multi-head latent attention; its calibration (the "
-                       "latent mean) is not built yet", m->cfg.architecture);
     const fr_model_config *cfg = &m->cfg;
     const int L = cfg->num_layers, H = cfg->num_kv_heads, d = cfg->head_dim, V = cfg->vocab_size;
     int context = o->context > 0 ? o->context : cfg->max_position;
@@ -405,18 +405,21 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
     int **cont = calloc((size_t)n_texts, sizeof(int *));
     int *tokens = malloc(sizeof(int) * (size_t)context), *body = NULL;
     float *logits = malloc(sizeof(float) * (size_t)V);
-    calib_state cs = {.cfg = cfg};
+    /* Latent attention calibrates the latent mean and the latent's FP8
+     * scale; it quantizes no probability, so tau is not measured. */
+    const int dc = cfg->kv_lora_rank;
+    calib_state cs = {.cfg = cfg, .latent_dim = dc};
     cs.ksum = calloc((size_t)L * H * d, sizeof(double));
     cs.amax = calloc((size_t)L * H * 2, sizeof(float));
     cs.scratch = malloc(sizeof(float) * (size_t)context);
     cs.context = context;
     cs.store_bf16 = o->kv == FR_KV_BF16;
-    if (o->tau_steps > 0) cs.keys = malloc(sizeof(float) * (size_t)L * H * context * d);
+    if (o->tau_steps > 0 && !dc) cs.keys = malloc(sizeof(float) * (size_t)L * H * context * d);
     fr_tau_stats_init(&cs.tau);
     fr_kv_cache *kv = NULL;
     runner rn = {0}, *r = &rn;
     if (!plen || !n_cont || !cont || !tokens || !logits || !cs.ksum || !cs.amax || !cs.scratch ||
-        (o->tau_steps > 0 && !cs.keys))
+        (o->tau_steps > 0 && !dc && !cs.keys))
         st = fr_fail(FR_ENOMEM, "calibrate: out of memory");
     int seed_blocks = 0, body_len = 0;
     for (int i = 0; i < n_texts && !st; i++) {
@@ -430,7 +433,7 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
     }
     if (!st) {
         int main_blocks = (context + FR_PAGE_TOKENS - 1) / FR_PAGE_TOKENS;
-        fr_kv_cache_config kc = {.n_layers = L, .n_kv_heads = H, .head_dim = d, .dtype = o->kv,
+        fr_kv_cache_config kc = {.n_layers = L, .n_kv_heads = H, .head_dim = d, .latent_dim = dc, .dtype = o->kv,
                                  .compute = FR_COMPUTE_EXACT, .recipe = fr_recipe_full(), .tau = FR_P_TAU,
                                  .n_blocks = (seed_blocks > main_blocks ? seed_blocks : main_blocks) + 1,
                                  .max_seqs = n_texts, .bookkeeping_only = o->gpu != NULL};
@@ -478,7 +481,7 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
     double t2 = fr_now_s();
 
     /* 4. decode steps continuing it: their queries calibrate tau */
-    cs.tau_on = 1;
+    cs.tau_on = !dc;   /* no tau replay over latent rows */
     for (int i = n_prefill; i < context && !st; i++) {
         tokens[i] = argmax(logits, V);
         fr_step_seq step = {.seq = seq, .n = 1, .tokens = &tokens[i], .all_logits = 0};
@@ -496,6 +499,8 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
     }
     if (!st) {
         for (size_t i = 0; i < (size_t)L * H * d; i++) out->key_mean[i] = (float)(cs.ksum[i] / (double)cs.rows);
+        for (int l = 0; dc && l < L; l++)   /* the RoPE part is not smoothed: zeros */
+            memset(out->key_mean + (size_t)l * d + dc, 0, sizeof(float) * (size_t)(d - dc));
         for (size_t i = 0; i < (size_t)L * H * 2; i++)
             out->fp8_scales[i] = cs.amax[i] > 0.0f && isfinite(cs.amax[i]) ? cs.amax[i] / FR_E4M3_MAX : 1.0f;
         int code = o->tau_steps > 0 ? fr_tau_stats_select(&cs.tau) : FR_TAU_DEFAULT_CODE;

@@ -20,6 +20,12 @@
  *     error of c p over all those blocks.
  *
  * Texts are token ids, BOS first (fr_byte_text_read makes them from files).
+ *
+ * A multi-head latent attention model (paper Appendix G) caches one row per
+ * token, [latent | RoPE key]: key_mean is then the latent mean (the RoPE
+ * part zero, as it is never smoothed), both FP8 scales are the latent's
+ * amax / 448 per layer, and tau keeps its default (latent attention
+ * quantizes no probability, so step 4 measures nothing).
  */
 #ifndef FR_CALIBRATE_H
 #define FR_CALIBRATE_H

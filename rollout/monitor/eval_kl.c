@@ -91,6 +91,25 @@ void fr_eval_config_describe(const fr_eval_config *c, char *buf, int len)
              c->compute == FR_COMPUTE_BF16 ? "query and P in BF16" : "FP4 query and P");
 }
 
+void fr_eval_config_describe_latent(const fr_eval_config *c, char *buf, int len)
+{
+    if (c->kv == FR_KV_FP8) {
+        snprintf(buf, (size_t)len, "FP8 E4M3 latent, per-layer scale");
+        return;
+    }
+    if (!fr_kv_dtype_is_fp4(c->kv)) {
+        fr_eval_config_describe(c, buf, len);
+        return;
+    }
+    fr_recipe van = fr_recipe_vanilla(), full = fr_recipe_full();
+    char r[96];
+    if (recipe_equal(&c->recipe, &van)) snprintf(r, sizeof r, "vanilla");
+    else if (recipe_equal(&c->recipe, &full)) snprintf(r, sizeof r, "full recipe");
+    else fr_recipe_format(&c->recipe, r, (int)sizeof r);
+    snprintf(buf, (size_t)len, "%s latent, %s, %s, P unquantized", c->kv == FR_KV_NVFP4 ? "NVFP4" : "MXFP4", r,
+             c->compute == FR_COMPUTE_BF16 ? "query in BF16" : "FP4 query");
+}
+
 static const char *const ablation_parts[] = {"smooth", "rotate", "search", "dual", "pscale", "sink"};
 enum { N_ABLATION = 6 };
 
@@ -184,10 +203,6 @@ static fr_status run_pass(const eval_ctx *e, fr_kv_cache_config kc, const char *
     fr_step_seq *steps = malloc(sizeof *steps * (size_t)N);
     float *logits = malloc(sizeof(float) * (size_t)V * N);
     fr_status st = seq && text_of && steps && logits ? FR_OK : fr_fail(FR_ENOMEM, "eval-kl: out of memory");
-    if (!st && fr_model_is_mla(&e->m->cfg) && kc.dtype != FR_KV_F32 && kc.dtype != FR_KV_BF16)
-        st = fr_fail(FR_EUNSUPPORTED, "eval-kl: %s: %s has multi-head latent attention, whose latent rows are cached "
-                     "in f32 or bf16 so far (no %s latent pages yet)", label, e->m->cfg.architecture,
-                     fr_kv_dtype_name(kc.dtype));
     if (!st) st = fr_kv_cache_new(&kc, &kv);
 #ifdef FR_HAVE_CUDA
     if (!st && p->gpu) st = fr_runner_cuda_new(p->gpu, kv, N, &gr);
@@ -270,6 +285,7 @@ static fr_kv_cache_config cache_config(const fr_model_config *mc, const fr_eval_
     const int local = calib && tl->size > 1;
     return (fr_kv_cache_config){
         .n_layers = mc->num_layers, .n_kv_heads = tl->n_kv_heads, .head_dim = mc->head_dim,
+        .latent_dim = mc->kv_lora_rank,
         .dtype = c->kv, .compute = c->compute, .recipe = c->recipe,
         .tau = calib && calib->has_tau ? calib->tau : FR_P_TAU,
         .key_mean = !calib ? NULL : local ? key_mean : calib->key_mean,
@@ -351,6 +367,7 @@ fr_status fr_eval_kl(const fr_model *m, const fr_eval_kl_params *p, fr_eval_kl_r
     }
     out->n_texts = N;
     out->positions = P;
+    out->latent = fr_model_is_mla(&m->cfg);
     out->n_configs = p->n_configs;
     out->results = calloc((size_t)p->n_configs, sizeof *out->results);
     ref_sink ref = {.ref = malloc(sizeof(float) * (size_t)P * V), .off = off, .vocab = V};

@@ -38,6 +38,9 @@ typedef struct {
 fr_status fr_eval_config_parse(const char *name, fr_eval_config *out);
 /* A one-line description ("NVFP4, full recipe without rotate, exact compute"). */
 void fr_eval_config_describe(const fr_eval_config *c, char *buf, int len);
+/* The same for a latent cache (multi-head latent attention: one FP8 scale
+ * per layer, no probability quantization; docs/mla.md). */
+void fr_eval_config_describe_latent(const fr_eval_config *c, char *buf, int len);
 /* A comma-separated list (NULL: the default list). With ablation, every
  * plain nvfp4 / mxfp4 entry is followed by its six leave-one-out variants,
  * and a NULL list means "nvfp4". *out is malloc'ed. */
@@ -83,6 +86,7 @@ typedef struct {
 typedef struct {
     fr_eval_result *results;   /* [n_configs] */
     int n_configs, n_texts;
+    int latent;                /* the model caches latent rows (multi-head latent attention) */
     long positions;
     double seconds_reference;
 } fr_eval_kl_report;

@@ -2,7 +2,8 @@
 # Black-box checks of `fp4rollout calibrate` and `fp4rollout eval-kl` on the
 # built-in synthetic model: a calibration file from two small texts, loaded
 # by eval-kl, generate and score; eval-kl's JSON; clear errors for bad input;
-# both commands on the Mixture-of-Experts checkpoint tqm when present.
+# both commands on the Mixture-of-Experts checkpoint tqm and the latent
+# attention checkpoint tqa when present.
 set -euo pipefail
 bin=${BUILD:-build}/fp4rollout
 dir=$(mktemp -d)
@@ -134,6 +135,56 @@ sys.exit(0 if 0 < full < vanilla / 3 else 1)
 PY
 else
   echo "cli_calibrate_eval: SKIP tqm part: checkpoint not found (set FR_TQM_DIR or place it at ../shared/models/tqm)"
+fi
+
+# A latent attention checkpoint (tqa, paper Appendix G): calibrate measures
+# the latent mean (RoPE part zero), eval-kl runs every latent dtype and recipe
+# switch on the first 260 tokens of a real text (one FP4 page, then the BF16
+# recent slot), with figures in the range of tqa's README table.
+tqa=${FR_TQA_DIR:-../shared/models/tqa}
+texts=$tqa/../tq6/texts
+if [ -f "$tqa/config.json" ] && [ -f "$texts/calib_0.txt" ] && [ -f "$texts/eval_0.txt" ]; then
+  export OPENBLAS_NUM_THREADS=1   # small matrices: threads only cost time here
+  "$bin" calibrate --model "$tqa" --texts "$texts/calib_0.txt" "$texts/calib_1.txt" --context 400 --seed-tokens 100 \
+    --continue 16 --tau-steps 8 --chunk 128 --out "$dir/tqa.safetensors" > "$dir/tqa_cal.out" 2> "$dir/cal.err" ||
+    fail "calibrate on tqa failed: $(cat "$dir/cal.err")"
+  grep -q "latent mean (256 channels" "$dir/tqa_cal.out" || fail "calibrate on tqa: no latent mean reported"
+  $py - "$dir/tqa.safetensors" <<'PY' || fail "tqa calibration file: not a latent mean"
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+assert hdr["key_mean"]["shape"] == [4, 1, 320] and hdr["fp8_scales"]["shape"] == [4, 1, 2]
+a, b = hdr["key_mean"]["data_offsets"]
+mu = struct.unpack(f"<{(b - a) // 4}f", data[a:b])
+for l in range(4):
+    row = mu[l * 320:(l + 1) * 320]
+    assert any(x != 0 for x in row[:256]) and all(x == 0 for x in row[256:]), l
+PY
+  cfgs=bf16,f32,fp8,nvfp4,nvfp4-vanilla,nvfp4-kv,mxfp4,mxfp4-vanilla,mxfp4-kv
+  cfgs=$cfgs,nvfp4-no-smooth,nvfp4-no-rotate,nvfp4-no-search,nvfp4-no-dual,nvfp4-no-sink
+  "$bin" eval-kl --model "$tqa" --texts "$texts/eval_0.txt" --calib "$dir/tqa.safetensors" --tokens 260 \
+    --configs $cfgs --quiet --json > "$dir/tqa.json" 2> "$dir/ev.err" || fail "eval-kl on tqa failed: $(cat "$dir/ev.err")"
+  $py - "$dir/tqa.json" <<'PY' || fail "eval-kl on tqa: unexpected figures: $(cat "$dir/tqa.json")"
+import json, math, sys
+kl = {r["config"]: r["kl_1e3"] for r in map(json.loads, open(sys.argv[1]))}
+print("tqa eval-kl (1e-3 nats): " + ", ".join("%s %.3f" % kv for kv in kl.items()))
+assert kl["bf16"] == 0 and 0 <= kl["f32"] < 0.1, kl
+# README reference (8 x 4096 positions): fp8 0.389, nvfp4 0.816, nvfp4 vanilla
+# 4.03, mxfp4 1.970, mxfp4 vanilla 10.98; here one short text, so wide bands.
+bands = {"fp8": (0.05, 2), "nvfp4": (0.05, 3), "nvfp4-kv": (0.05, 3), "mxfp4": (0.1, 8), "mxfp4-kv": (0.1, 8),
+         "nvfp4-vanilla": (1, 30), "mxfp4-vanilla": (3, 80)}
+for c, (lo, hi) in bands.items():
+    assert lo < kl[c] < hi, (c, kl[c])
+assert kl["nvfp4"] < kl["nvfp4-vanilla"] / 3 and kl["mxfp4"] < kl["mxfp4-vanilla"] / 3, kl
+for c in ("smooth", "rotate", "search", "dual", "sink"):   # every switch runs and stays below vanilla
+    v = kl["nvfp4-no-" + c]
+    assert math.isfinite(v) and 0 < v < kl["nvfp4-vanilla"], (c, v)
+assert kl["nvfp4-no-sink"] > kl["nvfp4"], kl   # every token FP4: worse
+PY
+  unset OPENBLAS_NUM_THREADS
+else
+  echo "cli_calibrate_eval: SKIP tqa part: checkpoint or ../tq6/texts not found (set FR_TQA_DIR or place it at ../shared/models/tqa)"
 fi
 
 for c in calibrate eval-kl; do { out=$("$bin" $c --help) && grep -q "usage: fp4rollout $c" <<< "$out"; } || fail "$c --help"; done

@@ -27,7 +27,7 @@ typedef struct {
     const char *name;
     int greedy_prompts;
     float bf16_decode_bound;   /* see test_decode_matches_prefill */
-    int fp4_cache;             /* takes FP4 caches (latent attention: not yet) */
+    int fp4_cache;             /* runs test_nvfp4_decode_close (tqa: test_latent_dtypes_decode instead) */
     int decode_prompts;        /* golden prompts the decode path is checked on (of 1, 3, 2, 6) */
 } golden_model;
 
@@ -259,6 +259,54 @@ static void test_nvfp4_decode_close(void **state)
     fr_st_file_close(&g);
 }
 
+/* Every latent cache dtype decodes tqa, moves the logits once FP4 or FP8
+ * pages exist (past token 128) and stays close to the BF16 latent cache:
+ * mean KL over BF16's top-128 tokens on the first 300 tokens of a golden
+ * prompt (no calibration; the README's table has the full figures). */
+static void test_latent_dtypes_decode(void **state)
+{
+    if (!have(state)) skip();
+    fr_st_file *g;
+    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
+    int n;
+    int *ids = golden_ids(g, 3, &n);
+    if (n > 300) n = 300;
+    assert_true(n > 2 * FR_PAGE_TOKENS);
+    const fr_kv_dtype dts[] = {FR_KV_FP8, FR_KV_NVFP4, FR_KV_MXFP4};
+    const float bound[] = {0.002f, 0.002f, 0.005f};   /* nats; measured 0.39e-3, 0.29e-3, 0.86e-3 */
+    fr_session a;
+    open_session(&a, FR_KV_BF16, n, n);
+    float *ref = score(&a, ids, n, 1);
+    const int V = a.model->cfg.vocab_size;
+    for (int k = 0; k < 3; k++) {
+        fr_session b;
+        open_session(&b, dts[k], n, n);
+        float *got = score(&b, ids, n, 1);
+        /* the first page is read from the BF16 slots; then from the pages */
+        float early = max_diff(ref, got, (size_t)FR_PAGE_TOKENS * V);
+        float late = max_diff(ref + (size_t)(n - 20) * V, got + (size_t)(n - 20) * V, (size_t)20 * V);
+        double kl = 0.0;
+        long agree = 0;
+        for (int t = 0; t < n; t++) {
+            fr_kl_result r;
+            assert_int_equal(fr_kl_topk(ref + (size_t)t * V, got + (size_t)t * V, V, FR_KL_TOP_K, -1, &r), FR_OK);
+            kl += r.kl / n;
+            agree += r.top1_match;
+        }
+        printf("  %s latent cache vs bf16 over %d tokens: mean KL %.3f e-3 nats, top-1 agreement %.2f%%, "
+               "max |diff| %.3g on the first page, %.3g at the end\n", fr_kv_dtype_name(dts[k]), n, 1e3 * kl,
+               100.0 * agree / n, early, late);
+        assert_true(late > 1e-3f);
+        assert_true(kl > 0.0 && kl < bound[k]);
+        if (dts[k] != FR_KV_FP8) assert_true(early < late);   /* FP4: BF16 sink and recent tokens */
+        free(got);
+        fr_session_close(&b);
+    }
+    free(ref); free(ids);
+    fr_session_close(&a);
+    fr_st_file_close(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -273,6 +321,7 @@ int main(void)
         cmocka_unit_test_prestate(test_prefill_matches_golden, (void *)&tqa),
         cmocka_unit_test_prestate(test_greedy_matches_golden, (void *)&tqa),
         cmocka_unit_test_prestate(test_decode_matches_prefill, (void *)&tqa),
+        cmocka_unit_test_prestate(test_latent_dtypes_decode, (void *)&tqa),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

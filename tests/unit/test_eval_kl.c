@@ -49,6 +49,12 @@ static void test_config_names(void **state)
     char desc[160];
     fr_eval_config_describe(&c, desc, (int)sizeof desc);
     assert_non_null(strstr(desc, "-pscale"));
+    fr_eval_config_describe_latent(&c, desc, (int)sizeof desc);   /* latent caches quantize no P */
+    assert_non_null(strstr(desc, "NVFP4 latent"));
+    assert_non_null(strstr(desc, "P unquantized"));
+    assert_int_equal(fr_eval_config_parse("fp8", &c), FR_OK);
+    fr_eval_config_describe_latent(&c, desc, (int)sizeof desc);
+    assert_non_null(strstr(desc, "per-layer scale"));
 
     const char *bad[] = {"", "int4", "nvfp4-", "nvfp4-no-", "nvfp4-no-magic", "nvfp4x", "bf16-kv", "fp8-no-rotate"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
