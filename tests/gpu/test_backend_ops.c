@@ -167,9 +167,19 @@ static void *dmalloc(size_t bytes)
     return p;
 }
 
+/* Copies and fills on the legacy default stream are not ordered with the
+ * non-blocking g_stream the ops run on (and a copy from pageable memory may
+ * still be in flight when cudaMemcpy returns): wait for the device. */
 static void upload(void *d, const void *h, size_t bytes)
 {
     CUDA_OK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize());
+}
+
+static void fill(void *d, int byte, size_t bytes)
+{
+    CUDA_OK(cudaMemset(d, byte, bytes));
+    CUDA_OK(cudaDeviceSynchronize());
 }
 
 static void download(void *h, const void *d, size_t bytes)
@@ -236,7 +246,7 @@ static outputs run_embed(const op_case *c, fr_test_rng *r)
     float *dx = dmalloc((nx + off) * sizeof *dx);
     upload(dt, table, (size_t)vocab * hidden * sizeof *table);
     upload(dids, ids, (size_t)n * sizeof *ids);
-    CUDA_OK(cudaMemset(dx, 0xff, (nx + off) * sizeof *dx));   /* NaN: every value must be written */
+    fill(dx, 0xff, (nx + off) * sizeof *dx);   /* NaN: every value must be written */
     FR_OK_OR_FAIL(fr_cuda_embed(dx + off, dt, dids, n, hidden, vocab, g_stream));
     o.got = download_f32(dx + off, nx);
     CUDA_OK(cudaFree(dt)); CUDA_OK(cudaFree(dids)); CUDA_OK(cudaFree(dx));
@@ -323,7 +333,7 @@ static outputs run_unpack(const op_case *c, fr_test_rng *r)
     uint16_t *dout = dmalloc(n * sizeof *dout);
     unsigned long long *dbad = dmalloc(sizeof *dbad), bad = 0;
     upload(din, in, n * es);
-    CUDA_OK(cudaMemset(dbad, 0xff, sizeof *dbad));
+    fill(dbad, 0xff, sizeof *dbad);
     FR_OK_OR_FAIL(fr_weights_unpack_launch(din, (int)c->dtype, n, dout, dbad, 5, g_stream));
     download(&bad, dbad, sizeof bad);
     if (bad_at < n) assert_true(bad == ((5ull << 40) | bad_at));
@@ -510,7 +520,7 @@ static outputs run_gemm(const op_case *c, fr_test_rng *r)
         upload(dy + off * ysz, bf16 ? (const void *)t : (const void *)y0, ny * ysz);
         free(t);
     } else {
-        CUDA_OK(cudaMemset(dy, 0xff, (ny + off) * ysz));   /* NaN: beta = 0 must not read y */
+        fill(dy, 0xff, (ny + off) * ysz);   /* NaN: beta = 0 must not read y */
     }
     if (bf16)
         FR_OK_OR_FAIL(fr_gemm_bf16_out(g_gemm, (uint16_t *)(dy + off * ysz), dx + off, dw + off, M, N, K, beta,
