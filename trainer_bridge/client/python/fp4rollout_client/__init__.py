@@ -327,24 +327,25 @@ class RolloutClient(_Closes):
     def results(self, timeout_ms: Optional[int] = None) -> Iterator[SampleResult]:
         """Yields finished samples until none of this client's samples is open.
         A refused request raises ServerError (code, message, request_id)."""
-        wait = self.timeout_ms if timeout_ms is None else timeout_ms
-        while self.open_samples() > 0:
-            s = self._next_sample(wait)
-            if s is None:
-                raise ClientError(f"no sample finished within {wait} ms ({self.open_samples()} open)")
-            yield s
+        return self._drain(self._next_sample, timeout_ms, "no sample finished", "open")
 
     def events(self, timeout_ms: Optional[int] = None) -> Iterator[Union[TokenDelta, SampleResult]]:
         """Streams: yields every TokenDelta as it arrives and every SampleResult
         as its sample finishes (after its last delta), until none of this
         client's samples is open. A sample's deltas concatenated are its
         result's tokens. A refused request raises ServerError."""
+        return self._drain(self._next_event, timeout_ms, "nothing arrived", "samples open")
+
+    def _drain(self, fetch, timeout_ms: Optional[int], what: str, open_what: str) -> Iterator:
+        """What fetch(wait) returns, until none of this client's samples is
+        open; ClientError "<what> within N ms (K <open_what>)" when nothing
+        comes in time."""
         wait = self.timeout_ms if timeout_ms is None else timeout_ms
         while self.open_samples() > 0:
-            e = self._next_event(wait)
-            if e is None:
-                raise ClientError(f"nothing arrived within {wait} ms ({self.open_samples()} samples open)")
-            yield e
+            item = fetch(wait)
+            if item is None:
+                raise ClientError(f"{what} within {wait} ms ({self.open_samples()} {open_what})")
+            yield item
 
     def _next_event(self, wait_ms: int) -> Optional[Union[TokenDelta, SampleResult]]:
         """The next delta or finished sample, or None when none came within wait_ms."""

@@ -57,33 +57,31 @@ class AsyncRolloutClient:
 
     async def stream(self, prompts, timeout_ms: Optional[int] = None, **kwargs) -> AsyncIterator:
         """Submits like RolloutClient.generate and yields each sample as it finishes."""
-        await self._call(self._submit_all, prompts, kwargs)
-        wait = self.timeout_ms if timeout_ms is None else timeout_ms
-        from . import ClientError
-        while await self._call(self._client.open_samples) > 0:
-            deadline = time.monotonic() + wait / 1000.0
-            sample = None
-            while sample is None:
-                sample = await self._call(self._client._next_sample, SLICE_MS)
-                if sample is None and time.monotonic() > deadline:
-                    raise ClientError(f"no sample finished within {wait} ms")
+        async for sample in self._drain(prompts, kwargs, timeout_ms, self._client._next_sample,
+                                        "no sample finished"):
             yield sample
 
     async def stream_tokens(self, prompts, timeout_ms: Optional[int] = None, **kwargs) -> AsyncIterator:
         """Submits like RolloutClient.generate and yields every TokenDelta as it
         arrives and every SampleResult as its sample finishes
         (RolloutClient.events)."""
+        async for event in self._drain(prompts, kwargs, timeout_ms, self._client._next_event, "nothing arrived"):
+            yield event
+
+    async def _drain(self, prompts, kwargs, timeout_ms, fetch, what) -> AsyncIterator:
+        """Submits, then yields what fetch(SLICE_MS) returns until no sample is
+        open; ClientError "<what> within N ms" when nothing comes in time."""
         await self._call(self._submit_all, prompts, kwargs)
         wait = self.timeout_ms if timeout_ms is None else timeout_ms
         from . import ClientError
         while await self._call(self._client.open_samples) > 0:
             deadline = time.monotonic() + wait / 1000.0
-            event = None
-            while event is None:
-                event = await self._call(self._client._next_event, SLICE_MS)
-                if event is None and time.monotonic() > deadline:
-                    raise ClientError(f"nothing arrived within {wait} ms")
-            yield event
+            item = None
+            while item is None:
+                item = await self._call(fetch, SLICE_MS)
+                if item is None and time.monotonic() > deadline:
+                    raise ClientError(f"{what} within {wait} ms")
+            yield item
 
     async def generate(self, prompts, **kwargs) -> List:
         """Every sample of the prompts, in the order they finished."""
