@@ -21,9 +21,10 @@ struct fr_kv_store_gpu {
     fr_kv_cache_config cfg;   /* key_mean and fp8_scales NULL: the copies are on the device */
     fr_page_layout layout;
     size_t block_bytes, slot_elems, sink_elems;
+    int halves;               /* slots per token: K and V, or a latent row alone */
     uint8_t *pool;            /* n_blocks * block_bytes */
-    uint16_t *recent;         /* [max_seqs][2][layers][kv_heads][128][d] BF16 (K, V) */
-    uint16_t *sink;           /* [max_seqs][2][layers][kv_heads][16][d] BF16 */
+    uint16_t *recent;         /* [max_seqs][halves][layers][kv_heads][128][d] BF16 (K, V) */
+    uint16_t *sink;           /* [max_seqs][halves][layers][kv_heads][16][d] BF16 */
     float *key_mean;          /* [layers][kv_heads][d] */
     float *fp8_scales;        /* [layers][kv_heads][2] */
     unsigned *error;          /* ERR_* bits since the last check */
@@ -74,6 +75,48 @@ __global__ void __launch_bounds__(STAGE_THREADS) stage_kernel(stage_args a)
     }
 }
 
+/* A latent row (latent_dim > 0): the latent part minus the mean, rotated
+ * over latent_dim; the RoPE part as computed; all rounded to BF16. One
+ * thread block per row, the row in shared memory; the butterflies are
+ * fr_hadamard's (a + b, a - b for h = 1, 2, 4, ..., then one scaling), so
+ * the bits are the CPU's. */
+constexpr int kMaxLatentRow = 1024;
+enum { LATENT_THREADS = 128 };
+
+struct latent_stage_args {
+    const float *rows;
+    uint16_t *step;
+    const float *mean;   /* this layer's [d] (the latent part used), or NULL */
+    int d, dc, rotate;
+};
+
+__global__ void __launch_bounds__(LATENT_THREADS) latent_stage_kernel(latent_stage_args a)
+{
+    __shared__ float x[kMaxLatentRow];
+    const size_t base = (size_t)blockIdx.x * (size_t)a.d;
+    for (int j = threadIdx.x; j < a.d; j += blockDim.x) {
+        float v = a.rows[base + j];
+        if (a.mean && j < a.dc) v = __fsub_rn(v, a.mean[j]);
+        x[j] = v;
+    }
+    if (a.rotate) {
+        for (int h = 1; h < a.dc; h *= 2) {
+            __syncthreads();
+            for (int p = threadIdx.x; p < a.dc / 2; p += blockDim.x) {
+                const int i = (p / h) * 2 * h + p % h;
+                const float u = x[i], w = x[i + h];
+                x[i] = __fadd_rn(u, w);
+                x[i + h] = __fsub_rn(u, w);
+            }
+        }
+        __syncthreads();
+        const float sc = fr_dev_hadamard_scale(a.dc);
+        for (int j = threadIdx.x; j < a.dc; j += blockDim.x) x[j] = __fmul_rn(x[j], sc);
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < a.d; j += blockDim.x) a.step[base + j] = fr_dev_bf16_encode(x[j]);
+}
+
 /* ================= commit: promotion, then slot writes ================= */
 
 struct commit_args {
@@ -86,6 +129,8 @@ struct commit_args {
     fr_page_layout layout;
     size_t block_bytes, slot_elems, sink_elems;
     int layer, n_kv_heads, d, n_blocks, max_seqs, max_pages;
+    int halves;      /* 2: K and V slots; 1: latent rows */
+    int dc;          /* latent pages: the latent width (the rest of a row is RoPE) */
     int search;      /* FP4 keys: scale search */
     int zero_sink;   /* FP4 keeping BF16 sink tokens: page 0's sink values are zeroed */
 };
@@ -225,6 +270,67 @@ __global__ void __launch_bounds__(PROMOTE_THREADS) promote_kernel(commit_args a)
         promote_bf16(src, page, a);
 }
 
+/* A latent page (kv_cache.c write_latent_page): per token the latent in
+ * the dtype's format (FP4: blocks along the channels with the recipe's
+ * scale search, one block per thread; FP8: E4M3 of x / the layer's scale)
+ * and the RoPE part in BF16. */
+template <fr_kv_dtype DT>
+__device__ void promote_latent(const page_source &src, uint8_t *page, const commit_args &a)
+{
+    const fr_page_layout &l = a.layout;
+    const int dc = a.dc, dr = a.d - a.dc;
+    uint16_t *pr = reinterpret_cast<uint16_t *>(page + l.rope);
+    for (int w = threadIdx.x; w < T * dr; w += blockDim.x) pr[w] = fr_dev_bf16_encode(src.key(w / dr, dc + w % dr));
+    if constexpr (DT == FR_KV_NVFP4 || DT == FR_KV_MXFP4) {
+        constexpr fr_fp4_format F = DT == FR_KV_NVFP4 ? FR_NVFP4 : FR_MXFP4;
+        constexpr int B = fr_dev_fp4<F>::block;
+        const int kb = dc / B;
+        float x[B];
+        uint8_t codes[B];
+        for (int w = threadIdx.x; w < T * kb; w += blockDim.x) {   /* w = token * kb + block */
+            const int t = w / kb, c0 = (w % kb) * B;
+#pragma unroll
+            for (int i = 0; i < B; i++) x[i] = src.key(t, c0 + i);
+            page[l.k_scales + (size_t)w] = fr_dev_fp4_quantize_block<F>(a.search != 0, x, codes);
+            uint32_t *dst = reinterpret_cast<uint32_t *>(page + l.k_codes + (size_t)t * (dc / 2) + c0 / 2);
+#pragma unroll
+            for (int i = 0; i < B; i += 8) dst[i / 8] = fr_dev_fp4_word_pack(codes + i);
+        }
+    } else if constexpr (DT == FR_KV_FP8) {
+        const float sc = a.fp8_scales[0];   /* the layer's K entry */
+        for (int w = threadIdx.x; w < T * dc; w += blockDim.x)
+            page[l.k_codes + (size_t)w] = fr_dev_e4m3_encode(__fdiv_rn(src.key(w / dc, w % dc), sc));
+    } else {
+        uint16_t *pc = reinterpret_cast<uint16_t *>(page + l.k_codes);
+        for (int w = threadIdx.x; w < T * dc; w += blockDim.x) pc[w] = fr_dev_bf16_encode(src.key(w / dc, w % dc));
+    }
+}
+
+/* Grid (sequence, k-th page the step completes): one latent page of this
+ * layer per thread block. */
+template <fr_kv_dtype DT>
+__global__ void __launch_bounds__(PROMOTE_THREADS) latent_promote_kernel(commit_args a)
+{
+    const fr_paged_seq q = a.seqs[blockIdx.x];
+    if (record_problem(q, a)) return;
+    const int p = q.len / T + (int)blockIdx.y;
+    if (p >= (q.len + q.n_new) / T) return;
+    const int block = q.block_table ? q.block_table[p] : -1;
+    if (block < 0 || block >= a.n_blocks) {
+        if (threadIdx.x == 0) atomicOr(a.error, (unsigned)ERR_BLOCK);
+        return;
+    }
+    const uint16_t *slot = a.recent + (size_t)q.slot * a.slot_elems + (size_t)a.layer * T * (size_t)a.d;
+    page_source src;
+    src.slot_k = src.slot_v = slot;
+    src.step_k = src.step_v = a.step_k;
+    src.row_stride = (size_t)a.d;
+    src.q_row = q.q_row;
+    src.n_old = q.len - p * T;
+    src.d = a.d;
+    promote_latent<DT>(src, a.pool + (size_t)block * a.block_bytes + (size_t)a.layer * a.layout.head_page_bytes, a);
+}
+
 /* Copies the step's tokens [t0, t1) of sequence q, every head, from the
  * staging rows to a slot whose (layer, head) part has rows_per_head rows
  * (token t at row t % rows_per_head); dst_k is the slot's (layer, head 0)
@@ -239,7 +345,7 @@ __device__ void copy_tokens(const commit_args &a, const fr_paged_seq &q, int t0,
         const int t = t0 + (int)(w / row), rem = (int)(w % row), h = rem / a.d, j = rem % a.d;
         const size_t o = ((size_t)h * rows_per_head + (size_t)(t % rows_per_head)) * a.d + (size_t)j;
         dst_k[o] = a.step_k[src0 + w];
-        dst_k[o + v_offset] = a.step_v[src0 + w];
+        if (a.halves == 2) dst_k[o + v_offset] = a.step_v[src0 + w];
     }
 }
 
@@ -257,8 +363,8 @@ __global__ void __launch_bounds__(SLOT_THREADS) slot_kernel(commit_args a)
     const int end = q.len + q.n_new;
     const int partial = max(q.len, end / T * T);   /* first new token of the last partial page */
     const size_t layer_off = (size_t)a.layer * a.n_kv_heads * a.d;
-    uint16_t *recent = a.recent + (size_t)q.slot * 2 * a.slot_elems + layer_off * T;
-    uint16_t *sink = a.sink + (size_t)q.slot * 2 * a.sink_elems + layer_off * SINK;
+    uint16_t *recent = a.recent + (size_t)q.slot * a.halves * a.slot_elems + layer_off * T;
+    uint16_t *sink = a.sink + (size_t)q.slot * a.halves * a.sink_elems + layer_off * SINK;
     copy_tokens(a, q, partial, end, recent, a.slot_elems, T);
     copy_tokens(a, q, q.len, min(end, (int)SINK), sink, a.sink_elems, SINK);
 }
@@ -272,12 +378,14 @@ static fr_status check_config(const fr_kv_cache_config *cfg)
 {
     if (!cfg) return fr_fail(FR_EINVAL, "kv store (GPU): NULL config");
     const int L = cfg->n_layers, H = cfg->n_kv_heads, d = cfg->head_dim;
-    if (L < 1 || H < 1 || d < 1 || d > kMaxStoreDim || cfg->n_blocks < 1 || cfg->max_seqs < 1)
+    const int max_d = cfg->latent_dim > 0 ? kMaxLatentRow : kMaxStoreDim;
+    if (L < 1 || H < 1 || d < 1 || d > max_d || cfg->n_blocks < 1 || cfg->max_seqs < 1)
         return fr_fail(FR_EINVAL, "kv store (GPU): invalid sizes (layers %d, kv heads %d, head_dim %d, "
                                   "blocks %d, sequences %d)", L, H, d, cfg->n_blocks, cfg->max_seqs);
-    if (cfg->latent_dim > 0)
-        return fr_fail(FR_EUNSUPPORTED, "kv store (GPU): latent pages (multi-head latent attention) are kept by "
-                                        "the CPU backend only");
+    const int dc = cfg->latent_dim;
+    if (dc < 0 || (dc > 0 && (H != 1 || dc >= d)))
+        return fr_fail(FR_EINVAL, "kv store (GPU): a latent cache needs one KV head and a latent width below the "
+                                  "row's %d (kv heads %d, latent %d)", d, H, dc);
     if (H > MAX_GRID_YZ)
         return fr_fail(FR_EINVAL, "kv store (GPU): %d kv heads exceed the %d a launch allows", H, MAX_GRID_YZ);
     if (cfg->dtype == FR_KV_F32)
@@ -287,12 +395,14 @@ static fr_status check_config(const fr_kv_cache_config *cfg)
         cfg->dtype != FR_KV_MXFP4)
         return fr_fail(FR_EINVAL, "kv store (GPU): unknown kv dtype %d", (int)cfg->dtype);
     if (fr_kv_dtype_is_fp4(cfg->dtype)) {
-        int B = fr_fp4_block_size(fr_kv_dtype_fp4_format(cfg->dtype));
-        if (d % B)
-            return fr_fail(FR_EINVAL, "kv store (GPU): head_dim %d is not a multiple of the %s block %d", d,
+        /* the channels the recipe quantizes and rotates: the head, or a latent row's latent */
+        const int B = fr_fp4_block_size(fr_kv_dtype_fp4_format(cfg->dtype)), qd = dc > 0 ? dc : d;
+        const char *what = dc > 0 ? "latent width" : "head_dim";
+        if (qd % B)
+            return fr_fail(FR_EINVAL, "kv store (GPU): %s %d is not a multiple of the %s block %d", what, qd,
                            fr_kv_dtype_name(cfg->dtype), B);
-        if (cfg->recipe.rotate && (d & (d - 1)))
-            return fr_fail(FR_EINVAL, "kv store (GPU): Hadamard rotation needs a power-of-two head_dim, not %d", d);
+        if (cfg->recipe.rotate && (qd & (qd - 1)))
+            return fr_fail(FR_EINVAL, "kv store (GPU): Hadamard rotation needs a power-of-two %s, not %d", what, qd);
     }
     if (cfg->fp8_scales)
         for (int i = 0; i < L * H * 2; i++)
@@ -335,8 +445,8 @@ static fr_status upload_calibration(fr_kv_store_gpu *s, const fr_kv_cache_config
 static fr_status alloc_device(fr_kv_store_gpu *s, const fr_kv_cache_config *cfg)
 {
     const size_t pool = (size_t)cfg->n_blocks * s->block_bytes;
-    const size_t recent = sizeof(uint16_t) * 2 * s->slot_elems * (size_t)cfg->max_seqs;
-    const size_t sink = sizeof(uint16_t) * 2 * s->sink_elems * (size_t)cfg->max_seqs;
+    const size_t recent = sizeof(uint16_t) * (size_t)s->halves * s->slot_elems * (size_t)cfg->max_seqs;
+    const size_t sink = sizeof(uint16_t) * (size_t)s->halves * s->sink_elems * (size_t)cfg->max_seqs;
     const size_t n_lh = (size_t)cfg->n_layers * cfg->n_kv_heads;
     FR_CUDA_TRY(cudaMalloc((void **)&s->pool, pool));
     FR_CUDA_TRY(cudaMalloc((void **)&s->recent, recent));
@@ -366,7 +476,9 @@ fr_status fr_kv_store_gpu_new(const fr_kv_cache_config *cfg, fr_kv_store_gpu **o
     s->cfg = *cfg;
     s->cfg.key_mean = s->cfg.fp8_scales = NULL;
     s->cfg.bookkeeping_only = 0;
-    s->layout = fr_page_layout_for(cfg->dtype, cfg->head_dim);
+    s->halves = cfg->latent_dim > 0 ? 1 : 2;
+    s->layout = cfg->latent_dim > 0 ? fr_page_layout_latent(cfg->dtype, cfg->latent_dim, cfg->head_dim - cfg->latent_dim)
+                                    : fr_page_layout_for(cfg->dtype, cfg->head_dim);
     s->block_bytes = s->layout.head_page_bytes * (size_t)cfg->n_layers * (size_t)cfg->n_kv_heads;
     s->slot_elems = (size_t)cfg->n_layers * cfg->n_kv_heads * T * cfg->head_dim;
     s->sink_elems = (size_t)cfg->n_layers * cfg->n_kv_heads * SINK * cfg->head_dim;
@@ -419,6 +531,26 @@ fr_paged_kv fr_kv_store_gpu_view(const fr_kv_store_gpu *s, int layer, const uint
     return v;
 }
 
+fr_latent_kv fr_kv_store_gpu_latent_view(const fr_kv_store_gpu *s, int layer, const uint16_t *step_rows)
+{
+    fr_latent_kv v;
+    memset(&v, 0, sizeof v);
+    if (!s || s->cfg.latent_dim <= 0 || layer < 0 || layer >= s->cfg.n_layers) return v;
+    v.pool = s->pool;
+    v.block_bytes = s->block_bytes;
+    v.page_bytes = s->layout.head_page_bytes;
+    v.codes = s->layout.k_codes;
+    v.scales = s->layout.k_scales;
+    v.rope = s->layout.rope;
+    v.recent = s->recent;
+    v.sink = s->sink;
+    v.slot_elems = s->slot_elems;
+    v.sink_elems = s->sink_elems;
+    v.step_rows = step_rows;
+    v.layer = layer;
+    return v;
+}
+
 static fr_status check_layer(const fr_kv_store_gpu *s, const char *what, int layer)
 {
     if (!s) return fr_fail(FR_EINVAL, "kv store (GPU) %s: NULL store", what);
@@ -443,8 +575,21 @@ fr_status fr_kv_store_gpu_stage(const fr_kv_store_gpu *s, int layer, int rows, c
     if (rows < 0 || (long long)rows * H > INT_MAX / 32)
         return fr_fail(FR_EINVAL, "kv store (GPU) stage: invalid row count %d", rows);
     if (rows == 0) return FR_OK;
-    if (!k || !v || !step_k || !step_v)
+    const int latent = s->cfg.latent_dim > 0;
+    if (!k || !step_k || (!latent && (!v || !step_v)))
         return fr_fail(FR_EINVAL, "kv store (GPU) stage: NULL input or staging buffer");
+    if (latent) {
+        latent_stage_args la;
+        la.rows = k;
+        la.step = step_k;
+        la.mean = is_fp4(s) && s->cfg.recipe.smooth ? s->key_mean + (size_t)layer * d : NULL;
+        la.d = d;
+        la.dc = s->cfg.latent_dim;
+        la.rotate = is_fp4(s) && s->cfg.recipe.rotate;
+        latent_stage_kernel<<<(unsigned)rows, LATENT_THREADS, 0, stream>>>(la);
+        FR_CUDA_LAUNCHED();
+        return FR_OK;
+    }
     stage_args a;
     a.k = k;
     a.v = v;
@@ -482,13 +627,14 @@ fr_status fr_kv_store_gpu_commit(const fr_kv_store_gpu *s, int layer, const fr_p
         return fr_fail(FR_EINVAL, "kv store (GPU) commit: pages per sequence %d outside [0, %d]",
                        max_pages_per_seq, MAX_GRID_YZ);
     if (n_seqs == 0) return FR_OK;
-    if (!seqs || !step_k || !step_v)
+    const int latent = s->cfg.latent_dim > 0;
+    if (!seqs || !step_k || (!latent && !step_v))
         return fr_fail(FR_EINVAL, "kv store (GPU) commit: NULL sequence records or staging buffer");
     const int H = s->cfg.n_kv_heads;
     commit_args a;
     a.seqs = seqs;
     a.step_k = step_k;
-    a.step_v = step_v;
+    a.step_v = latent ? step_k : step_v;
     a.pool = s->pool;
     a.recent = s->recent;
     a.sink = s->sink;
@@ -504,10 +650,21 @@ fr_status fr_kv_store_gpu_commit(const fr_kv_store_gpu *s, int layer, const fr_p
     a.n_blocks = s->cfg.n_blocks;
     a.max_seqs = s->cfg.max_seqs;
     a.max_pages = max_pages_per_seq;
+    a.halves = s->halves;
+    a.dc = s->cfg.latent_dim;
     a.search = s->cfg.recipe.scale_search;
     a.zero_sink = is_fp4(s) && s->cfg.recipe.sink_recent;
     /* Promotion first: it reads recent slot rows the slot writes replace. */
-    if (max_pages_per_seq > 0) {
+    if (max_pages_per_seq > 0 && latent) {
+        const dim3 grid((unsigned)n_seqs, (unsigned)max_pages_per_seq, 1u);
+        switch (s->cfg.dtype) {
+        case FR_KV_NVFP4: latent_promote_kernel<FR_KV_NVFP4><<<grid, PROMOTE_THREADS, 0, stream>>>(a); break;
+        case FR_KV_MXFP4: latent_promote_kernel<FR_KV_MXFP4><<<grid, PROMOTE_THREADS, 0, stream>>>(a); break;
+        case FR_KV_FP8: latent_promote_kernel<FR_KV_FP8><<<grid, PROMOTE_THREADS, 0, stream>>>(a); break;
+        default: latent_promote_kernel<FR_KV_BF16><<<grid, PROMOTE_THREADS, 0, stream>>>(a); break;
+        }
+        FR_CUDA_LAUNCHED();
+    } else if (max_pages_per_seq > 0) {
         const dim3 grid((unsigned)n_seqs, (unsigned)max_pages_per_seq, (unsigned)H);
         switch (s->cfg.dtype) {
         case FR_KV_NVFP4: promote_kernel<FR_KV_NVFP4><<<grid, PROMOTE_THREADS, 0, stream>>>(a); break;
@@ -529,7 +686,7 @@ fr_status fr_kv_store_gpu_copy_slot(const fr_kv_store_gpu *s, int src_slot, int 
         return fr_fail(FR_EINVAL, "kv store (GPU) copy_slot: slots %d -> %d outside [0, %d)", src_slot, dst_slot,
                        s->cfg.max_seqs);
     if (src_slot == dst_slot) return FR_OK;
-    const size_t recent = 2 * s->slot_elems, sink = 2 * s->sink_elems;
+    const size_t recent = (size_t)s->halves * s->slot_elems, sink = (size_t)s->halves * s->sink_elems;
     FR_CUDA_TRY(cudaMemcpyAsync(s->recent + (size_t)dst_slot * recent, s->recent + (size_t)src_slot * recent,
                                 sizeof(uint16_t) * recent, cudaMemcpyDeviceToDevice, stream));
     FR_CUDA_TRY(cudaMemcpyAsync(s->sink + (size_t)dst_slot * sink, s->sink + (size_t)src_slot * sink,
@@ -559,6 +716,7 @@ const fr_kv_cache_config *fr_kv_store_gpu_config(const fr_kv_store_gpu *s) { ret
 const fr_page_layout *fr_kv_store_gpu_layout(const fr_kv_store_gpu *s) { return &s->layout; }
 size_t fr_kv_store_gpu_block_bytes(const fr_kv_store_gpu *s) { return s->block_bytes; }
 const float *fr_kv_store_gpu_fp8_scales(const fr_kv_store_gpu *s) { return s->fp8_scales; }
+const float *fr_kv_store_gpu_key_mean(const fr_kv_store_gpu *s) { return s->key_mean; }
 
 uint8_t *fr_kv_store_gpu_pool(const fr_kv_store_gpu *s) { return s->pool; }
 size_t fr_kv_store_gpu_slot_elems(const fr_kv_store_gpu *s) { return s->slot_elems; }
@@ -573,11 +731,11 @@ uint8_t *fr_kv_store_gpu_block(const fr_kv_store_gpu *s, int block)
 uint16_t *fr_kv_store_gpu_recent(const fr_kv_store_gpu *s, int slot)
 {
     if (!s || slot < 0 || slot >= s->cfg.max_seqs) return NULL;
-    return s->recent + (size_t)slot * 2 * s->slot_elems;
+    return s->recent + (size_t)slot * s->halves * s->slot_elems;
 }
 
 uint16_t *fr_kv_store_gpu_sink(const fr_kv_store_gpu *s, int slot)
 {
     if (!s || slot < 0 || slot >= s->cfg.max_seqs) return NULL;
-    return s->sink + (size_t)slot * 2 * s->sink_elems;
+    return s->sink + (size_t)slot * s->halves * s->sink_elems;
 }

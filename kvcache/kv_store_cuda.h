@@ -25,6 +25,13 @@
  * missing or out-of-range block id skips that page's promotion.
  *
  * The f32 dtype is the CPU's exact reference and has no GPU store.
+ *
+ * A latent cache (cfg->latent_dim > 0, one KV head: multi-head latent
+ * attention) keeps one row per token, [latent | RoPE], and no V: the slots
+ * have one half (attention/attn_mla.h, fr_latent_kv, says where each row
+ * is), stage takes the rows alone (store form: FP4 dtypes subtract the
+ * latent mean and rotate over latent_dim; the RoPE part untouched), and the
+ * pages are kv_cache.c's latent pages (write_latent_page), byte for byte.
  */
 #ifndef FR_KV_STORE_CUDA_H
 #define FR_KV_STORE_CUDA_H
@@ -35,6 +42,7 @@
 #include <cuda_runtime.h>
 
 #include "base/fr_status.h"
+#include "attention/attn_mla.h"
 #include "attention/paged_kv.h"
 #include "kv_cache.h"
 #include "page_layout.h"
@@ -64,12 +72,19 @@ fr_status fr_kv_store_gpu_set_key_mean(fr_kv_store_gpu *s, const float *key_mean
 fr_paged_kv fr_kv_store_gpu_view(const fr_kv_store_gpu *s, int layer, const uint16_t *step_k,
                                  const uint16_t *step_v);
 
+/* The latent attention view of one layer (latent caches), with the step's
+ * staging rows (device [rows][head_dim] BF16). pool NULL for a GQA cache or
+ * a layer out of range. */
+fr_latent_kv fr_kv_store_gpu_latent_view(const fr_kv_store_gpu *s, int layer, const uint16_t *step_rows);
+
 /* Step 1, before attention of `layer`: k and v are the step's rows, device
  * float32 [rows][n_kv_heads][head_dim], post-RoPE; writes their store form
  * (FP4 dtypes: key minus the key mean when the recipe smooths, then the
  * normalized Hadamard when it rotates; then every value rounded to BF16) to
  * step_k and step_v, device BF16 bits of the same shape. rows 0 does nothing.
- * step_k/step_v are the staging buffers commit reads after attention. */
+ * step_k/step_v are the staging buffers commit reads after attention.
+ * A latent cache takes its rows in k and step_k; v and step_v are unused
+ * (may be NULL). */
 fr_status fr_kv_store_gpu_stage(const fr_kv_store_gpu *s, int layer, int rows, const float *k,
                                 const float *v, uint16_t *step_k, uint16_t *step_v,
                                 cudaStream_t stream);
@@ -86,7 +101,8 @@ fr_status fr_kv_store_gpu_stage(const fr_kv_store_gpu *s, int layer, int rows, c
  * max_pages_per_seq bounds the pages one sequence completes in this step:
  * ceil(largest n_new / 128) always suffices (decode steps: 1). A sequence
  * that needs more is skipped and reported by fr_kv_store_gpu_check.
- * n_seqs 0 does nothing; n_seqs may not exceed cfg->max_seqs. */
+ * n_seqs 0 does nothing; n_seqs may not exceed cfg->max_seqs. A latent
+ * cache reads step_k alone (step_v may be NULL). */
 fr_status fr_kv_store_gpu_commit(const fr_kv_store_gpu *s, int layer, const fr_paged_seq *seqs,
                                  int n_seqs, int max_pages_per_seq, const uint16_t *step_k,
                                  const uint16_t *step_v, cudaStream_t stream);
@@ -109,11 +125,13 @@ size_t fr_kv_store_gpu_block_bytes(const fr_kv_store_gpu *s);
 uint8_t *fr_kv_store_gpu_pool(const fr_kv_store_gpu *s);
 /* The FP8 K and V scales on the device, [layers][kv_heads][2] (1.0 unless configured). */
 const float *fr_kv_store_gpu_fp8_scales(const fr_kv_store_gpu *s);
+/* The key mean on the device, [layers][kv_heads][d] (zeros unless configured). */
+const float *fr_kv_store_gpu_key_mean(const fr_kv_store_gpu *s);
 /* Block `block` of the pool, NULL when out of range. */
 uint8_t *fr_kv_store_gpu_block(const fr_kv_store_gpu *s, int block);
 /* Slot `slot`'s recent slot: K [layers][kv_heads][128][d] BF16, then V
- * (slot_elems further); the sink likewise with [16] rows and sink_elems.
- * NULL when out of range. */
+ * (slot_elems further; a latent cache has no V); the sink likewise with
+ * [16] rows and sink_elems. NULL when out of range. */
 uint16_t *fr_kv_store_gpu_recent(const fr_kv_store_gpu *s, int slot);
 uint16_t *fr_kv_store_gpu_sink(const fr_kv_store_gpu *s, int slot);
 size_t fr_kv_store_gpu_slot_elems(const fr_kv_store_gpu *s);

@@ -87,6 +87,28 @@ fr_status fr_gemm_bf16(fr_gemm *g, float *y, const uint16_t *x_bf16, const uint1
 fr_status fr_gemm_bf16_out(fr_gemm *g, uint16_t *y_bf16, const uint16_t *x_bf16, const uint16_t *w_bf16, int M,
                            int N, int K, float beta, cudaStream_t stream);
 
+/* A strided-batched product: for b < batch,
+ *   y_b = x_b . op(w_b) + beta * y_b
+ * with x_b = x + b * x_stride ([M][K], rows ldx apart), y_b = y + b * y_stride
+ * ([M][N], rows ldy apart), w_b = w + b * w_stride, op(w_b) = w_b^T for w_b
+ * [N][K] (w_trans 1, as fr_gemm_bf16) or w_b itself for w_b [K][N] (w_trans
+ * 0), rows ldw apart. Leading dimensions and strides count elements; y is
+ * float32 or, with y_bf16, BF16 (rounded once). Latent attention's per-head
+ * products (the absorbed query, W_UV) run as one call this way. Plans are
+ * cached as for the plain products (one per shape, strides and alignments),
+ * so a repeated call may be captured into a graph. FR_EUNSUPPORTED in
+ * FR_GEMM_FIXED mode. */
+typedef struct {
+    int M, N, K, batch;
+    int w_trans;
+    int y_bf16;
+    long long ldx, ldw, ldy;
+    long long x_stride, w_stride, y_stride;
+} fr_gemm_batch;
+
+fr_status fr_gemm_bf16_batched(fr_gemm *g, const fr_gemm_batch *b, void *y, const uint16_t *x_bf16,
+                               const uint16_t *w_bf16, float beta, cudaStream_t stream);
+
 /* Builds (or finds) the plan the call with these arguments would use, without
  * launching anything. Pointers only matter through their alignment; NULL means
  * 256-byte aligned (a cudaMalloc'ed buffer). */

@@ -9,6 +9,7 @@
 #include "attention/cuda_check.h"
 #include "kvcache/kv_store_cuda.h"
 #include "rollout/model/gemm_cuda.h"
+#include "rollout/model/mla_cuda.h"
 #include "rollout/model/moe_cuda.h"
 #include "rollout/model/ops_cuda.h"
 #include "rollout/model/sampler_cuda.h"
@@ -22,6 +23,7 @@ struct fr_runner_cuda {
     fr_kv_store_gpu *store;
     fr_gemm *gemm;
     fr_moe_gpu *moe;            /* expert scratch; NULL for a dense model */
+    fr_mla_gpu *mla;            /* latent attention (DeepSeek-V3); NULL for Qwen3 attention */
     fr_sampler_gpu *sampler;
     cudaStream_t stream;
     /* Decode graphs, one per batch bucket (powers of two up to max_seqs). */
@@ -124,7 +126,12 @@ fr_status fr_runner_cuda_new_tp(const fr_weights_gpu *w, fr_kv_cache *book, int 
     if (kc->n_layers != c->num_layers || kc->n_kv_heads != c->num_kv_heads || kc->head_dim != c->head_dim)
         return fr_fail(FR_EINVAL, "CUDA runner: the cache's shape does not match the model's");
     if (kc->dtype == FR_KV_F32)
-        return fr_fail(FR_EUNSUPPORTED, "CUDA runner: kv dtype f32 is the CPU backend's reference only");
+        return fr_fail(FR_EUNSUPPORTED, "CUDA runner: kv dtype f32 is the CPU backend's reference only%s",
+                       fr_model_is_mla(c) ? " (a float32 latent cache runs with --backend cpu)" : "");
+    if (fr_model_is_mla(c) != (kc->latent_dim > 0) || (kc->latent_dim > 0 && kc->latent_dim != c->kv_lora_rank))
+        return fr_fail(FR_EINVAL, "CUDA runner: the KV cache's latent width %d does not match the model's %d (a "
+                       "multi-head latent attention model needs a latent cache, and only it)", kc->latent_dim,
+                       c->kv_lora_rank);
     fr_runner_cuda *r = calloc(1, sizeof *r);
     if (!r) return fr_fail(FR_ENOMEM, "CUDA runner: out of memory");
     static unsigned long long next_id = 1;   /* runners are made on one thread */
@@ -136,8 +143,11 @@ fr_status fr_runner_cuda_new_tp(const fr_weights_gpu *w, fr_kv_cache *book, int 
     r->max_tokens = max_step_tokens;
     r->max_seqs = kc->max_seqs;
     r->max_pages = (c->max_position + T - 1) / T;
-    const int M = max_step_tokens, D = c->hidden_size, d = c->head_dim;
+    const int M = max_step_tokens, D = c->hidden_size, d = c->head_dim, mla = fr_model_is_mla(c);
     const size_t qd = (size_t)c->num_heads * d, kvd = (size_t)c->num_kv_heads * d;
+    /* Latent attention: q and v stay unused (the query lives in the latent
+     * layer's buffers, the cache row is k), att holds W_UV's output. */
+    const size_t att = mla ? (size_t)c->num_heads * c->v_head_dim : qd;
     const int I = c->intermediate_size, V = r->vocab, Vl = c->vocab_size, tp = w->tp_size > 1 ? w->tp_size : 1;
     fr_status st = fr_kv_store_gpu_new(kc, &r->store);
     if (!st) st = fr_gemm_new(0, &r->gemm);
@@ -148,12 +158,12 @@ fr_status fr_runner_cuda_new_tp(const fr_weights_gpu *w, fr_kv_cache *book, int 
         st = fr_fail(FR_EINTERNAL, "CUDA runner: cannot create a stream");
     DEV_ALLOC(r->x, (size_t)M * D);
     DEV_ALLOC(r->xn, (size_t)M * D);
-    DEV_ALLOC(r->q, (size_t)M * qd);
+    DEV_ALLOC(r->q, mla ? 1 : (size_t)M * qd);
     DEV_ALLOC(r->k, (size_t)M * kvd);
-    DEV_ALLOC(r->v, (size_t)M * kvd);
+    DEV_ALLOC(r->v, mla ? 1 : (size_t)M * kvd);
     DEV_ALLOC(r->step_k, (size_t)M * kvd);
-    DEV_ALLOC(r->step_v, (size_t)M * kvd);
-    DEV_ALLOC(r->att, (size_t)M * qd);
+    DEV_ALLOC(r->step_v, mla ? 1 : (size_t)M * kvd);
+    DEV_ALLOC(r->att, (size_t)M * att);
     DEV_ALLOC(r->gu, (size_t)M * 2 * I);
     DEV_ALLOC(r->h, (size_t)M * I);
     /* Full-vocabulary logits of a whole prefill chunk would not fit for a
@@ -184,13 +194,17 @@ fr_status fr_runner_cuda_new_tp(const fr_weights_gpu *w, fr_kv_cache *book, int 
     HOST_ALLOC(r->h_logit_rows, M);
     HOST_ALLOC(r->h_seqs, r->max_seqs);
     HOST_ALLOC(r->h_tables, (size_t)r->max_seqs * r->max_pages);
-    if (!st) st = fr_cuda_rope_table_new(c->max_position, d, c->rope_theta, &r->rope_cos, &r->rope_sin);
-    if (!st) {
+    if (!st && mla) {
+        r->quantized_kv = kc->dtype != FR_KV_BF16;
+        st = fr_mla_gpu_new(c, book, r->store, M, r->max_seqs, &r->mla);
+    }
+    if (!st && !mla) st = fr_cuda_rope_table_new(c->max_position, d, c->rope_theta, &r->rope_cos, &r->rope_sin);
+    if (!st && !mla) {
         st = fr_attn_bf16_workspace_bytes(r->max_seqs, c->num_heads, c->num_kv_heads, d, c->max_position,
                                           &r->attn_ws_bytes);
         DEV_ALLOC(r->attn_ws, r->attn_ws_bytes ? r->attn_ws_bytes : 1);
     }
-    if (!st && kc->dtype != FR_KV_BF16) {
+    if (!st && !mla && kc->dtype != FR_KV_BF16) {
         const int G = c->num_heads / c->num_kv_heads, fp4 = fr_kv_dtype_is_fp4(kc->dtype);
         r->quantized_kv = 1;
         r->fp4 = (fr_attn_fp4_config){.dtype = kc->dtype, .p = fr_kv_attn_params(book, G),
@@ -238,6 +252,7 @@ void fr_runner_cuda_destroy(fr_runner_cuda **pr)
     cudaFree(r->fixed_ws);
     fr_gemm_destroy(&r->gemm);
     fr_moe_gpu_destroy(&r->moe);
+    fr_mla_gpu_destroy(&r->mla);
     fr_sampler_gpu_destroy(&r->sampler);
     fr_kv_store_gpu_destroy(&r->store);
     if (r->stream) cudaStreamDestroy(r->stream);
@@ -306,6 +321,15 @@ static fr_status upload_metadata(fr_runner_cuda *r, const fr_step_seq *seqs, int
 static fr_status observe(fr_runner_cuda *r, int l, int M)
 {
     const fr_model_config *c = &r->w->cfg;
+    if (r->mla) {   /* the latent row is both key and value, as the CPU runner shows it; no query tap */
+        const size_t row = (size_t)c->head_dim;
+        cudaError_t e = cudaMemcpyAsync(r->h_k, r->k, sizeof(float) * M * row, cudaMemcpyDeviceToHost, r->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(r->stream);
+        if (e != cudaSuccess)
+            return fr_fail(FR_EINTERNAL, "CUDA runner: copying layer %d's latent rows for the observer: %s", l,
+                           cudaGetErrorString(e));
+        return r->obs.layer_kv ? r->obs.layer_kv(r->obs.user, l, r->obs_seqs, r->obs_n_seqs, r->h_k, r->h_k) : FR_OK;
+    }
     const size_t qd = (size_t)c->num_heads * c->head_dim, kvd = (size_t)c->num_kv_heads * c->head_dim;
     cudaError_t e = cudaMemcpyAsync(r->h_q, r->q, sizeof(float) * M * qd, cudaMemcpyDeviceToHost, r->stream);
     if (e == cudaSuccess)
@@ -403,8 +427,48 @@ static fr_status lm_head(fr_runner_cuda *r, int rows)
     return FR_OK;
 }
 
+static void drop_graphs(fr_runner_cuda *r);
+
+/* One decoder layer of a latent attention model (rollout/model/mla_cuda.h):
+ * the rows the cache stores in r->k, staged as the store form in
+ * r->step_k; a rider's rows follow ours in every product and have their
+ * own attention and cache, as in layer_forward. */
+static fr_status mla_layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int max_new)
+{
+    const fr_model_config *c = &r->w->cfg;
+    const fr_layer_weights_gpu *lw = &r->w->layers[l];
+    const int D = c->hidden_size, H = c->num_heads, R = r->riding, Mt = M + R;
+    const size_t row = (size_t)c->head_dim;
+    const fr_runner_cuda *rd = r->rider;
+    cudaStream_t s = r->stream;
+    fr_status st = fr_cuda_rmsnorm(r->xn, r->x, NULL, lw->attn_norm, Mt, D, c->rms_norm_eps, s);
+    if (!st) st = fr_mla_gpu_project(r->mla, r->gemm, lw, r->xn, r->pos, Mt, r->k, s);
+    if (!st && r->obs_seqs) st = observe(r, l, M);
+    if (!st) st = fr_kv_store_gpu_stage(r->store, l, M, r->k, NULL, r->step_k, NULL, s);
+    if (!st && R) st = fr_kv_store_gpu_stage(rd->store, l, R, r->k + (size_t)M * row, NULL, rd->step_k, NULL, s);
+    if (!st && r->fill_only)   /* the cache rows are all a fill wants */
+        return fr_kv_store_gpu_commit(r->store, l, r->seqs, n_seqs, (max_new + T - 1) / T, r->step_k, NULL, s);
+    if (!st) st = fr_mla_gpu_absorb(r->mla, r->gemm, lw, Mt, s);
+    float *q = fr_mla_gpu_attn_query(r->mla);
+    uint16_t *ctx = fr_mla_gpu_context(r->mla);
+    int grew = 0;
+    if (!st) st = fr_mla_gpu_attend(r->mla, r->store, l, r->step_k, r->seqs, n_seqs, max_new, q, ctx, &grew, s);
+    if (!st && grew) drop_graphs(r);   /* they hold the old workspace */
+    if (!st && R)   /* the rider's cache, numerics and workspace are its own */
+        st = fr_mla_gpu_attend(rd->mla, rd->store, l, rd->step_k, rd->seqs, R, 1, q + (size_t)M * H * row,
+                               ctx + (size_t)M * H * c->kv_lora_rank, NULL, s);
+    if (!st) st = fr_mla_gpu_values(r->mla, r->gemm, lw, Mt, r->att, s);
+    if (!st) st = residual_gemm(r, r->att, lw->o_proj, Mt, H * c->v_head_dim);
+    if (!st) st = fr_cuda_rmsnorm(r->xn, r->x, NULL, lw->mlp_norm, Mt, D, c->rms_norm_eps, s);
+    if (!st) st = mlp(r, lw, l, Mt);
+    if (!st) st = fr_kv_store_gpu_commit(r->store, l, r->seqs, n_seqs, (max_new + T - 1) / T, r->step_k, NULL, s);
+    if (!st && R) st = fr_kv_store_gpu_commit(rd->store, l, rd->seqs, R, 1, rd->step_k, NULL, s);
+    return st;
+}
+
 static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int max_new)
 {
+    if (r->mla) return mla_layer_forward(r, l, M, n_seqs, max_new);
     const fr_model_config *c = &r->w->cfg;
     const fr_layer_weights_gpu *lw = &r->w->layers[l];
     const int D = c->hidden_size, d = c->head_dim, H = c->num_heads, KVH = c->num_kv_heads;
@@ -775,7 +839,7 @@ fr_status fr_runner_cuda_decode_launch_carrying(fr_runner_cuda *r, const fr_step
 {
     if (!rider || rider == r || n_rider < 1 || !rider_seqs)
         return fr_fail(FR_EINVAL, "decode: a rider needs its own runner and at least one sequence");
-    if (rider->w != r->w || rider->quantized_kv || r->nccl)
+    if (rider->w != r->w || rider->quantized_kv || r->nccl || !rider->mla != !r->mla)
         return fr_fail(FR_EUNSUPPORTED, "decode: a rider must share the weights, keep a BF16 cache, and run "
                                         "without tensor parallelism");
     if (rider->launched) return fr_fail(FR_EINVAL, "decode: the rider has a decode of its own in flight");
@@ -865,6 +929,10 @@ fr_status fr_runner_cuda_set_deterministic(fr_runner_cuda *r, int on)
     on = on != 0;
     if (on == r->deterministic) return FR_OK;
     if (r->launched) return fr_fail(FR_EINVAL, "CUDA runner: deterministic mode changed while a decode is in flight");
+    if (on && r->mla)
+        return fr_fail(FR_EUNSUPPORTED, "deterministic mode on the GPU is not built for multi-head latent attention "
+                                        "models (its attention has no batch-invariant path yet): use --backend cpu, "
+                                        "or leave --deterministic off");
     if (on && r->nccl)
         return fr_fail(FR_EUNSUPPORTED, "deterministic mode on the GPU runs with one GPU per engine (--tp 1): NCCL's "
                                         "all-reduce order depends on the message size (docs/determinism.md)");

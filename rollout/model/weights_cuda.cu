@@ -46,6 +46,29 @@ static int plan_mlp(const fr_model_config *c, int l, fr_layer_weights_gpu *L, co
     return n;
 }
 
+/* Adds latent attention's tensors in the order of rollout/model/model.h. */
+static int plan_mla(const fr_model_config *c, fr_layer_weights_gpu *L, const fr_layer_weights *hl, tensor_slot *t,
+                    int n)
+{
+    const size_t H = (size_t)c->hidden_size, nh = (size_t)c->num_heads, ql = (size_t)c->q_lora_rank;
+    const size_t dc = (size_t)c->kv_lora_rank, dr = (size_t)c->qk_rope_dim, dn = (size_t)c->qk_nope_dim,
+                 dv = (size_t)c->v_head_dim;
+#define ADD(ptr, r, cc, k, h) (t[n++] = (tensor_slot){&(ptr), (r), (cc), (k), (h), 0})
+    if (ql) {
+        ADD(L->q_a_proj, ql, H, KIND_PROJ, hl ? hl->q_a_proj : NULL);
+        ADD(L->q_a_norm, 1, ql, KIND_NORM, hl ? hl->q_a_norm : NULL);
+        ADD(L->q_b_proj, nh * (dn + dr), ql, KIND_PROJ, hl ? hl->q_b_proj : NULL);
+    } else {
+        ADD(L->q_proj, nh * (dn + dr), H, KIND_PROJ, hl ? hl->q_proj : NULL);
+    }
+    ADD(L->kv_a_proj, dc + dr, H, KIND_PROJ, hl ? hl->kv_a_proj : NULL);
+    ADD(L->kv_a_norm, 1, dc, KIND_NORM, hl ? hl->kv_a_norm : NULL);
+    ADD(L->kv_b_proj, nh * (dn + dv), dc, KIND_PROJ, hl ? hl->kv_b_proj : NULL);
+    ADD(L->o_proj, H, nh * dv, KIND_PROJ, hl ? hl->o_proj : NULL);
+#undef ADD
+    return n;
+}
+
 static size_t align_up(size_t x) { return (x + 255) & ~(size_t)255; }
 
 /* Lays the tensors out in one block (each 256-byte aligned) and lists them.
@@ -64,6 +87,12 @@ static int plan(fr_weights_gpu *w, const fr_model *m, tensor_slot *t, size_t *by
         fr_layer_weights_gpu *L = &w->layers[l];
         const fr_layer_weights *hl = m ? &m->w.layers[l] : NULL;
         ADD(L->attn_norm, 1, H, KIND_NORM, hl ? hl->attn_norm : NULL);
+        if (fr_model_is_mla(c)) {
+            n = plan_mla(c, L, hl, t, n);
+            ADD(L->mlp_norm, 1, H, KIND_NORM, hl ? hl->mlp_norm : NULL);
+            n = plan_mlp(c, l, L, hl, t, n);
+            continue;
+        }
         ADD(L->q_proj, qd, H, KIND_PROJ, hl ? hl->q_proj : NULL);
         ADD(L->k_proj, kvd, H, KIND_PROJ, hl ? hl->k_proj : NULL);
         ADD(L->v_proj, kvd, H, KIND_PROJ, hl ? hl->v_proj : NULL);
@@ -97,9 +126,8 @@ static fr_status alloc_layers(const fr_model_config *cfg, fr_weights_gpu **out)
     if (cfg->num_layers < 1 || cfg->hidden_size < 1 || cfg->vocab_size < 1 || cfg->head_dim < 1 ||
         cfg->num_heads < 1 || cfg->num_kv_heads < 1 || cfg->intermediate_size < 1)
         return fr_fail(FR_EINVAL, "GPU weights: invalid model sizes");
-    if (fr_model_is_mla(cfg))
-        return fr_fail(FR_EUNSUPPORTED, "GPU weights: multi-head latent attention (%s) runs on the CPU backend only "
-                       "so far", cfg->architecture);
+    if (fr_model_is_mla(cfg) && (cfg->qk_nope_dim < 1 || cfg->qk_rope_dim < 2 || cfg->v_head_dim < 1))
+        return fr_fail(FR_EINVAL, "GPU weights: invalid latent attention sizes");
     fr_weights_gpu *w = (fr_weights_gpu *)calloc(1, sizeof *w);
     if (!w) return fr_fail(FR_ENOMEM, "GPU weights: out of memory");
     w->cfg = *cfg;

@@ -1,4 +1,4 @@
-/* weights_cuda: a Qwen3 model's weights in GPU memory, BF16, in one device
+/* weights_cuda: a Qwen3 (or DeepSeek-V3 latent attention) model's weights in GPU memory, BF16, in one device
  * allocation. Made from a host model (a checkpoint or synthetic:tiny, whose
  * float32 values are rounded to BF16: exact for BF16 checkpoints) or generated
  * on the GPU for the synthetic models too large for host memory, with the
@@ -38,6 +38,13 @@ typedef struct {
     uint16_t *router;                                  /* [E][hidden] */
     uint16_t *expert_gate_up;                          /* [E][2 * Im][hidden] */
     uint16_t *expert_down;                             /* [E][hidden][Im] */
+    /* Multi-head latent attention only (k_proj, v_proj, q_norm, k_norm are
+     * then NULL; q_proj [H*(dn+dr)][hidden] only without a query low rank;
+     * o_proj [hidden][H*dv]), shapes as in rollout/model/model.h: */
+    uint16_t *q_a_proj, *q_a_norm;                     /* [q_lora][hidden], [q_lora] */
+    uint16_t *q_b_proj;                                /* [H*(dn+dr)][q_lora] */
+    uint16_t *kv_a_proj, *kv_a_norm;                   /* [dc+dr][hidden], [dc] */
+    uint16_t *kv_b_proj;                               /* [H*(dn+dv)][dc] */
 } fr_layer_weights_gpu;
 
 typedef struct fr_weights_gpu {
@@ -75,7 +82,9 @@ void fr_weights_gpu_destroy(fr_weights_gpu **w);
  * up_proj are the halves of gate_up) and its shape in w. In a
  * tensor-parallel shard a tensor is the whole model's (split NONE: norms,
  * embedding, router), a range of its rows (ROWS: q, k, v, gate, up, an
- * untied lm_head, the experts' gate and up) or of its columns (COLS: o_proj,
+ * untied lm_head, the experts' gate and up; with latent attention q_b_proj
+ * or q_proj and kv_b_proj, whose q_a_proj, kv_a_proj and their norms are
+ * whole on every rank) or of its columns (COLS: o_proj,
  * down_proj, the experts' down), starting at row or column `start` of the
  * whole tensor; shape is the local one. A tied lm_head is not listed (it is
  * the embedding). */

@@ -46,11 +46,52 @@ static void add_experts(table *b, const fr_model_config *c, const fr_tp_layout *
     }
 }
 
+/* Latent attention (DeepSeek-V3 names): the query and kv_b rows of this
+ * rank's heads, o_proj's columns of them; the latent path whole. */
+static void add_mla(table *b, const fr_model_config *c, const fr_tp_layout *tl, const fr_layer_weights_gpu *L, int l)
+{
+    const int64_t H = c->hidden_size, nh = tl->n_heads, h0 = tl->head0, ql = c->q_lora_rank;
+    const int64_t dc = c->kv_lora_rank, dr = c->qk_rope_dim, dn = c->qk_nope_dim, dv = c->v_head_dim;
+    if (ql) {
+        add(b, L->q_a_proj, 2, ql, H, FR_SPLIT_NONE, 0, "model.layers.%d.self_attn.q_a_proj.weight", l, 0);
+        add(b, L->q_a_norm, 1, ql, 0, FR_SPLIT_NONE, 0, "model.layers.%d.self_attn.q_a_layernorm.weight", l, 0);
+        add(b, L->q_b_proj, 2, nh * (dn + dr), ql, FR_SPLIT_ROWS, h0 * (dn + dr),
+            "model.layers.%d.self_attn.q_b_proj.weight", l, 0);
+    } else {
+        add(b, L->q_proj, 2, nh * (dn + dr), H, FR_SPLIT_ROWS, h0 * (dn + dr), "model.layers.%d.self_attn.q_proj.weight",
+            l, 0);
+    }
+    add(b, L->kv_a_proj, 2, dc + dr, H, FR_SPLIT_NONE, 0, "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l, 0);
+    add(b, L->kv_a_norm, 1, dc, 0, FR_SPLIT_NONE, 0, "model.layers.%d.self_attn.kv_a_layernorm.weight", l, 0);
+    add(b, L->kv_b_proj, 2, nh * (dn + dv), dc, FR_SPLIT_ROWS, h0 * (dn + dv), "model.layers.%d.self_attn.kv_b_proj.weight",
+        l, 0);
+    add(b, L->o_proj, 2, H, nh * dv, FR_SPLIT_COLS, h0 * dv, "model.layers.%d.self_attn.o_proj.weight", l, 0);
+}
+
+/* The layer's MLP: the router and experts, or the dense three. */
+static void add_mlp(table *b, const fr_model_config *c, const fr_tp_layout *tl, const fr_layer_weights_gpu *L, int l)
+{
+    if (L->router) {
+        add_experts(b, c, tl, L, l);
+        return;
+    }
+    const int64_t H = c->hidden_size, I = tl->inter, i0 = tl->inter0;
+    add(b, L->gate_up, 2, I, H, FR_SPLIT_ROWS, i0, "model.layers.%d.mlp.gate_proj.weight", l, 0);
+    add(b, L->gate_up + (size_t)I * (size_t)H, 2, I, H, FR_SPLIT_ROWS, i0, "model.layers.%d.mlp.up_proj.weight", l, 0);
+    add(b, L->down_proj, 2, H, I, FR_SPLIT_COLS, i0, "model.layers.%d.mlp.down_proj.weight", l, 0);
+}
+
 static void add_layer(table *b, const fr_model_config *c, const fr_tp_layout *tl, const fr_layer_weights_gpu *L, int l)
 {
     const int64_t H = c->hidden_size, D = c->head_dim, qd = (int64_t)tl->n_heads * D, kvd = (int64_t)tl->n_kv_heads * D;
     const int64_t q0 = (int64_t)tl->head0 * D, kv0 = (int64_t)tl->kv_head0 * D;
     add(b, L->attn_norm, 1, H, 0, FR_SPLIT_NONE, 0, "model.layers.%d.input_layernorm.weight", l, 0);
+    if (fr_model_is_mla(c)) {
+        add_mla(b, c, tl, L, l);
+        add(b, L->mlp_norm, 1, H, 0, FR_SPLIT_NONE, 0, "model.layers.%d.post_attention_layernorm.weight", l, 0);
+        add_mlp(b, c, tl, L, l);
+        return;
+    }
     add(b, L->q_proj, 2, qd, H, FR_SPLIT_ROWS, q0, "model.layers.%d.self_attn.q_proj.weight", l, 0);
     add(b, L->k_proj, 2, kvd, H, FR_SPLIT_ROWS, kv0, "model.layers.%d.self_attn.k_proj.weight", l, 0);
     add(b, L->v_proj, 2, kvd, H, FR_SPLIT_ROWS, kv0, "model.layers.%d.self_attn.v_proj.weight", l, 0);
@@ -58,14 +99,7 @@ static void add_layer(table *b, const fr_model_config *c, const fr_tp_layout *tl
     add(b, L->q_norm, 1, D, 0, FR_SPLIT_NONE, 0, "model.layers.%d.self_attn.q_norm.weight", l, 0);
     add(b, L->k_norm, 1, D, 0, FR_SPLIT_NONE, 0, "model.layers.%d.self_attn.k_norm.weight", l, 0);
     add(b, L->mlp_norm, 1, H, 0, FR_SPLIT_NONE, 0, "model.layers.%d.post_attention_layernorm.weight", l, 0);
-    if (L->router) {
-        add_experts(b, c, tl, L, l);
-        return;
-    }
-    const int64_t I = tl->inter, i0 = tl->inter0;
-    add(b, L->gate_up, 2, I, H, FR_SPLIT_ROWS, i0, "model.layers.%d.mlp.gate_proj.weight", l, 0);
-    add(b, L->gate_up + (size_t)I * (size_t)H, 2, I, H, FR_SPLIT_ROWS, i0, "model.layers.%d.mlp.up_proj.weight", l, 0);
-    add(b, L->down_proj, 2, H, I, FR_SPLIT_COLS, i0, "model.layers.%d.mlp.down_proj.weight", l, 0);
+    add_mlp(b, c, tl, L, l);
 }
 
 fr_status fr_weights_gpu_tensors(const fr_weights_gpu *w, const fr_model_config *full, fr_weights_gpu_tensor **out,
