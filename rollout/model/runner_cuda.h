@@ -1,5 +1,6 @@
-/* The CUDA model runner: one forward step of the Qwen3 model over a batch of
- * sequences on the GPU, with the same contract as the CPU runner
+/* The CUDA model runner: one forward step of the Qwen3 model (dense or
+ * Mixture-of-Experts; or DeepSeek-V3's latent attention with dense MLPs,
+ * through mla_cuda.h) over a batch of sequences on the GPU, with the same contract as the CPU runner
  * (runner_cpu.h): a step takes, for each sequence, its n new tokens, and
  * appends their keys and values to the cache.
  *

@@ -12,7 +12,8 @@
 #    noise the CUDA and CPU backends show against each other on the same
 #    FP4 path (docs/tensor_parallel.md has the figures);
 #  - generate --greedy --max-tokens 32: the same tokens;
-# then the same on the Mixture-of-Experts tqm ($FR_TQM_DIR) when present.
+# then the same on the Mixture-of-Experts tqm ($FR_TQM_DIR) and the latent
+# attention tqa ($FR_TQA_DIR) when present.
 # Needs two GPUs, mpirun and tq6 ($FR_TQ6_DIR or ../shared/models/tq6);
 # skipped with a message otherwise.
 # usage: tests/gpu/tp_gpu.sh [BUILD_DIR]
@@ -103,4 +104,8 @@ check_model "$tq6" tq6
 # router replicated (docs/tensor_parallel.md); the same bounds.
 tqm=${FR_TQM_DIR:-../shared/models/tqm}
 if [ -f "$tqm/golden.safetensors" ]; then check_model "$tqm" tqm; else echo "$name: SKIP tqm: not found"; fi
+# The latent attention tqa ($FR_TQA_DIR): heads split, the latent cache
+# replicated on both GPUs (docs/tensor_parallel.md); the same bounds.
+tqa=${FR_TQA_DIR:-../shared/models/tqa}
+if [ -f "$tqa/golden.safetensors" ]; then check_model "$tqa" tqa; else echo "$name: SKIP tqa: not found"; fi
 echo "$name: all checks passed"

@@ -417,6 +417,12 @@ static void test_example_files(void **state)
     assert_string_equal(c.model, "configs/../../shared/models/tqa");
     assert_int_equal(c.backend, FR_BACKEND_CPU);
     assert_int_equal(c.kv_dtype, FR_KV_NVFP4);
+    fr_serve_config_default(&c);
+    if (fr_serve_config_load("configs/deepseek-mla-tqa-cuda.json", &c) != FR_OK) fail_msg("%s", fr_last_error());
+    assert_string_equal(c.model, "configs/../../shared/models/tqa");
+    assert_int_equal(c.backend, FR_BACKEND_CUDA);
+    assert_int_equal(c.kv_dtype, FR_KV_NVFP4);
+    assert_int_equal(c.kv_blocks, 2048);
     for (int tp = 1; tp <= 2; tp++) {
         char path[64];
         snprintf(path, sizeof path, "configs/qwen3-4b-tp%d.json", tp);
