@@ -231,6 +231,12 @@ fr_status fr_mla_gpu_new(const fr_model_config *c, const fr_kv_cache *book, cons
     MLA_ALLOC(m->qn, M * H * m->dn);
     MLA_ALLOC(m->qcat, M * H * m->row);
     MLA_ALLOC(m->ctx, M * H * m->dc);
+    /* Zeroed once: rows of a graph's padding sequences are never written by
+     * attention, and their W_UV products should read numbers, not garbage. */
+    if (!st && (cudaMemset(m->qcat, 0, sizeof(float) * M * H * m->row) != cudaSuccess ||
+                cudaMemset(m->ctx, 0, sizeof(uint16_t) * M * H * m->dc) != cudaSuccess ||
+                cudaDeviceSynchronize() != cudaSuccess))   /* memsets run async to the runner's stream */
+        st = fr_fail(FR_EINTERNAL, "latent attention (GPU): cannot clear the attention buffers");
     if (!st) st = fr_cuda_rope_table_new(c->max_position, m->dr, c->rope_theta, &m->rope_cos, &m->rope_sin);
     if (!st) st = decode_workspace(m);
     if (st) {
