@@ -43,47 +43,10 @@ FR_K void natural_dim_slot(int dim, int &i, int &t, int &reg, int &half)
     half = r & 1;
 }
 
-/* The warp's lanes hold one row of values, element j in lane j % 32,
- * register j / 32. fake_quant_warp quantizes the blocks of B elements
- * (half-warps for NVFP4, whole registers for MXFP4) as
- * fr_fp4_quantize_block does, bit for bit: amax over the block, the
- * standard scale, with search the alternative and the squared errors
- * summed in element order. Returns this lane's dequantized value and its
- * code and scale code. Every lane of the warp must call it. */
+/* fr_dev_fp4_fake_quant_warp (fp4_device.cuh) for the kernels' format constants. */
 template <int F> FR_K float fake_quant_warp(float x, bool search, uint8_t &code, uint8_t &scode)
 {
-    constexpr fr_fp4_format FF = F == kMXFP4 ? FR_MXFP4 : FR_NVFP4;
-    constexpr int B = F == kMXFP4 ? 32 : 16;
-    const int lane = threadIdx.x & 31, base = lane & ~(B - 1);
-    float amax = fmaxf(0.0f, fabsf(x));
-#pragma unroll
-    for (int o = 1; o < B; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-    const uint8_t s0 = fr_dev_fp4_standard_scale<FF>(amax);
-    const float v0 = fr_dev_fp4_scale_value<FF>(s0);
-    const uint8_t c0 = v0 > 0.0f ? fr_dev_e2m1_encode(__fdiv_rn(x, v0)) : 0;
-    code = c0;
-    scode = s0;
-    if (!search) return fr_dev_fp4_dequant(v0, c0);
-    /* the two halves of a warp may hold different NVFP4 blocks: every lane
-     * runs the error sums (they shuffle), the choice is per block */
-    const uint8_t s1 = fr_dev_fp4_alternative_scale<FF>(amax, s0);
-    const float v1 = fr_dev_fp4_scale_value<FF>(s1);
-    const uint8_t c1 = v1 > 0.0f ? fr_dev_e2m1_encode(__fdiv_rn(x, v1)) : 0;
-    const float xi = fr_dev_isnan(x) ? 0.0f : x;
-    const float e0 = __fsub_rn(fr_dev_fp4_dequant(v0, c0), xi), e1 = __fsub_rn(fr_dev_fp4_dequant(v1, c1), xi);
-    const float q0 = __fmul_rn(e0, e0), q1 = __fmul_rn(e1, e1);
-    float sse0 = 0.0f, sse1 = 0.0f;
-#pragma unroll
-    for (int k = 0; k < B; k++) {   /* element order, as the C loop */
-        sse0 = __fadd_rn(sse0, __shfl_sync(0xFFFFFFFFu, q0, base + k));
-        sse1 = __fadd_rn(sse1, __shfl_sync(0xFFFFFFFFu, q1, base + k));
-    }
-    if (s1 != s0 && sse1 < sse0) {
-        code = c1;
-        scode = s1;
-        return fr_dev_fp4_dequant(v1, c1);
-    }
-    return fr_dev_fp4_dequant(v0, c0);
+    return fr_dev_fp4_fake_quant_warp<F == kMXFP4 ? FR_MXFP4 : FR_NVFP4>(x, search, code, scode);
 }
 
 /* Query of (sequence, KV head): warp h < G takes head h. Writes the FP16 B

@@ -244,6 +244,49 @@ FR_DEV uint8_t fr_dev_fp4_quantize_block(bool search, const float *x, uint8_t *c
     return s1;
 }
 
+/* The warp's lanes hold one row of values, element j in lane j % 32,
+ * register j / 32. fr_dev_fp4_fake_quant_warp quantizes the blocks of B elements
+ * (half-warps for NVFP4, whole registers for MXFP4) as
+ * fr_fp4_quantize_block does, bit for bit: amax over the block, the
+ * standard scale, with search the alternative and the squared errors
+ * summed in element order. Returns this lane's dequantized value and its
+ * code and scale code. Every lane of the warp must call it. */
+template <fr_fp4_format FF>
+FR_DEV float fr_dev_fp4_fake_quant_warp(float x, bool search, uint8_t &code, uint8_t &scode)
+{
+    constexpr int B = fr_dev_fp4<FF>::block;
+    const int lane = threadIdx.x & 31, base = lane & ~(B - 1);
+    float amax = fmaxf(0.0f, fabsf(x));
+#pragma unroll
+    for (int o = 1; o < B; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    const uint8_t s0 = fr_dev_fp4_standard_scale<FF>(amax);
+    const float v0 = fr_dev_fp4_scale_value<FF>(s0);
+    const uint8_t c0 = v0 > 0.0f ? fr_dev_e2m1_encode(__fdiv_rn(x, v0)) : 0;
+    code = c0;
+    scode = s0;
+    if (!search) return fr_dev_fp4_dequant(v0, c0);
+    /* the two halves of a warp may hold different NVFP4 blocks: every lane
+     * runs the error sums (they shuffle), the choice is per block */
+    const uint8_t s1 = fr_dev_fp4_alternative_scale<FF>(amax, s0);
+    const float v1 = fr_dev_fp4_scale_value<FF>(s1);
+    const uint8_t c1 = v1 > 0.0f ? fr_dev_e2m1_encode(__fdiv_rn(x, v1)) : 0;
+    const float xi = fr_dev_isnan(x) ? 0.0f : x;
+    const float e0 = __fsub_rn(fr_dev_fp4_dequant(v0, c0), xi), e1 = __fsub_rn(fr_dev_fp4_dequant(v1, c1), xi);
+    const float q0 = __fmul_rn(e0, e0), q1 = __fmul_rn(e1, e1);
+    float sse0 = 0.0f, sse1 = 0.0f;
+#pragma unroll
+    for (int k = 0; k < B; k++) {   /* element order, as the C loop */
+        sse0 = __fadd_rn(sse0, __shfl_sync(0xFFFFFFFFu, q0, base + k));
+        sse1 = __fadd_rn(sse1, __shfl_sync(0xFFFFFFFFu, q1, base + k));
+    }
+    if (s1 != s0 && sse1 < sse0) {
+        code = c1;
+        scode = s1;
+        return fr_dev_fp4_dequant(v1, c1);
+    }
+    return fr_dev_fp4_dequant(v0, c0);
+}
+
 /* Code c placed at element e (0..7) of a page code word
  * (fr_fp4_word_pack): sign and magnitude at the element's slot. */
 FR_DEV uint32_t fr_dev_fp4_word_place(uint32_t c, int e)
@@ -322,7 +365,7 @@ FR_DEV void fr_dev_hadamard(float *x, int n)
  * lane is threadIdx.x % 32: 1-D thread blocks. */
 template <int E> FR_DEV void fr_dev_hadamard_warp(float (&x)[E], int n)
 {
-    static_assert(E >= 1 && E <= 8 && (E & (E - 1)) == 0, "E: a power of two up to 8");
+    static_assert(E >= 1 && E <= 16 && (E & (E - 1)) == 0, "E: a power of two up to 16");
     const int lane = threadIdx.x & 31;
     for (int h = 1; h < n && h < 32; h *= 2) {
 #pragma unroll
