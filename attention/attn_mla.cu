@@ -122,7 +122,7 @@ extern "C" fr_status fr_attn_mla_workspace_bytes(const fr_attn_mla_config *cfg, 
     size_t most = 0;
     for (int n = 1; n <= max_seqs; n++)
         for (int m = 1; m <= max_new; m = m == max_new ? max_new + 1 : max_new) {
-            fr_attn_mla_plan p;
+            fr_attn_mla_plan p = {};
             if ((st = fr_attn_mla_plan_for(cfg, n, m, max_ctx, SIZE_MAX, &p))) return st;
             if (p.bytes > most) most = p.bytes;
         }
@@ -134,7 +134,7 @@ extern "C" fr_status fr_attn_mla(const fr_attn_mla_config *cfg, const fr_latent_
                                  int n_seqs, int max_new, int max_ctx, const float *q, uint16_t *out, void *workspace,
                                  size_t workspace_bytes, cudaStream_t stream)
 {
-    fr_attn_mla_plan plan;
+    fr_attn_mla_plan plan = {};
     fr_status st = fr_attn_mla_plan_for(cfg, n_seqs, max_new, max_ctx, workspace_bytes, &plan);
     if (st) return st;
     if (!kv || !seqs_dev || !q || !out || (plan.bytes && !workspace))

@@ -19,6 +19,7 @@
 
 #include <climits>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 
 #include "attn_fp4_ptx.cuh"
@@ -81,6 +82,9 @@ FR_MK uint32_t pack_bf16x2(float lo, float hi)
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
 }
+
+/* The two warps of row tile rt (warps rt and rt + 4) meet; barrier 0 is __syncthreads'. */
+FR_MK void pair_barrier(int rt) { asm volatile("bar.sync %0, 64;\n" ::"r"(rt + 1) : "memory"); }
 
 /* Whether the FP4 query terms (rather than the query rounded to BF16) meet
  * FP4 tokens: exact compute. */
@@ -188,13 +192,23 @@ template <int DC, int DR, int KIND> FR_MK void dequant_tile(const uint8_t *st, u
         const uint8_t *scales = st + G::CODE_B;
         for (int k = threadIdx.x; k < kTile * WPR; k += kThreads) {
             const int tok = k / WPR, wi = k % WPR;
-            const uint32_t w = words[k];
-            const float sv = fr_dev_fp4_scale_value<FF>(scales[tok * (DC / G::B) + 8 * wi / G::B]);
+            /* the word's codes as FP16 value * 2^-14 (fp4_device.cuh): r0 = (e0, e4),
+             * r1 = (e2, e6), r2 = (e1, e5), r3 = (e3, e7); times scale * 2^14, exact */
+            uint32_t r[4];
+            fr_dev_fp4_word_to_f16x2(words[k], r);
+            const float sv = __fmul_rn(fr_dev_fp4_scale_value<FF>(scales[tok * (DC / G::B) + 8 * wi / G::B]), 16384.0f);
+            float2 f[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                f[i] = __half22float2(*reinterpret_cast<const __half2 *>(&r[i]));
+                f[i].x = __fmul_rn(f[i].x, sv);
+                f[i].y = __fmul_rn(f[i].y, sv);
+            }
             uint4 o;
-            o.x = pack_bf16x2(fr_dev_fp4_dequant(sv, word_code<0>(w)), fr_dev_fp4_dequant(sv, word_code<1>(w)));
-            o.y = pack_bf16x2(fr_dev_fp4_dequant(sv, word_code<2>(w)), fr_dev_fp4_dequant(sv, word_code<3>(w)));
-            o.z = pack_bf16x2(fr_dev_fp4_dequant(sv, word_code<4>(w)), fr_dev_fp4_dequant(sv, word_code<5>(w)));
-            o.w = pack_bf16x2(fr_dev_fp4_dequant(sv, word_code<6>(w)), fr_dev_fp4_dequant(sv, word_code<7>(w)));
+            o.x = pack_bf16x2(f[0].x, f[2].x);
+            o.y = pack_bf16x2(f[1].x, f[3].x);
+            o.z = pack_bf16x2(f[0].y, f[2].y);
+            o.w = pack_bf16x2(f[1].y, f[3].y);
             *reinterpret_cast<uint4 *>(kt + tok * G::KP + 8 * wi) = o;
         }
     } else {
@@ -205,9 +219,10 @@ template <int DC, int DR, int KIND> FR_MK void dequant_tile(const uint8_t *st, u
             uint4 o;
             uint32_t *ov = reinterpret_cast<uint32_t *>(&o);
 #pragma unroll
-            for (int p = 0; p < 4; p++) {
-                const uint32_t word = p < 2 ? raw.x : raw.y, sh = 16 * (p & 1);
-                ov[p] = pack_bf16x2(fr_dev_e4m3_decode((word >> sh) & 0xFF), fr_dev_e4m3_decode((word >> (sh + 8)) & 0xFF));
+            for (int p = 0; p < 4; p++) {   /* E4M3 pairs to FP16 (exact), then to BF16 (exact) */
+                const uint32_t h2 = e4m3x2_to_f16x2(((p < 2 ? raw.x : raw.y) >> (16 * (p & 1))) & 0xFFFFu);
+                const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h2));
+                ov[p] = pack_bf16x2(f.x, f.y);
             }
             *reinterpret_cast<uint4 *>(kt + tok * G::KP + 8 * c) = o;
         }
@@ -336,7 +351,7 @@ __device__ void tile_step(const Params &P, const uint16_t *QA, const uint16_t *Q
         for (int hr = 0; hr < 2; hr++)
             *reinterpret_cast<float2 *>(mine + (rt * 16 + g + 8 * hr) * kTile + nt * 8 + 2 * tq) =
                 make_float2(s[nt][2 * hr], s[nt][2 * hr + 1]);
-    __syncthreads();
+    pair_barrier(rt);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
