@@ -319,7 +319,9 @@ __device__ void tile_step(const Params &P, const uint16_t *QA, const uint16_t *Q
         constexpr int KS = G::D / 16, KC = DC / 16;
         const uint16_t *qa = QA + (rt * 16 + (lane & 15)) * G::QP + (lane >> 4) * 8;
         const uint16_t *kb = kt + ((mi >> 1) * 8 + (lane & 7)) * G::KP + (mi & 1) * 8;
-        for (int ks = hf * KS / 2; ks < (hf + 1) * KS / 2; ks++) {
+#pragma unroll 6
+        for (int kq = 0; kq < KS / 2; kq++) {   /* a constant trip count lets loads run ahead of the MMAs */
+            const int ks = hf * (KS / 2) + kq;
             uint32_t a[4], b[4];
             ldsm_x4(qa + ks * 16, a);
 #pragma unroll
@@ -331,7 +333,9 @@ __device__ void tile_step(const Params &P, const uint16_t *QA, const uint16_t *Q
         }
         if (dual) {
             const uint16_t *qb = QB + (rt * 16 + (lane & 15)) * G::BP + (lane >> 4) * 8;
-            for (int ks = hf * KC / 2; ks < (hf + 1) * KC / 2; ks++) {
+#pragma unroll 4
+            for (int kq = 0; kq < KC / 2; kq++) {
+                const int ks = hf * (KC / 2) + kq;
                 uint32_t a[4], b[4];
                 ldsm_x4(qb + ks * 16, a);
 #pragma unroll

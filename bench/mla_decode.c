@@ -5,6 +5,7 @@
  *
  * usage: build/bench/mla_decode [--heads H] [--latent 512] [--ctx 32768,131072]
  *                               [--batch 1,16,64] [--dtypes bf16,fp8,nvfp4,mxfp4] [--iters N]
+ *                               [--compute bf16|exact]
  *
  * Per configuration: a pool of pages filled with one valid byte pattern,
  * every sequence ctx - 1 cached tokens plus its step token, a CUDA graph of
@@ -14,7 +15,8 @@
  * outputs; two groups of 64 heads read each page, the second from L2 when
  * they run close in time, so the bytes count it once. FLOPs: the scores
  * (2 H (d_c + d_r) per token, plus 2 H d_c for the dual FP4 query's second
- * term) and the context (2 H d_c per token) on BF16 tensor cores. */
+ * term, --compute exact) and the context (2 H d_c per token) on BF16 tensor
+ * cores. FP4 runs in bf16 compute unless --compute exact. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +51,7 @@ static int parse_list(const char *s, int *out, int max)
 
 typedef struct {
     int heads, dc, dr, iters;
+    int exact;   /* FP4 exact compute (dual FP4 query) instead of bf16 compute (CUDA's default) */
     double copy_bw;
 } bench_cfg;
 
@@ -61,7 +64,8 @@ static double time_step(const bench_cfg *b, fr_kv_dtype dt, int batch, int ctx, 
     const int fp4 = fr_kv_dtype_is_fp4(dt);
     fr_attn_mla_config cfg = {.dtype = dt, .n_heads = b->heads, .latent_dim = b->dc, .rope_dim = b->dr,
                               .scale = 1.0f / 13.856406f, .rotate = fp4, .sink_recent = fp4,
-                              .q_mode = fp4 ? FR_Q_DUAL : FR_Q_UNQUANTIZED, .q_search = 1, .fp8_scale = 1.0f};
+                              .q_mode = fp4 && b->exact ? FR_Q_DUAL : FR_Q_UNQUANTIZED, .q_search = 1,
+                              .q_bf16 = fp4 && !b->exact, .fp8_scale = 1.0f};
     uint8_t *pool = NULL;
     uint16_t *recent = NULL, *sink = NULL, *step = NULL, *out = NULL;
     float *q = NULL, *mean = NULL;
@@ -137,7 +141,7 @@ static double time_step(const bench_cfg *b, fr_kv_dtype dt, int batch, int ctx, 
     CK(cudaEventElapsedTime(&ms, e0, e1));
     const double paged = (double)pages * T * (page_bytes / T), unpaged = (double)(rest + (fp4 ? 16 : 0) + 1) * row * 2;
     *bytes = batch * (paged + unpaged + (double)b->heads * row * 4 + (double)b->heads * b->dc * 2);
-    *flops = (double)batch * ctx * b->heads * 2.0 * (row + b->dc + (fp4 ? b->dc : 0));
+    *flops = (double)batch * ctx * b->heads * 2.0 * (row + b->dc + (fp4 && b->exact ? b->dc : 0));
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaEventDestroy(e0);
@@ -157,6 +161,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: mla_decode [--heads H] [--latent D] [--ctx LIST] [--batch LIST] [--dtypes LIST] [--iters N]\n"
+                   "                  [--compute bf16|exact]\n"
                    "The latent decode kernel at DeepSeek-V3's attention shape (128 heads, d_c 512, d_r 64):\n"
                    "time per step, bytes moved, ratio to the copy bandwidth and to the BF16 latent kernel.\n");
             return 0;
@@ -168,10 +173,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--batch")) n_batch = parse_list(argv[++i], batches, 8);
         else if (!strcmp(argv[i], "--dtypes")) dtypes = argv[++i];
         else if (!strcmp(argv[i], "--iters")) b.iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--compute")) b.exact = !strcmp(argv[++i], "exact");
         else { fprintf(stderr, "mla_decode: unknown option %s (see --help)\n", argv[i]); return 2; }
     }
     b.copy_bw = fr_bench_copy_bandwidth((size_t)1 << 30, 0);
-    printf("copy bandwidth %.0f GB/s; heads %d, d_c %d, d_r %d\n\n", b.copy_bw / 1e9, b.heads, b.dc, b.dr);
+    printf("copy bandwidth %.0f GB/s; heads %d, d_c %d, d_r %d; FP4 %s compute\n\n", b.copy_bw / 1e9, b.heads, b.dc, b.dr,
+           b.exact ? "exact (dual FP4 query)" : "bf16");
     printf("| dtype | batch | context | ms/step | bytes/token | GB moved | GB/s | of copy bw | TFLOP/s | vs bf16 |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|\n");
     for (int ci = 0; ci < n_ctx; ci++)
