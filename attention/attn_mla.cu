@@ -3,6 +3,7 @@
  * contract. */
 #include "attn_mla.h"
 
+#include <climits>
 #include <math.h>
 #include <stdint.h>
 
@@ -53,17 +54,26 @@ size_t partial_bytes(const fr_attn_mla_config *cfg, int n_seqs, int row_groups, 
     return align_up(slots * cfg->latent_dim * sizeof(float)) + align_up(slots * sizeof(float));
 }
 
-/* Splits enough for two CTAs per multiprocessor, no more than the pages of
- * max_ctx, and only what fits the workspace. */
+/* The split count that finishes soonest: a CTA fills a multiprocessor
+ * (shared memory), so n splits of `work` row groups take
+ * ceil(work n / SMs) waves of ceil(pages / n) + 2 pages each (2: a split's
+ * start-up and its share of the combine, in pages); ties go to fewer
+ * splits. Only counts whose partials fit the workspace are tried. */
 int splits_for(const fr_attn_mla_config *cfg, int n_seqs, int row_groups, int max_ctx, size_t ws)
 {
-    const long work = (long)n_seqs * row_groups, want = (2L * sm_count() + work - 1) / work;
-    const int pages = max_ctx / kPage;
-    int n = (int)(want < FR_ATTN_MLA_MAX_SPLITS ? want : FR_ATTN_MLA_MAX_SPLITS);
-    if (n > pages) n = pages;
-    if (n < 1) n = 1;
-    while (n > 1 && partial_bytes(cfg, n_seqs, row_groups, n) > ws) n--;
-    return n;
+    const long work = (long)n_seqs * row_groups, sms = sm_count();
+    const long pages = (max_ctx + kPage - 1) / kPage;
+    int best = 1;
+    long best_cost = LONG_MAX;
+    for (int n = 1; n <= FR_ATTN_MLA_MAX_SPLITS && n <= pages; n++) {
+        if (n > 1 && partial_bytes(cfg, n_seqs, row_groups, n) > ws) break;
+        const long cost = (work * n + sms - 1) / sms * ((pages + n - 1) / n + 2);
+        if (cost < best_cost) {
+            best_cost = cost;
+            best = n;
+        }
+    }
+    return best;
 }
 
 template <int DC, int DR, int KIND> fr_status launch(const Params &P, int n_seqs, cudaStream_t stream)
