@@ -14,7 +14,7 @@
 typedef struct {
     int model;
     fr_dtype dtype;
-    uint64_t bytes, received;
+    uint64_t bytes, planned, received;   /* planned: in buckets accepted; received: in buckets done */
 } declared;
 
 struct fr_wsync_rank {
@@ -29,7 +29,7 @@ struct fr_wsync_rank {
     declared *d;
     int n_d;
     uint64_t version, bucket_bytes, received, kept;
-    int partial, updating, next_bucket;
+    int partial, updating, next_bucket, next_done;   /* next_bucket: the next to accept; next_done: to finish */
     fr_wsync_fault fault;
     unsigned char *buf;      /* host stage: the bucket in flight */
     uint64_t buf_bytes;
@@ -116,7 +116,7 @@ fr_status fr_wsync_rank_begin(fr_wsync_rank *r, uint64_t version, const fr_wsync
     r->version = version;
     r->bucket_bytes = bucket_bytes;
     r->partial = partial;
-    r->next_bucket = 0;
+    r->next_bucket = r->next_done = 0;
     r->received = r->kept = 0;
     r->fault = FR_WSYNC_OK;
     if (!r->d) return fault(r, FR_WSYNC_NO_MEMORY, fr_fail(FR_ENOMEM, "weight sync: out of memory"));
@@ -174,7 +174,7 @@ static fr_status check_piece(fr_wsync_rank *r, const fr_wsync_bucket *b, int k, 
     return FR_OK;
 }
 
-fr_status fr_wsync_rank_plan(fr_wsync_rank *r, const fr_wsync_bucket *b, fr_wsync_block_fn fn, void *user)
+fr_status fr_wsync_rank_plan(fr_wsync_rank *r, const fr_wsync_bucket *b)
 {
     if (!r || !b || (b->n_pieces && !b->pieces)) return fr_fail(FR_EINVAL, "fr_wsync_rank_plan: bad argument");
     if (!r->updating || r->fault)
@@ -186,26 +186,37 @@ fr_status fr_wsync_rank_plan(fr_wsync_rank *r, const fr_wsync_bucket *b, fr_wsyn
                      (unsigned long long)b->nbytes, b->n_pieces, r->next_bucket, (unsigned long long)r->bucket_bytes));
     uint64_t *expect = malloc(sizeof *expect * (size_t)r->n_d);
     if (!expect) return fault(r, FR_WSYNC_NO_MEMORY, fr_fail(FR_ENOMEM, "weight sync: out of memory"));
-    for (int i = 0; i < r->n_d; i++) expect[i] = r->d[i].received;
+    for (int i = 0; i < r->n_d; i++) expect[i] = r->d[i].planned;
     uint64_t end = 0;
     fr_status st = FR_OK;
+    for (int k = 0; k < b->n_pieces && !st; k++) st = check_piece(r, b, k, &end, expect);
+    if (!st) {
+        for (int i = 0; i < r->n_d; i++) r->d[i].planned = expect[i];
+        r->next_bucket++;
+    }
+    free(expect);
+    return st ? fault(r, FR_WSYNC_BAD_BUCKET, st) : FR_OK;
+}
+
+fr_status fr_wsync_rank_blocks(const fr_wsync_rank *r, const fr_wsync_bucket *b, fr_wsync_block_fn fn, void *user)
+{
+    if (!r || !b || !fn || (b->n_pieces && !b->pieces)) return fr_fail(FR_EINVAL, "fr_wsync_rank_blocks: bad argument");
+    fr_status st = FR_OK;
     for (int k = 0; k < b->n_pieces && !st; k++) {
-        if ((st = check_piece(r, b, k, &end, expect))) {
-            fault(r, FR_WSYNC_BAD_BUCKET, st);
-            break;
-        }
         const fr_wsync_piece *p = &b->pieces[k];
+        if (p->tensor < 0 || p->tensor >= r->n_d)
+            return fr_fail(FR_EINVAL, "bucket %d: piece %d names no declared tensor", b->bucket, k);
         const declared *d = &r->d[p->tensor];
         const uint64_t es = fr_dtype_size(d->dtype);
         fr_tp_rect rect[FR_TP_PIECE_MAX_RECTS];
         const int nr = fr_tp_piece_rects(&r->part[d->model], p->offset / es, p->nbytes / es, rect);
-        for (int j = 0; j < nr && !st && fn; j++) {
+        if (nr < 0) return fr_fail(FR_EINVAL, "bucket %d: piece %d lies outside its tensor", b->bucket, k);
+        for (int j = 0; j < nr && !st; j++) {
             const fr_wsync_block blk = {.model_tensor = d->model, .dtype = d->dtype, .src_at = p->at, .rect = rect[j],
                                         .part = &r->part[d->model]};
             st = fn(user, &blk);
         }
     }
-    free(expect);
     return st;
 }
 
@@ -213,10 +224,13 @@ fr_status fr_wsync_rank_bucket_done(fr_wsync_rank *r, const fr_wsync_bucket *b, 
 {
     if (!r || !b) return fr_fail(FR_EINVAL, "fr_wsync_rank_bucket_done: NULL argument");
     if (!r->updating || r->fault) return fr_fail(FR_EINVAL, "bucket %d: no weight update is in progress", b->bucket);
+    if (b->bucket != r->next_done || b->bucket >= r->next_bucket)
+        return fault(r, FR_WSYNC_BAD_BUCKET, fr_fail(FR_EINVAL, "bucket %d finished, but bucket %d is the oldest in "
+                     "flight", b->bucket, r->next_done));
     if (!ok) return fault(r, f ? f : FR_WSYNC_TRANSPORT, FR_EINVAL);
     for (int k = 0; k < b->n_pieces; k++) r->d[b->pieces[k].tensor].received += b->pieces[k].nbytes;
     r->received += b->nbytes;
-    r->next_bucket++;
+    r->next_done++;
     return FR_OK;
 }
 
@@ -256,7 +270,7 @@ fr_status fr_wsync_rank_bucket(fr_wsync_rank *r, const fr_wsync_bucket *b, const
     if (!r->shard) return fr_fail(FR_EINVAL, "fr_wsync_rank_bucket: this rank has no host stage");
     /* the checks first: a refused bucket is still received, so every rank
      * takes the same bytes off the transport and the group stays in step */
-    fr_status st = fr_wsync_rank_plan(r, b, NULL, NULL);
+    fr_status st = fr_wsync_rank_plan(r, b);
     const int refused = st != FR_OK;
     const uint64_t n = b->nbytes <= r->buf_bytes ? b->nbytes : 0;
     fr_status rs = t->recv(t->ctx, b->bucket, r->buf, (size_t)n);
@@ -271,8 +285,8 @@ fr_status fr_wsync_rank_bucket(fr_wsync_rank *r, const fr_wsync_bucket *b, const
                      "bytes' checksum is %016llx, the message says %016llx", (unsigned long long)r->version,
                      b->bucket, (unsigned long long)h, (unsigned long long)b->checksum));
     host_ctx c = {.r = r, .bad = -1, .bad_tensor = -1};
-    st = fr_wsync_rank_plan(r, b, host_block, &c);
-    if (st) return fault(r, r->fault ? r->fault : FR_WSYNC_BAD_BUCKET, st);
+    st = fr_wsync_rank_blocks(r, b, host_block, &c);
+    if (st) return fault(r, FR_WSYNC_BAD_BUCKET, st);
     if (c.bad >= 0)
         return fault(r, FR_WSYNC_NON_FINITE, fr_fail(FR_EFORMAT, "update to version %llu: bucket %d: \"%s\": a "
                      "value of the piece (element %lld of it) is NaN or infinite", (unsigned long long)r->version,
@@ -284,6 +298,9 @@ fr_status fr_wsync_rank_ready(const fr_wsync_rank *r)
 {
     if (!r || !r->updating) return fr_fail(FR_EINVAL, "no weight update is in progress on this rank");
     if (r->fault) return fr_fail(FR_EINVAL, "update to version %llu failed on this rank", (unsigned long long)r->version);
+    if (r->next_done != r->next_bucket)
+        return fr_fail(FR_EINVAL, "update to version %llu: bucket %d is still in flight", (unsigned long long)r->version,
+                       r->next_done);
     for (int i = 0; i < r->n_d; i++)
         if (r->d[i].received != r->d[i].bytes)
             return fr_fail(FR_EINVAL, "update to version %llu: \"%s\" has %llu of its %llu bytes",

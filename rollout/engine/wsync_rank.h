@@ -10,7 +10,7 @@
  * checks of each bucket against the begin (order, sizes, pieces of each
  * tensor in order), the blocks of each piece the rank keeps, the record of
  * what arrived, and whether the update is whole. The bytes move elsewhere:
- * fr_wsync_rank_plan hands each block to the caller (the CUDA receiver
+ * fr_wsync_rank_plan and fr_wsync_rank_blocks hand each block to the caller (the CUDA receiver
  * copies it device to device), and fr_wsync_rank_bucket does the whole
  * bucket on the host through a transport (the CPU tests; an in-process fake
  * or MPI broadcast stands in for NCCL). The commit is the caller's, after
@@ -113,15 +113,21 @@ typedef struct {
 
 typedef fr_status (*fr_wsync_block_fn)(void *user, const fr_wsync_block *blk);
 
-/* Checks bucket b against the begin (the next bucket, at most bucket_bytes,
+/* Accepts bucket b for receiving after checking it against the begin and
+ * the buckets accepted before it (the next bucket, at most bucket_bytes,
  * pieces inside it in increasing `at` without overlap, offsets and sizes
  * multiples of the dtype's size, each tensor's pieces in order from byte
- * 0), then calls fn for every block this rank keeps, in order. Records
- * nothing: fr_wsync_rank_bucket_done does, once the bytes are checked. */
-fr_status fr_wsync_rank_plan(fr_wsync_rank *r, const fr_wsync_bucket *b, fr_wsync_block_fn fn, void *user);
+ * 0). Several buckets may be accepted before the first is done (a
+ * receiver overlapping them). */
+fr_status fr_wsync_rank_plan(fr_wsync_rank *r, const fr_wsync_bucket *b);
 
-/* The bytes of bucket b (planned) arrived and were checked (ok 1): its
- * pieces count as received; ok 0: the update fails with `fault`. */
+/* Calls fn for every block this rank keeps of accepted bucket b, in order
+ * (a caller that moves the bytes itself, once they are there). */
+fr_status fr_wsync_rank_blocks(const fr_wsync_rank *r, const fr_wsync_bucket *b, fr_wsync_block_fn fn, void *user);
+
+/* The bytes of the oldest accepted bucket, b, arrived and were checked
+ * (ok 1): its pieces count as received; ok 0: the update fails with
+ * `fault`. */
 fr_status fr_wsync_rank_bucket_done(fr_wsync_rank *r, const fr_wsync_bucket *b, int ok, fr_wsync_fault fault);
 
 /* The whole bucket on the host (a rank made with host_stage): plan,
@@ -129,8 +135,8 @@ fr_status fr_wsync_rank_bucket_done(fr_wsync_rank *r, const fr_wsync_bucket *b, 
  * float32 into its shard (every value finite), record. */
 fr_status fr_wsync_rank_bucket(fr_wsync_rank *r, const fr_wsync_bucket *b, const fr_wsync_transport *t);
 
-/* FR_OK when the update can commit: not failed, every declared tensor
- * whole, and, unless partial, every weight of the model declared
+/* FR_OK when the update can commit: not failed, no accepted bucket still
+ * in flight, every declared tensor whole, and, unless partial, every weight of the model declared
  * (FR_EINVAL naming the first missing tensor). */
 fr_status fr_wsync_rank_ready(const fr_wsync_rank *r);
 

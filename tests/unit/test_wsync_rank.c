@@ -367,6 +367,62 @@ static void test_refusals(void **state)
     fr_model_destroy(&m);
 }
 
+static fr_status count_block(void *user, const fr_wsync_block *blk)
+{
+    *(uint64_t *)user += blk->rect.width * blk->rect.rows;
+    return FR_OK;
+}
+
+/* A receiver that overlaps buckets (the CUDA one) accepts bucket k + 1
+ * before bucket k is done; the update is ready only when every accepted
+ * bucket is done, in order; the blocks of all buckets are this rank's
+ * shard, element for element. */
+static void test_overlapped_buckets(void **state)
+{
+    (void)state;
+    fr_model *m = NULL;
+    assert_int_equal(fr_model_synthetic_tiny(7, &m), FR_OK);
+    sync_plan s;
+    plan_new(m, 4096, 1, &s);
+    fr_wsync_rank *r = NULL;
+    assert_int_equal(fr_wsync_rank_new(&m->cfg, 1, 2, 0, &r), FR_OK);
+    assert_null(fr_wsync_rank_local(r, 0, NULL));   /* no host stage */
+    assert_int_equal(fr_wsync_rank_begin(r, 2, s.t, s.n, 4096, 0), FR_OK);
+    assert_int_equal(fr_wsync_rank_plan(r, &s.b[0]), FR_OK);
+    assert_int_equal(fr_wsync_rank_plan(r, &s.b[1]), FR_OK);
+    assert_int_not_equal(fr_wsync_rank_ready(r), FR_OK);
+    assert_non_null(strstr(fr_last_error(), "in flight"));
+    uint64_t elems = 0;
+    for (int k = 0; k < s.n_b; k++) {
+        if (k >= 2) assert_int_equal(fr_wsync_rank_plan(r, &s.b[k]), FR_OK);
+        assert_int_equal(fr_wsync_rank_blocks(r, &s.b[k], count_block, &elems), FR_OK);
+        assert_int_equal(fr_wsync_rank_bucket_done(r, &s.b[k], 1, FR_WSYNC_OK), FR_OK);
+    }
+    assert_int_equal(fr_wsync_rank_ready(r), FR_OK);
+    uint64_t want = 0;
+    for (int i = 0; i < s.n; i++) {
+        const fr_tp_part *part = NULL;
+        fr_wsync_rank_local(r, i, &part);
+        want += (uint64_t)fr_tp_part_elems(part);
+    }
+    assert_int_equal(elems, want);
+    /* done out of order */
+    assert_int_equal(fr_wsync_rank_begin(r, 3, s.t, s.n, 4096, 0), FR_OK);
+    assert_int_equal(fr_wsync_rank_plan(r, &s.b[0]), FR_OK);
+    assert_int_equal(fr_wsync_rank_plan(r, &s.b[1]), FR_OK);
+    assert_int_not_equal(fr_wsync_rank_bucket_done(r, &s.b[1], 1, FR_WSYNC_OK), FR_OK);
+    assert_int_equal(fr_wsync_rank_fault(r), FR_WSYNC_BAD_BUCKET);
+    /* a bucket that failed its checks elsewhere (the device's checksum) */
+    assert_int_equal(fr_wsync_rank_begin(r, 4, s.t, s.n, 4096, 0), FR_OK);
+    assert_int_equal(fr_wsync_rank_plan(r, &s.b[0]), FR_OK);
+    assert_int_not_equal(fr_wsync_rank_bucket_done(r, &s.b[0], 0, FR_WSYNC_BAD_CHECKSUM), FR_OK);
+    assert_int_equal(fr_wsync_rank_fault(r), FR_WSYNC_BAD_CHECKSUM);
+    assert_int_not_equal(fr_wsync_rank_ready(r), FR_OK);
+    fr_wsync_rank_destroy(&r);
+    plan_free(&s);
+    fr_model_destroy(&m);
+}
+
 /* The rectangles of a column part: a piece cutting rows mid-way. */
 static void test_piece_rects(void **state)
 {
@@ -480,6 +536,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wrong_checksum_on_one_rank),
         cmocka_unit_test(test_sender_gone),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_overlapped_buckets),
         cmocka_unit_test(test_mpi_all_or_nothing),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
