@@ -411,8 +411,11 @@ static fr_status copy_block(void *user, const fr_wsync_block *blk)
     if (!dst) return fr_fail(FR_EINTERNAL, "NCCL weight group: the update has no device stage");
     const fr_tp_rect *x = &blk->rect;
     const uint16_t *src = (const uint16_t *)((const char *)c->r->scratch + blk->src_at);
-    cudaError_t e = cudaMemcpy2DAsync(dst + x->dst, 2 * x->dst_pitch, src + x->src, 2 * x->src_pitch, 2 * x->width,
-                                      x->rows, cudaMemcpyDeviceToDevice, c->s);
+    /* one run (a row range, a whole tensor) may be longer than a 2-D copy's pitch allows */
+    cudaError_t e = x->rows == 1 ? cudaMemcpyAsync(dst + x->dst, src + x->src, 2 * x->width, cudaMemcpyDeviceToDevice,
+                                                   c->s)
+                                 : cudaMemcpy2DAsync(dst + x->dst, 2 * x->dst_pitch, src + x->src, 2 * x->src_pitch,
+                                                     2 * x->width, x->rows, cudaMemcpyDeviceToDevice, c->s);
     return e == cudaSuccess ? FR_OK : cuda_fail(e, "copying a rank's part of a piece");
 }
 
