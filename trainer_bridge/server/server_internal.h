@@ -166,6 +166,7 @@ struct fr_bridge_server {
     int *ng_acks;             /* rank 0 of several: buckets each rank has checked in the NCCL update */
     int ng_announced;         /* rank 0 of several: buckets of it passed to the ranks */
     int ng_replied;           /* rank 0 of several: buckets answered (every rank had checked them) */
+    int ng_gen;               /* several ranks: groups joined so far (a report names its group) */
     int ng_peer;              /* the client whose group it is */
     int ng_commit;            /* 1: that client's commit waits for buckets in flight */
     uint64_t ng_commit_version;

@@ -75,7 +75,6 @@ static void nccl_try_commit(fr_bridge_server *srv)
         srv->ng_commit = 0;
         fr_rank_put_u8(&srv->events, EV_NCCL_COMMIT);
         fr_rank_put_u64(&srv->events, srv->ng_commit_version);
-        srv->turn_barrier = 1;
         return;
     }
     srv->ng_commit = 0;

@@ -77,6 +77,7 @@ static void report(fr_bridge_server *srv, int ok, int bucket, const char *code, 
 {
     fr_rank_put_u8(&srv->outbox, OB_NCCL);
     fr_rank_put_i32(&srv->outbox, srv->rank);
+    fr_rank_put_i32(&srv->outbox, srv->ng_gen);
     fr_rank_put_u8(&srv->outbox, (unsigned)ok);
     fr_rank_put_i32(&srv->outbox, bucket);
     fr_rank_put_bytes(&srv->outbox, code ? code : "nccl_failed", strlen(code ? code : "nccl_failed"));
@@ -125,10 +126,11 @@ int srv_nccl_all_acked(const fr_bridge_server *srv) { return srv->ng_replied == 
 /* A record of OB_NCCL from another rank (rank 0). */
 void srv_nccl_take_report(fr_bridge_server *srv, fr_rank_reader *r)
 {
-    const int rank = fr_rank_get_i32(r), ok = (int)fr_rank_get_u8(r), bucket = fr_rank_get_i32(r);
+    const int rank = fr_rank_get_i32(r), gen = fr_rank_get_i32(r);
+    const int ok = (int)fr_rank_get_u8(r), bucket = fr_rank_get_i32(r);
     size_t nc = 0, nm = 0;
     const char *code = fr_rank_get_bytes(r, &nc), *msg = fr_rank_get_bytes(r, &nm);
-    if (r->bad) return;
+    if (r->bad || gen != srv->ng_gen) return;   /* a report of a group that ended since */
     if (ok) {
         srv_nccl_ack(srv, rank, bucket);
         return;
@@ -145,6 +147,7 @@ void srv_nccl_take_report(fr_bridge_server *srv, fr_rank_reader *r)
  * a tensor-parallel rank keeps its shard of each piece. */
 fr_status srv_nccl_join(fr_bridge_server *srv, const unsigned char *id, int nranks, int timeout_ms)
 {
+    srv->ng_gen++;   /* every rank counts the same joins, in the same order */
     fr_status st = fr_nccl_recv_new(id, nranks, srv->rank + 1, timeout_ms, &srv->ng);
     if (!st && srv->tp > 1) st = fr_nccl_recv_set_shard(srv->ng, &srv->sess->model->cfg, srv->rank % srv->tp, srv->tp);
     if (st) fr_nccl_recv_destroy(&srv->ng);
@@ -248,7 +251,7 @@ static void commit_on_ranks(fr_bridge_server *srv, uint64_t version)
     const int switched = srv_switch_on_ranks(srv, version, ok && w, w, &t0);
     srv_keep_spare(srv, w);
     if (!switched) {
-        if (srv->rank == 0) {
+        if (srv->rank == 0 && srv->ng) {   /* (a group that ended meanwhile already told its client) */
             char why[FR_PROTO_TEXT_MAX - 64];
             snprintf(why, sizeof why, "%s", srv->fatal ? fr_last_error() : "not every rank held it whole (their logs say why)");
             srv->updates_failed++;
