@@ -50,17 +50,18 @@ def qwen3_shapes(hidden, layers, inter, vocab, heads, kv_heads, head_dim, tie=Fa
     return shapes + [("model.norm.weight", (hidden,))] + ([] if tie else [("lm_head.weight", (vocab, hidden))])
 
 
-def start_server(build, model, backend, d, env=None, wait_s=60):
-    """`fp4rollout serve` holding `model` (one sequence, BF16 KV), its config
-    and log in folder d; returns (process, port, log path) once it listens."""
+def start_server(build, model, backend, d, env=None, wait_s=60, tp=1, launcher=()):
+    """`fp4rollout serve` holding `model` (one sequence, BF16 KV; tp ranks
+    under `launcher`, e.g. mpirun), its config and log in folder d; returns
+    (process, port, log path) once it listens."""
     port = free_port()
     cfg = os.path.join(d, "serve.json")
     json.dump({"model": os.path.abspath(model) if os.path.isdir(model) else model, "backend": backend,
-               "kv_dtype": "bf16", "max_seqs": 1, "kv_blocks": 4,
+               "kv_dtype": "bf16", "max_seqs": 1, "kv_blocks": 4, "tp": tp,
                "coordinator": {"bind": "127.0.0.1", "port": port}}, open(cfg, "w"))
     log_path = os.path.join(d, "serve.log")
-    srv = subprocess.Popen([os.path.join(build, "fp4rollout"), "serve", "--config", cfg], stderr=open(log_path, "w"),
-                           env=env)
+    srv = subprocess.Popen(list(launcher) + [os.path.join(build, "fp4rollout"), "serve", "--config", cfg],
+                           stderr=open(log_path, "w"), env=env)
     for _ in range(int(wait_s * 10)):
         if "listening on" in open(log_path).read():
             return srv, port, log_path

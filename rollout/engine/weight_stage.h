@@ -41,6 +41,7 @@ typedef struct {
 struct fr_weight_stage {
     const fr_weight_stage_ops *ops;
     int on_device;
+    int shard;                 /* device stage of one tensor-parallel rank's shard only */
     uint16_t **dev_dst;        /* device stage: where tensor i's BF16 values start */
     const fr_model *host;      /* host stage: the staged float32 model */
 };
@@ -50,5 +51,11 @@ fr_status fr_weight_stage_host_new(const fr_model_config *cfg, fr_weight_stage *
  * of s's model and the table of s's serving weights to commit into. Built
  * only with CUDA; FR_EUNSUPPORTED otherwise. */
 fr_status fr_weight_stage_device_new(const fr_session *s, fr_weight_stage **out);
+/* The device stage of a tensor-parallel rank's own shard (s's serving
+ * weights' layout): dev_dst[i] is where the rank's part of tensor i starts
+ * (rollout/model/tp_piece.h). Filled by a writer that cuts the parts
+ * itself (the NCCL receiver): put refuses whole-tensor ranges. The commit
+ * copies part to part. Built only with CUDA. */
+fr_status fr_weight_stage_device_shard_new(const fr_session *s, fr_weight_stage **out);
 
 #endif

@@ -59,6 +59,9 @@ static fr_status put(fr_weight_stage *st, int i, fr_dtype dtype, size_t first, c
                      size_t *bad)
 {
     dev_stage *d = (dev_stage *)st;
+    if (st->shard)
+        return fr_fail(FR_EINVAL, "weight staging: %s: a shard stage takes no whole-tensor ranges (its writer cuts "
+                       "the rank's part)", d->tab[i].name);
     uint16_t *dst = d->tab[i].dst + first;
     cudaError_t e;
     if (dtype == FR_DTYPE_BF16) {
@@ -90,9 +93,17 @@ static fr_status commit(fr_weight_stage *st, fr_session *s, const unsigned char 
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) return cuda_fail(e, "waiting for the engine before the commit");
     fr_status r = FR_OK;
-    if (all && d->live_w->tp_size <= 1 && d->live_w->bytes == d->buf->bytes) {
+    if (all && (d->live_w->tp_size <= 1 || st->shard) && d->live_w->bytes == d->buf->bytes) {
         e = cudaMemcpyAsync(d->live_w->block_, d->buf->block_, d->buf->bytes, cudaMemcpyDeviceToDevice, d->stream);
         if (e != cudaSuccess) r = cuda_fail(e, "copying the staged weights in");
+    } else if (st->shard) {
+        /* part to part: the stage and the serving weights share the shard's layout */
+        for (int i = 0; i < d->n && !r; i++) {
+            if (!touched[i]) continue;
+            const size_t bytes = (size_t)d->tab[i].shape[0] * (size_t)d->tab[i].shape[1] * sizeof(uint16_t);
+            e = cudaMemcpyAsync(d->live[i].dst, d->tab[i].dst, bytes, cudaMemcpyDeviceToDevice, d->stream);
+            if (e != cudaSuccess) r = cuda_fail(e, "copying a staged tensor in");
+        }
     } else {
         for (int i = 0; i < d->n && !r; i++)
             if (touched[i]) r = fr_weights_gpu_copy_tensor(&d->live[i], &d->tab[i], d->stream);
@@ -132,7 +143,7 @@ static const fr_weight_stage_ops dev_ops = {put, commit, restart, destroy};
 static fr_status tables(dev_stage *d, const fr_session *s)
 {
     int n_live = 0;
-    fr_status st = fr_weights_gpu_tensors(d->buf, NULL, &d->tab, &d->n);
+    fr_status st = fr_weights_gpu_tensors(d->buf, d->base.shard ? &s->model->cfg : NULL, &d->tab, &d->n);
     if (!st) st = fr_weights_gpu_tensors(s->gpu_weights, &s->model->cfg, &d->live, &n_live);
     if (st) return st;
     if (n_live != d->n)
@@ -147,7 +158,8 @@ static fr_status tables(dev_stage *d, const fr_session *s)
     return FR_OK;
 }
 
-fr_status fr_weight_stage_device_new(const fr_session *s, fr_weight_stage **out)
+/* A whole-model stage, or (shard) one of the layout of s's serving shard. */
+static fr_status stage_new(const fr_session *s, int shard, fr_weight_stage **out)
 {
     *out = NULL;
     if (!s || s->backend != FR_BACKEND_CUDA || !s->gpu_weights || !s->model)
@@ -156,8 +168,15 @@ fr_status fr_weight_stage_device_new(const fr_session *s, fr_weight_stage **out)
     if (!d) return fr_fail(FR_ENOMEM, "weight staging: out of memory");
     d->base.ops = &dev_ops;
     d->base.on_device = 1;
+    d->base.shard = shard && s->gpu_weights->tp_size > 1;
     d->live_w = s->gpu_weights;
-    fr_status st = fr_weights_gpu_alloc(&s->model->cfg, s->model->cfg.vocab_size, &d->buf);
+    const fr_weights_gpu *lw = s->gpu_weights;
+    fr_status st = d->base.shard ? fr_weights_gpu_alloc(&lw->cfg, lw->vocab_full, &d->buf)
+                                 : fr_weights_gpu_alloc(&s->model->cfg, s->model->cfg.vocab_size, &d->buf);
+    if (!st && d->base.shard) {
+        d->buf->tp_rank = lw->tp_rank;
+        d->buf->tp_size = lw->tp_size;
+    }
     if (!st) st = tables(d, s);
     cudaError_t e = cudaSuccess;
     if (!st && ((e = cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking)) != cudaSuccess ||
@@ -171,4 +190,11 @@ fr_status fr_weight_stage_device_new(const fr_session *s, fr_weight_stage **out)
     }
     *out = &d->base;
     return FR_OK;
+}
+
+fr_status fr_weight_stage_device_new(const fr_session *s, fr_weight_stage **out) { return stage_new(s, 0, out); }
+
+fr_status fr_weight_stage_device_shard_new(const fr_session *s, fr_weight_stage **out)
+{
+    return stage_new(s, 1, out);
 }

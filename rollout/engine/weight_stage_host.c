@@ -170,3 +170,10 @@ fr_status fr_weight_stage_device_new(const fr_session *s, fr_weight_stage **out)
     return fr_fail(FR_EUNSUPPORTED, "weight update: device staging needs a build with CUDA");
 }
 #endif
+
+#ifndef FR_HAVE_CUDA
+fr_status fr_weight_stage_device_shard_new(const fr_session *s, fr_weight_stage **out)
+{
+    return fr_weight_stage_device_new(s, out);
+}
+#endif

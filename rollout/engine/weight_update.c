@@ -8,6 +8,7 @@
 
 #include "rollout/engine/weight_stage.h"
 #include "rollout/model/tensor_table.h"
+#include "rollout/model/weights_cuda.h"
 
 enum { NAME_CAP = FR_TENSOR_NAME_CAP };
 
@@ -93,6 +94,19 @@ fr_status fr_weight_update_begin_for(const fr_session *s, uint64_t version, fr_w
     fr_status st = fr_weight_stage_device_new(s, &stage);
     return st ? st : begin(&s->model->cfg, version, stage, out);
 }
+
+fr_status fr_weight_update_begin_shard_for(const fr_session *s, uint64_t version, fr_weight_update **out)
+{
+    if (!s || !s->model || !out) return fr_fail(FR_EINVAL, "fr_weight_update_begin_shard_for: NULL argument");
+    *out = NULL;
+    if (s->backend != FR_BACKEND_CUDA || !s->gpu_weights || s->gpu_weights->tp_size <= 1)
+        return fr_weight_update_begin_for(s, version, out);
+    fr_weight_stage *stage;
+    fr_status st = fr_weight_stage_device_shard_new(s, &stage);
+    return st ? st : begin(&s->model->cfg, version, stage, out);
+}
+
+int fr_weight_update_is_shard(const fr_weight_update *u) { return u && u->stage->shard; }
 
 fr_status fr_weight_update_restart(fr_weight_update *u, uint64_t version)
 {

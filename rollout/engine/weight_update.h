@@ -43,6 +43,15 @@ typedef struct fr_weight_update fr_weight_update;
  * (device for CUDA, host for the CPU). The device stage takes a whole
  * model's BF16 bytes of device memory, on a tensor-parallel rank too. */
 fr_status fr_weight_update_begin_for(const fr_session *s, uint64_t version, fr_weight_update **out);
+/* The same, staged as a tensor-parallel rank's shard only (CUDA, tp > 1;
+ * otherwise what begin_for makes): for a writer that cuts each rank's part
+ * of the pieces itself (weights over NCCL, rollout/model/tp_piece.h), so no
+ * rank holds a whole model's stage. put refuses such a stage;
+ * fr_weight_update_device_dst gives where the rank's part of a tensor
+ * starts. */
+fr_status fr_weight_update_begin_shard_for(const fr_session *s, uint64_t version, fr_weight_update **out);
+/* 1 when u's stage holds one rank's shard only. */
+int fr_weight_update_is_shard(const fr_weight_update *u);
 /* Starts an update of a model of config cfg to `version`, staged on the
  * host (float32): for CPU sessions and for tools that list the tensors. */
 fr_status fr_weight_update_begin(const fr_model_config *cfg, uint64_t version, fr_weight_update **out);

@@ -2,8 +2,10 @@
 servers and says what is checked). The trainer is this process, PyTorch on
 its first visible GPU; the server under test serves tq6 on another GPU.
 
-usage: weight_sync_nccl.py check MAIN_EP FRESH_EP PERTURBED_DIR
+usage: weight_sync_nccl.py check MAIN_EP FRESH_EP PERTURBED_DIR [GROUP_SIZE]
        weight_sync_nccl.py die MAIN_EP       (joins a group, announces a bucket, exits without sending it)
+GROUP_SIZE: the members the weight group must have, the trainer and every
+rank of the server (default 2: one rank; weight_sync_nccl_tp.sh: 3).
 """
 import os
 import sys
@@ -94,7 +96,7 @@ def wait_idle(c, what, seconds=60):
     return c.stats()["server"]
 
 
-def main_check(main_ep, fresh_ep, perturbed):
+def main_check(main_ep, fresh_ep, perturbed, group_size=2):
     import torch
     torch.cuda.set_device(0)
     prompts = probes()
@@ -105,6 +107,8 @@ def main_check(main_ep, fresh_ep, perturbed):
     weights = device_tensors(perturbed, torch)
 
     c.init_weight_group(0)
+    check(c.weight_group_size() == group_size, f"the weight group holds the trainer and every rank of the server "
+                                               f"({c.weight_group_size()} members, want {group_size})")
     t0 = time.time()
     r = c.update_weights_nccl(weights, version=2, bucket_bytes=1 << 20)
     check(r["weight_version"] == 2, f"update over NCCL committed as version 2 ({time.time() - t0:.2f} s, "
@@ -152,7 +156,7 @@ def main_check(main_ep, fresh_ep, perturbed):
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "die":
         die(sys.argv[2])
-    elif len(sys.argv) == 5 and sys.argv[1] == "check":
-        sys.exit(main_check(sys.argv[2], sys.argv[3], sys.argv[4]))
+    elif len(sys.argv) in (5, 6) and sys.argv[1] == "check":
+        sys.exit(main_check(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]) if len(sys.argv) == 6 else 2))
     else:
         sys.exit(__doc__)

@@ -407,6 +407,7 @@ static void test_client_nccl_without_device(void **state)
     assert_msg_has("built without CUDA");
 #endif
     assert_int_equal(fr_client_nccl_group_close(c), FR_OK);   /* nothing to close */
+    assert_int_equal(fr_client_nccl_group_size(c), 0);
     fr_client_destroy(&c);
 }
 

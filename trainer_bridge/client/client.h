@@ -134,11 +134,17 @@ fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors
  * rank 0 on CUDA device cuda_device (made current for the calling thread),
  * and returns once every member joined (within the client's timeout). The
  * group lives until fr_client_nccl_group_close, fr_client_destroy, or a
- * failure of an update over it. FR_EUNSUPPORTED when this library was built
+ * failure of an update over it. The group holds this client (rank 0, the
+ * sender) and every rank of the server: a server of several ranks (tensor
+ * parallel, several engines) has each of them join, and each bucket reaches
+ * all of them in one broadcast. FR_EUNSUPPORTED when this library was built
  * without CUDA or the device is missing (nothing is sent then); a server
- * that cannot join (CPU backend, several ranks, built without CUDA)
- * refuses with code nccl_unavailable (fr_client_last_error). */
+ * that cannot join (CPU backend, built without CUDA) refuses with code
+ * nccl_unavailable (fr_client_last_error). */
 fr_status fr_client_nccl_group_init(fr_client *c, int cuda_device);
+/* The members of the client's NCCL weight group (1 + the server's ranks),
+ * 0 when it has none. */
+int fr_client_nccl_group_size(fr_client *c);
 /* Ends the group on both sides (best effort on the server's); NULL-safe on
  * a client without one. */
 fr_status fr_client_nccl_group_close(fr_client *c);

@@ -30,6 +30,7 @@ enum { ALIGN = 256 };   /* each piece starts at a multiple of this in a bucket *
 typedef struct {
     ncclComm_t comm;
     int device;
+    int nranks;            /* the group: this client and every rank of the server */
     cudaStream_t pack, net;
     cudaEvent_t caller, packed[2], sent[2];
     void *buf[2];
@@ -131,6 +132,11 @@ fr_status fr_client_nccl_group_init(fr_client *c, int cuda_device)
     if (!st) st = fr_client_call_(c, &m, FR_MSG_NCCL_REPLY, &reply);
     if (!st && (reply.u.nccl_reply.state != FR_NCCL_JOINING || reply.u.nccl_reply.nranks < 2))
         st = fr_fail(FR_EFORMAT, "client: the server answered nccl_group_init without a group to join");
+    /* the buckets are broadcast from this client: it must be the group's root */
+    if (!st && reply.u.nccl_reply.rank != 0)
+        st = fr_fail(FR_EFORMAT, "client: the server gave this client rank %d of its NCCL weight group; the sender "
+                     "must be rank 0", reply.u.nccl_reply.rank);
+    if (!st) g->nranks = reply.u.nccl_reply.nranks;
     if (!st) {
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         config.blocking = 0;   /* joining waits with a deadline, below */
@@ -144,6 +150,12 @@ fr_status fr_client_nccl_group_init(fr_client *c, int cuda_device)
     if (!st) st = settle(g, fr_now_ms() + (t < 0 ? 600000 : t), "joining the group");
     if (st) fr_client_nccl_free_(slot);
     return st;
+}
+
+int fr_client_nccl_group_size(fr_client *c)
+{
+    const group *g = c ? *fr_client_nccl_slot_(c) : NULL;
+    return g ? g->nranks : 0;
 }
 
 fr_status fr_client_nccl_group_close(fr_client *c)
@@ -439,6 +451,12 @@ fr_status fr_client_nccl_group_init(fr_client *c, int cuda_device)
 fr_status fr_client_nccl_group_close(fr_client *c)
 {
     return c ? FR_OK : fr_fail(FR_EINVAL, "client: NULL");
+}
+
+int fr_client_nccl_group_size(fr_client *c)
+{
+    (void)c;
+    return 0;
 }
 
 fr_status fr_client_update_weights_nccl(fr_client *c, const fr_client_tensor *tensors, int n, uint64_t version,

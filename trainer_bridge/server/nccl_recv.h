@@ -3,7 +3,9 @@
  * rank 1), and the update whose buckets arrive through it straight into the
  * engine's device stage (rollout/engine/weight_update.h), where ZeroMQ
  * buckets go too; the engine commits it. Built only with nvcc
- * (nccl_recv_cuda.c); one serving rank (world size 1, tp 1).
+ * (nccl_recv_cuda.c). Every rank of a server of several ranks runs one
+ * (server_nccl_ranks.c): the group is the trainer and all of them, each
+ * bucket one broadcast, and a tensor-parallel rank keeps its shard only.
  *
  * Nothing here blocks on the trainer: joining is nonblocking NCCL, each
  * bucket's receive and unpacking are enqueued on streams of their own, and
@@ -13,7 +15,7 @@
  * (ncclCommAbort): the serving weights never changed.
  *
  *     fr_nccl_recv *r;
- *     fr_nccl_recv_new(unique_id, 30000, &r);      // joins in the background
+ *     fr_nccl_recv_new(unique_id, 2, 1, 30000, &r); // joins in the background
  *     fr_nccl_recv_begin(r, &begin, staged, &code); // staged: fr_weight_update_begin_for(session, ...)
  *     fr_nccl_recv_bucket(r, &bucket, &code);      // each update_weights_nccl_bucket
  *     fr_nccl_recv_poll(r, &bucket, &code);        // every turn: joined, bucket checked, failures
@@ -37,11 +39,18 @@ extern "C" {
 
 typedef struct fr_nccl_recv fr_nccl_recv;
 
-#define FR_NCCL_RECV_NRANKS 2   /* the trainer (rank 0) and this server (rank 1) */
+/* Starts joining the group of unique_id as NCCL rank `rank` of `nranks`
+ * (nonblocking): the trainer is rank 0, world rank w of the server is rank
+ * w + 1 (one server rank: 1 of 2). */
+fr_status fr_nccl_recv_new(const unsigned char unique_id[FR_PROTO_NCCL_ID_BYTES], int nranks, int rank,
+                           int timeout_ms, fr_nccl_recv **out);
 
-/* Starts joining the group of unique_id as rank 1 of 2 (nonblocking). */
-fr_status fr_nccl_recv_new(const unsigned char unique_id[FR_PROTO_NCCL_ID_BYTES], int timeout_ms,
-                           fr_nccl_recv **out);
+/* A tensor-parallel rank (tp_size > 1) of a model of config cfg (the whole
+ * model's): each bucket's pieces are converted whole, checked, and only the
+ * rank's part of each (rollout/engine/wsync_rank.h) is copied into its
+ * stage, which must be a shard stage (fr_weight_update_begin_shard_for).
+ * tp_size 1 (the default): pieces go straight into a whole-model stage. */
+fr_status fr_nccl_recv_set_shard(fr_nccl_recv *r, const fr_model_config *cfg, int tp_rank, int tp_size);
 
 /* Ends the group (ncclCommAbort: local, never waits on the trainer), waits
  * for this side's streams, frees everything; NULL-safe. */
@@ -61,6 +70,10 @@ typedef enum {
 fr_nr_event fr_nccl_recv_poll(fr_nccl_recv *r, int *bucket, const char **code);
 
 int fr_nccl_recv_joined(const fr_nccl_recv *r);
+/* Waits (up to the group's timeout) until this side has joined: a rank of
+ * several, told of an update once rank 0 has joined, which every member's
+ * join completes together but each notices on its own. */
+fr_status fr_nccl_recv_wait_joined(fr_nccl_recv *r);
 /* 1 while an update is begun and not committed or dropped. */
 int fr_nccl_recv_updating(const fr_nccl_recv *r);
 uint64_t fr_nccl_recv_version(const fr_nccl_recv *r);

@@ -22,6 +22,7 @@
 #include <nccl.h>
 
 #include "comm/dev_checksum.h"
+#include "rollout/engine/wsync_rank.h"
 #include "rollout/model/weights_unpack.h"
 #include "trainer_bridge/server/update.h"
 
@@ -44,11 +45,18 @@ typedef struct {
     size_t n_chunks;
     fr_msg_piece *pieces;  /* owned: names for messages */
     int n_pieces;
+    fr_wsync_piece *wp;    /* owned, shard stages: the same pieces for the rank logic */
 } slot;
 
 struct fr_nccl_recv {
     ncclComm_t comm;
+    int nranks, rank;
     int joined;
+    /* a tensor-parallel rank (fr_nccl_recv_set_shard): the rank logic that
+     * cuts its part of each piece, and the BF16 scratch pieces go through */
+    fr_wsync_rank *ws;
+    void *scratch;
+    uint64_t scratch_bytes;
     double timeout_ms, last_progress_ms;
     cudaStream_t rs, us;               /* receive, unpack */
     void *buf[2];
@@ -91,14 +99,18 @@ static fr_status cuda_fail(cudaError_t e, const char *what)
                    what, cudaGetErrorString(e));
 }
 
-fr_status fr_nccl_recv_new(const unsigned char unique_id[FR_PROTO_NCCL_ID_BYTES], int timeout_ms,
-                           fr_nccl_recv **out)
+fr_status fr_nccl_recv_new(const unsigned char unique_id[FR_PROTO_NCCL_ID_BYTES], int nranks, int rank,
+                           int timeout_ms, fr_nccl_recv **out)
 {
     if (!out) return fr_fail(FR_EINVAL, "fr_nccl_recv_new: out is NULL");
     *out = NULL;
     if (!unique_id) return fr_fail(FR_EINVAL, "fr_nccl_recv_new: NULL argument");
+    if (nranks < 2 || rank < 1 || rank >= nranks)
+        return fr_fail(FR_EINVAL, "fr_nccl_recv_new: rank %d of %d (the trainer is rank 0)", rank, nranks);
     fr_nccl_recv *r = calloc(1, sizeof *r);
     if (!r) return fr_fail(FR_ENOMEM, "NCCL weight group: out of memory");
+    r->nranks = nranks;
+    r->rank = rank;
     r->timeout_ms = timeout_ms > 0 ? timeout_ms : 30000;
     fr_status st = FR_OK;
     cudaError_t e = cudaSuccess;
@@ -115,7 +127,7 @@ fr_status fr_nccl_recv_new(const unsigned char unique_id[FR_PROTO_NCCL_ID_BYTES]
         config.blocking = 0;   /* joining must not hold up the serve loop */
         ncclUniqueId id;
         memcpy(&id, unique_id, sizeof id);
-        ncclResult_t nr = ncclCommInitRankConfig(&r->comm, FR_NCCL_RECV_NRANKS, id, 1, &config);
+        ncclResult_t nr = ncclCommInitRankConfig(&r->comm, nranks, id, rank, &config);
         if (nr != ncclSuccess && nr != ncclInProgress) {
             st = nccl_fail(nr, NULL, "ncclCommInitRankConfig");
             r->comm = NULL;
@@ -133,6 +145,7 @@ fr_status fr_nccl_recv_new(const unsigned char unique_id[FR_PROTO_NCCL_ID_BYTES]
 static void free_slot(slot *s)
 {
     free(s->pieces);
+    free(s->wp);
     memset(s, 0, sizeof *s);
 }
 
@@ -149,6 +162,14 @@ static void clear_update(fr_nccl_recv *r)
     r->n_waiting = 0;
 }
 
+fr_status fr_nccl_recv_set_shard(fr_nccl_recv *r, const fr_model_config *cfg, int tp_rank, int tp_size)
+{
+    if (!r || !cfg) return fr_fail(FR_EINVAL, "fr_nccl_recv_set_shard: NULL argument");
+    fr_wsync_rank_destroy(&r->ws);
+    if (tp_size <= 1) return FR_OK;
+    return fr_wsync_rank_new(cfg, tp_rank, tp_size, 0, &r->ws);
+}
+
 void fr_nccl_recv_destroy(fr_nccl_recv **pr)
 {
     fr_nccl_recv *r = pr ? *pr : NULL;
@@ -160,6 +181,8 @@ void fr_nccl_recv_destroy(fr_nccl_recv **pr)
     if (r->us) cudaStreamSynchronize(r->us);
     clear_update(r);
     free(r->waiting);
+    fr_wsync_rank_destroy(&r->ws);
+    if (r->scratch) cudaFree(r->scratch);
     for (int i = 0; i < 2; i++) {
         free_slot(&r->sl[i]);
         if (r->buf[i]) cudaFree(r->buf[i]);
@@ -176,6 +199,27 @@ void fr_nccl_recv_destroy(fr_nccl_recv **pr)
 }
 
 int fr_nccl_recv_joined(const fr_nccl_recv *r) { return r && r->joined; }
+
+fr_status fr_nccl_recv_wait_joined(fr_nccl_recv *r)
+{
+    if (!r) return fr_fail(FR_EINVAL, "fr_nccl_recv_wait_joined: NULL");
+    const double until = fr_now_ms() + r->timeout_ms;
+    while (!r->joined) {
+        ncclResult_t a = ncclInProgress;
+        ncclResult_t q = ncclCommGetAsyncError(r->comm, &a);
+        if (q != ncclSuccess) return nccl_fail(q, r->comm, "ncclCommGetAsyncError");
+        if (a == ncclSuccess) {
+            r->joined = 1;
+            r->last_progress_ms = fr_now_ms();
+        } else if (a != ncclInProgress) {
+            return nccl_fail(a, r->comm, "joining the group");
+        } else if (fr_now_ms() > until) {
+            return fr_fail(FR_EIO, "NCCL weight group: this rank did not finish joining within %.0f s",
+                           r->timeout_ms / 1e3);
+        }
+    }
+    return FR_OK;
+}
 int fr_nccl_recv_updating(const fr_nccl_recv *r) { return r && r->updating; }
 uint64_t fr_nccl_recv_version(const fr_nccl_recv *r) { return r && r->updating ? r->version : 0; }
 uint64_t fr_nccl_recv_bytes(const fr_nccl_recv *r) { return r ? r->staged : 0; }
@@ -202,6 +246,39 @@ static fr_status ensure_buffers(fr_nccl_recv *r, uint64_t bytes)
     }
     r->buf_bytes = bytes;
     return FR_OK;
+}
+
+/* A shard rank's scratch: each piece is converted to BF16 there (at its
+ * byte offset in the bucket: BF16 never takes more room than the piece),
+ * then the rank's blocks are copied into the stage. */
+static fr_status ensure_scratch(fr_nccl_recv *r, uint64_t bytes)
+{
+    if (!r->ws || (r->scratch && r->scratch_bytes == bytes)) return FR_OK;
+    if (r->scratch) cudaFree(r->scratch);
+    r->scratch = NULL;
+    r->scratch_bytes = 0;
+    cudaError_t e = cudaMalloc(&r->scratch, (size_t)bytes);
+    if (e != cudaSuccess) return cuda_fail(e, "allocating the unpacking scratch");
+    r->scratch_bytes = bytes;
+    return FR_OK;
+}
+
+/* The rank logic's view of the declared tensors. */
+static fr_status begin_shard(fr_nccl_recv *r, const fr_msg_update_begin *b, const fr_weight_update *staged,
+                             const char **code)
+{
+    if (!r->ws) return FR_OK;
+    if (!fr_weight_update_is_shard(staged))
+        return FAIL("update_failed", FR_EINTERNAL, "NCCL weight group: a tensor-parallel rank needs a shard stage");
+    fr_wsync_tensor *t = calloc((size_t)b->n_tensors, sizeof *t);
+    if (!t) return FAIL("out_of_memory", FR_ENOMEM, "NCCL weight group: out of memory");
+    for (int i = 0; i < b->n_tensors; i++)
+        t[i] = (fr_wsync_tensor){.name = b->tensors[i].name, .dtype = b->tensors[i].dtype,
+                                 .rows = b->tensors[i].shape[0],
+                                 .cols = b->tensors[i].ndim == 2 ? b->tensors[i].shape[1] : 0};
+    fr_status st = fr_wsync_rank_begin(r->ws, b->version, t, b->n_tensors, b->bucket_bytes, b->partial);
+    free(t);
+    return st ? fail(code, "bad_shape", st) : FR_OK;
 }
 
 static declared *find_declared(fr_nccl_recv *r, const char *name)
@@ -252,6 +329,11 @@ fr_status fr_nccl_recv_begin(fr_nccl_recv *r, const fr_msg_update_begin *b, fr_w
         d[i] = (declared){.t = *t, .table = k, .bytes = fr_msg_tensor_bytes(t)};
     }
     fr_status st = ensure_buffers(r, b->bucket_bytes);
+    if (!st) st = ensure_scratch(r, b->bucket_bytes);
+    if (!st && (st = begin_shard(r, b, staged, code))) {
+        free(d);
+        return st;
+    }
     if (!st) st = fr_weight_update_restart(staged, b->version);
     if (!st) st = fr_weight_update_set_partial(staged, b->partial);
     if (st) {
@@ -304,6 +386,60 @@ static fr_status check_bucket(fr_nccl_recv *r, const fr_msg_nccl_bucket *b, cons
     return FR_OK;
 }
 
+/* The rank logic's view of bucket b (pieces by declared index). */
+static fr_wsync_bucket wsync_bucket(const fr_nccl_recv *r, const fr_msg_nccl_bucket *b, fr_wsync_piece *wp)
+{
+    for (int k = 0; k < b->n_pieces; k++) {
+        const fr_msg_piece *p = &b->pieces[k];
+        wp[k] = (fr_wsync_piece){.tensor = (int)(find_declared((fr_nccl_recv *)r, p->t.name) - r->d),
+                                 .offset = p->offset, .nbytes = p->nbytes, .at = p->at};
+    }
+    return (fr_wsync_bucket){.bucket = b->bucket, .nbytes = b->nbytes, .checksum = b->checksum, .pieces = wp,
+                             .n_pieces = b->n_pieces};
+}
+
+typedef struct {
+    fr_nccl_recv *r;
+    cudaStream_t s;
+} block_ctx;
+
+/* One block of a piece, already BF16 in the scratch, into the shard stage. */
+static fr_status copy_block(void *user, const fr_wsync_block *blk)
+{
+    block_ctx *c = user;
+    uint16_t *dst = fr_weight_update_device_dst(c->r->u, blk->model_tensor);
+    if (!dst) return fr_fail(FR_EINTERNAL, "NCCL weight group: the update has no device stage");
+    const fr_tp_rect *x = &blk->rect;
+    const uint16_t *src = (const uint16_t *)((const char *)c->r->scratch + blk->src_at);
+    /* one run (a row range, a whole tensor) may be longer than a 2-D copy's pitch allows */
+    cudaError_t e = x->rows == 1 ? cudaMemcpyAsync(dst + x->dst, src + x->src, 2 * x->width, cudaMemcpyDeviceToDevice,
+                                                   c->s)
+                                 : cudaMemcpy2DAsync(dst + x->dst, 2 * x->dst_pitch, src + x->src, 2 * x->src_pitch,
+                                                     2 * x->width, x->rows, cudaMemcpyDeviceToDevice, c->s);
+    return e == cudaSuccess ? FR_OK : cuda_fail(e, "copying a rank's part of a piece");
+}
+
+/* A tensor-parallel rank: every piece converted (and checked) whole into
+ * the scratch, so every rank flags the same values, then the rank's blocks
+ * of it copied into its shard stage. *wp: the pieces for the rank logic. */
+static fr_status unpack_shard(fr_nccl_recv *r, int i, const fr_msg_nccl_bucket *b, fr_wsync_piece **wp)
+{
+    *wp = malloc(sizeof **wp * (size_t)b->n_pieces);
+    if (!*wp) return fr_fail(FR_ENOMEM, "NCCL weight group: out of memory");
+    const fr_wsync_bucket wb = wsync_bucket(r, b, *wp);
+    fr_status st = fr_wsync_rank_plan(r->ws, &wb);
+    for (int k = 0; k < b->n_pieces && !st; k++) {
+        const fr_msg_piece *p = &b->pieces[k];
+        const size_t es = fr_dtype_size(p->t.dtype);
+        st = fr_weights_unpack_launch((const char *)r->buf[i] + p->at, (int)p->t.dtype, (size_t)(p->nbytes / es),
+                                      (uint16_t *)((char *)r->scratch + p->at), r->dbad[i], (unsigned long long)k,
+                                      r->us);
+    }
+    block_ctx c = {r, r->us};
+    if (!st) st = fr_wsync_rank_blocks(r->ws, &wb, copy_block, &c);
+    return st;
+}
+
 /* Enqueues the receive, checksum and unpacking of bucket b into slot i. */
 static fr_status launch(fr_nccl_recv *r, int i, fr_msg_nccl_bucket *b, const char **code)
 {
@@ -337,24 +473,35 @@ static fr_status launch(fr_nccl_recv *r, int i, fr_msg_nccl_bucket *b, const cha
     if (e != cudaSuccess) return fail(code, "update_failed", cuda_fail(e, "clearing the bad-value flag"));
     if (fr_dev_checksum_launch(r->buf[i], (size_t)b->nbytes, r->dig[i], r->us))
         return FAIL("update_failed", FR_EINTERNAL, "NCCL weight group: %s", fr_comm_last_error());
-    for (int k = 0; k < b->n_pieces && !st; k++) {
-        const fr_msg_piece *p = &b->pieces[k];
-        const declared *d = find_declared(r, p->t.name);
-        const size_t es = fr_dtype_size(p->t.dtype);
-        uint16_t *dst = fr_weight_update_device_dst(r->u, d->table);
-        if (!dst) return FAIL("update_failed", FR_EINTERNAL, "NCCL weight group: the update has no device stage");
-        st = fr_weights_unpack_launch((const char *)r->buf[i] + p->at, (int)p->t.dtype, (size_t)(p->nbytes / es),
-                                      dst + p->offset / es, r->dbad[i], (unsigned long long)k, r->us);
+    fr_wsync_piece *wp = NULL;
+    if (r->ws) {
+        st = unpack_shard(r, i, b, &wp);
+    } else {
+        for (int k = 0; k < b->n_pieces && !st; k++) {
+            const fr_msg_piece *p = &b->pieces[k];
+            const declared *d = find_declared(r, p->t.name);
+            const size_t es = fr_dtype_size(p->t.dtype);
+            uint16_t *dst = fr_weight_update_device_dst(r->u, d->table);
+            if (!dst) return FAIL("update_failed", FR_EINTERNAL, "NCCL weight group: the update has no device stage");
+            st = fr_weights_unpack_launch((const char *)r->buf[i] + p->at, (int)p->t.dtype, (size_t)(p->nbytes / es),
+                                          dst + p->offset / es, r->dbad[i], (unsigned long long)k, r->us);
+        }
     }
-    if (st) return fail(code, "update_failed", st);
+    if (st) {
+        free(wp);
+        return fail(code, "update_failed", st);
+    }
     const size_t chunks = fr_dev_checksum_chunks((size_t)b->nbytes);
     if ((e = cudaMemcpyAsync(r->hdig[i], r->dig[i], chunks * sizeof(uint64_t), cudaMemcpyDeviceToHost, r->us)) ||
         (e = cudaMemcpyAsync(r->hbad[i], r->dbad[i], sizeof *r->hbad[i], cudaMemcpyDeviceToHost, r->us)) ||
         (e = cudaEventRecord(r->unpacked[i], r->us)))
+    {
+        free(wp);
         return fail(code, "update_failed", cuda_fail(e, "enqueueing a bucket's checks"));
-    free(s->pieces);
+    }
+    free_slot(s);
     *s = (slot){.busy = 1, .bucket = b->bucket, .nbytes = b->nbytes, .checksum = b->checksum, .n_chunks = chunks,
-                .pieces = b->pieces, .n_pieces = b->n_pieces};
+                .pieces = b->pieces, .n_pieces = b->n_pieces, .wp = wp};
     b->pieces = NULL;   /* the slot owns them now */
     b->n_pieces = 0;
     return FR_OK;
@@ -441,6 +588,14 @@ static int check_slot(fr_nccl_recv *r, int *bucket, int *ok, const char **code)
             if (*ok) r->staged += s->nbytes;
         }
     }
+    if (r->ws && s->wp) {   /* the rank logic's record of the bucket */
+        const fr_wsync_bucket wb = {.bucket = s->bucket, .nbytes = s->nbytes, .checksum = s->checksum,
+                                    .pieces = s->wp, .n_pieces = s->n_pieces};
+        if (fr_wsync_rank_bucket_done(r->ws, &wb, *ok, FR_WSYNC_BAD_CHECKSUM) && *ok) {
+            *ok = 0;
+            fail(code, "update_failed", FR_EINTERNAL);
+        }
+    }
     free_slot(s);
     r->oldest ^= 1;
     return 1;
@@ -524,6 +679,8 @@ fr_status fr_nccl_recv_ready(fr_nccl_recv *r, int *ready, const char **code)
             return FAIL("missing_tensor", FR_EINVAL, "update to version %llu: \"%s\" has %llu of its %llu bytes",
                         (unsigned long long)r->version, r->d[i].t.name, (unsigned long long)r->d[i].received,
                         (unsigned long long)r->d[i].bytes);
+    if (r->ws && fr_wsync_rank_ready(r->ws))
+        return FAIL("missing_tensor", FR_EINVAL, "%s", fr_last_error());
     if (fr_weight_update_complete(r->u)) {
         char msg[FR_PROTO_TEXT_MAX - 64];
         snprintf(msg, sizeof msg, "%s", fr_last_error());

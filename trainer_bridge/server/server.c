@@ -503,6 +503,8 @@ void fr_bridge_server_destroy(fr_bridge_server **pp)
     free(srv->deferred);
     fr_weight_update_free(&srv->wupd);
     fr_weight_update_free(&srv->spare);
+    fr_weight_update_free(&srv->ng_spare);
+    free(srv->ng_acks);
     fr_rank_buf_free(&srv->events);
     fr_rank_buf_free(&srv->outbox);
     free(srv->engine_open);

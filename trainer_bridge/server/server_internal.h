@@ -61,9 +61,10 @@ typedef struct {
 } request;
 
 /* Several ranks: what rank 0 sends every rank each turn (engine events)... */
-enum { EV_SUBMIT = 1, EV_ABORT, EV_ABORT_ALL, EV_UPD_BEGIN, EV_UPD_BUCKET, EV_UPD_DROP, EV_UPD_COMMIT };
-/* ...and what each engine leader sends rank 0 after its step. */
-enum { OB_TOKEN = 1, OB_DONE, OB_REJECT, OB_STATS };
+enum { EV_SUBMIT = 1, EV_ABORT, EV_ABORT_ALL, EV_UPD_BEGIN, EV_UPD_BUCKET, EV_UPD_DROP, EV_UPD_COMMIT,
+       EV_NCCL_INIT, EV_NCCL_BEGIN, EV_NCCL_BUCKET, EV_NCCL_COMMIT, EV_NCCL_DROP, EV_NCCL_END };
+/* ...and what each engine leader (OB_NCCL: any rank) sends rank 0 after its step. */
+enum { OB_TOKEN = 1, OB_DONE, OB_REJECT, OB_STATS, OB_NCCL };
 
 /* A reply encoded now and sent once this turn's results went out. */
 typedef struct {
@@ -161,6 +162,11 @@ struct fr_bridge_server {
     fr_nccl_recv *ng;
     fr_weight_update *ng_upd;  /* the engine's stage its update in progress fills */
 #endif
+    fr_weight_update *ng_spare; /* tensor parallel: the shard stage of the last NCCL update, kept */
+    int *ng_acks;             /* rank 0 of several: buckets each rank has checked in the NCCL update */
+    int ng_announced;         /* rank 0 of several: buckets of it passed to the ranks */
+    int ng_replied;           /* rank 0 of several: buckets answered (every rank had checked them) */
+    int ng_gen;               /* several ranks: groups joined so far (a report names its group) */
     int ng_peer;              /* the client whose group it is */
     int ng_commit;            /* 1: that client's commit waits for buckets in flight */
     uint64_t ng_commit_version;
@@ -230,6 +236,19 @@ int srv_nccl_end_message(fr_bridge_server *srv, int peer, uint64_t version, int 
 int srv_nccl_pending(const fr_bridge_server *srv);
 void srv_nccl_turn(fr_bridge_server *srv);
 
+/* server_nccl_ranks.c: weights over NCCL into several ranks */
+#ifdef FR_HAVE_CUDA
+void srv_nccl_ack(fr_bridge_server *srv, int rank, int bucket);
+int srv_nccl_all_acked(const fr_bridge_server *srv);
+void srv_nccl_apply(fr_bridge_server *srv, int ev, fr_rank_reader *r);
+void srv_nccl_follower_turn(fr_bridge_server *srv);
+fr_status srv_nccl_join(fr_bridge_server *srv, const unsigned char *id, int nranks, int timeout_ms);
+void srv_nccl_put_begin(fr_bridge_server *srv, const fr_msg_update_begin *b);
+void srv_nccl_put_bucket(fr_bridge_server *srv, const fr_msg_nccl_bucket *b);
+void srv_nccl_take_report(fr_bridge_server *srv, fr_rank_reader *r);
+fr_weight_update *srv_take_nccl_stage(fr_bridge_server *srv, uint64_t version);
+#endif
+
 /* server.c: logging, dispatch and lifecycle */
 void srv_log(fr_bridge_server *srv, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int srv_abort_everything(fr_bridge_server *srv);
@@ -253,6 +272,7 @@ fr_status srv_setup_curve(fr_bridge_server *srv, const fr_bridge_config *cfg);
 /* server_ranks.c: several ranks */
 fr_status srv_apply_events(fr_bridge_server *srv);
 void srv_commit_on_ranks(fr_bridge_server *srv, uint64_t version);
+int srv_switch_on_ranks(fr_bridge_server *srv, uint64_t version, int ok, fr_weight_update *stage, double *t0);
 fr_status srv_handle_waiting(fr_bridge_server *srv, const volatile sig_atomic_t *stop, int at_barrier);
 fr_status srv_run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop);
 

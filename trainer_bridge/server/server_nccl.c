@@ -1,5 +1,6 @@
 /* Weight updates over NCCL (docs/protocol.md, "Weights over NCCL"); without
- * CUDA the messages are answered with an error. */
+ * CUDA the messages are answered with an error. A server of several ranks
+ * passes what rank 0 accepts to every rank (server_nccl_ranks.c). */
 #include "trainer_bridge/server/server_internal.h"
 
 static int nccl_timeout_ms(const fr_bridge_server *srv)
@@ -24,6 +25,7 @@ void srv_nccl_end(fr_bridge_server *srv, const char *why, const char *code)
     srv_keep_spare(srv, srv->ng_upd);
     srv->ng_upd = NULL;
     srv->ng_commit = 0;
+    if (srv->multi) fr_rank_put_u8(&srv->events, EV_NCCL_END);   /* every rank ends its side */
 }
 #endif
 
@@ -37,6 +39,7 @@ void srv_nccl_drop_update(fr_bridge_server *srv, const char *why)
           why);
     srv->updates_failed++;
     srv->ng_commit = 0;
+    if (srv->multi) fr_rank_put_u8(&srv->events, EV_NCCL_DROP);
     if (fr_nccl_recv_drop(srv->ng)) {
         srv_nccl_end(srv, fr_last_error(), NULL);   /* keeps the stage once the streams are done */
         return;
@@ -65,6 +68,15 @@ static void nccl_try_commit(fr_bridge_server *srv)
         return;
     }
     if (!ready) return;
+    if (srv->multi) {
+        /* every rank has checked every bucket: all vote and switch together
+         * at the start of the next turn (server_nccl_ranks.c) */
+        if (!srv_nccl_all_acked(srv)) return;
+        srv->ng_commit = 0;
+        fr_rank_put_u8(&srv->events, EV_NCCL_COMMIT);
+        fr_rank_put_u64(&srv->events, srv->ng_commit_version);
+        return;
+    }
     srv->ng_commit = 0;
     const uint64_t version = srv->ng_commit_version, bytes = fr_nccl_recv_bytes(srv->ng);
     const double t0 = fr_now_ms();
@@ -97,6 +109,10 @@ static void nccl_try_commit(fr_bridge_server *srv)
 void srv_nccl_turn(fr_bridge_server *srv)
 {
 #ifdef FR_HAVE_CUDA
+    if (srv->rank != 0) {
+        srv_nccl_follower_turn(srv);
+        return;
+    }
     for (int k = 0; srv->ng && k < 64; k++) {
         int bucket = -1;
         const char *code = "nccl_failed";
@@ -104,6 +120,8 @@ void srv_nccl_turn(fr_bridge_server *srv)
         if (ev == FR_NR_NOTHING) break;
         if (ev == FR_NR_JOINED) {
             srv_log(srv, "NCCL weight group of client %s is up", fr_peers_name(srv->peers, srv->ng_peer));
+        } else if (ev == FR_NR_BUCKET_OK && srv->multi) {
+            srv_nccl_ack(srv, 0, bucket);   /* answered once every rank has it */
         } else if (ev == FR_NR_BUCKET_OK) {
             srv->upd_last_ms = fr_now_ms();
             srv_send_update_reply(srv, srv->ng_peer, fr_nccl_recv_version(srv->ng), FR_UPD_BUCKET, bucket,
@@ -125,7 +143,8 @@ void srv_nccl_turn(fr_bridge_server *srv)
 int srv_nccl_pending(const fr_bridge_server *srv)
 {
 #ifdef FR_HAVE_CUDA
-    return srv->ng && (!fr_nccl_recv_joined(srv->ng) || fr_nccl_recv_busy(srv->ng) || srv->ng_commit);
+    return srv->ng && (!fr_nccl_recv_joined(srv->ng) || fr_nccl_recv_busy(srv->ng) || srv->ng_commit ||
+                       srv->ng_replied < srv->ng_announced);
 #else
     (void)srv;
     return 0;
@@ -139,31 +158,37 @@ void srv_handle_nccl_init(fr_bridge_server *srv, int peer, const fr_msg_nccl_ini
     srv_send_error(srv, peer, "nccl_unavailable", 0, 0,
                "nccl_group_init: this server was built without CUDA; weights travel over ZeroMQ only");
 #else
-    if (srv->multi) {
-        srv_send_error(srv, peer, "nccl_unavailable", 0, 0,
-                   "nccl_group_init: weights over NCCL need a server of one rank (this one serves on %d ranks); "
-                   "use update_weights over ZeroMQ", srv->world->size);
-        return;
-    }
     if (srv->sess->backend != FR_BACKEND_CUDA || !srv->sess->gpu_weights) {
         srv_send_error(srv, peer, "nccl_unavailable", 0, 0,
                    "nccl_group_init: the %s backend has no device weights to receive into; weights over NCCL need "
                    "the cuda backend (use update_weights over ZeroMQ)", fr_backend_name(srv->sess->backend));
         return;
     }
+    if (srv->multi && !srv->ng_acks && !(srv->ng_acks = calloc((size_t)srv->world->size, sizeof *srv->ng_acks))) {
+        srv_send_error(srv, peer, "out_of_memory", 0, 0, "nccl_group_init: out of memory");
+        return;
+    }
     if (srv->ng) srv_nccl_end(srv, "a new nccl_group_init arrived", NULL);
     if (srv->upd && srv->upd_peer == peer) srv_drop_update(srv, "its client makes an NCCL weight group");
-    if (fr_nccl_recv_new(n->unique_id, nccl_timeout_ms(srv), &srv->ng)) {
+    /* the trainer is rank 0; world rank w of this server is rank w + 1 */
+    const int nranks = (srv->multi ? srv->world->size : 1) + 1;
+    if (srv_nccl_join(srv, n->unique_id, nranks, nccl_timeout_ms(srv))) {
         srv_send_error(srv, peer, "nccl_failed", 0, 0, "%s", fr_last_error());
         return;
     }
+    if (srv->multi) {   /* the unique id reaches every rank with this turn's events */
+        fr_rank_put_u8(&srv->events, EV_NCCL_INIT);
+        fr_rank_put_bytes(&srv->events, n->unique_id, FR_PROTO_NCCL_ID_BYTES);
+        fr_rank_put_i32(&srv->events, nranks);
+        fr_rank_put_i32(&srv->events, nccl_timeout_ms(srv));
+    }
     srv->ng_peer = peer;
     srv->ng_commit = 0;
-    srv_log(srv, "client %s makes an NCCL weight group: joining as rank 1 of %d", fr_peers_name(srv->peers, peer),
-          FR_NCCL_RECV_NRANKS);
+    srv_log(srv, "client %s makes an NCCL weight group: joining as rank 1 of %d%s", fr_peers_name(srv->peers, peer),
+          nranks, srv->multi ? " (every rank of every engine joins)" : "");
     fr_msg m;
     fr_msg_init(&m, FR_MSG_NCCL_REPLY);
-    m.u.nccl_reply = (fr_msg_nccl_reply){.state = FR_NCCL_JOINING, .nranks = FR_NCCL_RECV_NRANKS, .rank = 0,
+    m.u.nccl_reply = (fr_msg_nccl_reply){.state = FR_NCCL_JOINING, .nranks = nranks, .rank = 0,
                                          .timeout_s = nccl_timeout_ms(srv) * 1e-3};
     srv_send_msg(srv, peer, &m);
 #endif
@@ -197,7 +222,7 @@ void srv_handle_nccl_begin(fr_bridge_server *srv, int peer, const fr_msg_update_
         return;
     }
     const char *code = "out_of_memory";
-    fr_weight_update *w = srv_take_stage(srv, b->version);
+    fr_weight_update *w = srv_take_nccl_stage(srv, b->version);
     if (!w || fr_nccl_recv_begin(srv->ng, b, w, &code)) {
         srv_keep_spare(srv, w);
         srv->updates_failed++;
@@ -207,6 +232,11 @@ void srv_handle_nccl_begin(fr_bridge_server *srv, int peer, const fr_msg_update_
     srv->ng_upd = w;
     srv->upd_last_ms = srv->upd_begin_ms = fr_now_ms();
     srv->ng_commit = 0;
+    if (srv->multi) {
+        srv->ng_announced = srv->ng_replied = 0;
+        memset(srv->ng_acks, 0, sizeof *srv->ng_acks * (size_t)srv->world->size);
+        srv_nccl_put_begin(srv, b);
+    }
     srv_log(srv, "weight update to version %llu over NCCL begins: %d tensors, %llu bytes, buckets of %llu bytes",
           (unsigned long long)b->version, b->n_tensors, (unsigned long long)b->total_bytes,
           (unsigned long long)b->bucket_bytes);
@@ -226,6 +256,9 @@ void srv_handle_nccl_bucket(fr_bridge_server *srv, int peer, const fr_msg_nccl_b
             char msg[FR_PROTO_TEXT_MAX];
             snprintf(msg, sizeof msg, "%s", fr_last_error());
             srv_nccl_end(srv, msg, code);
+        } else if (srv->multi) {   /* checked here: every other rank receives it too */
+            srv->ng_announced++;
+            srv_nccl_put_bucket(srv, b);
         }
         return;
     }

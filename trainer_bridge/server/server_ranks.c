@@ -111,10 +111,37 @@ static void apply_bucket(fr_bridge_server *srv, fr_rank_reader *r)
     }
 }
 
-/* update_weights_commit on every rank: first all agree that each holds the
- * whole update, then all switch and agree that each did. When a rank
- * cannot stage it, every rank drops it and the old version keeps serving;
- * a switch that failed on some ranks only ends the job (srv->fatal). */
+/* The all-or-nothing switch of a weight update, on every rank together
+ * (both transports): all vote whether each holds the whole update (ok);
+ * when all do, all switch to stage between the same two steps and vote
+ * again. Returns 1 when every rank switched (*t0: when the switch began),
+ * 0 when the first vote said no (nothing changed on any rank) or a switch
+ * failed on some ranks only (the engines no longer agree: srv->fatal ends
+ * the loop on every rank). */
+int srv_switch_on_ranks(fr_bridge_server *srv, uint64_t version, int ok, fr_weight_update *stage, double *t0)
+{
+    int all = 0;
+    if (fr_mpi_world_all_ok(srv->world, ok, &all)) comm_fatal(srv, "agreeing on a weight update");
+    if (!all) return 0;
+    *t0 = fr_now_ms();
+    fr_status st = fr_session_commit_weights_move(srv->sess, stage);
+    if (st) srv_log(srv, "rank %d: switching to weight version %llu failed: %s", srv->rank, (unsigned long long)version,
+                  fr_last_error());
+    if (fr_mpi_world_all_ok(srv->world, st == FR_OK, &all)) comm_fatal(srv, "agreeing on a weight update");
+    if (!all) {
+        srv->fatal = fr_fail(FR_EIO, "serve: weight version %llu was switched in on some ranks only; the engines no "
+                                     "longer agree on their weights, so every rank stops",
+                             (unsigned long long)version);
+        srv_log(srv, "rank %d: %s", srv->rank, fr_last_error());
+        return 0;
+    }
+    srv->weight_version = version;
+    fr_scheduler_set_weight_version(srv->sch, version);
+    return 1;
+}
+
+/* update_weights_commit on every rank (srv_switch_on_ranks). When a rank
+ * cannot stage it, every rank drops it and the old version keeps serving. */
 void srv_commit_on_ranks(fr_bridge_server *srv, uint64_t version)
 {
     const char *code;
@@ -127,37 +154,22 @@ void srv_commit_on_ranks(fr_bridge_server *srv, uint64_t version)
         if (!ok) srv_log(srv, "rank %d: cannot commit weight version %llu: %s", srv->rank, (unsigned long long)version,
                        srv->wupd && !srv->stage_failed ? fr_last_error() : "it was not staged whole");
     }
-    int all = 0;
-    if (fr_mpi_world_all_ok(srv->world, ok, &all)) comm_fatal(srv, "agreeing on a weight update");
-    if (!all) {
+    const uint64_t old = srv->weight_version;
+    double t0 = 0;
+    fr_weight_update *stage = srv->rank == 0 ? (ok ? fr_bridge_update_staged(srv->upd) : NULL) : srv->wupd;
+    if (!srv_switch_on_ranks(srv, version, ok, stage, &t0)) {
         if (srv->rank == 0) {
-            fr_fail(FR_EIO, "update to version %llu: not every rank could stage it (their logs say why); version "
-                    "%llu keeps serving", (unsigned long long)version, (unsigned long long)srv->weight_version);
+            if (!srv->fatal)
+                fr_fail(FR_EIO, "update to version %llu: not every rank could stage it (their logs say why); version "
+                        "%llu keeps serving", (unsigned long long)version, (unsigned long long)old);
             srv_fail_update(srv, srv->upd_peer, "update_failed");
         }
-        fr_weight_update_free(&srv->wupd);
-        return;
-    }
-    double t0 = fr_now_ms();
-    fr_status st =
-        fr_session_commit_weights_move(srv->sess, srv->rank == 0 ? fr_bridge_update_staged(srv->upd) : srv->wupd);
-    if (st) srv_log(srv, "rank %d: switching to weight version %llu failed: %s", srv->rank, (unsigned long long)version,
-                  fr_last_error());
-    if (fr_mpi_world_all_ok(srv->world, st == FR_OK, &all)) comm_fatal(srv, "agreeing on a weight update");
-    if (!all) {
-        srv->fatal = fr_fail(FR_EIO, "serve: weight version %llu was switched in on some ranks only; the engines no "
-                                     "longer agree on their weights, so every rank stops",
-                             (unsigned long long)version);
-        srv_log(srv, "rank %d: %s", srv->rank, fr_last_error());
-        if (srv->rank == 0) srv_fail_update(srv, srv->upd_peer, "update_failed");
         fr_weight_update_free(&srv->wupd);
         return;
     }
     if (srv->rank == 0) {
         srv_committed(srv, version, t0);
     } else {
-        srv->weight_version = version;
-        fr_scheduler_set_weight_version(srv->sch, version);
         srv_keep_spare(srv, srv->wupd);
         srv->wupd = NULL;
     }
@@ -212,6 +224,14 @@ fr_status srv_apply_events(fr_bridge_server *srv)
             if (!r.bad) srv_commit_on_ranks(srv, v);
             break;
         }
+#ifdef FR_HAVE_CUDA
+        case EV_NCCL_INIT: srv_nccl_apply(srv, EV_NCCL_INIT, &r); break;
+        case EV_NCCL_BEGIN: srv_nccl_apply(srv, EV_NCCL_BEGIN, &r); break;
+        case EV_NCCL_BUCKET: srv_nccl_apply(srv, EV_NCCL_BUCKET, &r); break;
+        case EV_NCCL_COMMIT: srv_nccl_apply(srv, EV_NCCL_COMMIT, &r); break;
+        case EV_NCCL_DROP: srv_nccl_apply(srv, EV_NCCL_DROP, &r); break;
+        case EV_NCCL_END: srv_nccl_apply(srv, EV_NCCL_END, &r); break;
+#endif
         default: r.bad = 1; break;
         }
         if (st && !first) first = st;
@@ -319,6 +339,9 @@ static fr_status exchange_results(fr_bridge_server *srv)
             take_stats(srv, &r, first_stats);
             first_stats = 0;
             break;
+#ifdef FR_HAVE_CUDA
+        case OB_NCCL: srv_nccl_take_report(srv, &r); break;
+#endif
         default: r.bad = 1; break;
         }
     }
@@ -349,7 +372,7 @@ static fr_status drain_messages(fr_bridge_server *srv, const volatile sig_atomic
 {
     fr_peers_stats ps;
     fr_peers_stats_get(srv->peers, &ps);
-    long wait = !srv_eng_idle(srv) ? 0 : ps.queued ? 2 : 100;
+    long wait = !srv_eng_idle(srv) ? 0 : ps.queued || srv_nccl_pending(srv) ? 2 : 100;
     zmq_pollitem_t it = {.socket = srv->sock, .events = ZMQ_POLLIN};
     if (zmq_poll(&it, 1, wait) < 0) {
         if (errno == EINTR) return FR_OK;
@@ -373,10 +396,12 @@ static fr_status after_turn(fr_bridge_server *srv)
     if (fr_peers_pump(srv->peers, NULL)) return FR_EIO;
     srv_conn_watch(srv);   /* peers found gone by a send, or whose connection closed */
     if (srv_publishes(srv) && fr_now_ms() - srv->last_pub_ms >= 200.0) srv_publish_metrics(srv);
-    if (srv->upd && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
+    if ((srv->upd || srv_nccl_updating(srv)) && srv->cfg.update_idle_ms > 0 &&
+        fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
         char why[96];
         snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
-        srv_drop_update(srv, why);
+        if (srv->upd) srv_drop_update(srv, why);
+        else srv_nccl_drop_update(srv, why);
     }
     return FR_OK;
 }
@@ -420,6 +445,7 @@ fr_status srv_run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop
             else srv_log(srv, "rank %d: engine step failed (its samples end with reason error): %s", srv->rank,
                        fr_last_error());
         }
+        srv_nccl_turn(srv);   /* every rank's weight group: buckets checked, failures */
         NOTE_FAILURE(exchange_results(srv));
         if (srv->rank == 0) NOTE_FAILURE(after_turn(srv));
         if (srv->rank == 0) srv_log_stats(srv, 0);

@@ -16,6 +16,11 @@ void srv_send_update_reply(fr_bridge_server *srv, int peer, uint64_t version, fr
 void srv_keep_spare(fr_bridge_server *srv, fr_weight_update *w)
 {
     if (!w) return;
+    if (fr_weight_update_is_shard(w)) {   /* an NCCL update's stage on a tensor-parallel rank */
+        fr_weight_update_free(&srv->ng_spare);
+        srv->ng_spare = w;
+        return;
+    }
     fr_weight_update_free(&srv->spare);
     srv->spare = w;
 }

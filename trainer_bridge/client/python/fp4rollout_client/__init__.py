@@ -462,9 +462,11 @@ class RolloutClient(_Closes):
         """Makes an NCCL group with the server for weight updates
         (docs/protocol.md, "Weights over NCCL"), this process as rank 0 on CUDA
         device `device` (an int, a torch.device or "cuda:N"; None: torch's
-        current device). Returns once the server joined. The server must serve
-        on the cuda backend with one rank; otherwise ServerError with code
-        nccl_unavailable. A library built without CUDA raises ClientError."""
+        current device). Returns once every rank of the server joined (a
+        tensor-parallel or several-engine server joins with all its ranks:
+        weight_group_size()). The server must serve on the cuda backend;
+        otherwise ServerError with code nccl_unavailable. A library built
+        without CUDA raises ClientError."""
         if device is None:
             import torch  # only for the default device
             device = torch.cuda.current_device()
@@ -475,6 +477,11 @@ class RolloutClient(_Closes):
             index = 0
         if self._lib.fr_client_nccl_group_init(self._c, int(index)):
             self._raise()
+
+    def weight_group_size(self) -> int:
+        """Members of the NCCL weight group: this client and every rank of the
+        server (0 when there is no group)."""
+        return int(self._lib.fr_client_nccl_group_size(self._c))
 
     def close_weight_group(self) -> None:
         """Ends the NCCL weight group on both sides (nothing when there is none)."""

@@ -108,6 +108,7 @@ def load():
                                              P(UpdateReply)]),
         "fr_client_nccl_group_init": (c_int, [ctypes.c_void_p, c_int]),
         "fr_client_nccl_group_close": (c_int, [ctypes.c_void_p]),
+        "fr_client_nccl_group_size": (c_int, [ctypes.c_void_p]),
         "fr_client_update_weights_nccl": (c_int, [ctypes.c_void_p, P(Tensor), c_int, c_u64, ctypes.c_void_p,
                                                   P(UpdateOpts), P(UpdateReply)]),
         "fr_client_send_raw": (c_int, [ctypes.c_void_p, c_char_p, ctypes.c_size_t, c_int]),
