@@ -352,15 +352,19 @@ static int chosen(uint64_t id, int index, double rate)
     return (double)(z >> 11) * 0x1p-53 < rate;
 }
 
-/* The shadow, opened on first use; NULL (monitoring off) when it cannot be. */
+/* The shadow, opened on first use (fr_scheduler_submit asks for it with the
+ * first monitored sample, so that its allocation is not paid in a step);
+ * NULL (monitoring off) when it cannot be. */
 static fr_shadow *shadow_of(fr_scheduler *sch)
 {
     if (sch->shadow || sch->shadow_failed) return sch->shadow;
     int blocks = sch->cfg.shadow_blocks > 0 ? sch->cfg.shadow_blocks : sch->n_blocks;
+    const double t0 = fr_now_s();
     if (fr_shadow_open(sch->s, sch->cfg.max_seqs, blocks, &sch->shadow)) {
         sch->shadow_failed = 1;
         sch->shadow = NULL;
     }
+    sch->st.shadow_open_s += fr_now_s() - t0;
     return sch->shadow;
 }
 
@@ -393,6 +397,24 @@ static void measure(fr_scheduler *sch, sample *x, const float *logits, const flo
     fr_status st = fr_kl_topk(ref, logits, sch->vocab, FR_KL_TOP_K, x->tokens[x->n - 1], &k);
     sch->st.kl_s += fr_now_s() - t0;
     if (!st) record(sch, x, &k);
+}
+
+/* D_t of the first tokens of the n samples xs of one prompt: the shadow's
+ * prefill distribution (sch->ref) against the served one, logits; in one
+ * call on the device when the shadow is there, else each on the host. */
+static void measure_first(fr_scheduler *sch, sample **xs, int n, const float *logits)
+{
+    if (n == 0) return;
+    int done = 0;
+    if (fr_shadow_on_device(sch->shadow) && !grow((void **)&sch->mon_chosen, &sch->cap_mon_chosen, n, sizeof(int)) &&
+        !grow((void **)&sch->mon_kl, &sch->cap_mon_kl, n, sizeof(fr_kl_result))) {
+        const double t0 = fr_now_s();
+        for (int j = 0; j < n; j++) sch->mon_chosen[j] = xs[j]->tokens[xs[j]->n - 1];
+        done = !fr_shadow_measure_pair(sch->shadow, sch->ref, logits, sch->mon_chosen, n, sch->mon_kl);
+        sch->st.kl_s += fr_now_s() - t0;
+        for (int j = 0; done && j < n; j++) record(sch, xs[j], &sch->mon_kl[j]);
+    }
+    for (int j = 0; !done && j < n; j++) measure(sch, xs[j], logits, sch->ref);
 }
 
 /* Stops x's shadow (out of room or failed): the figures so far stay. */
@@ -675,6 +697,11 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
         return fr_fail(FR_ENOMEM, "scheduler: out of memory");
     }
     sch->reqs[sch->n_reqs++] = r;
+    for (int i = 0; i < r->n; i++)
+        if (r->samples[i].monitored) {
+            shadow_of(sch);   /* a failure is the prompt's completion's to handle: monitoring off */
+            break;
+        }
     return FR_OK;
 }
 
@@ -737,6 +764,7 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits, const i
     /* The monitored samples' shadow: one prefill of the prompt, forked. */
     int shadow_src = -1;
     const int lo = j->lo, hi = j->hi;
+    const double t_start = fr_now_s();
     for (int i = lo; i < hi; i++) {
         sample *x = &r->samples[i];
         if (x->done || !x->monitored || !shadow_of(sch)) continue;
@@ -751,22 +779,25 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits, const i
             x->shadow_seq = -1;
         }
     }
+    sch->st.shadow_start_s += fr_now_s() - t_start;
     /* Samples that end on their first token are finished last: the last
      * finish frees the request. */
     sample **end = malloc(sizeof(sample *) * (size_t)(hi - lo));
+    sample **mon = malloc(sizeof(sample *) * (size_t)(hi - lo));
     fr_finish_reason *whys = malloc(sizeof *whys * (size_t)(hi - lo));
-    if (!end || !whys) {
+    if (!end || !mon || !whys) {
         free(end);
+        free(mon);
         free(whys);
         fail_job_samples(sch, j, FR_FINISH_ERROR);
         return;
     }
-    int n_end = 0, seq = j->seq;
+    int n_end = 0, n_mon = 0, seq = j->seq;
     for (int i = lo; i < hi; i++) {
         sample *x = &r->samples[i];
         if (x->done) continue;
         fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, i - lo);
-        if (why != FR_FINISH_ERROR && x->shadow_seq >= 0 && logits) measure(sch, x, logits, sch->ref);
+        if (why != FR_FINISH_ERROR && x->shadow_seq >= 0 && logits) mon[n_mon++] = x;   /* measured below, before any finish */
         if (!why && seq >= 0) {        /* the first one keeps the prefill's sequence */
             x->seq = seq;
             seq = -1;
@@ -783,8 +814,10 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits, const i
         sch->running[sch->n_running++] = x;
     }
     if (seq >= 0) fr_kv_seq_free(sch->s->kv, seq);   /* every sample ended on its first token */
+    measure_first(sch, mon, n_mon, logits);
     for (int k = 0; k < n_end; k++) finish(sch, end[k], whys[k]);   /* the last may free r */
     free(end);
+    free(mon);
     free(whys);
 }
 
@@ -1015,7 +1048,7 @@ static fr_status run_forward(fr_scheduler *sch, step_plan *p)
         /* The shadow's rows ride in the serving batch: one read of the
          * weights for both (rollout/model/runner_cuda.h). */
         st = fr_shadow_launch_carried(sch->shadow, sch->s, sch->rows, sch->drows, n_dec, sch->mon_seqs, sch->mon_toks,
-                                      n_mon);
+                                      n_mon, sch->mon_served);
         if (st == FR_EUNSUPPORTED) {   /* refused before anything ran (tensor parallel): step it apart from now on */
             sch->carry = 0;
             st = FR_OK;
