@@ -490,4 +490,9 @@ void fr_shadow_drop(fr_shadow *sh, int shadow_seq)
     if (sh && shadow_seq >= 0) fr_kv_seq_free(sh->s.kv, shadow_seq);
 }
 
+void fr_shadow_capture_stats(const fr_shadow *sh, int *captures, double *seconds)
+{
+    fr_session_capture_stats(sh ? &sh->s : NULL, captures, seconds);
+}
+
 int fr_shadow_free_blocks(const fr_shadow *sh) { return sh ? fr_kv_free_blocks(sh->s.kv) : 0; }

@@ -90,6 +90,8 @@ fr_status fr_shadow_fork(fr_shadow *sh, int src, int *dst);
 int fr_shadow_blocks_needed(const fr_shadow *sh, int seq);
 /* Ends monitoring of a sequence and frees its blocks. */
 void fr_shadow_drop(fr_shadow *sh, int shadow_seq);
+/* The shadow session's decode graph captures (fr_session_capture_stats). */
+void fr_shadow_capture_stats(const fr_shadow *sh, int *captures, double *seconds);
 /* Free KV blocks of the shadow. */
 int fr_shadow_free_blocks(const fr_shadow *sh);
 

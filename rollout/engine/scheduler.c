@@ -1187,6 +1187,7 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
     sch->st.forward_s += t1 - t0;
     sch->st.steps++;
     sch->st.decode_steps += p.fast;
+    sch->st.carried_steps += p.carried;
     run_shadow(sch, &p);
     double t2 = fr_now_s();
     sch->st.shadow_s += t2 - t1;
@@ -1331,6 +1332,12 @@ void fr_scheduler_stats_get(const fr_scheduler *sch, fr_scheduler_stats *out)
     out->monitored = 0;
     for (int i = 0; i < sch->n_running; i++) out->monitored += sch->running[i]->shadow_seq >= 0;
     out->shadow_blocks_free = sch->shadow ? fr_shadow_free_blocks(sch->shadow) : -1;
+    int n_main, n_shadow = 0;
+    double s_main, s_shadow = 0.0;
+    fr_session_capture_stats(sch->s, &n_main, &s_main);
+    if (sch->shadow) fr_shadow_capture_stats(sch->shadow, &n_shadow, &s_shadow);
+    out->graph_captures = n_main + n_shadow;
+    out->graph_capture_s = s_main + s_shadow;
 }
 
 fr_status fr_scheduler_recompute_all(fr_scheduler *sch, int *n_preempted)

@@ -81,6 +81,12 @@ typedef struct {
      * prefills and forks when their prompts complete. */
     long long decode_steps;
     double forward_s, shadow_s, host_s, kl_s, shadow_open_s, shadow_start_s;
+    /* Decode steps that carried the shadow's rows; decode graphs captured
+     * by the serving and the shadow session, and the seconds their first
+     * uses took (inside forward_s and shadow_s). */
+    long long carried_steps;
+    int graph_captures;
+    double graph_capture_s;
 } fr_scheduler_stats;
 
 /* Several engines' stats as one: counts and block figures summed (the

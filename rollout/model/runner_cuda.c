@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "attention/attn_bf16.h"
+#include "base/clock.h"
 #include "attention/attn_fixed.h"
 #include "attention/attn_fp4.h"
 #include "attention/cuda_check.h"
@@ -53,6 +54,8 @@ struct fr_runner_cuda {
      * to a power of two), to measure whether the matrix products of
      * 64 + 4 rows take slower kernels than a rounder count; 0 by default. */
     int rider_min_rows;
+    int captures;               /* decode graphs captured, and the seconds their first uses took */
+    double capture_s;
     /* device buffers */
     float *x, *q, *k, *v, *gu, *logits;
     float *draw_logits;         /* [max_seqs][vocab]: rows gathered for sampling in a step (made on first use) */
@@ -704,6 +707,8 @@ static fr_status run_decode(fr_runner_cuda *r, int rows, int b, int b2, const fr
     /* First use: run it directly (which also prepares the matrix-product
      * plans and kernel attributes a capture must not create), then capture
      * the same launches for the next steps. */
+    const double t0 = fr_now_s();
+    r->captures++;
     fr_status st = enqueue_decode(r, rows);
     if (st) return st;
     FR_CUDA_TRY(cudaStreamSynchronize(r->stream));
@@ -726,6 +731,7 @@ static fr_status run_decode(fr_runner_cuda *r, int rows, int b, int b2, const fr
         }
     }
     if (g) cudaGraphDestroy(g);
+    r->capture_s += fr_now_s() - t0;
     return st;
 }
 
@@ -903,6 +909,12 @@ fr_status fr_runner_cuda_decode_keep(fr_runner_cuda *r, const fr_step_seq *seqs,
 const float *fr_runner_cuda_decode_logits(const fr_runner_cuda *r) { return r ? r->logits : NULL; }
 const int *fr_runner_cuda_decode_tokens(const fr_runner_cuda *r) { return r ? r->tokens_out : NULL; }
 cudaStream_t fr_runner_cuda_stream(const fr_runner_cuda *r) { return r ? r->stream : 0; }
+
+void fr_runner_cuda_capture_stats(const fr_runner_cuda *r, int *captures, double *seconds)
+{
+    *captures = r ? r->captures : 0;
+    *seconds = r ? r->capture_s : 0.0;
+}
 
 /* Drops the captured decode graphs: they hold the kernels of the mode they
  * were captured in. */

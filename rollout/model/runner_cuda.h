@@ -109,6 +109,10 @@ const float *fr_runner_cuda_decode_logits(const fr_runner_cuda *r);
  * work enqueued there after a launch reads them before the wait. */
 const int *fr_runner_cuda_decode_tokens(const fr_runner_cuda *r);
 cudaStream_t fr_runner_cuda_stream(const fr_runner_cuda *r);
+/* Decode graphs captured so far, and the seconds their first uses took
+ * (the direct run, the capture and the instantiation): to tell a graph
+ * that is replayed from one captured again. */
+void fr_runner_cuda_capture_stats(const fr_runner_cuda *r, int *captures, double *seconds);
 
 /* Installs the forward taps of runner_cpu.h (copied; NULL removes them):
  * layer_kv and layer_q see every layer of fr_runner_cuda_step's steps, as
