@@ -4,10 +4,10 @@
 #include <string.h>
 
 #include "attention/attn_bf16.h"
-#include "base/clock.h"
 #include "attention/attn_fixed.h"
 #include "attention/attn_fp4.h"
 #include "attention/cuda_check.h"
+#include "base/clock.h"
 #include "kvcache/kv_store_cuda.h"
 #include "rollout/model/gemm_cuda.h"
 #include "rollout/model/moe_cuda.h"
