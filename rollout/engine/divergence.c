@@ -114,7 +114,8 @@ struct fr_shadow {
      * lists sent and the results (pending rows of it, 0: none enqueued). */
     void *d_kl_ws;
     size_t kl_ws_bytes;
-    float *d_pair;         /* [2][vocab]: a reference and a served row sent from the host */
+    float *d_host_rows;    /* [host_rows_cap][vocab]: rows sent from the host to be measured (made on use) */
+    int host_rows_cap;
     int *d_used;
     int *h_ref_rows, *h_served_rows, *h_used;
     fr_kl_result *h_out;
@@ -170,7 +171,7 @@ void fr_shadow_close(fr_shadow **psh)
     cudaFree(sh->d_out);
     cudaFree(sh->d_kl_ws);
     cudaFree(sh->d_used);
-    cudaFree(sh->d_pair);
+    cudaFree(sh->d_host_rows);
     cudaFreeHost(sh->h_ref_rows);
     cudaFreeHost(sh->h_served_rows);
     cudaFreeHost(sh->h_used);
@@ -224,7 +225,6 @@ static fr_status device_buffers(fr_shadow *sh)
         cudaMalloc((void **)&sh->d_out, sizeof(fr_kl_result) * cap) != cudaSuccess ||
         cudaMalloc(&sh->d_kl_ws, sh->kl_ws_bytes) != cudaSuccess ||
         cudaMalloc((void **)&sh->d_used, sizeof(int) * cap) != cudaSuccess ||
-        cudaMalloc((void **)&sh->d_pair, sizeof(float) * 2 * (size_t)V) != cudaSuccess ||
         cudaMallocHost((void **)&sh->h_ref_rows, sizeof(int) * cap) != cudaSuccess ||
         cudaMallocHost((void **)&sh->h_served_rows, sizeof(int) * cap) != cudaSuccess ||
         cudaMallocHost((void **)&sh->h_used, sizeof(int) * cap) != cudaSuccess ||
@@ -237,12 +237,10 @@ static fr_status device_buffers(fr_shadow *sh)
         cudaFree(sh->d_out);
         cudaFree(sh->d_kl_ws);
         cudaFree(sh->d_used);
-        cudaFree(sh->d_pair);
         cudaFreeHost(sh->h_ref_rows);
         cudaFreeHost(sh->h_served_rows);
         cudaFreeHost(sh->h_used);
         cudaFreeHost(sh->h_out);
-        sh->d_pair = NULL;
         sh->d_ref_rows = sh->d_served_rows = sh->d_chosen = sh->d_used = NULL;
         sh->d_out = NULL;
         sh->d_kl_ws = NULL;
@@ -409,9 +407,19 @@ fr_status fr_shadow_carried_kl(fr_shadow *sh, fr_session *served, const int *ser
 }
 
 #ifdef FR_HAVE_CUDA
-/* fr_shadow_measure_pair on the device, on the shadow's stream. */
-static fr_status measure_pair_on_device(fr_shadow *sh, const float *ref, const float *served, const int *chosen, int n,
-                                        fr_kl_result *out)
+/* Index of row in rows[0..*n), added when missing. */
+static int row_index(const float **rows, int *n, const float *row)
+{
+    for (int i = 0; i < *n; i++)
+        if (rows[i] == row) return i;
+    rows[*n] = row;
+    return (*n)++;
+}
+
+/* fr_shadow_measure_rows on the device, on the shadow's stream: each
+ * distinct host row sent once. */
+static fr_status measure_rows_on_device(fr_shadow *sh, const float *const *ref, const float *const *served,
+                                        const int *chosen, int n, fr_kl_result *out)
 {
     fr_status st = device_buffers(sh);
     if (st) return st;
@@ -419,51 +427,69 @@ static fr_status measure_pair_on_device(fr_shadow *sh, const float *ref, const f
         cudaEventSynchronize(sh->kl_done);
         sh->pending = 0;
     }
-    const int V = sh->s.model->cfg.vocab_size;
-    const size_t row = sizeof(float) * (size_t)V;
-    const cudaStream_t stream = fr_runner_cuda_stream(sh->s.gpu);
+    const float **rows = malloc(sizeof *rows * 2 * (size_t)n);
+    if (!rows) return fr_fail(FR_ENOMEM, "shadow: out of memory");
+    int n_rows = 0;
     for (int j = 0; j < n; j++) {
-        sh->h_ref_rows[j] = 0;
-        sh->h_served_rows[j] = 1;
+        sh->h_ref_rows[j] = row_index(rows, &n_rows, ref[j]);
+        sh->h_served_rows[j] = row_index(rows, &n_rows, served[j]);
         sh->h_used[j] = chosen[j];
     }
-    if (cudaMemcpyAsync(sh->d_pair, ref, row, cudaMemcpyHostToDevice, stream) ||
-        cudaMemcpyAsync(sh->d_pair + V, served, row, cudaMemcpyHostToDevice, stream) ||
-        cudaMemcpyAsync(sh->d_ref_rows, sh->h_ref_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice, stream) ||
-        cudaMemcpyAsync(sh->d_served_rows, sh->h_served_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice,
-                        stream) ||
-        cudaMemcpyAsync(sh->d_chosen, sh->h_used, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice, stream)) {
-        cudaStreamSynchronize(stream);
-        return fr_fail(FR_EINTERNAL, "shadow: %s", cudaGetErrorString(cudaGetLastError()));
+    const int V = sh->s.model->cfg.vocab_size;
+    const size_t row = sizeof(float) * (size_t)V;
+    if (n_rows > sh->host_rows_cap) {
+        cudaFree(sh->d_host_rows);
+        sh->host_rows_cap = 0;
+        if (cudaMalloc((void **)&sh->d_host_rows, row * (size_t)n_rows) != cudaSuccess) {
+            cudaGetLastError();
+            sh->d_host_rows = NULL;
+            free(rows);
+            return fr_fail(FR_ENOMEM, "shadow: cannot allocate %d rows of logits on the device", n_rows);
+        }
+        sh->host_rows_cap = n_rows;
     }
-    st = fr_kl_topk_cuda_split(sh->d_pair, sh->d_ref_rows, sh->d_pair, sh->d_served_rows, sh->d_chosen, 0, n, V,
-                               FR_KL_TOP_K, sh->d_kl_ws, sh->kl_ws_bytes, sh->d_out, NULL, stream);
-    cudaError_t e = st ? cudaSuccess
-                       : cudaMemcpyAsync(sh->h_out, sh->d_out, sizeof(fr_kl_result) * (size_t)n, cudaMemcpyDeviceToHost,
-                                         stream);
-    cudaError_t w = cudaStreamSynchronize(stream);   /* also when something failed: the buffers are free after */
+    const cudaStream_t stream = fr_runner_cuda_stream(sh->s.gpu);
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < n_rows && e == cudaSuccess; i++)
+        e = cudaMemcpyAsync(sh->d_host_rows + (size_t)i * V, rows[i], row, cudaMemcpyHostToDevice, stream);
+    free(rows);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(sh->d_ref_rows, sh->h_ref_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice, stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(sh->d_served_rows, sh->h_served_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice,
+                            stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(sh->d_chosen, sh->h_used, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice, stream);
+    if (e == cudaSuccess)
+        st = fr_kl_topk_cuda_split(sh->d_host_rows, sh->d_ref_rows, sh->d_host_rows, sh->d_served_rows, sh->d_chosen,
+                                   0, n, V, FR_KL_TOP_K, sh->d_kl_ws, sh->kl_ws_bytes, sh->d_out, NULL, stream);
+    if (e == cudaSuccess && !st)
+        e = cudaMemcpyAsync(sh->h_out, sh->d_out, sizeof(fr_kl_result) * (size_t)n, cudaMemcpyDeviceToHost, stream);
+    cudaError_t w = cudaStreamSynchronize(stream);   /* also after a failure: the buffers are free after */
     if (st) return st;
     if (e != cudaSuccess || w != cudaSuccess)
-        return fr_fail(FR_EINTERNAL, "shadow: the divergence kernel failed: %s",
+        return fr_fail(FR_EINTERNAL, "shadow: measuring rows from the host failed: %s",
                        cudaGetErrorString(e != cudaSuccess ? e : w));
     memcpy(out, sh->h_out, sizeof(fr_kl_result) * (size_t)n);
     return FR_OK;
 }
 #endif
 
-fr_status fr_shadow_measure_pair(fr_shadow *sh, const float *ref, const float *served, const int *chosen, int n,
-                                 fr_kl_result *out)
+fr_status fr_shadow_measure_rows(fr_shadow *sh, const float *const *ref, const float *const *served, const int *chosen,
+                                 int n, fr_kl_result *out)
 {
     if (!sh || !ref || !served || !chosen || !out || n < 1 || n > sh->cap)
-        return fr_fail(FR_EINVAL, "fr_shadow_measure_pair: bad argument");
+        return fr_fail(FR_EINVAL, "fr_shadow_measure_rows: bad argument");
     const int V = sh->s.model->cfg.vocab_size;
-    for (int j = 0; j < n; j++)
-        if (chosen[j] < -1 || chosen[j] >= V) return fr_fail(FR_EINVAL, "fr_shadow_measure_pair: token %d", chosen[j]);
+    for (int j = 0; j < n; j++) {
+        if (!ref[j] || !served[j]) return fr_fail(FR_EINVAL, "fr_shadow_measure_rows: row %d is NULL", j);
+        if (chosen[j] < -1 || chosen[j] >= V) return fr_fail(FR_EINVAL, "fr_shadow_measure_rows: token %d", chosen[j]);
+    }
 #ifdef FR_HAVE_CUDA
-    if (fr_shadow_on_device(sh)) return measure_pair_on_device(sh, ref, served, chosen, n, out);
+    if (fr_shadow_on_device(sh)) return measure_rows_on_device(sh, ref, served, chosen, n, out);
 #endif
     for (int j = 0; j < n; j++) {
-        fr_status st = fr_kl_topk(ref, served, V, FR_KL_TOP_K, chosen[j], &out[j]);
+        fr_status st = fr_kl_topk(ref[j], served[j], V, FR_KL_TOP_K, chosen[j], &out[j]);
         if (st) return st;
     }
     return FR_OK;

@@ -75,14 +75,14 @@ fr_status fr_shadow_launch_carried(fr_shadow *sh, fr_session *served, const fr_s
                                    const int *served_rows);
 fr_status fr_shadow_carried_kl(fr_shadow *sh, fr_session *served, const int *served_rows, const int *chosen, int n,
                                fr_kl_result *out);
-/* D_t of n samples that share one pair of distributions given on the host
- * (a prompt's first tokens: ref the shadow's prefill logits, served the
- * serving prefill's; vocab floats each), chosen[j] the token sample j drew
- * (-1: none); out[j] receives the result. On the device when the shadow is
- * there (two rows sent, no vocabulary-sized work on the host), else
- * fr_kl_topk's. */
-fr_status fr_shadow_measure_pair(fr_shadow *sh, const float *ref, const float *served, const int *chosen, int n,
-                                 fr_kl_result *out);
+/* D_t of n rows given on the host (vocab floats each): the shadow's
+ * distribution ref[j] against the served one served[j], chosen[j] the token
+ * drawn (-1: none); out[j] receives the result. Rows may repeat (a prompt's
+ * samples share its prefill's rows). On the device when the shadow is
+ * there (each distinct row sent once, no vocabulary-sized work on the
+ * host), else fr_kl_topk's. */
+fr_status fr_shadow_measure_rows(fr_shadow *sh, const float *const *ref, const float *const *served, const int *chosen,
+                                 int n, fr_kl_result *out);
 /* A new shadow sequence holding src's tokens (for the n samples of one
  * prompt). */
 fr_status fr_shadow_fork(fr_shadow *sh, int src, int *dst);

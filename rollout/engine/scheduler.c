@@ -107,6 +107,14 @@ struct fr_scheduler {
     int *mon_served, *mon_chosen, cap_mon_served, cap_mon_chosen;   /* measuring on the device */
     fr_kl_result *mon_kl;
     int cap_mon_kl;
+    /* rows measured from the host in one call (fr_shadow_measure_rows):
+     * their reference and served rows, tokens, the monitored row each
+     * stands for, the results; mon_pre[m]: 1 + the batch index of monitored
+     * row m's result, 0 when it has none */
+    const float **mref, **mserved;
+    int *mtok, *mrow, *mon_pre;
+    fr_kl_result *mres;
+    int cap_mref, cap_mserved, cap_mtok, cap_mrow, cap_mon_pre, cap_mres;
     fr_div_aggregates agg;
     fr_serving_stats serving;        /* latencies, prompt tokens, ends by reason */
     /* How a decode-only step runs the shadow on CUDA: carried in the serving
@@ -399,6 +407,16 @@ static void measure(fr_scheduler *sch, sample *x, const float *logits, const flo
     if (!st) record(sch, x, &k);
 }
 
+/* Room for n rows measured from the host in one call. */
+static int grow_batch(fr_scheduler *sch, int n)
+{
+    return !grow((void **)&sch->mref, &sch->cap_mref, n, sizeof *sch->mref) &&
+           !grow((void **)&sch->mserved, &sch->cap_mserved, n, sizeof *sch->mserved) &&
+           !grow((void **)&sch->mtok, &sch->cap_mtok, n, sizeof(int)) &&
+           !grow((void **)&sch->mrow, &sch->cap_mrow, n, sizeof(int)) &&
+           !grow((void **)&sch->mres, &sch->cap_mres, n, sizeof(fr_kl_result));
+}
+
 /* D_t of the first tokens of the n samples xs of one prompt: the shadow's
  * prefill distribution (sch->ref) against the served one, logits; in one
  * call on the device when the shadow is there, else each on the host. */
@@ -406,13 +424,16 @@ static void measure_first(fr_scheduler *sch, sample **xs, int n, const float *lo
 {
     if (n == 0) return;
     int done = 0;
-    if (fr_shadow_on_device(sch->shadow) && !grow((void **)&sch->mon_chosen, &sch->cap_mon_chosen, n, sizeof(int)) &&
-        !grow((void **)&sch->mon_kl, &sch->cap_mon_kl, n, sizeof(fr_kl_result))) {
+    if (fr_shadow_on_device(sch->shadow) && grow_batch(sch, n)) {
         const double t0 = fr_now_s();
-        for (int j = 0; j < n; j++) sch->mon_chosen[j] = xs[j]->tokens[xs[j]->n - 1];
-        done = !fr_shadow_measure_pair(sch->shadow, sch->ref, logits, sch->mon_chosen, n, sch->mon_kl);
+        for (int j = 0; j < n; j++) {
+            sch->mref[j] = sch->ref;
+            sch->mserved[j] = logits;
+            sch->mtok[j] = xs[j]->tokens[xs[j]->n - 1];
+        }
+        done = !fr_shadow_measure_rows(sch->shadow, sch->mref, sch->mserved, sch->mtok, n, sch->mres);
         sch->st.kl_s += fr_now_s() - t0;
-        for (int j = 0; done && j < n; j++) record(sch, xs[j], &sch->mon_kl[j]);
+        for (int j = 0; done && j < n; j++) record(sch, xs[j], &sch->mres[j]);
     }
     for (int j = 0; !done && j < n; j++) measure(sch, xs[j], logits, sch->ref);
 }
@@ -620,6 +641,12 @@ void fr_scheduler_destroy(fr_scheduler **p)
     free(sch->mon_served);
     free(sch->mon_chosen);
     free(sch->mon_kl);
+    free(sch->mref);
+    free(sch->mserved);
+    free(sch->mtok);
+    free(sch->mrow);
+    free(sch->mon_pre);
+    free(sch->mres);
     free(sch);
     *p = NULL;
 }
@@ -1101,7 +1128,8 @@ static void run_shadow(fr_scheduler *sch, step_plan *p)
     const int n_mon = p->n_mon;
     for (int m = 0; m < n_mon; m++) {
         const sample *x = sch->row_samples[sch->mon_served[m]];
-        sch->mon_chosen[m] = x->r->forced ? x->r->forced[x->n] : sch->dtok[sch->dslot[sch->mon_served[m]]];
+        const int slot = sch->dslot[sch->mon_served[m]];
+        sch->mon_chosen[m] = x->r->forced ? x->r->forced[x->n] : slot >= 0 ? sch->dtok[slot] : -1;
     }
     fr_status ms = FR_OK;
     if (p->carried) ms = fr_shadow_carried_kl(sch->shadow, sch->s, sch->mon_served, sch->mon_chosen, n_mon, sch->mon_kl);
@@ -1133,20 +1161,54 @@ static void prompt_logprobs(fr_scheduler *sch, const job *j, int m, const float 
     }
 }
 
+/* A step whose monitored rows' logits came to the host (prefill chunks in
+ * it, or rows drawn on the host), on CUDA: the rows whose token is known
+ * before postprocessing (drawn on the device, or teacher-forced) are
+ * measured in one call on the device. Returns whether sch->mon_pre says
+ * which rows have their result in sch->mres. */
+static int premeasure(fr_scheduler *sch, const step_plan *p)
+{
+    const size_t V = (size_t)sch->vocab;
+    if (!p->n_mon || p->dev_kl || !fr_shadow_on_device(sch->shadow) || !grow_batch(sch, p->n_mon) ||
+        grow((void **)&sch->mon_pre, &sch->cap_mon_pre, p->n_mon, sizeof(int)))
+        return 0;
+    memset(sch->mon_pre, 0, sizeof(int) * (size_t)p->n_mon);
+    int n = 0;
+    for (int i = 0; i < p->n_dec; i++) {
+        const sample *x = sch->row_samples[i];
+        if (x->shadow_seq < 0 || sch->keep_at[i] < 0) continue;
+        const int slot = sch->dslot[i];
+        const int tok = slot >= 0 ? sch->dtok[slot] : x->r->forced ? x->r->forced[x->n] : -1;
+        if (tok < 0 || tok >= sch->vocab) continue;   /* drawn on the host below: measured there */
+        sch->mref[n] = sch->ref + (size_t)sch->mon_rows[i] * V;
+        sch->mserved[n] = sch->logits + (size_t)sch->keep_at[i] * V;
+        sch->mtok[n] = tok;
+        sch->mrow[n++] = sch->mon_rows[i];
+    }
+    if (n == 0) return 1;
+    const double t0 = fr_now_s();
+    const int ok = !fr_shadow_measure_rows(sch->shadow, sch->mref, sch->mserved, sch->mtok, n, sch->mres);
+    sch->st.kl_s += fr_now_s() - t0;
+    for (int j = 0; ok && j < n; j++) sch->mon_pre[sch->mrow[j]] = j + 1;
+    return 1;
+}
+
 /* After the step: decode tokens and their D_t, then the prefills' progress
  * (a job whose last chunk ran starts its samples). */
 static void postprocess(fr_scheduler *sch, const step_plan *p)
 {
     const size_t V = (size_t)sch->vocab;
-    const int n_dec = p->n_dec;
+    const int n_dec = p->n_dec, pre = premeasure(sch, p);
     for (int i = 0; i < n_dec; i++) {
         sample *x = sch->row_samples[i];
         const float *lg = sch->keep_at[i] >= 0 ? sch->logits + (size_t)sch->keep_at[i] * V : NULL;
         const int slot = sch->dslot[i];
         fr_finish_reason why = slot >= 0 ? accept(sch, x, sch->dtok[slot], sch->dlp[slot]) : draw(sch, x, lg);
         if (p->n_mon && x->shadow_seq >= 0 && why != FR_FINISH_ERROR) {
-            if (p->dev_kl) record(sch, x, &sch->mon_kl[sch->mon_rows[i]]);
-            else if (lg) measure(sch, x, lg, sch->ref + (size_t)sch->mon_rows[i] * V);
+            const int m = sch->mon_rows[i], at = pre ? sch->mon_pre[m] - 1 : -1;
+            if (p->dev_kl) record(sch, x, &sch->mon_kl[m]);
+            else if (at >= 0 && sch->mtok[at] == x->tokens[x->n - 1]) record(sch, x, &sch->mres[at]);
+            else if (lg) measure(sch, x, lg, sch->ref + (size_t)m * V);
         }
         if (why) finish(sch, x, why);
     }
