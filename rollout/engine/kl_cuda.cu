@@ -478,7 +478,7 @@ extern "C" fr_status fr_kl_topk_cuda_split(const float *ref, const int *ref_rows
                                            int vocab, int k, void *ws, size_t ws_bytes, fr_kl_result *out, int *used,
                                            cudaStream_t stream)
 {
-    if (n < 0 || vocab < 1 || vocab > (1 << 24) || k < 1)
+    if (n < 0 || n > 65535 || vocab < 1 || vocab > (1 << 24) || k < 1)   /* rows are the grid's second dimension */
         return fr_fail(FR_EINVAL, "kl on the GPU: %d rows of %d logits, top %d", n, vocab, k);
     if (n == 0) return FR_OK;
     if (!ref || !ref_rows || !served || !served_rows || !out || !ws)

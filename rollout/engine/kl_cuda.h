@@ -37,8 +37,8 @@ fr_status fr_kl_topk_cuda(const float *ref, const int *ref_rows, const float *se
  * above, or with tokens_by_served_row the chosen token of row j is
  * tokens[served_rows[j]] (a decode's sampled tokens, by batch row); used
  * (device, may be NULL) receives each row's chosen token. ws: device
- * workspace of fr_kl_topk_cuda_ws_bytes(n, vocab, k) bytes at least. Two
- * launches on stream, no synchronization. */
+ * workspace of fr_kl_topk_cuda_ws_bytes(n, vocab, k) bytes at least; n up
+ * to 65535. Two launches on stream, no synchronization. */
 size_t fr_kl_topk_cuda_ws_bytes(int n, int vocab, int k);
 fr_status fr_kl_topk_cuda_split(const float *ref, const int *ref_rows, const float *served, const int *served_rows,
                                 const int *tokens, int tokens_by_served_row, int n, int vocab, int k, void *ws,

@@ -54,6 +54,7 @@ struct fr_runner_cuda {
      * to a power of two), to measure whether the matrix products of
      * 64 + 4 rows take slower kernels than a rounder count; 0 by default. */
     int rider_min_rows;
+    int side_off;               /* FR_RIDER_SIDE=0: the rider's launches stay on our stream (for comparing) */
     int captures;               /* decode graphs captured, and the seconds their first uses took */
     double capture_s;
     /* device buffers */
@@ -158,6 +159,7 @@ fr_status fr_runner_cuda_new_tp(const fr_weights_gpu *w, fr_kv_cache *book, int 
     if (!st) st = fr_sampler_gpu_new(V, r->max_seqs, &r->sampler);
     r->use_graphs = getenv("FR_CUDA_GRAPHS") == NULL || strcmp(getenv("FR_CUDA_GRAPHS"), "0") != 0;
     r->rider_min_rows = getenv("FR_RIDER_MIN_ROWS") ? atoi(getenv("FR_RIDER_MIN_ROWS")) : 0;
+    r->side_off = getenv("FR_RIDER_SIDE") && strcmp(getenv("FR_RIDER_SIDE"), "0") == 0;
     if (!st && cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking) != cudaSuccess)
         st = fr_fail(FR_EINTERNAL, "CUDA runner: cannot create a stream");
     DEV_ALLOC(r->x, (size_t)M * D);
@@ -802,7 +804,7 @@ static fr_status decode_launch(fr_runner_cuda *r, const fr_step_seq *seqs, const
     if (st) return st;
     if ((st = upload_metadata(r, seqs, n_seqs, rows, M, &n_logits))) return st;
     if (rd && (st = upload_rider(r, rows, rd, rseqs, n_r, r_rows))) return st;
-    if (rd && r->quantized_kv && !r->side) side_stream(r);
+    if (rd && r->quantized_kv && !r->side && !r->side_off) side_stream(r);
     r->riding = r_rows;
     r->rider = rd;
     memcpy(r->h_sample_rows, params, sizeof(fr_sample_row) * (size_t)n_seqs);
