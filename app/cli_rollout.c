@@ -295,6 +295,22 @@ static const struct option own_opts[] = {
     {"kv-blocks", required_argument, 0, 0}, {"kl-sample-rate", required_argument, 0, 0}, {0, 0, 0, 0},
 };
 
+/* The one-engine run's stats line (bench/monitor_cost.sh reads it). */
+static void stats_line(int n_prompts, const fr_scheduler_stats *ss, int kv_blocks, const char *backend, double run_s,
+                       long long monitored, const fr_div_summary *div)
+{
+    fprintf(stderr,
+            "rollout: requests %d samples %lld tokens %lld prefill_tokens %lld steps %lld preemptions %lld "
+            "kv_blocks %d backend %s seconds %.3f tokens/s %.0f monitored %lld kl_mean %.6g kl_max %.6g "
+            "top1_agreement %.4f decode_steps %lld forward_s %.3f shadow_s %.3f host_s %.3f kl_s %.3f "
+            "shadow_open_s %.3f shadow_start_s %.3f carried_steps %lld graph_captures %d graph_capture_s %.3f\n",
+            n_prompts, ss->finished, ss->tokens_generated, ss->prefill_tokens, ss->steps, ss->preemptions, kv_blocks,
+            backend, run_s, run_s > 0 ? (double)ss->tokens_generated / run_s : 0.0, monitored,
+            fr_div_summary_mean(div), div->kl_max, div->n ? (double)div->top1_agree / (double)div->n : 0.0,
+            ss->decode_steps, ss->forward_s, ss->shadow_s, ss->host_s, ss->kl_s, ss->shadow_open_s,
+            ss->shadow_start_s, ss->carried_steps, ss->graph_captures, ss->graph_capture_s);
+}
+
 int fr_cli_rollout(int argc, char **argv)
 {
     const char *cmd = "rollout", *path = NULL;
@@ -425,15 +441,7 @@ int fr_cli_rollout(int argc, char **argv)
         monitored = agg->samples;
         fr_scheduler_destroy(&sch);   /* anything left in flight ends with reason abort */
     }
-    if (!multi && had_sch)
-        fprintf(stderr,
-                "rollout: requests %d samples %lld tokens %lld prefill_tokens %lld steps %lld preemptions %lld "
-                "kv_blocks %d backend %s seconds %.3f tokens/s %.0f monitored %lld kl_mean %.6g kl_max %.6g "
-                "top1_agreement %.4f decode_steps %lld forward_s %.3f shadow_s %.3f host_s %.3f kl_s %.3f\n",
-                pl.n, ss.finished, ss.tokens_generated, ss.prefill_tokens, ss.steps, ss.preemptions, kv_blocks,
-                fr_backend_name(s.backend), run_s, run_s > 0 ? (double)ss.tokens_generated / run_s : 0.0, monitored,
-                fr_div_summary_mean(&div), div.kl_max, div.n ? (double)div.top1_agree / (double)div.n : 0.0,
-                ss.decode_steps, ss.forward_s, ss.shadow_s, ss.host_s, ss.kl_s);
+    if (!multi && had_sch) stats_line(pl.n, &ss, kv_blocks, fr_backend_name(s.backend), run_s, monitored, &div);
     if (multi)
         st = gather_results(&tl, &oc, &ss, n_requests, st, eo.tp, kv_blocks, fr_backend_name(s.backend));
     free(oc.line.data);

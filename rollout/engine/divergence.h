@@ -63,11 +63,26 @@ fr_status fr_shadow_wait_kl(fr_shadow *sh, fr_session *served, const int *served
  * weights are read once; rollout/model/runner_cuda.h): launches the serving
  * session's decode of seqs/rows with the shadow's n sequences riding in it.
  * Finish it with fr_session_decode_wait on the serving session, then
- * measure with fr_shadow_carried_kl before anything steps either again. */
+ * measure with fr_shadow_carried_kl before anything steps either again.
+ * served_rows (may be NULL): the serving rows the shadow's rows will be
+ * measured against; given, the measurement is enqueued behind the decode
+ * on its stream with the tokens the decode samples, and the decode's wait
+ * covers it, so fr_shadow_carried_kl only reads the results back (no host
+ * round trip of its own) when it is called with the same rows and those
+ * tokens; otherwise it measures then, as before. */
 fr_status fr_shadow_launch_carried(fr_shadow *sh, fr_session *served, const fr_step_seq *seqs, const fr_decode_row *rows,
-                                   int n_seqs, const int *shadow_seqs, const int *tokens, int n);
+                                   int n_seqs, const int *shadow_seqs, const int *tokens, int n,
+                                   const int *served_rows);
 fr_status fr_shadow_carried_kl(fr_shadow *sh, fr_session *served, const int *served_rows, const int *chosen, int n,
                                fr_kl_result *out);
+/* D_t of n rows given on the host (vocab floats each): the shadow's
+ * distribution ref[j] against the served one served[j], chosen[j] the token
+ * drawn (-1: none); out[j] receives the result. Rows may repeat (a prompt's
+ * samples share its prefill's rows). On the device when the shadow is
+ * there (each distinct row sent once, no vocabulary-sized work on the
+ * host), else fr_kl_topk's. */
+fr_status fr_shadow_measure_rows(fr_shadow *sh, const float *const *ref, const float *const *served, const int *chosen,
+                                 int n, fr_kl_result *out);
 /* A new shadow sequence holding src's tokens (for the n samples of one
  * prompt). */
 fr_status fr_shadow_fork(fr_shadow *sh, int src, int *dst);
@@ -75,6 +90,8 @@ fr_status fr_shadow_fork(fr_shadow *sh, int src, int *dst);
 int fr_shadow_blocks_needed(const fr_shadow *sh, int seq);
 /* Ends monitoring of a sequence and frees its blocks. */
 void fr_shadow_drop(fr_shadow *sh, int shadow_seq);
+/* The shadow session's decode graph captures (fr_session_capture_stats). */
+void fr_shadow_capture_stats(const fr_shadow *sh, int *captures, double *seconds);
 /* Free KV blocks of the shadow. */
 int fr_shadow_free_blocks(const fr_shadow *sh);
 

@@ -29,6 +29,21 @@ extern "C" {
 fr_status fr_kl_topk_cuda(const float *ref, const int *ref_rows, const float *served, const int *served_rows,
                           const int *tokens, int n, int vocab, int k, fr_kl_result *out, cudaStream_t stream);
 
+/* The same divergence with each row spread over several blocks (a decode's
+ * few monitored rows against a 152k vocabulary leave most of the GPU idle
+ * with one block a row): each block takes a slice of the vocabulary and
+ * keeps its own top k, a second kernel merges them. Results as
+ * fr_kl_topk_cuda's (the log-sum-exps summed in another order). tokens: as
+ * above, or with tokens_by_served_row the chosen token of row j is
+ * tokens[served_rows[j]] (a decode's sampled tokens, by batch row); used
+ * (device, may be NULL) receives each row's chosen token. ws: device
+ * workspace of fr_kl_topk_cuda_ws_bytes(n, vocab, k) bytes at least; n up
+ * to 65535. Two launches on stream, no synchronization. */
+size_t fr_kl_topk_cuda_ws_bytes(int n, int vocab, int k);
+fr_status fr_kl_topk_cuda_split(const float *ref, const int *ref_rows, const float *served, const int *served_rows,
+                                const int *tokens, int tokens_by_served_row, int n, int vocab, int k, void *ws,
+                                size_t ws_bytes, fr_kl_result *out, int *used, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

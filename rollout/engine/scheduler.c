@@ -107,6 +107,14 @@ struct fr_scheduler {
     int *mon_served, *mon_chosen, cap_mon_served, cap_mon_chosen;   /* measuring on the device */
     fr_kl_result *mon_kl;
     int cap_mon_kl;
+    /* rows measured from the host in one call (fr_shadow_measure_rows):
+     * their reference and served rows, tokens, the monitored row each
+     * stands for, the results; mon_pre[m]: 1 + the batch index of monitored
+     * row m's result, 0 when it has none */
+    const float **mref, **mserved;
+    int *mtok, *mrow, *mon_pre;
+    fr_kl_result *mres;
+    int cap_mref, cap_mserved, cap_mtok, cap_mrow, cap_mon_pre, cap_mres;
     fr_div_aggregates agg;
     fr_serving_stats serving;        /* latencies, prompt tokens, ends by reason */
     /* How a decode-only step runs the shadow on CUDA: carried in the serving
@@ -352,15 +360,19 @@ static int chosen(uint64_t id, int index, double rate)
     return (double)(z >> 11) * 0x1p-53 < rate;
 }
 
-/* The shadow, opened on first use; NULL (monitoring off) when it cannot be. */
+/* The shadow, opened on first use (fr_scheduler_submit asks for it with the
+ * first monitored sample, so that its allocation is not paid in a step);
+ * NULL (monitoring off) when it cannot be. */
 static fr_shadow *shadow_of(fr_scheduler *sch)
 {
     if (sch->shadow || sch->shadow_failed) return sch->shadow;
     int blocks = sch->cfg.shadow_blocks > 0 ? sch->cfg.shadow_blocks : sch->n_blocks;
+    const double t0 = fr_now_s();
     if (fr_shadow_open(sch->s, sch->cfg.max_seqs, blocks, &sch->shadow)) {
         sch->shadow_failed = 1;
         sch->shadow = NULL;
     }
+    sch->st.shadow_open_s += fr_now_s() - t0;
     return sch->shadow;
 }
 
@@ -393,6 +405,37 @@ static void measure(fr_scheduler *sch, sample *x, const float *logits, const flo
     fr_status st = fr_kl_topk(ref, logits, sch->vocab, FR_KL_TOP_K, x->tokens[x->n - 1], &k);
     sch->st.kl_s += fr_now_s() - t0;
     if (!st) record(sch, x, &k);
+}
+
+/* Room for n rows measured from the host in one call. */
+static int grow_batch(fr_scheduler *sch, int n)
+{
+    return !grow((void **)&sch->mref, &sch->cap_mref, n, sizeof *sch->mref) &&
+           !grow((void **)&sch->mserved, &sch->cap_mserved, n, sizeof *sch->mserved) &&
+           !grow((void **)&sch->mtok, &sch->cap_mtok, n, sizeof(int)) &&
+           !grow((void **)&sch->mrow, &sch->cap_mrow, n, sizeof(int)) &&
+           !grow((void **)&sch->mres, &sch->cap_mres, n, sizeof(fr_kl_result));
+}
+
+/* D_t of the first tokens of the n samples xs of one prompt: the shadow's
+ * prefill distribution (sch->ref) against the served one, logits; in one
+ * call on the device when the shadow is there, else each on the host. */
+static void measure_first(fr_scheduler *sch, sample **xs, int n, const float *logits)
+{
+    if (n == 0) return;
+    int done = 0;
+    if (fr_shadow_on_device(sch->shadow) && grow_batch(sch, n)) {
+        const double t0 = fr_now_s();
+        for (int j = 0; j < n; j++) {
+            sch->mref[j] = sch->ref;
+            sch->mserved[j] = logits;
+            sch->mtok[j] = xs[j]->tokens[xs[j]->n - 1];
+        }
+        done = !fr_shadow_measure_rows(sch->shadow, sch->mref, sch->mserved, sch->mtok, n, sch->mres);
+        sch->st.kl_s += fr_now_s() - t0;
+        for (int j = 0; done && j < n; j++) record(sch, xs[j], &sch->mres[j]);
+    }
+    for (int j = 0; !done && j < n; j++) measure(sch, xs[j], logits, sch->ref);
 }
 
 /* Stops x's shadow (out of room or failed): the figures so far stay. */
@@ -598,6 +641,12 @@ void fr_scheduler_destroy(fr_scheduler **p)
     free(sch->mon_served);
     free(sch->mon_chosen);
     free(sch->mon_kl);
+    free(sch->mref);
+    free(sch->mserved);
+    free(sch->mtok);
+    free(sch->mrow);
+    free(sch->mon_pre);
+    free(sch->mres);
     free(sch);
     *p = NULL;
 }
@@ -675,6 +724,11 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
         return fr_fail(FR_ENOMEM, "scheduler: out of memory");
     }
     sch->reqs[sch->n_reqs++] = r;
+    for (int i = 0; i < r->n; i++)
+        if (r->samples[i].monitored) {
+            shadow_of(sch);   /* a failure is the prompt's completion's to handle: monitoring off */
+            break;
+        }
     return FR_OK;
 }
 
@@ -737,6 +791,7 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits, const i
     /* The monitored samples' shadow: one prefill of the prompt, forked. */
     int shadow_src = -1;
     const int lo = j->lo, hi = j->hi;
+    const double t_start = fr_now_s();
     for (int i = lo; i < hi; i++) {
         sample *x = &r->samples[i];
         if (x->done || !x->monitored || !shadow_of(sch)) continue;
@@ -751,22 +806,25 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits, const i
             x->shadow_seq = -1;
         }
     }
+    sch->st.shadow_start_s += fr_now_s() - t_start;
     /* Samples that end on their first token are finished last: the last
      * finish frees the request. */
     sample **end = malloc(sizeof(sample *) * (size_t)(hi - lo));
+    sample **mon = malloc(sizeof(sample *) * (size_t)(hi - lo));
     fr_finish_reason *whys = malloc(sizeof *whys * (size_t)(hi - lo));
-    if (!end || !whys) {
+    if (!end || !mon || !whys) {
         free(end);
+        free(mon);
         free(whys);
         fail_job_samples(sch, j, FR_FINISH_ERROR);
         return;
     }
-    int n_end = 0, seq = j->seq;
+    int n_end = 0, n_mon = 0, seq = j->seq;
     for (int i = lo; i < hi; i++) {
         sample *x = &r->samples[i];
         if (x->done) continue;
         fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, i - lo);
-        if (why != FR_FINISH_ERROR && x->shadow_seq >= 0 && logits) measure(sch, x, logits, sch->ref);
+        if (why != FR_FINISH_ERROR && x->shadow_seq >= 0 && logits) mon[n_mon++] = x;   /* measured below, before any finish */
         if (!why && seq >= 0) {        /* the first one keeps the prefill's sequence */
             x->seq = seq;
             seq = -1;
@@ -783,8 +841,10 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits, const i
         sch->running[sch->n_running++] = x;
     }
     if (seq >= 0) fr_kv_seq_free(sch->s->kv, seq);   /* every sample ended on its first token */
+    measure_first(sch, mon, n_mon, logits);
     for (int k = 0; k < n_end; k++) finish(sch, end[k], whys[k]);   /* the last may free r */
     free(end);
+    free(mon);
     free(whys);
 }
 
@@ -1015,7 +1075,7 @@ static fr_status run_forward(fr_scheduler *sch, step_plan *p)
         /* The shadow's rows ride in the serving batch: one read of the
          * weights for both (rollout/model/runner_cuda.h). */
         st = fr_shadow_launch_carried(sch->shadow, sch->s, sch->rows, sch->drows, n_dec, sch->mon_seqs, sch->mon_toks,
-                                      n_mon);
+                                      n_mon, sch->mon_served);
         if (st == FR_EUNSUPPORTED) {   /* refused before anything ran (tensor parallel): step it apart from now on */
             sch->carry = 0;
             st = FR_OK;
@@ -1068,7 +1128,8 @@ static void run_shadow(fr_scheduler *sch, step_plan *p)
     const int n_mon = p->n_mon;
     for (int m = 0; m < n_mon; m++) {
         const sample *x = sch->row_samples[sch->mon_served[m]];
-        sch->mon_chosen[m] = x->r->forced ? x->r->forced[x->n] : sch->dtok[sch->dslot[sch->mon_served[m]]];
+        const int slot = sch->dslot[sch->mon_served[m]];
+        sch->mon_chosen[m] = x->r->forced ? x->r->forced[x->n] : slot >= 0 ? sch->dtok[slot] : -1;
     }
     fr_status ms = FR_OK;
     if (p->carried) ms = fr_shadow_carried_kl(sch->shadow, sch->s, sch->mon_served, sch->mon_chosen, n_mon, sch->mon_kl);
@@ -1100,20 +1161,54 @@ static void prompt_logprobs(fr_scheduler *sch, const job *j, int m, const float 
     }
 }
 
+/* A step whose monitored rows' logits came to the host (prefill chunks in
+ * it, or rows drawn on the host), on CUDA: the rows whose token is known
+ * before postprocessing (drawn on the device, or teacher-forced) are
+ * measured in one call on the device. Returns whether sch->mon_pre says
+ * which rows have their result in sch->mres. */
+static int premeasure(fr_scheduler *sch, const step_plan *p)
+{
+    const size_t V = (size_t)sch->vocab;
+    if (!p->n_mon || p->dev_kl || !fr_shadow_on_device(sch->shadow) || !grow_batch(sch, p->n_mon) ||
+        grow((void **)&sch->mon_pre, &sch->cap_mon_pre, p->n_mon, sizeof(int)))
+        return 0;
+    memset(sch->mon_pre, 0, sizeof(int) * (size_t)p->n_mon);
+    int n = 0;
+    for (int i = 0; i < p->n_dec; i++) {
+        const sample *x = sch->row_samples[i];
+        if (x->shadow_seq < 0 || sch->keep_at[i] < 0) continue;
+        const int slot = sch->dslot[i];
+        const int tok = slot >= 0 ? sch->dtok[slot] : x->r->forced ? x->r->forced[x->n] : -1;
+        if (tok < 0 || tok >= sch->vocab) continue;   /* drawn on the host below: measured there */
+        sch->mref[n] = sch->ref + (size_t)sch->mon_rows[i] * V;
+        sch->mserved[n] = sch->logits + (size_t)sch->keep_at[i] * V;
+        sch->mtok[n] = tok;
+        sch->mrow[n++] = sch->mon_rows[i];
+    }
+    if (n == 0) return 1;
+    const double t0 = fr_now_s();
+    const int ok = !fr_shadow_measure_rows(sch->shadow, sch->mref, sch->mserved, sch->mtok, n, sch->mres);
+    sch->st.kl_s += fr_now_s() - t0;
+    for (int j = 0; ok && j < n; j++) sch->mon_pre[sch->mrow[j]] = j + 1;
+    return 1;
+}
+
 /* After the step: decode tokens and their D_t, then the prefills' progress
  * (a job whose last chunk ran starts its samples). */
 static void postprocess(fr_scheduler *sch, const step_plan *p)
 {
     const size_t V = (size_t)sch->vocab;
-    const int n_dec = p->n_dec;
+    const int n_dec = p->n_dec, pre = premeasure(sch, p);
     for (int i = 0; i < n_dec; i++) {
         sample *x = sch->row_samples[i];
         const float *lg = sch->keep_at[i] >= 0 ? sch->logits + (size_t)sch->keep_at[i] * V : NULL;
         const int slot = sch->dslot[i];
         fr_finish_reason why = slot >= 0 ? accept(sch, x, sch->dtok[slot], sch->dlp[slot]) : draw(sch, x, lg);
         if (p->n_mon && x->shadow_seq >= 0 && why != FR_FINISH_ERROR) {
-            if (p->dev_kl) record(sch, x, &sch->mon_kl[sch->mon_rows[i]]);
-            else if (lg) measure(sch, x, lg, sch->ref + (size_t)sch->mon_rows[i] * V);
+            const int m = sch->mon_rows[i], at = pre ? sch->mon_pre[m] - 1 : -1;
+            if (p->dev_kl) record(sch, x, &sch->mon_kl[m]);
+            else if (at >= 0 && sch->mtok[at] == x->tokens[x->n - 1]) record(sch, x, &sch->mres[at]);
+            else if (lg) measure(sch, x, lg, sch->ref + (size_t)m * V);
         }
         if (why) finish(sch, x, why);
     }
@@ -1154,6 +1249,7 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
     sch->st.forward_s += t1 - t0;
     sch->st.steps++;
     sch->st.decode_steps += p.fast;
+    sch->st.carried_steps += p.carried;
     run_shadow(sch, &p);
     double t2 = fr_now_s();
     sch->st.shadow_s += t2 - t1;
@@ -1298,6 +1394,12 @@ void fr_scheduler_stats_get(const fr_scheduler *sch, fr_scheduler_stats *out)
     out->monitored = 0;
     for (int i = 0; i < sch->n_running; i++) out->monitored += sch->running[i]->shadow_seq >= 0;
     out->shadow_blocks_free = sch->shadow ? fr_shadow_free_blocks(sch->shadow) : -1;
+    int n_main, n_shadow = 0;
+    double s_main, s_shadow = 0.0;
+    fr_session_capture_stats(sch->s, &n_main, &s_main);
+    if (sch->shadow) fr_shadow_capture_stats(sch->shadow, &n_shadow, &s_shadow);
+    out->graph_captures = n_main + n_shadow;
+    out->graph_capture_s = s_main + s_shadow;
 }
 
 fr_status fr_scheduler_recompute_all(fr_scheduler *sch, int *n_preempted)

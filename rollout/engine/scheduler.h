@@ -72,11 +72,21 @@ typedef struct {
     /* Where the steps' wall time went (seconds since the scheduler began):
      * the forward steps (decode-only ones: decode_steps of them), the
      * shadow's steps, and the host's own work on logits (sampling, teacher
-     * forcing, the KL of monitored rows; kl_s of it the KL computed on the
-     * host). On CUDA a decode-only step measures on the device, inside its
-     * shadow step: that time is in shadow_s. */
+     * forcing, the KL of monitored rows; kl_s of it the KL measured there:
+     * on the host, or on CUDA a prompt's first tokens sent to the device).
+     * On CUDA a decode-only step measures on the device, inside its shadow
+     * step: that time is in shadow_s. shadow_open_s: opening the
+     * shadow (once, at the first monitored submit: outside any step);
+     * shadow_start_s (part of host_s): the monitored prompts' shadow
+     * prefills and forks when their prompts complete. */
     long long decode_steps;
-    double forward_s, shadow_s, host_s, kl_s;
+    double forward_s, shadow_s, host_s, kl_s, shadow_open_s, shadow_start_s;
+    /* Decode steps that carried the shadow's rows; decode graphs captured
+     * by the serving and the shadow session, and the seconds their first
+     * uses took (inside forward_s and shadow_s). */
+    long long carried_steps;
+    int graph_captures;
+    double graph_capture_s;
 } fr_scheduler_stats;
 
 /* Several engines' stats as one: counts and block figures summed (the

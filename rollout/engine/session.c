@@ -248,6 +248,17 @@ fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, f
     return st;
 }
 
+void fr_session_capture_stats(const fr_session *s, int *captures, double *seconds)
+{
+    *captures = 0;
+    *seconds = 0.0;
+#ifdef FR_HAVE_CUDA
+    if (s && s->gpu) fr_runner_cuda_capture_stats(s->gpu, captures, seconds);
+#else
+    (void)s;
+#endif
+}
+
 void fr_session_close(fr_session *s)
 {
     fr_runner_cpu_destroy(&s->runner);

@@ -75,6 +75,9 @@ void fr_session_close(fr_session *s);
  * collective like main's; every rank steps both in the same order. */
 fr_status fr_session_open_shadow(const fr_session *main, int n_blocks, int max_seqs, int step_tokens,
                                  fr_session *out);
+/* Decode graphs the session's runner captured, and the seconds their first
+ * uses took (fr_runner_cuda_capture_stats); 0 on the CPU backend. */
+void fr_session_capture_stats(const fr_session *s, int *captures, double *seconds);
 const char *fr_backend_name(fr_backend b);
 /* The backend `want` runs on here: auto becomes cuda when a CUDA device is
  * usable, else cpu; cuda fails (FR_EUNSUPPORTED, with the reason) without a

@@ -7,6 +7,7 @@
 #include "attention/attn_fixed.h"
 #include "attention/attn_fp4.h"
 #include "attention/cuda_check.h"
+#include "base/clock.h"
 #include "kvcache/kv_store_cuda.h"
 #include "rollout/model/gemm_cuda.h"
 #include "rollout/model/mla_cuda.h"
@@ -45,6 +46,19 @@ struct fr_runner_cuda {
     unsigned long long rgraph_rider[FR_CUDA_GRAPH_BUCKETS][FR_CUDA_GRAPH_BUCKETS];
     unsigned long long id;      /* unique per runner: a carrying graph names the rider it was captured with */
     cudaEvent_t rider_ready;
+    /* The rider's own launches (cache staging, BF16 attention, commit) run
+     * on a side stream beside ours when our cache is FP4/FP8 (rider_side):
+     * forked after each layer's rotary embedding, joined before o_proj, and
+     * its commits joined at the end of the decode. Made on first carry. */
+    cudaStream_t side;
+    cudaEvent_t side_fork, side_join;
+    /* FR_RIDER_MIN_ROWS: a rider's rows padded to at least this many (then
+     * to a power of two), to measure whether the matrix products of
+     * 64 + 4 rows take slower kernels than a rounder count; 0 by default. */
+    int rider_min_rows;
+    int side_off;               /* FR_RIDER_SIDE=0: the rider's launches stay on our stream (for comparing) */
+    int captures;               /* decode graphs captured, and the seconds their first uses took */
+    double capture_s;
     /* device buffers */
     float *x, *q, *k, *v, *gu, *logits;
     float *draw_logits;         /* [max_seqs][vocab]: rows gathered for sampling in a step (made on first use) */
@@ -154,6 +168,8 @@ fr_status fr_runner_cuda_new_tp(const fr_weights_gpu *w, fr_kv_cache *book, int 
     if (!st && c->num_experts > 0) st = fr_moe_gpu_new(c, M, &r->moe);
     if (!st) st = fr_sampler_gpu_new(V, r->max_seqs, &r->sampler);
     r->use_graphs = getenv("FR_CUDA_GRAPHS") == NULL || strcmp(getenv("FR_CUDA_GRAPHS"), "0") != 0;
+    r->rider_min_rows = getenv("FR_RIDER_MIN_ROWS") ? atoi(getenv("FR_RIDER_MIN_ROWS")) : 0;
+    r->side_off = getenv("FR_RIDER_SIDE") && strcmp(getenv("FR_RIDER_SIDE"), "0") == 0;
     if (!st && cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking) != cudaSuccess)
         st = fr_fail(FR_EINTERNAL, "CUDA runner: cannot create a stream");
     DEV_ALLOC(r->x, (size_t)M * D);
@@ -237,6 +253,10 @@ void fr_runner_cuda_destroy(fr_runner_cuda **pr)
             if (r->rgraphs[b][b2]) cudaGraphExecDestroy(r->rgraphs[b][b2]);
     }
     if (r->rider_ready) cudaEventDestroy(r->rider_ready);
+    if (r->side) cudaStreamSynchronize(r->side);
+    if (r->side_fork) cudaEventDestroy(r->side_fork);
+    if (r->side_join) cudaEventDestroy(r->side_join);
+    if (r->side) cudaStreamDestroy(r->side);
     void *dev[] = {r->x, r->xn, r->q, r->k, r->v, r->step_k, r->step_v, r->att, r->gu, r->h, r->logits,
                    r->partial, r->logits_local, r->logits_all,
                    r->ids, r->pos, r->logit_rows, r->seqs, r->tables, r->attn_ws, r->tokens_out,
@@ -466,6 +486,20 @@ static fr_status mla_layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, 
     return st;
 }
 
+/* Whether the rider's launches go to the side stream: only beside an
+ * FP4/FP8 cache's attention, whose workspace is not the BF16 one the
+ * rider's attention uses. */
+static int rider_side(const fr_runner_cuda *r) { return r->riding && r->quantized_kv && r->side; }
+
+/* Makes `to` wait for the work enqueued on `from` so far (also inside a
+ * graph capture, where it adds the dependency). */
+static fr_status stream_after(cudaStream_t to, cudaStream_t from, cudaEvent_t ev)
+{
+    FR_CUDA_TRY(cudaEventRecord(ev, from));
+    FR_CUDA_TRY(cudaStreamWaitEvent(to, ev, 0));
+    return FR_OK;
+}
+
 static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int max_new)
 {
     if (r->mla) return mla_layer_forward(r, l, M, n_seqs, max_new);
@@ -476,8 +510,9 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
     cudaStream_t s = r->stream;
     /* A rider's rows (r->riding of them) follow ours through everything but
      * attention and the cache. */
-    const int R = r->riding, Mt = M + R;
+    const int R = r->riding, Mt = M + R, side = rider_side(r);
     const fr_runner_cuda *rd = r->rider;
+    const cudaStream_t rs = side ? r->side : s;
     fr_status st = fr_cuda_rmsnorm(r->xn, r->x, NULL, lw->attn_norm, Mt, D, c->rms_norm_eps, s);
     if (!st) st = fr_gemm_bf16(r->gemm, r->q, r->xn, lw->q_proj, Mt, qd, D, 0.0f, s);
     if (!st) st = fr_gemm_bf16(r->gemm, r->k, r->xn, lw->k_proj, Mt, kvd, D, 0.0f, s);
@@ -487,16 +522,21 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
                                   r->rope_cos, r->rope_sin, c->max_position, s);
     if (!st && r->obs_seqs) st = observe(r, l, M);
     if (!st) st = fr_kv_store_gpu_stage(r->store, l, M, r->k, r->v, r->step_k, r->step_v, s);
+    if (!st && r->fill_only)   /* keys and values are all a fill wants (no rider rides a fill) */
+        return fr_kv_store_gpu_commit(r->store, l, r->seqs, n_seqs, (max_new + T - 1) / T, r->step_k, r->step_v, s);
+    if (!st && side) st = stream_after(rs, s, r->side_fork);
     if (!st && R)
         st = fr_kv_store_gpu_stage(rd->store, l, R, r->k + (size_t)M * kvd, r->v + (size_t)M * kvd, rd->step_k,
-                                   rd->step_v, s);
-    if (!st && r->fill_only)   /* keys and values are all a fill wants */
-        return fr_kv_store_gpu_commit(r->store, l, r->seqs, n_seqs, (max_new + T - 1) / T, r->step_k, r->step_v, s);
+                                   rd->step_v, rs);
     if (!st && R) {   /* the rider's cache is BF16 */
         fr_paged_kv rv = fr_kv_store_gpu_view(rd->store, l, rd->step_k, rd->step_v);
         st = fr_attn_bf16(&rv, rd->seqs, R, 1, c->max_position, r->q + (size_t)M * qd, r->att + (size_t)M * qd, H,
-                          r->attn_ws, r->attn_ws_bytes, s);
+                          r->attn_ws, r->attn_ws_bytes, rs);
     }
+    /* On the side stream the rider's commit follows its attention there;
+     * o_proj waits for the attention alone. */
+    if (!st && side) FR_CUDA_TRY(cudaEventRecord(r->side_join, rs));
+    if (!st && side) st = fr_kv_store_gpu_commit(rd->store, l, rd->seqs, R, 1, rd->step_k, rd->step_v, rs);
     if (!st) {
         fr_paged_kv view = fr_kv_store_gpu_view(r->store, l, r->step_k, r->step_v);
         if (!r->quantized_kv && r->deterministic) {
@@ -514,6 +554,7 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
                                          r->prefill_ws, r->prefill_ws_bytes, s);
         }
     }
+    if (!st && side) FR_CUDA_TRY(cudaStreamWaitEvent(s, r->side_join, 0));
     /* o_proj and down_proj accumulate into the residual stream (beta = 1),
      * or, tensor parallel, their partial sums are all-reduced first. */
     if (!st) st = residual_gemm(r, r->att, lw->o_proj, Mt, qd);
@@ -521,7 +562,7 @@ static fr_status layer_forward(fr_runner_cuda *r, int l, int M, int n_seqs, int 
     if (!st) st = mlp(r, lw, l, Mt);
     if (!st)
         st = fr_kv_store_gpu_commit(r->store, l, r->seqs, n_seqs, (max_new + T - 1) / T, r->step_k, r->step_v, s);
-    if (!st && R) st = fr_kv_store_gpu_commit(rd->store, l, rd->seqs, R, 1, rd->step_k, rd->step_v, s);
+    if (!st && R && !side) st = fr_kv_store_gpu_commit(rd->store, l, rd->seqs, R, 1, rd->step_k, rd->step_v, s);
     return st;
 }
 
@@ -687,6 +728,10 @@ static fr_status enqueue_decode(fr_runner_cuda *r, int rows)
     const int D = c->hidden_size, V = r->vocab, Mt = rows + r->riding;   /* a rider's rows follow ours */
     fr_status st = fr_cuda_embed(r->x, r->w->embed, r->ids, Mt, D, V, r->stream);
     for (int l = 0; l < c->num_layers && !st; l++) st = layer_forward(r, l, rows, rows, 1);
+    if (rider_side(r)) {   /* the rider's last commits (a capture must end joined, even after a failure) */
+        fr_status j = stream_after(r->stream, r->side, r->side_join);
+        if (!st) st = j;
+    }
     if (!st)
         st = fr_cuda_rmsnorm_rows(r->xn, r->x, Mt, r->logit_rows, Mt, r->w->final_norm, D, c->rms_norm_eps,
                                   r->stream);
@@ -728,6 +773,8 @@ static fr_status run_decode(fr_runner_cuda *r, int rows, int b, int b2, const fr
     /* First use: run it directly (which also prepares the matrix-product
      * plans and kernel attributes a capture must not create), then capture
      * the same launches for the next steps. */
+    const double t0 = fr_now_s();
+    r->captures++;
     fr_status st = enqueue_decode(r, rows);
     if (st) return st;
     FR_CUDA_TRY(cudaStreamSynchronize(r->stream));
@@ -750,6 +797,7 @@ static fr_status run_decode(fr_runner_cuda *r, int rows, int b, int b2, const fr
         }
     }
     if (g) cudaGraphDestroy(g);
+    r->capture_s += fr_now_s() - t0;
     return st;
 }
 
@@ -777,6 +825,22 @@ static fr_status upload_rider(fr_runner_cuda *r, int rows, fr_runner_cuda *rd, c
     return FR_OK;
 }
 
+/* The side stream and its events, made before the first carrying decode
+ * (never inside a capture); without them the rider's launches stay on our
+ * stream. */
+static void side_stream(fr_runner_cuda *r)
+{
+    if (cudaStreamCreateWithFlags(&r->side, cudaStreamNonBlocking) == cudaSuccess &&
+        cudaEventCreateWithFlags(&r->side_fork, cudaEventDisableTiming) == cudaSuccess &&
+        cudaEventCreateWithFlags(&r->side_join, cudaEventDisableTiming) == cudaSuccess)
+        return;
+    cudaGetLastError();
+    if (r->side_fork) cudaEventDestroy(r->side_fork);
+    if (r->side) cudaStreamDestroy(r->side);
+    r->side = NULL;
+    r->side_fork = r->side_join = NULL;
+}
+
 static fr_status decode_launch(fr_runner_cuda *r, const fr_step_seq *seqs, const fr_sample_row *params, int n_seqs,
                                fr_runner_cuda *rd, const fr_step_seq *rseqs, int n_r)
 {
@@ -790,7 +854,9 @@ static fr_status decode_launch(fr_runner_cuda *r, const fr_step_seq *seqs, const
     if (r->logit_cap < n_seqs) return fr_fail(FR_EINTERNAL, "decode: logits buffer smaller than the batch");
     int M = 0, rows, n_logits, r_rows = 0, b2 = 0;
     if (rd) {
-        b2 = bucket_of(rd, n_r, &r_rows);
+        int want = n_r;
+        if (want < r->rider_min_rows) want = r->rider_min_rows < rd->max_seqs ? r->rider_min_rows : rd->max_seqs;
+        b2 = bucket_of(rd, want, &r_rows);
         if (!r->use_graphs) r_rows = n_r;
     }
     int b = bucket_of(r, n_seqs, &rows);
@@ -802,6 +868,7 @@ static fr_status decode_launch(fr_runner_cuda *r, const fr_step_seq *seqs, const
     if (st) return st;
     if ((st = upload_metadata(r, seqs, n_seqs, rows, M, &n_logits))) return st;
     if (rd && (st = upload_rider(r, rows, rd, rseqs, n_r, r_rows))) return st;
+    if (rd && r->quantized_kv && !r->side && !r->side_off) side_stream(r);
     r->riding = r_rows;
     r->rider = rd;
     memcpy(r->h_sample_rows, params, sizeof(fr_sample_row) * (size_t)n_seqs);
@@ -906,6 +973,14 @@ fr_status fr_runner_cuda_decode_keep(fr_runner_cuda *r, const fr_step_seq *seqs,
 }
 
 const float *fr_runner_cuda_decode_logits(const fr_runner_cuda *r) { return r ? r->logits : NULL; }
+const int *fr_runner_cuda_decode_tokens(const fr_runner_cuda *r) { return r ? r->tokens_out : NULL; }
+cudaStream_t fr_runner_cuda_stream(const fr_runner_cuda *r) { return r ? r->stream : 0; }
+
+void fr_runner_cuda_capture_stats(const fr_runner_cuda *r, int *captures, double *seconds)
+{
+    *captures = r ? r->captures : 0;
+    *seconds = r ? r->capture_s : 0.0;
+}
 
 /* Drops the captured decode graphs: they hold the kernels of the mode they
  * were captured in. */

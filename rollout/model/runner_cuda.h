@@ -105,6 +105,15 @@ int fr_runner_cuda_rider_first_row(const fr_runner_cuda *r);
  * (valid until the next step or decode): for measurements made on the
  * device beside another runner's. */
 const float *fr_runner_cuda_decode_logits(const fr_runner_cuda *r);
+/* The device tokens the last decode sampled ([batch rows], batch order; as
+ * long as its logits) and the stream the runner's work runs on: device
+ * work enqueued there after a launch reads them before the wait. */
+const int *fr_runner_cuda_decode_tokens(const fr_runner_cuda *r);
+cudaStream_t fr_runner_cuda_stream(const fr_runner_cuda *r);
+/* Decode graphs captured so far, and the seconds their first uses took
+ * (the direct run, the capture and the instantiation): to tell a graph
+ * that is replayed from one captured again. */
+void fr_runner_cuda_capture_stats(const fr_runner_cuda *r, int *captures, double *seconds);
 
 /* Installs the forward taps of runner_cpu.h (copied; NULL removes them):
  * layer_kv and layer_q see every layer of fr_runner_cuda_step's steps, as

@@ -13,6 +13,10 @@
 #    for token, and where they do, the KL must agree within 2% (or 1e-9);
 #    the synthetic Qwen3-4B weights give nearly flat distributions, where
 #    rounding decides sampled tokens, so there the shares are only printed;
+#  - the carried shadow's own launches on a side stream (the default with
+#    an FP4 cache) give exactly what they give on the serving stream
+#    (FR_RIDER_SIDE=0): the same kernels on the same inputs, so tokens,
+#    log-probs and divergence figures are identical;
 #  - on tq6, greedy tokens from the scheduler equal `generate`'s (the
 #    sampler's keys are the same; greedy makes the check independent of
 #    how batches are composed, up to exact logit ties);
@@ -100,12 +104,30 @@ three_runs() { # LABEL PROMPTS ROLLOUT-OPTIONS...: LABEL_RATE_CARRY.jsonl for no
   done
 }
 
+identical() { # A.jsonl B.jsonl LABEL: the same samples, tokens, log-probs and divergence figures
+  $py - "$@" <<'PY' || fail "$3: results differ"
+import json, sys
+load = lambda f: {(j["request_id"], j["sample"]): j for j in map(json.loads, open(f))}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+assert a.keys() == b.keys() and a, "different samples"
+for k in a:
+    for f in ("token_ids", "logprobs", "kl_mean", "kl_max", "top1_agreement"):
+        assert a[k].get(f) == b[k].get(f), "%s differs at %s" % (f, k)
+mon = sum("kl_mean" in j for j in a.values())
+assert mon > 0, "nothing monitored"
+print("%s: %d samples, %d monitored, identical" % (sys.argv[3], len(a), mon))
+PY
+}
+
 q4b=(--model synthetic:qwen3-4b --backend cuda --kv nvfp4 --n 4 --max-tokens 48 --temperature 1 --seed 5
      --ignore-eos --max-seqs 32)
 prompts "$dir/p4b.txt" 8 151000 151643
 three_runs q4b "$dir/p4b.txt" "${q4b[@]}"
 same_generation "$dir/q4b_0_1.jsonl" "$dir/q4b_0.25_0.jsonl" "$name: qwen3-4b shape, shadow apart"
 close_generation "$dir/q4b_0.25_0.jsonl" "$dir/q4b_0.25_1.jsonl" "$name: qwen3-4b shape, shadow carried" 0
+FR_RIDER_SIDE=0 timeout 300 "$bin" rollout --prompts "$dir/p4b.txt" "${q4b[@]}" --kl-sample-rate 0.25 --json \
+  > "$dir/q4b_noside.jsonl" 2> "$dir/q4b.err" || { tail -5 "$dir/q4b.err"; fail "q4b rollout with FR_RIDER_SIDE=0"; }
+identical "$dir/q4b_noside.jsonl" "$dir/q4b_0.25_1.jsonl" "$name: qwen3-4b shape, carried shadow's side stream"
 
 # The sampling options (docs/sampling.md) on CUDA, Qwen3-4B shape, greedy.
 opt=(--model synthetic:qwen3-4b --backend cuda --kv nvfp4 --n 2 --max-tokens 24 --greedy --max-seqs 32

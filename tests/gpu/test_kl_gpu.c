@@ -1,10 +1,14 @@
-/* The divergence on the GPU (rollout/engine/kl_cuda.h) against fr_kl_topk on the
- * same logits: kl within 1e-12 absolute plus 1e-9 relative (summation order
- * only), top1_match equal, logp_diff within 1e-12. Cases: Qwen3's vocabulary
- * with close and distant pairs of distributions, a byte vocabulary smaller
- * than k, rows picked out of larger batches in any order, and ties at the
- * k-th largest reference logit (taken by lowest id). test_timing prints the
- * time of 4 rows of Qwen3's vocabulary (not asserted). */
+/* The divergence on the GPU (rollout/engine/kl_cuda.h), one block a row and
+ * split over blocks, against fr_kl_topk on the same logits: kl within 1e-12
+ * absolute plus 1e-9 relative (summation order only), top1_match equal,
+ * logp_diff within 1e-12; the split form also with the chosen tokens
+ * indexed by served row, reporting the tokens it used. Cases: Qwen3's
+ * vocabulary with close and distant pairs of distributions, a byte
+ * vocabulary smaller than k, rows picked out of larger batches in any
+ * order, and ties at the k-th largest reference logit (taken by lowest id),
+ * sparse and dense enough that one slice holds more than k of them.
+ * test_timing prints the time of 4 rows of Qwen3's vocabulary for both
+ * forms (not asserted). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -33,8 +37,68 @@ static double uniform(void)
 }
 static double normal(void) { return sqrt(-2.0 * log(uniform() + 1e-300)) * cos(6.283185307179586 * uniform()); }
 
+/* out[0..n) against fr_kl_topk; returns the worst |kl difference|. */
+static double compare(const fr_kl_result *out, const float *ref, const int *ref_rows, const float *served,
+                      const int *served_rows, const int *tokens, int n, int vocab, int k, const char *label)
+{
+    double worst = 0.0;
+    for (int j = 0; j < n; j++) {
+        fr_kl_result want;
+        if (fr_kl_topk(ref + (size_t)ref_rows[j] * vocab, served + (size_t)served_rows[j] * vocab, vocab, k, tokens[j],
+                       &want))
+            fail_msg("%s", fr_last_error());
+        double err = fabs(out[j].kl - want.kl);
+        if (err > 1e-12 + 1e-9 * fabs(want.kl))
+            fail_msg("%s row %d: kl %.17g on the GPU, %.17g on the CPU", label, j, out[j].kl, want.kl);
+        if (out[j].top1_match != want.top1_match) fail_msg("%s row %d: top1_match differs", label, j);
+        if (fabs(out[j].logp_diff - want.logp_diff) > 1e-12)
+            fail_msg("%s row %d: logp_diff %.17g against %.17g", label, j, out[j].logp_diff, want.logp_diff);
+        if (err > worst) worst = err;
+    }
+    return worst;
+}
+
+/* The split form on the same rows (device row lists given), chosen tokens
+ * by served row: tokens[j] placed at served_rows[j] of an n_served array. */
+static void check_split(const float *ref, const float *d_ref, const int *ref_rows, const int *d_rr, const float *served,
+                        const float *d_served, int n_served, const int *served_rows, const int *d_sr,
+                        const int *tokens, int n, int vocab, int k, const char *label)
+{
+    int *by_row = malloc(sizeof(int) * (size_t)n_served), *used = malloc(sizeof(int) * (size_t)n);
+    fr_kl_result *out = calloc((size_t)n, sizeof *out);
+    assert_non_null(by_row);
+    assert_non_null(used);
+    assert_non_null(out);
+    for (int i = 0; i < n_served; i++) by_row[i] = -7;
+    for (int j = 0; j < n; j++) by_row[served_rows[j]] = tokens[j];
+    const size_t ws_bytes = fr_kl_topk_cuda_ws_bytes(n, vocab, k);
+    void *ws;
+    int *d_by_row, *d_used;
+    fr_kl_result *d_out;
+    CUDA_OK(cudaMalloc(&ws, ws_bytes));
+    CUDA_OK(cudaMalloc((void **)&d_by_row, sizeof(int) * (size_t)n_served));
+    CUDA_OK(cudaMalloc((void **)&d_used, sizeof(int) * (size_t)n));
+    CUDA_OK(cudaMalloc((void **)&d_out, sizeof(fr_kl_result) * (size_t)n));
+    CUDA_OK(cudaMemcpy(d_by_row, by_row, sizeof(int) * (size_t)n_served, cudaMemcpyHostToDevice));
+    assert_int_equal(fr_kl_topk_cuda_split(d_ref, d_rr, d_served, d_sr, d_by_row, 1, n, vocab, k, ws, ws_bytes - 1,
+                                           d_out, d_used, 0),
+                     FR_EINVAL);   /* a workspace one byte short */
+    if (fr_kl_topk_cuda_split(d_ref, d_rr, d_served, d_sr, d_by_row, 1, n, vocab, k, ws, ws_bytes, d_out, d_used, 0))
+        fail_msg("%s", fr_last_error());
+    CUDA_OK(cudaMemcpy(out, d_out, sizeof(fr_kl_result) * (size_t)n, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(used, d_used, sizeof(int) * (size_t)n, cudaMemcpyDeviceToHost));
+    for (int j = 0; j < n; j++)
+        if (used[j] != tokens[j]) fail_msg("%s row %d: used token %d, chosen %d", label, j, used[j], tokens[j]);
+    double worst = compare(out, ref, ref_rows, served, served_rows, tokens, n, vocab, k, label);
+    printf("%s (split): %d rows, worst |kl difference| %.3g\n", label, n, worst);
+    cudaFree(ws); cudaFree(d_by_row); cudaFree(d_used); cudaFree(d_out);
+    free(by_row);
+    free(used);
+    free(out);
+}
+
 /* Checks n rows: ref row ref_rows[j] of ref (n_ref rows) against served row
- * served_rows[j] of served (n_served rows). */
+ * served_rows[j] of served (n_served rows), in both forms. */
 static void check(const float *ref, int n_ref, const int *ref_rows, const float *served, int n_served,
                   const int *served_rows, const int *tokens, int n, int vocab, int k, const char *label)
 {
@@ -55,21 +119,9 @@ static void check(const float *ref, int n_ref, const int *ref_rows, const float 
     CUDA_OK(cudaMemcpy(d_tok, tokens, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice));
     if (fr_kl_topk_cuda(d_ref, d_rr, d_served, d_sr, d_tok, n, vocab, k, d_out, 0)) fail_msg("%s", fr_last_error());
     CUDA_OK(cudaMemcpy(out, d_out, sizeof(fr_kl_result) * (size_t)n, cudaMemcpyDeviceToHost));
-    double worst = 0.0;
-    for (int j = 0; j < n; j++) {
-        fr_kl_result want;
-        if (fr_kl_topk(ref + (size_t)ref_rows[j] * vocab, served + (size_t)served_rows[j] * vocab, vocab, k, tokens[j],
-                       &want))
-            fail_msg("%s", fr_last_error());
-        double err = fabs(out[j].kl - want.kl);
-        if (err > 1e-12 + 1e-9 * fabs(want.kl))
-            fail_msg("%s row %d: kl %.17g on the GPU, %.17g on the CPU", label, j, out[j].kl, want.kl);
-        if (out[j].top1_match != want.top1_match) fail_msg("%s row %d: top1_match differs", label, j);
-        if (fabs(out[j].logp_diff - want.logp_diff) > 1e-12)
-            fail_msg("%s row %d: logp_diff %.17g against %.17g", label, j, out[j].logp_diff, want.logp_diff);
-        if (err > worst) worst = err;
-    }
+    double worst = compare(out, ref, ref_rows, served, served_rows, tokens, n, vocab, k, label);
     printf("%s: %d rows, worst |kl difference| %.3g\n", label, n, worst);
+    check_split(ref, d_ref, ref_rows, d_rr, served, d_served, n_served, served_rows, d_sr, tokens, n, vocab, k, label);
     cudaFree(d_ref); cudaFree(d_served); cudaFree(d_rr); cudaFree(d_sr); cudaFree(d_tok); cudaFree(d_out);
     free(out);
 }
@@ -124,11 +176,10 @@ static void test_small_vocab_and_picked_rows(void **state)
 }
 
 /* Many tokens share the k-th largest value: which of them count decides the
- * sum, since their served logits differ. */
-static void test_ties_at_kth(void **state)
+ * sum, since their served logits differ. share: the tied share of the
+ * vocabulary (at 5% a 4096-token slice holds more than k = 128 of them). */
+static void ties_at_kth(double share)
 {
-    (void)state;
-    REQUIRE_GPU();
     const int V = QWEN_VOCAB, n = 3;
     float *ref = malloc(sizeof(float) * (size_t)n * V), *served = malloc(sizeof(float) * (size_t)n * V);
     assert_non_null(ref);
@@ -138,7 +189,7 @@ static void test_ties_at_kth(void **state)
             size_t i = (size_t)j * V + v;
             double u = uniform();
             /* 100 distinct top logits, then ~1% of the vocabulary tied at 2.5 */
-            ref[i] = v % 1511 == 7 && v < 1511 * 100 ? (float)(4.0 + uniform()) : u < 0.01 ? 2.5f : (float)(u - 2.0);
+            ref[i] = v % 1511 == 7 && v < 1511 * 100 ? (float)(4.0 + uniform()) : u < share ? 2.5f : (float)(u - 2.0);
             served[i] = ref[i] + (float)(0.3 * normal());
         }
     int rows[3] = {0, 1, 2}, tok[3] = {7, 1518, -1};
@@ -148,6 +199,14 @@ static void test_ties_at_kth(void **state)
     free(served);
 }
 
+static void test_ties_at_kth(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    ties_at_kth(0.01);
+    ties_at_kth(0.05);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -155,6 +214,13 @@ static void test_bad_arguments(void **state)
     assert_int_equal(fr_kl_topk_cuda(NULL, NULL, NULL, NULL, NULL, 1, 100, 128, NULL, 0), FR_EINVAL);
     assert_int_equal(fr_kl_topk_cuda(NULL, NULL, NULL, NULL, NULL, 1, 100, 0, NULL, 0), FR_EINVAL);
     assert_int_equal(fr_kl_topk_cuda(NULL, NULL, NULL, NULL, NULL, -1, 100, 128, NULL, 0), FR_EINVAL);
+    assert_int_equal(fr_kl_topk_cuda_split(NULL, NULL, NULL, NULL, NULL, 0, 0, 100, 128, NULL, 0, NULL, NULL, 0), FR_OK);
+    assert_int_equal(fr_kl_topk_cuda_split(NULL, NULL, NULL, NULL, NULL, 0, 1, 100, 128, NULL, 0, NULL, NULL, 0),
+                     FR_EINVAL);
+    assert_int_equal(fr_kl_topk_cuda_split(NULL, NULL, NULL, NULL, NULL, 0, 1, 100, 0, NULL, 0, NULL, NULL, 0),
+                     FR_EINVAL);
+    assert_true(fr_kl_topk_cuda_ws_bytes(0, 100, 128) == 0);
+    assert_true(fr_kl_topk_cuda_ws_bytes(4, 151936, 128) > 0);
 }
 
 static void test_timing(void **state)
@@ -189,6 +255,19 @@ static void test_timing(void **state)
     float ms = 0.0f;
     CUDA_OK(cudaEventElapsedTime(&ms, a, b));
     printf("timing: %d rows of %d logits in %.1f us per call\n", n, V, 1000.0 * ms / reps);
+    const size_t ws_bytes = fr_kl_topk_cuda_ws_bytes(n, V, FR_KL_TOP_K);
+    void *ws;
+    CUDA_OK(cudaMalloc(&ws, ws_bytes));
+    CUDA_OK(cudaEventRecord(a, 0));
+    for (int r = 0; r < reps; r++)
+        if (fr_kl_topk_cuda_split(d_ref, d_rows, d_served, d_rows, NULL, 0, n, V, FR_KL_TOP_K, ws, ws_bytes, d_out,
+                                  NULL, 0))
+            fail_msg("%s", fr_last_error());
+    CUDA_OK(cudaEventRecord(b, 0));
+    CUDA_OK(cudaEventSynchronize(b));
+    CUDA_OK(cudaEventElapsedTime(&ms, a, b));
+    printf("timing (split): %d rows of %d logits in %.1f us per call\n", n, V, 1000.0 * ms / reps);
+    cudaFree(ws);
     cudaEventDestroy(a); cudaEventDestroy(b);
     cudaFree(d_ref); cudaFree(d_served); cudaFree(d_rows); cudaFree(d_out);
     free(ref);
