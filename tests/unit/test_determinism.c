@@ -154,21 +154,24 @@ typedef struct {
     int threads;
 } scenario;
 
+/* The engine model, loaded once (main): every run borrows it, and loading
+ * converts every weight. */
+static fr_model *engine_model;
+
 /* Request 0: a PROMPT_MAX-token prompt (past one page end, and the next one crossed
  * while decoding), 24 tokens drawn at temperature 1; the others: prompts of
  * 108..126 tokens, which cross a page end while decoding too, so a small
  * cache runs out of blocks and preempts. */
-static long long run(const char *model, fr_kv_dtype kv, const scenario *sc, outcome *out)
+static long long run(fr_kv_dtype kv, const scenario *sc, outcome *out)
 {
     openblas_set_num_threads(sc->threads);
     fr_engine_opts o;
     fr_engine_opts_default(&o);
-    o.model = model;
     o.backend = FR_BACKEND_CPU;
     o.kv = kv;
     o.deterministic = 1;
     fr_session s;
-    if (fr_session_open(&o, sc->n_blocks, 8, &s)) fail_msg("%s", fr_last_error());
+    if (fr_session_open_model(&o, engine_model, sc->n_blocks, 8, &s)) fail_msg("%s", fr_last_error());
     fr_scheduler_config c = {.chunk = sc->chunk, .reserve_blocks = -1, .on_done = on_done, .user = out};
     fr_scheduler *sch;
     assert_int_equal(fr_scheduler_new(&s, &c, &sch), FR_OK);
@@ -186,6 +189,7 @@ static long long run(const char *model, fr_kv_dtype kv, const scenario *sc, outc
     fr_scheduler_stats st;
     fr_scheduler_stats_get(sch, &st);
     fr_scheduler_destroy(&sch);
+    s.model = NULL;   /* engine_model's: not the session's to free */
     fr_session_close(&s);
     openblas_set_num_threads(1);
     return st.preemptions;
@@ -194,7 +198,6 @@ static long long run(const char *model, fr_kv_dtype kv, const scenario *sc, outc
 static void test_engine_batch_invariant(void **state)
 {
     (void)state;
-    const char *model = fr_test_tq6_dir() ? fr_test_tq6_dir() : "synthetic:tiny";
     static const scenario alone = {.others = 0, .chunk = 512, .n_blocks = 64, .threads = 1};
     static const scenario cases[] = {
         {.others = 7, .chunk = 512, .n_blocks = 64, .threads = 1},   /* in a batch */
@@ -204,7 +207,7 @@ static void test_engine_batch_invariant(void **state)
     };
     static const char *const what[] = {"in a batch of 8", "chunk 48", "4 BLAS threads", "preempted"};
     static const fr_kv_dtype kvs[] = {FR_KV_BF16, FR_KV_F32, FR_KV_NVFP4};
-    printf("  model %s\n", model);
+    printf("  model %s\n", engine_model->name);
     for (int d = 0; d < 3; d++) {
         /* An FP4 prefill's numbers depend on its chunks by the recipe
          * (docs/determinism.md): with FP4 the chunk size stays, and the
@@ -212,14 +215,14 @@ static void test_engine_batch_invariant(void **state)
         const int fp4 = kvs[d] == FR_KV_NVFP4;
         static outcome ref, batch, got;
         memset(&ref, 0, sizeof ref);
-        run(model, kvs[d], &alone, &ref);
+        run(kvs[d], &alone, &ref);
         assert_int_equal(ref.n[0], MAX_NEW);
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             if (fp4 && (i == 1 || i == 2)) continue;   /* another chunk; threads: the BF16 runs show them */
             scenario sc = cases[i];
             if (fp4) sc.chunk = alone.chunk;
             memset(&got, 0, sizeof got);
-            long long pre = run(model, kvs[d], &sc, &got);
+            long long pre = run(kvs[d], &sc, &got);
             printf("  %s KV, %s: %d tokens, %lld preemptions\n", fr_kv_dtype_name(kvs[d]), what[i], got.n[0], pre);
             assert_int_equal(got.n[0], ref.n[0]);
             assert_memory_equal(got.tokens[0], ref.tokens[0], sizeof(int) * (size_t)ref.n[0]);
@@ -273,14 +276,12 @@ static void run_samples(fr_session *s, int n, int first, by_index *out)
 static void test_sample_replays_alone(void **state)
 {
     (void)state;
-    const char *model = fr_test_tq6_dir() ? fr_test_tq6_dir() : "synthetic:tiny";
     fr_engine_opts o;
     fr_engine_opts_default(&o);
-    o.model = model;
     o.backend = FR_BACKEND_CPU;
     o.deterministic = 1;
     fr_session s;
-    if (fr_session_open(&o, 32, 8, &s)) fail_msg("%s", fr_last_error());
+    if (fr_session_open_model(&o, engine_model, 32, 8, &s)) fail_msg("%s", fr_last_error());
     static by_index group, one;
     memset(&group, 0, sizeof group);
     run_samples(&s, 4, 0, &group);
@@ -314,16 +315,24 @@ static void test_sample_replays_alone(void **state)
     q.first_sample = INT_MAX - 2;
     assert_int_equal(fr_scheduler_submit(sch, &q), FR_OK);
     fr_scheduler_destroy(&sch);
+    s.model = NULL;
     fr_session_close(&s);
 }
 
 int main(void)
 {
+    const char *model = fr_test_tq6_dir() ? fr_test_tq6_dir() : "synthetic:tiny";
+    if (fr_model_load(model, &engine_model)) {
+        fprintf(stderr, "test_determinism: %s\n", fr_last_error());
+        return 1;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_rows_invariant),
         cmocka_unit_test(test_fixed_math),
         cmocka_unit_test(test_engine_batch_invariant),
         cmocka_unit_test(test_sample_replays_alone),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    fr_model_destroy(&engine_model);
+    return failed;
 }

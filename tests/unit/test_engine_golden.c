@@ -29,23 +29,44 @@ typedef struct {
     float bf16_decode_bound;   /* see test_decode_matches_prefill */
     int fp4_cache;             /* runs test_nvfp4_decode_close (tqa: test_latent_dtypes_decode instead) */
     int decode_prompts;        /* golden prompts the decode path is checked on (of 1, 3, 2, 6) */
+    /* Loaded once for all of the checkpoint's cases (every session borrows
+     * it; the group teardown frees it): loading converts every weight. */
+    fr_model *model;
+    /* The BF16-cache decode-path logits of prompts 3 and 6, made once: the
+     * decode-path check and the FP4 and latent dtype comparisons all read
+     * them. */
+    float *bf16_decode[2];
+    int bf16_decode_n[2];
 } golden_model;
 
 /* tqm and tqa check the decode path on two prompts (9 and 511 tokens): the
  * token-by-token path costs the suite about 20 s a prompt on two cores. */
-static const golden_model tq6 = {"tq6", 7, 4e-3f, 1, 4}, tqm = {"tqm", 6, 0.1f, 1, 2}, tqa = {"tqa", 6, 8e-3f, 0, 2};
+static golden_model tq6 = {"tq6", 7, 4e-3f, 1, 4, NULL, {NULL}, {0}},
+                    tqm = {"tqm", 6, 0.1f, 1, 2, NULL, {NULL}, {0}},
+                    tqa = {"tqa", 6, 8e-3f, 0, 2, NULL, {NULL}, {0}};
 
-static char model_dir[4096], golden_path[4096];
+static char golden_path[4096];
 
 static int have(void **state)
 {
-    const golden_model *gm = *state;
+    golden_model *gm = *state;
     const char *d = fr_test_require_model(gm->name);
     if (!d) return 0;
-    snprintf(model_dir, sizeof model_dir, "%s", d);
     snprintf(golden_path, sizeof golden_path, "%s/golden.safetensors", d);
     printf("  %s:\n", gm->name);
+    if (!gm->model && fr_model_load(d, &gm->model)) fail_msg("%s: %s", gm->name, fr_last_error());
     return 1;
+}
+
+static int free_models(void **state)
+{
+    (void)state;
+    golden_model *all[] = {&tq6, &tqm, &tqa};
+    for (int i = 0; i < 3; i++) {
+        fr_model_destroy(&all[i]->model);
+        for (int k = 0; k < 2; k++) free(all[i]->bf16_decode[k]);
+    }
+    return 0;
 }
 
 static const fr_st_tensor *golden(const fr_st_file *g, int p, const char *what)
@@ -80,24 +101,33 @@ static float max_diff(const float *a, const float *b, size_t n)
     return m;
 }
 
-static void open_session(fr_session *s, fr_kv_dtype kv, int n_tokens, int chunk)
+/* A session over the checkpoint's shared model; close_session hands the
+ * model back instead of freeing it. */
+static void open_session(const golden_model *gm, fr_session *s, fr_kv_dtype kv, int n_tokens, int chunk)
 {
     fr_engine_opts o;
     fr_engine_opts_default(&o);
-    o.model = model_dir;
     o.backend = FR_BACKEND_CPU;   /* this test checks the CPU engine, also where a GPU is present */
     o.kv = kv;
     o.chunk = chunk;
-    fr_status st = fr_session_open(&o, n_tokens / 128 + 2, 2, s);
+    fr_status st = fr_session_open_model(&o, gm->model, n_tokens / 128 + 2, 2, s);
     if (st) fail_msg("session: %s", fr_last_error());
 }
 
-static float *score(fr_session *s, const int *ids, int n, int decode)
+static void close_session(fr_session *s)
+{
+    s->model = NULL;
+    fr_session_close(s);
+}
+
+/* Logits at every position of ids: a prefill in chunks of `chunk` tokens,
+ * or (chunk 0) the decode path, one step per token through the cache. */
+static float *score(fr_session *s, const int *ids, int n, int chunk)
 {
     int V = s->model->cfg.vocab_size, seq;
     float *logits = malloc(sizeof(float) * (size_t)n * V);
-    if (!decode) {
-        assert_int_equal(fr_session_prefill(s, ids, n, n, &seq, NULL, logits), FR_OK);
+    if (chunk > 0) {
+        assert_int_equal(fr_session_prefill(s, ids, n, chunk, &seq, NULL, logits), FR_OK);
     } else {
         assert_int_equal(fr_kv_seq_new(s->kv, &seq), FR_OK);
         for (int i = 0; i < n; i++) {
@@ -109,91 +139,60 @@ static float *score(fr_session *s, const int *ids, int n, int decode)
     return logits;
 }
 
-/* Prefill logits of all seven prompts within 1e-3 x max |golden|. */
-static void test_prefill_matches_golden(void **state)
+/* The decode-path logits of the first n tokens of prompt p on session s (a
+ * cache of kv, room for n tokens). BF16 ones of prompts 3 and 6 are kept in
+ * gm and handed out again (*kept set: the caller does not free them); the
+ * path is causal, so the first n rows of a longer run are the same run. */
+static float *decode_logits(golden_model *gm, fr_session *s, const int *ids, int n, int p, fr_kv_dtype kv, int *kept)
 {
-    if (!have(state)) skip();
-    fr_st_file *g;
-    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
-    for (int p = 0; p < 7; p++) {
-        int n;
-        int *ids = golden_ids(g, p, &n);
-        fr_session s;
-        open_session(&s, FR_KV_BF16, n, n);
-        float *ours = score(&s, ids, n, 0);
-        const fr_st_tensor *t = golden(g, p, "logits_f32");
-        size_t count = fr_st_tensor_numel(t);
-        float *ref = malloc(sizeof(float) * count);
-        assert_int_equal(fr_st_tensor_to_f32(t, ref, count), FR_OK);
-        float d = max_diff(ours, ref, count), m = max_abs(ref, count);
-        printf("  p%d (%5d tokens): max |diff| %.3g, max |golden| %.3g, ratio %.2e\n", p, n, d, m, d / m);
-        assert_true(d <= 1e-3f * m);
-        free(ref); free(ours); free(ids);
-        fr_session_close(&s);
+    int c = kv != FR_KV_BF16 ? -1 : p == 3 ? 0 : p == 6 ? 1 : -1;
+    *kept = c >= 0;
+    if (c >= 0 && gm->bf16_decode[c] && gm->bf16_decode_n[c] >= n) return gm->bf16_decode[c];
+    float *x = score(s, ids, n, 0);
+    if (c >= 0) {
+        free(gm->bf16_decode[c]);
+        gm->bf16_decode[c] = x;
+        gm->bf16_decode_n[c] = n;
     }
-    fr_st_file_close(&g);
+    return x;
 }
 
-/* The decode path (token by token through the cache) against one prefill.
- * With f32 storage nothing is rounded, so the two must agree to the issue's
- * 1e-3 of max |logit| (they do to float32 summation order). With a BF16
- * cache the cached keys and values carry BF16 rounding (2^-9 relative) that
- * the prefill's float32 step activations do not, so that bound is the BF16
- * budget, 4e-3 for a dense model; the measured ratios print. In an MoE model
- * that rounding can move a token's hidden state across a tie of two experts
- * of its router's top-k, and the token then runs another expert: tqm's
- * decode path departs from its prefill by up to 5e-2 of max |logit| with a
- * BF16 cache (and 1e-6 with f32 storage), hence its 0.1. tqa caches one
- * latent row per token from which every head's keys and values are made,
- * so a row's BF16 rounding reaches all heads: 4.0e-3 measured on p2, bound
- * 8e-3. */
-static void test_decode_matches_prefill(void **state)
+/* Prefill logits of all seven prompts (one chunk each, BF16 cache) within
+ * 1e-3 x max |golden|, and greedy continuations from that prefill equal to
+ * transformers' 64 tokens. (Prefills in several chunks, which read earlier
+ * chunks from the cache: test_decode_matches_prefill.) */
+static void test_prefill_and_greedy_match_golden(void **state)
 {
     if (!have(state)) skip();
-    fr_st_file *g;
-    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
-    const int prompts[] = {1, 3, 2, 6};
-    const fr_kv_dtype dtypes[] = {FR_KV_F32, FR_KV_BF16};
-    const golden_model *gm = *state;
-    const float bound[] = {1e-3f, gm->bf16_decode_bound};
-    for (int k = 0; k < 2; k++)
-        for (int i = 0; i < gm->decode_prompts; i++) {
-            int n, p = prompts[i];
-            int *ids = golden_ids(g, p, &n);
-            fr_session s;
-            open_session(&s, dtypes[k], n, n);
-            float *pre = score(&s, ids, n, 0), *dec = score(&s, ids, n, 1);
-            size_t count = (size_t)n * s.model->cfg.vocab_size;
-            float d = max_diff(pre, dec, count), m = max_abs(pre, count);
-            printf("  p%d %s KV, decode vs prefill: max |diff| %.3g, ratio %.2e\n", p,
-                   fr_kv_dtype_name(dtypes[k]), d, d / m);
-            assert_true(d <= bound[k] * m);
-            if (dtypes[k] == FR_KV_BF16) assert_true(d > 0.0f);   /* really reads the BF16 cache */
-            free(pre); free(dec); free(ids);
-            fr_session_close(&s);
-        }
-    fr_st_file_close(&g);
-}
-
-/* Greedy continuations equal transformers' 64 tokens. */
-static void test_greedy_matches_golden(void **state)
-{
-    if (!have(state)) skip();
+    golden_model *gm = *state;
     fr_st_file *g;
     assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     fr_sampler *smp;
-    assert_int_equal(fr_sampler_new(272, &smp), FR_OK);
+    const int V = gm->model->cfg.vocab_size;
+    assert_int_equal(fr_sampler_new(V, &smp), FR_OK);
     fr_sampling_params greedy = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
+    float *logits = malloc(sizeof(float) * (size_t)V);
     int prompts_equal = 0;
     for (int p = 0; p < 7; p++) {
-        int n;
+        int n, seq, tok;
         int *ids = golden_ids(g, p, &n);
         const fr_st_tensor *want = golden(g, p, "greedy");
-        int n_new = (int)want->shape[0], seq, tok;
+        const int n_new = (int)want->shape[0];
         fr_session s;
-        open_session(&s, FR_KV_BF16, n + n_new, 512);
-        float logits[272];
-        assert_int_equal(fr_session_prefill(&s, ids, n, 512, &seq, logits, NULL), FR_OK);
+        open_session(gm, &s, FR_KV_BF16, n + n_new, n);
+        float *ours = malloc(sizeof(float) * (size_t)n * V);
+        assert_int_equal(fr_session_prefill(&s, ids, n, n, &seq, logits, ours), FR_OK);
+        const fr_st_tensor *t = golden(g, p, "logits_f32");
+        size_t count = fr_st_tensor_numel(t);
+        assert_int_equal(count, (size_t)n * V);
+        float *ref = malloc(sizeof(float) * count);
+        assert_int_equal(fr_st_tensor_to_f32(t, ref, count), FR_OK);
+        float d = max_diff(ours, ref, count), m = max_abs(ref, count);
+        printf("  p%d (%5d tokens): prefill max |diff| %.3g, max |golden| %.3g, ratio %.2e\n", p, n, d, m, d / m);
+        assert_true(d <= 1e-3f * m);
+        assert_memory_equal(logits, ours + (size_t)(n - 1) * V, sizeof(float) * (size_t)V);
+        free(ref); free(ours);
+
         int matched = 0;
         for (int i = 0; i < n_new && matched == i; i++) {
             assert_int_equal(fr_sample(smp, logits, &greedy, 0, (uint64_t)i, &tok, NULL), FR_OK);
@@ -210,14 +209,68 @@ static void test_greedy_matches_golden(void **state)
         printf("  p%d: %d/%d greedy tokens equal\n", p, matched, n_new);
         prompts_equal += matched == n_new;
         free(ids);
-        fr_session_close(&s);
+        close_session(&s);
     }
+    free(logits);
     fr_sampler_destroy(&smp);
     fr_st_file_close(&g);
-    const golden_model *gm = *state;
     printf("  %d of 7 prompts' greedy continuations equal transformers' (at least %d required)\n",
            prompts_equal, gm->greedy_prompts);
     assert_true(prompts_equal >= gm->greedy_prompts);
+}
+
+/* The decode path (token by token through the cache), and a prefill in
+ * chunks of 64 tokens (each chunk reads the earlier ones from the cache),
+ * against one prefill of the whole prompt.
+ * With f32 storage nothing is rounded, so the two must agree to the issue's
+ * 1e-3 of max |logit| (they do to float32 summation order). With a BF16
+ * cache the cached keys and values carry BF16 rounding (2^-9 relative) that
+ * the prefill's float32 step activations do not, so that bound is the BF16
+ * budget, 4e-3 for a dense model; the measured ratios print. In an MoE model
+ * that rounding can move a token's hidden state across a tie of two experts
+ * of its router's top-k, and the token then runs another expert: tqm's
+ * decode path departs from its prefill by up to 5e-2 of max |logit| with a
+ * BF16 cache (and 1e-6 with f32 storage), hence its 0.1. tqa caches one
+ * latent row per token from which every head's keys and values are made,
+ * so a row's BF16 rounding reaches all heads: 4.0e-3 measured on p2, bound
+ * 8e-3. A chunked prefill reads fewer tokens from the cache than the decode
+ * path, within the same bounds. */
+static void test_decode_matches_prefill(void **state)
+{
+    if (!have(state)) skip();
+    fr_st_file *g;
+    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
+    const int prompts[] = {1, 3, 2, 6}, chunk = 64;
+    const fr_kv_dtype dtypes[] = {FR_KV_F32, FR_KV_BF16};
+    golden_model *gm = *state;
+    const float bound[] = {1e-3f, gm->bf16_decode_bound};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < gm->decode_prompts; i++) {
+            int n, p = prompts[i], kept;
+            int *ids = golden_ids(g, p, &n);
+            fr_session s;
+            open_session(gm, &s, dtypes[k], n, n);
+            float *pre = score(&s, ids, n, n), *dec = decode_logits(gm, &s, ids, n, p, dtypes[k], &kept);
+            size_t count = (size_t)n * s.model->cfg.vocab_size;
+            float d = max_diff(pre, dec, count), m = max_abs(pre, count);
+            printf("  p%d %s KV, decode vs prefill: max |diff| %.3g, ratio %.2e\n", p,
+                   fr_kv_dtype_name(dtypes[k]), d, d / m);
+            assert_true(d <= bound[k] * m);
+            if (dtypes[k] == FR_KV_BF16) assert_true(d > 0.0f);   /* really reads the BF16 cache */
+            if (n > chunk) {
+                float *chunked = score(&s, ids, n, chunk);
+                float dc = max_diff(pre, chunked, count);
+                printf("  p%d %s KV, prefill in chunks of %d vs one: max |diff| %.3g, ratio %.2e\n", p,
+                       fr_kv_dtype_name(dtypes[k]), chunk, dc, dc / m);
+                assert_true(dc <= bound[k] * m);
+                if (dtypes[k] == FR_KV_BF16) assert_true(dc > 0.0f);
+                free(chunked);
+            }
+            free(pre); free(ids);
+            if (!kept) free(dec);
+            close_session(&s);
+        }
+    fr_st_file_close(&g);
 }
 
 /* An NVFP4 cache changes the decode-path logits (the cache really is 4-bit)
@@ -225,19 +278,20 @@ static void test_greedy_matches_golden(void **state)
 static void test_nvfp4_decode_close(void **state)
 {
     if (!have(state)) skip();
-    if (!((const golden_model *)*state)->fp4_cache) skip();
+    golden_model *gm = *state;
+    if (!gm->fp4_cache) skip();
     fr_st_file *g;
     assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     const int prompts[] = {3, 6};
     double kl_sum = 0.0;
     long positions = 0, agree = 0;
     for (int i = 0; i < 2; i++) {
-        int n, p = prompts[i];
+        int n, p = prompts[i], kept;
         int *ids = golden_ids(g, p, &n);
         fr_session a, b;
-        open_session(&a, FR_KV_BF16, n, n);
-        open_session(&b, FR_KV_NVFP4, n, n);
-        float *ref = score(&a, ids, n, 1), *fp4 = score(&b, ids, n, 1);
+        open_session(gm, &a, FR_KV_BF16, n, n);
+        open_session(gm, &b, FR_KV_NVFP4, n, n);
+        float *ref = decode_logits(gm, &a, ids, n, p, FR_KV_BF16, &kept), *fp4 = score(&b, ids, n, 0);
         int V = a.model->cfg.vocab_size;
         /* Past the first page, attention reads FP4 pages: logits must move. */
         assert_true(max_diff(ref + (size_t)200 * V, fp4 + (size_t)200 * V, (size_t)(n - 200) * V) > 1e-3f);
@@ -248,9 +302,10 @@ static void test_nvfp4_decode_close(void **state)
             agree += r.top1_match;
             positions++;
         }
-        free(ref); free(fp4); free(ids);
-        fr_session_close(&a);
-        fr_session_close(&b);
+        if (!kept) free(ref);
+        free(fp4); free(ids);
+        close_session(&a);
+        close_session(&b);
     }
     double mean = kl_sum / positions;
     printf("  nvfp4 (full recipe, no calibration) vs bf16 decode path: mean KL %.3f e-3 nats, "
@@ -266,22 +321,23 @@ static void test_nvfp4_decode_close(void **state)
 static void test_latent_dtypes_decode(void **state)
 {
     if (!have(state)) skip();
+    golden_model *gm = *state;
     fr_st_file *g;
     assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
-    int n;
+    int n, kept;
     int *ids = golden_ids(g, 3, &n);
     if (n > 300) n = 300;
     assert_true(n > 2 * FR_PAGE_TOKENS);
     const fr_kv_dtype dts[] = {FR_KV_FP8, FR_KV_NVFP4, FR_KV_MXFP4};
     const float bound[] = {0.002f, 0.002f, 0.005f};   /* nats; measured 0.39e-3, 0.29e-3, 0.86e-3 */
     fr_session a;
-    open_session(&a, FR_KV_BF16, n, n);
-    float *ref = score(&a, ids, n, 1);
+    open_session(gm, &a, FR_KV_BF16, n, n);
+    float *ref = decode_logits(gm, &a, ids, n, 3, FR_KV_BF16, &kept);
     const int V = a.model->cfg.vocab_size;
     for (int k = 0; k < 3; k++) {
         fr_session b;
-        open_session(&b, dts[k], n, n);
-        float *got = score(&b, ids, n, 1);
+        open_session(gm, &b, dts[k], n, n);
+        float *got = score(&b, ids, n, 0);
         /* the first page is read from the BF16 slots; then from the pages */
         float early = max_diff(ref, got, (size_t)FR_PAGE_TOKENS * V);
         float late = max_diff(ref + (size_t)(n - 20) * V, got + (size_t)(n - 20) * V, (size_t)20 * V);
@@ -300,28 +356,26 @@ static void test_latent_dtypes_decode(void **state)
         assert_true(kl > 0.0 && kl < bound[k]);
         if (dts[k] != FR_KV_FP8) assert_true(early < late);   /* FP4: BF16 sink and recent tokens */
         free(got);
-        fr_session_close(&b);
+        close_session(&b);
     }
-    free(ref); free(ids);
-    fr_session_close(&a);
+    if (!kept) free(ref);
+    free(ids);
+    close_session(&a);
     fr_st_file_close(&g);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_prestate(test_prefill_matches_golden, (void *)&tq6),
-        cmocka_unit_test_prestate(test_greedy_matches_golden, (void *)&tq6),
-        cmocka_unit_test_prestate(test_decode_matches_prefill, (void *)&tq6),
-        cmocka_unit_test_prestate(test_nvfp4_decode_close, (void *)&tq6),
-        cmocka_unit_test_prestate(test_prefill_matches_golden, (void *)&tqm),
-        cmocka_unit_test_prestate(test_greedy_matches_golden, (void *)&tqm),
-        cmocka_unit_test_prestate(test_decode_matches_prefill, (void *)&tqm),
-        cmocka_unit_test_prestate(test_nvfp4_decode_close, (void *)&tqm),
-        cmocka_unit_test_prestate(test_prefill_matches_golden, (void *)&tqa),
-        cmocka_unit_test_prestate(test_greedy_matches_golden, (void *)&tqa),
-        cmocka_unit_test_prestate(test_decode_matches_prefill, (void *)&tqa),
-        cmocka_unit_test_prestate(test_latent_dtypes_decode, (void *)&tqa),
+        cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tq6),
+        cmocka_unit_test_prestate(test_decode_matches_prefill, &tq6),
+        cmocka_unit_test_prestate(test_nvfp4_decode_close, &tq6),
+        cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tqm),
+        cmocka_unit_test_prestate(test_decode_matches_prefill, &tqm),
+        cmocka_unit_test_prestate(test_nvfp4_decode_close, &tqm),
+        cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tqa),
+        cmocka_unit_test_prestate(test_decode_matches_prefill, &tqa),
+        cmocka_unit_test_prestate(test_latent_dtypes_decode, &tqa),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, NULL, free_models);
 }
