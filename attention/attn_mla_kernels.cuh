@@ -305,6 +305,26 @@ template <int DC> struct Acc {
     float m[2], l[2];
 };
 
+/* s (16 rows x 32 tokens) += the query rows at q times the tile's keys at kb
+ * over N k-steps from k-step k0 (each 16 channels). A constant trip count
+ * lets the loads run ahead of the MMAs. */
+template <int N, int UNROLL, int KP>
+FR_MK void score_steps(const uint16_t *q, const uint16_t *kb, int k0, float (&s)[4][4])
+{
+#pragma unroll UNROLL
+    for (int kq = 0; kq < N; kq++) {
+        const int ks = k0 + kq;
+        uint32_t a[4], b[4];
+        ldsm_x4(q + ks * 16, a);
+#pragma unroll
+        for (int tp = 0; tp < 2; tp++) {
+            ldsm_x4(kb + tp * 16 * KP + ks * 16, b);
+            mma_bf16(s[2 * tp], a[0], a[1], a[2], a[3], b[0], b[1]);
+            mma_bf16(s[2 * tp + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+        }
+    }
+}
+
 /* One tile: scores, softmax update, context. mask(n, lim) says whether
  * token column n is hidden from a row whose last visible token is lim. */
 template <int DC, int DR, int KIND, typename Mask>
@@ -319,33 +339,9 @@ __device__ void tile_step(const Params &P, const uint16_t *QA, const uint16_t *Q
         constexpr int KS = G::D / 16, KC = DC / 16;
         const uint16_t *qa = QA + (rt * 16 + (lane & 15)) * G::QP + (lane >> 4) * 8;
         const uint16_t *kb = kt + ((mi >> 1) * 8 + (lane & 7)) * G::KP + (mi & 1) * 8;
-#pragma unroll 6
-        for (int kq = 0; kq < KS / 2; kq++) {   /* a constant trip count lets loads run ahead of the MMAs */
-            const int ks = hf * (KS / 2) + kq;
-            uint32_t a[4], b[4];
-            ldsm_x4(qa + ks * 16, a);
-#pragma unroll
-            for (int tp = 0; tp < 2; tp++) {
-                ldsm_x4(kb + tp * 16 * G::KP + ks * 16, b);
-                mma_bf16(s[2 * tp], a[0], a[1], a[2], a[3], b[0], b[1]);
-                mma_bf16(s[2 * tp + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
-            }
-        }
-        if (dual) {
-            const uint16_t *qb = QB + (rt * 16 + (lane & 15)) * G::BP + (lane >> 4) * 8;
-#pragma unroll 4
-            for (int kq = 0; kq < KC / 2; kq++) {
-                const int ks = hf * (KC / 2) + kq;
-                uint32_t a[4], b[4];
-                ldsm_x4(qb + ks * 16, a);
-#pragma unroll
-                for (int tp = 0; tp < 2; tp++) {
-                    ldsm_x4(kb + tp * 16 * G::KP + ks * 16, b);
-                    mma_bf16(s[2 * tp], a[0], a[1], a[2], a[3], b[0], b[1]);
-                    mma_bf16(s[2 * tp + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
-                }
-            }
-        }
+        score_steps<KS / 2, 6, G::KP>(qa, kb, hf * (KS / 2), s);
+        if (dual)
+            score_steps<KC / 2, 4, G::KP>(QB + (rt * 16 + (lane & 15)) * G::BP + (lane >> 4) * 8, kb, hf * (KC / 2), s);
     }
     /* the two channel halves' partials, added in one order by both warps */
     float *mine = sx + hf * kRows * kTile;

@@ -4,8 +4,10 @@
 # under BUILD/tests, then the integration scripts in tests/integration (each
 # starts real processes), the batch-invariance tests at two BLAS thread
 # counts, the libFuzzer targets of tests/fuzz (scripts/run-fuzz.sh), and
-# last, alone, the fault harness (tests/reliability, short form: its
-# heartbeat and rank timeouts are seconds long).
+# last, alone, the tests whose checks have deadlines measured in seconds:
+# serve_mpi (a tp 2 job under mpirun must shut down cleanly within 30 s of
+# SIGTERM with every sample ended) and the fault harness (tests/reliability,
+# short form: its heartbeat and rank timeouts are seconds long).
 #
 # Tests run FR_TEST_JOBS at a time (default: the CPU count, at most 2), the
 # longest first; each prints its block (ok/FAIL, seconds, the tail of its
@@ -59,12 +61,14 @@ add fuzz "BUILD=$(printf '%q' "$build") FUZZ_JOBS=\${FUZZ_JOBS:-1} scripts/run-f
 slow=(unit/test_engine_golden integration/tp_cpu fuzz unit/test_eval_kl unit/test_determinism
       integration/cli_calibrate_eval integration/dapo_smoke unit/test_scheduler_monitor integration/serve_bridge
       integration/cli_generate integration/rollout_mpi)
+# Run after the others, one at a time, with the machine to themselves.
+alone=(integration/serve_mpi)
 order=()
 for s in "${slow[@]}"; do
   for i in "${!names[@]}"; do [ "${names[$i]}" = "$s" ] && order+=("$i"); done
 done
 for i in "${!names[@]}"; do
-  case " ${slow[*]} " in *" ${names[$i]} "*) ;; *) order+=("$i") ;; esac
+  case " ${slow[*]} ${alone[*]} " in *" ${names[$i]} "*) ;; *) order+=("$i") ;; esac
 done
 
 # report I SECONDS STATUS: the block of test I.
@@ -77,7 +81,9 @@ report() {
       *) grep -E "SKIP|skipped" "$f" | sed 's/^/     /' ;;
     esac
   else
-    failed=$((failed + 1)); failures+=("$name"); echo "FAIL $name ($2 s)"; tail -40 "$f"
+    failed=$((failed + 1)); failures+=("$name"); echo "FAIL $name ($2 s)"
+    grep -m 5 -E "FAIL|[Ff]ailed" "$f" | sed 's/^/     /'   # the reason, which a log dump may push out of the tail
+    tail -40 "$f"
   fi
 }
 
@@ -98,6 +104,14 @@ for i in "${order[@]}"; do
   running[$!]=$i
 done
 while [ ${#running[@]} -gt 0 ]; do finish_one; done
+for s in "${alone[@]}"; do
+  for i in "${!names[@]}"; do
+    [ "${names[$i]}" = "$s" ] || continue
+    t0=$SECONDS
+    bash -c "${cmds[$i]}" > "$out_dir/$i.out" 2>&1 < /dev/null
+    report "$i" $((SECONDS - t0)) $?
+  done
+done
 
 # The fault harness, short form (tests/reliability/README.md; the soak runs
 # on demand: tests/reliability/run.sh --soak SECONDS), with the machine to
