@@ -43,9 +43,8 @@ grep -q "refused a client" "$dir/curve.log" || fail "the CURVE server logged no 
 # Weights over NCCL: the CPU backend refuses nccl_group_init (and a begin
 # with transport nccl) with nccl_unavailable and keeps serving; the Python
 # client refuses a group on a missing device, or the server refuses it.
-BUILD="$build" timeout 60 $py - "$main_ep" <<'PY' || fail "weights over NCCL on the CPU backend"
+BUILD="$build" PYTHONPATH=trainer_bridge/client/python timeout 60 $py - "$main_ep" <<'PY' || fail "weights over NCCL on the CPU backend"
 import os, sys, zmq
-sys.path.insert(0, os.path.join(os.environ["BUILD"], "..", "trainer_bridge", "client", "python"))
 from fp4rollout_client import ClientError, RolloutClient, ServerError
 
 def s(x):  # a msgpack str
