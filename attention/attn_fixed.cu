@@ -20,6 +20,7 @@ namespace {
 
 constexpr int kThreads = 128, kTile = 128, kSplitKeys = FR_ATTN_FIXED_SPLIT_KEYS;
 constexpr int kTilesPerSplit = kSplitKeys / kTile, kMaxQueryRows = 32;
+constexpr int kMaxGroup = 16;   /* query heads per KV head: every G up to this one is built */
 constexpr int kBlocksPerRow = 64;   /* blocks per (row block, KV head); each takes every 64th split */
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -329,15 +330,14 @@ void launch_group(bool decode, dim3 grid, cudaStream_t st, const Args &a)
     else launch_one<D, G, chunk_rows<G>()>(grid, st, a);
 }
 
-template <int D>
-void launch_split(int G, bool decode, dim3 grid, cudaStream_t st, const Args &a)
+/* G is a template argument (the query rows a block holds are G x R);
+ * every group from 1 to kMaxGroup has its instances. */
+template <int D, int G = 1>
+void launch_split(int g, bool decode, dim3 grid, cudaStream_t st, const Args &a)
 {
-    switch (G) {
-    case 1: launch_group<D, 1>(decode, grid, st, a); break;
-    case 2: launch_group<D, 2>(decode, grid, st, a); break;
-    case 4: launch_group<D, 4>(decode, grid, st, a); break;
-    case 8: launch_group<D, 8>(decode, grid, st, a); break;
-    default: launch_group<D, 16>(decode, grid, st, a); break;
+    if constexpr (G <= kMaxGroup) {
+        if (g == G) launch_group<D, G>(decode, grid, st, a);
+        else launch_split<D, G + 1>(g, decode, grid, st, a);
     }
 }
 
@@ -349,15 +349,15 @@ template <int D, int G, int R> cudaError_t opt_in()
                                 (int)sizeof(Smem<D, G * R>));
 }
 
-template <int D> cudaError_t opt_in_d()
+template <int D, int G = 1> cudaError_t opt_in_d()
 {
-    const cudaError_t e[] = {opt_in<D, 1, 1>(), opt_in<D, 2, 1>(), opt_in<D, 4, 1>(), opt_in<D, 8, 1>(),
-                             opt_in<D, 16, 1>(), opt_in<D, 1, chunk_rows<1>()>(), opt_in<D, 2, chunk_rows<2>()>(),
-                             opt_in<D, 4, chunk_rows<4>()>(), opt_in<D, 8, chunk_rows<8>()>(),
-                             opt_in<D, 16, chunk_rows<16>()>()};
-    for (cudaError_t x : e)
-        if (x != cudaSuccess) return x;
-    return cudaSuccess;
+    if constexpr (G > kMaxGroup) {
+        return cudaSuccess;
+    } else {
+        cudaError_t e = opt_in<D, G, 1>();
+        if (e == cudaSuccess) e = opt_in<D, G, chunk_rows<G>()>();
+        return e == cudaSuccess ? opt_in_d<D, G + 1>() : e;
+    }
 }
 
 int max_splits(int max_ctx) { return max_ctx > 0 ? (max_ctx + kSplitKeys - 1) / kSplitKeys : 1; }
@@ -398,8 +398,8 @@ extern "C" fr_status fr_attn_fixed(const fr_paged_kv *kv, const fr_paged_seq *se
     if (KVH < 1 || n_heads % KVH)
         return fr_fail(FR_EINVAL, "attn_fixed: %d heads over %d KV heads", n_heads, KVH);
     const int G = n_heads / KVH;
-    if (G != 1 && G != 2 && G != 4 && G != 8 && G != 16)
-        return fr_fail(FR_EUNSUPPORTED, "attn_fixed: a group of %d query heads (1, 2, 4, 8 or 16)", G);
+    if (G > kMaxGroup)
+        return fr_fail(FR_EUNSUPPORTED, "attn_fixed: a group of %d query heads (1 to %d)", G, kMaxGroup);
     if (kv->layer < 0 || kv->layer >= kv->n_layers)
         return fr_fail(FR_EINVAL, "attn_fixed: layer %d outside [0, %d)", kv->layer, kv->n_layers);
     const size_t per_row = per_row_bytes(n_heads, d, max_ctx);

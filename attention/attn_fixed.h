@@ -21,7 +21,7 @@
  *
  * q: float32 [rows][n_heads][d], post-RoPE, rounded to BF16 on load (as
  * attn_bf16.h does); out: BF16 [rows][n_heads][d]. head_dim 64 or 128; the
- * group G = n_heads / n_kv_heads one of 1, 2, 4, 8, 16. Rows that belong to
+ * group G = n_heads / n_kv_heads from 1 to 16. Rows that belong to
  * no sequence of seqs_dev (n_new == 0, padding) are left unwritten.
  * Asynchronous, no allocation, safe in CUDA graph capture. */
 #ifndef FR_ATTN_FIXED_H

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <climits>
 #include <math.h>
+#include <stdlib.h>
 #include <stdint.h>
 
 #include "attn_fp4_kernels.cuh"
@@ -19,6 +20,7 @@ using namespace fr_fp4;
 constexpr int kD = 128;                 /* the head_dim the decode kernels are built for */
 constexpr int kMaxSplits = FR_ATTN_FP4_MAX_SPLITS;
 constexpr long kSplitFixedPages = 2;    /* start-up cost of a split, in pages */
+constexpr long kMinSplitPages = 6;      /* fewer pages per split cost more than the parallelism gives */
 constexpr int kMaxDevices = 64;
 constexpr size_t kAlign = 256;
 
@@ -201,12 +203,16 @@ Layout layout_for(const Shape &sh, bool sink_recent, int n_seqs, int n_splits)
 
 /* The split count minimizing (waves of CTAs) x (pages per split + fixed
  * cost); ties keep fewer splits. The BF16 CTA of each (sequence, head) and
- * the combine are the same for every count. */
+ * the combine are the same for every count. No split gets fewer than
+ * kMinSplitPages pages: at batch 1 and 32K (256 pages a head) a split of
+ * two pages spends as long on its start, its partial and the combine's
+ * share of it as on its pages (bench/RESULTS.md, the split-count sweep). */
 int plan_splits(int n_seqs, int n_kv_heads, int max_ctx, int slots)
 {
     const long pages = max_ctx > 0 ? ((long)max_ctx + kPage - 1) / kPage : 1;
     const long pairs = (long)(n_seqs > 0 ? n_seqs : 1) * n_kv_heads;
-    const int n_max = pages < kMaxSplits ? (int)pages : kMaxSplits;
+    const long cap = (pages + kMinSplitPages - 1) / kMinSplitPages;
+    const int n_max = (int)(cap < kMaxSplits ? cap : kMaxSplits);
     int best = 1;
     long best_cost = LONG_MAX;
     for (int n = 1; n <= n_max; n++) {
@@ -220,6 +226,18 @@ int plan_splits(int n_seqs, int n_kv_heads, int max_ctx, int slots)
     return best;
 }
 
+/* FR_ATTN_FP4_SPLITS=N replaces the planned split count by N (capped as
+ * deterministic mode's is): a benchmarking knob for measuring the plan's
+ * cost model (bench/attn_decode), not a setting. 0: the plan. */
+int forced_splits()
+{
+    static const int n = [] {
+        const char *e = getenv("FR_ATTN_FP4_SPLITS");
+        return e ? atoi(e) : 0;
+    }();
+    return n;
+}
+
 /* Deterministic mode's count: the requested one, capped by the kernels' limit
  * and by the pages of max_ctx (a constant of the runner, not of the batch). */
 int fixed_split_count(int requested, int max_ctx)
@@ -227,6 +245,35 @@ int fixed_split_count(int requested, int max_ctx)
     const long pages = max_ctx > 0 ? ((long)max_ctx + kPage - 1) / kPage : 1;
     int n = requested < kMaxSplits ? requested : kMaxSplits;
     return pages < n ? (int)pages : n;
+}
+
+/* Programmatic dependent launch of the split and combine kernels (each
+ * may be scheduled while the grid before it finishes; docs/attention_gpu.md
+ * "Three launches per step"). FR_ATTN_PDL=0 launches them plainly, for
+ * measuring what the overlap gives. */
+bool use_pdl()
+{
+    static const bool on = [] {
+        const char *e = getenv("FR_ATTN_PDL");
+        return !(e && e[0] == '0' && e[1] == '\0');
+    }();
+    return on;
+}
+
+cudaError_t launch(void (*kernel)(Params), dim3 grid, int threads, int smem, cudaStream_t stream, bool pdl,
+                   const Params &P)
+{
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = grid;
+    c.blockDim = dim3(threads);
+    c.dynamicSmemBytes = (size_t)smem;
+    c.stream = stream;
+    c.attrs = pdl ? attr : nullptr;
+    c.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&c, kernel, P);
 }
 
 bool misaligned(const void *p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) != 0; }
@@ -272,6 +319,7 @@ extern "C" fr_status fr_attn_fp4_plan_for(const fr_attn_fp4_config *cfg, int n_s
     if ((st = setup(sh.v, &slots))) return st;
     int n = cfg->fixed_splits > 0 ? fixed_split_count(cfg->fixed_splits, max_ctx)
                                   : plan_splits(n_seqs, n_kv_heads, max_ctx, slots);
+    if (cfg->fixed_splits <= 0 && forced_splits() > 0) n = fixed_split_count(forced_splits(), max_ctx);
     Layout l = layout_for(sh, cfg->sink_recent != 0, n_seqs, n);
     while (cfg->fixed_splits <= 0 && n > 1 && l.total > workspace_bytes) {   /* fit the plan to the workspace */
         n--;
@@ -301,8 +349,9 @@ extern "C" fr_status fr_attn_fp4_workspace_bytes(const fr_attn_fp4_config *cfg, 
     if ((st = setup(sh.v, &slots))) return st;
     size_t need = 0;
     for (int n = 1; n <= max_seqs; n++) {
-        const int splits = cfg->fixed_splits > 0 ? fixed_split_count(cfg->fixed_splits, max_ctx)
-                                                 : plan_splits(n, n_kv_heads, max_ctx, slots);
+        int splits = cfg->fixed_splits > 0 ? fixed_split_count(cfg->fixed_splits, max_ctx)
+                                           : plan_splits(n, n_kv_heads, max_ctx, slots);
+        if (cfg->fixed_splits <= 0 && forced_splits() > 0) splits = fixed_split_count(forced_splits(), max_ctx);
         const Layout l = layout_for(sh, cfg->sink_recent != 0, n, splits);
         if (l.total > need) need = l.total;
     }
@@ -362,11 +411,10 @@ extern "C" fr_status fr_attn_fp4_decode(const fr_attn_fp4_config *cfg, const fr_
     const int slices = sh.otf ? (sh.v.fmt == kMXFP4 ? kPage / 32 : kPage / 16) : 0;
     prep_kernel_for(sh.v.fmt)<<<dim3(n_seqs, kv->n_kv_heads, 1 + slices), kPrepThreads, 0, stream>>>(P);
     FR_CUDA_LAUNCHED();
-    split_kernel_for(sh.v)<<<dim3(plan.n_splits + 1, kv->n_kv_heads, n_seqs), kThreads, split_smem_bytes(sh.v),
-                             stream>>>(P);
-    FR_CUDA_LAUNCHED();
-    combine_kernel<kD><<<dim3(n_heads, n_seqs), kThreads, 0, stream>>>(P);
-    FR_CUDA_LAUNCHED();
+    const bool pdl = use_pdl();
+    FR_CUDA_TRY(launch(split_kernel_for(sh.v), dim3(plan.n_splits + 1, kv->n_kv_heads, n_seqs), kThreads,
+                       split_smem_bytes(sh.v), stream, pdl, P));
+    FR_CUDA_TRY(launch(combine_kernel<kD>, dim3(n_heads, n_seqs), kCombineThreads, 0, stream, pdl, P));
     (void)max_ctx;
     return FR_OK;
 }

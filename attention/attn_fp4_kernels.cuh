@@ -50,27 +50,40 @@ __global__ void __launch_bounds__(kThreads, FMT == kFP8 ? (NQ == 1 ? 5 : 2) : (N
 
 /* ======================= combine ======================= */
 
-/* Grid (n_heads, n_seqs): o = sum_i 2^(lse_i - L) o_i / sum_i 2^(lse_i - L)
- * over the n_splits + 1 partials, as BF16. */
-template <int D> __global__ void __launch_bounds__(kThreads) combine_kernel(Params P)
+/* Grid (n_heads, n_seqs), kCombineThreads threads: o = sum_i 2^(lse_i - L)
+ * o_i / sum_i 2^(lse_i - L) over the n_splits + 1 partials, as BF16. At
+ * batch 1 a head has up to a few hundred partials, and this kernel's time
+ * is the latency of their loads: warp w takes partials w, w + 8, ..., a
+ * lane four dims (one 16-byte load), eight partials in flight, instead of
+ * one chain per dim. The eight warp sums are added in warp order, so the
+ * result depends only on the split count. */
+constexpr int kCombineWarps = 8, kCombineThreads = 32 * kCombineWarps;
+template <int D> __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params P)
 {
+    static_assert(D == 4 * 32 && D <= kCombineThreads, "a lane sums four dims; a thread writes one");
+    constexpr int kUnroll = 8;
     __shared__ float w[1024];
-    __shared__ float red[kWarps];
+    __shared__ float red[kCombineWarps];
+    __shared__ float4 part[kCombineWarps][D / 4];
+    griddep_wait();   /* the split partials are the previous grid's output */
     const int h = blockIdx.x, seq = blockIdx.y;
     const fr_paged_seq s = P.seqs[seq];
     if (s.n_new != 1) return;
     const int G = P.group, kh = h / G, gi = h % G, slots = P.n_splits + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t row0 = ((size_t)seq * P.kv.n_kv_heads + kh) * slots * G + gi;
     float mx = kNegInf;
-    for (int i = threadIdx.x; i < slots; i += kThreads) mx = fmaxf(mx, P.lse_part[row0 + (size_t)i * G]);
+    for (int i = threadIdx.x; i < slots; i += kCombineThreads) mx = fmaxf(mx, P.lse_part[row0 + (size_t)i * G]);
 #pragma unroll
     for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
+    if (lane == 0) red[warp] = mx;
     __syncthreads();
-    mx = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    mx = red[0];
+#pragma unroll
+    for (int k = 1; k < kCombineWarps; k++) mx = fmaxf(mx, red[k]);
     __syncthreads();
     float sum = 0.0f;
-    for (int i = threadIdx.x; i < slots; i += kThreads) {
+    for (int i = threadIdx.x; i < slots; i += kCombineThreads) {
         const float l = P.lse_part[row0 + (size_t)i * G];
         const float e = (mx == kNegInf || l == kNegInf) ? 0.0f : exp2f(l - mx);
         w[i] = e;
@@ -78,18 +91,41 @@ template <int D> __global__ void __launch_bounds__(kThreads) combine_kernel(Para
     }
 #pragma unroll
     for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = sum;
-    __syncthreads();
-    sum = red[0] + red[1] + red[2] + red[3];
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();   /* also publishes w[] */
+    sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kCombineWarps; k++) sum += red[k];
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    uint16_t *dst = P.out + ((size_t)s.q_row * P.n_heads + h) * D;
-    for (int d = threadIdx.x; d < D; d += kThreads) {
-        float acc = 0.0f;
-        for (int i = 0; i < slots; i++) {
-            const float wi = w[i];
-            if (wi != 0.0f) acc += wi * P.o_part[(row0 + (size_t)i * G) * D + d];
+
+    const float4 *src = reinterpret_cast<const float4 *>(P.o_part) + lane;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i0 = warp; i0 < slots; i0 += kCombineWarps * kUnroll) {
+        float4 v[kUnroll];
+        float wi[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) {   /* loads first, so all of them are in flight */
+            const int i = i0 + u * kCombineWarps;
+            wi[u] = i < slots ? w[i] : 0.0f;
+            v[u] = wi[u] != 0.0f ? src[(row0 + (size_t)i * G) * (D / 4)] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-        dst[d] = fr_dev_bf16_encode(acc * inv);
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) {
+            acc.x += wi[u] * v[u].x;
+            acc.y += wi[u] * v[u].y;
+            acc.z += wi[u] * v[u].z;
+            acc.w += wi[u] * v[u].w;
+        }
+    }
+    part[warp][lane] = acc;
+    __syncthreads();
+    const int d = threadIdx.x;
+    if (d < D) {
+        const float *pf = reinterpret_cast<const float *>(part);
+        float o = pf[d];
+#pragma unroll
+        for (int k = 1; k < kCombineWarps; k++) o += pf[k * D + d];
+        P.out[((size_t)s.q_row * P.n_heads + h) * D + d] = fr_dev_bf16_encode(o * inv);
     }
 }
 

@@ -49,110 +49,144 @@ template <int F> FR_K float fake_quant_warp(float x, bool search, uint8_t &code,
     return fr_dev_fp4_fake_quant_warp<F == kMXFP4 ? FR_MXFP4 : FR_NVFP4>(x, search, code, scode);
 }
 
-/* Query of (sequence, KV head): warp h < G takes head h. Writes the FP16 B
- * fragments (columns 2h, 2h + 1: the two query terms of head h), the BF16
- * hi/lo fragments for the BF16 tokens (sink_recent) and the per-head
- * factor S = (column sum) * qscale. */
+/* prep_query's second half for head h, warp `part` of its wph: the
+ * head's scale exponent from the warps' maxima in red[], then this warp's
+ * registers as MMA fragments in shared memory, and the head's factor. */
+template <int FMT, int D>
+__device__ void write_query_frags(const Params &P, size_t sh, int head, int h, int part, int wph, const int *red,
+                                  const float (&v0)[D / 32], const float (&v1)[D / 32], const float *xh,
+                                  uint16_t *frag, uint16_t *frag_bf, bool quant, uint32_t top)
+{
+    constexpr int E = D / 32, KS = D / 16;
+    const int lane = threadIdx.x & 31;
+    for (int p = 0; p < wph; p++) top = max(top, (uint32_t)red[h * wph + p]);
+
+    int ex = 0;   /* values enter the MMA times 2^-ex */
+    if (quant) {
+        if (FMT == kMXFP4) {
+            ex = top ? (int)top - 127 : 0;
+            if (ex < -100) ex = -100;
+        }
+    } else {
+        const float amax = __uint_as_float(top);
+        ex = amax > 0.0f ? fr_dev_floor_log2(amax) : 0;
+        ex = ex < -100 ? -100 : (ex > 100 ? 100 : ex);
+    }
+    const float down = pow2f(-ex);
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        if (e % wph != part) continue;
+        const int dim = 32 * e + lane;
+        uint16_t h0, h1;
+        if (quant) {   /* exact in FP16 (or below 2^-24 of the largest block) */
+            h0 = f32_to_f16(__fmul_rn(v0[e], down));
+            h1 = f32_to_f16(__fmul_rn(v1[e], down));
+        } else {       /* hi + lo: 22 significant bits */
+            const float xn = __fmul_rn(v0[e], down);
+            h0 = f32_to_f16(xn);
+            h1 = f32_to_f16(__fsub_rn(xn, f16_to_f32(h0)));
+        }
+        int i, t, reg, half;
+        qk_dim_slot<FMT, D>(dim, i, t, reg, half);
+        if (FMT == kFP8) {   /* B fragments: columns 2h, 2h + 1 are head h's two terms */
+#pragma unroll
+            for (int term = 0; term < 2; term++) {
+                const int col = 2 * h + term, u = col >> 3, ln = 4 * (col & 7) + t;
+                frag[(((u * KS + i) * 32 + ln) * 2 + reg) * 2 + half] = term ? h1 : h0;
+            }
+        } else {             /* A fragments: row h & 7 (term 0) and row 8 + (h & 7) (term 1) of m-tile h / 8 */
+            const int mt = h >> 3, ln = 4 * (h & 7) + t;
+#pragma unroll
+            for (int term = 0; term < 2; term++)
+                frag[(((mt * KS + i) * 32 + ln) * 4 + 2 * reg + term) * 2 + half] = term ? h1 : h0;
+        }
+        if (P.sink_recent) {   /* BF16 tokens: the unquantized (rotated) query */
+            const float xe = xh[dim];
+            const uint16_t b0 = fr_dev_bf16_encode(xe);
+            const uint16_t b1 = fr_dev_bf16_encode(__fsub_rn(xe, fr_dev_bf16_decode(b0)));
+            natural_dim_slot(dim, i, t, reg, half);
+#pragma unroll
+            for (int term = 0; term < 2; term++) {
+                const int col = 2 * h + term, u = col >> 3, ln = 4 * (col & 7) + t;
+                frag_bf[(((u * KS + i) * 32 + ln) * 2 + reg) * 2 + half] = term ? b1 : b0;
+            }
+        }
+    }
+    if (part == 0 && lane == 0) {
+        float kfac = 1.0f;
+        if (FMT == kNVFP4) kfac = 128.0f;   /* keys enter the MMA times 2^-7 */
+        if (FMT == kFP8 && P.fp8_scales) kfac = P.fp8_scales[((size_t)P.kv.layer * P.kv.n_kv_heads + head) * 2];
+        P.qscale[sh * kMaxGroup + h] = P.gamma * pow2f(ex) * kfac;
+    }
+}
+
+/* Query of (sequence, KV head). The exact mode's FP4 quantization of a
+ * head is a long chain of dependent instructions (the scale search sums
+ * squared errors in element order), and a decode step at batch 1 waits
+ * for it; so the 16 warps share the heads: wph warps per head (4 for G <=
+ * 4, 2 for G <= 8, 1 above; 1 without FP4 query), warp p of a head quantizing registers e = p,
+ * p + wph, ... of the head's 128 dims (32 per register). The head's first
+ * warp rotates the whole head first (the Hadamard spans all its dims) and
+ * leaves it in shared memory. Writes the FP16 B fragments (columns 2h,
+ * 2h + 1: the two query terms of head h), the BF16 hi/lo fragments for the
+ * BF16 tokens (sink_recent) and the per-head factor S = (column sum) *
+ * qscale. */
 template <int FMT, int D> __device__ void prep_query(const Params &P, int seq, int head, const fr_paged_seq &s)
 {
     constexpr int E = D / 32, KS = D / 16;
+    constexpr int kPrepWarps = kPrepThreads / 32;
     __shared__ uint16_t frag[4 * KS * 32 * 4];   /* B [u][i][lane][reg][half] or A [mt][i][lane][4][half] */
     __shared__ uint16_t frag_bf[4 * KS * 32 * 4];
+    __shared__ float xs[kMaxGroup][D];           /* the rotated query of every head */
+    __shared__ int red[kPrepWarps];              /* per warp: MXFP4 top scale code, or amax bits */
     const int nwords = P.qwords, nwords_bf = P.nq * KS * 32 * 2;
     uint32_t *f32 = reinterpret_cast<uint32_t *>(frag), *fb32 = reinterpret_cast<uint32_t *>(frag_bf);
     for (int k = threadIdx.x; k < 2 * KS * 32 * 4; k += kPrepThreads) f32[k] = fb32[k] = 0u;
-    __syncthreads();
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = P.group;
+    const bool quant = FMT != kFP8 && P.q_mode != FR_Q_UNQUANTIZED;
+    const int wph = !quant ? 1 : G <= 4 ? 4 : G <= 8 ? 2 : 1;   /* warps per head; the hi/lo split is short */
+    const int h = warp / wph, part = warp % wph;
+    const bool mine = h < G;
     const size_t sh = (size_t)seq * P.kv.n_kv_heads + head;
-    if (warp < G) {
-        const float *qh = P.q + ((size_t)s.q_row * P.n_heads + (size_t)head * G + warp) * D;
+    if (mine && part == 0) {
+        const float *qh = P.q + ((size_t)s.q_row * P.n_heads + (size_t)head * G + h) * D;
         float x[E];
 #pragma unroll
         for (int e = 0; e < E; e++) x[e] = qh[32 * e + lane];
         if (P.rotate) fr_dev_hadamard_warp<E>(x, D);
-
-        float v0[E], v1[E];
-        int ex = 0;   /* values enter the MMA times 2^-ex */
-        const bool quant = FMT != kFP8 && P.q_mode != FR_Q_UNQUANTIZED;
-        if (quant) {
-            uint32_t top = 0;   /* MXFP4: the largest scale code of the first term */
 #pragma unroll
-            for (int e = 0; e < E; e++) {
+        for (int e = 0; e < E; e++) xs[h][32 * e + lane] = x[e];
+    }
+    __syncthreads();
+
+    float v0[E], v1[E];
+    uint32_t top = 0;   /* MXFP4: the largest scale code of the first term; otherwise amax's bits */
+    if (mine) {
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            v0[e] = v1[e] = 0.0f;
+            if (e % wph != part) continue;
+            const float xv = xs[h][32 * e + lane];
+            if (quant) {
                 uint8_t code, sc;
-                const float xv = x[e];
                 v0[e] = fake_quant_warp<FMT == kMXFP4 ? kMXFP4 : kNVFP4>(xv, P.q_search != 0, code, sc);
                 top = max(top, (uint32_t)sc);
                 if (P.q_mode == FR_Q_DUAL) {
                     const float r = __fsub_rn(fr_dev_isnan(xv) ? 0.0f : xv, v0[e]);
                     v1[e] = fake_quant_warp<FMT == kMXFP4 ? kMXFP4 : kNVFP4>(r, P.q_search != 0, code, sc);
-                } else {
-                    v1[e] = 0.0f;
                 }
-            }
-            if (FMT == kMXFP4) {
-#pragma unroll
-                for (int o = 16; o; o >>= 1) top = max(top, __shfl_xor_sync(0xFFFFFFFFu, top, o));
-                ex = top ? (int)top - 127 : 0;
-                if (ex < -100) ex = -100;
-            }
-        } else {
-            float amax = 0.0f;
-#pragma unroll
-            for (int e = 0; e < E; e++) amax = fmaxf(amax, fabsf(x[e]));
-#pragma unroll
-            for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-            ex = amax > 0.0f ? fr_dev_floor_log2(amax) : 0;
-            ex = ex < -100 ? -100 : (ex > 100 ? 100 : ex);
-#pragma unroll
-            for (int e = 0; e < E; e++) v0[e] = x[e];
-        }
-        const float down = pow2f(-ex);
-#pragma unroll
-        for (int e = 0; e < E; e++) {
-            const int dim = 32 * e + lane;
-            uint16_t h0, h1;
-            if (quant) {   /* exact in FP16 (or below 2^-24 of the largest block) */
-                h0 = f32_to_f16(__fmul_rn(v0[e], down));
-                h1 = f32_to_f16(__fmul_rn(v1[e], down));
-            } else {       /* hi + lo: 22 significant bits */
-                const float xn = __fmul_rn(v0[e], down);
-                h0 = f32_to_f16(xn);
-                h1 = f32_to_f16(__fsub_rn(xn, f16_to_f32(h0)));
-            }
-            int i, t, reg, half;
-            qk_dim_slot<FMT, D>(dim, i, t, reg, half);
-            if (FMT == kFP8) {   /* B fragments: columns 2h, 2h + 1 are head h's two terms */
-#pragma unroll
-                for (int term = 0; term < 2; term++) {
-                    const int col = 2 * warp + term, u = col >> 3, ln = 4 * (col & 7) + t;
-                    frag[(((u * KS + i) * 32 + ln) * 2 + reg) * 2 + half] = term ? h1 : h0;
-                }
-            } else {             /* A fragments: row h & 7 (term 0) and row 8 + (h & 7) (term 1) of m-tile h / 8 */
-                const int mt = warp >> 3, ln = 4 * (warp & 7) + t;
-#pragma unroll
-                for (int term = 0; term < 2; term++)
-                    frag[(((mt * KS + i) * 32 + ln) * 4 + 2 * reg + term) * 2 + half] = term ? h1 : h0;
-            }
-            if (P.sink_recent) {   /* BF16 tokens: the unquantized (rotated) query */
-                const uint16_t b0 = fr_dev_bf16_encode(x[e]);
-                const uint16_t b1 = fr_dev_bf16_encode(__fsub_rn(x[e], fr_dev_bf16_decode(b0)));
-                natural_dim_slot(dim, i, t, reg, half);
-#pragma unroll
-                for (int term = 0; term < 2; term++) {
-                    const int col = 2 * warp + term, u = col >> 3, ln = 4 * (col & 7) + t;
-                    frag_bf[(((u * KS + i) * 32 + ln) * 2 + reg) * 2 + half] = term ? b1 : b0;
-                }
+            } else {
+                v0[e] = xv;
+                if (!fr_dev_isnan(xv)) top = max(top, __float_as_uint(fabsf(xv)));   /* bits order as values */
             }
         }
-        if (lane == 0) {
-            float kfac = 1.0f;
-            if (FMT == kNVFP4) kfac = 128.0f;   /* keys enter the MMA times 2^-7 */
-            if (FMT == kFP8 && P.fp8_scales)
-                kfac = P.fp8_scales[((size_t)P.kv.layer * P.kv.n_kv_heads + head) * 2];
-            P.qscale[sh * kMaxGroup + warp] = P.gamma * pow2f(ex) * kfac;
-        }
+#pragma unroll
+        for (int o = 16; o; o >>= 1) top = max(top, __shfl_xor_sync(0xFFFFFFFFu, top, o));
+        if (lane == 0) red[warp] = (int)top;
     }
+    __syncthreads();
+    if (mine) write_query_frags<FMT, D>(P, sh, head, h, part, wph, red, v0, v1, xs[h], frag, frag_bf, quant, top);
     __syncthreads();
     uint32_t *dst = P.qfrag + sh * nwords, *dst_bf = P.qfrag_bf + sh * nwords_bf;
     for (int k = threadIdx.x; k < nwords; k += kPrepThreads) dst[k] = f32[k];
@@ -257,6 +291,9 @@ template <int FMT, int D> __device__ void prep_page(const Params &P, int seq, in
  * the on-the-fly page (launched only without sink/recent). */
 template <int FMT, int D> __global__ void __launch_bounds__(kPrepThreads) prep_kernel(Params P)
 {
+    /* the split kernel may start at once: it loads cache pages while this
+     * grid runs, and waits for it before reading what it writes */
+    griddep_launch_dependents();
     const int seq = blockIdx.x, head = blockIdx.y, z = blockIdx.z;
     const fr_paged_seq s = P.seqs[seq];
     if (s.n_new != 1) return;

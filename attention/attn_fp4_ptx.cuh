@@ -174,6 +174,20 @@ FR_PTX void mbar_wait(uint64_t *bar, uint32_t parity)
                  : "memory");
 }
 
+/* ---- programmatic dependent launch ---- */
+
+/* Lets the next kernel of the stream, when it was launched with the
+ * programmatic-serialization attribute, be scheduled before this grid
+ * ends: its CTAs start their own set-up while this grid finishes. A no-op
+ * when nothing waits on this grid that way. */
+FR_PTX void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
+/* Waits until the grids this one depends on programmatically have ended
+ * and their memory is visible; returns at once for a kernel launched
+ * without the attribute. Everything before it must not read what the
+ * previous kernel writes. */
+FR_PTX void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 } // namespace fr_fp4_ptx
 
 #undef FR_PTX

@@ -66,6 +66,7 @@ __device__ void bf16_split(const Params &P, uint8_t *smem, int seq, int head, co
         cp_async_commit();
     };
     load_rows(false);
+    griddep_wait();   /* the query fragments are the preparation kernel's output */
 
     uint2 qf[NQ][KS];
     const uint2 *qsrc = reinterpret_cast<const uint2 *>(P.qfrag_bf) + sh * P.nq * KS * 32;

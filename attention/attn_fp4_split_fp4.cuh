@@ -84,8 +84,16 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
         mbar_fence_init();
     }
     __syncthreads();
+    /* Cache pages were written before the query preparation started, so
+     * they load while it runs; the query fragments and the on-the-fly page
+     * are its output and wait for it. */
     if (threadIdx.x == 0)
-        for (int k = 0; k < kStages && k < npages; k++) issue(k);
+        for (int k = 0; k < kStages && k < npages; k++)
+            if (pa + k < full_pages) issue(k);
+    griddep_wait();
+    if (threadIdx.x == 0)
+        for (int k = 0; k < kStages && k < npages; k++)
+            if (pa + k >= full_pages) issue(k);
 
     /* the query: A fragments, per-head factors of this lane's rows */
     uint4 qa[MT][KS];
@@ -287,6 +295,8 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
          * thread, so no read can be reordered past the refill) */
         mbar_arrive(empty + st);
     }
+
+    griddep_launch_dependents();   /* the combine may be scheduled; it waits for this grid's end */
 
     /* ---- merge the four warps ---- */
     float *mst = reinterpret_cast<float *>(smem + Sm::stat), *lst = mst + kWarps * kMaxGroup;

@@ -187,8 +187,15 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
     for (int k = threadIdx.x; k < Sm::pbuf_bytes / 16; k += kThreads)
         reinterpret_cast<uint4 *>(pbuf)[k] = make_uint4(0, 0, 0, 0);
     __syncthreads();
+    /* pages of the cache load while the query preparation runs; its
+     * fragments and the on-the-fly page wait for it (attn_fp4_split_fp4.cuh) */
     if (threadIdx.x == 0)
-        for (int k = 0; k < 2 && k < npages; k++) issue_k(k);
+        for (int k = 0; k < 2 && k < npages; k++)
+            if (pa + k < full_pages) issue_k(k);
+    griddep_wait();
+    if (threadIdx.x == 0)
+        for (int k = 0; k < 2 && k < npages; k++)
+            if (pa + k >= full_pages) issue_k(k);
 
     /* the query: B fragments and per-head factors */
     uint2 qf[NQ][KS];
@@ -321,6 +328,7 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
     }
     __syncthreads();
     pv_wait(npages - 1, pending, o);
+    griddep_launch_dependents();
 
     /* l over the warp's keys, then over the warps */
 #pragma unroll

@@ -94,6 +94,7 @@ typedef struct {
 
 static const shape_spec SHAPES[] = {
     {"qwen3-4b", 32, 8, 128},
+    {"qwen3-14b", 40, 8, 128},
     {"qwen3-30b-a3b", 32, 4, 128},
 };
 #define N_SHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
@@ -115,7 +116,8 @@ static void usage(FILE *f)
             "usage: attn_decode [--shapes LIST] [--batches LIST] [--contexts LIST] [--kernels LIST]\n"
             "                   [--runs N] [--warmup N] [--rotate-mb MB] [--seed N]\n"
             "Times the paged decode-attention kernels (one decode step, one layer) and prints CSV.\n"
-            "  --shapes    qwen3-4b (32 q / 8 kv heads, d 128), qwen3-30b-a3b (32 / 4, d 128), or Q:KV[:D]\n"
+            "  --shapes    qwen3-4b (32 q / 8 kv heads, d 128), qwen3-14b (40 / 8), qwen3-30b-a3b (32 / 4),\n"
+            "              or Q:KV[:D]\n"
             "              (default qwen3-4b,qwen3-30b-a3b)\n"
             "  --batches   sequences per step (default 1,4,16,64)\n"
             "  --contexts  tokens attended per sequence incl. the new one; K = 1024\n"

@@ -33,7 +33,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-SHAPES = {"qwen3-4b": (32, 8, 128), "qwen3-30b-a3b": (32, 4, 128)}
+SHAPES = {"qwen3-4b": (32, 8, 128), "qwen3-14b": (40, 8, 128), "qwen3-30b-a3b": (32, 4, 128)}
 HEADER = ["shape", "q_heads", "kv_heads", "head_dim", "batch", "context", "kernel", "status", "median_us",
           "min_us", "max_us", "runs", "copies", "bytes", "tb_s", "backend", "gqa", "error"]
 CHUNK = 50
@@ -223,7 +223,7 @@ def main():
     ap = argparse.ArgumentParser(description="SDPA on BF16 KV, one decode step, for bench/attn_decode's cases; "
                                              "CSV on stdout.")
     ap.add_argument("--shapes", type=parse_shapes, default=parse_shapes("qwen3-4b,qwen3-30b-a3b"),
-                    help="qwen3-4b, qwen3-30b-a3b or Q:KV[:D] (default both names)")
+                    help="qwen3-4b, qwen3-14b, qwen3-30b-a3b or Q:KV[:D] (default qwen3-4b,qwen3-30b-a3b)")
     ap.add_argument("--batches", type=parse_ints, default=parse_ints("1,4,16,64"), help="default 1,4,16,64")
     ap.add_argument("--contexts", type=parse_ints, default=parse_ints("4K,16K,32K,128K"),
                     help="tokens attended incl. the new one, K = 1024 (default 4K,16K,32K,128K)")

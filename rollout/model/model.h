@@ -149,6 +149,8 @@ void fr_synthetic_qwen3_4b_config(fr_model_config *cfg);
  * untied, a 40,960-token window; -128k: 131,072), made on the GPU as
  * qwen3-4b's, with a router whose experts are used unevenly. */
 void fr_synthetic_qwen3_30b_a3b_config(fr_model_config *cfg);
+/* Qwen3-14B's shape (40 query / 8 KV heads of 128: a group of 5), dense. */
+void fr_synthetic_qwen3_14b_config(fr_model_config *cfg);
 /* Resolves the part of a spec after "synthetic:" ("tiny", "qwen3-4b", either
  * with ":SEED") to its configuration and seed. FR_EINVAL for unknown names
  * and malformed seeds. */

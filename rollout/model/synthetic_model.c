@@ -179,6 +179,18 @@ void fr_synthetic_qwen3_30b_a3b_config(fr_model_config *cfg)
     memset(cfg->mlp_only, 0, sizeof cfg->mlp_only);
 }
 
+void fr_synthetic_qwen3_14b_config(fr_model_config *cfg)
+{
+    if (!cfg) return;
+    fr_synthetic_qwen3_4b_config(cfg);   /* tokenizer ids, head_dim, RoPE */
+    cfg->hidden_size = 5120;
+    cfg->num_layers = 40;
+    cfg->num_heads = 40;   /* 5 query heads per KV head: a group that is no power of two */
+    cfg->num_kv_heads = 8;
+    cfg->intermediate_size = 17408;
+    cfg->tie_word_embeddings = 0;
+}
+
 /* Whether rest's name part (before any ":SEED") is exactly `name`. */
 static int named(const char *rest, size_t len, const char *name)
 {
@@ -196,12 +208,15 @@ fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *s
         fr_synthetic_tiny_config(cfg);
     else if (named(rest, name_len, "qwen3-4b") || named(rest, name_len, "qwen3-4b-128k"))
         fr_synthetic_qwen3_4b_config(cfg);
+    else if (named(rest, name_len, "qwen3-14b") || named(rest, name_len, "qwen3-14b-128k"))
+        fr_synthetic_qwen3_14b_config(cfg);
     else if (named(rest, name_len, "qwen3-30b-a3b") || named(rest, name_len, "qwen3-30b-a3b-128k"))
         fr_synthetic_qwen3_30b_a3b_config(cfg);
     else
         return fr_fail(FR_EINVAL, "unknown synthetic model \"%.*s\" in spec \"%s%s\" (known: %stiny[:SEED], "
-                       "%sqwen3-4b[-128k][:SEED], %sqwen3-30b-a3b[-128k][:SEED])", (int)(name_len > 64 ? 64 : name_len),
-                       rest, FR_SYNTHETIC_PREFIX, rest, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX);
+                       "%sqwen3-4b[-128k][:SEED], %sqwen3-14b[-128k][:SEED], %sqwen3-30b-a3b[-128k][:SEED])",
+                       (int)(name_len > 64 ? 64 : name_len), rest, FR_SYNTHETIC_PREFIX, rest, FR_SYNTHETIC_PREFIX,
+                       FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX);
     if (name_len > 5 && strncmp(rest + name_len - 5, "-128k", 5) == 0) cfg->max_position = 131072;
     uint64_t seed = FR_SYNTHETIC_DEFAULT_SEED;
     if (colon) {

@@ -15,11 +15,13 @@
  * (a few BF16 ulps: the kernels round P to BF16 for the tensor cores and the
  * output to BF16), and no output is NaN.
  *
- * Cases: decode batches mixing len 0 .. 33000 for G = 1, 4, 5, 7, 8, 16;
+ * Cases: decode batches mixing len 0 .. 33000 for G = 1, 3, 4, 5, 6, 7, 8, 16;
  * the split plan cut by the workspace and by a small max_ctx; a captured CUDA
  * graph replayed with new lengths and block tables; prefill chunks of 1, 7,
  * 128, 300, 512 tokens over len 0 and len > 0 mixed with decode rows; head_dim
- * 64; argument checks. A timing printout (not asserted) covers decode at
+ * 64; argument checks; deterministic mode's kernel (attn_fixed.h) for every
+ * G from 1 to 16, against the reference and bitwise the same for a
+ * sequence alone and in a batch. A timing printout (not asserted) covers decode at
  * batch 1/16/64 and 4K/32K context, 32 query and 8 KV heads, d = 128.
  * Without a GPU every case but the argument checks is skipped. */
 #include <setjmp.h>
@@ -39,6 +41,7 @@
 #include <cuda_runtime.h>
 
 #include "attention/attn_bf16.h"
+#include "attention/attn_fixed.h"
 #include "attention/fp_formats.h"
 #include "tests/unit/test_util.h"
 
@@ -344,7 +347,7 @@ static void run_case(int d, int kvh, int G, const seq_spec *spec, int n, uint64_
     case_free(&c);
 }
 
-static const int GROUPS[] = {1, 4, 5, 7, 8, 16};
+static const int GROUPS[] = {1, 3, 4, 5, 6, 7, 8, 16};
 #define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* ---- tests ---------------------------------------------------------------- */
@@ -443,6 +446,60 @@ static void test_prefill_chunks(void **state)
     run_case(128, 2, 5, single, 1, 31, "prefill one chunk len 0");
     static const seq_spec longctx[] = {{33000, 64}, {0, 2}};
     run_case(128, 2, 7, longctx, 2, 32, "prefill after 33000 cached");
+}
+
+/* Deterministic mode's kernel (attention/attn_fixed.h) for every group
+ * from 1 to 16: decode and prefill rows against the reference, and each
+ * sequence's rows computed alone (the decode kernel for its one row) bitwise
+ * equal to the same rows computed in the mixed batch (the kernel of
+ * prefill blocks): a row's numbers must not depend on its neighbours. */
+static void test_fixed_every_group(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    static const seq_spec spec[] = {{0, 1},    {1, 1},    {127, 1},  {128, 1}, {129, 1},
+                                    {1000, 1}, {5000, 1}, {0, 7},    {130, 37}};
+    const int n = N_OF(spec);
+    int rows = 0, pages = 0;
+    for (int s = 0; s < n; s++) { rows += spec[s].n_new; pages += spec[s].len / PAGE; }
+    for (int G = 1; G <= 16; G++) {
+        acase c;
+        case_alloc(&c, 128, 2, G, n, rows, pages);
+        case_fill(&c, spec, 300 + (uint64_t)G);
+        const int max_ctx = max_ctx_of(&c), max_new = max_new_of(&c);
+        size_t ws_bytes;
+        FR_OK_OR_FAIL(fr_attn_fixed_workspace_bytes(c.n_heads, c.d, max_ctx, c.rows, &ws_bytes));
+        void *ws;
+        CUDA_OK(cudaMalloc(&ws, ws_bytes));
+        FR_OK_OR_FAIL(fr_attn_fixed(&c.kv, c.seqs_dev, c.n_seqs, c.rows, max_new, max_ctx, c.q_dev, c.out_dev,
+                                    c.n_heads, ws, ws_bytes, 0));
+        CUDA_OK(cudaDeviceSynchronize());
+        char label[96];
+        snprintf(label, sizeof label, "fixed (deterministic) G=%d, mixed batch", G);
+        check(&c, label);
+        const size_t row_elems = (size_t)c.n_heads * c.d, all = (size_t)c.rows * row_elems;
+        uint16_t *batch = xmalloc(all * 2), *alone = xmalloc(all * 2);
+        CUDA_OK(cudaMemcpy(batch, c.out_dev, all * 2, cudaMemcpyDeviceToHost));
+        int differ = 0;
+        for (int s = 0; s < n; s++) {
+            CUDA_OK(cudaMemset(c.out_dev, 0xFF, all * 2));
+            FR_OK_OR_FAIL(fr_attn_fixed(&c.kv, c.seqs_dev + s, 1, c.rows, spec[s].n_new, max_ctx, c.q_dev,
+                                        c.out_dev, c.n_heads, ws, ws_bytes, 0));
+            CUDA_OK(cudaMemcpy(alone, c.out_dev, all * 2, cudaMemcpyDeviceToHost));
+            const size_t at = (size_t)c.seqs[s].q_row * row_elems, cnt = (size_t)spec[s].n_new * row_elems;
+            if (memcmp(alone + at, batch + at, cnt * 2)) {
+                fprintf(stderr, "  G=%d: sequence %d (len %d, %d rows) differs alone and in the batch\n", G, s,
+                        spec[s].len, spec[s].n_new);
+                differ++;
+            }
+        }
+        printf("  fixed G=%d: %d of %d sequences bitwise equal alone and in the batch\n", G, n - differ, n);
+        assert_int_equal(differ, 0);
+        free(batch);
+        free(alone);
+        cudaFree(ws);
+        case_free(&c);
+    }
 }
 
 static void test_head_dim_64(void **state)
@@ -585,6 +642,7 @@ int main(void)
         cmocka_unit_test(test_decode_split_fallbacks),
         cmocka_unit_test(test_decode_graph_replay),
         cmocka_unit_test(test_prefill_chunks),
+        cmocka_unit_test(test_fixed_every_group),
         cmocka_unit_test(test_head_dim_64),
         cmocka_unit_test(test_decode_timing),
     };

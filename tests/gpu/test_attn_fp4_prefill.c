@@ -504,6 +504,7 @@ static void test_nvfp4(void **state)
     run_case(&(case_spec){FR_KV_NVFP4, "vanilla", 128, 1, 0, 102});
     run_case(&(case_spec){FR_KV_NVFP4, "full,-sink", 128, 5, 0, 103});
     run_case(&(case_spec){FR_KV_NVFP4, "full,-rotate", 128, 8, 0, 104});
+    run_case(&(case_spec){FR_KV_NVFP4, "full", 128, 6, 0, 105});
 }
 
 static void test_mxfp4(void **state)
@@ -522,6 +523,7 @@ static void test_fp8(void **state)
     REQUIRE_GPU();
     run_case(&(case_spec){FR_KV_FP8, "full", 128, 4, 0, 301});
     run_case(&(case_spec){FR_KV_FP8, "vanilla", 128, 3, 0, 302});
+    run_case(&(case_spec){FR_KV_FP8, "full", 128, 6, 0, 303});
 }
 
 static void test_head_dim_64(void **state)
