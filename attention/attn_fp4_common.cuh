@@ -134,6 +134,81 @@ FR_K void write_empty(const Params &P, size_t slot)
     for (int k = threadIdx.x; k < G; k += kThreads) P.lse_part[slot * G + k] = kNegInf;
 }
 
+/* The four warps' shares of head h (a [warps][kMaxGroup] array), added in
+ * warp order. */
+FR_K float warp_sum(const float *part, int h)
+{
+    float x = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; w++) x += part[w * kMaxGroup + h];
+    return x;
+}
+
+/* A split's partial for head h: its normalized output row, and its base-2
+ * log-sum-exp m + log2 l - shift (-inf when no key had weight, so the
+ * combine gives the row no weight). */
+template <int D> FR_K float *partial_row(const Params &P, size_t slot, int h)
+{
+    return P.o_part + (slot * P.group + h) * D;
+}
+FR_K void store_lse(const Params &P, size_t slot, int h, float m, float l, float shift)
+{
+    P.lse_part[slot * P.group + h] = l > 0.0f ? m + log2f(l) - shift : kNegInf;
+}
+
+/* What a quantized split CTA (FP4 or FP8) works from: its pages and where
+ * its partial goes. The two split bodies differ in their math, not in this. */
+struct SplitCtx {
+    SplitRange r;
+    size_t sh;         /* (sequence, KV head): the query fragments' and the on-the-fly page's index */
+    size_t slot;       /* the partial's index in o_part / lse_part */
+    size_t lh;         /* (layer, KV head): the head page inside a block */
+    int npages;        /* pages [r.pa, r.pb) */
+    int full_pages;    /* pages of the pool; a page past them is the on-the-fly page */
+};
+
+/* Opens split `split` of (seq, head); false when it holds no page (its
+ * partial is then written empty, so the combine can read every slot). */
+FR_K bool split_open(const Params &P, const fr_paged_seq &s, int seq, int head, int split, SplitCtx &c)
+{
+    const int kvh = P.kv.n_kv_heads;
+    c.r = split_range(P, s, split);
+    c.sh = (size_t)seq * kvh + head;
+    c.slot = c.sh * (P.n_splits + 1) + split;
+    c.lh = (size_t)P.kv.layer * kvh + head;
+    c.npages = c.r.pb - c.r.pa;
+    c.full_pages = s.len / kPage;
+    if (c.npages > 0) return true;
+    write_empty(P, c.slot);
+    return false;
+}
+
+/* Page k of the split: a block of the pool, or (past the full pages, only
+ * without sink/recent) the partial page the preparation kernel quantized. */
+template <int PAGE_BYTES>
+FR_K const uint8_t *split_page(const Params &P, const fr_paged_seq &s, const SplitCtx &c, int k)
+{
+    const int p = c.r.pa + k;
+    return p < c.full_pages ? P.kv.pool + (size_t)s.block_table[p] * P.kv.block_bytes + c.lh * P.kv.head_page_bytes
+                            : P.otf + c.sh * PAGE_BYTES;
+}
+
+/* The first `ahead` pages of the split, issued by thread 0 around the wait
+ * for the query preparation (programmatic dependent launch): the pool's
+ * pages were written before that kernel started, so they load while it
+ * runs; the on-the-fly page is its output, so it waits. Every thread
+ * passes the wait, so everything after it may read the query fragments. */
+template <typename Issue> FR_K void split_prologue(const SplitCtx &c, int ahead, Issue issue)
+{
+    if (threadIdx.x == 0)
+        for (int k = 0; k < ahead && k < c.npages; k++)
+            if (c.r.pa + k < c.full_pages) issue(k);
+    griddep_wait();
+    if (threadIdx.x == 0)
+        for (int k = 0; k < ahead && k < c.npages; k++)
+            if (c.r.pa + k >= c.full_pages) issue(k);
+}
+
 /* P quantization of one block against the running maximum (Algorithm 1
  * lines 12-14, fr_pquant_scale): the real scale s, 0 when the block is
  * empty or underflows. */

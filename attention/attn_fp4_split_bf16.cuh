@@ -187,18 +187,16 @@ __device__ void bf16_split(const Params &P, uint8_t *smem, int seq, int head, co
         for (int u = 0; u < NQ; u++) {
             const int h = 4 * u + t;
             if (h >= G) continue;
-            float lt = 0.0f;
-#pragma unroll
-            for (int w = 0; w < kWarps; w++) lt += lred[w * kMaxGroup + h];
+            const float lt = warp_sum(lred, h);
             const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-            float *dst = P.o_part + (slot * G + h) * D;
+            float *dst = partial_row<D>(P, slot, h);
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 const int d0 = 32 * warp + 16 * i + g;
                 dst[d0] = (o[i][u][0] + o[i][u][1]) * inv;
                 dst[d0 + 8] = (o[i][u][2] + o[i][u][3]) * inv;
             }
-            if (warp == 0 && g == 0) P.lse_part[slot * G + h] = lt > 0.0f ? M[u] + log2f(lt) : kNegInf;
+            if (warp == 0 && g == 0) store_lse(P, slot, h, M[u], lt, 0.0f);
         }
     }
 }

@@ -51,49 +51,29 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
     constexpr int KS = D / 16, MI = D / 16;
     static_assert(D == 128, "the lane's 16-byte key load covers D / 4 = 32 dims");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int G = P.group, kvh = P.kv.n_kv_heads;
-    const int len = s.len;
-    const SplitRange r = split_range(P, s, split);
-    const int pa = r.pa, x1 = r.x1, t1 = r.t1;
-    const size_t sh = (size_t)seq * kvh + head;
-    const size_t slot = sh * (P.n_splits + 1) + split;
-    if (r.pa >= r.pb) {
-        write_empty(P, slot);
-        return;
-    }
-    const int npages = r.pb - r.pa;
+    const int G = P.group;
+    SplitCtx c;
+    if (!split_open(P, s, seq, head, split, c)) return;
+    const int pa = c.r.pa, x1 = c.r.x1, t1 = c.r.t1, npages = c.npages;
+    const size_t sh = c.sh, slot = c.slot;
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + Sm::bars), *empty = full + kStages;
     float *pmax = reinterpret_cast<float *>(smem + Sm::pmax);
 
-    const size_t lh = (size_t)P.kv.layer * kvh + head;
-    const int full_pages = len / kPage;
     auto issue = [&](int k) {
-        const int p = pa + k;
-        const uint8_t *src = p < full_pages
-                                 ? P.kv.pool + (size_t)s.block_table[p] * P.kv.block_bytes + lh * P.kv.head_page_bytes
-                                 : P.otf + sh * Gm::page_bytes;
         uint64_t *bar = full + k % kStages;
         mbar_arrive_expect_tx(bar, Gm::page_bytes);
-        bulk_copy_g2s(smem + (k % kStages) * Gm::page_bytes, src, Gm::page_bytes, bar);
+        bulk_copy_g2s(smem + (k % kStages) * Gm::page_bytes, split_page<Gm::page_bytes>(P, s, c, k), Gm::page_bytes,
+                      bar);
     };
     if (threadIdx.x == 0) {
         for (int k = 0; k < kStages; k++) {
             mbar_init(full + k, 1);
-            mbar_init(empty + k, kThreads);
+            mbar_init(empty + k, kThreads);   /* every thread releases a slot: see the end of the loop */
         }
         mbar_fence_init();
     }
     __syncthreads();
-    /* Cache pages were written before the query preparation started, so
-     * they load while it runs; the query fragments and the on-the-fly page
-     * are its output and wait for it. */
-    if (threadIdx.x == 0)
-        for (int k = 0; k < kStages && k < npages; k++)
-            if (pa + k < full_pages) issue(k);
-    griddep_wait();
-    if (threadIdx.x == 0)
-        for (int k = 0; k < kStages && k < npages; k++)
-            if (pa + k >= full_pages) issue(k);
+    split_prologue(c, kStages, issue);
 
     /* the query: A fragments, per-head factors of this lane's rows */
     uint4 qa[MT][KS];
@@ -344,8 +324,8 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
             if (mw != kNegInf) L += lst[w * kMaxGroup + h] * ex2(mw - M);
             sum += ob[(w * kMaxGroup + h) * D + d];
         }
-        P.o_part[(slot * G + h) * D + d] = L > 0.0f ? sum * (of / L) : 0.0f;
-        if (d == 0) P.lse_part[slot * G + h] = L > 0.0f ? M + log2f(L) - P.log2c : kNegInf;
+        partial_row<D>(P, slot, h)[d] = L > 0.0f ? sum * (of / L) : 0.0f;
+        if (d == 0) store_lse(P, slot, h, M, L, P.log2c);
     }
 }
 

@@ -140,31 +140,17 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
     constexpr int KS = D / 16;
     using Sm = Smem8<NP, D>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int G = P.group, kvh = P.kv.n_kv_heads;
-    const int len = s.len;
-    const SplitRange r = split_range(P, s, split);
-    const int pa = r.pa, x1 = r.x1, t1 = r.t1;
-    const size_t sh = (size_t)seq * kvh + head;
-    const size_t slot = sh * (P.n_splits + 1) + split;
-    if (r.pa >= r.pb) {
-        write_empty(P, slot);
-        return;
-    }
-    const int npages = r.pb - r.pa;
+    const int G = P.group;
+    SplitCtx c;
+    if (!split_open(P, s, seq, head, split, c)) return;
+    const int pa = c.r.pa, x1 = c.r.x1, t1 = c.r.t1, npages = c.npages;
+    const size_t sh = c.sh, slot = c.slot, lh = c.lh;
 
     uint8_t *pbuf = smem + Sm::pbuf;
     float *maxbuf = reinterpret_cast<float *>(smem + Sm::maxbuf);   /* [2][warps][16] */
     float *lred = reinterpret_cast<float *>(smem + Sm::lred);       /* [warps][16] */
     uint64_t *bars = reinterpret_cast<uint64_t *>(smem + Sm::bars);
-
-    /* where page p of the sequence is: its block, or the on-the-fly page */
-    const size_t lh = (size_t)P.kv.layer * kvh + head;
-    const int full_pages = len / kPage;
-    auto page_src = [&](int k) {
-        const int p = pa + k;
-        return p < full_pages ? P.kv.pool + (size_t)s.block_table[p] * P.kv.block_bytes + lh * P.kv.head_page_bytes
-                              : P.otf + sh * Gm::page_bytes;
-    };
+    auto page_src = [&](int k) { return split_page<Gm::page_bytes>(P, s, c, k); };
     /* The pipeline (one thread issues): K of pages 0 and 1 before the
      * loop; at page k's barrier, when the keys of page k are scored and the
      * values of page k - 2 multiplied, K of page k + 2 and V of page k
@@ -187,15 +173,7 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
     for (int k = threadIdx.x; k < Sm::pbuf_bytes / 16; k += kThreads)
         reinterpret_cast<uint4 *>(pbuf)[k] = make_uint4(0, 0, 0, 0);
     __syncthreads();
-    /* pages of the cache load while the query preparation runs; its
-     * fragments and the on-the-fly page wait for it (attn_fp4_split_fp4.cuh) */
-    if (threadIdx.x == 0)
-        for (int k = 0; k < 2 && k < npages; k++)
-            if (pa + k < full_pages) issue_k(k);
-    griddep_wait();
-    if (threadIdx.x == 0)
-        for (int k = 0; k < 2 && k < npages; k++)
-            if (pa + k >= full_pages) issue_k(k);
+    split_prologue(c, 2, issue_k);
 
     /* the query: B fragments and per-head factors */
     uint2 qf[NQ][KS];
@@ -348,18 +326,15 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
         for (int e = 0; e < 2; e++) {
             const int h = 8 * u + 2 * t + e;
             if (h >= G) continue;
-            float l = 0.0f;
-#pragma unroll
-            for (int w = 0; w < kWarps; w++) l += lred[w * kMaxGroup + h];
+            const float l = warp_sum(lred, h);
             const float inv = l > 0.0f ? of / l : 0.0f;
-            float *dst = P.o_part + (slot * G + h) * D;
+            float *dst = partial_row<D>(P, slot, h);
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 dst[out_dim_fp8(warp, i, g)] = o[i][u][e] * inv;
                 dst[out_dim_fp8(warp, i, g + 8)] = o[i][u][2 + e] * inv;
             }
-            if (warp == 0 && g == 0)
-                P.lse_part[slot * G + h] = l > 0.0f ? mp[u][e] + log2f(l) - P.log2c : kNegInf;
+            if (warp == 0 && g == 0) store_lse(P, slot, h, mp[u][e], l, P.log2c);
         }
 }
 
