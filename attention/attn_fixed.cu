@@ -1,16 +1,23 @@
 /* Deterministic-mode attention over a BF16 paged cache: see attn_fixed.h.
  *
- * Split kernel: a block of 128 threads per (row block, KV head, split). A row
- * block is up to R consecutive tokens of one sequence (R = 1 for a decode
- * step, 32 / G for steps with prefill chunks), so the R x G query rows share
- * each key and value the block loads. Per tile of 128 keys: thread i loads
- * value row i into shared memory and key row i into registers and scores key
- * i against every query row (dot products in increasing dimension); a warp
- * per query row takes the tile maximum and sums the weights in a fixed tree;
- * for the values each thread owns a pair of dimensions of a share of the
- * query rows and accumulates the keys in order. A query row's operations are
- * the same whichever R its block has and whichever rows share it: the
- * threads that run them differ, the operations do not. */
+ * Split kernel: a block of 128 threads per (row block, KV head, split). A row block
+ * is up to R consecutive tokens of one sequence (R = 1 for a decode step, 32 / G for
+ * steps with prefill chunks), so the R x G query rows share each key and value the
+ * block loads. Per tile of 128 keys: thread i loads value row i into shared memory
+ * and key row i into registers and scores key i against every query row (dot products
+ * in increasing dimension); a warp per query row takes the tile maximum and sums the
+ * weights in a fixed tree; for the values each thread owns a pair of dimensions of a
+ * share of the query rows and accumulates the keys in order. A query row's operations
+ * are the same whichever R its block has and whichever rows share it: the threads
+ * that run them differ, the operations do not.
+ *
+ * The arithmetic is scalar FP32: every rounding is an explicit operation in a fixed
+ * order, so the argument above can be checked by reading the code. It is slow: with a
+ * BF16 cache a decode step costs 1.1-2.6x the default's and a 4K prefill 29x
+ * (bench/RESULTS.md, "Deterministic mode on the GPU", which lists tensor-core QK^T
+ * and PV as the next step). Each launch covers a range of the step's rows (as many as
+ * the workspace holds) with two kernels, the splits and then their combine, which
+ * stream order serializes. */
 #include "attention/attn_fixed.h"
 
 #include <cuda_bf16.h>
@@ -18,15 +25,25 @@
 
 namespace {
 
+/* A tile is 128 keys, one per thread. Splits of 256 keys are aligned to position 0,
+ * so a token's splits depend on its position alone. A block holds at most 32 query
+ * rows (R x G), which bounds its shared memory; each (row block, KV head) gets up to
+ * 64 blocks, each taking every 64th split (bench/RESULTS.md, "Deterministic mode on
+ * the GPU", earlier revisions: 16 blocks cost 2.41x and 2.59x the default at BF16 4K
+ * batch 64 and 32K batch 16, 64 blocks 2.64x and 2.40x). */
 constexpr int kThreads = 128, kTile = 128, kSplitKeys = FR_ATTN_FIXED_SPLIT_KEYS;
 constexpr int kTilesPerSplit = kSplitKeys / kTile, kMaxQueryRows = 32;
 constexpr int kMaxGroup = 16;   /* query heads per KV head: every G up to this one is built */
 constexpr int kBlocksPerRow = 64;   /* blocks per (row block, KV head); each takes every 64th split */
 constexpr unsigned kFull = 0xffffffffu;
 
+/* A BF16 value widened to float, exactly. */
 __device__ __forceinline__ float bf(uint16_t v) { return __bfloat162float(__ushort_as_bfloat16(v)); }
 
-/* Where the sequence's token t lies (paged_kv.h), K or V. */
+/* Where the sequence's token t lies (paged_kv.h), K or V. A token has the same BF16
+ * bits in each place (page, recent slot, staging row), so a key reads the same
+ * whichever place holds it in a given step: the reason a token's result does not
+ * depend on how its prompt was chunked. */
 __device__ __forceinline__ const uint16_t *token_row(const fr_paged_kv &kv, const fr_paged_seq &s, int h, int t,
                                                      bool value)
 {
@@ -42,9 +59,13 @@ __device__ __forceinline__ const uint16_t *token_row(const fr_paged_kv &kv, cons
     return (value ? kv.step_v : kv.step_k) + ((size_t)(s.q_row + t - s.len) * kv.n_kv_heads + h) * d;
 }
 
-/* Row block b of the step: sequences in order, ceil(n_new / R) blocks each.
- * Warp 0 walks the sequences 32 at a time with a prefix sum over lanes; the
- * block gets the sequence and the block's first row, or -1. */
+/* Row block b of the step: sequences in order, ceil(n_new / R) blocks each. Warp 0
+ * walks the sequences 32 at a time with a prefix sum over lanes; the block gets the
+ * sequence and the block's first row, or -1. The lengths live on the device (a
+ * captured step replays with new ones), so the host sizes the grid by an upper bound
+ * and every block finds its own rows; blocks past the real count get -1 and exit. The
+ * ballot takes the first lane whose range holds b; base carries the sum of the 32
+ * sequences before. */
 template <int R> __device__ void find_block(const fr_paged_seq *seqs, int n_seqs, int b, int *seq, int *first)
 {
     __shared__ int found_seq, found_first;
@@ -80,7 +101,10 @@ template <int R> __device__ void find_block(const fr_paged_seq *seqs, int n_seqs
     *first = found_first;
 }
 
-/* Where the partial outputs of the launch's rows [row0, row0 + rows) go. */
+/* Where the partial outputs of the launch's rows [row0, row0 + rows) go: per (row,
+ * head, split) an unnormalized output row, the running maximum m and the sum l,
+ * indexed by the row's offset in the launch. ns_max is the split count of max_ctx; a
+ * row uses the first pos / 256 + 1 of its slots. */
 struct Part {
     float *o, *m, *l;   /* [rows][H][ns_max][d], [rows][H][ns_max] x 2 */
     int ns_max;
@@ -96,10 +120,12 @@ __device__ __forceinline__ Part part_of(void *ws, int rows, int H, int d, int ns
     return P;
 }
 
-/* Shared memory of the split kernel: the tile's values (rows padded by 16
- * bytes, so that thread i writing row i meets no bank conflict), the query
- * rows, their scores and running outputs, and per query row the running
- * maximum, sum and rescale and its number of live keys in the tile. */
+/* Shared memory of the split kernel: the tile's values (rows padded by 16 bytes, so
+ * that thread i writing row i meets no bank conflict), the query rows, their scores
+ * and running outputs, and per query row the running maximum, sum and rescale and its
+ * number of live keys in the tile. The padding moves each row by 4 banks: the 8
+ * threads of a 16-byte store phase hit 8 different bank quadruples. The query rows
+ * are floats holding BF16 values; sc holds a row's scores, then its weights. */
 template <int D, int QR> struct Smem {
     static constexpr int kRow = D + 8;
     uint16_t v[kTile][kRow];
@@ -110,6 +136,9 @@ template <int D, int QR> struct Smem {
     int keys[QR];
 };
 
+/* What both kernels read, by value: the cache view, the sequences (device-resident),
+ * this launch's rows [row0, row0 + rows) of the step, the query heads H, the
+ * workspace's split capacity per row, the query and the workspace. */
 struct Args {
     fr_paged_kv kv;
     const fr_paged_seq *seqs;
@@ -118,7 +147,12 @@ struct Args {
     void *ws;
 };
 
-/* Query row qr = (row k of the block, head g of the group): qr = k * G + g. */
+/* Query row qr = (row k of the block, head g of the group): qr = k * G + g. Template
+ * parameters: D the head dim, G the group and R the rows of a block, so that QR = G R
+ * sizes the shared arrays and the per-thread loops at compile time. A thread (pair,
+ * share) owns dims 2 pair, 2 pair + 1 of the rows share, share + kShares, ... in the
+ * value phase (kMine of them). Four block barriers per tile separate the phases
+ * (loads, scores, softmax, values), each phase reading what the one before wrote. */
 template <int D, int G, int R>
 __global__ void __launch_bounds__(kThreads) split_kernel(Args A)
 {
@@ -140,8 +174,12 @@ __global__ void __launch_bounds__(kThreads) split_kernel(Args A)
     const int k0 = A.row0 > r_first ? A.row0 - r_first : 0;
     const int k1 = A.row0 + A.rows - r_first < n_rows ? A.row0 + A.rows - r_first : n_rows;
     if (k0 >= k1) return;
+    /* p_last: the position of the block's last row in this launch, the last key any
+     * of its rows sees. A block whose first split starts past it has nothing to do. */
     const int p_last = s.len + first + k1 - 1;                 /* the last row's position */
     if ((int)blockIdx.x * kSplitKeys > p_last) return;
+    /* The block's query rows, rounded to BF16 as attn_bf16 rounds them, zero for rows
+     * outside [k0, k1) (their results are never written). */
     for (int i = tid; i < QR * D; i += kThreads) {
         const int qr = i / D, k = qr / G, g = qr % G, r = r_first + k;
         const bool ok = k >= k0 && k < k1;
@@ -151,8 +189,9 @@ __global__ void __launch_bounds__(kThreads) split_kernel(Args A)
     const float scale = (float)(1.4426950408889634 / sqrt((double)D));   /* log2(e) / sqrt(d) */
     const int pair = tid % kPairs, share = tid / kPairs, dim = pair * 2;
     const Part P = part_of(A.ws, A.rows, A.H, D, A.ns_max);
-    /* the block's splits: blockIdx.x, + gridDim.x, ... (each split's
-     * partial stands alone, so which block computes it changes nothing) */
+    /* the block's splits: blockIdx.x, + gridDim.x, ... (each split's partial stands
+     * alone, so which block computes it changes nothing). Every split restarts the
+     * online softmax: acc, m and l are per split, and the combine joins them. */
     for (int j = blockIdx.x; j * kSplitKeys <= p_last; j += gridDim.x) {
         const int tile_end = min((j + 1) * kTilesPerSplit, p_last / kTile + 1);
         for (int i = tid; i < QR * D; i += kThreads) S.acc[i / D][i % D] = 0.0f;
@@ -163,8 +202,10 @@ __global__ void __launch_bounds__(kThreads) split_kernel(Args A)
         for (int tile = j * kTilesPerSplit; tile < tile_end; tile++) {
             const int t = tile * kTile + tid;
             const bool live = t <= p_last;
-            /* thread tid owns key tid: its value row into shared memory (16
-             * loads in flight), then its key row into registers */
+            /* thread tid owns key tid: its value row into shared memory (16 loads in
+             * flight), then its key row into registers. Keys past the block's last
+             * row are not loaded (zeros); per query row, S.keys counts the tile's
+             * keys the row sees, which is what the masks and the value loop use. */
             {
                 const uint4 *vr = live ? reinterpret_cast<const uint4 *>(token_row(A.kv, s, h, t, true)) : nullptr;
                 uint4 buf[kVec];
@@ -178,12 +219,18 @@ __global__ void __launch_bounds__(kThreads) split_kernel(Args A)
                 const int n = p + 1 - tile * kTile;
                 S.keys[tid] = k < k0 || k >= k1 || n <= 0 ? 0 : n < kTile ? n : kTile;
             }
+            /* The tile's values and the rows' live-key counts are visible to all
+             * threads (and, at the first tile, the query rows). */
             __syncthreads();   /* (also: the query rows are in place) */
             {
                 uint4 kb[kVec];
                 const uint4 *kr = live ? reinterpret_cast<const uint4 *>(token_row(A.kv, s, h, t, false)) : nullptr;
     #pragma unroll
                 for (int c = 0; c < kVec; c++) kb[c] = live ? __ldg(kr + c) : make_uint4(0, 0, 0, 0);
+                /* Key tid against every query row. The dot product runs in increasing
+                 * dimension with explicit fused multiply-adds (__fmaf_rn), so the
+                 * compiler has no contraction choice to make; the query reads are
+                 * broadcasts (every thread reads the same row). */
                 for (int qr = 0; qr < QR; qr++) {
                     float dot = 0.0f;
     #pragma unroll
@@ -203,10 +250,13 @@ __global__ void __launch_bounds__(kThreads) split_kernel(Args A)
                     S.sc[qr][tid] = tid < S.keys[qr] ? __fmul_rn(dot, scale) : -INFINITY;
                 }
             }
+            /* Every key's score is in S.sc for the warps that own the rows. */
             __syncthreads();
-            /* warp w: query rows w, w + 4, ...: the tile maximum, the weights,
-             * their sum (each lane its 4 keys in order, then a butterfly over
-             * the lanes, the same in every lane and every run) */
+            /* warp w: query rows w, w + 4, ...: the tile maximum, the weights, their
+             * sum (each lane its 4 keys in order, then a butterfly over the lanes,
+             * the same in every lane and every run). Each butterfly step adds a and b
+             * in one lane and b and a in its partner, equal in IEEE arithmetic, so
+             * every lane ends with the same bits. The maximum is exact in any order. */
             for (int qr = warp; qr < QR; qr += kThreads / 32) {
                 if (S.keys[qr] == 0) continue;   /* no live key: the row skips the tile */
                 float4 e4 = *reinterpret_cast<const float4 *>(&S.sc[qr][lane * 4]);
@@ -222,6 +272,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(Args A)
                 float sum = __fadd_rn(__fadd_rn(__fadd_rn(e4.x, e4.y), e4.z), e4.w);
     #pragma unroll
                 for (int o = 16; o; o >>= 1) sum = __fadd_rn(sum, __shfl_xor_sync(kFull, sum, o));
+                /* Every lane has read m_old before lane 0 overwrites it. */
                 __syncwarp();
                 if (lane == 0) {
                     const float al = exp2f(__fsub_rn(m_old, m_new));   /* the row's first tile: exp2(-inf) = 0 */
@@ -230,9 +281,15 @@ __global__ void __launch_bounds__(kThreads) split_kernel(Args A)
                     S.l[qr] = __fadd_rn(__fmul_rn(S.l[qr], al), sum);
                 }
             }
+            /* The weights, alpha, m and l of every row are in place for the value
+             * phase. */
             __syncthreads();
-            /* the values: thread (pair, share) accumulates query rows share,
-             * share + kShares, ... over the live keys in order */
+            /* the values: thread (pair, share) accumulates query rows share, share +
+             * kShares, ... over the live keys in order. The old output is rescaled by
+             * alpha first, then each key's weight times value added with one explicit
+             * FMA, key 0 first: per row the same sequence whatever the block's rows.
+             * Rows with no live key in the tile leave acc untouched (their alpha was
+             * never set for this tile). */
             {
                 float o0[kMine], o1[kMine];
                 int nk[kMine];
@@ -268,8 +325,13 @@ __global__ void __launch_bounds__(kThreads) split_kernel(Args A)
                     S.acc[qr][dim + 1] = o1[u];
                 }
             }
+            /* Every row's acc is written back before the next tile's value phase
+             * reads it, and every thread is done with S.v before the next tile's
+             * loads overwrite it. */
             __syncthreads();
         }
+        /* The split's partial for every row of the block inside this launch whose
+         * position reaches the split (a row's combine reads splits 0 .. pos / 256). */
         for (int i = tid; i < QR * D; i += kThreads) {
             const int qr = i / D, k = qr / G, g = qr % G;
             if (k < k0 || k >= k1 || j * kSplitKeys > s.len + first + k) continue;   /* the row is not in this split */
@@ -284,8 +346,13 @@ __global__ void __launch_bounds__(kThreads) split_kernel(Args A)
     }
 }
 
-/* One block per (row, head): the splits joined in split order. Rows that
- * belong to no sequence are left alone. */
+/* One block per (row, head): the splits joined in split order. Rows that belong to no
+ * sequence are left alone. D threads, one per output dim. Warp 0 finds the row's
+ * position by scanning the sequences (a row belongs to at most one, so one lane
+ * writes pos); the row's splits are 0 .. pos / 256, the ones that hold keys <= pos.
+ * The maximum, then L and O summed in split order with explicitly rounded operations
+ * (no contraction into FMAs), then O / L rounded to BF16 once: a function of the
+ * partials alone. */
 template <int D>
 __global__ void __launch_bounds__(D) combine_kernel(Args A, uint16_t *out)
 {
@@ -315,12 +382,16 @@ __global__ void __launch_bounds__(D) combine_kernel(Args A, uint16_t *out)
 }
 
 template <int D, int G, int R>
+/* One launch of the split kernel for a compile-time (D, G, R). */
 void launch_one(dim3 grid, cudaStream_t st, const Args &a)
 {
     split_kernel<D, G, R><<<grid, kThreads, sizeof(Smem<D, G * R>), st>>>(a);
 }
 
-/* Rows a block of a step with prefill chunks holds: 32 query rows. */
+/* Rows a block of a step with prefill chunks holds: 32 query rows. Consecutive tokens
+ * of a chunk share the block's loads of keys and values, so a chunk does not read its
+ * context once per token (docs/determinism.md); decode steps use R = 1, one token per
+ * block, since their tokens belong to different sequences. */
 template <int G> constexpr int chunk_rows() { return kMaxQueryRows / G; }
 
 template <int D, int G>
@@ -330,8 +401,9 @@ void launch_group(bool decode, dim3 grid, cudaStream_t st, const Args &a)
     else launch_one<D, G, chunk_rows<G>()>(grid, st, a);
 }
 
-/* G is a template argument (the query rows a block holds are G x R);
- * every group from 1 to kMaxGroup has its instances. */
+/* G is a template argument (the query rows a block holds are G x R); every group from
+ * 1 to kMaxGroup has its instances. The recursion walks G = 1, 2, ... up to the
+ * runtime g and launches that instance. */
 template <int D, int G = 1>
 void launch_split(int g, bool decode, dim3 grid, cudaStream_t st, const Args &a)
 {
@@ -341,8 +413,10 @@ void launch_split(int g, bool decode, dim3 grid, cudaStream_t st, const Args &a)
     }
 }
 
-/* The kernels' shared-memory opt-in (above 48 KB), made outside any graph
- * capture: fr_attn_fixed_workspace_bytes calls it. */
+/* The kernels' shared-memory opt-in (above 48 KB), made outside any graph capture:
+ * fr_attn_fixed_workspace_bytes calls it. sizeof(Smem) at QR = 32 and D = 128 is
+ * about 82 KiB, mostly the tile's values and the rows' scores and outputs. opt_in_d
+ * covers every G and both R of one D: 32 instances. */
 template <int D, int G, int R> cudaError_t opt_in()
 {
     return cudaFuncSetAttribute(split_kernel<D, G, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -360,6 +434,8 @@ template <int D, int G = 1> cudaError_t opt_in_d()
     }
 }
 
+/* Splits of the longest context a launch may see, and the workspace a row needs for
+ * them: per head and split, D output floats plus m and l. */
 int max_splits(int max_ctx) { return max_ctx > 0 ? (max_ctx + kSplitKeys - 1) / kSplitKeys : 1; }
 
 size_t per_row_bytes(int H, int d, int max_ctx)
@@ -369,6 +445,9 @@ size_t per_row_bytes(int H, int d, int max_ctx)
 
 }  // namespace
 
+/* The workspace for rows_per_launch rows at max_ctx, and the opt-in of all 64 split
+ * kernels (two head dims x 16 groups x decode and chunk R): attn_fixed.h asks for
+ * this call once before the first fr_attn_fixed and before any graph capture. */
 extern "C" fr_status fr_attn_fixed_workspace_bytes(int n_heads, int head_dim, int max_ctx, int rows_per_launch,
                                                    size_t *bytes)
 {
@@ -402,19 +481,30 @@ extern "C" fr_status fr_attn_fixed(const fr_paged_kv *kv, const fr_paged_seq *se
         return fr_fail(FR_EUNSUPPORTED, "attn_fixed: a group of %d query heads (1 to %d)", G, kMaxGroup);
     if (kv->layer < 0 || kv->layer >= kv->n_layers)
         return fr_fail(FR_EINVAL, "attn_fixed: layer %d outside [0, %d)", kv->layer, kv->n_layers);
+    /* A workspace must hold at least one row's partials; more rows per launch mean
+     * fewer launches, never other numbers (a row's result does not depend on its
+     * launch). */
     const size_t per_row = per_row_bytes(n_heads, d, max_ctx);
     if (!ws || ws_bytes < per_row)
         return fr_fail(FR_EINVAL, "attn_fixed: a workspace of %zu bytes is below the %zu one row needs", ws_bytes,
                        per_row);
+    /* A step with no chunk (max_new 1) runs blocks of one row, R = 1; otherwise R =
+     * 32 / G rows of a sequence share a block. A token's operations do not depend on
+     * R (see the kernel), so decode and chunked steps agree bitwise. */
     const bool decode = max_new == 1;
     const int R = decode ? 1 : kMaxQueryRows / G;
     const int chunk = ws_bytes / per_row < (size_t)n_rows ? (int)(ws_bytes / per_row) : n_rows;
-    /* every sequence has ceil(n_new / R) <= n_new / R + 1 blocks */
+    /* every sequence has ceil(n_new / R) <= n_new / R + 1 blocks, so n_seqs + n_rows
+     * / R bounds the row blocks whatever the device-side lengths; surplus blocks find
+     * no rows and exit. The rows go in launches of `chunk` rows (what the workspace
+     * holds); each launch's combine follows its split kernel in stream order. */
     const int blocks = decode ? n_rows : n_seqs + n_rows / R;
     for (int row0 = 0; row0 < n_rows; row0 += chunk) {
         const Args a = {*kv, seqs_dev, n_seqs, row0, n_rows - row0 < chunk ? n_rows - row0 : chunk, n_heads,
                         max_splits(max_ctx), q, ws};
         const int ns = max_splits(max_ctx);
+        /* x: up to 64 blocks per row block, each looping over every 64th split of
+         * max_ctx's ns; y: the KV head; z: the row blocks (an upper bound). */
         const dim3 grid(ns < kBlocksPerRow ? ns : kBlocksPerRow, KVH, blocks);
         if (d == 128) {
             launch_split<128>(G, decode, grid, stream, a);

@@ -1,7 +1,16 @@
-/* Decode attention over an FP4 (NVFP4, MXFP4) or FP8 paged KV cache on
- * Hopper: the host side (checks, split plan, workspace, launches). The
- * kernels are in attn_fp4_kernels.cuh; docs/attention_gpu.md describes the
- * data path; attention/attn_fp4.h is the contract. */
+/* Decode attention over an FP4 (NVFP4, MXFP4) or FP8 paged KV cache on Hopper: the
+ * host side (checks, split plan, workspace, launches). The kernels are in
+ * attn_fp4_kernels.cuh; docs/attention_gpu.md describes the data path;
+ * attention/attn_fp4.h is the contract.
+ *
+ * A call checks everything the kernels take on trust (the shape they are built for,
+ * the page layout, the alignment the bulk copies need), plans the split count from
+ * the SM count and the workspace, and launches three kernels on the stream:
+ * prep_kernel, then split_kernel and combine_kernel with programmatic dependent
+ * launch. Nothing is allocated and nothing waits for the device, so the call can be
+ * captured in a CUDA graph; the first call on a device sets the split kernel's
+ * shared-memory limit and reads its occupancy (make it before capture:
+ * fr_attn_fp4_workspace_bytes at start-up does). */
 #include "attn_fp4.h"
 
 #include <atomic>
@@ -17,6 +26,11 @@ namespace {
 
 using namespace fr_fp4;
 
+/* The split plan's costs are in pages of one head (128 tokens). kSplitFixedPages is
+ * what a split costs beyond its pages: its start (barriers, the query, the pipeline's
+ * first pages), its partial's write and its share of the combine. kMaxDevices bounds
+ * the per-device setup table; kAlign is the alignment of every workspace part (the
+ * kernels need 16 bytes for their 16-byte loads). */
 constexpr int kD = 128;                 /* the head_dim the decode kernels are built for */
 constexpr int kMaxSplits = FR_ATTN_FP4_MAX_SPLITS;
 constexpr long kSplitFixedPages = 2;    /* start-up cost of a split, in pages */
@@ -26,7 +40,9 @@ constexpr size_t kAlign = 256;
 
 /* ---- the kernel variants ---- */
 
-/* One decode variant: format x quantized P x query n-tiles. */
+/* One decode variant: format x quantized P x query n-tiles, i.e. one instantiation of
+ * split_kernel. nq is 1, 2 or 4: G 9..12 run the 4-tile variant, whose last tile then
+ * holds only zero columns of padding heads. */
 struct Variant {
     int fmt;      /* kNVFP4, kMXFP4, kFP8 */
     bool exact;   /* P quantized */
@@ -38,6 +54,10 @@ typedef void (*prep_fn)(Params);
 
 template <int FMT, bool EX, int NQ> constexpr split_fn split_of() { return split_kernel<FMT, EX, NQ, kD>; }
 
+/* The runtime variant to its compile-time instantiation: the format, the P mode and
+ * the tile count shape the kernel's registers and loops, so each is a template
+ * argument; everything else (query mode, scale search, recipe switches) is a runtime
+ * field of Params. */
 split_fn split_kernel_for(const Variant &v)
 {
 #define FR_NQ(F, E)                                                                       \
@@ -54,13 +74,18 @@ split_fn split_kernel_for(const Variant &v)
 #undef FR_NQ
 }
 
+/* The preparation kernel depends on the format only: the query mode and the group are
+ * read at run time. */
 prep_fn prep_kernel_for(int fmt)
 {
     return fmt == kNVFP4 ? prep_kernel<kNVFP4, kD> : fmt == kMXFP4 ? prep_kernel<kMXFP4, kD> : prep_kernel<kFP8, kD>;
 }
 
-/* FP4: the page ring of the split CTAs or the BF16 CTA's tile, whichever
- * is larger (one launch runs both); FP8: the page-walking layout. */
+/* FP4: the page ring of the split CTAs or the BF16 CTA's tile, whichever is larger
+ * (one launch runs both); FP8: the page-walking layout (its CTA x = 0 only writes an
+ * empty partial, which needs no shared memory). */
+/* Dynamic shared memory of a variant's split launch. One launch runs the BF16 CTA (x
+ * = 0) and the split CTAs, so it is sized for the larger body. */
 template <int F, int MT> constexpr int fp4_smem_bytes()
 {
     constexpr int ring = SmemTok<F, MT, kD>::total, bf16 = SmemBf16<MT == 1 ? 2 : 4, kD>::total;
@@ -83,23 +108,38 @@ int qwords_of(const Variant &v)
     return v.fmt == kFP8 ? v.nq * (kD / 16) * 32 * 2 : (v.nq > 2 ? 2 : 1) * (kD / 16) * 32 * 4;
 }
 
+/* Bytes of one head page: the size of each on-the-fly page in the workspace. */
 int page_bytes_of(int fmt)
 {
     return fmt == kNVFP4 ? Geom<kNVFP4, kD>::page_bytes : fmt == kMXFP4 ? Geom<kMXFP4, kD>::page_bytes
                                                                          : Geom<kFP8, kD>::page_bytes;
 }
 
+/* Index of a variant in DevInfo::blocks (FP8 has no exact variants; their slots stay
+ * unused). */
 int variant_index(const Variant &v) { return (v.fmt * 2 + (v.exact ? 1 : 0)) * 3 + (v.nq == 1 ? 0 : v.nq == 2 ? 1 : 2); }
 constexpr int kVariants = 3 * 2 * 3;
 
 /* ---- per-device setup: shared-memory limits and occupancy, once ---- */
 
+/* The FP8 split needs more than the default 48 KB of dynamic shared memory (the FP4
+ * variants stay below it; the limit is set for every variant alike), which a kernel
+ * must be granted once per device before its first launch; the occupancy query then
+ * gives the CTAs per SM the split plan counts in waves. docs/attention_gpu.md asks
+ * for the first call before any graph capture, which fr_attn_fp4_workspace_bytes at
+ * start-up makes. The atomics make concurrent first calls safe: both do the same
+ * idempotent work. */
+/* Per device: the SM count and, per variant, the split CTAs that fit an SM (0: not
+ * set up yet). A thread that reads a non-zero count with acquire also sees the
+ * shared-memory attribute set before it was stored. */
 struct DevInfo {
     std::atomic<int> sms;
     std::atomic<int> blocks[kVariants];   /* split-kernel CTAs per SM, 0: not set up */
 };
 DevInfo g_dev[kMaxDevices];
 
+/* Sets the variant up on the current device if needed and returns its slots: the
+ * split CTAs that run at once on the whole device, the unit the plan counts waves in. */
 fr_status setup(const Variant &v, int *slots)
 {
     int dev = 0;
@@ -128,12 +168,30 @@ fr_status setup(const Variant &v, int *slots)
 
 /* ---- configuration checks ---- */
 
+/* What check_config derives from a configuration. otf: the partial last page is
+ * quantized on the fly (no BF16 recent slot in the view: vanilla FP4, FP4 without
+ * sink, FP8). */
 struct Shape {
     Variant v;
     int group, head_dim, n_kv_heads;
     bool otf;   /* the partial page is quantized on the fly */
 };
 
+/* The configuration checks: each refuses what the kernels cannot compute faithfully
+ * rather than computing something else.
+ * - head_dim 128: a lane's 16-byte key load is D / 4 = 32 dims, the preparation
+ *   kernel holds a head in 4 registers of 32, and the combine's lanes take 4 dims
+ *   each.
+ * - n_kv_heads <= 65535: the split grid's y dimension. G <= 16: two m-tiles of 8
+ *   heads, four n-tiles of 4.
+ * - the tile is the 128-token page; the rowmax analysis switch needs the row's final
+ *   maximum, which online softmax does not have.
+ * - the params (scale search, query mode, P rule) must be for this head_dim and
+ *   group, and the FP4 format the cache's.
+ * - FP8: per-head scales are required, and the query and P stay unquantized (what the
+ *   FP8 reference computes); sink/recent is an FP4 recipe.
+ * - the plain P rule is E4M3(pmax / 6) with c = 1; the kernel's p_scale computes
+ *   E4M3(c pmax / 6), the same only at c = 1. c must be positive for log2 c. */
 fr_status check_config(const fr_attn_fp4_config *cfg, int n_heads, int n_kv_heads, int head_dim, Shape *sh)
 {
     if (!cfg) return fr_fail(FR_EINVAL, "attn_fp4: NULL config");
@@ -179,6 +237,11 @@ fr_status check_config(const fr_attn_fp4_config *cfg, int n_heads, int n_kv_head
 
 /* ---- workspace ---- */
 
+/* The workspace's parts in order, each 256-byte aligned: the query fragments of every
+ * (sequence, KV head) (FP4 A or FP8 B), the BF16 query's fragments (with sink/recent
+ * only), the per-head factors [pairs][16], the on-the-fly pages (without sink/recent
+ * only), then the partial outputs [seq][kvh][n_splits + 1][G][128] and their LSEs.
+ * Only the partials grow with the split count. */
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 struct Layout {
@@ -201,12 +264,14 @@ Layout layout_for(const Shape &sh, bool sink_recent, int n_seqs, int n_splits)
     return l;
 }
 
-/* The split count minimizing (waves of CTAs) x (pages per split + fixed
- * cost); ties keep fewer splits. The BF16 CTA of each (sequence, head) and
- * the combine are the same for every count. No split gets fewer than
- * kMinSplitPages pages: at batch 1 and 32K (256 pages a head) a split of
- * two pages spends as long on its start, its partial and the combine's
- * share of it as on its pages (bench/RESULTS.md, the split-count sweep). */
+/* The split count minimizing (waves of CTAs) x (pages per split + fixed cost); ties
+ * keep fewer splits. The BF16 CTA of each (sequence, head) and the combine are the
+ * same for every count. No split gets fewer than kMinSplitPages pages: at batch 1 and
+ * 32K (256 pages a head) a split of two pages spends as long on its start, its
+ * partial and the combine's share of it as on its pages (the sweep behind this
+ * figure, with FR_ATTN_FP4_SPLITS, is not recorded in bench/RESULTS.md). The plan
+ * uses max_ctx, not the lengths (which live on the device): a graph replayed with
+ * shorter contexts runs the same grid, and its surplus splits write empty partials. */
 int plan_splits(int n_seqs, int n_kv_heads, int max_ctx, int slots)
 {
     const long pages = max_ctx > 0 ? ((long)max_ctx + kPage - 1) / kPage : 1;
@@ -260,6 +325,14 @@ bool use_pdl()
     return on;
 }
 
+/* A launch with the programmatic-stream-serialization attribute may start once every
+ * CTA of the previous kernel in the stream has executed
+ * griddepcontrol.launch_dependents (or exited), instead of when that kernel ends; the
+ * kernel's griddepcontrol.wait then blocks until the previous grid has completed and
+ * its writes are visible. In a captured graph the attribute becomes a programmatic
+ * edge with the same meaning. prep_kernel triggers at its start, the split CTAs after
+ * their last page: the split kernel's pages and the combine's launch overlap the
+ * kernel before them. */
 cudaError_t launch(void (*kernel)(Params), dim3 grid, int threads, int smem, cudaStream_t stream, bool pdl,
                    const Params &P)
 {
@@ -278,6 +351,12 @@ cudaError_t launch(void (*kernel)(Params), dim3 grid, int threads, int smem, cud
 
 bool misaligned(const void *p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) != 0; }
 
+/* The cache view: the layer in range, every pointer the chosen path reads, 16-byte
+ * alignment of the pool, blocks and head pages (cp.async.bulk copies whole head pages
+ * or halves, and the kernels read them with 16-byte loads) and of the slots and
+ * staging rows (the BF16 CTA copies their rows 16 bytes at a time: 8 BF16), and the
+ * page layout of Geom (the kernels compute offsets from the format, they do not read
+ * the view's). */
 fr_status check_view(const fr_attn_fp4_config *cfg, const fr_paged_kv *kv, int fmt)
 {
     if (kv->layer < 0 || kv->layer >= kv->n_layers)
@@ -307,6 +386,10 @@ fr_status check_view(const fr_attn_fp4_config *cfg, const fr_paged_kv *kv, int f
 
 } // namespace
 
+/* The plan: the split count (fixed_splits for deterministic mode, else the cost model
+ * or the FR_ATTN_FP4_SPLITS knob), then fewer splits until the workspace holds them.
+ * Deterministic mode never shrinks its count: a smaller plan would change split
+ * boundaries and so the rounding, and the call fails instead. */
 extern "C" fr_status fr_attn_fp4_plan_for(const fr_attn_fp4_config *cfg, int n_seqs, int n_heads, int n_kv_heads,
                                           int head_dim, int max_ctx, size_t workspace_bytes, fr_attn_fp4_plan *plan)
 {
@@ -335,6 +418,10 @@ extern "C" fr_status fr_attn_fp4_plan_for(const fr_attn_fp4_config *cfg, int n_s
     return FR_OK;
 }
 
+/* The largest layout over 1 .. max_seqs sequences: the split count falls as the batch
+ * grows, but not in proportion, so the largest partial area need not be at max_seqs.
+ * Also the per-device setup (shared-memory limit, occupancy): docs/attention_gpu.md
+ * asks for this call before any graph capture. */
 extern "C" fr_status fr_attn_fp4_workspace_bytes(const fr_attn_fp4_config *cfg, int max_seqs, int n_heads,
                                                  int n_kv_heads, int max_ctx, size_t *bytes)
 {
@@ -365,12 +452,16 @@ extern "C" fr_status fr_attn_fp4_decode(const fr_attn_fp4_config *cfg, const fr_
                                         cudaStream_t stream)
 {
     if (!cfg || !kv || !seqs_dev || !q || !out) return fr_fail(FR_EINVAL, "attn_fp4: NULL argument");
+    /* The sequences are the split grid's z dimension (at most 65535). */
     if (n_seqs < 0 || n_seqs > 65535) return fr_fail(FR_EINVAL, "attn_fp4: %d sequences outside [0, 65535]", n_seqs);
     if (n_seqs == 0) return FR_OK;
     Shape sh;
     fr_status st = check_config(cfg, n_heads, kv->n_kv_heads, kv->head_dim, &sh);
     if (st) return st;
     if ((st = check_view(cfg, kv, sh.v.fmt))) return st;
+    /* q and out are read and written element by element (q by the preparation kernel,
+     * out by the combine), hence only natural alignment; the workspace parts are
+     * 256-byte aligned from its start. */
     if (misaligned(q, 4) || misaligned(out, 2) || !workspace || misaligned(workspace, kAlign))
         return fr_fail(FR_EINVAL, "attn_fp4: the workspace must be %zu-byte aligned (and q, out aligned)", kAlign);
     fr_attn_fp4_plan plan;
@@ -379,6 +470,10 @@ extern "C" fr_status fr_attn_fp4_decode(const fr_attn_fp4_config *cfg, const fr_
         return st;
     const Layout l = layout_for(sh, cfg->sink_recent != 0, n_seqs, plan.n_splits);
 
+    /* The parameter block, passed by value: every kernel reads the same one. c and
+     * the P rule come from the params only when P is quantized; otherwise c = 1 and
+     * nothing is folded into the exponentials. gamma = log2(e) / sqrt(128), the
+     * base-2 logit scale. */
     Params P;
     P.kv = *kv;
     P.seqs = seqs_dev;
@@ -408,6 +503,12 @@ extern "C" fr_status fr_attn_fp4_decode(const fr_attn_fp4_config *cfg, const fr_
     P.o_part = reinterpret_cast<float *>(ws + l.o_part);
     P.lse_part = reinterpret_cast<float *>(ws + l.lse_part);
 
+    /* The launches, in stream order. prep_kernel starts only when the kernel before
+     * it (the one that stages the step's keys and values) has ended; it writes the
+     * query fragments and, without sink/recent, the on-the-fly pages in 1 + slices
+     * z-blocks (one per value block of the partial page: 8 for NVFP4 and FP8, 4 for
+     * MXFP4). split_kernel and combine_kernel are launched programmatically
+     * (docs/attention_gpu.md, "Three launches per step"). */
     const int slices = sh.otf ? (sh.v.fmt == kMXFP4 ? kPage / 32 : kPage / 16) : 0;
     prep_kernel_for(sh.v.fmt)<<<dim3(n_seqs, kv->n_kv_heads, 1 + slices), kPrepThreads, 0, stream>>>(P);
     FR_CUDA_LAUNCHED();
@@ -415,6 +516,7 @@ extern "C" fr_status fr_attn_fp4_decode(const fr_attn_fp4_config *cfg, const fr_
     FR_CUDA_TRY(launch(split_kernel_for(sh.v), dim3(plan.n_splits + 1, kv->n_kv_heads, n_seqs), kThreads,
                        split_smem_bytes(sh.v), stream, pdl, P));
     FR_CUDA_TRY(launch(combine_kernel<kD>, dim3(n_heads, n_seqs), kCombineThreads, 0, stream, pdl, P));
+    /* max_ctx reached the plan through fr_attn_fp4_plan_for above. */
     (void)max_ctx;
     return FR_OK;
 }

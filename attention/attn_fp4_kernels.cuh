@@ -24,14 +24,34 @@
 
 namespace fr_fp4 {
 
-/* Grid (n_splits + 1, n_kv_heads, n_seqs): x = 0 is the BF16 split (slot
- * n_splits of the partials), x = 1 + i the quantized split i. */
+/* Grid (n_splits + 1, n_kv_heads, n_seqs): x = 0 is the BF16 split (slot n_splits of
+ * the partials), x = 1 + i the quantized split i.
+ *
+ * Template parameters: FMT the cache format; EXACT whether P is quantized (FP4 exact
+ * mode; FP8 never); NQ the QK^T n-tiles of the FP8 split and the BF16 CTA (1, 2 or 4,
+ * i.e. G up to 4, 8 or 16), from which the FP4 split takes its m-tiles of 8 heads (1
+ * or 2); D = 128.
+ *
+ * Launch bounds: the FP4 variants of one m-tile (G <= 8) and the FP8 variant of one
+ * n-tile (G <= 4) are held to five CTAs' registers per SM, 96 registers a thread
+ * (65,536 / (5 x 128), rounded down to the allocation step). An FP4 CTA takes 41 KB
+ * of shared memory, so five do fit; in whole 64K decode steps five CTAs beat four by
+ * 2-3% (bench/RESULTS.md, "K and V halves on their own barriers, five CTAs per SM").
+ * FP8's rings (69 KB) let three fit. The variants with more heads per CTA keep more
+ * accumulators and are held to two CTAs. Without sink/recent (FP8, vanilla FP4) CTA x
+ * = 0 has no tokens but still writes its slot as an empty partial, because the
+ * combine reads every slot. */
 template <int FMT, bool EXACT, int NQ, int D>
 __global__ void __launch_bounds__(kThreads, FMT == kFP8 ? (NQ == 1 ? 5 : 2) : (NQ <= 2 ? 5 : 2)) split_kernel(Params P)
 {
+    /* One dynamic buffer, sized on the host for the larger of the BF16 CTA and the
+     * split body of this variant (split_smem_bytes in attn_fp4.cu); each body lays
+     * out its own regions in it. */
     extern __shared__ __align__(128) uint8_t smem[];
     const int head = blockIdx.y, seq = blockIdx.z;
     const fr_paged_seq s = P.seqs[seq];
+    /* Prefill sequences (n_new > 1) and idle graph entries (n_new 0) are not
+     * decode's: fr_attn_fp4_prefill serves the former. */
     if (s.n_new != 1) return;
     if (blockIdx.x == 0) {
         using Sm = SmemBf16<NQ, D>;
@@ -50,18 +70,21 @@ __global__ void __launch_bounds__(kThreads, FMT == kFP8 ? (NQ == 1 ? 5 : 2) : (N
 
 /* ======================= combine ======================= */
 
-/* Grid (n_heads, n_seqs), kCombineThreads threads: o = sum_i 2^(lse_i - L)
- * o_i / sum_i 2^(lse_i - L) over the n_splits + 1 partials, as BF16. At
- * batch 1 a head has up to a few hundred partials, and this kernel's time
- * is the latency of their loads: warp w takes partials w, w + 8, ..., a
- * lane four dims (one 16-byte load), eight partials in flight, instead of
- * one chain per dim. The eight warp sums are added in warp order, so the
- * result depends only on the split count. */
+/* Grid (n_heads, n_seqs), kCombineThreads threads: o = sum_i 2^(lse_i - L) o_i /
+ * sum_i 2^(lse_i - L) over the n_splits + 1 partials, as BF16. At batch 1 a head has
+ * up to a few hundred partials, and this kernel's time is the latency of their loads:
+ * warp w takes partials w, w + 8, ..., a lane four dims (one 16-byte load), eight
+ * partials in flight, instead of one chain per dim. The eight warp sums are added in
+ * warp order, so the result depends only on the split count (deterministic mode
+ * relies on that: its split count is fixed per sequence). */
 constexpr int kCombineWarps = 8, kCombineThreads = 32 * kCombineWarps;
 template <int D> __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params P)
 {
     static_assert(D == 4 * 32 && D <= kCombineThreads, "a lane sums four dims; a thread writes one");
     constexpr int kUnroll = 8;
+    /* w: one weight per partial (n_splits + 1 <= FR_ATTN_FP4_MAX_SPLITS + 1 = 257
+     * fit); red: the per-warp maxima, then the per-warp sums; part: each warp's
+     * float4 sums of the dims, added in warp order at the end. */
     __shared__ float w[1024];
     __shared__ float red[kCombineWarps];
     __shared__ float4 part[kCombineWarps][D / 4];
@@ -73,6 +96,8 @@ template <int D> __global__ void __launch_bounds__(kCombineThreads) combine_kern
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t row0 = ((size_t)seq * P.kv.n_kv_heads + kh) * slots * G + gi;
     float mx = kNegInf;
+    /* The largest LSE L_max, so that every weight 2^(lse_i - L_max) <= 1 (the sum
+     * cannot overflow and the largest partial keeps its precision). */
     for (int i = threadIdx.x; i < slots; i += kCombineThreads) mx = fmaxf(mx, P.lse_part[row0 + (size_t)i * G]);
 #pragma unroll
     for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
@@ -81,6 +106,7 @@ template <int D> __global__ void __launch_bounds__(kCombineThreads) combine_kern
     mx = red[0];
 #pragma unroll
     for (int k = 1; k < kCombineWarps; k++) mx = fmaxf(mx, red[k]);
+    /* red is reused for the sums below: every thread must have read the maxima first. */
     __syncthreads();
     float sum = 0.0f;
     for (int i = threadIdx.x; i < slots; i += kCombineThreads) {
@@ -98,6 +124,9 @@ template <int D> __global__ void __launch_bounds__(kCombineThreads) combine_kern
     for (int k = 0; k < kCombineWarps; k++) sum += red[k];
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
 
+    /* The weighted sum of the partials. A partial of weight 0 (an empty split, or one
+     * far below the maximum) is not loaded: at batch 1 many splits of a short
+     * sequence are empty. */
     const float4 *src = reinterpret_cast<const float4 *>(P.o_part) + lane;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int i0 = warp; i0 < slots; i0 += kCombineWarps * kUnroll) {

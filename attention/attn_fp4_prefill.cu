@@ -25,7 +25,14 @@
  * loader differs: a page tile's packed bytes go global -> shared with
  * cp.async into a raw stage (3 stages), then all threads dequantize them
  * into a swizzled BF16 tile (2 buffers); BF16 rows (sink, recent, staging,
- * scratch) go straight into the BF16 tile with cp.async. */
+ * scratch) go straight into the BF16 tile with cp.async.
+ *
+ * Dequantizing into BF16 keeps the BF16 prefill's MMA loop unchanged and loses
+ * nothing (every value is exact in BF16). Its price: every row block that reads a
+ * tile dequantizes it again, roughly as many issue slots as the tile's MMAs
+ * (docs/attention_gpu.md, an estimate). The unpaged tokens are quantized once per
+ * (sequence, KV head) by otf_kernel instead of by every row block, and land as BF16
+ * rows that the loader treats like any other. */
 #include "attn_fp4.h"
 
 #include <atomic>
@@ -40,6 +47,9 @@ namespace {
 
 using namespace fr_pf;
 
+/* A tile is half a page (64 keys), so a page tile never straddles two pages and a
+ * channel's value codes of a tile are 32 contiguous bytes; 3 raw stages keep two
+ * tiles' bytes in flight while a third is dequantized. */
 constexpr int kPage = 128;        /* tokens per page */
 constexpr int kSink = 16;         /* sink tokens kept in BF16 (full recipe) */
 constexpr int kThreads = 128;     /* 4 warps in both kernels */
@@ -51,14 +61,21 @@ constexpr int kMaxDevices = 64;
 
 enum Kind { kNV = 0, kMX = 1, kF8 = 2 };
 
-/* Shared memory of the prefill kernel: two BF16 tiles (K [64][D] then
- * V [64][D], swizzled), then kRawStages raw stages, each one 64-key tile of a
- * page as the page stores it:
- *   FP4: K codes [64][D/2] | K scales [64][D/B] | V codes, channel j's 32
- *        bytes (its 64 tokens) at j * 32 + (j / 8) * 16 (16 bytes of padding
- *        every 8 channels keep the transposing reads at most 2-way bank
- *        conflicted) | V scales of the whole page [D][128/B];
- *   FP8: K [64][D] E4M3 | V [64][D] E4M3. */
+/* Shared memory of the prefill kernel: two BF16 tiles (K [64][D] then V [64][D],
+ * swizzled), then kRawStages raw stages, each one 64-key tile of a page as the page
+ * stores it:
+ * - FP4: K codes [64][D/2] | K scales [64][D/B] | V codes, channel j's 32 bytes (its
+ *   64 tokens) at j * 32 + (j / 8) * 16 (16 bytes of padding every 8 channels keep
+ *   the transposing reads at most 2-way bank conflicted) | V scales of the whole page
+ *   [D][128/B];
+ * - FP8: K [64][D] E4M3 | V [64][D] E4M3.
+ * A tile's own value scales are 4 (NVFP4) or 2 (MXFP4) bytes per channel, strided by
+ * the page's [D][128/B] layout: too small for 16-byte copies, so the whole page's
+ * scales (1 KiB or 512 B at D = 128) come along. At D = 128: 64 KiB of BF16 buffers
+ * plus 3 x 9,984 B (NVFP4), 3 x 9,216 B (MXFP4) or 3 x 16 KiB (FP8): 93.3, 91.0 and
+ * 112 KiB, two blocks per SM (the launch bounds and the FP8 static_assert below). The
+ * query rows are staged through the second K tile before the loop (the second
+ * static_assert). */
 template <int KIND, int D> struct Layout {
     static constexpr int B = KIND == kMX ? 32 : 16;
     static constexpr int kc = 0, kc_bytes = kKeys * D / 2;
@@ -80,7 +97,10 @@ template <int KIND, int D> struct Layout {
 
 static_assert(Layout<kF8, 128>::smem_bytes <= 113 * 1024, "two blocks per SM");
 
-/* Everything the kernels read, passed by value (kernel parameter space). */
+/* Everything the kernels read, passed by value (kernel parameter space;
+ * __grid_constant__ lets the kernels read it in place). scr_k and scr_v are set only
+ * on the on-the-fly path: rows [0, n_seqs * 128) hold the sequences' partial pages,
+ * the rows after scr_step_row the step's tokens by q_row. */
 struct Args {
     fr_paged_kv kv;
     const fr_paged_seq *seqs;
@@ -95,16 +115,20 @@ struct Args {
     int sink_recent, rotate, search;
 };
 
-/* Scratch row of token t of sequence seq (len tokens cached, full of them in
- * pages): tokens of the partial page at seq * 128 + (t - full), tokens of the
- * chunk at scr_step_row + q_row + (t - len). */
+/* Scratch row of token t of sequence seq (len tokens cached, full of them in pages):
+ * tokens of the partial page at seq * 128 + (t - full), tokens of the chunk at
+ * scr_step_row + q_row + (t - len). seq is the sequence's index in the call, so the
+ * partial pages need n_seqs * 128 rows whatever the slots; the chunk part follows the
+ * step's row numbering, as the staging rows do. */
 __device__ __forceinline__ size_t scratch_row(const Args &a, int seq, const fr_paged_seq &s, int full, int t)
 {
     return t < s.len ? (size_t)seq * kPage + (t - full) : (size_t)a.scr_step_row + s.q_row + (t - s.len);
 }
 
-/* A sequence whose chunk does not fit the scratch rows of the workspace
- * (q_row + n_new beyond it) is not computed; its output rows become NaN. */
+/* A sequence whose chunk does not fit the scratch rows of the workspace (q_row +
+ * n_new beyond it) is not computed; its output rows become NaN. The host can only
+ * check the minimum (n_seqs * 128 + max_new rows): q_row lives on the device. A NaN
+ * row cannot pass for a result downstream, where a skipped row would. */
 __device__ __forceinline__ bool scratch_overflow(const Args &a, const fr_paged_seq &s)
 {
     return a.scr_k && (s.q_row < 0 || s.q_row + s.n_new > a.scr_step_cap);
@@ -112,10 +136,10 @@ __device__ __forceinline__ bool scratch_overflow(const Args &a, const fr_paged_s
 
 /* ---- dequantization into BF16 ------------------------------------------- */
 
-/* One page code word (8 E2M1 codes, docs/formats.md "FP4 code words") as
- * floats, element e in f[e]: the decode kernels' bit placement
- * (fr_dev_fp4_word_to_f16x2, value * 2^-14 as FP16 pairs), widened and scaled
- * back by 2^14, exactly. */
+/* One page code word (8 E2M1 codes, docs/formats.md "FP4 code words") as floats,
+ * element e in f[e]: the decode kernels' bit placement (fr_dev_fp4_word_to_f16x2,
+ * value * 2^-14 as FP16 pairs), widened and scaled back by 2^14, exactly. The slots
+ * put the pairs (0, 4), (2, 6), (1, 5), (3, 7) back in element order. */
 __device__ __forceinline__ void e2m1x8(uint32_t w, float (&f)[8])
 {
     uint32_t r[4];
@@ -132,7 +156,8 @@ __device__ __forceinline__ void e2m1x8(uint32_t w, float (&f)[8])
     }
 }
 
-/* 4 E4M3 bytes (element e in byte e) as floats, exactly (E4M3 -> FP16 in hardware). */
+/* 4 E4M3 bytes (element e in byte e) as floats, exactly (E4M3 -> FP16 in hardware):
+ * the unscaled FP8 values; the per-head scales stay outside the MMAs. */
 __device__ __forceinline__ void e4m3x4(uint32_t w, float (&f)[4])
 {
     uint32_t h0, h1;
@@ -147,7 +172,10 @@ __device__ __forceinline__ void e4m3x4(uint32_t w, float (&f)[4])
         : "r"(h1));
 }
 
-/* Scale times element, exact (a BF16 number), packed two by two. */
+/* Scale times element, exact (a BF16 number), packed two by two: E2M1 x E4M3 has at
+ * most 6 significant bits, E2M1 x 2^e at most 2, and BF16 keeps 8 bits over FP32's
+ * exponent range. __fmul_rn rounds nothing here; it only keeps the product out of any
+ * contraction. */
 __device__ __forceinline__ void scaled_bf16x8(const float (&f)[8], float sc, uint32_t (&o)[4])
 {
 #pragma unroll
@@ -183,12 +211,19 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const __grid_const
     auto out_row = [&](int f) {
         return a.out + ((size_t)(s.q_row + f / group) * a.n_heads + (size_t)head * group + f % group) * D;
     };
+    /* A chunk the scratch cannot hold: this block's output rows become BF16 NaN
+     * (scratch_overflow above). */
     if (scratch_overflow(a, s)) {
         for (int f = f0 + warp; f < min(f0 + kRows, rows); f += 4)
             for (int c = lane; c < D; c += 32) out_row(f)[c] = 0x7FC0u;   /* BF16 NaN */
         return;
     }
 
+    /* As in the BF16 prefill: the block's last token i_max bounds its keys [0, len +
+     * i_max], in n_tiles tiles. full: the paged tokens; n_sink: with sink/recent,
+     * page 0's first min(len, 16) rows come from the BF16 sink slot in place of their
+     * FP4 copy (a full page means len >= 128, so it is 16 whenever tile 0 is a page
+     * tile). FP8: the K scale joins gamma, the V scale the output. */
     const int i_max = (min(f0 + kRows, rows) - 1) / group;
     const int kend = s.len + i_max + 1;
     const int n_tiles = (kend + kKeys - 1) / kKeys;
@@ -205,7 +240,11 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const __grid_const
     const uint32_t base = smem_addr(smem);
     const uint8_t *raw_base = smem + L::raw_off;
 
-    /* Raw bytes of page tile j into raw stage j % 3. */
+    /* Raw bytes of page tile j into raw stage j % 3, 16-byte cp.async pieces spread
+     * over the 128 threads. Nothing for a loose tile or past the last tile; the
+     * caller commits a group either way. FP4 V codes: the page holds channel ch's 128
+     * tokens as 64 bytes, the tile's half at tok / 2; the destination skips 16 bytes
+     * after every 8 channels (Layout). */
     auto issue_raw = [&](int j) {
         const int tb = j * kKeys;
         if (j >= n_tiles || tb >= full) return;
@@ -240,9 +279,11 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const __grid_const
         }
     };
 
-    /* BF16 rows of tile j into buffer j & 1: every row of a loose tile (rows
-     * at or past kend become zeros, so masked keys never carry NaN into P.V),
-     * or the sink rows of page 0's first tile. */
+    /* BF16 rows of tile j into buffer j & 1: every row of a loose tile (rows at or
+     * past kend become zeros, so masked keys never carry NaN into P.V), or the sink
+     * rows of page 0's first tile. A loose row comes from the sink slot (t < 16 with
+     * sink/recent), the on-the-fly scratch (without sink/recent), or else the recent
+     * slot and the staging rows, as the CPU's view takes them. */
     auto issue_rows = [&](int j) {
         const int tb = j * kKeys;
         if (j >= n_tiles) return;
@@ -279,8 +320,10 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const __grid_const
         }
     };
 
-    /* Page tile j: raw stage j % 3 -> BF16 buffer j & 1 (rows below n_mask,
-     * the masked sink copy, are left to issue_rows). */
+    /* Page tile j: raw stage j % 3 -> BF16 buffer j & 1 (rows below n_mask, the
+     * masked sink copy, are left to issue_rows). All 128 threads convert, each
+     * writing whole 16-byte pieces of the swizzled tile (st.shared.v4): FP8 8
+     * elements of K and of V per item, FP4 below. */
     auto convert = [&](int j) {
         const int tb = j * kKeys;
         if (j >= n_tiles || tb >= full) return;
@@ -304,7 +347,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const __grid_const
                              pack_bf16(y[2], y[3]));
             }
         } else {
-            /* K: piece c of row r is 8 channels of one token, one block scale. */
+            /* K: piece c of row r is 8 channels of one token, one block scale (8
+             * divides B: a code word never straddles a block). One 4-byte code load
+             * and one scale byte give one 16-byte store. */
 #pragma unroll
             for (int p = tid; p < kKeys * P; p += kThreads) {
                 const int r = p / P, c = p % P;
@@ -317,9 +362,14 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const __grid_const
                 scaled_bf16x8(f, sc, o);
                 st_shared_v4(sk + swz<P>(r, c), o[0], o[1], o[2], o[3]);
             }
-            /* V: the page holds [channel][token]; a thread takes 8 channels x
-             * 8 tokens (one code word per channel, 8 tokens in one value
-             * block) and writes 8 token rows of 8 channels. */
+            /* V: the page holds [channel][token]; a thread takes 8 channels x 8
+             * tokens (one code word per channel, 8 tokens in one value block) and
+             * writes 8 token rows of 8 channels. h[c][i] is channel c's BF16 pair of
+             * tokens 2i, 2i + 1; a PRMT takes the low (even token) or high (odd
+             * token) halves of two channels, so four PRMTs make a token row's 16-byte
+             * piece: the transposition costs no shared-memory round trip. The threads
+             * of a warp read channel groups cg with tg fixed or one apart, which the
+             * raw stage's padding spreads over the banks. */
 #pragma unroll
             for (int p = tid; p < 8 * P; p += kThreads) {
                 const int cg = p % P, tg = p / P;
@@ -346,8 +396,11 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const __grid_const
         }
     };
 
-    /* Prologue: raw 0, raw 1, rows 0, raw 2 in flight; the query fragments
-     * staged through buffer 1 (free until iteration 0); tile 0 dequantized. */
+    /* Prologue: raw 0, raw 1, rows 0, raw 2 in flight; the query fragments staged
+     * through buffer 1 (free until iteration 0); tile 0 dequantized. Four commit
+     * groups, in that order; cp_async_wait<2> leaves the last two in flight, so raw 0
+     * (and raw 1) have landed for this thread, and the barrier makes every thread's
+     * bytes visible before convert(0) reads them. */
     issue_raw(0);
     cp_async_commit();
     issue_raw(1);
@@ -358,6 +411,10 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const __grid_const
     cp_async_commit();
 
     const int fw = f0 + warp * 16;
+    /* The warp's 16 query rows (flattened as in the BF16 prefill: row f is head f % G
+     * of token f / G), rotated by the Hadamard when the keys are (a.rotate), rounded
+     * to BF16 once, staged through this warp's 16 rows of buffer 1's K tile and read
+     * back as A fragments. */
     uint32_t qa[D / 16][4];
     stage_query<D>(base + L::buf_bytes + warp * 16 * D * 2,
                    [&](int r) -> const float * {
@@ -381,6 +438,17 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const __grid_const
     for (int j = 0; j < D / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m_a = kNegInf, m_b = kNegInf, l_a = 0.0f, l_b = 0.0f;
 
+    /* Each iteration commits two groups (rows j + 1, raw j + 3), so at iteration j
+     * cp_async_wait<1> leaves only raw j + 2 in flight: rows j and raw j + 1 have
+     * landed. After the one barrier per tile:
+     * - BF16 buffer j & 1 holds tile j complete (dequantized by every thread at
+     *   iteration j - 1, its BF16 rows landed);
+     * - buffer (j + 1) & 1 is free (every warp attended tile j - 1 before the
+     *   barrier), so tile j + 1 is dequantized and its BF16 rows queued there now;
+     * - raw stage j % 3 is free (converted at iteration j - 1), so raw j + 3 goes
+     *   there.
+     * Then tile j is attended with the BF16 prefill's online-softmax step. The copies
+     * of the next tiles run under both the conversion and the MMAs. */
     for (int j = 0; j < n_tiles; j++) {
         cp_async_wait<1>();
         __syncthreads();   /* tile j complete for all; buffer (j + 1) & 1 and raw stage j % 3 free */
@@ -402,6 +470,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const __grid_const
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
     l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
 
+    /* The quad's lanes add their l to the row's sum. The output is O / l, times the V
+     * scale for FP8, rounded to BF16 once. */
     auto store = [&](int f, float l, int hi) {
         if (f >= rows) return;
         const float inv = l > 0.0f ? v_scale / l : 0.0f;
@@ -416,13 +486,18 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const __grid_const
 
 /* ---- on-the-fly quantization of the unpaged tokens -------------------------- */
 
-/* Grid (ceil((127 + max_new) / 128), n_kv_heads, n_seqs). Block x of a
- * sequence takes tokens [full + 128 x, full + 128 (x + 1)) of the unpaged
- * region [full, len + n_new) (recent slot rows, then staging rows) and writes
- * them to the scratch rows as attention sees them (kv_cache.c,
- * quantize_on_the_fly): FP4 keys per token with the recipe's scale search,
- * values per block of B tokens from the page start with the standard scale,
- * zero padded, both dequantized; FP8 E4M3(x / scale), unscaled. */
+/* Grid (ceil((127 + max_new) / 128), n_kv_heads, n_seqs). Block x of a sequence takes
+ * tokens [full + 128 x, full + 128 (x + 1)) of the unpaged region [full, len + n_new)
+ * (recent slot rows, then staging rows) and writes them to the scratch rows as
+ * attention sees them (kv_cache.c, quantize_on_the_fly): FP4 keys per token with the
+ * recipe's scale search, values per block of B tokens from the page start with the
+ * standard scale, zero padded, both dequantized; FP8 E4M3(x / scale), unscaled.
+ *
+ * The region holds at most 127 recent tokens and the chunk, hence the grid's x. Each
+ * block's tokens start on a page boundary (full is one), so its value blocks are the
+ * ones a promoted page would have; a block whose last value block runs past the
+ * region pads it with zeros, as the CPU pads the partial page. The block's writes
+ * finish before the prefill kernel, the next launch in the stream, reads them. */
 template <int D, int KIND>
 __global__ void __launch_bounds__(kThreads) otf_kernel(const __grid_constant__ Args a)
 {
@@ -446,6 +521,9 @@ __global__ void __launch_bounds__(kThreads) otf_kernel(const __grid_constant__ A
     auto dst = [&](int t) { return (scratch_row(a, seq, s, full, t) * H + head) * D; };
 
     if constexpr (KIND == kF8) {
+        /* FP8: eight BF16 elements (one 16-byte load) per item, each E4M3(x / scale)
+         * as the cache rounds it (IEEE division, then fr_dev_e4m3_round), stored as
+         * the unscaled E4M3 value in BF16 (exact). */
         const float sk = a.fp8_scales[2 * lh], sv = a.fp8_scales[2 * lh + 1];
         const int n8 = (t1 - t0) * (D / 8);
         for (int it = threadIdx.x; it < n8; it += kThreads) {
@@ -468,7 +546,9 @@ __global__ void __launch_bounds__(kThreads) otf_kernel(const __grid_constant__ A
     } else {
         constexpr fr_fp4_format F = KIND == kMX ? FR_MXFP4 : FR_NVFP4;
         constexpr int B = fr_dev_fp4<F>::block;
-        /* Keys: one (token, block of B channels) per item. */
+        /* Keys: one (token, block of B channels) per item: the block quantized with
+         * the recipe's scale search exactly as fr_dev_fp4_quantize_block does for the
+         * cache, then dequantized into BF16 (exact). */
         const int nk = (t1 - t0) * (D / B);
         for (int it = threadIdx.x; it < nk; it += kThreads) {
             const int t = t0 + it / (D / B), b = it % (D / B);
@@ -516,16 +596,26 @@ __global__ void __launch_bounds__(kThreads) otf_kernel(const __grid_constant__ A
 
 /* ---- host side --------------------------------------------------------------- */
 
+/* The cache dtype as the kernels' Kind, -1 for one they do not read. */
 int kind_of(fr_kv_dtype t) { return t == FR_KV_NVFP4 ? kNV : t == FR_KV_MXFP4 ? kMX : t == FR_KV_FP8 ? kF8 : -1; }
 
-/* Whether the unpaged tokens are quantized on the fly (through the scratch). */
+/* Whether the unpaged tokens are quantized on the fly (through the scratch): FP8
+ * always (its view has no BF16 tokens) and FP4 without the sink/recent recipe. This
+ * must agree with what the CPU's fr_kv_gather does for the same configuration. */
 bool on_the_fly(const fr_attn_fp4_config *cfg) { return cfg->dtype == FR_KV_FP8 || !cfg->sink_recent; }
 
-/* Scratch bytes per row: K and V of every KV head, BF16. */
+/* Scratch bytes per row: K and V of every KV head, BF16 (scr_k's rows first, then
+ * scr_v's, in one workspace). */
 size_t scratch_row_bytes(int n_kv_heads, int head_dim) { return (size_t)2 * n_kv_heads * head_dim * 2; }
 
+/* Per device: set once every instance's shared-memory limit has been raised (stored
+ * with release after the calls, read with acquire). */
 std::atomic<int> g_ready[kMaxDevices];
 
+/* The prefill kernels take 91-112 KiB (D = 128) of dynamic shared memory, above the
+ * 48 KB a kernel gets without opting in; the opt-in is per device and must come
+ * before the first launch, outside graph capture. All six instances are set up at
+ * once, on the first call of the device. */
 template <int D, int KIND> fr_status set_smem_limit()
 {
     FR_CUDA_TRY(cudaFuncSetAttribute(prefill_kernel<D, KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -549,6 +639,10 @@ fr_status device_setup(void)
     return FR_OK;
 }
 
+/* The prefill's checks are fewer than decode's: it has no split plan and no quantized
+ * query or P, so only the format, the shape it is built for (head_dim 64 or 128, G <=
+ * 16, KV heads within the grid's y) and a config head_dim that agrees with the cache
+ * (0: unset) matter. */
 fr_status check_config(const fr_attn_fp4_config *cfg, int n_heads, int n_kv_heads, int head_dim)
 {
     if (!cfg) return fr_fail(FR_EINVAL, "attn_fp4_prefill: NULL config");
@@ -570,6 +664,9 @@ fr_status check_config(const fr_attn_fp4_config *cfg, int n_heads, int n_kv_head
 
 bool misaligned(const void *p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) != 0; }
 
+/* Two launches in stream order: on the on-the-fly path otf_kernel fills the scratch,
+ * then the prefill kernel reads it. Both are plain launches, so the prefill kernel
+ * starts only once otf_kernel has ended and its scratch rows are visible. */
 template <int D, int KIND> fr_status launch(const Args &a, int n_seqs, int max_new, cudaStream_t stream)
 {
     if (a.scr_k) {
@@ -586,6 +683,9 @@ template <int D, int KIND> fr_status launch(const Args &a, int n_seqs, int max_n
 
 } // namespace
 
+/* The scratch for max_seqs partial pages and max_step_tokens chunk rows (0 with
+ * sink/recent, whose view needs no scratch). Also the per-device shared-memory setup:
+ * docs/attention_gpu.md asks for this call before capturing a graph. */
 extern "C" fr_status fr_attn_fp4_prefill_workspace_bytes(const fr_attn_fp4_config *cfg, int max_seqs,
                                                          int max_step_tokens, int n_heads, int n_kv_heads,
                                                          size_t *bytes)
@@ -623,6 +723,10 @@ extern "C" fr_status fr_attn_fp4_prefill(const fr_attn_fp4_config *cfg, const fr
     if (!kv->pool || !kv->recent || !kv->step_k || !kv->step_v || (sink_recent && !kv->sink))
         return fr_fail(FR_EINVAL, "attn_fp4_prefill: the cache view lacks a pool, slots or staging rows");
     if (!fp4 && !cfg->fp8_scales) return fr_fail(FR_EINVAL, "attn_fp4_prefill: FP8 needs the per-head scales");
+    /* Every tile row and raw page piece moves by 16-byte cp.async, so the pool, the
+     * page offsets (scales too for FP4), the blocks, head pages, slots and staging
+     * rows must be 16-byte aligned; q is read one float at a time and the output
+     * written as BF16 pairs, hence 4 bytes for both. */
     if (misaligned(kv->pool, 16) || misaligned(kv->recent, 16) || misaligned(kv->step_k, 16) ||
         misaligned(kv->step_v, 16) || (sink_recent && misaligned(kv->sink, 16)) || kv->block_bytes % 16 ||
         kv->head_page_bytes % 16 || kv->k_codes % 16 || kv->v_codes % 16 || (fp4 && (kv->k_scales % 16 || kv->v_scales % 16)) ||
@@ -640,10 +744,17 @@ extern "C" fr_status fr_attn_fp4_prefill(const fr_attn_fp4_config *cfg, const fr
     a.fp8_scales = cfg->fp8_scales;
     a.n_heads = n_heads;
     a.group = group;
+    /* gamma = log2(e) / sqrt(D), the base-2 logit scale (the kernel multiplies FP8's
+     * K scale in); the query is rotated when the keys were (cfg->rotate); the scale
+     * search switch serves the on-the-fly keys. */
     a.gamma = (float)(1.4426950408889634 / (D == 128 ? 11.313708498984761 : 8.0));
     a.sink_recent = sink_recent;
     a.rotate = cfg->rotate != 0;
     a.search = cfg->p.q_search != 0;
+    /* The scratch: n_seqs * 128 rows for the partial pages, then the rest of the
+     * workspace for the chunk rows by q_row. Fewer rows than n_seqs * 128 + max_new
+     * cannot serve even one chunk at q_row 0, so the call fails; a chunk further down
+     * that does not fit is caught on the device (scratch_overflow). */
     if (on_the_fly(cfg)) {
         const size_t row_bytes = scratch_row_bytes(kv->n_kv_heads, D);
         const size_t rows = workspace && !misaligned(workspace, 16) ? workspace_bytes / row_bytes : 0;
@@ -660,6 +771,8 @@ extern "C" fr_status fr_attn_fp4_prefill(const fr_attn_fp4_config *cfg, const fr
     if (((long)max_new * group + kRows - 1) / kRows > INT_MAX)
         return fr_fail(FR_EINVAL, "attn_fp4_prefill: max_new %d too large", max_new);
     if ((st = device_setup())) return st;
+    /* One of six instances: the format and the head dim are template arguments of
+     * both kernels. */
     switch (kind_of(cfg->dtype) + 3 * (D == 128)) {
     case kNV: return launch<64, kNV>(a, n_seqs, max_new, stream);
     case kMX: return launch<64, kMX>(a, n_seqs, max_new, stream);

@@ -12,11 +12,20 @@
 
 namespace fr_fp4 {
 
-/* Where query element `dim` of one column goes in the B fragments of the
- * QK^T MMA: k-step i, lane t (the lane's 4 * g + t for column g), register
- * reg (b0/b1) and half. The K A-fragments use the same permutation (lane t
- * owns dims [t * D/4, (t + 1) * D/4); unpack_e2m1's pairs for FP4, byte
- * pairs for FP8), so q.k is unchanged. */
+/* Where query element `dim` goes in the QK^T fragments: k-step i, lane t of the
+ * lane's quad (lane 4 g + t, g the row or column), register reg of the pair that
+ * holds k indices 2t, 2t+1 (reg 0) or 2t+8, 2t+9 (reg 1), and half. The key side
+ * fixes the order: lane t of a key reads dims [t D/4, (t + 1) D/4) with one 16-byte
+ * (FP4) or two 16-byte (FP8) loads, and the MMA sums over k, so the query only has to
+ * put each dim where the key's unpacking puts it (attn_fp4_ptx.cuh, "Fragment
+ * ownership"):
+ * - FP4 (keys are the B operand, the query the A operand): element e of code word q
+ *   of the lane unpacks into k-step 2q + (e & 1), b0 for e in {0, 1, 4, 5} and b1 for
+ *   {2, 3, 6, 7}, the low half for e < 4 (fr_dev_fp4_word_to_f16x2's pairs (0, 4),
+ *   (2, 6), (1, 5), (3, 7));
+ * - FP8 (keys are A, the query B): bytes 2 reg and 2 reg + 1 of the lane's 32-bit
+ *   word i are k-step i, register reg, the lower byte the low half (e4m3x2_to_f16x2
+ *   of bytes 0-1, then 2-3). */
 template <int FMT, int D> FR_K void qk_dim_slot(int dim, int &i, int &t, int &reg, int &half)
 {
     t = dim / (D / 4);
@@ -33,7 +42,9 @@ template <int FMT, int D> FR_K void qk_dim_slot(int dim, int &i, int &t, int &re
     }
 }
 
-/* The natural m16n8k16 B-fragment slot of dim (for BF16 keys via ldmatrix). */
+/* The natural m16n8k16 B-fragment slot of dim (for BF16 keys via ldmatrix): k-step
+ * dim / 16, k index dim % 16. The BF16 CTA's keys come from ldmatrix in natural
+ * order, so its query does too. */
 FR_K void natural_dim_slot(int dim, int &i, int &t, int &reg, int &half)
 {
     i = dim >> 4;
@@ -49,9 +60,25 @@ template <int F> FR_K float fake_quant_warp(float x, bool search, uint8_t &code,
     return fr_dev_fp4_fake_quant_warp<F == kMXFP4 ? FR_MXFP4 : FR_NVFP4>(x, search, code, scode);
 }
 
-/* prep_query's second half for head h, warp `part` of its wph: the
- * head's scale exponent from the warps' maxima in red[], then this warp's
- * registers as MMA fragments in shared memory, and the head's factor. */
+/* prep_query's second half for head h, warp `part` of its wph: the head's scale
+ * exponent from the warps' maxima in red[], then this warp's registers as MMA
+ * fragments in shared memory, and the head's factor.
+ *
+ * The terms enter the MMA times 2^-ex, and the head's factor qscale = gamma 2^ex kfac
+ * puts everything back on the FP32 sum:
+ * - NVFP4 terms: ex = 0. E2M1 x E4M3 lies in [2^-10, 6 x 448] with at most 6
+ *   significant bits, an FP16 number as it is;
+ * - MXFP4 terms: E2M1 x 2^e spans E8M0's range, far beyond FP16's; ex is the largest
+ *   first-term block exponent, so the largest value is at most 6 and blocks up to
+ *   2^23 below it stay exact (further down they round in FP16's subnormals:
+ *   docs/attention_gpu.md, "Precision");
+ * - unquantized (bf16 compute, FP8): ex = floor(log2 amax), so every value is below 2
+ *   and its FP16 hi + lo split keeps 22 significant bits.
+ * The clamps to [-100, 100] keep 2^ex and 2^-ex normal floats (pow2f is exact only
+ * there); an MXFP4 exponent needs no upper clamp, a finite query's largest scale
+ * being 2^126. kfac undoes what the key side leaves on its products: 2^7 for NVFP4
+ * (the key scales enter times 2^7, then the code words' 2^-14), the per-head K scale
+ * for FP8, 1 for MXFP4 (its 2^e_max is applied per key in the split). */
 template <int FMT, int D>
 __device__ void write_query_frags(const Params &P, size_t sh, int head, int h, int part, int wph, const int *red,
                                   const float (&v0)[D / 32], const float (&v1)[D / 32], const float *xh,
@@ -88,6 +115,11 @@ __device__ void write_query_frags(const Params &P, size_t sh, int head, int h, i
         }
         int i, t, reg, half;
         qk_dim_slot<FMT, D>(dim, i, t, reg, half);
+        /* FP8: B fragment [u][i][lane][reg][half], column col of n-tile u = col / 8
+         * held by lane 4 (col % 8) + t. FP4: A fragment [mt][i][lane][a0..a3][half],
+         * register 2 reg + term: a0 (row g, low k) and a2 (row g, high k) for the
+         * first term, a1 and a3 (row g + 8) for the second, so the split gets all
+         * four with one 16-byte load per lane and k-step. */
         if (FMT == kFP8) {   /* B fragments: columns 2h, 2h + 1 are head h's two terms */
 #pragma unroll
             for (int term = 0; term < 2; term++) {
@@ -100,6 +132,9 @@ __device__ void write_query_frags(const Params &P, size_t sh, int head, int h, i
             for (int term = 0; term < 2; term++)
                 frag[(((mt * KS + i) * 32 + ln) * 4 + 2 * reg + term) * 2 + half] = term ? h1 : h0;
         }
+        /* The BF16 CTA's query: BF16 hi + lo (16 significant bits) in natural order,
+         * unscaled (BF16 has FP32's range), columns 2h and 2h + 1 of the same B
+         * layout as FP8's. */
         if (P.sink_recent) {   /* BF16 tokens: the unquantized (rotated) query */
             const float xe = xh[dim];
             const uint16_t b0 = fr_dev_bf16_encode(xe);
@@ -120,27 +155,34 @@ __device__ void write_query_frags(const Params &P, size_t sh, int head, int h, i
     }
 }
 
-/* Query of (sequence, KV head). The exact mode's FP4 quantization of a
- * head is a long chain of dependent instructions (the scale search sums
- * squared errors in element order), and a decode step at batch 1 waits
- * for it; so the 16 warps share the heads: wph warps per head (4 for G <=
- * 4, 2 for G <= 8, 1 above; 1 without FP4 query), warp p of a head quantizing registers e = p,
- * p + wph, ... of the head's 128 dims (32 per register). The head's first
- * warp rotates the whole head first (the Hadamard spans all its dims) and
- * leaves it in shared memory. Writes the FP16 B fragments (columns 2h,
- * 2h + 1: the two query terms of head h), the BF16 hi/lo fragments for the
- * BF16 tokens (sink_recent) and the per-head factor S = (column sum) *
- * qscale. */
+/* Query of (sequence, KV head). The exact mode's FP4 quantization of a head is a long
+ * chain of dependent instructions (the scale search sums squared errors in element
+ * order), and a decode step at batch 1 waits for it; so the 16 warps share the heads:
+ * wph warps per head (4 for G <= 4, 2 for G <= 8, 1 above; 1 without FP4 query), warp
+ * p of a head quantizing registers e = p, p + wph, ... of the head's 128 dims (32 per
+ * register). A register holds whole FP4 blocks (32 dims: two NVFP4 blocks or one
+ * MXFP4 block), so the warps never share a block. The head's first warp rotates the
+ * whole head first (the Hadamard spans all its dims) and leaves it in shared memory.
+ * Writes the FP16 fragments the split reads (FP4: A fragments, rows h % 8 and 8 + h %
+ * 8 of m-tile h / 8 holding the two query terms of head h; FP8: B fragments, columns
+ * 2h and 2h + 1), the BF16 hi/lo fragments for the BF16 tokens (sink_recent) and the
+ * per-head factor S = (sum of the two terms' products) * qscale. */
 template <int FMT, int D> __device__ void prep_query(const Params &P, int seq, int head, const fr_paged_seq &s)
 {
     constexpr int E = D / 32, KS = D / 16;
     constexpr int kPrepWarps = kPrepThreads / 32;
+    /* Staging of the fragments: FP4's 2 m-tiles x 4 registers and FP8's 4 n-tiles x 2
+     * registers take the same 4 x KS x 32 x 4 halves. The warps scatter 16-bit halves
+     * here; the block then writes them out as whole 32-bit words in order. */
     __shared__ uint16_t frag[4 * KS * 32 * 4];   /* B [u][i][lane][reg][half] or A [mt][i][lane][4][half] */
     __shared__ uint16_t frag_bf[4 * KS * 32 * 4];
     __shared__ float xs[kMaxGroup][D];           /* the rotated query of every head */
     __shared__ int red[kPrepWarps];              /* per warp: MXFP4 top scale code, or amax bits */
     const int nwords = P.qwords, nwords_bf = P.nq * KS * 32 * 2;
     uint32_t *f32 = reinterpret_cast<uint32_t *>(frag), *fb32 = reinterpret_cast<uint32_t *>(frag_bf);
+    /* Zero first: the padding heads (h >= G), and the second term of a single FP4
+     * query, stay zero in the fragments, so the split's MMAs multiply zeros rather
+     * than stale workspace. */
     for (int k = threadIdx.x; k < 2 * KS * 32 * 4; k += kPrepThreads) f32[k] = fb32[k] = 0u;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = P.group;
@@ -186,16 +228,22 @@ template <int FMT, int D> __device__ void prep_query(const Params &P, int seq, i
         if (lane == 0) red[warp] = (int)top;
     }
     __syncthreads();
+    /* After the barrier red[] holds every warp's maximum: the head's scale exponent
+     * needs all its warps'. */
     if (mine) write_query_frags<FMT, D>(P, sh, head, h, part, wph, red, v0, v1, xs[h], frag, frag_bf, quant, top);
     __syncthreads();
+    /* Every warp's halves are in place (barrier above): copy the (sequence, KV
+     * head)'s fragments to the workspace, where the split CTAs read them after
+     * griddep_wait. */
     uint32_t *dst = P.qfrag + sh * nwords, *dst_bf = P.qfrag_bf + sh * nwords_bf;
     for (int k = threadIdx.x; k < nwords; k += kPrepThreads) dst[k] = f32[k];
     if (P.sink_recent)
         for (int k = threadIdx.x; k < nwords_bf; k += kPrepThreads) dst_bf[k] = fb32[k];
 }
 
-/* Token t of the partial page's row r (t = full + r): key and value rows,
- * BF16 store form, from the recent slot or (t == len) the staging row. */
+/* Token t of the partial page's row r (t = full + r): key and value rows, BF16 store
+ * form, from the recent slot (row t % 128) or, for t == len, the step's staging row,
+ * which is where the step's own token lives until commit writes it to the slot. */
 template <int D>
 FR_K void loose_rows(const Params &P, const fr_paged_seq &s, int head, int t, const uint16_t *&k, const uint16_t *&v)
 {
@@ -210,11 +258,14 @@ FR_K void loose_rows(const Params &P, const fr_paged_seq &s, int head, int t, co
     }
 }
 
-/* The partial last page quantized as a promoted page would hold it
- * (kv_cache.c quantize_on_the_fly): keys per token with the recipe's
- * search, values per block of B tokens from the page start, zero padded,
- * FP8 element-wise against the per-head scales. Block z of the grid takes
- * one value block (FP4) or 16 tokens (FP8). */
+/* The partial last page quantized as a promoted page would hold it (kv_cache.c
+ * quantize_on_the_fly): keys per token with the recipe's search, values per block of
+ * B tokens from the page start, zero padded, FP8 element-wise against the per-head
+ * scales. Block z of the grid takes one value block (FP4) or 16 tokens (FP8). The
+ * result lands in the workspace in the page layout, so the split CTAs read it as one
+ * more page (split_page). Rows past the step's token are zero codes with zero scales:
+ * they dequantize to 0, and the split masks them anyway; a value block's zero padding
+ * matters, since it is part of the block's amax as on the CPU. */
 template <int FMT, int D> __device__ void prep_page(const Params &P, int seq, int head, const fr_paged_seq &s, int z)
 {
     using Gm = Geom<FMT, D>;
@@ -241,6 +292,9 @@ template <int FMT, int D> __device__ void prep_page(const Params &P, int seq, in
     }
     constexpr int B = Gm::B;
     constexpr fr_fp4_format FF = FMT == kMXFP4 ? FR_MXFP4 : FR_NVFP4;
+    /* Keys quantize per token along the dims, the direction fp4_device.cuh's warp
+     * quantizer works in (element j in lane j % 32): a warp per row, every lane four
+     * dims. */
     /* keys: one warp per token row of the slice */
     for (int rr = warp; rr < B; rr += kPrepThreads / 32) {
         const int r = z * B + rr;
@@ -266,6 +320,9 @@ template <int FMT, int D> __device__ void prep_page(const Params &P, int seq, in
             for (int j = lane; j < D / B; j += 32) ks[j] = 0;
         }
     }
+    /* Values quantize along the tokens, across the rows the warps above hold, so they
+     * go back to the BF16 rows: one thread per channel quantizes its B tokens as one
+     * block (128 of the 512 threads work here). */
     /* values: one thread per channel, block z of B tokens */
     for (int j = threadIdx.x; j < D; j += kPrepThreads) {
         float col[B];
@@ -287,8 +344,10 @@ template <int FMT, int D> __device__ void prep_page(const Params &P, int seq, in
     }
 }
 
-/* Grid (n_seqs, n_kv_heads, 1 + slices): z = 0 the query, z >= 1 a slice of
- * the on-the-fly page (launched only without sink/recent). */
+/* Grid (n_seqs, n_kv_heads, 1 + slices): z = 0 the query, z >= 1 a slice of the
+ * on-the-fly page (launched only without sink/recent). Launched without the
+ * programmatic attribute, so it starts only when the previous kernel of the stream
+ * (the stage kernel that writes the staging rows) has ended. */
 template <int FMT, int D> __global__ void __launch_bounds__(kPrepThreads) prep_kernel(Params P)
 {
     /* the split kernel may start at once: it loads cache pages while this

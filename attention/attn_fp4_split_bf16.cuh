@@ -1,7 +1,13 @@
-/* The BF16 CTA of the decode attention over an FP4 cache with the
- * sink/recent recipe: the sink, the recent slot and the step's own token,
- * one 144-row tile with unquantized query and P. Included by attn_fp4.cu
- * only (docs/attention_gpu.md). */
+/* The BF16 CTA of the decode attention over an FP4 cache with the sink/recent recipe:
+ * the sink, the recent slot and the step's own token, one 144-row tile with
+ * unquantized query and P. Included by attn_fp4.cu only (docs/attention_gpu.md).
+ *
+ * These tokens are BF16 in the cache and meet the unquantized query in the reference,
+ * so this CTA computes in BF16 with hi + lo pairs: the query and P as two BF16
+ * columns each (16 significant bits), the keys and values as stored. At most 144 rows
+ * (16 sink + 127 recent + the step's token) fit one tile, so there is no online
+ * softmax: one maximum, one exponentiation, one P.V. Its partial is slot n_splits,
+ * joined by the combine like any split's. */
 #ifndef FR_ATTN_FP4_SPLIT_BF16_CUH
 #define FR_ATTN_FP4_SPLIT_BF16_CUH
 
@@ -11,9 +17,12 @@
 
 namespace fr_fp4 {
 
-/* Shared memory of the BF16 CTA: 144 rows of K (then V in their place),
- * then P (hi/lo rows of up to 2 NP groups of 4 query heads), then the
- * maxima and the l reduction. */
+/* Shared memory of the BF16 CTA: 144 rows of K (then V in their place), then P (hi/lo
+ * rows of up to 2 NP groups of 4 query heads), then the maxima and the l reduction.
+ * The rows take 36 KiB (144 x 128 BF16, swizzled); the P buffer holds one row of 144
+ * BF16 per column of the P.V B operand, 8 NQ rows (columns 2h and 2h + 1: head h's hi
+ * and lo), within the 16 NP rows sized here. With NQ 2 the whole is 41.25 KiB, the
+ * largest CTA of the FP4 launch (attn_fp4.cu sizes the launch by it). */
 template <int NQ, int D> struct SmemBf16 {
     static constexpr int NP = NQ > 2 ? 2 : 1;
     static constexpr int rows = kMaxBf16Rows * D * 2;
@@ -22,7 +31,10 @@ template <int NQ, int D> struct SmemBf16 {
     static constexpr int total = lred + kWarps * kMaxGroup * 4;
 };
 
-/* Byte offset of 16-byte chunk c of row r in a swizzled [rows][D] BF16 tile. */
+/* Byte offset of 16-byte chunk c of row r in a swizzled [rows][D] BF16 tile. Chunk c
+ * of row r sits at c ^ (r & 7): the eight rows an ldmatrix matrix reads (same chunk,
+ * consecutive rows) land on eight different 16-byte bank groups, plain and
+ * transposed. */
 template <int D> FR_K int bf_off(int r, int c) { return (r * (D / 8) + (c ^ (r & 7))) * 16; }
 
 template <int NQ, int D>
@@ -34,6 +46,11 @@ __device__ void bf16_split(const Params &P, uint8_t *smem, int seq, int head, co
     const int G = P.group, kvh = P.kv.n_kv_heads;
     const int len = s.len, n = len + 1, fp4_end = len / kPage * kPage;
     const int nsink = n < kSink ? n : kSink;
+    /* Row r's token: with a full page (fp4_end > 0) rows 0 .. 15 are the sink, then
+     * the recent tokens fp4_end .. len - 1, then the step's token len; before the
+     * first page is full, the whole context 0 .. len is BF16 and row r is token r
+     * (the first 16 from the sink slot, the rest from the recent slot, which hold the
+     * same bits). */
     const int nb = fp4_end ? nsink + (n - fp4_end) : n;   /* <= 144 */
     const int ntiles = (nb + 15) / 16;
     const size_t sh = (size_t)seq * kvh + head, slot = sh * (P.n_splits + 1) + P.n_splits;
@@ -42,7 +59,11 @@ __device__ void bf16_split(const Params &P, uint8_t *smem, int seq, int head, co
      * 144-row tile, so that this CTA takes no more than a page-walking one) */
     uint8_t *ks = smem, *vs = smem;
 
-    /* rows: token of row r, from the sink slot, recent slot or staging */
+    /* rows: token of row r, from the sink slot, recent slot or staging. One pass of
+     * 16-byte cp.async over the tile's rows, keys or values (the same bytes, one
+     * after the other). Rows from nb up to the end of the last 16-row tile are
+     * zero-filled (src_bytes 0): their scores are masked, and a zero value row keeps
+     * the P.V sums finite. */
     auto load_rows = [&](bool values) {
         for (int k = threadIdx.x; k < ntiles * 16 * C; k += kThreads) {
             const int r = k / C, c = k % C;
@@ -65,19 +86,33 @@ __device__ void bf16_split(const Params &P, uint8_t *smem, int seq, int head, co
         }
         cp_async_commit();
     };
+    /* The keys are requested before griddep_wait: the slots and staging rows were
+     * written before the preparation kernel started (it is launched without the
+     * programmatic attribute, after the kernel that stages the step's rows), so only
+     * the query fragments, prep_kernel's output, need the wait. */
     load_rows(false);
     griddep_wait();   /* the query fragments are the preparation kernel's output */
 
+    /* The BF16 query's B fragments: columns 2h and 2h + 1 of n-tile u hold head h's
+     * hi and lo halves, in natural dim order (natural_dim_slot), one 8-byte load per
+     * lane, n-tile and k-step. */
     uint2 qf[NQ][KS];
     const uint2 *qsrc = reinterpret_cast<const uint2 *>(P.qfrag_bf) + sh * P.nq * KS * 32;
 #pragma unroll
     for (int u = 0; u < NQ; u++)
 #pragma unroll
         for (int i = 0; i < KS; i++) qf[u][i] = qsrc[(u * KS + i) * 32 + lane];
+    /* Each thread waits for its own copies; the barrier then makes every thread's
+     * keys visible to all. */
     cp_async_wait_all();
     __syncthreads();
 
-    /* scores: warp w takes key tiles w, w + 4, w + 8 */
+    /* scores: warp w takes key tiles w, w + 4, w + 8 (144 rows are at most 9 tiles of
+     * 16). A = 16 key rows by ldmatrix (lanes 0-15 give rows 0-15 of chunk 2i, lanes
+     * 16-31 the same rows of chunk 2i + 1: matrices a0 .. a3), B = the query, so C's
+     * row g / g + 8 is a key and its columns 2t, 2t + 1 head 4u + t's hi and lo
+     * products: their sum is the score. Keys and the query are unscaled, so only
+     * gamma remains; rows past nb score -inf. */
     constexpr int MT = (kMaxBf16Rows / 16 + kWarps - 1) / kWarps;   /* 3 */
     float sc[MT][2][NQ];
     float mx[NQ];
@@ -112,6 +147,8 @@ __device__ void bf16_split(const Params &P, uint8_t *smem, int seq, int head, co
 #pragma unroll
     for (int u = 0; u < NQ; u++) {
         float x = mx[u];
+        /* Over the lanes g of one t: the warp's maximum for head 4u + t, one value
+         * per warp into maxbuf. */
         x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 4));
         x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 8));
         x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 16));
@@ -120,7 +157,12 @@ __device__ void bf16_split(const Params &P, uint8_t *smem, int seq, int head, co
     __syncthreads();   /* maxima visible; K no longer read: its space takes V */
     load_rows(true);
 
-    /* one tile, unquantized: P = 2^(S - M), as BF16 hi + lo columns */
+    /* one tile, unquantized: P = 2^(S - M), as BF16 hi + lo columns. M is the maximum
+     * over the four warps: every warp's P.V reads every row's P, so there is one
+     * maximum for the CTA and no rescaling. P row (column of B) 2h holds head h's hi,
+     * 2h + 1 its lo, one BF16 per key row; the columns of padding heads are zeroed so
+     * their MMA inputs are finite (their output is dropped). l sums the FP32 P, which
+     * hi + lo carry to 16 bits. */
     uint8_t *pb = smem + kMaxBf16Rows * D * 2;
     for (int k = threadIdx.x; k < 8 * NQ * PR / 4; k += kThreads)
         if (k / (PR / 4) >= 2 * G) reinterpret_cast<uint32_t *>(pb)[k] = 0u;   /* padding columns */
@@ -155,10 +197,17 @@ __device__ void bf16_split(const Params &P, uint8_t *smem, int seq, int head, co
         x += __shfl_xor_sync(0xFFFFFFFFu, x, 16);
         if (g == 0 && 4 * u + t < kMaxGroup) lred[warp * kMaxGroup + 4 * u + t] = x;
     }
+    /* After this barrier the values have landed in the keys' bytes and every warp's P
+     * columns and l share are in shared memory. */
     cp_async_wait_all();
     __syncthreads();
 
-    /* O^T for dims 32w .. 32w + 31 over all rows */
+    /* O^T for dims 32w .. 32w + 31 over all rows: A = V^T by transposed ldmatrix of
+     * the [key][dim] rows (lanes 0-7: keys 0-7 of the dims' first chunk, 8-15: the
+     * same keys, second chunk, 16-31: keys 8-15), B = P read from its rows as 32-bit
+     * pairs of keys 2t, 2t + 1 and 2t + 8, 2t + 9. C's columns 2t and 2t + 1 are head
+     * 4u + t's hi and lo parts: their sum is the head's output for dims g and g + 8
+     * of the m-tile. */
     float o[2][NQ][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -187,6 +236,8 @@ __device__ void bf16_split(const Params &P, uint8_t *smem, int seq, int head, co
         for (int u = 0; u < NQ; u++) {
             const int h = 4 * u + t;
             if (h >= G) continue;
+            /* The four warps' l in warp order; M is the CTA's maximum, so the LSE
+             * carries no c (shift 0). */
             const float lt = warp_sum(lred, h);
             const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
             float *dst = partial_row<D>(P, slot, h);

@@ -10,12 +10,20 @@
 
 namespace fr_fp4 {
 
+/* Pages in the ring. Two stages at five CTAs per SM against three at four: up to 10%
+ * faster at batch 64 on one layer, 1-2% slower at batch 16, within 2% in whole 64K
+ * decode steps (bench/RESULTS.md, "FP4 decode at the bandwidth limit", the paragraph
+ * after the step-by-step table). */
 constexpr int kStages = 2;   /* pages in flight per CTA (bench/RESULTS.md: 2 stages x 5 CTAs beat 3 x 4) */
 
-/* Shared memory of the FP4 split CTAs: a ring of whole pages with their
- * full (bytes landed) and empty (every thread done) barriers, the exact
- * mode's page maxima, the warps' final (m, l); after the loop the ring's
- * bytes hold the warps' partial outputs for the merge. */
+/* Shared memory of the FP4 split CTAs: a ring of whole pages with their full (bytes
+ * landed) and empty (every thread done) barriers, the exact mode's page maxima, the
+ * warps' final (m, l); after the loop the ring's bytes hold the warps' partial
+ * outputs for the merge. NVFP4: 2 x 18,432 + 1,056 bytes; the BF16 CTA of the same
+ * launch needs a little more (attn_fp4.cu sizes the launch for the larger). The page
+ * maxima are double-buffered by page parity, so one barrier per page orders their
+ * writes and reads (see the exact-mode exchange). MT, the m-tiles of 8 heads, does
+ * not change the layout: the arrays are sized for 16 heads. */
 template <int FMT, int MT, int D> struct SmemTok {
     using Gm = Geom<FMT, D>;
     static constexpr int pmax = kStages * Gm::page_bytes;             /* [2][warps][16] */
@@ -59,12 +67,19 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + Sm::bars), *empty = full + kStages;
     float *pmax = reinterpret_cast<float *>(smem + Sm::pmax);
 
+    /* Page k of the split into slot k % kStages: one bulk copy of the contiguous head
+     * page (18 KiB NVFP4, 17 KiB MXFP4), announced on the slot's full barrier. Only
+     * thread 0 issues. */
     auto issue = [&](int k) {
         uint64_t *bar = full + k % kStages;
         mbar_arrive_expect_tx(bar, Gm::page_bytes);
         bulk_copy_g2s(smem + (k % kStages) * Gm::page_bytes, split_page<Gm::page_bytes>(P, s, c, k), Gm::page_bytes,
                       bar);
     };
+    /* Full barriers complete on the one arrive.expect_tx plus the page's bytes, empty
+     * barriers on one arrival from each of the 128 threads. The fence hands the
+     * initialized barriers to the copy engine and the __syncthreads to the other
+     * threads, before the first copy is issued. */
     if (threadIdx.x == 0) {
         for (int k = 0; k < kStages; k++) {
             mbar_init(full + k, 1);
@@ -75,7 +90,10 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
     __syncthreads();
     split_prologue(c, kStages, issue);
 
-    /* the query: A fragments, per-head factors of this lane's rows */
+    /* The query, read only after split_prologue's griddep_wait: A fragments (one
+     * 16-byte load per lane, m-tile and k-step) and the per-head factor of this
+     * lane's row g. A padding head (8 mt + g >= G) has zero fragments and factor 0:
+     * its scores are 0, finite, and its output is never written. */
     uint4 qa[MT][KS];
     const uint4 *qsrc = reinterpret_cast<const uint4 *>(P.qfrag) + sh * (size_t)(P.qwords / 4);
 #pragma unroll
@@ -86,6 +104,11 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) qs[mt] = 8 * mt + g < G ? P.qscale[sh * kMaxGroup + 8 * mt + g] : 0.0f;
 
+    /* As the B operand a lane supplies key column g of n-tile j, the key it loads and
+     * unpacks: token 8 (g / 2) + 2 j + g % 2 of the warp's 32. Its C fragment then
+     * holds columns 2t and 2t + 1 of row g, i.e. tokens 8t + 2j and 8t + 2j + 1: over
+     * the four n-tiles, tokens 8t .. 8t + 7 of head 8 mt + g, the eight tokens of one
+     * value code word. */
     const int tb0 = 32 * warp + 8 * (g >> 1) + (g & 1);   /* this lane's key of n-tile j: tb0 + 2j */
     const int tc0 = 32 * warp + 8 * t;                     /* its scores' tokens: tc0 + 2j + e */
 
@@ -98,6 +121,10 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
 #pragma unroll
         for (int u = 0; u < MT; u++) o[mi][u][0] = o[mi][u][1] = o[mi][u][2] = o[mi][u][3] = 0.0f;
 
+    /* The page loop. At the top of page k thread 0 refills the slot page k - 1 used,
+     * once every thread has released it, with page k - 1 + kStages: the copy of page
+     * k + 1 is then in flight while page k is computed. Slot uses alternate parity,
+     * so the n-th use of a slot (n = k / kStages) waits on parity n & 1. */
     for (int k = 0; k < npages; k++) {
         const int p = pa + k, st = k % kStages;
         if (threadIdx.x == 0 && k > 0 && k - 1 + kStages < npages) {
@@ -108,6 +135,9 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
         const uint8_t *pg = smem + st * Gm::page_bytes;
 
         /* ---- scores ---- */
+        /* A lane reads 16 bytes of its key row: code words 4t .. 4t + 3, dims 32t ..
+         * 32t + 31 (D = 128); the query's A fragments hold the same dims in the same
+         * slots (qk_dim_slot). */
         float sc[MT][4][2];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -128,6 +158,13 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
                 f[0] = f[1] = f[2] = f[3] = h | (h << 16);
                 kf = fr_dev_e8m0_decode((uint8_t)top);
             }
+            /* NVFP4: the code words' value * 2^-14 times scale * 2^7 is value * scale
+             * * 2^-7: at most 6 significant bits, in [2^-17, 6 x 448 x 2^-7 = 21], so
+             * HMUL2 rounds nothing (FP16 subnormals reach 2^-24); qscale carries the
+             * 2^7 back. MXFP4: value * 2^(e_block - e_max), exact while the block is
+             * within 2^23 of the key's largest (f16_pow2 flushes to 0 more than 2^38
+             * below; docs/attention_gpu.md, "Precision"). Word q fills k-steps 2q and
+             * 2q + 1. */
             uint32_t b[KS][2];
 #pragma unroll
             for (int q = 0; q < 4; q++) {
@@ -147,6 +184,9 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
 #pragma unroll
                 for (int i = 0; i < KS; i++)
                     mma_f16(acc, qa[mt][i].x, qa[mt][i].y, qa[mt][i].z, qa[mt][i].w, b[i][0], b[i][1]);
+                /* c0, c1 are row g (the head's first term), c2, c3 row g + 8 (its
+                 * second term) of the same key columns: the two terms' products meet
+                 * here, added in FP32 as the reference adds them. */
                 sc[mt][j][0] = __fadd_rn(acc[0], acc[2]) * (qs[mt] * kc0);
                 sc[mt][j][1] = __fadd_rn(acc[1], acc[3]) * (qs[mt] * kc1);
             }
@@ -164,6 +204,9 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
         }
 
         /* ---- maxima: the P block (NVFP4: 16 tokens, lanes t and t ^ 1; MXFP4: the warp's 32) ---- */
+        /* The blocks are aligned in token position, as the value blocks are: tokens
+         * 16 (t / 2) .. + 15, and the warp's 32. bm is the block maximum for P's
+         * scale, pm the warp's page maximum for the running maximum. */
         float bm[MT], pm[MT];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
@@ -176,6 +219,12 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
             if (FMT == kMXFP4) bm[mt] = mx;
             pm[mt] = mx;
         }
+        /* Exact mode needs one running maximum for the four warps, Algorithm 1's tile
+         * maximum, so that P's block scales are those of the reference. The maxima of
+         * page k go to half k & 1 of pmax: a warp writes page k + 2's half only after
+         * the barrier of page k + 1, which every warp passes after reading page k's.
+         * bf16 compute skips this and its barrier: with P unquantized a per-warp
+         * maximum changes only rounding, and the merge reconciles the warps' maxima. */
         if (EXACT) {   /* Algorithm 1's tile is the page: its maximum over the four warps */
             float *pmk = pmax + (k & 1) * kWarps * kMaxGroup;
             if (t == 0)
@@ -190,6 +239,14 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
         }
 
         /* ---- online softmax ---- */
+        /* cp = 2^(S - m + log2 c): Algorithm 1's factor c is folded into the exponent
+         * (c = 1 unless P is quantized). Exact: P = E2M1(cp / s) s with s the block's
+         * scale; the quotient is taken as cp times the rounded reciprocal, one
+         * multiply per element, which can differ from the reference's division only
+         * at an E2M1 rounding threshold, like the FP32 score rounding
+         * (docs/attention_gpu.md, "Precision"). l sums the unquantized cp, as the
+         * reference does; P enters the MMA times 2^11 (kPShift). A row with every key
+         * masked keeps m = -inf and mc = 0, so its cp are exp2(-inf) = 0. */
         bool grew = false;
         float al[MT];
         uint32_t pbf[MT][2][2];   /* P as B fragments: [n-tile][k-step][b0, b1] */
@@ -215,11 +272,19 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
                     pv[j][e] = EXACT ? e2m1_round(cp * rs) * ss : cp * kPShift;
                 }
             l[mt] = l[mt] * al[mt] + sum;
+            /* P as the B operand of P.V, from this lane's own registers: pv[j][e] is
+             * token 8t + 2j + e, and the k order of a k-step is the order the value
+             * code words unpack in (elements (0, 4), (2, 6) for k-step 0, (1, 5), (3,
+             * 7) for k-step 1), so V and P agree without any exchange. */
             pbf[mt][0][0] = pack_f16x2(pv[0][0], pv[2][0]);
             pbf[mt][0][1] = pack_f16x2(pv[1][0], pv[3][0]);
             pbf[mt][1][0] = pack_f16x2(pv[0][1], pv[2][1]);
             pbf[mt][1][1] = pack_f16x2(pv[1][1], pv[3][1]);
         }
+        /* O is rescaled only when some maximum of the warp grew (alpha is exactly 1
+         * otherwise). The test is warp-uniform so that every lane runs the shuffles:
+         * the softmax state is held per row g (head 8u + g) while O's C columns are
+         * heads 8u + 2t and 8u + 2t + 1. */
         if (__any_sync(0xFFFFFFFFu, grew)) {   /* O columns are heads 8u + 2t + e: their alphas sit in lanes 8t, 8t + 4 */
 #pragma unroll
             for (int u = 0; u < MT; u++) {
@@ -235,6 +300,12 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
         }
 
         /* ---- O^T += V^T P^T over the warp's tokens: dims 16 mi + g and + 8 ---- */
+        /* A = V^T, 16 dims x 16 tokens: rows g and g + 8 are dims d0 and d1, and the
+         * lane's tokens 8t .. 8t + 7 are one code word per dim (values run along
+         * tokens in the page). a0 / a1 are the (0, 4) pairs of d0 / d1, a2 / a3 the
+         * (2, 6) pairs; the second k-step takes (1, 5) and (3, 7). The 4-byte code
+         * loads are 4-way bank-conflicted (dims 16 words apart: bench/RESULTS.md,
+         * "Profile: one split-kernel call"). */
 #pragma unroll
         for (int mi = 0; mi < MI; mi++) {
             const int d0 = 16 * mi + g, d1 = d0 + 8;
@@ -276,9 +347,18 @@ __device__ void fp4_split_tok(const Params &P, uint8_t *smem, int seq, int head,
         mbar_arrive(empty + st);
     }
 
+    /* Every page is consumed and every copy issued was waited on, so nothing lands in
+     * the ring any more and the merge may reuse its bytes. The combine's launch is
+     * released here, before the merge: its CTAs can be scheduled while this grid's
+     * last CTAs merge, and its griddep_wait still holds them until the whole grid has
+     * ended. */
     griddep_launch_dependents();   /* the combine may be scheduled; it waits for this grid's end */
 
     /* ---- merge the four warps ---- */
+    /* Each warp's (m, l) per head: l first summed over the quad (lanes t hold
+     * different tokens of row g). The O entries are then written relative to the
+     * CTA-wide maximum M, 2^(m_w - M), and a thread per (head, dim) adds the four
+     * warps in warp order: the partial does not depend on timing. */
     float *mst = reinterpret_cast<float *>(smem + Sm::stat), *lst = mst + kWarps * kMaxGroup;
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {

@@ -1,8 +1,14 @@
-/* The FP8 split kernel body of the decode attention: one CTA walks the
- * pages of its split; warps share the keys of a page (QK^T on 32 keys a
- * warp, E4M3 codes converted exactly to FP16), exchange P through shared
- * memory and multiply it by the values on 32 dims each. Included by
- * attn_fp4.cu only (docs/attention_gpu.md). */
+/* The FP8 split kernel body of the decode attention: one CTA walks the pages of its
+ * split; warps share the keys of a page (QK^T on 32 keys a warp, E4M3 codes converted
+ * exactly to FP16), exchange P through shared memory and multiply it by the values on
+ * 32 dims each. Included by attn_fp4.cu only (docs/attention_gpu.md, "The FP8
+ * split").
+ *
+ * Unlike the FP4 split, a warp's P.V needs the P of all four warps (it owns dims, not
+ * tokens), so the four warps keep one running maximum per head, exchanged per page,
+ * and P goes through a shared buffer, with one barrier per page. E4M3 needs no
+ * unpacking beyond one conversion per pair, and the per-head K and V scales are
+ * applied outside the MMAs (the query factor and the output factor). */
 #ifndef FR_ATTN_FP4_SPLIT_FP8_CUH
 #define FR_ATTN_FP4_SPLIT_FP8_CUH
 
@@ -12,13 +18,21 @@
 
 namespace fr_fp4 {
 
-/* The bit reversal of a 3-bit index: position p of a P row holds token
- * (p & ~7) | rev3(p & 7) (see "P exchange" in the split kernel). */
+/* The bit reversal of a 3-bit index: position p of a P row holds token (p & ~7) |
+ * rev3(p & 7) (see "P exchange" in the split kernel). It is the order an FP4 code
+ * word unpacks in (elements 0, 4, 2, 6, 1, 5, 3, 7): FP4 pages took this page-walking
+ * plan before the token split (docs/attention_gpu.md, "Instructions per page"), and
+ * FP8 keeps the order. FP8 values are read one token row at a time, so any order
+ * inside an 8-token group would do; what matters is that the scores (tok[][] in
+ * fp8_split), the P buffer and the value loads (pv_page_fp8) use the same one. */
 FR_K int rev3(int x) { return ((x & 1) << 2) | (x & 2) | ((x >> 2) & 1); }
 
-/* Shared memory of an FP8 CTA (offsets in bytes): the K ring (two key
- * halves), the V ring (two value halves) and two P buffers, then the page
- * maxima and the l reduction; K two pages ahead of use, V one. */
+/* Shared memory of an FP8 CTA (offsets in bytes): the K ring (two key halves of 16
+ * KiB), the V ring (two value halves) and two P buffers (page parity: page k's P is
+ * written while page k - 1's is read), then the page maxima (also by page parity) and
+ * the l reduction; K two pages ahead of use, V one. A P buffer has a row of 128 FP16
+ * per head of the P.V n-tiles (8 NP rows); rows of padding heads stay zero. About 69
+ * KiB (NP 1) or 73 KiB (NP 2). */
 template <int NP, int D> struct Smem8 {
     using Gm = Geom<kFP8, D>;
     static constexpr int prow = 256;   /* one P row: 128 FP16 */
@@ -40,8 +54,14 @@ FR_K int pbuf_off(int r, int p)
     return r * 256 + ((c ^ ((c >> 3) << 1) ^ (r & 1)) << 4) + (p & 7) * 2;
 }
 
-/* FP8 scores of this lane's 4 keys (m-tile j, row half r8: token-in-page
- * tok[j][r8]) for the heads 4u + t, in base-2 logit units, unmasked. */
+/* FP8 scores of this lane's 4 keys (m-tile j, row half r8: token-in-page tok[j][r8])
+ * for the heads 4u + t, in base-2 logit units, unmasked. Here the keys are the A
+ * operand (16 keys x 16 dims per m-tile) and the query the B operand (n-tile u: heads
+ * 4u .. 4u + 3, two columns each, its two FP16 terms), so C's row g / g + 8 is a key
+ * and its columns 2t, 2t + 1 the two terms of head 4u + t: c0 + c1 is that head's
+ * score. Lane t reads dims [32t, 32t + 32) of both its key rows (two 16-byte loads
+ * each); qk_dim_slot puts the query's dims in the matching slots. qs = gamma 2^ex
+ * k_scale, applied in FP32. */
 template <int NQ, int D>
 FR_K void score_page_fp8(const uint8_t *pg, const uint2 (&qf)[NQ][D / 16], const float (&qs)[NQ], const int (&tok)[2][2],
                      float (&sc)[2][2][NQ])
@@ -82,16 +102,23 @@ FR_K void score_page_fp8(const uint8_t *pg, const uint2 (&qf)[NQ][D / 16], const
     }
 }
 
-/* O^T (this warp's 32 dims) += V^T (dims x 128 tokens) P^T (tokens x heads)
- * for one FP8 page, from its value half vh (E4M3 [tokens][dims]); P^T comes
- * from the P buffer, positions in the bit-reversed token order of the
- * byte pairing below. */
+/* O^T (this warp's 32 dims) += V^T (dims x 128 tokens) P^T (tokens x heads) for one
+ * FP8 page, from its value half vh (E4M3 [tokens][dims]); P^T comes from the P
+ * buffer, positions in the bit-reversed token order of the byte pairing below.
+ *
+ * V is stored token-major but A = V^T needs dims as rows and tokens along k: lane (g,
+ * t) loads one 32-bit word (dims 32w + 4g .. + 3) of each of its four tokens of a
+ * k-step, and byte permutes pair the same dim of two tokens (0x5140: dims + 0 and +
+ * 1; 0x7362: dims + 2 and + 3). So one load feeds both m-tiles: m-tile 0 holds dims +
+ * 0 (row g) and + 1 (row g + 8), m-tile 1 dims + 2 and + 3 (out_dim_fp8). */
 template <int NP, int D>
 FR_K void pv_page_fp8(const uint8_t *vh, const uint8_t *pb, float (&o)[2][NP][4])
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    /* B fragments: row 8u + g of the P buffer, chunk 4t + q gives k-steps
-     * 2q (b0, b1) and 2q + 1 (b0, b1) */
+    /* B fragments: row 8u + g of the P buffer, chunk 4t + q gives k-steps 2q (b0, b1)
+     * and 2q + 1 (b0, b1). Both operands map k index 2t, 2t + 1, 2t + 8, 2t + 9 of
+     * k-step j to positions 32t + 4j + 0, 1, 2, 3, so one 16-byte load serves two
+     * k-steps and the value side loads four whole token rows per k-step. */
     uint32_t b[NP][8][2];
 #pragma unroll
     for (int u = 0; u < NP; u++)
@@ -132,6 +159,10 @@ FR_K void pv_page_fp8(const uint8_t *vh, const uint8_t *pb, float (&o)[2][NP][4]
  * 0, 1 are dims 32w + 4g + {0, 1, 2, 3}. */
 FR_K int out_dim_fp8(int warp, int i, int r) { return 32 * warp + 4 * (r & 7) + 2 * i + (r >> 3); }
 
+/* One split of an FP8 cache. NQ: the QK^T n-tiles of 4 heads (1, 2 or 4); NP: the P.V
+ * n-tiles of 8 heads (1 or 2). Warp w scores the page's positions 32w .. 32w + 31 for
+ * every head and, after the exchange, multiplies the whole page's P by the values of
+ * dims 32w .. 32w + 31. */
 template <int NQ, int D>
 __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int split, const fr_paged_seq &s)
 {
@@ -170,12 +201,18 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
         for (int k = 0; k < 4; k++) mbar_init(bars + k, 1);
         mbar_fence_init();
     }
+    /* Four barriers of count 1 (K slots 0, 1, V slots 0, 1), each completed by thread
+     * 0's arrive.expect_tx and the copy's bytes. The P buffers start zeroed: rows of
+     * heads >= G are never written and feed only output columns that are dropped, but
+     * zeros keep every MMA input finite. */
     for (int k = threadIdx.x; k < Sm::pbuf_bytes / 16; k += kThreads)
         reinterpret_cast<uint4 *>(pbuf)[k] = make_uint4(0, 0, 0, 0);
     __syncthreads();
     split_prologue(c, 2, issue_k);
 
-    /* the query: B fragments and per-head factors */
+    /* The query, after split_prologue's griddep_wait: B fragments (one 8-byte load
+     * per lane, n-tile and k-step) and the factor of this lane's head 4u + t (0 for
+     * padding heads, whose scores are then 0). */
     uint2 qf[NQ][KS];
     float qs[NQ];
     const uint2 *qsrc = reinterpret_cast<const uint2 *>(P.qfrag) + sh * P.nq * KS * 32;
@@ -198,6 +235,10 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
             tok[j][r8] = (p & ~7) | rev3(p & 7);
         }
 
+    /* Two copies of each head's running maximum: mq in the QK^T layout (head 4u + t
+     * of this lane) for P, mp in the P.V layout (heads 8u + 2t + e of O's columns)
+     * for rescaling O. Both come from the same page maxima by the same operations, so
+     * they stay equal. */
     float mq[NQ], lq[NQ], mp[NP][2];
 #pragma unroll
     for (int u = 0; u < NQ; u++) mq[u] = kNegInf, lq[u] = 0.0f;
@@ -218,6 +259,10 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
             pv_page_fp8<NP, D>(smem + Sm::vring + (k & 1) * Gm::v_half, pbuf + (k & 1) * (Sm::pbuf_bytes / 2), acc);
     };
 
+    /* Page k: its keys were issued at iteration k - 2 (pages 0 and 1 in the prologue)
+     * into K slot k & 1, whose use number is k / 2, hence the parity (k >> 1) & 1;
+     * the values follow the same rule on the V barriers. Scores and maxima come
+     * first, then the one barrier, then the previous page's P.V, then this page's P. */
     for (int k = 0; k < npages; k++) {
         const int p = pa + k;
         mbar_wait(bars + (k & 1), (uint32_t)(k >> 1) & 1u);
@@ -237,8 +282,11 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
                     if (edge && (tk < x1 || tk >= t1)) sc[j][r8][u] = kNegInf;
                     mx = fmaxf(mx, sc[j][r8][u]);
                 }
-            /* lanes g = 0..3 hold tokens 0..15 of the warp, 4..7 tokens
-             * 16..31: two steps give the NVFP4 block max, three the warp's */
+            /* The eight lanes of one t (g = 0..7) hold the warp's 32 positions for
+             * head 4u + t: three xor steps over g give the warp's maximum, which goes
+             * to maxbuf. (Lanes g = 0..3 hold tokens 0..15, 4..7 tokens 16..31, so
+             * after two steps bm is the 16-token block maximum; bm and wm are not
+             * used, FP8 does not quantize P.) */
             mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 4));
             mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 8));
             bm[u] = mx;
@@ -246,14 +294,24 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
             wm[u] = mx;
             if (g == 0 && 4 * u + t < kMaxGroup) maxbuf[((k & 1) * kWarps + warp) * kMaxGroup + 4 * u + t] = mx;
         }
+        /* The page's barrier. Before it every warp has written its maxima of page k
+         * and its P of page k - 1, and read page k's keys and page k - 2's values; so
+         * after it thread 0 may refill K slot k & 1 with page k + 2 and V slot k & 1
+         * with page k. The fence orders those generic-proxy reads, which the barrier
+         * made visible to thread 0, before the copy engine's writes to the same
+         * bytes. */
         __syncthreads();   /* maxima of page k; P of page k - 1; K of page k and V of page k - 2 free */
         if (threadIdx.x == 0) {
             fence_proxy_async();
             if (k + 2 < npages) issue_k(k + 2);
             issue_v(k);
         }
+        /* P.V of the previous page, now that all four warps' P of it is in the
+         * buffer. It overlaps the copies just issued. */
         if (k > 0) pv_wait(k - 1, pending, o);
 
+        /* Page k's maximum per head over the four warps: one running maximum for the
+         * CTA, since every warp multiplies all of the page's P. */
         const float *mb = maxbuf + (k & 1) * kWarps * kMaxGroup;
         auto tile_max = [&](int h) {
             float x = mb[h];
@@ -280,6 +338,9 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
                     o[i][u][2 + e] *= al;
                 }
             }
+        /* P of page k: 2^(S - m) times 2^11 (c is 1 for FP8), written as FP16 at this
+         * lane's four positions (one 8-byte store) of head row h, for the P.V of the
+         * next iteration. l sums the FP32 values. */
         uint8_t *pbk = pbuf + (k & 1) * (Sm::pbuf_bytes / 2);
 #pragma unroll
         for (int u = 0; u < NQ; u++) {
@@ -305,10 +366,15 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
         pending = true;
     }
     __syncthreads();
+    /* The last page's P.V: the barrier makes every warp's P of it visible; V of the
+     * last page was issued at its own iteration. Then the combine's launch is
+     * released (it waits for the whole grid anyway). */
     pv_wait(npages - 1, pending, o);
     griddep_launch_dependents();
 
-    /* l over the warp's keys, then over the warps */
+    /* l over the warp's keys, then over the warps in warp order: every warp used the
+     * same maxima, so the sums add without rescaling, and the partial's LSE is m +
+     * log2 l with the shared m. */
 #pragma unroll
     for (int u = 0; u < NQ; u++) {
         float x = lq[u];
@@ -318,6 +384,8 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
         if (g == 0 && 4 * u + t < kMaxGroup) lred[warp * kMaxGroup + 4 * u + t] = x;
     }
     __syncthreads();
+    /* The output factor: 2^-11 for P's shift and the per-head V scale; the K scale
+     * went into the scores through qscale. */
     float of = kPUnshift;   /* O = sum P V * 2^11 * v_scale */
     if (P.fp8_scales) of *= P.fp8_scales[lh * 2 + 1];
 #pragma unroll

@@ -1,6 +1,11 @@
-/* Latent (MLA) attention: the host side (checks, split plan, workspace,
- * launches). The kernels are in attn_mla_kernels.cuh; attn_mla.h is the
- * contract. */
+/* Latent (MLA) attention: the host side (checks, split plan, workspace, launches).
+ * The kernels are in attn_mla_kernels.cuh; attn_mla.h is the contract.
+ *
+ * A call plans the row groups (64 query rows each) and the split count from its
+ * bounds only (n_seqs, max_new, max_ctx), never from the device-resident lengths, so
+ * a decode step's launch shape is fixed and the step can be captured in a CUDA graph
+ * and replayed. The workspace holds only the split partials; with one split there is
+ * none. */
 #include "attn_mla.h"
 
 #include <climits>
@@ -14,15 +19,22 @@ namespace {
 
 using namespace fr_mla;
 
+/* Alignment of the workspace's parts (the partial outputs, then their LSEs). */
 constexpr size_t kAlign = 256;
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
+/* The cache dtype as the kernels' Kind, -1 for one without a latent kernel. */
 int kind_of(fr_kv_dtype t)
 {
     return t == FR_KV_BF16 ? kBF16 : t == FR_KV_FP8 ? kFP8 : t == FR_KV_NVFP4 ? kNV : t == FR_KV_MXFP4 ? kMX : -1;
 }
 
+/* The kernels are instantiated for d_c 256 and 512 with d_r 64 (tqa and DeepSeek-V3)
+ * and the four latent dtypes; anything else is refused by name rather than run
+ * through a kernel built for another shape. The softmax scale must be positive, and
+ * so must FP8's layer scale, which scales the query and the output and divides the
+ * on-the-fly latents. */
 fr_status check_config(const fr_attn_mla_config *cfg)
 {
     if (!cfg) return fr_fail(FR_EINVAL, "attn_mla: NULL config");
@@ -39,6 +51,9 @@ fr_status check_config(const fr_attn_mla_config *cfg)
     return FR_OK;
 }
 
+/* The current device's SM count, for the wave count of the plan. If the runtime
+ * cannot say, the H200's 132 stands in: the plan then only loses efficiency, never
+ * correctness. */
 int sm_count()
 {
     int dev = 0, n = 0;
@@ -47,6 +62,8 @@ int sm_count()
     return n > 0 ? n : 132;
 }
 
+/* Workspace of a plan: per (sequence, row of every row group, split) a float output
+ * row of d_c channels, then an LSE; nothing with one split. */
 size_t partial_bytes(const fr_attn_mla_config *cfg, int n_seqs, int row_groups, int n_splits)
 {
     if (n_splits <= 1) return 0;
@@ -54,11 +71,15 @@ size_t partial_bytes(const fr_attn_mla_config *cfg, int n_seqs, int row_groups, 
     return align_up(slots * cfg->latent_dim * sizeof(float)) + align_up(slots * sizeof(float));
 }
 
-/* The split count that finishes soonest: a CTA fills a multiprocessor
- * (shared memory), so n splits of `work` row groups take
- * ceil(work n / SMs) waves of ceil(pages / n) + 2 pages each (2: a split's
- * start-up and its share of the combine, in pages); ties go to fewer
- * splits. Only counts whose partials fit the workspace are tried. */
+/* The split count that finishes soonest: a CTA fills a multiprocessor (shared
+ * memory), so n splits of `work` row groups take ceil(work n / SMs) waves of
+ * ceil(pages / n) + 2 pages each (2: a split's start-up and its share of the combine,
+ * in pages); ties go to fewer splits. Only counts whose partials fit the workspace
+ * are tried, and never more splits than max_ctx has pages. Counting waves of one CTA
+ * per multiprocessor took BF16 latents at 128K batch 16 from 4.9 to 3.6 ms
+ * (bench/RESULTS.md, "Latent (MLA) attention on one H200", the attempts). A sequence
+ * with fewer full pages than splits leaves some splits without tiles: they write an
+ * empty partial (LSE -inf), which the combine skips. */
 int splits_for(const fr_attn_mla_config *cfg, int n_seqs, int row_groups, int max_ctx, size_t ws)
 {
     const long work = (long)n_seqs * row_groups, sms = sm_count();
@@ -79,12 +100,21 @@ int splits_for(const fr_attn_mla_config *cfg, int n_seqs, int row_groups, int ma
 template <int DC, int DR, int KIND> fr_status launch(const Params &P, int n_seqs, cudaStream_t stream)
 {
     using G = Geo<DC, DR, KIND>;
+    /* The kernel takes up to 217 KiB of dynamic shared memory, far above the default
+     * 48 KB; the opt-in is made on an instance's first launch. The flag is per
+     * instance, not per device, unlike the other attention files' setup: a process
+     * that drove several devices would launch on the second one without the opt-in.
+     * The engine runs one device per process (one rank per GPU). Two threads racing
+     * here only set the same attribute twice. */
     static bool attr_set = false;   /* per device would be stricter; the attribute is the same everywhere */
     if (!attr_set) {
         FR_CUDA_TRY(cudaFuncSetAttribute(mla_kernel<DC, DR, KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          G::SMEM));
         attr_set = true;
     }
+    /* Grid (splits, row groups, sequences); row groups past a sequence's rows exit.
+     * The combine, only with more than one split, runs one warp per (sequence, row)
+     * in stream order after the split kernel. */
     mla_kernel<DC, DR, KIND><<<dim3(P.n_splits, P.row_groups, n_seqs), kThreads, G::SMEM, stream>>>(P);
     FR_CUDA_LAUNCHED();
     if (P.n_splits > 1) {
@@ -95,6 +125,7 @@ template <int DC, int DR, int KIND> fr_status launch(const Params &P, int n_seqs
     return FR_OK;
 }
 
+/* The instance for the dtype at d_r 64 (the only RoPE width the checks let through). */
 template <int DC> fr_status launch_dc(int kind, const Params &P, int n_seqs, cudaStream_t stream)
 {
     switch (kind) {
@@ -107,6 +138,9 @@ template <int DC> fr_status launch_dc(int kind, const Params &P, int n_seqs, cud
 
 }   // namespace
 
+/* The plan of one call: row groups of 64 query rows per sequence for max_new tokens
+ * of n_heads heads, the split count fitted to the workspace, and the bytes that plan
+ * uses. A call with no sequences plans one split and no workspace. */
 extern "C" fr_status fr_attn_mla_plan_for(const fr_attn_mla_config *cfg, int n_seqs, int max_new, int max_ctx,
                                           size_t workspace_bytes, fr_attn_mla_plan *plan)
 {
@@ -121,6 +155,11 @@ extern "C" fr_status fr_attn_mla_plan_for(const fr_attn_mla_config *cfg, int n_s
     return FR_OK;
 }
 
+/* The largest plan over 1 .. max_seqs sequences, with max_new 1 (decode) and max_new
+ * itself, planned as if the workspace were unlimited. Intermediate chunk sizes are
+ * not tried: a call whose plan would need more than the workspace it is given gets
+ * fewer splits (splits_for stops at the first count that does not fit), so an
+ * undersized estimate costs parallelism, never memory safety. */
 extern "C" fr_status fr_attn_mla_workspace_bytes(const fr_attn_mla_config *cfg, int max_seqs, int max_new,
                                                  int max_ctx, size_t *bytes)
 {
@@ -131,6 +170,7 @@ extern "C" fr_status fr_attn_mla_workspace_bytes(const fr_attn_mla_config *cfg, 
                        max_seqs, max_new, max_ctx);
     size_t most = 0;
     for (int n = 1; n <= max_seqs; n++)
+        /* m takes 1, then max_new (once when they are equal). */
         for (int m = 1; m <= max_new; m = m == max_new ? max_new + 1 : max_new) {
             fr_attn_mla_plan p = {};
             if ((st = fr_attn_mla_plan_for(cfg, n, m, max_ctx, SIZE_MAX, &p))) return st;
@@ -145,19 +185,33 @@ extern "C" fr_status fr_attn_mla(const fr_attn_mla_config *cfg, const fr_latent_
                                  size_t workspace_bytes, cudaStream_t stream)
 {
     fr_attn_mla_plan plan = {};
+    /* The plan first: it also checks the configuration and the bounds. Then the view:
+     * the pool and the slots the recipe reads must exist (the sink slot only with
+     * sink/recent), and the workspace whenever the plan has partials. */
     fr_status st = fr_attn_mla_plan_for(cfg, n_seqs, max_new, max_ctx, workspace_bytes, &plan);
     if (st) return st;
     if (!kv || !seqs_dev || !q || !out || (plan.bytes && !workspace))
         return fr_fail(FR_EINVAL, "attn_mla: NULL cache view, sequences, query, output or workspace");
+    /* Every page part is copied in 16-byte cp.async pieces, hence the 16-byte
+     * alignment of the page offsets, page and block sizes. */
     if (!kv->pool || !kv->recent || (cfg->sink_recent && !kv->sink) || ((kv->codes | kv->scales | kv->rope |
                                                                           kv->page_bytes | kv->block_bytes) % 16))
         return fr_fail(FR_EINVAL, "attn_mla: the cache view needs a pool, slots and 16-byte aligned page parts");
+    /* An empty step launches nothing, but its arguments were checked like any
+     * other's. */
     if (n_seqs == 0) return FR_OK;
+    /* The parameter block: the partials' two arrays at the workspace's start (o_part,
+     * then lse_part at the next 256-byte boundary); the softmax scale in base-2
+     * units; FP8's layer scale (1 for the other dtypes); sink/recent only for FP4
+     * dtypes (the BF16 sink and recent rows are an FP4 recipe); the query's FP4 terms
+     * as the recipe has them. */
     Params P = {};
     P.kv = *kv;
     P.seqs = seqs_dev;
     P.q = q;
     P.out = out;
+    /* Partial slots: [sequence][row of the row groups][split], the layout mla_kernel
+     * writes and mla_combine reads. */
     const size_t slots = (size_t)n_seqs * plan.row_groups * kRows * plan.n_splits;
     P.o_part = plan.n_splits > 1 ? static_cast<float *>(workspace) : nullptr;
     P.lse_part = plan.n_splits > 1

@@ -27,8 +27,8 @@
  *  - FP8 latents enter as their E4M3 values (exact in BF16) with the layer's
  *    scale applied to the scores and to the output;
  *  - probabilities in BF16 for the context product (never FP4-quantized).
- * The paged tokens are cut into page-aligned splits and the unpaged tokens
- * are one more split; split outputs carry a log-sum-exp and a combine
+ * The paged tokens are cut into page-aligned splits and the last split also
+ * takes the unpaged tokens; split outputs carry a log-sum-exp and a combine
  * kernel joins them, rotates back, adds the mean and writes BF16.
  *
  * Per-sequence lengths and block tables come from device memory and the
@@ -101,9 +101,9 @@ typedef struct {
 fr_status fr_attn_mla_plan_for(const fr_attn_mla_config *cfg, int n_seqs, int max_new, int max_ctx,
                                size_t workspace_bytes, fr_attn_mla_plan *plan);
 
-/* Workspace for up to max_seqs sequences of max_new rows each (the
- * prepared queries and the split partials) at the largest useful split
- * count for max_ctx. */
+/* Workspace for up to max_seqs sequences of max_new rows each (the split
+ * partials; the queries are prepared in shared memory) at the largest useful
+ * split count for max_ctx. */
 fr_status fr_attn_mla_workspace_bytes(const fr_attn_mla_config *cfg, int max_seqs, int max_new, int max_ctx,
                                       size_t *bytes);
 

@@ -1,19 +1,32 @@
 /* The latent attention kernels (attn_mla.h is the contract; docs/mla.md the
  * numerics). Included by attn_mla.cu only.
  *
- * A CTA of 8 warps owns 64 query rows of one sequence and one split of its
- * tokens, walked in tiles of 32 tokens:
+ * A CTA of 8 warps owns 64 query rows of one sequence and one split of its tokens,
+ * walked in tiles of 32 tokens:
  *  - the tile's latent rows are brought to shared memory as BF16 [32][d_c + d_r]
- *    (BF16 pages by cp.async straight into a double buffer; FP4/FP8 pages by
- *    cp.async of their raw bytes, then dequantized, exact in BF16; unpaged
- *    tokens read and, without sink/recent, quantized on the fly);
- *  - warp (rt, hf) holds rows 16 rt .. 16 rt + 15. S = Q K^T is split over
- *    channels between the two warps of a row tile (hf 0 the first half of
- *    the k-steps, hf 1 the second), their partials added through shared
- *    memory in one order, so both hold the same scores and run the same
- *    online softmax; P stays in registers as the A operand of O += P V,
- *    where warp hf owns the channels [hf d_c / 2, (hf + 1) d_c / 2) of O.
- * The same tile is K for the scores and V for the context (no V half). */
+ *    (BF16 pages by cp.async straight into a double buffer; FP4/FP8 pages by cp.async
+ *    of their raw bytes, then dequantized, exact in BF16; unpaged tokens read and,
+ *    without sink/recent, quantized on the fly);
+ *  - warp (rt, hf) holds rows 16 rt .. 16 rt + 15. S = Q K^T is split over channels
+ *    between the two warps of a row tile (hf 0 the first half of the k-steps, hf 1
+ *    the second), their partials added through shared memory in one order, so both
+ *    hold the same scores and run the same online softmax; P stays in registers as
+ *    the A operand of O += P V, where warp hf owns the channels [hf d_c / 2, (hf + 1)
+ *    d_c / 2) of O.
+ * The same tile is K for the scores and V for the context (no V half).
+ *
+ * A CTA is large: 64 rows share every tile it loads and dequantizes, and the query
+ * operands of all 64 rows sit in shared memory for the whole split (QA up to 73 KiB
+ * at d_c 512). That makes 162 to 217 KiB of shared memory and one CTA per SM
+ * (docs/attention_gpu.md, "Latent (MLA) attention"), so the host plans splits in
+ * waves of one CTA per multiprocessor. What limits it today is the operand traffic of
+ * mma.sync (each warp ldmatrix-loads its own Q and K fragments from shared memory),
+ * not DRAM (bench/RESULTS.md, "Latent (MLA) attention on one H200").
+ *
+ * Splits: the paged tokens are cut into page-aligned splits (blockIdx.x); the last
+ * split also takes the unpaged tokens (sink, recent slot, the step's rows). With one
+ * split the CTA finishes its rows itself; with more, each writes a normalized partial
+ * and a base-2 LSE and mla_combine joins them. */
 #ifndef FR_ATTN_MLA_KERNELS_CUH
 #define FR_ATTN_MLA_KERNELS_CUH
 
@@ -32,9 +45,26 @@ using namespace fr_fp4_ptx;
 
 #define FR_MK __device__ __forceinline__
 
+/* 64 query rows (4 row tiles of 16, two warps each), tiles of 32 tokens (a page is 4
+ * tiles, each one k-step pair of the context product), 8 warps. */
 constexpr int kRows = 64, kTile = 32, kThreads = 256, kSink = 16, kPage = 128;
 enum Kind { kBF16 = 0, kFP8, kNV, kMX };
 
+/* Shared memory of a latent CTA (byte offsets), for d_c = DC, d_r = DR:
+ * - QA [64][D + 8] BF16: the rows' query operands, content then RoPE (the FP4 first
+ *   term, or the query rounded to BF16);
+ * - QB [64][DC + 8] BF16, FP4 only: the dual query's second term;
+ * - KT: the tile as BF16 [32][D + 8]; two for BF16 caches (cp.async lands the next
+ *   tile in the other one), one otherwise (the next tile lands raw in ST and is
+ *   dequantized into KT);
+ * - ST: two raw staging buffers of one paged tile as the page holds it (codes,
+ *   scales, RoPE), non-BF16 only;
+ * - SX [2][64][32] floats: the two channel halves' partial scores;
+ * - TOK [32] ints: the positions of an unpaged tile's slots, for its masks.
+ * The pitches add 16 bytes to every row, so the 8 rows an ldmatrix matrix reads fall
+ * on 8 different 16-byte bank groups (2D, 2 DC are multiples of 128 bytes). After the
+ * last tile the whole buffer becomes FIN, the rows' float outputs. At DC 512: 162 KiB
+ * (BF16) to 217 KiB (NVFP4). */
 template <int DC, int DR, int KIND> struct Geo {
     static constexpr int D = DC + DR;
     static constexpr bool FP4 = KIND == kNV || KIND == kMX;
@@ -57,6 +87,11 @@ template <int DC, int DR, int KIND> struct Geo {
     static_assert(RAW % 16 == 0 && (QP * 2) % 16 == 0, "16-byte rows");
 };
 
+/* What the kernels read, by value. o_part / lse_part: the split partials
+ * [seq][row][split] (with n_splits > 1); mean: the latent mean to add back (FP4
+ * smoothing only, else NULL); scale_log2: the softmax scale times log2(e); fp8_scale:
+ * the layer's latent scale (1 unless FP8); q_mode, q_search, q_bf16: the content
+ * query's form on FP4 pages. */
 struct Params {
     fr_latent_kv kv;
     const fr_paged_seq *seqs;
@@ -69,8 +104,11 @@ struct Params {
     int rotate, sink_recent, q_mode, q_search, q_bf16;
 };
 
-/* The query rows' facts every thread needs: token index in the step and
- * the last visible token (-1: no such row). */
+/* The query rows' facts every thread needs: token index in the step and the last
+ * visible token (-1: no such row). Row r of row group `group` is flattened row group
+ * * 64 + r: head g % H of the chunk's token g / H, so a group holds all heads of a
+ * token before the next token's (128 heads make two groups per token). A row past the
+ * chunk's tokens is padding: every token is masked for it and it is never written. */
 FR_MK int row_limit(const Params &P, const fr_paged_seq &s, int group, int r)
 {
     const int g = group * kRows + r, i = g / P.n_heads;
@@ -83,17 +121,25 @@ FR_MK uint32_t pack_bf16x2(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-/* The two warps of row tile rt (warps rt and rt + 4) meet; barrier 0 is __syncthreads'. */
+/* The two warps of row tile rt (warps rt and rt + 4) meet; barrier 0 is
+ * __syncthreads'. A named barrier (ids 1-4, 64 threads) lets a row tile exchange its
+ * score halves without holding up the other row tiles. */
 FR_MK void pair_barrier(int rt) { asm volatile("bar.sync %0, 64;\n" ::"r"(rt + 1) : "memory"); }
 
 /* Whether the FP4 query terms (rather than the query rounded to BF16) meet
  * FP4 tokens: exact compute. */
 FR_MK bool fp4_terms(const Params &P) { return P.q_mode != FR_Q_UNQUANTIZED && !P.q_bf16; }
 
-/* The 64 rows' query operands in shared memory: QA [64][d_c + d_r] and,
- * dual, QB [64][d_c]. terms: the FP4 terms of the rotated content query
- * (else the query rounded to BF16; FP8 folds its scale in here). Warp w
- * takes rows 8 w .. 8 w + 7. */
+/* The 64 rows' query operands in shared memory: QA [64][d_c + d_r] and, dual, QB
+ * [64][d_c]. terms: the FP4 terms of the rotated content query (else the query
+ * rounded to BF16; FP8 folds its scale in here). Warp w takes rows 8 w .. 8 w + 7.
+ *
+ * A row is striped over the warp (element j in lane j % 32), the layout of the
+ * Hadamard and of fp4_device.cuh's warp quantizer: a register of 32 channels holds
+ * whole FP4 blocks (16 or 32), so each block is quantized across lanes, bit for bit
+ * as the CPU's fr_fp4_quantize_dual does. The terms are E2M1 times their block scale,
+ * exact in BF16 (at most 6 significant bits); the RoPE part is always the query
+ * rounded to BF16. Padding rows (past the chunk's tokens) are zeros. */
 template <int DC, int DR, int KIND>
 __device__ void prep_queries(const Params &P, const fr_paged_seq &s, int group, bool terms, uint16_t *QA,
                              uint16_t *QB)
@@ -141,8 +187,11 @@ FR_MK const uint8_t *page_of(const Params &P, const fr_paged_seq &s, int pt)
            (size_t)P.kv.layer * P.kv.page_bytes;
 }
 
-/* Starts the copy of paged tile pt: BF16 rows straight into the K tile,
- * other dtypes' raw bytes (codes | scales | RoPE) into a staging buffer. */
+/* Starts the copy of paged tile pt: BF16 rows straight into the K tile, other dtypes'
+ * raw bytes (codes | scales | RoPE) into a staging buffer. Sub-tile sub of a page is
+ * 32 consecutive tokens, so each of its parts is one contiguous run of the page (the
+ * codes and scales are per token). Every thread commits one group, so
+ * cp_async_wait_all in the tile loop covers exactly this copy. */
 template <int DC, int DR, int KIND>
 FR_MK void issue_paged(const Params &P, const fr_paged_seq &s, int pt, uint16_t *kt, uint8_t *st)
 {
@@ -150,6 +199,9 @@ FR_MK void issue_paged(const Params &P, const fr_paged_seq &s, int pt, uint16_t 
     const uint8_t *page = page_of(P, s, pt);
     const int sub = pt % (kPage / kTile);
     if (KIND == kBF16) {
+        /* A BF16 page holds the latents [128][d_c] and the RoPE rows [128][d_r]
+         * apart; a tile row joins them: chunks j < d_c / 8 from the latent region,
+         * the rest from the RoPE region. */
         constexpr int CH = G::D / 8;   /* 16-byte chunks per row */
         for (int c = threadIdx.x; c < kTile * CH; c += kThreads) {
             const int tok = c / CH, j = c % CH, t = sub * kTile + tok;
@@ -170,7 +222,9 @@ FR_MK void issue_paged(const Params &P, const fr_paged_seq &s, int pt, uint16_t 
     cp_async_commit();
 }
 
-/* Code of element e (0..7) of a page code word (fr_dev_fp4_word_place's inverse). */
+/* Code of element e (0..7) of a page code word (fr_dev_fp4_word_place's inverse). No
+ * kernel here calls it: dequant_tile unpacks whole words with
+ * fr_dev_fp4_word_to_f16x2. */
 template <int e> FR_MK uint32_t word_code(uint32_t w)
 {
     constexpr int h = 16 * (e >> 2), sl = e & 3;
@@ -179,9 +233,14 @@ template <int e> FR_MK uint32_t word_code(uint32_t w)
     return (((w >> (h + sign_bit)) & 1u) << 3) | ((w >> (h + mag_bit)) & 7u);
 }
 
-/* A staged FP4/FP8 tile into the BF16 K tile: every value exact in BF16
- * (E2M1 times an E4M3 or power-of-two scale; E4M3 values, the layer scale
- * being folded into the query and the output). */
+/* A staged FP4/FP8 tile into the BF16 K tile: every value exact in BF16 (E2M1 times
+ * an E4M3 or power-of-two scale; E4M3 values, the layer scale being folded into the
+ * query and the output). One item is one code word (8 channels of a token, one block)
+ * and one 16-byte store. Dequantizing through FP16 pairs (the decode kernels'
+ * 9-instruction bit placement) took NVFP4 at 128K batch 64 from 26.7 to 22.3 ms
+ * (bench/RESULTS.md, "Latent (MLA) attention on one H200", the attempts). The FP16
+ * value * 2^-14 widened to float and multiplied by scale * 2^14 is exact while scale
+ * * 2^14 stays finite, i.e. for MXFP4 scales below 2^114, far above any latent's. */
 template <int DC, int DR, int KIND> FR_MK void dequant_tile(const uint8_t *st, uint16_t *kt)
 {
     using G = Geo<DC, DR, KIND>;
@@ -227,6 +286,8 @@ template <int DC, int DR, int KIND> FR_MK void dequant_tile(const uint8_t *st, u
             *reinterpret_cast<uint4 *>(kt + tok * G::KP + 8 * c) = o;
         }
     }
+    /* The RoPE part is BF16 in every page format: copied into the tile row's last d_r
+     * channels as it is. */
     constexpr int RC = DR / 8;
     const uint8_t *rope = st + G::CODE_B + G::SCALE_B;
     for (int k = threadIdx.x; k < kTile * RC; k += kThreads) {
@@ -236,8 +297,12 @@ template <int DC, int DR, int KIND> FR_MK void dequant_tile(const uint8_t *st, u
     }
 }
 
-/* The unpaged tokens of s in order: the sink slot's 16 (sink/recent with
- * full pages), the recent slot's, the step's rows. */
+/* The unpaged tokens of s in order: the sink slot's 16 (sink/recent with full pages),
+ * the recent slot's, the step's rows. Their positions rise along the list (0..15 <
+ * full <= recent < len <= step rows), which lets the kernel stop at the first tile
+ * past its rows' last token. Without a full page the sink tokens are still in the
+ * recent slot, and without sink/recent they are read from page 0, so n_sink is 0
+ * then. */
 struct Unpaged {
     int n_sink, n_recent, full, count;
 };
@@ -252,9 +317,13 @@ FR_MK Unpaged unpaged_of(const Params &P, const fr_paged_seq &s)
     return u;
 }
 
-/* Unpaged tile ut into the K tile: warp w takes slots 4 w .. 4 w + 3; each
- * slot's absolute position goes to tok (INT_MAX: no token). Without
- * sink/recent the latent is quantized on the fly as a page would hold it. */
+/* Unpaged tile ut into the K tile: warp w takes slots 4 w .. 4 w + 3; each slot's
+ * absolute position goes to tok (INT_MAX: no token). Without sink/recent the latent
+ * is quantized on the fly as a page would hold it. A latent page's blocks run along
+ * the channels of one token, so a row quantizes on its own (the warp quantizer,
+ * content channels only; the RoPE part stays BF16); FP8 rounds E4M3(x / scale) and
+ * keeps the unscaled value, as a page would. An empty slot is a zero row at position
+ * INT_MAX, masked for every query row. */
 template <int DC, int DR, int KIND>
 __device__ void load_unpaged(const Params &P, const fr_paged_seq &s, const Unpaged &u, int ut, uint16_t *kt,
                              int *tok)
@@ -298,16 +367,19 @@ __device__ void load_unpaged(const Params &P, const fr_paged_seq &s, const Unpag
     }
 }
 
-/* The online-softmax state and the context accumulator of one warp. */
+/* The online-softmax state and the context accumulator of one warp: O's C fragments
+ * for the warp's 16 rows and d_c / 2 channels (DC / 16 n-tiles of 8: 128 floats at
+ * d_c 512), and m, l for rows g (index 0) and g + 8 (index 1). */
 template <int DC> struct Acc {
     static constexpr int NO = DC / 16;   /* n8 tiles of the warp's d_c / 2 channels */
     float o[NO][4];
     float m[2], l[2];
 };
 
-/* s (16 rows x 32 tokens) += the query rows at q times the tile's keys at kb
- * over N k-steps from k-step k0 (each 16 channels). A constant trip count
- * lets the loads run ahead of the MMAs. */
+/* s (16 rows x 32 tokens) += the query rows at q times the tile's keys at kb over N
+ * k-steps from k-step k0 (each 16 channels). A constant trip count lets the loads run
+ * ahead of the MMAs. Per k-step: one ldmatrix of A (the rows' 16 channels) and two of
+ * B (tokens 0-15, 16-31), four MMAs (n-tiles of 8 tokens). */
 template <int N, int UNROLL, int KP>
 FR_MK void score_steps(const uint16_t *q, const uint16_t *kb, int k0, float (&s)[4][4])
 {
@@ -325,8 +397,15 @@ FR_MK void score_steps(const uint16_t *q, const uint16_t *kb, int k0, float (&s)
     }
 }
 
-/* One tile: scores, softmax update, context. mask(n, lim) says whether
- * token column n is hidden from a row whose last visible token is lim. */
+/* One tile: scores, softmax update, context. mask(n, lim) says whether token column n
+ * is hidden from a row whose last visible token is lim.
+ *
+ * Lane (g, t) of warp (rt, hf) holds rows 16 rt + g and + 8 (lim[0], lim[1]). Its A
+ * addresses (qa) walk the rows' channels 16 at a time; its B addresses (kb) cover
+ * tokens 0-7 and 8-15 of a 16-token pair with the k-step's two 8-channel halves (mi =
+ * lane / 8), the ldmatrix order of b0, b1 for n-tiles 0 and 1. The warp's k-steps are
+ * its half of the row (hf), content and RoPE alike; dual adds the second term's
+ * products over the content channels into the same accumulators. */
 template <int DC, int DR, int KIND, typename Mask>
 __device__ void tile_step(const Params &P, const uint16_t *QA, const uint16_t *QB, bool dual, const uint16_t *kt,
                           float *sx, const int (&lim)[2], Acc<DC> &acc, Mask mask)
@@ -343,7 +422,12 @@ __device__ void tile_step(const Params &P, const uint16_t *QA, const uint16_t *Q
         if (dual)
             score_steps<KC / 2, 4, G::KP>(QB + (rt * 16 + (lane & 15)) * G::BP + (lane >> 4) * 8, kb, hf * (KC / 2), s);
     }
-    /* the two channel halves' partials, added in one order by both warps */
+    /* the two channel halves' partials, added in one order by both warps: each warp
+     * writes its half to SX[hf], the pair barrier, then both read SX[0] + SX[1] (in
+     * that order) for the same elements. Both warps thus hold bitwise the same
+     * scores, maxima, P and l, with no further exchange. SX is rewritten at the next
+     * tile only after the CTA barrier at its top, so no warp overwrites a half its
+     * partner still reads. */
     float *mine = sx + hf * kRows * kTile;
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
@@ -367,6 +451,8 @@ __device__ void tile_step(const Params &P, const uint16_t *QA, const uint16_t *Q
             s[nt][2 * hr + 1] = v1;
             mx[hr] = fmaxf(mx[hr], fmaxf(v0, v1));
         }
+    /* Scores are scaled and masked after the sum (scale_log2: base-2 units). The row
+     * maximum is reduced over the quad, the four lanes that share a row. */
     float alpha[2], base[2];
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
@@ -378,12 +464,19 @@ __device__ void tile_step(const Params &P, const uint16_t *QA, const uint16_t *Q
         acc.m[hr] = mn;
         acc.l[hr] *= alpha[hr];
     }
+    /* alpha rescales O and l by 2^(m_old - m_new); a row that has seen no visible
+     * token yet (m_old = -inf) gets alpha 0, or 1 when it still sees none (nothing to
+     * rescale, and -inf - -inf would be NaN). base keeps the exponent finite for such
+     * a row, whose scores are all -inf and give P = 0. */
     uint32_t pa[2][4];
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
-            /* the sum takes the BF16 values the product uses */
+            /* the sum takes the BF16 values the product uses, so O / l normalizes
+             * exactly the weights that were multiplied. P's C layout (rows g, g + 8;
+             * tokens 2t, 2t + 1 of each n-tile) is the A layout of the context
+             * product: n-tiles 2 kk and 2 kk + 1 are k-step kk's a0 / a1 and a2 / a3. */
             const __nv_bfloat162 p = __floats2bfloat162_rn(ex2(s[nt][2 * hr] - base[hr]),
                                                            ex2(s[nt][2 * hr + 1] - base[hr]));
             acc.l[hr] += __low2float(p) + __high2float(p);
@@ -396,6 +489,10 @@ __device__ void tile_step(const Params &P, const uint16_t *QA, const uint16_t *Q
         acc.o[nt][2] *= alpha[1];
         acc.o[nt][3] *= alpha[1];
     }
+    /* O += P V over the warp's half of the channels: V's B fragments by transposed
+     * ldmatrix of the tile's [token][channel] rows (lanes 0-7 tokens 0-7, 8-15 tokens
+     * 8-15 of 8 channels; 16-31 the next 8 channels), for the tile's two k-steps of
+     * 16 tokens. */
     const uint16_t *vb = kt + ((mi & 1) * 8 + (lane & 7)) * G::KP + hf * (DC / 2) + (mi >> 1) * 8;
 #pragma unroll
     for (int kk = 0; kk < 2; kk++)
@@ -408,8 +505,12 @@ __device__ void tile_step(const Params &P, const uint16_t *QA, const uint16_t *Q
         }
 }
 
-/* The last step of a row held striped by one warp (element j in lane j % 32,
- * register j / 32): back from the store form, then BF16. */
+/* The last step of a row held striped by one warp (element j in lane j % 32, register
+ * j / 32): back from the store form, then BF16. The normalized Hadamard is its own
+ * inverse, so the same warp transform rotates the context back; then the latent mean,
+ * which the softmax weights (summing to 1) carry through unchanged, and FP8's layer
+ * scale. The mean is set only with FP4 smoothing (rollout/model/mla_cuda.cu), so it
+ * never meets the FP8 scale. */
 template <int DC, int KIND>
 FR_MK void finish_row(const Params &P, float (&x)[DC / 32], uint16_t *dst)
 {
@@ -425,13 +526,17 @@ FR_MK void finish_row(const Params &P, float (&x)[DC / 32], uint16_t *dst)
     }
 }
 
+/* Output row of row r of row group `group`: the step's row of its token, head h, d_c
+ * channels. */
 FR_MK uint16_t *out_row(const Params &P, const fr_paged_seq &s, int group, int r, int dc)
 {
     const int g = group * kRows + r, i = g / P.n_heads, h = g % P.n_heads;
     return P.out + ((size_t)(s.q_row + i) * P.n_heads + h) * dc;
 }
 
-/* Grid (split, row group, sequence). */
+/* Grid (split, row group, sequence). One CTA fits an SM (its shared memory); the
+ * launch bounds ask for just that, which leaves up to 255 registers a thread for the
+ * 8 warps (O alone is 128 floats at d_c 512). */
 template <int DC, int DR, int KIND> __global__ void __launch_bounds__(kThreads, 1) mla_kernel(Params P)
 {
     using G = Geo<DC, DR, KIND>;
@@ -447,9 +552,14 @@ template <int DC, int DR, int KIND> __global__ void __launch_bounds__(kThreads, 
     if (s.n_new <= 0 || group * kRows >= s.n_new * P.n_heads) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rt = warp & 3, hf = warp >> 2;
     const int lim[2] = {row_limit(P, s, group, rt * 16 + (lane >> 2)), row_limit(P, s, group, rt * 16 + (lane >> 2) + 8)};
+    /* lim: the last visible token of this lane's two rows; max_lim: the group's,
+     * which bounds the unpaged tiles worth walking. */
     int max_lim = -1;   /* the group's last visible token */
     for (int r = kRows - 1; r >= 0 && max_lim < 0; r--) max_lim = row_limit(P, s, group, r);
 
+    /* This split's pages [p0, p1) of the sequence's full pages, dealt evenly (so each
+     * split's range depends on the plan and the length only), as tiles [pt0, pt1);
+     * the last split adds the unpaged tiles, up to the group's last visible token. */
     const Unpaged u = unpaged_of(P, s);
     const int pages = u.full / kPage, per = kPage / kTile;
     const int p0 = (int)((long)split * pages / P.n_splits), p1 = (int)((long)(split + 1) * pages / P.n_splits);
@@ -463,6 +573,10 @@ template <int DC, int DR, int KIND> __global__ void __launch_bounds__(kThreads, 
             n_ut++;
         }
 
+    /* Which query form the tiles meet: FP4 pages meet the FP4 terms in exact compute;
+     * unpaged tokens meet them only without sink/recent (quantized on the fly, as
+     * pages), otherwise the query rounded to BF16. The first paged tile's copy is
+     * issued before the queries are prepared, so the two overlap. */
     const bool paged_terms = G::FP4 && fp4_terms(P);
     const bool unpaged_terms = G::FP4 && fp4_terms(P) && !P.sink_recent;
     bool terms = pt1 > pt0 ? paged_terms : unpaged_terms;
@@ -476,6 +590,13 @@ template <int DC, int DR, int KIND> __global__ void __launch_bounds__(kThreads, 
     acc.l[0] = acc.l[1] = 0.0f;
 
     const int n_tiles = pt1 - pt0 + n_ut;
+    /* The tile loop: paged tiles first, then the unpaged ones. Two barriers a tile.
+     * The first (after cp_async_wait_all) makes tile it's copy visible to all and
+     * ends every read of the previous tile, so the next paged tile's copy may go to
+     * the other buffer (BF16: KT's other half; else ST's other half) and the single
+     * KT (FP4/FP8) may be overwritten. The second makes the dequantized or loaded
+     * tile, and a query switch, visible before the MMAs read them. The copy of tile
+     * it + 1 runs under tile it's dequantization and MMAs. */
     for (int it = 0; it < n_tiles; it++) {
         const bool paged = it < pt1 - pt0;
         cp_async_wait_all();
@@ -509,7 +630,10 @@ template <int DC, int DR, int KIND> __global__ void __launch_bounds__(kThreads, 
         }
     }
 
-    /* the rows' totals: the quad's lanes hold different columns */
+    /* the rows' totals: the quad's lanes hold different columns. Then either the
+     * split's partial (normalized O of the warp's half of the channels, LSE m + log2
+     * l in base 2, -inf for a row with no visible token) or, with one split, the
+     * final rows. */
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         acc.l[hr] += __shfl_xor_sync(0xFFFFFFFFu, acc.l[hr], 1);
@@ -533,6 +657,10 @@ template <int DC, int DR, int KIND> __global__ void __launch_bounds__(kThreads, 
         }
         return;
     }
+    /* One split: the rows are finished here. Every warp writes its normalized half of
+     * O into F ([64][d_c] floats over the tile buffers, 128 KiB at d_c 512), and
+     * after the barrier warp w finishes rows 8 w .. 8 w + 7 from there, striped as
+     * finish_row needs them. */
     __syncthreads();   /* the tiles' buffers become the rows' outputs */
     float *F = reinterpret_cast<float *>(smem);
 #pragma unroll
@@ -555,7 +683,11 @@ template <int DC, int DR, int KIND> __global__ void __launch_bounds__(kThreads, 
     }
 }
 
-/* Joins the split partials of every row: one warp per row. */
+/* Joins the split partials of every row: one warp per row (a lane holds channels j %
+ * 32 == lane, as finish_row needs). The weights 2^(lse_k - max) are taken in split
+ * order, empty splits (-inf) skipped; the sum is normalized by the weights' total,
+ * then the row is rotated back, the mean added and written as BF16. Rows past a
+ * sequence's tokens are skipped. */
 template <int DC, int KIND> __global__ void __launch_bounds__(kThreads) mla_combine(Params P, int n_seqs)
 {
     const int lane = threadIdx.x & 31;

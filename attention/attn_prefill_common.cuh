@@ -29,7 +29,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p)
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-/* 16 bytes global -> shared, through L2 only; src_bytes 0 writes zeros. */
+/* 16 bytes global -> shared, through L2 only; src_bytes 0 writes zeros. The zero fill
+ * pads tiles past their last key: masked keys then hold zeros, and a zero value row
+ * cannot put NaN into P.V the way stale shared memory could. */
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, uint32_t src_bytes)
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
@@ -38,11 +40,19 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, uint32
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
+/* Waits until at most N of this thread's committed groups are still in flight. It
+ * covers the calling thread's copies only: a barrier after it is what makes every
+ * thread's copies visible to all. Every stage of a pipeline commits a group, empty or
+ * not, so that N counts stages. */
 template <int N> __device__ __forceinline__ void cp_async_wait()
 {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+/* Four 8 x 8 matrices: lane i addresses row i % 8 of matrix i / 8, and r[k] gets
+ * matrix k with lane 4g + t holding row g, elements 2t and 2t + 1 (the mma fragment
+ * order; attn_fp4_ptx.cuh, "Fragment ownership"). The .trans form gives lane 4g + t
+ * column g, rows 2t and 2t + 1: B fragments of V out of [token][dim] rows. */
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4])
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -59,13 +69,17 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4])
                  : "memory");
 }
 
+/* One 16-byte piece of a swizzled tile (the FP4/FP8 prefill's dequantized rows). */
 __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d)
 {
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d)
                  : "memory");
 }
 
-/* c += A (16x16, row) * B (16x8, col), BF16 in, FP32 accumulate. */
+/* c += A (16x16, row) * B (16x8, col), BF16 in, FP32 accumulate. A lane (4g + t)
+ * holds A's rows g and g + 8 at columns 2t, 2t + 1 (a0, a1) and 2t + 8, 2t + 9 (a2,
+ * a3), B's rows 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1) of column g, and C's rows g
+ * (c0, c1) and g + 8 (c2, c3) at columns 2t, 2t + 1. */
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
 {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
@@ -74,7 +88,8 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* Two floats -> BF16x2 (round to nearest even), lo in the low half. */
+/* Two floats -> BF16x2 (round to nearest even), lo in the low half (cvt takes the
+ * upper half's source first). */
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
     uint32_t r;
@@ -82,7 +97,9 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
     return r;
 }
 
-/* Byte permute: bytes of {b, a} (a = bytes 0..3) picked by the nibbles of sel. */
+/* Byte permute: bytes of {b, a} (a = bytes 0..3, b = 4..7) picked by the nibbles of
+ * sel, nibble i giving result byte i. 0x5410 joins the low halves of a and b, 0x7632
+ * the high halves. */
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
 {
     uint32_t d;
@@ -90,6 +107,8 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel)
     return d;
 }
 
+/* 2^x on the MUFU unit (relative error about 2^-22, results below 2^-126 flushed to
+ * 0): the softmax weights, whose error then disappears in P's BF16 rounding. */
 __device__ __forceinline__ float fast_exp2(float x)
 {
     float y;
@@ -97,7 +116,10 @@ __device__ __forceinline__ float fast_exp2(float x)
     return y;
 }
 
-/* Byte offset of 16-byte piece c of row r in a swizzled [rows][P] tile. */
+/* Byte offset of 16-byte piece c of row r in a swizzled [rows][P] tile. An ldmatrix
+ * matrix is 8 consecutive rows at one piece; with piece c of row r at c ^ (r & 7)
+ * those rows sit on 8 different 16-byte bank groups, so plain and transposed reads
+ * are conflict-free. Needs P >= 8 (D >= 64). */
 template <int P> __device__ __forceinline__ uint32_t swz(int r, int c)
 {
     return static_cast<uint32_t>((r * P + (c ^ (r & 7))) * 16);
@@ -117,6 +139,11 @@ __device__ __forceinline__ void stage_query(uint32_t sq, const RowOf &row_of, bo
                                             uint32_t (&qa)[D / 16][4], int lane)
 {
     constexpr int P = D / 8, E = D / 32;
+    /* Rows go through shared memory because the Hadamard works on a row striped over
+     * the warp (element j in lane j % 32, fp4_device.cuh) while the A fragment needs
+     * elements 2t, 2t + 1, 2t + 8, 2t + 9 of rows g and g + 8: the tile transposes
+     * between the two layouts. One row at a time (unroll 1): each row is a full
+     * warp-wide transform. */
 #pragma unroll 1
     for (int r = 0; r < 16; r++) {
         float x[E];
@@ -155,7 +182,10 @@ __device__ __forceinline__ void attend_tile(uint32_t sk, uint32_t sv, const uint
 #pragma unroll
     for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 
-    /* S = Q K^T: B fragments straight from K rows (non-transposed ldmatrix). */
+    /* S = Q K^T: B fragments straight from K rows (non-transposed ldmatrix). Lanes
+     * 0-7 address keys 0-7 of the k-step's first 8 dims, 8-15 the same keys' next 8
+     * dims, 16-31 keys 8-15 likewise: b[0], b[1] are n-tile 2 np (keys np*16 .. + 7),
+     * b[2], b[3] n-tile 2 np + 1. */
     const int krow = (lane & 7) + ((lane >> 4) << 3), khi = (lane >> 3) & 1;
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
@@ -168,6 +198,10 @@ __device__ __forceinline__ void attend_tile(uint32_t sk, uint32_t sv, const uint
         }
     }
 
+    /* s[n] is the C fragment of keys tb + 8n .. + 7: element e is key tb + 8n + 2t +
+     * (e & 1) for row g (e < 2) or g + 8 (e >= 2). Masked keys become -inf; the row
+     * maxima are then reduced over the quad (xor 1, 2), the four lanes that share a
+     * row. */
     const int c2 = (lane & 3) * 2;
     float mx_a = kNegInf, mx_b = kNegInf;
 #pragma unroll
@@ -211,8 +245,13 @@ __device__ __forceinline__ void attend_tile(uint32_t sk, uint32_t sv, const uint
         o[j][3] *= alpha_b;
     }
 
-    /* O += P V: the S accumulators are P's A fragments; V's B fragments come
-     * from transposed ldmatrix of the [token][d] rows. */
+    /* O += P V: the S accumulators are P's A fragments; V's B fragments come from
+     * transposed ldmatrix of the [token][d] rows. The C layout of S (rows g, g + 8;
+     * keys 2t, 2t + 1 of each n-tile) is the A layout of P for k-step ks over n-tiles
+     * 2 ks and 2 ks + 1, so P never leaves the lane; it is rounded to BF16 here,
+     * while l above summed the FP32 values. For V, lanes 0-7 address keys 0-7 of dims
+     * 16 jj .. + 7, 8-15 keys 8-15 of them, 16-31 the same for dims + 8: b[0], b[1]
+     * feed output n-tile 2 jj, b[2], b[3] n-tile 2 jj + 1. */
     const int vrow = (lane & 7) + (((lane >> 3) & 1) << 3), vhi = lane >> 4;
 #pragma unroll
     for (int ks = 0; ks < KEYS / 16; ks++) {
