@@ -268,8 +268,8 @@ Layout layout_for(const Shape &sh, bool sink_recent, int n_seqs, int n_splits)
  * keep fewer splits. The BF16 CTA of each (sequence, head) and the combine are the
  * same for every count. No split gets fewer than kMinSplitPages pages: at batch 1 and
  * 32K (256 pages a head) a split of two pages spends as long on its start, its
- * partial and the combine's share of it as on its pages (the sweep behind this
- * figure, with FR_ATTN_FP4_SPLITS, is not recorded in bench/RESULTS.md). The plan
+ * partial and the combine's share of it as on its pages (bench/RESULTS.md, "FP4
+ * decode: the latency path", the split-count sweep with FR_ATTN_FP4_SPLITS). The plan
  * uses max_ctx, not the lengths (which live on the device): a graph replayed with
  * shorter contexts runs the same grid, and its surplus splits write empty partials. */
 int plan_splits(int n_seqs, int n_kv_heads, int max_ctx, int slots)
@@ -517,6 +517,5 @@ extern "C" fr_status fr_attn_fp4_decode(const fr_attn_fp4_config *cfg, const fr_
                        split_smem_bytes(sh.v), stream, pdl, P));
     FR_CUDA_TRY(launch(combine_kernel<kD>, dim3(n_heads, n_seqs), kCombineThreads, 0, stream, pdl, P));
     /* max_ctx reached the plan through fr_attn_fp4_plan_for above. */
-    (void)max_ctx;
     return FR_OK;
 }

@@ -33,7 +33,7 @@ constexpr int kWarps = 4, kThreads = 128;
 constexpr int kMaxGroup = 16;
 constexpr int kSink = 16;
 constexpr int kMaxBf16Rows = 144;   /* sink 16 + recent 127 + step 1, in 16-row tiles */
-constexpr int kPrepThreads = 512;   /* one warp per query head */
+constexpr int kPrepThreads = 512;   /* 16 warps: up to G = 16 heads, several warps a head below */
 constexpr float kNegInf = -__builtin_huge_valf();
 /* P enters the P.V MMA as FP16 times 2^11, undone in FP32 on the output. The host
  * sets c = 1 unless P is quantized, and P is then at most 1. Quantized, P = E2M1(cp /

@@ -269,7 +269,6 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
 
         float sc[2][2][NQ];
         score_page_fp8<NQ, D>(smem + Sm::kring + (k & 1) * Gm::k_half, qf, qs, tok, sc);
-        float bm[NQ], wm[NQ];
         const bool edge = p * kPage < x1 || (p + 1) * kPage > t1;   /* masks only on the first and last pages */
 #pragma unroll
         for (int u = 0; u < NQ; u++) {
@@ -284,14 +283,10 @@ __device__ void fp8_split(const Params &P, uint8_t *smem, int seq, int head, int
                 }
             /* The eight lanes of one t (g = 0..7) hold the warp's 32 positions for
              * head 4u + t: three xor steps over g give the warp's maximum, which goes
-             * to maxbuf. (Lanes g = 0..3 hold tokens 0..15, 4..7 tokens 16..31, so
-             * after two steps bm is the 16-token block maximum; bm and wm are not
-             * used, FP8 does not quantize P.) */
+             * to maxbuf (FP8 does not quantize P, so no block maximum is needed). */
             mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 4));
             mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 8));
-            bm[u] = mx;
             mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 16));
-            wm[u] = mx;
             if (g == 0 && 4 * u + t < kMaxGroup) maxbuf[((k & 1) * kWarps + warp) * kMaxGroup + 4 * u + t] = mx;
         }
         /* The page's barrier. Before it every warp has written its maxima of page k
