@@ -516,6 +516,5 @@ extern "C" fr_status fr_attn_fp4_decode(const fr_attn_fp4_config *cfg, const fr_
     FR_CUDA_TRY(launch(split_kernel_for(sh.v), dim3(plan.n_splits + 1, kv->n_kv_heads, n_seqs), kThreads,
                        split_smem_bytes(sh.v), stream, pdl, P));
     FR_CUDA_TRY(launch(combine_kernel<kD>, dim3(n_heads, n_seqs), kCombineThreads, 0, stream, pdl, P));
-    /* max_ctx reached the plan through fr_attn_fp4_plan_for above. */
     return FR_OK;
 }
