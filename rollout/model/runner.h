@@ -66,8 +66,8 @@ typedef enum {
 typedef struct fr_runner fr_runner;
 
 /* A batch and where its outputs go. Arrays are the caller's and are read
- * during the call only, but for a launch's seqs and rider_seqs, which must
- * stay valid until its wait. */
+ * during the call only, but for a launch's rider_seqs, which its wait reads
+ * (the wait is given the launch's seqs again). */
 typedef struct {
     fr_batch_kind kind;
     fr_run_phase phase;           /* FR_BATCH_DECODE only; other kinds run whole */
