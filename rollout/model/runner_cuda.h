@@ -9,7 +9,11 @@
  * Keys and values live in the device cache (kvcache/kv_store_cuda.h), whose
  * sequences and block tables are kept by a bookkeeping-only fr_kv_cache on the
  * host. Every buffer is allocated at creation; a step allocates nothing.
- * docs/gpu_engine.md describes the step, the buffers and the CUDA graphs. */
+ * docs/gpu_engine.md describes the step, the buffers and the CUDA graphs.
+ * Sessions reach it through the runner interface (runner.h,
+ * runner_batch_cuda.c); its code is runner_cuda.c (creation, modes),
+ * runner_forward_cuda.c (the forward pass, eager steps) and
+ * runner_decode_cuda.c (decode graphs, launch and wait, riders). */
 #ifndef FR_RUNNER_CUDA_H
 #define FR_RUNNER_CUDA_H
 
