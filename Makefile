@@ -4,7 +4,9 @@
 # `make demo` installs, builds and serves the bundled demo model to a Python
 # trainer (examples/demo/run.sh).
 # CUDA sources (*.cu, and C files named *_cuda.c) build for sm_90a when nvcc
-# is on the PATH; without it the CPU backend builds alone (FR_HAVE_CUDA unset).
+# is on the PATH; without it the CPU backend builds alone (FR_HAVE_CUDA unset)
+# and C files named *_nocuda.c stand in for the CUDA ones, answering that the
+# build has no CUDA (docs/architecture.md, "Conventions").
 # Open MPI is required (scripts/install-deps.sh); NCCL is linked with CUDA.
 
 BUILD    ?= build
@@ -30,9 +32,10 @@ MODULES  := app trainer_bridge/server trainer_bridge/client rollout/monitor roll
             kvcache attention trainer_bridge/protocol comm base
 lib_of    = $(BUILD)/lib$(subst /,_,$(1)).a
 # C files named *_cuda.c call the CUDA runtime: built only when nvcc is.
+# Files named *_nocuda.c are their stand-ins: built only when nvcc is not.
 # The programs' entry points link into the binaries themselves.
 MAIN_SRC := app/main.c app/fp4rollout_client.c
-srcs_of   = $(filter-out $(MAIN_SRC) $(if $(HAVE_NVCC),,$(1)/%_cuda.c),$(wildcard $(1)/*.c))
+srcs_of   = $(filter-out $(MAIN_SRC) $(if $(HAVE_NVCC),$(1)/%_nocuda.c,$(1)/%_cuda.c),$(wildcard $(1)/*.c))
 cusrcs_of = $(if $(HAVE_NVCC),$(wildcard $(1)/*.cu))
 objs_of   = $(patsubst %.c,$(BUILD)/obj/%.o,$(call srcs_of,$(1))) \
             $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(call cusrcs_of,$(1)))

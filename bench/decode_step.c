@@ -76,7 +76,7 @@ static size_t step_weight_bytes(const fr_session *s, size_t all, int batch)
     if (c->num_experts == 0) return all;
     int *active = calloc((size_t)c->num_layers, sizeof(int)), *counts = calloc((size_t)c->num_experts, sizeof(int));
     size_t per_expert = 3 * (size_t)c->moe_intermediate_size * (size_t)c->hidden_size * 2, bytes = all;
-    if (active && counts && !fr_runner_cuda_moe_usage(s->gpu, active, counts)) {
+    if (active && counts && !fr_runner_cuda_moe_usage(fr_runner_cuda_of(s->runner), active, counts)) {
         long used = 0;
         int most = 0, idle = 0;
         for (int l = 0; l < c->num_layers; l++)
@@ -162,7 +162,7 @@ static int prefill_both_modes(fr_session *s, const int *ids, int n, int chunk, f
         for (int rep = 0; rep < 2; rep++) {   /* the first run warms the plans */
             double a = now_s();
             int seq;
-            if (fr_runner_cuda_set_deterministic(s->gpu, mode) ||
+            if (fr_runner_set_deterministic(s->runner, mode) ||
                 fr_session_prefill(s, ids, n, chunk, &seq, last, NULL)) {
                 fprintf(stderr, "decode_step: %s\n", fr_last_error());
                 return 1;
@@ -170,7 +170,7 @@ static int prefill_both_modes(fr_session *s, const int *ids, int n, int chunk, f
             secs[mode] = now_s() - a;
             fr_kv_seq_free(s->kv, seq);
         }
-    if (fr_runner_cuda_set_deterministic(s->gpu, 0)) {
+    if (fr_runner_set_deterministic(s->runner, 0)) {
         fprintf(stderr, "decode_step: %s\n", fr_last_error());
         return 1;
     }
@@ -219,6 +219,62 @@ static void print_header(const header *h, int markdown)
         printf("%6s %8s %12s %10s %12s %12s %10s\n", "batch", "context", "step ms", "tokens/s", "GB/step",
                "roofline ms", "ratio");
     }
+}
+
+/* One batch's row of the table: its step times (median seconds) and
+ * rooflines in the default mode and, with --vs-deterministic, in
+ * deterministic mode. */
+typedef struct {
+    int B;
+    double ctx_mid, bytes;
+    double med[2], roof[2];
+} row;
+
+/* Steps the batch's B sequences n_steps times in each mode (the default;
+ * then deterministic with vs_det, and back to the default after, as the
+ * next fills run in it). */
+static int time_modes(fr_session *s, const int *seqs, int *tok, int *len, int n_steps, int vs_det,
+                      double weight_bytes, double kv_token_bytes, double bw, row *w)
+{
+    const int B = w->B;
+    for (int mode = 0; mode < (vs_det ? 2 : 1); mode++) {
+        if (vs_det && fr_runner_set_deterministic(s->runner, mode)) {
+            fprintf(stderr, "decode_step: %s\n", fr_last_error());
+            return 1;
+        }
+        double tokens_before = 0.0;   /* cached tokens of the batch before its first step */
+        for (int b = 0; b < B; b++) tokens_before += len[b];
+        if (time_steps(s, B, seqs, tok, n_steps, &w->med[mode])) return 1;
+        for (int b = 0; b < B; b++) len[b] += n_steps + 3;
+        w->ctx_mid = tokens_before / B + 3 + n_steps / 2.0;   /* at the median step */
+        w->bytes = (double)step_weight_bytes(s, (size_t)weight_bytes, B) + B * w->ctx_mid * kv_token_bytes;
+        w->roof[mode] = w->bytes / bw;
+    }
+    if (vs_det && fr_runner_set_deterministic(s->runner, 0)) {
+        fprintf(stderr, "decode_step: %s\n", fr_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+static void print_row(const row *w, int tp, int vs_det, int markdown)
+{
+    const int B = w->B;
+    const double med = w->med[0], roof = vs_det ? w->roof[1] : w->roof[0], ctx_mid = w->ctx_mid;
+    if (vs_det && markdown)
+        printf("| %d | %.0f | %.3f | %.3f | %.3f | %.0f | %.0f | %.3f | %.1f%% | %.1f%% |\n", B, ctx_mid,
+               med * 1e3, w->med[1] * 1e3, w->med[1] / med, B / med, B / w->med[1], roof * 1e3,
+               100.0 * w->roof[0] / med, 100.0 * w->roof[1] / w->med[1]);
+    else if (vs_det)
+        printf("%6d %8.0f %12.3f %12.3f %8.3f %12.3f\n", B, ctx_mid, med * 1e3, w->med[1] * 1e3,
+               w->med[1] / med, roof * 1e3);
+    else if (markdown)
+        printf("| %d | %.0f | %.3f | %.0f | %.0f | %.2f GB | %.3f | %.1f%% |\n", B, ctx_mid, med * 1e3, B / med,
+               B / med / tp, w->bytes / 1e9, roof * 1e3, 100.0 * roof / med);
+    else
+        printf("%6d %8.0f %12.3f %10.0f %12.2f %12.3f %9.1f%%\n", B, ctx_mid, med * 1e3, B / med, w->bytes / 1e9,
+               roof * 1e3, 100.0 * roof / med);
+    fflush(stdout);
 }
 
 int main(int argc, char **argv)
@@ -328,39 +384,9 @@ int main(int argc, char **argv)
         }
         fprintf(stderr, "batch %d: %d sequences of %d tokens %s in %.1f s\n", B, B, context,
                 fill ? "filled" : "prefilled", now_s() - a);
-        double med_of[2] = {0, 0}, roof_of[2] = {0, 0}, roof = 0, ctx_mid = 0, bytes = 0;
-        for (int mode = 0; mode < modes; mode++) {
-            if (vs_det && fr_runner_cuda_set_deterministic(s.gpu, mode)) {
-                fprintf(stderr, "decode_step: %s\n", fr_last_error());
-                return 1;
-            }
-            double tokens_before = 0.0;   /* cached tokens of the batch before its first step */
-            for (int b = 0; b < B; b++) tokens_before += len[b];
-            if (time_steps(&s, B, seqs, tok, n_steps, &med_of[mode])) return 1;
-            for (int b = 0; b < B; b++) len[b] += n_steps + 3;
-            ctx_mid = tokens_before / B + 3 + n_steps / 2.0;   /* at the median step */
-            bytes = (double)step_weight_bytes(&s, weight_bytes, B) + B * ctx_mid * kv_token_bytes;
-            roof = roof_of[mode] = bytes / bw;
-        }
-        if (vs_det && fr_runner_cuda_set_deterministic(s.gpu, 0)) {   /* the next fills in the default mode */
-            fprintf(stderr, "decode_step: %s\n", fr_last_error());
-            return 1;
-        }
-        const double med = med_of[0];
-        if (vs_det && markdown)
-            printf("| %d | %.0f | %.3f | %.3f | %.3f | %.0f | %.0f | %.3f | %.1f%% | %.1f%% |\n", B, ctx_mid,
-                   med * 1e3, med_of[1] * 1e3, med_of[1] / med, B / med, B / med_of[1], roof * 1e3,
-                   100.0 * roof_of[0] / med, 100.0 * roof_of[1] / med_of[1]);
-        else if (vs_det)
-            printf("%6d %8.0f %12.3f %12.3f %8.3f %12.3f\n", B, ctx_mid, med * 1e3, med_of[1] * 1e3,
-                   med_of[1] / med, roof * 1e3);
-        else if (markdown)
-            printf("| %d | %.0f | %.3f | %.0f | %.0f | %.2f GB | %.3f | %.1f%% |\n", B, ctx_mid, med * 1e3, B / med,
-                   B / med / tp, bytes / 1e9, roof * 1e3, 100.0 * roof / med);
-        else
-            printf("%6d %8.0f %12.3f %10.0f %12.2f %12.3f %9.1f%%\n", B, ctx_mid, med * 1e3, B / med, bytes / 1e9,
-                   roof * 1e3, 100.0 * roof / med);
-        fflush(stdout);
+        row w = {.B = B};
+        if (time_modes(&s, seqs, tok, len, n_steps, vs_det, (double)weight_bytes, kv_token_bytes, bw, &w)) return 1;
+        print_row(&w, tp, vs_det, markdown);
     }
     for (int b = 0; b < n_filled; b++) fr_kv_seq_free(s.kv, seqs[b]);
     free(seqs); free(tok); free(len); free(ids); free(last); free(batches);

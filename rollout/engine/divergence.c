@@ -5,12 +5,7 @@
 #include <string.h>
 
 #include "kvcache/kv_cache.h"
-#ifdef FR_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "rollout/engine/kl_cuda.h"
-#include "rollout/model/runner_cuda.h"
-#endif
+#include "rollout/engine/divergence_device.h"
 
 /* ---- summaries ---- */
 
@@ -102,27 +97,8 @@ struct fr_shadow {
     fr_decode_row *rows;   /* greedy: the shadow's own draws are never used */
     int *keep;             /* 0, 1, ...: every row's logits are wanted */
     int cap;
-    /* measuring on the device: rows 0, 1, ... of the shadow's decode, the
-     * served rows and chosen tokens, the results */
-    int *d_ref_rows, *d_served_rows, *d_chosen;
-    fr_kl_result *d_out;
     int launched;          /* sequences of a launched step not yet waited for */
-    int *carried_rows;     /* [cap]: the shadow's rows in a serving decode that carried it */
-    /* The carried step's measurement, enqueued behind the decode on the
-     * serving stream so the decode's own wait covers it: the KL kernels'
-     * workspace, the tokens they used, and pinned host copies of the row
-     * lists sent and the results (pending rows of it, 0: none enqueued). */
-    void *d_kl_ws;
-    size_t kl_ws_bytes;
-    float *d_host_rows;    /* [host_rows_cap][vocab]: rows sent from the host to be measured (made on use) */
-    int host_rows_cap;
-    int *d_used;
-    int *h_ref_rows, *h_served_rows, *h_used;
-    fr_kl_result *h_out;
-    int pending;
-#ifdef FR_HAVE_CUDA
-    cudaEvent_t kl_done;
-#endif
+    fr_shadow_dev *dev;    /* measuring where the logits are: a shadow on a device; NULL on the host */
 };
 
 fr_status fr_shadow_open(fr_session *main, int max_seqs, int n_blocks, fr_shadow **out)
@@ -138,17 +114,16 @@ fr_status fr_shadow_open(fr_session *main, int max_seqs, int n_blocks, fr_shadow
     sh->steps = malloc(sizeof *sh->steps * (size_t)max_seqs);
     sh->rows = calloc((size_t)max_seqs, sizeof *sh->rows);
     sh->keep = malloc(sizeof *sh->keep * (size_t)max_seqs);
-    sh->carried_rows = malloc(sizeof *sh->carried_rows * (size_t)max_seqs);
     for (int i = 0; sh->rows && sh->keep && i < max_seqs; i++) {
         sh->rows[i].params = (fr_sampling_params){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
         sh->keep[i] = i;
     }
     const int step_tokens = sh->chunk > max_seqs ? sh->chunk : max_seqs;
-    fr_status st = sh->steps && sh->rows && sh->keep && sh->carried_rows
+    fr_status st = sh->steps && sh->rows && sh->keep
                        ? fr_session_open_shadow(main, n_blocks, max_seqs, step_tokens, &sh->s)
                        : fr_fail(FR_ENOMEM, "shadow: out of memory");
+    if (!st && (st = fr_shadow_dev_new(&sh->s, max_seqs, &sh->dev))) fr_session_close(&sh->s);
     if (st) {
-        free(sh->carried_rows);
         free(sh->rows);
         free(sh->keep);
         free(sh->steps);
@@ -163,23 +138,8 @@ void fr_shadow_close(fr_shadow **psh)
 {
     fr_shadow *sh = psh ? *psh : NULL;
     if (!sh) return;
-#ifdef FR_HAVE_CUDA
-    if (sh->pending && sh->kl_done) cudaEventSynchronize(sh->kl_done);   /* nothing in flight writes freed memory */
-    cudaFree(sh->d_ref_rows);
-    cudaFree(sh->d_served_rows);
-    cudaFree(sh->d_chosen);
-    cudaFree(sh->d_out);
-    cudaFree(sh->d_kl_ws);
-    cudaFree(sh->d_used);
-    cudaFree(sh->d_host_rows);
-    cudaFreeHost(sh->h_ref_rows);
-    cudaFreeHost(sh->h_served_rows);
-    cudaFreeHost(sh->h_used);
-    cudaFreeHost(sh->h_out);
-    if (sh->kl_done) cudaEventDestroy(sh->kl_done);
-#endif
+    fr_shadow_dev_destroy(&sh->dev);
     fr_session_close(&sh->s);
-    free(sh->carried_rows);
     free(sh->rows);
     free(sh->keep);
     free(sh->steps);
@@ -210,76 +170,12 @@ fr_status fr_shadow_step(fr_shadow *sh, const int *shadow_seqs, const int *token
     return fr_session_decode_keep(&sh->s, sh->steps, sh->rows, n, NULL, NULL, sh->keep, n, ref_logits);
 }
 
-#ifdef FR_HAVE_CUDA
-/* The device and pinned buffers of the measurement, made on first use
- * (all or none). */
-static fr_status device_buffers(fr_shadow *sh)
-{
-    if (sh->d_ref_rows) return FR_OK;
-    const size_t cap = (size_t)sh->cap;
-    const int V = sh->s.model->cfg.vocab_size;
-    sh->kl_ws_bytes = fr_kl_topk_cuda_ws_bytes(sh->cap, V, FR_KL_TOP_K);
-    if (cudaMalloc((void **)&sh->d_ref_rows, sizeof(int) * cap) != cudaSuccess ||
-        cudaMalloc((void **)&sh->d_served_rows, sizeof(int) * cap) != cudaSuccess ||
-        cudaMalloc((void **)&sh->d_chosen, sizeof(int) * cap) != cudaSuccess ||
-        cudaMalloc((void **)&sh->d_out, sizeof(fr_kl_result) * cap) != cudaSuccess ||
-        cudaMalloc(&sh->d_kl_ws, sh->kl_ws_bytes) != cudaSuccess ||
-        cudaMalloc((void **)&sh->d_used, sizeof(int) * cap) != cudaSuccess ||
-        cudaMallocHost((void **)&sh->h_ref_rows, sizeof(int) * cap) != cudaSuccess ||
-        cudaMallocHost((void **)&sh->h_served_rows, sizeof(int) * cap) != cudaSuccess ||
-        cudaMallocHost((void **)&sh->h_used, sizeof(int) * cap) != cudaSuccess ||
-        cudaMallocHost((void **)&sh->h_out, sizeof(fr_kl_result) * cap) != cudaSuccess ||
-        cudaEventCreateWithFlags(&sh->kl_done, cudaEventDisableTiming) != cudaSuccess) {
-        cudaGetLastError();
-        cudaFree(sh->d_ref_rows);
-        cudaFree(sh->d_served_rows);
-        cudaFree(sh->d_chosen);
-        cudaFree(sh->d_out);
-        cudaFree(sh->d_kl_ws);
-        cudaFree(sh->d_used);
-        cudaFreeHost(sh->h_ref_rows);
-        cudaFreeHost(sh->h_served_rows);
-        cudaFreeHost(sh->h_used);
-        cudaFreeHost(sh->h_out);
-        sh->d_ref_rows = sh->d_served_rows = sh->d_chosen = sh->d_used = NULL;
-        sh->d_out = NULL;
-        sh->d_kl_ws = NULL;
-        sh->h_ref_rows = sh->h_served_rows = sh->h_used = NULL;
-        sh->h_out = NULL;
-        sh->kl_done = NULL;
-        return fr_fail(FR_ENOMEM, "shadow: cannot allocate %zu rows of measurement buffers", cap);
-    }
-    return FR_OK;
-}
+int fr_shadow_on_device(const fr_shadow *sh) { return sh && sh->dev; }
 
-/* D_t of n rows: reference rows ref_rows[j] of ref against served rows
- * served_rows[j] of served (device logits of finished decodes; row lists on
- * the host), on the default stream, results to out (host). */
-static fr_status measure_on_device(fr_shadow *sh, const float *ref, const int *ref_rows, const float *served,
-                                   const int *served_rows, const int *chosen, int n, fr_kl_result *out)
+/* Whether served's decodes can be measured against the shadow's on the device. */
+static int measurable(const fr_shadow *sh, const fr_session *served)
 {
-    const int V = sh->s.model->cfg.vocab_size;
-    if (cudaMemcpy(sh->d_ref_rows, ref_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess ||
-        cudaMemcpy(sh->d_served_rows, served_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess ||
-        cudaMemcpy(sh->d_chosen, chosen, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice) != cudaSuccess)
-        return fr_fail(FR_EINTERNAL, "shadow: %s", cudaGetErrorString(cudaGetLastError()));
-    fr_status st = fr_kl_topk_cuda_split(ref, sh->d_ref_rows, served, sh->d_served_rows, sh->d_chosen, 0, n, V,
-                                         FR_KL_TOP_K, sh->d_kl_ws, sh->kl_ws_bytes, sh->d_out, NULL, 0);
-    if (st) return st;
-    if (cudaMemcpy(out, sh->d_out, sizeof(fr_kl_result) * (size_t)n, cudaMemcpyDeviceToHost) != cudaSuccess)
-        return fr_fail(FR_EINTERNAL, "shadow: the divergence kernel failed: %s", cudaGetErrorString(cudaGetLastError()));
-    return FR_OK;
-}
-#endif
-
-int fr_shadow_on_device(const fr_shadow *sh)
-{
-#ifdef FR_HAVE_CUDA
-    return sh && sh->s.backend == FR_BACKEND_CUDA;
-#else
-    (void)sh;
-    return 0;
-#endif
+    return fr_shadow_on_device(sh) && served && fr_runner_on_device(served->runner);
 }
 
 fr_status fr_shadow_launch(fr_shadow *sh, const int *shadow_seqs, const int *tokens, int n)
@@ -297,8 +193,7 @@ fr_status fr_shadow_launch(fr_shadow *sh, const int *shadow_seqs, const int *tok
 fr_status fr_shadow_wait_kl(fr_shadow *sh, fr_session *served, const int *served_rows, const int *chosen, int n,
                             fr_kl_result *out)
 {
-    if (!fr_shadow_on_device(sh) || !served || served->backend != sh->s.backend)
-        return fr_fail(FR_EUNSUPPORTED, "shadow: measuring on the device needs the CUDA backend");
+    if (!measurable(sh, served)) return fr_fail(FR_EUNSUPPORTED, "shadow: measuring on the device needs the CUDA backend");
     if (n < 1 || n != sh->launched || !served_rows || !chosen || !out) {
         if (sh->launched) fr_session_decode_wait(&sh->s, sh->steps, sh->launched, NULL, NULL, NULL, 0, NULL);
         sh->launched = 0;
@@ -306,53 +201,8 @@ fr_status fr_shadow_wait_kl(fr_shadow *sh, fr_session *served, const int *served
     }
     sh->launched = 0;
     fr_status st = fr_session_decode_wait(&sh->s, sh->steps, n, NULL, NULL, NULL, 0, NULL);
-    if (st) return st;
-#ifdef FR_HAVE_CUDA
-    st = device_buffers(sh);
-    if (st) return st;
-    return measure_on_device(sh, fr_runner_cuda_decode_logits(sh->s.gpu), sh->keep,
-                             fr_runner_cuda_decode_logits(served->gpu), served_rows, chosen, n, out);
-#else
-    return fr_fail(FR_EUNSUPPORTED, "shadow: built without CUDA");
-#endif
+    return st ? st : fr_shadow_dev_decodes(sh->dev, &sh->s, served, sh->keep, served_rows, chosen, n, out);
 }
-
-#ifdef FR_HAVE_CUDA
-/* Enqueues the carried step's measurement behind its decode on the serving
- * stream: shadow rows first.. against served_rows, each with the token the
- * decode sampled for its served row, results to the pinned h_out. Returns
- * whether it was enqueued (when not, fr_shadow_carried_kl measures the
- * slow way). */
-static int enqueue_carried_kl(fr_shadow *sh, fr_session *served, const int *served_rows, int n)
-{
-    if (!served_rows || device_buffers(sh)) return 0;
-    for (int j = 0; j < n; j++) {
-        if (served_rows[j] < 0) return 0;
-        sh->h_served_rows[j] = served_rows[j];
-    }
-    const int first = fr_runner_cuda_rider_first_row(served->gpu);
-    for (int j = 0; j < n; j++) sh->h_ref_rows[j] = first + j;
-    const cudaStream_t stream = fr_runner_cuda_stream(served->gpu);
-    const float *logits = fr_runner_cuda_decode_logits(served->gpu);
-    const int V = sh->s.model->cfg.vocab_size;
-    if (cudaMemcpyAsync(sh->d_ref_rows, sh->h_ref_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice, stream) ||
-        cudaMemcpyAsync(sh->d_served_rows, sh->h_served_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice,
-                        stream) ||
-        fr_kl_topk_cuda_split(logits, sh->d_ref_rows, logits, sh->d_served_rows,
-                              fr_runner_cuda_decode_tokens(served->gpu), 1, n, V, FR_KL_TOP_K, sh->d_kl_ws,
-                              sh->kl_ws_bytes, sh->d_out, sh->d_used, stream) ||
-        cudaMemcpyAsync(sh->h_out, sh->d_out, sizeof(fr_kl_result) * (size_t)n, cudaMemcpyDeviceToHost, stream) ||
-        cudaMemcpyAsync(sh->h_used, sh->d_used, sizeof(int) * (size_t)n, cudaMemcpyDeviceToHost, stream) ||
-        cudaEventRecord(sh->kl_done, stream)) {
-        cudaGetLastError();
-        /* Whatever was enqueued finishes before the host reads or reuses a buffer. */
-        cudaStreamSynchronize(stream);
-        cudaGetLastError();
-        return 0;
-    }
-    return 1;
-}
-#endif
 
 fr_status fr_shadow_launch_carried(fr_shadow *sh, fr_session *served, const fr_step_seq *seqs, const fr_decode_row *rows,
                                    int n_seqs, const int *shadow_seqs, const int *tokens, int n,
@@ -363,117 +213,19 @@ fr_status fr_shadow_launch_carried(fr_shadow *sh, fr_session *served, const fr_s
         return fr_fail(FR_EINVAL, "fr_shadow_launch_carried: bad argument");
     for (int i = 0; i < n; i++)
         sh->steps[i] = (fr_step_seq){.seq = shadow_seqs[i], .n = 1, .tokens = &tokens[i], .all_logits = 0};
-    sh->pending = 0;
     fr_status st = fr_session_decode_launch_carrying(served, seqs, rows, n_seqs, &sh->s, sh->steps, n);
-#ifdef FR_HAVE_CUDA
-    if (!st && served_rows && enqueue_carried_kl(sh, served, served_rows, n)) sh->pending = n;
-#else
-    (void)served_rows;
-#endif
+    fr_shadow_dev_carried_launched(sh->dev, served, st ? NULL : served_rows, n);
     return st;
 }
 
 fr_status fr_shadow_carried_kl(fr_shadow *sh, fr_session *served, const int *served_rows, const int *chosen, int n,
                                fr_kl_result *out)
 {
-    if (!fr_shadow_on_device(sh) || !served || served->backend != sh->s.backend)
-        return fr_fail(FR_EUNSUPPORTED, "shadow: measuring on the device needs the CUDA backend");
+    if (!measurable(sh, served)) return fr_fail(FR_EUNSUPPORTED, "shadow: measuring on the device needs the CUDA backend");
     if (n < 1 || n > sh->cap || !served_rows || !chosen || !out)
         return fr_fail(FR_EINVAL, "fr_shadow_carried_kl: bad argument");
-#ifdef FR_HAVE_CUDA
-    const int pending = sh->pending;
-    sh->pending = 0;
-    if (pending == n && cudaEventSynchronize(sh->kl_done) == cudaSuccess) {
-        /* Measured behind the decode: valid when it measured these rows with
-         * the tokens the caller names (the decode's own draws). */
-        int same = 1;
-        for (int j = 0; j < n && same; j++) same = sh->h_served_rows[j] == served_rows[j] && sh->h_used[j] == chosen[j];
-        if (same) {
-            memcpy(out, sh->h_out, sizeof(fr_kl_result) * (size_t)n);
-            return FR_OK;
-        }
-    }
-    cudaGetLastError();
-    fr_status st = device_buffers(sh);
-    if (st) return st;
-    /* The shadow's logits are the serving decode's rows after its own. */
-    const int first = fr_runner_cuda_rider_first_row(served->gpu);
-    for (int j = 0; j < n; j++) sh->carried_rows[j] = first + j;
-    const float *logits = fr_runner_cuda_decode_logits(served->gpu);
-    return measure_on_device(sh, logits, sh->carried_rows, logits, served_rows, chosen, n, out);
-#else
-    return fr_fail(FR_EUNSUPPORTED, "shadow: built without CUDA");
-#endif
+    return fr_shadow_dev_carried(sh->dev, served, served_rows, chosen, n, out);
 }
-
-#ifdef FR_HAVE_CUDA
-/* Index of row in rows[0..*n), added when missing. */
-static int row_index(const float **rows, int *n, const float *row)
-{
-    for (int i = 0; i < *n; i++)
-        if (rows[i] == row) return i;
-    rows[*n] = row;
-    return (*n)++;
-}
-
-/* fr_shadow_measure_rows on the device, on the shadow's stream: each
- * distinct host row sent once. */
-static fr_status measure_rows_on_device(fr_shadow *sh, const float *const *ref, const float *const *served,
-                                        const int *chosen, int n, fr_kl_result *out)
-{
-    fr_status st = device_buffers(sh);
-    if (st) return st;
-    if (sh->pending) {   /* a carried measurement never read back: done with its buffers first */
-        cudaEventSynchronize(sh->kl_done);
-        sh->pending = 0;
-    }
-    const float **rows = malloc(sizeof *rows * 2 * (size_t)n);
-    if (!rows) return fr_fail(FR_ENOMEM, "shadow: out of memory");
-    int n_rows = 0;
-    for (int j = 0; j < n; j++) {
-        sh->h_ref_rows[j] = row_index(rows, &n_rows, ref[j]);
-        sh->h_served_rows[j] = row_index(rows, &n_rows, served[j]);
-        sh->h_used[j] = chosen[j];
-    }
-    const int V = sh->s.model->cfg.vocab_size;
-    const size_t row = sizeof(float) * (size_t)V;
-    if (n_rows > sh->host_rows_cap) {
-        cudaFree(sh->d_host_rows);
-        sh->host_rows_cap = 0;
-        if (cudaMalloc((void **)&sh->d_host_rows, row * (size_t)n_rows) != cudaSuccess) {
-            cudaGetLastError();
-            sh->d_host_rows = NULL;
-            free(rows);
-            return fr_fail(FR_ENOMEM, "shadow: cannot allocate %d rows of logits on the device", n_rows);
-        }
-        sh->host_rows_cap = n_rows;
-    }
-    const cudaStream_t stream = fr_runner_cuda_stream(sh->s.gpu);
-    cudaError_t e = cudaSuccess;
-    for (int i = 0; i < n_rows && e == cudaSuccess; i++)
-        e = cudaMemcpyAsync(sh->d_host_rows + (size_t)i * V, rows[i], row, cudaMemcpyHostToDevice, stream);
-    free(rows);
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(sh->d_ref_rows, sh->h_ref_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice, stream);
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(sh->d_served_rows, sh->h_served_rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice,
-                            stream);
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(sh->d_chosen, sh->h_used, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice, stream);
-    if (e == cudaSuccess)
-        st = fr_kl_topk_cuda_split(sh->d_host_rows, sh->d_ref_rows, sh->d_host_rows, sh->d_served_rows, sh->d_chosen,
-                                   0, n, V, FR_KL_TOP_K, sh->d_kl_ws, sh->kl_ws_bytes, sh->d_out, NULL, stream);
-    if (e == cudaSuccess && !st)
-        e = cudaMemcpyAsync(sh->h_out, sh->d_out, sizeof(fr_kl_result) * (size_t)n, cudaMemcpyDeviceToHost, stream);
-    cudaError_t w = cudaStreamSynchronize(stream);   /* also after a failure: the buffers are free after */
-    if (st) return st;
-    if (e != cudaSuccess || w != cudaSuccess)
-        return fr_fail(FR_EINTERNAL, "shadow: measuring rows from the host failed: %s",
-                       cudaGetErrorString(e != cudaSuccess ? e : w));
-    memcpy(out, sh->h_out, sizeof(fr_kl_result) * (size_t)n);
-    return FR_OK;
-}
-#endif
 
 fr_status fr_shadow_measure_rows(fr_shadow *sh, const float *const *ref, const float *const *served, const int *chosen,
                                  int n, fr_kl_result *out)
@@ -485,9 +237,7 @@ fr_status fr_shadow_measure_rows(fr_shadow *sh, const float *const *ref, const f
         if (!ref[j] || !served[j]) return fr_fail(FR_EINVAL, "fr_shadow_measure_rows: row %d is NULL", j);
         if (chosen[j] < -1 || chosen[j] >= V) return fr_fail(FR_EINVAL, "fr_shadow_measure_rows: token %d", chosen[j]);
     }
-#ifdef FR_HAVE_CUDA
-    if (fr_shadow_on_device(sh)) return measure_rows_on_device(sh, ref, served, chosen, n, out);
-#endif
+    if (fr_shadow_on_device(sh)) return fr_shadow_dev_rows(sh->dev, &sh->s, ref, served, chosen, n, out);
     for (int j = 0; j < n; j++) {
         fr_status st = fr_kl_topk(ref[j], served[j], V, FR_KL_TOP_K, chosen[j], &out[j]);
         if (st) return st;

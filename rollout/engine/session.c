@@ -1,3 +1,7 @@
+/* Sessions: a model, its KV cache and a runner (rollout/model/runner.h) on
+ * the backend the options pick. Opening chooses the backend and where the
+ * weights live (session_device.h for the device's); every step after that
+ * is a batch handed to the runner, which samples where its logits are. */
 #include "rollout/engine/session.h"
 
 #include <ctype.h>
@@ -6,10 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef FR_HAVE_CUDA
-#include "rollout/model/runner_cuda.h"
-#include "comm/nccl_group.h"
-#endif
+#include "rollout/engine/session_device.h"
 
 void fr_engine_opts_default(fr_engine_opts *o)
 {
@@ -29,13 +30,24 @@ const char *fr_backend_name(fr_backend b)
     return b == FR_BACKEND_CPU ? "cpu" : b == FR_BACKEND_CUDA ? "cuda" : "auto";
 }
 
-/* Builds the cache and the runner for model m on backend b (CPU or CUDA).
- * On the CUDA backend, wg holds the device weights (the session takes them)
- * and m only its config. */
-static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, struct fr_weights_gpu *wg, int n_blocks,
-                         int max_seqs, fr_session *s)
+/* The session's runner over its cache: on the device when the session has
+ * device weights, else on the CPU. */
+static fr_status open_runner(fr_session *s, int step_tokens)
 {
-    struct fr_nccl_group *nccl = s->nccl;   /* made by the caller, before the weights */
+    fr_runner_config rc = {.model = s->model, .gpu = s->gpu_weights, .kv = s->kv, .max_step_tokens = step_tokens,
+                           .tp = &s->tp, .nccl = s->nccl, .deterministic = s->deterministic};
+    return fr_runner_open(&rc, &s->runner);
+}
+
+/* Builds the cache and the runner for model m on backend b (CPU or CUDA).
+ * On the CUDA backend, s->gpu_weights holds the device weights (made by
+ * fr_session_device_load or _adopt; the session owns them) and m only its
+ * config. */
+static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, int n_blocks, int max_seqs,
+                         fr_session *s)
+{
+    struct fr_weights_gpu *wg = s->gpu_weights;
+    struct fr_nccl_group *nccl = s->nccl;   /* made before the weights */
     memset(s, 0, sizeof *s);
     s->nccl = nccl;
     s->model = m;
@@ -65,73 +77,22 @@ static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, str
         fr_tp_slice_kv_table(s->calib.key_mean, L, m->cfg.num_kv_heads, m->cfg.head_dim, &tl, key_mean);
         if (s->calib.fp8_scales) fr_tp_slice_kv_table(s->calib.fp8_scales, L, m->cfg.num_kv_heads, 2, &tl, fp8_scales);
     }
+    /* The device runner keeps the pages on the device: the host cache keeps
+     * its sequences and block tables only. */
     fr_kv_cache_config kc = {
         .n_layers = L, .n_kv_heads = tl.n_kv_heads, .head_dim = m->cfg.head_dim,
         .latent_dim = m->cfg.kv_lora_rank, .dtype = o->kv, .compute = fr_fp4_compute_for(o->compute, b), .recipe = o->recipe,
         .tau = s->has_calib ? s->calib.tau : FR_P_TAU, .n_blocks = n_blocks, .max_seqs = max_seqs,
         .key_mean = !s->has_calib ? NULL : key_mean ? key_mean : s->calib.key_mean,
         .fp8_scales = !s->has_calib || !s->calib.fp8_scales ? NULL : fp8_scales ? fp8_scales : s->calib.fp8_scales,
-        .bookkeeping_only = b == FR_BACKEND_CUDA,
+        .bookkeeping_only = wg != NULL,
     };
     const int step_tokens = o->chunk > max_seqs ? o->chunk : max_seqs;
     st = fr_kv_cache_new(&kc, &s->kv);   /* copies the tables */
     free(key_mean);
     free(fp8_scales);
-    if (!st && b == FR_BACKEND_CPU) st = fr_runner_cpu_new_tp(m, s->kv, step_tokens, &s->tp, &s->runner);
-    if (!st && b == FR_BACKEND_CPU) fr_runner_cpu_set_deterministic(s->runner, o->deterministic);
-#ifdef FR_HAVE_CUDA
-    if (!st && b == FR_BACKEND_CUDA) st = fr_runner_cuda_new_tp(wg, s->kv, step_tokens, s->nccl, &s->gpu);
-    if (!st && b == FR_BACKEND_CUDA && o->deterministic) st = fr_runner_cuda_set_deterministic(s->gpu, 1);
-#endif
-    return st;
+    return st ? st : open_runner(s, step_tokens);
 }
-
-#ifdef FR_HAVE_CUDA
-/* The device weights for a spec: synthetic models are generated on the GPU;
- * checkpoints are loaded on the host, copied, and their host weights freed. */
-/* Tensor parallel: replaces *wg by this rank's shard of it. */
-static fr_status shard_weights(const fr_engine_opts *o, struct fr_weights_gpu **wg)
-{
-    if (o->tp <= 1) return FR_OK;
-    struct fr_weights_gpu *shard = NULL;
-    fr_status st = fr_weights_gpu_shard(*wg, o->group->layout.tp_rank, o->tp, &shard);
-    fr_weights_gpu_destroy(wg);
-    *wg = shard;
-    return st;
-}
-
-/* Tensor parallel on the GPU: the engine's NCCL group, which also picks this
- * rank's GPU (so it comes before any device allocation). */
-static fr_status open_nccl(const fr_engine_opts *o, fr_session *s)
-{
-    if (o->tp <= 1) return FR_OK;
-    fr_comm_status cs = fr_nccl_group_new(o->group, &s->nccl);
-    return cs ? fr_fail(FR_EINTERNAL, "--tp %d on the GPU: %s", o->tp, fr_comm_last_error()) : FR_OK;
-}
-
-static fr_status gpu_weights_for(const fr_engine_opts *o, const char *spec, fr_model **m,
-                                 struct fr_weights_gpu **wg)
-{
-    *m = NULL;
-    *wg = NULL;
-    size_t plen = strlen(FR_SYNTHETIC_PREFIX);
-    fr_status st;
-    if (strncmp(spec, FR_SYNTHETIC_PREFIX, plen) == 0) {
-        fr_model_config cfg;
-        uint64_t seed;
-        if ((st = fr_synthetic_parse(spec + plen, &cfg, &seed))) return st;
-        if ((st = fr_model_config_only(&cfg, spec, m))) return st;
-        st = fr_weights_gpu_synthetic(&cfg, seed, wg);
-    } else {
-        if ((st = fr_model_load(spec, m))) return st;
-        st = fr_weights_gpu_from_model(*m, wg);
-        if (!st) fr_model_drop_weights(*m);
-    }
-    if (!st) st = shard_weights(o, wg);
-    if (st) fr_model_destroy(m);
-    return st;
-}
-#endif
 
 /* The options' tensor parallelism against their engine group. */
 static fr_status check_tp(const fr_engine_opts *o)
@@ -166,20 +127,17 @@ static fr_status resolve_backend(const fr_engine_opts *o, fr_backend *out)
 
 fr_status fr_backend_pick(fr_backend want, fr_backend *out)
 {
-#ifdef FR_HAVE_CUDA
-    int gpu = fr_cuda_available();
-#else
-    int gpu = 0;
-#endif
-    if (want == FR_BACKEND_CUDA && !gpu) {
-#ifdef FR_HAVE_CUDA
-        return fr_fail(FR_EUNSUPPORTED, "--backend cuda: no usable CUDA device");
-#else
-        return fr_fail(FR_EUNSUPPORTED, "--backend cuda: this build has no CUDA support (nvcc was absent)");
-#endif
-    }
+    const int gpu = fr_cuda_available();
+    if (want == FR_BACKEND_CUDA && !gpu) return fr_fail(FR_EUNSUPPORTED, "--backend cuda: %s", fr_cuda_absence());
     *out = want == FR_BACKEND_AUTO ? (gpu ? FR_BACKEND_CUDA : FR_BACKEND_CPU) : want;
     return FR_OK;
+}
+
+/* Whether a failure to open on backend b sends the session to the CPU:
+ * auto, and the GPU refused the configuration. */
+static int falls_back(const fr_engine_opts *o, fr_backend b, fr_status st)
+{
+    return o->backend == FR_BACKEND_AUTO && b != FR_BACKEND_CPU && st == FR_EUNSUPPORTED;
 }
 
 fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_blocks, int max_seqs,
@@ -188,21 +146,13 @@ fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_bloc
     fr_backend b = FR_BACKEND_CPU;
     fr_status st = resolve_backend(o, &b);
     if (st) return st;
-    struct fr_weights_gpu *wg = NULL;
     memset(s, 0, sizeof *s);
-#ifdef FR_HAVE_CUDA
-    if (b == FR_BACKEND_CUDA && (st = open_nccl(o, s))) return st;
-    if (b == FR_BACKEND_CUDA && !(st = fr_weights_gpu_from_model(m, &wg))) st = shard_weights(o, &wg);
-    if (st) {
-        fr_nccl_group_destroy(&s->nccl);
-        return st;
-    }
-#endif
-    st = open_on(o, b, m, wg, n_blocks, max_seqs, s);
-    if (st && o->backend == FR_BACKEND_AUTO && b == FR_BACKEND_CUDA && st == FR_EUNSUPPORTED) {
+    if (b == FR_BACKEND_CUDA && (st = fr_session_device_adopt(o, s, m))) return st;
+    st = open_on(o, b, m, n_blocks, max_seqs, s);
+    if (st && falls_back(o, b, st)) {
         s->model = NULL;   /* the caller's model: keep it */
         fr_session_close(s);
-        return open_on(o, FR_BACKEND_CPU, m, NULL, n_blocks, max_seqs, s);
+        st = open_on(o, FR_BACKEND_CPU, m, n_blocks, max_seqs, s);
     }
     if (st) {
         s->model = NULL;
@@ -225,53 +175,32 @@ fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, f
     fr_status st = resolve_backend(o, &b);
     if (st) return st;
     fr_model *m = NULL;
-#ifdef FR_HAVE_CUDA
     if (b == FR_BACKEND_CUDA) {
-        struct fr_weights_gpu *wg;
-        if ((st = open_nccl(o, s))) return st;
-        if ((st = gpu_weights_for(o, o->model, &m, &wg))) {
-            fr_nccl_group_destroy(&s->nccl);
-            return st;
-        }
+        if ((st = fr_session_device_load(o, s, &m))) return st;
         cap_context(o, m);
-        st = open_on(o, b, m, wg, n_blocks, max_seqs, s);
+        st = open_on(o, b, m, n_blocks, max_seqs, s);
         if (!st) return FR_OK;
-        fr_session_close(s);   /* frees m and wg */
-        if (o->backend != FR_BACKEND_AUTO || st != FR_EUNSUPPORTED) return st;
+        fr_session_close(s);   /* frees m and the device weights */
+        if (!falls_back(o, b, st)) return st;
         b = FR_BACKEND_CPU;    /* auto: this configuration runs on the CPU only */
     }
-#endif
     if ((st = fr_model_load(o->model, &m))) return st;
     cap_context(o, m);
-    st = open_on(o, b, m, NULL, n_blocks, max_seqs, s);
+    st = open_on(o, b, m, n_blocks, max_seqs, s);
     if (st) fr_session_close(s);
     return st;
 }
 
 void fr_session_capture_stats(const fr_session *s, int *captures, double *seconds)
 {
-    *captures = 0;
-    *seconds = 0.0;
-#ifdef FR_HAVE_CUDA
-    if (s && s->gpu) fr_runner_cuda_capture_stats(s->gpu, captures, seconds);
-#else
-    (void)s;
-#endif
+    fr_runner_capture_stats(s ? s->runner : NULL, captures, seconds);
 }
 
 void fr_session_close(fr_session *s)
 {
-    fr_runner_cpu_destroy(&s->runner);
-#ifdef FR_HAVE_CUDA
-    fr_runner_cuda_destroy(&s->gpu);
-    if (!s->borrowed) {
-        fr_weights_gpu_destroy(&s->gpu_weights);
-        fr_nccl_group_destroy(&s->nccl);
-    }
-#endif
+    fr_runner_destroy(&s->runner);
+    if (!s->borrowed) fr_session_device_release(s);
     fr_kv_cache_destroy(&s->kv);
-    fr_sampler_destroy(&s->sampler);
-    free(s->step_logits);
     if (s->has_calib) fr_calib_free(&s->calib);
     if (!s->borrowed) fr_model_destroy(&s->model);
     memset(s, 0, sizeof *s);
@@ -300,15 +229,7 @@ fr_status fr_session_open_shadow(const fr_session *main, int n_blocks, int max_s
     kc.n_blocks = n_blocks;
     kc.max_seqs = max_seqs;
     fr_status st = fr_kv_cache_new(&kc, &out->kv);
-    if (!st && out->backend == FR_BACKEND_CPU)
-        st = fr_runner_cpu_new_tp(out->model, out->kv, step_tokens, &out->tp, &out->runner);
-    if (!st && out->backend == FR_BACKEND_CPU) fr_runner_cpu_set_deterministic(out->runner, out->deterministic);
-#ifdef FR_HAVE_CUDA
-    if (!st && out->backend == FR_BACKEND_CUDA)
-        st = fr_runner_cuda_new_tp(out->gpu_weights, out->kv, step_tokens, out->nccl, &out->gpu);
-    if (!st && out->backend == FR_BACKEND_CUDA && out->deterministic)
-        st = fr_runner_cuda_set_deterministic(out->gpu, 1);
-#endif
+    if (!st) st = open_runner(out, step_tokens);
     if (st) fr_session_close(out);
     return st;
 }
@@ -324,9 +245,7 @@ fr_status fr_session_set_key_mean(fr_session *s, const float *key_mean)
     float *copy = s->has_calib ? NULL : malloc(sizeof(float) * n);
     if (!s->has_calib && !copy) return fr_fail(FR_ENOMEM, "out of memory");
     fr_status st = fr_kv_cache_set_key_mean(s->kv, key_mean);   /* checks the values first */
-#ifdef FR_HAVE_CUDA
-    if (!st && s->gpu) st = fr_runner_cuda_set_key_mean(s->gpu, key_mean);
-#endif
+    if (!st && s->runner) st = fr_runner_set_key_mean(s->runner, key_mean);
     if (st) {
         free(copy);
         return st;
@@ -344,49 +263,15 @@ fr_status fr_session_set_key_mean(fr_session *s, const float *key_mean)
 
 fr_status fr_session_step(fr_session *s, const fr_step_seq *seqs, int n_seqs, float *logits)
 {
-#ifdef FR_HAVE_CUDA
-    if (s->backend == FR_BACKEND_CUDA) return fr_runner_cuda_step(s->gpu, seqs, n_seqs, logits);
-#endif
-    return fr_runner_cpu_step(s->runner, seqs, n_seqs, logits);
+    const fr_batch b = {.kind = FR_BATCH_STEP, .seqs = seqs, .n_seqs = n_seqs, .logits = logits};
+    return fr_runner_run(s->runner, &b);
 }
-
-#ifdef FR_HAVE_CUDA
-/* The GPU sampler's rows for decode rows (malloc'd, at least one; NULL when
- * out of memory). */
-static fr_sample_row *device_rows(const fr_decode_row *rows, int n)
-{
-    fr_sample_row *p = malloc(sizeof *p * (size_t)(n > 0 ? n : 1));
-    for (int i = 0; p && i < n; i++)
-        p[i] = (fr_sample_row){.temperature = rows[i].params.temperature, .top_k = rows[i].params.top_k,
-                               .top_p = rows[i].params.top_p, .seed = rows[i].params.seed,
-                               .sequence = rows[i].sequence, .step = rows[i].step};
-    return p;
-}
-#endif
 
 fr_status fr_session_fill(fr_session *s, const fr_step_seq *seqs, int n_seqs)
 {
     if (!s || n_seqs < 1 || !seqs) return fr_fail(FR_EINVAL, "fr_session_fill: bad argument");
-#ifdef FR_HAVE_CUDA
-    if (s->backend == FR_BACKEND_CUDA) return fr_runner_cuda_fill(s->gpu, seqs, n_seqs);
-#endif
-    return fr_runner_cpu_fill(s->runner, seqs, n_seqs);
-}
-
-/* The host path's logits rows for a step of `rows` rows, and the sampler
- * when tokens are drawn on the host. */
-static fr_status host_step_room(fr_session *s, int rows, int sampling)
-{
-    const int V = s->model->cfg.vocab_size;
-    fr_status st;
-    if (sampling && !s->sampler && (st = fr_sampler_new(V, &s->sampler))) return st;
-    if (s->step_logits_rows < rows) {
-        float *grown = realloc(s->step_logits, sizeof(float) * (size_t)V * (size_t)rows);
-        if (!grown) return fr_fail(FR_ENOMEM, "out of memory");
-        s->step_logits = grown;
-        s->step_logits_rows = rows;
-    }
-    return FR_OK;
+    const fr_batch b = {.kind = FR_BATCH_FILL, .seqs = seqs, .n_seqs = n_seqs};
+    return fr_runner_run(s->runner, &b);
 }
 
 fr_status fr_session_decode(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs,
@@ -402,47 +287,16 @@ fr_status fr_session_decode_keep(fr_session *s, const fr_step_seq *seqs, const f
         return fr_fail(FR_EINVAL, "fr_session_decode: bad argument");
     if (n_keep < 0 || n_keep > n_seqs || (n_keep && (!keep || !kept_logits)))
         return fr_fail(FR_EINVAL, "fr_session_decode: bad list of rows whose logits to keep");
-    const int V = s->model->cfg.vocab_size;
-#ifdef FR_HAVE_CUDA
-    if (s->backend == FR_BACKEND_CUDA) {
-        fr_sample_row *p = device_rows(rows, n_seqs);
-        if (!p) return fr_fail(FR_ENOMEM, "out of memory");
-        fr_status st = fr_runner_cuda_decode_keep(s->gpu, seqs, p, n_seqs, tokens, logprobs, keep, n_keep,
-                                                  kept_logits);
-        free(p);
-        return st;
-    }
-#endif
-    for (int i = 0; i < n_keep; i++)
-        if (keep[i] < 0 || keep[i] >= n_seqs)
-            return fr_fail(FR_EINVAL, "decode: row %d to keep is outside the batch of %d", keep[i], n_seqs);
-    for (int i = 0; i < n_seqs && tokens; i++) {
-        fr_status st = fr_sampling_params_check(&rows[i].params, V);
-        if (st) return st;
-    }
-    fr_status st = host_step_room(s, n_seqs, tokens != NULL);
-    if (!st) st = fr_session_step(s, seqs, n_seqs, s->step_logits);
-    for (int i = 0; i < n_seqs && !st && tokens; i++)
-        st = fr_sample(s->sampler, s->step_logits + (size_t)i * V, &rows[i].params, rows[i].sequence, rows[i].step,
-                       &tokens[i], logprobs ? &logprobs[i] : NULL);
-    for (int i = 0; i < n_keep && !st; i++)
-        memcpy(kept_logits + (size_t)i * V, s->step_logits + (size_t)keep[i] * V, sizeof(float) * (size_t)V);
-    return st;
+    const fr_batch b = {.kind = FR_BATCH_DECODE, .seqs = seqs, .n_seqs = n_seqs, .rows = rows, .keep = keep,
+                        .n_keep = n_keep, .tokens = tokens, .logprobs = logprobs, .kept_logits = kept_logits};
+    return fr_runner_run(s->runner, &b);
 }
 
 fr_status fr_session_decode_launch(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows, int n_seqs)
 {
     if (!s || n_seqs < 1 || !seqs || !rows) return fr_fail(FR_EINVAL, "fr_session_decode_launch: bad argument");
-#ifdef FR_HAVE_CUDA
-    if (s->backend == FR_BACKEND_CUDA) {
-        fr_sample_row *p = device_rows(rows, n_seqs);
-        if (!p) return fr_fail(FR_ENOMEM, "out of memory");
-        fr_status st = fr_runner_cuda_decode_launch(s->gpu, seqs, p, n_seqs);
-        free(p);
-        return st;
-    }
-#endif
-    return fr_fail(FR_EUNSUPPORTED, "a decode launched apart from its wait needs the CUDA backend");
+    const fr_batch b = {.kind = FR_BATCH_DECODE, .phase = FR_RUN_LAUNCH, .seqs = seqs, .n_seqs = n_seqs, .rows = rows};
+    return fr_runner_run(s->runner, &b);
 }
 
 fr_status fr_session_decode_launch_carrying(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows,
@@ -450,29 +304,20 @@ fr_status fr_session_decode_launch_carrying(fr_session *s, const fr_step_seq *se
 {
     if (!s || n_seqs < 1 || !seqs || !rows || !rider)
         return fr_fail(FR_EINVAL, "fr_session_decode_launch_carrying: bad argument");
-#ifdef FR_HAVE_CUDA
-    if (s->backend == FR_BACKEND_CUDA && rider->backend == FR_BACKEND_CUDA) {
-        fr_sample_row *p = device_rows(rows, n_seqs);
-        if (!p) return fr_fail(FR_ENOMEM, "out of memory");
-        fr_status st = fr_runner_cuda_decode_launch_carrying(s->gpu, seqs, p, n_seqs, rider->gpu, rider_seqs, n_rider);
-        free(p);
-        return st;
-    }
-#endif
-    (void)rider_seqs, (void)n_rider;
-    return fr_fail(FR_EUNSUPPORTED, "a decode carrying another session's needs the CUDA backend");
+    if (!rider->runner)
+        return fr_fail(FR_EUNSUPPORTED, "a decode carrying another session's needs the CUDA backend");
+    const fr_batch b = {.kind = FR_BATCH_DECODE, .phase = FR_RUN_LAUNCH, .seqs = seqs, .n_seqs = n_seqs,
+                        .rows = rows, .rider = rider->runner, .rider_seqs = rider_seqs, .n_rider = n_rider};
+    return fr_runner_run(s->runner, &b);
 }
 
 fr_status fr_session_decode_wait(fr_session *s, const fr_step_seq *seqs, int n_seqs, int *tokens, float *logprobs,
                                  const int *keep, int n_keep, float *kept_logits)
 {
     if (!s || n_seqs < 1 || !seqs) return fr_fail(FR_EINVAL, "fr_session_decode_wait: bad argument");
-#ifdef FR_HAVE_CUDA
-    if (s->backend == FR_BACKEND_CUDA)
-        return fr_runner_cuda_decode_wait(s->gpu, seqs, n_seqs, tokens, logprobs, keep, n_keep, kept_logits);
-#endif
-    (void)tokens, (void)logprobs, (void)keep, (void)n_keep, (void)kept_logits;
-    return fr_fail(FR_EUNSUPPORTED, "a decode launched apart from its wait needs the CUDA backend");
+    const fr_batch b = {.kind = FR_BATCH_DECODE, .phase = FR_RUN_WAIT, .seqs = seqs, .n_seqs = n_seqs, .keep = keep,
+                        .n_keep = n_keep, .tokens = tokens, .logprobs = logprobs, .kept_logits = kept_logits};
+    return fr_runner_run(s->runner, &b);
 }
 
 fr_status fr_session_step_draw(fr_session *s, const fr_step_seq *seqs, int n_seqs, const fr_step_draw *draws,
@@ -482,55 +327,16 @@ fr_status fr_session_step_draw(fr_session *s, const fr_step_seq *seqs, int n_seq
     if (!s || n_seqs < 0 || (n_seqs && !seqs) || n_draws < 0 || (n_draws && (!draws || !tokens)) || n_keep < 0 ||
         (n_keep && (!keep || !kept_logits)))
         return fr_fail(FR_EINVAL, "fr_session_step_draw: bad argument");
-#ifdef FR_HAVE_CUDA
-    if (s->backend == FR_BACKEND_CUDA) {
-        int *rows = malloc(sizeof(int) * (size_t)(n_draws > 0 ? n_draws : 1));
-        fr_sample_row *p = malloc(sizeof *p * (size_t)(n_draws > 0 ? n_draws : 1));
-        fr_status st = rows && p ? FR_OK : fr_fail(FR_ENOMEM, "out of memory");
-        for (int i = 0; i < n_draws && !st; i++) {
-            const fr_sampling_params *q = &draws[i].d.params;
-            rows[i] = draws[i].row;
-            p[i] = (fr_sample_row){.temperature = q->temperature, .top_k = q->top_k, .top_p = q->top_p,
-                                   .seed = q->seed, .sequence = draws[i].d.sequence, .step = draws[i].d.step};
-        }
-        if (!st)
-            st = fr_runner_cuda_step_draw(s->gpu, seqs, n_seqs, rows, p, n_draws, tokens, logprobs, keep, n_keep,
-                                          kept_logits);
-        free(rows);
-        free(p);
-        return st;
-    }
-#endif
-    /* The CUDA runner checks these itself. */
-    const int V = s->model->cfg.vocab_size;
-    int n_rows = 0;
-    for (int i = 0; i < n_seqs; i++) n_rows += seqs[i].all_logits ? seqs[i].n : 1;
-    for (int i = 0; i < n_draws; i++) {
-        if (draws[i].row < 0 || draws[i].row >= n_rows)
-            return fr_fail(FR_EINVAL, "step: draw %d reads logit row %d of %d", i, draws[i].row, n_rows);
-        fr_status st = fr_sampling_params_check(&draws[i].d.params, V);
-        if (st) return st;
-    }
-    for (int i = 0; i < n_keep; i++)
-        if (keep[i] < 0 || keep[i] >= n_rows)
-            return fr_fail(FR_EINVAL, "step: logit row %d to keep is outside the step's %d", keep[i], n_rows);
-    fr_status st = host_step_room(s, n_rows, n_draws > 0);
-    if (!st) st = fr_session_step(s, seqs, n_seqs, s->step_logits);
-    for (int i = 0; i < n_draws && !st; i++)
-        st = fr_sample(s->sampler, s->step_logits + (size_t)draws[i].row * V, &draws[i].d.params, draws[i].d.sequence,
-                       draws[i].d.step, &tokens[i], logprobs ? &logprobs[i] : NULL);
-    for (int i = 0; i < n_keep && !st; i++)
-        memcpy(kept_logits + (size_t)i * V, s->step_logits + (size_t)keep[i] * V, sizeof(float) * (size_t)V);
-    return st;
+    const fr_batch b = {.kind = FR_BATCH_STEP, .seqs = seqs, .n_seqs = n_seqs, .draws = draws, .n_draws = n_draws,
+                        .keep = keep, .n_keep = n_keep, .tokens = tokens, .logprobs = logprobs,
+                        .kept_logits = kept_logits};
+    return fr_runner_run(s->runner, &b);
 }
 
 fr_status fr_session_fork(fr_session *s, int src, int *dst)
 {
     fr_status st = fr_kv_seq_fork(s->kv, src, dst);
-#ifdef FR_HAVE_CUDA
-    if (!st && s->backend == FR_BACKEND_CUDA && (st = fr_runner_cuda_fork(s->gpu, src, *dst)))
-        fr_kv_seq_free(s->kv, *dst);
-#endif
+    if (!st && (st = fr_runner_fork(s->runner, src, *dst))) fr_kv_seq_free(s->kv, *dst);
     return st;
 }
 

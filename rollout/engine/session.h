@@ -1,20 +1,19 @@
 /* An inference session: a model, its KV cache configured from the
  * command-line numerics options, and a runner on the chosen backend (the CPU
- * reference, or CUDA). Shared by generate, score and the evaluation commands
- * so they all build the engine the same way. */
+ * reference, or CUDA; rollout/model/runner.h). Shared by generate, score, the
+ * scheduler and the evaluation commands so they all build the engine the
+ * same way. Every step call below describes a batch (fr_batch) and hands it
+ * to the runner, which steps and samples where its logits are. */
 #ifndef FR_SESSION_H
 #define FR_SESSION_H
 
 #include "kvcache/calib_file.h"
-#include "rollout/model/runner_cpu.h"
+#include "rollout/model/runner.h"
 #include "rollout/model/sampler.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* auto: CUDA when a GPU is present and supports the configuration, else CPU. */
-typedef enum { FR_BACKEND_AUTO = 0, FR_BACKEND_CPU, FR_BACKEND_CUDA } fr_backend;
 
 typedef struct {
     const char *model;          /* DIR or synthetic:NAME[:SEED] */
@@ -45,15 +44,11 @@ typedef struct {
     fr_model *model;            /* config always; host weights on the CPU backend only */
     fr_kv_cache *kv;            /* the cache (CPU) or its bookkeeping (CUDA) */
     fr_backend backend;         /* CPU or CUDA once open */
-    fr_runner_cpu *runner;      /* CPU backend */
-    struct fr_runner_cuda *gpu; /* CUDA backend (rollout/model/runner_cuda.h) */
-    struct fr_weights_gpu *gpu_weights;
+    fr_runner *runner;          /* steps and samples on the backend (rollout/model/runner.h) */
+    struct fr_weights_gpu *gpu_weights; /* CUDA backend: the device weights the runner reads */
     struct fr_nccl_group *nccl; /* CUDA backend with tp > 1: the engine's NCCL group */
     int borrowed;               /* a shadow session: model, weights and NCCL group are
                                  * another session's (fr_session_open_shadow) */
-    fr_sampler *sampler;        /* CPU sampling scratch of fr_session_decode, made on first use */
-    float *step_logits;         /* its logits buffer, grown to the largest batch */
-    int step_logits_rows;
     fr_calib calib;
     int has_calib;
     int deterministic;          /* the options' deterministic mode (a shadow: main's) */
@@ -76,7 +71,7 @@ void fr_session_close(fr_session *s);
 fr_status fr_session_open_shadow(const fr_session *main, int n_blocks, int max_seqs, int step_tokens,
                                  fr_session *out);
 /* Decode graphs the session's runner captured, and the seconds their first
- * uses took (fr_runner_cuda_capture_stats); 0 on the CPU backend. */
+ * uses took (fr_runner_capture_stats); 0 on the CPU backend. */
 void fr_session_capture_stats(const fr_session *s, int *captures, double *seconds);
 const char *fr_backend_name(fr_backend b);
 /* The backend `want` runs on here: auto becomes cuda when a CUDA device is
@@ -91,15 +86,11 @@ fr_status fr_backend_pick(fr_backend want, fr_backend *out);
  * (tp 1): a tensor-parallel engine would need every rank to agree. */
 fr_status fr_session_set_key_mean(fr_session *s, const float *key_mean);
 
-/* One forward step on the session's backend (fr_runner_cpu_step's contract). */
+/* One forward step on the session's backend (fr_runner_cpu_step's contract):
+ * every logit row to logits. */
 fr_status fr_session_step(fr_session *s, const fr_step_seq *seqs, int n_seqs, float *logits);
-/* Sampling parameters of one row of a decode step: the sample's parameters,
- * its stream (sequence) and the index of the token being drawn (step), the
- * Philox keys of rollout/model/sampler.h. */
-typedef struct {
-    fr_sampling_params params;
-    uint64_t sequence, step;
-} fr_decode_row;
+/* The sampling parameters of a drawn token (fr_decode_row) and a draw from a
+ * step's logit row (fr_step_draw) are rollout/model/runner.h's. */
 
 /* A decode step (one new token per sequence) and sampling: tokens[i] and
  * logprobs[i] receive the next token of seqs[i] drawn with rows[i]. On CUDA
@@ -124,16 +115,9 @@ fr_status fr_session_decode_wait(fr_session *s, const fr_step_seq *seqs, int n_s
 /* A launch whose batch also carries rider's decode of rider_seqs (a session
  * over the same weights with a BF16 cache: the BF16-KV shadow), so the two
  * read the weights once (rollout/model/runner_cuda.h); CUDA only. The wait above
- * finishes both. */
+ * finishes both; rider_seqs must stay valid until then. */
 fr_status fr_session_decode_launch_carrying(fr_session *s, const fr_step_seq *seqs, const fr_decode_row *rows,
                                             int n_seqs, fr_session *rider, const fr_step_seq *rider_seqs, int n_rider);
-
-/* One token to draw in fr_session_step_draw: from logit row `row` of the
- * step (fr_step_logit_rows' numbering) with the sample's parameters and keys. */
-typedef struct {
-    int row;
-    fr_decode_row d;
-} fr_step_draw;
 
 /* A forward step of any shape (prefill chunks and decodes together) with
  * the sampling done where the logits are: tokens[i] and logprobs[i] (may be

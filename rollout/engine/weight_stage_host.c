@@ -7,7 +7,7 @@
 
 #include "base/safetensors.h"
 #include "rollout/engine/weight_stage.h"
-#include "rollout/model/runner_cpu.h"
+#include "rollout/model/runner.h"
 #include "rollout/model/tensor_table.h"
 
 typedef struct {
@@ -87,7 +87,7 @@ static fr_status relist(host_stage *h)
  * slices are copies, cut again. */
 static fr_status weights_changed(fr_session *s)
 {
-    fr_status st = fr_runner_cpu_weights_changed(s->runner);
+    fr_status st = fr_runner_weights_changed(s->runner);
     if (st)
         return fr_fail(st, "the new weights are in, but this rank's tensor-parallel shard could not be cut again "
                            "(%s): its o_proj and down_proj are the old version's",
@@ -161,19 +161,3 @@ fr_status fr_weight_stage_host_new(const fr_model_config *cfg, fr_weight_stage *
     *out = &h->base;
     return FR_OK;
 }
-
-#ifndef FR_HAVE_CUDA
-fr_status fr_weight_stage_device_new(const fr_session *s, fr_weight_stage **out)
-{
-    (void)s;
-    *out = NULL;
-    return fr_fail(FR_EUNSUPPORTED, "weight update: device staging needs a build with CUDA");
-}
-#endif
-
-#ifndef FR_HAVE_CUDA
-fr_status fr_weight_stage_device_shard_new(const fr_session *s, fr_weight_stage **out)
-{
-    return fr_weight_stage_device_new(s, out);
-}
-#endif

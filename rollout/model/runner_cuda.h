@@ -9,12 +9,16 @@
  * Keys and values live in the device cache (kvcache/kv_store_cuda.h), whose
  * sequences and block tables are kept by a bookkeeping-only fr_kv_cache on the
  * host. Every buffer is allocated at creation; a step allocates nothing.
- * docs/gpu_engine.md describes the step, the buffers and the CUDA graphs. */
+ * docs/gpu_engine.md describes the step, the buffers and the CUDA graphs.
+ * Sessions reach it through the runner interface (runner.h,
+ * runner_batch_cuda.c); its code is runner_cuda.c (creation, modes),
+ * runner_forward_cuda.c (the forward pass, eager steps) and
+ * runner_decode_cuda.c (decode graphs, launch and wait, riders). */
 #ifndef FR_RUNNER_CUDA_H
 #define FR_RUNNER_CUDA_H
 
 #include "kvcache/kv_cache.h"
-#include "rollout/model/runner_cpu.h"
+#include "rollout/model/runner.h"
 #include "rollout/model/sampler_cuda.h"
 #include "rollout/model/weights_cuda.h"
 
@@ -23,6 +27,11 @@ extern "C" {
 #endif
 
 typedef struct fr_runner_cuda fr_runner_cuda;
+
+/* The CUDA runner under a runner of runner.h (fr_runner_cuda_open), for
+ * what only it has (its device logits, its stream, expert use); NULL when r
+ * is another backend's. */
+fr_runner_cuda *fr_runner_cuda_of(fr_runner *r);
 
 /* Decode graphs are kept per batch bucket: 1, 2, 4, ... up to max_seqs. */
 #define FR_CUDA_GRAPH_BUCKETS 16
@@ -138,9 +147,6 @@ fr_status fr_runner_cuda_set_deterministic(fr_runner_cuda *r, int on);
 
 fr_status fr_runner_cuda_set_key_mean(fr_runner_cuda *r, const float *key_mean);
 fr_status fr_runner_cuda_fork(fr_runner_cuda *r, int src_seq, int dst_seq);
-
-/* Whether a CUDA device is usable (for --backend auto). */
-int fr_cuda_available(void);
 
 /* A Mixture-of-Experts model's expert use in the last step (what its expert
  * weight traffic was): per layer the number of experts at least one token

@@ -10,10 +10,7 @@
 
 #include "attention/fp_formats.h"
 #include "attention/prob_quant.h"
-#include "rollout/model/runner_cpu.h"
-#ifdef FR_HAVE_CUDA
-#include "rollout/model/runner_cuda.h"
-#endif
+#include "rollout/model/runner.h"
 
 enum { P_BLOCK = 16 };   /* NVFP4 probability block: the only format tau applies to */
 
@@ -233,50 +230,12 @@ static fr_status on_layer_q(void *user, int layer, const fr_step_seq *seqs, int 
     return st;
 }
 
-/* The backend the passes run on: the CPU runner, or the CUDA one when the
- * options carry device weights. */
-typedef struct {
-    fr_runner_cpu *cpu;
-#ifdef FR_HAVE_CUDA
-    fr_runner_cuda *gpu;
-#endif
-} runner;
-
-static fr_status runner_step(runner *r, const fr_step_seq *seqs, int n_seqs, float *logits)
+/* One step of the passes (on the runner the options ask for: the CUDA one
+ * with device weights), every logit row to logits. */
+static fr_status run_step(fr_runner *r, const fr_step_seq *seqs, int n_seqs, float *logits)
 {
-#ifdef FR_HAVE_CUDA
-    if (r->gpu) return fr_runner_cuda_step(r->gpu, seqs, n_seqs, logits);
-#endif
-    return fr_runner_cpu_step(r->cpu, seqs, n_seqs, logits);
-}
-
-static fr_status runner_observe(runner *r, const fr_forward_observer *obs)
-{
-#ifdef FR_HAVE_CUDA
-    if (r->gpu) return fr_runner_cuda_set_observer(r->gpu, obs);
-#endif
-    fr_runner_cpu_set_observer(r->cpu, obs);
-    return FR_OK;
-}
-
-static fr_status runner_open(runner *r, const fr_model *m, const fr_calib_opts *o, fr_kv_cache *kv, int max_tokens)
-{
-#ifdef FR_HAVE_CUDA
-    if (o->gpu) return fr_runner_cuda_new(o->gpu, kv, max_tokens, &r->gpu);
-#else
-    if (o->gpu) return fr_fail(FR_EUNSUPPORTED, "calibrate: this build has no CUDA backend");
-#endif
-    fr_status st = fr_runner_cpu_new(m, kv, max_tokens, &r->cpu);
-    if (!st) fr_runner_cpu_set_deterministic(r->cpu, o->deterministic);
-    return st;
-}
-
-static void runner_close(runner *r)
-{
-    fr_runner_cpu_destroy(&r->cpu);
-#ifdef FR_HAVE_CUDA
-    fr_runner_cuda_destroy(&r->gpu);
-#endif
+    const fr_batch b = {.kind = FR_BATCH_STEP, .seqs = seqs, .n_seqs = n_seqs, .logits = logits};
+    return fr_runner_run(r, &b);
 }
 
 static int argmax(const float *x, int n)
@@ -295,7 +254,7 @@ static int is_eos(const fr_model_config *cfg, int tok)
 }
 
 /* Prefills tokens[0, n) into seq in chunks; the last position's logits to last. */
-static fr_status prefill(runner *r, int seq, const int *tokens, int n, int chunk, float *last,
+static fr_status prefill(fr_runner *r, int seq, const int *tokens, int n, int chunk, float *last,
                          const char *what, int verbose)
 {
     fr_status st = FR_OK;
@@ -303,7 +262,7 @@ static fr_status prefill(runner *r, int seq, const int *tokens, int n, int chunk
     for (int i = 0; i < n && !st; i += chunk) {
         int m = n - i < chunk ? n - i : chunk;
         fr_step_seq step = {.seq = seq, .n = m, .tokens = tokens + i, .all_logits = 0};
-        st = runner_step(r, &step, 1, last);
+        st = run_step(r, &step, 1, last);
         if (verbose && (fr_now_s() - shown > 2.0 || i + m == n)) {
             fprintf(stderr, "calibrate: %s %d/%d tokens (%.1f s)\n", what, i + m, n, fr_now_s() - t0);
             shown = fr_now_s();
@@ -345,7 +304,7 @@ static fr_status check_opts(const fr_model_config *cfg, const fr_calib_opts *o, 
 
 /* Step 1: continues every seed greedily, all texts in one batch. cont[i]
  * receives text i's continuation (EOS ends it, not kept), n_cont[i] its length. */
-static fr_status continue_seeds(runner *r, fr_kv_cache *kv, const fr_model_config *cfg,
+static fr_status continue_seeds(fr_runner *r, fr_kv_cache *kv, const fr_model_config *cfg,
                                 const fr_calib_opts *o, int n_texts, const int *const *texts,
                                 const int *plen, int **cont, int *n_cont)
 {
@@ -381,18 +340,149 @@ static fr_status continue_seeds(runner *r, fr_kv_cache *kv, const fr_model_confi
         for (int i = 0; i < n_texts; i++)
             if (live[i]) steps[ns++] = (fr_step_seq){.seq = seq[i], .n = 1, .tokens = &tok[i], .all_logits = 0};
         if (ns == 0) break;
-        st = runner_step(r, steps, ns, logits);
+        st = run_step(r, steps, ns, logits);
     }
     for (int i = 0; i < opened; i++) fr_kv_seq_free(kv, seq[i]);
     free(logits); free(seq); free(tok); free(live); free(steps);
     return st;
 }
 
+/* Each seed's prompt length (BOS and up to seed_tokens bytes, leaving room
+ * for the continuation), room for its continuation, and the blocks the
+ * seeds take together. */
+static fr_status plan_seeds(const fr_model_config *cfg, const fr_calib_opts *o, int n_texts, const int *lens,
+                            int *plen, int **cont, int *seed_blocks)
+{
+    *seed_blocks = 0;
+    for (int i = 0; i < n_texts; i++) {
+        int cap = cfg->max_position - o->continue_tokens;
+        plen[i] = lens[i];
+        if (plen[i] > 1 + o->seed_tokens) plen[i] = 1 + o->seed_tokens;
+        if (plen[i] > cap) plen[i] = cap;
+        *seed_blocks += (plen[i] + o->continue_tokens + FR_PAGE_TOKENS - 1) / FR_PAGE_TOKENS;
+        cont[i] = malloc(sizeof(int) * (size_t)(o->continue_tokens + 1));
+        if (!cont[i]) return fr_fail(FR_ENOMEM, "calibrate: out of memory");
+    }
+    return FR_OK;
+}
+
+/* Step 2: the seeds after BOS and their continuations joined, tiled over
+ * tokens[1, context) after BOS. *body_len receives the joined length. */
+static fr_status tile_text(const fr_model_config *cfg, int n_texts, const int *const *texts, const int *plen,
+                           int *const *cont, const int *n_cont, int context, int *tokens, int *body_len)
+{
+    int len = 0;
+    for (int i = 0; i < n_texts; i++) len += plen[i] - 1 + n_cont[i];
+    *body_len = len;
+    if (len == 0) return fr_fail(FR_EINVAL, "calibrate: the seed texts hold no token after BOS");
+    int *body = malloc(sizeof(int) * (size_t)len);
+    if (!body) return fr_fail(FR_ENOMEM, "calibrate: out of memory");
+    int at = 0;
+    for (int i = 0; i < n_texts; i++) {
+        memcpy(body + at, texts[i] + 1, sizeof(int) * (size_t)(plen[i] - 1));
+        at += plen[i] - 1;
+        memcpy(body + at, cont[i], sizeof(int) * (size_t)n_cont[i]);
+        at += n_cont[i];
+    }
+    tokens[0] = cfg->bos_id;
+    for (int j = 1; j < context; j++) tokens[j] = body[(j - 1) % len];
+    free(body);
+    return FR_OK;
+}
+
+/* Step 4: decode steps continuing the prefill greedily from logits; their
+ * queries calibrate tau. */
+static fr_status tau_steps(fr_runner *r, calib_state *cs, const fr_calib_opts *o, int seq, int n_prefill,
+                           int *tokens, float *logits, double t2)
+{
+    const int V = cs->cfg->vocab_size, context = cs->context;
+    fr_status st = FR_OK;
+    cs->tau_on = !cs->latent_dim;   /* no tau replay over latent rows */
+    for (int i = n_prefill; i < context && !st; i++) {
+        tokens[i] = argmax(logits, V);
+        fr_step_seq step = {.seq = seq, .n = 1, .tokens = &tokens[i], .all_logits = 0};
+        st = run_step(r, &step, 1, logits);
+        if (o->verbose && !st && (i + 1 == context || (i + 1 - n_prefill) % 64 == 0))
+            fprintf(stderr, "calibrate: tau decode step %d/%d (%ld probability blocks, %.1f s)\n",
+                    i + 1 - n_prefill, o->tau_steps, cs->tau.blocks, fr_now_s() - t2);
+    }
+    return st;
+}
+
+/* The calibration from what the passes gathered: key mean (the latent's
+ * RoPE part not smoothed: zeros), FP8 scales, tau. *code receives tau's
+ * candidate. */
+static fr_status results(const calib_state *cs, const fr_calib_opts *o, fr_calib *out, int *code)
+{
+    const fr_model_config *cfg = cs->cfg;
+    const int L = cfg->num_layers, H = cfg->num_kv_heads, d = cfg->head_dim, dc = cs->latent_dim;
+    out->key_mean = malloc(sizeof(float) * (size_t)L * H * d);
+    out->fp8_scales = malloc(sizeof(float) * (size_t)L * H * 2);
+    if (!out->key_mean || !out->fp8_scales) return fr_fail(FR_ENOMEM, "calibrate: out of memory");
+    for (size_t i = 0; i < (size_t)L * H * d; i++) out->key_mean[i] = (float)(cs->ksum[i] / (double)cs->rows);
+    for (int l = 0; dc && l < L; l++)
+        memset(out->key_mean + (size_t)l * d + dc, 0, sizeof(float) * (size_t)(d - dc));
+    for (size_t i = 0; i < (size_t)L * H * 2; i++)
+        out->fp8_scales[i] = cs->amax[i] > 0.0f && isfinite(cs->amax[i]) ? cs->amax[i] / FR_E4M3_MAX : 1.0f;
+    *code = o->tau_steps > 0 ? fr_tau_stats_select(&cs->tau) : FR_TAU_DEFAULT_CODE;
+    out->tau = o->tau_steps > 0 ? fr_tau_candidate(*code) : FR_P_TAU;
+    out->has_tau = 1;
+    return FR_OK;
+}
+
+/* The report's figures of tau's choice. */
+static void report_tau(const calib_state *cs, int code, fr_calib_report *rep)
+{
+    rep->tau_code = code;
+    rep->tau_blocks = cs->tau.blocks;
+    rep->tau_err = fr_tau_stats_error(&cs->tau, code);
+    rep->tau_err_default = fr_tau_stats_error(&cs->tau, FR_TAU_DEFAULT_CODE);
+    for (int k = 0; k < FR_TAU_CODES; k++) rep->tau_err_by_code[k] = fr_tau_stats_error(&cs->tau, k);
+    memcpy(rep->tau_blocks_by_bin, cs->tau.count, sizeof cs->tau.count);
+}
+
+/* The accumulators of the passes over a window of `context` tokens (the
+ * key buffer of the tau replay only with tau steps on a non-latent model). */
+static fr_status state_new(const fr_model_config *cfg, const fr_calib_opts *o, int context, calib_state *cs)
+{
+    const int L = cfg->num_layers, H = cfg->num_kv_heads, d = cfg->head_dim, dc = cfg->kv_lora_rank;
+    /* Latent attention calibrates the latent mean and the latent's FP8
+     * scale; it quantizes no probability, so tau is not measured. */
+    *cs = (calib_state){.cfg = cfg, .latent_dim = dc, .context = context, .store_bf16 = o->kv == FR_KV_BF16};
+    cs->ksum = calloc((size_t)L * H * d, sizeof(double));
+    cs->amax = calloc((size_t)L * H * 2, sizeof(float));
+    cs->scratch = malloc(sizeof(float) * (size_t)context);
+    if (o->tau_steps > 0 && !dc) cs->keys = malloc(sizeof(float) * (size_t)L * H * context * d);
+    fr_tau_stats_init(&cs->tau);
+    if (!cs->ksum || !cs->amax || !cs->scratch || (o->tau_steps > 0 && !dc && !cs->keys))
+        return fr_fail(FR_ENOMEM, "calibrate: out of memory");
+    return FR_OK;
+}
+
+/* The passes' cache and runner: bf16 or f32 pages for the seeds or the
+ * window, whichever needs more; no step is longer than the chunk. */
+static fr_status open_passes(const fr_model *m, const fr_calib_opts *o, int n_texts, int seed_blocks, int context,
+                             fr_kv_cache **kv, fr_runner **r)
+{
+    const fr_model_config *cfg = &m->cfg;
+    const int main_blocks = (context + FR_PAGE_TOKENS - 1) / FR_PAGE_TOKENS;
+    fr_kv_cache_config kc = {.n_layers = cfg->num_layers, .n_kv_heads = cfg->num_kv_heads, .head_dim = cfg->head_dim,
+                             .latent_dim = cfg->kv_lora_rank, .dtype = o->kv, .compute = FR_COMPUTE_EXACT,
+                             .recipe = fr_recipe_full(), .tau = FR_P_TAU,
+                             .n_blocks = (seed_blocks > main_blocks ? seed_blocks : main_blocks) + 1,
+                             .max_seqs = n_texts, .bookkeeping_only = o->gpu != NULL};
+    fr_status st = fr_kv_cache_new(&kc, kv);
+    if (st) return st;
+    const fr_runner_config rc = {.model = m, .gpu = o->gpu, .kv = *kv,
+                                 .max_step_tokens = o->chunk > n_texts ? o->chunk : n_texts,
+                                 .deterministic = o->deterministic};
+    return fr_runner_open(&rc, r);
+}
+
 fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, const int *const *texts,
                        const int *lens, fr_calib *out, fr_calib_report *rep)
 {
     const fr_model_config *cfg = &m->cfg;
-    const int L = cfg->num_layers, H = cfg->num_kv_heads, d = cfg->head_dim, V = cfg->vocab_size;
     int context = o->context > 0 ? o->context : cfg->max_position;
     if (o->context < 0 && context > FR_CALIB_DEFAULT_CONTEXT) context = FR_CALIB_DEFAULT_CONTEXT;
     memset(out, 0, sizeof *out);
@@ -400,50 +490,22 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
     fr_status st = check_opts(cfg, o, n_texts, texts, lens, context);
     if (st) return st;
 
-    /* Seed prompts: BOS and up to seed_tokens bytes, leaving room for the continuation. */
     int *plen = calloc((size_t)n_texts, sizeof(int)), *n_cont = calloc((size_t)n_texts, sizeof(int));
     int **cont = calloc((size_t)n_texts, sizeof(int *));
-    int *tokens = malloc(sizeof(int) * (size_t)context), *body = NULL;
-    float *logits = malloc(sizeof(float) * (size_t)V);
-    /* Latent attention calibrates the latent mean and the latent's FP8
-     * scale; it quantizes no probability, so tau is not measured. */
-    const int dc = cfg->kv_lora_rank;
-    calib_state cs = {.cfg = cfg, .latent_dim = dc};
-    cs.ksum = calloc((size_t)L * H * d, sizeof(double));
-    cs.amax = calloc((size_t)L * H * 2, sizeof(float));
-    cs.scratch = malloc(sizeof(float) * (size_t)context);
-    cs.context = context;
-    cs.store_bf16 = o->kv == FR_KV_BF16;
-    if (o->tau_steps > 0 && !dc) cs.keys = malloc(sizeof(float) * (size_t)L * H * context * d);
-    fr_tau_stats_init(&cs.tau);
+    int *tokens = malloc(sizeof(int) * (size_t)context);
+    float *logits = malloc(sizeof(float) * (size_t)cfg->vocab_size);
+    calib_state cs;
     fr_kv_cache *kv = NULL;
-    runner rn = {0}, *r = &rn;
-    if (!plen || !n_cont || !cont || !tokens || !logits || !cs.ksum || !cs.amax || !cs.scratch ||
-        (o->tau_steps > 0 && !dc && !cs.keys))
-        st = fr_fail(FR_ENOMEM, "calibrate: out of memory");
+    fr_runner *r = NULL;
+    st = state_new(cfg, o, context, &cs);
+    if (!st && (!plen || !n_cont || !cont || !tokens || !logits)) st = fr_fail(FR_ENOMEM, "calibrate: out of memory");
     int seed_blocks = 0, body_len = 0;
-    for (int i = 0; i < n_texts && !st; i++) {
-        int cap = cfg->max_position - o->continue_tokens;
-        plen[i] = lens[i];
-        if (plen[i] > 1 + o->seed_tokens) plen[i] = 1 + o->seed_tokens;
-        if (plen[i] > cap) plen[i] = cap;
-        seed_blocks += (plen[i] + o->continue_tokens + FR_PAGE_TOKENS - 1) / FR_PAGE_TOKENS;
-        cont[i] = malloc(sizeof(int) * (size_t)(o->continue_tokens + 1));
-        if (!cont[i]) st = fr_fail(FR_ENOMEM, "calibrate: out of memory");
-    }
-    if (!st) {
-        int main_blocks = (context + FR_PAGE_TOKENS - 1) / FR_PAGE_TOKENS;
-        fr_kv_cache_config kc = {.n_layers = L, .n_kv_heads = H, .head_dim = d, .latent_dim = dc, .dtype = o->kv,
-                                 .compute = FR_COMPUTE_EXACT, .recipe = fr_recipe_full(), .tau = FR_P_TAU,
-                                 .n_blocks = (seed_blocks > main_blocks ? seed_blocks : main_blocks) + 1,
-                                 .max_seqs = n_texts, .bookkeeping_only = o->gpu != NULL};
-        st = fr_kv_cache_new(&kc, &kv);
-    }
+    if (!st) st = plan_seeds(cfg, o, n_texts, lens, plen, cont, &seed_blocks);
     /* no step is longer than the window: size the runner for what a chunk can be */
     fr_calib_opts oc = *o;
     if (oc.chunk > context) oc.chunk = context;
     o = &oc;
-    if (!st) st = runner_open(r, m, o, kv, o->chunk > n_texts ? o->chunk : n_texts);
+    if (!st) st = open_passes(m, o, n_texts, seed_blocks, context, &kv, &r);
 
     /* 1. continue the seeds */
     double t0 = fr_now_s();
@@ -451,26 +513,13 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
     double t1 = fr_now_s();
 
     /* 2. join and tile */
-    for (int i = 0; i < n_texts; i++) body_len += plen[i] - 1 + n_cont[i];
-    if (!st && body_len == 0) st = fr_fail(FR_EINVAL, "calibrate: the seed texts hold no token after BOS");
-    if (!st && !(body = malloc(sizeof(int) * (size_t)body_len))) st = fr_fail(FR_ENOMEM, "calibrate: out of memory");
-    if (!st) {
-        int at = 0;
-        for (int i = 0; i < n_texts; i++) {
-            memcpy(body + at, texts[i] + 1, sizeof(int) * (size_t)(plen[i] - 1));
-            at += plen[i] - 1;
-            memcpy(body + at, cont[i], sizeof(int) * (size_t)n_cont[i]);
-            at += n_cont[i];
-        }
-        tokens[0] = cfg->bos_id;
-        for (int j = 1; j < context; j++) tokens[j] = body[(j - 1) % body_len];
-    }
+    if (!st) st = tile_text(cfg, n_texts, texts, plen, cont, n_cont, context, tokens, &body_len);
 
     /* 3. one prefill, keys observed */
     const int n_prefill = context - o->tau_steps;
     int seq = -1;
     fr_forward_observer obs = {.user = &cs, .layer_kv = on_layer_kv, .layer_q = on_layer_q};
-    if (!st) st = runner_observe(r, &obs);
+    if (!st) st = fr_runner_set_observer(r, &obs);
     if (!st) {
         if (o->verbose)
             fprintf(stderr, "calibrate: joined text of %d tokens tiled to %d; prefilling %d tokens\n", body_len,
@@ -481,52 +530,26 @@ fr_status fr_calibrate(const fr_model *m, const fr_calib_opts *o, int n_texts, c
     double t2 = fr_now_s();
 
     /* 4. decode steps continuing it: their queries calibrate tau */
-    cs.tau_on = !dc;   /* no tau replay over latent rows */
-    for (int i = n_prefill; i < context && !st; i++) {
-        tokens[i] = argmax(logits, V);
-        fr_step_seq step = {.seq = seq, .n = 1, .tokens = &tokens[i], .all_logits = 0};
-        st = runner_step(r, &step, 1, logits);
-        if (o->verbose && !st && (i + 1 == context || (i + 1 - n_prefill) % 64 == 0))
-            fprintf(stderr, "calibrate: tau decode step %d/%d (%ld probability blocks, %.1f s)\n",
-                    i + 1 - n_prefill, o->tau_steps, cs.tau.blocks, fr_now_s() - t2);
-    }
+    if (!st) st = tau_steps(r, &cs, o, seq, n_prefill, tokens, logits, t2);
     double t3 = fr_now_s();
 
-    if (!st) {
-        out->key_mean = malloc(sizeof(float) * (size_t)L * H * d);
-        out->fp8_scales = malloc(sizeof(float) * (size_t)L * H * 2);
-        if (!out->key_mean || !out->fp8_scales) st = fr_fail(FR_ENOMEM, "calibrate: out of memory");
-    }
-    if (!st) {
-        for (size_t i = 0; i < (size_t)L * H * d; i++) out->key_mean[i] = (float)(cs.ksum[i] / (double)cs.rows);
-        for (int l = 0; dc && l < L; l++)   /* the RoPE part is not smoothed: zeros */
-            memset(out->key_mean + (size_t)l * d + dc, 0, sizeof(float) * (size_t)(d - dc));
-        for (size_t i = 0; i < (size_t)L * H * 2; i++)
-            out->fp8_scales[i] = cs.amax[i] > 0.0f && isfinite(cs.amax[i]) ? cs.amax[i] / FR_E4M3_MAX : 1.0f;
-        int code = o->tau_steps > 0 ? fr_tau_stats_select(&cs.tau) : FR_TAU_DEFAULT_CODE;
-        out->tau = o->tau_steps > 0 ? fr_tau_candidate(code) : FR_P_TAU;
-        out->has_tau = 1;
-        if (rep) {
-            rep->tokens = tokens;
-            tokens = NULL;
-            rep->n_tokens = context;
-            rep->prefill_tokens = n_prefill;
-            rep->tau_code = code;
-            rep->tau_blocks = cs.tau.blocks;
-            rep->tau_err = fr_tau_stats_error(&cs.tau, code);
-            rep->tau_err_default = fr_tau_stats_error(&cs.tau, FR_TAU_DEFAULT_CODE);
-            for (int k = 0; k < FR_TAU_CODES; k++) rep->tau_err_by_code[k] = fr_tau_stats_error(&cs.tau, k);
-            memcpy(rep->tau_blocks_by_bin, cs.tau.count, sizeof cs.tau.count);
-            rep->seconds_seed = t1 - t0;
-            rep->seconds_prefill = t2 - t1;
-            rep->seconds_tau = t3 - t2;
-        }
+    int code = FR_TAU_DEFAULT_CODE;
+    if (!st) st = results(&cs, o, out, &code);
+    if (!st && rep) {
+        report_tau(&cs, code, rep);
+        rep->tokens = tokens;
+        tokens = NULL;
+        rep->n_tokens = context;
+        rep->prefill_tokens = n_prefill;
+        rep->seconds_seed = t1 - t0;
+        rep->seconds_prefill = t2 - t1;
+        rep->seconds_tau = t3 - t2;
     }
     if (st) fr_calib_free(out);
-    runner_close(r);
+    fr_runner_destroy(&r);
     fr_kv_cache_destroy(&kv);
     for (int i = 0; cont && i < n_texts; i++) free(cont[i]);
-    free(cont); free(plen); free(n_cont); free(tokens); free(body); free(logits);
+    free(cont); free(plen); free(n_cont); free(tokens); free(logits);
     free(cs.ksum); free(cs.amax); free(cs.scratch); free(cs.keys);
     return st;
 }

@@ -100,7 +100,7 @@ typedef struct {
     int tau_steps;        /* decode steps whose queries calibrate tau (0: keep the default) */
     int chunk;            /* prefill chunk in tokens */
     fr_kv_dtype kv;       /* the cache the passes run with: bf16 or f32 */
-    int deterministic;    /* the CPU passes in deterministic mode (docs/determinism.md) */
+    int deterministic;    /* the passes in deterministic mode (docs/determinism.md), on the runner they run on */
     int verbose;          /* progress on stderr */
     /* Non-NULL: the passes run on the CUDA backend with these device weights
      * (rollout/model/weights_cuda.h); NULL: the CPU backend. Both give the same

@@ -8,10 +8,7 @@
 #include <time.h>
 
 #include "rollout/engine/kl_metrics.h"
-#include "rollout/model/runner_cpu.h"
-#ifdef FR_HAVE_CUDA
-#include "rollout/model/runner_cuda.h"
-#endif
+#include "rollout/model/runner.h"
 
 /* ---- configuration names ---- */
 
@@ -193,23 +190,19 @@ static fr_status run_pass(const eval_ctx *e, fr_kv_cache_config kc, const char *
     kc.n_blocks = 1;
     for (int i = 0; i < N; i++) kc.n_blocks += (p->lens[i] + FR_PAGE_TOKENS - 1) / FR_PAGE_TOKENS;
     kc.max_seqs = N;
-    fr_kv_cache *kv = NULL;
-    fr_runner_cpu *r = NULL;
-#ifdef FR_HAVE_CUDA
-    fr_runner_cuda *gr = NULL;
+    /* On the GPU (device weights) the pages live on the device: the host
+     * cache keeps the sequences. */
     kc.bookkeeping_only = p->gpu != NULL;
-#endif
+    fr_kv_cache *kv = NULL;
+    fr_runner *r = NULL;
     int *seq = malloc(sizeof(int) * (size_t)N), *text_of = malloc(sizeof(int) * (size_t)N), opened = 0;
     fr_step_seq *steps = malloc(sizeof *steps * (size_t)N);
     float *logits = malloc(sizeof(float) * (size_t)V * N);
     fr_status st = seq && text_of && steps && logits ? FR_OK : fr_fail(FR_ENOMEM, "eval-kl: out of memory");
     if (!st) st = fr_kv_cache_new(&kc, &kv);
-#ifdef FR_HAVE_CUDA
-    if (!st && p->gpu) st = fr_runner_cuda_new(p->gpu, kv, N, &gr);
-    else
-#endif
-    if (!st) st = fr_runner_cpu_new_tp(e->m, kv, N, p->tp, &r);
-    if (r) fr_runner_cpu_set_deterministic(r, p->deterministic);
+    const fr_runner_config rc = {.model = e->m, .gpu = p->gpu, .kv = kv, .max_step_tokens = N, .tp = p->tp,
+                                 .deterministic = p->deterministic};
+    if (!st) st = fr_runner_open(&rc, &r);
     for (int i = 0; i < N && !st; i++)
         if (!(st = fr_kv_seq_new(kv, &seq[i]))) opened++;
     double t0 = fr_now_s(), shown = t0;
@@ -220,11 +213,8 @@ static fr_status run_pass(const eval_ctx *e, fr_kv_cache_config kc, const char *
                 text_of[ns] = i;
                 steps[ns++] = (fr_step_seq){.seq = seq[i], .n = 1, .tokens = p->texts[i] + t, .all_logits = 0};
             }
-#ifdef FR_HAVE_CUDA
-        if (gr) st = fr_runner_cuda_step(gr, steps, ns, logits);
-        else
-#endif
-        st = fr_runner_cpu_step(r, steps, ns, logits);
+        const fr_batch b = {.kind = FR_BATCH_STEP, .seqs = steps, .n_seqs = ns, .logits = logits};
+        st = fr_runner_run(r, &b);
         for (int j = 0; j < ns && !st; j++) st = fn(user, text_of[j], t, logits + (size_t)j * V);
         if (p->verbose && !st && (fr_now_s() - shown > 10.0 || t + 1 == e->max_len)) {
             fprintf(stderr, "eval-kl: %s: position %d/%d (%.1f s)\n", label, t + 1, e->max_len, fr_now_s() - t0);
@@ -232,10 +222,7 @@ static fr_status run_pass(const eval_ctx *e, fr_kv_cache_config kc, const char *
         }
     }
     for (int i = 0; i < opened; i++) fr_kv_seq_free(kv, seq[i]);
-    fr_runner_cpu_destroy(&r);
-#ifdef FR_HAVE_CUDA
-    fr_runner_cuda_destroy(&gr);
-#endif
+    fr_runner_destroy(&r);
     fr_kv_cache_destroy(&kv);
     free(seq); free(text_of); free(steps); free(logits);
     return st;

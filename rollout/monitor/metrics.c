@@ -1,6 +1,7 @@
 #include "rollout/monitor/metrics.h"
 
 #include "base/buf.h"
+#include "rollout/model/runner.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -72,11 +73,7 @@ static void serving_families(text *t, const fr_metrics_snapshot *s)
 {
     const fr_serving_stats *v = &s->serving;
     gauge(t, "build_info", "how this binary was built (value 1)", "gauge");
-#ifdef FR_HAVE_CUDA
-    const char *cuda = "yes";
-#else
-    const char *cuda = "no";
-#endif
+    const char *cuda = fr_cuda_built() ? "yes" : "no";
     char compiler[64];
     clean(compiler, sizeof compiler, __VERSION__);
     fr_buf_printf(t, "fp4rollout_build_info{cuda=\"%s\",compiler=\"%s\",built=\"%s\"} 1\n", cuda, compiler, __DATE__);

@@ -115,7 +115,7 @@ fr_status fr_recal_check(fr_recal *r, fr_session *s, fr_scheduler *sch, uint64_t
     o.seed_tokens = r->cfg.seed_tokens;
     o.continue_tokens = r->cfg.continue_tokens;
     o.tau_steps = 0;   /* the key mean only: tau stays what the session serves with */
-    o.gpu = s->backend == FR_BACKEND_CUDA ? s->gpu_weights : NULL;
+    o.gpu = s->gpu_weights;   /* the passes run where the session does (NULL: the CPU) */
     fr_calib c = {0};
     fr_status st = fr_calibrate(s->model, &o, r->n_texts, (const int *const *)r->texts, r->lens, &c, NULL);
     if (st) {

@@ -759,7 +759,7 @@ static void test_real_tq6(void **state)
     FR_OK_OR_FAIL(fr_byte_text_read(&ss.model->cfg, path, N, &ids, &n));
     assert_int_equal(n, N);
     fr_forward_observer obs = {.user = &c, .layer_kv = cap_kv, .layer_q = cap_q};
-    fr_runner_cpu_set_observer(ss.runner, &obs);
+    FR_OK_OR_FAIL(fr_runner_set_observer(ss.runner, &obs));
     int seq;
     float *last = xmalloc(sizeof(float) * ss.model->cfg.vocab_size);
     FR_OK_OR_FAIL(fr_session_prefill(&ss, ids, N, 256, &seq, last, NULL));

@@ -470,19 +470,19 @@ static void test_observer_does_not_change_logits(void **state)
         fr_session s;
         assert_int_equal(fr_session_open(&eo, 4, 1, &s), FR_OK);
         fr_forward_observer obs = {.user = &cnt, .layer_kv = count_kv, .decode_query = count_q};
-        if (pass) fr_runner_cpu_set_observer(s.runner, &obs);
+        if (pass) assert_int_equal(fr_runner_set_observer(s.runner, &obs), FR_OK);
         int seq;
         float *out = pass ? b : a;
         assert_int_equal(fr_session_prefill(&s, ids, 30, 16, &seq, out, NULL), FR_OK);
         for (int i = 30; i < 40; i++) {
             fr_step_seq st = {.seq = seq, .n = 1, .tokens = ids + i, .all_logits = 0};
-            assert_int_equal(fr_runner_cpu_step(s.runner, &st, 1, out), FR_OK);
+            assert_int_equal(fr_session_step(&s, &st, 1, out), FR_OK);
         }
         if (pass) {
             fr_forward_observer stop = {.decode_query = refuse};
-            fr_runner_cpu_set_observer(s.runner, &stop);
+            assert_int_equal(fr_runner_set_observer(s.runner, &stop), FR_OK);
             fr_step_seq st = {.seq = seq, .n = 1, .tokens = ids, .all_logits = 0};
-            assert_int_equal(fr_runner_cpu_step(s.runner, &st, 1, out), FR_EINTERNAL);
+            assert_int_equal(fr_session_step(&s, &st, 1, out), FR_EINTERNAL);
             assert_non_null(strstr(fr_last_error(), "observer says stop"));
         }
         fr_session_close(&s);

@@ -132,7 +132,7 @@ static float *score(fr_session *s, const int *ids, int n, int chunk)
         assert_int_equal(fr_kv_seq_new(s->kv, &seq), FR_OK);
         for (int i = 0; i < n; i++) {
             fr_step_seq step = {.seq = seq, .n = 1, .tokens = ids + i, .all_logits = 1};
-            if (fr_runner_cpu_step(s->runner, &step, 1, logits + (size_t)i * V)) fail_msg("%s", fr_last_error());
+            if (fr_session_step(s, &step, 1, logits + (size_t)i * V)) fail_msg("%s", fr_last_error());
         }
     }
     fr_kv_seq_free(s->kv, seq);
@@ -204,7 +204,7 @@ static void test_prefill_and_greedy_match_golden(void **state)
             }
             matched++;
             fr_step_seq step = {.seq = seq, .n = 1, .tokens = &tok, .all_logits = 0};
-            assert_int_equal(fr_runner_cpu_step(s.runner, &step, 1, logits), FR_OK);
+            assert_int_equal(fr_session_step(&s, &step, 1, logits), FR_OK);
         }
         printf("  p%d: %d/%d greedy tokens equal\n", p, matched, n_new);
         prompts_equal += matched == n_new;

@@ -1,0 +1,19 @@
+/* The device side of a session in a build without CUDA (nvcc absent):
+ * nothing is ever made on a device, and asking says so. Built only without
+ * CUDA, in place of session_cuda.c. */
+#include "rollout/engine/session_device.h"
+
+fr_status fr_session_device_load(const fr_engine_opts *o, fr_session *s, fr_model **m)
+{
+    (void)o, (void)s;
+    *m = NULL;
+    return fr_fail(FR_EUNSUPPORTED, "--backend cuda: this build has no CUDA support (nvcc was absent)");
+}
+
+fr_status fr_session_device_adopt(const fr_engine_opts *o, fr_session *s, fr_model *m)
+{
+    (void)o, (void)s, (void)m;
+    return fr_fail(FR_EUNSUPPORTED, "--backend cuda: this build has no CUDA support (nvcc was absent)");
+}
+
+void fr_session_device_release(fr_session *s) { (void)s; }

@@ -1,0 +1,64 @@
+/* The runner interface's calls, forwarded to the backend (runner.h). */
+#include "rollout/model/runner.h"
+
+#include <stddef.h>
+
+fr_status fr_runner_open(const fr_runner_config *c, fr_runner **out)
+{
+    if (!out) return fr_fail(FR_EINVAL, "fr_runner_open: out is NULL");
+    *out = NULL;
+    if (!c || !c->model || !c->kv) return fr_fail(FR_EINVAL, "fr_runner_open: no model or KV cache");
+    return c->gpu ? fr_runner_cuda_open(c, out) : fr_runner_cpu_open(c, out);
+}
+
+void fr_runner_destroy(fr_runner **r)
+{
+    if (!r || !*r) return;
+    (*r)->ops->destroy(*r);
+    *r = NULL;
+}
+
+fr_status fr_runner_run(fr_runner *r, const fr_batch *b)
+{
+    if (!r || !b) return fr_fail(FR_EINVAL, "fr_runner_run: no runner or batch");
+    return r->ops->run(r, b);
+}
+
+fr_status fr_runner_fork(fr_runner *r, int src_seq, int dst_seq)
+{
+    if (!r) return fr_fail(FR_EINVAL, "fr_runner_fork: no runner");
+    return r->ops->fork(r, src_seq, dst_seq);
+}
+
+fr_status fr_runner_set_key_mean(fr_runner *r, const float *key_mean)
+{
+    if (!r || !key_mean) return fr_fail(FR_EINVAL, "fr_runner_set_key_mean: NULL argument");
+    return r->ops->set_key_mean(r, key_mean);
+}
+
+fr_status fr_runner_set_observer(fr_runner *r, const fr_forward_observer *obs)
+{
+    if (!r) return fr_fail(FR_EINVAL, "fr_runner_set_observer: no runner");
+    return r->ops->set_observer(r, obs);
+}
+
+fr_status fr_runner_set_deterministic(fr_runner *r, int on)
+{
+    if (!r) return fr_fail(FR_EINVAL, "fr_runner_set_deterministic: no runner");
+    return r->ops->set_deterministic(r, on);
+}
+
+fr_status fr_runner_weights_changed(fr_runner *r)
+{
+    if (!r) return fr_fail(FR_EINVAL, "fr_runner_weights_changed: no runner");
+    return r->ops->weights_changed(r);
+}
+
+void fr_runner_capture_stats(const fr_runner *r, int *captures, double *seconds)
+{
+    *captures = 0;
+    *seconds = 0.0;
+    if (r) r->ops->capture_stats(r, captures, seconds);
+}
+
+int fr_runner_on_device(const fr_runner *r) { return r && r->on_device; }
