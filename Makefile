@@ -20,14 +20,14 @@ CFLAGS   += -std=c11 -ffp-contract=off -D_GNU_SOURCE -fPIC -pthread $(WARN) -I. 
 MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null || mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null || mpicc --showme:link 2>/dev/null)
 CFLAGS   += $(MPI_CFLAGS)
-LDLIBS   := -lopenblas -lcjson -lzmq -lmsgpackc -lxxhash -lmicrohttpd $(MPI_LIBS) -lm -pthread
+LDLIBS   := -lopenblas -lcjson -lzmq -lmsgpackc -lxxhash -lmicrohttpd -lpcre2-8 -lutf8proc $(MPI_LIBS) -lm -pthread
 NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
             -Xcompiler -fPIC,-Wall,-Wextra -Werror all-warnings -I. -MMD -MP
 
 # One static library per module, in dependency order (a module may use the
 # ones after it in this list, never the ones before; docs/architecture.md).
 MODULES  := app trainer_bridge/server trainer_bridge/client rollout/monitor rollout/engine rollout/model \
-            kvcache attention trainer_bridge/protocol comm base
+            kvcache attention trainer_bridge/protocol comm tokenizer base
 lib_of    = $(BUILD)/lib$(subst /,_,$(1)).a
 # C files named *_cuda.c call the CUDA runtime: built only when nvcc is.
 # The programs' entry points link into the binaries themselves.
