@@ -73,13 +73,17 @@ GPU_SRCS   := $(if $(HAVE_NVCC),$(wildcard tests/gpu/test_*.c))
 GPU_BINS   := $(patsubst tests/gpu/%.c,$(BUILD)/gpu/%,$(GPU_SRCS))
 GPU_HELP   := $(if $(HAVE_NVCC),$(filter-out $(GPU_SRCS),$(wildcard tests/gpu/*.c)) $(wildcard tests/gpu/*.cu))
 GPU_HOBJ   := $(patsubst %.c,$(BUILD)/obj/%.o,$(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(GPU_HELP)))
-# Benchmarks (bench/*.c, one program each) need a GPU too.
-BENCH_SRCS := $(if $(HAVE_NVCC),$(wildcard bench/*.c))
+# Benchmarks (bench/*.c, one program each) need a GPU too, but for the
+# CPU ones of BENCH_CPU, which build everywhere (and with `make`, so that
+# they keep compiling).
+BENCH_CPU  := bench/tokenize_speed.c
+BENCH_SRCS := $(if $(HAVE_NVCC),$(wildcard bench/*.c),$(BENCH_CPU))
 BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+BENCH_CPU_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_CPU))
 
 .PHONY: all deps test unit integration demo gpu bench clean
 .SECONDARY: $(UNIT_HOBJ) $(GPU_HOBJ)
-all: $(BIN) $(CLIENT_BIN) $(CLIENT_SO) $(UNIT_BINS) $(GPU_BINS)
+all: $(BIN) $(CLIENT_BIN) $(CLIENT_SO) $(UNIT_BINS) $(GPU_BINS) $(BENCH_CPU_BINS)
 gpu: $(GPU_BINS) bench
 bench: $(BENCH_BINS)
 
@@ -134,6 +138,11 @@ $(BUILD)/gpu/%: tests/gpu/%.c $(UNIT_HOBJ) $(GPU_HOBJ) $(LIBS)
 $(BUILD)/bench/%: bench/%.c $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(LIBS) -o $@ $(LDLIBS)
+
+# The tokenizer's benchmark needs only its module and base/.
+$(BUILD)/bench/tokenize_speed: bench/tokenize_speed.c $(call lib_of,tokenizer) $(call lib_of,base)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lm -pthread
 
 # The two entry points build on every core (JOBS, default nproc): the CUDA
 # kernels alone take minutes one at a time.

@@ -1,6 +1,7 @@
 /* Normalizers, run in order over a piece of text. Unicode normal forms come
- * from utf8proc; a piece of ASCII is already in every normal form, so it
- * is passed through without a copy (most prompts are mostly ASCII). */
+ * from utf8proc, for the parts of a text they can change: ASCII and most
+ * other characters are already in every normal form and pass through
+ * without a copy. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,7 +23,24 @@ static int all_ascii(const char *s, size_t n)
     return 1;
 }
 
-static fr_status unicode_form(tok_norm_kind k, const char *s, size_t n, fr_buf *dst)
+/* Whether normal form k may change c, or join it with the character before
+ * it. Anything else (most of any text, all of CJK) is a boundary: the form
+ * of a text is the form of its pieces between such characters, so only the
+ * pieces around the others go through utf8proc. The characters that join
+ * with a preceding one are marks (or have a combining class) and Hangul
+ * medial and final jamo. */
+static int may_change(tok_norm_kind k, uint32_t c)
+{
+    const utf8proc_property_t *p = utf8proc_get_property((utf8proc_int32_t)c);
+    if (p->combining_class || p->category == UTF8PROC_CATEGORY_MN || p->category == UTF8PROC_CATEGORY_MC ||
+        p->category == UTF8PROC_CATEGORY_ME)
+        return 1;
+    if ((c >= 0x1161 && c <= 0x1175) || (c >= 0x11A8 && c <= 0x11C2)) return 1;
+    if (p->decomp_seqindex == UINT16_MAX) return (k == TOK_NORM_NFD || k == TOK_NORM_NFKD) && c >= 0xAC00 && c <= 0xD7A3;
+    return p->decomp_type == 0 || k == TOK_NORM_NFKC || k == TOK_NORM_NFKD;
+}
+
+static fr_status utf8proc_form(tok_norm_kind k, const char *s, size_t n, fr_buf *dst)
 {
     int opts = UTF8PROC_STABLE;
     if (k == TOK_NORM_NFC || k == TOK_NORM_NFKC) opts |= UTF8PROC_COMPOSE;
@@ -39,6 +57,37 @@ static fr_status unicode_form(tok_norm_kind k, const char *s, size_t n, fr_buf *
     fr_buf_put(dst, res, (size_t)len);
     free(res);
     return FR_OK;
+}
+
+/* Normal form k of s into dst: 1 when s is already in it (dst untouched). */
+static int unicode_form(tok_norm_kind k, const char *s, size_t n, fr_buf *dst, fr_status *st)
+{
+    size_t copied = 0;      /* s[0 .. copied) is in dst */
+    size_t boundary = 0;    /* the start of the last character before which nothing joins */
+    int changed = 0;
+    *st = FR_OK;
+    for (size_t i = 0; i < n;) {
+        if ((unsigned char)s[i] < 0x80) { boundary = i++; continue; }
+        uint32_t c;
+        int l = tok_utf8_next(s + i, &c);
+        if (!may_change(k, c)) { boundary = i; i += (size_t)l; continue; }
+        /* The piece from the boundary before to the next boundary after. */
+        size_t end = i + (size_t)l;
+        while (end < n) {
+            uint32_t d;
+            int dl = (unsigned char)s[end] < 0x80 ? (d = (unsigned char)s[end], 1) : tok_utf8_next(s + end, &d);
+            if (d < 0x80 || !may_change(k, d)) break;
+            end += (size_t)dl;
+        }
+        fr_buf_put(dst, s + copied, boundary - copied);
+        if ((*st = utf8proc_form(k, s + boundary, end - boundary, dst)) != FR_OK) return 0;
+        copied = boundary = end;
+        i = end;
+        changed = 1;
+    }
+    if (!changed) return 1;
+    fr_buf_put(dst, s + copied, n - copied);
+    return 0;
 }
 
 static fr_status replace(const tok_norm *z, tok_ws *ws, const char *s, size_t n, fr_buf *dst)
@@ -80,8 +129,7 @@ static int run_one(const tok_norm *z, tok_ws *ws, const char *s, size_t n, fr_bu
     switch (z->kind) {
     case TOK_NORM_NFC: case TOK_NORM_NFD: case TOK_NORM_NFKC: case TOK_NORM_NFKD:
         if (all_ascii(s, n)) return 1;
-        *st = unicode_form(z->kind, s, n, dst);
-        return 0;
+        return unicode_form(z->kind, s, n, dst, st);
     case TOK_NORM_PREPEND:
         if (!n) return 1;
         fr_buf_put(dst, z->text, z->text_len);

@@ -114,7 +114,7 @@ fr_status tok_regex_compile(tok_regex *re, const char *pattern, size_t len, int 
     }
     int err;
     PCRE2_SIZE at;
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     re->code = pcre2_compile((PCRE2_SPTR)(tr ? tr : pattern), tr_len, opts, &err, &at, NULL);
     free(tr);
     if (!re->code) {
