@@ -202,6 +202,10 @@ fr_status tok_added_split(const fr_tokenizer *t, const tok_trie *tr, const char 
 fr_status tok_normalize(const fr_tokenizer *t, tok_ws *ws, const char *s, size_t n, const char **out,
                         size_t *out_len);
 
+/* Normal form k (NFC, NFD, NFKC, NFKD) of s appended to dst: 1 when s is
+ * in it already (dst untouched), 0 when dst holds it (*st: the status). */
+int tok_unicode_form(tok_norm_kind k, const char *s, size_t n, fr_buf *dst, fr_status *st);
+
 /* tok_pretok.c: pre-tokenizes s from stage k on and feeds the model;
  * at_start: s begins at offset 0 of the original text. */
 fr_status tok_pretok_run(const fr_tokenizer *t, tok_ws *ws, size_t k, const char *s, size_t n, int at_start);

@@ -59,8 +59,7 @@ static fr_status utf8proc_form(tok_norm_kind k, const char *s, size_t n, fr_buf 
     return FR_OK;
 }
 
-/* Normal form k of s into dst: 1 when s is already in it (dst untouched). */
-static int unicode_form(tok_norm_kind k, const char *s, size_t n, fr_buf *dst, fr_status *st)
+int tok_unicode_form(tok_norm_kind k, const char *s, size_t n, fr_buf *dst, fr_status *st)
 {
     size_t copied = 0;      /* s[0 .. copied) is in dst */
     size_t boundary = 0;    /* the start of the last character before which nothing joins */
@@ -129,7 +128,7 @@ static int run_one(const tok_norm *z, tok_ws *ws, const char *s, size_t n, fr_bu
     switch (z->kind) {
     case TOK_NORM_NFC: case TOK_NORM_NFD: case TOK_NORM_NFKC: case TOK_NORM_NFKD:
         if (all_ascii(s, n)) return 1;
-        return unicode_form(z->kind, s, n, dst, st);
+        return tok_unicode_form(z->kind, s, n, dst, st);
     case TOK_NORM_PREPEND:
         if (!n) return 1;
         fr_buf_put(dst, z->text, z->text_len);
