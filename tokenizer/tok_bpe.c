@@ -336,6 +336,6 @@ fr_status tok_bpe_word(const fr_tokenizer *t, tok_ws *ws, const char *s, size_t 
     }
     fr_status st = merge_and_emit(m, ws, nsym);
     if (st != FR_OK) return st;
-    if (cacheable) cache_put(ws, h, s, n, ws->ids + first, ws->n_ids - first);
+    if (cacheable && ws->n_ids > first) cache_put(ws, h, s, n, ws->ids + first, ws->n_ids - first);
     return FR_OK;
 }

@@ -8,10 +8,7 @@
 #include "tok_internal.h"
 #include "tok_utf8.h"
 
-typedef struct {
-    fr_buf text;
-    tok_segs spans;
-} tok_list;
+typedef tok_strlist tok_list;
 
 static int list_add(tok_list *l, const char *s, size_t n)
 {
@@ -213,9 +210,13 @@ static int token_list(const fr_tokenizer *t, const int *ids, size_t n, int skip_
 
 fr_status tok_decode_into(const fr_tokenizer *t, const int *ids, size_t n, int skip_special, fr_buf *out)
 {
-    tok_list a = {0}, b = {0}, *in = &a, *next = &b;
     tok_ws *ws = tok_ws_get(t);
     if (!ws) return FR_ENOMEM;
+    /* The workspace's lists: a detokenizer decodes a few ids at a time,
+     * many times over, and should not allocate each time. */
+    tok_list *in = (tok_list *)&ws->dec[0], *next = (tok_list *)&ws->dec[1];
+    in->text.len = next->text.len = 0;
+    in->spans.n = next->spans.n = 0;
     int bad = token_list(t, ids, n, skip_special, in);
     for (size_t k = 0; !bad && k < t->n_dec; k++) {
         next->text.len = 0;
@@ -231,12 +232,9 @@ fr_status tok_decode_into(const fr_tokenizer *t, const int *ids, size_t n, int s
         fr_buf_put(out, SPAN(in, i), SPAN_LEN(in, i));
     }
     if (!out->data) fr_buf_put(out, "", 0);
+    bad |= out->failed || in->text.failed || next->text.failed;
+    in->text.failed = next->text.failed = 0;
     tok_ws_put(t, ws);
-    bad |= out->failed;
-    fr_buf_free(&a.text);
-    fr_buf_free(&b.text);
-    free(a.spans.v);
-    free(b.spans.v);
     return bad ? fr_fail(FR_ENOMEM, "out of memory decoding %zu ids", n) : FR_OK;
 }
 

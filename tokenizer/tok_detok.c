@@ -57,7 +57,7 @@ void fr_detok_free(fr_detok **d)
 static fr_status decode_window(fr_detok *d, size_t from, fr_buf *b)
 {
     b->len = 0;
-    return tok_decode_into(d->tok, d->ids + from, d->n - from, d->skip_special, b);
+    return tok_decode_into(d->tok, d->n > from ? d->ids + from : NULL, d->n - from, d->skip_special, b);
 }
 
 static fr_status set_out(fr_detok *d, const char *s, size_t n, const char **text, size_t *len)

@@ -144,6 +144,12 @@ typedef struct {
     tok_segs segs, segs2;
 } tok_stage;
 
+/* A list of strings: a buffer and their spans (the decoders' currency). */
+typedef struct {
+    fr_buf text;
+    tok_segs spans;
+} tok_strlist;
+
 /* Pre-token cache: model input bytes -> ids, cleared when full. */
 typedef struct {
     uint64_t *hash;        /* per slot: the key's hash, 0 for empty */
@@ -169,6 +175,7 @@ typedef struct tok_ws {
     uint64_t *heap;
     size_t cap_heap;
     tok_cache cache;
+    tok_strlist dec[2];          /* the decoders' input and output */
 } tok_ws;
 
 /* ---- functions shared between the files ---- */

@@ -33,6 +33,10 @@ void tok_ws_free(tok_ws *ws)
     free(ws->sym);
     free(ws->heap);
     tok_cache_free(&ws->cache);
+    for (int i = 0; i < 2; i++) {
+        fr_buf_free(&ws->dec[i].text);
+        free(ws->dec[i].spans.v);
+    }
     free(ws);
 }
 
