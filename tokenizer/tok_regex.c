@@ -124,8 +124,11 @@ fr_status tok_regex_compile(tok_regex *re, const char *pattern, size_t len, int 
                        (const char *)msg, (size_t)at);
     }
     /* Without a JIT (some platforms) PCRE2's interpreter gives the same
-     * matches, only slower. */
-    (void)pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE);
+     * matches, only slower. FR_TOKENIZER_NO_JIT=1 turns it off on purpose:
+     * valgrind takes the JIT's generated code for reads of uninitialised
+     * memory. */
+    const char *no_jit = getenv("FR_TOKENIZER_NO_JIT");
+    if (!no_jit || strcmp(no_jit, "1") != 0) (void)pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE);
     return FR_OK;
 }
 
