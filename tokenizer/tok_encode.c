@@ -9,6 +9,8 @@
 #include "tok_internal.h"
 #include "tok_utf8.h"
 
+enum { TOK_MAX_TEXT = 1 << 30 };
+
 static fr_status push_added(const fr_tokenizer *t, tok_ws *ws, uint32_t match)
 {
     if (tok_ws_push_id(ws, t->added[match - 1].id) != 0) return fr_fail(FR_ENOMEM, "out of memory for token ids");
@@ -74,6 +76,8 @@ fr_status fr_tokenizer_encode(const fr_tokenizer *tok, const char *text, size_t 
     *n = 0;
     if (!tok) return fr_fail(FR_EINVAL, "fr_tokenizer_encode: no tokenizer");
     if (!text && len) return fr_fail(FR_EINVAL, "fr_tokenizer_encode: no text");
+    /* Offsets inside a text are 32-bit; normalizers may grow it. */
+    if (len > TOK_MAX_TEXT) return fr_fail(FR_EINVAL, "text of %zu bytes is over the limit of %d bytes", len, TOK_MAX_TEXT);
     size_t ok = len ? tok_utf8_valid_prefix(text, len) : 0;
     if (ok != len) return fr_fail(FR_EINVAL, "text is not valid UTF-8 (byte %zu of %zu: 0x%02x)", ok, len,
                                   (unsigned)(unsigned char)text[ok]);

@@ -56,7 +56,7 @@ void fr_tokenizer_free(fr_tokenizer **tok);
  * (a beginning-of-sequence token, say), as `add_special_tokens=True` does.
  * Special tokens written in the text (`<|im_start|>`) are always recognised,
  * as Hugging Face does. Text that is not valid UTF-8 is refused (FR_EINVAL,
- * naming the byte offset). */
+ * naming the byte offset), and so is text over 1 GiB. */
 fr_status fr_tokenizer_encode(const fr_tokenizer *tok, const char *text, size_t len, int add_special, int **ids,
                               size_t *n);
 
