@@ -50,8 +50,18 @@ int tok_set_id(fr_tokenizer *t, int id, uint32_t off, uint32_t len)
     return 0;
 }
 
-/* What skip_special drops: tokenizers tests the string decoding gives an
- * id against the contents of the special added tokens. */
+/* Marks id as special when the string decoding gives it is a special
+ * token's content (tokenizers' test). */
+static void mark_if_special(fr_tokenizer *t, const tok_strmap *specials, int id)
+{
+    size_t len;
+    const char *s = fr_tokenizer_id_token(t, id, &len);
+    if (s && tok_strmap_get(specials, t->str.data, s, len) >= 0) t->id_special[id] = 1;
+}
+
+/* What skip_special drops. Only two kinds of id can decode to a special
+ * token's content: added tokens, and vocabulary entries spelled like one;
+ * looking at those alone keeps this off the vocabulary's size. */
 static fr_status mark_special(fr_tokenizer *t)
 {
     t->id_special = calloc(t->n_ids ? (size_t)t->n_ids : 1, 1);
@@ -62,10 +72,10 @@ static fr_status mark_special(fr_tokenizer *t)
             tok_strmap_free(&specials);
             return fr_fail(FR_ENOMEM, "out of memory");
         }
-    for (int id = 0; id < t->n_ids; id++) {
-        size_t len;
-        const char *s = fr_tokenizer_id_token(t, id, &len);
-        t->id_special[id] = s && tok_strmap_get(&specials, t->str.data, s, len) >= 0;
+    for (size_t i = 0; i < t->n_added; i++) {
+        mark_if_special(t, &specials, t->added[i].id);
+        int v = tok_strmap_get(&t->bpe.vocab, t->str.data, t->str.data + t->added[i].off, t->added[i].len);
+        if (v >= 0 && t->added[i].special) mark_if_special(t, &specials, v);
     }
     tok_strmap_free(&specials);
     return FR_OK;
