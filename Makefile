@@ -22,14 +22,14 @@ CFLAGS   += -std=c11 -ffp-contract=off -D_GNU_SOURCE -fPIC -pthread $(WARN) -I. 
 MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null || mpicc --showme:compile 2>/dev/null)
 MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null || mpicc --showme:link 2>/dev/null)
 CFLAGS   += $(MPI_CFLAGS)
-LDLIBS   := -lopenblas -lcjson -lzmq -lmsgpackc -lxxhash -lmicrohttpd $(MPI_LIBS) -lm -pthread
+LDLIBS   := -lopenblas -lcjson -lzmq -lmsgpackc -lxxhash -lmicrohttpd -lpcre2-8 -lutf8proc $(MPI_LIBS) -lm -pthread
 NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
             -Xcompiler -fPIC,-Wall,-Wextra -Werror all-warnings -I. -MMD -MP
 
 # One static library per module, in dependency order (a module may use the
 # ones after it in this list, never the ones before; docs/architecture.md).
 MODULES  := app trainer_bridge/server trainer_bridge/client rollout/monitor rollout/engine rollout/model \
-            kvcache attention trainer_bridge/protocol comm base
+            kvcache attention trainer_bridge/protocol comm tokenizer base
 lib_of    = $(BUILD)/lib$(subst /,_,$(1)).a
 # C files named *_cuda.c call the CUDA runtime: built only when nvcc is.
 # Files named *_nocuda.c are their stand-ins: built only when nvcc is not.
@@ -66,7 +66,7 @@ CLIENT_LDLIBS += -L$(CUDA_HOME)/lib64 -lnccl -lcudart
 endif
 # The same library shared, for language bindings (trainer_bridge/client/python/).
 CLIENT_SO  := $(BUILD)/libfp4rollout_client.so
-UNIT_HELP  := tests/unit/test_util.c
+UNIT_HELP  := tests/unit/test_util.c tests/unit/tokenizer_util.c
 UNIT_SRCS  := $(filter-out $(UNIT_HELP),$(wildcard tests/unit/test_*.c))
 UNIT_BINS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 UNIT_HOBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(UNIT_HELP))
@@ -76,13 +76,17 @@ GPU_SRCS   := $(if $(HAVE_NVCC),$(wildcard tests/gpu/test_*.c))
 GPU_BINS   := $(patsubst tests/gpu/%.c,$(BUILD)/gpu/%,$(GPU_SRCS))
 GPU_HELP   := $(if $(HAVE_NVCC),$(filter-out $(GPU_SRCS),$(wildcard tests/gpu/*.c)) $(wildcard tests/gpu/*.cu))
 GPU_HOBJ   := $(patsubst %.c,$(BUILD)/obj/%.o,$(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(GPU_HELP)))
-# Benchmarks (bench/*.c, one program each) need a GPU too.
-BENCH_SRCS := $(if $(HAVE_NVCC),$(wildcard bench/*.c))
+# Benchmarks (bench/*.c, one program each) need a GPU too, but for the
+# CPU ones of BENCH_CPU, which build everywhere (and with `make`, so that
+# they keep compiling).
+BENCH_CPU  := bench/tokenize_speed.c
+BENCH_SRCS := $(if $(HAVE_NVCC),$(wildcard bench/*.c),$(BENCH_CPU))
 BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
+BENCH_CPU_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_CPU))
 
 .PHONY: all deps test unit integration demo gpu bench clean
 .SECONDARY: $(UNIT_HOBJ) $(GPU_HOBJ)
-all: $(BIN) $(CLIENT_BIN) $(CLIENT_SO) $(UNIT_BINS) $(GPU_BINS)
+all: $(BIN) $(CLIENT_BIN) $(CLIENT_SO) $(UNIT_BINS) $(GPU_BINS) $(BENCH_CPU_BINS)
 gpu: $(GPU_BINS) bench
 bench: $(BENCH_BINS)
 
@@ -137,6 +141,11 @@ $(BUILD)/gpu/%: tests/gpu/%.c $(UNIT_HOBJ) $(GPU_HOBJ) $(LIBS)
 $(BUILD)/bench/%: bench/%.c $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(LIBS) -o $@ $(LDLIBS)
+
+# The tokenizer's benchmark needs only its module and base/.
+$(BUILD)/bench/tokenize_speed: bench/tokenize_speed.c $(call lib_of,tokenizer) $(call lib_of,base)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ -lcjson -lpcre2-8 -lutf8proc -lm -pthread
 
 # The two entry points build on every core (JOBS, default nproc): the CUDA
 # kernels alone take minutes one at a time.

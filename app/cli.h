@@ -30,6 +30,8 @@ int fr_cli_eval_kl(int argc, char **argv);
 int fr_cli_rollout(int argc, char **argv);
 int fr_cli_serve(int argc, char **argv);
 int fr_cli_dashboard(int argc, char **argv);
+int fr_cli_tokenize(int argc, char **argv);
+int fr_cli_detokenize(int argc, char **argv);
 
 /* Small helpers so every subcommand parses and reports the same way. */
 

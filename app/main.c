@@ -14,6 +14,8 @@ static const fr_cli_command commands[] = {
     {"eval-kl", "teacher-forced KL of KV cache configurations against BF16 KV (Appendix A)", fr_cli_eval_kl},
     {"dashboard", "serve the divergence dashboard of a finished run from its metrics_log", fr_cli_dashboard},
     {"demo", "print the quantization error table of every format on a demo tensor", fr_cli_demo},
+    {"tokenize", "encode a text with a Hugging Face tokenizer.json (JSON line of ids)", fr_cli_tokenize},
+    {"detokenize", "decode token ids with a Hugging Face tokenizer.json", fr_cli_detokenize},
 };
 enum { N_COMMANDS = sizeof commands / sizeof commands[0] };
 

@@ -20,6 +20,7 @@ RULES = {
     'attention': ['base'],
     'kvcache': ['base', 'attention'],
     'comm': ['base'],
+    'tokenizer': ['base'],
     'rollout/model': ['base', 'attention', 'kvcache', 'comm'],
     'rollout/engine': ['base', 'attention', 'kvcache', 'comm', 'rollout/model'],
     'rollout/monitor': ['base', 'attention', 'kvcache', 'comm', 'rollout/model', 'rollout/engine'],

@@ -7,7 +7,7 @@
 #
 #   scripts/run-fuzz.sh [--merge] [SECONDS] [TARGET...]
 #
-# TARGET: protocol, safetensors, model_config, serve_config (default: all).
+# TARGET: protocol, safetensors, model_config, serve_config, tokenizer (default: all).
 # --merge: afterwards, fold the inputs that found new coverage into
 #   tests/fuzz/corpus/TARGET (minimised by libFuzzer's -merge=1); without
 #   it the committed corpus is only read, and new inputs stay under
@@ -24,7 +24,7 @@ if [ "${1:-}" = "--merge" ]; then merge=1; shift; fi
 seconds=${1:-60}
 case "$seconds" in ''|*[!0-9]*) echo "run-fuzz: SECONDS must be a whole number, got '$seconds'" >&2; exit 2 ;; esac
 [ $# -gt 0 ] && shift
-all=(protocol safetensors model_config serve_config)
+all=(protocol safetensors model_config serve_config tokenizer)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all[@]}")
 
@@ -33,7 +33,7 @@ max_len_of() {
   case "$1" in
     protocol) echo 4096 ;;
     safetensors) echo 8192 ;;
-    model_config|serve_config) echo 4096 ;;
+    model_config|serve_config|tokenizer) echo 4096 ;;
     *) echo "run-fuzz: unknown target '$1' (expected: ${all[*]})" >&2; return 1 ;;
   esac
 }

@@ -9,11 +9,11 @@
 
 FUZZ_CC      ?= clang
 FUZZ_DIR     := $(BUILD)/fuzz
-FUZZ_TARGETS := protocol safetensors model_config serve_config
+FUZZ_TARGETS := protocol safetensors model_config serve_config tokenizer
 FUZZ_BINS    := $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 FUZZ_CFLAGS  := -std=c11 -g -O1 -fno-omit-frame-pointer $(WARN) $(filter -D% -I%,$(CFLAGS)) \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-FUZZ_HDRS    := $(wildcard tests/fuzz/*.h base/*.h app/*.h attention/*.h kvcache/*.h trainer_bridge/*.h trainer_bridge/*/*.h rollout/*/*.h)
+FUZZ_HDRS    := $(wildcard tests/fuzz/*.h base/*.h app/*.h attention/*.h kvcache/*.h trainer_bridge/*.h trainer_bridge/*/*.h rollout/*/*.h tokenizer/*.h)
 PROTO_SRCS   := $(addprefix trainer_bridge/protocol/,proto_common.c proto_decode.c proto_encode.c proto_utf8.c) $(BASE_SRCS)
 
 .PHONY: fuzz fuzz-seeds
@@ -35,6 +35,10 @@ $(FUZZ_DIR)/fuzz_serve_config: tests/fuzz/fuzz_serve_config.c app/serve_config.c
                                $(BASE_SRCS) $(FUZZ_HDRS) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) $(LIBS) -o $@ $(LDLIBS)
+
+$(FUZZ_DIR)/fuzz_tokenizer: tests/fuzz/fuzz_tokenizer.c $(wildcard tokenizer/*.c) $(BASE_SRCS) base/safetensors.c $(FUZZ_HDRS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) -o $@ -lcjson -lpcre2-8 -lutf8proc -lm -pthread
 
 $(FUZZ_DIR)/gen_seeds: tests/fuzz/gen_seeds.c $(PROTO_SRCS) $(FUZZ_HDRS)
 	@mkdir -p $(dir $@)
