@@ -29,10 +29,11 @@ NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
 MODULES  := app trainer_bridge/server trainer_bridge/client rollout/monitor rollout/engine rollout/model \
             kvcache attention trainer_bridge/protocol comm base
 lib_of    = $(BUILD)/lib$(subst /,_,$(1)).a
-# C files named *_cuda.c call the CUDA runtime: built only when nvcc is.
+# C files named *_cuda.c call the CUDA runtime: built only when nvcc is;
+# a file named *_nocuda.c answers for them in a build without it.
 # The programs' entry points link into the binaries themselves.
 MAIN_SRC := app/main.c app/fp4rollout_client.c
-srcs_of   = $(filter-out $(MAIN_SRC) $(if $(HAVE_NVCC),,$(1)/%_cuda.c),$(wildcard $(1)/*.c))
+srcs_of   = $(filter-out $(MAIN_SRC) $(if $(HAVE_NVCC),$(1)/%_nocuda.c,$(1)/%_cuda.c),$(wildcard $(1)/*.c))
 cusrcs_of = $(if $(HAVE_NVCC),$(wildcard $(1)/*.cu))
 objs_of   = $(patsubst %.c,$(BUILD)/obj/%.o,$(call srcs_of,$(1))) \
             $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(call cusrcs_of,$(1)))

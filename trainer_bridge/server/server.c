@@ -185,9 +185,7 @@ void srv_drop_gone_peers(fr_bridge_server *srv)
             srv_log(srv, "client %s disconnected: its messages are undeliverable, %d open samples aborted%s",
                     fr_peers_name(srv->peers, peer), ended, had_update ? ", its weight update dropped" : "");
         if (had_update) srv_drop_update(srv, "its client disconnected");
-#ifdef FR_HAVE_CUDA
         if (srv->ng && srv->ng_peer == peer) srv_nccl_end(srv, "its client disconnected", NULL);
-#endif
     }
 }
 
@@ -430,7 +428,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
         srv_flush_all(srv);
         /* not while weights are being staged or the trainer has paused the engine */
         fr_status rst = FR_OK;
-        if (srv->recal && !srv->upd && !srv_nccl_updating(srv) && srv->state == RUNNING &&
+        if (srv->recal && !srv->upd && srv->state == RUNNING &&
             (rst = fr_recal_check(srv->recal, srv->sess, srv->sch, srv->weight_version, NULL))) {
             failure = rst;
             srv_log(srv, "recalibration left the engine unusable: %s", fr_last_error());
@@ -447,16 +445,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
         srv_conn_watch(srv);   /* peers found gone by a send, or whose connection closed */
         if (srv_publishes(srv) && fr_now_ms() - srv->last_pub_ms >= 200.0) srv_publish_metrics(srv);
         srv_log_stats(srv, 0);
-        if (srv->upd && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
-            char why[96];
-            snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
-            srv_drop_update(srv, why);
-        }
-        if (srv_nccl_updating(srv) && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
-            char why[96];
-            snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
-            srv_nccl_drop_update(srv, why);
-        }
+        srv_drop_idle_update(srv);
     }
     srv->stopping = 1;
     if (srv_publishes(srv)) srv_publish_metrics(srv);   /* /health: 503 from now on */
@@ -480,11 +469,8 @@ void fr_bridge_server_destroy(fr_bridge_server **pp)
     fr_recal_destroy(&srv->recal);
     if (srv->sch && srv->peers) srv_abort_everything(srv);
     fr_scheduler_destroy(&srv->sch);   /* nothing open is left; any result would find no request */
-    fr_bridge_update_free(&srv->upd);
-#ifdef FR_HAVE_CUDA
-    fr_nccl_recv_destroy(&srv->ng);   /* first: its streams may still write into ng_upd's stage */
-    fr_weight_update_free(&srv->ng_upd);
-#endif
+    fr_weight_recv_destroy(&srv->ng);   /* first: its streams may still write into the update's stage */
+    fr_weight_update_free(&srv->upd);
     for (int i = 0; i < srv->n_reqs; i++) srv_free_request(srv->reqs[i]);
     free(srv->reqs);
     free(srv->waiters);
@@ -501,7 +487,6 @@ void fr_bridge_server_destroy(fr_bridge_server **pp)
     if (srv->zctx) zmq_ctx_term(srv->zctx);
     for (int i = 0; i < srv->n_deferred; i++) free(srv->deferred[i].data);
     free(srv->deferred);
-    fr_weight_update_free(&srv->wupd);
     fr_weight_update_free(&srv->spare);
     fr_weight_update_free(&srv->ng_spare);
     free(srv->ng_acks);
