@@ -533,9 +533,9 @@ static fr_status mpi_recv(void *ctx, int bucket, void *buf, size_t nbytes)
 {
     mpi_ctx *c = ctx;
     int alive = 0;
-    if (fr_mpi_world_bcast(W, &alive, sizeof alive, 0)) return fr_fail(FR_EIO, "%s", fr_comm_last_error());
+    if (fr_mpi_world_bcast(W, &alive, sizeof alive, 0)) return fr_fail(FR_EIO, "%s", fr_last_error());
     if (!alive) return fr_fail(FR_EIO, "the trainer is gone");
-    if (fr_mpi_world_bcast(W, buf, nbytes, 0)) return fr_fail(FR_EIO, "%s", fr_comm_last_error());
+    if (fr_mpi_world_bcast(W, buf, nbytes, 0)) return fr_fail(FR_EIO, "%s", fr_last_error());
     if (c->corrupt_here && bucket == 1) ((unsigned char *)buf)[0] ^= 1;
     return FR_OK;
 }
@@ -597,7 +597,7 @@ static void test_mpi_all_or_nothing(void **state)
 int main(int argc, char **argv)
 {
     if (fr_mpi_world_init(&argc, &argv, &W)) {
-        fprintf(stderr, "test_wsync_rank: %s\n", fr_comm_last_error());
+        fprintf(stderr, "test_wsync_rank: %s\n", fr_last_error());
         return 1;
     }
     const struct CMUnitTest tests[] = {
