@@ -177,7 +177,8 @@ static void test_bucket_refusals(void **state)
     expect(fr_weight_check_ready(f->c, &why), &why, FR_WREF_UPDATE_STATE, "cannot commit");
     assert_int_equal(begin(f, &decl, 1, 1 << 20, 1, &why), FR_OK);
     p.t.dtype = FR_DTYPE_BF16;
-    expect(fr_weight_check_bucket(f->c, &b, NULL, &why), &why, FR_WREF_BAD_DTYPE, "arrives as bf16, the begin declared f32");
+    expect(fr_weight_check_bucket(f->c, &b, NULL, &why), &why, FR_WREF_BAD_DTYPE,
+           "arrives as bf16, the begin declared f32");
     assert_int_equal(begin(f, &decl, 1, 1 << 20, 1, &why), FR_OK);
     p = piece(norm, 0, 64, 0);
     p.t.shape[0] = 32;

@@ -282,7 +282,9 @@ static void test_partial_update(void **state)
     size_t count;
     const float *src = source(b.model, u, 1, &count);
     put(u, 1, src, count, 0, count / 2);
-    expect_fail(fr_session_commit_weights_move(&a, u), "update to version 3: \"model.layers.0.input_layernorm.weight\" has 256 of its 512 bytes");   /* tensor 1 in part */
+    /* tensor 1 in part */
+    expect_fail(fr_session_commit_weights_move(&a, u),
+                "update to version 3: \"model.layers.0.input_layernorm.weight\" has 256 of its 512 bytes");
     put(u, 1, src, count, count / 2, count);
     for (int i = 2; i < n; i++) {
         src = source(b.model, u, i, &count);

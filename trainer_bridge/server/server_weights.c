@@ -335,7 +335,8 @@ static void apply_bucket(fr_bridge_server *srv, fr_rank_reader *r)
     if (!r->bad && srv->rank != 0 && srv->upd && !srv->upd_failed) {
         fr_weight_refusal why = FR_WREF_OUT_OF_MEMORY;
         if (!st)
-            st = srv->upd_nccl ? fr_weight_recv_bucket(srv->ng, &b, &why) : fr_weight_update_bucket(srv->upd, &b, NULL, &why);
+            st = srv->upd_nccl ? fr_weight_recv_bucket(srv->ng, &b, &why)
+                               : fr_weight_update_bucket(srv->upd, &b, NULL, &why);
         if (st) {
             srv_log(srv, "rank %d: staging weight version %llu failed: %s", srv->rank,
                     (unsigned long long)fr_weight_update_version(srv->upd), fr_last_error());
