@@ -192,10 +192,9 @@ void srv_handle_update_begin(fr_bridge_server *srv, int peer, const fr_msg_updat
 void srv_handle_update_bucket(fr_bridge_server *srv, int peer, const fr_msg_update_bucket *b, const fr_wire_msg *w)
 {
     if (!srv_update_of(srv, peer, "update_weights_bucket", b->version)) return;
-    if (srv->upd_nccl) {
-        fr_fail(FR_EINVAL, "update_weights_bucket: the update to version %llu takes its buckets over NCCL "
-                "(update_weights_nccl_bucket)", (unsigned long long)b->version);
-        srv_fail_update(srv, peer, "update_state");
+    if (srv->upd_nccl) {   /* answered, and the update over NCCL goes on */
+        srv_send_error(srv, peer, "update_state", 0, 0, "update_weights_bucket: the update to version %llu takes its "
+                       "buckets over NCCL (update_weights_nccl_bucket)", (unsigned long long)b->version);
         return;
     }
     fr_weight_bucket wb;
