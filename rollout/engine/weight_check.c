@@ -125,8 +125,8 @@ fr_status fr_weight_check_version(uint64_t serving, uint64_t version, fr_weight_
     if (why) *why = FR_WREF_NONE;
     if (version > serving) return FR_OK;
     return refuse(NULL, why, FR_WREF_BAD_VERSION,
-                  fr_fail(FR_EINVAL, "update_weights_begin: version %llu must be greater than the version serving, %llu",
-                          (unsigned long long)version, (unsigned long long)serving));
+                  fr_fail(FR_EINVAL, "update to version %llu: the version must be greater than the version serving, "
+                          "%llu", (unsigned long long)version, (unsigned long long)serving));
 }
 
 static void declare(entry *x, fr_dtype dtype)

@@ -345,7 +345,7 @@ fr_status fr_weight_recv_bucket(fr_weight_recv *r, fr_weight_bucket *b, fr_weigh
     if (!r || !b) return fr_fail(FR_EINVAL, "fr_weight_recv_bucket: NULL argument");
     if (!r->u) {
         if (why) *why = FR_WREF_UPDATE_STATE;
-        return fr_fail(FR_EINVAL, "update_weights_nccl_bucket for version %llu: no NCCL weight update is in progress",
+        return fr_fail(FR_EINVAL, "bucket %d for version %llu: no weight update over NCCL is in progress", b->bucket,
                        (unsigned long long)b->version);
     }
     fr_status st = fr_weight_update_plan(r->u, b, why);
