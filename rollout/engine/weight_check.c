@@ -320,11 +320,13 @@ static fr_status check_piece(fr_weight_check *c, fr_weight_bucket *b, int k, uin
         return refuse(c, why, FR_WREF_UNKNOWN_TENSOR,
                       fr_fail(FR_EINVAL, "%s\"%s\" %s", w, name,
                               c->open ? "is not a weight of this model" : "was not listed in the begin"));
-    if (!fr_dtype_is_weight(p->t.dtype) || (x->declared && p->t.dtype != x->dtype))
+    if (!fr_dtype_is_weight(p->t.dtype))
+        return refuse(c, why, FR_WREF_BAD_DTYPE, fr_fail(FR_EINVAL, "%s\"%s\" arrives as %s; weights travel as f32, "
+                                                         "bf16 or f16", w, name, fr_dtype_name(p->t.dtype)));
+    if (x->declared && p->t.dtype != x->dtype)
         return refuse(c, why, FR_WREF_BAD_DTYPE,
                       fr_fail(FR_EINVAL, "%s\"%s\" arrives as %s, %s %s", w, name, fr_dtype_name(p->t.dtype),
-                              c->open ? "its first piece came as" : "the begin declared",
-                              x->declared ? fr_dtype_name(x->dtype) : "f32, bf16 or f16"));
+                              c->open ? "its first piece came as" : "the begin declared", fr_dtype_name(x->dtype)));
     if (!same_shape(x, &p->t)) return shape_refused(c, why, w, x, &p->t, !c->open);
     const uint64_t es = fr_dtype_size(p->t.dtype), tensor_bytes = x->count * es;
     const unsigned long long off = (unsigned long long)p->offset, to = off + (unsigned long long)p->nbytes;
@@ -458,6 +460,10 @@ fr_status fr_weight_check_done(fr_weight_check *c, const fr_weight_bucket *b, co
                       fr_fail(FR_EINVAL, "%s\"%s\": element %llu is %s", w, p ? p->t.name : "?",
                               (unsigned long long)(p ? bad_element + p->offset / es : bad_element), what));
     }
+    for (int k = 0; k < b->n_pieces; k++)
+        if (b->pieces[k].tensor < 0 || b->pieces[k].tensor >= c->n)
+            return refuse(c, why, FR_WREF_FAILED, fr_fail(FR_EINTERNAL, "update to version %llu: bucket %d: piece %d "
+                                                          "was not accepted by fr_weight_check_bucket", v, b->bucket, k));
     for (int k = 0; k < b->n_pieces; k++) c->t[b->pieces[k].tensor].received += b->pieces[k].nbytes;
     c->done_bytes += b->nbytes;
     c->next_done++;
