@@ -53,13 +53,14 @@ BASE_SRCS  := $(filter-out base/safetensors.c,$(wildcard base/*.c))
 # The C client library of the trainer bridge: the protocol codec, the
 # socket helpers and the client, with the error convention; it needs
 # nothing but libzmq and msgpack-c. fp4rollout-client is its command line.
-CLIENT_SRCS := $(wildcard trainer_bridge/protocol/*.c trainer_bridge/client/*.c) $(BASE_SRCS) comm/comm_status.c comm/dev_checksum.c
+CLIENT_SRCS := $(wildcard trainer_bridge/protocol/*.c trainer_bridge/client/*.c) $(BASE_SRCS) comm/comm_status.c comm/dev_checksum.c \
+               $(if $(HAVE_NVCC),comm/weight_group_cuda.c)
 CLIENT_LIB := $(BUILD)/libfp4rollout_client.a
 CLIENT_BIN := $(BUILD)/fp4rollout-client
 CLIENT_LDLIBS := -lzmq -lmsgpackc -lxxhash -lm -pthread
 # With CUDA the client also owns the trainer's side of an NCCL weight group
-# (client_nccl.c) and the device checksum kernel; it still links nothing of
-# rollout/.
+# (client_nccl.c over comm/weight_group_cuda.c) and the device checksum
+# kernel; it still links nothing of rollout/.
 CLIENT_CUOBJS := $(if $(HAVE_NVCC),$(BUILD)/obj/comm/dev_checksum.cu.o)
 ifeq ($(HAVE_NVCC),1)
 CLIENT_LDLIBS += -L$(CUDA_HOME)/lib64 -lnccl -lcudart

@@ -263,7 +263,7 @@ static fr_status gather_results(const fr_tp_launch *tl, const out_ctx *oc, const
     size_t all_len = 0;
     fr_status gst = FR_OK;
     if (fr_mpi_world_gather_bytes(tl->world, mine.data, mine.len, 0, &all, &all_len, counts))
-        gst = fr_fail(FR_EIO, "%s", fr_comm_last_error());
+        gst = fr_fail(FR_EIO, "%s", fr_last_error());
     else if (tl->output_rank && !counts)
         gst = fr_fail(FR_ENOMEM, "out of memory");
     else if (tl->output_rank) {

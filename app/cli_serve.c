@@ -83,7 +83,7 @@ static int all_ranks_ok(const fr_tp_launch *tl, int ok)
     if (!tl->world || tl->world_size < 2) return ok;
     int all = 0;
     if (fr_mpi_world_all_ok(tl->world, ok, &all)) {
-        fprintf(stderr, "fp4rollout serve: rank %d: %s\n", tl->world_rank, fr_comm_last_error());
+        fprintf(stderr, "fp4rollout serve: rank %d: %s\n", tl->world_rank, fr_last_error());
         fr_mpi_world_abort(tl->world, 1);
         return 0;
     }

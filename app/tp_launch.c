@@ -18,7 +18,7 @@ fr_status fr_tp_launch_open(int tp, fr_tp_launch *l)
     l->engine_leader = 1;
     if (tp < 1) return fr_fail(FR_EINVAL, "--tp %d must be >= 1", tp);
     if (tp == 1 && !fr_tp_under_mpirun()) return FR_OK;
-    if (fr_mpi_world_init(NULL, NULL, &l->world)) return fr_fail(FR_EIO, "%s", fr_comm_last_error());
+    if (fr_mpi_world_init(NULL, NULL, &l->world)) return fr_fail(FR_EIO, "%s", fr_last_error());
     l->world_rank = l->world->rank;
     l->world_size = l->world->size;
     l->output_rank = l->world_rank == 0;
@@ -30,7 +30,7 @@ fr_status fr_tp_launch_open(int tp, fr_tp_launch *l)
         st = fr_fail(FR_EINVAL, "--tp %d: the %d rank(s) of this job do not form engines of %d ranks "
                                 "(run mpirun -np with a multiple of %d)", tp, l->world_size, tp, tp);
     else if (tp > 1 && fr_engine_group_new(l->world, tp, &l->group))
-        st = fr_fail(FR_EIO, "%s", fr_comm_last_error());
+        st = fr_fail(FR_EIO, "%s", fr_last_error());
     if (st) fr_tp_launch_close(l);
     return st;
 }

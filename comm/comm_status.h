@@ -3,14 +3,16 @@
  * The project's error convention (base/fr_status.h) with codes of its own
  * for what comm/ can meet (MPI, NCCL, CUDA): a public function returns
  * FR_COMM_OK or a failure code and, on failure, leaves a readable message
- * that fr_comm_last_error() returns (per thread; the same message store as
- * fr_last_error()). Callers in rollout/ and trainer_bridge/ turn a failure into
- * their own fr_status with the message, e.g.
- *     if (cs) return fr_fail(FR_EIO, "%s", fr_comm_last_error());
+ * in the project's one error store, which fr_last_error() returns (per
+ * thread). Callers in rollout/ and trainer_bridge/ turn a failure into their
+ * own fr_status, keeping or prefixing the message, e.g.
+ *     if (cs) return fr_fail(FR_EIO, "%s", fr_last_error());
  * Nothing here aborts on bad input; fr_mpi_world_abort() exists for callers
  * that decide a failure is fatal to the whole job. */
 #ifndef FR_COMM_STATUS_H
 #define FR_COMM_STATUS_H
+
+#include "base/fr_status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,12 +29,10 @@ typedef enum {
     FR_COMM_ETIMEOUT     /* other ranks did not take part in a collective in time (fr_mpi_world_set_timeout) */
 } fr_comm_status;
 
-/* Records a printf-style message for the calling thread and returns st:
+/* Records a printf-style message in the one error store (fr_fail's) and
+ * evaluates to st:
  *     return fr_comm_fail(FR_COMM_EINVAL, "tp %d must be >= 1", tp); */
-fr_comm_status fr_comm_fail(fr_comm_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* The calling thread's last message ("" when none was set). */
-const char *fr_comm_last_error(void);
+#define fr_comm_fail(st, ...) ((void)fr_fail(FR_EIO, __VA_ARGS__), (fr_comm_status)(st))
 
 /* A short name for a status code ("MPI error", ...). */
 const char *fr_comm_status_name(fr_comm_status st);

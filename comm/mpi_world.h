@@ -3,7 +3,7 @@
  * all-ranks agreement), and finalize.
  *
  *     fr_mpi_world *w;
- *     if (fr_mpi_world_init(&argc, &argv, &w)) { report fr_comm_last_error(); }
+ *     if (fr_mpi_world_init(&argc, &argv, &w)) { report fr_last_error(); }
  *     ... fr_engine_group_new(w, tp, &g) ... fr_engine_group_destroy(&g);
  *     fr_mpi_world_finalize(&w);
  *

@@ -24,7 +24,7 @@ static fr_status open_nccl(const fr_engine_opts *o, fr_session *s)
 {
     if (o->tp <= 1) return FR_OK;
     fr_comm_status cs = fr_nccl_group_new(o->group, &s->nccl);
-    return cs ? fr_fail(FR_EINTERNAL, "--tp %d on the GPU: %s", o->tp, fr_comm_last_error()) : FR_OK;
+    return cs ? fr_fail(FR_EINTERNAL, "--tp %d on the GPU: %s", o->tp, fr_last_error()) : FR_OK;
 }
 
 static fr_status weights_for(const fr_engine_opts *o, const char *spec, fr_model **m, struct fr_weights_gpu **wg)

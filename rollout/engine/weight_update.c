@@ -1,5 +1,6 @@
-/* Weight updates (rollout/engine/weight_update.h): the bookkeeping of what
- * arrived, over a stage that holds the values (weight_stage.h). */
+/* Weight updates (rollout/engine/weight_update.h): a stage that holds the
+ * values (weight_stage.h) under the rules that say what may arrive and when
+ * it is whole (weight_check.h), and the commit. */
 #include "rollout/engine/weight_update.h"
 
 #include <stdio.h>
@@ -10,30 +11,10 @@
 #include "rollout/model/tensor_table.h"
 #include "rollout/model/weights_cuda.h"
 
-enum { NAME_CAP = FR_TENSOR_NAME_CAP };
-
-/* One tensor of the model: its shape, and which of its bytes (in the
- * sender's dtype) have arrived. */
-typedef struct {
-    char name[NAME_CAP];
-    int ndim;
-    int64_t shape[2];
-    size_t count;                 /* elements */
-    fr_dtype dtype;               /* fixed by the first piece */
-    int have_dtype;
-    size_t received;              /* elements received */
-    /* received element ranges, kept sorted and disjoint */
-    size_t (*ranges)[2];
-    int n_ranges, cap_ranges;
-} tensor;
-
 struct fr_weight_update {
     fr_weight_stage *stage;
-    int spent;           /* committed by move: the stage holds the previous weights */
-    int partial;         /* tensors never sent keep their serving values */
-    uint64_t version;
-    tensor *t;
-    int n;
+    fr_weight_check *rules;
+    int spent;                /* committed by move: the stage holds the previous weights */
     unsigned char *touched;   /* commit scratch: tensors with bytes received */
 };
 
@@ -46,32 +27,20 @@ fr_status fr_weight_dtype_parse(const char *s, fr_dtype *out)
     return FR_OK;
 }
 
-static fr_status add_tensor(void *user, const fr_model_tensor *m)
-{
-    fr_weight_update *u = user;
-    tensor *x = &u->t[u->n++];
-    snprintf(x->name, sizeof x->name, "%s", m->name);
-    x->ndim = m->ndim;
-    x->shape[0] = m->rows;
-    x->shape[1] = m->ndim == 2 ? m->cols : 1;
-    x->count = (size_t)x->shape[0] * (size_t)x->shape[1];
-    return FR_OK;
-}
-
-/* The bookkeeping for cfg's tensors around a stage made by the caller. */
+/* The rules for cfg's tensors around a stage made by the caller. */
 static fr_status begin(const fr_model_config *cfg, uint64_t version, fr_weight_stage *stage, fr_weight_update **out)
 {
     fr_weight_update *u = calloc(1, sizeof *u);
-    const size_t n = fr_model_tensor_count(cfg);
     if (u) u->stage = stage;
-    if (!u || !(u->t = calloc(n, sizeof *u->t)) || !(u->touched = calloc(n, 1))) {
+    fr_status st = u ? fr_weight_check_new(cfg, &u->rules) : fr_fail(FR_ENOMEM, "weight update: out of memory");
+    const size_t n = fr_model_tensor_count(cfg);
+    if (!st && !(u->touched = calloc(n ? n : 1, 1))) st = fr_fail(FR_ENOMEM, "weight update: out of memory");
+    if (st) {
         if (u) fr_weight_update_free(&u);
         else stage->ops->destroy(stage);
-        return fr_fail(FR_ENOMEM, "weight update: out of memory");
+        return st;
     }
-    const fr_weights none = {0};
-    fr_model_tensors_each(cfg, &none, add_tensor, u);
-    u->version = version;
+    fr_weight_check_open(u->rules, version);
     *out = u;
     return FR_OK;
 }
@@ -111,136 +80,129 @@ int fr_weight_update_is_shard(const fr_weight_update *u) { return u && u->stage-
 fr_status fr_weight_update_restart(fr_weight_update *u, uint64_t version)
 {
     if (!u) return fr_fail(FR_EINVAL, "fr_weight_update_restart: NULL update");
-    for (int i = 0; i < u->n; i++) {
-        u->t[i].n_ranges = 0;
-        u->t[i].received = 0;
-        u->t[i].have_dtype = 0;
-    }
     fr_status st = u->stage->ops->restart(u->stage);
     if (st) return st;
-    u->version = version;
+    fr_weight_check_open(u->rules, version);
     u->spent = 0;
-    u->partial = 0;
     return FR_OK;
 }
 
 fr_status fr_weight_update_set_partial(fr_weight_update *u, int partial)
 {
     if (!u) return fr_fail(FR_EINVAL, "fr_weight_update_set_partial: NULL update");
-    u->partial = partial != 0;
+    fr_weight_check_set_partial(u->rules, partial);
     return FR_OK;
 }
 
-int fr_weight_update_is_partial(const fr_weight_update *u) { return u && u->partial; }
+int fr_weight_update_is_partial(const fr_weight_update *u) { return u && fr_weight_check_partial(u->rules); }
 int fr_weight_update_on_device(const fr_weight_update *u) { return u && u->stage->on_device; }
 
 void fr_weight_update_free(fr_weight_update **pu)
 {
     fr_weight_update *u = pu ? *pu : NULL;
     if (!u) return;
-    for (int i = 0; u->t && i < u->n; i++) free(u->t[i].ranges);
-    free(u->t);
+    fr_weight_check_free(&u->rules);
     free(u->touched);
     if (u->stage) u->stage->ops->destroy(u->stage);
     free(u);
     *pu = NULL;
 }
 
-uint64_t fr_weight_update_version(const fr_weight_update *u) { return u ? u->version : 0; }
+uint64_t fr_weight_update_version(const fr_weight_update *u) { return u ? fr_weight_check_version_of(u->rules) : 0; }
+uint64_t fr_weight_update_bytes(const fr_weight_update *u) { return u ? fr_weight_check_bytes(u->rules) : 0; }
+
+int fr_weight_update_tensor_count(const fr_weight_update *u) { return u ? fr_weight_check_tensor_count(u->rules) : 0; }
 
 int fr_weight_update_find(const fr_weight_update *u, const char *name)
 {
-    for (int i = 0; u && name && i < u->n; i++)
-        if (strcmp(u->t[i].name, name) == 0) return i;
-    return -1;
+    return u ? fr_weight_check_find(u->rules, name) : -1;
 }
 
-/* Whether [a, b) overlaps a range of x already received. */
-static int overlaps(const tensor *x, size_t a, size_t b)
+fr_status fr_weight_update_tensor(const fr_weight_update *u, int i, const char **name, int *ndim, int64_t shape[2])
 {
-    int i = 0;
-    while (i < x->n_ranges && x->ranges[i][1] <= a) i++;
-    return i < x->n_ranges && x->ranges[i][0] < b;
+    if (!u) return fr_fail(FR_EINVAL, "weight update: NULL");
+    return fr_weight_check_tensor(u->rules, i, name, ndim, shape);
 }
 
-/* Inserts [a, b), which overlaps no range, into the sorted disjoint list. */
-static fr_status claim(tensor *x, size_t a, size_t b)
+const fr_model *fr_weight_update_model(const fr_weight_update *u) { return u ? u->stage->host : NULL; }
+
+/* A spent update's stage holds the weights of the version before it. */
+static fr_status spent(const fr_weight_update *u, fr_weight_refusal *why)
 {
-    int i = 0;
-    while (i < x->n_ranges && x->ranges[i][1] <= a) i++;
-    if (x->n_ranges == x->cap_ranges) {
-        int cap = x->cap_ranges ? 2 * x->cap_ranges : 8;
-        size_t (*r)[2] = realloc(x->ranges, sizeof *r * (size_t)cap);
-        if (!r) return fr_fail(FR_ENOMEM, "weight update: out of memory");
-        x->ranges = r;
-        x->cap_ranges = cap;
+    if (why) *why = FR_WREF_UPDATE_STATE;
+    return fr_fail(FR_EINVAL, "the update to version %llu was committed already",
+                   (unsigned long long)fr_weight_update_version(u));
+}
+
+fr_status fr_weight_update_declare(fr_weight_update *u, const fr_weight_begin *b, fr_weight_refusal *why)
+{
+    if (why) *why = FR_WREF_FAILED;
+    if (!u || !b) return fr_fail(FR_EINVAL, "fr_weight_update_declare: NULL argument");
+    fr_status st = fr_weight_update_restart(u, b->version);
+    return st ? st : fr_weight_check_begin(u->rules, b, why);
+}
+
+/* The values of accepted bucket b into the stage, piece by piece. */
+static fr_status store(fr_weight_update *u, const fr_weight_bucket *b, fr_weight_refusal *why)
+{
+    for (int k = 0; k < b->n_pieces; k++) {
+        const fr_weight_piece *p = &b->pieces[k];
+        const size_t es = fr_dtype_size(p->t.dtype);
+        if (!p->bytes)
+            return fr_weight_check_fail(u->rules, FR_WREF_FAILED, fr_fail(FR_EINVAL, "weight update: the piece of "
+                                        "\"%s\" carries no bytes", p->t.name), why);
+        size_t bad = 0;
+        /* Straight into the stage: the range holds nothing received yet, so
+         * a piece refused halfway leaves the staged tensor as it was (its
+         * unreceived bytes are not part of it). */
+        fr_status st = u->stage->ops->put(u->stage, p->tensor, p->t.dtype, (size_t)(p->offset / es), p->bytes,
+                                          (size_t)(p->nbytes / es), &bad);
+        if (st == FR_EFORMAT) {
+            fr_weight_check_done(u->rules, b, NULL, k, bad, why);
+            return FR_EFORMAT;
+        }
+        if (st) return fr_weight_check_fail(u->rules, st == FR_ENOMEM ? FR_WREF_OUT_OF_MEMORY : FR_WREF_FAILED, st, why);
     }
-    memmove(&x->ranges[i + 1], &x->ranges[i], sizeof x->ranges[0] * (size_t)(x->n_ranges - i));
-    x->ranges[i][0] = a;
-    x->ranges[i][1] = b;
-    x->n_ranges++;
     return FR_OK;
 }
 
-/* The checks every piece passes, whoever stores its values: the update
- * usable, dtype, element alignment, inside the tensor, no byte twice. On
- * success *first and *n are its element range. */
-static fr_status check_range(const fr_weight_update *u, const tensor *x, fr_dtype dtype, uint64_t offset,
-                             size_t n_bytes, size_t *first, size_t *n)
+fr_status fr_weight_update_bucket(fr_weight_update *u, fr_weight_bucket *b, const uint64_t *checksum,
+                                  fr_weight_refusal *why)
 {
-    if (dtype != FR_DTYPE_F32 && dtype != FR_DTYPE_BF16 && dtype != FR_DTYPE_F16)
-        return fr_fail(FR_EINVAL, "%s: unknown dtype %d", x->name, (int)dtype);
-    if (u->spent) return fr_fail(FR_EINVAL, "%s: the update to version %llu was committed already", x->name,
-                                 (unsigned long long)u->version);
-    if (x->have_dtype && dtype != x->dtype)
-        return fr_fail(FR_EINVAL, "%s: piece in %s after pieces in %s", x->name, fr_dtype_file_name(dtype),
-                       fr_dtype_file_name(x->dtype));
-    const size_t es = fr_dtype_size(dtype);
-    if (offset % es || n_bytes % es)
-        return fr_fail(FR_EINVAL, "%s: offset %llu and length %zu must be multiples of the %s size %zu", x->name,
-                       (unsigned long long)offset, n_bytes, fr_dtype_file_name(dtype), es);
-    *first = (size_t)(offset / es);
-    *n = n_bytes / es;
-    if (offset / es > x->count || *n > x->count - *first)
-        return fr_fail(FR_EINVAL, "%s: bytes [%llu, %llu) run past the tensor's %zu bytes", x->name,
-                       (unsigned long long)offset, (unsigned long long)offset + n_bytes, x->count * es);
-    if (*n && overlaps(x, *first, *first + *n))
-        return fr_fail(FR_EINVAL, "%s: bytes [%llu, %llu) overlap bytes already received", x->name,
-                       (unsigned long long)offset, (unsigned long long)offset + n_bytes);
-    return FR_OK;
+    if (why) *why = FR_WREF_BAD_MESSAGE;
+    if (!u || !b) return fr_fail(FR_EINVAL, "fr_weight_update_bucket: NULL argument");
+    if (u->spent) return spent(u, why);
+    fr_status st = fr_weight_check_bucket(u->rules, b, checksum, why);
+    if (!st && (st = store(u, b, why)) == FR_EFORMAT) st = FR_EINVAL;   /* a refusal like any other (non_finite) */
+    return st ? st : fr_weight_check_done(u->rules, b, NULL, -1, 0, why);
 }
 
-static fr_status received(tensor *x, fr_dtype dtype, size_t first, size_t n)
+fr_status fr_weight_update_plan(fr_weight_update *u, fr_weight_bucket *b, fr_weight_refusal *why)
 {
-    fr_status st = claim(x, first, first + n);
-    if (st) return st;
-    x->received += n;
-    x->dtype = dtype;
-    x->have_dtype = 1;
-    return FR_OK;
+    if (why) *why = FR_WREF_BAD_MESSAGE;
+    if (!u || !b) return fr_fail(FR_EINVAL, "fr_weight_update_plan: NULL argument");
+    if (u->spent) return spent(u, why);
+    return fr_weight_check_bucket(u->rules, b, NULL, why);
 }
 
-static fr_status check_shape(const tensor *x, const int64_t *shape, int ndim)
+fr_status fr_weight_update_done(fr_weight_update *u, const fr_weight_bucket *b, const uint64_t *checksum,
+                                int bad_piece, uint64_t bad_element, fr_weight_refusal *why)
 {
-    if (ndim == x->ndim && shape[0] == x->shape[0] && (ndim != 2 || shape[1] == x->shape[1])) return FR_OK;
-    char want[64], got[64];
-    snprintf(want, sizeof want, x->ndim == 2 ? "[%lld, %lld]" : "[%lld]", (long long)x->shape[0],
-             (long long)x->shape[1]);
-    if (ndim == 1) snprintf(got, sizeof got, "[%lld]", (long long)shape[0]);
-    else if (ndim == 2) snprintf(got, sizeof got, "[%lld, %lld]", (long long)shape[0], (long long)shape[1]);
-    else snprintf(got, sizeof got, "%d dimensions", ndim);
-    return fr_fail(FR_EINVAL, "%s: shape %s, the model's is %s", x->name, got, want);
+    if (why) *why = FR_WREF_BAD_MESSAGE;
+    if (!u || !b) return fr_fail(FR_EINVAL, "fr_weight_update_done: NULL argument");
+    return fr_weight_check_done(u->rules, b, checksum, bad_piece, bad_element, why);
 }
 
-/* Whether the element at p (little-endian) is a NaN: all-ones exponent,
- * nonzero mantissa. */
-static int is_nan(fr_dtype t, const unsigned char *p)
+fr_status fr_weight_update_fail(fr_weight_update *u, fr_weight_refusal r, fr_status st, fr_weight_refusal *why)
 {
-    uint32_t v = 0;
-    memcpy(&v, p, fr_dtype_size(t));
-    if (t == FR_DTYPE_F32) return (v & 0x7f800000u) == 0x7f800000u && (v & 0x7fffffu);
-    if (t == FR_DTYPE_BF16) return (v & 0x7f80u) == 0x7f80u && (v & 0x7fu);
-    return (v & 0x7c00u) == 0x7c00u && (v & 0x3ffu);
+    if (why) *why = r;
+    return u ? fr_weight_check_fail(u->rules, r, st, why) : st;
+}
+
+uint16_t *fr_weight_update_device_dst(fr_weight_update *u, int i)
+{
+    if (!u || !u->stage->on_device || i < 0 || i >= fr_weight_update_tensor_count(u) || u->spent) return NULL;
+    return u->stage->dev_dst[i];
 }
 
 fr_status fr_weight_update_put(fr_weight_update *u, const char *name, fr_dtype dtype, const int64_t *shape,
@@ -248,69 +210,29 @@ fr_status fr_weight_update_put(fr_weight_update *u, const char *name, fr_dtype d
 {
     if (!u || !name || !shape || (n_bytes && !bytes))
         return fr_fail(FR_EINVAL, "fr_weight_update_put: NULL argument");
-    const int i = fr_weight_update_find(u, name);
-    if (i < 0) return fr_fail(FR_EINVAL, "unknown tensor '%s' (not a weight of this model)", name);
-    tensor *x = &u->t[i];
-    size_t first, n, bad = 0;
-    fr_status st = check_shape(x, shape, ndim);
-    if (!st) st = check_range(u, x, dtype, offset, n_bytes, &first, &n);
-    if (st || n == 0) return st;
-    /* Straight into the stage: the range holds nothing received yet, so a
-     * piece refused halfway leaves the staged tensor as it was (its
-     * unreceived bytes are not part of it). */
-    st = u->stage->ops->put(u->stage, i, dtype, first, bytes, n, &bad);
-    if (st == FR_EFORMAT)
-        return fr_fail(FR_EFORMAT, "%s: element %zu is %s", x->name, first + bad,
-                       is_nan(dtype, (const unsigned char *)bytes + bad * fr_dtype_size(dtype))
-                           ? "NaN" : "infinite (or rounds to infinity in BF16)");
-    return st ? st : received(x, dtype, first, n);
-}
-
-uint16_t *fr_weight_update_device_dst(fr_weight_update *u, int i)
-{
-    if (!u || !u->stage->on_device || i < 0 || i >= u->n || u->spent) return NULL;
-    return u->stage->dev_dst[i];
-}
-
-fr_status fr_weight_update_mark(fr_weight_update *u, int i, fr_dtype dtype, uint64_t offset, uint64_t n_bytes)
-{
-    if (!u || i < 0 || i >= u->n) return fr_fail(FR_EINVAL, "fr_weight_update_mark: bad argument");
-    size_t first, n;
-    fr_status st = check_range(u, &u->t[i], dtype, offset, (size_t)n_bytes, &first, &n);
-    if (st || n == 0) return st;
-    return received(&u->t[i], dtype, first, n);
-}
-
-fr_status fr_weight_update_complete(const fr_weight_update *u)
-{
-    if (!u) return fr_fail(FR_EINVAL, "fr_weight_update_complete: NULL update");
-    if (u->spent)
-        return fr_fail(FR_EINVAL, "the update to version %llu was committed already", (unsigned long long)u->version);
-    int any = 0;
-    for (int i = 0; i < u->n; i++) {
-        const tensor *x = &u->t[i];
-        any |= x->received > 0;
-        if (x->received != x->count && (!u->partial || x->received))
-            return fr_fail(FR_EINVAL, "incomplete update to version %llu: %s has %zu of %zu elements",
-                           (unsigned long long)u->version, x->name, x->received, x->count);
+    if (u->spent) return spent(u, NULL);
+    fr_weight_piece p = {.t = {.name = name, .dtype = dtype, .ndim = ndim}, .offset = offset, .nbytes = n_bytes,
+                         .bytes = bytes};
+    for (int d = 0; d < ndim && d < FR_WEIGHT_MAX_NDIM; d++) p.t.shape[d] = shape[d];
+    fr_weight_bucket b = {.version = fr_weight_update_version(u), .bucket = fr_weight_check_buckets(u->rules),
+                          .nbytes = n_bytes, .pieces = &p, .n_pieces = 1};
+    fr_status st = fr_weight_check_bucket(u->rules, &b, NULL, NULL);
+    if (st) return st;
+    if ((st = store(u, &b, NULL))) {
+        fr_weight_check_unaccept(u->rules, &b);
+        return st;
     }
-    if (!any) return fr_fail(FR_EINVAL, "update to version %llu: no tensor arrived", (unsigned long long)u->version);
-    return FR_OK;
+    return fr_weight_check_done(u->rules, &b, NULL, -1, 0, NULL);
 }
 
-int fr_weight_update_tensor_count(const fr_weight_update *u) { return u ? u->n : 0; }
-
-fr_status fr_weight_update_tensor(const fr_weight_update *u, int i, const char **name, int *ndim, int64_t shape[2])
+fr_status fr_weight_update_ready(const fr_weight_update *u, fr_weight_refusal *why)
 {
-    if (!u || i < 0 || i >= u->n) return fr_fail(FR_EINVAL, "weight update: no tensor %d", i);
-    *name = u->t[i].name;
-    *ndim = u->t[i].ndim;
-    shape[0] = u->t[i].shape[0];
-    shape[1] = u->t[i].shape[1];
-    return FR_OK;
+    if (!u) {
+        if (why) *why = FR_WREF_UPDATE_STATE;
+        return fr_fail(FR_EINVAL, "fr_weight_update_ready: NULL update");
+    }
+    return u->spent ? spent(u, why) : fr_weight_check_ready(u->rules, why);
 }
-
-const fr_model *fr_weight_update_model(const fr_weight_update *u) { return u ? u->stage->host : NULL; }
 
 typedef struct {
     const fr_weight_update *u;
@@ -321,37 +243,91 @@ typedef struct {
 static fr_status compare(void *user, const fr_model_tensor *m)
 {
     same_shape *k = user;
-    const tensor *x = &k->u->t[k->i++];
-    if (strcmp(x->name, m->name) != 0 || x->ndim != m->ndim || x->shape[0] != m->rows ||
-        (m->ndim == 2 && x->shape[1] != m->cols))
+    const char *name;
+    int ndim;
+    int64_t shape[2];
+    if (fr_weight_update_tensor(k->u, k->i++, &name, &ndim, shape) || strcmp(name, m->name) != 0 || ndim != m->ndim ||
+        shape[0] != m->rows || (m->ndim == 2 && shape[1] != m->cols))
         return FR_EINVAL;
     return FR_OK;
 }
 
-static fr_status commit(fr_session *s, fr_weight_update *u, int move)
+/* The switch of a ready update: the session's model must have its shape. */
+static fr_status switch_in(fr_session *s, fr_weight_update *u, int move)
 {
-    fr_status st = fr_weight_update_complete(u);
-    if (st) return st;
     same_shape k = {u, 0};
     const fr_weights none = {0};
-    if ((size_t)u->n != fr_model_tensor_count(&s->model->cfg) ||
-        fr_model_tensors_each(&s->model->cfg, &none, compare, &k))
+    const int n = fr_weight_update_tensor_count(u);
+    if ((size_t)n != fr_model_tensor_count(&s->model->cfg) || fr_model_tensors_each(&s->model->cfg, &none, compare, &k))
         return fr_fail(FR_EINVAL, "the update was staged for another model shape");
     int all = 1;
-    for (int i = 0; i < u->n; i++) all &= (u->touched[i] = u->t[i].received > 0);
-    return u->stage->ops->commit(u->stage, s, u->touched, all, move);
+    for (int i = 0; i < n; i++) all &= (u->touched[i] = (unsigned char)fr_weight_check_received(u->rules, i));
+    fr_status st = u->stage->ops->commit(u->stage, s, u->touched, all, move);
+    if (!st && move) u->spent = 1;
+    return st;
 }
 
 fr_status fr_session_commit_weights(fr_session *s, const fr_weight_update *u)
 {
     if (!s || !u) return fr_fail(FR_EINVAL, "fr_session_commit_weights: NULL argument");
-    return commit(s, (fr_weight_update *)u, 0);
+    fr_status st = fr_weight_update_ready(u, NULL);
+    return st ? st : switch_in(s, (fr_weight_update *)u, 0);
 }
 
 fr_status fr_session_commit_weights_move(fr_session *s, fr_weight_update *u)
 {
     if (!s || !u) return fr_fail(FR_EINVAL, "fr_session_commit_weights_move: NULL argument");
-    fr_status st = commit(s, u, 1);
-    if (!st) u->spent = 1;
-    return st;
+    fr_status st = fr_weight_update_ready(u, NULL);
+    return st ? st : switch_in(s, u, 1);
+}
+
+/* This rank's answer to "is the update to `version` whole here?". */
+static fr_status ready_here(const fr_session *s, const fr_weight_update *u, uint64_t version, fr_weight_refusal *why)
+{
+    if (!s || !u) {
+        if (why) *why = FR_WREF_UPDATE_STATE;
+        return fr_fail(FR_EINVAL, "no update to version %llu is staged here", (unsigned long long)version);
+    }
+    if (fr_weight_update_version(u) != version) {
+        if (why) *why = FR_WREF_UPDATE_STATE;
+        return fr_fail(FR_EINVAL, "the update staged here is to version %llu, not %llu",
+                       (unsigned long long)fr_weight_update_version(u), (unsigned long long)version);
+    }
+    return fr_weight_update_ready(u, why);
+}
+
+fr_weight_switch fr_weight_commit(fr_session *s, fr_weight_update *u, uint64_t version, const fr_mpi_world *w,
+                                  fr_weight_refusal *why)
+{
+    fr_weight_refusal r = FR_WREF_NONE;
+    const int several = w && w->size > 1;
+    fr_status st = ready_here(s, u, version, &r);
+    int all = st == FR_OK;
+    if (several && fr_mpi_world_all_ok(w, st == FR_OK, &all)) {
+        if (why) *why = FR_WREF_FAILED;
+        return FR_WEIGHTS_NO_VOTE;
+    }
+    if (!all) {
+        if (!st) {
+            r = FR_WREF_FAILED;
+            fr_fail(FR_EIO, "update to version %llu: not every rank could stage it (their logs say why)",
+                    (unsigned long long)version);
+        }
+        if (why) *why = r;
+        return FR_WEIGHTS_KEPT;
+    }
+    st = switch_in(s, u, 1);
+    if (why) *why = st ? FR_WREF_FAILED : FR_WREF_NONE;
+    if (!several) return st ? FR_WEIGHTS_KEPT : FR_WEIGHTS_SWITCHED;
+    char mine[512];
+    snprintf(mine, sizeof mine, "%s", st ? fr_last_error() : "");
+    if (fr_mpi_world_all_ok(w, st == FR_OK, &all)) {
+        if (why) *why = FR_WREF_FAILED;
+        return FR_WEIGHTS_NO_VOTE;
+    }
+    if (all) return FR_WEIGHTS_SWITCHED;
+    if (why) *why = FR_WREF_FAILED;
+    fr_fail(FR_EIO, "weight version %llu was switched in on some ranks only (%s); the engines no longer agree on "
+                    "their weights", (unsigned long long)version, st ? mine : "this rank switched");
+    return FR_WEIGHTS_SPLIT;
 }

@@ -160,7 +160,7 @@ static fr_status tp_allreduce(const fr_runner_cpu *r, float *buf, size_t n)
 {
     if (r->tp.size == 1) return FR_OK;
     fr_comm_status cs = fr_engine_allreduce_sum_f32(r->tp.group, buf, n);
-    return cs ? fr_fail(FR_EIO, "%s", fr_comm_last_error()) : FR_OK;
+    return cs ? fr_fail(FR_EIO, "%s", fr_last_error()) : FR_OK;
 }
 
 void fr_runner_cpu_set_observer(fr_runner_cpu *r, const fr_forward_observer *obs)
@@ -474,5 +474,5 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
     matmul(r, r->logits_local, r->xn, w->lm_head, out_rows, c->vocab_size, D);
     fr_comm_status cs = fr_engine_allgather_f32(r->tp.group, r->logits_local, (size_t)out_rows,
                                                 (size_t)c->vocab_size, logits);
-    return cs ? fr_fail(FR_EIO, "%s", fr_comm_last_error()) : FR_OK;
+    return cs ? fr_fail(FR_EIO, "%s", fr_last_error()) : FR_OK;
 }

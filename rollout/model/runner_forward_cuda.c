@@ -99,7 +99,7 @@ static fr_status residual_allreduce(fr_runner_cuda *r, int M)
 {
     const int D = r->w->cfg.hidden_size;
     fr_comm_status cs = fr_nccl_allreduce_sum(r->nccl, r->partial, (size_t)M * D, FR_DTYPE_F32, r->stream);
-    if (cs) return fr_fail(FR_EINTERNAL, "CUDA runner: %s", fr_comm_last_error());
+    if (cs) return fr_fail(FR_EINTERNAL, "CUDA runner: %s", fr_last_error());
     return fr_cuda_add_f32(r->x, r->partial, (size_t)M * D, r->stream);
 }
 
@@ -138,7 +138,7 @@ static fr_status lm_head(fr_runner_cuda *r, int rows)
     fr_status st = fr_gemm_bf16(r->gemm, r->logits_local, r->xn, r->w->lm_head, rows, Vl, D, 0.0f, r->stream);
     if (st) return st;
     fr_comm_status cs = fr_nccl_allgather_f32(r->nccl, r->logits_local, r->logits_all, (size_t)rows * Vl, r->stream);
-    if (cs) return fr_fail(FR_EINTERNAL, "CUDA runner: %s", fr_comm_last_error());
+    if (cs) return fr_fail(FR_EINTERNAL, "CUDA runner: %s", fr_last_error());
     for (int t = 0; t < r->w->tp_size; t++) {
         cudaError_t e = cudaMemcpy2DAsync(r->logits + (size_t)t * Vl, sizeof(float) * (size_t)r->vocab,
                                           r->logits_all + (size_t)t * rows * Vl, sizeof(float) * (size_t)Vl,

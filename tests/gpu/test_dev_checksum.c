@@ -16,7 +16,7 @@
 
 static uint64_t device_checksum(const unsigned char *dev, size_t bytes, uint64_t *dig, uint64_t *host)
 {
-    if (fr_dev_checksum_launch(dev, bytes, dig, NULL)) fail_msg("launch: %s", fr_comm_last_error());
+    if (fr_dev_checksum_launch(dev, bytes, dig, NULL)) fail_msg("launch: %s", fr_last_error());
     CUDA_OK(cudaDeviceSynchronize());
     const size_t n = fr_dev_checksum_chunks(bytes);
     CUDA_OK(cudaMemcpy(host, dig, n * sizeof *host, cudaMemcpyDeviceToHost));

@@ -37,8 +37,8 @@ static int crowded; /* 2+ ranks, more ranks than GPUs on a host */
 
 static void assert_msg_has(const char *needle)
 {
-    if (!strstr(fr_comm_last_error(), needle))
-        fail_msg("error \"%s\" does not mention \"%s\"", fr_comm_last_error(), needle);
+    if (!strstr(fr_last_error(), needle))
+        fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
 }
 
 static uint16_t to_bf16(float f)
@@ -240,7 +240,7 @@ static int setup(void **state)
         return 0;
     }
     if (fr_engine_group_new(W, W->size, &G) || fr_nccl_group_new(G, &N)) {
-        fprintf(stderr, "rank %d: %s\n", W->rank, fr_comm_last_error());
+        fprintf(stderr, "rank %d: %s\n", W->rank, fr_last_error());
         return -1;
     }
     if (cudaStreamCreateWithFlags(&S, cudaStreamNonBlocking) != cudaSuccess) return -1;
@@ -260,7 +260,7 @@ static int teardown(void **state)
 int main(int argc, char **argv)
 {
     if (fr_mpi_world_init(&argc, &argv, &W)) {
-        fprintf(stderr, "test_nccl: %s\n", fr_comm_last_error());
+        fprintf(stderr, "test_nccl: %s\n", fr_last_error());
         return 1;
     }
     const struct CMUnitTest tests[] = {

@@ -151,6 +151,42 @@ static void test_seed_stream(void **state)
     assert_true(fr_seed_stream_next(NULL) == 0);
 }
 
+/* The one error store: a message per thread; a peer's failure keeps the
+ * peer's own code, message and subject until the next failure clears them;
+ * a kept copy comes back whole, the peer's account included, after other
+ * failures; arguments may point into the store itself. */
+static void test_error_store(void **state)
+{
+    (void)state;
+    assert_int_equal(fr_fail(FR_EINVAL, "dim %d", 3), FR_EINVAL);
+    assert_string_equal(fr_last_error(), "dim 3");
+    const char *code = NULL, *msg = NULL;
+    long long id = 0;
+    assert_int_equal(fr_last_error_peer(&code, &msg, &id), 0);
+    assert_int_equal(fr_fail_peer(FR_EINVAL, "bad_shape", "x has shape [2]", 7, "server refused %s: %s", "begin",
+                                  "bad_shape"), FR_EINVAL);
+    assert_string_equal(fr_last_error(), "server refused begin: bad_shape");
+    assert_int_equal(fr_last_error_peer(&code, &msg, &id), 1);
+    assert_string_equal(code, "bad_shape");
+    assert_string_equal(msg, "x has shape [2]");
+    assert_int_equal(id, 7);
+    /* its own account as arguments: copied before the store is written */
+    fr_fail_peer(FR_EINVAL, code, msg, id, "refused: %s: %s", code, msg);
+    assert_string_equal(fr_last_error(), "refused: bad_shape: x has shape [2]");
+    assert_int_equal(fr_last_error_peer(&code, &msg, NULL), 1);
+    assert_string_equal(msg, "x has shape [2]");
+    fr_error_copy kept;
+    fr_error_keep(&kept);
+    fr_fail(FR_EIO, "%s, then a local failure", fr_last_error());
+    assert_string_equal(fr_last_error(), "refused: bad_shape: x has shape [2], then a local failure");
+    assert_int_equal(fr_last_error_peer(NULL, NULL, NULL), 0);   /* a failure of one's own clears it */
+    assert_int_equal(fr_error_restore(&kept, FR_EINVAL, " (kept)"), FR_EINVAL);
+    assert_string_equal(fr_last_error(), "refused: bad_shape: x has shape [2] (kept)");
+    assert_int_equal(fr_last_error_peer(&code, NULL, &id), 1);
+    assert_string_equal(code, "bad_shape");
+    assert_int_equal(id, 7);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -160,6 +196,7 @@ int main(void)
         cmocka_unit_test(test_clock),
         cmocka_unit_test(test_atomic_file),
         cmocka_unit_test(test_seed_stream),
+        cmocka_unit_test(test_error_store),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -24,8 +24,8 @@ static fr_mpi_world *W;
 
 static void assert_msg_has(const char *needle)
 {
-    if (!strstr(fr_comm_last_error(), needle))
-        fail_msg("error \"%s\" does not mention \"%s\"", fr_comm_last_error(), needle);
+    if (!strstr(fr_last_error(), needle))
+        fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
 }
 
 /* The tp values worth testing in this world: 1, 2 and 4 where they divide
@@ -287,7 +287,7 @@ static void test_allreduce(void **state)
         for (int i = 0; i < AR_N && ok; i++) ok = r[k].exact[i] == (float)(rank_sum * (i - 500));
         for (int t = 0; t < r[k].lay.tp_size && ok; t++)
             ok = memcmp(r[k].all + (size_t)t * AR_N, r[k].noisy, sizeof(float) * AR_N) == 0;
-        if (!ok) print_error("tp %d: all-reduce failed or differs between ranks: %s\n", tps[k], fr_comm_last_error());
+        if (!ok) print_error("tp %d: all-reduce failed or differs between ranks: %s\n", tps[k], fr_last_error());
     }
     for (int k = 0; k < n; k++) free(r[k].all);
     free(r);
@@ -433,7 +433,7 @@ static void test_mpi_error_message(void **state)
 int main(int argc, char **argv)
 {
     if (fr_mpi_world_init(&argc, &argv, &W)) {
-        fprintf(stderr, "test_comm: %s\n", fr_comm_last_error());
+        fprintf(stderr, "test_comm: %s\n", fr_last_error());
         return 1;
     }
     if (W->rank == 0) printf("test_comm: %d rank(s), MPI thread level %s\n", W->size,
@@ -459,8 +459,8 @@ int main(int argc, char **argv)
     /* MPI cannot start twice in one process: a clear error, not a crash. */
     fr_mpi_world *again = NULL;
     if (fr_mpi_world_init(NULL, NULL, &again) != FR_COMM_EUNSUPPORTED || again ||
-        !strstr(fr_comm_last_error(), "cannot start again")) {
-        fprintf(stderr, "test_comm: init after finalize did not fail cleanly: %s\n", fr_comm_last_error());
+        !strstr(fr_last_error(), "cannot start again")) {
+        fprintf(stderr, "test_comm: init after finalize did not fail cleanly: %s\n", fr_last_error());
         return 1;
     }
     return any ? 1 : 0;

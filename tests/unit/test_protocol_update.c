@@ -1,5 +1,6 @@
 /* Weight updates on the wire (docs/protocol.md, update_weights) and the
- * server's staging of them (trainer_bridge/server/update.h): the update messages
+ * server's path for them (trainer_bridge/server/update.h into the engine's
+ * rules and stage, rollout/engine/weight_update.h): the update messages
  * and the new generate, done and stats keys round trip; malformed ones are
  * refused naming the problem; a whole synthetic:tiny:7 model sent in small
  * buckets stages bit-exactly, and each broken update (unknown tensor, wrong
@@ -18,6 +19,7 @@
 #include <xxhash.h>
 #include <zmq.h>
 
+#include "rollout/engine/weight_update.h"
 #include "rollout/model/model.h"
 #include "rollout/model/tensor_table.h"
 #include "trainer_bridge/client/client.h"
@@ -557,16 +559,47 @@ static void make_bucket(const source *s, const int *idx, int n, int bucket, fr_m
     w->n_frames = n + 1;
 }
 
-static fr_bridge_update *begin_all(const source *s, int n_tensors)
+/* An update of the model's first n_tensors tensors, declared as the
+ * server declares a begin. */
+static fr_weight_update *begin_all(const source *s, int n_tensors)
 {
     fr_msg_update_begin b = {.version = 2, .tensors = s->t, .n_tensors = n_tensors, .bucket_bytes = 1 << 20};
     for (int i = 0; i < n_tensors; i++) b.total_bytes += fr_msg_tensor_bytes(&s->t[i]);
-    fr_bridge_update *u = NULL;
-    const char *code = NULL;
-    fr_weight_update *w = NULL;
-    assert_int_equal(fr_weight_update_begin(&s->src->cfg, 0, &w), FR_OK);
-    if (fr_bridge_update_begin(w, &b, &u, &code)) fail_msg("begin: %s (%s)", fr_last_error(), code);
+    fr_weight_update *u = NULL;
+    assert_int_equal(fr_weight_update_begin(&s->src->cfg, 0, &u), FR_OK);
+    fr_weight_begin wb;
+    fr_weight_refusal why;
+    assert_int_equal(fr_bridge_begin_of(&b, &wb), FR_OK);
+    if (fr_weight_update_declare(u, &wb, &why)) fail_msg("begin: %s (%s)", fr_last_error(), fr_weight_refusal_name(why));
+    free(wb.tensors);
     return u;
+}
+
+/* A begin message the server's way; *code: the error code of a refusal. */
+static fr_status declare(fr_weight_update *u, const fr_msg_update_begin *b, const char **code)
+{
+    fr_weight_begin wb;
+    fr_weight_refusal why = FR_WREF_OUT_OF_MEMORY;
+    fr_status st = fr_bridge_begin_of(b, &wb);
+    if (!st) st = fr_weight_update_declare(u, &wb, &why);
+    *code = fr_weight_refusal_name(why);
+    free(wb.tensors);
+    return st;
+}
+
+/* A bucket message the server's way: its frames, then the engine's rules
+ * and stage. */
+static fr_status stage_bucket(fr_weight_update *u, const fr_msg_update_bucket *b, const fr_wire_msg *w,
+                              const char **code)
+{
+    fr_weight_bucket wb;
+    uint64_t h = 0;
+    fr_weight_refusal why = FR_WREF_BAD_BUCKET;
+    fr_status st = fr_bridge_bucket_of(b, w, &wb, &h);
+    if (!st) st = fr_weight_update_bucket(u, &wb, &h, &why);
+    *code = fr_weight_refusal_name(why);
+    free(wb.pieces);
+    return st;
 }
 
 static void test_staging_whole_model(void **state)
@@ -574,7 +607,7 @@ static void test_staging_whole_model(void **state)
     (void)state;
     source s;
     source_load(&s, "synthetic:tiny:7");
-    fr_bridge_update *u = begin_all(&s, s.n);
+    fr_weight_update *u = begin_all(&s, s.n);
     const char *code;
     /* two tensors per bucket */
     fr_msg_piece pieces[2];
@@ -584,18 +617,18 @@ static void test_staging_whole_model(void **state)
         fr_msg_update_bucket b;
         fr_wire_msg w;
         make_bucket(&s, idx, n, k, &b, pieces, &w);
-        if (fr_bridge_update_bucket(u, &b, &w, &code)) fail_msg("bucket %d: %s", k, fr_last_error());
+        if (stage_bucket(u, &b, &w, &code)) fail_msg("bucket %d: %s", k, fr_last_error());
         fr_wire_msg_free(&w);
     }
-    assert_int_equal(fr_bridge_update_ready(u, &code), FR_OK);
-    assert_true(fr_bridge_update_bytes(u) == s.total);
+    assert_int_equal(fr_weight_update_ready(u, NULL), FR_OK);
+    assert_true(fr_weight_update_bytes(u) == s.total);
     /* the staged model is the source, bit for bit */
     size_t n_a = 0, n_b = 0;
-    const float *a = fr_model_data(fr_weight_update_model(fr_bridge_update_staged(u)), &n_a);
+    const float *a = fr_model_data(fr_weight_update_model(u), &n_a);
     const float *b = fr_model_data(s.src, &n_b);
     assert_true(n_a == n_b && n_a > 0);
     assert_memory_equal(a, b, n_a * sizeof(float));
-    fr_bridge_update_free(&u);
+    fr_weight_update_free(&u);
     assert_null(u);
     source_free(&s);
 }
@@ -614,23 +647,20 @@ static void test_staging_failures(void **state)
     source s;
     source_load(&s, "synthetic:tiny:7");
     const char *code = NULL;
-    fr_bridge_update *u = NULL;
 
     /* begin: an unknown name, a wrong shape */
     fr_msg_tensor saved = s.t[1];
     snprintf(s.t[1].name, sizeof s.t[1].name, "model.layers.0.self_attn.x_proj.weight");
     fr_msg_update_begin b = {.version = 2, .tensors = s.t, .n_tensors = s.n, .total_bytes = s.total,
                              .bucket_bytes = 1 << 20};
-    fr_weight_update *staged = NULL;
-    assert_int_equal(fr_weight_update_begin(&s.src->cfg, 0, &staged), FR_OK);
-    expect_code(fr_bridge_update_begin(staged, &b, &u, &code), &code, "unknown_tensor", "x_proj");
-    assert_null(u);
+    fr_weight_update *u = NULL;
+    assert_int_equal(fr_weight_update_begin(&s.src->cfg, 0, &u), FR_OK);
+    expect_code(declare(u, &b, &code), &code, "unknown_tensor", "x_proj");
     s.t[1] = saved;
     s.t[0].shape[0] += 1;
-    expect_code(fr_bridge_update_begin(staged, &b, &u, &code), &code, "bad_shape",
-                "\"model.embed_tokens.weight\" has shape");
+    expect_code(declare(u, &b, &code), &code, "bad_shape", "\"model.embed_tokens.weight\" has shape");
     s.t[0].shape[0] -= 1;
-    fr_weight_update_free(&staged);   /* a refused begin leaves it the caller's */
+    fr_weight_update_free(&u);
 
     fr_msg_piece pieces[2];
     fr_msg_update_bucket bk;
@@ -641,9 +671,9 @@ static void test_staging_failures(void **state)
     u = begin_all(&s, s.n);
     make_bucket(&s, idx0, 1, 0, &bk, pieces, &w);
     bk.xxh64 ^= 1;
-    expect_code(fr_bridge_update_bucket(u, &bk, &w, &code), &code, "bad_checksum", "bucket 0: the payload's xxh64");
+    expect_code(stage_bucket(u, &bk, &w, &code), &code, "bad_checksum", "bucket 0: the checksum of the bytes received");
     fr_wire_msg_free(&w);
-    fr_bridge_update_free(&u);
+    fr_weight_update_free(&u);
 
     /* a NaN, named with its element */
     u = begin_all(&s, s.n);
@@ -652,35 +682,38 @@ static void test_staging_failures(void **state)
     memcpy((char *)zmq_msg_data((zmq_msg_t *)w.payload) + 4 * 10, &nan, 4);
     XXH64_hash_t h = XXH64(zmq_msg_data((zmq_msg_t *)w.payload), (size_t)bk.pieces[0].nbytes, 0);
     bk.xxh64 = h;
-    expect_code(fr_bridge_update_bucket(u, &bk, &w, &code), &code, "non_finite",
-                "model.embed_tokens.weight: element 10 is NaN");
+    expect_code(stage_bucket(u, &bk, &w, &code), &code, "non_finite",
+                "\"model.embed_tokens.weight\": element 10 is NaN");
     fr_wire_msg_free(&w);
-    fr_bridge_update_free(&u);
+    fr_weight_update_free(&u);
 
     /* out of order, frames that do not match, a dtype other than declared */
     u = begin_all(&s, s.n);
     make_bucket(&s, idx0, 1, 1, &bk, pieces, &w);
-    expect_code(fr_bridge_update_bucket(u, &bk, &w, &code), &code, "update_state", "bucket 1 arrived, expected bucket 0");
+    expect_code(stage_bucket(u, &bk, &w, &code), &code, "update_state", "bucket 1 arrived, expected bucket 0");
     bk.bucket = 0;
     w.n_frames = 3;
-    expect_code(fr_bridge_update_bucket(u, &bk, &w, &code), &code, "bad_bucket", "carries 2 payload frames");
+    expect_code(stage_bucket(u, &bk, &w, &code), &code, "bad_bucket", "carries 2 payload frames");
     w.n_frames = 2;
     pieces[0].t.dtype = FR_DTYPE_F16;
     pieces[0].nbytes /= 2;
-    expect_code(fr_bridge_update_bucket(u, &bk, &w, &code), &code, "bad_bucket", "its frame holds");
+    expect_code(stage_bucket(u, &bk, &w, &code), &code, "bad_bucket", "its frame holds");
     fr_wire_msg_free(&w);
-    fr_bridge_update_free(&u);
+    fr_weight_update_free(&u);
 
     /* a tensor the model has but the begin left out: missing at commit */
     u = begin_all(&s, s.n - 1);
     for (int i = 0, k = 0; i < s.n - 1; i++, k++) {
         int idx[1] = {i};
         make_bucket(&s, idx, 1, k, &bk, pieces, &w);
-        if (fr_bridge_update_bucket(u, &bk, &w, &code)) fail_msg("bucket %d: %s", k, fr_last_error());
+        if (stage_bucket(u, &bk, &w, &code)) fail_msg("bucket %d: %s", k, fr_last_error());
         fr_wire_msg_free(&w);
     }
-    expect_code(fr_bridge_update_ready(u, &code), &code, "missing_tensor", s.t[s.n - 1].name);
-    fr_bridge_update_free(&u);
+    fr_weight_refusal why;
+    assert_int_not_equal(fr_weight_update_ready(u, &why), FR_OK);
+    assert_string_equal(fr_weight_refusal_name(why), "missing_tensor");
+    assert_msg_has(s.t[s.n - 1].name);
+    fr_weight_update_free(&u);
     source_free(&s);
 }
 

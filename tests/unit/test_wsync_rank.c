@@ -1,8 +1,9 @@
 /* The rank side of a weight update broadcast whole to every rank
- * (rollout/engine/wsync_rank.h, rollout/model/tp_piece.h): every rank keeps
- * exactly its tensor-parallel shard of each piece, whatever the cut of
- * tensors into pieces and buckets; refused buckets, a wrong checksum on one
- * rank and a sender that stops mid-update leave the update not ready.
+ * (rollout/engine/wsync_rank.h, rollout/model/tp_piece.h) under the
+ * update's rules (rollout/engine/weight_check.h): every rank keeps exactly
+ * its tensor-parallel shard of each piece, whatever the cut of tensors into
+ * pieces and buckets; refused buckets, a wrong checksum on one rank and a
+ * sender that stops mid-update leave the update not ready.
  *
  * Alone, the ranks of an engine live in this process and a fake transport
  * hands each the same bucket bytes. Under mpirun (tests/integration/
@@ -34,12 +35,12 @@ static fr_mpi_world *W;
 /* ---- the trainer's side: tensors cut into pieces, pieces packed into buckets */
 
 typedef struct {
-    fr_wsync_tensor *t;
+    fr_weight_tensor *t;
     fr_model_tensor *mt;
     int n;
-    fr_wsync_piece *p;
+    fr_weight_piece *p;
     int n_p;
-    fr_wsync_bucket *b;
+    fr_weight_bucket *b;
     int n_b;
     unsigned char **bytes;   /* each bucket's payload */
 } sync_plan;
@@ -68,23 +69,25 @@ static void plan_new(const fr_model *m, uint64_t bucket_bytes, int mixed, sync_p
     s->b = calloc(64 * n + 4096, sizeof *s->b);
     s->bytes = calloc(64 * n + 4096, sizeof *s->bytes);
     for (size_t i = 0; i < n; i++)
-        s->t[i] = (fr_wsync_tensor){s->mt[i].name, mixed && i % 3 == 1 ? FR_DTYPE_BF16 : FR_DTYPE_F32,
-                                    s->mt[i].rows, s->mt[i].cols};
+        s->t[i] = (fr_weight_tensor){.name = s->mt[i].name, .dtype = mixed && i % 3 == 1 ? FR_DTYPE_BF16 : FR_DTYPE_F32,
+                                     .ndim = s->mt[i].ndim, .shape = {s->mt[i].rows, s->mt[i].cols}};
     uint64_t fill = bucket_bytes;   /* bytes used in the current bucket */
     for (int i = 0; i < s->n; i++) {
         const size_t es = fr_dtype_size(s->t[i].dtype);
         const uint64_t elems = (uint64_t)s->mt[i].rows * (uint64_t)(s->mt[i].cols ? s->mt[i].cols : 1);
         for (uint64_t e = 0; e < elems;) {
             if (bucket_bytes - fill < es) {
-                s->b[s->n_b] = (fr_wsync_bucket){.bucket = s->n_b, .pieces = &s->p[s->n_p]};
+                s->b[s->n_b] = (fr_weight_bucket){.version = 2, .bucket = s->n_b, .in_order = 1,
+                                                  .pieces = &s->p[s->n_p]};
                 s->bytes[s->n_b] = calloc(1, (size_t)bucket_bytes);
                 s->n_b++;
                 fill = 0;
             }
-            fr_wsync_bucket *b = &s->b[s->n_b - 1];
+            fr_weight_bucket *b = &s->b[s->n_b - 1];
             uint64_t take = (bucket_bytes - fill) / es;
             if (take > elems - e) take = elems - e;
-            s->p[s->n_p++] = (fr_wsync_piece){.tensor = i, .offset = e * es, .nbytes = take * es, .at = fill};
+            s->p[s->n_p++] = (fr_weight_piece){.t = s->t[i], .offset = e * es, .nbytes = take * es, .at = fill,
+                                               .tensor = -1};
             for (uint64_t k = 0; k < take; k++)
                 put_value(s->bytes[s->n_b - 1] + fill + k * es, s->t[i].dtype, s->mt[i].data[e + k]);
             b->n_pieces++;
@@ -155,13 +158,52 @@ static fr_status fake_recv(void *ctx, int bucket, void *buf, size_t nbytes)
     return FR_OK;
 }
 
-/* Runs the update through rank `rank` of tp; returns whether it is ready. */
-static int sync_rank(fr_wsync_rank *r, const sync_plan *s, const fr_wsync_transport *t, uint64_t bb, int partial)
+/* Begins an update to `version` of the plan's first n tensors. */
+static fr_status begin(fr_weight_check *c, const sync_plan *s, uint64_t version, int n, uint64_t bb, int partial)
 {
-    assert_int_equal(fr_wsync_rank_begin(r, 2, s->t, s->n, bb, partial), FR_OK);
+    fr_weight_begin b = {.version = version, .tensors = s->t, .n_tensors = n, .bucket_bytes = bb, .partial = partial};
+    fr_weight_refusal why;
+    return fr_weight_check_begin(c, &b, &why);
+}
+
+/* Bucket k of the plan, for the update to `version`. */
+static fr_weight_bucket bucket_of(const sync_plan *s, int k, uint64_t version)
+{
+    fr_weight_bucket b = s->b[k];
+    b.version = version;
+    return b;
+}
+
+/* Runs the update (version 2) through a rank; returns whether it is ready,
+ * and *first (may be NULL) the first refusal. */
+static int sync_rank(fr_wsync_rank *r, fr_weight_check *c, const sync_plan *s, const fr_wsync_transport *t,
+                     uint64_t bb, int partial, fr_weight_refusal *first)
+{
+    assert_int_equal(begin(c, s, 2, s->n, bb, partial), FR_OK);
     int ok = 1;
-    for (int k = 0; k < s->n_b; k++) ok &= fr_wsync_rank_bucket(r, &s->b[k], t) == FR_OK;
-    return ok && fr_wsync_rank_ready(r) == FR_OK;
+    if (first) *first = FR_WREF_NONE;
+    for (int k = 0; k < s->n_b; k++) {
+        fr_weight_bucket b = bucket_of(s, k, 2);
+        fr_weight_refusal why;
+        const int done = fr_wsync_rank_bucket(r, c, &b, t, &why) == FR_OK;
+        if (!done && ok && first) *first = why;
+        ok &= done;
+    }
+    return ok && fr_weight_check_ready(c, NULL) == FR_OK;
+}
+
+/* A rank and the rules of its update. */
+static void rank_new(const fr_model_config *cfg, int rank, int tp, int host_stage, fr_wsync_rank **r,
+                     fr_weight_check **c)
+{
+    assert_int_equal(fr_wsync_rank_new(cfg, rank, tp, host_stage, r), FR_OK);
+    assert_int_equal(fr_weight_check_new(cfg, c), FR_OK);
+}
+
+static void rank_free(fr_wsync_rank **r, fr_weight_check **c)
+{
+    fr_wsync_rank_destroy(r);
+    fr_weight_check_free(c);
 }
 
 static void test_parts_cover_the_shard(void **state)
@@ -179,11 +221,12 @@ static void test_parts_cover_the_shard(void **state)
             uint64_t kept = 0;
             for (int rank = 0; rank < tp; rank++) {
                 fr_wsync_rank *r = NULL;
-                assert_int_equal(fr_wsync_rank_new(&m->cfg, rank, tp, 1, &r), FR_OK);
-                assert_true(sync_rank(r, &s, &t, sizes[z], 0));
+                fr_weight_check *c = NULL;
+                rank_new(&m->cfg, rank, tp, 1, &r, &c);
+                assert_true(sync_rank(r, c, &s, &t, sizes[z], 0, NULL));
                 check_shard(r, m, &s, rank, tp);
                 kept = fr_wsync_rank_bytes_kept(r);
-                fr_wsync_rank_destroy(&r);
+                rank_free(&r, &c);
             }
             /* no rank keeps the whole model once it is split */
             if (tp > 1) assert_true(kept < 4 * fr_model_param_count(m));
@@ -234,10 +277,11 @@ static void test_parts_of_other_layers(void **state)
         fr_wsync_transport t = {fake_recv, &f};
         for (int rank = 0; rank < 2; rank++) {
             fr_wsync_rank *r = NULL;
-            assert_int_equal(fr_wsync_rank_new(&m->cfg, rank, 2, 1, &r), FR_OK);
-            assert_true(sync_rank(r, &s, &t, 1000, 0));
+            fr_weight_check *c = NULL;
+            rank_new(&m->cfg, rank, 2, 1, &r, &c);
+            assert_true(sync_rank(r, c, &s, &t, 1000, 0, NULL));
             check_shard(r, m, &s, rank, 2);
-            fr_wsync_rank_destroy(&r);
+            rank_free(&r, &c);
         }
         plan_free(&s);
         fr_model_destroy(&m);
@@ -257,12 +301,14 @@ static void test_wrong_checksum_on_one_rank(void **state)
         fake_ctx f = {&s, rank == 1 ? 3 : -1, -1};
         fr_wsync_transport t = {fake_recv, &f};
         fr_wsync_rank *r = NULL;
-        assert_int_equal(fr_wsync_rank_new(&m->cfg, rank, 2, 1, &r), FR_OK);
-        const int ready = sync_rank(r, &s, &t, 4096, 0);
+        fr_weight_check *c = NULL;
+        rank_new(&m->cfg, rank, 2, 1, &r, &c);
+        fr_weight_refusal why;
+        const int ready = sync_rank(r, c, &s, &t, 4096, 0, &why);
         assert_int_equal(ready, rank == 0);
-        if (rank == 1) assert_int_equal(fr_wsync_rank_fault(r), FR_WSYNC_BAD_CHECKSUM);
+        if (rank == 1) assert_int_equal(why, FR_WREF_BAD_CHECKSUM);
         all &= ready;
-        fr_wsync_rank_destroy(&r);
+        rank_free(&r, &c);
     }
     assert_false(all);
     plan_free(&s);
@@ -280,30 +326,37 @@ static void test_sender_gone(void **state)
     fake_ctx f = {&s, -1, s.n_b / 2};
     fr_wsync_transport t = {fake_recv, &f};
     fr_wsync_rank *r = NULL;
-    assert_int_equal(fr_wsync_rank_new(&m->cfg, 0, 2, 1, &r), FR_OK);
-    assert_false(sync_rank(r, &s, &t, 4096, 0));
-    assert_int_equal(fr_wsync_rank_fault(r), FR_WSYNC_TRANSPORT);
+    fr_weight_check *c = NULL;
+    rank_new(&m->cfg, 0, 2, 1, &r, &c);
+    fr_weight_refusal why;
+    assert_false(sync_rank(r, c, &s, &t, 4096, 0, &why));
+    assert_int_equal(why, FR_WREF_NCCL_FAILED);
     /* stopped: the buckets before the last arrived, the last never did */
     f.die_at = -1;
-    assert_int_equal(fr_wsync_rank_begin(r, 3, s.t, s.n, 4096, 0), FR_OK);
-    for (int k = 0; k + 1 < s.n_b; k++) assert_int_equal(fr_wsync_rank_bucket(r, &s.b[k], &t), FR_OK);
-    assert_int_not_equal(fr_wsync_rank_ready(r), FR_OK);
+    assert_int_equal(begin(c, &s, 3, s.n, 4096, 0), FR_OK);
+    for (int k = 0; k + 1 < s.n_b; k++) {
+        fr_weight_bucket b = bucket_of(&s, k, 3);
+        assert_int_equal(fr_wsync_rank_bucket(r, c, &b, &t, &why), FR_OK);
+    }
+    assert_int_not_equal(fr_weight_check_ready(c, &why), FR_OK);
+    assert_int_equal(why, FR_WREF_MISSING_TENSOR);
     assert_non_null(strstr(fr_last_error(), "bytes"));
     /* a partial update of only the tensors sent is ready */
-    const int n_sent = s.b[s.n_b - 1].pieces[0].tensor;   /* tensors before it were sent whole */
-    assert_int_equal(fr_wsync_rank_begin(r, 4, s.t, n_sent, 4096, 1), FR_OK);
+    int n_sent = 0;   /* tensors before the last bucket's first were sent whole */
+    while (strcmp(s.t[n_sent].name, s.b[s.n_b - 1].pieces[0].t.name) != 0) n_sent++;
+    assert_int_equal(begin(c, &s, 4, n_sent, 4096, 1), FR_OK);
     for (int k = 0; k + 1 < s.n_b; k++) {
-        fr_wsync_bucket b = s.b[k];
+        fr_weight_bucket b = bucket_of(&s, k, 4);
         int np = 0;
-        while (np < b.n_pieces && b.pieces[np].tensor < n_sent) np++;
+        while (np < b.n_pieces && fr_weight_check_find(c, b.pieces[np].t.name) < n_sent) np++;
         if (np == 0) break;
         b.n_pieces = np;
         b.nbytes = b.pieces[np - 1].at + b.pieces[np - 1].nbytes;
         assert_int_equal(fr_dev_checksum_host(s.bytes[k], (size_t)b.nbytes, &b.checksum), FR_COMM_OK);
-        assert_int_equal(fr_wsync_rank_bucket(r, &b, &t), FR_OK);
+        assert_int_equal(fr_wsync_rank_bucket(r, c, &b, &t, &why), FR_OK);
     }
-    assert_int_equal(fr_wsync_rank_ready(r), FR_OK);
-    fr_wsync_rank_destroy(&r);
+    assert_int_equal(fr_weight_check_ready(c, &why), FR_OK);
+    rank_free(&r, &c);
     plan_free(&s);
     fr_model_destroy(&m);
 }
@@ -320,49 +373,57 @@ static void test_refusals(void **state)
     fake_ctx f = {&s, -1, -1};
     fr_wsync_transport t = {fake_recv, &f};
     fr_wsync_rank *r = NULL;
-    assert_int_equal(fr_wsync_rank_new(&m->cfg, 1, 2, 1, &r), FR_OK);
-    fr_wsync_tensor bad = s.t[1];
-    bad.rows += 1;
-    assert_int_not_equal(fr_wsync_rank_begin(r, 2, &bad, 1, 4096, 1), FR_OK);
-    assert_int_equal(fr_wsync_rank_fault(r), FR_WSYNC_BAD_TENSOR);
+    fr_weight_check *c = NULL;
+    rank_new(&m->cfg, 1, 2, 1, &r, &c);
+    fr_weight_refusal why;
+    fr_weight_tensor bad = s.t[1];
+    bad.shape[0] += 1;
+    fr_weight_begin one = {.version = 2, .tensors = &bad, .n_tensors = 1, .bucket_bytes = 4096, .partial = 1};
+    assert_int_not_equal(fr_weight_check_begin(c, &one, &why), FR_OK);
+    assert_int_equal(why, FR_WREF_BAD_SHAPE);
     bad = s.t[1];
     bad.name = "model.layers.99.mlp.up_proj.weight";
-    assert_int_not_equal(fr_wsync_rank_begin(r, 2, &bad, 1, 4096, 1), FR_OK);
+    assert_int_not_equal(fr_weight_check_begin(c, &one, &why), FR_OK);
+    assert_int_equal(why, FR_WREF_UNKNOWN_TENSOR);
     assert_non_null(strstr(fr_last_error(), "not a weight"));
     /* bucket 1 before bucket 0 */
-    assert_int_equal(fr_wsync_rank_begin(r, 2, s.t, s.n, 4096, 0), FR_OK);
-    assert_int_not_equal(fr_wsync_rank_bucket(r, &s.b[1], &t), FR_OK);
-    assert_int_equal(fr_wsync_rank_fault(r), FR_WSYNC_BAD_BUCKET);
-    assert_int_not_equal(fr_wsync_rank_bucket(r, &s.b[0], &t), FR_OK);   /* a failed update takes no more */
+    assert_int_equal(begin(c, &s, 2, s.n, 4096, 0), FR_OK);
+    fr_weight_bucket b = bucket_of(&s, 1, 2);
+    assert_int_not_equal(fr_wsync_rank_bucket(r, c, &b, &t, &why), FR_OK);
+    assert_int_equal(why, FR_WREF_UPDATE_STATE);
+    b = bucket_of(&s, 0, 2);
+    assert_int_not_equal(fr_wsync_rank_bucket(r, c, &b, &t, &why), FR_OK);   /* a failed update takes no more */
     /* a piece that skips bytes of its tensor */
-    assert_int_equal(fr_wsync_rank_begin(r, 2, s.t, s.n, 4096, 0), FR_OK);
-    assert_int_equal(fr_wsync_rank_bucket(r, &s.b[0], &t), FR_OK);
-    fr_wsync_bucket b = s.b[1];
-    fr_wsync_piece *pp = malloc(sizeof *pp * (size_t)b.n_pieces);
+    assert_int_equal(begin(c, &s, 2, s.n, 4096, 0), FR_OK);
+    b = bucket_of(&s, 0, 2);
+    assert_int_equal(fr_wsync_rank_bucket(r, c, &b, &t, &why), FR_OK);
+    b = bucket_of(&s, 1, 2);
+    fr_weight_piece *pp = malloc(sizeof *pp * (size_t)b.n_pieces);
     memcpy(pp, b.pieces, sizeof *pp * (size_t)b.n_pieces);
     pp[0].offset += 4;
     b.pieces = pp;
-    assert_int_not_equal(fr_wsync_rank_bucket(r, &b, &t), FR_OK);
+    assert_int_not_equal(fr_wsync_rank_bucket(r, c, &b, &t, &why), FR_OK);
+    assert_int_equal(why, FR_WREF_BAD_PIECE);
     assert_non_null(strstr(fr_last_error(), "in order"));
     /* a piece past the bucket's end */
-    assert_int_equal(fr_wsync_rank_begin(r, 2, s.t, s.n, 4096, 0), FR_OK);
-    memcpy(pp, s.b[0].pieces, sizeof *pp * (size_t)s.b[0].n_pieces);
-    b = s.b[0];
+    assert_int_equal(begin(c, &s, 2, s.n, 4096, 0), FR_OK);
+    b = bucket_of(&s, 0, 2);
+    memcpy(pp, b.pieces, sizeof *pp * (size_t)b.n_pieces);
     b.pieces = pp;
     pp[b.n_pieces - 1].nbytes += 4;
-    assert_int_not_equal(fr_wsync_rank_bucket(r, &b, &t), FR_OK);
+    assert_int_not_equal(fr_wsync_rank_bucket(r, c, &b, &t, &why), FR_OK);
     assert_non_null(strstr(fr_last_error(), "inside the bucket"));
     free(pp);
     /* a NaN in bucket 0 (its checksum made to match) */
-    assert_int_equal(fr_wsync_rank_begin(r, 2, s.t, s.n, 4096, 0), FR_OK);
+    assert_int_equal(begin(c, &s, 2, s.n, 4096, 0), FR_OK);
     const float nan = NAN;
     memcpy(s.bytes[0] + 8, &nan, 4);
-    b = s.b[0];
+    b = bucket_of(&s, 0, 2);
     assert_int_equal(fr_dev_checksum_host(s.bytes[0], (size_t)b.nbytes, &b.checksum), FR_COMM_OK);
-    assert_int_not_equal(fr_wsync_rank_bucket(r, &b, &t), FR_OK);
-    assert_int_equal(fr_wsync_rank_fault(r), FR_WSYNC_NON_FINITE);
+    assert_int_not_equal(fr_wsync_rank_bucket(r, c, &b, &t, &why), FR_OK);
+    assert_int_equal(why, FR_WREF_NON_FINITE);
     assert_non_null(strstr(fr_last_error(), "model.embed_tokens.weight"));
-    fr_wsync_rank_destroy(&r);
+    rank_free(&r, &c);
     plan_free(&s);
     fr_model_destroy(&m);
 }
@@ -385,20 +446,23 @@ static void test_overlapped_buckets(void **state)
     sync_plan s;
     plan_new(m, 4096, 1, &s);
     fr_wsync_rank *r = NULL;
-    assert_int_equal(fr_wsync_rank_new(&m->cfg, 1, 2, 0, &r), FR_OK);
+    fr_weight_check *c = NULL;
+    rank_new(&m->cfg, 1, 2, 0, &r, &c);
     assert_null(fr_wsync_rank_local(r, 0, NULL));   /* no host stage */
-    assert_int_equal(fr_wsync_rank_begin(r, 2, s.t, s.n, 4096, 0), FR_OK);
-    assert_int_equal(fr_wsync_rank_plan(r, &s.b[0]), FR_OK);
-    assert_int_equal(fr_wsync_rank_plan(r, &s.b[1]), FR_OK);
-    assert_int_not_equal(fr_wsync_rank_ready(r), FR_OK);
+    fr_weight_refusal why;
+    assert_int_equal(begin(c, &s, 2, s.n, 4096, 0), FR_OK);
+    assert_int_equal(fr_weight_check_bucket(c, &s.b[0], NULL, &why), FR_OK);
+    assert_int_equal(fr_weight_check_bucket(c, &s.b[1], NULL, &why), FR_OK);
+    assert_int_not_equal(fr_weight_check_ready(c, &why), FR_OK);
+    assert_int_equal(why, FR_WREF_UPDATE_STATE);
     assert_non_null(strstr(fr_last_error(), "in flight"));
     uint64_t elems = 0;
     for (int k = 0; k < s.n_b; k++) {
-        if (k >= 2) assert_int_equal(fr_wsync_rank_plan(r, &s.b[k]), FR_OK);
+        if (k >= 2) assert_int_equal(fr_weight_check_bucket(c, &s.b[k], NULL, &why), FR_OK);
         assert_int_equal(fr_wsync_rank_blocks(r, &s.b[k], count_block, &elems), FR_OK);
-        assert_int_equal(fr_wsync_rank_bucket_done(r, &s.b[k], 1, FR_WSYNC_OK), FR_OK);
+        assert_int_equal(fr_weight_check_done(c, &s.b[k], &s.b[k].checksum, -1, 0, &why), FR_OK);
     }
-    assert_int_equal(fr_wsync_rank_ready(r), FR_OK);
+    assert_int_equal(fr_weight_check_ready(c, &why), FR_OK);
     uint64_t want = 0;
     for (int i = 0; i < s.n; i++) {
         const fr_tp_part *part = NULL;
@@ -407,18 +471,21 @@ static void test_overlapped_buckets(void **state)
     }
     assert_int_equal(elems, want);
     /* done out of order */
-    assert_int_equal(fr_wsync_rank_begin(r, 3, s.t, s.n, 4096, 0), FR_OK);
-    assert_int_equal(fr_wsync_rank_plan(r, &s.b[0]), FR_OK);
-    assert_int_equal(fr_wsync_rank_plan(r, &s.b[1]), FR_OK);
-    assert_int_not_equal(fr_wsync_rank_bucket_done(r, &s.b[1], 1, FR_WSYNC_OK), FR_OK);
-    assert_int_equal(fr_wsync_rank_fault(r), FR_WSYNC_BAD_BUCKET);
-    /* a bucket that failed its checks elsewhere (the device's checksum) */
-    assert_int_equal(fr_wsync_rank_begin(r, 4, s.t, s.n, 4096, 0), FR_OK);
-    assert_int_equal(fr_wsync_rank_plan(r, &s.b[0]), FR_OK);
-    assert_int_not_equal(fr_wsync_rank_bucket_done(r, &s.b[0], 0, FR_WSYNC_BAD_CHECKSUM), FR_OK);
-    assert_int_equal(fr_wsync_rank_fault(r), FR_WSYNC_BAD_CHECKSUM);
-    assert_int_not_equal(fr_wsync_rank_ready(r), FR_OK);
-    fr_wsync_rank_destroy(&r);
+    fr_weight_bucket b0 = bucket_of(&s, 0, 3), b1 = bucket_of(&s, 1, 3);
+    assert_int_equal(begin(c, &s, 3, s.n, 4096, 0), FR_OK);
+    assert_int_equal(fr_weight_check_bucket(c, &b0, NULL, &why), FR_OK);
+    assert_int_equal(fr_weight_check_bucket(c, &b1, NULL, &why), FR_OK);
+    assert_int_not_equal(fr_weight_check_done(c, &b1, NULL, -1, 0, &why), FR_OK);
+    assert_int_equal(why, FR_WREF_UPDATE_STATE);
+    /* a bucket that failed its checks on the device: its checksum */
+    b0 = bucket_of(&s, 0, 4);
+    assert_int_equal(begin(c, &s, 4, s.n, 4096, 0), FR_OK);
+    assert_int_equal(fr_weight_check_bucket(c, &b0, NULL, &why), FR_OK);
+    const uint64_t wrong = b0.checksum ^ 1;
+    assert_int_not_equal(fr_weight_check_done(c, &b0, &wrong, -1, 0, &why), FR_OK);
+    assert_int_equal(why, FR_WREF_BAD_CHECKSUM);
+    assert_int_not_equal(fr_weight_check_ready(c, &why), FR_OK);
+    rank_free(&r, &c);
     plan_free(&s);
     fr_model_destroy(&m);
 }
@@ -466,9 +533,9 @@ static fr_status mpi_recv(void *ctx, int bucket, void *buf, size_t nbytes)
 {
     mpi_ctx *c = ctx;
     int alive = 0;
-    if (fr_mpi_world_bcast(W, &alive, sizeof alive, 0)) return fr_fail(FR_EIO, "%s", fr_comm_last_error());
+    if (fr_mpi_world_bcast(W, &alive, sizeof alive, 0)) return fr_fail(FR_EIO, "%s", fr_last_error());
     if (!alive) return fr_fail(FR_EIO, "the trainer is gone");
-    if (fr_mpi_world_bcast(W, buf, nbytes, 0)) return fr_fail(FR_EIO, "%s", fr_comm_last_error());
+    if (fr_mpi_world_bcast(W, buf, nbytes, 0)) return fr_fail(FR_EIO, "%s", fr_last_error());
     if (c->corrupt_here && bucket == 1) ((unsigned char *)buf)[0] ^= 1;
     return FR_OK;
 }
@@ -489,14 +556,18 @@ static uint64_t mpi_round(const sync_plan *s, const fr_model_config *cfg, int di
     } else {
         const int tp = 2, server_rank = W->rank - 1;
         fr_wsync_rank *r = NULL;
-        assert_int_equal(fr_wsync_rank_new(cfg, server_rank % tp, tp, 1, &r), FR_OK);
+        fr_weight_check *rules = NULL;
+        rank_new(cfg, server_rank % tp, tp, 1, &r, &rules);
         mpi_ctx c = {s, W->rank == corrupt_rank};
         fr_wsync_transport t = {mpi_recv, &c};
-        assert_int_equal(fr_wsync_rank_begin(r, 2, s->t, s->n, 4096, 0), FR_OK);
-        for (int k = 0; k < s->n_b; k++)
-            if (fr_wsync_rank_bucket(r, &s->b[k], &t) && fr_wsync_rank_fault(r) == FR_WSYNC_TRANSPORT) break;
-        ready = fr_wsync_rank_ready(r) == FR_OK;
-        fr_wsync_rank_destroy(&r);
+        assert_int_equal(begin(rules, s, 2, s->n, 4096, 0), FR_OK);
+        for (int k = 0; k < s->n_b; k++) {
+            fr_weight_bucket b = bucket_of(s, k, 2);
+            fr_weight_refusal why;
+            if (fr_wsync_rank_bucket(r, rules, &b, &t, &why) && why == FR_WREF_NCCL_FAILED) break;
+        }
+        ready = fr_weight_check_ready(rules, NULL) == FR_OK;
+        rank_free(&r, &rules);
     }
     int all = 0;
     assert_int_equal(fr_mpi_world_all_ok(W, ready, &all), FR_COMM_OK);
@@ -526,7 +597,7 @@ static void test_mpi_all_or_nothing(void **state)
 int main(int argc, char **argv)
 {
     if (fr_mpi_world_init(&argc, &argv, &W)) {
-        fprintf(stderr, "test_wsync_rank: %s\n", fr_comm_last_error());
+        fprintf(stderr, "test_wsync_rank: %s\n", fr_last_error());
         return 1;
     }
     const struct CMUnitTest tests[] = {

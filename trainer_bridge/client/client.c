@@ -44,10 +44,6 @@ struct fr_client {
     int open_samples;
     partial *parts;         /* samples with deltas and no done yet */
     int n_parts, cap_parts;
-    /* the last error message from the server */
-    int has_err;
-    char err_code[FR_PROTO_NAME_MAX], err_msg[FR_PROTO_TEXT_MAX];
-    long long err_request;
     /* payload frames ZeroMQ still holds (zero-copy sends of a weight update) */
     atomic_long in_flight;
     void *nccl;             /* the NCCL weight group (client_nccl.c), NULL when none */
@@ -182,7 +178,6 @@ fr_status fr_client_new_curve(const char *endpoint, const fr_client_curve *keys,
     if (!c) return fr_fail(FR_ENOMEM, "client: out of memory");
     atomic_init(&c->in_flight, 0);
     c->timeout_ms = 30000;
-    c->err_request = -1;
     c->endpoint = strdup(endpoint);
     if (keys) {
         c->curve = 1;
@@ -258,16 +253,17 @@ static void drop_pending(fr_client *c, int i)
     c->p[i] = c->p[--c->n_p];
 }
 
-/* Bookkeeping of a received message: dones close samples; an error about
- * an open request means the server refused it (no done will come). */
-static void note_error(fr_client *c, const fr_msg_error *e)
+/* A server's error as the calling thread's failure (the one error store,
+ * base/fr_status.h): what the client was doing, then the server's code and
+ * message, which fr_client_last_error gives apart with the request id. */
+static fr_status server_error(const fr_msg_error *e, const char *what)
 {
-    c->has_err = 1;
-    snprintf(c->err_code, sizeof c->err_code, "%s", e->code);
-    snprintf(c->err_msg, sizeof c->err_msg, "%s", e->message);
-    c->err_request = e->has_request_id ? (long long)(e->request_id & 0x7fffffffffffffffull) : -1;
+    const long long id = e->has_request_id ? (long long)(e->request_id & 0x7fffffffffffffffull) : -1;
+    return fr_fail_peer(FR_EINVAL, e->code, e->message, id, "%s: %s: %s", what, e->code, e->message);
 }
 
+/* Bookkeeping of a received message: dones close samples; an error about
+ * an open request means the server refused it (no done will come). */
 static void track(fr_client *c, const fr_msg *m)
 {
     if (m->type == FR_MSG_DONE) {
@@ -392,9 +388,9 @@ static fr_status await_reply(fr_client *c, const fr_msg *m, fr_msg_type want, fr
             return FR_OK;
         }
         if (r.type == FR_MSG_ERROR && !r.u.error.has_request_id) {
-            note_error(c, &r.u.error);
-            st = fr_fail(FR_EINVAL, "server refused %s: %s: %s", fr_msg_type_name(m->type), r.u.error.code,
-                         r.u.error.message);
+            char what[96];
+            snprintf(what, sizeof what, "server refused %s", fr_msg_type_name(m->type));
+            st = server_error(&r.u.error, what);
             fr_msg_free(&r);
             return st;
         }
@@ -561,11 +557,7 @@ fr_status fr_client_dispatch(fr_client *c, const fr_client_handlers *h, int time
 
 int fr_client_last_error(const fr_client *c, const char **code, const char **message, long long *request_id)
 {
-    if (!c || !c->has_err) return 0;
-    if (code) *code = c->err_code;
-    if (message) *message = c->err_msg;
-    if (request_id) *request_id = c->err_request;
-    return 1;
+    return c ? fr_last_error_peer(code, message, request_id) : 0;
 }
 
 /* ZeroMQ is done with a zero-copy payload frame. */
@@ -625,12 +617,17 @@ static fr_status send_with_payload(fr_client *c, const fr_msg *m, const void *co
 }
 
 /* The server's refusal of an update message, with its code. */
-static fr_status update_refused(fr_client *c, fr_status st)
+static fr_status update_refused(fr_status st)
 {
-    if (st == FR_EINVAL && c->has_err)
-        return fr_fail(FR_EINVAL, "weight update refused by the server: %s: %s", c->err_code, c->err_msg);
+    const char *code, *msg;
+    long long id;
+    if (st == FR_EINVAL && fr_last_error_peer(&code, &msg, &id))
+        return fr_fail_peer(FR_EINVAL, code, msg, id, "weight update refused by the server: %s: %s", code, msg);
     return st;
 }
+
+/* Whether the calling thread's last failure was the server's answer. */
+static int refused_by_server(void) { return fr_last_error_peer(NULL, NULL, NULL); }
 
 /* The reply to the oldest bucket in flight; after a refusal the server
  * dropped the update, so the answer to the bucket still in flight (if any)
@@ -639,18 +636,14 @@ static fr_status update_refused(fr_client *c, fr_status st)
 static fr_status await_bucket(fr_client *c, const fr_msg *bm, int *in_flight)
 {
     fr_msg r;
-    fr_status st = update_refused(c, await_reply(c, bm, FR_MSG_UPDATE_REPLY, &r));
+    fr_status st = update_refused(await_reply(c, bm, FR_MSG_UPDATE_REPLY, &r));
     (*in_flight)--;
-    if (!st || !c->has_err || *in_flight == 0) return st;
-    char code[sizeof c->err_code], msg[sizeof c->err_msg], text[FR_PROTO_TEXT_MAX + 256];
-    snprintf(code, sizeof code, "%s", c->err_code);
-    snprintf(msg, sizeof msg, "%s", c->err_msg);
-    snprintf(text, sizeof text, "%s", fr_last_error());
+    if (!st || !refused_by_server() || *in_flight == 0) return st;
+    fr_error_copy first;
+    fr_error_keep(&first);
     (void)await_reply(c, bm, FR_MSG_UPDATE_REPLY, &r);
     (*in_flight)--;
-    snprintf(c->err_code, sizeof c->err_code, "%s", code);
-    snprintf(c->err_msg, sizeof c->err_msg, "%s", msg);
-    return fr_fail(st, "%s", text);
+    return fr_error_restore(&first, st, NULL);
 }
 
 fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors, int n, uint64_t version,
@@ -662,13 +655,12 @@ fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors
     const int corrupt = opts ? opts->corrupt_bucket : -1;
     if (bucket < 4) return fr_fail(FR_EINVAL, "client: bucket_bytes must be at least 4 (one float32)");
     fr_msg m, r;
-    c->has_err = 0;   /* from here on, an error is the server's answer to this update */
     fr_msg_init(&m, FR_MSG_UPDATE_BEGIN);
     fr_msg_update_begin *b = &m.u.update_begin;
     fr_status st = fr_client_begin_tensors_(b, tensors, n, version, bucket, "update_weights");
     if (st == FR_ENOMEM) return st;
     b->partial = opts && opts->partial;
-    if (!st) st = update_refused(c, call(c, &m, FR_MSG_UPDATE_REPLY, &r));
+    if (!st) st = update_refused(call(c, &m, FR_MSG_UPDATE_REPLY, &r));
     if (st) {
         free(b->tensors);
         return st;
@@ -733,11 +725,12 @@ fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors
         k++;
     }
     while (!st && in_flight > 0) st = await_bucket(c, &bm, &in_flight);
+    fr_error_copy failure;
+    fr_error_keep(&failure);
+    const int refused = st && refused_by_server();   /* else it failed on this side */
     if (st && in_flight > 0) {   /* failed on this side: the answer in flight must not pass for the abort's */
-        char keep_msg[FR_PROTO_TEXT_MAX];
-        snprintf(keep_msg, sizeof keep_msg, "%s", fr_last_error());
         for (; in_flight > 0; in_flight--) (void)await_reply(c, &bm, FR_MSG_UPDATE_REPLY, &r);
-        fr_fail(st, "%s", keep_msg);
+        fr_error_restore(&failure, st, NULL);
     }
     XXH64_freeState(h);
     free(pieces);
@@ -749,13 +742,11 @@ fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors
         fr_msg cm;
         fr_msg_init(&cm, FR_MSG_UPDATE_COMMIT);
         cm.u.update_end.version = version;
-        st = update_refused(c, call(c, &cm, FR_MSG_UPDATE_REPLY, &r));
+        st = update_refused(call(c, &cm, FR_MSG_UPDATE_REPLY, &r));
         if (!st && out) *out = r.u.update_reply;
-    } else if (!c->has_err) {
+    } else if (!refused) {
         /* A failure on this side (the server may still stage the update):
          * tell it to drop it, best effort. */
-        char keep_msg[FR_PROTO_TEXT_MAX];
-        snprintf(keep_msg, sizeof keep_msg, "%s", fr_last_error());
         fr_msg am;
         fr_msg_init(&am, FR_MSG_UPDATE_ABORT);
         am.u.update_end.version = version;
@@ -763,7 +754,9 @@ fr_status fr_client_update_weights(fr_client *c, const fr_client_tensor *tensors
         c->timeout_ms = t < 0 || t > 2000 ? 2000 : t;
         (void)call(c, &am, FR_MSG_UPDATE_REPLY, &r);
         c->timeout_ms = t;
-        fr_fail(st, "%s", keep_msg);
+        fr_error_restore(&failure, st, NULL);
+    } else {
+        fr_error_restore(&failure, st, NULL);   /* the server's refusal, whatever settling the frames said */
     }
     free(b->tensors);
     return st;
@@ -900,9 +893,8 @@ static fr_status next_event(fr_client *c, int timeout_ms, fr_client_delta *delta
             return FR_OK;
         }
         if (m.type == FR_MSG_DONE && !st && !(st = finish_sample(c, &m.u.done, out))) *got = 2;
-        else if (m.type == FR_MSG_ERROR && (note_error(c, &m.u.error), 1))
-            st = fr_fail(FR_EINVAL, "server error%s: %s: %s", m.u.error.has_request_id ? " about a request" : "",
-                         m.u.error.code, m.u.error.message);
+        else if (m.type == FR_MSG_ERROR)
+            st = server_error(&m.u.error, m.u.error.has_request_id ? "server error about a request" : "server error");
         fr_msg_free(&m);
         if (st || *got) return st;
     }
@@ -1008,8 +1000,9 @@ fr_status fr_client_take_(fr_client *c, int wait_ms, fr_msg_type want, const cha
         return FR_OK;
     }
     if (r.type == FR_MSG_ERROR && !r.u.error.has_request_id) {
-        note_error(c, &r.u.error);
-        st = fr_fail(FR_EINVAL, "server refused %s: %s: %s", what, r.u.error.code, r.u.error.message);
+        char text[160];
+        snprintf(text, sizeof text, "server refused %s", what);
+        st = server_error(&r.u.error, text);
         fr_msg_free(&r);
         return st;
     }
@@ -1071,7 +1064,6 @@ fr_status fr_client_begin_tensors_(fr_msg_update_begin *b, const fr_client_tenso
     return FR_OK;
 }
 
-fr_status fr_client_refused_(fr_client *c, fr_status st) { return update_refused(c, st); }
-void fr_client_clear_error_(fr_client *c) { c->has_err = 0; }
+fr_status fr_client_refused_(fr_status st) { return update_refused(st); }
 int fr_client_timeout_(const fr_client *c) { return c->timeout_ms; }
 void **fr_client_nccl_slot_(fr_client *c) { return &c->nccl; }

@@ -164,10 +164,13 @@ fr_status fr_client_nccl_group_close(fr_client *c);
 fr_status fr_client_update_weights_nccl(fr_client *c, const fr_client_tensor *tensors, int n, uint64_t version,
                                         void *stream, const fr_client_update_opts *opts, fr_msg_update_reply *out);
 
-/* The last error message the server sent to this client (in answer to a
- * call, or about a request): 1 and its code, message and request id (-1
- * when none) through the non-NULL pointers, or 0 when none came yet. The
- * strings live until the next call. */
+/* The server's own account of the calling thread's last failure, when
+ * that failure was a server's error (in answer to a call, or about a
+ * request): 1 and its code, message and request id (-1 when none) through
+ * the non-NULL pointers; 0 when the last failure was not the server's (or c
+ * is NULL). A thin alias of the project's one error store
+ * (fr_last_error_peer, base/fr_status.h), kept for bindings: the strings
+ * live until the thread's next failure. */
 int fr_client_last_error(const fr_client *c, const char **code, const char **message, long long *request_id);
 
 /* ---- finished samples (for bindings and simple loops) ---- */
@@ -239,8 +242,8 @@ void fr_client_free_string(char *s);
  * booleans, nil) as JSON; NaN and infinities become null. */
 fr_status fr_msgpack_to_json(const void *data, size_t len, char **json);
 
-/* The last error message of the calling thread (fr_last_error), for
- * bindings that cannot reach the status module. */
+/* The last error message of the calling thread (fr_last_error, the one
+ * error store), for bindings that cannot reach the status module. */
 const char *fr_client_error_text(void);
 
 /* Sends bytes as frame 0, unchecked, followed by extra_frames empty

@@ -13,7 +13,7 @@ fr_status fr_client_send_(fr_client *c, const fr_msg *m);
  * `what`); anything else is kept for the caller's later reads. */
 fr_status fr_client_take_(fr_client *c, int wait_ms, fr_msg_type want, const char *what, fr_msg *reply, int *got);
 /* A server refusal of an update message, with its code in the text. */
-fr_status fr_client_refused_(fr_client *c, fr_status st);
+fr_status fr_client_refused_(fr_status st);
 /* Fills an update_weights_begin with the tensors' names, dtypes and shapes,
  * its version and bucket size (b->tensors allocated, even on a refusal of a
  * tensor: the caller frees it); `what` names the call in messages. */
@@ -24,7 +24,6 @@ fr_status fr_client_begin_tensors_(fr_msg_update_begin *b, const fr_client_tenso
  * messages on the way (it answers in order, so none is left after it), so
  * that they cannot be taken for the answers to the next call. */
 fr_status fr_client_settle_(fr_client *c, int wait_ms);
-void fr_client_clear_error_(fr_client *c);
 int fr_client_timeout_(const fr_client *c);
 /* Where the client keeps its NCCL group. */
 void **fr_client_nccl_slot_(fr_client *c);

@@ -5,10 +5,11 @@
  * turn on a packing stream, checksums each there (comm/dev_checksum.h),
  * announces it with update_weights_nccl_bucket, and broadcasts it on the
  * NCCL stream; events let packing bucket k + 1 overlap broadcasting bucket
- * k and keep bucket k + 2 out of a buffer until bucket k has left it. No
- * wait here blocks without a deadline: every wait polls the event, the
- * communicator's asynchronous error and the socket (so a server's refusal
- * ends it at once). Without CUDA the calls fail with FR_EUNSUPPORTED. */
+ * k and keep bucket k + 2 out of a buffer until bucket k has left it. The
+ * group and the two buckets are comm/weight_group.h's, as on the server's
+ * side. No wait here blocks without a deadline: every wait polls the event,
+ * the group's state and the socket (so a server's refusal ends it at once).
+ * Without CUDA the calls fail with FR_EUNSUPPORTED. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,23 +20,21 @@
 
 #ifdef FR_HAVE_CUDA
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include "comm/dev_checksum.h"
+#include "comm/weight_group.h"
 
-_Static_assert(sizeof(ncclUniqueId) == FR_PROTO_NCCL_ID_BYTES, "the protocol's unique id is NCCL's");
+_Static_assert(FR_WEIGHT_GROUP_ID_BYTES == FR_PROTO_NCCL_ID_BYTES, "the protocol's unique id is the group's");
 
 enum { ALIGN = 256 };   /* each piece starts at a multiple of this in a bucket */
 
 typedef struct {
-    ncclComm_t comm;
+    fr_weight_group *wg;
     int device;
     int nranks;            /* the group: this client and every rank of the server */
     cudaStream_t pack, net;
     cudaEvent_t caller, packed[2], sent[2];
-    void *buf[2];
-    uint64_t buf_bytes;
-    uint64_t *dig[2], *hdig[2];
+    fr_dev_buckets bk;
 } group;
 
 static fr_status cuda_fail(cudaError_t e, const char *what)
@@ -43,34 +42,18 @@ static fr_status cuda_fail(cudaError_t e, const char *what)
     return fr_fail(FR_EIO, "client: NCCL weight group: %s failed: %s", what, cudaGetErrorString(e));
 }
 
-static fr_status nccl_fail(ncclResult_t r, ncclComm_t comm, const char *what)
-{
-    const char *detail = comm ? ncclGetLastError(comm) : NULL;
-    return fr_fail(FR_EIO, "client: NCCL weight group: %s failed: %s%s%s", what, ncclGetErrorString(r),
-                   detail && *detail ? ": " : "", detail ? detail : "");
-}
-
-static void free_buffers(group *g)
-{
-    for (int i = 0; i < 2; i++) {
-        if (g->buf[i]) cudaFree(g->buf[i]);
-        if (g->dig[i]) cudaFree(g->dig[i]);
-        if (g->hdig[i]) cudaFreeHost(g->hdig[i]);
-        g->buf[i] = NULL;
-        g->dig[i] = g->hdig[i] = NULL;
-    }
-    g->buf_bytes = 0;
-}
+/* A failure of the group (comm/weight_group.h's message), as the client's. */
+static fr_status group_fail(void) { return fr_fail(FR_EIO, "client: %s", fr_last_error()); }
 
 void fr_client_nccl_free_(void **slot)
 {
     group *g = slot ? (group *)*slot : NULL;
     if (!g) return;
     cudaSetDevice(g->device);
-    if (g->comm) ncclCommAbort(g->comm);   /* local; ends a broadcast the server will never receive */
+    fr_weight_group_abort(&g->wg);   /* local; ends a broadcast the server will never receive */
     if (g->pack) cudaStreamSynchronize(g->pack);
     if (g->net) cudaStreamSynchronize(g->net);
-    free_buffers(g);
+    fr_dev_buckets_free(&g->bk);
     for (int i = 0; i < 2; i++) {
         if (g->packed[i]) cudaEventDestroy(g->packed[i]);
         if (g->sent[i]) cudaEventDestroy(g->sent[i]);
@@ -82,20 +65,11 @@ void fr_client_nccl_free_(void **slot)
     *slot = NULL;
 }
 
-/* Waits for the communicator to finish what is in progress (joining, or
+/* Waits for the group to finish what is in progress (joining, or
  * enqueueing a call), up to the deadline. */
 static fr_status settle(group *g, double deadline, const char *what)
 {
-    for (;;) {
-        ncclResult_t a = ncclSuccess;
-        ncclResult_t r = ncclCommGetAsyncError(g->comm, &a);
-        if (r != ncclSuccess) return nccl_fail(r, g->comm, "ncclCommGetAsyncError");
-        if (a == ncclSuccess) return FR_OK;
-        if (a != ncclInProgress) return nccl_fail(a, g->comm, what);
-        if (fr_now_ms() > deadline) return fr_fail(FR_EIO, "client: NCCL weight group: %s did not finish in time", what);
-        struct timespec ts = {0, 200000};
-        nanosleep(&ts, NULL);
-    }
+    return fr_weight_group_wait(g->wg, deadline, what) ? group_fail() : FR_OK;
 }
 
 fr_status fr_client_nccl_group_init(fr_client *c, int cuda_device)
@@ -122,13 +96,9 @@ fr_status fr_client_nccl_group_init(fr_client *c, int cuda_device)
         if ((e = cudaEventCreateWithFlags(&g->packed[i], cudaEventDisableTiming)) != cudaSuccess ||
             (e = cudaEventCreateWithFlags(&g->sent[i], cudaEventDisableTiming)) != cudaSuccess)
             st = cuda_fail(e, "making events");
-    ncclUniqueId id;
-    ncclResult_t r = st ? ncclSuccess : ncclGetUniqueId(&id);
-    if (!st && r != ncclSuccess) st = nccl_fail(r, NULL, "ncclGetUniqueId");
     fr_msg m, reply;
     fr_msg_init(&m, FR_MSG_NCCL_INIT);
-    memcpy(m.u.nccl_init.unique_id, &id, sizeof id);
-    fr_client_clear_error_(c);
+    if (!st && fr_weight_group_unique_id(m.u.nccl_init.unique_id)) st = group_fail();
     if (!st) st = fr_client_call_(c, &m, FR_MSG_NCCL_REPLY, &reply);
     if (!st && (reply.u.nccl_reply.state != FR_NCCL_JOINING || reply.u.nccl_reply.nranks < 2))
         st = fr_fail(FR_EFORMAT, "client: the server answered nccl_group_init without a group to join");
@@ -137,15 +107,10 @@ fr_status fr_client_nccl_group_init(fr_client *c, int cuda_device)
         st = fr_fail(FR_EFORMAT, "client: the server gave this client rank %d of its NCCL weight group; the sender "
                      "must be rank 0", reply.u.nccl_reply.rank);
     if (!st) g->nranks = reply.u.nccl_reply.nranks;
-    if (!st) {
-        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-        config.blocking = 0;   /* joining waits with a deadline, below */
-        r = ncclCommInitRankConfig(&g->comm, reply.u.nccl_reply.nranks, id, reply.u.nccl_reply.rank, &config);
-        if (r != ncclSuccess && r != ncclInProgress) {
-            g->comm = NULL;
-            st = nccl_fail(r, NULL, "ncclCommInitRankConfig");
-        }
-    }
+    /* joining is nonblocking: it waits with a deadline, below */
+    if (!st && fr_weight_group_join(m.u.nccl_init.unique_id, reply.u.nccl_reply.nranks, reply.u.nccl_reply.rank,
+                                    &g->wg))
+        st = group_fail();
     const int t = fr_client_timeout_(c);
     if (!st) st = settle(g, fr_now_ms() + (t < 0 ? 600000 : t), "joining the group");
     if (st) fr_client_nccl_free_(slot);
@@ -247,23 +212,6 @@ static fr_status make_plan(const fr_msg_update_begin *b, const fr_client_tensor 
     return FR_OK;
 }
 
-static fr_status ensure_buffers(group *g, uint64_t bytes)
-{
-    if (g->buf[0] && g->buf_bytes == bytes) return FR_OK;
-    free_buffers(g);
-    const size_t chunks = fr_dev_checksum_chunks((size_t)bytes);
-    for (int i = 0; i < 2; i++) {
-        cudaError_t e = cudaMalloc(&g->buf[i], (size_t)bytes);
-        if (e == cudaSuccess) e = cudaMalloc((void **)&g->dig[i], chunks * sizeof(uint64_t));
-        if (e == cudaSuccess) e = cudaMallocHost((void **)&g->hdig[i], chunks * sizeof(uint64_t));
-        if (e != cudaSuccess) {
-            free_buffers(g);
-            return cuda_fail(e, "allocating the bucket buffers");
-        }
-    }
-    g->buf_bytes = bytes;
-    return FR_OK;
-}
 
 /* Replies counted while waiting: bucket replies, and the commit's. */
 typedef struct {
@@ -279,7 +227,7 @@ static fr_status drain(fr_client *c, int wait_ms, replies *rp)
     for (int k = 0; k < 64; k++) {
         fr_msg r;
         int got = 0;
-        fr_status st = fr_client_refused_(c, fr_client_take_(c, k ? 0 : wait_ms, FR_MSG_UPDATE_REPLY,
+        fr_status st = fr_client_refused_(fr_client_take_(c, k ? 0 : wait_ms, FR_MSG_UPDATE_REPLY,
                                                              "the weight update over NCCL", &r, &got));
         if (st) return st;
         if (!got) return FR_OK;
@@ -300,9 +248,8 @@ static fr_status wait_event(fr_client *c, group *g, cudaEvent_t ev, double deadl
         cudaError_t e = cudaEventQuery(ev);
         if (e == cudaSuccess) return FR_OK;
         if (e != cudaErrorNotReady) return cuda_fail(e, what);
-        ncclResult_t a = ncclSuccess;
-        if (ncclCommGetAsyncError(g->comm, &a) == ncclSuccess && a != ncclSuccess && a != ncclInProgress)
-            return nccl_fail(a, g->comm, what);
+        int busy = 0;
+        if (fr_weight_group_state(g->wg, &busy, what)) return group_fail();
         fr_status st = drain(c, 0, rp);
         if (st) return st;
         if (fr_now_ms() > deadline) return fr_fail(FR_EIO, "client: NCCL weight update: %s timed out", what);
@@ -326,14 +273,14 @@ static fr_status send_buckets(fr_client *c, group *g, const plan *p, uint64_t ve
             return cuda_fail(e, "ordering a bucket's packing");
         for (int j = bp->first; j < bp->first + bp->count; j++) {
             const fr_msg_piece *x = &p->pieces[j];
-            e = cudaMemcpyAsync((char *)g->buf[i] + x->at, p->src[j], (size_t)x->nbytes, cudaMemcpyDeviceToDevice,
+            e = cudaMemcpyAsync((char *)g->bk.buf[i] + x->at, p->src[j], (size_t)x->nbytes, cudaMemcpyDeviceToDevice,
                                 g->pack);
             if (e != cudaSuccess) return cuda_fail(e, "packing a bucket (are the tensors on the group's device?)");
         }
-        if (fr_dev_checksum_launch(g->buf[i], (size_t)bp->nbytes, g->dig[i], g->pack))
-            return fr_fail(FR_EIO, "client: %s", fr_comm_last_error());
+        if (fr_dev_checksum_launch(g->bk.buf[i], (size_t)bp->nbytes, g->bk.dig[i], g->pack))
+            return fr_fail(FR_EIO, "client: %s", fr_last_error());
         const size_t chunks = fr_dev_checksum_chunks((size_t)bp->nbytes);
-        if ((e = cudaMemcpyAsync(g->hdig[i], g->dig[i], chunks * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+        if ((e = cudaMemcpyAsync(g->bk.hdig[i], g->bk.dig[i], chunks * sizeof(uint64_t), cudaMemcpyDeviceToHost,
                                  g->pack)) != cudaSuccess ||
             (e = cudaEventRecord(g->packed[i], g->pack)) != cudaSuccess)
             return cuda_fail(e, "checksumming a bucket");
@@ -342,16 +289,15 @@ static fr_status send_buckets(fr_client *c, group *g, const plan *p, uint64_t ve
         fr_msg m;
         fr_msg_init(&m, FR_MSG_NCCL_BUCKET);
         m.u.nccl_bucket = (fr_msg_nccl_bucket){.version = version, .bucket = k, .nbytes = bp->nbytes,
-                                               .checksum = fr_dev_checksum_combine(g->hdig[i], chunks),
+                                               .checksum = fr_dev_checksum_combine(g->bk.hdig[i], chunks),
                                                .pieces = p->pieces + bp->first, .n_pieces = bp->count};
         if (k == corrupt) m.u.nccl_bucket.checksum ^= 0x9e3779b97f4a7c15ull;
         if ((st = fr_client_send_(c, &m))) return st;
         if ((e = cudaStreamWaitEvent(g->net, g->packed[i], 0)) != cudaSuccess)
             return cuda_fail(e, "ordering a bucket's broadcast");
-        ncclResult_t r = ncclBroadcast(g->buf[i], g->buf[i], (size_t)bp->nbytes, ncclUint8, 0, g->comm, g->net);
-        if (r == ncclInProgress) st = settle(g, deadline, "ncclBroadcast");
-        else if (r != ncclSuccess) st = nccl_fail(r, g->comm, "ncclBroadcast");
-        if (st) return st;
+        int busy = 0;
+        if (fr_weight_group_bcast(g->wg, g->bk.buf[i], (size_t)bp->nbytes, g->net, &busy)) return group_fail();
+        if (busy && (st = settle(g, deadline, "ncclBroadcast"))) return st;
         if ((e = cudaEventRecord(g->sent[i], g->net)) != cudaSuccess) return cuda_fail(e, "recording a broadcast");
     }
     return FR_OK;
@@ -380,9 +326,8 @@ fr_status fr_client_update_weights_nccl(fr_client *c, const fr_client_tensor *te
     plan p;
     memset(&p, 0, sizeof p);
     if (!st) st = make_plan(b, tensors, bucket, &p);
-    if (!st) st = ensure_buffers(g, bucket);
-    fr_client_clear_error_(c);
-    if (!st) st = fr_client_refused_(c, fr_client_call_(c, &m, FR_MSG_UPDATE_REPLY, &r));
+    if (!st && fr_dev_buckets_reserve(&g->bk, bucket)) st = group_fail();
+    if (!st) st = fr_client_refused_(fr_client_call_(c, &m, FR_MSG_UPDATE_REPLY, &r));
     int begun = !st;
     const int t = fr_client_timeout_(c);
     const double wait = t < 0 ? 600000.0 : (double)t;
@@ -403,9 +348,8 @@ fr_status fr_client_update_weights_nccl(fr_client *c, const fr_client_tensor *te
             seen = rp.buckets;
             deadline = fr_now_ms() + wait;
         }
-        ncclResult_t a = ncclSuccess;
-        if (!st && ncclCommGetAsyncError(g->comm, &a) == ncclSuccess && a != ncclSuccess && a != ncclInProgress)
-            st = nccl_fail(a, g->comm, "a broadcast in flight");
+        int busy = 0;
+        if (!st && fr_weight_group_state(g->wg, &busy, "a broadcast in flight")) st = group_fail();
         if (!st && !rp.committed && fr_now_ms() > deadline)
             st = fr_fail(FR_EIO, "client: no commit reply for the weight update over NCCL within %d ms", t);
     }
@@ -416,8 +360,8 @@ fr_status fr_client_update_weights_nccl(fr_client *c, const fr_client_tensor *te
     if (st && begun) {
         /* The group may be out of step (a broadcast the server never took):
          * it ends here and on the server. */
-        char keep_msg[FR_PROTO_TEXT_MAX];
-        snprintf(keep_msg, sizeof keep_msg, "%s", fr_last_error());
+        fr_error_copy failure;   /* the server's refusal stays the caller's error (fr_client_last_error) */
+        fr_error_keep(&failure);
         int saved = fr_client_timeout_(c);
         /* Buckets sent before the refusal still get answers (update_state,
          * once the server dropped the update): read them first, or the close
@@ -427,7 +371,7 @@ fr_status fr_client_update_weights_nccl(fr_client *c, const fr_client_tensor *te
         fr_client_set_timeout(c, saved < 0 || saved > 2000 ? 2000 : saved);
         (void)fr_client_nccl_group_close(c);
         fr_client_set_timeout(c, saved);
-        fr_fail(st, "%s (the NCCL weight group was closed: make a new one)", keep_msg);
+        fr_error_restore(&failure, st, " (the NCCL weight group was closed: make a new one)");
     }
     plan_free(&p);
     free(b->tensors);

@@ -185,51 +185,39 @@ void srv_drop_gone_peers(fr_bridge_server *srv)
             srv_log(srv, "client %s disconnected: its messages are undeliverable, %d open samples aborted%s",
                     fr_peers_name(srv->peers, peer), ended, had_update ? ", its weight update dropped" : "");
         if (had_update) srv_drop_update(srv, "its client disconnected");
-#ifdef FR_HAVE_CUDA
         if (srv->ng && srv->ng_peer == peer) srv_nccl_end(srv, "its client disconnected", NULL);
-#endif
     }
 }
 
 /* ---- lifecycle ------------------------------------------------------------ */
 
-fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_bridge_server **out)
+/* This rank's place in a job of several (cfg->world), or one process. */
+static fr_status setup_ranks(fr_bridge_server *srv, const fr_bridge_config *cfg)
 {
-    if (!out) return fr_fail(FR_EINVAL, "serve: out is NULL");
-    *out = NULL;
-    if (!s || !s->model || !s->kv || !cfg || !cfg->endpoint)
-        return fr_fail(FR_EINVAL, "serve: session, config and endpoint are required");
-    fr_bridge_server *srv = calloc(1, sizeof *srv);
-    if (!srv) return fr_fail(FR_ENOMEM, "serve: out of memory");
-    srv->sess = s;
-    srv->cfg = *cfg;
-    if (fr_seed_stream_init(&srv->seeds, cfg->sampling.has_seed, cfg->sampling.params.seed)) {
-        free(srv);
-        return fr_fail(FR_EIO, "serve: no stream of seeds: %s", fr_last_error());
-    }
-    srv->log = cfg->log ? cfg->log : stderr;
     srv->n_engines = 1;
     srv->tp = 1;
     srv->leader = 1;
-    if (cfg->world && cfg->world->size > 1) {
-        const int tp = cfg->tp > 0 ? cfg->tp : 1;
-        if (cfg->world->size % tp) {
-            free(srv);
-            return fr_fail(FR_EINVAL, "serve: tp %d does not divide the %d ranks into engines", tp, cfg->world->size);
-        }
-        srv->world = cfg->world;
-        srv->multi = 1;
-        srv->rank = cfg->world->rank;
-        srv->tp = tp;
-        srv->n_engines = cfg->world->size / tp;
-        srv->engine = srv->rank / tp;
-        srv->leader = srv->rank % tp == 0;
-        srv->agg.shadow_blocks_free = -1;
-        if (srv->rank == 0 && !(srv->engine_open = calloc((size_t)srv->n_engines, sizeof(int)))) {
-            free(srv);
-            return fr_fail(FR_ENOMEM, "serve: out of memory");
-        }
-    }
+    if (!cfg->world || cfg->world->size <= 1) return FR_OK;
+    const int tp = cfg->tp > 0 ? cfg->tp : 1;
+    if (cfg->world->size % tp)
+        return fr_fail(FR_EINVAL, "serve: tp %d does not divide the %d ranks into engines", tp, cfg->world->size);
+    srv->world = cfg->world;
+    srv->multi = 1;
+    srv->rank = cfg->world->rank;
+    srv->tp = tp;
+    srv->n_engines = cfg->world->size / tp;
+    srv->engine = srv->rank / tp;
+    srv->leader = srv->rank % tp == 0;
+    srv->agg.shadow_blocks_free = -1;
+    if (srv->rank == 0 && !(srv->engine_open = calloc((size_t)srv->n_engines, sizeof(int))))
+        return fr_fail(FR_ENOMEM, "serve: out of memory");
+    return FR_OK;
+}
+
+/* What requests are checked against: the model's window and vocabulary,
+ * the cache, the default stop ids; then the scheduler. */
+static fr_status setup_engine(fr_bridge_server *srv, fr_session *s, const fr_bridge_config *cfg)
+{
     const fr_model_config *mc = &s->model->cfg;
     const fr_kv_cache_config *kc = fr_kv_cache_config_of(s->kv);
     srv->vocab = mc->vocab_size;
@@ -251,83 +239,100 @@ fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_br
                               .on_done = srv_on_done, .user = srv, .on_token = srv_on_token,
                               .kl_sample_rate = cfg->kl_sample_rate};
     fr_status st = fr_scheduler_new(s, &sc, &srv->sch);
-    if (st) {
-        free(srv->engine_open);
-        free(srv);
-        return st;
-    }
-    if (cfg->recal) {
-        fr_recal_config rc = *cfg->recal;
-        rc.log = srv->log;
-        st = srv->multi ? fr_fail(FR_EUNSUPPORTED, "serve: automatic recalibration runs with one rank (mpirun -np 1 or "
-                                                   "none); this job has %d",
-                                  srv->world->size)
-                        : fr_recal_new(&rc, &s->model->cfg, &srv->recal);
-        if (st) {
-            fr_scheduler_destroy(&srv->sch);
-            free(srv->engine_open);
-            free(srv);
-            return st;
-        }
-        if (cfg->kl_sample_rate <= 0 && cfg->recal->kl_threshold > 0)
-            srv_log(srv, "warning: recalibration watches the monitored KL, and kl_sample_rate is 0: only requests "
-                       "that ask for monitoring count");
-    }
-    if (srv->multi && srv->rank != 0) {
-        /* the socket, the clients and the metrics are rank 0's */
-        srv->started_ms = fr_now_ms();
-        snprintf(srv->endpoint, sizeof srv->endpoint, "%s", cfg->endpoint);
-        *out = srv;
-        return FR_OK;
-    }
+    if (st || !cfg->recal) return st;
+    fr_recal_config rc = *cfg->recal;
+    rc.log = srv->log;
+    st = srv->multi ? fr_fail(FR_EUNSUPPORTED, "serve: automatic recalibration runs with one rank (mpirun -np 1 or "
+                                               "none); this job has %d", srv->world->size)
+                    : fr_recal_new(&rc, &s->model->cfg, &srv->recal);
+    if (!st && cfg->kl_sample_rate <= 0 && cfg->recal->kl_threshold > 0)
+        srv_log(srv, "warning: recalibration watches the monitored KL, and kl_sample_rate is 0: only requests "
+                     "that ask for monitoring count");
+    return st;
+}
+
+/* Rank 0's ROUTER socket: options, heartbeats, CURVE (or loopback only
+ * without it), bound, and the table of its clients. */
+static fr_status open_socket(fr_bridge_server *srv, const fr_bridge_config *cfg)
+{
     srv->zctx = zmq_ctx_new();
     srv->sock = srv->zctx ? zmq_socket(srv->zctx, ZMQ_ROUTER) : NULL;
     /* Linger: what shutdown handed to ZeroMQ still goes out when the socket
      * closes, for up to shutdown_linger_ms. */
     int one = 1, linger = cfg->shutdown_linger_ms > 0 ? cfg->shutdown_linger_ms : 0;
+    const int curve = cfg->curve_secret_key && cfg->curve_secret_key[0];
+    fr_status st = FR_OK;
     if (!srv->sock || zmq_setsockopt(srv->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one) ||
         zmq_setsockopt(srv->sock, ZMQ_LINGER, &linger, sizeof linger)) {
         st = fr_fail(FR_EIO, "serve: cannot make a ZeroMQ ROUTER socket: %s", zmq_strerror(errno));
     } else if ((st = srv_conn_setup(srv, cfg))) {
         /* st says why */
-    } else if (!(cfg->curve_secret_key && cfg->curve_secret_key[0]) && !loopback_endpoint(cfg->endpoint)) {
+    } else if (!curve && !loopback_endpoint(cfg->endpoint)) {
         st = fr_fail(FR_EINVAL, "serve: %s is not a loopback address and CURVE is off: without CURVE every client "
                                 "has the trainer role (weights, pause), so the server binds loopback only; set "
                                 "curve.server_secret_key and the key lists (docs/protocol.md, \"Roles\")",
                      cfg->endpoint);
-    } else if (cfg->curve_secret_key && cfg->curve_secret_key[0] && (st = srv_setup_curve(srv, cfg))) {
+    } else if (curve && (st = srv_setup_curve(srv, cfg))) {
         /* st says why */
     } else if (zmq_bind(srv->sock, cfg->endpoint)) {
         st = fr_fail(FR_EIO, "serve: cannot bind %s: %s", cfg->endpoint, zmq_strerror(errno));
     }
-    if (!st) {
-        size_t n = sizeof srv->endpoint;
-        if (zmq_getsockopt(srv->sock, ZMQ_LAST_ENDPOINT, srv->endpoint, &n))
-            snprintf(srv->endpoint, sizeof srv->endpoint, "%s", cfg->endpoint);
-        st = fr_peers_new(srv->sock, &srv->peers);
-    }
-    srv->started_ms = fr_now_ms();
-    if (!st && cfg->metrics_pub_endpoint && cfg->metrics_pub_endpoint[0]) {
+    if (st) return st;
+    size_t n = sizeof srv->endpoint;
+    if (zmq_getsockopt(srv->sock, ZMQ_LAST_ENDPOINT, srv->endpoint, &n))
+        snprintf(srv->endpoint, sizeof srv->endpoint, "%s", cfg->endpoint);
+    return fr_peers_new(srv->sock, &srv->peers);
+}
+
+/* Rank 0's metrics: the PUB socket of snapshots and the HTTP endpoint. */
+static fr_status start_metrics(fr_bridge_server *srv, const fr_bridge_config *cfg)
+{
+    fr_status st = FR_OK;
+    if (cfg->metrics_pub_endpoint && cfg->metrics_pub_endpoint[0]) {
         st = fr_metrics_pub_open(srv->zctx, cfg->metrics_pub_endpoint, cfg->curve_secret_key, &srv->pub);
         if (!st) srv_log(srv, "metrics snapshots on %s (ZeroMQ PUB, topic %s, msgpack)", fr_metrics_pub_endpoint(srv->pub),
-                       FR_METRICS_TOPIC);
+                         FR_METRICS_TOPIC);
     }
-    if (!st && cfg->metrics_port != 0) {
-        const int curve = cfg->curve_secret_key && cfg->curve_secret_key[0];
-        const int token = cfg->metrics_token && cfg->metrics_token[0];
-        const char *bind = curve && !token ? "127.0.0.1" : cfg->metrics_bind;
-        const fr_metrics_http_opts mo = {.max_connections = cfg->metrics_max_connections,
-                                         .idle_timeout_s = cfg->metrics_idle_timeout_s, .token = cfg->metrics_token};
-        st = fr_metrics_http_start_opts(bind, cfg->metrics_port < 0 ? 0 : cfg->metrics_port, &mo, &srv->metrics);
-        if (st && cfg->metrics_port_fallback && cfg->metrics_port > 0) {
-            srv_log(srv, "metrics port %d: %s; taking a free port instead", cfg->metrics_port, fr_last_error());
-            st = fr_metrics_http_start_opts(bind, 0, &mo, &srv->metrics);
-        }
-        if (!st) srv_log(srv, "metrics on http://%s:%d/metrics and /dashboard%s", bind ? bind : "127.0.0.1",
-                         fr_metrics_http_port(srv->metrics),
-                         token ? " (a bearer token required)" : curve ? " (CURVE on, no metrics_http.token: loopback only)" : "");
-        if (!st && cfg->metrics_log && cfg->metrics_log[0]) st = fr_metrics_http_log_to(srv->metrics, cfg->metrics_log);
+    if (st || cfg->metrics_port == 0) return st;
+    const int curve = cfg->curve_secret_key && cfg->curve_secret_key[0];
+    const int token = cfg->metrics_token && cfg->metrics_token[0];
+    const char *bind = curve && !token ? "127.0.0.1" : cfg->metrics_bind;
+    const fr_metrics_http_opts mo = {.max_connections = cfg->metrics_max_connections,
+                                     .idle_timeout_s = cfg->metrics_idle_timeout_s, .token = cfg->metrics_token};
+    st = fr_metrics_http_start_opts(bind, cfg->metrics_port < 0 ? 0 : cfg->metrics_port, &mo, &srv->metrics);
+    if (st && cfg->metrics_port_fallback && cfg->metrics_port > 0) {
+        srv_log(srv, "metrics port %d: %s; taking a free port instead", cfg->metrics_port, fr_last_error());
+        st = fr_metrics_http_start_opts(bind, 0, &mo, &srv->metrics);
     }
+    if (!st) srv_log(srv, "metrics on http://%s:%d/metrics and /dashboard%s", bind ? bind : "127.0.0.1",
+                     fr_metrics_http_port(srv->metrics),
+                     token ? " (a bearer token required)" : curve ? " (CURVE on, no metrics_http.token: loopback only)" : "");
+    if (!st && cfg->metrics_log && cfg->metrics_log[0]) st = fr_metrics_http_log_to(srv->metrics, cfg->metrics_log);
+    return st;
+}
+
+fr_status fr_bridge_server_new(fr_session *s, const fr_bridge_config *cfg, fr_bridge_server **out)
+{
+    if (!out) return fr_fail(FR_EINVAL, "serve: out is NULL");
+    *out = NULL;
+    if (!s || !s->model || !s->kv || !cfg || !cfg->endpoint)
+        return fr_fail(FR_EINVAL, "serve: session, config and endpoint are required");
+    fr_bridge_server *srv = calloc(1, sizeof *srv);
+    if (!srv) return fr_fail(FR_ENOMEM, "serve: out of memory");
+    srv->sess = s;
+    srv->cfg = *cfg;
+    srv->log = cfg->log ? cfg->log : stderr;
+    fr_status st = fr_seed_stream_init(&srv->seeds, cfg->sampling.has_seed, cfg->sampling.params.seed)
+                       ? fr_fail(FR_EIO, "serve: no stream of seeds: %s", fr_last_error())
+                       : FR_OK;
+    if (!st) st = setup_ranks(srv, cfg);
+    if (!st) st = setup_engine(srv, s, cfg);
+    /* the socket, the clients and the metrics are rank 0's */
+    const int socket = !srv->multi || srv->rank == 0;
+    if (!st && socket) st = open_socket(srv, cfg);
+    srv->started_ms = fr_now_ms();
+    if (!st && socket) st = start_metrics(srv, cfg);
+    if (!st && !socket) snprintf(srv->endpoint, sizeof srv->endpoint, "%s", cfg->endpoint);
     if (st) {
         fr_bridge_server_destroy(&srv);
         return st;
@@ -430,7 +435,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
         srv_flush_all(srv);
         /* not while weights are being staged or the trainer has paused the engine */
         fr_status rst = FR_OK;
-        if (srv->recal && !srv->upd && !srv_nccl_updating(srv) && srv->state == RUNNING &&
+        if (srv->recal && !srv->upd && srv->state == RUNNING &&
             (rst = fr_recal_check(srv->recal, srv->sess, srv->sch, srv->weight_version, NULL))) {
             failure = rst;
             srv_log(srv, "recalibration left the engine unusable: %s", fr_last_error());
@@ -447,16 +452,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
         srv_conn_watch(srv);   /* peers found gone by a send, or whose connection closed */
         if (srv_publishes(srv) && fr_now_ms() - srv->last_pub_ms >= 200.0) srv_publish_metrics(srv);
         srv_log_stats(srv, 0);
-        if (srv->upd && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
-            char why[96];
-            snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
-            srv_drop_update(srv, why);
-        }
-        if (srv_nccl_updating(srv) && srv->cfg.update_idle_ms > 0 && fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
-            char why[96];
-            snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
-            srv_nccl_drop_update(srv, why);
-        }
+        srv_drop_idle_update(srv);
     }
     srv->stopping = 1;
     if (srv_publishes(srv)) srv_publish_metrics(srv);   /* /health: 503 from now on */
@@ -480,11 +476,8 @@ void fr_bridge_server_destroy(fr_bridge_server **pp)
     fr_recal_destroy(&srv->recal);
     if (srv->sch && srv->peers) srv_abort_everything(srv);
     fr_scheduler_destroy(&srv->sch);   /* nothing open is left; any result would find no request */
-    fr_bridge_update_free(&srv->upd);
-#ifdef FR_HAVE_CUDA
-    fr_nccl_recv_destroy(&srv->ng);   /* first: its streams may still write into ng_upd's stage */
-    fr_weight_update_free(&srv->ng_upd);
-#endif
+    fr_weight_recv_destroy(&srv->ng);   /* first: its streams may still write into the update's stage */
+    fr_weight_update_free(&srv->upd);
     for (int i = 0; i < srv->n_reqs; i++) srv_free_request(srv->reqs[i]);
     free(srv->reqs);
     free(srv->waiters);
@@ -501,7 +494,6 @@ void fr_bridge_server_destroy(fr_bridge_server **pp)
     if (srv->zctx) zmq_ctx_term(srv->zctx);
     for (int i = 0; i < srv->n_deferred; i++) free(srv->deferred[i].data);
     free(srv->deferred);
-    fr_weight_update_free(&srv->wupd);
     fr_weight_update_free(&srv->spare);
     fr_weight_update_free(&srv->ng_spare);
     free(srv->ng_acks);

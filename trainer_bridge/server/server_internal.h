@@ -25,9 +25,9 @@
 #include "trainer_bridge/server/metrics_pub.h"
 #include "trainer_bridge/server/peers.h"
 #include "trainer_bridge/server/update.h"
-#ifdef FR_HAVE_CUDA
-#include "trainer_bridge/server/nccl_recv.h"
-#endif
+#include "rollout/engine/weight_recv.h"
+#include "rollout/engine/weight_update.h"
+#include "rollout/engine/weight_wire.h"
 
 enum { RUNNING = 0, PAUSING, PAUSED };
 
@@ -60,9 +60,10 @@ typedef struct {
     sample_state *s;
 } request;
 
-/* Several ranks: what rank 0 sends every rank each turn (engine events)... */
+/* Several ranks: what rank 0 sends every rank each turn (engine events; a
+ * weight update's, over either transport, are EV_UPD_*)... */
 enum { EV_SUBMIT = 1, EV_ABORT, EV_ABORT_ALL, EV_UPD_BEGIN, EV_UPD_BUCKET, EV_UPD_DROP, EV_UPD_COMMIT,
-       EV_NCCL_INIT, EV_NCCL_BEGIN, EV_NCCL_BUCKET, EV_NCCL_COMMIT, EV_NCCL_DROP, EV_NCCL_END };
+       EV_NCCL_INIT, EV_NCCL_END };
 /* ...and what each engine leader (OB_NCCL: any rank) sends rank 0 after its step. */
 enum { OB_TOKEN = 1, OB_DONE, OB_REJECT, OB_STATS, OB_NCCL };
 
@@ -117,12 +118,16 @@ struct fr_bridge_server {
     int default_stop[FR_BRIDGE_MAX_STOP_IDS];
     int n_default_stop;
     uint64_t weight_version;
-    /* the weight update being staged (NULL when none), its client, and when
-     * its last message arrived */
-    fr_bridge_update *upd;
-    /* the staging memory of the last update that ended (committed or
-     * dropped), reused by the next so it needs no fresh pages; NULL: none */
-    fr_weight_update *spare;
+    /* the weight update in progress on this rank, over either transport
+     * (NULL when none); rank 0 also knows its client and when its last
+     * message arrived */
+    fr_weight_update *upd;
+    int upd_nccl;             /* its buckets come over the client's NCCL group (ng) */
+    int upd_failed;           /* ranks other than 0: staging it failed here, so this rank votes no */
+    /* the stages of the last updates that ended (committed or dropped),
+     * reused by the next so they need no fresh pages (ng_spare: a
+     * tensor-parallel rank's shard stage of weights over NCCL); NULL: none */
+    fr_weight_update *spare, *ng_spare;
     int upd_peer;
     double upd_last_ms;
     uint64_t updates_committed, updates_failed;
@@ -151,18 +156,12 @@ struct fr_bridge_server {
     int *engine_open;         /* rank 0: open samples per engine (routing) */
     int next_engine;          /* rank 0: where the routing's tie-break starts */
     fr_scheduler_stats agg;   /* rank 0: the engines' stats summed, as of the last turn */
-    fr_weight_update *wupd;   /* ranks other than 0: the update being staged */
-    int stage_failed;         /* ranks other than 0: staging the current update failed */
     int turn_barrier;         /* rank 0: stop reading messages this turn (a commit waits for the ranks) */
     deferred_msg *deferred;
     int n_deferred, cap_deferred;
     fr_status fatal;          /* a failure every rank saw alike: the loop ends */
-#ifdef FR_HAVE_CUDA
-    /* weights over NCCL (nccl_recv.h): a client's group, NULL when none */
-    fr_nccl_recv *ng;
-    fr_weight_update *ng_upd;  /* the engine's stage its update in progress fills */
-#endif
-    fr_weight_update *ng_spare; /* tensor parallel: the shard stage of the last NCCL update, kept */
+    /* weights over NCCL (rollout/engine/weight_recv.h): a client's group, NULL when none */
+    fr_weight_recv *ng;
     int *ng_acks;             /* rank 0 of several: buckets each rank has checked in the NCCL update */
     int ng_announced;         /* rank 0 of several: buckets of it passed to the ranks */
     int ng_replied;           /* rank 0 of several: buckets answered (every rank had checked them) */
@@ -207,13 +206,15 @@ void srv_handle_hello(fr_bridge_server *srv, int peer);
 void srv_handle_pause(fr_bridge_server *srv, int peer, fr_pause_mode mode);
 void srv_handle_resume(fr_bridge_server *srv, int peer);
 void srv_handle_stats(fr_bridge_server *srv, int peer);
-int srv_nccl_updating(const fr_bridge_server *srv);
 void srv_reply_waiters(fr_bridge_server *srv);
 uint64_t *srv_sids_of(const fr_bridge_server *srv, int peer, int *n);
 
-/* server_weights.c: weight updates over ZeroMQ */
-void srv_committed(fr_bridge_server *srv, uint64_t version, double t0);
+/* server_weights.c: weight updates, both transports, and the one commit */
+void srv_apply_update(fr_bridge_server *srv, int ev, fr_rank_reader *r);
+void srv_commit_update(fr_bridge_server *srv, uint64_t version);
+void srv_drop_idle_update(fr_bridge_server *srv);
 void srv_drop_update(fr_bridge_server *srv, const char *why);
+void srv_end_update_here(fr_bridge_server *srv);
 void srv_fail_update(fr_bridge_server *srv, int peer, const char *code);
 void srv_handle_update_abort(fr_bridge_server *srv, int peer, uint64_t version);
 void srv_handle_update_begin(fr_bridge_server *srv, int peer, const fr_msg_update_begin *b);
@@ -221,33 +222,30 @@ void srv_handle_update_bucket(fr_bridge_server *srv, int peer, const fr_msg_upda
                               const fr_wire_msg *w);
 void srv_handle_update_commit(fr_bridge_server *srv, int peer, uint64_t version);
 void srv_keep_spare(fr_bridge_server *srv, fr_weight_update *w);
-fr_weight_update *srv_take_stage(fr_bridge_server *srv, uint64_t version);
+void srv_request_commit(fr_bridge_server *srv, uint64_t version);
 void srv_send_update_reply(fr_bridge_server *srv, int peer, uint64_t version, fr_update_stage stage, int bucket,
                            uint64_t bytes);
+int srv_update_of(fr_bridge_server *srv, int peer, const char *what, uint64_t version);
 
-/* server_nccl.c: weight updates over NCCL */
-void srv_handle_nccl_begin(fr_bridge_server *srv, int peer, const fr_msg_update_begin *b);
+/* server_nccl.c: a client's NCCL weight group and the buckets over it */
 void srv_handle_nccl_bucket(fr_bridge_server *srv, int peer, const fr_msg_nccl_bucket *b);
 void srv_handle_nccl_close(fr_bridge_server *srv, int peer);
 void srv_handle_nccl_init(fr_bridge_server *srv, int peer, const fr_msg_nccl_init *n);
-void srv_nccl_drop_update(fr_bridge_server *srv, const char *why);
+void srv_nccl_commit_when_received(fr_bridge_server *srv, uint64_t version);
 void srv_nccl_end(fr_bridge_server *srv, const char *why, const char *code);
-int srv_nccl_end_message(fr_bridge_server *srv, int peer, uint64_t version, int commit);
+void srv_nccl_lost(fr_bridge_server *srv, const char *code);
 int srv_nccl_pending(const fr_bridge_server *srv);
 void srv_nccl_turn(fr_bridge_server *srv);
 
 /* server_nccl_ranks.c: weights over NCCL into several ranks */
-#ifdef FR_HAVE_CUDA
 void srv_nccl_ack(fr_bridge_server *srv, int rank, int bucket);
 int srv_nccl_all_acked(const fr_bridge_server *srv);
 void srv_nccl_apply(fr_bridge_server *srv, int ev, fr_rank_reader *r);
+void srv_nccl_fail_here(fr_bridge_server *srv, const char *code);
 void srv_nccl_follower_turn(fr_bridge_server *srv);
 fr_status srv_nccl_join(fr_bridge_server *srv, const unsigned char *id, int nranks, int timeout_ms);
-void srv_nccl_put_begin(fr_bridge_server *srv, const fr_msg_update_begin *b);
-void srv_nccl_put_bucket(fr_bridge_server *srv, const fr_msg_nccl_bucket *b);
+void srv_nccl_reset_acks(fr_bridge_server *srv);
 void srv_nccl_take_report(fr_bridge_server *srv, fr_rank_reader *r);
-fr_weight_update *srv_take_nccl_stage(fr_bridge_server *srv, uint64_t version);
-#endif
 
 /* server.c: logging, dispatch and lifecycle */
 void srv_log(fr_bridge_server *srv, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -271,8 +269,7 @@ fr_status srv_setup_curve(fr_bridge_server *srv, const fr_bridge_config *cfg);
 
 /* server_ranks.c: several ranks */
 fr_status srv_apply_events(fr_bridge_server *srv);
-void srv_commit_on_ranks(fr_bridge_server *srv, uint64_t version);
-int srv_switch_on_ranks(fr_bridge_server *srv, uint64_t version, int ok, fr_weight_update *stage, double *t0);
+void srv_comm_fatal(fr_bridge_server *srv, const char *what);
 fr_status srv_handle_waiting(fr_bridge_server *srv, const volatile sig_atomic_t *stop, int at_barrier);
 fr_status srv_run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop);
 

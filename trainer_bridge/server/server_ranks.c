@@ -5,9 +5,9 @@
 
 /* MPI itself failed on this rank: the ranks can no longer agree, so the
  * whole job ends (non-zero) rather than wait on each other. */
-static void comm_fatal(fr_bridge_server *srv, const char *what)
+void srv_comm_fatal(fr_bridge_server *srv, const char *what)
 {
-    srv_log(srv, "rank %d: %s failed: %s; ending every rank", srv->rank, what, fr_comm_last_error());
+    srv_log(srv, "rank %d: %s failed: %s; ending every rank", srv->rank, what, fr_last_error());
     if (srv->rank == 0 && srv->peers) {
         /* the coordinator knows every open sample: each gets its done (reason
          * error) before the job ends, so no client waits for ever */
@@ -24,7 +24,7 @@ static void comm_fatal(fr_bridge_server *srv, const char *what)
 static void share_events(fr_bridge_server *srv)
 {
     uint64_t len = srv->rank == 0 ? (uint64_t)srv->events.len : 0;
-    if (fr_mpi_world_bcast(srv->world, &len, sizeof len, 0)) comm_fatal(srv, "broadcasting the events");
+    if (fr_mpi_world_bcast(srv->world, &len, sizeof len, 0)) srv_comm_fatal(srv, "broadcasting the events");
     if (srv->rank != 0) {
         fr_rank_buf_clear(&srv->events);
         if (len > SIZE_MAX / 2 || fr_buf_reserve(&srv->events, (size_t)len)) {
@@ -34,7 +34,7 @@ static void share_events(fr_bridge_server *srv)
         }
         srv->events.len = (size_t)len;
     }
-    if (len && fr_mpi_world_bcast(srv->world, srv->events.data, (size_t)len, 0)) comm_fatal(srv, "broadcasting the events");
+    if (len && fr_mpi_world_bcast(srv->world, srv->events.data, (size_t)len, 0)) srv_comm_fatal(srv, "broadcasting the events");
 }
 
 /* A generate for engine `engine`: its ranks submit it; a refusal (which
@@ -83,98 +83,6 @@ static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
     return st;
 }
 
-/* A bucket rank 0 checked: the other ranks stage its pieces. */
-static void apply_bucket(fr_bridge_server *srv, fr_rank_reader *r)
-{
-    int n = fr_rank_get_i32(r);
-    for (int i = 0; i < n && !r->bad; i++) {
-        size_t name_len, n_bytes;
-        const char *name = fr_rank_get_bytes(r, &name_len);
-        int dtype = fr_rank_get_i32(r), ndim = fr_rank_get_i32(r);
-        if (r->bad || name_len >= FR_PROTO_NAME_MAX || ndim < 1 || ndim > FR_PROTO_MAX_NDIM) {
-            r->bad = 1;
-            return;
-        }
-        int64_t shape[FR_PROTO_MAX_NDIM];
-        for (int k = 0; k < ndim; k++) shape[k] = (int64_t)fr_rank_get_u64(r);
-        uint64_t offset = fr_rank_get_u64(r);
-        const void *bytes = fr_rank_get_bytes(r, &n_bytes);
-        if (r->bad) return;
-        if (srv->rank == 0 || !srv->wupd || srv->stage_failed) continue;
-        char tname[FR_PROTO_NAME_MAX];
-        memcpy(tname, name, name_len);
-        tname[name_len] = 0;
-        if (fr_weight_update_put(srv->wupd, tname, (fr_dtype)dtype, shape, ndim, offset, bytes, n_bytes)) {
-            srv_log(srv, "rank %d: staging the weight update failed: %s", srv->rank, fr_last_error());
-            srv->stage_failed = 1;
-        }
-    }
-}
-
-/* The all-or-nothing switch of a weight update, on every rank together
- * (both transports): all vote whether each holds the whole update (ok);
- * when all do, all switch to stage between the same two steps and vote
- * again. Returns 1 when every rank switched (*t0: when the switch began),
- * 0 when the first vote said no (nothing changed on any rank) or a switch
- * failed on some ranks only (the engines no longer agree: srv->fatal ends
- * the loop on every rank). */
-int srv_switch_on_ranks(fr_bridge_server *srv, uint64_t version, int ok, fr_weight_update *stage, double *t0)
-{
-    int all = 0;
-    if (fr_mpi_world_all_ok(srv->world, ok, &all)) comm_fatal(srv, "agreeing on a weight update");
-    if (!all) return 0;
-    *t0 = fr_now_ms();
-    fr_status st = fr_session_commit_weights_move(srv->sess, stage);
-    if (st) srv_log(srv, "rank %d: switching to weight version %llu failed: %s", srv->rank, (unsigned long long)version,
-                  fr_last_error());
-    if (fr_mpi_world_all_ok(srv->world, st == FR_OK, &all)) comm_fatal(srv, "agreeing on a weight update");
-    if (!all) {
-        srv->fatal = fr_fail(FR_EIO, "serve: weight version %llu was switched in on some ranks only; the engines no "
-                                     "longer agree on their weights, so every rank stops",
-                             (unsigned long long)version);
-        srv_log(srv, "rank %d: %s", srv->rank, fr_last_error());
-        return 0;
-    }
-    srv->weight_version = version;
-    fr_scheduler_set_weight_version(srv->sch, version);
-    return 1;
-}
-
-/* update_weights_commit on every rank (srv_switch_on_ranks). When a rank
- * cannot stage it, every rank drops it and the old version keeps serving. */
-void srv_commit_on_ranks(fr_bridge_server *srv, uint64_t version)
-{
-    const char *code;
-    int ok;
-    if (srv->rank == 0) {
-        ok = srv->upd && fr_bridge_update_version(srv->upd) == version && !fr_bridge_update_ready(srv->upd, &code);
-    } else {
-        ok = srv->wupd && !srv->stage_failed && fr_weight_update_version(srv->wupd) == version &&
-             !fr_weight_update_complete(srv->wupd);
-        if (!ok) srv_log(srv, "rank %d: cannot commit weight version %llu: %s", srv->rank, (unsigned long long)version,
-                       srv->wupd && !srv->stage_failed ? fr_last_error() : "it was not staged whole");
-    }
-    const uint64_t old = srv->weight_version;
-    double t0 = 0;
-    fr_weight_update *stage = srv->rank == 0 ? (ok ? fr_bridge_update_staged(srv->upd) : NULL) : srv->wupd;
-    if (!srv_switch_on_ranks(srv, version, ok, stage, &t0)) {
-        if (srv->rank == 0) {
-            if (!srv->fatal)
-                fr_fail(FR_EIO, "update to version %llu: not every rank could stage it (their logs say why); version "
-                        "%llu keeps serving", (unsigned long long)version, (unsigned long long)old);
-            srv_fail_update(srv, srv->upd_peer, "update_failed");
-        }
-        fr_weight_update_free(&srv->wupd);
-        return;
-    }
-    if (srv->rank == 0) {
-        srv_committed(srv, version, t0);
-    } else {
-        srv_keep_spare(srv, srv->wupd);
-        srv->wupd = NULL;
-    }
-}
-
 /* Every rank applies this turn's events to its scheduler, in order. A
  * local failure (out of memory) does not stop the rest, so every rank
  * reaches the same collectives; the turn's vote then ends the loop. */
@@ -184,7 +92,8 @@ fr_status srv_apply_events(fr_bridge_server *srv)
     fr_status first = FR_OK;
     while (fr_rank_more(&r)) {
         fr_status st = FR_OK;
-        switch (fr_rank_get_u8(&r)) {
+        const int ev = (int)fr_rank_get_u8(&r);
+        switch (ev) {
         case EV_SUBMIT: st = apply_submit(srv, &r); break;
         case EV_ABORT: {
             int e = fr_rank_get_i32(&r);
@@ -196,42 +105,12 @@ fr_status srv_apply_events(fr_bridge_server *srv)
         case EV_ABORT_ALL:
             if (fr_scheduler_abort_all(srv->sch, NULL)) srv_log(srv, "rank %d: abort: %s", srv->rank, fr_last_error());
             break;
-        case EV_UPD_BEGIN: {
-            uint64_t v = fr_rank_get_u64(&r);
-            const int partial = fr_rank_get_u8(&r);
-            if (r.bad || srv->rank == 0) break;
-            srv_keep_spare(srv, srv->wupd);
-            srv->wupd = srv_take_stage(srv, v);
-            srv->stage_failed = 0;
-            if (!srv->wupd || fr_weight_update_restart(srv->wupd, v) ||
-                fr_weight_update_set_partial(srv->wupd, partial)) {
-                srv_log(srv, "rank %d: cannot stage weight version %llu: %s", srv->rank, (unsigned long long)v,
-                      fr_last_error());
-                srv->stage_failed = 1;
-            }
-            break;
-        }
-        case EV_UPD_BUCKET: apply_bucket(srv, &r); break;
+        case EV_UPD_BEGIN:
+        case EV_UPD_BUCKET:
         case EV_UPD_DROP:
-            if (srv->rank != 0) {
-                srv_keep_spare(srv, srv->wupd);
-                srv->wupd = NULL;
-            }
-            srv->stage_failed = 0;
-            break;
-        case EV_UPD_COMMIT: {
-            uint64_t v = fr_rank_get_u64(&r);
-            if (!r.bad) srv_commit_on_ranks(srv, v);
-            break;
-        }
-#ifdef FR_HAVE_CUDA
-        case EV_NCCL_INIT: srv_nccl_apply(srv, EV_NCCL_INIT, &r); break;
-        case EV_NCCL_BEGIN: srv_nccl_apply(srv, EV_NCCL_BEGIN, &r); break;
-        case EV_NCCL_BUCKET: srv_nccl_apply(srv, EV_NCCL_BUCKET, &r); break;
-        case EV_NCCL_COMMIT: srv_nccl_apply(srv, EV_NCCL_COMMIT, &r); break;
-        case EV_NCCL_DROP: srv_nccl_apply(srv, EV_NCCL_DROP, &r); break;
-        case EV_NCCL_END: srv_nccl_apply(srv, EV_NCCL_END, &r); break;
-#endif
+        case EV_UPD_COMMIT: srv_apply_update(srv, ev, &r); break;
+        case EV_NCCL_INIT:
+        case EV_NCCL_END: srv_nccl_apply(srv, ev, &r); break;
         default: r.bad = 1; break;
         }
         if (st && !first) first = st;
@@ -318,7 +197,7 @@ static fr_status exchange_results(fr_bridge_server *srv)
     void *all = NULL;
     size_t n = 0;
     if (fr_mpi_world_gather_bytes(srv->world, srv->outbox.data, st ? 0 : srv->outbox.len, 0, &all, &n, NULL))
-        comm_fatal(srv, "gathering the engines' results");
+        srv_comm_fatal(srv, "gathering the engines' results");
     fr_rank_buf_clear(&srv->outbox);
     if (srv->rank != 0) return st;
     fr_rank_reader r = {all, n, 0, 0};
@@ -339,9 +218,7 @@ static fr_status exchange_results(fr_bridge_server *srv)
             take_stats(srv, &r, first_stats);
             first_stats = 0;
             break;
-#ifdef FR_HAVE_CUDA
         case OB_NCCL: srv_nccl_take_report(srv, &r); break;
-#endif
         default: r.bad = 1; break;
         }
     }
@@ -396,13 +273,7 @@ static fr_status after_turn(fr_bridge_server *srv)
     if (fr_peers_pump(srv->peers, NULL)) return FR_EIO;
     srv_conn_watch(srv);   /* peers found gone by a send, or whose connection closed */
     if (srv_publishes(srv) && fr_now_ms() - srv->last_pub_ms >= 200.0) srv_publish_metrics(srv);
-    if ((srv->upd || srv_nccl_updating(srv)) && srv->cfg.update_idle_ms > 0 &&
-        fr_now_ms() - srv->upd_last_ms > srv->cfg.update_idle_ms) {
-        char why[96];
-        snprintf(why, sizeof why, "nothing arrived for it in %d ms", srv->cfg.update_idle_ms);
-        if (srv->upd) srv_drop_update(srv, why);
-        else srv_nccl_drop_update(srv, why);
-    }
+    srv_drop_idle_update(srv);
     return FR_OK;
 }
 
@@ -436,7 +307,7 @@ fr_status srv_run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop
         NOTE_FAILURE(srv->fatal);
         fr_rank_buf_clear(&srv->events);
         int all = 0;
-        if (fr_mpi_world_all_ok(srv->world, !failure && !*stop, &all)) comm_fatal(srv, "the turn's vote");
+        if (fr_mpi_world_all_ok(srv->world, !failure && !*stop, &all)) srv_comm_fatal(srv, "the turn's vote");
         if (!all) break;
         if (!fr_scheduler_idle(srv->sch) && fr_scheduler_step(srv->sch)) {
             /* with tp > 1 the engine's ranks may now disagree: stop */
@@ -455,7 +326,7 @@ fr_status srv_run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop
     if (fr_scheduler_abort_all(srv->sch, NULL)) srv_log(srv, "rank %d: abort: %s", srv->rank, fr_last_error());
     NOTE_FAILURE(exchange_results(srv));
     int all = 0;
-    if (fr_mpi_world_all_ok(srv->world, !failure, &all)) comm_fatal(srv, "the shutdown vote");
+    if (fr_mpi_world_all_ok(srv->world, !failure, &all)) srv_comm_fatal(srv, "the shutdown vote");
     if (srv->rank == 0) {
         srv_log_stats(srv, 1);
         ended += srv_abort_everything(srv);

@@ -387,26 +387,6 @@ void srv_handle_resume(fr_bridge_server *srv, int peer)
     srv_send_msg(srv, peer, &m);
 }
 
-int srv_nccl_updating(const fr_bridge_server *srv)
-{
-#ifdef FR_HAVE_CUDA
-    return fr_nccl_recv_updating(srv->ng);
-#else
-    (void)srv;
-    return 0;
-#endif
-}
-
-static uint64_t nccl_update_version(const fr_bridge_server *srv)
-{
-#ifdef FR_HAVE_CUDA
-    return fr_nccl_recv_version(srv->ng);
-#else
-    (void)srv;
-    return 0;
-#endif
-}
-
 void srv_handle_stats(fr_bridge_server *srv, int peer)
 {
     fr_msg m;
@@ -444,8 +424,8 @@ void srv_handle_stats(fr_bridge_server *srv, int peer)
     r->queued_messages = ps.queued;
     r->undeliverable_messages = ps.undeliverable;
     r->clients_departed = srv->clients_departed;
-    r->updating = srv->upd != NULL || srv_nccl_updating(srv);
-    r->update_version = srv->upd ? fr_bridge_update_version(srv->upd) : nccl_update_version(srv);
+    r->updating = srv->upd != NULL;
+    r->update_version = srv->upd ? fr_weight_update_version(srv->upd) : 0;
     r->updates_committed = srv->updates_committed;
     r->updates_failed = srv->updates_failed;
     srv_send_msg(srv, peer, &m);

@@ -1,4 +1,4 @@
-/* Staging of one update_weights (trainer_bridge/server/update.h). */
+/* A weight update's messages in the engine's terms (trainer_bridge/server/update.h). */
 #include "trainer_bridge/server/update.h"
 
 #include <stdio.h>
@@ -6,118 +6,32 @@
 #include <string.h>
 #include <xxhash.h>
 
-/* A tensor the begin declared: what its pieces must say, and how many of
- * its bytes arrived. */
-typedef struct {
-    fr_msg_tensor t;
-    uint64_t bytes, received;
-} declared;
+_Static_assert(FR_PROTO_MAX_NDIM == FR_WEIGHT_MAX_NDIM, "the wire's shapes are the engine's");
 
-struct fr_bridge_update {
-    fr_weight_update *w;
-    declared *d;
-    int n;
-    uint64_t bucket_bytes, staged;
-    int next_bucket;
-};
-
-static fr_status fail(const char **code, const char *c, fr_status st)
+static fr_weight_tensor tensor_of(const fr_msg_tensor *t)
 {
-    if (code) *code = c;
-    return st;
+    fr_weight_tensor x = {.name = t->name, .dtype = t->dtype, .ndim = t->ndim};
+    for (int d = 0; d < t->ndim && d < FR_WEIGHT_MAX_NDIM; d++) x.shape[d] = t->shape[d];
+    return x;
 }
 
-#define FAIL(c, st, ...) fail(code, c, fr_fail(st, __VA_ARGS__))
-
-static void shape_text(const fr_msg_tensor *t, char *buf, size_t cap)
+fr_status fr_bridge_begin_of(const fr_msg_update_begin *b, fr_weight_begin *out)
 {
-    size_t o = (size_t)snprintf(buf, cap, "[");
-    for (int d = 0; d < t->ndim && o < cap; d++)
-        o += (size_t)snprintf(buf + o, cap - o, d ? ", %lld" : "%lld", (long long)t->shape[d]);
-    if (o < cap) snprintf(buf + o, cap - o, "]");
-}
-
-static const declared *find_declared(const fr_bridge_update *u, const char *name)
-{
-    for (int i = 0; i < u->n; i++)
-        if (strcmp(u->d[i].t.name, name) == 0) return &u->d[i];
-    return NULL;
-}
-
-fr_status fr_bridge_update_begin(fr_weight_update *staged, const fr_msg_update_begin *b, fr_bridge_update **out,
-                                 const char **code)
-{
-    if (code) *code = "bad_message";
-    if (!out) return fr_fail(FR_EINVAL, "update: out is NULL");
-    *out = NULL;
-    if (!staged || !b || b->n_tensors < 1 || !b->tensors) return fr_fail(FR_EINVAL, "update: begin needs tensors");
-    for (int i = 0; i < b->n_tensors; i++) {
-        const fr_msg_tensor *t = &b->tensors[i];
-        const int k = fr_weight_update_find(staged, t->name);
-        int ndim = 0;
-        int64_t shape[2] = {0, 0};
-        const char *name;
-        if (k < 0 || fr_weight_update_tensor(staged, k, &name, &ndim, shape))
-            return FAIL("unknown_tensor", FR_EINVAL, "update to version %llu: \"%s\" is not a weight of this model",
-                        (unsigned long long)b->version, t->name);
-        fr_status st = fr_bridge_check_model_shape(t, ndim, shape, b->version, code);
-        if (st) return st;
-    }
-    fr_bridge_update *u = calloc(1, sizeof *u);
-    if (!u || !(u->d = calloc((size_t)b->n_tensors, sizeof *u->d))) {
-        free(u);
-        return FAIL("out_of_memory", FR_ENOMEM, "update to version %llu: out of memory",
-                    (unsigned long long)b->version);
-    }
-    fr_status st = fr_weight_update_restart(staged, b->version);
-    if (!st) st = fr_weight_update_set_partial(staged, b->partial);
-    if (st) {
-        free(u->d);
-        free(u);
-        return fail(code, "update_state", st);
-    }
-    u->w = staged;
-    u->n = b->n_tensors;
-    u->bucket_bytes = b->bucket_bytes;
-    for (int i = 0; i < b->n_tensors; i++) {
-        u->d[i].t = b->tensors[i];
-        u->d[i].bytes = fr_msg_tensor_bytes(&b->tensors[i]);
-    }
-    *out = u;
+    memset(out, 0, sizeof *out);
+    if (!b || b->n_tensors < 0 || (b->n_tensors > 0 && !b->tensors))
+        return fr_fail(FR_EINVAL, "update: a begin needs its tensors");
+    out->tensors = malloc(sizeof *out->tensors * (size_t)(b->n_tensors ? b->n_tensors : 1));
+    if (!out->tensors) return fr_fail(FR_ENOMEM, "update to version %llu: out of memory", (unsigned long long)b->version);
+    for (int i = 0; i < b->n_tensors; i++) out->tensors[i] = tensor_of(&b->tensors[i]);
+    out->n_tensors = b->n_tensors;
+    out->version = b->version;
+    out->bucket_bytes = b->bucket_bytes;
+    out->partial = b->partial;
     return FR_OK;
 }
 
-fr_status fr_bridge_check_model_shape(const fr_msg_tensor *t, int ndim, const int64_t *shape, uint64_t version,
-                                      const char **code)
-{
-    if (t->ndim == ndim && t->shape[0] == shape[0] && (ndim != 2 || t->shape[1] == shape[1])) return FR_OK;
-    char got[128], want[128];
-    fr_msg_tensor m = {.ndim = ndim, .shape = {shape[0], ndim == 2 ? shape[1] : 0}};
-    shape_text(t, got, sizeof got);
-    shape_text(&m, want, sizeof want);
-    return FAIL("bad_shape", FR_EINVAL, "update to version %llu: \"%s\" has shape %s, the model's is %s",
-                (unsigned long long)version, t->name, got, want);
-}
-
-fr_status fr_bridge_check_piece(const fr_msg_tensor *piece, const fr_msg_tensor *declared, uint64_t version,
-                                int bucket, const char **code)
-{
-    const unsigned long long ver = (unsigned long long)version;
-    if (piece->dtype != declared->dtype)
-        return FAIL("bad_dtype", FR_EINVAL, "update to version %llu: bucket %d: \"%s\" arrives as %s, the begin "
-                    "declared %s", ver, bucket, piece->name, fr_dtype_name(piece->dtype),
-                    fr_dtype_name(declared->dtype));
-    int same = piece->ndim == declared->ndim;
-    for (int k = 0; same && k < piece->ndim; k++) same = piece->shape[k] == declared->shape[k];
-    if (same) return FR_OK;
-    char got[128], want[128];
-    shape_text(piece, got, sizeof got);
-    shape_text(declared, want, sizeof want);
-    return FAIL("bad_shape", FR_EINVAL, "update to version %llu: bucket %d: \"%s\" has shape %s, the begin "
-                "declared %s", ver, bucket, piece->name, got, want);
-}
-
-uint64_t fr_bridge_payload_xxh64(const fr_wire_msg *w)
+/* The xxHash64 (seed 0) of w's payload frames, concatenated. */
+static uint64_t payload_xxh64(const fr_wire_msg *w)
 {
     XXH64_state_t *s = XXH64_createState();
     if (!s) {   /* the one-shot form needs no state; only a single frame can use it */
@@ -136,106 +50,57 @@ uint64_t fr_bridge_payload_xxh64(const fr_wire_msg *w)
     return h;
 }
 
-fr_status fr_bridge_update_bucket(fr_bridge_update *u, const fr_msg_update_bucket *b, const fr_wire_msg *w,
-                                  const char **code)
+/* The pieces of a bucket message as the engine's (bytes and `at` left to the caller). */
+static fr_status pieces_of(const fr_msg_piece *m, int n, fr_weight_bucket *out)
 {
-    if (code) *code = "bad_message";
-    if (!u || !b || !w) return fr_fail(FR_EINVAL, "update: bucket needs the update, the message and its frames");
-    const unsigned long long ver = (unsigned long long)fr_weight_update_version(u->w);
-    if (b->version != fr_weight_update_version(u->w))
-        return FAIL("update_state", FR_EINVAL, "update_weights_bucket: version %llu, but the update staged is %llu",
-                    (unsigned long long)b->version, ver);
-    if (b->bucket != u->next_bucket)
-        return FAIL("update_state", FR_EINVAL, "update to version %llu: bucket %d arrived, expected bucket %d", ver,
-                    b->bucket, u->next_bucket);
+    out->pieces = calloc(n > 0 ? (size_t)n : 1, sizeof *out->pieces);
+    if (!out->pieces) return fr_fail(FR_ENOMEM, "update: out of memory taking a bucket");
+    for (int i = 0; i < n; i++)
+        out->pieces[i] = (fr_weight_piece){.t = tensor_of(&m[i].t), .offset = m[i].offset, .nbytes = m[i].nbytes,
+                                           .at = m[i].at, .tensor = -1};
+    out->n_pieces = n;
+    return FR_OK;
+}
+
+fr_status fr_bridge_bucket_of(const fr_msg_update_bucket *b, const fr_wire_msg *w, fr_weight_bucket *out,
+                              uint64_t *xxh64)
+{
+    memset(out, 0, sizeof *out);
+    if (!b || !w || !xxh64) return fr_fail(FR_EINVAL, "update: a bucket needs its message and its frames");
+    const unsigned long long v = (unsigned long long)b->version;
     if (w->n_payload != b->n_pieces || w->n_frames != b->n_pieces + 1)
-        return FAIL("bad_bucket", FR_EINVAL, "update to version %llu: bucket %d lists %d pieces but carries %d payload "
-                    "frames (one per piece)", ver, b->bucket, b->n_pieces, w->n_frames - 1);
-    uint64_t total = 0;
+        return fr_fail(FR_EINVAL, "update to version %llu: bucket %d lists %d pieces but carries %d payload frames "
+                       "(one per piece)", v, b->bucket, b->n_pieces, w->n_frames - 1);
+    uint64_t at = 0;
     for (int i = 0; i < b->n_pieces; i++) {
         size_t len;
         fr_wire_payload(w, i, &len);
         if ((uint64_t)len != b->pieces[i].nbytes)
-            return FAIL("bad_bucket", FR_EINVAL, "update to version %llu: bucket %d: piece %d of \"%s\" says %llu bytes, "
-                        "its frame holds %zu", ver, b->bucket, i, b->pieces[i].t.name,
-                        (unsigned long long)b->pieces[i].nbytes, len);
-        total += len;
+            return fr_fail(FR_EINVAL, "update to version %llu: bucket %d: piece %d of \"%s\" says %llu bytes, its "
+                           "frame holds %zu", v, b->bucket, i, b->pieces[i].t.name,
+                           (unsigned long long)b->pieces[i].nbytes, len);
     }
-    if (total > u->bucket_bytes)
-        return FAIL("bad_bucket", FR_EINVAL, "update to version %llu: bucket %d holds %llu bytes, more than the "
-                    "bucket_bytes %llu of the begin", ver, b->bucket, (unsigned long long)total,
-                    (unsigned long long)u->bucket_bytes);
-    const uint64_t h = fr_bridge_payload_xxh64(w);
-    if (h != b->xxh64)
-        return FAIL("bad_checksum", FR_EINVAL, "update to version %llu: bucket %d: the payload's xxh64 is %016llx, the "
-                    "message says %016llx", ver, b->bucket, (unsigned long long)h, (unsigned long long)b->xxh64);
-    /* every piece's name, dtype and shape checked before any is staged */
-    for (int i = 0; i < b->n_pieces; i++) {
-        const fr_msg_piece *p = &b->pieces[i];
-        const declared *d = find_declared(u, p->t.name);
-        if (!d)
-            return FAIL("unknown_tensor", FR_EINVAL, "update to version %llu: bucket %d: \"%s\" was not listed in the "
-                        "begin", ver, b->bucket, p->t.name);
-        fr_status st = fr_bridge_check_piece(&p->t, &d->t, ver, b->bucket, code);
-        if (st) return st;
+    fr_status st = pieces_of(b->pieces, b->n_pieces, out);
+    if (st) return st;
+    for (int i = 0; i < b->n_pieces; i++) {   /* each piece is a frame of its own: laid end to end */
+        out->pieces[i].bytes = fr_wire_payload(w, i, NULL);
+        out->pieces[i].at = at;
+        at += out->pieces[i].nbytes;
     }
-    for (int i = 0; i < b->n_pieces; i++) {
-        const fr_msg_piece *p = &b->pieces[i];
-        int64_t shape[FR_PROTO_MAX_NDIM];
-        for (int k = 0; k < p->t.ndim; k++) shape[k] = p->t.shape[k];
-        fr_status st = fr_weight_update_put(u->w, p->t.name, p->t.dtype, shape, p->t.ndim, p->offset,
-                                            fr_wire_payload(w, i, NULL), (size_t)p->nbytes);
-        if (st) {   /* values are checked as they are staged, in the same pass (weight_update.h) */
-            char msg[FR_PROTO_TEXT_MAX - 128];
-            snprintf(msg, sizeof msg, "%s", fr_last_error());
-            return FAIL(st == FR_ENOMEM ? "out_of_memory" : st == FR_EFORMAT ? "non_finite" : "bad_piece",
-                        st == FR_EFORMAT ? FR_EINVAL : st, "update to version %llu: bucket %d: %s", ver, b->bucket, msg);
-        }
-        declared *d = (declared *)find_declared(u, p->t.name);
-        d->received += p->nbytes;
-    }
-    u->staged += total;
-    u->next_bucket++;
+    *out = (fr_weight_bucket){.version = b->version, .bucket = b->bucket, .nbytes = at, .checksum = b->xxh64,
+                              .in_order = 0, .pieces = out->pieces, .n_pieces = b->n_pieces};
+    *xxh64 = payload_xxh64(w);
     return FR_OK;
 }
 
-fr_status fr_bridge_update_ready(const fr_bridge_update *u, const char **code)
+fr_status fr_bridge_nccl_bucket_of(const fr_msg_nccl_bucket *b, fr_weight_bucket *out)
 {
-    if (code) *code = "bad_message";
-    if (!u) return fr_fail(FR_EINVAL, "update: NULL");
-    const unsigned long long ver = (unsigned long long)fr_weight_update_version(u->w);
-    for (int i = 0; i < u->n; i++)
-        if (u->d[i].received != u->d[i].bytes)
-            return FAIL("missing_tensor", FR_EINVAL, "update to version %llu: \"%s\" has %llu of its %llu bytes", ver,
-                        u->d[i].t.name, (unsigned long long)u->d[i].received, (unsigned long long)u->d[i].bytes);
-    fr_status st = fr_weight_update_complete(u->w);
-    if (st) {
-        char msg[FR_PROTO_TEXT_MAX - 64];
-        snprintf(msg, sizeof msg, "%s", fr_last_error());
-        return FAIL("missing_tensor", st, "%s (%s)", msg, fr_weight_update_is_partial(u->w) ? "a partial update "
-                    "sends at least one tensor" : "every weight of the model must be sent, or the begin says partial");
-    }
+    memset(out, 0, sizeof *out);
+    if (!b) return fr_fail(FR_EINVAL, "update: a bucket needs its message");
+    fr_status st = pieces_of(b->pieces, b->n_pieces, out);
+    if (st) return st;
+    *out = (fr_weight_bucket){.version = b->version, .bucket = b->bucket, .nbytes = b->nbytes,
+                              .checksum = b->checksum, .in_order = 1, .pieces = out->pieces,
+                              .n_pieces = b->n_pieces};
     return FR_OK;
-}
-
-fr_weight_update *fr_bridge_update_staged(fr_bridge_update *u) { return u ? u->w : NULL; }
-
-fr_weight_update *fr_bridge_update_release_staged(fr_bridge_update *u)
-{
-    if (!u) return NULL;
-    fr_weight_update *w = u->w;
-    u->w = NULL;
-    return w;
-}
-uint64_t fr_bridge_update_version(const fr_bridge_update *u) { return u ? fr_weight_update_version(u->w) : 0; }
-uint64_t fr_bridge_update_bytes(const fr_bridge_update *u) { return u ? u->staged : 0; }
-int fr_bridge_update_next_bucket(const fr_bridge_update *u) { return u ? u->next_bucket : 0; }
-
-void fr_bridge_update_free(fr_bridge_update **pu)
-{
-    if (!pu || !*pu) return;
-    fr_weight_update_free(&(*pu)->w);
-    free((*pu)->d);
-    free(*pu);
-    *pu = NULL;
 }

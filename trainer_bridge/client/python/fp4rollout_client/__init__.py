@@ -214,8 +214,9 @@ class RolloutClient(_Closes):
     def _raise(self):
         code, msg, rid = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_longlong(-1)
         text = self._lib.fr_client_error_text().decode()
-        if self._lib.fr_client_last_error(self._c, ctypes.byref(code), ctypes.byref(msg), ctypes.byref(rid)) and \
-                (text.startswith("server") or text.startswith("weight update refused")):
+        # The library's one error store holds the server's own code, message
+        # and request id beside the text when the failure was its answer.
+        if self._lib.fr_client_last_error(self._c, ctypes.byref(code), ctypes.byref(msg), ctypes.byref(rid)):
             raise ServerError(code.value.decode(), msg.value.decode(), rid.value if rid.value >= 0 else None)
         if "cannot reach a server" in text:
             raise ConnectError(text)
