@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "app/options.h"
+#include "app/tp_launch.h"
 #include "base/buf.h"
 #include "rollout/model/sampler.h"
 #include "rollout/engine/session.h"
@@ -88,6 +89,9 @@ const fr_opt_value *fr_opt_val(const fr_cli_values *v, fr_opt_id id);
  * --help and --log-level when with_common. */
 void fr_cli_help(FILE *out, fr_cmd cmd, const char *usage);
 void fr_cli_print_options(FILE *out, fr_cmd cmd, const char *title, int with_common);
+/* Writes text from column at, its words wrapped before column 80 onto
+ * lines indented by indent, and ends the line. */
+void fr_cli_wrap(FILE *out, const char *text, int at, int indent);
 
 /* Prints "PROGRAM CMD: message" and a pointer to --help; returns 2. */
 int fr_cli_usage_error(fr_cmd cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -116,6 +120,11 @@ int fr_cli_sampling_get(fr_cmd cmd, const fr_cli_values *v, fr_cli_sampling *o);
 /* The model's EOS ids as the stop list when --stop-ids and --ignore-eos
  * are both absent: *owned (malloc'ed, the caller frees it) then holds them. */
 fr_status fr_cli_default_stops(const fr_model_config *mc, fr_cli_sampling *o, int **owned);
+
+/* Starts the ranks of a job of tp ranks per engine (app/tp_launch.h): 0,
+ * or the exit status after printing why: 2 when the world does not fit
+ * tp (mpirun -np against --tp), 1 when MPI fails. */
+int fr_cli_launch(fr_cmd cmd, int tp, fr_tp_launch *l);
 
 /* The engine options (rollout/engine/session.h's fr_engine_opts) of the
  * values: the defaults with the bundled demo model, then what was given. */

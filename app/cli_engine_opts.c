@@ -1,6 +1,6 @@
-/* The options the engine commands share, read from their values: the
- * engine options (the table's group FR_OG_ENGINE) into fr_engine_opts,
- * and the sampling options of generate and rollout. */
+/* What the engine commands share: the engine options (the table's group
+ * FR_OG_ENGINE) read into fr_engine_opts, the sampling options of
+ * generate and rollout, and the start of their ranks. */
 #include "app/cli.h"
 
 #include <stdlib.h>
@@ -108,4 +108,10 @@ fr_status fr_cli_default_stops(const fr_model_config *mc, fr_cli_sampling *o, in
     o->stop = *owned;
     o->n_stop = mc->n_eos;
     return FR_OK;
+}
+
+int fr_cli_launch(fr_cmd cmd, int tp, fr_tp_launch *l)
+{
+    fr_status st = fr_tp_launch_open(tp, l);
+    return st ? fr_cli_fail(cmd, st == FR_EINVAL ? 2 : 1) : 0;
 }

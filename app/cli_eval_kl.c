@@ -230,16 +230,15 @@ int fr_cli_eval_kl(int argc, char **argv)
     if (fr_cli_parse(cmd, fr_eval_kl_usage, argc, argv, &v, &rc)) return rc;
     if ((rc = pick(cmd, v, &on_gpu, &cfgs, &n_cfgs))) return rc;
     fr_tp_launch tl;
-    fr_status st = fr_tp_launch_open(fr_opt_int(v, FR_O_TP), &tl);
-    if (st) {
+    if ((rc = fr_cli_launch(cmd, fr_opt_int(v, FR_O_TP), &tl))) {
         free(cfgs);
-        return fr_cli_fail(cmd, st == FR_EINVAL ? 2 : 1);
+        return rc;
     }
     const int n_files = fr_opt_val(v, FR_O_TEXTS)->n;
     int **texts = calloc((size_t)n_files, sizeof *texts), *lens = calloc((size_t)n_files, sizeof(int));
     fr_model *m = NULL;
     fr_calib calib = {0};
-    st = texts && lens ? FR_OK : fr_fail(FR_ENOMEM, "out of memory");
+    fr_status st = texts && lens ? FR_OK : fr_fail(FR_ENOMEM, "out of memory");
     if (!st) st = fr_model_load(fr_opt_str(v, FR_O_MODEL), &m);
     const eval_run e = {.v = v, .tl = &tl, .cfgs = cfgs, .n_cfgs = n_cfgs, .on_gpu = on_gpu};
     if (!st) st = evaluate(&e, m, texts, lens, &calib);

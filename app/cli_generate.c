@@ -307,14 +307,13 @@ int fr_cli_generate(int argc, char **argv)
     if ((rc = fr_cli_sampling_get(cmd, v, &so)) || (rc = read_prompt(cmd, v, &ids, &n_ids, &owned))) return rc;
     fr_cli_engine_opts_get(v, &eo);
     fr_tp_launch tl;
-    fr_status st = fr_tp_launch_open(eo.tp, &tl);
-    if (st) {
+    if ((rc = fr_cli_launch(cmd, eo.tp, &tl))) {
         free(owned);
-        return fr_cli_fail(cmd, st == FR_EINVAL ? 2 : 1);
+        return rc;
     }
     eo.group = tl.group;
     /* Every rank drew its own seed when none was given: rank 0's is the run's. */
-    st = fr_tp_launch_agree_seed(&tl, &so.sp.seed);
+    fr_status st = fr_tp_launch_agree_seed(&tl, &so.sp.seed);
     if (!st && tl.output_rank) fr_info("generate: seed %llu", (unsigned long long)so.sp.seed);
     fr_session s;
     const int pages = (n_ids + so.max_tokens + 127) / 128 + 1;

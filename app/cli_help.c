@@ -33,23 +33,21 @@ static int left_column(const fr_opt *o, char *buf, size_t cap)
     return n;
 }
 
-/* Writes text from column `at` on, wrapped at WIDTH, continued at HELP_COLUMN. */
-static void wrapped(FILE *out, const char *text, int at)
+void fr_cli_wrap(FILE *out, const char *text, int at, int indent)
 {
-    const char *p = text;
-    while (*p) {
-        while (*p == ' ') p++;
-        size_t word = strcspn(p, " ");
-        if (at > HELP_COLUMN && at + 1 + (int)word > WIDTH) {
-            fprintf(out, "\n%*s", HELP_COLUMN, "");
-            at = HELP_COLUMN;
-        } else if (at > HELP_COLUMN) {
+    for (int first = 1; *text; first = 0) {
+        while (*text == ' ') text++;
+        const size_t word = strcspn(text, " ");
+        if (!first && at + 1 + (int)word > WIDTH) {
+            fprintf(out, "\n%*s", indent, "");
+            at = indent;
+        } else if (!first) {
             fputc(' ', out);
             at++;
         }
-        fwrite(p, 1, word, out);
+        fwrite(text, 1, word, out);
         at += (int)word;
-        p += word;
+        text += word;
     }
     fputc('\n', out);
 }
@@ -66,7 +64,7 @@ static void print_row(FILE *out, const fr_opt *o, fr_cmd cmd)
     else if (o->def_note) k += (size_t)snprintf(text + k, sizeof text - k, " (default: %s)", o->def_note);
     else if (o->def) k += (size_t)snprintf(text + k, sizeof text - k, " (default %s)", o->def);
     if (cmd == FR_CMD_SERVE && o->key && k < sizeof text) snprintf(text + k, sizeof text - k, " [%s]", o->key);
-    wrapped(out, text, HELP_COLUMN);
+    fr_cli_wrap(out, text, HELP_COLUMN, HELP_COLUMN);
 }
 
 void fr_cli_print_options(FILE *out, fr_cmd cmd, const char *title, int with_common)
@@ -78,7 +76,7 @@ void fr_cli_print_options(FILE *out, fr_cmd cmd, const char *title, int with_com
         for (int r = 0; r < FR_O_COUNT; r++) {
             const fr_opt *o = &fr_opts[r];
             if (!fr_opt_takes(o, cmd) || (int)o->group != g) continue;
-            if (first) fprintf(out, "\n%s%s:\n", title, headings[g]);
+            if (first) fprintf(out, "\n%s%s:\n", g == FR_OG_COMMON ? "" : title, headings[g]);
             first = 0;
             print_row(out, o, cmd);
         }

@@ -328,14 +328,13 @@ int fr_cli_rollout(int argc, char **argv)
         kv_blocks = max_seqs * ((longest + so.max_tokens + 127) / 128);
     }
     fr_tp_launch tl;
-    fr_status st = fr_tp_launch_open(eo.tp, &tl);
-    if (st) {
+    if ((rc = fr_cli_launch(cmd, eo.tp, &tl))) {
         fr_cli_prompts_free(&pl);
-        return fr_cli_fail(cmd, st == FR_EINVAL ? 2 : 1);
+        return rc;
     }
     eo.group = tl.group;
     /* Every rank drew its own seed when none was given: rank 0's is the run's. */
-    st = fr_tp_launch_agree_seed(&tl, &so.sp.seed);
+    fr_status st = fr_tp_launch_agree_seed(&tl, &so.sp.seed);
     if (!st && tl.output_rank) fr_info("rollout: seed %llu", (unsigned long long)so.sp.seed);
     fr_session s;
     if (st || (st = fr_session_open(&eo, kv_blocks, max_seqs, &s))) {

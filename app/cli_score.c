@@ -60,16 +60,15 @@ int fr_cli_score(int argc, char **argv)
     if (given_ids->given) n = given_ids->n;
     if (!fr_opt_given(v, FR_O_CHUNK)) eo.chunk = n > 0 ? n : 1;   /* the whole prompt in one prefill step */
     fr_tp_launch tl;
-    fr_status st = fr_tp_launch_open(eo.tp, &tl);
-    if (st) {
+    if ((rc = fr_cli_launch(cmd, eo.tp, &tl))) {
         free(ids);
-        return fr_cli_fail(cmd, st == FR_EINVAL ? 2 : 1);
+        return rc;
     }
     eo.group = tl.group;
     fr_session s;
     float *logits = NULL;
     int opened = 0, status = 1;
-    st = fr_session_open(&eo, (n + 127) / 128 + 1, 1, &s);
+    fr_status st = fr_session_open(&eo, (n + 127) / 128 + 1, 1, &s);
     if (!st) {
         opened = 1;
         st = fr_check_prompt(&s.model->cfg, prompt, n, 0);

@@ -3,7 +3,6 @@
  * none (keygen). */
 #include "app/client_cli.h"
 
-#include <string.h>
 
 static const char usage_text[] =
     "usage: fp4rollout-client [--endpoint URL] [--timeout-ms MS] [CURVE keys] COMMAND [options]\n"
@@ -45,27 +44,6 @@ const fr_client_command fr_client_commands[] = {
 };
 const int fr_client_n_commands = (int)(sizeof fr_client_commands / sizeof fr_client_commands[0]);
 
-/* The summary from column 4, wrapped before column 80. */
-static void print_summary(FILE *out, const char *text)
-{
-    int at = 0;
-    while (*text) {
-        while (*text == ' ') text++;
-        size_t word = strcspn(text, " ");
-        if (at == 0 || at + 1 + (int)word > 76) {
-            fprintf(out, "%s    ", at ? "\n" : "");
-            at = 0;
-        } else {
-            fputc(' ', out);
-            at++;
-        }
-        fwrite(text, 1, word, out);
-        at += (int)word;
-        text += word;
-    }
-    fputc('\n', out);
-}
-
 void fr_client_help(FILE *out)
 {
     fputs(usage_text, out);
@@ -74,8 +52,8 @@ void fr_client_help(FILE *out)
     for (int i = 0; i < fr_client_n_commands; i++) {
         const fr_client_command *k = &fr_client_commands[i];
         char title[64];
-        fprintf(out, "\n  %s\n", k->synopsis);
-        print_summary(out, k->summary);
+        fprintf(out, "\n  %s\n    ", k->synopsis);
+        fr_cli_wrap(out, k->summary, 4, 4);
         snprintf(title, sizeof title, "%s ", k->name);
         fr_cli_print_options(out, k->cmd, title, 0);
     }

@@ -32,16 +32,23 @@ static sample_acc *acc_of(gen_ctx *g, uint64_t request, int sample)
     return &g->acc[r * g->n + sample];
 }
 
+/* The accumulator of a sample, or NULL (the run failed) for one not asked for. */
+static sample_acc *known_sample(gen_ctx *g, uint64_t request, int sample, const char *what)
+{
+    sample_acc *a = acc_of(g, request, sample);
+    if (!a) {
+        fprintf(stderr, "fp4rollout-client: %s for an unknown sample (%llu, %d)\n", what, (unsigned long long)request,
+                sample);
+        g->failed = 1;
+    }
+    return a;
+}
+
 static void on_tokens(void *user, const fr_msg_tokens *t)
 {
     gen_ctx *g = user;
-    sample_acc *a = acc_of(g, t->request_id, t->sample);
-    if (!a) {
-        fprintf(stderr, "fp4rollout-client: tokens for an unknown sample (%llu, %d)\n",
-                (unsigned long long)t->request_id, t->sample);
-        g->failed = 1;
-        return;
-    }
+    sample_acc *a = known_sample(g, t->request_id, t->sample, "tokens");
+    if (!a) return;
     if (t->start != a->n || a->dones) {
         fprintf(stderr, "fp4rollout-client: request %llu sample %d: delta starts at %d after %d tokens%s\n",
                 (unsigned long long)t->request_id, t->sample, t->start, a->n, a->dones ? " and its done" : "");
@@ -73,13 +80,8 @@ static void on_tokens(void *user, const fr_msg_tokens *t)
 static void on_done(void *user, const fr_msg_done *d)
 {
     gen_ctx *g = user;
-    sample_acc *a = acc_of(g, d->request_id, d->sample);
-    if (!a) {
-        fprintf(stderr, "fp4rollout-client: done for an unknown sample (%llu, %d)\n",
-                (unsigned long long)d->request_id, d->sample);
-        g->failed = 1;
-        return;
-    }
+    sample_acc *a = known_sample(g, d->request_id, d->sample, "done");
+    if (!a) return;
     if (++a->dones > 1) {
         fprintf(stderr, "fp4rollout-client: request %llu sample %d: a second done\n",
                 (unsigned long long)d->request_id, d->sample);

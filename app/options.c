@@ -17,61 +17,54 @@
 
 /* ---- the choices: a name read into an int, and back ---------------------- */
 
-static fr_status parse_log_level(const char *s, int *out)
-{
-    fr_log_level l;
-    fr_status st = fr_log_level_parse(s, &l);
-    *out = (int)l;
-    return st;
-}
+/* The project's own parsers of an enumeration, as parsers into an int. */
+#define ENUM_PARSER(x, type, fn)                                                                  \
+    static fr_status parse_##x(const char *s, int *out)                                           \
+    {                                                                                             \
+        type v = (type)0;                                                                         \
+        fr_status st = fn(s, &v);                                                                 \
+        *out = (int)v;                                                                            \
+        return st;                                                                                \
+    }
+ENUM_PARSER(log_level, fr_log_level, fr_log_level_parse)
+ENUM_PARSER(fp4_format, fr_fp4_format, fr_fp4_format_parse)
+ENUM_PARSER(kv_dtype, fr_kv_dtype, fr_kv_dtype_parse)
+ENUM_PARSER(fp4_compute, fr_fp4_compute, fr_fp4_compute_parse)
 
-static fr_status parse_fp4_format(const char *s, int *out)
+/* One of n names, read as the value beside it. */
+static fr_status one_of(const char *s, const char *what, const char *const *names, const int *values, int n, int *out)
 {
-    fr_fp4_format f = FR_NVFP4;
-    fr_status st = fr_fp4_format_parse(s, &f);
-    *out = (int)f;
-    return st;
+    for (int i = 0; i < n; i++)
+        if (strcmp(s, names[i]) == 0) {
+            *out = values[i];
+            return FR_OK;
+        }
+    char expected[128] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(expected + strlen(expected), sizeof expected - strlen(expected), "%s%s", i == 0 ? "" : i + 1 < n ? ", " : " or ",
+                 names[i]);
+    return fr_fail(FR_EINVAL, "unknown %s '%s' (expected %s)", what, s, expected);
 }
 
 static fr_status parse_backend(const char *s, int *out)
 {
-    if (strcmp(s, "auto") == 0) *out = FR_BACKEND_AUTO;
-    else if (strcmp(s, "cpu") == 0) *out = FR_BACKEND_CPU;
-    else if (strcmp(s, "cuda") == 0) *out = FR_BACKEND_CUDA;
-    else return fr_fail(FR_EINVAL, "unknown backend '%s' (expected auto, cpu or cuda)", s);
-    return FR_OK;
-}
-
-static fr_status parse_kv_dtype(const char *s, int *out)
-{
-    fr_kv_dtype t = FR_KV_BF16;
-    fr_status st = fr_kv_dtype_parse(s, &t);
-    *out = (int)t;
-    return st;
-}
-
-static fr_status parse_fp4_compute(const char *s, int *out)
-{
-    fr_fp4_compute c = FR_COMPUTE_AUTO;
-    fr_status st = fr_fp4_compute_parse(s, &c);
-    *out = (int)c;
-    return st;
+    static const char *const names[] = {"auto", "cpu", "cuda"};
+    static const int values[] = {FR_BACKEND_AUTO, FR_BACKEND_CPU, FR_BACKEND_CUDA};
+    return one_of(s, "backend", names, values, 3, out);
 }
 
 static fr_status parse_pause_mode(const char *s, int *out)
 {
-    if (strcmp(s, "abort") == 0) *out = FR_PAUSE_ABORT;
-    else if (strcmp(s, "wait") == 0) *out = FR_PAUSE_WAIT;
-    else return fr_fail(FR_EINVAL, "unknown pause mode '%s' (expected abort or wait)", s);
-    return FR_OK;
+    static const char *const names[] = {"abort", "wait"};
+    static const int values[] = {FR_PAUSE_ABORT, FR_PAUSE_WAIT};
+    return one_of(s, "pause mode", names, values, 2, out);
 }
 
 static fr_status parse_wire_dtype(const char *s, int *out)
 {
-    if (strcmp(s, "f32") == 0) *out = FR_DTYPE_F32;
-    else if (strcmp(s, "bf16") == 0) *out = FR_DTYPE_BF16;
-    else return fr_fail(FR_EINVAL, "unknown dtype '%s' (expected f32 or bf16)", s);
-    return FR_OK;
+    static const char *const names[] = {"f32", "bf16"};
+    static const int values[] = {FR_DTYPE_F32, FR_DTYPE_BF16};
+    return one_of(s, "dtype", names, values, 2, out);
 }
 
 static const char *name_backend(int v) { return fr_backend_name((fr_backend)v); }
