@@ -118,11 +118,16 @@ static int take(fr_cli_values *v, int r, int alias, const char *arg, int *files_
     snprintf(spelled, sizeof spelled, "--%s", v->spelled[r]);
     fr_opt_value *val = &v->v[r];
     fr_status st;
-    if (o->type == FR_OPT_FILES && val->given) {
-        st = fr_opt_add_file(val, arg);   /* --texts A --texts B: both */
+    if ((o->type == FR_OPT_FILES || o->type == FR_OPT_KEYS) && val->given) {
+        fr_opt_value one = {0};   /* --texts A --texts B: both */
+        st = fr_opt_from_text(o, spelled, arg, &one);
+        if (!st) st = fr_opt_add_file(val, one.list[0]);
+        fr_opt_value_clear(&one);
     } else {
         st = fr_opt_from_text(o, spelled, arg, val);
     }
+    if (!st && o->n_max && (o->type == FR_OPT_FILES || o->type == FR_OPT_KEYS) && val->n > o->n_max)
+        st = fr_fail(FR_EINVAL, "%s takes at most %d values", spelled, o->n_max);
     if (st) return fr_cli_fail(v->cmd, 2);
     val->given = 1;
     *files_row = o->type == FR_OPT_FILES ? r : -1;
@@ -141,7 +146,7 @@ static int read_args(fr_cli_values *v, int argc, char **argv, int head)
     opterr = 0;
     while (!rc && (c = getopt_long(argc, argv, optstring, table, &idx)) != -1) {
         if (c == 1) {   /* an operand, in its place */
-            if (files_row >= 0) rc = fr_opt_add_file(&v->v[files_row], optarg) ? 2 : 0;
+            if (files_row >= 0) rc = take(v, files_row, 0, optarg, &files_row);
             else rc = add_operand(v, optarg) ? 2 : 0;
         } else if (c == '?' || c == ':') {
             rc = refused(v->cmd, c, argv[optind - 1]);
