@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Black-box checks of `fp4rollout generate` and `score` on the built-in
 # synthetic model: JSON output, seed reproducibility, n samples, every KV
-# dtype, and clear errors for invalid requests.
+# dtype, clear errors for invalid requests, and the exit statuses of the
+# command-line convention across commands (2 usage, 1 runtime, with the
+# option or file named).
 set -euo pipefail
 bin=${BUILD:-build}/fp4rollout
 dir=$(mktemp -d)
