@@ -194,7 +194,8 @@ static fr_status evaluate(const eval_run *e, fr_model *m, int **texts, int *lens
     const fr_opt_value *files = fr_opt_val(v, FR_O_TEXTS);
     const int tp = fr_opt_int(v, FR_O_TP), tokens = fr_opt_given(v, FR_O_TOKENS) ? fr_opt_int(v, FR_O_TOKENS) : 0;
     fr_status st = FR_OK;
-    for (int i = 0; i < files->n && !st; i++) st = fr_byte_text_read(&m->cfg, files->list[i], tokens, &texts[i], &lens[i]);
+    for (int i = 0; i < files->n && !st; i++)
+        st = fr_byte_text_read(&m->cfg, files->list[i], tokens, &texts[i], &lens[i]);
     if (!st && calib_path) st = fr_calib_load(calib_path, fr_model_calib_dims(&m->cfg), calib);
     if (!st && e->tl->output_rank) warn_calib(e->cfgs, e->n_cfgs, calib, calib_path);
     struct fr_weights_gpu *gpu = NULL;

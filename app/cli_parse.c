@@ -188,7 +188,8 @@ static int complete(const fr_cli_values *v)
         if (!fr_opt_takes(o, v->cmd)) continue;
         const fr_opt_value *val = &v->v[r];
         if (o->type == FR_OPT_FILES && (val->given || (o->required >> v->cmd & 1u)) && val->n < o->n_min)
-            return fr_cli_usage_error(v->cmd, "--%s needs at least %s", o->name, o->n_min == 1 ? "one file" : "more files");
+            return fr_cli_usage_error(v->cmd, "--%s needs at least %s", o->name,
+                                      o->n_min == 1 ? "one file" : "more files");
         if ((o->required >> v->cmd & 1u) && !val->given) return fr_cli_usage_error(v->cmd, "--%s is required", o->name);
     }
     if (v->n_operands > fr_cmd_max_operands(v->cmd))

@@ -223,7 +223,8 @@ int fr_client_cmd_generate(const fr_client_ctx *ctx, const fr_cli_values *v)
         return fr_cli_fail(cmd, 1);
     }
     const fr_msg_generate base = request_of(v);
-    gen_ctx g = {.first_id = fr_opt_long(v, FR_O_FIRST_ID), .n_req = p.n, .n = base.n, .first_sample = base.first_sample,
+    gen_ctx g = {.first_id = fr_opt_long(v, FR_O_FIRST_ID), .n_req = p.n, .n = base.n,
+                 .first_sample = base.first_sample,
                  .abort_id = fr_opt_given(v, FR_O_ABORT_ID) ? fr_opt_long(v, FR_O_ABORT_ID) : -1,
                  .abort_after = fr_opt_long(v, FR_O_ABORT_AFTER)};
     g.acc = calloc((size_t)p.n * (size_t)base.n, sizeof *g.acc);

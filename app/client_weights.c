@@ -112,9 +112,9 @@ static int send_update(const fr_client_ctx *ctx, const fr_cli_values *v, const t
 {
     const long long bucket = fr_opt_given(v, FR_O_BUCKET_BYTES) ? fr_opt_long(v, FR_O_BUCKET_BYTES)
                                                                 : (long long)fr_opt_int(v, FR_O_BUCKET_MIB) << 20;
+    const int corrupt = fr_opt_given(v, FR_O_CORRUPT_BUCKET) ? fr_opt_int(v, FR_O_CORRUPT_BUCKET) : -1;
     fr_client_update_opts opts = {.bucket_bytes = (uint64_t)bucket, .partial = fr_opt_int(v, FR_O_PARTIAL),
-                                  .corrupt_bucket = fr_opt_given(v, FR_O_CORRUPT_BUCKET) ? fr_opt_int(v, FR_O_CORRUPT_BUCKET)
-                                                                                         : -1};
+                                  .corrupt_bucket = corrupt};
     fr_client *c;
     if (fr_client_connect(ctx, v->cmd, &c)) return 1;
     const double t0 = fr_now_s();

@@ -41,8 +41,8 @@ static fr_status one_of(const char *s, const char *what, const char *const *name
         }
     char expected[128] = "";
     for (int i = 0; i < n; i++)
-        snprintf(expected + strlen(expected), sizeof expected - strlen(expected), "%s%s", i == 0 ? "" : i + 1 < n ? ", " : " or ",
-                 names[i]);
+        snprintf(expected + strlen(expected), sizeof expected - strlen(expected), "%s%s",
+                 i == 0 ? "" : i + 1 < n ? ", " : " or ", names[i]);
     return fr_fail(FR_EINVAL, "unknown %s '%s' (expected %s)", what, s, expected);
 }
 
@@ -200,8 +200,8 @@ static fr_status ids_from_text(const fr_opt *o, const char *spelled, const char 
 {
     if (fr_parse_ids(text, &v->ids, &v->n)) return named(spelled);
     if (v->n < o->n_min)
-        return fr_fail(FR_EINVAL, "%s needs at least %s, got '%s'", spelled, o->n_min == 1 ? "one token id" : "more ids",
-                       text);
+        return fr_fail(FR_EINVAL, "%s needs at least %s, got '%s'", spelled,
+                       o->n_min == 1 ? "one token id" : "more ids", text);
     if (o->n_max && v->n > o->n_max)
         return fr_fail(FR_EINVAL, "%s takes at most %d token ids, got %d", spelled, o->n_max, v->n);
     for (int k = 0; k < v->n; k++)

@@ -188,7 +188,8 @@ static fr_status check_objects(const char *label, const unsigned char *given, co
     const fr_serve_recal *r = &c->recalibration;
     const int on = r->kl_threshold > 0 || r->after_commit;
     int any = 0;
-    for (int k = 0; k < FR_O_COUNT; k++) any |= given[k] && fr_opts[k].key && strncmp(fr_opts[k].key, "recalibration.", 14) == 0;
+    for (int k = 0; k < FR_O_COUNT; k++)
+        any |= given[k] && fr_opts[k].key && strncmp(fr_opts[k].key, "recalibration.", 14) == 0;
     if (on && r->n_texts == 0)
         return fr_fail(FR_EINVAL, "%s: recalibration: needs texts (the seed texts calibration runs on)", label);
     if (!on && any)
@@ -215,8 +216,8 @@ fr_status fr_serve_config_settle(const char *label, const unsigned char given[FR
     if ((c->recalibration.kl_threshold > 0 || c->recalibration.after_commit) && c->tp > 1)
         return fr_fail(FR_EINVAL, "%s: recalibration needs tp 1 (each engine one rank); tp is %d", label, c->tp);
     if (c->metrics_log[0] && c->metrics_port == 0)
-        return fr_fail(FR_EINVAL, "%s: metrics_log records the history the metrics endpoint keeps: set metrics_port too "
-                                  "(it is 0: off)",
+        return fr_fail(FR_EINVAL, "%s: metrics_log records the history the metrics endpoint keeps: set "
+                                  "metrics_port too (it is 0: off)",
                        label);
     const struct { const char *name; int port; } ports[] = {
         {"coordinator.port", c->coordinator.port},

@@ -90,7 +90,8 @@ static fr_status read_str(const fr_opt *o, int nullable, const cJSON *v, const c
 static fr_status read_key(const fr_opt *o, const cJSON *v, const char *label, const char *path, const char **out)
 {
     if (o->type == FR_OPT_KEY && o->nullable && cJSON_IsNull(v)) return FR_OK;
-    if (!cJSON_IsString(v)) return bad(label, path, "expected a CURVE key (40 Z85 characters), got %s", fr_serve_json_type(v));
+    if (!cJSON_IsString(v))
+        return bad(label, path, "expected a CURVE key (40 Z85 characters), got %s", fr_serve_json_type(v));
     if (!fr_opt_z85_key(v->valuestring))
         return bad(label, path, "expected a CURVE key of 40 Z85 characters (fp4rollout-client keygen makes one)");
     *out = v->valuestring;
@@ -100,7 +101,9 @@ static fr_status read_key(const fr_opt *o, const cJSON *v, const char *label, co
 /* IDS, FILES, KEYS: an array of n_min to n_max entries. */
 static fr_status read_list(const fr_opt *o, const cJSON *v, const char *label, const char *path, fr_opt_value *out)
 {
-    const char *what = o->type == FR_OPT_IDS ? "token ids" : o->type == FR_OPT_FILES ? "text files" : "CURVE public keys";
+    const char *what = o->type == FR_OPT_IDS     ? "token ids"
+                       : o->type == FR_OPT_FILES ? "text files"
+                                                 : "CURVE public keys";
     const char *unit = o->type == FR_OPT_IDS ? "ids" : o->type == FR_OPT_FILES ? "files" : "keys";
     if (!cJSON_IsArray(v)) return bad(label, path, "expected an array of %s, got %s", what, fr_serve_json_type(v));
     const int n = cJSON_GetArraySize(v);
