@@ -1,12 +1,17 @@
 /* The fp4rollout command line: one binary, one subcommand per job. Each
  * subcommand is a function taking its own argv (argv[0] = its name) and
- * returning the process exit status; each prints its usage on --help. */
+ * returning the process exit status: 0 done, 1 a runtime failure, 2 a
+ * usage error (app/README.md, "Command-line conventions"). Every option
+ * comes from the option table (app/options.h): fr_cli_parse reads a
+ * command's argv into its values, and --help lists them. */
 #ifndef FR_CLI_H
 #define FR_CLI_H
 
-#include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 
+#include "app/options.h"
+#include "app/tp_launch.h"
 #include "base/buf.h"
 #include "rollout/model/sampler.h"
 #include "rollout/engine/session.h"
@@ -15,11 +20,20 @@
 extern "C" {
 #endif
 
+/* The release, printed by --version. */
+#define FR_VERSION "0.9.0"
+
 typedef struct {
     const char *name;
+    fr_cmd cmd;
     const char *summary;
+    const char *usage;     /* the --help text above the option list */
     int (*run)(int argc, char **argv);
 } fr_cli_command;
+
+/* fp4rollout's commands, in the order its --help lists them. */
+extern const fr_cli_command fr_cli_commands[];
+extern const int fr_cli_n_commands;
 
 int fr_cli_quant(int argc, char **argv);
 int fr_cli_demo(int argc, char **argv);
@@ -32,66 +46,95 @@ int fr_cli_serve(int argc, char **argv);
 int fr_cli_dashboard(int argc, char **argv);
 int fr_cli_tokenize(int argc, char **argv);
 int fr_cli_detokenize(int argc, char **argv);
+extern const char fr_quant_usage[], fr_demo_usage[], fr_score_usage[], fr_generate_usage[], fr_calibrate_usage[],
+    fr_eval_kl_usage[], fr_rollout_usage[], fr_serve_usage[], fr_dashboard_usage[], fr_tokenize_usage[],
+    fr_detokenize_usage[];
 
-/* Small helpers so every subcommand parses and reports the same way. */
+/* ---- reading a command line ---------------------------------------------- */
 
-/* The release, printed by --version. */
-#define FR_VERSION "0.9.0"
+/* A command's options, each given or at its row's default, and the
+ * arguments that are not options. */
+typedef struct fr_cli_values {
+    fr_cmd cmd;
+    fr_opt_value v[FR_O_COUNT];
+    const char *spelled[FR_O_COUNT];   /* the name or alias written, for messages */
+    const char **operands;
+    int n_operands;
+    int next;                          /* fr_cli_parse_head: argv's index of the first operand */
+    struct fr_cli_values *held;        /* the values fr_cli_args_release frees */
+} fr_cli_values;
 
-/* Reads *argv with getopt_long against the options of tables (a
- * NULL-terminated list of arrays, each ended by a zeroed entry; flag and val
- * are not used), plus --log-level, which it applies, and vLLM's aliases of
- * known names (--kv-cache-dtype, --tensor-parallel-size, --max-num-seqs).
- * `--opt=value` and `--opt value` both work. On success replaces *argc and
- * *argv by a canonical argv: every option as "--full-name", then its value
- * when it takes one; other arguments in their places. Returns 0, or 2 after
- * printing the usage error. The canonical argv lives until
- * fr_cli_args_release (main's, after the subcommand returns). */
-int fr_cli_args(const char *cmd, int *argc, char ***argv, const struct option *const *tables);
-void fr_cli_args_release(void);
+/* Reads argv (argv[0] the command's name) with getopt_long against the
+ * table's options of cmd: `--opt value` and `--opt=value` alike, an
+ * unambiguous prefix of a name, vLLM's aliases; --log-level is applied.
+ * Then checks the required options and the operands. Returns 0 with *out
+ * set, or 1 when the command must return *rc at once: 0 after --help
+ * (usage, then the option list), 2 after a usage error, printed with the
+ * option and the reason. *out lives until fr_cli_args_release (main's,
+ * after the command returns). */
+int fr_cli_parse(fr_cmd cmd, const char *usage, int argc, char **argv, fr_cli_values **out, int *rc);
 /* The same for the options before a command word (fp4rollout-client's
- * global options): parsing stops at the first operand, which and all after
- * it stay as they are. */
-int fr_cli_args_head(const char *cmd, int *argc, char ***argv, const struct option *const *tables);
-/* The program named in usage errors: "fp4rollout" unless set. */
-extern const char *fr_cli_program;
-/* The option tables of fr_engine_opts_parse and fr_cli_sampling_parse. */
-extern const struct option fr_cli_engine_longopts[];
-extern const struct option fr_cli_sampling_longopts[];
+ * global options): reading stops at the first operand, whose index goes
+ * to (*out)->next. No --help here: the caller looks for it first. */
+int fr_cli_parse_head(fr_cmd cmd, int argc, char **argv, fr_cli_values **out, int *rc);
+void fr_cli_args_release(void);
 
-/* True when argv holds -h or --help. */
-int fr_cli_wants_help(int argc, char **argv);
-/* Parses a whole decimal int in [lo, hi]; on failure prints
- * "fp4rollout CMD: --flag expects ..." and returns -1. */
-int fr_cli_int(const char *cmd, const char *flag, const char *text, long lo, long hi, int *out);
-int fr_cli_float(const char *cmd, const char *flag, const char *text, float *out);
+/* A value of the command's options; for rows not given, the default. */
+int fr_opt_given(const fr_cli_values *v, fr_opt_id id);
+int fr_opt_int(const fr_cli_values *v, fr_opt_id id);
+long long fr_opt_long(const fr_cli_values *v, fr_opt_id id);
+double fr_opt_num(const fr_cli_values *v, fr_opt_id id);
+const char *fr_opt_str(const fr_cli_values *v, fr_opt_id id);   /* NULL: none */
+const fr_opt_value *fr_opt_val(const fr_cli_values *v, fr_opt_id id);
 
-/* The sampling options generate and rollout share: --n, --max-tokens,
- * --greedy, --temperature, --top-p, --top-k, --seed, --first-sample,
- * --stop-ids, --ignore-eos, --min-tokens, --logprobs, --prompt-logprobs,
- * --json. */
+/* --help: usage, then cmd's options from the table, under headings
+ * ("options:", "engine options:") that title begins ("generate "), with
+ * --help and --log-level when with_common. */
+void fr_cli_help(FILE *out, fr_cmd cmd, const char *usage);
+void fr_cli_print_options(FILE *out, fr_cmd cmd, const char *title, int with_common);
+/* Writes text from column at, its words wrapped before column 80 onto
+ * lines indented by indent, and ends the line. */
+void fr_cli_wrap(FILE *out, const char *text, int at, int indent);
+
+/* Prints "PROGRAM CMD: message" and a pointer to --help; returns 2. */
+int fr_cli_usage_error(fr_cmd cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prints "PROGRAM CMD: " and fr_last_error(), with the pointer to --help
+ * when status is 2; returns status. */
+int fr_cli_fail(fr_cmd cmd, int status);
+
+/* ---- what several commands share ------------------------------------------- */
+
+/* The sampling options of generate and rollout (the table's group
+ * FR_OG_SAMPLING) with --json. */
 typedef struct {
-    int n_samples, max_tokens, json, ignore_eos, greedy;
+    int n_samples, max_tokens, json, ignore_eos;
     int min_tokens, logprobs, prompt_logprobs;   /* rollout/engine/request.h's options */
     int first_sample;               /* samples are numbered first_sample, ...: stream i of the seed */
-    int has_seed;                   /* --seed given; else finish draws a fresh one */
-    uint64_t seed;
-    const char *stop_text;          /* --stop-ids, or NULL */
-    fr_sampling_params sp;
+    const int *stop;                /* --stop-ids (n_stop of them), or NULL */
+    int n_stop;
+    fr_sampling_params sp;          /* seed: --seed's, or a fresh one from the operating system */
 } fr_cli_sampling;
-void fr_cli_sampling_default(fr_cli_sampling *o);
-/* Consumes argv[*i] (and its value) when it is a sampling option: 1 when
- * consumed, 0 when not one, -1 after printing an error. */
-int fr_cli_sampling_parse(const char *cmd, int argc, char **argv, int *i, fr_cli_sampling *o);
-/* After parsing: checks --greedy against --temperature and fills sp (seed:
- * --seed's, else a fresh one from the operating system, which several ranks
- * must then agree on with fr_tp_launch_agree_seed; temperature 0 when
- * greedy); returns 0, or 2 after printing an error. */
-int fr_cli_sampling_finish(const char *cmd, fr_cli_sampling *o);
-/* The engine options every engine command takes (--model, --backend, --kv,
- * ...; rollout/engine/session.h's fr_engine_opts). Consumes argv[*i] (and its
- * value) when it is one: returns 1 when consumed, 0 when not an engine
- * option, -1 after printing an error. */
+/* Fills o from the values and checks them together (--greedy against
+ * --temperature, --min-tokens against --max-tokens). Without --seed the
+ * seed comes from the operating system (several ranks then agree on rank
+ * 0's with fr_tp_launch_agree_seed). Returns 0, or the exit status after
+ * printing why (2 for bad usage, 1 when no seed could be drawn). */
+int fr_cli_sampling_get(fr_cmd cmd, const fr_cli_values *v, fr_cli_sampling *o);
+/* The model's EOS ids as the stop list when --stop-ids and --ignore-eos
+ * are both absent: *owned (malloc'ed, the caller frees it) then holds them. */
+fr_status fr_cli_default_stops(const fr_model_config *mc, fr_cli_sampling *o, int **owned);
+
+/* Starts the ranks of a job of tp ranks per engine (app/tp_launch.h): 0,
+ * or the exit status after printing why: 2 when the world does not fit
+ * tp (mpirun -np against --tp), 1 when MPI fails. */
+int fr_cli_launch(fr_cmd cmd, int tp, fr_tp_launch *l);
+
+/* The engine options (rollout/engine/session.h's fr_engine_opts) of the
+ * values: the defaults with the bundled demo model, then what was given. */
+void fr_cli_engine_opts_get(const fr_cli_values *v, fr_engine_opts *o);
+/* For programs outside the table's commands (bench/decode_step): consumes
+ * argv[*i] (and its value) when it is an engine option: 1 when consumed,
+ * 0 when not one, -1 after printing "CMD: --opt ..." on stderr. */
 int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engine_opts *o);
 /* The engine's defaults, with the bundled demo model (models/demo beside
  * the program's build folder) as the model. */
@@ -102,16 +145,31 @@ const char *fr_cli_demo_model(void);
 int fr_cli_byte_model(const fr_model_config *mc);
 /* BOS, then the bytes of text: *ids malloc'ed, the caller frees it. */
 fr_status fr_cli_byte_prompt(const char *text, int **ids, int *n);
-/* The usage lines of the engine options. */
-extern const char fr_engine_opts_usage[];
+
+/* fr_read_ids_file, with the system's reason when the file cannot be read. */
+fr_status fr_cli_ids_file(const char *path, int **ids, int *n);
+
+/* A file of prompts: one a line, comma-separated token ids, blank lines
+ * skipped. FR_EIO when it cannot be read (with the system's reason),
+ * FR_EINVAL naming the line of a malformed one or a file without prompts. */
+typedef struct {
+    int **ids;
+    int *len;
+    int n, cap;
+} fr_cli_prompts;
+fr_status fr_cli_prompts_read(const char *path, fr_cli_prompts *p);
+void fr_cli_prompts_free(fr_cli_prompts *p);
+
 /* The JSON keys of the log-prob options, appended to a sample's object:
  * ,"top_logprobs":[[[id,logprob],...],...] (one list per token, best first)
  * when top_k > 0, and ,"prompt_logprobs":[null,lp1,...] (one entry per
  * prompt token) when plp is non-NULL. */
 void fr_cli_json_logprobs(fr_buf *b, int top_k, const int *ids, const float *lps, int n_tokens, const float *plp,
                           int n_plp);
-/* Prints "fp4rollout CMD: message" and a hint to --help; returns exit status 2. */
-int fr_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* From now on SIGINT and SIGTERM set the flag returned (0 until then):
+ * how a long-running command learns to stop. */
+volatile sig_atomic_t *fr_cli_catch_stop(void);
 
 #ifdef __cplusplus
 }

@@ -11,7 +11,7 @@
 #include "rollout/model/weights_cuda.h"
 #endif
 
-static const char usage_text[] =
+const char fr_calibrate_usage[] =
     "usage: fp4rollout calibrate --model M --texts FILE... --out FILE [--context N]\n"
     "                            [--seed-tokens N] [--continue N] [--tau-steps N]\n"
     "                            [--chunk N] [--kv bf16|f32] [--quiet]\n"
@@ -37,21 +37,9 @@ static const char usage_text[] =
     "fp8_scales the latent's amax / 448 per layer, and tau keeps its default:\n"
     "latent attention quantizes no probability (paper Appendix G).\n"
     "\n"
-    "  --texts FILE...      seed texts: every argument up to the next option\n"
-    "  --out FILE           the calibration file (written whole or not at all)\n"
-    "  --context N          calibration window in tokens (default 4096, or the\n"
-    "                       model's window when smaller; 0: the model's window)\n"
-    "  --seed-tokens N      bytes of each text used as its seed (default 256)\n"
-    "  --continue N         greedy tokens the model appends to each seed, so that\n"
-    "                       the calibration text is partly the model's own output\n"
-    "                       (default 64; 0 tiles the seeds as they are). Each token\n"
-    "                       costs one batched decode step.\n"
-    "  --tau-steps N        decode steps after the prefill whose queries choose tau\n"
-    "                       (default 32; 0 writes the default tau 21/1024)\n"
-    "  --quiet              no progress on stderr\n"
-    "engine options (--backend auto takes the GPU when there is one and gives the\n"
-    "same procedure as cpu; --kv: bf16, the default, or f32; --calib, --recipe\n"
-    "and --fp4-compute do not apply):\n";
+    "--backend auto takes the GPU when there is one and gives the same procedure\n"
+    "as cpu; --kv is bf16 (the default) or f32: the calibration measures BF16\n"
+    "logits.\n";
 
 static void summarize(const char *out, const fr_model_config *mc, const fr_calib_opts *co, int n_texts,
                       const fr_calib *c, const fr_calib_report *rep)
@@ -95,90 +83,72 @@ static void summarize(const char *out, const fr_model_config *mc, const fr_calib
            rep->seconds_tau);
 }
 
-/* The options of this command (app/cli_args.c reads them with getopt_long). */
-static const struct option own_opts[] = {
-    {"texts", required_argument, 0, 0}, {"out", required_argument, 0, 0},
-    {"context", required_argument, 0, 0}, {"seed-tokens", required_argument, 0, 0},
-    {"continue", required_argument, 0, 0}, {"tau-steps", required_argument, 0, 0},
-    {"quiet", no_argument, 0, 0}, {0, 0, 0, 0},
-};
-
-int fr_cli_calibrate(int argc, char **argv)
+/* The engine options that apply, checked: one rank, a BF16 or f32 cache,
+ * deterministic passes on the CPU. 0, or the exit status after printing why. */
+static int calib_opts(fr_cmd cmd, const fr_engine_opts *eo, fr_calib_opts *co, fr_backend *backend)
 {
-    const char *cmd = "calibrate", *out = NULL;
-    fr_engine_opts eo;
-    fr_engine_opts_default(&eo);
-    fr_calib_opts co;
-    fr_calib_opts_default(&co);
-    co.verbose = 1;
-    if (fr_cli_wants_help(argc, argv)) {
-        printf("%s%s", usage_text, fr_engine_opts_usage);
-        return 0;
-    }
-    if (fr_cli_args(cmd, &argc, &argv, (const struct option *const[]){own_opts, fr_cli_engine_longopts, NULL})) return 2;
-    const char **files = calloc((size_t)argc, sizeof *files);
-    int n_files = 0, model_given = 0;
-    if (!files) return fr_cli_usage_error(cmd, "out of memory");
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--model") == 0) model_given = 1;
-        int r = fr_engine_opts_parse(cmd, argc, argv, &i, &eo);
-        if (r < 0) { free(files); return 2; }
-        if (r) continue;
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-        if (strcmp(a, "--texts") == 0) {
-            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) files[n_files++] = argv[++i];
-        } else if (strcmp(a, "--out") == 0 && v) out = argv[++i];
-        else if (strcmp(a, "--context") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 0, 1 << 24, &co.context);
-        else if (strcmp(a, "--seed-tokens") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 1, 1 << 24, &co.seed_tokens);
-        else if (strcmp(a, "--continue") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 0, 1 << 24, &co.continue_tokens);
-        else if (strcmp(a, "--tau-steps") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 0, 1 << 24, &co.tau_steps);
-        else if (strcmp(a, "--quiet") == 0) co.verbose = 0;
-        else { free(files); return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", a); }
-        if (bad) { free(files); return 2; }
-    }
-    int rc = 0;
-    if (!model_given) rc = fr_cli_usage_error(cmd, "--model is required");
-    else if (n_files == 0) rc = fr_cli_usage_error(cmd, "--texts needs at least one file");
-    else if (!out) rc = fr_cli_usage_error(cmd, "--out is required");
-    else if (eo.calib) rc = fr_cli_usage_error(cmd, "--calib does not apply: calibrate makes the calibration");
-    else if (eo.tp > 1) rc = fr_cli_usage_error(cmd, "--tp %d: calibrate runs on one rank (--tp 1)", eo.tp);
-    else if (eo.kv != FR_KV_BF16 && eo.kv != FR_KV_F32)
-        rc = fr_cli_usage_error(cmd, "--kv must be bf16 or f32 (the calibration measures BF16 logits)");
-    else if (eo.deterministic && eo.backend == FR_BACKEND_CUDA)
-        rc = fr_cli_usage_error(cmd, "calibrate --deterministic runs on the CPU backend (docs/determinism.md)");
-    fr_backend backend = FR_BACKEND_CPU;
+    if (eo->tp > 1) return fr_cli_usage_error(cmd, "--tp %d: calibrate runs on one rank (--tp 1)", eo->tp);
+    if (eo->kv != FR_KV_BF16 && eo->kv != FR_KV_F32)
+        return fr_cli_usage_error(cmd, "--kv must be bf16 or f32 (the calibration measures BF16 logits)");
+    if (eo->deterministic && eo->backend == FR_BACKEND_CUDA)
+        return fr_cli_usage_error(cmd, "calibrate --deterministic runs on the CPU backend (docs/determinism.md)");
     /* Calibration's deterministic passes exist on the CPU: auto picks it there. */
-    if (!rc && fr_backend_pick(eo.deterministic ? FR_BACKEND_CPU : eo.backend, &backend))
-        rc = fr_cli_usage_error(cmd, "%s", fr_last_error());
-    if (rc) { free(files); return rc; }
-    co.kv = eo.kv;
-    co.chunk = eo.chunk;
-    co.deterministic = eo.deterministic;
+    if (fr_backend_pick(eo->deterministic ? FR_BACKEND_CPU : eo->backend, backend)) return fr_cli_fail(cmd, 2);
+    co->kv = eo->kv;
+    co->chunk = eo->chunk;
+    co->deterministic = eo->deterministic;
+    return 0;
+}
 
+/* The model and texts loaded, the calibration run and written. */
+static fr_status calibrate(const fr_engine_opts *eo, fr_backend backend, fr_calib_opts *co, const fr_opt_value *files,
+                           const char *out)
+{
+    const int n_files = files->n;
     fr_model *m = NULL;
     int **texts = calloc((size_t)n_files, sizeof *texts), *lens = calloc((size_t)n_files, sizeof(int));
     fr_calib c = {0};
     fr_calib_report rep = {0};
     fr_status st = texts && lens ? FR_OK : fr_fail(FR_ENOMEM, "out of memory");
-    if (!st) st = fr_model_load(eo.model, &m);
-    for (int i = 0; i < n_files && !st; i++) st = fr_byte_text_read(&m->cfg, files[i], 0, &texts[i], &lens[i]);
+    if (!st) st = fr_model_load(eo->model, &m);
+    for (int i = 0; i < n_files && !st; i++) st = fr_byte_text_read(&m->cfg, files->list[i], 0, &texts[i], &lens[i]);
 #ifdef FR_HAVE_CUDA
     struct fr_weights_gpu *gpu = NULL;
-    if (!st && backend == FR_BACKEND_CUDA && !(st = fr_weights_gpu_from_model(m, &gpu))) co.gpu = gpu;
+    if (!st && backend == FR_BACKEND_CUDA && !(st = fr_weights_gpu_from_model(m, &gpu))) co->gpu = gpu;
 #endif
-    if (!st && co.verbose) fprintf(stderr, "calibrate: on the %s backend\n", fr_backend_name(backend));
-    if (!st) st = fr_calibrate(m, &co, n_files, (const int *const *)texts, lens, &c, &rep);
+    if (!st && co->verbose) fprintf(stderr, "calibrate: on the %s backend\n", fr_backend_name(backend));
+    if (!st) st = fr_calibrate(m, co, n_files, (const int *const *)texts, lens, &c, &rep);
 #ifdef FR_HAVE_CUDA
     fr_weights_gpu_destroy(&gpu);
 #endif
     if (!st) st = fr_calib_save(out, fr_model_calib_dims(&m->cfg), &c);
-    if (!st) summarize(out, &m->cfg, &co, n_files, &c, &rep);
-    if (st) fprintf(stderr, "fp4rollout calibrate: %s\n", fr_last_error());
+    if (!st) summarize(out, &m->cfg, co, n_files, &c, &rep);
     for (int i = 0; texts && i < n_files; i++) free(texts[i]);
-    free(texts); free(lens); free(files);
+    free(texts);
+    free(lens);
     fr_calib_free(&c);
     fr_calib_report_free(&rep);
     fr_model_destroy(&m);
-    return st ? 1 : 0;
+    return st;
+}
+
+int fr_cli_calibrate(int argc, char **argv)
+{
+    const fr_cmd cmd = FR_CMD_CALIBRATE;
+    fr_cli_values *v;
+    fr_engine_opts eo;
+    fr_calib_opts co;
+    fr_backend backend = FR_BACKEND_CPU;
+    int rc;
+    if (fr_cli_parse(cmd, fr_calibrate_usage, argc, argv, &v, &rc)) return rc;
+    fr_cli_engine_opts_get(v, &eo);
+    fr_calib_opts_default(&co);
+    if (fr_opt_given(v, FR_O_CONTEXT)) co.context = fr_opt_int(v, FR_O_CONTEXT);
+    co.seed_tokens = fr_opt_int(v, FR_O_SEED_TOKENS);
+    co.continue_tokens = fr_opt_int(v, FR_O_CONTINUE);
+    co.tau_steps = fr_opt_int(v, FR_O_TAU_STEPS);
+    co.verbose = !fr_opt_int(v, FR_O_QUIET);
+    if ((rc = calib_opts(cmd, &eo, &co, &backend))) return rc;
+    if (calibrate(&eo, backend, &co, fr_opt_val(v, FR_O_TEXTS), fr_opt_str(v, FR_O_OUT))) return fr_cli_fail(cmd, 1);
+    return 0;
 }

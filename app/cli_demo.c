@@ -12,7 +12,7 @@
 
 enum { N_TOK = 1024, D = 128, G = 4, N_QUERY = 8 };
 
-static const char usage_text[] =
+const char fr_demo_usage[] =
     "usage: fp4rollout demo [--seed S]\n"
     "\n"
     "Builds a demo key/value tensor (1024 tokens x 128 channels, outlier\n"
@@ -147,30 +147,18 @@ static int attention_table(const float *k, const float *v, const float *q, const
     return rc;
 }
 
-/* The options of this command (app/cli_args.c reads them with getopt_long). */
-static const struct option own_opts[] = {
-    {"seed", required_argument, 0, 0}, {0, 0, 0, 0},
-};
-
 int fr_cli_demo(int argc, char **argv)
 {
-    int seed = 1;
-    if (fr_cli_wants_help(argc, argv)) { fputs(usage_text, stdout); return 0; }
-    if (fr_cli_args("demo", &argc, &argv, (const struct option *const[]){own_opts, NULL})) return 2;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc) {
-            if (fr_cli_int("demo", "--seed", argv[++i], 0, 1L << 30, &seed)) return 2;
-        } else {
-            return fr_cli_usage_error("demo", "unknown or incomplete option '%s'", argv[i]);
-        }
-    }
-    rng_state = (uint64_t)seed;
+    fr_cli_values *opts;
+    int rc;
+    if (fr_cli_parse(FR_CMD_DEMO, fr_demo_usage, argc, argv, &opts, &rc)) return rc;
+    rng_state = (uint64_t)fr_opt_int(opts, FR_O_DEMO_SEED);
     float *k = malloc(sizeof(float) * (N_TOK * D * 2 + N_QUERY * G * D + D));
     if (!k) { fprintf(stderr, "fp4rollout demo: out of memory\n"); return 1; }
     float *v = k + N_TOK * D, *q = v + N_TOK * D, *mu = q + N_QUERY * G * D;
     make_tensors(k, v, q, mu);
     key_table(k, mu);
-    int rc = attention_table(k, v, q, mu);
+    rc = attention_table(k, v, q, mu);
     free(k);
     return rc;
 }

@@ -13,7 +13,7 @@
 #include "rollout/engine/session.h"
 #include "app/tp_launch.h"
 
-static const char usage_text[] =
+const char fr_eval_kl_usage[] =
     "usage: fp4rollout eval-kl --model M --texts FILE... [--calib FILE]\n"
     "                          [--configs LIST] [--ablation] [--tokens N] [--json]\n"
     "                          [--quiet] [--backend B] [--tp N] [--deterministic]\n"
@@ -32,30 +32,14 @@ static const char usage_text[] =
     "each position (neighbouring positions are correlated, so it overstates\n"
     "significance; a guide when there are few texts).\n"
     "\n"
-    "  --model M            checkpoint directory (or synthetic:tiny[:SEED])\n"
-    "  --texts FILE...      evaluation texts: every argument up to the next option\n"
-    "  --calib FILE         calibration file from fp4rollout calibrate (key mean,\n"
-    "                       tau, FP8 scales); without it the key mean is zero, tau\n"
-    "                       21/1024 and the FP8 scales 1 (a warning says so)\n"
-    "  --configs LIST       comma-separated configurations (default\n"
-    "                       " FR_EVAL_DEFAULT_CONFIGS ")\n"
-    "  --ablation           the leave-one-out ablation (paper Table 8): every nvfp4\n"
-    "                       or mxfp4 entry of the list (default nvfp4) is followed\n"
-    "                       by its six -no-X variants\n"
-    "  --tokens N           use only the first N tokens of each text (BOS included;\n"
-    "                       default: whole texts, up to the context window)\n"
-    "  --json               one JSON object per configuration instead of the table\n"
-    "  --quiet              no progress on stderr\n"
-    "  --backend B          auto (default: cuda when a GPU is present), cpu or cuda;\n"
-    "                       on cuda every pass (reference included) runs the GPU\n"
-    "                       kernels, and the default list leaves out f32 (CPU only)\n"
-    "  --tp N               tensor parallel over N ranks (CPU backend; launch with\n"
-    "                       mpirun -np N, or a multiple: every engine evaluates, world\n"
-    "                       rank 0 prints; docs/tensor_parallel.md)\n"
-    "  --deterministic      every text's figures bitwise the same whatever other\n"
-    "                       texts are evaluated beside it, at any BLAS thread count\n"
-    "                       or x86-64 CPU (CPU backend; --backend auto then picks the\n"
-    "                       CPU; docs/determinism.md)\n"
+    "On --backend cuda every pass (reference included) runs the GPU kernels, and\n"
+    "the default list leaves out f32 (CPU only). --tp N runs tensor parallel over\n"
+    "N ranks on the CPU backend (launch with mpirun -np N, or a multiple: every\n"
+    "engine evaluates, world rank 0 prints; docs/tensor_parallel.md).\n"
+    "--deterministic makes every text's figures bitwise the same whatever other\n"
+    "texts are evaluated beside it, at any BLAS thread count or x86-64 CPU (CPU\n"
+    "backend; --backend auto then picks the CPU; docs/determinism.md). --json\n"
+    "prints one JSON object per configuration instead of the table.\n"
     "\n"
     "configurations:\n"
     "  bf16                 BF16 KV: the reference rerun (0 on this deterministic path)\n"
@@ -159,131 +143,112 @@ static void print_table(const fr_eval_kl_report *r, const char *model, const cha
     }
 }
 
-/* The options of this command (app/cli_args.c reads them with getopt_long). */
-static const struct option own_opts[] = {
-    {"texts", required_argument, 0, 0}, {"model", required_argument, 0, 0},
-    {"calib", required_argument, 0, 0}, {"configs", required_argument, 0, 0},
-    {"tokens", required_argument, 0, 0}, {"ablation", no_argument, 0, 0}, {"json", no_argument, 0, 0},
-    {"quiet", no_argument, 0, 0}, {"backend", required_argument, 0, 0}, {"tp", required_argument, 0, 0},
-    {"deterministic", no_argument, 0, 0}, {0, 0, 0, 0},
-};
-
-int fr_cli_eval_kl(int argc, char **argv)
+/* The backend and the configurations: 0, or the exit status after
+ * printing why they cannot go together. */
+static int pick(fr_cmd cmd, const fr_cli_values *v, int *on_gpu, fr_eval_config **cfgs, int *n_cfgs)
 {
-    const char *cmd = "eval-kl", *model = NULL, *calib_path = NULL, *configs = NULL;
-    int tokens = 0, ablation = 0, json = 0, verbose = 1, tp = 1, deterministic = 0;
-    const char *backend = "auto";
-    if (fr_cli_wants_help(argc, argv)) {
-        printf("%s", usage_text);
-        return 0;
-    }
-    if (fr_cli_args(cmd, &argc, &argv, (const struct option *const[]){own_opts, NULL})) return 2;
-    const char **files = calloc((size_t)argc, sizeof *files);
-    int n_files = 0;
-    if (!files) return fr_cli_usage_error(cmd, "out of memory");
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-        if (strcmp(a, "--texts") == 0) {
-            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) files[n_files++] = argv[++i];
-        } else if (strcmp(a, "--model") == 0 && v) model = argv[++i];
-        else if (strcmp(a, "--calib") == 0 && v) calib_path = argv[++i];
-        else if (strcmp(a, "--configs") == 0 && v) configs = argv[++i];
-        else if (strcmp(a, "--tokens") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 1, 1 << 24, &tokens);
-        else if (strcmp(a, "--ablation") == 0) ablation = 1;
-        else if (strcmp(a, "--json") == 0) json = 1;
-        else if (strcmp(a, "--quiet") == 0) verbose = 0;
-        else if (strcmp(a, "--deterministic") == 0) deterministic = 1;
-        else if (strcmp(a, "--backend") == 0 && v) backend = argv[++i];
-        else if (strcmp(a, "--tp") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 1, 1024, &tp);
-        else { free(files); return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", a); }
-        if (bad) { free(files); return 2; }
-    }
-    fr_eval_config *cfgs = NULL;
-    int n_cfgs = 0, rc = 0, on_gpu = 0;
-    fr_backend want = FR_BACKEND_AUTO, picked = FR_BACKEND_CPU;
-    if (strcmp(backend, "cuda") == 0) want = FR_BACKEND_CUDA;
-    else if (strcmp(backend, "cpu") == 0) want = FR_BACKEND_CPU;
-    else if (strcmp(backend, "auto") != 0) {
-        free(files);
-        return fr_cli_usage_error(cmd, "unknown backend '%s' (expected auto, cpu or cuda)", backend);
-    }
-    if (deterministic && want == FR_BACKEND_CUDA) {
-        free(files);
+    const int tp = fr_opt_int(v, FR_O_TP), deterministic = fr_opt_int(v, FR_O_DETERMINISTIC);
+    fr_backend want = (fr_backend)fr_opt_int(v, FR_O_BACKEND), picked = FR_BACKEND_CPU;
+    if (deterministic && want == FR_BACKEND_CUDA)
         return fr_cli_usage_error(cmd, "--deterministic runs on the CPU backend only so far (--backend cpu)");
-    }
-    if (deterministic) want = FR_BACKEND_CPU;   /* auto: the backend that has the mode */
-    if (fr_backend_pick(want, &picked)) {
-        free(files);
-        return fr_cli_usage_error(cmd, "%s", fr_last_error());
-    }
-    on_gpu = picked == FR_BACKEND_CUDA;
-    if (tp > 1 && want == FR_BACKEND_CUDA) {
-        free(files);
+    if (tp > 1 && want == FR_BACKEND_CUDA)
         return fr_cli_usage_error(cmd, "--tp %d: eval-kl runs tensor parallel on the CPU backend (--backend cpu)", tp);
-    }
-    if (tp > 1) on_gpu = 0;
-    if (on_gpu && !configs) configs = "fp8,nvfp4,nvfp4-vanilla,nvfp4-kv,mxfp4,mxfp4-vanilla,mxfp4-kv";
-    if (!model) rc = fr_cli_usage_error(cmd, "--model is required");
-    else if (n_files == 0) rc = fr_cli_usage_error(cmd, "--texts needs at least one file");
-    else if (fr_eval_config_list(configs, ablation, &cfgs, &n_cfgs))
-        rc = fr_cli_usage_error(cmd, "%s", fr_last_error());
-    if (rc) { free(files); return rc; }
+    if (deterministic) want = FR_BACKEND_CPU;   /* auto: the backend that has the mode */
+    if (fr_backend_pick(want, &picked)) return fr_cli_fail(cmd, 2);
+    *on_gpu = picked == FR_BACKEND_CUDA && tp == 1;
+    const char *configs = fr_opt_str(v, FR_O_CONFIGS);
+    if (*on_gpu && !configs) configs = "fp8,nvfp4,nvfp4-vanilla,nvfp4-kv,mxfp4,mxfp4-vanilla,mxfp4-kv";
+    if (fr_eval_config_list(configs, fr_opt_int(v, FR_O_ABLATION), cfgs, n_cfgs)) return fr_cli_fail(cmd, 2);
+    return 0;
+}
 
-    fr_tp_launch tl;
-    if (fr_tp_launch_open(tp, &tl)) {
-        fprintf(stderr, "fp4rollout eval-kl: %s\n", fr_last_error());
-        free(files); free(cfgs);
-        return 1;
+/* Without a calibration file the figures use zero key means, the default
+ * tau and FP8 scales of 1: say so where a configuration depends on them. */
+static void warn_calib(const fr_eval_config *cfgs, int n_cfgs, const fr_calib *calib, const char *calib_path)
+{
+    int fp4 = 0, fp8 = 0;
+    for (int i = 0; i < n_cfgs; i++) {
+        fp4 |= fr_kv_dtype_is_fp4(cfgs[i].kv) && cfgs[i].recipe.smooth;
+        fp8 |= cfgs[i].kv == FR_KV_FP8;
     }
-    const fr_tp rank = {.rank = tl.group ? tl.group->layout.tp_rank : 0, .size = tp, .group = tl.group};
-    if (!tl.output_rank) verbose = 0;
-    fr_model *m = NULL;
-    fr_calib calib = {0};
-    int has_calib = 0;
-    int **texts = calloc((size_t)n_files, sizeof *texts), *lens = calloc((size_t)n_files, sizeof(int));
-    fr_eval_kl_report rep = {0};
-    fr_status st = texts && lens ? FR_OK : fr_fail(FR_ENOMEM, "out of memory");
-    if (!st) st = fr_model_load(model, &m);
-    for (int i = 0; i < n_files && !st; i++) st = fr_byte_text_read(&m->cfg, files[i], tokens, &texts[i], &lens[i]);
-    if (!st && calib_path && !(st = fr_calib_load(calib_path, fr_model_calib_dims(&m->cfg), &calib))) has_calib = 1;
-    if (!st && !has_calib && tl.output_rank) {
-        int fp4 = 0, fp8 = 0;
-        for (int i = 0; i < n_cfgs; i++) {
-            fp4 |= fr_kv_dtype_is_fp4(cfgs[i].kv) && cfgs[i].recipe.smooth;
-            fp8 |= cfgs[i].kv == FR_KV_FP8;
-        }
-        if (fp4) fprintf(stderr, "fp4rollout eval-kl: warning: no --calib: the key mean is zero (no smoothing) "
-                                 "and tau the default 21/1024\n");
-        if (fp8) fprintf(stderr, "fp4rollout eval-kl: warning: no --calib: FP8 scales are 1.0\n");
-    }
-    if (!st && has_calib && !calib.fp8_scales && tl.output_rank)
-        for (int i = 0; i < n_cfgs; i++)
-            if (cfgs[i].kv == FR_KV_FP8) {
-                fprintf(stderr, "fp4rollout eval-kl: warning: %s has no fp8_scales: FP8 scales are 1.0\n",
-                        calib_path);
-                break;
-            }
+    if (!calib_path && fp4)
+        fprintf(stderr, "fp4rollout eval-kl: warning: no --calib: the key mean is zero (no smoothing) and tau the "
+                        "default 21/1024\n");
+    if (!calib_path && fp8) fprintf(stderr, "fp4rollout eval-kl: warning: no --calib: FP8 scales are 1.0\n");
+    if (calib_path && !calib->fp8_scales && fp8)
+        fprintf(stderr, "fp4rollout eval-kl: warning: %s has no fp8_scales: FP8 scales are 1.0\n", calib_path);
+}
+
+/* One evaluation: the inputs loaded, every configuration run, the report printed. */
+typedef struct {
+    const fr_cli_values *v;
+    const fr_tp_launch *tl;
+    const fr_eval_config *cfgs;
+    int n_cfgs, on_gpu;
+} eval_run;
+
+static fr_status evaluate(const eval_run *e, fr_model *m, int **texts, int *lens, fr_calib *calib)
+{
+    const fr_cli_values *v = e->v;
+    const char *model = fr_opt_str(v, FR_O_MODEL), *calib_path = fr_opt_str(v, FR_O_CALIB);
+    const fr_opt_value *files = fr_opt_val(v, FR_O_TEXTS);
+    const int tp = fr_opt_int(v, FR_O_TP), tokens = fr_opt_given(v, FR_O_TOKENS) ? fr_opt_int(v, FR_O_TOKENS) : 0;
+    fr_status st = FR_OK;
+    for (int i = 0; i < files->n && !st; i++)
+        st = fr_byte_text_read(&m->cfg, files->list[i], tokens, &texts[i], &lens[i]);
+    if (!st && calib_path) st = fr_calib_load(calib_path, fr_model_calib_dims(&m->cfg), calib);
+    if (!st && e->tl->output_rank) warn_calib(e->cfgs, e->n_cfgs, calib, calib_path);
     struct fr_weights_gpu *gpu = NULL;
 #ifdef FR_HAVE_CUDA
-    if (!st && on_gpu) st = fr_weights_gpu_from_model(m, &gpu);
+    if (!st && e->on_gpu) st = fr_weights_gpu_from_model(m, &gpu);
 #endif
+    const fr_tp rank = {.rank = e->tl->group ? e->tl->group->layout.tp_rank : 0, .size = tp, .group = e->tl->group};
+    fr_eval_kl_report rep = {0};
     if (!st) {
-        fr_eval_kl_params p = {.n_texts = n_files, .texts = (const int *const *)texts, .lens = lens,
-                               .configs = cfgs, .n_configs = n_cfgs, .calib = has_calib ? &calib : NULL,
-                               .verbose = verbose, .gpu = gpu, .tp = &rank, .deterministic = deterministic};
+        fr_eval_kl_params p = {.n_texts = files->n, .texts = (const int *const *)texts, .lens = lens,
+                               .configs = e->cfgs, .n_configs = e->n_cfgs, .calib = calib_path ? calib : NULL,
+                               .verbose = e->tl->output_rank && !fr_opt_int(v, FR_O_QUIET), .gpu = gpu, .tp = &rank,
+                               .deterministic = fr_opt_int(v, FR_O_DETERMINISTIC)};
         st = fr_eval_kl(m, &p, &rep);
     }
 #ifdef FR_HAVE_CUDA
     fr_weights_gpu_destroy(&gpu);
 #endif
-    if (!st && json && tl.output_rank) print_json(&rep, model, has_calib ? calib_path : NULL);
-    if (!st && !json && tl.output_rank) print_table(&rep, model, has_calib ? calib_path : NULL, &calib);
-    if (st) fprintf(stderr, "fp4rollout eval-kl: %s\n", fr_last_error());
+    if (!st && e->tl->output_rank) {
+        if (fr_opt_int(v, FR_O_JSON)) print_json(&rep, model, calib_path);
+        else print_table(&rep, model, calib_path, calib);
+    }
     fr_eval_kl_report_free(&rep);
+    return st;
+}
+
+int fr_cli_eval_kl(int argc, char **argv)
+{
+    const fr_cmd cmd = FR_CMD_EVAL_KL;
+    fr_cli_values *v;
+    fr_eval_config *cfgs = NULL;
+    int n_cfgs = 0, on_gpu = 0, rc;
+    if (fr_cli_parse(cmd, fr_eval_kl_usage, argc, argv, &v, &rc)) return rc;
+    if ((rc = pick(cmd, v, &on_gpu, &cfgs, &n_cfgs))) return rc;
+    fr_tp_launch tl;
+    if ((rc = fr_cli_launch(cmd, fr_opt_int(v, FR_O_TP), &tl))) {
+        free(cfgs);
+        return rc;
+    }
+    const int n_files = fr_opt_val(v, FR_O_TEXTS)->n;
+    int **texts = calloc((size_t)n_files, sizeof *texts), *lens = calloc((size_t)n_files, sizeof(int));
+    fr_model *m = NULL;
+    fr_calib calib = {0};
+    fr_status st = texts && lens ? FR_OK : fr_fail(FR_ENOMEM, "out of memory");
+    if (!st) st = fr_model_load(fr_opt_str(v, FR_O_MODEL), &m);
+    const eval_run e = {.v = v, .tl = &tl, .cfgs = cfgs, .n_cfgs = n_cfgs, .on_gpu = on_gpu};
+    if (!st) st = evaluate(&e, m, texts, lens, &calib);
+    if (st) fr_cli_fail(cmd, 1);
     for (int i = 0; texts && i < n_files; i++) free(texts[i]);
-    free(texts); free(lens); free(files); free(cfgs);
-    if (has_calib) fr_calib_free(&calib);
+    free(texts);
+    free(lens);
+    free(cfgs);
+    fr_calib_free(&calib);
     fr_model_destroy(&m);
     fflush(stdout);
     fr_tp_launch_close(&tl);

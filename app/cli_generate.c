@@ -9,49 +9,21 @@
 #include "rollout/engine/session.h"
 #include "app/tp_launch.h"
 
-static const char usage_text[] =
-    "usage: fp4rollout generate [--model M] (--prompt TEXT | --prompt-ids IDS | --prompt-file F)\n"
+const char fr_generate_usage[] =
+    "usage: fp4rollout generate [--prompt TEXT | --prompt-ids IDS | --prompt-file F]\n"
     "                           [--n N] [--max-tokens N] [--greedy | --temperature T\n"
     "                           --top-p P --top-k K] [--seed S [--first-sample I]]\n"
-    "                           [--stop-ids IDS] [--min-tokens N] [--logprobs K]\n"
-    "                           [--prompt-logprobs]\n"
-    "                           [--ignore-eos] [--json] [engine options]\n"
+    "                           [--json] [more sampling options] [engine options]\n"
     "\n"
-    "Samples N continuations of the prompt. Each token's log-prob is the\n"
-    "full-vocabulary log-softmax of logits / temperature at that token (temperature\n"
-    "1 when greedy), whatever top-k and top-p kept: the quantity trainers recompute.\n"
-    "With --tp N under mpirun, every rank runs the same steps and draws (on the\n"
-    "full gathered logits) and world rank 0 prints.\n"
-    "\n"
-    "  --prompt TEXT        the prompt as text, for byte-level models (the bundled\n"
-    "                       demo model, tq6): BOS, then the text's bytes. Other\n"
-    "                       models need token ids (--prompt-ids, --prompt-file)\n"
-    "  --prompt-ids IDS     comma-separated token ids (default: 256,104,101,108,108,111,\n"
-    "                       BOS and \"hello\" in bytes)\n"
-    "  --prompt-file F      a file of token ids\n"
-    "  --n N                samples (default 1)\n"
-    "  --max-tokens N       new tokens per sample (default 64)\n"
-    "  --greedy             argmax decoding (the default when no temperature is set)\n"
-    "  --temperature T      sampling temperature (> 0)\n"
-    "  --top-p P            nucleus sampling (0 < P <= 1, default 1)\n"
-    "  --top-k K            keep the K most likely tokens (0 = off, default)\n"
-    "  --seed S             sampling seed, 0 to 2^64 - 1 (default: a fresh one from\n"
-    "                       the operating system); same seed, same tokens. The seed\n"
-    "                       used is printed on stderr and in each JSON line\n"
-    "  --first-sample I     number the samples I, I+1, ... (default 0): sample i draws\n"
-    "                       from stream i of the seed, so --seed S --first-sample I\n"
-    "                       --n 1 replays sample I of a run with seed S\n"
-    "  --stop-ids IDS       tokens that end a sample (default: the model's EOS ids)\n"
-    "  --ignore-eos         do not stop at the model's EOS ids\n"
-    "  --min-tokens N       bar the stop ids (EOS included) until N tokens were drawn\n"
-    "  --logprobs K         with --json, every token's K (<= 20) most likely tokens\n"
-    "                       and their log-probs: top_logprobs, [[id, logprob], ...]\n"
-    "                       per token, best first (docs/sampling.md)\n"
-    "  --prompt-logprobs    with --json, the prompt tokens' log-probs in the first\n"
-    "                       sample's line: prompt_logprobs, null for the first token\n"
-    "  --json               one JSON line per sample: sample, token_ids, logprobs,\n"
-    "                       finish_reason (stop | length), seed\n"
-    "engine options:\n";
+    "Samples N continuations of the prompt, sharing its prefill and full KV pages,\n"
+    "decoded together. Without a prompt option the prompt is BOS and \"hello\" in\n"
+    "bytes (256,104,101,108,108,111). Each token's log-prob is the full-vocabulary\n"
+    "log-softmax of logits / temperature at that token (temperature 1 when greedy),\n"
+    "whatever top-k and top-p kept: the quantity trainers recompute. With --tp N\n"
+    "under mpirun, every rank runs the same steps and draws (on the full gathered\n"
+    "logits) and world rank 0 prints. --json prints one line per sample: sample,\n"
+    "token_ids, logprobs, finish_reason (stop | length), seed, and with the\n"
+    "log-prob options top_logprobs and prompt_logprobs.\n";
 
 typedef struct {
     int seq, n, done;
@@ -262,117 +234,109 @@ static fr_status run_samples(gen_run *g, float *plp)
     return st;
 }
 
-/* The options of this command (app/cli_args.c reads them with getopt_long). */
-static const struct option own_opts[] = {
-    {"prompt-ids", required_argument, 0, 0}, {"prompt-file", required_argument, 0, 0},
-    {"prompt", required_argument, 0, 0}, {0, 0, 0, 0},
-};
+
+/* The prompt: --prompt's bytes, --prompt-ids, --prompt-file's ids, or the
+ * default; *owned is what the caller frees. 0, or the exit status after
+ * printing why. */
+static int read_prompt(fr_cmd cmd, const fr_cli_values *v, const int **ids, int *n, int **owned)
+{
+    const fr_opt_value *given = fr_opt_val(v, FR_O_PROMPT_IDS);
+    fr_status st = FR_OK;
+    *owned = NULL;
+    if (fr_opt_given(v, FR_O_PROMPT) + given->given + fr_opt_given(v, FR_O_PROMPT_FILE) > 1)
+        return fr_cli_usage_error(cmd, "give one of --prompt, --prompt-ids and --prompt-file");
+    if (given->given) {
+        *ids = given->ids;
+        *n = given->n;
+        return 0;
+    }
+    if (fr_opt_given(v, FR_O_PROMPT_FILE)) st = fr_cli_ids_file(fr_opt_str(v, FR_O_PROMPT_FILE), owned, n);
+    else if (fr_opt_given(v, FR_O_PROMPT)) st = fr_cli_byte_prompt(fr_opt_str(v, FR_O_PROMPT), owned, n);
+    else st = fr_parse_ids("256,104,101,108,108,111", owned, n);
+    *ids = *owned;
+    return st ? fr_cli_fail(cmd, fr_opt_given(v, FR_O_PROMPT_FILE) ? 1 : 2) : 0;
+}
+
+/* The request against the model: what the command line asks that this
+ * model cannot do is a usage error (2); a prompt file it refuses, a
+ * runtime failure (1). 0 when it can run. */
+static int check_request(fr_cmd cmd, const fr_cli_values *v, const fr_model_config *mc, gen_run *g)
+{
+    const int from_file = fr_opt_given(v, FR_O_PROMPT_FILE);
+    if (fr_opt_given(v, FR_O_PROMPT) && !fr_cli_byte_model(mc))
+        return fr_cli_usage_error(cmd, "--prompt TEXT needs a byte-level model (ids 0-255 bytes, BOS 256); this "
+                                       "model has its own tokenizer: give the prompt's ids with --prompt-ids or "
+                                       "--prompt-file");
+    if (fr_check_prompt(mc, g->ids, g->n_ids, 0)) return fr_cli_fail(cmd, from_file ? 1 : 2);
+    if (g->n_ids + g->max_tokens > mc->max_position) g->max_tokens = mc->max_position - g->n_ids;
+    if (g->h.min_tokens > g->max_tokens)
+        return fr_cli_usage_error(cmd, "--min-tokens %d exceeds the %d tokens the context window leaves",
+                                  g->h.min_tokens, g->max_tokens);
+    if (fr_sampling_params_check(&g->sp, mc->vocab_size)) return fr_cli_fail(cmd, 2);
+    if (g->h.top_n > mc->vocab_size)
+        return fr_cli_usage_error(cmd, "--logprobs %d exceeds the vocabulary of %d", g->h.top_n, mc->vocab_size);
+    return 0;
+}
+
+/* Every sample drawn, then printed on the output rank. */
+static int generate(fr_cmd cmd, const fr_cli_sampling *so, const fr_tp_launch *tl, gen_run *g)
+{
+    const fr_model_config *mc = &g->s->model->cfg;
+    float *plp = NULL;
+    fr_status st = FR_OK;
+    if (so->prompt_logprobs && !(plp = malloc(sizeof(float) * (size_t)(g->n_ids > 1 ? g->n_ids - 1 : 1))))
+        st = fr_fail(FR_ENOMEM, "out of memory");
+    if (!st) st = run_samples(g, plp);
+    if (!st && tl->output_rank)
+        for (int i = 0; i < g->n_samples; i++)
+            print_sample(&g->smp[i], g->first + i, so->json, g->sp.seed, fr_cli_byte_model(mc), so->logprobs,
+                         i == 0 ? plp : NULL, g->n_ids - 1);
+    free(plp);
+    return st ? fr_cli_fail(cmd, 1) : 0;
+}
 
 int fr_cli_generate(int argc, char **argv)
 {
-    const char *cmd = "generate", *ids_text = NULL, *ids_file = NULL, *prompt_text = NULL;
+    const fr_cmd cmd = FR_CMD_GENERATE;
+    fr_cli_values *v;
     fr_cli_sampling so;
-    fr_cli_sampling_default(&so);
     fr_engine_opts eo;
-    fr_cli_engine_opts_default(&eo);
-    if (fr_cli_wants_help(argc, argv)) {
-        printf("%s%s", usage_text, fr_engine_opts_usage);
-        return 0;
-    }
-    if (fr_cli_args(cmd, &argc, &argv,
-                    (const struct option *const[]){own_opts, fr_cli_engine_longopts, fr_cli_sampling_longopts, NULL}))
-        return 2;
-    for (int i = 1; i < argc; i++) {
-        int r = fr_engine_opts_parse(cmd, argc, argv, &i, &eo);
-        if (r < 0) return 2;
-        if (r) continue;
-        if ((r = fr_cli_sampling_parse(cmd, argc, argv, &i, &so)) < 0) return 2;
-        if (r) continue;
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--prompt-ids") == 0 && v) ids_text = argv[++i];
-        else if (strcmp(a, "--prompt-file") == 0 && v) ids_file = argv[++i];
-        else if (strcmp(a, "--prompt") == 0 && v) prompt_text = argv[++i];
-        else return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", a);
-    }
-    if (!!ids_text + !!ids_file + !!prompt_text > 1)
-        return fr_cli_usage_error(cmd, "give one of --prompt, --prompt-ids and --prompt-file");
-    if (fr_cli_sampling_finish(cmd, &so)) return 2;
-    const char *stop_text = so.stop_text;
-    int n_samples = so.n_samples, max_tokens = so.max_tokens, json = so.json, ignore_eos = so.ignore_eos;
-    fr_sampling_params sp = so.sp;
-    const int first = so.first_sample;
-
-    int *ids = NULL, n_ids = 0, *stop = NULL, n_stop = 0;
-    fr_status st = FR_OK;
-    if (ids_file) st = fr_read_ids_file(ids_file, &ids, &n_ids);
-    else if (prompt_text) st = fr_cli_byte_prompt(prompt_text, &ids, &n_ids);
-    else st = fr_parse_ids(ids_text ? ids_text : "256,104,101,108,108,111", &ids, &n_ids);
-    if (!st && stop_text) st = fr_parse_ids(stop_text, &stop, &n_stop);
-    if (st) {
-        fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
-        free(ids);
-        return 2;
-    }
-
+    const int *ids = NULL;
+    int *owned = NULL, *stops = NULL, n_ids = 0, rc;
+    if (fr_cli_parse(cmd, fr_generate_usage, argc, argv, &v, &rc)) return rc;
+    if ((rc = fr_cli_sampling_get(cmd, v, &so)) || (rc = read_prompt(cmd, v, &ids, &n_ids, &owned))) return rc;
+    fr_cli_engine_opts_get(v, &eo);
     fr_tp_launch tl;
-    if ((st = fr_tp_launch_open(eo.tp, &tl))) {
-        fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
-        free(ids); free(stop);
-        return 1;
+    if ((rc = fr_cli_launch(cmd, eo.tp, &tl))) {
+        free(owned);
+        return rc;
     }
     eo.group = tl.group;
     /* Every rank drew its own seed when none was given: rank 0's is the run's. */
-    st = fr_tp_launch_agree_seed(&tl, &sp.seed);
-    if (!st && tl.output_rank) fr_info("generate: seed %llu", (unsigned long long)sp.seed);
+    fr_status st = fr_tp_launch_agree_seed(&tl, &so.sp.seed);
+    if (!st && tl.output_rank) fr_info("generate: seed %llu", (unsigned long long)so.sp.seed);
     fr_session s;
-    int pages = (n_ids + max_tokens + 127) / 128 + 1;
-    if (!st) st = fr_session_open(&eo, pages * n_samples + 1, n_samples, &s);
+    const int pages = (n_ids + so.max_tokens + 127) / 128 + 1;
+    if (!st) st = fr_session_open(&eo, pages * so.n_samples + 1, so.n_samples, &s);
     if (st) {
-        fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
-        free(ids); free(stop);
+        free(owned);
         fr_tp_launch_close(&tl);
-        return 1;
-    }
-    const fr_model_config *mc = &s.model->cfg;
-    const int V = mc->vocab_size;
-    if (prompt_text && !fr_cli_byte_model(mc)) {
-        fprintf(stderr, "fp4rollout generate: --prompt TEXT needs a byte-level model (ids 0-255 bytes, BOS 256); "
-                        "this model has its own tokenizer: give the prompt's ids with --prompt-ids or --prompt-file\n");
-        free(ids); free(stop);
-        fr_session_close(&s);
-        fr_tp_launch_close(&tl);
-        return 2;
-    }
-    if (!stop_text && !ignore_eos) {
-        stop = malloc(sizeof(int) * (size_t)(mc->n_eos > 0 ? mc->n_eos : 1));
-        if (stop) { memcpy(stop, mc->eos_ids, sizeof(int) * (size_t)mc->n_eos); n_stop = mc->n_eos; }
+        return fr_cli_fail(cmd, 1);
     }
     /* Every sample's first token comes from the prefill's logits (all of
      * its positions' with --prompt-logprobs); with --min-tokens or
      * --logprobs every token is drawn on the host (host_draws). */
-    gen_run g = {.s = &s, .ids = ids, .n_ids = n_ids, .n_samples = n_samples, .first = first, .chunk = eo.chunk,
-                 .max_tokens = max_tokens, .stop = stop, .n_stop = n_stop, .sp = sp,
+    if (fr_cli_default_stops(&s.model->cfg, &so, &stops)) rc = fr_cli_fail(cmd, 1);
+    gen_run g = {.s = &s, .ids = ids, .n_ids = n_ids, .n_samples = so.n_samples, .first = so.first_sample,
+                 .chunk = eo.chunk, .max_tokens = so.max_tokens, .stop = so.stop, .n_stop = so.n_stop, .sp = so.sp,
                  .h = {.on = so.min_tokens > 0 || so.logprobs > 0, .min_tokens = so.min_tokens, .top_n = so.logprobs,
-                       .stop = stop, .n_stop = n_stop}};
-    if (!st) st = fr_check_prompt(mc, ids, n_ids, 0);
-    if (!st && n_ids + max_tokens > mc->max_position) g.max_tokens = mc->max_position - n_ids;
-    if (!st && so.min_tokens > g.max_tokens)
-        st = fr_fail(FR_EINVAL, "--min-tokens %d exceeds the %d tokens the context window leaves", so.min_tokens,
-                     g.max_tokens);
-    if (!st) st = fr_sampling_params_check(&sp, V);
-    if (!st && so.logprobs > V) st = fr_fail(FR_EINVAL, "--logprobs %d exceeds the vocabulary of %d", so.logprobs, V);
-    float *plp = NULL;
-    if (!st && so.prompt_logprobs && !(plp = malloc(sizeof(float) * (size_t)(n_ids > 1 ? n_ids - 1 : 1))))
-        st = fr_fail(FR_ENOMEM, "out of memory");
-    if (!st) st = run_samples(&g, plp);
-    if (!st && tl.output_rank)
-        for (int i = 0; i < n_samples; i++)
-            print_sample(&g.smp[i], first + i, json, sp.seed, fr_cli_byte_model(mc), so.logprobs,
-                         i == 0 ? plp : NULL, n_ids - 1);
-    if (st) fprintf(stderr, "fp4rollout generate: %s\n", fr_last_error());
+                       .stop = so.stop, .n_stop = so.n_stop}};
+    if (!rc) rc = check_request(cmd, v, &s.model->cfg, &g);
+    if (!rc) rc = generate(cmd, &so, &tl, &g);
     gen_run_free(&g);
-    free(plp); free(ids); free(stop);
+    free(owned);
+    free(stops);
     fr_session_close(&s);
     fr_tp_launch_close(&tl);
-    return st ? 1 : 0;
+    return rc;
 }

@@ -15,12 +15,11 @@
 #include "rollout/engine/session.h"
 #include "app/tp_launch.h"
 
-static const char usage_text[] =
+const char fr_rollout_usage[] =
     "usage: fp4rollout rollout --prompts FILE [--n N] [--max-tokens N]\n"
     "                          [--greedy | --temperature T --top-p P --top-k K]\n"
-    "                          [--seed S [--first-sample I]] [--stop-ids IDS] [--ignore-eos]\n"
-    "                          [--min-tokens N] [--logprobs K] [--prompt-logprobs]\n"
-    "                          [--max-seqs N] [--kv-blocks N] [--kl-sample-rate R] [--json]\n"
+    "                          [--seed S [--first-sample I]] [--max-seqs N] [--kv-blocks N]\n"
+    "                          [--kl-sample-rate R] [--json] [more sampling options]\n"
     "                          [engine options]\n"
     "\n"
     "Runs every prompt of FILE through the continuous-batching scheduler\n"
@@ -30,42 +29,10 @@ static const char usage_text[] =
     "Under mpirun -np W with --tp T, the W / T engines split the prompts (engine\n"
     "e takes prompts i with i % engines == e) and world rank 0 prints every\n"
     "sample at the end, in request order, and one stats line for all engines.\n"
-    "\n"
-    "  --prompts FILE       one prompt per line, comma-separated token ids; blank\n"
-    "                       lines are skipped (request indices count prompts)\n"
-    "  --n N                samples per prompt, sharing its KV pages (default 1)\n"
-    "  --max-tokens N       new tokens per sample (default 64)\n"
-    "  --greedy             argmax decoding (the default when no temperature is set)\n"
-    "  --temperature T      sampling temperature (> 0)\n"
-    "  --top-p P            nucleus sampling (0 < P <= 1, default 1)\n"
-    "  --top-k K            keep the K most likely tokens (0 = off, default)\n"
-    "  --seed S             sampling seed, 0 to 2^64 - 1 (default: a fresh one from\n"
-    "                       the operating system); the seed used is printed on\n"
-    "                       stderr and in each JSON line: give it to replay a run\n"
-    "  --first-sample I     number each prompt's samples I, I+1, ... (default 0):\n"
-    "                       sample i draws from stream i of the seed, so --seed S\n"
-    "                       --first-sample I --n 1 replays sample I alone\n"
-    "  --stop-ids IDS       tokens that end a sample (default: the model's EOS ids)\n"
-    "  --ignore-eos         do not stop at the model's EOS ids\n"
-    "  --min-tokens N       bar the stop ids (EOS included) until N tokens were drawn\n"
-    "  --logprobs K         with --json, every token's K (<= 20) most likely tokens\n"
-    "                       and their log-probs: top_logprobs, [[id, logprob], ...]\n"
-    "                       per token, best first (docs/sampling.md)\n"
-    "  --prompt-logprobs    with --json, the prompt tokens' log-probs in each\n"
-    "                       prompt's first sample: prompt_logprobs, null first\n"
-    "  --max-seqs N         sequences decoded at once (default 16)\n"
-    "  --kv-blocks N        KV cache pages of 128 tokens (default: enough for\n"
-    "                       max-seqs sequences of the longest prompt + max-tokens);\n"
-    "                       fewer makes the scheduler preempt and recompute\n"
-    "  --kl-sample-rate R   share of samples (0..1, default 0) that also run a BF16-KV\n"
-    "                       shadow: their divergence (KL over BF16's top-128, top-1\n"
-    "                       agreement) is measured at every token (docs/scheduler.md)\n"
-    "  --json               one JSON line per sample: request_id, sample, token_ids,\n"
-    "                       logprobs, finish_reason (stop | length | abort | error),\n"
-    "                       seed, and for monitored samples kl_mean, kl_max,\n"
-    "                       top1_agreement\n"
-    "                       (default: a readable line per sample)\n"
-    "engine options:\n";
+    "--json prints one line per sample: request_id, sample, token_ids, logprobs,\n"
+    "finish_reason (stop | length | abort | error), seed, for monitored samples\n"
+    "kl_mean, kl_max and top1_agreement, and with the log-prob options\n"
+    "top_logprobs and prompt_logprobs; without it, a readable line per sample.\n";
 
 /* Where finished samples go: printed at once (one process), kept as records
  * for world rank 0 (an engine leader under mpirun), or dropped (the other
@@ -182,61 +149,6 @@ static fr_status print_gathered(const char *all, const size_t *counts, int world
     return st;
 }
 
-typedef struct {
-    int **ids;
-    int *len;
-    int n, cap;
-} prompt_list;
-
-static void prompts_free(prompt_list *p)
-{
-    for (int i = 0; i < p->n; i++) free(p->ids[i]);
-    free(p->ids);
-    free(p->len);
-    memset(p, 0, sizeof *p);
-}
-
-static fr_status read_prompts(const char *path, prompt_list *p)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) return fr_fail(FR_EIO, "cannot read %s", path);
-    char *line = NULL;
-    size_t cap = 0;
-    fr_status st = FR_OK;
-    for (int lineno = 1; !st && getline(&line, &cap, f) >= 0; lineno++) {
-        int *ids, n;
-        if ((st = fr_parse_ids(line, &ids, &n))) {
-            char msg[512];
-            snprintf(msg, sizeof msg, "%s", fr_last_error());
-            st = fr_fail(st, "%s line %d: %s", path, lineno, msg);
-            break;
-        }
-        if (n == 0) {
-            free(ids);
-            continue;
-        }
-        if (p->n == p->cap) {
-            int c = p->cap ? p->cap * 2 : 16;
-            int **a = realloc(p->ids, sizeof *a * (size_t)c);
-            if (a) p->ids = a;
-            int *b = a ? realloc(p->len, sizeof *b * (size_t)c) : NULL;
-            if (b) p->len = b;
-            if (!a || !b) {
-                free(ids);
-                st = fr_fail(FR_ENOMEM, "out of memory");
-                break;
-            }
-            p->cap = c;
-        }
-        p->ids[p->n] = ids;
-        p->len[p->n++] = n;
-    }
-    free(line);
-    fclose(f);
-    if (!st && p->n == 0) st = fr_fail(FR_EINVAL, "%s holds no prompt", path);
-    return st;
-}
-
 /* Under mpirun: every rank enters the gather, failed or not; the engine
  * leaders send their engine's totals and samples (fr_sample_result_put),
  * the other ranks nothing, and world rank 0 prints every sample in request
@@ -289,12 +201,6 @@ static fr_status gather_results(const fr_tp_launch *tl, const out_ctx *oc, const
     return st;
 }
 
-/* The options of this command (app/cli_args.c reads them with getopt_long). */
-static const struct option own_opts[] = {
-    {"prompts", required_argument, 0, 0}, {"max-seqs", required_argument, 0, 0},
-    {"kv-blocks", required_argument, 0, 0}, {"kl-sample-rate", required_argument, 0, 0}, {0, 0, 0, 0},
-};
-
 /* The one-engine run's stats line (bench/monitor_cost.sh reads it). */
 static void stats_line(int n_prompts, const fr_scheduler_stats *ss, int kv_blocks, const char *backend, double run_s,
                        long long monitored, const fr_div_summary *div)
@@ -311,145 +217,138 @@ static void stats_line(int n_prompts, const fr_scheduler_stats *ss, int kv_block
             ss->shadow_start_s, ss->carried_steps, ss->graph_captures, ss->graph_capture_s);
 }
 
-int fr_cli_rollout(int argc, char **argv)
-{
-    const char *cmd = "rollout", *path = NULL;
-    int max_seqs = 16, kv_blocks = 0;
-    double kl_rate = 0.0;
-    fr_cli_sampling so;
-    fr_cli_sampling_default(&so);
-    fr_engine_opts eo;
-    fr_cli_engine_opts_default(&eo);
-    if (fr_cli_wants_help(argc, argv)) {
-        printf("%s%s", usage_text, fr_engine_opts_usage);
-        return 0;
-    }
-    static const struct option *const tables[] = {own_opts, fr_cli_engine_longopts, fr_cli_sampling_longopts, NULL};
-    if (fr_cli_args(cmd, &argc, &argv, tables)) return 2;
-    for (int i = 1; i < argc; i++) {
-        int r = fr_engine_opts_parse(cmd, argc, argv, &i, &eo);
-        if (r < 0) return 2;
-        if (r) continue;
-        if ((r = fr_cli_sampling_parse(cmd, argc, argv, &i, &so)) < 0) return 2;
-        if (r) continue;
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0;
-        if (strcmp(a, "--prompts") == 0 && v) path = argv[++i];
-        else if (strcmp(a, "--max-seqs") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 1, 1 << 16, &max_seqs);
-        else if (strcmp(a, "--kv-blocks") == 0 && v) bad = fr_cli_int(cmd, a, argv[++i], 1, 1 << 24, &kv_blocks);
-        else if (strcmp(a, "--kl-sample-rate") == 0 && v) {
-            char *end;
-            kl_rate = strtod(argv[++i], &end);
-            if (*end || !(kl_rate >= 0.0 && kl_rate <= 1.0))
-                return fr_cli_usage_error(cmd, "--kl-sample-rate expects a number in [0, 1], got '%s'", argv[i]);
-        }
-        else return fr_cli_usage_error(cmd, "unknown or incomplete option '%s'", a);
-        if (bad) return 2;
-    }
-    if (!path) return fr_cli_usage_error(cmd, "--prompts is required");
-    if (fr_cli_sampling_finish(cmd, &so)) return 2;
-    const char *stop_text = so.stop_text;
-    int n_samples = so.n_samples, max_tokens = so.max_tokens, json = so.json, ignore_eos = so.ignore_eos;
-    fr_sampling_params sp = so.sp;
 
-    prompt_list pl = {0};
-    int *stop = NULL, n_stop = 0;
-    fr_status st = read_prompts(path, &pl);
-    if (!st && stop_text) st = fr_parse_ids(stop_text, &stop, &n_stop);
-    if (st) {
-        fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
-        prompts_free(&pl);
-        free(stop);
-        return 2;
-    }
-    if (kv_blocks == 0) {
-        int longest = 0;
-        for (int i = 0; i < pl.n; i++) longest = pl.len[i] > longest ? pl.len[i] : longest;
-        kv_blocks = max_seqs * ((longest + max_tokens + 127) / 128);
-    }
-    fr_tp_launch tl;
-    if ((st = fr_tp_launch_open(eo.tp, &tl))) {
-        fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
-        prompts_free(&pl);
-        free(stop);
-        return 1;
-    }
-    eo.group = tl.group;
-    /* Every rank drew its own seed when none was given: rank 0's is the run's. */
-    st = fr_tp_launch_agree_seed(&tl, &sp.seed);
-    if (!st && tl.output_rank) fr_info("rollout: seed %llu", (unsigned long long)sp.seed);
-    fr_session s;
-    if (st || (st = fr_session_open(&eo, kv_blocks, max_seqs, &s))) {
-        fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
-        prompts_free(&pl);
-        free(stop);
-        fr_tp_launch_close(&tl);
-        return 1;
-    }
-    const fr_model_config *mc = &s.model->cfg;
-    if (!stop_text && !ignore_eos && mc->n_eos > 0) {
-        stop = malloc(sizeof(int) * (size_t)mc->n_eos);
-        if (stop) {
-            memcpy(stop, mc->eos_ids, sizeof(int) * (size_t)mc->n_eos);
-            n_stop = mc->n_eos;
-        }
-    }
-    /* Under mpirun, engine e serves prompts i with i % n_engines == e; all
-     * ranks of an engine run the same scheduler on the same share. */
-    const int multi = tl.world != NULL;
-    out_ctx oc = {.json = json, .mode = !multi ? OUT_PRINT : tl.engine_leader ? OUT_KEEP : OUT_DROP, .seed = sp.seed};
-    fr_scheduler_config sc = {.max_seqs = max_seqs, .chunk = eo.chunk, .reserve_blocks = -1, .on_done = on_done,
-                              .user = &oc, .kl_sample_rate = kl_rate};
-    fr_scheduler *sch = NULL;
-    int n_requests = 0;
-    st = fr_scheduler_new(&s, &sc, &sch);
-    for (int i = 0; !st && i < pl.n; i++) {
-        if (i % tl.n_engines != tl.engine) continue;
-        fr_request_spec r = {.id = (uint64_t)i, .group = (uint64_t)i, .prompt = pl.ids[i], .n_prompt = pl.len[i],
-            .n = n_samples, .first_sample = so.first_sample, .params = sp, .max_tokens = max_tokens, .stop_ids = stop,
-            .n_stop = n_stop, .monitor = -1, .min_tokens = so.min_tokens, .top_logprobs = so.logprobs,
-            .prompt_logprobs = so.prompt_logprobs};
-        if ((st = fr_scheduler_submit(sch, &r))) {
+/* This engine's share of the prompts (under mpirun, engine e takes the
+ * prompts i with i % n_engines == e; all ranks of an engine the same). */
+static fr_status submit_all(fr_scheduler *sch, const fr_cli_prompts *pl, const fr_tp_launch *tl,
+                            const fr_cli_sampling *so, int *n_requests)
+{
+    for (int i = 0; i < pl->n; i++) {
+        if (i % tl->n_engines != tl->engine) continue;
+        fr_request_spec r = {.id = (uint64_t)i, .group = (uint64_t)i, .prompt = pl->ids[i], .n_prompt = pl->len[i],
+                             .n = so->n_samples, .first_sample = so->first_sample, .params = so->sp,
+                             .max_tokens = so->max_tokens, .stop_ids = so->stop, .n_stop = so->n_stop,
+                             .monitor = -1, .min_tokens = so->min_tokens, .top_logprobs = so->logprobs,
+                             .prompt_logprobs = so->prompt_logprobs};
+        fr_status st = fr_scheduler_submit(sch, &r);
+        if (st) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", fr_last_error());
-            st = fr_fail(st, "prompt %d: %s", i, msg);
-        } else {
-            n_requests++;
+            return fr_fail(st, "prompt %d: %s", i, msg);
         }
+        (*n_requests)++;
     }
+    return FR_OK;
+}
+
+/* The scheduler's stats and the divergence over every weight version,
+ * then the scheduler gone (anything left in flight ends with reason abort). */
+static void finish_scheduler(fr_scheduler **sch, fr_scheduler_stats *ss, fr_div_summary *div, long long *monitored)
+{
+    fr_scheduler_stats_get(*sch, ss);
+    const fr_div_aggregates *agg = fr_scheduler_divergence(*sch);
+    for (int v = 0; v < FR_DIV_VERSIONS; v++)
+        if (agg->v[v].used) {
+            div->n += agg->v[v].all.n;
+            div->kl_sum += agg->v[v].all.kl_sum;
+            div->kl_max = fmax(div->kl_max, agg->v[v].all.kl_max);
+            div->top1_agree += agg->v[v].all.top1_agree;
+        }
+    *monitored = agg->samples;
+    fr_scheduler_destroy(sch);
+}
+
+/* One rollout: the session of this rank's engine, the prompts, and the options. */
+typedef struct {
+    fr_session *s;
+    const fr_tp_launch *tl;
+    const fr_cli_prompts *pl;
+    const fr_cli_sampling *so;
+    int max_seqs, kv_blocks, chunk, tp;
+    double kl_rate;
+} rollout_run;
+
+/* The prompts through the scheduler of this rank's engine; the samples
+ * printed (one process) or gathered on world rank 0. */
+static fr_status run_rollout(const rollout_run *run)
+{
+    fr_session *s = run->s;
+    const fr_tp_launch *tl = run->tl;
+    const fr_cli_prompts *pl = run->pl;
+    const fr_cli_sampling *so = run->so;
+    const int multi = tl->world != NULL, kv_blocks = run->kv_blocks;
+    out_ctx oc = {.json = so->json, .mode = !multi ? OUT_PRINT : tl->engine_leader ? OUT_KEEP : OUT_DROP,
+                  .seed = so->sp.seed};
+    fr_scheduler_config sc = {.max_seqs = run->max_seqs, .chunk = run->chunk, .reserve_blocks = -1,
+                              .on_done = on_done, .user = &oc, .kl_sample_rate = run->kl_rate};
+    fr_scheduler *sch = NULL;
+    int n_requests = 0;
+    fr_status st = fr_scheduler_new(s, &sc, &sch);
+    if (!st) st = submit_all(sch, pl, tl, so, &n_requests);
     const double t_run = fr_now_s();
     if (!st) st = fr_scheduler_run(sch);
     const double run_s = fr_now_s() - t_run;
-    if (st && tl.engine_leader) {
-        if (multi) fprintf(stderr, "fp4rollout rollout: engine %d: %s\n", tl.engine, fr_last_error());
+    if (st && tl->engine_leader) {
+        if (multi) fprintf(stderr, "fp4rollout rollout: engine %d: %s\n", tl->engine, fr_last_error());
         else fprintf(stderr, "fp4rollout rollout: %s\n", fr_last_error());
     }
     fr_scheduler_stats ss = {0};
-    const int had_sch = sch != NULL;
     fr_div_summary div = {0};
     long long monitored = 0;
-    if (sch) {
-        fr_scheduler_stats_get(sch, &ss);
-        const fr_div_aggregates *agg = fr_scheduler_divergence(sch);
-        for (int v = 0; v < FR_DIV_VERSIONS; v++)
-            if (agg->v[v].used) {
-                div.n += agg->v[v].all.n;
-                div.kl_sum += agg->v[v].all.kl_sum;
-                div.kl_max = fmax(div.kl_max, agg->v[v].all.kl_max);
-                div.top1_agree += agg->v[v].all.top1_agree;
-            }
-        monitored = agg->samples;
-        fr_scheduler_destroy(&sch);   /* anything left in flight ends with reason abort */
-    }
-    if (!multi && had_sch) stats_line(pl.n, &ss, kv_blocks, fr_backend_name(s.backend), run_s, monitored, &div);
-    if (multi)
-        st = gather_results(&tl, &oc, &ss, n_requests, st, eo.tp, kv_blocks, fr_backend_name(s.backend));
+    const int had_sch = sch != NULL;
+    if (sch) finish_scheduler(&sch, &ss, &div, &monitored);
+    if (!multi && had_sch) stats_line(pl->n, &ss, kv_blocks, fr_backend_name(s->backend), run_s, monitored, &div);
+    if (multi) st = gather_results(tl, &oc, &ss, n_requests, st, run->tp, kv_blocks, fr_backend_name(s->backend));
     free(oc.line.data);
     free(oc.records.data);
     fflush(stdout);
+    return st;
+}
+
+int fr_cli_rollout(int argc, char **argv)
+{
+    const fr_cmd cmd = FR_CMD_ROLLOUT;
+    fr_cli_values *v;
+    fr_cli_sampling so;
+    fr_engine_opts eo;
+    fr_cli_prompts pl = {0};
+    int rc, *stops = NULL;
+    if (fr_cli_parse(cmd, fr_rollout_usage, argc, argv, &v, &rc)) return rc;
+    if ((rc = fr_cli_sampling_get(cmd, v, &so))) return rc;
+    fr_cli_engine_opts_get(v, &eo);
+    const int max_seqs = fr_opt_int(v, FR_O_MAX_SEQS);
+    int kv_blocks = fr_opt_int(v, FR_O_KV_BLOCKS);
+    if (fr_cli_prompts_read(fr_opt_str(v, FR_O_PROMPTS), &pl)) {
+        fr_cli_prompts_free(&pl);
+        return fr_cli_fail(cmd, 1);
+    }
+    if (kv_blocks == 0) {   /* enough for max_seqs sequences of the longest prompt */
+        int longest = 0;
+        for (int i = 0; i < pl.n; i++) longest = pl.len[i] > longest ? pl.len[i] : longest;
+        kv_blocks = max_seqs * ((longest + so.max_tokens + 127) / 128);
+    }
+    fr_tp_launch tl;
+    if ((rc = fr_cli_launch(cmd, eo.tp, &tl))) {
+        fr_cli_prompts_free(&pl);
+        return rc;
+    }
+    eo.group = tl.group;
+    /* Every rank drew its own seed when none was given: rank 0's is the run's. */
+    fr_status st = fr_tp_launch_agree_seed(&tl, &so.sp.seed);
+    if (!st && tl.output_rank) fr_info("rollout: seed %llu", (unsigned long long)so.sp.seed);
+    fr_session s;
+    if (st || (st = fr_session_open(&eo, kv_blocks, max_seqs, &s))) {
+        fr_cli_prompts_free(&pl);
+        fr_tp_launch_close(&tl);
+        return fr_cli_fail(cmd, 1);
+    }
+    if ((st = fr_cli_default_stops(&s.model->cfg, &so, &stops))) fr_cli_fail(cmd, 1);
+    const rollout_run run = {.s = &s, .tl = &tl, .pl = &pl, .so = &so, .max_seqs = max_seqs, .kv_blocks = kv_blocks,
+                             .chunk = eo.chunk, .tp = eo.tp, .kl_rate = fr_opt_num(v, FR_O_KL_SAMPLE_RATE)};
+    if (!st) st = run_rollout(&run);
     fr_session_close(&s);
     fr_tp_launch_close(&tl);
-    prompts_free(&pl);
-    free(stop);
+    fr_cli_prompts_free(&pl);
+    free(stops);
     return st ? 1 : 0;
 }

@@ -10,45 +10,19 @@
 #include "rollout/engine/session.h"
 #include "tokenizer/tokenizer.h"
 
-static const char tokenize_usage[] =
+const char fr_tokenize_usage[] =
     "usage: fp4rollout tokenize --tokenizer PATH (--file F | --text T) [--special]\n"
     "\n"
     "Encodes a text with a Hugging Face tokenizer.json, as the tokenizers library\n"
-    "does, and prints one JSON line: {\"ids\": [...]}.\n"
-    "\n"
-    "  --tokenizer PATH  a tokenizer.json, or the folder holding it (a checkpoint's);\n"
-    "                    tokenizer_config.json beside it is read too\n"
-    "  --file F          the text is the bytes of file F ('-': standard input)\n"
-    "  --text T          the text is T\n"
-    "  --special         add the special tokens the tokenizer adds around a text\n"
-    "                    (a beginning-of-sequence token, say), as\n"
-    "                    add_special_tokens=True does; special tokens written in\n"
-    "                    the text are recognised either way\n"
-    "\n"
-    "Text that is not valid UTF-8 is refused (exit 1).\n";
+    "does, and prints one JSON line: {\"ids\": [...]}. Text that is not valid\n"
+    "UTF-8 is refused (exit 1).\n";
 
-static const char detokenize_usage[] =
+const char fr_detokenize_usage[] =
     "usage: fp4rollout detokenize --tokenizer PATH --ids LIST [--skip-special]\n"
     "\n"
     "Decodes token ids with a Hugging Face tokenizer.json and prints the text,\n"
-    "then a newline.\n"
-    "\n"
-    "  --tokenizer PATH  a tokenizer.json, or the folder holding it\n"
-    "  --ids LIST        the ids, separated by commas and/or spaces: 9707,1879\n"
-    "  --skip-special    leave special tokens (<|im_end|>, ...) out of the text\n"
-    "\n"
-    "Ids the vocabulary does not hold are skipped, and bytes that do not form\n"
-    "UTF-8 print as U+FFFD, as Hugging Face does.\n";
-
-static const struct option tokenize_opts[] = {
-    {"tokenizer", required_argument, 0, 0}, {"file", required_argument, 0, 0},
-    {"text", required_argument, 0, 0}, {"special", no_argument, 0, 0}, {0, 0, 0, 0},
-};
-
-static const struct option detokenize_opts[] = {
-    {"tokenizer", required_argument, 0, 0}, {"ids", required_argument, 0, 0},
-    {"skip-special", no_argument, 0, 0}, {0, 0, 0, 0},
-};
+    "then a newline. Ids the vocabulary does not hold are skipped, and bytes that\n"
+    "do not form UTF-8 print as U+FFFD, as Hugging Face does.\n";
 
 /* The bytes of path ("-": standard input) into b. */
 static fr_status read_text(const char *path, fr_buf *b)
@@ -86,19 +60,13 @@ static int print_ids(const fr_tokenizer *t, const char *text, size_t len, int sp
 
 int fr_cli_tokenize(int argc, char **argv)
 {
-    const char *cmd = "tokenize", *path = NULL, *file = NULL, *text = NULL;
-    int special = 0;
-    if (fr_cli_wants_help(argc, argv)) { fputs(tokenize_usage, stdout); return 0; }
-    if (fr_cli_args(cmd, &argc, &argv, (const struct option *const[]){tokenize_opts, NULL})) return 2;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--tokenizer") == 0 && i + 1 < argc) path = argv[++i];
-        else if (strcmp(a, "--file") == 0 && i + 1 < argc) file = argv[++i];
-        else if (strcmp(a, "--text") == 0 && i + 1 < argc) text = argv[++i];
-        else if (strcmp(a, "--special") == 0) special = 1;
-        else return fr_cli_usage_error(cmd, "unexpected argument '%s'", a);
-    }
-    if (!path) return fr_cli_usage_error(cmd, "--tokenizer is required");
+    const fr_cmd cmd = FR_CMD_TOKENIZE;
+    fr_cli_values *v;
+    int rc0;
+    if (fr_cli_parse(cmd, fr_tokenize_usage, argc, argv, &v, &rc0)) return rc0;
+    const char *path = fr_opt_str(v, FR_O_TOKENIZER), *file = fr_opt_str(v, FR_O_TEXT_FILE);
+    const char *text = fr_opt_str(v, FR_O_TEXT);
+    const int special = fr_opt_int(v, FR_O_SPECIAL);
     if (!file == !text) return fr_cli_usage_error(cmd, "give the text with one of --file and --text");
     fr_buf b = {0};
     fr_tokenizer *t = NULL;
@@ -113,19 +81,12 @@ int fr_cli_tokenize(int argc, char **argv)
 
 int fr_cli_detokenize(int argc, char **argv)
 {
-    const char *cmd = "detokenize", *path = NULL, *ids_text = NULL;
-    int skip = 0;
-    if (fr_cli_wants_help(argc, argv)) { fputs(detokenize_usage, stdout); return 0; }
-    if (fr_cli_args(cmd, &argc, &argv, (const struct option *const[]){detokenize_opts, NULL})) return 2;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--tokenizer") == 0 && i + 1 < argc) path = argv[++i];
-        else if (strcmp(a, "--ids") == 0 && i + 1 < argc) ids_text = argv[++i];
-        else if (strcmp(a, "--skip-special") == 0) skip = 1;
-        else return fr_cli_usage_error(cmd, "unexpected argument '%s'", a);
-    }
-    if (!path) return fr_cli_usage_error(cmd, "--tokenizer is required");
-    if (!ids_text) return fr_cli_usage_error(cmd, "--ids is required");
+    const fr_cmd cmd = FR_CMD_DETOKENIZE;
+    fr_cli_values *v;
+    int rc0;
+    if (fr_cli_parse(cmd, fr_detokenize_usage, argc, argv, &v, &rc0)) return rc0;
+    const char *path = fr_opt_str(v, FR_O_TOKENIZER), *ids_text = fr_opt_str(v, FR_O_IDS);
+    const int skip = fr_opt_int(v, FR_O_SKIP_SPECIAL);
     int *ids = NULL, n = 0;
     if (fr_parse_ids(ids_text, &ids, &n) != FR_OK) return fr_cli_usage_error(cmd, "--ids: %s", fr_last_error());
     fr_tokenizer *t = NULL;

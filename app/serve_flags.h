@@ -1,23 +1,21 @@
-/* The command-line flags of `fp4rollout serve`, each a serve configuration
- * key (configs/README.md lists which). */
+/* The flags of `fp4rollout serve`: the option table's serve options with
+ * a configuration key (configs/README.md, "Flags instead of a file"). */
 #ifndef FR_SERVE_FLAGS_H
 #define FR_SERVE_FLAGS_H
 
-#include <getopt.h>
-
+#include "app/cli.h"
 #include "app/serve_config.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* The flags for fr_cli_args: --config and one per mapped key. */
-extern const struct option fr_serve_longopts[];
-
-/* Applies the flags of a canonical argv (fr_cli_args's: "--name" then its
- * value) over c, checked as the configuration's keys are; --config is
- * skipped (the caller loads it first). On failure c is unchanged. */
-fr_status fr_serve_flags_apply(int argc, char **argv, fr_serve_config *c);
+/* Puts every serve flag given in v (fr_cli_parse's values, checked there
+ * as their rows say) into c, over what c holds (the defaults, or a file's
+ * values), then checks the whole as a configuration file's keys are
+ * checked against each other, naming "command line". On failure c is
+ * unchanged. */
+fr_status fr_serve_flags_apply(const fr_cli_values *v, fr_serve_config *c);
 
 #ifdef __cplusplus
 }

@@ -4,8 +4,8 @@
 # `make fuzz-seeds` rewrites the generated seeds of the protocol and
 # safetensors corpora. Neither is part of `make all`: clang is optional.
 # Each target compiles the parser's sources itself, instrumented; only the
-# serve configuration also links the module libraries, for two helpers of
-# rollout/engine/session.c that it prints with.
+# serve configuration also links the module libraries, for the helpers of
+# rollout/engine/session.c and base/ that the option table's rows use.
 
 FUZZ_CC      ?= clang
 FUZZ_DIR     := $(BUILD)/fuzz
@@ -31,7 +31,8 @@ $(FUZZ_DIR)/fuzz_model_config: tests/fuzz/fuzz_model_config.c rollout/model/mode
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) -o $@ -lcjson -lm
 
-$(FUZZ_DIR)/fuzz_serve_config: tests/fuzz/fuzz_serve_config.c app/serve_config.c attention/kv_numerics.c \
+$(FUZZ_DIR)/fuzz_serve_config: tests/fuzz/fuzz_serve_config.c app/serve_config.c app/serve_keys.c app/options.c \
+                               attention/kv_numerics.c \
                                $(BASE_SRCS) $(FUZZ_HDRS) $(LIBS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(filter %.c,$^) $(LIBS) -o $@ $(LDLIBS)

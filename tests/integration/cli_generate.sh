@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Black-box checks of `fp4rollout generate` and `score` on the built-in
 # synthetic model: JSON output, seed reproducibility, n samples, every KV
-# dtype, and clear errors for invalid requests.
+# dtype, clear errors for invalid requests, and the exit statuses of the
+# command-line convention across commands (2 usage, 1 runtime, with the
+# option or file named).
 set -euo pipefail
 bin=${BUILD:-build}/fp4rollout
 dir=$(mktemp -d)
@@ -47,7 +49,7 @@ expect_error() {
   grep -q -- "$pattern" "$dir/err" || fail "message for '$*' lacks '$pattern': $(cat "$dir/err")"
 }
 expect_error "outside the vocabulary" generate --prompt-ids 256,272
-expect_error "prompt is empty" generate --prompt-ids ""
+expect_error "--prompt-ids needs at least one token id" generate --prompt-ids ""
 expect_error "cannot start with a comma" generate --prompt-ids ","
 expect_error "empty entry" generate --prompt-ids 256,1,,2
 expect_error "exceeds the context window" generate --prompt-ids "$(seq -s, 1 4096 | sed 's/[0-9]\+/5/g')"
@@ -56,7 +58,7 @@ expect_error "--max-tokens expects" generate --max-tokens -3
 expect_error "--n expects" generate --n 0
 expect_error "unknown kv dtype" generate --kv int4
 expect_error "recipe switch" generate --recipe full,rotate
-expect_error "top_p" generate --temperature 1 --top-p 1.5
+expect_error "--top-p expects a number in (0, 1\]" generate --temperature 1 --top-p 1.5
 expect_error "no such checkpoint folder" generate --model /nonexistent/dir
 expect_error "--out is required" score --prompt-ids 256,1
 expect_error "not a non-negative integer" score --prompt-ids 256,x --out "$dir/x"
@@ -74,6 +76,30 @@ for bad in "generate --bogus" "generate --max-tokens" "generate --greedy=1" "sco
   [ "$(status $bad)" = 2 ] || fail "'$bad' did not exit 2"
 done
 [ "$(status generate --model /nonexistent/dir)" = 1 ] || fail "a missing model did not exit 1"
+# Every command the same way: a bad value is a usage error (2) whose
+# message names the option and the reason, found before any work starts; a
+# file that cannot be read or a model that cannot load is a runtime
+# failure (1) with the system's reason.
+expect_status() {
+  local want=$1 pattern=$2; shift 2
+  set +e; "$bin" "$@" > /dev/null 2> "$dir/err"; local rc=$?; set -e
+  [ "$rc" = "$want" ] || fail "exit $rc, not $want, for: $* ($(cat "$dir/err"))"
+  grep -q -- "$pattern" "$dir/err" || fail "message for '$*' lacks '$pattern': $(cat "$dir/err")"
+}
+expect_status 2 "--temperature expects a number in \[0, 1e+06\], got '-1'" generate --temperature -1
+expect_status 2 "--top-k expects an integer in \[0, 1073741824\], got '-1'" generate --top-k -1
+expect_status 2 "--prompt-ids needs at least one token id" generate --prompt-ids ""
+expect_status 2 "--prompt-ids: token ids: an empty entry after id 256" generate --prompt-ids 256,,3
+expect_status 2 "outside the vocabulary" generate --model synthetic:tiny --prompt-ids 256,272
+expect_status 2 "--top-p expects a number in (0, 1\]" rollout --prompts "$dir/none.txt" --top-p 0
+expect_status 2 "--max-num-seqs expects an integer in \[1, 65536\], got '0'" serve --max-num-seqs 0
+expect_status 2 "--min-tokens 9 exceeds --max-tokens 8" generate --min-tokens 9 --max-tokens 8
+expect_status 2 "--prompts is required" rollout --n 2
+expect_status 1 "cannot read /nonexistent: No such file or directory" rollout --prompts /nonexistent
+expect_status 1 "cannot read /nonexistent: No such file or directory" generate --prompt-file /nonexistent
+expect_status 1 "cannot read /nonexistent: No such file or directory" score --prompt-file /nonexistent --out "$dir/x"
+expect_status 1 "cannot read config file /nonexistent" serve --config /nonexistent
+expect_status 1 "no such checkpoint folder" eval-kl --model /nonexistent/dir --texts "$dir/none.txt"
 "$bin" --version | grep -Eq '^fp4rollout [0-9]+\.[0-9]+\.[0-9]+$' || fail "--version"
 "$bin" generate --model=synthetic:tiny --prompt "hello" --max-tokens=3 --greedy --seed=1 --json > "$dir/t.json"
 "$bin" generate --model=synthetic:tiny --prompt-ids 256,104,101,108,108,111 --max-tokens=3 --greedy --seed=1 --json > "$dir/i.json"

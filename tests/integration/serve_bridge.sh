@@ -243,8 +243,9 @@ grep -q "open samples ended with reason abort" "$dir/serve.log" || fail "no shut
 grep -q "serve: stopped" "$dir/serve.log" || fail "the server did not stop cleanly"
 
 # Command-line errors.
-expect_error "--port expects an integer, got 'x'" serve --port=x
-expect_error "command line: max_seqs" serve --max-num-seqs 0
+expect_error "--port expects an integer in \[1, 65535\], got 'x'" serve --port=x
+expect_error "--max-num-seqs expects an integer in \[1, 65536\], got '0'" serve --max-num-seqs 0
+expect_error "command line: coordinator.port and metrics_pub_port are both 6000" serve --port 6000 --metrics-pub-port 6000
 expect_error "unknown or ambiguous option '--bogus'" serve --bogus
 expect_error "cannot read\|No such file\|cannot open" serve --config "$dir/none.json"
 echo '{"kv_dtpye": "f32"}' > "$dir/typo.json"

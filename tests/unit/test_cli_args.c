@@ -1,9 +1,10 @@
-/* The command-line conventions (app/cli_args.c, app/serve_flags.c,
+/* The command-line conventions (app/cli_parse.c, app/serve_flags.c,
  * base/log.c, fr_parse_ids): `--opt=value` and `--opt value` give the same
- * canonical argv, vLLM's aliases map to our names, unknown options and
- * missing values are usage errors, id lists with empty entries are
- * rejected, serve flags override a configuration, and log lines carry a
- * timestamp and a level and respect the level. */
+ * values, vLLM's aliases map to our options, unknown options, missing or
+ * bad values and missing required options are usage errors (status 2)
+ * whose message names the option and the reason, id lists with empty
+ * entries are rejected, serve flags override a configuration, and log
+ * lines carry a timestamp and a level and respect the level. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,77 +14,181 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "app/cli.h"
 #include "app/serve_flags.h"
 #include "base/log.h"
 
-static const struct option own[] = {
-    {"prompts", required_argument, 0, 0}, {"texts", required_argument, 0, 0}, {"max-seqs", required_argument, 0, 0},
-    {0, 0, 0, 0},
-};
-
-/* Runs fr_cli_args on a copy of words (words[0] the command) and returns its
- * status; the canonical argv joined by spaces goes to out. */
-static int canon(char *out, size_t cap, int n, const char **words)
+/* Parses words (words[0] the command's name) for cmd; the status it asks
+ * the command to return (0 when it goes on), what it printed on stderr in
+ * err (may be NULL), the values in *out. */
+static int parse(fr_cmd cmd, int n, const char **words, char *err, size_t cap, fr_cli_values **out)
 {
-    char *argv[32];
+    char *argv[40];
     for (int i = 0; i < n; i++) argv[i] = (char *)words[i];
     argv[n] = NULL;
-    int argc = n;
-    char **av = argv;
-    int rc = fr_cli_args("test", &argc, &av,
-                         (const struct option *const[]){own, fr_cli_engine_longopts, fr_cli_sampling_longopts, NULL});
-    out[0] = '\0';
-    for (int i = 1; rc == 0 && i < argc; i++) {
-        strncat(out, av[i], cap - strlen(out) - 1);
-        if (i + 1 < argc) strncat(out, " ", cap - strlen(out) - 1);
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    assert_non_null(tmp);
+    int saved = dup(fileno(stderr));
+    dup2(fileno(tmp), fileno(stderr));
+    int rc = 0;
+    fr_cli_values *v = NULL;
+    if (!fr_cli_parse(cmd, "", n, argv, &v, &rc)) rc = 0;
+    fflush(stderr);
+    dup2(saved, fileno(stderr));
+    close(saved);
+    if (err) {
+        rewind(tmp);
+        size_t got = fread(err, 1, cap - 1, tmp);
+        err[got] = '\0';
     }
+    fclose(tmp);
+    if (out) *out = v;
     return rc;
+}
+
+static void expect_usage(fr_cmd cmd, int n, const char **words, const char *needle)
+{
+    char err[1024];
+    int rc = parse(cmd, n, words, err, sizeof err, NULL);
+    if (rc != 2) fail_msg("%s %s: status %d, not 2", words[0], words[1], rc);
+    if (!strstr(err, needle)) fail_msg("%s %s: message \"%s\" lacks \"%s\"", words[0], words[1], err, needle);
 }
 
 static void test_equals_and_space(void **state)
 {
     (void)state;
-    char a[512], b[512];
-    const char *w1[] = {"generate", "--max-tokens=5", "--model", "m", "--kv=nvfp4", "--greedy"};
-    const char *w2[] = {"generate", "--max-tokens", "5", "--model=m", "--kv", "nvfp4", "--greedy"};
-    assert_int_equal(canon(a, sizeof a, 6, w1), 0);
-    assert_int_equal(canon(b, sizeof b, 7, w2), 0);
-    assert_string_equal(a, "--max-tokens 5 --model m --kv nvfp4 --greedy");
-    assert_string_equal(a, b);
+    fr_cli_values *a, *b;
+    const char *w1[] = {"generate", "--max-tokens=5", "--model", "m", "--kv=nvfp4", "--greedy", "--prompt-ids=256,1"};
+    const char *w2[] = {"generate", "--max-tokens", "5", "--model=m", "--kv", "nvfp4", "--greedy", "--prompt-ids",
+                        "256,1"};
+    assert_int_equal(parse(FR_CMD_GENERATE, 7, w1, NULL, 0, &a), 0);
+    assert_int_equal(parse(FR_CMD_GENERATE, 9, w2, NULL, 0, &b), 0);
+    const fr_opt_id ids[] = {FR_O_MAX_TOKENS, FR_O_MODEL, FR_O_KV, FR_O_GREEDY, FR_O_PROMPT_IDS};
+    for (size_t k = 0; k < sizeof ids / sizeof ids[0]; k++) {
+        assert_true(fr_opt_given(a, ids[k]) && fr_opt_given(b, ids[k]));
+        assert_int_equal(fr_opt_val(a, ids[k])->i, fr_opt_val(b, ids[k])->i);
+    }
+    assert_int_equal(fr_opt_int(a, FR_O_MAX_TOKENS), 5);
+    assert_string_equal(fr_opt_str(a, FR_O_MODEL), "m");
+    assert_string_equal(fr_opt_str(b, FR_O_MODEL), "m");
+    assert_int_equal(fr_opt_int(a, FR_O_KV), FR_KV_NVFP4);
+    assert_int_equal(fr_opt_val(a, FR_O_PROMPT_IDS)->n, 2);
+    assert_int_equal(fr_opt_val(b, FR_O_PROMPT_IDS)->ids[1], 1);
+    /* Not given: the table's default. */
+    assert_false(fr_opt_given(a, FR_O_N));
+    assert_int_equal(fr_opt_int(a, FR_O_N), 1);
+    assert_true(fr_opt_num(a, FR_O_TOP_P) == 1.0);
     fr_cli_args_release();
 }
 
-static void test_aliases_and_positionals(void **state)
+static void test_aliases_and_files(void **state)
 {
     (void)state;
-    char a[512];
-    const char *w[] = {"x", "--kv-cache-dtype", "fp8", "--tensor-parallel-size=2", "--max-num-seqs", "8",
-                       "--texts", "A", "B", "--max-model-len=64"};
-    assert_int_equal(canon(a, sizeof a, 10, w), 0);
-    assert_string_equal(a, "--kv fp8 --tp 2 --max-seqs 8 --texts A B --max-model-len 64");
+    fr_cli_values *v;
+    const char *w[] = {"rollout", "--kv-cache-dtype", "fp8", "--tensor-parallel-size=2", "--max-num-seqs", "8",
+                       "--prompts", "p.txt", "--max-model-len=64"};
+    assert_int_equal(parse(FR_CMD_ROLLOUT, 9, w, NULL, 0, &v), 0);
+    assert_int_equal(fr_opt_int(v, FR_O_KV), FR_KV_FP8);
+    assert_int_equal(fr_opt_int(v, FR_O_TP), 2);
+    assert_int_equal(fr_opt_int(v, FR_O_MAX_SEQS), 8);
+    assert_int_equal(fr_opt_int(v, FR_O_MAX_MODEL_LEN), 64);
+    assert_string_equal(v->spelled[FR_O_MAX_SEQS], "max-num-seqs");
+    /* A FILES option takes every argument up to the next option, and more
+     * after a second --texts. */
+    const char *t[] = {"calibrate", "--texts", "A", "B", "--out", "o", "--model", "m", "--texts", "C"};
+    assert_int_equal(parse(FR_CMD_CALIBRATE, 10, t, NULL, 0, &v), 0);
+    const fr_opt_value *texts = fr_opt_val(v, FR_O_TEXTS);
+    assert_int_equal(texts->n, 3);
+    assert_string_equal(texts->list[0], "A");
+    assert_string_equal(texts->list[2], "C");
+    assert_int_equal(v->n_operands, 0);
+    /* quant's operands, and one too many. */
+    const char *q[] = {"quant", "IN", "--format", "nvfp4", "--dim", "16", "OUT"};
+    assert_int_equal(parse(FR_CMD_QUANT, 7, q, NULL, 0, &v), 0);
+    assert_int_equal(v->n_operands, 2);
+    assert_string_equal(v->operands[1], "OUT");
+    const char *q3[] = {"quant", "--format", "nvfp4", "--dim", "16", "A", "B", "C"};
+    expect_usage(FR_CMD_QUANT, 8, q3, "unexpected argument 'C'");
     fr_cli_args_release();
 }
 
 static void test_usage_errors(void **state)
 {
     (void)state;
-    char a[512];
-    const char *unknown[] = {"x", "--bogus", "1"};
-    const char *missing[] = {"x", "--model"};
-    const char *flag_value[] = {"x", "--greedy=yes"};
-    const char *bad_level[] = {"x", "--log-level", "loud"};
-    assert_int_equal(canon(a, sizeof a, 3, unknown), 2);
-    assert_int_equal(canon(a, sizeof a, 2, missing), 2);
-    assert_int_equal(canon(a, sizeof a, 2, flag_value), 2);
-    assert_int_equal(canon(a, sizeof a, 3, bad_level), 2);
-    const char *level[] = {"x", "--log-level=warn", "--greedy"};
-    assert_int_equal(canon(a, sizeof a, 3, level), 0);
-    assert_string_equal(a, "--greedy");   /* applied, not passed on */
+    const char *unknown[] = {"generate", "--bogus", "1"};
+    const char *missing[] = {"generate", "--model"};
+    const char *flag_value[] = {"generate", "--greedy=yes"};
+    const char *bad_level[] = {"generate", "--log-level", "loud"};
+    const char *other_cmd[] = {"generate", "--kv-blocks", "4"};
+    expect_usage(FR_CMD_GENERATE, 3, unknown, "unknown or ambiguous option '--bogus'");
+    expect_usage(FR_CMD_GENERATE, 2, missing, "--model needs a value");
+    expect_usage(FR_CMD_GENERATE, 2, flag_value, "--greedy takes no value");
+    expect_usage(FR_CMD_GENERATE, 3, bad_level, "--log-level: ");
+    expect_usage(FR_CMD_GENERATE, 3, other_cmd, "unknown or ambiguous option '--kv-blocks'");
+    /* The cases that once exited 1 or without a reason: every bad value is
+     * a usage error naming the option. */
+    const char *temp[] = {"generate", "--temperature", "-1"};
+    const char *top_k[] = {"generate", "--top-k", "-1"};
+    const char *empty[] = {"generate", "--prompt-ids", ""};
+    const char *hole[] = {"generate", "--prompt-ids", "256,,3"};
+    const char *nan[] = {"rollout", "--prompts", "p", "--kl-sample-rate", "nan"};
+    const char *big[] = {"serve", "--port", "70000"};
+    expect_usage(FR_CMD_GENERATE, 3, temp, "--temperature expects a number in [0, 1e+06], got '-1'");
+    expect_usage(FR_CMD_GENERATE, 3, top_k, "--top-k expects an integer in [0, 1073741824], got '-1'");
+    expect_usage(FR_CMD_GENERATE, 3, empty, "--prompt-ids needs at least one token id");
+    expect_usage(FR_CMD_GENERATE, 3, hole, "--prompt-ids: token ids: an empty entry");
+    expect_usage(FR_CMD_ROLLOUT, 5, nan, "--kl-sample-rate expects a number in [0, 1], got 'nan'");
+    expect_usage(FR_CMD_SERVE, 3, big, "--port expects an integer in [1, 65535], got '70000'");
+    /* Required options and values checked together. */
+    const char *no_prompts[] = {"rollout", "--n", "2"};
+    const char *no_texts[] = {"calibrate", "--model", "m", "--out", "o"};
+    const char *no_files[] = {"calibrate", "--model", "m", "--out", "o", "--texts"};
+    expect_usage(FR_CMD_ROLLOUT, 3, no_prompts, "--prompts is required");
+    expect_usage(FR_CMD_CALIBRATE, 5, no_texts, "--texts needs at least one file");
+    expect_usage(FR_CMD_CALIBRATE, 6, no_files, "--texts needs a value");
+    fr_cli_values *v;
+    fr_cli_sampling so;
+    const char *greedy[] = {"generate", "--greedy", "--temperature", "0.5"};
+    assert_int_equal(parse(FR_CMD_GENERATE, 4, greedy, NULL, 0, &v), 0);
+    assert_int_equal(fr_cli_sampling_get(FR_CMD_GENERATE, v, &so), 2);
+    const char *level[] = {"generate", "--log-level=warn", "--greedy"};
+    assert_int_equal(parse(FR_CMD_GENERATE, 3, level, NULL, 0, &v), 0);
     assert_int_equal(fr_log_get_level(), FR_LOG_WARN);
     fr_log_set_level(FR_LOG_INFO);
+    /* --help anywhere prints the help and asks for status 0. */
+    const char *help[] = {"generate", "--bogus", "--help"};
+    assert_int_equal(parse(FR_CMD_GENERATE, 3, help, NULL, 0, &v), 0);
     fr_cli_args_release();
+}
+
+static void test_engine_opts(void **state)
+{
+    (void)state;
+    fr_cli_values *v;
+    fr_engine_opts eo;
+    const char *w[] = {"score", "--recipe", "full,-rotate", "--deterministic", "--chunk", "64", "--out", "x"};
+    assert_int_equal(parse(FR_CMD_SCORE, 8, w, NULL, 0, &v), 0);
+    fr_cli_engine_opts_get(v, &eo);
+    assert_false(eo.recipe.rotate);
+    assert_true(eo.recipe.smooth);
+    assert_int_equal(eo.deterministic, 1);
+    assert_int_equal(eo.chunk, 64);
+    assert_string_equal(eo.model, fr_cli_demo_model());
+    fr_cli_args_release();
+    /* The loop form for programs outside the table's commands. */
+    char *argv[] = {"bench", "--kv-cache-dtype", "mxfp4", "--other", "--tp", "0", NULL};
+    fr_engine_opts_default(&eo);
+    int i = 1;
+    assert_int_equal(fr_engine_opts_parse("bench", 6, argv, &i, &eo), 1);
+    assert_int_equal(i, 2);
+    assert_int_equal(eo.kv, FR_KV_MXFP4);
+    i = 3;
+    assert_int_equal(fr_engine_opts_parse("bench", 6, argv, &i, &eo), 0);
+    i = 4;
+    assert_int_equal(fr_engine_opts_parse("bench", 6, argv, &i, &eo), -1);
 }
 
 static void test_id_lists(void **state)
@@ -111,20 +216,27 @@ static void test_serve_flags_override(void **state)
     const char *file = "{\"model\": \"synthetic:tiny\", \"max_seqs\": 4, \"coordinator\": {\"port\": 7000, "
                        "\"bind\": \"0.0.0.0\"}}";
     assert_int_equal(fr_serve_config_parse(file, strlen(file), "f", &c), FR_OK);
-    char *argv[] = {"serve", "--config", "f", "--port", "7100", "--kv", "nvfp4", "--deterministic",
-                    "--temperature", "0.5", NULL};
-    assert_int_equal(fr_serve_flags_apply(10, argv, &c), FR_OK);
+    const char *w[] = {"serve", "--config", "f", "--port", "7100", "--kv", "nvfp4", "--deterministic",
+                       "--temperature", "0.5", "--metrics-port", "9100"};
+    fr_cli_values *v;
+    assert_int_equal(parse(FR_CMD_SERVE, 12, w, NULL, 0, &v), 0);
+    assert_int_equal(fr_serve_flags_apply(v, &c), FR_OK);
     assert_int_equal(c.coordinator.port, 7100);
     assert_string_equal(c.coordinator.bind, "0.0.0.0");   /* the file's, not overridden */
     assert_int_equal(c.max_seqs, 4);
     assert_int_equal(c.kv_dtype, FR_KV_NVFP4);
     assert_int_equal(c.deterministic, 1);
     assert_true(c.sampling.params.temperature == 0.5f);
-    char *bad_port[] = {"serve", "--port", "70000", NULL};
-    char *not_int[] = {"serve", "--max-seqs", "four", NULL};
-    assert_int_not_equal(fr_serve_flags_apply(3, bad_port, &c), FR_OK);
-    assert_int_not_equal(fr_serve_flags_apply(3, not_int, &c), FR_OK);
-    assert_int_equal(c.coordinator.port, 7100);   /* unchanged on failure */
+    assert_int_equal(c.metrics_port, 9100);
+    assert_int_equal(c.metrics_port_default, 0);   /* given: no longer the default that gives way */
+    /* Values valid alone that contradict the configuration: refused whole. */
+    const char *clash[] = {"serve", "--metrics-port", "7100"};
+    assert_int_equal(parse(FR_CMD_SERVE, 3, clash, NULL, 0, &v), 0);
+    assert_int_equal(fr_serve_flags_apply(v, &c), FR_EINVAL);
+    if (!strstr(fr_last_error(), "command line: coordinator.port and metrics_port are both 7100"))
+        fail_msg("%s", fr_last_error());
+    assert_int_equal(c.metrics_port, 9100);   /* unchanged on failure */
+    fr_cli_args_release();
 }
 
 static void test_log_lines(void **state)
@@ -162,8 +274,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equals_and_space),
-        cmocka_unit_test(test_aliases_and_positionals),
+        cmocka_unit_test(test_aliases_and_files),
         cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_engine_opts),
         cmocka_unit_test(test_id_lists),
         cmocka_unit_test(test_serve_flags_override),
         cmocka_unit_test(test_log_lines),
