@@ -241,7 +241,7 @@ fr_status fr_opt_from_text(const fr_opt *o, const char *spelled, const char *tex
         if (!fr_opt_z85_key(text)) return bad_value(o, spelled, text);
         break;
     case FR_OPT_STR:
-        if (!*text) return fr_fail(FR_EINVAL, "%s expects a non-empty value", spelled);
+        if (!*text && !o->empty_ok) return fr_fail(FR_EINVAL, "%s expects a non-empty value", spelled);
         if (o->size && strlen(text) >= o->size)
             return fr_fail(FR_EINVAL, "%s is %zu bytes long; at most %zu", spelled, strlen(text), o->size - 1);
         break;

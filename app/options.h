@@ -94,6 +94,7 @@ typedef struct {
     int lo_open;               /* NUM, FLOAT: (lo, hi] */
     int n_min, n_max;          /* IDS, FILES, KEYS: how many values (n_max 0: any number) */
     int nullable;              /* STR, SEED, KEY: JSON null is allowed and means none */
+    int empty_ok;              /* STR: "" is a value (a text to tokenize), not a missing one */
     const char *def;           /* the default, as a command-line value; NULL: none */
     const char *def_note;      /* the default in words, where it is not one value ("the server's") */
     const char *meta;          /* the value's name in --help ("N", "FILE") */
