@@ -89,6 +89,12 @@ fr_status fr_scheduler_new(fr_session *s, const fr_scheduler_config *cfg, fr_sch
         fr_scheduler_destroy(&sch);
         return st;
     }
+    /* With monitoring on, the shadow opens with the scheduler, as the
+     * serving session opened before it: its allocations and graph set-up
+     * are then paid at start-up, not by the first monitored requests
+     * (shadow_open_s still counts it). A failure only turns monitoring off,
+     * as it does when the shadow is opened later. */
+    if (c.kl_sample_rate > 0.0) (void)sch_shadow_of(sch);
     *out = sch;
     return FR_OK;
 }

@@ -21,8 +21,9 @@ int sch_chosen(uint64_t id, int index, double rate)
     return (double)(z >> 11) * 0x1p-53 < rate;
 }
 
-/* The shadow, opened on first use (fr_scheduler_submit asks for it with the
- * first monitored sample, so that its allocation is not paid in a step);
+/* The shadow: opened by fr_scheduler_new when kl_sample_rate > 0, else on
+ * first use (fr_scheduler_submit asks for it with the first sample a
+ * request marks monitored, so that its allocation is not paid in a step);
  * NULL (monitoring off) when it cannot be. */
 fr_shadow *sch_shadow_of(fr_scheduler *sch)
 {
