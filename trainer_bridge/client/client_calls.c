@@ -96,40 +96,44 @@ static fr_status abort_msg(fr_msg *m, const uint64_t *ids, int n)
     return FR_OK;
 }
 
+/* A call whose reply is a plain struct (no arrays): copied into out (may be
+ * NULL), `size` bytes of the reply's union, where every member starts. */
+static fr_status struct_call(fr_client *c, const fr_msg *m, fr_msg_type want, int wait_ms, void *out, size_t size)
+{
+    fr_msg r;
+    fr_status st = call(c, m, want, wait_ms, &r);
+    if (st) return st;
+    if (out) memcpy(out, &r.u, size);
+    fr_msg_free(&r);
+    return FR_OK;
+}
+
 fr_status fr_client_hello(fr_client *c, const char *name, fr_msg_hello_reply *out)
 {
-    fr_msg m, r;
+    fr_msg m;
     hello_msg(&m, name);
-    fr_status st = call(c, &m, FR_MSG_HELLO_REPLY, -1, &r);
-    if (!st && out) *out = r.u.hello_reply;
-    return st;
+    return struct_call(c, &m, FR_MSG_HELLO_REPLY, -1, out, sizeof *out);
 }
 
 fr_status fr_client_stats(fr_client *c, fr_msg_stats_reply *out)
 {
-    fr_msg m, r;
+    fr_msg m;
     fr_msg_init(&m, FR_MSG_STATS);
-    fr_status st = call(c, &m, FR_MSG_STATS_REPLY, -1, &r);
-    if (!st && out) *out = r.u.stats_reply;
-    return st;
+    return struct_call(c, &m, FR_MSG_STATS_REPLY, -1, out, sizeof *out);
 }
 
 fr_status fr_client_pause(fr_client *c, fr_pause_mode mode, fr_msg_pause_reply *out)
 {
-    fr_msg m, r;
+    fr_msg m;
     const int wait = pause_msg(&m, mode);
-    fr_status st = call(c, &m, FR_MSG_PAUSE_REPLY, wait, &r);
-    if (!st && out) *out = r.u.pause_reply;
-    return st;
+    return struct_call(c, &m, FR_MSG_PAUSE_REPLY, wait, out, sizeof *out);
 }
 
 fr_status fr_client_resume(fr_client *c, fr_msg_resume_reply *out)
 {
-    fr_msg m, r;
+    fr_msg m;
     fr_msg_init(&m, FR_MSG_RESUME);
-    fr_status st = call(c, &m, FR_MSG_RESUME_REPLY, -1, &r);
-    if (!st && out) *out = r.u.resume_reply;
-    return st;
+    return struct_call(c, &m, FR_MSG_RESUME_REPLY, -1, out, sizeof *out);
 }
 
 fr_status fr_client_abort(fr_client *c, const uint64_t *ids, int n, int *samples_ended, int *not_found)
@@ -247,6 +251,7 @@ fr_status fr_client_take_(fr_client *c, int wait_ms, fr_msg_type want, const cha
         st = fr_client_pump_locked(c, until);
     }
     if (it && it->m.type == FR_MSG_ERROR) {
+        fr_client_note_error_locked(c, &it->m.u.error);
         st = fr_fail(FR_EINVAL, "server refused %s: %s: %s", what, it->m.u.error.code, it->m.u.error.message);
         fr_msg_free(&it->m);
     } else if (it) {

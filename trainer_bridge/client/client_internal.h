@@ -1,5 +1,6 @@
 /* What the C client's files share (client.c: the connection, the receiver
- * and the routing; client_calls.c: calls answered by a reply;
+ * and the routing; client_requests.c: the request table; client_calls.c:
+ * calls answered by a reply;
  * client_results.c: results by request; client_update.c and client_nccl.c:
  * weight updates); not part of the public API.
  *
@@ -86,6 +87,10 @@ struct fr_client {
     fr_msg delta;                /* the tokens delta fr_client_next_event handed out last (its arrays) */
 };
 
+/* ZMTP heartbeats: a server that stops answering (killed, frozen, or its
+ * host gone) closes the connection after this long. */
+#define FR_CLIENT_HEARTBEAT_TIMEOUT_MS 3000
+
 /* ---- client.c -------------------------------------------------------------- */
 
 /* Takes the socket for this thread (mu held; waits for a poller to give it
@@ -108,8 +113,28 @@ void fr_client_unlink_ticket_locked(fr_client *c, ticket *t);
 /* Closes the socket at once, dropping what it still holds, and connects a
  * new one (the socket held by this thread). */
 fr_status fr_client_reopen_locked(fr_client *c);
+/* Reads the socket monitor's events (the socket held by this thread): a
+ * connection that ended makes the client lost when samples are still to
+ * come, and fails the calls waiting on it. */
+void fr_client_read_monitor_locked(fr_client *c);
+void fr_client_note_error_locked(fr_client *c, const fr_msg_error *e);
+/* A deadline `ms` from now (-1: none), and what is left of it (-1: no limit). */
+double fr_client_until(int ms);
+int fr_client_left_ms(double until);
+
+/* ---- client_requests.c ---------------------------------------------------- */
+
+void fr_client_free_generate(fr_msg_generate *g);
 /* The request with this id, or NULL. */
 req *fr_client_find_locked(const fr_client *c, uint64_t id);
+void fr_client_remove_req_locked(fr_client *c, req *q);
+/* Removes the request once nothing of it is left to hand out (or, given
+ * up, once nothing of it is left to arrive). */
+void fr_client_settle_req_locked(fr_client *c, req *q);
+/* The request a result is about; whether it closes it (an error naming it,
+ * other than duplicate_request_id, which refuses only the copy). */
+uint64_t fr_client_result_id(const fr_msg *m);
+int fr_client_closes_request(const fr_msg *m);
 /* Unlinks the request's first result (the caller owns it after). */
 item *fr_client_pop_locked(fr_client *c, req *q, item *it);
 /* Bookkeeping of a result handed to the caller: a done closes a sample, an
@@ -119,12 +144,8 @@ void fr_client_delivered_locked(fr_client *c, const fr_msg *m);
 /* The error of a lost connection, naming the requests that will not end
  * (those of ids, or all when n is 0). */
 fr_status fr_client_lost_error_locked(fr_client *c, const uint64_t *ids, int n);
-void fr_client_note_error_locked(fr_client *c, const fr_msg_error *e);
 /* Drops the assembled part of every sample of request id. */
 void fr_client_drop_parts_locked(fr_client *c, uint64_t id);
-/* A deadline `ms` from now (-1: none), and what is left of it (-1: no limit). */
-double fr_client_until(int ms);
-int fr_client_left_ms(double until);
 
 /* ---- client_calls.c ------------------------------------------------------- */
 
