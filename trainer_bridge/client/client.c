@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,6 +110,8 @@ void fr_client_unlink_ticket_locked(fr_client *c, ticket *t)
         }
 }
 
+static fr_status receive_ready_locked(fr_client *c, int most);
+
 /* The connection ended: samples still to come will not (the client is
  * lost), and calls sent on it are never answered. */
 static void connection_ended_locked(fr_client *c)
@@ -120,7 +123,7 @@ static void connection_ended_locked(fr_client *c)
             fr_client_remove_req_locked(c, q);
             continue;
         }
-        if (q->unreceived > 0) c->lost = 1;
+        if (q->unreceived > 0) q->lost = 1;
         i++;
     }
     for (ticket *t = c->calls, *next; t; t = next) {
@@ -156,7 +159,12 @@ void fr_client_read_monitor_locked(fr_client *c)
             zmq_msg_close(&f);
         }
         more = 1;
-        if (event == ZMQ_EVENT_DISCONNECTED) connection_ended_locked(c);
+        if (event == ZMQ_EVENT_DISCONNECTED) {
+            /* what the ended connection brought is still queued: read it all
+             * now, so nothing of it is taken for what a resubmission brings */
+            (void)receive_ready_locked(c, INT_MAX);
+            connection_ended_locked(c);
+        }
     }
 }
 
@@ -455,11 +463,11 @@ static fr_status route_locked(fr_client *c, fr_msg *m)
     return FR_OK;
 }
 
-/* Reads and routes what the socket holds now (the socket held by this
- * thread). */
-static fr_status receive_ready_locked(fr_client *c)
+/* Reads and routes what the socket holds now, `most` messages at most (the
+ * socket held by this thread). */
+static fr_status receive_ready_locked(fr_client *c, int most)
 {
-    for (int k = 0; k < PUMP_BATCH; k++) {
+    for (int k = 0; k < most; k++) {
         fr_wire_msg w;
         int got = 0;
         fr_status st = fr_wire_recv(c->sock, 0, 0, &w, &got);
@@ -490,7 +498,7 @@ fr_status fr_client_pump_locked(fr_client *c, double until)
     char drain[64];
     while (read(c->wake[0], drain, sizeof drain) > 0) {
     }
-    fr_status st = receive_ready_locked(c);
+    fr_status st = receive_ready_locked(c, PUMP_BATCH);
     fr_client_read_monitor_locked(c);
     fr_client_sock_give_locked(c);
     return st;

@@ -35,6 +35,7 @@ typedef struct req {
     int undelivered;             /* samples whose done the caller has not taken */
     int owned;                   /* its results go only to readers that name it */
     int discarded;               /* the caller gave it up: what arrives for it is dropped */
+    int lost;                    /* sent on a connection that ended with samples still to come */
     fr_msg_generate g;           /* what was sent (arrays owned), for fr_client_resubmit */
     item *first, *last;          /* its results not yet taken */
 } req;
@@ -83,7 +84,6 @@ struct fr_client {
     int updating;                /* a weight update runs on this client */
     void *nccl;                  /* the NCCL weight group (client_nccl.c), NULL when none */
     void *monitor;               /* PAIR: the socket monitor's events, NULL when none */
-    int lost;                    /* the connection ended with samples open */
     fr_msg delta;                /* the tokens delta fr_client_next_event handed out last (its arrays) */
 };
 
@@ -106,9 +106,9 @@ fr_status fr_client_send_locked(fr_client *c, const fr_msg *m, ticket *t);
  * early when anything was routed; an error is a message that could not be
  * read. */
 fr_status fr_client_pump_locked(fr_client *c, double until_ms);
-/* Samples not yet handed out (unreceived 0) or not yet arrived (1): of the
- * requests named, or of every request not owned by a reader (ids NULL). */
-int fr_client_open_locked(const fr_client *c, const uint64_t *ids, int n, int unreceived);
+/* Samples not yet handed out: of the requests named, or of every request
+ * not owned by a reader (ids NULL). */
+int fr_client_open_locked(const fr_client *c, const uint64_t *ids, int n);
 void fr_client_unlink_ticket_locked(fr_client *c, ticket *t);
 /* Closes the socket at once, dropping what it still holds, and connects a
  * new one (the socket held by this thread). */
@@ -141,8 +141,11 @@ item *fr_client_pop_locked(fr_client *c, req *q, item *it);
  * error about a request closes it (no done will come); the request leaves
  * the table once nothing of it is left. */
 void fr_client_delivered_locked(fr_client *c, const fr_msg *m);
-/* The error of a lost connection, naming the requests that will not end
- * (those of ids, or all when n is 0). */
+/* Samples still to come of lost requests: of those named, or of every
+ * request not owned by a reader (ids NULL). */
+int fr_client_lost_locked(const fr_client *c, const uint64_t *ids, int n);
+/* The error of a lost connection, naming the lost requests that will not
+ * end (of those named, or all when ids is NULL). */
 fr_status fr_client_lost_error_locked(fr_client *c, const uint64_t *ids, int n);
 /* Drops the assembled part of every sample of request id. */
 void fr_client_drop_parts_locked(fr_client *c, uint64_t id);

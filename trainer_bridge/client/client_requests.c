@@ -113,15 +113,29 @@ static int names_id(const uint64_t *ids, int n, uint64_t id)
     return 0;
 }
 
+/* The request counts for a reader: one it names, or (ids NULL) any not owned. */
+static int for_reader(const req *q, const uint64_t *ids, int n)
+{
+    return !q->discarded && (ids ? names_id(ids, n, q->id) : !q->owned);
+}
+
+int fr_client_lost_locked(const fr_client *c, const uint64_t *ids, int n)
+{
+    int k = 0;
+    for (int i = 0; i < c->n_reqs; i++)
+        if (c->reqs[i]->lost && c->reqs[i]->unreceived > 0 && for_reader(c->reqs[i], ids, n))
+            k += c->reqs[i]->unreceived;
+    return k;
+}
+
 fr_status fr_client_lost_error_locked(fr_client *c, const uint64_t *ids, int n)
 {
     char list[600] = "";
     size_t o = 0;
-    int samples = 0, listed = 0;
+    int listed = 0;
     for (int i = 0; i < c->n_reqs; i++) {
         const req *q = c->reqs[i];
-        if (q->unreceived <= 0 || q->discarded || !names_id(ids, n, q->id)) continue;
-        samples += q->unreceived;
+        if (!q->lost || q->unreceived <= 0 || !for_reader(q, ids, n)) continue;
         if (o + 64 < sizeof list)
             o += (size_t)snprintf(list + o, sizeof list - o, "%s request %llu (%d of %d samples)", listed ? "," : "",
                                   (unsigned long long)q->id, q->unreceived, q->g.n);
@@ -130,7 +144,7 @@ fr_status fr_client_lost_error_locked(fr_client *c, const uint64_t *ids, int n)
     }
     return fr_fail(FR_EIO, "client: the connection to %s was lost (the server ended, or was silent for %d ms): "
                            "%d samples will not end:%s; fr_client_resubmit sends these requests again",
-                   c->endpoint, FR_CLIENT_HEARTBEAT_TIMEOUT_MS, samples, list);
+                   c->endpoint, FR_CLIENT_HEARTBEAT_TIMEOUT_MS, fr_client_lost_locked(c, ids, n), list);
 }
 
 /* ---- requests -------------------------------------------------------------------- */
@@ -220,9 +234,9 @@ fr_status fr_client_resubmit(fr_client *c, int *n_requests)
         m.u.generate = q->g;
         if ((st = fr_client_send_locked(c, &m, NULL))) break;
         q->unreceived = q->undelivered = q->g.n;
+        q->lost = 0;
         if (n_requests) (*n_requests)++;
     }
-    if (!st) c->lost = 0;
     pthread_mutex_unlock(&c->mu);
     return st;
 }
@@ -248,19 +262,19 @@ int fr_client_lost(const fr_client *c)
 {
     if (!c) return 0;
     pthread_mutex_lock((pthread_mutex_t *)&c->mu);
-    int lost = c->lost;
+    int lost = 0;
+    for (int i = 0; i < c->n_reqs; i++) lost |= c->reqs[i]->lost && c->reqs[i]->unreceived > 0;
     pthread_mutex_unlock((pthread_mutex_t *)&c->mu);
     return lost;
 }
 
-int fr_client_open_locked(const fr_client *c, const uint64_t *ids, int n, int unreceived)
+int fr_client_open_locked(const fr_client *c, const uint64_t *ids, int n)
 {
     int open = 0;
     for (int i = 0; i < c->n_reqs; i++) {
         const req *q = c->reqs[i];
-        if (q->discarded || (ids ? !names_id(ids, n, q->id) : q->owned)) continue;
-        const int k = unreceived ? q->unreceived : q->undelivered;
-        open += k > 0 ? k : 0;
+        if (!for_reader(q, ids, n)) continue;
+        open += q->undelivered > 0 ? q->undelivered : 0;
     }
     return open;
 }
@@ -269,7 +283,7 @@ static int open_samples(fr_client *c, const uint64_t *ids, int n)
 {
     if (!c) return 0;
     pthread_mutex_lock(&c->mu);
-    const int open = fr_client_open_locked(c, ids, n, 0);
+    const int open = fr_client_open_locked(c, ids, n);
     pthread_mutex_unlock(&c->mu);
     return open;
 }

@@ -43,7 +43,7 @@ static item *next_result_locked(fr_client *c, const uint64_t *ids, int n, int st
  * samples still out. */
 static fr_status lost_check_locked(fr_client *c, const uint64_t *ids, int n)
 {
-    if (c->lost && fr_client_open_locked(c, ids, n, 1) > 0) return fr_client_lost_error_locked(c, ids, ids ? n : 0);
+    if (fr_client_lost_locked(c, ids, n) > 0) return fr_client_lost_error_locked(c, ids, n);
     return FR_OK;
 }
 
@@ -261,7 +261,7 @@ fr_status fr_client_wait_event(fr_client *c, const uint64_t *ids, int n, int del
             continue;
         }
         if ((st = lost_check_locked(c, ids, n))) break;
-        if (fr_client_open_locked(c, ids, n, 0) == 0) break;   /* nothing more will come */
+        if (fr_client_open_locked(c, ids, n) == 0) break;   /* nothing more will come */
         if (!first && timeout_ms >= 0 && fr_now_ms() >= until) break;
         st = fr_client_pump_locked(c, until);
     }
