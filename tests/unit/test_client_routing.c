@@ -12,64 +12,19 @@
 #include <cmocka.h>
 
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "rollout/engine/session.h"
+#include "test_util.h"
 #include "trainer_bridge/client/client.h"
-#include "trainer_bridge/server/server.h"
 
 enum { TIMEOUT_MS = 60000, THREADS = 4, PER_THREAD = 3, N = 2, LONG = 3000 };
 
-typedef struct {
-    fr_session sess;
-    fr_bridge_server *srv;
-    pthread_t thread;
-    volatile sig_atomic_t stop;
-    fr_status run_status;
-    FILE *log;
-} live_server;
-
-static void *serve(void *arg)
-{
-    live_server *l = arg;
-    l->run_status = fr_bridge_server_run(l->srv, &l->stop);
-    return NULL;
-}
-
-static void start(live_server *l)
-{
-    memset(l, 0, sizeof *l);
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.model = "synthetic:tiny";
-    o.backend = FR_BACKEND_CPU;
-    assert_int_equal(fr_session_open(&o, 64, 8, &l->sess), FR_OK);
-    l->log = fopen("/dev/null", "w");
-    assert_non_null(l->log);
-    fr_bridge_config cfg = {.endpoint = "tcp://127.0.0.1:*", .model_name = "synthetic:tiny", .max_seqs = 8,
-                            .sampling = {.params = {.temperature = 0, .top_k = 0, .top_p = 1}, .max_tokens = 8},
-                            .shutdown_linger_ms = 1000, .stats_log_ms = -1, .log = l->log};
-    assert_int_equal(fr_bridge_server_new(&l->sess, &cfg, &l->srv), FR_OK);
-    assert_int_equal(pthread_create(&l->thread, NULL, serve, l), 0);
-}
-
-static void stop(live_server *l)
-{
-    l->stop = 1;
-    pthread_join(l->thread, NULL);
-    assert_int_equal(l->run_status, FR_OK);
-    fr_bridge_server_destroy(&l->srv);
-    fr_session_close(&l->sess);
-    fclose(l->log);
-}
-
-static fr_client *connect_to(live_server *l)
+static fr_client *connect_to(fr_test_server *l)
 {
     fr_client *c;
-    assert_int_equal(fr_client_new(fr_bridge_server_endpoint(l->srv), &c), FR_OK);
+    assert_int_equal(fr_client_new(fr_test_server_endpoint(l), &c), FR_OK);
     fr_client_set_timeout(c, TIMEOUT_MS);
     return c;
 }
@@ -120,7 +75,7 @@ static void *work(void *arg)
 
 static void test_threads_get_their_own(void **state)
 {
-    live_server *l = *state;
+    fr_test_server *l = *state;
     fr_client *c = connect_to(l);
     /* a reader of every request that no reader owns: it must see none of the threads' */
     int prompt[3];
@@ -172,7 +127,7 @@ static void check_aborted(const fr_client_sample *s)
 
 static void test_abort_keeps_what_was_made(void **state)
 {
-    live_server *l = *state;
+    fr_test_server *l = *state;
     fr_client *c = connect_to(l);
     int prompt[3];
     fr_msg_generate g = request(1, prompt, 4, 5, N, LONG);
@@ -221,7 +176,7 @@ static void test_abort_keeps_what_was_made(void **state)
 
 static void test_discard_drops_everything(void **state)
 {
-    live_server *l = *state;
+    fr_test_server *l = *state;
     fr_client *c = connect_to(l);
     int prompt[3];
     fr_msg_generate g = request(3, prompt, 1, 2, N, 64);
@@ -272,7 +227,7 @@ static void *call_many(void *arg)
 
 static void test_calls_from_threads(void **state)
 {
-    live_server *l = *state;
+    fr_test_server *l = *state;
     fr_client *c = connect_to(l);
     caller k[THREADS];
     pthread_t th[THREADS];
@@ -289,16 +244,16 @@ static void test_calls_from_threads(void **state)
 
 static int setup(void **state)
 {
-    static live_server l;
-    start(&l);
-    *state = &l;
+    fr_test_server *l = NULL;
+    if (fr_test_server_start("synthetic:tiny", 64, 8, 8, &l)) return -1;
+    *state = l;
     return 0;
 }
 
 static int teardown(void **state)
 {
-    stop(*state);
-    return 0;
+    fr_test_server *l = *state;
+    return fr_test_server_stop(&l) == FR_OK ? 0 : -1;
 }
 
 int main(void)

@@ -245,19 +245,31 @@ class RolloutClient(_Closes):
         return list(range(start, start + k))
 
     def _request(self, rid: int, prompt: List[int], o: dict):
-        """The C generate of one prompt, and the arrays it points to."""
+        """The C generate of one prompt, and the arrays it points to. A number
+        the C struct cannot hold is refused (ServerError invalid_request),
+        never wrapped into another."""
+        if not 0 <= rid < 1 << 64:
+            raise ClientError(f"request_id {rid} is not a 64-bit unsigned integer")
         g = _native.Generate()
         arr = _id_array(prompt, "prompt token", rid)
         keep = [arr]
-        g.request_id, g.prompt, g.n_prompt, g.n = rid, arr, len(prompt), int(o["n"])
-        g.first_sample, g.min_tokens = int(o["first_sample"]), int(o["min_tokens"])
-        g.logprobs, g.prompt_logprobs = int(o["logprobs"]), int(bool(o["prompt_logprobs"]))
-        for key, flag, conv in (("group_id", "has_group_id", int), ("temperature", "has_temperature", float),
-                                ("top_k", "has_top_k", int), ("top_p", "has_top_p", float),
-                                ("max_tokens", "has_max_tokens", int), ("seed", "has_seed", int)):
-            if o[key] is not None:
+        g.request_id, g.prompt, g.n_prompt = rid, arr, len(prompt)
+        g.prompt_logprobs = int(bool(o["prompt_logprobs"]))
+        for key, flag, conv in (("n", None, int), ("first_sample", None, int), ("min_tokens", None, int),
+                                ("logprobs", None, int), ("group_id", "has_group_id", int),
+                                ("temperature", "has_temperature", float), ("top_k", "has_top_k", int),
+                                ("top_p", "has_top_p", float), ("max_tokens", "has_max_tokens", int),
+                                ("seed", "has_seed", int)):
+            if o[key] is None:
+                continue
+            v = conv(o[key])
+            wide = key in ("group_id", "seed")
+            if conv is int and not (0 <= v < 1 << 64 if wide else -(1 << 31) <= v < 1 << 31):
+                raise ServerError("invalid_request", f"request {rid}: {key} {v} is out of range (refused before "
+                                                     f"sending)", rid)
+            if flag:
                 setattr(g, flag, 1)
-                setattr(g, key, conv(o[key]))
+            setattr(g, key, v)
         if o["stop_token_ids"] is not None:
             stops = _id_array(o["stop_token_ids"], "stop id", rid)
             keep.append(stops)
