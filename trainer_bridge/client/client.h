@@ -114,12 +114,14 @@ fr_status fr_client_discard(fr_client *c, const uint64_t *ids, int n);
  * silent for 3 s) with samples open, the readers of those samples return
  * FR_EIO, once what arrived before is read, with a message naming the
  * requests whose samples will not end; fr_client_lost is then 1, and a
- * call waiting for its reply fails. fr_client_resubmit sends every request
- * with samples still to come again, with its own request id (to a
- * restarted server: request ids make it idempotent, as a server that still
- * has the request refuses the copy with duplicate_request_id), drops what
- * was streamed of it, and clears the lost state; *n_requests gets how many
- * it sent. An unseeded request gets a new seed from the new server. */
+ * call waiting for its reply fails. Only requests sent on the connection
+ * that ended are lost: later ones (to a restarted server) go on.
+ * fr_client_resubmit sends every lost request again, with its own request
+ * id (to a restarted server: request ids make it idempotent, as a server
+ * that still has the request refuses the copy with duplicate_request_id),
+ * drops what was streamed of it, and clears its lost state; *n_requests
+ * gets how many it sent. An unseeded request gets a new seed from the new
+ * server. fr_client_lost is 1 while a lost request has samples to come. */
 int fr_client_lost(const fr_client *c);
 fr_status fr_client_resubmit(fr_client *c, int *n_requests);
 

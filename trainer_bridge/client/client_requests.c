@@ -226,7 +226,7 @@ fr_status fr_client_resubmit(fr_client *c, int *n_requests)
     fr_status st = FR_OK;
     for (int i = 0; !st && i < c->n_reqs; i++) {
         req *q = c->reqs[i];
-        if (q->unreceived <= 0 || q->discarded) continue;   /* every done arrived: nothing to ask again */
+        if (!q->lost || q->unreceived <= 0 || q->discarded) continue;   /* alive, or nothing more to ask */
         /* the server starts every sample again: what came of them goes */
         drop_results_locked(c, q);
         fr_msg m;

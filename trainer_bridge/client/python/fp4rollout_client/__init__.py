@@ -309,11 +309,11 @@ class RolloutClient(_Closes):
         return bool(self._lib.fr_client_lost(self._c))
 
     def resubmit(self) -> int:
-        """Sends every request with samples still to come again, under its own
-        request id, e.g. to a restarted server (a server that still has the
-        request refuses the copy: request ids make this idempotent); what
-        was streamed of their samples is dropped. Returns how many requests
-        went out."""
+        """Sends every lost request (sent on a connection that ended with its
+        samples still to come) again, under its own request id, e.g. to a
+        restarted server (a server that still has the request refuses the
+        copy: request ids make this idempotent); what was streamed of their
+        samples is dropped. Returns how many requests went out."""
         n = ctypes.c_int(0)
         if self._lib.fr_client_resubmit(self._c, ctypes.byref(n)):
             self._raise()
