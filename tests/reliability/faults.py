@@ -529,8 +529,8 @@ def client_notices_lost_server(env):
     with RolloutClient(srv.endpoint, timeout_ms=20000) as c:
         try:
             for r in (41, 42):
-                c.submit([256, r, 3], n=2, max_tokens=300, stop_token_ids=[], temperature=1.0, request_id=r)
-            time.sleep(0.3)
+                c.submit([256, r, 3], n=2, max_tokens=1000, stop_token_ids=[], temperature=1.0, request_id=r)
+            next(iter(c.events()))   # streaming: far from their ends
             srv.proc.kill()
             srv.proc.wait()
             t0 = time.time()
@@ -547,7 +547,7 @@ def client_notices_lost_server(env):
                 done = list(c.results())
                 check(sorted((s.request_id, s.sample) for s in done) == [(41, 0), (41, 1), (42, 0), (42, 1)],
                       f"after resubmission: {[(s.request_id, s.sample) for s in done]}")
-                check(all(len(s.token_ids) == 300 for s in done), "resubmitted samples are not whole")
+                check(all(len(s.token_ids) == 1000 for s in done), "resubmitted samples are not whole")
             finally:
                 srv2.stop()
         finally:

@@ -442,7 +442,6 @@ static fr_status route_locked(fr_client *c, fr_msg *m)
     if (m->type == FR_MSG_TOKENS || m->type == FR_MSG_DONE || (m->type == FR_MSG_ERROR && m->u.error.has_request_id))
         return route_result_locked(c, m, seq);
     ticket *t = ticket_for_locked(c, m);
-    if (m->type == FR_MSG_ERROR && t) fr_client_note_error_locked(c, &m->u.error);
     if (t && t->state == TICKET_ABANDONED) {   /* its caller gave up waiting */
         fr_client_unlink_ticket_locked(c, t);
         free(t);

@@ -39,6 +39,9 @@ fr_status fr_client_await_locked(fr_client *c, ticket *t, int wait_ms, const cha
     if (r.type == FR_MSG_NONE)
         return fr_fail(FR_EIO, "client: the connection to %s ended before the server answered %s", c->endpoint, what);
     if (r.type == FR_MSG_ERROR) {
+        /* noted when its call takes it, not when it arrives: an update's
+         * second refusal may arrive before the first is taken */
+        fr_client_note_error_locked(c, &r.u.error);
         st = fr_fail(FR_EINVAL, "server refused %s: %s: %s", what, r.u.error.code, r.u.error.message);
         fr_msg_free(&r);
         return st;
