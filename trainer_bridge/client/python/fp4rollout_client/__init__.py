@@ -7,6 +7,7 @@ update_weights, but neither is required). Usage: trainer_bridge/client/python/RE
 import ctypes
 import json
 import math
+import re
 import threading
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -107,6 +108,10 @@ class MetricsSubscriber(_Closes):
             self._s = ctypes.c_void_p()
 
 
+# How the C library words a server's refusal of a call (client_calls.c,
+# client_update.c): the code, then the server's message.
+_REFUSED = re.compile(r"(?:server refused [^:]*|weight update refused by the server): ([A-Za-z0-9_]+): (.*)\Z", re.S)
+
 # A generate's options and their defaults (submit()'s keywords).
 _OPTIONS = dict(n=1, temperature=None, top_k=None, top_p=None, max_tokens=None, stop_token_ids=None, seed=None,
                 monitor=None, per_token_kl=False, forced_tokens=None, group_id=None, first_sample=0, min_tokens=0,
@@ -166,11 +171,12 @@ class RolloutClient(_Closes):
     # ---- errors and JSON replies ----
 
     def _raise(self):
-        code, msg, rid = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_longlong(-1)
-        text = self._lib.fr_client_error_text().decode()
-        if self._lib.fr_client_last_error(self._c, ctypes.byref(code), ctypes.byref(msg), ctypes.byref(rid)) and \
-                (text.startswith("server") or text.startswith("weight update refused")):
-            raise ServerError(code.value.decode(), msg.value.decode(), rid.value if rid.value >= 0 else None)
+        text = self._lib.fr_client_error_text().decode(errors="replace")
+        # The calling thread's own message carries the server's code (the
+        # client's last error may be another thread's by now).
+        refused = _REFUSED.match(text)
+        if refused:
+            raise ServerError(refused.group(1), refused.group(2), None)
         if "cannot reach a server" in text:
             raise ConnectError(text)
         raise ClientError(text)
