@@ -79,7 +79,8 @@ def parse_args(argv=None):
     ap.add_argument("--device", default="cpu", help="torch device of the policy (cpu, cuda, cuda:1, ...)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--sandbox-jobs", type=int, default=4, help="reward processes run at once")
-    ap.add_argument("--timeout-s", type=float, default=600, help="longest wait for one sample")
+    ap.add_argument("--timeout-s", type=float, default=600,
+                    help="deadline of one step's rollouts (its requests are aborted when it passes)")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--allow-updated-server", action="store_true",
                     help="accept a server whose weight version is not 0 (step s then pushes version base + s + 1)")

@@ -14,7 +14,8 @@ FUZZ_BINS    := $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 FUZZ_CFLAGS  := -std=c11 -g -O1 -fno-omit-frame-pointer $(WARN) $(filter -D% -I%,$(CFLAGS)) \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 FUZZ_HDRS    := $(wildcard tests/fuzz/*.h base/*.h app/*.h attention/*.h kvcache/*.h trainer_bridge/*.h trainer_bridge/*/*.h rollout/*/*.h tokenizer/*.h)
-PROTO_SRCS   := $(addprefix trainer_bridge/protocol/,proto_common.c proto_decode.c proto_encode.c proto_utf8.c) $(BASE_SRCS)
+# the codec: every protocol file but the ZeroMQ framing (wire.c)
+PROTO_SRCS   := $(filter-out %/wire.c,$(wildcard trainer_bridge/protocol/*.c)) $(BASE_SRCS)
 
 .PHONY: fuzz fuzz-seeds
 fuzz: $(FUZZ_BINS)

@@ -22,7 +22,9 @@ from harness import (BIN, BUILD, ROOT, Failure, Raw, Server, check, collect, pac
                      wait_for)
 
 CLI = os.path.join(os.path.dirname(BIN), "fp4rollout-client")
-LONG = {"max_tokens": 100000, "stop_token_ids": [], "temperature": 1.0}
+# As long as synthetic:tiny's window (4096) lets a sample of a short prompt run: longer
+# is refused (docs/protocol.md, generate's max_tokens).
+LONG = {"max_tokens": 4000, "stop_token_ids": [], "temperature": 1.0}
 SCENARIOS = []
 
 
@@ -119,7 +121,7 @@ def departed_frozen(env):
     srv, probe = env.srv, env.probe
     code = ("import sys, time; sys.path.insert(0, sys.argv[2]); from harness import Raw; "
             "c = Raw(sys.argv[1]); c.send({'type': 'generate', 'request_id': 1, 'prompt': [256, 5], 'n': 2, "
-            "'max_tokens': 100000, 'stop_token_ids': []}); m = c.recv(10000); print(m['type'], flush=True); "
+            "'max_tokens': 4000, 'stop_token_ids': []}); m = c.recv(10000); print(m['type'], flush=True); "
             "time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code, srv.endpoint, os.path.dirname(__file__)],
                          stdout=subprocess.PIPE, text=True)
@@ -527,8 +529,8 @@ def client_notices_lost_server(env):
     with RolloutClient(srv.endpoint, timeout_ms=20000) as c:
         try:
             for r in (41, 42):
-                c.submit([256, r, 3], n=2, max_tokens=300, stop_token_ids=[], temperature=1.0, request_id=r)
-            time.sleep(0.3)
+                c.submit([256, r, 3], n=2, max_tokens=1000, stop_token_ids=[], temperature=1.0, request_id=r)
+            next(iter(c.events()))   # streaming: far from their ends
             srv.proc.kill()
             srv.proc.wait()
             t0 = time.time()
@@ -545,11 +547,143 @@ def client_notices_lost_server(env):
                 done = list(c.results())
                 check(sorted((s.request_id, s.sample) for s in done) == [(41, 0), (41, 1), (42, 0), (42, 1)],
                       f"after resubmission: {[(s.request_id, s.sample) for s in done]}")
-                check(all(len(s.token_ids) == 300 for s in done), "resubmitted samples are not whole")
+                check(all(len(s.token_ids) == 1000 for s in done), "resubmitted samples are not whole")
             finally:
                 srv2.stop()
         finally:
             srv.stop()
+
+
+# ---- aborts and deadlines --------------------------------------------------------
+
+def until_reply(c, want, timeout_s=30):
+    """Reads until the first message of type want: the tokens streamed and
+    the dones that came before it ({(request, sample): done}), and it."""
+    dones, end = {}, time.time() + timeout_s
+    c.ntok = getattr(c, "ntok", {})
+    while time.time() < end:
+        m = c.recv(500)
+        if m is None:
+            continue
+        key = (m.get("request_id"), m.get("sample"))
+        if m["type"] == "tokens":
+            check(m["start"] == c.ntok.get(key, 0), f"tokens of {key} start at {m['start']}")
+            c.ntok[key] = m["start"] + len(m["token_ids"])
+        elif m["type"] == "done":
+            check(key not in dones, f"a second done for {key}")
+            dones[key] = m
+        elif m["type"] == want:
+            return dones, m
+        else:
+            raise Failure(f"{m['type']} while waiting for {want}: {m}")
+    raise Failure(f"no {want} within {timeout_s} s")
+
+
+def check_partials(c, dones, keys, k, what):
+    """Each sample of keys ended once, reason abort, with what it made: its
+    streamed tokens and, per token, k top log-probs."""
+    check(sorted(dones) == sorted(keys), f"{what}: dones {sorted(dones)}, expected {sorted(keys)}")
+    for key, d in dones.items():
+        n = c.ntok.get(key, 0)
+        check(d["finish_reason"] == "abort" and d["n_tokens"] == n, f"{what}: {key} ended {d['finish_reason']} "
+                                                                  f"with {d['n_tokens']} tokens, {n} streamed")
+        if k:
+            top = d.get("top_logprobs") or {}
+            check(top.get("k") == k and len(top.get("token_ids", [])) == k * n, f"{what}: {key}'s top log-probs")
+
+
+def abort_partials(srv):
+    """Abort of one request, pause abort, and abort of a held request: every
+    sample ends once, before the reply, with the tokens and top log-probs it
+    made (a held one with none)."""
+    c = Raw(srv.endpoint)
+    try:
+        for r in (1, 2):
+            gen(c, r, n=2, prompt=[256, r, 9], logprobs=2, **LONG)
+        for _ in range(200):   # stats replies pace the reads until both requests stream
+            c.send({"type": "stats"})
+            until_reply(c, "stats_reply")
+            if {1, 2} <= {k[0] for k, v in c.ntok.items() if v}:
+                break
+        check({1, 2} <= {k[0] for k, v in c.ntok.items() if v}, "no tokens of both requests")
+        c.send({"type": "abort", "request_ids": [1]})
+        dones, r = until_reply(c, "abort_reply")
+        check(r["samples"] == 2, f"abort reply {r}")
+        check_partials(c, dones, [(1, 0), (1, 1)], 2, "abort")
+        c.send({"type": "pause", "mode": "abort"})
+        dones, r = until_reply(c, "pause_reply")
+        check(r["aborted"] == 2, f"pause reply {r}")
+        check_partials(c, dones, [(2, 0), (2, 1)], 2, "pause abort")
+        gen(c, 3, n=2, prompt=[256, 3, 9], **LONG)   # held by the pause
+        c.send({"type": "abort", "all": True})
+        dones, r = until_reply(c, "abort_reply")
+        check(r["samples"] == 2, f"abort of the held request: {r}")
+        check_partials(c, dones, [(3, 0), (3, 1)], 0, "abort of a held request")
+        check(all(d["n_tokens"] == 0 for d in dones.values()), "a held request made tokens")
+        c.send({"type": "resume"})
+        until_reply(c, "resume_reply")
+        check(c.stats()["server"]["open_requests"] == 0, "requests left open")
+    finally:
+        c.close()
+
+
+@scenario
+def abort_keeps_partials(env):
+    """abort, pause abort, abort of a held request: each ended sample's done
+    carries what it made (docs/protocol.md, abort)."""
+    abort_partials(env.srv)
+
+
+@scenario
+def abort_keeps_partials_mpi(env):
+    """The same on two engines under mpirun -np 2: what an engine made comes
+    back to rank 0 with its done (skipped without mpirun)."""
+    launcher = mpirun()
+    if not launcher:
+        print("     SKIP: mpirun not found", flush=True)
+        return
+    srv = Server(env.dir, "mpiabort", launcher=launcher)
+    try:
+        abort_partials(srv)
+    finally:
+        srv.stop()
+
+
+@scenario
+def deadline_frozen_server(env):
+    """A call of the Python client whose deadline passes while the server is
+    frozen (SIGSTOP): it raises DeadlineExceeded naming its requests within
+    its deadline and reply timeout; once the server runs again, nothing of
+    those requests reaches a later call, which gets exactly its own
+    samples."""
+    sys.path.insert(0, os.path.join(ROOT, "trainer_bridge", "client", "python"))
+    from fp4rollout_client import DeadlineExceeded, RolloutClient, TokenDelta
+    srv = Server(env.dir, "frozen")
+    probe = Raw(srv.endpoint)
+    try:
+        with RolloutClient(srv.endpoint, timeout_ms=1000) as c:
+            stream = c.generate_stream([[256, 4, 4], [256, 5, 5]], n=2, timeout_ms=1500, **LONG)
+            check(isinstance(next(stream), TokenDelta), "no tokens before the freeze")
+            os.kill(srv.proc.pid, signal.SIGSTOP)
+            t0 = time.time()
+            try:
+                for _ in stream:
+                    pass
+                raise Failure("the call ended without its deadline")
+            except DeadlineExceeded as e:
+                ids = e.request_ids
+                check(ids and all(f"{r}" in str(e) for r in ids), f"the error does not name the requests: {e}")
+            finally:
+                os.kill(srv.proc.pid, signal.SIGCONT)
+            check(time.time() - t0 < 15, f"the deadline of 1.5 s took {time.time() - t0:.1f} s")
+            check(wait_for(lambda: probe.stats()["server"]["open_requests"] == 0, 30),
+                  "the expired call's requests still run")
+            got = list(c.generate([256, 6, 6], n=2, max_tokens=8, stop_token_ids=[]))
+            check(len(got) == 2 and not ({s.request_id for s in got} & set(ids)), "the next call got old samples")
+            check(list(c.results()) == [] and c.open_samples() == 0 and not c.lost(), "old samples left over")
+    finally:
+        probe.close()
+        srv.stop()
 
 
 # ---- storms and load -----------------------------------------------------------

@@ -78,7 +78,7 @@ def rss_fds(pid):
 
 def kill_client_mid_stream(srv, rng):
     c = Raw(srv.endpoint)
-    c.send({"type": "generate", "request_id": 1, "prompt": [256, 1, 2], "n": 2, "max_tokens": 100000,
+    c.send({"type": "generate", "request_id": 1, "prompt": [256, 1, 2], "n": 2, "max_tokens": 4000,
             "stop_token_ids": []})
     c.recv(5000)
     c.close()

@@ -12,70 +12,32 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
 
-#include "rollout/engine/session.h"
 #include "rollout/model/tensor_table.h"
+#include "test_util.h"
 #include "trainer_bridge/client/client.h"
 #include "trainer_bridge/protocol/wire.h"
-#include "trainer_bridge/server/server.h"
 
 enum { MAX_NEW = 12, TIMEOUT_MS = 60000 };
 static const int PROMPT[] = {256, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100};
 
-/* A server on its own thread. */
-typedef struct {
-    fr_session sess;
-    fr_bridge_server *srv;
-    pthread_t thread;
-    volatile sig_atomic_t stop;
-    fr_status run_status;
-    FILE *log;
-} live_server;
-
-static void *serve(void *arg)
+static fr_test_server *start(const char *spec)
 {
-    live_server *l = arg;
-    l->run_status = fr_bridge_server_run(l->srv, &l->stop);
-    return NULL;
+    fr_test_server *l = NULL;
+    assert_int_equal(fr_test_server_start(spec, 64, 4, MAX_NEW, &l), FR_OK);
+    return l;
 }
 
-static void start(live_server *l, const char *spec)
-{
-    memset(l, 0, sizeof *l);
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.model = spec;
-    o.backend = FR_BACKEND_CPU;
-    assert_int_equal(fr_session_open(&o, 64, 4, &l->sess), FR_OK);
-    l->log = fopen("/dev/null", "w");
-    assert_non_null(l->log);
-    fr_bridge_config cfg = {.endpoint = "tcp://127.0.0.1:*", .model_name = spec, .max_seqs = 4,
-                            .sampling = {.params = {.temperature = 0, .top_k = 0, .top_p = 1}, .max_tokens = MAX_NEW},
-                            .shutdown_linger_ms = 1000, .stats_log_ms = -1, .log = l->log};
-    assert_int_equal(fr_bridge_server_new(&l->sess, &cfg, &l->srv), FR_OK);
-    assert_int_equal(pthread_create(&l->thread, NULL, serve, l), 0);
-}
+static void stop(fr_test_server *l) { assert_int_equal(fr_test_server_stop(&l), FR_OK); }
 
-static void stop(live_server *l)
-{
-    l->stop = 1;
-    pthread_join(l->thread, NULL);
-    assert_int_equal(l->run_status, FR_OK);
-    fr_bridge_server_destroy(&l->srv);
-    fr_session_close(&l->sess);
-    fclose(l->log);
-}
-
-static fr_client *connect_to(live_server *l)
+static fr_client *connect_to(fr_test_server *l)
 {
     fr_client *c;
-    assert_int_equal(fr_client_new(fr_bridge_server_endpoint(l->srv), &c), FR_OK);
+    assert_int_equal(fr_client_new(fr_test_server_endpoint(l), &c), FR_OK);
     fr_client_set_timeout(c, TIMEOUT_MS);
     return c;
 }
@@ -199,10 +161,8 @@ static void bad_frame(const char *endpoint)
 static void test_server_in_process(void **state)
 {
     (void)state;
-    live_server a, b;
-    start(&a, "synthetic:tiny");
-    start(&b, "synthetic:tiny:7");
-    fr_client *ca = connect_to(&a), *cb = connect_to(&b);
+    fr_test_server *a = start("synthetic:tiny"), *b = start("synthetic:tiny:7");
+    fr_client *ca = connect_to(a), *cb = connect_to(b);
     int t0[MAX_NEW], t7[MAX_NEW], t[MAX_NEW];
     uint64_t v;
     greedy(ca, 1, t0, &v);
@@ -235,7 +195,7 @@ static void test_server_in_process(void **state)
     assert_true(v == 4);
     assert_memory_equal(t, t0, sizeof t);
     /* a bad frame gets an error, and the server goes on */
-    bad_frame(fr_bridge_server_endpoint(a.srv));
+    bad_frame(fr_test_server_endpoint(a));
     fr_msg_hello_reply hello;
     assert_int_equal(fr_client_hello(ca, "test", &hello), FR_OK);
     assert_true(hello.weight_version == 4);
@@ -244,8 +204,8 @@ static void test_server_in_process(void **state)
     free_tensors(&w0);
     fr_client_destroy(&ca);
     fr_client_destroy(&cb);
-    stop(&a);
-    stop(&b);
+    stop(a);
+    stop(b);
 }
 
 int main(void)

@@ -8,6 +8,12 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <pthread.h>
+#include <signal.h>
+
+#include "rollout/engine/session.h"
+#include "trainer_bridge/server/server.h"
+
 /* FR_<NAME>_DIR, the variable that points at checkpoint `name`. */
 static void dir_variable(const char *name, char *var, size_t cap)
 {
@@ -75,4 +81,69 @@ void fr_test_clear_dir(const char *dir, int remove_self)
         }
     closedir(d);
     if (remove_self) rmdir(dir);
+}
+
+struct fr_test_server {
+    fr_session sess;
+    fr_bridge_server *srv;
+    pthread_t thread;
+    volatile sig_atomic_t stop;
+    fr_status run_status;
+    FILE *log;
+};
+
+static void *serve_loop(void *arg)
+{
+    fr_test_server *l = arg;
+    l->run_status = fr_bridge_server_run(l->srv, &l->stop);
+    return NULL;
+}
+
+fr_status fr_test_server_start(const char *spec, int kv_blocks, int max_seqs, int max_tokens, fr_test_server **out)
+{
+    *out = NULL;
+    fr_test_server *l = calloc(1, sizeof *l);
+    if (!l) return fr_fail(FR_ENOMEM, "test server: out of memory");
+    fr_engine_opts o;
+    fr_engine_opts_default(&o);
+    o.model = spec;
+    o.backend = FR_BACKEND_CPU;
+    fr_status st = fr_session_open(&o, kv_blocks, max_seqs, &l->sess);
+    if (st) {
+        free(l);
+        return st;
+    }
+    l->log = fopen("/dev/null", "w");
+    fr_bridge_config cfg = {.endpoint = "tcp://127.0.0.1:*", .model_name = spec, .max_seqs = max_seqs,
+                            .sampling = {.params = {.temperature = 0, .top_k = 0, .top_p = 1}, .max_tokens = max_tokens},
+                            .shutdown_linger_ms = 1000, .stats_log_ms = -1, .log = l->log};
+    if (!l->log) st = fr_fail(FR_EIO, "test server: cannot open /dev/null");
+    if (!st) st = fr_bridge_server_new(&l->sess, &cfg, &l->srv);
+    if (!st && pthread_create(&l->thread, NULL, serve_loop, l)) st = fr_fail(FR_EIO, "test server: no thread");
+    if (st) {
+        fr_bridge_server_destroy(&l->srv);
+        fr_session_close(&l->sess);
+        if (l->log) fclose(l->log);
+        free(l);
+        return st;
+    }
+    *out = l;
+    return FR_OK;
+}
+
+const char *fr_test_server_endpoint(const fr_test_server *l) { return fr_bridge_server_endpoint(l->srv); }
+
+fr_status fr_test_server_stop(fr_test_server **pl)
+{
+    fr_test_server *l = *pl;
+    if (!l) return FR_OK;
+    l->stop = 1;
+    pthread_join(l->thread, NULL);
+    const fr_status st = l->run_status;
+    fr_bridge_server_destroy(&l->srv);
+    fr_session_close(&l->sess);
+    fclose(l->log);
+    free(l);
+    *pl = NULL;
+    return st;
 }

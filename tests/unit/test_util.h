@@ -1,8 +1,11 @@
-/* Helpers shared by the unit tests: where test data lives and a seeded RNG. */
+/* Helpers shared by the unit tests: where test data lives, a seeded RNG, and
+ * the bridge server running in the test's process. */
 #ifndef FR_TEST_UTIL_H
 #define FR_TEST_UTIL_H
 
 #include <stdint.h>
+
+#include "base/fr_status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -28,6 +31,16 @@ typedef struct { uint64_t s; } fr_test_rng;
 uint64_t fr_test_u64(fr_test_rng *r);
 float fr_test_uniform(fr_test_rng *r);          /* [0, 1) */
 float fr_test_normal(fr_test_rng *r);           /* N(0, 1), Box-Muller */
+
+/* The bridge server (trainer_bridge/server/server.h) on a thread of this
+ * process, bound to a free loopback port, over a CPU session of the
+ * synthetic model spec with kv_blocks KV pages and max_seqs sequences;
+ * greedy, max_tokens by default, its log discarded. */
+typedef struct fr_test_server fr_test_server;
+fr_status fr_test_server_start(const char *spec, int kv_blocks, int max_seqs, int max_tokens, fr_test_server **out);
+const char *fr_test_server_endpoint(const fr_test_server *l);
+/* Stops its loop and frees it; returns what the loop returned. */
+fr_status fr_test_server_stop(fr_test_server **l);
 
 #ifdef __cplusplus
 }

@@ -12,10 +12,25 @@
  *     fr_client_destroy(&c);
  *
  * Results (tokens, done, and errors about a request) arrive asynchronously.
- * The synchronous calls (hello, abort, pause, resume, stats) wait for their
- * reply; whatever else arrives meanwhile is kept, in order, for the next
- * fr_client_next or fr_client_dispatch. One client is used by one thread at
- * a time. */
+ * The calls answered by a reply (hello, abort, pause, resume, stats, the
+ * weight updates) wait for their own reply; whatever else arrives meanwhile
+ * is kept for its reader. Results go by request: a reader either names the
+ * requests it wants (fr_client_wait_event with ids) or takes those of every
+ * request that no reader owns (fr_client_next, fr_client_dispatch,
+ * fr_client_next_sample, fr_client_next_event, fr_client_wait_event
+ * without ids); a request sent with fr_client_generate_owned goes only to
+ * readers that name it. Each result is handed out once, to one reader.
+ *
+ * Threads: one client may be used by several threads at once. One thread
+ * at a time receives from the socket and routes what comes to the request
+ * or the call it belongs to; the others wait for theirs. So several
+ * threads can each send requests and wait for their own results, and
+ * calls from several threads each get their own reply (replies meet calls
+ * by type, oldest first; an error that names no request answers the oldest
+ * call that can get it). Two weight updates on one client at once are
+ * refused. fr_client_next_event's delta and fr_client_last_error are the
+ * client's, not the thread's: threads read results with
+ * fr_client_wait_event, whose events they own. */
 #ifndef FR_CLIENT_H
 #define FR_CLIENT_H
 
@@ -45,47 +60,73 @@ fr_status fr_client_new_curve(const char *endpoint, const fr_client_curve *keys,
 /* A new CURVE key pair, Z85 with the NUL (41 bytes each). */
 fr_status fr_client_keypair(char public_key[41], char secret_key[41]);
 
-/* How long synchronous calls and sends wait, in ms (default 30000). */
+/* How long a call waits for its reply, and a send for room, in ms (default
+ * 30000; -1: no limit). A pause in mode wait is not limited by it: it lasts
+ * as long as the samples in flight (it ends with its reply, or with the
+ * connection). Waits for results take their own limits. */
 void fr_client_set_timeout(fr_client *c, int timeout_ms);
 
 fr_status fr_client_hello(fr_client *c, const char *name, fr_msg_hello_reply *out);
 fr_status fr_client_stats(fr_client *c, fr_msg_stats_reply *out);
-/* Pause: abort mode ends the samples in flight now (their done messages
- * come first); wait mode returns once the engine has finished them. */
+/* Pause: abort mode ends the samples in flight now (their done messages,
+ * reason abort, with what each sample made so far, come first and go to
+ * their readers); wait mode returns once the engine has finished them. */
 fr_status fr_client_pause(fr_client *c, fr_pause_mode mode, fr_msg_pause_reply *out);
 fr_status fr_client_resume(fr_client *c, fr_msg_resume_reply *out);
 
 /* Sends a generate. FR_EINVAL when request_id is already open on this
- * client (ids must be unique among open requests) or the message is
- * invalid; nothing is sent then. */
+ * client (ids must be unique among open requests: a request stays open
+ * until its last done or its error was handed out, or it was discarded) or
+ * the message is invalid; nothing is sent then. */
 fr_status fr_client_generate(fr_client *c, const fr_msg_generate *g);
+/* fr_client_generate for a reader of its own: the request's results go only
+ * to fr_client_wait_event calls that name it, never to the readers of
+ * every request, and its samples are not counted by
+ * fr_client_open_samples. */
+fr_status fr_client_generate_owned(fr_client *c, const fr_msg_generate *g);
 
 /* Aborts the given requests (n >= 1), or every open request of this
  * client (ids NULL, n 0), and waits for the reply: *samples_ended (may be
  * NULL) gets the samples it ended, *not_found (may be NULL) the number of
  * ids the server had no open request for (finished already, or unknown).
- * The done messages of the ended samples arrive before the reply. */
+ * The done messages of the ended samples (reason abort, with the tokens,
+ * log-probs and weight versions made so far) arrive before the reply and
+ * wait for their readers like any result. */
 fr_status fr_client_abort(fr_client *c, const uint64_t *ids, int n, int *samples_ended, int *not_found);
 
-/* Samples this client sent and has not seen the done of (requests the
- * server refused with an error are not counted). */
+/* Samples of the requests not owned by a reader whose done has not been
+ * handed out yet (a done received but not read still counts; requests the
+ * server refused count until their error is read). */
 int fr_client_open_samples(const fr_client *c);
+/* The same for the requests named (owned or not). */
+int fr_client_open_samples_of(fr_client *c, const uint64_t *ids, int n);
+/* The requests not owned by a reader with samples open: their count, and
+ * the first `cap` ids into ids (may be NULL). */
+int fr_client_open_requests(fr_client *c, uint64_t *ids, int cap);
+/* Gives requests up on this side: what was received of them and what
+ * arrives later is dropped, and they no longer count as open. It does not
+ * end them on the server: abort them first (a deadline's way: abort, read
+ * what the abort ended, discard the rest). */
+fr_status fr_client_discard(fr_client *c, const uint64_t *ids, int n);
 
 /* A lost server (docs/failures.md). The client sends ZMTP heartbeats and
  * watches its connection: when it ends (the server was killed, or was
- * silent for 3 s) with samples open, fr_client_next and the calls built on
- * it return FR_EIO, once what arrived before is read, with a message
- * naming the requests whose samples will not end; fr_client_lost is then
- * 1. fr_client_resubmit sends every request with samples open again, with
- * its own request id (to a restarted server: request ids make it
- * idempotent, as a server that still has the request refuses the copy
- * with duplicate_request_id), drops what was streamed of their samples,
- * and clears the lost state; *n_requests gets how many it sent. An
- * unseeded request gets a new seed from the new server. */
+ * silent for 3 s) with samples open, the readers of those samples return
+ * FR_EIO, once what arrived before is read, with a message naming the
+ * requests whose samples will not end; fr_client_lost is then 1, and a
+ * call waiting for its reply fails. Only requests sent on the connection
+ * that ended are lost: later ones (to a restarted server) go on.
+ * fr_client_resubmit sends every lost request again, with its own request
+ * id (to a restarted server: request ids make it idempotent, as a server
+ * that still has the request refuses the copy with duplicate_request_id),
+ * drops what was streamed of it, and clears its lost state; *n_requests
+ * gets how many it sent. An unseeded request gets a new seed from the new
+ * server. fr_client_lost is 1 while a lost request has samples to come. */
 int fr_client_lost(const fr_client *c);
 fr_status fr_client_resubmit(fr_client *c, int *n_requests);
 
-/* Polling: the next tokens, done or error message, waiting up to
+/* Polling: the next tokens, done or error message of the requests not
+ * owned by a reader (or a reply no call waits for), waiting up to
  * timeout_ms (0: do not wait, -1: forever). *got 0 when none came. The
  * caller frees *out with fr_msg_free. */
 fr_status fr_client_next(fr_client *c, int timeout_ms, fr_msg *out, int *got);
@@ -198,11 +239,13 @@ typedef struct {
     int n_prompt_logprobs;
 } fr_client_sample;
 
-/* Reads messages until a sample ends: 1 in *got and the sample (free with
- * fr_client_sample_free), or *got 0 when nothing ended within timeout_ms.
- * An error about a request (a refused generate) fails with FR_EINVAL and
- * its message (fr_client_last_error has the code and the request id).
- * Uses fr_client_next: do not mix with it. */
+/* Reads the results of the requests not owned by a reader until a sample
+ * ends: 1 in *got and the sample (free with fr_client_sample_free), or *got
+ * 0 when nothing ended within timeout_ms (at once when no such sample is
+ * open). An error about a request (a refused generate) fails with
+ * FR_EINVAL and its message (fr_client_last_error has the code and the
+ * request id). Assembles deltas that fr_client_next would hand out raw: do
+ * not mix the two on the same requests. */
 fr_status fr_client_next_sample(fr_client *c, int timeout_ms, fr_client_sample **out, int *got);
 void fr_client_sample_free(fr_client_sample **s);
 
@@ -224,6 +267,37 @@ typedef struct {
  * fr_client_next. */
 fr_status fr_client_next_event(fr_client *c, int timeout_ms, fr_client_delta *delta, fr_client_sample **out,
                                int *got);
+
+/* What fr_client_wait_event hands out; it owns what it points to until
+ * fr_client_event_free. */
+typedef enum {
+    FR_CLIENT_EVENT_NONE = 0,     /* nothing within the time, or nothing more can come */
+    FR_CLIENT_EVENT_DELTA,        /* delta: a sample's new tokens */
+    FR_CLIENT_EVENT_SAMPLE,       /* sample: a finished sample (any reason: abort keeps its tokens) */
+    FR_CLIENT_EVENT_ERROR         /* code, message: the server refused request request_id */
+} fr_client_event_kind;
+
+typedef struct {
+    int kind;                           /* fr_client_event_kind */
+    uint64_t request_id;                /* the request it is about */
+    fr_client_delta delta;              /* DELTA */
+    fr_client_sample *sample;           /* SAMPLE */
+    char code[FR_PROTO_NAME_MAX];       /* ERROR: the server's code (invalid_request, ...) */
+    char message[FR_PROTO_TEXT_MAX];    /* ERROR: its message, naming the request */
+    void *msg_;                         /* (what the delta's arrays live in) */
+} fr_client_event;
+
+/* The next event of the requests named (ids, n >= 1), or of every request
+ * not owned by a reader (ids NULL, n 0), waiting up to timeout_ms (0: what
+ * is there; -1: no limit). With deltas 0, token deltas are only assembled
+ * into their samples, not handed out. Returns at once with kind NONE when
+ * none of those requests has a sample open. FR_EIO when the connection is
+ * lost with samples of theirs still to come (fr_client_lost). Several
+ * threads may wait at once, each for its own requests. Free the event with
+ * fr_client_event_free. */
+fr_status fr_client_wait_event(fr_client *c, const uint64_t *ids, int n, int deltas, int timeout_ms,
+                               fr_client_event *ev);
+void fr_client_event_free(fr_client_event *ev);
 
 /* ---- JSON (for command lines and bindings) ---- */
 
@@ -257,10 +331,10 @@ typedef struct {
     void *user;
 } fr_client_handlers;
 
-/* Callbacks: hands every message that is ready to its handler (a NULL
- * handler skips it); waits up to timeout_ms for the first one. *handled
- * (may be NULL) gets the count. Callbacks may call fr_client_generate but
- * not the synchronous calls. */
+/* Callbacks: hands every message fr_client_next would give that is ready
+ * to its handler (a NULL handler skips it); waits up to timeout_ms for the
+ * first one. *handled (may be NULL) gets the count. Callbacks run without
+ * the client's lock: they may call any function of the client. */
 fr_status fr_client_dispatch(fr_client *c, const fr_client_handlers *h, int timeout_ms, int *handled);
 
 #ifdef __cplusplus

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <msgpack.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,41 +31,44 @@ static void str(jbuf *b, const char *s) { strn(b, s, strlen(s)); }
 static void u64(jbuf *b, const char *k, uint64_t v, int comma) { fr_buf_printf(b, "\"%s\":%llu%s", k, (unsigned long long)v, comma ? "," : ""); }
 static void i32(jbuf *b, const char *k, int v, int comma) { fr_buf_printf(b, "\"%s\":%d%s", k, v, comma ? "," : ""); }
 
+/* The counts of stats_reply, in the order of docs/protocol.md: name, where
+ * it sits, and whether it is a uint64 (else an int). */
+typedef struct {
+    const char *name;
+    size_t off;
+    int wide;
+} count_field;
+
+#define I32(f) {#f, offsetof(fr_msg_stats_reply, f), 0}
+#define U64(f) {#f, offsetof(fr_msg_stats_reply, f), 1}
+static const count_field scheduler_counts[] = {
+    I32(running), I32(prefilling), I32(waiting), U64(preemptions), U64(tokens_generated), U64(prefill_tokens),
+    U64(steps), U64(finished), I32(kv_blocks_used), I32(kv_blocks_free)};
+static const count_field server_counts[] = {
+    U64(update_version), U64(updates_committed), U64(updates_failed), U64(weight_version), I32(clients),
+    I32(open_requests), I32(held_requests), U64(messages_in), U64(messages_out), U64(bad_messages),
+    U64(errors_sent), U64(requests_accepted), U64(requests_rejected), U64(samples_done), U64(tokens_streamed),
+    U64(send_retries), U64(queued_messages), U64(undeliverable_messages), U64(clients_departed)};
+#undef I32
+#undef U64
+
+static void counts(jbuf *b, const fr_msg_stats_reply *s, const count_field *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const char *at = (const char *)s + f[i].off;
+        if (f[i].wide) u64(b, f[i].name, *(const uint64_t *)(const void *)at, i + 1 < n);
+        else i32(b, f[i].name, *(const int *)(const void *)at, i + 1 < n);
+    }
+}
+
 static void stats(jbuf *b, const fr_msg_stats_reply *s)
 {
     fr_buf_printf(b, "\"scheduler\":{");
-    i32(b, "running", s->running, 1);
-    i32(b, "prefilling", s->prefilling, 1);
-    i32(b, "waiting", s->waiting, 1);
-    u64(b, "preemptions", s->preemptions, 1);
-    u64(b, "tokens_generated", s->tokens_generated, 1);
-    u64(b, "prefill_tokens", s->prefill_tokens, 1);
-    u64(b, "steps", s->steps, 1);
-    u64(b, "finished", s->finished, 1);
-    i32(b, "kv_blocks_used", s->kv_blocks_used, 1);
-    i32(b, "kv_blocks_free", s->kv_blocks_free, 0);
+    counts(b, s, scheduler_counts, sizeof scheduler_counts / sizeof scheduler_counts[0]);
     fr_buf_printf(b, "},\"server\":{\"state\":");
     str(b, s->state);
     fr_buf_printf(b, ",\"updating\":%s,", s->updating ? "true" : "false");
-    u64(b, "update_version", s->update_version, 1);
-    u64(b, "updates_committed", s->updates_committed, 1);
-    u64(b, "updates_failed", s->updates_failed, 1);
-    u64(b, "weight_version", s->weight_version, 1);
-    i32(b, "clients", s->clients, 1);
-    i32(b, "open_requests", s->open_requests, 1);
-    i32(b, "held_requests", s->held_requests, 1);
-    u64(b, "messages_in", s->messages_in, 1);
-    u64(b, "messages_out", s->messages_out, 1);
-    u64(b, "bad_messages", s->bad_messages, 1);
-    u64(b, "errors_sent", s->errors_sent, 1);
-    u64(b, "requests_accepted", s->requests_accepted, 1);
-    u64(b, "requests_rejected", s->requests_rejected, 1);
-    u64(b, "samples_done", s->samples_done, 1);
-    u64(b, "tokens_streamed", s->tokens_streamed, 1);
-    u64(b, "send_retries", s->send_retries, 1);
-    u64(b, "queued_messages", s->queued_messages, 1);
-    u64(b, "undeliverable_messages", s->undeliverable_messages, 1);
-    u64(b, "clients_departed", s->clients_departed, 0);
+    counts(b, s, server_counts, sizeof server_counts / sizeof server_counts[0]);
     fr_buf_printf(b, "}");
 }
 

@@ -349,6 +349,57 @@ static fr_status check_nccl_bucket(const fr_msg_nccl_bucket *b)
     return FR_OK;
 }
 
+static fr_status check_hello_reply(const fr_msg_hello_reply *h)
+{
+    const char *t = "hello_reply";
+    fr_status st;
+    if ((st = check_name(t, "server", h->server, 1)) || (st = check_name(t, "model", h->model, 1)) ||
+        (st = check_name(t, "backend", h->backend, 1)) || (st = check_name(t, "kv_dtype", h->kv_dtype, 1)))
+        return st;
+    if (h->tp < 1 || h->engines < 1 || h->max_seqs < 1 || h->kv_blocks < 1 || h->kv_block_tokens < 1 ||
+        h->max_model_len < 1 || h->vocab_size < 1 || h->chunk < 1)
+        return BAD("hello_reply: tp, engines, max_seqs, kv_blocks, kv_block_tokens, max_model_len, vocab_size "
+                   "and chunk must be >= 1");
+    if (h->n_eos_token_ids < 0 || h->n_eos_token_ids > FR_PROTO_MAX_EOS)
+        return BAD("hello_reply: \"eos_token_ids\" holds at most %d ids", FR_PROTO_MAX_EOS);
+    return check_ids(t, "eos_token_ids", h->eos_token_ids, h->n_eos_token_ids, 0);
+}
+
+static fr_status check_tokens(const fr_msg_tokens *k)
+{
+    const char *t = "tokens";
+    if (k->sample < 0 || k->start < 0) return BAD("tokens: \"sample\" and \"start\" must be >= 0");
+    fr_status st = check_ids(t, "token_ids", k->token_ids, k->n, 1);
+    if (st) return st;
+    if (!k->logprobs || !k->weight_versions) return BAD("tokens: \"logprobs\" or \"weight_versions\" missing");
+    for (int i = 0; i < k->n; i++)
+        if (!(k->logprobs[i] <= 0) && !isnan(k->logprobs[i]))
+            return BAD("tokens: \"logprobs\"[%d] must be <= 0, got %g", i, (double)k->logprobs[i]);
+    return FR_OK;
+}
+
+static fr_status check_done(const fr_msg_done *d)
+{
+    if (d->sample < 0 || d->n_tokens < 0 || d->n_prompt < 0 || d->preemptions < 0)
+        return BAD("done: \"sample\", \"n_tokens\", \"n_prompt\" and \"preemptions\" must be >= 0");
+    if ((int)d->finish_reason < 0 || d->finish_reason > FR_WIRE_ERROR)
+        return BAD("done: \"finish_reason\" must be stop, length, abort or error");
+    if (!(d->total_ms >= 0) || (d->has_ttft && !(d->ttft_ms >= 0)))
+        return BAD("done: timings must be >= 0 milliseconds");
+    if (d->divergence.has_values && d->divergence.positions < 0)
+        return BAD("done: \"divergence.positions\" must be >= 0");
+    if (d->divergence.n_kl < 0 || d->divergence.n_kl > FR_PROTO_MAX_ARRAY ||
+        (d->divergence.n_kl > 0 && !d->divergence.kl) || (d->divergence.kl && !d->divergence.has_values))
+        return BAD("done: \"divergence.per_token_kl\" comes only with the other divergence figures");
+    if (d->top_k < 0 || d->top_k > FR_PROTO_MAX_LOGPROBS || (d->top_k > 0 && (!d->top_token_ids || !d->top_logprobs)))
+        return BAD("done: \"top_logprobs.k\" must be in [1, %d] with its arrays", FR_PROTO_MAX_LOGPROBS);
+    if (d->n_prompt_logprobs < 0 || (d->n_prompt_logprobs > 0 && !d->prompt_logprobs) ||
+        (d->prompt_logprobs && d->n_prompt_logprobs != (d->n_prompt > 0 ? d->n_prompt - 1 : 0)))
+        return BAD("done: \"prompt_logprobs\" must hold n_prompt - 1 = %d entries, got %d",
+                   d->n_prompt > 0 ? d->n_prompt - 1 : 0, d->n_prompt_logprobs);
+    return FR_OK;
+}
+
 fr_status fr_proto_check(const fr_msg *m)
 {
     if (!m) return fr_fail(FR_EINVAL, "protocol: message is NULL");
@@ -401,52 +452,12 @@ fr_status fr_proto_check(const fr_msg *m)
             return BAD("update_weights_reply: \"bucket\" is a number >= 0 exactly when \"stage\" is bucket");
         return FR_OK;
     }
-    case FR_MSG_HELLO_REPLY: {
-        const fr_msg_hello_reply *h = &m->u.hello_reply;
-        fr_status st;
-        if ((st = check_name(t, "server", h->server, 1)) || (st = check_name(t, "model", h->model, 1)) ||
-            (st = check_name(t, "backend", h->backend, 1)) || (st = check_name(t, "kv_dtype", h->kv_dtype, 1)))
-            return st;
-        if (h->tp < 1 || h->engines < 1 || h->max_seqs < 1 || h->kv_blocks < 1 || h->kv_block_tokens < 1 ||
-            h->max_model_len < 1 || h->vocab_size < 1 || h->chunk < 1)
-            return BAD("hello_reply: tp, engines, max_seqs, kv_blocks, kv_block_tokens, max_model_len, vocab_size "
-                       "and chunk must be >= 1");
-        if (h->n_eos_token_ids < 0 || h->n_eos_token_ids > FR_PROTO_MAX_EOS)
-            return BAD("hello_reply: \"eos_token_ids\" holds at most %d ids", FR_PROTO_MAX_EOS);
-        return check_ids(t, "eos_token_ids", h->eos_token_ids, h->n_eos_token_ids, 0);
-    }
-    case FR_MSG_TOKENS: {
-        const fr_msg_tokens *k = &m->u.tokens;
-        if (k->sample < 0 || k->start < 0) return BAD("tokens: \"sample\" and \"start\" must be >= 0");
-        fr_status st = check_ids(t, "token_ids", k->token_ids, k->n, 1);
-        if (st) return st;
-        if (!k->logprobs || !k->weight_versions) return BAD("tokens: \"logprobs\" or \"weight_versions\" missing");
-        for (int i = 0; i < k->n; i++)
-            if (!(k->logprobs[i] <= 0) && !isnan(k->logprobs[i]))
-                return BAD("tokens: \"logprobs\"[%d] must be <= 0, got %g", i, (double)k->logprobs[i]);
-        return FR_OK;
-    }
-    case FR_MSG_DONE: {
-        const fr_msg_done *d = &m->u.done;
-        if (d->sample < 0 || d->n_tokens < 0 || d->n_prompt < 0 || d->preemptions < 0)
-            return BAD("done: \"sample\", \"n_tokens\", \"n_prompt\" and \"preemptions\" must be >= 0");
-        if ((int)d->finish_reason < 0 || d->finish_reason > FR_WIRE_ERROR)
-            return BAD("done: \"finish_reason\" must be stop, length, abort or error");
-        if (!(d->total_ms >= 0) || (d->has_ttft && !(d->ttft_ms >= 0)))
-            return BAD("done: timings must be >= 0 milliseconds");
-        if (d->divergence.has_values && d->divergence.positions < 0)
-            return BAD("done: \"divergence.positions\" must be >= 0");
-        if (d->divergence.n_kl < 0 || d->divergence.n_kl > FR_PROTO_MAX_ARRAY ||
-            (d->divergence.n_kl > 0 && !d->divergence.kl) || (d->divergence.kl && !d->divergence.has_values))
-            return BAD("done: \"divergence.per_token_kl\" comes only with the other divergence figures");
-        if (d->top_k < 0 || d->top_k > FR_PROTO_MAX_LOGPROBS || (d->top_k > 0 && (!d->top_token_ids || !d->top_logprobs)))
-            return BAD("done: \"top_logprobs.k\" must be in [1, %d] with its arrays", FR_PROTO_MAX_LOGPROBS);
-        if (d->n_prompt_logprobs < 0 || (d->n_prompt_logprobs > 0 && !d->prompt_logprobs) ||
-            (d->prompt_logprobs && d->n_prompt_logprobs != (d->n_prompt > 0 ? d->n_prompt - 1 : 0)))
-            return BAD("done: \"prompt_logprobs\" must hold n_prompt - 1 = %d entries, got %d",
-                       d->n_prompt > 0 ? d->n_prompt - 1 : 0, d->n_prompt_logprobs);
-        return FR_OK;
-    }
+    case FR_MSG_HELLO_REPLY:
+        return check_hello_reply(&m->u.hello_reply);
+    case FR_MSG_TOKENS:
+        return check_tokens(&m->u.tokens);
+    case FR_MSG_DONE:
+        return check_done(&m->u.done);
     case FR_MSG_ABORT_REPLY:
         if (m->u.abort_reply.samples < 0 || m->u.abort_reply.n_not_found < 0 ||
             m->u.abort_reply.n_not_found > FR_PROTO_MAX_ARRAY ||

@@ -143,6 +143,21 @@ fr_status srv_check_spec(const fr_bridge_server *srv, const fr_request_spec *r, 
     return FR_OK;
 }
 
+/* A max_tokens the request asks for must fit the context window: cutting it
+ * short would hand the trainer samples shorter than it asked for with no
+ * word of why. Left out, the server's default applies, cut to the window
+ * (docs/protocol.md, generate). */
+static fr_status check_window(const fr_bridge_server *srv, const fr_msg_generate *g)
+{
+    if (!g->has_max_tokens || g->n_prompt >= srv->max_pos || g->max_tokens <= srv->max_pos - g->n_prompt)
+        return FR_OK;
+    return fr_fail(FR_EINVAL, "request %llu: max_tokens %d does not fit the context window: prompt (%d tokens) + "
+                              "max_tokens must be at most max_model_len %d, so max_tokens is at most %d here "
+                              "(left out, the most that fits applies)",
+                   (unsigned long long)g->request_id, g->max_tokens, g->n_prompt, srv->max_pos,
+                   srv->max_pos - g->n_prompt);
+}
+
 static int insert_request(fr_bridge_server *srv, request *q)
 {
     if (srv->n_reqs == srv->cap_reqs) {
@@ -186,6 +201,7 @@ void srv_handle_generate(fr_bridge_server *srv, int peer, const fr_msg_generate 
     fr_request_spec spec;
     build_spec(srv, q, g, &spec);
     fr_status st = srv_check_spec(srv, &spec, id);
+    if (!st) st = check_window(srv, g);
     if (!st && insert_request(srv, q)) st = fr_fail(FR_ENOMEM, "the server is out of memory");
     if (st) {
         srv_free_request(q);

@@ -7,15 +7,19 @@ update_weights, but neither is required). Usage: trainer_bridge/client/python/RE
 import ctypes
 import json
 import math
-from dataclasses import dataclass, field
+import re
+import threading
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _native
 from . import text as _text
+from ._calls import Drain as _Drain
+from ._types import (ClientError, ConnectError, DeadlineExceeded, SampleResult, ServerError, TokenDelta,
+                     from_event as _from_event, id_array as _id_array)
 from .text import ByteTokenizer
 
 __all__ = ["RolloutClient", "AsyncRolloutClient", "MetricsSubscriber", "SampleResult", "TokenDelta", "ServerError",
-           "ClientError",
+           "ClientError", "ConnectError", "DeadlineExceeded",
            "ByteTokenizer", "group_by_prompt", "mismatch_metrics", "keypair", "load_exported"]
 
 _lib = None
@@ -27,84 +31,12 @@ def _native_lib():
         _lib = _native.load()
     return _lib
 
-
-class ClientError(Exception):
-    """A failure on the client side (connection, timeout, bad argument)."""
-
-
-class ConnectError(ClientError, ConnectionError):
-    """No server answers at the endpoint (the message names it)."""
-
-
-class ServerError(Exception):
-    """An error message from the server: code (e.g. bad_checksum, invalid_request), message and request_id."""
-
-    def __init__(self, code: str, message: str, request_id: Optional[int] = None):
-        named = request_id is None or f"request {request_id}" in message
-        super().__init__(f"{code}: {message}" + ("" if named else f" (request {request_id})"))
-        self.code = code
-        self.message = message
-        self.request_id = request_id
-
-
-@dataclass
-class SampleResult:
-    """One finished sample."""
-    request_id: int
-    group_id: int
-    sample: int
-    token_ids: List[int]
-    logprobs: List[float]
-    weight_versions: List[int]
-    finish_reason: str
-    n_prompt: int
-    preemptions: int
-    ttft_ms: Optional[float]
-    total_ms: float
-    # kl_mean, kl_max, top1_agreement, logprob_diff_mean, positions (None when not
-    # monitored) and per_token_kl (a list when asked for, else None)
-    divergence: Dict[str, object] = field(default_factory=dict)
-    # the sampling seed that produced it (the request's, or the one the server drew
-    # for an unseeded request): generate with it to replay the sample; None from a
-    # server that does not report it
-    seed: Optional[int] = None
-    # the tokens as text, when the client has a tokenizer (None otherwise)
-    text: Optional[str] = None
-    # with logprobs=k: for every generated token, its k most likely tokens as
-    # (token id, log-prob) pairs, best first (None when not asked)
-    top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
-    # with prompt_logprobs=True, in the request's first sample: one entry per
-    # prompt token, None for the first (nothing precedes it), else its log-prob
-    # given the tokens before it
-    prompt_logprobs: Optional[List[Optional[float]]] = None
-
-
-@dataclass
-class TokenDelta:
-    """Tokens of one sample as the server streams them (docs/protocol.md,
-    "tokens"): token_ids[i] is the sample's token start + i."""
-    request_id: int
-    sample: int
-    start: int
-    token_ids: List[int]
-    logprobs: List[float]
-    weight_versions: List[int]
-    # the tokens as text, when the client has a tokenizer (None otherwise; a
-    # multi-byte character split between deltas decodes with replacements)
-    text: Optional[str] = None
-
-
 def keypair() -> Tuple[str, str]:
     """A new CURVE key pair (public, secret), Z85 text."""
     pub, sec = ctypes.create_string_buffer(41), ctypes.create_string_buffer(41)
     if _native_lib().fr_client_keypair(pub, sec):
         raise ClientError(_native_lib().fr_client_error_text().decode())
     return pub.value.decode(), sec.value.decode()
-
-
-def _int_array(values: Sequence[int]):
-    arr = (ctypes.c_int * max(1, len(values)))(*[int(v) for v in values])
-    return arr
 
 
 def _curve_keys(server_public_key, public_key, secret_key):
@@ -176,13 +108,32 @@ class MetricsSubscriber(_Closes):
             self._s = ctypes.c_void_p()
 
 
+# A generate's options and their defaults (submit()'s keywords).
+_OPTIONS = dict(n=1, temperature=None, top_k=None, top_p=None, max_tokens=None, stop_token_ids=None, seed=None,
+                monitor=None, per_token_kl=False, forced_tokens=None, group_id=None, first_sample=0, min_tokens=0,
+                logprobs=0, prompt_logprobs=False)
+
+
 class RolloutClient(_Closes):
     """A connection to `fp4rollout serve`.
 
-    generate() submits prompts and yields each sample as it finishes;
+    generate() submits prompts and yields each of their samples as it
+    finishes; submit() sends one request whose samples results() yields;
     update_weights() sends new weights and returns once the server uses them;
     hello(), stats(), pause(), resume() and abort() return the server's reply
-    as a dict. Not thread-safe: one thread per client.
+    as a dict.
+
+    Thread-safe: several threads may use one client at once. Each generate()
+    call owns its requests and yields exactly their samples, each once,
+    whatever other threads run; results() and events() yield the samples of
+    the requests sent with submit().
+
+    Time limits: timeout_ms is how long a call waits for its reply (hello,
+    stats, abort, resume, a pause in abort mode, updates); a pause in wait
+    mode waits as long as the samples in flight. Waits for samples have no
+    limit by default (a sample of 32K tokens takes what it takes; a lost
+    server is noticed within 3 s); their timeout_ms is a deadline for the
+    whole call, after which its requests are aborted (DeadlineExceeded).
     """
 
     def __init__(self, addr: str = "tcp://127.0.0.1:5555", timeout_ms: int = 30000,
@@ -202,6 +153,7 @@ class RolloutClient(_Closes):
             raise ClientError(lib.fr_client_error_text().decode())
         lib.fr_client_set_timeout(self._c, int(timeout_ms))
         self.timeout_ms = timeout_ms
+        self._lock = threading.Lock()
         self._next_id = 0   # request ids count from 0, as fp4rollout-client's --first-id does
 
     def close(self) -> None:
@@ -209,15 +161,20 @@ class RolloutClient(_Closes):
             self._lib.fr_client_destroy(ctypes.byref(self._c))
             self._c = ctypes.c_void_p()
 
+    def _alive(self) -> bool:
+        return bool(self._c)
+
     # ---- errors and JSON replies ----
 
     def _raise(self):
         code, msg, rid = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_longlong(-1)
-        text = self._lib.fr_client_error_text().decode()
-        # The library's one error store holds the server's own code, message
-        # and request id beside the text when the failure was its answer.
+        text = self._lib.fr_client_error_text().decode(errors="replace")
+        # The library's one error store is per thread: it holds the server's
+        # own code, message and request id beside the text when the calling
+        # thread's failure was the server's answer.
         if self._lib.fr_client_last_error(self._c, ctypes.byref(code), ctypes.byref(msg), ctypes.byref(rid)):
-            raise ServerError(code.value.decode(), msg.value.decode(), rid.value if rid.value >= 0 else None)
+            raise ServerError(code.value.decode(errors="replace"), msg.value.decode(errors="replace"),
+                              rid.value if rid.value >= 0 else None)
         if "cannot reach a server" in text:
             raise ConnectError(text)
         raise ClientError(text)
@@ -238,14 +195,22 @@ class RolloutClient(_Closes):
         return self._json(self._lib.fr_client_stats_json)
 
     def pause(self, mode: str = "wait") -> dict:
+        """mode "abort": every sample in the engine ends now with finish_reason
+        "abort" and what it made so far (tokens, log-probs, weight versions),
+        each delivered once to the call that waits for it (generate(),
+        results()); "wait": returns once the engine finished what it has.
+        New requests are held until resume()."""
         return self._json(self._lib.fr_client_pause_json, _native.PAUSE_MODES[mode])
 
     def resume(self) -> dict:
         return self._json(self._lib.fr_client_resume_json)
 
     def abort(self, request_ids: Optional[Sequence[int]] = None) -> dict:
-        """Ends the given requests (or every open one of this client); their samples
-        still come out of generate()/results() with finish_reason "abort"."""
+        """Ends the given requests (or every open one of this client). Each of
+        their samples still comes out, once, of the call that waits for it
+        (generate(), results(), events()) with finish_reason "abort" and what
+        it made so far: tokens, log-probs, weight versions (and top log-probs
+        when asked). Returns the server's reply (samples ended, not_found)."""
         ids = list(request_ids or [])
         arr = (ctypes.c_uint64 * max(1, len(ids)))(*ids)
         return self._json(self._lib.fr_client_abort_json, arr, len(ids))
@@ -268,43 +233,76 @@ class RolloutClient(_Closes):
         the stop tokens are barred until that many tokens were generated;
         logprobs=k (k <= 20): every token's k most likely tokens and their
         log-probs (SampleResult.top_logprobs); prompt_logprobs: the prompt
-        tokens' log-probs in the first sample's result."""
-        prompt_ids = self._ids(prompt_ids)
-        rid = self._next_id if request_id is None else int(request_id)
-        self._next_id = max(self._next_id, rid + 1)
+        tokens' log-probs in the first sample's result. max_tokens beyond
+        the context window (hello()["max_model_len"] minus the prompt) and
+        stop ids outside the vocabulary are refused (ServerError
+        invalid_request naming the request); without max_tokens the server's
+        default applies, cut to the window."""
+        opts = {k: v for k, v in locals().items() if k in _OPTIONS}
+        return self._send([self._ids(prompt_ids)], opts, request_id, False)[0]
+
+    def _reserve(self, k: int, first: Optional[int] = None) -> List[int]:
+        """k consecutive request ids: from first, or the next unused ones."""
+        with self._lock:
+            start = self._next_id if first is None else int(first)
+            self._next_id = max(self._next_id, start + k)
+        return list(range(start, start + k))
+
+    def _request(self, rid: int, prompt: List[int], o: dict):
+        """The C generate of one prompt, and the arrays it points to. A number
+        the C struct cannot hold is refused (ServerError invalid_request),
+        never wrapped into another."""
+        if not 0 <= rid < 1 << 64:
+            raise ClientError(f"request_id {rid} is not a 64-bit unsigned integer")
         g = _native.Generate()
-        prompt = _int_array(prompt_ids)
-        g.request_id, g.prompt, g.n_prompt, g.n = rid, prompt, len(prompt_ids), int(n)
-        g.first_sample = int(first_sample)
-        g.min_tokens, g.logprobs, g.prompt_logprobs = int(min_tokens), int(logprobs), int(bool(prompt_logprobs))
-        keep = [prompt]
-        if group_id is not None:
-            g.has_group_id, g.group_id = 1, int(group_id)
-        if temperature is not None:
-            g.has_temperature, g.temperature = 1, float(temperature)
-        if top_k is not None:
-            g.has_top_k, g.top_k = 1, int(top_k)
-        if top_p is not None:
-            g.has_top_p, g.top_p = 1, float(top_p)
-        if max_tokens is not None:
-            g.has_max_tokens, g.max_tokens = 1, int(max_tokens)
-        if stop_token_ids is not None:
-            stops = _int_array(stop_token_ids)
+        arr = _id_array(prompt, "prompt token", rid)
+        keep = [arr]
+        g.request_id, g.prompt, g.n_prompt = rid, arr, len(prompt)
+        g.prompt_logprobs = int(bool(o["prompt_logprobs"]))
+        for key, flag, conv in (("n", None, int), ("first_sample", None, int), ("min_tokens", None, int),
+                                ("logprobs", None, int), ("group_id", "has_group_id", int),
+                                ("temperature", "has_temperature", float), ("top_k", "has_top_k", int),
+                                ("top_p", "has_top_p", float), ("max_tokens", "has_max_tokens", int),
+                                ("seed", "has_seed", int)):
+            if o[key] is None:
+                continue
+            v = conv(o[key])
+            wide = key in ("group_id", "seed")
+            if conv is int and not (0 <= v < 1 << 64 if wide else -(1 << 31) <= v < 1 << 31):
+                raise ServerError("invalid_request", f"request {rid}: {key} {v} is out of range (refused before "
+                                                     f"sending)", rid)
+            if flag:
+                setattr(g, flag, 1)
+            setattr(g, key, v)
+        if o["stop_token_ids"] is not None:
+            stops = _id_array(o["stop_token_ids"], "stop id", rid)
             keep.append(stops)
-            g.has_stop_token_ids, g.stop_token_ids, g.n_stop_token_ids = 1, stops, len(stop_token_ids)
-        if seed is not None:
-            g.has_seed, g.seed = 1, int(seed)
-        g.monitor_divergence = -1 if monitor is None else int(bool(monitor))
-        g.per_token_kl = int(bool(per_token_kl))
-        if forced_tokens is not None:
-            forced = _int_array(forced_tokens)
+            g.has_stop_token_ids, g.stop_token_ids, g.n_stop_token_ids = 1, stops, len(o["stop_token_ids"])
+        g.monitor_divergence = -1 if o["monitor"] is None else int(bool(o["monitor"]))
+        g.per_token_kl = int(bool(o["per_token_kl"]))
+        if o["forced_tokens"] is not None:
+            forced = _id_array(o["forced_tokens"], "forced token", rid)
             keep.append(forced)
-            g.forced_tokens, g.n_forced_tokens = forced, len(forced_tokens)
-        if self._lib.fr_client_generate(self._c, ctypes.byref(g)):
-            self._raise()
-        return rid
+            g.forced_tokens, g.n_forced_tokens = forced, len(o["forced_tokens"])
+        return g, keep
+
+    def _send(self, prompts: List[List[int]], opts: dict, first_id: Optional[int], owned: bool) -> List[int]:
+        """Sends one request per prompt (ids consecutive), every one checked
+        before any is sent; when one cannot be sent, those sent are aborted."""
+        ids = self._reserve(len(prompts), first_id)
+        built = [self._request(rid, p, opts) for rid, p in zip(ids, prompts)]
+        send = self._lib.fr_client_generate_owned if owned else self._lib.fr_client_generate
+        for k, (g, _keep) in enumerate(built):
+            if send(self._c, ctypes.byref(g)):
+                try:
+                    self._raise()
+                finally:
+                    if k:
+                        _Drain(self, ids[:k], False, None, "generate").close()
+        return ids
 
     def open_samples(self) -> int:
+        """Samples of the requests sent with submit() not yet handed out."""
         return self._lib.fr_client_open_samples(self._c)
 
     def lost(self) -> bool:
@@ -315,87 +313,31 @@ class RolloutClient(_Closes):
         return bool(self._lib.fr_client_lost(self._c))
 
     def resubmit(self) -> int:
-        """Sends every request with samples open again, under its own
-        request id, e.g. to a restarted server (a server that still has the
-        request refuses the copy: request ids make this idempotent); what
-        was streamed of their samples is dropped. Returns how many requests
-        went out."""
+        """Sends every lost request (sent on a connection that ended with its
+        samples still to come) again, under its own request id, e.g. to a
+        restarted server (a server that still has the request refuses the
+        copy: request ids make this idempotent); what was streamed of their
+        samples is dropped. Returns how many requests went out."""
         n = ctypes.c_int(0)
         if self._lib.fr_client_resubmit(self._c, ctypes.byref(n)):
             self._raise()
         return n.value
 
     def results(self, timeout_ms: Optional[int] = None) -> Iterator[SampleResult]:
-        """Yields finished samples until none of this client's samples is open.
-        A refused request raises ServerError (code, message, request_id)."""
-        return self._drain(self._next_sample, timeout_ms, "no sample finished", "open")
+        """Yields the finished samples of the requests sent with submit() (any
+        finish reason: an aborted sample comes with what it made), each once,
+        until none is open. A refused request raises ServerError (code,
+        message, request_id). timeout_ms: a deadline for the whole iteration
+        (None: none); when it passes, the open requests are aborted and
+        DeadlineExceeded names them (what they made in its .samples)."""
+        return _Drain(self, None, False, timeout_ms, "results")
 
     def events(self, timeout_ms: Optional[int] = None) -> Iterator[Union[TokenDelta, SampleResult]]:
         """Streams: yields every TokenDelta as it arrives and every SampleResult
-        as its sample finishes (after its last delta), until none of this
-        client's samples is open. A sample's deltas concatenated are its
-        result's tokens. A refused request raises ServerError."""
-        return self._drain(self._next_event, timeout_ms, "nothing arrived", "samples open")
-
-    def _drain(self, fetch, timeout_ms: Optional[int], what: str, open_what: str) -> Iterator:
-        """What fetch(wait) returns, until none of this client's samples is
-        open; ClientError "<what> within N ms (K <open_what>)" when nothing
-        comes in time."""
-        wait = self.timeout_ms if timeout_ms is None else timeout_ms
-        while self.open_samples() > 0:
-            item = fetch(wait)
-            if item is None:
-                raise ClientError(f"{what} within {wait} ms ({self.open_samples()} {open_what})")
-            yield item
-
-    def _next_event(self, wait_ms: int) -> Optional[Union[TokenDelta, SampleResult]]:
-        """The next delta or finished sample, or None when none came within wait_ms."""
-        delta, ptr, got = _native.Delta(), ctypes.POINTER(_native.Sample)(), ctypes.c_int(0)
-        if self._lib.fr_client_next_event(self._c, int(wait_ms), ctypes.byref(delta), ctypes.byref(ptr),
-                                          ctypes.byref(got)):
-            self._raise()
-        if got.value == 0:
-            return None
-        if got.value == 1:   # the arrays live until the next call: copied now
-            n = delta.n
-            ids = [delta.token_ids[i] for i in range(n)]
-            return TokenDelta(request_id=delta.request_id, sample=delta.sample, start=delta.start, token_ids=ids,
-                              logprobs=[delta.logprobs[i] for i in range(n)],
-                              weight_versions=[delta.weight_versions[i] for i in range(n)],
-                              text=_text.decode(self.tokenizer, ids))
-        try:
-            s = _convert(ptr.contents)
-        finally:
-            self._lib.fr_client_sample_free(ctypes.byref(ptr))
-        s.text = _text.decode(self.tokenizer, s.token_ids)
-        return s
-
-    def generate_stream(self, prompt_ids, timeout_ms: Optional[int] = None,
-                        **kwargs) -> Iterator[Union[TokenDelta, SampleResult]]:
-        """generate() with token-level streaming: submits the prompt(s) (request
-        ids in order) with submit()'s keywords and yields what events() yields:
-        each sample's tokens as they are drawn, then the sample."""
-        prompts = [prompt_ids] if _text.is_single_prompt(prompt_ids) else list(prompt_ids)
-        if not prompts:
-            raise ClientError("generate_stream: no prompt given")
-        prompts = [self._ids(p) for p in prompts]   # all checked before any is sent
-        for p in prompts:
-            self.submit(p, **kwargs)
-        return self.events(timeout_ms)
-
-    def _next_sample(self, wait_ms: int) -> Optional[SampleResult]:
-        """The next finished sample, or None when none finished within wait_ms."""
-        ptr, got = ctypes.POINTER(_native.Sample)(), ctypes.c_int(0)
-        if self._lib.fr_client_next_sample(self._c, int(wait_ms), ctypes.byref(ptr), ctypes.byref(got)):
-            self._raise()
-        if not got.value:
-            return None
-        try:
-            s = _convert(ptr.contents)
-        finally:
-            self._lib.fr_client_sample_free(ctypes.byref(ptr))
-        s.text = _text.decode(self.tokenizer, s.token_ids)
-        return s
+        as its sample finishes (after its last delta), for the requests sent
+        with submit(), until none is open. A sample's deltas concatenated are
+        its result's tokens. Errors and timeout_ms as for results()."""
+        return _Drain(self, None, True, timeout_ms, "events")
 
     def generate(self, prompt_ids, n: int = 1, temperature: Optional[float] = None, top_k: Optional[int] = None,
                  top_p: Optional[float] = None, max_tokens: Optional[int] = None,
@@ -403,21 +345,78 @@ class RolloutClient(_Closes):
                  monitor: Optional[bool] = None, per_token_kl: bool = False,
                  forced_tokens: Optional[Sequence[int]] = None, group_id: Optional[int] = None,
                  first_sample: int = 0, min_tokens: int = 0, logprobs: int = 0,
-                 prompt_logprobs: bool = False) -> Iterator[SampleResult]:
+                 prompt_logprobs: bool = False, timeout_ms: Optional[int] = None) -> Iterator[SampleResult]:
         """Submits one prompt (text, or token ids as a list, tuple, numpy or torch
         integer array) or several (a list of such prompts, request ids in order)
-        and yields every sample as it finishes, in the order they finish.
-        monitor None lets the server's kl_sample_rate decide."""
+        and yields every sample of these requests, and only of these, as it
+        finishes, in the order they finish (each once; an aborted one with
+        finish_reason "abort" and what it made). monitor None lets the
+        server's kl_sample_rate decide. timeout_ms: a deadline for the whole
+        call (None: none); when it passes, the call's requests are aborted on
+        the server and DeadlineExceeded is raised, naming them, with what they
+        made in its .samples; nothing of them reaches a later call. The
+        iterator owns the requests: dropping it before its end, or an error,
+        aborts what is still open."""
+        opts = {k: v for k, v in locals().items() if k in _OPTIONS}
+        ids = self._send(self._prompts(prompt_ids, "generate"), opts, None, True)
+        return _Drain(self, ids, False, timeout_ms, "generate")
+
+    def generate_stream(self, prompt_ids, timeout_ms: Optional[int] = None,
+                        **kwargs) -> Iterator[Union[TokenDelta, SampleResult]]:
+        """generate() with token-level streaming: submits the prompt(s) (request
+        ids in order) with submit()'s keywords and yields what events() yields,
+        for these requests only: each sample's tokens as they are drawn, then
+        the sample. timeout_ms and ownership as for generate()."""
+        unknown = set(kwargs) - set(_OPTIONS)
+        if unknown:
+            raise TypeError(f"generate_stream: unknown keyword {sorted(unknown)[0]!r}")
+        ids = self._send(self._prompts(prompt_ids, "generate_stream"), {**_OPTIONS, **kwargs}, None, True)
+        return _Drain(self, ids, True, timeout_ms, "generate_stream")
+
+    def _prompts(self, prompt_ids, what: str) -> List[List[int]]:
         prompts = [prompt_ids] if _text.is_single_prompt(prompt_ids) else list(prompt_ids)
         if not prompts:
-            raise ClientError("generate: no prompt given")
-        prompts = [self._ids(p) for p in prompts]   # all checked before any is sent
-        for p in prompts:
-            self.submit(p, n=n, temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens,
-                        stop_token_ids=stop_token_ids, seed=seed, monitor=monitor, per_token_kl=per_token_kl,
-                        forced_tokens=forced_tokens, group_id=group_id, first_sample=first_sample,
-                        min_tokens=min_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
-        return self.results()
+            raise ClientError(f"{what}: no prompt given")
+        return [self._ids(p) for p in prompts]   # all checked before any is sent
+
+    # ---- what the calls (_calls.Drain) and the asyncio client use ----
+
+    def _wait(self, ids: Optional[List[int]], deltas: bool, wait_ms: int, keep_delta=None):
+        """The next event of the requests ids (None: of every request sent with
+        submit()) within wait_ms: a TokenDelta (deltas only), a SampleResult,
+        or None when none came or none is open; a refused request raises its
+        ServerError (the event's own: safe with threads). keep_delta(request
+        id), when given, says which deltas are worth converting (the others
+        give None)."""
+        arr = (ctypes.c_uint64 * len(ids))(*ids) if ids else None
+        ev = _native.Event()
+        if self._lib.fr_client_wait_event(self._c, arr, len(ids) if ids else 0, int(deltas), int(wait_ms),
+                                          ctypes.byref(ev)):
+            self._raise()
+        try:
+            skip = ev.kind == _native.EVENT_DELTA and keep_delta is not None and not keep_delta(ev.request_id)
+            out = None if skip else _from_event(ev, self.tokenizer)
+        finally:
+            self._lib.fr_client_event_free(ctypes.byref(ev))
+        if isinstance(out, ServerError):
+            raise out
+        return out
+
+    def _open_of(self, ids: Optional[List[int]]) -> int:
+        if ids is None:
+            return self.open_samples()
+        arr = (ctypes.c_uint64 * max(1, len(ids)))(*ids)
+        return self._lib.fr_client_open_samples_of(self._c, arr, len(ids))
+
+    def _open_requests(self) -> List[int]:
+        n = self._lib.fr_client_open_requests(self._c, None, 0)
+        arr = (ctypes.c_uint64 * max(1, n))()
+        n = min(n, self._lib.fr_client_open_requests(self._c, arr, n))
+        return list(arr[:n])
+
+    def _discard(self, ids: List[int]) -> None:
+        arr = (ctypes.c_uint64 * max(1, len(ids)))(*ids)
+        self._lib.fr_client_discard(self._c, arr, len(ids))
 
     def _ids(self, prompt) -> List[int]:
         if isinstance(prompt, str) and self.tokenizer is None and not self._tokenizer_checked:
@@ -555,33 +554,6 @@ def _tensor_view(t):
         mv = memoryview(bytearray(mv.tobytes())).cast(mv.format, mv.shape)
     holder = (ctypes.c_char * mv.nbytes).from_buffer(mv.cast("B"))
     return kind, list(mv.shape) or [1], ctypes.addressof(holder), (mv, holder)
-
-
-def _convert(s) -> SampleResult:
-    n = s.n_tokens
-    d = s.divergence
-    div = {"kl_mean": None, "kl_max": None, "top1_agreement": None, "logprob_diff_mean": None, "positions": None,
-           "per_token_kl": None}
-    if d.has_values:
-        div.update(kl_mean=d.kl_mean, kl_max=d.kl_max, top1_agreement=d.top1_agreement,
-                   logprob_diff_mean=d.logprob_diff_mean, positions=d.positions)
-        if d.kl:
-            div["per_token_kl"] = [d.kl[i] for i in range(d.n_kl)]
-    return SampleResult(request_id=s.request_id, group_id=s.group_id, sample=s.sample,
-                        token_ids=[s.token_ids[i] for i in range(n)], logprobs=[s.logprobs[i] for i in range(n)],
-                        weight_versions=[s.weight_versions[i] for i in range(n)],
-                        finish_reason=s.finish_reason.decode(), n_prompt=s.n_prompt, preemptions=s.preemptions,
-                        ttft_ms=s.ttft_ms if s.has_ttft else None, total_ms=s.total_ms, divergence=div,
-                        seed=s.seed if s.has_seed else None, top_logprobs=_top(s),
-                        prompt_logprobs=[None] + [s.prompt_logprobs[i] for i in range(s.n_prompt_logprobs)]
-                        if s.prompt_logprobs else None)
-
-
-def _top(s) -> Optional[List[List[Tuple[int, float]]]]:
-    k = s.top_k
-    if k <= 0:
-        return None
-    return [[(s.top_token_ids[i * k + j], s.top_logprobs[i * k + j]) for j in range(k)] for i in range(s.n_tokens)]
 
 
 def load_exported(bin_path: str, index_path: str):

@@ -47,6 +47,15 @@ class Delta(ctypes.Structure):
                 ("weight_versions", ctypes.POINTER(c_u64))]
 
 
+class Event(ctypes.Structure):
+    """fr_client_event: what fr_client_wait_event hands out."""
+    _fields_ = [("kind", c_int), ("request_id", c_u64), ("delta", Delta), ("sample", ctypes.POINTER(Sample)),
+                ("code", ctypes.c_char * 256), ("message", ctypes.c_char * 1024), ("msg_", ctypes.c_void_p)]
+
+
+EVENT_NONE, EVENT_DELTA, EVENT_SAMPLE, EVENT_ERROR = 0, 1, 2, 3
+
+
 class Tensor(ctypes.Structure):
     _fields_ = [("name", c_char_p), ("dtype", c_int), ("ndim", c_int), ("shape", ctypes.POINTER(ctypes.c_int64)),
                 ("data", ctypes.c_void_p)]
@@ -98,12 +107,15 @@ def load():
         "fr_client_destroy": (None, [P(ctypes.c_void_p)]),
         "fr_client_set_timeout": (None, [ctypes.c_void_p, c_int]),
         "fr_client_generate": (c_int, [ctypes.c_void_p, P(Generate)]),
+        "fr_client_generate_owned": (c_int, [ctypes.c_void_p, P(Generate)]),
         "fr_client_open_samples": (c_int, [ctypes.c_void_p]),
+        "fr_client_open_samples_of": (c_int, [ctypes.c_void_p, P(c_u64), c_int]),
+        "fr_client_open_requests": (c_int, [ctypes.c_void_p, P(c_u64), c_int]),
+        "fr_client_discard": (c_int, [ctypes.c_void_p, P(c_u64), c_int]),
+        "fr_client_wait_event": (c_int, [ctypes.c_void_p, P(c_u64), c_int, c_int, c_int, P(Event)]),
+        "fr_client_event_free": (None, [P(Event)]),
         "fr_client_lost": (c_int, [ctypes.c_void_p]),
         "fr_client_resubmit": (c_int, [ctypes.c_void_p, P(c_int)]),
-        "fr_client_next_sample": (c_int, [ctypes.c_void_p, c_int, P(P(Sample)), P(c_int)]),
-        "fr_client_sample_free": (None, [P(P(Sample))]),
-        "fr_client_next_event": (c_int, [ctypes.c_void_p, c_int, P(Delta), P(P(Sample)), P(c_int)]),
         "fr_client_update_weights": (c_int, [ctypes.c_void_p, P(Tensor), c_int, c_u64, P(UpdateOpts),
                                              P(UpdateReply)]),
         "fr_client_nccl_group_init": (c_int, [ctypes.c_void_p, c_int]),

@@ -1,0 +1,311 @@
+/* The C client's requests (trainer_bridge/client/client.h): the table of
+ * what was sent and not yet handed out, sending and resending, giving up,
+ * and the counts of what is open. */
+#include "trainer_bridge/client/client_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- requests as sent ------------------------------------------------------ */
+
+static int *copy_ints(const int *v, int n)
+{
+    if (!v) return NULL;
+    int *c = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    if (c && n > 0) memcpy(c, v, sizeof(int) * (size_t)n);
+    return c;
+}
+
+void fr_client_free_generate(fr_msg_generate *g)
+{
+    free(g->prompt);
+    free(g->stop_token_ids);
+    free(g->forced_tokens);
+    memset(g, 0, sizeof *g);
+}
+
+static int copy_generate(const fr_msg_generate *g, fr_msg_generate *out)
+{
+    *out = *g;
+    out->prompt = copy_ints(g->prompt, g->n_prompt);
+    out->stop_token_ids = copy_ints(g->stop_token_ids, g->n_stop_token_ids);
+    out->forced_tokens = copy_ints(g->forced_tokens, g->n_forced_tokens);
+    if ((g->prompt && !out->prompt) || (g->stop_token_ids && !out->stop_token_ids) ||
+        (g->forced_tokens && !out->forced_tokens)) {
+        fr_client_free_generate(out);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the request table ------------------------------------------------------ */
+
+req *fr_client_find_locked(const fr_client *c, uint64_t id)
+{
+    for (int i = 0; i < c->n_reqs; i++)
+        if (c->reqs[i]->id == id) return c->reqs[i];
+    return NULL;
+}
+
+void fr_client_remove_req_locked(fr_client *c, req *q)
+{
+    for (int i = 0; i < c->n_reqs; i++)
+        if (c->reqs[i] == q) {
+            c->reqs[i] = c->reqs[--c->n_reqs];
+            break;
+        }
+    for (item *it = q->first; it; it = it->rnext) it->q = NULL;   /* (none left in the normal course) */
+    fr_client_free_generate(&q->g);
+    free(q);
+}
+
+/* Leaves the table once nothing of it is left to hand out (or, given up,
+ * once nothing of it is left to arrive). */
+void fr_client_settle_req_locked(fr_client *c, req *q)
+{
+    if (q->discarded ? q->unreceived <= 0 && !q->first : q->undelivered <= 0 && !q->first)
+        fr_client_remove_req_locked(c, q);
+}
+
+int fr_client_closes_request(const fr_msg *m)
+{
+    return m->type == FR_MSG_ERROR && m->u.error.has_request_id &&
+           strcmp(m->u.error.code, "duplicate_request_id") != 0;
+}
+
+uint64_t fr_client_result_id(const fr_msg *m)
+{
+    return m->type == FR_MSG_TOKENS ? m->u.tokens.request_id
+           : m->type == FR_MSG_DONE ? m->u.done.request_id
+                                    : m->u.error.request_id;
+}
+
+void fr_client_delivered_locked(fr_client *c, const fr_msg *m)
+{
+    if (m->type != FR_MSG_DONE && !fr_client_closes_request(m)) return;
+    req *q = fr_client_find_locked(c, fr_client_result_id(m));
+    if (!q) return;
+    if (m->type == FR_MSG_DONE) q->undelivered--;
+    else q->undelivered = 0;   /* a refused request: no done will come */
+    fr_client_settle_req_locked(c, q);
+}
+
+item *fr_client_pop_locked(fr_client *c, req *q, item *it)
+{
+    if (it->prev) it->prev->next = it->next;
+    else c->head = it->next;
+    if (it->next) it->next->prev = it->prev;
+    else c->tail = it->prev;
+    if (q) {   /* a request's results are taken in order: it is the first */
+        q->first = it->rnext;
+        if (!q->first) q->last = NULL;
+    }
+    it->prev = it->next = it->rnext = NULL;
+    return it;
+}
+
+static int names_id(const uint64_t *ids, int n, uint64_t id)
+{
+    if (n == 0) return 1;
+    for (int i = 0; i < n; i++)
+        if (ids[i] == id) return 1;
+    return 0;
+}
+
+/* The request counts for a reader: one it names, or (ids NULL) any not owned. */
+static int for_reader(const req *q, const uint64_t *ids, int n)
+{
+    return !q->discarded && (ids ? names_id(ids, n, q->id) : !q->owned);
+}
+
+int fr_client_lost_locked(const fr_client *c, const uint64_t *ids, int n)
+{
+    int k = 0;
+    for (int i = 0; i < c->n_reqs; i++)
+        if (c->reqs[i]->lost && c->reqs[i]->unreceived > 0 && for_reader(c->reqs[i], ids, n))
+            k += c->reqs[i]->unreceived;
+    return k;
+}
+
+fr_status fr_client_lost_error_locked(fr_client *c, const uint64_t *ids, int n)
+{
+    char list[600] = "";
+    size_t o = 0;
+    int listed = 0;
+    for (int i = 0; i < c->n_reqs; i++) {
+        const req *q = c->reqs[i];
+        if (!q->lost || q->unreceived <= 0 || !for_reader(q, ids, n)) continue;
+        if (o + 64 < sizeof list)
+            o += (size_t)snprintf(list + o, sizeof list - o, "%s request %llu (%d of %d samples)", listed ? "," : "",
+                                  (unsigned long long)q->id, q->unreceived, q->g.n);
+        else if (o + 6 < sizeof list) o += (size_t)snprintf(list + o, sizeof list - o, ", ...");
+        listed++;
+    }
+    return fr_fail(FR_EIO, "client: the connection to %s was lost (the server ended, or was silent for %d ms): "
+                           "%d samples will not end:%s; fr_client_resubmit sends these requests again",
+                   c->endpoint, FR_CLIENT_HEARTBEAT_TIMEOUT_MS, fr_client_lost_locked(c, ids, n), list);
+}
+
+/* ---- requests -------------------------------------------------------------------- */
+
+static fr_status add_request_locked(fr_client *c, const fr_msg_generate *g, int owned)
+{
+    if (fr_client_find_locked(c, g->request_id))
+        return fr_fail(FR_EINVAL, "client: request_id %llu is still open", (unsigned long long)g->request_id);
+    if (c->n_reqs == c->cap_reqs) {
+        int cap = c->cap_reqs ? c->cap_reqs * 2 : 64;
+        req **v = realloc(c->reqs, sizeof *v * (size_t)cap);
+        if (!v) return fr_fail(FR_ENOMEM, "client: out of memory");
+        c->reqs = v;
+        c->cap_reqs = cap;
+    }
+    req *q = calloc(1, sizeof *q);
+    if (!q || copy_generate(g, &q->g)) {
+        free(q);
+        return fr_fail(FR_ENOMEM, "client: out of memory");
+    }
+    q->id = g->request_id;
+    q->unreceived = q->undelivered = g->n;
+    q->owned = owned;
+    fr_msg m;
+    fr_msg_init(&m, FR_MSG_GENERATE);
+    m.u.generate = *g;
+    fr_status st = fr_client_send_locked(c, &m, NULL);
+    if (st) {
+        fr_client_free_generate(&q->g);
+        free(q);
+        return st;
+    }
+    c->reqs[c->n_reqs++] = q;
+    return FR_OK;
+}
+
+static fr_status generate(fr_client *c, const fr_msg_generate *g, int owned)
+{
+    if (!c || !g) return fr_fail(FR_EINVAL, "client: NULL");
+    pthread_mutex_lock(&c->mu);
+    fr_status st = add_request_locked(c, g, owned);
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+fr_status fr_client_generate(fr_client *c, const fr_msg_generate *g) { return generate(c, g, 0); }
+fr_status fr_client_generate_owned(fr_client *c, const fr_msg_generate *g) { return generate(c, g, 1); }
+
+void fr_client_drop_parts_locked(fr_client *c, uint64_t id)
+{
+    for (int k = 0; k < c->n_parts;)
+        if (c->parts[k].s->request_id == id) {
+            fr_client_sample_free(&c->parts[k].s);
+            c->parts[k] = c->parts[--c->n_parts];
+        } else {
+            k++;
+        }
+}
+
+/* Drops the request's results not yet taken. */
+static void drop_results_locked(fr_client *c, req *q)
+{
+    while (q->first) {
+        item *it = fr_client_pop_locked(c, q, q->first);
+        fr_msg_free(&it->m);
+        free(it);
+    }
+    fr_client_drop_parts_locked(c, q->id);
+}
+
+fr_status fr_client_resubmit(fr_client *c, int *n_requests)
+{
+    if (n_requests) *n_requests = 0;
+    if (!c) return fr_fail(FR_EINVAL, "client: NULL");
+    pthread_mutex_lock(&c->mu);
+    fr_client_sock_take_locked(c);
+    fr_client_read_monitor_locked(c);
+    fr_client_sock_give_locked(c);
+    fr_status st = FR_OK;
+    for (int i = 0; !st && i < c->n_reqs; i++) {
+        req *q = c->reqs[i];
+        if (!q->lost || q->unreceived <= 0 || q->discarded) continue;   /* alive, or nothing more to ask */
+        /* the server starts every sample again: what came of them goes */
+        drop_results_locked(c, q);
+        fr_msg m;
+        fr_msg_init(&m, FR_MSG_GENERATE);
+        m.u.generate = q->g;
+        if ((st = fr_client_send_locked(c, &m, NULL))) break;
+        q->unreceived = q->undelivered = q->g.n;
+        q->lost = 0;
+        if (n_requests) (*n_requests)++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+fr_status fr_client_discard(fr_client *c, const uint64_t *ids, int n)
+{
+    if (!c || n < 0 || (n > 0 && !ids)) return fr_fail(FR_EINVAL, "client: discard needs ids");
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < n; i++) {
+        req *q = fr_client_find_locked(c, ids[i]);
+        if (!q) continue;
+        drop_results_locked(c, q);
+        q->discarded = 1;
+        q->undelivered = 0;
+        fr_client_settle_req_locked(c, q);
+    }
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return FR_OK;
+}
+
+int fr_client_lost(const fr_client *c)
+{
+    if (!c) return 0;
+    pthread_mutex_lock((pthread_mutex_t *)&c->mu);
+    int lost = 0;
+    for (int i = 0; i < c->n_reqs; i++) lost |= c->reqs[i]->lost && c->reqs[i]->unreceived > 0;
+    pthread_mutex_unlock((pthread_mutex_t *)&c->mu);
+    return lost;
+}
+
+int fr_client_open_locked(const fr_client *c, const uint64_t *ids, int n)
+{
+    int open = 0;
+    for (int i = 0; i < c->n_reqs; i++) {
+        const req *q = c->reqs[i];
+        if (!for_reader(q, ids, n)) continue;
+        open += q->undelivered > 0 ? q->undelivered : 0;
+    }
+    return open;
+}
+
+static int open_samples(fr_client *c, const uint64_t *ids, int n)
+{
+    if (!c) return 0;
+    pthread_mutex_lock(&c->mu);
+    const int open = fr_client_open_locked(c, ids, n);
+    pthread_mutex_unlock(&c->mu);
+    return open;
+}
+
+int fr_client_open_samples(const fr_client *c) { return open_samples((fr_client *)c, NULL, 0); }
+
+int fr_client_open_samples_of(fr_client *c, const uint64_t *ids, int n)
+{
+    return ids && n > 0 ? open_samples(c, ids, n) : 0;
+}
+
+int fr_client_open_requests(fr_client *c, uint64_t *ids, int cap)
+{
+    if (!c) return 0;
+    pthread_mutex_lock(&c->mu);
+    int n = 0;
+    for (int i = 0; i < c->n_reqs; i++) {
+        const req *q = c->reqs[i];
+        if (q->discarded || q->owned || q->undelivered <= 0) continue;
+        if (ids && n < cap) ids[n] = q->id;
+        n++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}

@@ -1,0 +1,146 @@
+"""What the clients hand out and raise: samples, token deltas, errors, and
+their conversion from the C library's events."""
+import ctypes
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from . import _native
+from . import text as _text
+
+# Token ids travel as 32-bit ints through the C library: anything else is
+# refused before it is sent, never wrapped into another id.
+_ID_MAX = (1 << 31) - 1
+
+
+class ClientError(Exception):
+    """A failure on the client side (connection, timeout, bad argument)."""
+
+
+class ConnectError(ClientError, ConnectionError):
+    """No server answers at the endpoint (the message names it)."""
+
+
+class ServerError(Exception):
+    """An error message from the server: code (e.g. bad_checksum, invalid_request), message and request_id.
+    A request the client can tell is invalid before sending it (a token id that cannot be one) raises the
+    same, with the code the server would give."""
+
+    def __init__(self, code: str, message: str, request_id: Optional[int] = None):
+        named = request_id is None or f"request {request_id}" in message
+        super().__init__(f"{code}: {message}" + ("" if named else f" (request {request_id})"))
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+class DeadlineExceeded(ClientError, TimeoutError):
+    """A call's deadline passed with samples open. Its requests (request_ids)
+    were aborted on the server; samples holds what the call had not handed
+    out yet: the ones that finished, and the aborted ones with the tokens they
+    made (finish_reason "abort"). Nothing of these requests reaches a later
+    call."""
+
+    def __init__(self, message: str, request_ids: Sequence[int], samples: List["SampleResult"]):
+        super().__init__(message)
+        self.request_ids = list(request_ids)
+        self.samples = samples
+
+
+@dataclass
+class SampleResult:
+    """One finished sample."""
+    request_id: int
+    group_id: int
+    sample: int
+    token_ids: List[int]
+    logprobs: List[float]
+    weight_versions: List[int]
+    finish_reason: str
+    n_prompt: int
+    preemptions: int
+    ttft_ms: Optional[float]
+    total_ms: float
+    # kl_mean, kl_max, top1_agreement, logprob_diff_mean, positions (None when not
+    # monitored) and per_token_kl (a list when asked for, else None)
+    divergence: Dict[str, object] = field(default_factory=dict)
+    # the sampling seed that produced it (the request's, or the one the server drew
+    # for an unseeded request): generate with it to replay the sample; None from a
+    # server that does not report it
+    seed: Optional[int] = None
+    # the tokens as text, when the client has a tokenizer (None otherwise)
+    text: Optional[str] = None
+    # with logprobs=k: for every generated token, its k most likely tokens as
+    # (token id, log-prob) pairs, best first (None when not asked)
+    top_logprobs: Optional[List[List[Tuple[int, float]]]] = None
+    # with prompt_logprobs=True, in the request's first sample: one entry per
+    # prompt token, None for the first (nothing precedes it), else its log-prob
+    # given the tokens before it
+    prompt_logprobs: Optional[List[Optional[float]]] = None
+
+
+@dataclass
+class TokenDelta:
+    """Tokens of one sample as the server streams them (docs/protocol.md,
+    "tokens"): token_ids[i] is the sample's token start + i."""
+    request_id: int
+    sample: int
+    start: int
+    token_ids: List[int]
+    logprobs: List[float]
+    weight_versions: List[int]
+    # the tokens as text, when the client has a tokenizer (None otherwise; a
+    # multi-byte character split between deltas decodes with replacements)
+    text: Optional[str] = None
+
+
+def id_array(values: Sequence[int], what: str, request_id: int):
+    """values as a C int array; an id that is not a non-negative 31-bit
+    integer raises ServerError invalid_request naming the request."""
+    out = []
+    for v in values:
+        v = int(v)
+        if v < 0 or v > _ID_MAX:
+            raise ServerError("invalid_request", f"request {request_id}: {what} {v} is outside the vocabulary "
+                                                 f"(refused before sending: token ids are below 2^31)", request_id)
+        out.append(v)
+    return (ctypes.c_int * max(1, len(out)))(*out)
+
+
+def _sample(s, tokenizer) -> SampleResult:
+    n = s.n_tokens
+    d = s.divergence
+    div = {"kl_mean": None, "kl_max": None, "top1_agreement": None, "logprob_diff_mean": None, "positions": None,
+           "per_token_kl": None}
+    if d.has_values:
+        div.update(kl_mean=d.kl_mean, kl_max=d.kl_max, top1_agreement=d.top1_agreement,
+                   logprob_diff_mean=d.logprob_diff_mean, positions=d.positions)
+        if d.kl:
+            div["per_token_kl"] = d.kl[:d.n_kl]
+    k = s.top_k
+    top = [[(s.top_token_ids[i * k + j], s.top_logprobs[i * k + j]) for j in range(k)] for i in range(n)] \
+        if k > 0 else None
+    ids = s.token_ids[:n] if n else []
+    return SampleResult(request_id=s.request_id, group_id=s.group_id, sample=s.sample, token_ids=ids,
+                        logprobs=s.logprobs[:n] if n else [], weight_versions=s.weight_versions[:n] if n else [],
+                        finish_reason=s.finish_reason.decode(), n_prompt=s.n_prompt, preemptions=s.preemptions,
+                        ttft_ms=s.ttft_ms if s.has_ttft else None, total_ms=s.total_ms, divergence=div,
+                        seed=s.seed if s.has_seed else None, top_logprobs=top,
+                        prompt_logprobs=[None] + s.prompt_logprobs[:s.n_prompt_logprobs]
+                        if s.prompt_logprobs else None, text=_text.decode(tokenizer, ids))
+
+
+def from_event(ev: "_native.Event", tokenizer):
+    """The Python object of a C event (the event is not freed here): a
+    TokenDelta, a SampleResult, a ServerError (a refused request, to raise),
+    or None."""
+    if ev.kind == _native.EVENT_DELTA:
+        d = ev.delta
+        ids = d.token_ids[:d.n]
+        return TokenDelta(request_id=d.request_id, sample=d.sample, start=d.start, token_ids=ids,
+                          logprobs=d.logprobs[:d.n], weight_versions=d.weight_versions[:d.n],
+                          text=_text.decode(tokenizer, ids))
+    if ev.kind == _native.EVENT_SAMPLE:
+        return _sample(ev.sample.contents, tokenizer)
+    if ev.kind == _native.EVENT_ERROR:
+        return ServerError(ev.code.decode(errors="replace"), ev.message.decode(errors="replace"), ev.request_id)
+    return None
