@@ -7,7 +7,6 @@ update_weights, but neither is required). Usage: trainer_bridge/client/python/RE
 import ctypes
 import json
 import math
-import re
 import threading
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
