@@ -92,7 +92,12 @@ static int check_stream(const fr_tokenizer *t, const char *item, const int *ids,
         if (chunks) {
             /* tokenizers' DecodeStream: null where it returned None. */
             int want_none = !c || cJSON_IsNull(c);
-            if ((want_none && l) || (!want_none && (strlen(c->valuestring) != l || memcmp(c->valuestring, s, l)))) {
+            /* cJSON ends a string at an escaped NUL ("\u0000"): a golden
+             * chunk holding one is compared up to it (the joined pieces are
+             * checked against the whole decode below, NUL included). */
+            const size_t gl = want_none ? 0 : strlen(c->valuestring);
+            const int cut = !want_none && gl < l && s[gl] == '\0';
+            if ((want_none && l) || (!want_none && ((gl != l && !cut) || memcmp(c->valuestring, s, gl)))) {
                 fprintf(stderr, "FAIL stream %s: chunk %zu is \"%.*s\", golden %s\n", item, i, (int)l, s,
                         want_none ? "None" : c->valuestring);
                 ok = 0;
@@ -117,6 +122,19 @@ static int check_stream(const fr_tokenizer *t, const char *item, const int *ids,
     return ok;
 }
 
+/* Texts of the variant whose transformers ids differ from tokenizers';
+ * any at all, and transformers is not a witness for the variant. */
+static int n_transformers_differ;
+
+/* Whether two JSON arrays of ids are equal (both present). */
+static int json_ids_equal(const cJSON *a, const cJSON *b)
+{
+    if (!a || !b || cJSON_GetArraySize(a) != cJSON_GetArraySize(b)) return 0;
+    for (const cJSON *x = a->child, *y = b->child; x && y; x = x->next, y = y->next)
+        if (x->valuedouble != y->valuedouble) return 0;
+    return 1;
+}
+
 /* Every check of one corpus text; returns the number of failures. */
 static int check_item(const fr_tokenizer *t, const fr_tokenizer *folder, const char *item, const cJSON *g)
 {
@@ -129,7 +147,14 @@ static int check_item(const fr_tokenizer *t, const fr_tokenizer *folder, const c
         bad += !same_ids(special ? "ids_special" : "ids", item, ids, n,
                          cJSON_GetObjectItem(g, special ? "ids_special" : "ids"));
         free(ids);
+        /* transformers' ids are a second witness where its tokenizer is the
+         * same as tokenizers' (its plain ids agree): then its special tokens
+         * (a bos from tokenizer_config.json) must be ours. Where it built
+         * another pipeline (transformers 5 rebuilds DeepSeek-V3's from the
+         * LlamaTokenizerFast class its config names), the text's ids differ
+         * from tokenizers' and the ground truth is tokenizers alone. */
         const cJSON *tf = cJSON_GetObjectItem(g, special ? "transformers_ids_special" : "transformers_ids");
+        if (n_transformers_differ) tf = NULL;
         if (folder && tf) {
             assert_int_equal(fr_tokenizer_encode(folder, text, len, special, &ids, &n), FR_OK);
             bad += !same_ids(special ? "transformers_ids_special" : "transformers_ids", item, ids, n, tf);
@@ -173,9 +198,17 @@ static void test_golden(void **state)
         fprintf(stderr, "FAIL %s: vocab size %d, golden %d\n", name, fr_tokenizer_vocab_size(t), (int)vs->valuedouble);
         bad++;
     }
+    n_transformers_differ = 0;
+    for (const cJSON *it = cJSON_GetObjectItem(g, "items")->child; it; it = it->next) {
+        const cJSON *tf = cJSON_GetObjectItem(it, "transformers_ids");
+        n_transformers_differ += tf && !json_ids_equal(tf, cJSON_GetObjectItem(it, "ids"));
+    }
     for (const cJSON *it = cJSON_GetObjectItem(g, "items")->child; it; it = it->next, items++)
         bad += check_item(t, folder, it->string, it);
     printf("%s: %d texts, %d failures (%s)\n", name, items, bad, cJSON_GetObjectItem(g, "source")->valuestring);
+    if (n_transformers_differ)
+        printf("  %s: transformers' own ids differ from tokenizers' on %d texts (another pipeline): its ids are "
+               "not checked for this variant\n", name, n_transformers_differ);
     fr_tokenizer_free(&t);
     fr_tokenizer_free(&folder);
     cJSON_Delete(g);

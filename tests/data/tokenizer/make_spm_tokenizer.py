@@ -75,6 +75,7 @@ def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     out = sys.argv[1]
+    import sentencepiece
     import transformers
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,12 +89,21 @@ def main():
         for name, legacy in (("spm_bpe", True), ("spm_bpe_metaspace", False)):
             folder = os.path.join(out, name)
             os.makedirs(folder, exist_ok=True)
-            how = convert(model, legacy, os.path.join(folder, "tokenizer.json"))
+            staged = os.path.join(tmp, name + ".json")
+            how = convert(model, legacy, staged)
+            with open(staged, encoding="utf-8") as f:
+                tj = json.load(f)
+            # transformers 5.17's fast Llama class, given only the model file,
+            # wrote a vocabulary of its 3 special tokens: never let such a
+            # conversion replace the committed tokenizer.
+            pieces = sentencepiece.SentencePieceProcessor(model_file=model).get_piece_size()
+            if len(tj["model"]["vocab"]) < pieces:
+                sys.exit(f"{name}: the conversion ({how}, transformers {transformers.__version__}) kept "
+                         f"{len(tj['model']['vocab'])} of the model's {pieces} pieces; nothing written")
+            shutil.move(staged, os.path.join(folder, "tokenizer.json"))
             with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
                 json.dump(dict(config, legacy=legacy), f, ensure_ascii=False, indent=1)
                 f.write("\n")
-            with open(os.path.join(folder, "tokenizer.json"), encoding="utf-8") as f:
-                tj = json.load(f)
             print(f"wrote {folder}/tokenizer.json ({len(tj['model']['vocab'])} tokens, "
                   f"{len(tj['model']['merges'])} merges; {how}, transformers {transformers.__version__}, "
                   f"legacy={legacy}) and tokenizer_config.json")
