@@ -3,7 +3,7 @@
 # `make test` installs missing packages, builds and runs every CPU test;
 # `make demo` installs, builds and serves the bundled demo model to a Python
 # trainer (examples/demo/run.sh).
-# CUDA sources (*.cu, and C files named *_cuda.c) build for sm_90a when nvcc
+# CUDA sources (named *_cuda.cu, and C files named *_cuda.c) build for sm_90a when nvcc
 # is on the PATH; without it the CPU backend builds alone (FR_HAVE_CUDA unset)
 # and C files named *_nocuda.c stand in for the CUDA ones, answering that the
 # build has no CUDA (docs/architecture.md, "Conventions").
@@ -36,7 +36,7 @@ lib_of    = $(BUILD)/lib$(subst /,_,$(1)).a
 # The programs' entry points link into the binaries themselves.
 MAIN_SRC := app/main.c app/fp4rollout_client.c
 srcs_of   = $(filter-out $(MAIN_SRC) $(if $(HAVE_NVCC),$(1)/%_nocuda.c,$(1)/%_cuda.c),$(wildcard $(1)/*.c))
-cusrcs_of = $(if $(HAVE_NVCC),$(wildcard $(1)/*.cu))
+cusrcs_of = $(if $(HAVE_NVCC),$(wildcard $(1)/*_cuda.cu))
 objs_of   = $(patsubst %.c,$(BUILD)/obj/%.o,$(call srcs_of,$(1))) \
             $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(call cusrcs_of,$(1)))
 LIBS     := $(foreach m,$(MODULES),$(call lib_of,$(m)))
@@ -61,7 +61,7 @@ CLIENT_LDLIBS := -lzmq -lmsgpackc -lxxhash -lm -pthread
 # With CUDA the client also owns the trainer's side of an NCCL weight group
 # (client_nccl.c over comm/weight_group_cuda.c) and the device checksum
 # kernel; it still links nothing of rollout/.
-CLIENT_CUOBJS := $(if $(HAVE_NVCC),$(BUILD)/obj/comm/dev_checksum.cu.o)
+CLIENT_CUOBJS := $(if $(HAVE_NVCC),$(BUILD)/obj/comm/dev_checksum_cuda.cu.o)
 ifeq ($(HAVE_NVCC),1)
 CLIENT_LDLIBS += -L$(CUDA_HOME)/lib64 -lnccl -lcudart
 endif

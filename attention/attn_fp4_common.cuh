@@ -1,6 +1,6 @@
 /* What the FP4/FP8 decode kernels share (attention/attn_fp4.h, docs/attention_gpu.md
  * "FP4 and FP8 KV: decode"): constants, the page geometry, the parameter
- * block and small helpers. Included by the kernel headers of attn_fp4.cu
+ * block and small helpers. Included by the kernel headers of attn_fp4_cuda.cu
  * only. */
 #ifndef FR_ATTN_FP4_COMMON_CUH
 #define FR_ATTN_FP4_COMMON_CUH
@@ -19,7 +19,7 @@ using namespace fr_fp4_ptx;
 #define FR_K __device__ __forceinline__
 #endif
 
-/* A page is also Algorithm 1's tile (fr_attn_params.tile must be 128, attn_fp4.cu
+/* A page is also Algorithm 1's tile (fr_attn_params.tile must be 128, attn_fp4_cuda.cu
  * checks it), so exact mode's P block scales are taken against the running maximum as
  * it stands after each whole page, as in the CPU reference. Split CTAs run four
  * warps: a warp owns 32 tokens of a page in the FP4 split and 32 dims of the output
@@ -52,7 +52,7 @@ constexpr float kPUnshift = 1.0f / 2048.0f;
  * unpacking and the P block (16 tokens NVFP4, 32 MXFP4) follow from it. */
 enum { kNVFP4 = 0, kMXFP4 = 1, kFP8 = 2 };
 
-/* Byte layout of one head page (kvcache/page_layout.h; check_view in attn_fp4.cu
+/* Byte layout of one head page (kvcache/page_layout.h; check_view in attn_fp4_cuda.cu
  * refuses a view whose offsets differ). FP4: K codes [128][D/8] code words along the
  * dims (offset 0), K scales [128][D/B], V codes [D][128/8] code words along the
  * tokens, V scales [D][128/B]; the values run along tokens because their block axis

@@ -10,7 +10,7 @@
  *                  FP8: attn_fp4_split_fp8.cuh);
  *  combine_kernel  joins the split partials by their base-2 LSE.
  *
- * Included by attn_fp4.cu only. */
+ * Included by attn_fp4_cuda.cu only. */
 #ifndef FR_ATTN_FP4_KERNELS_CUH
 #define FR_ATTN_FP4_KERNELS_CUH
 
@@ -45,7 +45,7 @@ template <int FMT, bool EXACT, int NQ, int D>
 __global__ void __launch_bounds__(kThreads, FMT == kFP8 ? (NQ == 1 ? 5 : 2) : (NQ <= 2 ? 5 : 2)) split_kernel(Params P)
 {
     /* One dynamic buffer, sized on the host for the larger of the BF16 CTA and the
-     * split body of this variant (split_smem_bytes in attn_fp4.cu); each body lays
+     * split body of this variant (split_smem_bytes in attn_fp4_cuda.cu); each body lays
      * out its own regions in it. */
     extern __shared__ __align__(128) uint8_t smem[];
     const int head = blockIdx.y, seq = blockIdx.z;

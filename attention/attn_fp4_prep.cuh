@@ -2,7 +2,7 @@
  * (sequence, KV head) rotated, quantized (dual-residual FP4 in exact mode)
  * or split into FP16 hi/lo halves, laid out as the split kernels' MMA
  * fragments; and, without sink/recent, the partial last page quantized on
- * the fly as a promoted page would hold it. Included by attn_fp4.cu only. */
+ * the fly as a promoted page would hold it. Included by attn_fp4_cuda.cu only. */
 #ifndef FR_ATTN_FP4_PREP_CUH
 #define FR_ATTN_FP4_PREP_CUH
 

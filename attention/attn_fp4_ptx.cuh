@@ -1,5 +1,5 @@
-/* The few PTX instructions the FP4/FP8 decode kernels (attn_fp4.cu) and the latent
- * kernels (attn_mla.cu) use, each behind a small inline function, so the kernels read
+/* The few PTX instructions the FP4/FP8 decode kernels (attn_fp4_cuda.cu) and the latent
+ * kernels (attn_mla_cuda.cu) use, each behind a small inline function, so the kernels read
  * as plain code and every hardware-specific step is named once. Device code only.
  *
  * The arithmetic wrappers (hmul2, the conversions, ex2) are plain asm: the compiler

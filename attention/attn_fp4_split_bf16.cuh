@@ -1,6 +1,6 @@
 /* The BF16 CTA of the decode attention over an FP4 cache with the sink/recent recipe:
  * the sink, the recent slot and the step's own token, one 144-row tile with
- * unquantized query and P. Included by attn_fp4.cu only (docs/attention_gpu.md).
+ * unquantized query and P. Included by attn_fp4_cuda.cu only (docs/attention_gpu.md).
  *
  * These tokens are BF16 in the cache and meet the unquantized query in the reference,
  * so this CTA computes in BF16 with hi + lo pairs: the query and P as two BF16
@@ -22,7 +22,7 @@ namespace fr_fp4 {
  * The rows take 36 KiB (144 x 128 BF16, swizzled); the P buffer holds one row of 144
  * BF16 per column of the P.V B operand, 8 NQ rows (columns 2h and 2h + 1: head h's hi
  * and lo), within the 16 NP rows sized here. With NQ 2 the whole is 41.25 KiB, the
- * largest CTA of the FP4 launch (attn_fp4.cu sizes the launch by it). */
+ * largest CTA of the FP4 launch (attn_fp4_cuda.cu sizes the launch by it). */
 template <int NQ, int D> struct SmemBf16 {
     static constexpr int NP = NQ > 2 ? 2 : 1;
     static constexpr int rows = kMaxBf16Rows * D * 2;

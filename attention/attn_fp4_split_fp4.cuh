@@ -1,6 +1,6 @@
 /* The FP4 (NVFP4, MXFP4) split kernel body of the decode attention:
  * tokens split over the warps, P kept in registers. Included by
- * attn_fp4.cu only (docs/attention_gpu.md). */
+ * attn_fp4_cuda.cu only (docs/attention_gpu.md). */
 #ifndef FR_ATTN_FP4_SPLIT_FP4_CUH
 #define FR_ATTN_FP4_SPLIT_FP4_CUH
 
@@ -20,7 +20,7 @@ constexpr int kStages = 2;   /* pages in flight per CTA (bench/RESULTS.md: 2 sta
  * landed) and empty (every thread done) barriers, the exact mode's page maxima, the
  * warps' final (m, l); after the loop the ring's bytes hold the warps' partial
  * outputs for the merge. NVFP4: 2 x 18,432 + 1,056 bytes; the BF16 CTA of the same
- * launch needs a little more (attn_fp4.cu sizes the launch for the larger). The page
+ * launch needs a little more (attn_fp4_cuda.cu sizes the launch for the larger). The page
  * maxima are double-buffered by page parity, so one barrier per page orders their
  * writes and reads (see the exact-mode exchange). MT, the m-tiles of 8 heads, does
  * not change the layout: the arrays are sized for 16 heads. */

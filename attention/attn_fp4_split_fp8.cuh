@@ -1,7 +1,7 @@
 /* The FP8 split kernel body of the decode attention: one CTA walks the pages of its
  * split; warps share the keys of a page (QK^T on 32 keys a warp, E4M3 codes converted
  * exactly to FP16), exchange P through shared memory and multiply it by the values on
- * 32 dims each. Included by attn_fp4.cu only (docs/attention_gpu.md, "The FP8
+ * 32 dims each. Included by attn_fp4_cuda.cu only (docs/attention_gpu.md, "The FP8
  * split").
  *
  * Unlike the FP4 split, a warp's P.V needs the P of all four warps (it owns dims, not

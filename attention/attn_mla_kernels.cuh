@@ -1,5 +1,5 @@
 /* The latent attention kernels (attn_mla.h is the contract; docs/mla.md the
- * numerics). Included by attn_mla.cu only.
+ * numerics). Included by attn_mla_cuda.cu only.
  *
  * A CTA of 8 warps owns 64 query rows of one sequence and one split of its tokens,
  * walked in tiles of 32 tokens:

@@ -3,8 +3,8 @@
  * XOR-swizzled shared-memory tile layout, the query fragments (optionally
  * Hadamard-rotated on the way) and one online-softmax step of 16 query rows
  * over a tile of keys. The structure is the one of the BF16 prefill kernel
- * (attention/attn_bf16.cu, docs/attention_gpu.md); the FP4/FP8 prefill
- * (attention/attn_fp4_prefill.cu) builds on these pieces.
+ * (attention/attn_bf16_cuda.cu, docs/attention_gpu.md); the FP4/FP8 prefill
+ * (attention/attn_fp4_prefill_cuda.cu) builds on these pieces.
  *
  * Tiles are [rows][D] BF16 with 16-byte piece c of row r stored at
  * c ^ (r & 7), so ldmatrix (plain for K and Q, .trans for V) reads them

@@ -11,7 +11,7 @@
  *
  * fr_dev_checksum_host computes the same value from host memory (tests, and
  * a reference for other implementations); it and fr_dev_checksum_combine
- * build without CUDA. The kernel launch is in dev_checksum.cu (nvcc only). */
+ * build without CUDA. The kernel launch is in dev_checksum_cuda.cu (nvcc only). */
 #ifndef FR_DEV_CHECKSUM_H
 #define FR_DEV_CHECKSUM_H
 
