@@ -617,30 +617,31 @@ static int parse_kernels(const char *text, options *o)
 
 /* ---- main ---------------------------------------------------------------- */
 
-int main(int argc, char **argv)
+/* The command line into o; 0, or the exit status (0 after --help). */
+static int parse_args(int argc, char **argv, options *o, int *exit_now)
 {
-    options o;
-    memset(&o, 0, sizeof o);
-    o.runs = 30;
-    o.warmup = 5;
-    o.rotate_mb = 256.0;
-    o.seed = 1;
-    if (parse_shapes("qwen3-4b,qwen3-30b-a3b", &o) || parse_ints("1,4,16,64", o.batches, &o.n_batches) ||
-        parse_ints("4K,16K,32K,128K", o.contexts, &o.n_contexts) || parse_kernels("all", &o))
+    *exit_now = 0;
+    memset(o, 0, sizeof *o);
+    o->runs = 30;
+    o->warmup = 5;
+    o->rotate_mb = 256.0;
+    o->seed = 1;
+    if (parse_shapes("qwen3-4b,qwen3-30b-a3b", o) || parse_ints("1,4,16,64", o->batches, &o->n_batches) ||
+        parse_ints("4K,16K,32K,128K", o->contexts, &o->n_contexts) || parse_kernels("all", o))
         return 2;
     for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(stdout); return 0; }
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(stdout); *exit_now = 1; return 0; }
         else if (!v) bad = 1;
-        else if (strcmp(a, "--shapes") == 0) bad = parse_shapes(v, &o);
-        else if (strcmp(a, "--batches") == 0) bad = parse_ints(v, o.batches, &o.n_batches);
-        else if (strcmp(a, "--contexts") == 0) bad = parse_ints(v, o.contexts, &o.n_contexts);
-        else if (strcmp(a, "--kernels") == 0) bad = parse_kernels(v, &o);
-        else if (strcmp(a, "--runs") == 0) bad = (o.runs = atoi(v)) < 1 || o.runs > MAX_RUNS;
-        else if (strcmp(a, "--warmup") == 0) bad = (o.warmup = atoi(v)) < 1;
-        else if (strcmp(a, "--rotate-mb") == 0) bad = (o.rotate_mb = atof(v)) < 0.0;
-        else if (strcmp(a, "--seed") == 0) o.seed = strtoull(v, NULL, 10);
+        else if (strcmp(a, "--shapes") == 0) bad = parse_shapes(v, o);
+        else if (strcmp(a, "--batches") == 0) bad = parse_ints(v, o->batches, &o->n_batches);
+        else if (strcmp(a, "--contexts") == 0) bad = parse_ints(v, o->contexts, &o->n_contexts);
+        else if (strcmp(a, "--kernels") == 0) bad = parse_kernels(v, o);
+        else if (strcmp(a, "--runs") == 0) bad = (o->runs = atoi(v)) < 1 || o->runs > MAX_RUNS;
+        else if (strcmp(a, "--warmup") == 0) bad = (o->warmup = atoi(v)) < 1;
+        else if (strcmp(a, "--rotate-mb") == 0) bad = (o->rotate_mb = atof(v)) < 0.0;
+        else if (strcmp(a, "--seed") == 0) o->seed = strtoull(v, NULL, 10);
         else bad = 1;
         if (bad) {
             fprintf(stderr, "attn_decode: bad argument %s%s%s\n", a, v ? " " : "", v ? v : "");
@@ -648,10 +649,19 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    for (int i = 0; i < o.n_contexts; i++)
-        if (o.contexts[i] < 2) { fprintf(stderr, "attn_decode: a context needs at least 2 tokens\n"); return 2; }
-    if (o.runs < 20) fprintf(stderr, "attn_decode: note: --runs %d is below 20\n", o.runs);
+    for (int i = 0; i < o->n_contexts; i++)
+        if (o->contexts[i] < 2) { fprintf(stderr, "attn_decode: a context needs at least 2 tokens\n"); return 2; }
+    if (o->runs < 20) fprintf(stderr, "attn_decode: note: --runs %d is below 20\n", o->runs);
 
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    int exit_now;
+    const int prc = parse_args(argc, argv, &o, &exit_now);
+    if (prc || exit_now) return prc;
     int dev = 0, l2 = 0, sms = 0;
     struct cudaDeviceProp prop;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {

@@ -35,15 +35,13 @@ static void frame(const char *name, const fr_msg *m)
     free(data);
 }
 
-static void protocol_seeds(void)
+/* A client's messages to the server. */
+static void protocol_request_seeds(void)
 {
     fr_msg m;
     int prompt[] = {151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30};
     int stops[] = {151645, 151643};
     uint64_t ids[] = {7, 8, 1ull << 40};
-    int toks[] = {19, 220, 19};
-    float lps[] = {-0.25f, -1.5f, 0.0f};
-    uint64_t wvs[] = {3, 3, 4};
 
     fr_msg_init(&m, FR_MSG_HELLO);
     snprintf(m.u.hello.client, sizeof m.u.hello.client, "trainer-0");
@@ -84,6 +82,17 @@ static void protocol_seeds(void)
     frame("resume", &m);
     fr_msg_init(&m, FR_MSG_STATS);
     frame("stats", &m);
+
+}
+
+/* The server's messages to a client. */
+static void protocol_reply_seeds(void)
+{
+    fr_msg m;
+    uint64_t ids[] = {7, 8, 1ull << 40};
+    int toks[] = {19, 220, 19};
+    float lps[] = {-0.25f, -1.5f, 0.0f};
+    uint64_t wvs[] = {3, 3, 4};
 
     fr_msg_init(&m, FR_MSG_HELLO_REPLY);
     fr_msg_hello_reply *h = &m.u.hello_reply;
@@ -224,7 +233,8 @@ int main(int argc, char **argv)
         return 2;
     }
     dir = argv[1];
-    protocol_seeds();
+    protocol_request_seeds();
+    protocol_reply_seeds();
     safetensors_seeds();
     return 0;
 }

@@ -607,6 +607,35 @@ static void gather_all(const fr_kv_cache *c, int seq, int d, float *k, float *v)
         }
 }
 
+/* After A and B (forks of one 300-token prompt) took 10 tokens each: each
+ * gathers its own 310 tokens, and C (a third fork) still the prompt alone.
+ * seqs: A, B, C; kv: K and V of A, then of B; gk, gv: scratch. */
+static void check_diverged(const tcase *tc, fr_kv_cache *c, const int seqs[3], const float *const kv[4], int N,
+                           const float *gA0k, const float *gA0v, float *gk, float *gv)
+{
+    const int d = tc->d;
+    float *ek = malloc(sizeof(float) * (size_t)N * d), *ev = malloc(sizeof(float) * (size_t)N * d);
+    assert_true(ek && ev);
+    for (int l = 0; l < NL; l++)
+        for (int h = 0; h < NH; h++) {
+            fr_kv_view view, xv;
+            for (int which = 0; which < 2; which++) {
+                const float *K = kv[2 * which], *V = kv[2 * which + 1];
+                assert_int_equal(fr_kv_gather(c, seqs[which], l, h, 0, NULL, NULL, gk, gv, &view), FR_OK);
+                expected_gather(tc, K, V, N, l, h, 310, 0, NULL, NULL, ek, ev, &xv);
+                assert_int_equal(mismatches("diverged keys", gk, ek, 310, d, 1), 0);
+                assert_int_equal(mismatches("diverged values", gv, ev, 310, d, 1), 0);
+            }
+            size_t off = ((size_t)l * NH + h) * 300 * d;
+            assert_int_equal(fr_kv_gather(c, seqs[2], l, h, 0, NULL, NULL, gk, gv, &view), FR_OK);
+            assert_int_equal(view.n_tokens, 300);
+            assert_int_equal(memcmp(gk, gA0k + off, sizeof(float) * 300 * d), 0);
+            assert_int_equal(memcmp(gv, gA0v + off, sizeof(float) * 300 * d), 0);
+        }
+    free(ek);
+    free(ev);
+}
+
 static void test_fork_shares_pages(void **state)
 {
     (void)state;
@@ -666,26 +695,7 @@ static void test_fork_shares_pages(void **state)
     assert_int_equal(fr_kv_free_blocks(c), NB - 4);
 
     /* each sees its own tokens, C still sees the prompt only */
-    float *ek = malloc(sizeof(float) * (size_t)N * d), *ev = malloc(sizeof(float) * (size_t)N * d);
-    assert_true(ek && ev);
-    for (int l = 0; l < NL; l++)
-        for (int h = 0; h < NH; h++) {
-            fr_kv_view view, xv;
-            for (int which = 0; which < 2; which++) {
-                int seq = which ? B : A;
-                const float *K = which ? KB : KA, *V = which ? VB : VA;
-                assert_int_equal(fr_kv_gather(c, seq, l, h, 0, NULL, NULL, gk, gv, &view), FR_OK);
-                expected_gather(&tc, K, V, N, l, h, 310, 0, NULL, NULL, ek, ev, &xv);
-                assert_int_equal(mismatches("diverged keys", gk, ek, 310, d, 1), 0);
-                assert_int_equal(mismatches("diverged values", gv, ev, 310, d, 1), 0);
-            }
-            size_t off = ((size_t)l * NH + h) * 300 * d;
-            assert_int_equal(fr_kv_gather(c, C, l, h, 0, NULL, NULL, gk, gv, &view), FR_OK);
-            assert_int_equal(view.n_tokens, 300);
-            assert_int_equal(memcmp(gk, gA0k + off, sizeof(float) * 300 * d), 0);
-            assert_int_equal(memcmp(gv, gA0v + off, sizeof(float) * 300 * d), 0);
-        }
-
+    check_diverged(&tc, c, (const int[3]){A, B, C}, (const float *const[4]){KA, VA, KB, VB}, N, gA0k, gA0v, gk, gv);
     /* B promotes page 2 into its own block; A's data is untouched */
     float *gA1k = malloc(sizeof(float) * gsz), *gA1v = malloc(sizeof(float) * gsz);
     assert_true(gA1k && gA1v);
@@ -734,7 +744,7 @@ static void test_fork_shares_pages(void **state)
 
     fr_kv_cache_destroy(&c);
     free(KA); free(VA); free(KB); free(VB); free(gA0k); free(gA0v); free(gk); free(gv);
-    free(ek); free(ev); free(gA1k); free(gA1v); free(pagesA);
+    free(gA1k); free(gA1v); free(pagesA);
 }
 
 /* Destroying a cache with live (shared) sequences frees everything

@@ -77,6 +77,38 @@ static fr_recal_config config(double threshold, int min_positions, const char *o
                              .out_dir = out_dir, .log = stderr};
 }
 
+/* The session's key mean (and its cache's) after a recalibration equals
+ * fr_calibrate's on the same texts and settings, and the file recorded for
+ * version 0 loads with it. */
+static void check_recalibrated_mean(fr_session *s)
+{
+    fr_calib_opts o;
+    fr_calib_opts_default(&o);
+    o.context = 256;
+    o.seed_tokens = 64;
+    o.continue_tokens = 4;
+    o.tau_steps = 0;
+    int *ids[2], lens[2];
+    assert_int_equal(fr_byte_text_read(&s->model->cfg, text_a, 0, &ids[0], &lens[0]), FR_OK);
+    assert_int_equal(fr_byte_text_read(&s->model->cfg, text_b, 0, &ids[1], &lens[1]), FR_OK);
+    fr_calib want = {0};
+    assert_int_equal(fr_calibrate(s->model, &o, 2, (const int *const *)ids, lens, &want, NULL), FR_OK);
+    const fr_model_config *mc = &s->model->cfg;
+    const size_t n = (size_t)mc->num_layers * mc->num_kv_heads * mc->head_dim;
+    assert_true(s->has_calib);
+    assert_memory_equal(s->calib.key_mean, want.key_mean, sizeof(float) * n);
+    assert_memory_equal(fr_kv_cache_config_of(s->kv)->key_mean, want.key_mean, sizeof(float) * n);
+    char path[160];
+    snprintf(path, sizeof path, "%s/calib-v0.safetensors", dir);
+    fr_calib back = {0};
+    assert_int_equal(fr_calib_load(path, fr_model_calib_dims(mc), &back), FR_OK);
+    assert_memory_equal(back.key_mean, want.key_mean, sizeof(float) * n);
+    fr_calib_free(&back);
+    fr_calib_free(&want);
+    free(ids[0]);
+    free(ids[1]);
+}
+
 static void test_policy(void **state)
 {
     (void)state;
@@ -112,30 +144,9 @@ static void test_policy(void **state)
     fr_scheduler_stats_get(sch, &st);
     assert_int_equal(st.running, 0);
     assert_int_equal(st.kv_blocks_used, 0);
-    /* the session's mean is fr_calibrate's on the same texts */
-    fr_calib_opts o;
-    fr_calib_opts_default(&o);
-    o.context = 256;
-    o.seed_tokens = 64;
-    o.continue_tokens = 4;
-    o.tau_steps = 0;
-    int *ids[2], lens[2];
-    assert_int_equal(fr_byte_text_read(&s.model->cfg, text_a, 0, &ids[0], &lens[0]), FR_OK);
-    assert_int_equal(fr_byte_text_read(&s.model->cfg, text_b, 0, &ids[1], &lens[1]), FR_OK);
-    fr_calib want = {0};
-    assert_int_equal(fr_calibrate(s.model, &o, 2, (const int *const *)ids, lens, &want, NULL), FR_OK);
+    check_recalibrated_mean(&s);
     const fr_model_config *mc = &s.model->cfg;
     const size_t n = (size_t)mc->num_layers * mc->num_kv_heads * mc->head_dim;
-    assert_true(s.has_calib);
-    assert_memory_equal(s.calib.key_mean, want.key_mean, sizeof(float) * n);
-    assert_memory_equal(fr_kv_cache_config_of(s.kv)->key_mean, want.key_mean, sizeof(float) * n);
-    /* recorded, and loadable */
-    char path[160];
-    snprintf(path, sizeof path, "%s/calib-v0.safetensors", dir);
-    fr_calib back = {0};
-    assert_int_equal(fr_calib_load(path, fr_model_calib_dims(mc), &back), FR_OK);
-    assert_memory_equal(back.key_mean, want.key_mean, sizeof(float) * n);
-    fr_calib_free(&back);
     /* once per version */
     assert_int_equal(fr_recal_check(r, &s, sch, 0, &did), FR_OK);
     assert_int_equal(did, 0);
@@ -198,9 +209,6 @@ static void test_policy(void **state)
     fr_recal_destroy(&r);
 
     free(before);
-    free(ids[0]);
-    free(ids[1]);
-    fr_calib_free(&want);
     fr_scheduler_destroy(&sch);
     fr_session_close(&s);
 }
