@@ -174,9 +174,10 @@ fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *s
 /* Builds a synthetic model in host memory; FR_EUNSUPPORTED for the ones
  * made on the GPU only. */
 fr_status fr_model_synthetic(const char *rest, fr_model **out);
-/* Whether the synthetic model `rest` names is built on the host (and
- * copied to a device from there): tiny and the tiny DeepSeek models. */
-int fr_synthetic_on_host(const char *rest);
+/* Whether the synthetic model `rest` names is built on the host only (a
+ * device copies it from there): the tiny DeepSeek models, which the device
+ * generator does not make (tiny is made either way, with the same bits). */
+int fr_synthetic_host_only(const char *rest);
 /* The small DeepSeek configurations (synthetic_model.c): tiny-dsmoe
  * (DeepseekV3ForCausalLM: vocab 272 as tiny, hidden 128, 3 layers of which
  * the first dense of 256, 4 heads, latent 256 and RoPE 64 (the widths the

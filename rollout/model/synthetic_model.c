@@ -352,12 +352,12 @@ fr_status fr_model_synthetic_dsmoe(const fr_model_config *cfg, const char *name,
     return st;
 }
 
-int fr_synthetic_on_host(const char *rest)
+int fr_synthetic_host_only(const char *rest)
 {
     fr_model_config cfg;
     uint64_t seed;
     if (!rest || fr_synthetic_parse(rest, &cfg, &seed)) return 0;
-    return cfg.vocab_size == 272;   /* tiny and the tiny DeepSeek models: the byte vocabulary */
+    return cfg.vocab_size == 272 && fr_model_is_mla(&cfg);   /* the tiny DeepSeek models */
 }
 
 fr_status fr_model_synthetic(const char *rest, fr_model **out)
@@ -368,7 +368,7 @@ fr_status fr_model_synthetic(const char *rest, fr_model **out)
     uint64_t seed;
     fr_status st = fr_synthetic_parse(rest, &cfg, &seed);
     if (st) return st;
-    if (!fr_synthetic_on_host(rest))   /* only the small ones fit in host memory as float32 */
+    if (cfg.vocab_size != 272)   /* only the small ones fit in host memory as float32 */
         return fr_fail(FR_EUNSUPPORTED, "%s%s: the weights of this synthetic model are generated on the GPU; "
                        "it needs --backend cuda", FR_SYNTHETIC_PREFIX, rest);
     if (strcmp(cfg.architecture, "Qwen3ForCausalLM") == 0) return fr_model_synthetic_tiny(seed, out);
