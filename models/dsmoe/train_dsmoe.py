@@ -114,11 +114,19 @@ def build_model(cfg):
         if getattr(config, key, None) != cfg[key]:
             die("transformers' %s took %s = %r, the script asked %r" % (config_cls.__name__, key,
                                                                          getattr(config, key, None), cfg[key]))
+    # eager attention and the eager expert loop: float32 everywhere, no
+    # kernel that wants another dtype (transformers 5 can route experts
+    # through grouped_mm)
+    if hasattr(config, "_experts_implementation"):
+        config._experts_implementation = "eager"
     try:
-        model = model_cls._from_config(config, attn_implementation="eager")
+        model = model_cls._from_config(config, attn_implementation="eager", experts_implementation="eager")
     except TypeError:
-        config._attn_implementation = "eager"
-        model = model_cls(config)
+        try:
+            model = model_cls._from_config(config, attn_implementation="eager")
+        except TypeError:
+            config._attn_implementation = "eager"
+            model = model_cls(config)
     return model.float(), config, model_cls
 
 
@@ -163,7 +171,7 @@ def write_safetensors(path, tensors, metadata):
         t = tensors[name].detach().cpu().contiguous()
         if t.dtype not in ST_DTYPES:
             die("%s: dtype %s is not written" % (name, t.dtype))
-        data = t.numpy().tobytes() if hasattr(t, "numpy") else bytes(t.storage())
+        data = t.numpy().tobytes()
         header[name] = {"dtype": ST_DTYPES[t.dtype][0], "shape": list(t.shape), "data_offsets": [at, at + len(data)]}
         blobs.append(data)
         at += len(data)
@@ -303,13 +311,22 @@ def train(model, texts, a, device):
 # --------------------------------------------------------------------------
 # the router's choices: transformers' own, and the engine's rules
 
+def indices_in(out, k):
+    """The expert indices among a routing function's outputs: the integer
+    tensor whose last dimension is top-k."""
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if torch.is_tensor(t) and not t.is_floating_point() and t.shape[-1] == k:
+            return t
+    die("the routing function returned no [tokens, %d] integer tensor: this transformers routes otherwise" % k)
+
+
 class RouteTap:
     """Records, for every MoE block of a forward pass, its router logits and
     the experts transformers chose (route_tokens_to_experts in transformers 5;
     the gate's forward in 4.x)."""
 
-    def __init__(self, blocks):
-        self.blocks, self.saved, self.records = blocks, [], None
+    def __init__(self, blocks, k):
+        self.blocks, self.k, self.saved, self.records = blocks, k, [], None
 
     def __enter__(self):
         self.records = [[] for _ in self.blocks]
@@ -318,21 +335,23 @@ class RouteTap:
                 orig = mlp.route_tokens_to_experts
 
                 def wrapped(router_logits, _orig=orig, _i=i):
-                    idx, w = _orig(router_logits)
+                    out = _orig(router_logits)
                     lg = router_logits.reshape(-1, router_logits.shape[-1])
+                    idx = indices_in(out, self.k)
                     self.records[_i].append((lg.detach().float().cpu(), idx.reshape(lg.shape[0], -1).cpu()))
-                    return idx, w
+                    return out
                 self.saved.append((mlp, "route_tokens_to_experts"))
                 mlp.route_tokens_to_experts = wrapped
             else:
                 gate, orig = mlp.gate, mlp.gate.forward
 
                 def wrapped(hidden_states, _orig=orig, _gate=gate, _i=i):
-                    idx, w = _orig(hidden_states)
+                    out = _orig(hidden_states)
                     h = hidden_states.reshape(-1, _gate.weight.shape[1]).float()
                     lg = F.linear(h, _gate.weight.float())
+                    idx = indices_in(out, self.k)
                     self.records[_i].append((lg.detach().cpu(), idx.reshape(lg.shape[0], -1).cpu()))
-                    return idx, w
+                    return out
                 self.saved.append((gate, "forward"))
                 gate.forward = wrapped
         return self
@@ -427,7 +446,7 @@ def golden(model, cfg, prompts):
             tensors["p%d.logits_f32" % p] = model(input_ids=x).logits[0].float().contiguous()
         g = greedy(model, ids)
         seq = ids + g[:-1]
-        with RouteTap(blocks) as tap:
+        with RouteTap(blocks, cfg["num_experts_per_tok"]) as tap:
             model(input_ids=torch.tensor([seq]))
         routes, margins, n_ties = routes_and_margins(cfg, tap.records, bias)
         if routes.shape[0] != len(seq):
@@ -448,7 +467,7 @@ def expert_use(model, cfg, texts):
     """How often each expert of each MoE layer is chosen over 4 x 512 tokens."""
     blocks = moe_blocks(model, cfg)
     counts = [[0] * cfg["n_routed_experts"] for _ in blocks]
-    with torch.no_grad(), RouteTap(blocks) as tap:
+    with torch.no_grad(), RouteTap(blocks, cfg["num_experts_per_tok"]) as tap:
         for t in texts[:4]:
             model(input_ids=torch.tensor([[BOS] + t[:511]]))
     for m, recs in enumerate(tap.records):
@@ -462,7 +481,11 @@ def expert_use(model, cfg, texts):
 def check_reload(out_dir, model, model_cls, prompt):
     """The written checkpoint loads into transformers with nothing missing
     or unexpected and gives the trained model's logits."""
-    back, info = model_cls.from_pretrained(out_dir, attn_implementation="eager", output_loading_info=True)
+    try:
+        back, info = model_cls.from_pretrained(out_dir, attn_implementation="eager", experts_implementation="eager",
+                                               output_loading_info=True)
+    except TypeError:
+        back, info = model_cls.from_pretrained(out_dir, attn_implementation="eager", output_loading_info=True)
     bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     if bad:
         die("transformers loading %s: %s" % (out_dir, bad))
@@ -543,7 +566,7 @@ def main():
     ap.add_argument("--tq6", default="../shared/models/tq6", help="tq6's folder (texts/, golden.safetensors)")
     ap.add_argument("--out", default="../shared/models", help="where the model folders go (OUT/dsmoe, OUT/dsmoe2)")
     ap.add_argument("--variant", choices=["dsmoe", "dsmoe2", "both"], default="both")
-    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--lr", type=float, default=3e-3)
