@@ -97,7 +97,8 @@ __global__ void route_kernel(const float *logits, int M, int E, int k, RouteRule
 #pragma unroll
     for (int i = 0; i < kMaxExperts / 32; i++) {
         const int e = lane + 32 * i;
-        const float b = rr.method == FR_MOE_NOAUX_TC && bias && e < E ? __bfloat162float(__ushort_as_bfloat16(bias[e])) : 0.0f;
+        const bool biased = rr.method == FR_MOE_NOAUX_TC && bias && e < E;
+        const float b = biased ? __bfloat162float(__ushort_as_bfloat16(bias[e])) : 0.0f;
         c[i] = e < E ? __fadd_rn(p[i], b) : -INFINITY;
         if (e < E) sh[w][e] = c[i];
     }
@@ -446,7 +447,8 @@ static fr_status routes_room(fr_moe_gpu *s)
     cudaError_t e = cudaMalloc(&s->layer_of, sizeof(int) * (size_t)layers);
     if (e == cudaSuccess) e = cudaMemcpy(s->layer_of, host, sizeof(int) * (size_t)layers, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaMalloc(&s->rows, sizeof(int) * T);
-    if (e == cudaSuccess) e = cudaMalloc(&s->routes, sizeof(uint16_t) * T * (size_t)layers * (size_t)c->experts_per_tok);
+    const size_t ids_per_row = (size_t)layers * (size_t)c->experts_per_tok;
+    if (e == cudaSuccess) e = cudaMalloc(&s->routes, sizeof(uint16_t) * T * ids_per_row);
     free(host);
     if (e != cudaSuccess) {
         cudaFree(s->layer_of); cudaFree(s->rows); cudaFree(s->routes);

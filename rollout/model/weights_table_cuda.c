@@ -39,8 +39,8 @@ static void add_experts(table *b, const fr_model_config *c, const fr_tp_layout *
     const int64_t Sl = tl->shared_inter, s0 = tl->shared_inter0;
     add(b, L->router, 2, c->num_experts, H, FR_SPLIT_NONE, 0, "model.layers.%d.mlp.gate.weight", l, 0);
     if (fr_model_has_router_bias(c))
-        add(b, L->router_bias, 1, c->num_experts, 0, FR_SPLIT_NONE, 0, "model.layers.%d.mlp.gate.e_score_correction_bias",
-            l, 0);
+        add(b, L->router_bias, 1, c->num_experts, 0, FR_SPLIT_NONE, 0,
+            "model.layers.%d.mlp.gate.e_score_correction_bias", l, 0);
     for (int e = 0; e < c->num_experts; e++) {
         uint16_t *gu = L->expert_gate_up + (size_t)e * 2 * (size_t)(Il * H);
         add(b, gu, 2, Il, H, FR_SPLIT_ROWS, i0, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);

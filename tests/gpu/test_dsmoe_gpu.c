@@ -175,7 +175,8 @@ static void golden_case(const char *name)
     for (int p = 0; p < 7; p++) {
         ids[p] = golden_ints(g, p, "ids", &n[p]);
         if (n[p] > 512) continue;   /* one step of the session's 512 tokens; greedy covers p4 and p5 */
-        uint16_t *rc = malloc(sizeof(uint16_t) * (size_t)n[p] * L * k), *rg = malloc(sizeof(uint16_t) * (size_t)n[p] * L * k);
+        const size_t cells = (size_t)n[p] * L * k;
+        uint16_t *rc = malloc(sizeof(uint16_t) * cells), *rg = malloc(sizeof(uint16_t) * cells);
         float *c = prefill(&cpu, ids[p], n[p], rc), *d = prefill(&gpu, ids[p], n[p], rg), md, top;
         max_diff(d, c, (size_t)n[p] * V, &md, &top);
         printf("  %s p%d (%4d tokens): GPU vs CPU max |diff| %.4g of %.3g\n", name, p, n[p], md, top);

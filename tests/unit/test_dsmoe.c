@@ -338,7 +338,8 @@ static void test_moe_batch_invariant(void **state)
         if (fr_model_load(specs[v], &m)) fail_msg("%s", fr_last_error());
         const fr_model_config *c = &m->cfg;
         const int M = 12, H = c->hidden_size, k = c->experts_per_tok;
-        float *x = malloc(sizeof(float) * M * H), *all = malloc(sizeof(float) * M * H), *one = malloc(sizeof(float) * H);
+        float *x = malloc(sizeof(float) * M * H), *all = malloc(sizeof(float) * M * H);
+        float *one = malloc(sizeof(float) * H);
         fr_test_rng rng = {.s = 5 + (uint64_t)v};
         for (int i = 0; i < M * H; i++) x[i] = fr_test_normal(&rng);
         fr_moe_cpu *moe = NULL;
