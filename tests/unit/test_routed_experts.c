@@ -152,6 +152,39 @@ static void test_routes_match_router(void **state)
     assert_true(pre > 0);
 }
 
+/* Asking for routes changes no draw: one prompt, seed and sampling, with
+ * and without them, gives the same tokens. */
+static void test_no_draw_changes(void **state)
+{
+    (void)state;
+    fr_session s = open_session("synthetic:tiny-dsmoe-v2", 12);
+    results rs;
+    memset(&rs, 0, sizeof rs);
+    fr_scheduler_config c = {.max_seqs = 4, .chunk = 48, .on_done = on_done, .user = &rs};
+    fr_scheduler *sch = NULL;
+    assert_int_equal(fr_scheduler_new(&s, &c, &sch), FR_OK);
+    int prompt[30];
+    prompt[0] = 256;
+    for (int i = 1; i < 30; i++) prompt[i] = 60 + i;
+    for (int i = 0; i < 2; i++) {
+        fr_request_spec r = {.id = (uint64_t)i, .prompt = prompt, .n_prompt = 30, .n = NS,
+                             .params = {.temperature = 0.9f, .top_p = 0.95f, .seed = 77}, .max_tokens = MAXT,
+                             .return_routed_experts = i};
+        assert_int_equal(fr_scheduler_submit(sch, &r), FR_OK);
+    }
+    assert_int_equal(fr_scheduler_run(sch), FR_OK);
+    fr_scheduler_destroy(&sch);
+    for (int x = 0; x < NS; x++) {
+        assert_int_equal(rs.res[0][x].n_tokens, rs.res[1][x].n_tokens);
+        assert_memory_equal(rs.res[0][x].tokens, rs.res[1][x].tokens, sizeof(int) * (size_t)rs.res[0][x].n_tokens);
+        assert_null(rs.res[0][x].routed_experts);
+        assert_non_null(rs.res[1][x].routed_experts);
+        fr_sample_result_free(&rs.res[0][x]);
+        fr_sample_result_free(&rs.res[1][x]);
+    }
+    fr_session_close(&s);
+}
+
 /* A result's routes between ranks: the record carries them whole. */
 static void test_record_round_trip(void **state)
 {
@@ -206,6 +239,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_routes_match_router),
+        cmocka_unit_test(test_no_draw_changes),
         cmocka_unit_test(test_record_round_trip),
         cmocka_unit_test(test_refusals),
     };
