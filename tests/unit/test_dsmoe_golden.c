@@ -6,7 +6,8 @@
  * golden.safetensors holds tq6's seven prompts with float32 logits (every
  * prompt but p5), 64 greedy tokens, and the experts every MoE layer chose
  * at every position of the prompt and its greedy continuation:
- *  - prefill logits within 1e-3 x max |golden|, greedy continuations equal;
+ *  - prefill logits within 1e-3 x max |golden|, greedy continuations (f32
+ *    KV) equal;
  *  - the decode path (f32 KV) within 1e-3 of one prefill, BF16 KV within the
  *    MoE bound below;
  *  - routed-expert replay: the scheduler's records for the greedy samples
@@ -123,8 +124,8 @@ static void test_prefill_and_greedy(void **state)
     for (int p = 0; p < 7; p++) {
         int n, n_new, seq, tok;
         int *ids = ints_of(find(g, p, "ids"), &n), *want = ints_of(find(g, p, "greedy"), &n_new);
-        fr_session s;
-        open_session(gm, &s, FR_KV_BF16, n + n_new, n);
+        fr_session s;   /* f32 KV: the continuation's logits carry float32 order alone */
+        open_session(gm, &s, FR_KV_F32, n + n_new, n);
         float *ours = malloc(sizeof(float) * (size_t)n * V);
         assert_int_equal(fr_session_prefill(&s, ids, n, n, &seq, logits, ours), FR_OK);
         const fr_st_tensor *t = find(g, p, "logits_f32");
