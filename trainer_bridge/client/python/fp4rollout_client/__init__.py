@@ -629,11 +629,17 @@ def continuation_options(sample: SampleResult, kwargs: dict) -> dict:
     unknown = set(kwargs) - set(_OPTIONS)
     if unknown:
         raise TypeError(f"continue_sample: unknown keyword {sorted(unknown)[0]!r}")
-    fixed = {"n", "first_sample", "seed", "continue_tokens", "forced_tokens", "prompt_logprobs"} & set(kwargs)
-    if fixed:
-        raise TypeError(f"continue_sample: {sorted(fixed)[0]!r} comes from the sample")
-    return {**kwargs, "n": 1, "first_sample": sample.sample, "seed": sample.seed,
-            "group_id": kwargs.get("group_id", sample.group_id), "continue_tokens": list(sample.token_ids)}
+    # The original request's keywords may come as they were: its n and
+    # first_sample give way to the sample's own index; a seed must be the
+    # sample's; what a continuation cannot have is refused.
+    if kwargs.get("seed") not in (None, sample.seed):
+        raise ClientError(f"continue_sample: seed {kwargs['seed']} is not sample {sample.sample}'s ({sample.seed})")
+    for key in ("continue_tokens", "forced_tokens", "prompt_logprobs"):
+        if kwargs.get(key):
+            raise ClientError(f"continue_sample: {key} does not go with a continuation")
+    return {**kwargs, "n": 1, "first_sample": sample.sample, "seed": sample.seed, "forced_tokens": None,
+            "prompt_logprobs": False, "group_id": kwargs.get("group_id", sample.group_id),
+            "continue_tokens": list(sample.token_ids)}
 
 
 # ---- DAPO / GRPO helpers ----
