@@ -23,7 +23,7 @@ for want in "fp4rollout-client keygen" "--curve-secret-key-file" "--trainer-keys
   grep -qF -- "$want" "$dir/open.err" || fail "the refusal does not mention $want: $(cat "$dir/open.err")"
 done
 
-for k in server trainer client other; do $cli keygen > "$dir/$k.json" || fail "keygen"; done
+for k in server trainer client other extra; do $cli keygen > "$dir/$k.json" || fail "keygen"; done
 key() { $py -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$dir/$1.json" "$2"; }
 server_pub=$(key server public); tpub=$(key trainer public); cpub=$(key client public)
 
@@ -76,7 +76,7 @@ roles "$ep"
 # The environment, with the bare secret key in a file, and beyond loopback.
 key server secret > "$dir/server.key"
 FP4ROLLOUT_CURVE_SECRET_KEY_FILE="$dir/server.key" FP4ROLLOUT_CURVE_TRAINER_KEYS="$tpub" \
-  FP4ROLLOUT_CURVE_CLIENT_KEYS=" $cpub , $(key other public)" start_curve env --bind 0.0.0.0
+  FP4ROLLOUT_CURVE_CLIENT_KEYS=" $cpub , $(key extra public)" start_curve env --bind 0.0.0.0
 grep -q "3 allowed client keys, 1 with the trainer role" "$dir/env.log" || fail "the environment's keys: $(grep CURVE "$dir/env.log")"
 grep -qF "server public key $server_pub" "$dir/env.log" || fail "the environment's key file gave another key"
 grep -q "listening on tcp://0.0.0.0:" "$dir/env.log" || fail "with CURVE on, --bind 0.0.0.0 was not taken"
