@@ -86,7 +86,7 @@ static fr_status key_of_text(const char *path, char *text, char out[FR_SERVE_CUR
     while (end > p && isspace((unsigned char)end[-1])) *--end = '\0';
     const char *key = p;
     cJSON *root = NULL;
-    if (*p == '{') {
+    if (!fr_opt_z85_key(p) && *p == '{') {   /* a bare key may begin with '{' too: Z85 has it */
         root = cJSON_Parse(p);
         const cJSON *s = root ? cJSON_GetObjectItemCaseSensitive(root, "secret") : NULL;
         key = cJSON_IsString(s) ? s->valuestring : "";
