@@ -124,9 +124,9 @@ int fr_serve_curve_check_bind(fr_cmd cmd, const fr_serve_config *c)
     if (c->curve.server_secret_key[0] || fr_bridge_endpoint_is_loopback(ep)) return 0;
     return fr_cli_usage_error(
         cmd,
-        "--bind %s (coordinator.bind) reaches beyond this host and CURVE is off: without CURVE every client has the "
-        "trainer role (weight updates, pause), so the server binds loopback addresses only. Turn CURVE on with key "
-        "pairs:\n"
+        "--bind %s (coordinator.bind) is not a loopback address and CURVE is off: without CURVE every client has "
+        "the trainer role (weight updates, pause), so the server binds loopback addresses only. Turn CURVE on with "
+        "key pairs:\n"
         "  fp4rollout-client keygen > server-key.json     # the server's pair\n"
         "  fp4rollout-client keygen > trainer-key.json    # one per trainer (its \"public\" goes to the server)\n"
         "  fp4rollout serve --bind %s --curve-secret-key-file server-key.json --trainer-keys TRAINER_PUBLIC_KEY\n"
