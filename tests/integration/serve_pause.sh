@@ -7,15 +7,18 @@
 # continuation on the new weights, bitwise), the transitions between modes,
 # and samples ended by abort or pause("abort") continued bitwise as if never
 # stopped (serve_pause.py, the Python client). fp4rollout-client's pause
-# --mode keep and resume --recompute.
+# --mode keep and resume --recompute. FR_TEST_BACKEND=cuda serves on a GPU.
 set -euo pipefail
 name=serve_pause
 source "$(dirname "$0")/serve_setup.bash"
 [ -f "$build/libfp4rollout_client.so" ] || fail "build first (make)"
 $py -c 'import numpy' 2>/dev/null || fail "python3-numpy is missing (scripts/install-deps.sh)"
 
-start_server s '{"model": "synthetic:tiny", "backend": "cpu", "kv_dtype": "f32", "max_seqs": 4, "deterministic": true,
- "metrics_port": 0, "coordinator": {"bind": "127.0.0.1", "port": PORT}}'
+# FR_TEST_BACKEND=cuda: the same on a GPU (BF16 KV: the GPU has no f32 cache).
+engine='"backend": "cpu", "kv_dtype": "f32"'
+[ "${FR_TEST_BACKEND:-cpu}" = cuda ] && engine='"backend": "cuda", "kv_dtype": "bf16", "kv_blocks": 256'
+start_server s "{\"model\": \"synthetic:tiny\", $engine, \"max_seqs\": 4, \"deterministic\": true,
+ \"metrics_port\": 0, \"coordinator\": {\"bind\": \"127.0.0.1\", \"port\": PORT}}"
 $cli push-weights --model synthetic:tiny:7 --export "$dir/w7.bin" > "$dir/w7.jsonl" || fail "export synthetic:tiny:7"
 $cli push-weights --model synthetic:tiny --export "$dir/w0.bin" > "$dir/w0.jsonl" || fail "export synthetic:tiny"
 BUILD="$build" timeout 400 $py "$(dirname "$0")/serve_pause.py" "$ep" "$dir/w7.bin" "$dir/w7.jsonl" \
