@@ -200,7 +200,6 @@ int srv_abort_held(fr_bridge_server *srv, request *q);
 int srv_abort_sid(fr_bridge_server *srv, uint64_t sid);
 fr_status srv_check_spec(const fr_bridge_server *srv, const fr_request_spec *r, uint64_t caller_id);
 fr_status srv_eng_abort_all(fr_bridge_server *srv, int *n);
-int srv_eng_idle(const fr_bridge_server *srv);
 fr_status srv_eng_submit(fr_bridge_server *srv, request *q, const fr_request_spec *spec);
 int srv_engine_samples(const fr_bridge_server *srv);
 void srv_handle_abort(fr_bridge_server *srv, int peer, const fr_msg_abort *a);

@@ -46,11 +46,6 @@ int srv_engine_samples(const fr_bridge_server *srv)
     return n;
 }
 
-int srv_eng_idle(const fr_bridge_server *srv)
-{
-    return srv->multi ? srv_engine_samples(srv) == 0 : fr_scheduler_idle(srv->sch);
-}
-
 /* Starts q on an engine: with several, the one with the fewest open
  * samples (ties: turn by turn). */
 fr_status srv_eng_submit(fr_bridge_server *srv, request *q, const fr_request_spec *spec)
