@@ -8,6 +8,7 @@
 
 #include "app/cli.h"
 #include "app/serve_config.h"
+#include "app/serve_curve.h"
 #include "app/serve_flags.h"
 #include "base/log.h"
 #include "rollout/engine/session.h"
@@ -24,7 +25,9 @@ const char fr_serve_usage[] =
     "and chunk, and its sampling defaults for what a request leaves out.\n"
     "Weight updates arrive on the same socket (update_weights_*: bucketed, checksummed,\n"
     "committed between engine steps); kl_sample_rate picks the samples that run a\n"
-    "BF16-KV shadow; a curve object turns on CURVE authentication; metrics_port\n"
+    "BF16-KV shadow; a curve object (or --curve-secret-key-file with --trainer-keys\n"
+    "and --client-keys, or the FP4ROLLOUT_CURVE_* variables of the environment)\n"
+    "turns on CURVE authentication, which a --bind beyond this host needs; metrics_port\n"
     "and metrics_pub_port serve the metrics (HTTP, and a ZeroMQ PUB socket); a\n"
     "recalibration object recalibrates the key mean when a weight version's\n"
     "monitored KL passes a threshold (docs/metrics.md).\n"
@@ -55,16 +58,21 @@ static int all_ranks_ok(const fr_tp_launch *tl, int ok)
 }
 
 /* The configuration: the defaults with the bundled demo model, then the
- * file, then the flags. 0, or the exit status after printing why: 1 for a
- * file that cannot be read, 2 for a bad key or value. */
+ * CURVE variables of the environment, the file, the flags; then the
+ * server's secret key from its file, and where it may bind. 0, or the
+ * exit status after printing why: 1 for a file that cannot be read, 2 for
+ * a bad key or value. */
 static int read_config(fr_cmd cmd, const fr_cli_values *v, fr_serve_config *c)
 {
     fr_serve_config_default(c);
     snprintf(c->model, sizeof c->model, "%s", fr_cli_demo_model());
     const char *path = fr_opt_str(v, FR_O_CONFIG);
-    fr_status st = path ? fr_serve_config_load(path, c) : FR_OK;
+    fr_status st = fr_serve_curve_env(c);
+    if (!st && path) st = fr_serve_config_load(path, c);
     if (!st) st = fr_serve_flags_apply(v, c);
-    return st ? fr_cli_fail(cmd, st == FR_EIO ? 1 : 2) : 0;
+    if (!st) st = fr_serve_curve_key_file(c);
+    if (st) return fr_cli_fail(cmd, st == FR_EIO ? 1 : 2);
+    return fr_serve_curve_check_bind(cmd, c);
 }
 
 /* What the server is told, and the arrays and strings it points into. */

@@ -20,9 +20,9 @@ static int cmd_keygen(const fr_client_ctx *ctx, const fr_cli_values *v);
 const fr_client_command fr_client_commands[] = {
     {"hello", FR_CMD_C_HELLO, "hello", "the server's information", cmd_reply},
     {"stats", FR_CMD_C_STATS, "stats", "the server's stats", cmd_reply},
-    {"pause", FR_CMD_C_PAUSE, "pause --mode abort|wait", "pause the engine; prints the reply once paused",
-     cmd_reply},
-    {"resume", FR_CMD_C_RESUME, "resume", "resume; prints the reply", cmd_reply},
+    {"pause", FR_CMD_C_PAUSE, "pause --mode abort|wait|keep [--recompute]",
+     "pause the engine; prints the reply once paused", cmd_reply},
+    {"resume", FR_CMD_C_RESUME, "resume [--recompute]", "resume; prints the reply", cmd_reply},
     {"generate", FR_CMD_C_GENERATE, "generate --prompts FILE [options]",
      "one request per line of FILE (comma-separated token ids), request ids FIRST, FIRST+1, ...; prints each "
      "sample as a JSON line when it ends (request_id, sample, token_ids, logprobs, finish_reason, n_tokens, "
@@ -93,10 +93,15 @@ static int cmd_reply(const fr_client_ctx *ctx, const fr_cli_values *v)
         st = fr_client_stats(c, &m.u.stats_reply);
     } else if (v->cmd == FR_CMD_C_RESUME) {
         m.type = FR_MSG_RESUME_REPLY;
-        st = fr_client_resume(c, &m.u.resume_reply);
+        st = fr_client_resume_ex(c, (int)fr_opt_int(v, FR_O_RECOMPUTE), &m.u.resume_reply);
     } else {
         m.type = FR_MSG_PAUSE_REPLY;
-        st = fr_client_pause(c, (fr_pause_mode)fr_opt_int(v, FR_O_MODE), &m.u.pause_reply);
+        const fr_pause_mode mode = (fr_pause_mode)fr_opt_int(v, FR_O_MODE);
+        if (fr_opt_int(v, FR_O_RECOMPUTE) && mode != FR_PAUSE_KEEP) {
+            fr_client_destroy(&c);
+            return fr_cli_usage_error(v->cmd, "--recompute goes with --mode keep");
+        }
+        st = fr_client_pause_ex(c, mode, (int)fr_opt_int(v, FR_O_RECOMPUTE), &m.u.pause_reply);
     }
     int rc = st ? fr_cli_fail(v->cmd, 1) : 0;
     if (!st) fr_client_print_reply(&m);

@@ -43,6 +43,7 @@ void fr_sample_result_put(fr_rank_buf *b, const fr_sample_result *r, int with_to
     fr_rank_put_u64(b, r->request_id);
     fr_rank_put_u64(b, r->group);
     fr_rank_put_i32(b, r->sample);
+    fr_rank_put_i32(b, r->start);
     fr_rank_put_i32(b, (int)r->finish);
     fr_rank_put_i32(b, r->n_tokens);
     fr_rank_put_i32(b, r->preemptions);
@@ -117,13 +118,14 @@ fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out)
     out->request_id = fr_rank_get_u64(r);
     out->group = fr_rank_get_u64(r);
     out->sample = fr_rank_get_i32(r);
+    out->start = fr_rank_get_i32(r);
     out->finish = (fr_finish_reason)fr_rank_get_i32(r);
     out->n_tokens = fr_rank_get_i32(r);
     out->preemptions = fr_rank_get_i32(r);
     out->monitored = (int)fr_rank_get_u8(r);
     if (fr_rank_get(r, &out->div, sizeof out->div)) r->bad = 1;
     const unsigned parts = fr_rank_get_u8(r);
-    fr_status st = r->bad || out->n_tokens < 0 ? fr_fail(FR_EFORMAT, "sample record: truncated or malformed") : FR_OK;
+    fr_status st = r->bad || out->n_tokens < 0 || out->start < 0 ? fr_fail(FR_EFORMAT, "sample record: truncated or malformed") : FR_OK;
     if (parts & REC_TOKENS) {
         out->tokens = get_array(r, out->n_tokens, sizeof(int), &st);
         out->logprobs = get_array(r, out->n_tokens, sizeof(float), &st);
@@ -151,6 +153,30 @@ fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out)
         fr_sample_result_free(out);
     }
     return st;
+}
+
+/* The continued tokens of a request (fr_request_spec.continue_tokens). */
+static fr_status check_continue(const fr_request_spec *r, int vocab)
+{
+    const unsigned long long id = (unsigned long long)r->id;
+    if (r->n_continue < 0 || (r->n_continue > 0 && !r->continue_tokens))
+        return fr_fail(FR_EINVAL, "request %llu: bad continued tokens (%d)", id, r->n_continue);
+    if (r->n_continue == 0) return FR_OK;
+    if (r->n != 1)
+        return fr_fail(FR_EINVAL, "request %llu: continue_tokens are one sample's tokens: n must be 1 (got %d)", id,
+                       r->n);
+    if (r->forced) return fr_fail(FR_EINVAL, "request %llu: continue_tokens and forced_tokens do not go together", id);
+    if (r->prompt_logprobs)
+        return fr_fail(FR_EINVAL, "request %llu: continue_tokens and prompt_logprobs do not go together (the prompt's "
+                                  "log-probs come with the sample's first part)", id);
+    if (r->n_continue >= r->max_tokens)
+        return fr_fail(FR_EINVAL, "request %llu: %d continued tokens leave nothing to generate within max_tokens %d "
+                                  "(max_tokens counts the continued tokens)", id, r->n_continue, r->max_tokens);
+    for (int i = 0; i < r->n_continue; i++)
+        if (r->continue_tokens[i] < 0 || r->continue_tokens[i] >= vocab)
+            return fr_fail(FR_EINVAL, "request %llu: continued token %d is id %d, outside the vocabulary of %d", id, i,
+                           r->continue_tokens[i], vocab);
+    return FR_OK;
 }
 
 fr_status fr_request_spec_check(const fr_request_spec *r, int vocab)
@@ -195,7 +221,9 @@ fr_status fr_request_spec_check(const fr_request_spec *r, int vocab)
     if (r->return_routed_experts != 0 && r->return_routed_experts != 1)
         return fr_fail(FR_EINVAL, "request %llu: return_routed_experts must be 0 or 1 (got %d)",
                        (unsigned long long)r->id, r->return_routed_experts);
-    fr_status st = fr_sampling_params_check(&r->params, vocab);
+    fr_status st = check_continue(r, vocab);
+    if (st) return st;
+    st = fr_sampling_params_check(&r->params, vocab);
     if (st) {
         char msg[512];   /* the message is rewritten below: copy it first */
         snprintf(msg, sizeof msg, "%s", fr_last_error());

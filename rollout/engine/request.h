@@ -73,6 +73,16 @@ typedef struct {
      * layer chose (fr_sample_result.routed_experts); 0, the default, records
      * nothing and costs nothing. A model without MoE layers refuses 1. */
     int return_routed_experts;
+    /* Continuing a partial sample (docs/sampling.md, "Continuing a sample"):
+     * the n_continue tokens it already made (copied), which the engine puts
+     * in the KV cache after the prompt, as a prefill would, but counts as
+     * generated: max_tokens and min_tokens include them, and the next draw
+     * is step n_continue of the sample's Philox stream, as it would have
+     * been had the sample never stopped. Needs n 1 (the sample is
+     * first_sample), no forced tokens and no prompt log-probs, and room for
+     * one token more within max_tokens. NULL: a sample from its start. */
+    const int *continue_tokens;
+    int n_continue;
 } fr_request_spec;
 
 /* One finished sample. tokens and logprobs hold n_tokens entries each; a
@@ -81,6 +91,10 @@ typedef struct {
 typedef struct {
     uint64_t request_id, group;
     int sample;                  /* index within the request, first_sample .. first_sample + n - 1 */
+    /* The tokens of the request continued (its n_continue): the arrays below
+     * hold the tokens it made itself, tokens[i] being token start + i of the
+     * whole sample. 0 for a sample from its start. */
+    int start;
     int *tokens;
     float *logprobs;
     int n_tokens;
@@ -146,9 +160,9 @@ fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out);
 /* Checks a request against a model's vocabulary: prompt non-empty and in the
  * vocabulary, n and max_tokens >= 1, first_sample >= 0 with room for n,
  * min_tokens in [0, max_tokens], top_logprobs in [0, FR_MAX_TOP_LOGPROBS]
- * and at most the vocabulary, prompt_logprobs and return_routed_experts 0 or 1, valid
- * sampling parameters, stop ids in the vocabulary. FR_EINVAL with a message
- * naming the field otherwise. */
+ * and at most the vocabulary, prompt_logprobs and return_routed_experts 0 or 1, valid sampling parameters, stop ids in
+ * the vocabulary, continued tokens as the field says. FR_EINVAL with a
+ * message naming the field otherwise. */
 fr_status fr_request_spec_check(const fr_request_spec *r, int vocab);
 
 #ifdef __cplusplus

@@ -66,6 +66,10 @@ typedef struct {
     long long steps;
     long long finished;    /* samples ended, any reason */
     int kv_blocks_used, kv_blocks_free;
+    /* Samples in flight: running, in an admitted prefill, or preempted
+     * after their admission (waiting to be recomputed): what
+     * FR_SCHED_HOLD lets finish. */
+    int in_flight;
     uint64_t weight_version;   /* what new tokens are drawn with */
     int monitored;             /* running samples with a shadow */
     int shadow_blocks_free;    /* -1: no shadow open */
@@ -118,9 +122,32 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *r);
  * samples in it end with reason error and the step's status is returned;
  * the scheduler stays usable. */
 fr_status fr_scheduler_step(fr_scheduler *sch);
-/* Steps until every sample has ended; the first failing step's status. */
+/* Steps while there is work the mode lets run (FR_SCHED_RUN: until every
+ * sample has ended); the first failing step's status. */
 fr_status fr_scheduler_run(fr_scheduler *sch);
+/* No request open (held or frozen ones count as open). */
 int fr_scheduler_idle(const fr_scheduler *sch);
+
+/* What the engine does while a trainer pauses it (docs/protocol.md,
+ * "pause"):
+ * - FR_SCHED_RUN: every step as usual;
+ * - FR_SCHED_HOLD: the samples in flight (stats.in_flight) go on to their
+ *   end; nothing that has not started is admitted (queued samples and new
+ *   requests wait);
+ * - FR_SCHED_FREEZE: no step at all: running samples keep their KV cache
+ *   and tokens, queued ones stay queued. Weights may be switched meanwhile
+ *   (fr_scheduler_set_weight_version): back in FR_SCHED_RUN, the samples
+ *   go on where they stopped, their new tokens drawn with the new weights,
+ *   over the KV cache of the old ones unless fr_scheduler_recompute_all
+ *   recomputes it.
+ * Submits and aborts work in every mode. */
+typedef enum { FR_SCHED_RUN = 0, FR_SCHED_HOLD, FR_SCHED_FREEZE } fr_scheduler_mode;
+void fr_scheduler_set_mode(fr_scheduler *sch, fr_scheduler_mode mode);
+fr_scheduler_mode fr_scheduler_mode_of(const fr_scheduler *sch);
+/* Whether a step would do anything: work the mode lets run. */
+int fr_scheduler_busy(const fr_scheduler *sch);
+/* stats.in_flight, without the rest of the stats. */
+int fr_scheduler_in_flight(const fr_scheduler *sch);
 
 /* Ends every unfinished sample of request `id` (or of every request) with
  * reason abort and its partial tokens; *n_ended (may be NULL) gets the count. */

@@ -26,6 +26,7 @@ typedef struct {
     int *tokens;           /* [r->max_tokens] */
     float *logprobs;
     int n;
+    int start;             /* tokens a continuation began with (fr_request_spec.n_continue): never reported */
     int done;
     int preemptions;
     uint64_t admit;        /* admission number of the work that gave it its sequence */
@@ -71,12 +72,15 @@ typedef struct {
     const int *tokens;
     int n_total, done, seq;
     uint64_t admit;
+    int started;           /* admitted once (what FR_SCHED_HOLD lets go on) */
+    int cont;              /* a continuation's first prefill (fr_request_spec.continue_tokens) */
 } job;
 
 struct fr_scheduler {
     fr_session *s;
     fr_scheduler_config cfg;
     int aligned_chunks;              /* deterministic mode with an FP4/FP8 cache: see schedule_batch */
+    fr_scheduler_mode mode;          /* run, hold or freeze (scheduler.h) */
     int vocab, n_blocks;
     req **reqs;
     int n_reqs, cap_reqs;

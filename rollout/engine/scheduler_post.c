@@ -17,10 +17,24 @@ static void count_end(fr_scheduler *sch, const sample *x, fr_finish_reason why)
     fr_serving_stats *v = &sch->serving;
     if ((int)why > 0 && (int)why < FR_FINISH_KINDS) v->finished[why]++;
     const double now = fr_now_s();
+    const int made = x->n - x->start;
     fr_hist_add(&v->e2e, now - x->r->t_submit);
-    if (x->n >= 2) fr_hist_add(&v->tpot, (now - x->t_first) / (double)(x->n - 1));
-    if (x->monitored && x->n > 0)
+    if (made >= 2) fr_hist_add(&v->tpot, (now - x->t_first) / (double)(made - 1));
+    if (x->monitored && made > 0)
         fr_div_aggregates_add_sample(&sch->agg, x->versions[x->n - 1], x->r->report_id, (int)x->stream, &x->div);
+}
+
+/* A continuation's result holds the tokens it made, not the ones it began
+ * with: its per-token arrays move down by x->start. */
+static void drop_continued(sample *x)
+{
+    const size_t k = (size_t)x->start, n = (size_t)(x->n - x->start), top = (size_t)x->r->top_n;
+    memmove(x->tokens, x->tokens + k, sizeof(int) * n);
+    memmove(x->logprobs, x->logprobs + k, sizeof(float) * n);
+    memmove(x->versions, x->versions + k, sizeof(uint64_t) * n);
+    if (x->kl) memmove(x->kl, x->kl + k, sizeof(float) * n);
+    if (x->top_ids) memmove(x->top_ids, x->top_ids + k * top, sizeof(int) * n * top);
+    if (x->top_lps) memmove(x->top_lps, x->top_lps + k * top, sizeof(float) * n * top);
 }
 
 /* Ends a sample: frees its sequence, delivers its result, and frees the
@@ -41,8 +55,9 @@ void sch_finish(fr_scheduler *sch, sample *x, fr_finish_reason why)
     }
     if (x->monitored) sch->agg.samples++;
     count_end(sch, x, why);
-    fr_sample_result res = {.request_id = r->id, .group = r->group, .sample = (int)x->stream, .tokens = x->tokens,
-                            .logprobs = x->logprobs, .n_tokens = x->n, .finish = why,
+    if (x->start > 0) drop_continued(x);
+    fr_sample_result res = {.request_id = r->id, .group = r->group, .sample = (int)x->stream, .start = x->start,
+                            .tokens = x->tokens, .logprobs = x->logprobs, .n_tokens = x->n - x->start, .finish = why,
                             .preemptions = x->preemptions, .versions = x->versions,
                             .monitored = x->monitored, .div = x->div, .kl = x->kl, .top_n = r->top_n,
                             .top_ids = x->top_ids, .top_logprobs = x->top_lps};
@@ -114,7 +129,7 @@ static fr_finish_reason accept(fr_scheduler *sch, sample *x, int tok, float lp, 
     x->versions[x->n] = sch->version;
     x->logprobs[x->n++] = lp;
     sch->st.tokens_generated++;
-    if (x->n == 1) first_token(sch, x);
+    if (x->n == x->start + 1) first_token(sch, x);
     if (sch->cfg.on_token) sch->cfg.on_token(sch->cfg.user, r->id, (int)x->stream, x->n - 1, tok, lp);
     if (is_stop(r, tok)) return FR_FINISH_STOP;
     if (x->n >= r->max_tokens) return FR_FINISH_LENGTH;
@@ -163,6 +178,21 @@ static fr_finish_reason take(fr_scheduler *sch, sample *x, const float *logits, 
     return pre_tok ? accept(sch, x, pre_tok[i], pre_lp[i], route) : draw(sch, x, logits, route);
 }
 
+/* A monitored continuation's shadow: one prefill of its prompt and
+ * continued tokens (their distribution for its next token in sch->ref);
+ * 1 when it has one. */
+static int start_shadow(fr_scheduler *sch, sample *x, const job *j)
+{
+    if (!x->monitored || x->shadow_seq >= 0 || !sch_shadow_of(sch) || !sch_ref_rows(sch, 1)) return 0;
+    const double t0 = fr_now_s();
+    const int need = (j->n_total + T - 1) / T + 1;
+    int ok = fr_shadow_free_blocks(sch->shadow) >= need &&
+             !fr_shadow_start(sch->shadow, j->tokens, j->n_total, &x->shadow_seq, sch->ref);
+    if (!ok) x->shadow_seq = -1;   /* no room: it goes unmonitored */
+    sch->st.shadow_start_s += fr_now_s() - t0;
+    return ok;
+}
+
 /* A prefill's last chunk ran: its samples start. logits: the chunk's last
  * row (NULL when no sample needs it on the host); pre_tok/pre_lp: the first
  * tokens drawn on the backend, by sample index (NULL: draw here); route: the
@@ -173,12 +203,14 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits, const i
     req *r = j->r;
     if (j->sample >= 0) {
         sample *x = &r->samples[j->sample];
+        const int shadow = j->cont && logits && start_shadow(sch, x, j);
         free(j->buf);
         x->seq = j->seq;
         x->admit = j->admit;
         sch->running[sch->n_running++] = x;
         fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, 0, route);
-        if (why != FR_FINISH_ERROR && logits) sch_shadow_catch_up(sch, x, logits);
+        if (why != FR_FINISH_ERROR && shadow) sch_measure_first(sch, &x, 1, logits);
+        else if (why != FR_FINISH_ERROR && logits && !j->cont) sch_shadow_catch_up(sch, x, logits);
         if (why) sch_finish(sch, x, why);
         return;
     }

@@ -69,6 +69,7 @@ static void fail_step(fr_scheduler *sch, const step_plan *p)
 fr_status fr_scheduler_step(fr_scheduler *sch)
 {
     if (!sch) return fr_fail(FR_EINVAL, "scheduler: NULL");
+    if (sch->mode == FR_SCHED_FREEZE) return FR_OK;   /* frozen: every sample keeps its state, KV cache included */
     step_plan p = {0};
     fr_status st = sch_schedule_blocks(sch);
     if (!st) st = sch_schedule_batch(sch, &p);

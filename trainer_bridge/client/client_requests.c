@@ -22,6 +22,7 @@ void fr_client_free_generate(fr_msg_generate *g)
     free(g->prompt);
     free(g->stop_token_ids);
     free(g->forced_tokens);
+    free(g->continue_tokens);
     memset(g, 0, sizeof *g);
 }
 
@@ -31,8 +32,9 @@ static int copy_generate(const fr_msg_generate *g, fr_msg_generate *out)
     out->prompt = copy_ints(g->prompt, g->n_prompt);
     out->stop_token_ids = copy_ints(g->stop_token_ids, g->n_stop_token_ids);
     out->forced_tokens = copy_ints(g->forced_tokens, g->n_forced_tokens);
+    out->continue_tokens = copy_ints(g->continue_tokens, g->n_continue_tokens);
     if ((g->prompt && !out->prompt) || (g->stop_token_ids && !out->stop_token_ids) ||
-        (g->forced_tokens && !out->forced_tokens)) {
+        (g->forced_tokens && !out->forced_tokens) || (g->continue_tokens && !out->continue_tokens)) {
         fr_client_free_generate(out);
         return -1;
     }

@@ -108,7 +108,10 @@ void fr_client_sample_free(fr_client_sample **ps)
     *ps = NULL;
 }
 
-static partial *find_part(fr_client *c, uint64_t id, int sample)
+/* The part of a sample; a new one starts at token `start` of the sample
+ * (a continuation's tokens count from its continued ones: docs/protocol.md,
+ * "tokens"). */
+static partial *find_part(fr_client *c, uint64_t id, int sample, int start)
 {
     for (int i = 0; i < c->n_parts; i++)
         if (c->parts[i].s->request_id == id && c->parts[i].s->sample == sample) return &c->parts[i];
@@ -123,18 +126,20 @@ static partial *find_part(fr_client *c, uint64_t id, int sample)
     if (!s) return NULL;
     s->request_id = id;
     s->sample = sample;
+    s->start = start;
     c->parts[c->n_parts] = (partial){.s = s, .cap = 0};
     return &c->parts[c->n_parts++];
 }
 
 static fr_status add_tokens(fr_client *c, const fr_msg_tokens *t)
 {
-    partial *p = find_part(c, t->request_id, t->sample);
+    const req *q = fr_client_find_locked(c, t->request_id);
+    partial *p = find_part(c, t->request_id, t->sample, q && q->g.continue_tokens ? q->g.n_continue_tokens : 0);
     if (!p) return fr_fail(FR_ENOMEM, "client: out of memory keeping a sample");
     fr_client_sample *s = p->s;
-    if (t->start != s->n_tokens)
+    if (t->start != s->start + s->n_tokens)
         return fr_fail(FR_EFORMAT, "client: request %llu sample %d: a delta starts at token %d after %d tokens",
-                       (unsigned long long)t->request_id, t->sample, t->start, s->n_tokens);
+                       (unsigned long long)t->request_id, t->sample, t->start, s->start + s->n_tokens);
     if (s->n_tokens + t->n > p->cap) {
         int cap = p->cap ? p->cap : 64;
         while (cap < s->n_tokens + t->n) cap *= 2;
@@ -158,13 +163,15 @@ static fr_status add_tokens(fr_client *c, const fr_msg_tokens *t)
  * arrays move into it). */
 static fr_status finish_sample(fr_client *c, fr_msg_done *d, fr_client_sample **out)
 {
-    partial *p = find_part(c, d->request_id, d->sample);
+    partial *p = find_part(c, d->request_id, d->sample, d->start);   /* no delta came: it starts where the done says */
     if (!p) return fr_fail(FR_ENOMEM, "client: out of memory keeping a sample");
     fr_client_sample *s = p->s;
     *p = c->parts[--c->n_parts];
-    if (s->n_tokens != d->n_tokens) {
-        fr_status st = fr_fail(FR_EFORMAT, "client: request %llu sample %d: %d tokens streamed, the done says %d",
-                               (unsigned long long)d->request_id, d->sample, s->n_tokens, d->n_tokens);
+    if (s->n_tokens != d->n_tokens || s->start != d->start) {
+        fr_status st = fr_fail(FR_EFORMAT, "client: request %llu sample %d: %d tokens streamed from token %d, the "
+                                           "done says %d from token %d",
+                               (unsigned long long)d->request_id, d->sample, s->n_tokens, s->start, d->n_tokens,
+                               d->start);
         fr_client_sample_free(&s);
         return st;
     }

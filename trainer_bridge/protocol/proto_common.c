@@ -111,7 +111,10 @@ uint64_t fr_msg_tensor_bytes(const fr_msg_tensor *t)
     return n;
 }
 
-const char *fr_pause_mode_name(fr_pause_mode m) { return m == FR_PAUSE_WAIT ? "wait" : "abort"; }
+const char *fr_pause_mode_name(fr_pause_mode m)
+{
+    return m == FR_PAUSE_WAIT ? "wait" : m == FR_PAUSE_KEEP ? "keep" : "abort";
+}
 
 static const char *const finish_names[] = {"stop", "length", "abort", "error"};
 
@@ -148,6 +151,7 @@ void fr_msg_free(fr_msg *m)
         free(m->u.generate.prompt);
         free(m->u.generate.stop_token_ids);
         free(m->u.generate.forced_tokens);
+        free(m->u.generate.continue_tokens);
         break;
     case FR_MSG_DONE:
         free(m->u.done.divergence.kl);
@@ -247,6 +251,11 @@ static fr_status check_generate(const fr_msg_generate *g)
         return BAD("%s: \"logprobs\" must be in [0, %d] (top log-probs per token), got %d", t, FR_PROTO_MAX_LOGPROBS,
                    g->logprobs);
     if (g->prompt_logprobs != 0 && g->prompt_logprobs != 1) return BAD("%s: \"prompt_logprobs\" must be a boolean", t);
+    if (g->n_continue_tokens < 0 || (g->n_continue_tokens > 0 && !g->continue_tokens))
+        return BAD("%s: \"continue_tokens\" must be an array of token ids", t);
+    if (g->n_continue_tokens > 0 &&
+        (st = check_ids(t, "continue_tokens", g->continue_tokens, g->n_continue_tokens, 0)))
+        return st;
     return FR_OK;
 }
 
@@ -380,8 +389,8 @@ static fr_status check_tokens(const fr_msg_tokens *k)
 
 static fr_status check_done(const fr_msg_done *d)
 {
-    if (d->sample < 0 || d->n_tokens < 0 || d->n_prompt < 0 || d->preemptions < 0)
-        return BAD("done: \"sample\", \"n_tokens\", \"n_prompt\" and \"preemptions\" must be >= 0");
+    if (d->sample < 0 || d->n_tokens < 0 || d->n_prompt < 0 || d->preemptions < 0 || d->start < 0)
+        return BAD("done: \"sample\", \"start\", \"n_tokens\", \"n_prompt\" and \"preemptions\" must be >= 0");
     if ((int)d->finish_reason < 0 || d->finish_reason > FR_WIRE_ERROR)
         return BAD("done: \"finish_reason\" must be stop, length, abort or error");
     if (!(d->total_ms >= 0) || (d->has_ttft && !(d->ttft_ms >= 0)))
@@ -417,10 +426,15 @@ fr_status fr_proto_check(const fr_msg *m)
         return FR_OK;
     }
     case FR_MSG_PAUSE:
-        if (m->u.pause.mode != FR_PAUSE_ABORT && m->u.pause.mode != FR_PAUSE_WAIT)
-            return BAD("pause: \"mode\" must be \"abort\" or \"wait\"");
+        if (m->u.pause.mode != FR_PAUSE_ABORT && m->u.pause.mode != FR_PAUSE_WAIT && m->u.pause.mode != FR_PAUSE_KEEP)
+            return BAD("pause: \"mode\" must be \"abort\", \"wait\" or \"keep\"");
+        if (m->u.pause.recompute != 0 && (m->u.pause.recompute != 1 || m->u.pause.mode != FR_PAUSE_KEEP))
+            return BAD("pause: \"recompute\" is a boolean that goes with mode \"keep\"");
         return FR_OK;
     case FR_MSG_RESUME:
+        if (m->u.resume.recompute != 0 && m->u.resume.recompute != 1)
+            return BAD("resume: \"recompute\" must be a boolean");
+        return FR_OK;
     case FR_MSG_STATS:
     case FR_MSG_UPDATE_COMMIT:
     case FR_MSG_UPDATE_ABORT:
@@ -466,8 +480,9 @@ fr_status fr_proto_check(const fr_msg *m)
         return FR_OK;
     case FR_MSG_PAUSE_REPLY:
         if (m->u.pause_reply.aborted < 0) return BAD("pause_reply: \"aborted\" must be >= 0");
-        if (m->u.pause_reply.mode != FR_PAUSE_ABORT && m->u.pause_reply.mode != FR_PAUSE_WAIT)
-            return BAD("pause_reply: \"mode\" must be \"abort\" or \"wait\"");
+        if (m->u.pause_reply.mode != FR_PAUSE_ABORT && m->u.pause_reply.mode != FR_PAUSE_WAIT &&
+            m->u.pause_reply.mode != FR_PAUSE_KEEP)
+            return BAD("pause_reply: \"mode\" must be \"abort\", \"wait\" or \"keep\"");
         return FR_OK;
     case FR_MSG_RESUME_REPLY:
         if (m->u.resume_reply.released < 0) return BAD("resume_reply: \"released\" must be >= 0");

@@ -14,7 +14,7 @@ static fr_status dec_generate(const fr_dec_ctx *c, fr_msg_generate *g)
 {
     KEYS(c, "type", "v", "request_id", "prompt", "n", "group_id", "temperature", "top_k", "top_p", "max_tokens",
          "stop_token_ids", "seed", "monitor_divergence", "per_token_kl", "forced_tokens", "first_sample",
-         "min_tokens", "logprobs", "prompt_logprobs");
+         "min_tokens", "logprobs", "prompt_logprobs", "continue_tokens");
     int has_n = 0;
     TRY(fr_dec_get_u64(c, "request_id", 1, &g->request_id, NULL));
     TRY(fr_dec_get_ints(c, "prompt", 1, 0, I_MAX, &g->prompt, &g->n_prompt, NULL));
@@ -38,6 +38,11 @@ static fr_status dec_generate(const fr_dec_ctx *c, fr_msg_generate *g)
         return BAD("generate: \"min_tokens\" (%d) must not exceed \"max_tokens\" (%d)", g->min_tokens, g->max_tokens);
     TRY(fr_dec_get_int(c, "logprobs", 0, 0, FR_PROTO_MAX_LOGPROBS, &g->logprobs, NULL));
     TRY(fr_dec_get_bool(c, "prompt_logprobs", 0, &g->prompt_logprobs));
+    TRY(fr_dec_get_ints(c, "continue_tokens", 0, 0, I_MAX, &g->continue_tokens, &g->n_continue_tokens, NULL));
+    if (g->n_continue_tokens == 0) {   /* an empty array continues nothing: a sample from its start */
+        free(g->continue_tokens);
+        g->continue_tokens = NULL;
+    }
     return FR_OK;
 }
 
@@ -219,7 +224,8 @@ static fr_status get_mode(const fr_dec_ctx *c, fr_pause_mode *mode)
     TRY(fr_dec_get_str(c, "mode", 1, s, sizeof s));
     if (strcmp(s, "abort") == 0) *mode = FR_PAUSE_ABORT;
     else if (strcmp(s, "wait") == 0) *mode = FR_PAUSE_WAIT;
-    else return BAD("%s: \"mode\" must be \"abort\" or \"wait\", got \"%s\"", c->type, s);
+    else if (strcmp(s, "keep") == 0) *mode = FR_PAUSE_KEEP;
+    else return BAD("%s: \"mode\" must be \"abort\", \"wait\" or \"keep\", got \"%s\"", c->type, s);
     return FR_OK;
 }
 
@@ -297,7 +303,7 @@ static fr_status get_top_logprobs(const fr_dec_ctx *c, fr_msg_done *d)
 static fr_status dec_done(const fr_dec_ctx *c, fr_msg_done *d)
 {
     KEYS(c, "type", "v", "request_id", "group_id", "sample", "finish_reason", "n_tokens", "n_prompt", "preemptions",
-         "ttft_ms", "total_ms", "divergence", "seed", "top_logprobs", "prompt_logprobs");
+         "ttft_ms", "total_ms", "divergence", "seed", "top_logprobs", "prompt_logprobs", "start");
     char reason[16];
     TRY(fr_dec_get_u64(c, "request_id", 1, &d->request_id, NULL));
     TRY(fr_dec_get_u64(c, "group_id", 1, &d->group_id, NULL));
@@ -305,6 +311,7 @@ static fr_status dec_done(const fr_dec_ctx *c, fr_msg_done *d)
     TRY(fr_dec_get_str(c, "finish_reason", 1, reason, sizeof reason));
     if (!fr_proto_finish_from_name(reason, strlen(reason), &d->finish_reason))
         return BAD("done: \"finish_reason\" must be stop, length, abort or error, got \"%s\"", reason);
+    TRY(fr_dec_get_int(c, "start", 0, 0, I_MAX, &d->start, NULL));
     TRY(fr_dec_get_int(c, "n_tokens", 1, 0, I_MAX, &d->n_tokens, NULL));
     TRY(fr_dec_get_int(c, "n_prompt", 1, 0, I_MAX, &d->n_prompt, NULL));
     TRY(fr_dec_get_int(c, "preemptions", 1, 0, I_MAX, &d->preemptions, NULL));
@@ -403,9 +410,16 @@ static fr_status dec_body(const fr_dec_ctx *c, fr_msg *m)
     case FR_MSG_ABORT:
         return dec_abort(c, &m->u.abort);
     case FR_MSG_PAUSE:
-        KEYS(c, "type", "v", "mode");
-        return get_mode(c, &m->u.pause.mode);
+        KEYS(c, "type", "v", "mode", "recompute");
+        TRY(get_mode(c, &m->u.pause.mode));
+        TRY(fr_dec_get_bool(c, "recompute", 0, &m->u.pause.recompute));
+        if (m->u.pause.recompute && m->u.pause.mode != FR_PAUSE_KEEP)
+            return BAD("pause: \"recompute\" goes with mode \"keep\" (got mode \"%s\")",
+                       fr_pause_mode_name(m->u.pause.mode));
+        return FR_OK;
     case FR_MSG_RESUME:
+        KEYS(c, "type", "v", "recompute");
+        return fr_dec_get_bool(c, "recompute", 0, &m->u.resume.recompute);
     case FR_MSG_STATS:
         KEYS(c, "type", "v");
         return FR_OK;

@@ -88,7 +88,8 @@ static void enc_generate(msgpack_packer *pk, const fr_msg_generate *g)
 {
     int n = 3 + (g->first_sample > 0) + (g->min_tokens > 0) + (g->logprobs > 0) + g->prompt_logprobs +
             (g->monitor_divergence >= 0) + g->per_token_kl + (g->forced_tokens != NULL) + g->has_group_id +
-            g->has_temperature + g->has_top_k + g->has_top_p + g->has_max_tokens + g->has_stop_token_ids + g->has_seed;
+            g->has_temperature + g->has_top_k + g->has_top_p + g->has_max_tokens + g->has_stop_token_ids + g->has_seed +
+            (g->n_continue_tokens > 0);
     head(pk, FR_MSG_GENERATE, n);
     kv_u64(pk, "request_id", g->request_id);
     kv_ints(pk, "prompt", g->prompt, g->n_prompt);
@@ -107,6 +108,7 @@ static void enc_generate(msgpack_packer *pk, const fr_msg_generate *g)
     if (g->has_max_tokens) kv_int(pk, "max_tokens", g->max_tokens);
     if (g->has_stop_token_ids) kv_ints(pk, "stop_token_ids", g->stop_token_ids, g->n_stop_token_ids);
     if (g->has_seed) kv_u64(pk, "seed", g->seed);
+    if (g->n_continue_tokens > 0) kv_ints(pk, "continue_tokens", g->continue_tokens, g->n_continue_tokens);
 }
 
 static void enc_hello_reply(msgpack_packer *pk, const fr_msg_hello_reply *h)
@@ -143,11 +145,12 @@ static void enc_tokens(msgpack_packer *pk, const fr_msg_tokens *k)
 
 static void enc_done(msgpack_packer *pk, const fr_msg_done *d)
 {
-    head(pk, FR_MSG_DONE, 10 + (d->has_seed ? 1 : 0) + (d->top_k > 0) + (d->prompt_logprobs != NULL));
+    head(pk, FR_MSG_DONE, 10 + (d->has_seed ? 1 : 0) + (d->top_k > 0) + (d->prompt_logprobs != NULL) + (d->start > 0));
     kv_u64(pk, "request_id", d->request_id);
     kv_u64(pk, "group_id", d->group_id);
     kv_int(pk, "sample", d->sample);
     kv_str(pk, "finish_reason", fr_wire_finish_name(d->finish_reason));
+    if (d->start > 0) kv_int(pk, "start", d->start);
     kv_int(pk, "n_tokens", d->n_tokens);
     kv_int(pk, "n_prompt", d->n_prompt);
     kv_int(pk, "preemptions", d->preemptions);
@@ -338,10 +341,14 @@ fr_status fr_msg_encode(const fr_msg *m, char **data, size_t *len)
         else kv_u64s(&pk, "request_ids", m->u.abort.request_ids, m->u.abort.n_request_ids);
         break;
     case FR_MSG_PAUSE:
-        head(&pk, m->type, 1);
+        head(&pk, m->type, 1 + (m->u.pause.recompute != 0));
         kv_str(&pk, "mode", fr_pause_mode_name(m->u.pause.mode));
+        if (m->u.pause.recompute) kv_bool(&pk, "recompute", 1);
         break;
     case FR_MSG_RESUME:
+        head(&pk, m->type, m->u.resume.recompute != 0);
+        if (m->u.resume.recompute) kv_bool(&pk, "recompute", 1);
+        break;
     case FR_MSG_STATS:
         head(&pk, m->type, 0);
         break;

@@ -69,8 +69,8 @@ const char *fr_msg_type_name(fr_msg_type t);
 /* 1 for the types a client sends, 0 otherwise. */
 int fr_msg_type_from_client(fr_msg_type t);
 
-typedef enum { FR_PAUSE_ABORT = 0, FR_PAUSE_WAIT } fr_pause_mode;
-const char *fr_pause_mode_name(fr_pause_mode m);   /* "abort", "wait" */
+typedef enum { FR_PAUSE_ABORT = 0, FR_PAUSE_WAIT, FR_PAUSE_KEEP } fr_pause_mode;
+const char *fr_pause_mode_name(fr_pause_mode m);   /* "abort", "wait", "keep" */
 
 /* Finish reasons on the wire: "stop", "length", "abort", "error". */
 typedef enum { FR_WIRE_STOP = 0, FR_WIRE_LENGTH, FR_WIRE_ABORT, FR_WIRE_ERROR } fr_wire_finish;
@@ -207,6 +207,8 @@ typedef struct {
     int min_tokens;                      /* >= 0 (0 when absent): stop tokens barred before this many tokens */
     int logprobs;                        /* 0 .. FR_PROTO_MAX_LOGPROBS (0 when absent): top log-probs per token */
     int prompt_logprobs;                 /* 0 or 1: the first sample's done carries the prompt's log-probs */
+    int *continue_tokens;                /* a partial sample's tokens to continue from (n 1); NULL when absent */
+    int n_continue_tokens;               /* sent when > 0 */
 } fr_msg_generate;
 
 typedef struct {
@@ -217,7 +219,12 @@ typedef struct {
 
 typedef struct {
     fr_pause_mode mode;
+    int recompute;                       /* mode keep: drop the frozen samples' KV now; recomputed at resume */
 } fr_msg_pause;
+
+typedef struct {
+    int recompute;                       /* recompute the KV of the samples a keep pause froze */
+} fr_msg_resume;
 
 typedef struct {
     char server[FR_PROTO_NAME_MAX];      /* "fp4rollout" */
@@ -260,6 +267,7 @@ typedef struct {
     uint64_t request_id, group_id;
     int sample;
     fr_wire_finish finish_reason;
+    int start;                           /* a continuation: the tokens it continued (its first token's index) */
     int n_tokens;                        /* tokens streamed for the sample, in all */
     int n_prompt;
     int preemptions;
@@ -323,6 +331,7 @@ typedef struct {
         fr_msg_generate generate;
         fr_msg_abort abort;
         fr_msg_pause pause;
+        fr_msg_resume resume;
         fr_msg_hello_reply hello_reply;
         fr_msg_tokens tokens;
         fr_msg_done done;

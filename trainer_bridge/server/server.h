@@ -136,6 +136,11 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
 /* The metrics endpoint's port, -1 when there is none. */
 int fr_bridge_server_metrics_port(const fr_bridge_server *srv);
 
+/* 1 when a ZeroMQ endpoint can be reached from this host only (tcp on
+ * 127.x.x.x, localhost or [::1]; ipc; inproc): the only endpoints a server
+ * without CURVE binds (docs/protocol.md, "Roles"). */
+int fr_bridge_endpoint_is_loopback(const char *endpoint);
+
 /* The endpoint the socket is bound to (ZMQ_LAST_ENDPOINT). */
 const char *fr_bridge_server_endpoint(const fr_bridge_server *srv);
 

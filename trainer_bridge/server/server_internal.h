@@ -51,6 +51,7 @@ typedef struct {
     int peer;
     int n, n_prompt, open;
     int first_sample;        /* the wire's sample of q->s[k] is first_sample + k, as the engine's */
+    int start;               /* a continuation's continued tokens: its deltas count from there */
     int held;                /* received during a pause: not yet submitted */
     fr_request_spec spec;    /* held: prompt and stop ids owned here */
     double t0_ms;            /* when it was received */
@@ -63,7 +64,7 @@ typedef struct {
 /* Several ranks: what rank 0 sends every rank each turn (engine events; a
  * weight update's, over either transport, are EV_UPD_*)... */
 enum { EV_SUBMIT = 1, EV_ABORT, EV_ABORT_ALL, EV_UPD_BEGIN, EV_UPD_BUCKET, EV_UPD_DROP, EV_UPD_COMMIT,
-       EV_NCCL_INIT, EV_NCCL_END };
+       EV_NCCL_INIT, EV_NCCL_END, EV_MODE, EV_RECOMPUTE };
 /* ...and what each engine leader (OB_NCCL: any rank) sends rank 0 after its step. */
 enum { OB_TOKEN = 1, OB_DONE, OB_REJECT, OB_STATS, OB_NCCL };
 
@@ -112,6 +113,7 @@ struct fr_bridge_server {
      * a request's seed does not depend on the engine that runs it. */
     fr_seed_stream seeds;
     int state;
+    fr_pause_mode pause_mode; /* paused or pausing: the mode in force (server_pause.c) */
     int *waiters;            /* peers waiting for a pause (wait mode) to complete */
     int n_waiters, cap_waiters;
     int vocab, n_blocks, max_pos, max_seqs, chunk;
@@ -197,17 +199,24 @@ fr_wire_finish srv_wire_finish(fr_finish_reason r);
 int srv_abort_held(fr_bridge_server *srv, request *q);
 int srv_abort_sid(fr_bridge_server *srv, uint64_t sid);
 fr_status srv_check_spec(const fr_bridge_server *srv, const fr_request_spec *r, uint64_t caller_id);
-int srv_eng_idle(const fr_bridge_server *srv);
+fr_status srv_eng_abort_all(fr_bridge_server *srv, int *n);
+fr_status srv_eng_submit(fr_bridge_server *srv, request *q, const fr_request_spec *spec);
 int srv_engine_samples(const fr_bridge_server *srv);
-void srv_fail_waiters(fr_bridge_server *srv, const char *code, const char *why);
 void srv_handle_abort(fr_bridge_server *srv, int peer, const fr_msg_abort *a);
 void srv_handle_generate(fr_bridge_server *srv, int peer, const fr_msg_generate *g);
 void srv_handle_hello(fr_bridge_server *srv, int peer);
-void srv_handle_pause(fr_bridge_server *srv, int peer, fr_pause_mode mode);
-void srv_handle_resume(fr_bridge_server *srv, int peer);
 void srv_handle_stats(fr_bridge_server *srv, int peer);
-void srv_reply_waiters(fr_bridge_server *srv);
 uint64_t *srv_sids_of(const fr_bridge_server *srv, int peer, int *n);
+
+/* server_pause.c: pause modes, resume, the engines' modes on every rank */
+/* Whether the engines have a step to take (rank 0: the poll's wait). */
+int srv_engines_busy(const fr_bridge_server *srv);
+void srv_fail_waiters(fr_bridge_server *srv, const char *code, const char *why);
+void srv_handle_pause(fr_bridge_server *srv, int peer, const fr_msg_pause *p);
+void srv_handle_resume(fr_bridge_server *srv, int peer, const fr_msg_resume *r);
+/* A wait pause whose samples in flight have all ended is answered. */
+void srv_pause_progress(fr_bridge_server *srv);
+void srv_reply_waiters(fr_bridge_server *srv);
 
 /* server_weights.c: weight updates, both transports, and the one commit */
 void srv_apply_update(fr_bridge_server *srv, int ev, fr_rank_reader *r);

@@ -14,12 +14,12 @@ from . import _native
 from . import text as _text
 from ._calls import Drain as _Drain
 from ._types import (ClientError, ConnectError, DeadlineExceeded, SampleResult, ServerError, TokenDelta,
-                     from_event as _from_event, id_array as _id_array)
+                     from_event as _from_event, id_array as _id_array, stitch)
 from .text import ByteTokenizer
 
 __all__ = ["RolloutClient", "AsyncRolloutClient", "MetricsSubscriber", "SampleResult", "TokenDelta", "ServerError",
            "ClientError", "ConnectError", "DeadlineExceeded",
-           "ByteTokenizer", "group_by_prompt", "mismatch_metrics", "keypair", "load_exported"]
+           "ByteTokenizer", "group_by_prompt", "mismatch_metrics", "keypair", "load_exported", "stitch"]
 
 _lib = None
 
@@ -110,7 +110,7 @@ class MetricsSubscriber(_Closes):
 # A generate's options and their defaults (submit()'s keywords).
 _OPTIONS = dict(n=1, temperature=None, top_k=None, top_p=None, max_tokens=None, stop_token_ids=None, seed=None,
                 monitor=None, per_token_kl=False, forced_tokens=None, group_id=None, first_sample=0, min_tokens=0,
-                logprobs=0, prompt_logprobs=False)
+                logprobs=0, prompt_logprobs=False, continue_tokens=None)
 
 
 class RolloutClient(_Closes):
@@ -193,16 +193,31 @@ class RolloutClient(_Closes):
     def stats(self) -> dict:
         return self._json(self._lib.fr_client_stats_json)
 
-    def pause(self, mode: str = "wait") -> dict:
+    def pause(self, mode: str = "wait", recompute: bool = False) -> dict:
         """mode "abort": every sample in the engine ends now with finish_reason
         "abort" and what it made so far (tokens, log-probs, weight versions),
         each delivered once to the call that waits for it (generate(),
-        results()); "wait": returns once the engine finished what it has.
-        New requests are held until resume()."""
-        return self._json(self._lib.fr_client_pause_json, _native.PAUSE_MODES[mode])
+        results()); "wait": returns once the samples in flight finished,
+        starting nothing new; "keep": freezes the samples in flight where
+        they are (tokens and KV cache kept) and returns at once: weights
+        committed meanwhile draw their next tokens after resume() (each
+        token's weight_versions entry says which weights drew it). keep with
+        recompute=True drops their KV cache now (its memory is free during
+        the update) and recomputes it at resume with the weights serving
+        then. New requests are held until resume() (docs/protocol.md,
+        "pause")."""
+        if mode not in _native.PAUSE_MODES:
+            raise ClientError(f"pause: mode must be one of {', '.join(_native.PAUSE_MODES)}, got {mode!r}")
+        return self._json(self._lib.fr_client_pause_ex_json, _native.PAUSE_MODES[mode], int(bool(recompute)))
 
-    def resume(self) -> dict:
-        return self._json(self._lib.fr_client_resume_json)
+    def resume(self, recompute: bool = False) -> dict:
+        """Ends the pause: held requests start, frozen samples go on.
+        recompute=True (after a keep pause): the frozen samples' KV cache is
+        recomputed with the weights serving now, so their next tokens are
+        exactly those of the new weights; without it they go on over the KV
+        cache the old weights computed (as SGLang's and vLLM's pause in
+        place do)."""
+        return self._json(self._lib.fr_client_resume_ex_json, int(bool(recompute)))
 
     def abort(self, request_ids: Optional[Sequence[int]] = None) -> dict:
         """Ends the given requests (or every open one of this client). Each of
@@ -222,7 +237,7 @@ class RolloutClient(_Closes):
                monitor: Optional[bool] = None, per_token_kl: bool = False,
                forced_tokens: Optional[Sequence[int]] = None, request_id: Optional[int] = None,
                group_id: Optional[int] = None, first_sample: int = 0, min_tokens: int = 0, logprobs: int = 0,
-               prompt_logprobs: bool = False) -> int:
+               prompt_logprobs: bool = False, continue_tokens: Optional[Sequence[int]] = None) -> int:
         """Sends one generate and returns its request id (results come from results()).
         prompt_ids: text (with a tokenizer), or token ids as a list, tuple, numpy
         or torch integer array. The samples are numbered first_sample ..
@@ -236,7 +251,9 @@ class RolloutClient(_Closes):
         the context window (hello()["max_model_len"] minus the prompt) and
         stop ids outside the vocabulary are refused (ServerError
         invalid_request naming the request); without max_tokens the server's
-        default applies, cut to the window."""
+        default applies, cut to the window. continue_tokens (n=1): the
+        tokens a sample already made, to continue it (continue_sample()
+        fills it in from a SampleResult)."""
         opts = {k: v for k, v in locals().items() if k in _OPTIONS}
         return self._send([self._ids(prompt_ids)], opts, request_id, False)[0]
 
@@ -283,6 +300,10 @@ class RolloutClient(_Closes):
             forced = _id_array(o["forced_tokens"], "forced token", rid)
             keep.append(forced)
             g.forced_tokens, g.n_forced_tokens = forced, len(o["forced_tokens"])
+        if o["continue_tokens"]:
+            cont = _id_array(o["continue_tokens"], "continued token", rid)
+            keep.append(cont)
+            g.continue_tokens, g.n_continue_tokens = cont, len(o["continue_tokens"])
         return g, keep
 
     def _send(self, prompts: List[List[int]], opts: dict, first_id: Optional[int], owned: bool) -> List[int]:
@@ -344,7 +365,8 @@ class RolloutClient(_Closes):
                  monitor: Optional[bool] = None, per_token_kl: bool = False,
                  forced_tokens: Optional[Sequence[int]] = None, group_id: Optional[int] = None,
                  first_sample: int = 0, min_tokens: int = 0, logprobs: int = 0,
-                 prompt_logprobs: bool = False, timeout_ms: Optional[int] = None) -> Iterator[SampleResult]:
+                 prompt_logprobs: bool = False, continue_tokens: Optional[Sequence[int]] = None,
+                 timeout_ms: Optional[int] = None) -> Iterator[SampleResult]:
         """Submits one prompt (text, or token ids as a list, tuple, numpy or torch
         integer array) or several (a list of such prompts, request ids in order)
         and yields every sample of these requests, and only of these, as it
@@ -359,6 +381,23 @@ class RolloutClient(_Closes):
         opts = {k: v for k, v in locals().items() if k in _OPTIONS}
         ids = self._send(self._prompts(prompt_ids, "generate"), opts, None, True)
         return _Drain(self, ids, False, timeout_ms, "generate")
+
+    def continue_sample(self, prompt_ids, sample: SampleResult, timeout_ms: Optional[int] = None,
+                        **kwargs) -> SampleResult:
+        """Generates the rest of `sample`, a partial sample of a request for
+        prompt_ids (e.g. one ended by abort() or pause("abort")), and returns
+        the whole sample (stitch()): its tokens so far are sent as
+        continue_tokens with its seed and index (seed, first_sample, n=1) and
+        group, and kwargs should repeat the original request's sampling
+        options (temperature, top_k, top_p, max_tokens, which counts the
+        whole sample, stop_token_ids, min_tokens, logprobs). The server puts
+        the tokens in the KV cache after the prompt and draws the next one
+        with the step of the sample's random stream it would have used, so
+        in deterministic mode the whole sample is bitwise the one an
+        uninterrupted request gives (docs/sampling.md, "Continuing a
+        sample")."""
+        rest = list(self.generate(prompt_ids, timeout_ms=timeout_ms, **continuation_options(sample, kwargs)))
+        return stitch(sample, rest[0], self.tokenizer)
 
     def generate_stream(self, prompt_ids, timeout_ms: Optional[int] = None,
                         **kwargs) -> Iterator[Union[TokenDelta, SampleResult]]:
@@ -575,6 +614,32 @@ def load_exported(bin_path: str, index_path: str):
     if off != flat.size:
         raise ClientError(f"{bin_path}: {flat.size - off} floats are left over after the index's tensors")
     return out
+
+
+def continuation_options(sample: SampleResult, kwargs: dict) -> dict:
+    """generate()'s keywords that continue `sample`: its tokens as
+    continue_tokens, its seed, index and group, over the caller's sampling
+    options."""
+    if sample.start != 0:
+        raise ClientError(f"continue_sample: sample {sample.sample} holds tokens from {sample.start} on: stitch() it "
+                          f"to the part before first")
+    if sample.seed is None:
+        raise ClientError(f"continue_sample: sample {sample.sample} of request {sample.request_id} has no seed (the "
+                          f"server did not report it)")
+    unknown = set(kwargs) - set(_OPTIONS)
+    if unknown:
+        raise TypeError(f"continue_sample: unknown keyword {sorted(unknown)[0]!r}")
+    # The original request's keywords may come as they were: its n and
+    # first_sample give way to the sample's own index; a seed must be the
+    # sample's; what a continuation cannot have is refused.
+    if kwargs.get("seed") not in (None, sample.seed):
+        raise ClientError(f"continue_sample: seed {kwargs['seed']} is not sample {sample.sample}'s ({sample.seed})")
+    for key in ("continue_tokens", "forced_tokens", "prompt_logprobs"):
+        if kwargs.get(key):
+            raise ClientError(f"continue_sample: {key} does not go with a continuation")
+    return {**kwargs, "n": 1, "first_sample": sample.sample, "seed": sample.seed, "forced_tokens": None,
+            "prompt_logprobs": False, "group_id": kwargs.get("group_id", sample.group_id),
+            "continue_tokens": list(sample.token_ids)}
 
 
 # ---- DAPO / GRPO helpers ----

@@ -76,6 +76,10 @@ class SampleResult:
     # prompt token, None for the first (nothing precedes it), else its log-prob
     # given the tokens before it
     prompt_logprobs: Optional[List[Optional[float]]] = None
+    # a continuation (continue_tokens): token_ids[0] is token `start` of the
+    # whole sample, the continued tokens being the ones before (stitch()
+    # joins a partial sample and its continuation); 0 otherwise
+    start: int = 0
 
 
 @dataclass
@@ -106,6 +110,32 @@ def id_array(values: Sequence[int], what: str, request_id: int):
     return (ctypes.c_int * max(1, len(out)))(*out)
 
 
+def stitch(partial: SampleResult, continuation: SampleResult, tokenizer=None) -> SampleResult:
+    """The whole sample: `partial` (tokens 0 .. k-1 of a sample, e.g. ended by
+    abort) followed by `continuation` (the result of continuing it, start k):
+    token ids, log-probs, weight versions and top log-probs concatenated; the
+    finish reason, timings and divergence figures of the continuation;
+    preemptions summed; start that of `partial`."""
+    k = partial.start + len(partial.token_ids)
+    if continuation.start != k or continuation.sample != partial.sample:
+        raise ClientError(f"stitch: the continuation (sample {continuation.sample}, start {continuation.start}) does "
+                          f"not follow sample {partial.sample}, which ends at token {k}")
+    top = None
+    if partial.top_logprobs is not None or continuation.top_logprobs is not None:
+        top = (partial.top_logprobs or []) + (continuation.top_logprobs or [])
+    ids = partial.token_ids + continuation.token_ids
+    return SampleResult(request_id=continuation.request_id, group_id=continuation.group_id, sample=partial.sample,
+                        token_ids=ids, logprobs=partial.logprobs + continuation.logprobs,
+                        weight_versions=partial.weight_versions + continuation.weight_versions,
+                        finish_reason=continuation.finish_reason, n_prompt=partial.n_prompt,
+                        preemptions=partial.preemptions + continuation.preemptions,
+                        ttft_ms=partial.ttft_ms if partial.ttft_ms is not None else continuation.ttft_ms,
+                        total_ms=continuation.total_ms, divergence=continuation.divergence,
+                        seed=continuation.seed if continuation.seed is not None else partial.seed,
+                        text=_text.decode(tokenizer, ids) if tokenizer is not None else None, top_logprobs=top,
+                        prompt_logprobs=partial.prompt_logprobs, start=partial.start)
+
+
 def _sample(s, tokenizer) -> SampleResult:
     n = s.n_tokens
     d = s.divergence
@@ -126,7 +156,7 @@ def _sample(s, tokenizer) -> SampleResult:
                         ttft_ms=s.ttft_ms if s.has_ttft else None, total_ms=s.total_ms, divergence=div,
                         seed=s.seed if s.has_seed else None, top_logprobs=top,
                         prompt_logprobs=[None] + s.prompt_logprobs[:s.n_prompt_logprobs]
-                        if s.prompt_logprobs else None, text=_text.decode(tokenizer, ids))
+                        if s.prompt_logprobs else None, text=_text.decode(tokenizer, ids), start=s.start)
 
 
 def from_event(ev: "_native.Event", tokenizer):
