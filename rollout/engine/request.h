@@ -14,6 +14,7 @@
 
 #include "comm/rank_wire.h"
 #include "rollout/engine/divergence_summary.h"
+#include "rollout/engine/stop_strings.h"
 #include "rollout/model/sampler.h"
 
 #ifdef __cplusplus
@@ -22,7 +23,8 @@ extern "C" {
 
 typedef enum {
     FR_FINISH_NONE = 0,   /* still running */
-    FR_FINISH_STOP,       /* drew one of the stop ids (kept as the last token) */
+    FR_FINISH_STOP,       /* drew one of the stop ids (kept as the last token), or its text
+                             completed a stop string (the token that completed it is the last) */
     FR_FINISH_LENGTH,     /* reached max_tokens (or the context window) */
     FR_FINISH_ABORT,      /* aborted by the caller; partial tokens kept */
     FR_FINISH_ERROR       /* the engine failed on it; partial tokens kept */
@@ -67,6 +69,13 @@ typedef struct {
     int min_tokens;
     int top_logprobs;
     int prompt_logprobs;
+    /* Text (docs/sampling.md, "Stop strings"; decoded with the scheduler's
+     * tokenizer, special tokens skipped): a stop string ends a sample, with
+     * reason stop, in the step whose token completes it in the sample's text
+     * (copied); with_text 1 keeps every sample's text for its result and
+     * the scheduler's on_text reports, without stop strings too. */
+    fr_stop_strings stop_strings;
+    int with_text;
 } fr_request_spec;
 
 /* One finished sample. tokens and logprobs hold n_tokens entries each; a
@@ -96,6 +105,13 @@ typedef struct {
      * of the request's first sample only, when asked; else NULL */
     float *prompt_logprobs;      /* [n_prompt_logprobs = n_prompt - 1] */
     int n_prompt_logprobs;
+    /* The sample's text when its request asked for text or gave stop
+     * strings (NUL-terminated, text_len bytes), else NULL: the tokens
+     * decoded with special tokens skipped, cut where the stop string that
+     * ended it starts (after it, with the request's include). */
+    char *text;
+    size_t text_len;
+    int stop_string;             /* k + 1: stop string k of the request ended it; 0: none did */
 } fr_sample_result;
 
 /* Frees the arrays of a result taken from fr_scheduler_next_result and
@@ -118,7 +134,8 @@ fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out);
  * vocabulary, n and max_tokens >= 1, first_sample >= 0 with room for n,
  * min_tokens in [0, max_tokens], top_logprobs in [0, FR_MAX_TOP_LOGPROBS]
  * and at most the vocabulary, prompt_logprobs 0 or 1, valid sampling parameters, stop ids in
- * the vocabulary. FR_EINVAL with a message naming the field otherwise. */
+ * the vocabulary, stop strings as fr_stop_strings_check wants them. FR_EINVAL with a message naming
+ * the field otherwise. */
 fr_status fr_request_spec_check(const fr_request_spec *r, int vocab);
 
 #ifdef __cplusplus

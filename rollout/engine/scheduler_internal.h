@@ -38,6 +38,10 @@ typedef struct {
     double t_first;        /* when its first token was drawn (fr_now_s) */
     int *top_ids;          /* [r->max_tokens * r->top_n] when the request asks for top log-probs */
     float *top_lps;
+    /* its text (scheduler_text.c) when the request gives stop strings or asks for text, else NULL */
+    fr_sample_text *text;
+    size_t text_sent;      /* bytes of it reported to on_text */
+    int stop_string;       /* k + 1 once stop string k ended it */
 } sample;
 
 struct req {
@@ -196,6 +200,22 @@ void sch_finish(fr_scheduler *sch, sample *x, fr_finish_reason why);
 int sch_host_drawn(const sample *x);
 /* After the step: decode tokens and their D_t, then the prefills' progress. */
 void sch_postprocess(fr_scheduler *sch, const step_plan *p);
+
+/* ---- scheduler_text.c: the samples' text and stop strings ---- */
+
+/* Whether the request's samples keep a text state. */
+int sch_text_wanted(const fr_request_spec *spec);
+/* FR_EINVAL when the request wants text and the scheduler has no tokenizer. */
+fr_status sch_text_check(const fr_scheduler *sch, const fr_request_spec *spec);
+/* The text states of r's samples when the request wants them: 0, or -1
+ * when one could not be made. */
+int sch_text_open(fr_scheduler *sch, req *r, const fr_request_spec *spec);
+/* x's newest token (x->n - 1, just accepted) into its text: its report to
+ * on_text, and FR_FINISH_STOP when it completed a stop string (NONE
+ * otherwise, ERROR when the text failed). Nothing for a sample without text. */
+fr_finish_reason sch_text_token(fr_scheduler *sch, sample *x, int tok);
+/* The ending sample's text into its result (and its state freed). */
+void sch_text_result(sample *x, fr_sample_result *res);
 
 /* ---- scheduler_shadow.c: divergence monitoring ---- */
 

@@ -201,15 +201,22 @@ void fr_sample_text_free(fr_sample_text **t)
     *t = NULL;
 }
 
-/* Appends piece to the text and looks for a stop string in it. */
-static fr_status take_piece(fr_sample_text *t, const char *piece, size_t n, int *matched)
+/* Appends piece to the text and looks for a stop string in it (passing
+ * over those it finds unless may_stop). */
+static fr_status take_piece(fr_sample_text *t, const char *piece, size_t n, int may_stop, int *matched)
 {
     const size_t before = t->text.len;
     fr_buf_put(&t->text, piece, n);
     if (t->text.failed) return fr_fail(FR_ENOMEM, "out of memory for a sample's text");
-    size_t used;
-    const int k = t->m ? fr_stop_matcher_feed(t->m, piece, n, &used) : -1;
+    size_t used = 0, at = 0;
+    int k = -1;
+    while (t->m && at < n && k < 0) {
+        k = fr_stop_matcher_feed(t->m, piece + at, n - at, &used);
+        at += used;
+        if (!may_stop) k = -1;
+    }
     if (k >= 0) {
+        used = at;
         const size_t end = before + used;
         t->text.len = t->include ? end : end - fr_stop_matcher_len(t->m, k);
         t->text.data[t->text.len] = '\0';
@@ -222,7 +229,7 @@ static fr_status take_piece(fr_sample_text *t, const char *piece, size_t n, int 
     return FR_OK;
 }
 
-fr_status fr_sample_text_push(fr_sample_text *t, int token, int *matched)
+fr_status fr_sample_text_push(fr_sample_text *t, int token, int may_stop, int *matched)
 {
     if (matched) *matched = -1;
     if (!t || !matched) return fr_fail(FR_EINVAL, "fr_sample_text_push: no text state or no place for the match");
@@ -231,7 +238,7 @@ fr_status fr_sample_text_push(fr_sample_text *t, int token, int *matched)
     size_t n;
     fr_status st = fr_detok_push(t->d, token, &piece, &n);
     if (st) return st;
-    return n ? take_piece(t, piece, n, matched) : FR_OK;
+    return n ? take_piece(t, piece, n, may_stop, matched) : FR_OK;
 }
 
 fr_status fr_sample_text_finish(fr_sample_text *t)

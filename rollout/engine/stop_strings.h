@@ -17,7 +17,7 @@
  *
  *     fr_sample_text *t;
  *     fr_sample_text_new(tok, &stops, &t);
- *     for each token: fr_sample_text_push(t, token, &matched);   // matched >= 0: stop now
+ *     for each token: fr_sample_text_push(t, token, 1, &matched);   // matched >= 0: stop now
  *     text = fr_sample_text_get(t, &len, &stable);   // send text[sent, stable) to a stream
  *     at an end without a match: fr_sample_text_finish(t);      // then stable == len
  *     fr_sample_text_free(&t);
@@ -88,8 +88,10 @@ void fr_sample_text_free(fr_sample_text **t);
 /* The sample's next token. *matched: the index of the stop string its text
  * completed, or -1. After a match the text is final: cut where the stop
  * string starts (or after it, with include), and further pushes are
- * refused (FR_EINVAL). */
-fr_status fr_sample_text_push(fr_sample_text *t, int token, int *matched);
+ * refused (FR_EINVAL). may_stop 0 passes over stop strings the token's
+ * text completes (a request's min_tokens: its first tokens never stop a
+ * sample); the text after them is still searched. */
+fr_status fr_sample_text_push(fr_sample_text *t, int token, int may_stop, int *matched);
 
 /* The sample ended without a match (length, a stop token, an abort): what
  * the detokenizer held back (an incomplete character, as U+FFFD) joins the

@@ -231,7 +231,7 @@ static int push_bytes(fr_sample_text *st, const char *s, size_t *stable_max)
 {
     for (size_t i = 0; s[i]; i++) {
         int m;
-        assert_int_equal(fr_sample_text_push(st, (unsigned char)s[i], &m), FR_OK);
+        assert_int_equal(fr_sample_text_push(st, (unsigned char)s[i], 1, &m), FR_OK);
         size_t len, stable;
         const char *txt = fr_sample_text_get(st, &len, &stable);
         assert_true(stable <= len);
@@ -259,14 +259,14 @@ static void test_sample_text_bytes(void **state)
     assert_string_equal(txt, "un ");
     assert_int_equal(stable, 3);
     int m;
-    assert_int_equal(fr_sample_text_push(st, 'x', &m), FR_EINVAL);   /* the text has ended */
+    assert_int_equal(fr_sample_text_push(st, 'x', 1, &m), FR_EINVAL);   /* the text has ended */
     assert_int_equal(fr_sample_text_finish(st), FR_OK);              /* nothing to do */
     fr_sample_text_free(&st);
 
     /* Included, and a special token's text skipped. */
     ss.include = 1;
     assert_int_equal(fr_sample_text_new(t, &ss, &st), FR_OK);
-    assert_int_equal(fr_sample_text_push(st, 256, &m), FR_OK);
+    assert_int_equal(fr_sample_text_push(st, 256, 1, &m), FR_OK);
     hi = 0;
     assert_int_equal(push_bytes(st, "ab\n\ncd", &hi), 3);
     assert_int_equal(fr_sample_text_matched(st), 1);
@@ -285,11 +285,22 @@ static void test_sample_text_bytes(void **state)
     txt = fr_sample_text_get(st, &len, &stable);
     assert_string_equal(txt, "hi \xC3\xA9t\n");
     assert_int_equal(stable, 6);   /* the "\n" might become "\n\n" */
-    assert_int_equal(fr_sample_text_push(st, 0xE2, &m), FR_OK);   /* the first byte of a 3-byte character */
+    assert_int_equal(fr_sample_text_push(st, 0xE2, 1, &m), FR_OK);   /* the first byte of a 3-byte character */
     assert_int_equal(fr_sample_text_finish(st), FR_OK);
     txt = fr_sample_text_get(st, &len, &stable);
     assert_string_equal(txt, "hi \xC3\xA9t\n\xEF\xBF\xBD");
     assert_int_equal(stable, len);
+    fr_sample_text_free(&st);
+
+    /* Stop strings passed over (min_tokens), then one that ends the sample. */
+    assert_int_equal(fr_sample_text_new(t, &ss, &st), FR_OK);
+    for (const char *p = "a\n\nb"; *p; p++) {
+        assert_int_equal(fr_sample_text_push(st, (unsigned char)*p, 0, &m), FR_OK);
+        assert_int_equal(m, -1);
+    }
+    hi = 0;
+    assert_int_equal(push_bytes(st, "\n\nc", &hi), 1);
+    assert_string_equal(fr_sample_text_get(st, &len, &stable), "a\n\nb");
     fr_sample_text_free(&st);
 
     /* Text alone: everything decoded is stable at once. */
@@ -339,7 +350,7 @@ static void test_sample_text_qwen3(void **state)
         assert_int_equal(fr_sample_text_new(t, &ss, &st), FR_OK);
         int m = -1;
         size_t i = 0;
-        for (; i < n && m < 0; i++) assert_int_equal(fr_sample_text_push(st, ids[i], &m), FR_OK);
+        for (; i < n && m < 0; i++) assert_int_equal(fr_sample_text_push(st, ids[i], 1, &m), FR_OK);
         size_t len, stable;
         const char *got = fr_sample_text_get(st, &len, &stable);
         if (cases[c].want) {
