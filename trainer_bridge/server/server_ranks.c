@@ -62,13 +62,15 @@ static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
     spec.prompt_logprobs = fr_rank_get_i32(r);
     has_forced = fr_rank_get_i32(r);
     int *forced = has_forced ? fr_rank_get_i32s(r, &spec.n_forced, &oom[2]) : NULL;
+    char **stops = NULL;
+    const int text_oom = srv_get_text_spec(r, &spec, &stops);
     spec.prompt = prompt;
     spec.stop_ids = stop;
     spec.forced = forced;
     fr_status st = FR_OK;
     if (r->bad) {
         /* the caller reports the malformed stream */
-    } else if (oom[0] || oom[1] || oom[2]) {
+    } else if (oom[0] || oom[1] || oom[2] || text_oom) {
         st = fr_fail(FR_ENOMEM, "serve: rank %d: out of memory taking request %llu", srv->rank,
                      (unsigned long long)spec.id);
     } else if (engine == srv->engine && fr_scheduler_submit(srv->sch, &spec) && srv->leader) {
@@ -80,6 +82,7 @@ static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
     free(prompt);
     free(stop);
     free(forced);
+    srv_free_strs(stops, spec.stop_strings.n);
     return st;
 }
 
@@ -213,6 +216,7 @@ static fr_status exchange_results(fr_bridge_server *srv)
             break;
         }
         case OB_DONE: take_done(srv, &r); break;
+        case OB_TEXT: srv_take_text(srv, &r); break;
         case OB_REJECT: take_reject(srv, &r); break;
         case OB_STATS:
             take_stats(srv, &r, first_stats);
