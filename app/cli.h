@@ -143,20 +143,21 @@ int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engi
 void fr_cli_engine_opts_default(fr_engine_opts *o);
 const char *fr_cli_demo_model(void);
 /* Whether the model is byte-level (ids 0-255 are bytes, 256 is BOS: the
- * demo model and the test models), so text maps to ids without a tokenizer. */
+ * demo model and the test models), so its tokenizer is the built-in one
+ * (fr_tokenizer_bytes). */
 int fr_cli_byte_model(const fr_model_config *mc);
-/* BOS, then the bytes of text: *ids malloc'ed, the caller frees it. */
-fr_status fr_cli_byte_prompt(const char *text, int **ids, int *n);
 
 /* fr_read_ids_file, with the system's reason when the file cannot be read. */
 fr_status fr_cli_ids_file(const char *path, int **ids, int *n);
 
-/* A file of prompts: one a line, comma-separated token ids, blank lines
- * skipped. FR_EIO when it cannot be read (with the system's reason),
- * FR_EINVAL naming the line of a malformed one or a file without prompts. */
+/* A file of prompts: one a line, comma-separated token ids or a JSON
+ * string (the prompt's text), blank lines skipped. FR_EIO when it cannot
+ * be read (with the system's reason), FR_EINVAL naming the line of a
+ * malformed one or a file without prompts. */
 typedef struct {
-    int **ids;
+    int **ids;             /* ids[i]: prompt i's ids (len[i]), or NULL when it is text */
     int *len;
+    char **text;           /* text[i]: prompt i's text (NUL-terminated), or NULL */
     int n, cap;
 } fr_cli_prompts;
 fr_status fr_cli_prompts_read(const char *path, fr_cli_prompts *p);

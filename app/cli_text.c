@@ -14,19 +14,6 @@
 
 #define FR_CLI_MAX_TEXT (1 << 24)   /* bytes of a prompt given as text */
 
-/* The configuration of a model spec, without its weights. */
-static fr_status model_config(const char *model, fr_model_config *mc)
-{
-    const size_t plen = strlen(FR_SYNTHETIC_PREFIX);
-    if (strncmp(model, FR_SYNTHETIC_PREFIX, plen) == 0) {
-        uint64_t seed;
-        return fr_synthetic_parse(model + plen, mc, &seed);
-    }
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", model);
-    return fr_model_config_load(path, mc);
-}
-
 /* A tokenizer whose ids the model cannot embed, or which covers less than
  * half of its vocabulary, is another model's. */
 static fr_status fits(const fr_tokenizer *tok, const char *name, const fr_model_config *mc)
@@ -53,7 +40,7 @@ int fr_cli_text_open(fr_cmd cmd, const char *model, const char *tokenizer_path, 
 {
     memset(t, 0, sizeof *t);
     fr_model_config mc;
-    if (model_config(model, &mc)) return fr_cli_fail(cmd, 1);
+    if (fr_model_spec_config(model, &mc)) return fr_cli_fail(cmd, 1);
     if (tokenizer_path) {   /* asked for: its failures are the command's */
         snprintf(t->name, sizeof t->name, "%s", tokenizer_path);
         if (fr_tokenizer_load(tokenizer_path, &t->tok)) return fr_cli_fail(cmd, 1);

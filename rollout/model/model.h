@@ -104,6 +104,9 @@ typedef struct {
 /* spec: a checkpoint directory, or "synthetic:tiny" / "synthetic:tiny:SEED".
  * On failure *out is NULL and fr_last_error() says what and where. */
 fr_status fr_model_load(const char *spec, fr_model **out);
+/* The configuration of a spec fr_model_load takes, without its weights:
+ * the same refusals of a missing folder and of unknown synthetic names. */
+fr_status fr_model_spec_config(const char *spec, fr_model_config *cfg);
 
 /* Sets *m = NULL; accepts NULL and *m == NULL. */
 void fr_model_destroy(fr_model **m);
