@@ -178,6 +178,7 @@ typedef struct {
     fr_tokenizer *tok;     /* NULL: the model takes token ids only (why says why) */
     char name[4200];       /* where it came from: --tokenizer's path, the folder, or "byte-level" */
     char why[768];         /* without one: the reason, for refusals of text */
+    int bytes;             /* the built-in byte-level one: text files keep being read as bytes */
 } fr_cli_text;
 /* --tokenizer PATH when given (a file that cannot be loaded is a failure,
  * 1; a vocabulary that does not fit the model's a usage error, 2), else
@@ -187,6 +188,10 @@ typedef struct {
  * config.json (not its weights). 0, or the exit status after printing why. */
 int fr_cli_text_open(fr_cmd cmd, const char *model, const char *tokenizer_path, fr_cli_text *t);
 void fr_cli_text_close(fr_cli_text *t);
+/* The tokenizer text files go through (calibrate, eval-kl, recalibration):
+ * NULL for byte-level models and models without one, whose files are read
+ * as bytes, as they always were. */
+static inline const fr_tokenizer *fr_cli_text_for_files(const fr_cli_text *t) { return t->bytes ? NULL : t->tok; }
 /* The refusal of text (FR_EINVAL) for a model without a tokenizer; what
  * names what asked ("--prompt"). */
 fr_status fr_cli_text_none(const fr_cli_text *t, const char *what);

@@ -62,6 +62,7 @@ int fr_cli_text_open(fr_cmd cmd, const char *model, const char *tokenizer_path, 
     }
     if (fr_cli_byte_model(&mc)) {
         snprintf(t->name, sizeof t->name, "byte-level");
+        t->bytes = 1;
         if (fr_tokenizer_bytes(mc.vocab_size, mc.bos_id, mc.n_eos > 0 ? mc.eos_ids[0] : -1, &t->tok))
             return fr_cli_fail(cmd, 1);
         return 0;
