@@ -126,10 +126,11 @@ $(CLIENT_SO): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS)) $(CLIENT_CUOBJS)
 
 # push-weights reads a model with rollout/: the tool links the engine's
 # libraries after the client library (the library itself stays light), and
-# of app/ its own commands (app/client_*.c) and the option table with its
-# parser (one way of parsing for both programs).
+# of app/ its own commands (app/client_*.c), the option table with its
+# parser (one way of parsing for both programs) and the text helpers of
+# the JSON lines (app/cli_text.c).
 CLIENT_APP_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,app/options.c app/cli_parse.c app/cli_help.c app/cli_common.c \
-                     $(wildcard app/client_*.c))
+                     app/cli_text.c $(wildcard app/client_*.c))
 $(CLIENT_BIN): $(BUILD)/obj/app/fp4rollout_client.o $(CLIENT_APP_OBJS) $(CLIENT_LIB) $(filter-out $(call lib_of,app) $(BUILD)/libtrainer_bridge_%,$(LIBS))
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
