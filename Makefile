@@ -80,7 +80,7 @@ GPU_HOBJ   := $(patsubst %.c,$(BUILD)/obj/%.o,$(patsubst %.cu,$(BUILD)/obj/%.cu.
 # Benchmarks (bench/*.c, one program each) need a GPU too, but for the
 # CPU ones of BENCH_CPU, which build everywhere (and with `make`, so that
 # they keep compiling).
-BENCH_CPU  := bench/tokenize_speed.c
+BENCH_CPU  := bench/tokenize_speed.c bench/stop_strings_speed.c
 BENCH_SRCS := $(if $(HAVE_NVCC),$(wildcard bench/*.c),$(BENCH_CPU))
 BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 BENCH_CPU_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_CPU))
