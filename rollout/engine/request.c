@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rollout/model/model_config.h"
+
 const char *fr_finish_reason_name(fr_finish_reason r)
 {
     switch (r) {
@@ -26,18 +28,20 @@ void fr_sample_result_free(fr_sample_result *r)
     free(r->top_ids);
     free(r->top_logprobs);
     free(r->prompt_logprobs);
+    free(r->routed_experts);
     free(r->text);
     memset(r, 0, sizeof *r);
 }
 
 /* Flags of a record's optional parts. */
-enum { REC_TOKENS = 1, REC_KL = 2, REC_TOP = 4, REC_PROMPT = 8, REC_TEXT = 16 };
+enum { REC_TOKENS = 1, REC_KL = 2, REC_TOP = 4, REC_PROMPT = 8, REC_ROUTES = 16, REC_TEXT = 32 };
 
 void fr_sample_result_put(fr_rank_buf *b, const fr_sample_result *r, int with_tokens)
 {
     const unsigned parts = (with_tokens ? REC_TOKENS : 0) | (r->kl && r->n_tokens > 0 ? REC_KL : 0) |
                            (r->top_n > 0 && r->top_ids && r->top_logprobs ? REC_TOP : 0) |
-                           (r->prompt_logprobs ? REC_PROMPT : 0) | (r->text ? REC_TEXT : 0);
+                           (r->prompt_logprobs ? REC_PROMPT : 0) | (fr_sample_route_bytes(r) ? REC_ROUTES : 0) |
+                           (r->text ? REC_TEXT : 0);
     fr_rank_put_u64(b, r->request_id);
     fr_rank_put_u64(b, r->group);
     fr_rank_put_i32(b, r->sample);
@@ -61,6 +65,12 @@ void fr_sample_result_put(fr_rank_buf *b, const fr_sample_result *r, int with_to
     if (parts & REC_PROMPT) {
         fr_rank_put_i32(b, r->n_prompt_logprobs);
         fr_rank_put(b, r->prompt_logprobs, sizeof(float) * (size_t)r->n_prompt_logprobs);
+    }
+    if (parts & REC_ROUTES) {
+        fr_rank_put_i32(b, r->route_layers);
+        fr_rank_put_i32(b, r->route_k);
+        fr_rank_put_i32(b, r->route_width);
+        fr_rank_put(b, r->routed_experts, fr_sample_route_bytes(r) * (size_t)r->n_tokens);
     }
     if (parts & REC_TEXT) {
         fr_rank_put_i32(b, r->stop_string);
@@ -109,6 +119,24 @@ static void *get_array(fr_rank_reader *r, int n, size_t size, fr_status *st)
     return out;
 }
 
+/* A record's routed experts: their shape, then n_tokens records. */
+static void get_routes(fr_rank_reader *r, fr_sample_result *out, fr_status *st)
+{
+    out->route_layers = fr_rank_get_i32(r);
+    out->route_k = fr_rank_get_i32(r);
+    out->route_width = fr_rank_get_i32(r);
+    const long long per = (long long)out->route_layers * out->route_k * out->route_width;
+    if (out->route_layers < 1 || out->route_layers > FR_MAX_LAYERS || out->route_k < 1 ||
+        out->route_k > FR_MAX_EXPERTS || (out->route_width != 1 && out->route_width != 2) ||
+        per * out->n_tokens > INT_MAX) {
+        if (!*st) *st = fr_fail(FR_EFORMAT, "sample record: bad routed experts (%d layers x %d x %d bytes)",
+                                out->route_layers, out->route_k, out->route_width);
+        out->route_layers = out->route_k = out->route_width = 0;
+        return;
+    }
+    out->routed_experts = get_array(r, (int)(per * out->n_tokens), 1, st);
+}
+
 fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out)
 {
     memset(out, 0, sizeof *out);
@@ -143,6 +171,7 @@ fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out)
         if (!st || st == FR_ENOMEM)
             out->prompt_logprobs = get_array(r, out->n_prompt_logprobs, sizeof(float), &st);
     }
+    if (parts & REC_ROUTES) get_routes(r, out, &st);
     if ((parts & REC_TEXT) && (!st || st == FR_ENOMEM)) get_text(r, out, &st);
     if (st) {
         if (st != FR_ENOMEM) r->bad = 1;
@@ -190,6 +219,9 @@ fr_status fr_request_spec_check(const fr_request_spec *r, int vocab)
     if (r->prompt_logprobs != 0 && r->prompt_logprobs != 1)
         return fr_fail(FR_EINVAL, "request %llu: prompt_logprobs must be 0 or 1 (got %d)", (unsigned long long)r->id,
                        r->prompt_logprobs);
+    if (r->return_routed_experts != 0 && r->return_routed_experts != 1)
+        return fr_fail(FR_EINVAL, "request %llu: return_routed_experts must be 0 or 1 (got %d)",
+                       (unsigned long long)r->id, r->return_routed_experts);
     char what[48];
     snprintf(what, sizeof what, "request %llu", (unsigned long long)r->id);
     fr_status st = fr_stop_strings_check(&r->stop_strings, what);

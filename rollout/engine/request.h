@@ -10,6 +10,7 @@
 #ifndef FR_REQUEST_H
 #define FR_REQUEST_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "comm/rank_wire.h"
@@ -69,6 +70,11 @@ typedef struct {
     int min_tokens;
     int top_logprobs;
     int prompt_logprobs;
+    /* Routed-expert replay (0 or 1; docs/deepseek_moe.md, "Routed-expert
+     * replay"): 1 records, for every generated token, the experts each MoE
+     * layer chose (fr_sample_result.routed_experts); 0, the default, records
+     * nothing and costs nothing. A model without MoE layers refuses 1. */
+    int return_routed_experts;
     /* Text (docs/sampling.md, "Stop strings"; decoded with the scheduler's
      * tokenizer, special tokens skipped): a stop string ends a sample, with
      * reason stop, in the step whose token completes it in the sample's text
@@ -105,6 +111,16 @@ typedef struct {
      * of the request's first sample only, when asked; else NULL */
     float *prompt_logprobs;      /* [n_prompt_logprobs = n_prompt - 1] */
     int n_prompt_logprobs;
+    /* Routed experts (when the request asked, else NULL and zeros): token
+     * i's record is route_layers x route_k expert ids, each route_width
+     * bytes (1: uint8, the model has at most 256 experts; 2: uint16 little
+     * endian), at routed_experts + i * route_layers * route_k * route_width,
+     * MoE layers in layer order, each layer's experts best first. Token i's
+     * experts are those the forward pass that drew it chose: at the position
+     * of the token before it (the prompt's last for i = 0), the position
+     * whose logits give token i its log-prob. */
+    uint8_t *routed_experts;     /* [n_tokens * route_layers * route_k * route_width] */
+    int route_layers, route_k, route_width;
     /* The sample's text when its request asked for text or gave stop
      * strings (NUL-terminated, text_len bytes), else NULL: the tokens
      * decoded with special tokens skipped, cut where the stop string that
@@ -113,6 +129,19 @@ typedef struct {
     size_t text_len;
     int stop_string;             /* k + 1: stop string k of the request ended it; 0: none did */
 } fr_sample_result;
+
+/* Bytes of one token's routed-expert record in r (0 when it has none). */
+static inline size_t fr_sample_route_bytes(const fr_sample_result *r)
+{
+    return r->routed_experts ? (size_t)r->route_layers * (size_t)r->route_k * (size_t)r->route_width : 0;
+}
+/* Expert j of MoE layer m for token i of r (which must have routes). */
+static inline int fr_sample_route_id(const fr_sample_result *r, int i, int m, int j)
+{
+    const size_t at = ((size_t)i * (size_t)r->route_layers + (size_t)m) * (size_t)r->route_k + (size_t)j;
+    const uint8_t *p = r->routed_experts + at * (size_t)r->route_width;
+    return r->route_width == 1 ? p[0] : p[0] | p[1] << 8;
+}
 
 /* Frees the arrays of a result taken from fr_scheduler_next_result and
  * clears it; NULL-safe. */
@@ -133,9 +162,9 @@ fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out);
 /* Checks a request against a model's vocabulary: prompt non-empty and in the
  * vocabulary, n and max_tokens >= 1, first_sample >= 0 with room for n,
  * min_tokens in [0, max_tokens], top_logprobs in [0, FR_MAX_TOP_LOGPROBS]
- * and at most the vocabulary, prompt_logprobs 0 or 1, valid sampling parameters, stop ids in
- * the vocabulary, stop strings as fr_stop_strings_check wants them. FR_EINVAL with a message naming
- * the field otherwise. */
+ * and at most the vocabulary, prompt_logprobs and return_routed_experts 0 or 1, valid
+ * sampling parameters, stop ids in the vocabulary, stop strings as fr_stop_strings_check
+ * wants them. FR_EINVAL with a message naming the field otherwise. */
 fr_status fr_request_spec_check(const fr_request_spec *r, int vocab);
 
 #ifdef __cplusplus

@@ -33,6 +33,7 @@ static void free_req(req *r)
         free(r->samples[i].kl);
         free(r->samples[i].top_ids);
         free(r->samples[i].top_lps);
+        free(r->samples[i].routes);
         fr_sample_text_free(&r->samples[i].text);
     }
     free(r->samples);
@@ -49,6 +50,7 @@ void sch_remove_req(fr_scheduler *sch, req *r)
         if (sch->reqs[i] == r) {
             memmove(&sch->reqs[i], &sch->reqs[i + 1], sizeof(req *) * (size_t)(sch->n_reqs - i - 1));
             sch->n_reqs--;
+            sch->route_reqs -= r->routes;
             break;
         }
     free_req(r);
@@ -78,6 +80,9 @@ fr_status fr_scheduler_new(fr_session *s, const fr_scheduler_config *cfg, fr_sch
     sch->aligned_chunks = s->deterministic && kc->dtype != FR_KV_BF16 && kc->dtype != FR_KV_F32;
     sch->vocab = s->model->cfg.vocab_size;
     sch->n_blocks = kc->n_blocks;
+    sch->route_layers = fr_model_moe_layers(&s->model->cfg);
+    sch->route_k = sch->route_layers ? s->model->cfg.experts_per_tok : 0;
+    sch->route_width = s->model->cfg.num_experts > 256 ? 2 : 1;
     fr_serving_stats_init(&sch->serving);
     const char *ov = getenv("FR_SHADOW_OVERLAP"), *ca = getenv("FR_SHADOW_CARRY");
     sch->overlap = !ov || strcmp(ov, "0") != 0;
@@ -124,6 +129,9 @@ void fr_scheduler_destroy(fr_scheduler **p)
     free(sch->keep);
     free(sch->keep_at);
     free(sch->dlp);
+    free(sch->route_at);
+    free(sch->route_trow);
+    free(sch->route_buf);
     fr_sampler_destroy(&sch->sampler);
     fr_shadow_close(&sch->shadow);
     free(sch->ref);
@@ -151,6 +159,9 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
     if (!st) st = sch_text_check(sch, spec);
     if (st) return st;
     const fr_model_config *mc = &sch->s->model->cfg;
+    if (spec->return_routed_experts && !sch->route_layers)
+        return fr_fail(FR_EINVAL, "request %llu: return_routed_experts: the model has no mixture-of-experts layer",
+                       (unsigned long long)spec->id);
     if (spec->n_prompt >= mc->max_position)
         return fr_fail(FR_EINVAL, "request %llu: the prompt (%d tokens) does not fit the context window of %d",
                        (unsigned long long)spec->id, spec->n_prompt, mc->max_position);
@@ -167,7 +178,8 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
                .max_tokens = max_tokens, .params = spec->params, .n_stop = spec->n_stop, .open = spec->n,
                .monitor = spec->monitor, .per_token_kl = spec->per_token_kl, .t_submit = fr_now_s(),
                .report_id = spec->has_report_id ? spec->report_id : spec->id, .min_tokens = spec->min_tokens,
-               .top_n = spec->top_logprobs};
+               .top_n = spec->top_logprobs, .routes = spec->return_routed_experts};
+    const size_t route_bytes = (size_t)sch->route_layers * (size_t)sch->route_k * (size_t)sch->route_width;
     r->prompt = malloc(sizeof(int) * (size_t)spec->n_prompt);
     r->stop = malloc(sizeof(int) * (size_t)(spec->n_stop > 0 ? spec->n_stop : 1));
     r->samples = calloc((size_t)spec->n, sizeof(sample));
@@ -197,6 +209,7 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
             x->top_lps = malloc(sizeof(float) * (size_t)max_tokens * (size_t)r->top_n);
             ok = x->top_ids && x->top_lps;
         }
+        if (ok && r->routes) ok = (x->routes = malloc(route_bytes * (size_t)max_tokens)) != NULL;
     }
     if (ok) ok = !sch_text_open(sch, r, spec);
     if (ok) ok = !sch_grow((void **)&sch->reqs, &sch->cap_reqs, sch->n_reqs + 1, sizeof(req *));
@@ -219,6 +232,7 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
         return fr_fail(FR_ENOMEM, "scheduler: out of memory");
     }
     sch->reqs[sch->n_reqs++] = r;
+    sch->route_reqs += r->routes;
     for (int i = 0; i < r->n; i++)
         if (r->samples[i].monitored) {
             sch_shadow_of(sch);   /* a failure is the prompt's completion's to handle: monitoring off */

@@ -46,6 +46,13 @@ void sch_finish(fr_scheduler *sch, sample *x, fr_finish_reason why)
                             .preemptions = x->preemptions, .versions = x->versions,
                             .monitored = x->monitored, .div = x->div, .kl = x->kl, .top_n = r->top_n,
                             .top_ids = x->top_ids, .top_logprobs = x->top_lps};
+    if (x->routes) {
+        res.routed_experts = x->routes;
+        res.route_layers = sch->route_layers;
+        res.route_k = sch->route_k;
+        res.route_width = sch->route_width;
+        x->routes = NULL;
+    }
     if (x->index == 0 && r->plp) {   /* the request's first sample carries them */
         res.prompt_logprobs = r->plp;
         res.n_prompt_logprobs = r->n_prompt - 1;
@@ -96,12 +103,14 @@ static void first_token(fr_scheduler *sch, sample *x)
     x->r->prompt_counted = 1;
 }
 
-/* Records tok (drawn with log-prob lp) as x's next token; returns its finish
- * reason, or FR_FINISH_NONE when it goes on. */
-static fr_finish_reason accept(fr_scheduler *sch, sample *x, int tok, float lp)
+/* Records tok (drawn with log-prob lp, by a row whose routed experts are
+ * route, or NULL) as x's next token; returns its finish reason, or
+ * FR_FINISH_NONE when it goes on. */
+static fr_finish_reason accept(fr_scheduler *sch, sample *x, int tok, float lp, const uint16_t *route)
 {
     const req *r = x->r;
     if (tok < 0 || tok >= sch->vocab) return FR_FINISH_ERROR;   /* the device sampler's row error */
+    sch_keep_route(sch, x, route);
     x->tokens[x->n] = tok;
     x->versions[x->n] = sch->version;
     x->logprobs[x->n++] = lp;
@@ -125,7 +134,7 @@ int sch_host_drawn(const sample *x)
 }
 
 /* Draws the next token of x from logits (host), then accepts it. */
-static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits)
+static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits, const uint16_t *route)
 {
     const req *r = x->r;
     int tok;
@@ -146,21 +155,23 @@ static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits)
         if (fr_sample_ex(sch->sampler, logits, &r->params, x->stream, (uint64_t)x->n, &ex, &tok, &lp))
             return FR_FINISH_ERROR;
     }
-    return accept(sch, x, tok, lp);
+    return accept(sch, x, tok, lp, route);
 }
 
 /* x's next token: the one drawn for it on the backend (pre_tok[i], pre_lp[i])
  * when there is one, else drawn here from logits. */
 static fr_finish_reason take(fr_scheduler *sch, sample *x, const float *logits, const int *pre_tok,
-                             const float *pre_lp, int i)
+                             const float *pre_lp, int i, const uint16_t *route)
 {
-    return pre_tok ? accept(sch, x, pre_tok[i], pre_lp[i]) : draw(sch, x, logits);
+    return pre_tok ? accept(sch, x, pre_tok[i], pre_lp[i], route) : draw(sch, x, logits, route);
 }
 
 /* A prefill's last chunk ran: its samples start. logits: the chunk's last
  * row (NULL when no sample needs it on the host); pre_tok/pre_lp: the first
- * tokens drawn on the backend, by sample index (NULL: draw here). */
-static void complete_job(fr_scheduler *sch, job *j, const float *logits, const int *pre_tok, const float *pre_lp)
+ * tokens drawn on the backend, by sample index (NULL: draw here); route: the
+ * routed experts of the chunk's last row (NULL when not recorded). */
+static void complete_job(fr_scheduler *sch, job *j, const float *logits, const int *pre_tok, const float *pre_lp,
+                         const uint16_t *route)
 {
     req *r = j->r;
     if (j->sample >= 0) {
@@ -169,7 +180,7 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits, const i
         x->seq = j->seq;
         x->admit = j->admit;
         sch->running[sch->n_running++] = x;
-        fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, 0);
+        fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, 0, route);
         if (why != FR_FINISH_ERROR && logits) sch_shadow_catch_up(sch, x, logits);
         if (why) sch_finish(sch, x, why);
         return;
@@ -209,7 +220,7 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits, const i
     for (int i = lo; i < hi; i++) {
         sample *x = &r->samples[i];
         if (x->done) continue;
-        fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, i - lo);
+        fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, i - lo, route);
         if (why != FR_FINISH_ERROR && x->shadow_seq >= 0 && logits) mon[n_mon++] = x;   /* measured below, before any finish */
         if (!why && seq >= 0) {        /* the first one keeps the prefill's sequence */
             x->seq = seq;
@@ -259,7 +270,9 @@ void sch_postprocess(fr_scheduler *sch, const step_plan *p)
         sample *x = sch->row_samples[i];
         const float *lg = sch->keep_at[i] >= 0 ? sch->logits + (size_t)sch->keep_at[i] * V : NULL;
         const int slot = sch->dslot[i];
-        fr_finish_reason why = slot >= 0 ? accept(sch, x, sch->dtok[slot], sch->dlp[slot]) : draw(sch, x, lg);
+        const uint16_t *route = sch_route_of(sch, i);
+        fr_finish_reason why =
+            slot >= 0 ? accept(sch, x, sch->dtok[slot], sch->dlp[slot], route) : draw(sch, x, lg, route);
         if (p->n_mon && x->shadow_seq >= 0 && why != FR_FINISH_ERROR) {
             const int m = sch->mon_rows[i], at = pre ? sch->mon_pre[m] - 1 : -1;
             if (p->dev_kl) sch_record(sch, x, &sch->mon_kl[m]);
@@ -284,6 +297,6 @@ void sch_postprocess(fr_scheduler *sch, const step_plan *p)
         sch->n_prefill--;
         const int row = n_dec + k, slot = sch->dslot[row];
         complete_job(sch, &j, sch->keep_at[row] >= 0 ? sch->logits + (size_t)sch->keep_at[row] * V : NULL,
-                     slot >= 0 ? sch->dtok + slot : NULL, slot >= 0 ? sch->dlp + slot : NULL);
+                     slot >= 0 ? sch->dtok + slot : NULL, slot >= 0 ? sch->dlp + slot : NULL, sch_route_of(sch, row));
     }
 }

@@ -73,9 +73,9 @@ fr_status fr_scheduler_step(fr_scheduler *sch)
     fr_status st = sch_schedule_blocks(sch);
     if (!st) st = sch_schedule_batch(sch, &p);
     if (st || p.n_rows == 0) return st;
-    if ((st = sch_schedule_outputs(sch, &p))) return st;
+    if ((st = sch_schedule_outputs(sch, &p)) || (st = sch_schedule_routes(sch, &p))) return st;
     double t0 = fr_now_s();
-    if ((st = run_forward(sch, &p))) {
+    if ((st = run_forward(sch, &p)) || (st = sch_fetch_routes(sch, &p))) {
         fail_step(sch, &p);
         return st;
     }
