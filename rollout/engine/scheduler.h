@@ -38,9 +38,9 @@ typedef void (*fr_sample_done_fn)(void *user, const fr_sample_result *r);
 typedef void (*fr_sample_token_fn)(void *user, uint64_t request_id, int sample, int index, int token,
                                    float logprob);
 
-/* Called, for samples whose request gives stop strings or asks for text,
- * right after the token report (above) of a token that made more of the
- * sample's text final (fr_sample_text_get's stable part): text[0, len) is
+/* Called, for samples whose request asks for text (with_text), right after
+ * the token report (above) of a token that made more of the sample's text
+ * final (fr_sample_text_get's stable part): text[0, len) is
  * that new part, never a piece of a character nor anything a stop string
  * may still take. The pieces joined are a prefix of the result's text
  * (what was held back at the end comes only in the result). Must not call

@@ -61,6 +61,7 @@ struct req {
     int min_tokens, top_n; /* the stop ids are barred before min_tokens; top log-probs per token */
     float *plp;            /* [n_prompt - 1] prompt log-probs when asked (sample 0's job fills them), else NULL */
     int routes;            /* return_routed_experts */
+    int with_text;         /* on_text reports its samples' text */
 };
 
 /* Prefill work: a prompt for samples [lo, hi) of a request (sample -1; a

@@ -19,6 +19,7 @@ fr_status sch_text_check(const fr_scheduler *sch, const fr_request_spec *spec)
 
 int sch_text_open(fr_scheduler *sch, req *r, const fr_request_spec *spec)
 {
+    r->with_text = spec->with_text != 0;
     if (!sch_text_wanted(spec)) return 0;
     for (int i = 0; i < r->n; i++)
         if (fr_sample_text_new(sch->cfg.tokenizer, &spec->stop_strings, &r->samples[i].text)) return -1;
@@ -34,7 +35,7 @@ fr_finish_reason sch_text_token(fr_scheduler *sch, sample *x, int tok)
     if (fr_sample_text_push(x->text, tok, x->n >= x->r->min_tokens, &matched)) return FR_FINISH_ERROR;
     size_t len, stable;
     const char *text = fr_sample_text_get(x->text, &len, &stable);
-    if (stable > x->text_sent && sch->cfg.on_text)
+    if (stable > x->text_sent && sch->cfg.on_text && x->r->with_text)   /* stop strings alone: the result's text only */
         sch->cfg.on_text(sch->cfg.user, x->r->id, (int)x->stream, x->n - 1, text + x->text_sent,
                          stable - x->text_sent);
     if (stable > x->text_sent) x->text_sent = stable;
