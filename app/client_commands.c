@@ -10,7 +10,8 @@ static const char usage_text[] =
     "Talks to `fp4rollout serve` (protocol version 1, docs/protocol.md). Each\n"
     "command does one protocol operation and prints JSON; generate checks what it\n"
     "receives (contiguous deltas, one done per sample, streamed tokens equal to the\n"
-    "done's count) and prints each sample as `fp4rollout rollout --json` does.\n"
+    "done's count, streamed text a prefix of the done's) and prints each sample as\n"
+    "`fp4rollout rollout --json` does.\n"
     "Exit status: 0 when everything came as the protocol says, 1 otherwise\n"
     "(an error reply, a timeout, a missing or repeated done), 2 for bad usage.\n";
 
@@ -24,9 +25,10 @@ const fr_client_command fr_client_commands[] = {
      "pause the engine; prints the reply once paused", cmd_reply},
     {"resume", FR_CMD_C_RESUME, "resume [--recompute]", "resume; prints the reply", cmd_reply},
     {"generate", FR_CMD_C_GENERATE, "generate --prompts FILE [options]",
-     "one request per line of FILE (comma-separated token ids), request ids FIRST, FIRST+1, ...; prints each "
-     "sample as a JSON line when it ends (request_id, sample, token_ids, logprobs, finish_reason, n_tokens, "
-     "preemptions, ttft_ms, total_ms, seed: the seed that produced it)",
+     "one request per line of FILE (comma-separated token ids, or a JSON string: text for the server's "
+     "tokenizer), request ids FIRST, FIRST+1, ...; prints each sample as a JSON line when it ends (request_id, "
+     "sample, token_ids, logprobs, finish_reason, n_tokens, preemptions, ttft_ms, total_ms, seed: the seed that "
+     "produced it; with text: text, stop_str, prompt_token_ids)",
      fr_client_cmd_generate},
     {"push-weights", FR_CMD_C_PUSH_WEIGHTS, "push-weights --model SPEC --version V [options]",
      "send a model's weights (a checkpoint folder or synthetic:NAME[:SEED]) as weight version V; prints one JSON "

@@ -347,6 +347,7 @@ fr_status fr_serve_config_load(const char *path, fr_serve_config *c)
     }
     if ((st = rebase(t.model, sizeof t.model, slash ? dir : NULL, path, "model"))) return st;
     if ((st = rebase(t.calib, sizeof t.calib, slash ? dir : NULL, path, "calib"))) return st;
+    if ((st = rebase(t.tokenizer, sizeof t.tokenizer, slash ? dir : NULL, path, "tokenizer"))) return st;
     for (int i = 0; i < t.recalibration.n_texts; i++)
         if ((st = rebase(t.recalibration.texts[i], sizeof t.recalibration.texts[i], slash ? dir : NULL, path,
                          "recalibration.texts")))

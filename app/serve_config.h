@@ -63,6 +63,7 @@ typedef struct {
     fr_fp4_compute fp4_compute;
     fr_recipe recipe;
     char calib[FR_SERVE_PATH_MAX];         /* calibration file; "" when none */
+    char tokenizer[FR_SERVE_PATH_MAX];     /* tokenizer.json or its folder; "" the model's (app/cli_text.c) */
     int max_seqs;                          /* sequences decoded together by one engine */
     int kv_blocks;                         /* KV pages per engine; 0: automatic */
     double kv_memory_fraction;             /* cuda, kv_blocks 0: share of free GPU memory for KV pages */

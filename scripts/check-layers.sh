@@ -22,11 +22,11 @@ RULES = {
     'comm': ['base'],
     'tokenizer': ['base'],
     'rollout/model': ['base', 'attention', 'kvcache', 'comm'],
-    'rollout/engine': ['base', 'attention', 'kvcache', 'comm', 'rollout/model'],
-    'rollout/monitor': ['base', 'attention', 'kvcache', 'comm', 'rollout/model', 'rollout/engine'],
+    'rollout/engine': ['base', 'attention', 'kvcache', 'comm', 'tokenizer', 'rollout/model'],
+    'rollout/monitor': ['base', 'attention', 'kvcache', 'comm', 'tokenizer', 'rollout/model', 'rollout/engine'],
     'trainer_bridge/protocol': ['base'],
     'trainer_bridge/client': ['base', 'trainer_bridge/protocol', 'comm'],
-    'trainer_bridge/server': ['base', 'trainer_bridge/protocol', 'comm', 'attention', 'kvcache',
+    'trainer_bridge/server': ['base', 'trainer_bridge/protocol', 'comm', 'attention', 'kvcache', 'tokenizer',
                               'rollout/model', 'rollout/engine', 'rollout/monitor'],
     'app': None,   # everything
 }

@@ -29,17 +29,19 @@ void fr_sample_result_free(fr_sample_result *r)
     free(r->top_logprobs);
     free(r->prompt_logprobs);
     free(r->routed_experts);
+    free(r->text);
     memset(r, 0, sizeof *r);
 }
 
 /* Flags of a record's optional parts. */
-enum { REC_TOKENS = 1, REC_KL = 2, REC_TOP = 4, REC_PROMPT = 8, REC_ROUTES = 16 };
+enum { REC_TOKENS = 1, REC_KL = 2, REC_TOP = 4, REC_PROMPT = 8, REC_ROUTES = 16, REC_TEXT = 32 };
 
 void fr_sample_result_put(fr_rank_buf *b, const fr_sample_result *r, int with_tokens)
 {
     const unsigned parts = (with_tokens ? REC_TOKENS : 0) | (r->kl && r->n_tokens > 0 ? REC_KL : 0) |
                            (r->top_n > 0 && r->top_ids && r->top_logprobs ? REC_TOP : 0) |
-                           (r->prompt_logprobs ? REC_PROMPT : 0) | (fr_sample_route_bytes(r) ? REC_ROUTES : 0);
+                           (r->prompt_logprobs ? REC_PROMPT : 0) | (fr_sample_route_bytes(r) ? REC_ROUTES : 0) |
+                           (r->text ? REC_TEXT : 0);
     fr_rank_put_u64(b, r->request_id);
     fr_rank_put_u64(b, r->group);
     fr_rank_put_i32(b, r->sample);
@@ -71,6 +73,30 @@ void fr_sample_result_put(fr_rank_buf *b, const fr_sample_result *r, int with_to
         fr_rank_put_i32(b, r->route_width);
         fr_rank_put(b, r->routed_experts, fr_sample_route_bytes(r) * (size_t)r->n_tokens);
     }
+    if (parts & REC_TEXT) {
+        fr_rank_put_i32(b, r->stop_string);
+        fr_rank_put_bytes(b, r->text, r->text_len);
+    }
+}
+
+/* The text part of a record: its bytes and the stop string that ended it. */
+static void get_text(fr_rank_reader *r, fr_sample_result *out, fr_status *st)
+{
+    out->stop_string = fr_rank_get_i32(r);
+    size_t n = 0;
+    const void *p = fr_rank_get_bytes(r, &n);
+    if (r->bad || out->stop_string < 0 || out->stop_string > FR_MAX_STOP_STRINGS) {
+        if (!*st) *st = fr_fail(FR_EFORMAT, "sample record: truncated or malformed text");
+        return;
+    }
+    out->text = malloc(n + 1);
+    if (!out->text) {
+        if (!*st) *st = fr_fail(FR_ENOMEM, "sample record: out of memory");
+        return;
+    }
+    if (n) memcpy(out->text, p, n);
+    out->text[n] = '\0';
+    out->text_len = n;
 }
 
 /* n elements of `size` bytes from the reader into a new array. NULL when
@@ -148,6 +174,7 @@ fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out)
             out->prompt_logprobs = get_array(r, out->n_prompt_logprobs, sizeof(float), &st);
     }
     if (parts & REC_ROUTES) get_routes(r, out, &st);
+    if ((parts & REC_TEXT) && (!st || st == FR_ENOMEM)) get_text(r, out, &st);
     if (st) {
         if (st != FR_ENOMEM) r->bad = 1;
         fr_sample_result_free(out);
@@ -223,8 +250,12 @@ fr_status fr_request_spec_check(const fr_request_spec *r, int vocab)
                        (unsigned long long)r->id, r->return_routed_experts);
     fr_status st = check_continue(r, vocab);
     if (st) return st;
-    st = fr_sampling_params_check(&r->params, vocab);
-    if (st) {
+    char what[48];
+    snprintf(what, sizeof what, "request %llu", (unsigned long long)r->id);
+    if ((st = fr_stop_strings_check(&r->stop_strings, what))) return st;
+    if (r->stop_strings.include != 0 && r->stop_strings.include != 1)
+        return fr_fail(FR_EINVAL, "%s: include (of the stop strings) must be 0 or 1", what);
+    if ((st = fr_sampling_params_check(&r->params, vocab))) {
         char msg[512];   /* the message is rewritten below: copy it first */
         snprintf(msg, sizeof msg, "%s", fr_last_error());
         return fr_fail(st, "request %llu: %s", (unsigned long long)r->id, msg);

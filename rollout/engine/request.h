@@ -15,6 +15,7 @@
 
 #include "comm/rank_wire.h"
 #include "rollout/engine/divergence_summary.h"
+#include "rollout/engine/stop_strings.h"
 #include "rollout/model/sampler.h"
 
 #ifdef __cplusplus
@@ -23,7 +24,8 @@ extern "C" {
 
 typedef enum {
     FR_FINISH_NONE = 0,   /* still running */
-    FR_FINISH_STOP,       /* drew one of the stop ids (kept as the last token) */
+    FR_FINISH_STOP,       /* drew one of the stop ids (kept as the last token), or its text
+                             completed a stop string (the token that completed it is the last) */
     FR_FINISH_LENGTH,     /* reached max_tokens (or the context window) */
     FR_FINISH_ABORT,      /* aborted by the caller; partial tokens kept */
     FR_FINISH_ERROR       /* the engine failed on it; partial tokens kept */
@@ -83,6 +85,16 @@ typedef struct {
      * one token more within max_tokens. NULL: a sample from its start. */
     const int *continue_tokens;
     int n_continue;
+    /* Text (docs/sampling.md, "Stop strings"; decoded with the scheduler's
+     * tokenizer, special tokens skipped): a stop string ends a sample, with
+     * reason stop, in the step whose token completes it in the sample's text
+     * (copied); with_text 1 keeps every sample's text for its result and
+     * the scheduler's on_text reports, without stop strings too. A
+     * continuation's text is what its tokens add to the whole sample's
+     * (the continued tokens decoded first; a stop string across the seam
+     * matches). */
+    fr_stop_strings stop_strings;
+    int with_text;
 } fr_request_spec;
 
 /* One finished sample. tokens and logprobs hold n_tokens entries each; a
@@ -126,6 +138,13 @@ typedef struct {
      * whose logits give token i its log-prob. */
     uint8_t *routed_experts;     /* [n_tokens * route_layers * route_k * route_width] */
     int route_layers, route_k, route_width;
+    /* The sample's text when its request asked for text or gave stop
+     * strings (NUL-terminated, text_len bytes), else NULL: the tokens
+     * decoded with special tokens skipped, cut where the stop string that
+     * ended it starts (after it, with the request's include). */
+    char *text;
+    size_t text_len;
+    int stop_string;             /* k + 1: stop string k of the request ended it; 0: none did */
 } fr_sample_result;
 
 /* Bytes of one token's routed-expert record in r (0 when it has none). */
@@ -160,9 +179,10 @@ fr_status fr_sample_result_get(fr_rank_reader *r, fr_sample_result *out);
 /* Checks a request against a model's vocabulary: prompt non-empty and in the
  * vocabulary, n and max_tokens >= 1, first_sample >= 0 with room for n,
  * min_tokens in [0, max_tokens], top_logprobs in [0, FR_MAX_TOP_LOGPROBS]
- * and at most the vocabulary, prompt_logprobs and return_routed_experts 0 or 1, valid sampling parameters, stop ids in
- * the vocabulary, continued tokens as the field says. FR_EINVAL with a
- * message naming the field otherwise. */
+ * and at most the vocabulary, prompt_logprobs and return_routed_experts 0 or 1, valid
+ * sampling parameters, stop ids in the vocabulary, stop strings as fr_stop_strings_check
+ * wants them, continued tokens as the field says. FR_EINVAL with a message naming the field
+ * otherwise. */
 fr_status fr_request_spec_check(const fr_request_spec *r, int vocab);
 
 #ifdef __cplusplus

@@ -34,6 +34,7 @@ static void free_req(req *r)
         free(r->samples[i].top_ids);
         free(r->samples[i].top_lps);
         free(r->samples[i].routes);
+        fr_sample_text_free(&r->samples[i].text);
     }
     free(r->samples);
     free(r->plp);
@@ -236,6 +237,7 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
 {
     if (!sch) return fr_fail(FR_EINVAL, "scheduler: NULL");
     fr_status st = fr_request_spec_check(spec, sch->vocab);
+    if (!st) st = sch_text_check(sch, spec);
     if (st) return st;
     const fr_model_config *mc = &sch->s->model->cfg;
     if (spec->return_routed_experts && !sch->route_layers)
@@ -263,6 +265,7 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
                .report_id = spec->has_report_id ? spec->report_id : spec->id, .min_tokens = spec->min_tokens,
                .top_n = spec->top_logprobs, .routes = spec->return_routed_experts};
     int ok = alloc_samples(sch, r, spec);
+    if (ok) ok = !sch_text_open(sch, r, spec);
     if (ok) ok = !sch_grow((void **)&sch->reqs, &sch->cap_reqs, sch->n_reqs + 1, sizeof(req *));
     if (ok) {
         memcpy(r->prompt, spec->prompt, sizeof(int) * (size_t)spec->n_prompt);

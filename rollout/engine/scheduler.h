@@ -38,6 +38,16 @@ typedef void (*fr_sample_done_fn)(void *user, const fr_sample_result *r);
 typedef void (*fr_sample_token_fn)(void *user, uint64_t request_id, int sample, int index, int token,
                                    float logprob);
 
+/* Called, for samples whose request asks for text (with_text), right after
+ * the token report (above) of a token that made more of the sample's text
+ * final (fr_sample_text_get's stable part): text[0, len) is
+ * that new part, never a piece of a character nor anything a stop string
+ * may still take. The pieces joined are a prefix of the result's text
+ * (what was held back at the end comes only in the result). Must not call
+ * back into the scheduler. */
+typedef void (*fr_sample_text_fn)(void *user, uint64_t request_id, int sample, int index, const char *text,
+                                  size_t len);
+
 typedef struct {
     int max_seqs;          /* sequences at once; 0: the cache's slot count */
     int chunk;             /* tokens per step (decode + prefill); 0: 512. At
@@ -54,6 +64,12 @@ typedef struct {
      * shadow_blocks: the shadow cache's blocks (0: as many as the cache). */
     double kl_sample_rate;
     int shadow_blocks;
+    /* Text (rollout/engine/stop_strings.h): the tokenizer that decodes the
+     * samples of requests with stop strings or asking for text (NULL:
+     * such requests are refused; it must outlive the scheduler), and the
+     * reports of their text as it becomes final (NULL: none). */
+    const fr_tokenizer *tokenizer;
+    fr_sample_text_fn on_text;
 } fr_scheduler_config;
 
 typedef struct {
@@ -113,8 +129,9 @@ fr_status fr_scheduler_new(fr_session *s, const fr_scheduler_config *cfg, fr_sch
 void fr_scheduler_destroy(fr_scheduler **sch);
 
 /* Accepts a request (copied) or fails with FR_EINVAL and accepts nothing:
- * invalid fields, n above the slot count, or one sample that could never fit
- * the cache (prompt + max_tokens). Request ids should be unique; abort ends
+ * invalid fields, n above the slot count, one sample that could never fit
+ * the cache (prompt + max_tokens), or stop strings or text without a
+ * tokenizer. Request ids should be unique; abort ends
  * every request with the id. */
 fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *r);
 

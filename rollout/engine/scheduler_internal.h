@@ -40,6 +40,11 @@ typedef struct {
     int *top_ids;          /* [r->max_tokens * r->top_n] when the request asks for top log-probs */
     float *top_lps;
     uint8_t *routes;       /* [r->max_tokens] records of the routed experts when the request asks for them */
+    /* its text (scheduler_text.c) when the request gives stop strings or asks for text, else NULL */
+    fr_sample_text *text;
+    size_t text_sent;      /* bytes of it reported to on_text */
+    size_t text_from;      /* a continuation: the bytes its continued tokens decoded to, not this request's */
+    int stop_string;       /* k + 1 once stop string k ended it */
 } sample;
 
 struct req {
@@ -58,6 +63,7 @@ struct req {
     int min_tokens, top_n; /* the stop ids are barred before min_tokens; top log-probs per token */
     float *plp;            /* [n_prompt - 1] prompt log-probs when asked (sample 0's job fills them), else NULL */
     int routes;            /* return_routed_experts */
+    int with_text;         /* on_text reports its samples' text */
 };
 
 /* Prefill work: a prompt for samples [lo, hi) of a request (sample -1; a
@@ -225,6 +231,22 @@ fr_status sch_fetch_routes(fr_scheduler *sch, const step_plan *p);
 const uint16_t *sch_route_of(const fr_scheduler *sch, int row);
 /* Keeps route as x's record of its next token (x->n), when x records them. */
 void sch_keep_route(const fr_scheduler *sch, sample *x, const uint16_t *route);
+
+/* ---- scheduler_text.c: the samples' text and stop strings ---- */
+
+/* Whether the request's samples keep a text state. */
+int sch_text_wanted(const fr_request_spec *spec);
+/* FR_EINVAL when the request wants text and the scheduler has no tokenizer. */
+fr_status sch_text_check(const fr_scheduler *sch, const fr_request_spec *spec);
+/* The text states of r's samples when the request wants them: 0, or -1
+ * when one could not be made. */
+int sch_text_open(fr_scheduler *sch, req *r, const fr_request_spec *spec);
+/* x's newest token (x->n - 1, just accepted) into its text: its report to
+ * on_text, and FR_FINISH_STOP when it completed a stop string (NONE
+ * otherwise, ERROR when the text failed). Nothing for a sample without text. */
+fr_finish_reason sch_text_token(fr_scheduler *sch, sample *x, int tok);
+/* The ending sample's text into its result (and its state freed). */
+void sch_text_result(sample *x, fr_sample_result *res);
 
 /* ---- scheduler_shadow.c: divergence monitoring ---- */
 

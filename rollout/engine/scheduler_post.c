@@ -79,6 +79,7 @@ void sch_finish(fr_scheduler *sch, sample *x, fr_finish_reason why)
     x->kl = NULL;
     x->top_ids = NULL;
     x->top_lps = NULL;
+    sch_text_result(x, &res);
     sch->st.finished++;
     if (sch->cfg.on_done) {
         sch->cfg.on_done(sch->cfg.user, &res);
@@ -131,6 +132,8 @@ static fr_finish_reason accept(fr_scheduler *sch, sample *x, int tok, float lp, 
     sch->st.tokens_generated++;
     if (x->n == x->start + 1) first_token(sch, x);
     if (sch->cfg.on_token) sch->cfg.on_token(sch->cfg.user, r->id, (int)x->stream, x->n - 1, tok, lp);
+    const fr_finish_reason by_text = sch_text_token(sch, x, tok);   /* a stop string, before the stop ids */
+    if (by_text) return by_text;
     if (is_stop(r, tok)) return FR_FINISH_STOP;
     if (x->n >= r->max_tokens) return FR_FINISH_LENGTH;
     return FR_FINISH_NONE;

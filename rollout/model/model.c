@@ -278,7 +278,8 @@ static void load_progress(load_ctx *lc)
     if (lv == FR_LOG_INFO) lc->last = now;
 }
 
-static fr_status load_dir(const char *dir, fr_model **out)
+/* A model spec that names a folder: it must be one. */
+static fr_status check_dir(const char *dir)
 {
     struct stat sb;
     if (stat(dir, &sb) != 0) {
@@ -291,6 +292,13 @@ static fr_status load_dir(const char *dir, fr_model **out)
         return fr_fail(FR_EINVAL, "model \"%s\": not a folder; a model spec is a Hugging Face checkpoint folder "
                                   "or synthetic:tiny[:SEED]",
                        dir);
+    return FR_OK;
+}
+
+static fr_status load_dir(const char *dir, fr_model **out)
+{
+    fr_status dst = check_dir(dir);
+    if (dst) return dst;
 
     fr_checkpoint *ck = NULL;
     fr_model *m = NULL;
@@ -321,7 +329,24 @@ done:
     return rc;
 }
 
-/* ---- the entry point ------------------------------------------------------ */
+/* ---- the entry points ----------------------------------------------------- */
+
+fr_status fr_model_spec_config(const char *spec, fr_model_config *cfg)
+{
+    if (!spec || !cfg) return fr_fail(FR_EINVAL, "fr_model_spec_config: NULL argument");
+    if (!spec[0])
+        return fr_fail(FR_EINVAL, "empty model spec; give a Hugging Face checkpoint folder or synthetic:tiny[:SEED]");
+    size_t plen = strlen(FR_SYNTHETIC_PREFIX);
+    if (strncmp(spec, FR_SYNTHETIC_PREFIX, plen) == 0) {
+        uint64_t seed;
+        return fr_synthetic_parse(spec + plen, cfg, &seed);
+    }
+    fr_status st = check_dir(spec);
+    if (st) return st;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", spec);
+    return fr_model_config_load(path, cfg);
+}
 
 fr_status fr_model_load(const char *spec, fr_model **out)
 {

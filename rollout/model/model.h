@@ -25,6 +25,10 @@
  *                           is checked;
  *   "synthetic:tiny"        the built-in random model below, seed 1;
  *   "synthetic:tiny:SEED"   the same with another seed (decimal, 0..2^64-1);
+ *   "synthetic:tiny-qwen3[:SEED]"  tiny's dimensions with Qwen3's vocabulary
+ *                           (151,936 ids; BOS 151643, EOS 151645): text
+ *                           through Qwen3's tokenizer on a model CI can run
+ *                           (156 MB of float32);
  *   "synthetic:qwen3-4b[:SEED]"  Qwen3-4B's shape, for benchmarks on the GPU
  *                           backend (host loading refuses it);
  *   "synthetic:qwen3-4b-128k[:SEED]"  the same weights with a 131,072-token
@@ -116,6 +120,9 @@ typedef struct {
 /* spec: a checkpoint directory, or "synthetic:tiny" / "synthetic:tiny:SEED".
  * On failure *out is NULL and fr_last_error() says what and where. */
 fr_status fr_model_load(const char *spec, fr_model **out);
+/* The configuration of a spec fr_model_load takes, without its weights:
+ * the same refusals of a missing folder and of unknown synthetic names. */
+fr_status fr_model_spec_config(const char *spec, fr_model_config *cfg);
 
 /* Sets *m = NULL; accepts NULL and *m == NULL. */
 void fr_model_destroy(fr_model **m);
@@ -152,6 +159,9 @@ void fr_synthetic_tiny_config(fr_model_config *cfg);
 /* synthetic:tiny with the given seed: what fr_model_load("synthetic:tiny:SEED")
  * returns. */
 fr_status fr_model_synthetic_tiny(uint64_t seed, fr_model **out);
+/* The synthetic:tiny-qwen3 configuration: tiny's, with Qwen3's vocabulary
+ * size and special ids. */
+void fr_synthetic_tiny_qwen3_config(fr_model_config *cfg);
 
 /* The configuration of synthetic:qwen3-4b, the shape of Qwen3-4B (36 layers,
  * hidden 2560, 32 query and 8 KV heads of 128, intermediate 9728, vocab

@@ -1,4 +1,6 @@
-/* synthetic:tiny, a random Qwen3 that needs no files.
+/* synthetic:tiny, a random Qwen3 that needs no files, and synthetic:tiny-qwen3,
+ * the same dimensions with Qwen3's vocabulary (151,936 ids, Qwen3's special
+ * ids): text through Qwen3's tokenizer on a model small enough for CI.
  *
  * The weights are a pure function of the seed, bit-identical on every machine,
  * because the generator uses only integer arithmetic plus IEEE-754 double
@@ -112,17 +114,31 @@ void fr_synthetic_tiny_config(fr_model_config *cfg)
     cfg->eos_ids[0] = 257;
 }
 
-fr_status fr_model_synthetic_tiny(uint64_t seed, fr_model **out)
+void fr_synthetic_tiny_qwen3_config(fr_model_config *cfg)
 {
-    if (!out) return fr_fail(FR_EINVAL, "fr_model_synthetic_tiny: out is NULL");
+    if (!cfg) return;
+    fr_synthetic_tiny_config(cfg);
+    /* Untied, as tiny: a tied random table makes the model repeat its
+     * input token, and text tests want varied tokens (every script, bytes
+     * split across tokens). */
+    cfg->vocab_size = 151936;
+    cfg->bos_id = 151643;
+    cfg->pad_id = 151643;
+    cfg->n_eos = 1;
+    cfg->eos_ids[0] = 151645;
+}
+
+/* The weights of a two-layer configuration c (tiny's shapes, any
+ * vocabulary), named base[:seed], on the host. */
+static fr_status synthetic_small(const fr_model_config *cfg, const char *base, uint64_t seed, fr_model **out)
+{
     *out = NULL;
-    fr_model_config c;
-    fr_synthetic_tiny_config(&c);
+    fr_model_config c = *cfg;
     char name[64];
     if (seed == FR_SYNTHETIC_DEFAULT_SEED)
-        snprintf(name, sizeof name, "%stiny", FR_SYNTHETIC_PREFIX);
+        snprintf(name, sizeof name, "%s%s", FR_SYNTHETIC_PREFIX, base);
     else
-        snprintf(name, sizeof name, "%stiny:%" PRIu64, FR_SYNTHETIC_PREFIX, seed);
+        snprintf(name, sizeof name, "%s%s:%" PRIu64, FR_SYNTHETIC_PREFIX, base, seed);
     fr_model *m = NULL;
     fr_status rc = fr_model_alloc(&c, name, &m);
     if (rc != FR_OK) return rc;
@@ -147,9 +163,17 @@ fr_status fr_model_synthetic_tiny(uint64_t seed, fr_model **out)
         fill(L->down_proj, H, I, FILL_PROJ, seed, t++);
     }
     fill(m->w.final_norm, 1, H, FILL_NORM, seed, t++);
-    fill(m->w.lm_head, V, H, FILL_PROJ, seed, t++);
+    if (!c.tie_word_embeddings) fill(m->w.lm_head, V, H, FILL_PROJ, seed, t++);
     *out = m;
     return FR_OK;
+}
+
+fr_status fr_model_synthetic_tiny(uint64_t seed, fr_model **out)
+{
+    if (!out) return fr_fail(FR_EINVAL, "fr_model_synthetic_tiny: out is NULL");
+    fr_model_config c;
+    fr_synthetic_tiny_config(&c);
+    return synthetic_small(&c, "tiny", seed, out);
 }
 
 void fr_synthetic_qwen3_4b_config(fr_model_config *cfg)
@@ -282,6 +306,8 @@ fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *s
      * (Qwen3's extended context), for decode benchmarks at 64K and beyond. */
     if (named(rest, name_len, "tiny"))
         fr_synthetic_tiny_config(cfg);
+    else if (named(rest, name_len, "tiny-qwen3"))
+        fr_synthetic_tiny_qwen3_config(cfg);
     else if (named(rest, name_len, "qwen3-4b") || named(rest, name_len, "qwen3-4b-128k"))
         fr_synthetic_qwen3_4b_config(cfg);
     else if (named(rest, name_len, "qwen3-14b") || named(rest, name_len, "qwen3-14b-128k"))
@@ -294,11 +320,11 @@ fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *s
         fr_synthetic_deepseek_v2_lite_config(cfg);
     else
         return fr_fail(FR_EINVAL, "unknown synthetic model \"%.*s\" in spec \"%s%s\" (known: %stiny[:SEED], "
-                       "%sqwen3-4b[-128k][:SEED], %sqwen3-14b[-128k][:SEED], %sqwen3-30b-a3b[-128k][:SEED], "
-                       "%stiny-dsmoe[-v2][:SEED], %sdeepseek-v2-lite[:SEED])",
+                       "%stiny-qwen3[:SEED], %sqwen3-4b[-128k][:SEED], %sqwen3-14b[-128k][:SEED], "
+                       "%sqwen3-30b-a3b[-128k][:SEED], %stiny-dsmoe[-v2][:SEED], %sdeepseek-v2-lite[:SEED])",
                        (int)(name_len > 64 ? 64 : name_len), rest, FR_SYNTHETIC_PREFIX, rest, FR_SYNTHETIC_PREFIX,
                        FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX,
-                       FR_SYNTHETIC_PREFIX);
+                       FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX);
     if (name_len > 5 && strncmp(rest + name_len - 5, "-128k", 5) == 0) cfg->max_position = 131072;
     uint64_t seed = FR_SYNTHETIC_DEFAULT_SEED;
     if (colon) {
@@ -368,10 +394,16 @@ fr_status fr_model_synthetic(const char *rest, fr_model **out)
     uint64_t seed;
     fr_status st = fr_synthetic_parse(rest, &cfg, &seed);
     if (st) return st;
-    if (cfg.vocab_size != 272)   /* only the small ones fit in host memory as float32 */
+    const int qwen3 = strcmp(cfg.architecture, "Qwen3ForCausalLM") == 0;
+    /* only the small ones fit in host memory as float32: the 272-id models
+     * and tiny-qwen3 (tiny's two layers with Qwen3's vocabulary) */
+    if (cfg.vocab_size != 272 && !(qwen3 && cfg.num_layers == 2))
         return fr_fail(FR_EUNSUPPORTED, "%s%s: the weights of this synthetic model are generated on the GPU; "
                        "it needs --backend cuda", FR_SYNTHETIC_PREFIX, rest);
-    if (strcmp(cfg.architecture, "Qwen3ForCausalLM") == 0) return fr_model_synthetic_tiny(seed, out);
+    const char *colon = strchr(rest, ':');
+    char base[32];
+    snprintf(base, sizeof base, "%.*s", (int)(colon ? colon - rest : (ptrdiff_t)strlen(rest)), rest);
+    if (qwen3) return synthetic_small(&cfg, base, seed, out);
     char name[96];
     snprintf(name, sizeof name, "%s%s", FR_SYNTHETIC_PREFIX, rest);
     return fr_model_synthetic_dsmoe(&cfg, name, seed, out);

@@ -249,6 +249,13 @@ typedef struct {
     float *top_logprobs;           /* [n_tokens * top_k] */
     float *prompt_logprobs;        /* prompt tokens 1 .. n_prompt - 1 (the request's first sample); NULL: none */
     int n_prompt_logprobs;
+    /* Asked for with the generate's return_text (the server's tokenizer). */
+    int has_text;
+    char *text;                    /* the whole text (text_len bytes, NUL-terminated) */
+    size_t text_len;
+    char *stop_str;                /* the stop string that ended it; NULL: none did */
+    int *prompt_token_ids;         /* [n_prompt]: the ids a prompt_text became; NULL otherwise */
+    int n_prompt_token_ids;
 } fr_client_sample;
 
 /* Reads the results of the requests not owned by a reader until a sample
@@ -283,6 +290,10 @@ typedef struct {
     const int *token_ids;
     const float *logprobs;
     const uint64_t *weight_versions;
+    int has_text;                  /* the generate asked for return_text */
+    const char *text;              /* the text these tokens made final: text_len bytes (maybe 0), never half a
+                                      character nor the start of a stop string that may yet match */
+    size_t text_len;
 } fr_client_delta;
 
 /* fr_client_next_sample that also hands out every token delta as it

@@ -104,6 +104,9 @@ void fr_client_sample_free(fr_client_sample **ps)
     free(s->top_token_ids);
     free(s->top_logprobs);
     free(s->prompt_logprobs);
+    free(s->text);
+    free(s->stop_str);
+    free(s->prompt_token_ids);
     free(s);
     *ps = NULL;
 }
@@ -190,11 +193,20 @@ static fr_status finish_sample(fr_client *c, fr_msg_done *d, fr_client_sample **
     s->top_logprobs = d->top_logprobs;
     s->prompt_logprobs = d->prompt_logprobs;
     s->n_prompt_logprobs = d->n_prompt_logprobs;
+    s->has_text = d->has_text;
+    s->text = d->text;
+    s->text_len = d->text_len;
+    s->stop_str = d->stop_str;
+    s->prompt_token_ids = d->prompt_token_ids;
+    s->n_prompt_token_ids = d->n_prompt_token_ids;
     d->divergence.kl = NULL;
     d->divergence.n_kl = 0;
     d->top_token_ids = NULL;
     d->top_logprobs = NULL;
     d->prompt_logprobs = NULL;
+    d->text = NULL;
+    d->stop_str = NULL;
+    d->prompt_token_ids = NULL;
     *out = s;
     return FR_OK;
 }
@@ -228,7 +240,10 @@ static fr_status event_of(fr_client *c, fr_msg *m, int deltas, fr_client_event *
             ev->delta = (fr_client_delta){.request_id = t->request_id, .sample = t->sample, .start = t->start,
                                           .n = t->n, .token_ids = keep->u.tokens.token_ids,
                                           .logprobs = keep->u.tokens.logprobs,
-                                          .weight_versions = keep->u.tokens.weight_versions};
+                                          .weight_versions = keep->u.tokens.weight_versions,
+                                          .has_text = keep->u.tokens.has_text,
+                                          .text = keep->u.tokens.text ? keep->u.tokens.text : "",
+                                          .text_len = keep->u.tokens.text_len};
             return FR_OK;
         }
         if (!st && deltas) st = fr_fail(FR_ENOMEM, "client: out of memory handing out a delta");

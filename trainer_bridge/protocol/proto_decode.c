@@ -10,14 +10,36 @@
 
 enum { I_MAX = INT_MAX };
 
+/* generate's text keys (docs/protocol.md): prompt_text instead of prompt,
+ * add_special_tokens, stop, include_stop_str_in_output, return_text. */
+static fr_status dec_generate_text(const fr_dec_ctx *c, fr_msg_generate *g)
+{
+    const msgpack_object *pr = fr_dec_find(c->map, "prompt");
+    int has_text = 0, has_prompt = pr && pr->type != MSGPACK_OBJECT_NIL;
+    const msgpack_object *pt = fr_dec_find(c->map, "prompt_text");
+    if (pt && pt->type != MSGPACK_OBJECT_NIL && has_prompt)
+        return BAD("generate: give \"prompt\" or \"prompt_text\", not both");
+    TRY(fr_dec_get_text(c, "prompt_text", 0, FR_PROTO_MAX_TEXT, &g->prompt_text, &g->prompt_text_len, &has_text));
+    if (has_text && g->prompt_text_len == 0) return BAD("generate: \"prompt_text\" is empty");
+    if (!has_text) TRY(fr_dec_get_ints(c, "prompt", 1, 0, I_MAX, &g->prompt, &g->n_prompt, NULL));
+    const msgpack_object *as = fr_dec_find(c->map, "add_special_tokens");
+    g->has_add_special_tokens = as && as->type != MSGPACK_OBJECT_NIL;
+    TRY(fr_dec_get_bool(c, "add_special_tokens", 0, &g->add_special_tokens));
+    TRY(fr_dec_get_strs(c, "stop", FR_PROTO_MAX_STOP, FR_PROTO_MAX_STOP_BYTES, &g->stop, &g->n_stop));
+    TRY(fr_dec_get_bool(c, "include_stop_str_in_output", 0, &g->include_stop_str_in_output));
+    TRY(fr_dec_get_bool(c, "return_text", 0, &g->return_text));
+    return FR_OK;
+}
+
 static fr_status dec_generate(const fr_dec_ctx *c, fr_msg_generate *g)
 {
     KEYS(c, "type", "v", "request_id", "prompt", "n", "group_id", "temperature", "top_k", "top_p", "max_tokens",
          "stop_token_ids", "seed", "monitor_divergence", "per_token_kl", "forced_tokens", "first_sample",
-         "min_tokens", "logprobs", "prompt_logprobs", "continue_tokens");
+         "min_tokens", "logprobs", "prompt_logprobs", "continue_tokens", "prompt_text", "add_special_tokens", "stop",
+         "include_stop_str_in_output", "return_text");
     int has_n = 0;
     TRY(fr_dec_get_u64(c, "request_id", 1, &g->request_id, NULL));
-    TRY(fr_dec_get_ints(c, "prompt", 1, 0, I_MAX, &g->prompt, &g->n_prompt, NULL));
+    TRY(dec_generate_text(c, g));
     TRY(fr_dec_get_int(c, "n", 0, 1, FR_PROTO_MAX_SAMPLES, &g->n, &has_n));
     if (!has_n) g->n = 1;
     TRY(fr_dec_get_int(c, "first_sample", 0, 0, I_MAX - g->n, &g->first_sample, NULL));
@@ -232,7 +254,8 @@ static fr_status get_mode(const fr_dec_ctx *c, fr_pause_mode *mode)
 static fr_status dec_hello_reply(const fr_dec_ctx *c, fr_msg_hello_reply *h)
 {
     KEYS(c, "type", "v", "server", "model", "backend", "kv_dtype", "tp", "engines", "weight_version", "max_seqs",
-         "kv_blocks", "kv_block_tokens", "max_model_len", "vocab_size", "eos_token_ids", "chunk");
+         "kv_blocks", "kv_block_tokens", "max_model_len", "vocab_size", "eos_token_ids", "chunk", "tokenizer");
+    TRY(fr_dec_get_str(c, "tokenizer", 0, h->tokenizer, sizeof h->tokenizer));
     TRY(fr_dec_get_str(c, "server", 1, h->server, sizeof h->server));
     TRY(fr_dec_get_str(c, "model", 1, h->model, sizeof h->model));
     TRY(fr_dec_get_str(c, "backend", 1, h->backend, sizeof h->backend));
@@ -260,8 +283,9 @@ static fr_status dec_hello_reply(const fr_dec_ctx *c, fr_msg_hello_reply *h)
 
 static fr_status dec_tokens(const fr_dec_ctx *c, fr_msg_tokens *k)
 {
-    KEYS(c, "type", "v", "request_id", "sample", "start", "token_ids", "logprobs", "weight_versions");
+    KEYS(c, "type", "v", "request_id", "sample", "start", "token_ids", "logprobs", "weight_versions", "text");
     int n_lp = 0, n_wv = 0;
+    TRY(fr_dec_get_text(c, "text", 0, (size_t)1 << 30, &k->text, &k->text_len, &k->has_text));
     TRY(fr_dec_get_u64(c, "request_id", 1, &k->request_id, NULL));
     TRY(fr_dec_get_int(c, "sample", 1, 0, I_MAX, &k->sample, NULL));
     TRY(fr_dec_get_int(c, "start", 1, 0, I_MAX, &k->start, NULL));
@@ -303,8 +327,13 @@ static fr_status get_top_logprobs(const fr_dec_ctx *c, fr_msg_done *d)
 static fr_status dec_done(const fr_dec_ctx *c, fr_msg_done *d)
 {
     KEYS(c, "type", "v", "request_id", "group_id", "sample", "finish_reason", "n_tokens", "n_prompt", "preemptions",
-         "ttft_ms", "total_ms", "divergence", "seed", "top_logprobs", "prompt_logprobs", "start");
+         "ttft_ms", "total_ms", "divergence", "seed", "top_logprobs", "prompt_logprobs", "start", "text", "stop_str",
+         "prompt_token_ids");
     char reason[16];
+    int has_stop = 0;
+    TRY(fr_dec_get_text(c, "text", 0, (size_t)1 << 30, &d->text, &d->text_len, &d->has_text));
+    TRY(fr_dec_get_text(c, "stop_str", 0, FR_PROTO_MAX_STOP_BYTES, &d->stop_str, &(size_t){0}, &has_stop));
+    TRY(fr_dec_get_ints(c, "prompt_token_ids", 0, 0, I_MAX, &d->prompt_token_ids, &d->n_prompt_token_ids, NULL));
     TRY(fr_dec_get_u64(c, "request_id", 1, &d->request_id, NULL));
     TRY(fr_dec_get_u64(c, "group_id", 1, &d->group_id, NULL));
     TRY(fr_dec_get_int(c, "sample", 1, 0, I_MAX, &d->sample, NULL));

@@ -33,6 +33,9 @@ extern "C" {
 #define FR_PROTO_MAX_TENSORS 65536 /* tensors of one weight update */
 #define FR_PROTO_NCCL_ID_BYTES 128 /* an NCCL unique id (ncclUniqueId) */
 #define FR_PROTO_MAX_LOGPROBS 20   /* top log-probs per generated token (generate's "logprobs") */
+#define FR_PROTO_MAX_TEXT (1 << 24) /* bytes of a generate's prompt_text */
+#define FR_PROTO_MAX_STOP 32       /* stop strings of a generate */
+#define FR_PROTO_MAX_STOP_BYTES 1024 /* bytes of one stop string */
 
 typedef enum {
     FR_MSG_NONE = 0,
@@ -209,6 +212,21 @@ typedef struct {
     int prompt_logprobs;                 /* 0 or 1: the first sample's done carries the prompt's log-probs */
     int *continue_tokens;                /* a partial sample's tokens to continue from (n 1); NULL when absent */
     int n_continue_tokens;               /* sent when > 0 */
+    /* Text (the server's tokenizer; docs/protocol.md, generate): the prompt
+     * as UTF-8 text instead of prompt's ids (exactly one of the two is
+     * given; NULL when absent), 1 .. FR_PROTO_MAX_TEXT bytes, NUL allowed;
+     * add_special_tokens with it: the tokenizer's special tokens around it
+     * (a beginning-of-sequence token), 1 when absent. */
+    char *prompt_text;
+    size_t prompt_text_len;
+    int has_add_special_tokens, add_special_tokens;
+    /* Stop strings (NULL when absent): n_stop of them, 1 .. FR_PROTO_MAX_STOP,
+     * each 1 .. FR_PROTO_MAX_STOP_BYTES bytes of UTF-8 without NUL;
+     * include_stop_str_in_output keeps the matched one in the text. */
+    char **stop;
+    int n_stop;
+    int include_stop_str_in_output;      /* 0 or 1 */
+    int return_text;                     /* 0 or 1: the tokens deltas and the done carry text */
 } fr_msg_generate;
 
 typedef struct {
@@ -240,6 +258,8 @@ typedef struct {
     int eos_token_ids[FR_PROTO_MAX_EOS];
     int n_eos_token_ids;
     int chunk;                           /* tokens per engine step */
+    char tokenizer[FR_PROTO_NAME_MAX];   /* what turns text into ids on the server; "" (absent): none,
+                                            so generates with text are refused */
 } fr_msg_hello_reply;
 
 /* A streamed delta: tokens start .. start + n - 1 of one sample. */
@@ -251,6 +271,9 @@ typedef struct {
     int *token_ids;                      /* [n] */
     float *logprobs;                     /* [n] */
     uint64_t *weight_versions;           /* [n] */
+    int has_text;                        /* the generate asked for return_text */
+    char *text;                          /* the text these tokens made final (text_len bytes, maybe 0) */
+    size_t text_len;
 } fr_msg_tokens;
 
 /* The divergence summary of a monitored sample; has_values 0: every field
@@ -282,6 +305,12 @@ typedef struct {
     float *top_logprobs;                 /* [n_tokens * top_k] */
     float *prompt_logprobs;              /* log-probs of prompt tokens 1 .. n_prompt - 1; NULL when absent */
     int n_prompt_logprobs;
+    int has_text;                        /* the generate asked for return_text */
+    char *text;                          /* the sample's whole text (text_len bytes) */
+    size_t text_len;
+    char *stop_str;                      /* the stop string that ended the sample; NULL: none did */
+    int *prompt_token_ids;               /* [n_prompt] the prompt's ids, when it came as prompt_text; else NULL */
+    int n_prompt_token_ids;
 } fr_msg_done;
 
 typedef struct {

@@ -236,6 +236,7 @@ static fr_status setup_engine(fr_bridge_server *srv, fr_session *s, const fr_bri
     }
     fr_scheduler_config sc = {.max_seqs = srv->max_seqs, .chunk = srv->chunk, .reserve_blocks = -1,
                               .on_done = srv_on_done, .user = srv, .on_token = srv_on_token,
+                              .on_text = srv_on_text, .tokenizer = cfg->tokenizer,
                               .kl_sample_rate = cfg->kl_sample_rate};
     fr_status st = fr_scheduler_new(s, &sc, &srv->sch);
     if (st || !cfg->recal) return st;

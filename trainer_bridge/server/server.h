@@ -26,6 +26,7 @@
 #include "comm/mpi_world.h"
 #include "rollout/monitor/recalibrate.h"
 #include "rollout/engine/session.h"
+#include "tokenizer/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -112,6 +113,12 @@ typedef struct {
      * results. fr_bridge_server_run is then collective over the world. */
     const fr_mpi_world *world;
     int tp;
+    /* Text (docs/protocol.md, generate's text keys): the tokenizer that
+     * encodes prompt_text and decodes samples for stop strings and
+     * return_text, on every rank (NULL: such requests are refused; it must
+     * outlive the server), and what hello calls it. */
+    const fr_tokenizer *tokenizer;
+    const char *tokenizer_name;
 } fr_bridge_config;
 
 typedef struct fr_bridge_server fr_bridge_server;

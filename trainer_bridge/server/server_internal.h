@@ -41,6 +41,8 @@ typedef struct {
     int has_first;
     double first_ms;         /* when its first token was drawn */
     int ended;               /* its done went out */
+    fr_buf text;             /* the text the engine made final so far (requests with return_text) */
+    size_t text_sent;        /* bytes of it streamed in deltas */
 } sample_state;
 
 /* An accepted generate. sid is the scheduler's id for it (the server's
@@ -59,6 +61,11 @@ typedef struct {
     int engine;              /* several ranks: the engine serving it */
     int from_held;           /* submitted by a resume (a refusal then ends its samples) */
     sample_state *s;
+    /* text (server_text.c) */
+    int return_text;         /* deltas and dones carry text */
+    char **stops;            /* the stop strings (owned); a done names the one that matched */
+    int n_stops, include_stop;
+    int *prompt_ids;         /* the ids prompt_text became (owned), NULL when it came as ids */
 } request;
 
 /* Several ranks: what rank 0 sends every rank each turn (engine events; a
@@ -66,7 +73,7 @@ typedef struct {
 enum { EV_SUBMIT = 1, EV_ABORT, EV_ABORT_ALL, EV_UPD_BEGIN, EV_UPD_BUCKET, EV_UPD_DROP, EV_UPD_COMMIT,
        EV_NCCL_INIT, EV_NCCL_END, EV_MODE, EV_RECOMPUTE };
 /* ...and what each engine leader (OB_NCCL: any rank) sends rank 0 after its step. */
-enum { OB_TOKEN = 1, OB_DONE, OB_REJECT, OB_STATS, OB_NCCL };
+enum { OB_TOKEN = 1, OB_DONE, OB_REJECT, OB_STATS, OB_NCCL, OB_TEXT };
 
 /* A reply encoded now and sent once this turn's results went out. */
 typedef struct {
@@ -194,6 +201,24 @@ void srv_send_msg(fr_bridge_server *srv, int peer, const fr_msg *m);
 void srv_token_in(fr_bridge_server *srv, uint64_t sid, int sample, int index, int token, float logprob,
                   uint64_t version);
 fr_wire_finish srv_wire_finish(fr_finish_reason r);
+
+/* server_text.c: prompts as text, stop strings, text out */
+fr_status srv_text_request(fr_bridge_server *srv, request *q, const fr_msg_generate *g);
+void srv_text_spec(const request *q, fr_request_spec *spec);
+void srv_text_free(request *q);
+void srv_put_text_spec(fr_rank_buf *b, const fr_request_spec *r);
+/* The text part of a submit record into spec; *owned the strings to free
+ * (srv_free_strs, spec->stop_strings.n of them). -1 when out of memory; a
+ * malformed record sets r->bad. */
+int srv_get_text_spec(fr_rank_reader *r, fr_request_spec *spec, char ***owned);
+void srv_free_strs(char **s, int n);
+void srv_text_in(fr_bridge_server *srv, uint64_t sid, int sample, const char *text, size_t len);
+void srv_on_text(void *user, uint64_t sid, int sample, int index, const char *text, size_t len);
+void srv_take_text(fr_bridge_server *srv, fr_rank_reader *r);
+/* A delta's text: what the engine made final since the last delta. */
+void srv_text_delta(const request *q, sample_state *s, fr_msg_tokens *t);
+/* A done's text, stop string and prompt ids (pointers into q, s or res). */
+void srv_text_done(const request *q, const sample_state *s, const fr_sample_result *res, fr_msg_done *d);
 
 /* server_requests.c: the engines and the requests that come in */
 int srv_abort_held(fr_bridge_server *srv, request *q);

@@ -63,6 +63,8 @@ static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
     has_forced = fr_rank_get_i32(r);
     int *forced = has_forced ? fr_rank_get_i32s(r, &spec.n_forced, &oom[2]) : NULL;
     int *cont = fr_rank_get_i32s(r, &spec.n_continue, &oom[3]);
+    char **stops = NULL;
+    const int text_oom = srv_get_text_spec(r, &spec, &stops);
     spec.prompt = prompt;
     spec.stop_ids = stop;
     spec.forced = forced;
@@ -70,7 +72,7 @@ static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
     fr_status st = FR_OK;
     if (r->bad) {
         /* the caller reports the malformed stream */
-    } else if (oom[0] || oom[1] || oom[2] || oom[3]) {
+    } else if (oom[0] || oom[1] || oom[2] || oom[3] || text_oom) {
         st = fr_fail(FR_ENOMEM, "serve: rank %d: out of memory taking request %llu", srv->rank,
                      (unsigned long long)spec.id);
     } else if (engine == srv->engine && fr_scheduler_submit(srv->sch, &spec) && srv->leader) {
@@ -83,6 +85,7 @@ static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
     free(stop);
     free(forced);
     free(cont);
+    srv_free_strs(stops, spec.stop_strings.n);
     return st;
 }
 
@@ -224,6 +227,7 @@ static fr_status exchange_results(fr_bridge_server *srv)
             break;
         }
         case OB_DONE: take_done(srv, &r); break;
+        case OB_TEXT: srv_take_text(srv, &r); break;
         case OB_REJECT: take_reject(srv, &r); break;
         case OB_STATS:
             take_stats(srv, &r, first_stats);

@@ -35,6 +35,7 @@ static void put_spec(fr_rank_buf *b, int engine, const fr_request_spec *r)
     fr_rank_put_i32(b, r->forced ? 1 : 0);
     if (r->forced) fr_rank_put_i32s(b, r->forced, r->n_forced);
     fr_rank_put_i32s(b, r->continue_tokens, r->n_continue);
+    srv_put_text_spec(b, r);
 }
 
 /* Open samples of the requests the engines run (held ones excluded). */
@@ -86,7 +87,7 @@ fr_status srv_eng_abort_all(fr_bridge_server *srv, int *n)
 /* ---- requests in ----------------------------------------------------------- */
 
 /* The engine request of a generate, with the server's defaults for what it
- * leaves out (prompt and stop ids point into g or the server). */
+ * leaves out (prompt and stop ids point into g, q or the server). */
 static void build_spec(const fr_bridge_server *srv, const request *q, const fr_msg_generate *g, fr_request_spec *r)
 {
     const fr_bridge_sampling *d = &srv->cfg.sampling;
@@ -95,8 +96,8 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
     r->group = q->group_id;
     r->report_id = q->request_id;   /* the metrics name the trainer's id */
     r->has_report_id = 1;
-    r->prompt = g->prompt;
-    r->n_prompt = g->n_prompt;
+    r->prompt = q->prompt_ids ? q->prompt_ids : g->prompt;
+    r->n_prompt = q->n_prompt;
     r->n = g->n;
     r->first_sample = q->first_sample;
     r->params = d->params;
@@ -121,6 +122,7 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
     r->n_forced = g->forced_tokens ? g->n_forced_tokens : 0;
     r->continue_tokens = g->continue_tokens;
     r->n_continue = g->continue_tokens ? g->n_continue_tokens : 0;
+    srv_text_spec(q, r);
 }
 
 /* The checks fr_scheduler_submit makes, so a request held during a pause
@@ -150,15 +152,15 @@ fr_status srv_check_spec(const fr_bridge_server *srv, const fr_request_spec *r, 
  * short would hand the trainer samples shorter than it asked for with no
  * word of why. Left out, the server's default applies, cut to the window
  * (docs/protocol.md, generate). */
-static fr_status check_window(const fr_bridge_server *srv, const fr_msg_generate *g)
+static fr_status check_window(const fr_bridge_server *srv, const fr_msg_generate *g, int n_prompt)
 {
-    if (!g->has_max_tokens || g->n_prompt >= srv->max_pos || g->max_tokens <= srv->max_pos - g->n_prompt)
+    if (!g->has_max_tokens || n_prompt >= srv->max_pos || g->max_tokens <= srv->max_pos - n_prompt)
         return FR_OK;
     return fr_fail(FR_EINVAL, "request %llu: max_tokens %d does not fit the context window: prompt (%d tokens) + "
                               "max_tokens must be at most max_model_len %d, so max_tokens is at most %d here "
                               "(left out, the most that fits applies)",
-                   (unsigned long long)g->request_id, g->max_tokens, g->n_prompt, srv->max_pos,
-                   srv->max_pos - g->n_prompt);
+                   (unsigned long long)g->request_id, g->max_tokens, n_prompt, srv->max_pos,
+                   srv->max_pos - n_prompt);
 }
 
 static int insert_request(fr_bridge_server *srv, request *q)
@@ -238,9 +240,10 @@ void srv_handle_generate(fr_bridge_server *srv, int peer, const fr_msg_generate 
     q->t0_ms = fr_now_ms();
     q->seed = g->has_seed ? g->seed : fr_seed_stream_next(&srv->seeds);
     fr_request_spec spec;
+    fr_status st = srv_text_request(srv, q, g);   /* prompt_text encoded, stop strings kept */
     build_spec(srv, q, g, &spec);
-    fr_status st = srv_check_spec(srv, &spec, id);
-    if (!st) st = check_window(srv, g);
+    if (!st) st = srv_check_spec(srv, &spec, id);
+    if (!st) st = check_window(srv, g, q->n_prompt);
     if (!st && insert_request(srv, q)) st = fr_fail(FR_ENOMEM, "the server is out of memory");
     if (st) {
         srv_free_request(q);
@@ -401,5 +404,7 @@ void srv_handle_hello(fr_bridge_server *srv, int peer)
     h->n_eos_token_ids = mc->n_eos < FR_PROTO_MAX_EOS ? mc->n_eos : FR_PROTO_MAX_EOS;
     for (int i = 0; i < h->n_eos_token_ids; i++) h->eos_token_ids[i] = mc->eos_ids[i];
     h->chunk = srv->chunk;
+    if (srv->cfg.tokenizer)
+        snprintf(h->tokenizer, sizeof h->tokenizer, "%s", srv->cfg.tokenizer_name ? srv->cfg.tokenizer_name : "yes");
     srv_send_msg(srv, peer, &m);
 }

@@ -37,6 +37,7 @@ void srv_free_request(request *q)
         free(q->s[k].lp);
         free(q->s[k].wv);
     }
+    srv_text_free(q);
     free(q->s);
     free((void *)q->spec.prompt);
     free((void *)q->spec.stop_ids);
@@ -143,6 +144,7 @@ static void flush_sample(fr_bridge_server *srv, request *q, int k)
     m.u.tokens = (fr_msg_tokens){.request_id = q->request_id, .sample = q->first_sample + k,
                                  .start = q->start + s->sent, .n = s->n_pending,
                                  .token_ids = s->tok, .logprobs = s->lp, .weight_versions = s->wv};
+    srv_text_delta(q, s, &m.u.tokens);
     srv_send_msg(srv, q->peer, &m);
     srv->tokens_streamed += (uint64_t)s->n_pending;
     s->sent += s->n_pending;
@@ -184,6 +186,7 @@ void srv_send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish why,
         m.u.done.prompt_logprobs = res->prompt_logprobs;
         m.u.done.n_prompt_logprobs = res->n_prompt_logprobs;
     }
+    srv_text_done(q, s, res, &m.u.done);
     srv_send_msg(srv, q->peer, &m);
     srv->samples_done++;
     s->ended = 1;

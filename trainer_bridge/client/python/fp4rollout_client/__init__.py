@@ -110,7 +110,8 @@ class MetricsSubscriber(_Closes):
 # A generate's options and their defaults (submit()'s keywords).
 _OPTIONS = dict(n=1, temperature=None, top_k=None, top_p=None, max_tokens=None, stop_token_ids=None, seed=None,
                 monitor=None, per_token_kl=False, forced_tokens=None, group_id=None, first_sample=0, min_tokens=0,
-                logprobs=0, prompt_logprobs=False, continue_tokens=None)
+                logprobs=0, prompt_logprobs=False, continue_tokens=None, stop=None, include_stop_str_in_output=False,
+                add_special_tokens=None, return_text=None)
 
 
 class RolloutClient(_Closes):
@@ -138,13 +139,17 @@ class RolloutClient(_Closes):
     def __init__(self, addr: str = "tcp://127.0.0.1:5555", timeout_ms: int = 30000,
                  server_public_key: Optional[str] = None, public_key: Optional[str] = None,
                  secret_key: Optional[str] = None, tokenizer=None):
-        """tokenizer: any object with Hugging Face's encode/decode (prompts may
-        then be text, and samples carry .text); "byte" for ByteTokenizer; None:
-        a byte-level server's model gets ByteTokenizer when text is first used."""
+        """tokenizer: None (default): the server's tokenizer (hello()["tokenizer"])
+        when text is first used: text prompts go as text, samples and deltas
+        carry the server's text (a server without one: ByteTokenizer for a
+        byte-level model); "server": the server's, without asking; any object
+        with Hugging Face's encode/decode: text is encoded and decoded here
+        (stop strings still need the server's); "byte": ByteTokenizer."""
         lib = _native_lib()
         self._lib = lib
         self.addr = addr
-        self.tokenizer = ByteTokenizer() if tokenizer == "byte" else tokenizer
+        self.tokenizer = ByteTokenizer() if tokenizer == "byte" else None if tokenizer == "server" else tokenizer
+        self._server_text = True if tokenizer == "server" else None   # None: not asked yet
         self._tokenizer_checked = tokenizer is not None
         self._c = ctypes.c_void_p()
         keys = _curve_keys(server_public_key, public_key, secret_key)
@@ -188,7 +193,10 @@ class RolloutClient(_Closes):
             self._lib.fr_client_free_string(out)
 
     def hello(self, name: str = "fp4rollout_client.py") -> dict:
-        return self._json(self._lib.fr_client_hello_json, name.encode())
+        reply = self._json(self._lib.fr_client_hello_json, name.encode())
+        if self._server_text is None:   # what text does from now on (return_text's default)
+            self._server_text = bool(reply.get("tokenizer"))
+        return reply
 
     def stats(self) -> dict:
         return self._json(self._lib.fr_client_stats_json)
@@ -237,10 +245,19 @@ class RolloutClient(_Closes):
                monitor: Optional[bool] = None, per_token_kl: bool = False,
                forced_tokens: Optional[Sequence[int]] = None, request_id: Optional[int] = None,
                group_id: Optional[int] = None, first_sample: int = 0, min_tokens: int = 0, logprobs: int = 0,
-               prompt_logprobs: bool = False, continue_tokens: Optional[Sequence[int]] = None) -> int:
+               prompt_logprobs: bool = False, continue_tokens: Optional[Sequence[int]] = None,
+               stop: Optional[Sequence[str]] = None, include_stop_str_in_output: bool = False,
+               add_special_tokens: Optional[bool] = None, return_text: Optional[bool] = None) -> int:
         """Sends one generate and returns its request id (results come from results()).
-        prompt_ids: text (with a tokenizer), or token ids as a list, tuple, numpy
-        or torch integer array. The samples are numbered first_sample ..
+        prompt_ids: text (the server's tokenizer, or the client's), or token ids
+        as a list, tuple, numpy or torch integer array. stop: stop strings (the
+        server ends a sample as soon as its text holds one; .text stops before
+        it unless include_stop_str_in_output; .stop_str names it); return_text:
+        the server's text in .text and every TokenDelta (None: yes whenever
+        this client uses the server's tokenizer, which it learns from hello(),
+        tokenizer="server", or a first call with text or stop);
+        add_special_tokens (a text prompt for the server's tokenizer): its BOS
+        and the like (None: yes). The samples are numbered first_sample ..
         first_sample + n - 1, and sample i draws from the seed's stream i: a
         sample s replays alone with seed=s.seed, first_sample=s.sample, n=1 and
         the same prompt and parameters (docs/sampling.md, "Seeds"). min_tokens:
@@ -271,9 +288,19 @@ class RolloutClient(_Closes):
         if not 0 <= rid < 1 << 64:
             raise ClientError(f"request_id {rid} is not a 64-bit unsigned integer")
         g = _native.Generate()
-        arr = _id_array(prompt, "prompt token", rid)
-        keep = [arr]
-        g.request_id, g.prompt, g.n_prompt = rid, arr, len(prompt)
+        keep = []
+        g.request_id = rid
+        if isinstance(prompt, str):   # for the server's tokenizer
+            raw = prompt.encode("utf-8")
+            keep.append(raw)
+            g.prompt_text, g.prompt_text_len = raw, len(raw)
+            if o["add_special_tokens"] is not None:
+                g.has_add_special_tokens, g.add_special_tokens = 1, int(bool(o["add_special_tokens"]))
+        else:
+            arr = _id_array(prompt, "prompt token", rid)
+            keep.append(arr)
+            g.prompt, g.n_prompt = arr, len(prompt)
+        self._request_text(g, keep, isinstance(prompt, str), o)
         g.prompt_logprobs = int(bool(o["prompt_logprobs"]))
         for key, flag, conv in (("n", None, int), ("first_sample", None, int), ("min_tokens", None, int),
                                 ("logprobs", None, int), ("group_id", "has_group_id", int),
@@ -305,6 +332,31 @@ class RolloutClient(_Closes):
             keep.append(cont)
             g.continue_tokens, g.n_continue_tokens = cont, len(o["continue_tokens"])
         return g, keep
+
+    def _request_text(self, g, keep: list, text_prompt: bool, o: dict) -> None:
+        """The stop strings and the text flags of a generate."""
+        stops = o["stop"]
+        if isinstance(stops, str):
+            stops = [stops]
+        if stops is not None:
+            raw = [str(s).encode("utf-8") for s in stops]
+            if not raw:
+                raise ClientError("stop: give at least one stop string (or None)")
+            arr = (ctypes.c_char_p * len(raw))(*raw)
+            keep += [raw, arr]
+            g.stop, g.n_stop = arr, len(raw)
+        g.include_stop_str_in_output = int(bool(o["include_stop_str_in_output"]))
+        want = o["return_text"]
+        if want is None:   # asking the server only where text is in play: a call on ids alone never waits for hello
+            want = self.tokenizer is None and (self._server_text or ((text_prompt or stops is not None) and
+                                                                     self._server_has_text()))
+        g.return_text = int(bool(want))
+
+    def _server_has_text(self) -> bool:
+        """Whether the server turns text into ids and back (its hello's tokenizer); asked once."""
+        if self._server_text is None:
+            self.hello()
+        return bool(self._server_text)
 
     def _send(self, prompts: List[List[int]], opts: dict, first_id: Optional[int], owned: bool) -> List[int]:
         """Sends one request per prompt (ids consecutive), every one checked
@@ -366,6 +418,8 @@ class RolloutClient(_Closes):
                  forced_tokens: Optional[Sequence[int]] = None, group_id: Optional[int] = None,
                  first_sample: int = 0, min_tokens: int = 0, logprobs: int = 0,
                  prompt_logprobs: bool = False, continue_tokens: Optional[Sequence[int]] = None,
+                 stop: Optional[Sequence[str]] = None, include_stop_str_in_output: bool = False,
+                 add_special_tokens: Optional[bool] = None, return_text: Optional[bool] = None,
                  timeout_ms: Optional[int] = None) -> Iterator[SampleResult]:
         """Submits one prompt (text, or token ids as a list, tuple, numpy or torch
         integer array) or several (a list of such prompts, request ids in order)
@@ -377,7 +431,8 @@ class RolloutClient(_Closes):
         the server and DeadlineExceeded is raised, naming them, with what they
         made in its .samples; nothing of them reaches a later call. The
         iterator owns the requests: dropping it before its end, or an error,
-        aborts what is still open."""
+        aborts what is still open. stop, include_stop_str_in_output,
+        add_special_tokens and return_text as for submit()."""
         opts = {k: v for k, v in locals().items() if k in _OPTIONS}
         ids = self._send(self._prompts(prompt_ids, "generate"), opts, None, True)
         return _Drain(self, ids, False, timeout_ms, "generate")
@@ -456,11 +511,18 @@ class RolloutClient(_Closes):
         arr = (ctypes.c_uint64 * max(1, len(ids)))(*ids)
         self._lib.fr_client_discard(self._c, arr, len(ids))
 
-    def _ids(self, prompt) -> List[int]:
+    def _ids(self, prompt):
+        """A prompt as sent: its ids, or (for the server's tokenizer) its text."""
         if isinstance(prompt, str) and self.tokenizer is None and not self._tokenizer_checked:
             self._tokenizer_checked = True
-            if _text.is_byte_vocabulary(self.hello()):
-                self.tokenizer = ByteTokenizer(int(self.hello()["vocab_size"]))
+            if not self._server_has_text():   # a server that predates its tokenizer
+                hello = self.hello()
+                if _text.is_byte_vocabulary(hello):
+                    self.tokenizer = ByteTokenizer(int(hello["vocab_size"]))
+        if isinstance(prompt, str) and self.tokenizer is None and self._server_text:
+            if not prompt:
+                raise ClientError("prompt is empty")
+            return prompt
         try:
             return _text.prompt_ids(prompt, self.tokenizer)
         except ValueError as e:

@@ -28,7 +28,10 @@ class Generate(ctypes.Structure):
                 ("n_stop_token_ids", c_int), ("seed", c_u64), ("monitor_divergence", c_int),
                 ("per_token_kl", c_int), ("forced_tokens", ctypes.POINTER(c_int)), ("n_forced_tokens", c_int),
                 ("min_tokens", c_int), ("logprobs", c_int), ("prompt_logprobs", c_int),
-                ("continue_tokens", ctypes.POINTER(c_int)), ("n_continue_tokens", c_int)]
+                ("continue_tokens", ctypes.POINTER(c_int)), ("n_continue_tokens", c_int),
+                ("prompt_text", c_char_p), ("prompt_text_len", ctypes.c_size_t), ("has_add_special_tokens", c_int),
+                ("add_special_tokens", c_int), ("stop", ctypes.POINTER(c_char_p)), ("n_stop", c_int),
+                ("include_stop_str_in_output", c_int), ("return_text", c_int)]
 
 
 class Sample(ctypes.Structure):
@@ -39,13 +42,16 @@ class Sample(ctypes.Structure):
                 ("total_ms", c_dbl), ("divergence", Divergence), ("has_seed", c_int), ("seed", c_u64),
                 ("top_k", c_int), ("top_token_ids", ctypes.POINTER(c_int)),
                 ("top_logprobs", ctypes.POINTER(ctypes.c_float)), ("prompt_logprobs", ctypes.POINTER(ctypes.c_float)),
-                ("n_prompt_logprobs", c_int)]
+                ("n_prompt_logprobs", c_int), ("has_text", c_int), ("text", ctypes.POINTER(ctypes.c_char)),
+                ("text_len", ctypes.c_size_t), ("stop_str", c_char_p), ("prompt_token_ids", ctypes.POINTER(c_int)),
+                ("n_prompt_token_ids", c_int)]
 
 
 class Delta(ctypes.Structure):
     _fields_ = [("request_id", c_u64), ("sample", c_int), ("start", c_int), ("n", c_int),
                 ("token_ids", ctypes.POINTER(c_int)), ("logprobs", ctypes.POINTER(ctypes.c_float)),
-                ("weight_versions", ctypes.POINTER(c_u64))]
+                ("weight_versions", ctypes.POINTER(c_u64)), ("has_text", c_int),
+                ("text", ctypes.POINTER(ctypes.c_char)), ("text_len", ctypes.c_size_t)]
 
 
 class Event(ctypes.Structure):
