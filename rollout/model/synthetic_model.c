@@ -1,6 +1,8 @@
-/* synthetic:tiny, a random Qwen3 that needs no files, and synthetic:tiny-qwen3,
+/* synthetic:tiny, a random Qwen3 that needs no files, synthetic:tiny-qwen3,
  * the same dimensions with Qwen3's vocabulary (151,936 ids, Qwen3's special
- * ids): text through Qwen3's tokenizer on a model small enough for CI.
+ * ids): text through Qwen3's tokenizer on a model small enough for CI, and
+ * the real dense shapes (synthetic:qwen3-4b, qwen3-14b) where the host has
+ * the memory for them as float32.
  *
  * The weights are a pure function of the seed, bit-identical on every machine,
  * because the generator uses only integer arithmetic plus IEEE-754 double
@@ -37,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/host_memory.h"
 #include "rollout/model/model.h"
 #include "rollout/model/tensor_table.h"
 
@@ -142,6 +145,14 @@ static fr_status synthetic_small(const fr_model_config *cfg, const char *base, u
     fr_model *m = NULL;
     fr_status rc = fr_model_alloc(&c, name, &m);
     if (rc != FR_OK) return rc;
+    /* The block is only reserved so far: refuse before filling pages the
+     * kernel may not have (Qwen3-4B's shape takes 16 GB as float32). */
+    const size_t need = fr_model_param_count(m) * sizeof(float), avail = fr_host_mem_available();
+    if (avail && need > avail / 10 * 9) {
+        fr_model_destroy(&m);
+        return fr_fail(FR_ENOMEM, "%s: its weights take %.1f GB of host memory as float32 and %.1f GB are available; "
+                       "--backend cuda generates them on the GPU in BF16", name, (double)need / 1e9, (double)avail / 1e9);
+    }
 
     size_t V = (size_t)c.vocab_size, H = (size_t)c.hidden_size, D = (size_t)c.head_dim,
            I = (size_t)c.intermediate_size;
@@ -395,9 +406,10 @@ fr_status fr_model_synthetic(const char *rest, fr_model **out)
     fr_status st = fr_synthetic_parse(rest, &cfg, &seed);
     if (st) return st;
     const int qwen3 = strcmp(cfg.architecture, "Qwen3ForCausalLM") == 0;
-    /* only the small ones fit in host memory as float32: the 272-id models
-     * and tiny-qwen3 (tiny's two layers with Qwen3's vocabulary) */
-    if (cfg.vocab_size != 272 && !(qwen3 && cfg.num_layers == 2))
+    /* The host generates the dense Qwen3 shapes (synthetic_small checks
+     * that they fit in memory as float32) and the 272-id DeepSeek ones; the
+     * mixture-of-experts shapes only the GPU does. */
+    if (cfg.vocab_size != 272 && !qwen3)
         return fr_fail(FR_EUNSUPPORTED, "%s%s: the weights of this synthetic model are generated on the GPU; "
                        "it needs --backend cuda", FR_SYNTHETIC_PREFIX, rest);
     const char *colon = strchr(rest, ':');

@@ -95,6 +95,7 @@ typedef struct {
     const char *model;
     int blocks;               /* KV blocks (few: preemption) */
     int abort_after;          /* steps, 0: run to the end */
+    int deterministic;        /* continuations: bitwise the uninterrupted sample */
 } run_opts;
 
 /* Runs the specs (ids 0..n-1) to their end on a fresh session; sample 0's
@@ -109,6 +110,7 @@ static void run(const run_opts *ro, const fr_tokenizer *tok, fr_request_spec *sp
     o.backend = FR_BACKEND_CPU;
     o.kv = FR_KV_F32;
     o.chunk = 32;
+    o.deterministic = ro->deterministic;
     fr_session s;
     assert_int_equal(fr_session_open(&o, ro->blocks, 8, &s), FR_OK);
     fr_scheduler_config c = {.max_seqs = 8, .chunk = 32, .reserve_blocks = 1, .on_done = on_done, .user = rec,
@@ -290,6 +292,84 @@ static void test_min_tokens(void **state)
     fr_tokenizer_free(&tok);
 }
 
+/* A continuation's text is what its tokens add to the whole sample's: the
+ * uninterrupted sample's text ends with it, and what comes before is the
+ * partial sample's text (up to a character split at the seam, which only
+ * the continuation completes). Its stream is a prefix of it. A stop string
+ * across the seam ends the continuation. Cut at several tokens, on the
+ * byte-level tokenizer, whose random bytes split characters often. */
+static void test_continuation(void **state)
+{
+    (void)state;
+    fr_tokenizer *tok = NULL;
+    assert_int_equal(fr_tokenizer_bytes(272, 256, 257, &tok), FR_OK);
+    const int prompt[] = {256, 'c', 'o', 'n', 't'};
+    run_opts ro = {.model = "synthetic:tiny", .blocks = 64, .deterministic = 1};
+    fr_request_spec sp = spec_of(prompt, 5, 21);
+    sp.n = 1;
+    record *full = calloc(1, sizeof *full), *cont = calloc(1, sizeof *cont);
+    run(&ro, tok, &sp, 1, full);
+    const fr_sample_result *a = &full->res[0];
+    const int n = a->n_tokens;
+    assert_true(n >= 16);   /* this seed's sample: long enough to cut */
+    const int cuts[] = {1, n / 8, n / 3, n / 2, n - 1};
+    int seams = 0;   /* stop strings across the seam tried */
+    for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
+        const int k = cuts[c];
+        fr_request_spec r = sp;
+        r.continue_tokens = a->tokens;
+        r.n_continue = k;
+        run(&ro, tok, &r, 1, cont);
+        const fr_sample_result *b = &cont->res[0];
+        assert_int_equal(b->start, k);
+        assert_int_equal(b->finish, a->finish);
+        assert_int_equal(b->n_tokens, n - k);
+        assert_memory_equal(b->tokens, a->tokens + k, sizeof(int) * (size_t)b->n_tokens);
+        assert_true(b->text_len <= a->text_len);
+        const size_t head = a->text_len - b->text_len;
+        assert_memory_equal(b->text, a->text + head, b->text_len);   /* the whole text ends with it */
+        char *part;
+        size_t plen;
+        assert_int_equal(fr_tokenizer_decode(tok, a->tokens, (size_t)k, 1, &part, &plen), FR_OK);
+        assert_true(head <= plen);
+        assert_memory_equal(a->text, part, head);   /* before it: the partial sample's text */
+        free(part);
+        assert_true(cont->n_streamed[0] <= b->text_len);
+        assert_memory_equal(cont->streamed[0], b->text, cont->n_streamed[0]);
+        const size_t rest = b->text_len;
+        record_free(cont);
+        /* a stop string from two characters before the seam to two after */
+        size_t from = head, to = head;
+        for (int i = 0; i < 2 && from > 0; i++)
+            while (--from > 0 && ((unsigned char)a->text[from] & 0xC0) == 0x80) {}
+        for (int i = 0; i < 2 && to < a->text_len; i++)
+            while (++to < a->text_len && ((unsigned char)a->text[to] & 0xC0) == 0x80) {}
+        if (head - from < 2 || to - head < 2 || to > head + rest) continue;
+        char *stop = strndup(a->text + from, to - from);
+        const char *list[] = {stop};
+        r.stop_strings = (fr_stop_strings){.s = list, .n = 1, .include = 1};
+        if (strlen(stop) < to - from || memmem(a->text, to - 1, stop, to - from)) {   /* NUL in it, or found earlier */
+            free(stop);
+            continue;
+        }
+        run(&ro, tok, &r, 1, cont);
+        assert_int_equal(cont->res[0].finish, FR_FINISH_STOP);
+        assert_int_equal(cont->res[0].stop_string, 1);
+        assert_true(cont->res[0].n_tokens <= n - k);
+        assert_memory_equal(cont->res[0].tokens, a->tokens + k, sizeof(int) * (size_t)cont->res[0].n_tokens);
+        assert_int_equal(cont->res[0].text_len, to - head);   /* through the stop string, from the seam */
+        assert_memory_equal(cont->res[0].text, a->text + head, to - head);
+        record_free(cont);
+        free(stop);
+        seams++;
+    }
+    assert_true(seams >= 2);
+    record_free(full);
+    free(full);
+    free(cont);
+    fr_tokenizer_free(&tok);
+}
+
 /* Preemption (a cache of few blocks) and aborts keep every text whole. */
 static void test_preemption_and_abort(void **state)
 {
@@ -349,7 +429,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stops_bytes),          cmocka_unit_test(test_stops_qwen3),
         cmocka_unit_test(test_min_tokens),           cmocka_unit_test(test_preemption_and_abort),
-        cmocka_unit_test(test_refused_without_tokenizer),
+        cmocka_unit_test(test_refused_without_tokenizer), cmocka_unit_test(test_continuation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
