@@ -165,6 +165,7 @@ fr_status fr_request_spec_check(const fr_request_spec *r, int vocab)
         return fr_fail(FR_EINVAL, "request %llu: prompt_logprobs must be 0 or 1 (got %d)", (unsigned long long)r->id,
                        r->prompt_logprobs);
     fr_status st = fr_sampling_params_check(&r->params, vocab);
+    if (!st) st = fr_penalties_check(&r->penalties);
     if (st) {
         char msg[512];   /* the message is rewritten below: copy it first */
         snprintf(msg, sizeof msg, "%s", fr_last_error());

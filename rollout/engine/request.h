@@ -67,6 +67,10 @@ typedef struct {
     int min_tokens;
     int top_logprobs;
     int prompt_logprobs;
+    /* min_p and the presence, frequency and repetition penalties
+     * (rollout/model/sampler.h; zeroed: off). Rows with any of them are
+     * drawn on the host, from their logits, on either backend. */
+    fr_penalties penalties;
 } fr_request_spec;
 
 /* One finished sample. tokens and logprobs hold n_tokens entries each; a

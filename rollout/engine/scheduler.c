@@ -165,7 +165,7 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
                .max_tokens = max_tokens, .params = spec->params, .n_stop = spec->n_stop, .open = spec->n,
                .monitor = spec->monitor, .per_token_kl = spec->per_token_kl, .t_submit = fr_now_s(),
                .report_id = spec->has_report_id ? spec->report_id : spec->id, .min_tokens = spec->min_tokens,
-               .top_n = spec->top_logprobs};
+               .top_n = spec->top_logprobs, .pen = spec->penalties};
     r->prompt = malloc(sizeof(int) * (size_t)spec->n_prompt);
     r->stop = malloc(sizeof(int) * (size_t)(spec->n_stop > 0 ? spec->n_stop : 1));
     r->samples = calloc((size_t)spec->n, sizeof(sample));

@@ -102,6 +102,10 @@ typedef struct {
     fr_status (*set_deterministic)(fr_runner *r, int on);
     fr_status (*weights_changed)(fr_runner *r);
     void (*capture_stats)(const fr_runner *r, int *captures, double *seconds);
+    /* release 1: give back the backend's own KV memory (the device cache;
+     * nothing on the CPU, whose cache is kv), 0: allocate it again
+     * (fr_session_release_memory) */
+    fr_status (*memory)(fr_runner *r, int release);
     void (*destroy)(fr_runner *r);
 } fr_runner_ops;
 
@@ -150,6 +154,8 @@ fr_status fr_runner_weights_changed(fr_runner *r);
  * there are none (the CPU, NULL). */
 void fr_runner_capture_stats(const fr_runner *r, int *captures, double *seconds);
 int fr_runner_on_device(const fr_runner *r);
+/* The backend's memory op (above); the runner must be idle. */
+fr_status fr_runner_memory(fr_runner *r, int release);
 
 /* Whether this build has the CUDA backend (nvcc was present). */
 int fr_cuda_built(void);

@@ -27,7 +27,9 @@ class Generate(ctypes.Structure):
                 ("top_p", c_dbl), ("max_tokens", c_int), ("stop_token_ids", ctypes.POINTER(c_int)),
                 ("n_stop_token_ids", c_int), ("seed", c_u64), ("monitor_divergence", c_int),
                 ("per_token_kl", c_int), ("forced_tokens", ctypes.POINTER(c_int)), ("n_forced_tokens", c_int),
-                ("min_tokens", c_int), ("logprobs", c_int), ("prompt_logprobs", c_int)]
+                ("min_tokens", c_int), ("logprobs", c_int), ("prompt_logprobs", c_int),
+                ("min_p", c_dbl), ("presence_penalty", c_dbl), ("frequency_penalty", c_dbl),
+                ("repetition_penalty", c_dbl)]
 
 
 class Sample(ctypes.Structure):
