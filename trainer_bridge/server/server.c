@@ -353,6 +353,11 @@ int fr_bridge_server_metrics_port(const fr_bridge_server *srv)
 
 const char *fr_bridge_server_endpoint(const fr_bridge_server *srv) { return srv ? srv->endpoint : ""; }
 
+const fr_model_config *fr_bridge_server_model_config(const fr_bridge_server *srv)
+{
+    return &srv->sess->model->cfg;
+}
+
 struct fr_metrics_http *fr_bridge_server_metrics(fr_bridge_server *srv)
 {
     return srv && srv->cfg.metrics_external ? srv->metrics : NULL;

@@ -194,6 +194,8 @@ fr_status fr_bridge_server_local_command(fr_bridge_server *srv, int client, cons
  * serves /metrics, /health and /dashboard itself (NULL when metrics are
  * off, or the server binds its own metrics port). */
 struct fr_metrics_http *fr_bridge_server_metrics(fr_bridge_server *srv);
+/* The served model's configuration (vocabulary, BOS and EOS ids). */
+const fr_model_config *fr_bridge_server_model_config(const fr_bridge_server *srv);
 
 /* NULL-safe; ends anything still open with reason abort first. */
 void fr_bridge_server_destroy(fr_bridge_server **srv);
