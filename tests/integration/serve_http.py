@@ -81,7 +81,6 @@ async def greedy(s):
     ev = await sse(s, "/generate", {"text": "def ", "stream": True,
                                     "sampling_params": {"max_new_tokens": n, "temperature": 0}})
     check(ev[-1]["output_ids"] == REF["token_ids"] and ev[-1]["text"] == text, "an SGLang stream's last chunk")
-    check(len(ev) >= 2, "a stream of several chunks")
     ev = await sse(s, "/v1/completions", {"prompt": "def ", "max_tokens": n, "temperature": 0, "stream": True,
                                           "stream_options": {"include_usage": True}})
     ids = [t for e in ev for c in e["choices"] for t in c["token_ids"]]

@@ -179,10 +179,6 @@ static void route_models(http_call *c)
 static void route_health_generate(http_call *c)
 {
     fr_http *h = c->h;
-    if (h->metrics && !fr_metrics_http_serving(h->metrics)) {
-        http_fail(c, 503, "unavailable", "the engine is paused or stopping");
-        return;
-    }
     http_gen *g = &c->gen;
     memset(g, 0, sizeof *g);
     g->api = API_SGLANG;
