@@ -80,7 +80,7 @@ GPU_HOBJ   := $(patsubst %.c,$(BUILD)/obj/%.o,$(patsubst %.cu,$(BUILD)/obj/%.cu.
 # Benchmarks (bench/*.c, one program each) need a GPU too, but for the
 # CPU ones of BENCH_CPU, which build everywhere (and with `make`, so that
 # they keep compiling).
-BENCH_CPU  := bench/tokenize_speed.c
+BENCH_CPU  := bench/tokenize_speed.c bench/stop_strings_speed.c
 BENCH_SRCS := $(if $(HAVE_NVCC),$(wildcard bench/*.c),$(BENCH_CPU))
 BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 BENCH_CPU_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_CPU))
@@ -126,10 +126,11 @@ $(CLIENT_SO): $(patsubst %.c,$(BUILD)/obj/%.o,$(CLIENT_SRCS)) $(CLIENT_CUOBJS)
 
 # push-weights reads a model with rollout/: the tool links the engine's
 # libraries after the client library (the library itself stays light), and
-# of app/ its own commands (app/client_*.c) and the option table with its
-# parser (one way of parsing for both programs).
+# of app/ its own commands (app/client_*.c), the option table with its
+# parser (one way of parsing for both programs) and the text helpers of
+# the JSON lines (app/cli_text.c).
 CLIENT_APP_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,app/options.c app/cli_parse.c app/cli_help.c app/cli_common.c \
-                     $(wildcard app/client_*.c))
+                     app/cli_text.c $(wildcard app/client_*.c))
 $(CLIENT_BIN): $(BUILD)/obj/app/fp4rollout_client.o $(CLIENT_APP_OBJS) $(CLIENT_LIB) $(filter-out $(call lib_of,app) $(BUILD)/libtrainer_bridge_%,$(LIBS))
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 

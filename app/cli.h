@@ -15,6 +15,8 @@
 #include "base/buf.h"
 #include "rollout/model/sampler.h"
 #include "rollout/engine/session.h"
+#include "rollout/engine/stop_strings.h"
+#include "tokenizer/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -141,20 +143,21 @@ int fr_engine_opts_parse(const char *cmd, int argc, char **argv, int *i, fr_engi
 void fr_cli_engine_opts_default(fr_engine_opts *o);
 const char *fr_cli_demo_model(void);
 /* Whether the model is byte-level (ids 0-255 are bytes, 256 is BOS: the
- * demo model and the test models), so text maps to ids without a tokenizer. */
+ * demo model and the test models), so its tokenizer is the built-in one
+ * (fr_tokenizer_bytes). */
 int fr_cli_byte_model(const fr_model_config *mc);
-/* BOS, then the bytes of text: *ids malloc'ed, the caller frees it. */
-fr_status fr_cli_byte_prompt(const char *text, int **ids, int *n);
 
 /* fr_read_ids_file, with the system's reason when the file cannot be read. */
 fr_status fr_cli_ids_file(const char *path, int **ids, int *n);
 
-/* A file of prompts: one a line, comma-separated token ids, blank lines
- * skipped. FR_EIO when it cannot be read (with the system's reason),
- * FR_EINVAL naming the line of a malformed one or a file without prompts. */
+/* A file of prompts: one a line, comma-separated token ids or a JSON
+ * string (the prompt's text), blank lines skipped. FR_EIO when it cannot
+ * be read (with the system's reason), FR_EINVAL naming the line of a
+ * malformed one or a file without prompts. */
 typedef struct {
-    int **ids;
+    int **ids;             /* ids[i]: prompt i's ids (len[i]), or NULL when it is text */
     int *len;
+    char **text;           /* text[i]: prompt i's text (NUL-terminated), or NULL */
     int n, cap;
 } fr_cli_prompts;
 fr_status fr_cli_prompts_read(const char *path, fr_cli_prompts *p);
@@ -166,6 +169,52 @@ void fr_cli_prompts_free(fr_cli_prompts *p);
  * prompt token) when plp is non-NULL. */
 void fr_cli_json_logprobs(fr_buf *b, int top_k, const int *ids, const float *lps, int n_tokens, const float *plp,
                           int n_plp);
+
+/* ---- text (cli_text.c) ------------------------------------------------------ */
+
+/* The tokenizer of an engine command's model (docs/tokenizer.md, "Where
+ * text enters"). */
+typedef struct {
+    fr_tokenizer *tok;     /* NULL: the model takes token ids only (why says why) */
+    char name[4200];       /* where it came from: --tokenizer's path, the folder, or "byte-level" */
+    char why[768];         /* without one: the reason, for refusals of text */
+    int bytes;             /* the built-in byte-level one: text files keep being read as bytes */
+} fr_cli_text;
+/* --tokenizer PATH when given (a file that cannot be loaded is a failure,
+ * 1; a vocabulary that does not fit the model's a usage error, 2), else
+ * the checkpoint folder's tokenizer.json (when it cannot be used, ids
+ * still work and text is refused, saying why), else the built-in
+ * byte-level tokenizer for byte-level models, else none. Reads the model's
+ * config.json (not its weights). 0, or the exit status after printing why. */
+int fr_cli_text_open(fr_cmd cmd, const char *model, const char *tokenizer_path, fr_cli_text *t);
+void fr_cli_text_close(fr_cli_text *t);
+/* The tokenizer text files go through (calibrate, eval-kl, recalibration):
+ * NULL for byte-level models and models without one, whose files are read
+ * as bytes, as they always were. */
+static inline const fr_tokenizer *fr_cli_text_for_files(const fr_cli_text *t) { return t->bytes ? NULL : t->tok; }
+/* The refusal of text (FR_EINVAL) for a model without a tokenizer; what
+ * names what asked ("--prompt"). */
+fr_status fr_cli_text_none(const fr_cli_text *t, const char *what);
+/* text[0, len) as the model's ids, the tokenizer's special tokens added (a
+ * BOS): malloc'ed *ids. FR_EINVAL naming `what` without a tokenizer, for
+ * empty text, text over 16 MiB, text that is not UTF-8 or encodes to none. */
+fr_status fr_cli_text_encode(const fr_cli_text *t, const char *what, const char *text, size_t len, int **ids, int *n);
+/* The bytes of a file ("-": standard input), at most 16 MiB and a chunk
+ * more: malloc'ed, NUL-terminated. */
+fr_status fr_cli_read_text(const char *path, char **text, size_t *len);
+/* ,"key":"..." with s[0, n) escaped for JSON (UTF-8 kept as it is). */
+void fr_cli_json_string(fr_buf *b, const char *key, const char *s, size_t n);
+/* The prompt of generate and score: --prompt or --prompt-text-file (text
+ * through t), --prompt-ids, --prompt-file (ids), or def (ids; NULL: one of
+ * them is required). *ids points into the values or at *owned, which the
+ * caller frees. 0, or the exit status after printing why: 2 for the
+ * command line (two prompts, text without a tokenizer, --prompt's text
+ * refused), 1 for a file that cannot be read or whose text is refused. */
+int fr_cli_read_prompt(fr_cmd cmd, const fr_cli_values *v, const fr_cli_text *t, const char *def, const int **ids,
+                       int *n, int **owned);
+/* The stop strings of --stop (FILES row id) and --include-stop-str-in-output,
+ * pointing into the values; FR_EINVAL for one the engine would refuse. */
+fr_status fr_cli_stops_of(const fr_cli_values *v, fr_opt_id id, int include, fr_stop_strings *out);
 
 /* From now on SIGINT and SIGTERM set the flag returned (0 until then):
  * how a long-running command learns to stop. */

@@ -102,7 +102,7 @@ static int calib_opts(fr_cmd cmd, const fr_engine_opts *eo, fr_calib_opts *co, f
 
 /* The model and texts loaded, the calibration run and written. */
 static fr_status calibrate(const fr_engine_opts *eo, fr_backend backend, fr_calib_opts *co, const fr_opt_value *files,
-                           const char *out)
+                           const char *out, const fr_tokenizer *tok)
 {
     const int n_files = files->n;
     fr_model *m = NULL;
@@ -111,7 +111,7 @@ static fr_status calibrate(const fr_engine_opts *eo, fr_backend backend, fr_cali
     fr_calib_report rep = {0};
     fr_status st = texts && lens ? FR_OK : fr_fail(FR_ENOMEM, "out of memory");
     if (!st) st = fr_model_load(eo->model, &m);
-    for (int i = 0; i < n_files && !st; i++) st = fr_byte_text_read(&m->cfg, files->list[i], 0, &texts[i], &lens[i]);
+    for (int i = 0; i < n_files && !st; i++) st = fr_text_file_read(&m->cfg, tok, files->list[i], 0, &texts[i], &lens[i]);
 #ifdef FR_HAVE_CUDA
     struct fr_weights_gpu *gpu = NULL;
     if (!st && backend == FR_BACKEND_CUDA && !(st = fr_weights_gpu_from_model(m, &gpu))) co->gpu = gpu;
@@ -149,6 +149,10 @@ int fr_cli_calibrate(int argc, char **argv)
     co.tau_steps = fr_opt_int(v, FR_O_TAU_STEPS);
     co.verbose = !fr_opt_int(v, FR_O_QUIET);
     if ((rc = calib_opts(cmd, &eo, &co, &backend))) return rc;
-    if (calibrate(&eo, backend, &co, fr_opt_val(v, FR_O_TEXTS), fr_opt_str(v, FR_O_OUT))) return fr_cli_fail(cmd, 1);
-    return 0;
+    fr_cli_text tx;
+    if ((rc = fr_cli_text_open(cmd, eo.model, fr_opt_str(v, FR_O_MODEL_TOKENIZER), &tx))) return rc;
+    if (calibrate(&eo, backend, &co, fr_opt_val(v, FR_O_TEXTS), fr_opt_str(v, FR_O_OUT), fr_cli_text_for_files(&tx)))
+        rc = fr_cli_fail(cmd, 1);
+    fr_cli_text_close(&tx);
+    return rc;
 }

@@ -1,5 +1,5 @@
-/* What several commands share: the bundled demo model, text prompts for
- * byte-level models, files of prompts, the log-prob keys of JSON lines,
+/* What several commands share: the bundled demo model, whether a model is
+ * byte-level, files of prompts, the log-prob keys of JSON lines,
  * and the stop signals of long-running commands. */
 #include "app/cli.h"
 
@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 /* The bundled demo model is found from the program's own place (build/,
  * build/cpu/ or an installed bin/ below the tree), then from the working
@@ -40,19 +42,6 @@ const char *fr_cli_demo_model(void)
 int fr_cli_byte_model(const fr_model_config *mc)
 {
     return mc->bos_id == 256 && mc->vocab_size > 256 && mc->vocab_size <= 512;
-}
-
-fr_status fr_cli_byte_prompt(const char *text, int **ids, int *n)
-{
-    size_t len = strlen(text);
-    if (len > (1u << 24)) return fr_fail(FR_EINVAL, "--prompt: text longer than 16 MiB");
-    int *out = malloc(sizeof(int) * (len + 1));
-    if (!out) return fr_fail(FR_ENOMEM, "out of memory");
-    out[0] = 256;   /* BOS */
-    for (size_t i = 0; i < len; i++) out[i + 1] = (unsigned char)text[i];
-    *ids = out;
-    *n = (int)len + 1;
-    return FR_OK;
 }
 
 /* A log-prob as JSON: %.9g round-trips a float; -inf as -1e999 (which JSON
@@ -98,13 +87,18 @@ fr_status fr_cli_ids_file(const char *path, int **ids, int *n)
 
 void fr_cli_prompts_free(fr_cli_prompts *p)
 {
-    for (int i = 0; i < p->n; i++) free(p->ids[i]);
+    for (int i = 0; i < p->n; i++) {
+        free(p->ids[i]);
+        free(p->text[i]);
+    }
     free(p->ids);
     free(p->len);
+    free(p->text);
     memset(p, 0, sizeof *p);
 }
 
-static fr_status prompts_add(fr_cli_prompts *p, int *ids, int n)
+/* Adds a prompt: ids (n of them) or text (malloc'ed, NUL-terminated). */
+static fr_status prompts_add(fr_cli_prompts *p, int *ids, int n, char *text)
 {
     if (p->n == p->cap) {
         int c = p->cap ? p->cap * 2 : 16;
@@ -112,12 +106,43 @@ static fr_status prompts_add(fr_cli_prompts *p, int *ids, int n)
         if (a) p->ids = a;
         int *b = a ? realloc(p->len, sizeof *b * (size_t)c) : NULL;
         if (b) p->len = b;
-        if (!a || !b) return fr_fail(FR_ENOMEM, "out of memory");
+        char **t = b ? realloc(p->text, sizeof *t * (size_t)c) : NULL;
+        if (t) p->text = t;
+        if (!a || !b || !t) return fr_fail(FR_ENOMEM, "out of memory");
         p->cap = c;
     }
     p->ids[p->n] = ids;
+    p->text[p->n] = text;
     p->len[p->n++] = n;
     return FR_OK;
+}
+
+/* A line that is a JSON string: its text (malloc'ed), or FR_EINVAL. */
+static fr_status json_text_line(const char *line, char **text)
+{
+    cJSON *j = cJSON_Parse(line);
+    fr_status st = FR_OK;
+    if (!cJSON_IsString(j)) st = fr_fail(FR_EINVAL, "a line starting with '\"' must be one JSON string (the prompt's text)");
+    else if (!j->valuestring[0]) st = fr_fail(FR_EINVAL, "the prompt's text is empty");
+    else if (!(*text = strdup(j->valuestring))) st = fr_fail(FR_ENOMEM, "out of memory");
+    cJSON_Delete(j);
+    return st;
+}
+
+/* One line of a prompts file into p (a blank one adds nothing). */
+static fr_status prompts_line(const char *line, fr_cli_prompts *p)
+{
+    const char *s = line + strspn(line, " \t");
+    int *ids = NULL, n = 0;
+    char *text = NULL;
+    fr_status st = *s == '"' ? json_text_line(s, &text) : fr_parse_ids(line, &ids, &n);
+    if (!st && (text || n > 0)) st = prompts_add(p, ids, n, text);
+    else if (!st) free(ids);
+    if (st) {
+        free(ids);
+        free(text);
+    }
+    return st;
 }
 
 fr_status fr_cli_prompts_read(const char *path, fr_cli_prompts *p)
@@ -128,15 +153,10 @@ fr_status fr_cli_prompts_read(const char *path, fr_cli_prompts *p)
     size_t cap = 0;
     fr_status st = FR_OK;
     for (int lineno = 1; !st && getline(&line, &cap, f) >= 0; lineno++) {
-        int *ids = NULL, n = 0;
-        if ((st = fr_parse_ids(line, &ids, &n))) {
+        if ((st = prompts_line(line, p)) && st != FR_ENOMEM) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", fr_last_error());
             st = fr_fail(st, "%s line %d: %s", path, lineno, msg);
-        } else if (n == 0) {
-            free(ids);
-        } else if ((st = prompts_add(p, ids, n))) {
-            free(ids);
         }
     }
     if (!st && ferror(f)) st = fr_fail(FR_EIO, "cannot read %s: %s", path, strerror(errno));

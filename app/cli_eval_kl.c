@@ -185,6 +185,7 @@ typedef struct {
     const fr_tp_launch *tl;
     const fr_eval_config *cfgs;
     int n_cfgs, on_gpu;
+    const fr_tokenizer *tok;   /* the texts' (NULL: bytes) */
 } eval_run;
 
 static fr_status evaluate(const eval_run *e, fr_model *m, int **texts, int *lens, fr_calib *calib)
@@ -195,7 +196,7 @@ static fr_status evaluate(const eval_run *e, fr_model *m, int **texts, int *lens
     const int tp = fr_opt_int(v, FR_O_TP), tokens = fr_opt_given(v, FR_O_TOKENS) ? fr_opt_int(v, FR_O_TOKENS) : 0;
     fr_status st = FR_OK;
     for (int i = 0; i < files->n && !st; i++)
-        st = fr_byte_text_read(&m->cfg, files->list[i], tokens, &texts[i], &lens[i]);
+        st = fr_text_file_read(&m->cfg, e->tok, files->list[i], tokens, &texts[i], &lens[i]);
     if (!st && calib_path) st = fr_calib_load(calib_path, fr_model_calib_dims(&m->cfg), calib);
     if (!st && e->tl->output_rank) warn_calib(e->cfgs, e->n_cfgs, calib, calib_path);
     struct fr_weights_gpu *gpu = NULL;
@@ -235,13 +236,20 @@ int fr_cli_eval_kl(int argc, char **argv)
         free(cfgs);
         return rc;
     }
+    fr_cli_text tx;
+    if ((rc = fr_cli_text_open(cmd, fr_opt_str(v, FR_O_MODEL), fr_opt_str(v, FR_O_MODEL_TOKENIZER), &tx))) {
+        free(cfgs);
+        fr_tp_launch_close(&tl);
+        return rc;
+    }
     const int n_files = fr_opt_val(v, FR_O_TEXTS)->n;
     int **texts = calloc((size_t)n_files, sizeof *texts), *lens = calloc((size_t)n_files, sizeof(int));
     fr_model *m = NULL;
     fr_calib calib = {0};
     fr_status st = texts && lens ? FR_OK : fr_fail(FR_ENOMEM, "out of memory");
     if (!st) st = fr_model_load(fr_opt_str(v, FR_O_MODEL), &m);
-    const eval_run e = {.v = v, .tl = &tl, .cfgs = cfgs, .n_cfgs = n_cfgs, .on_gpu = on_gpu};
+    const eval_run e = {.v = v, .tl = &tl, .cfgs = cfgs, .n_cfgs = n_cfgs, .on_gpu = on_gpu,
+                        .tok = fr_cli_text_for_files(&tx)};
     if (!st) st = evaluate(&e, m, texts, lens, &calib);
     if (st) fr_cli_fail(cmd, 1);
     for (int i = 0; texts && i < n_files; i++) free(texts[i]);
@@ -250,6 +258,7 @@ int fr_cli_eval_kl(int argc, char **argv)
     free(cfgs);
     fr_calib_free(&calib);
     fr_model_destroy(&m);
+    fr_cli_text_close(&tx);
     fflush(stdout);
     fr_tp_launch_close(&tl);
     return st ? 1 : 0;

@@ -10,20 +10,24 @@
 #include "app/tp_launch.h"
 
 const char fr_generate_usage[] =
-    "usage: fp4rollout generate [--prompt TEXT | --prompt-ids IDS | --prompt-file F]\n"
-    "                           [--n N] [--max-tokens N] [--greedy | --temperature T\n"
-    "                           --top-p P --top-k K] [--seed S [--first-sample I]]\n"
-    "                           [--json] [more sampling options] [engine options]\n"
+    "usage: fp4rollout generate [--prompt TEXT | --prompt-text-file F | --prompt-ids IDS\n"
+    "                           | --prompt-file F] [--n N] [--max-tokens N] [--stop S...]\n"
+    "                           [--greedy | --temperature T --top-p P --top-k K]\n"
+    "                           [--seed S [--first-sample I]] [--json]\n"
+    "                           [more sampling options] [engine options]\n"
     "\n"
     "Samples N continuations of the prompt, sharing its prefill and full KV pages,\n"
-    "decoded together. Without a prompt option the prompt is BOS and \"hello\" in\n"
-    "bytes (256,104,101,108,108,111). Each token's log-prob is the full-vocabulary\n"
+    "decoded together. A prompt as text goes through the model's tokenizer (the\n"
+    "checkpoint folder's tokenizer.json, --tokenizer, or bytes for byte-level\n"
+    "models); without a prompt option the prompt is BOS and \"hello\" in bytes\n"
+    "(256,104,101,108,108,111). Each token's log-prob is the full-vocabulary\n"
     "log-softmax of logits / temperature at that token (temperature 1 when greedy),\n"
     "whatever top-k and top-p kept: the quantity trainers recompute. With --tp N\n"
     "under mpirun, every rank runs the same steps and draws (on the full gathered\n"
     "logits) and world rank 0 prints. --json prints one line per sample: sample,\n"
-    "token_ids, logprobs, finish_reason (stop | length), seed, and with the\n"
-    "log-prob options top_logprobs and prompt_logprobs.\n";
+    "token_ids, logprobs, finish_reason (stop | length), seed, with a tokenizer\n"
+    "text (and stop_str when a stop string ended it), and with the log-prob\n"
+    "options top_logprobs and prompt_logprobs.\n";
 
 typedef struct {
     int seq, n, done;
@@ -32,6 +36,7 @@ typedef struct {
     const char *finish;
     int *top_ids;          /* [max_tokens * top_n] with --logprobs */
     float *top_lps;
+    fr_sample_text *text;  /* with a tokenizer: its text and the stop strings */
 } sample;
 
 /* --min-tokens and --logprobs: every token is drawn on the host by the CPU
@@ -73,35 +78,54 @@ static int is_stop(int tok, const int *stop, int n_stop)
     return 0;
 }
 
-/* plp: the prompt log-probs to print with this sample (n_plp), or NULL. */
-static void print_sample(const sample *s, int idx, int json, uint64_t seed, int byte_vocab, int top_n,
-                         const float *plp, int n_plp)
+/* What every sample's line says beside its own numbers. */
+typedef struct {
+    int json, top_n;
+    uint64_t seed;
+    const fr_stop_strings *stops;
+} print_opts;
+
+/* The sample's text (with a tokenizer): ,"text":"..." and the stop string
+ * that ended it in a JSON line, else a line of text with \n for newlines. */
+static void put_text(fr_buf *b, const sample *s, const print_opts *po)
 {
-    if (json) {
-        printf("{\"sample\":%d,\"token_ids\":[", idx);
-        for (int i = 0; i < s->n; i++) printf("%s%d", i ? "," : "", s->tokens[i]);
-        printf("],\"logprobs\":[");
-        for (int i = 0; i < s->n; i++) printf("%s%.9g", i ? "," : "", s->logprobs[i]);   /* round-trips a float */
-        printf("],\"finish_reason\":\"%s\",\"seed\":%llu", s->finish, (unsigned long long)seed);
-        fr_buf b = {0};
-        fr_cli_json_logprobs(&b, top_n, s->top_ids, s->top_lps, s->n, plp, n_plp);
-        if (b.len && !b.failed) fwrite(b.data, 1, b.len, stdout);
-        fr_buf_free(&b);
-        printf("}\n");
+    if (!s->text) return;
+    size_t len;
+    const char *t = fr_sample_text_get(s->text, &len, NULL);
+    const int k = fr_sample_text_matched(s->text);
+    if (po->json) {
+        fr_cli_json_string(b, "text", t, len);
+        if (k >= 0) fr_cli_json_string(b, "stop_str", po->stops->s[k], strlen(po->stops->s[k]));
         return;
     }
-    printf("sample %d (%s, %d tokens):", idx, s->finish, s->n);
-    for (int i = 0; i < s->n; i++) printf(" %d", s->tokens[i]);
-    if (byte_vocab) {
-        printf("\n  text: ");
-        for (int i = 0; i < s->n; i++) {
-            int t = s->tokens[i];
-            if (t >= 32 && t < 127) putchar(t);
-            else if (t == '\n') printf("\\n");
-            else printf("<%d>", t);
-        }
+    fr_buf_printf(b, "\n  text: ");
+    for (size_t i = 0; i < len; i++) {
+        if (t[i] == '\n') fr_buf_put(b, "\\n", 2);
+        else fr_buf_put(b, t + i, 1);
     }
-    putchar('\n');
+}
+
+/* plp: the prompt log-probs to print with this sample (n_plp), or NULL. */
+static void print_sample(const sample *s, int idx, const print_opts *po, const float *plp, int n_plp)
+{
+    fr_buf b = {0};
+    if (po->json) {
+        fr_buf_printf(&b, "{\"sample\":%d,\"token_ids\":[", idx);
+        for (int i = 0; i < s->n; i++) fr_buf_printf(&b, "%s%d", i ? "," : "", s->tokens[i]);
+        fr_buf_printf(&b, "],\"logprobs\":[");
+        for (int i = 0; i < s->n; i++) fr_buf_printf(&b, "%s%.9g", i ? "," : "", s->logprobs[i]);   /* round-trips a float */
+        fr_buf_printf(&b, "],\"finish_reason\":\"%s\",\"seed\":%llu", s->finish, (unsigned long long)po->seed);
+        put_text(&b, s, po);
+        fr_cli_json_logprobs(&b, po->top_n, s->top_ids, s->top_lps, s->n, plp, n_plp);
+        fr_buf_printf(&b, "}\n");
+    } else {
+        fr_buf_printf(&b, "sample %d (%s, %d tokens):", idx, s->finish, s->n);
+        for (int i = 0; i < s->n; i++) fr_buf_printf(&b, " %d", s->tokens[i]);
+        put_text(&b, s, po);
+        fr_buf_printf(&b, "\n");
+    }
+    if (!b.failed && b.len) fwrite(b.data, 1, b.len, stdout);
+    fr_buf_free(&b);
 }
 
 /* One generate run: the session, the prompt and every sample's state. */
@@ -120,12 +144,15 @@ typedef struct {
     float *new_lp;
     fr_step_seq *steps;
     fr_decode_row *drows;
+    const fr_tokenizer *tok;          /* NULL: no text */
+    const fr_stop_strings *stops;
 } gen_run;
 
 static void gen_run_free(gen_run *g)
 {
     for (int i = 0; g->smp && i < g->n_samples; i++) {
         free(g->smp[i].tokens); free(g->smp[i].logprobs); free(g->smp[i].top_ids); free(g->smp[i].top_lps);
+        fr_sample_text_free(&g->smp[i].text);
     }
     free(g->smp); free(g->logits); free(g->step_tok); free(g->owner); free(g->new_tok); free(g->new_lp);
     free(g->steps); free(g->drows); free(g->h.kept); free(g->h.keep);
@@ -160,6 +187,7 @@ static fr_status gen_run_alloc(gen_run *g, int V, int all_logits)
             g->smp[i].top_lps = malloc(sizeof(float) * T * K);
             ok = g->smp[i].top_ids && g->smp[i].top_lps;
         }
+        if (ok && g->tok && fr_sample_text_new(g->tok, g->stops, &g->smp[i].text)) return FR_ENOMEM;
     }
     if (!ok) return fr_fail(FR_ENOMEM, "out of memory");
     return fr_sampler_new(V, &g->sampler);
@@ -171,6 +199,22 @@ static fr_status first_token(gen_run *g, const float *logits, int i)
     const uint64_t q = (uint64_t)g->first + (uint64_t)i;
     if (g->h.on) return host_draw(&g->h, g->sampler, logits, &g->sp, q, &g->smp[i], &g->new_tok[i], &g->new_lp[i]);
     return fr_sample(g->sampler, logits, &g->sp, q, 0, &g->new_tok[i], &g->new_lp[i]);
+}
+
+/* Records tok (log-prob lp) as x's next token: its text, and whether it
+ * ends x (a stop id, a stop string its text completes, the length). */
+static fr_status record(gen_run *g, sample *x, int tok, float lp)
+{
+    x->tokens[x->n] = tok;
+    x->logprobs[x->n++] = lp;
+    int matched = -1;
+    fr_status st = x->text ? fr_sample_text_push(x->text, tok, x->n >= g->h.min_tokens, &matched) : FR_OK;
+    const int stops = matched >= 0 || is_stop(tok, g->stop, g->n_stop);
+    if (st || (!stops && x->n < g->max_tokens)) return st;
+    x->done = 1;
+    x->finish = stops ? "stop" : "length";
+    fr_kv_seq_free(g->s->kv, x->seq);
+    return x->text ? fr_sample_text_finish(x->text) : FR_OK;
 }
 
 /* One prefill; the other samples fork it (full pages shared, the partial
@@ -199,19 +243,12 @@ static fr_status run_samples(gen_run *g, float *plp)
     int n_new = g->n_samples;
     while (!st) {
         int n_step = 0;
-        for (int k = 0; k < n_new; k++) {   /* record the tokens just drawn */
+        for (int k = 0; k < n_new && !st; k++) {   /* record the tokens just drawn */
             sample *x = &g->smp[g->owner[k]];
-            const int tok = g->new_tok[k], stops = is_stop(tok, g->stop, g->n_stop);
-            x->tokens[x->n] = tok;
-            x->logprobs[x->n++] = g->new_lp[k];
-            if (stops || x->n == g->max_tokens) {
-                x->done = 1;
-                x->finish = stops ? "stop" : "length";
-                fr_kv_seq_free(g->s->kv, x->seq);
-                active--;
-            }
+            st = record(g, x, g->new_tok[k], g->new_lp[k]);
+            active -= x->done;
         }
-        if (active == 0) break;
+        if (st || active == 0) break;
         for (int i = 0; i < g->n_samples; i++) {
             sample *x = &g->smp[i];
             if (x->done) continue;
@@ -235,38 +272,12 @@ static fr_status run_samples(gen_run *g, float *plp)
 }
 
 
-/* The prompt: --prompt's bytes, --prompt-ids, --prompt-file's ids, or the
- * default; *owned is what the caller frees. 0, or the exit status after
- * printing why. */
-static int read_prompt(fr_cmd cmd, const fr_cli_values *v, const int **ids, int *n, int **owned)
-{
-    const fr_opt_value *given = fr_opt_val(v, FR_O_PROMPT_IDS);
-    fr_status st = FR_OK;
-    *owned = NULL;
-    if (fr_opt_given(v, FR_O_PROMPT) + given->given + fr_opt_given(v, FR_O_PROMPT_FILE) > 1)
-        return fr_cli_usage_error(cmd, "give one of --prompt, --prompt-ids and --prompt-file");
-    if (given->given) {
-        *ids = given->ids;
-        *n = given->n;
-        return 0;
-    }
-    if (fr_opt_given(v, FR_O_PROMPT_FILE)) st = fr_cli_ids_file(fr_opt_str(v, FR_O_PROMPT_FILE), owned, n);
-    else if (fr_opt_given(v, FR_O_PROMPT)) st = fr_cli_byte_prompt(fr_opt_str(v, FR_O_PROMPT), owned, n);
-    else st = fr_parse_ids("256,104,101,108,108,111", owned, n);
-    *ids = *owned;
-    return st ? fr_cli_fail(cmd, fr_opt_given(v, FR_O_PROMPT_FILE) ? 1 : 2) : 0;
-}
-
 /* The request against the model: what the command line asks that this
  * model cannot do is a usage error (2); a prompt file it refuses, a
  * runtime failure (1). 0 when it can run. */
 static int check_request(fr_cmd cmd, const fr_cli_values *v, const fr_model_config *mc, gen_run *g)
 {
     const int from_file = fr_opt_given(v, FR_O_PROMPT_FILE);
-    if (fr_opt_given(v, FR_O_PROMPT) && !fr_cli_byte_model(mc))
-        return fr_cli_usage_error(cmd, "--prompt TEXT needs a byte-level model (ids 0-255 bytes, BOS 256); this "
-                                       "model has its own tokenizer: give the prompt's ids with --prompt-ids or "
-                                       "--prompt-file");
     if (fr_check_prompt(mc, g->ids, g->n_ids, 0)) return fr_cli_fail(cmd, from_file ? 1 : 2);
     if (g->n_ids + g->max_tokens > mc->max_position) g->max_tokens = mc->max_position - g->n_ids;
     if (g->h.min_tokens > g->max_tokens)
@@ -281,7 +292,7 @@ static int check_request(fr_cmd cmd, const fr_cli_values *v, const fr_model_conf
 /* Every sample drawn, then printed on the output rank. */
 static int generate(fr_cmd cmd, const fr_cli_sampling *so, const fr_tp_launch *tl, gen_run *g)
 {
-    const fr_model_config *mc = &g->s->model->cfg;
+    const print_opts po = {.json = so->json, .top_n = so->logprobs, .seed = g->sp.seed, .stops = g->stops};
     float *plp = NULL;
     fr_status st = FR_OK;
     if (so->prompt_logprobs && !(plp = malloc(sizeof(float) * (size_t)(g->n_ids > 1 ? g->n_ids - 1 : 1))))
@@ -289,10 +300,24 @@ static int generate(fr_cmd cmd, const fr_cli_sampling *so, const fr_tp_launch *t
     if (!st) st = run_samples(g, plp);
     if (!st && tl->output_rank)
         for (int i = 0; i < g->n_samples; i++)
-            print_sample(&g->smp[i], g->first + i, so->json, g->sp.seed, fr_cli_byte_model(mc), so->logprobs,
-                         i == 0 ? plp : NULL, g->n_ids - 1);
+            print_sample(&g->smp[i], g->first + i, &po, i == 0 ? plp : NULL, g->n_ids - 1);
     free(plp);
     return st ? fr_cli_fail(cmd, 1) : 0;
+}
+
+/* The run's text: the tokenizer, the prompt (as text or ids) and the stop
+ * strings. 0, or the exit status after printing why. */
+static int read_text(fr_cmd cmd, const fr_cli_values *v, const fr_engine_opts *eo, fr_cli_text *tx,
+                     fr_stop_strings *stops, const int **ids, int *n_ids, int **owned)
+{
+    int rc = fr_cli_text_open(cmd, eo->model, fr_opt_str(v, FR_O_MODEL_TOKENIZER), tx);
+    if (!rc && fr_cli_stops_of(v, FR_O_STOP, fr_opt_int(v, FR_O_INCLUDE_STOP), stops)) rc = fr_cli_fail(cmd, 2);
+    if (!rc && stops->n > 0 && !tx->tok) {
+        fr_cli_text_none(tx, "--stop");
+        rc = fr_cli_fail(cmd, 2);
+    }
+    if (!rc) rc = fr_cli_read_prompt(cmd, v, tx, "256,104,101,108,108,111", ids, n_ids, owned);
+    return rc;
 }
 
 int fr_cli_generate(int argc, char **argv)
@@ -301,13 +326,21 @@ int fr_cli_generate(int argc, char **argv)
     fr_cli_values *v;
     fr_cli_sampling so;
     fr_engine_opts eo;
+    fr_cli_text tx;
+    fr_stop_strings stop_strings;
     const int *ids = NULL;
     int *owned = NULL, *stops = NULL, n_ids = 0, rc;
     if (fr_cli_parse(cmd, fr_generate_usage, argc, argv, &v, &rc)) return rc;
-    if ((rc = fr_cli_sampling_get(cmd, v, &so)) || (rc = read_prompt(cmd, v, &ids, &n_ids, &owned))) return rc;
+    if ((rc = fr_cli_sampling_get(cmd, v, &so))) return rc;
     fr_cli_engine_opts_get(v, &eo);
+    if ((rc = read_text(cmd, v, &eo, &tx, &stop_strings, &ids, &n_ids, &owned))) {
+        fr_cli_text_close(&tx);
+        free(owned);
+        return rc;
+    }
     fr_tp_launch tl;
     if ((rc = fr_cli_launch(cmd, eo.tp, &tl))) {
+        fr_cli_text_close(&tx);
         free(owned);
         return rc;
     }
@@ -319,6 +352,7 @@ int fr_cli_generate(int argc, char **argv)
     const int pages = (n_ids + so.max_tokens + 127) / 128 + 1;
     if (!st) st = fr_session_open(&eo, pages * so.n_samples + 1, so.n_samples, &s);
     if (st) {
+        fr_cli_text_close(&tx);
         free(owned);
         fr_tp_launch_close(&tl);
         return fr_cli_fail(cmd, 1);
@@ -330,7 +364,8 @@ int fr_cli_generate(int argc, char **argv)
     gen_run g = {.s = &s, .ids = ids, .n_ids = n_ids, .n_samples = so.n_samples, .first = so.first_sample,
                  .chunk = eo.chunk, .max_tokens = so.max_tokens, .stop = so.stop, .n_stop = so.n_stop, .sp = so.sp,
                  .h = {.on = so.min_tokens > 0 || so.logprobs > 0, .min_tokens = so.min_tokens, .top_n = so.logprobs,
-                       .stop = so.stop, .n_stop = so.n_stop}};
+                       .stop = so.stop, .n_stop = so.n_stop},
+                 .tok = tx.tok, .stops = &stop_strings};
     if (!rc) rc = check_request(cmd, v, &s.model->cfg, &g);
     if (!rc) rc = generate(cmd, &so, &tl, &g);
     gen_run_free(&g);
@@ -338,5 +373,6 @@ int fr_cli_generate(int argc, char **argv)
     free(stops);
     fr_session_close(&s);
     fr_tp_launch_close(&tl);
+    fr_cli_text_close(&tx);
     return rc;
 }

@@ -16,7 +16,7 @@
 #include "app/tp_launch.h"
 
 const char fr_rollout_usage[] =
-    "usage: fp4rollout rollout --prompts FILE [--n N] [--max-tokens N]\n"
+    "usage: fp4rollout rollout --prompts FILE [--n N] [--max-tokens N] [--stop S...]\n"
     "                          [--greedy | --temperature T --top-p P --top-k K]\n"
     "                          [--seed S [--first-sample I]] [--max-seqs N] [--kv-blocks N]\n"
     "                          [--kl-sample-rate R] [--json] [more sampling options]\n"
@@ -29,9 +29,12 @@ const char fr_rollout_usage[] =
     "Under mpirun -np W with --tp T, the W / T engines split the prompts (engine\n"
     "e takes prompts i with i % engines == e) and world rank 0 prints every\n"
     "sample at the end, in request order, and one stats line for all engines.\n"
-    "--json prints one line per sample: request_id, sample, token_ids, logprobs,\n"
-    "finish_reason (stop | length | abort | error), seed, for monitored samples\n"
-    "kl_mean, kl_max and top1_agreement, and with the log-prob options\n"
+    "A prompt given as a JSON string goes through the model's tokenizer (the\n"
+    "checkpoint folder's tokenizer.json, --tokenizer, or bytes for byte-level\n"
+    "models). --json prints one line per sample: request_id, sample, token_ids,\n"
+    "logprobs, finish_reason (stop | length | abort | error), seed, with a\n"
+    "tokenizer text (and stop_str when a stop string ended it), for monitored\n"
+    "samples kl_mean, kl_max and top1_agreement, and with the log-prob options\n"
     "top_logprobs and prompt_logprobs; without it, a readable line per sample.\n";
 
 /* Where finished samples go: printed at once (one process), kept as records
@@ -42,6 +45,7 @@ enum { OUT_PRINT, OUT_KEEP, OUT_DROP };
 typedef struct {
     int json, mode;
     uint64_t seed;
+    const fr_stop_strings *stops;   /* to name the one that ended a sample */
     fr_buf line, records;
 } out_ctx;
 
@@ -53,8 +57,29 @@ typedef struct {
     fr_scheduler_stats ss;
 } engine_totals;
 
+/* A sample's text, when it has one: ,"text" and ,"stop_str" of a JSON line,
+ * or a line of text with \n for newlines. */
+static void put_text(fr_buf *b, int json, const fr_stop_strings *stops, const fr_sample_result *r)
+{
+    if (!r->text) return;
+    if (json) {
+        fr_cli_json_string(b, "text", r->text, r->text_len);
+        if (r->stop_string > 0 && stops && r->stop_string <= stops->n) {
+            const char *s = stops->s[r->stop_string - 1];
+            fr_cli_json_string(b, "stop_str", s, strlen(s));
+        }
+        return;
+    }
+    fr_buf_printf(b, "  text: ");
+    for (size_t i = 0; i < r->text_len; i++) {
+        if (r->text[i] == '\n') fr_buf_put(b, "\\n", 2);
+        else fr_buf_put(b, r->text + i, 1);
+    }
+    fr_buf_printf(b, "\n");
+}
+
 /* A sample's output line: JSON or text. */
-static void format_line(int json, uint64_t seed, const fr_sample_result *r, fr_buf *b)
+static void format_line(int json, uint64_t seed, const fr_stop_strings *stops, const fr_sample_result *r, fr_buf *b)
 {
     b->len = 0;
     if (json) {
@@ -67,6 +92,7 @@ static void format_line(int json, uint64_t seed, const fr_sample_result *r, fr_b
         if (r->monitored && r->div.n > 0)
             fr_buf_printf(b, ",\"kl_mean\":%.6g,\"kl_max\":%.6g,\"top1_agreement\":%.6g", fr_div_summary_mean(&r->div),
                           r->div.kl_max, (double)r->div.top1_agree / (double)r->div.n);
+        put_text(b, 1, stops, r);
         fr_cli_json_logprobs(b, r->top_n, r->top_ids, r->top_logprobs, r->n_tokens, r->prompt_logprobs,
                              r->n_prompt_logprobs);
         fr_buf_printf(b, "}\n");
@@ -75,6 +101,7 @@ static void format_line(int json, uint64_t seed, const fr_sample_result *r, fr_b
                       fr_finish_reason_name(r->finish), r->n_tokens);
         for (int i = 0; i < r->n_tokens; i++) fr_buf_printf(b, " %d", r->tokens[i]);
         fr_buf_printf(b, "\n");
+        put_text(b, 0, stops, r);
     }
 }
 
@@ -86,7 +113,7 @@ static void on_done(void *user, const fr_sample_result *r)
         fr_sample_result_put(&o->records, r, 1);
         return;
     }
-    format_line(o->json, o->seed, r, &o->line);
+    format_line(o->json, o->seed, o->stops, r, &o->line);
     if (!o->line.failed) fwrite(o->line.data, 1, o->line.len, stdout);
 }
 
@@ -99,7 +126,7 @@ static int result_cmp(const void *a, const void *b)
 
 /* World rank 0: every engine's samples in request order on stdout, and the
  * engines' totals summed into *sum. */
-static fr_status print_gathered(const char *all, const size_t *counts, int world_size, int json, uint64_t seed,
+static fr_status print_gathered(const char *all, const size_t *counts, int world_size, const out_ctx *oc,
                                 engine_totals *sum)
 {
     size_t n = 0, cap = 0;
@@ -138,7 +165,7 @@ static fr_status print_gathered(const char *all, const size_t *counts, int world
         qsort(res, n, sizeof *res, result_cmp);
         fr_buf line = {0};
         for (size_t i = 0; i < n; i++) {
-            format_line(json, seed, &res[i], &line);
+            format_line(oc->json, oc->seed, oc->stops, &res[i], &line);
             if (!line.failed) fwrite(line.data, 1, line.len, stdout);
         }
         if (line.failed) st = fr_fail(FR_ENOMEM, "out of memory");
@@ -180,7 +207,7 @@ static fr_status gather_results(const fr_tp_launch *tl, const out_ctx *oc, const
         gst = fr_fail(FR_ENOMEM, "out of memory");
     else if (tl->output_rank) {
         engine_totals sum = {0};
-        if (all_len) gst = print_gathered(all, counts, tl->world_size, oc->json, oc->seed, &sum);
+        if (all_len) gst = print_gathered(all, counts, tl->world_size, oc, &sum);
         if (!gst)
             fprintf(stderr,
                     "rollout: engines %d x tp %d (world %d) requests %lld samples %lld tokens %lld "
@@ -218,18 +245,32 @@ static void stats_line(int n_prompts, const fr_scheduler_stats *ss, int kv_block
 }
 
 
+/* One rollout: the session of this rank's engine, the prompts, and the options. */
+typedef struct {
+    fr_session *s;
+    const fr_tp_launch *tl;
+    const fr_cli_prompts *pl;
+    const fr_cli_sampling *so;
+    int max_seqs, kv_blocks, chunk, tp;
+    double kl_rate;
+    const fr_tokenizer *tok;          /* NULL: no text */
+    const fr_stop_strings *stops;
+} rollout_run;
+
 /* This engine's share of the prompts (under mpirun, engine e takes the
  * prompts i with i % n_engines == e; all ranks of an engine the same). */
-static fr_status submit_all(fr_scheduler *sch, const fr_cli_prompts *pl, const fr_tp_launch *tl,
-                            const fr_cli_sampling *so, int *n_requests)
+static fr_status submit_all(fr_scheduler *sch, const rollout_run *run, int *n_requests)
 {
+    const fr_cli_prompts *pl = run->pl;
+    const fr_cli_sampling *so = run->so;
     for (int i = 0; i < pl->n; i++) {
-        if (i % tl->n_engines != tl->engine) continue;
+        if (i % run->tl->n_engines != run->tl->engine) continue;
         fr_request_spec r = {.id = (uint64_t)i, .group = (uint64_t)i, .prompt = pl->ids[i], .n_prompt = pl->len[i],
                              .n = so->n_samples, .first_sample = so->first_sample, .params = so->sp,
                              .max_tokens = so->max_tokens, .stop_ids = so->stop, .n_stop = so->n_stop,
                              .monitor = -1, .min_tokens = so->min_tokens, .top_logprobs = so->logprobs,
-                             .prompt_logprobs = so->prompt_logprobs};
+                             .prompt_logprobs = so->prompt_logprobs, .stop_strings = *run->stops,
+                             .with_text = run->tok != NULL};
         fr_status st = fr_scheduler_submit(sch, &r);
         if (st) {
             char msg[512];
@@ -258,15 +299,6 @@ static void finish_scheduler(fr_scheduler **sch, fr_scheduler_stats *ss, fr_div_
     fr_scheduler_destroy(sch);
 }
 
-/* One rollout: the session of this rank's engine, the prompts, and the options. */
-typedef struct {
-    fr_session *s;
-    const fr_tp_launch *tl;
-    const fr_cli_prompts *pl;
-    const fr_cli_sampling *so;
-    int max_seqs, kv_blocks, chunk, tp;
-    double kl_rate;
-} rollout_run;
 
 /* The prompts through the scheduler of this rank's engine; the samples
  * printed (one process) or gathered on world rank 0. */
@@ -278,13 +310,14 @@ static fr_status run_rollout(const rollout_run *run)
     const fr_cli_sampling *so = run->so;
     const int multi = tl->world != NULL, kv_blocks = run->kv_blocks;
     out_ctx oc = {.json = so->json, .mode = !multi ? OUT_PRINT : tl->engine_leader ? OUT_KEEP : OUT_DROP,
-                  .seed = so->sp.seed};
+                  .seed = so->sp.seed, .stops = run->stops};
     fr_scheduler_config sc = {.max_seqs = run->max_seqs, .chunk = run->chunk, .reserve_blocks = -1,
-                              .on_done = on_done, .user = &oc, .kl_sample_rate = run->kl_rate};
+                              .on_done = on_done, .user = &oc, .kl_sample_rate = run->kl_rate,
+                              .tokenizer = run->tok};
     fr_scheduler *sch = NULL;
     int n_requests = 0;
     fr_status st = fr_scheduler_new(s, &sc, &sch);
-    if (!st) st = submit_all(sch, pl, tl, so, &n_requests);
+    if (!st) st = submit_all(sch, run, &n_requests);
     const double t_run = fr_now_s();
     if (!st) st = fr_scheduler_run(sch);
     const double run_s = fr_now_s() - t_run;
@@ -305,6 +338,40 @@ static fr_status run_rollout(const rollout_run *run)
     return st;
 }
 
+/* The prompts given as text, encoded; 0 or the exit status after printing why. */
+static int encode_prompts(fr_cmd cmd, const fr_cli_text *tx, const char *path, fr_cli_prompts *pl)
+{
+    for (int i = 0; i < pl->n; i++) {
+        if (!pl->text[i]) continue;
+        char what[64];
+        snprintf(what, sizeof what, "prompt %d", i);
+        if (fr_cli_text_encode(tx, what, pl->text[i], strlen(pl->text[i]), &pl->ids[i], &pl->len[i])) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", fr_last_error());
+            fr_fail(FR_EINVAL, "%s: %s", path, msg);
+            return fr_cli_fail(cmd, tx->tok ? 1 : 2);
+        }
+    }
+    return 0;
+}
+
+/* The tokenizer, the stop strings and the prompts (text ones encoded). 0,
+ * or the exit status after printing why. */
+static int read_inputs(fr_cmd cmd, const fr_cli_values *v, const fr_engine_opts *eo, fr_cli_text *tx,
+                       fr_stop_strings *stops, fr_cli_prompts *pl)
+{
+    int rc = fr_cli_text_open(cmd, eo->model, fr_opt_str(v, FR_O_MODEL_TOKENIZER), tx);
+    if (!rc && fr_cli_stops_of(v, FR_O_STOP, fr_opt_int(v, FR_O_INCLUDE_STOP), stops)) rc = fr_cli_fail(cmd, 2);
+    if (!rc && stops->n > 0 && !tx->tok) {
+        fr_cli_text_none(tx, "--stop");
+        rc = fr_cli_fail(cmd, 2);
+    }
+    const char *path = fr_opt_str(v, FR_O_PROMPTS);
+    if (!rc && fr_cli_prompts_read(path, pl)) rc = fr_cli_fail(cmd, 1);
+    if (!rc) rc = encode_prompts(cmd, tx, path, pl);
+    return rc;
+}
+
 int fr_cli_rollout(int argc, char **argv)
 {
     const fr_cmd cmd = FR_CMD_ROLLOUT;
@@ -312,15 +379,18 @@ int fr_cli_rollout(int argc, char **argv)
     fr_cli_sampling so;
     fr_engine_opts eo;
     fr_cli_prompts pl = {0};
+    fr_cli_text tx = {0};
+    fr_stop_strings stop_strings;
     int rc, *stops = NULL;
     if (fr_cli_parse(cmd, fr_rollout_usage, argc, argv, &v, &rc)) return rc;
     if ((rc = fr_cli_sampling_get(cmd, v, &so))) return rc;
     fr_cli_engine_opts_get(v, &eo);
     const int max_seqs = fr_opt_int(v, FR_O_MAX_SEQS);
     int kv_blocks = fr_opt_int(v, FR_O_KV_BLOCKS);
-    if (fr_cli_prompts_read(fr_opt_str(v, FR_O_PROMPTS), &pl)) {
+    if ((rc = read_inputs(cmd, v, &eo, &tx, &stop_strings, &pl))) {
         fr_cli_prompts_free(&pl);
-        return fr_cli_fail(cmd, 1);
+        fr_cli_text_close(&tx);
+        return rc;
     }
     if (kv_blocks == 0) {   /* enough for max_seqs sequences of the longest prompt */
         int longest = 0;
@@ -330,6 +400,7 @@ int fr_cli_rollout(int argc, char **argv)
     fr_tp_launch tl;
     if ((rc = fr_cli_launch(cmd, eo.tp, &tl))) {
         fr_cli_prompts_free(&pl);
+        fr_cli_text_close(&tx);
         return rc;
     }
     eo.group = tl.group;
@@ -339,16 +410,19 @@ int fr_cli_rollout(int argc, char **argv)
     fr_session s;
     if (st || (st = fr_session_open(&eo, kv_blocks, max_seqs, &s))) {
         fr_cli_prompts_free(&pl);
+        fr_cli_text_close(&tx);
         fr_tp_launch_close(&tl);
         return fr_cli_fail(cmd, 1);
     }
     if ((st = fr_cli_default_stops(&s.model->cfg, &so, &stops))) fr_cli_fail(cmd, 1);
     const rollout_run run = {.s = &s, .tl = &tl, .pl = &pl, .so = &so, .max_seqs = max_seqs, .kv_blocks = kv_blocks,
-                             .chunk = eo.chunk, .tp = eo.tp, .kl_rate = fr_opt_num(v, FR_O_KL_SAMPLE_RATE)};
+                             .chunk = eo.chunk, .tp = eo.tp, .kl_rate = fr_opt_num(v, FR_O_KL_SAMPLE_RATE),
+                             .tok = tx.tok, .stops = &stop_strings};
     if (!st) st = run_rollout(&run);
     fr_session_close(&s);
     fr_tp_launch_close(&tl);
     fr_cli_prompts_free(&pl);
+    fr_cli_text_close(&tx);
     free(stops);
     return st ? 1 : 0;
 }

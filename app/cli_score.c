@@ -9,11 +9,12 @@
 #include "app/tp_launch.h"
 
 const char fr_score_usage[] =
-    "usage: fp4rollout score [--model M] (--prompt-ids IDS | --prompt-file F) --out FILE\n"
-    "                        [--decode] [engine options]\n"
+    "usage: fp4rollout score [--model M] (--prompt TEXT | --prompt-text-file F | --prompt-ids IDS\n"
+    "                        | --prompt-file F) --out FILE [--decode] [engine options]\n"
     "\n"
     "Writes the float32 logits [tokens][vocab] (little-endian, row-major) at every\n"
-    "prompt position to FILE: by one prefill (one chunk of the whole prompt\n"
+    "prompt position to FILE (a prompt as text goes through the model's tokenizer,\n"
+    "as generate's): by one prefill (one chunk of the whole prompt\n"
     "unless --chunk says otherwise), or with --decode token by token through the\n"
     "decode path, the KV cache and its quantization. With --tp N under mpirun,\n"
     "every rank computes and world rank 0 writes FILE.\n"
@@ -49,15 +50,21 @@ int fr_cli_score(int argc, char **argv)
     fr_cli_values *v;
     int rc;
     if (fr_cli_parse(cmd, fr_score_usage, argc, argv, &v, &rc)) return rc;
-    const fr_opt_value *given_ids = fr_opt_val(v, FR_O_PROMPT_IDS);
-    if (given_ids->given == fr_opt_given(v, FR_O_PROMPT_FILE))
-        return fr_cli_usage_error(cmd, "give exactly one of --prompt-ids and --prompt-file");
+    const int from_command_line = fr_opt_given(v, FR_O_PROMPT_IDS) || fr_opt_given(v, FR_O_PROMPT);
     fr_engine_opts eo;
     fr_cli_engine_opts_get(v, &eo);
     int *ids = NULL, n = 0;
-    if (!given_ids->given && fr_cli_ids_file(fr_opt_str(v, FR_O_PROMPT_FILE), &ids, &n)) return fr_cli_fail(cmd, 1);
-    const int *prompt = given_ids->given ? given_ids->ids : ids;
-    if (given_ids->given) n = given_ids->n;
+    const int *prompt = NULL;
+    const int text = fr_opt_given(v, FR_O_PROMPT) || fr_opt_given(v, FR_O_PROMPT_TEXT_FILE);
+    fr_cli_text tx = {0};
+    /* only a prompt given as text needs the tokenizer */
+    if (text && (rc = fr_cli_text_open(cmd, eo.model, fr_opt_str(v, FR_O_MODEL_TOKENIZER), &tx))) return rc;
+    rc = fr_cli_read_prompt(cmd, v, &tx, NULL, &prompt, &n, &ids);
+    fr_cli_text_close(&tx);
+    if (rc) {
+        free(ids);
+        return rc;
+    }
     if (!fr_opt_given(v, FR_O_CHUNK)) eo.chunk = n > 0 ? n : 1;   /* the whole prompt in one prefill step */
     fr_tp_launch tl;
     if ((rc = fr_cli_launch(cmd, eo.tp, &tl))) {
@@ -72,7 +79,7 @@ int fr_cli_score(int argc, char **argv)
     if (!st) {
         opened = 1;
         st = fr_check_prompt(&s.model->cfg, prompt, n, 0);
-        if (st && given_ids->given) status = 2;   /* a value of the command line the model refuses */
+        if (st && from_command_line) status = 2;   /* a value of the command line the model refuses */
     }
     if (!st) {
         const int V = s.model->cfg.vocab_size;

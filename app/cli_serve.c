@@ -9,6 +9,7 @@
 
 #include "app/cli.h"
 #include "app/serve_config.h"
+#include "app/serve_curve.h"
 #include "app/serve_flags.h"
 #include "base/log.h"
 #include "rollout/engine/session.h"
@@ -26,7 +27,9 @@ const char fr_serve_usage[] =
     "and chunk, and its sampling defaults for what a request leaves out.\n"
     "Weight updates arrive on the same socket (update_weights_*: bucketed, checksummed,\n"
     "committed between engine steps); kl_sample_rate picks the samples that run a\n"
-    "BF16-KV shadow; a curve object turns on CURVE authentication; metrics_port\n"
+    "BF16-KV shadow; a curve object (or --curve-secret-key-file with --trainer-keys\n"
+    "and --client-keys, or the FP4ROLLOUT_CURVE_* variables of the environment)\n"
+    "turns on CURVE authentication, which a --bind beyond this host needs; metrics_port\n"
     "and metrics_pub_port serve the metrics (HTTP, and a ZeroMQ PUB socket); a\n"
     "recalibration object recalibrates the key mean when a weight version's\n"
     "monitored KL passes a threshold (docs/metrics.md).\n"
@@ -57,16 +60,21 @@ static int all_ranks_ok(const fr_tp_launch *tl, int ok)
 }
 
 /* The configuration: the defaults with the bundled demo model, then the
- * file, then the flags. 0, or the exit status after printing why: 1 for a
- * file that cannot be read, 2 for a bad key or value. */
+ * CURVE variables of the environment, the file, the flags; then the
+ * server's secret key from its file, and where it may bind. 0, or the
+ * exit status after printing why: 1 for a file that cannot be read, 2 for
+ * a bad key or value. */
 static int read_config(fr_cmd cmd, const fr_cli_values *v, fr_serve_config *c)
 {
     fr_serve_config_default(c);
     snprintf(c->model, sizeof c->model, "%s", fr_cli_demo_model());
     const char *path = fr_opt_str(v, FR_O_CONFIG);
-    fr_status st = path ? fr_serve_config_load(path, c) : FR_OK;
+    fr_status st = fr_serve_curve_env(c);
+    if (!st && path) st = fr_serve_config_load(path, c);
     if (!st) st = fr_serve_flags_apply(v, c);
-    return st ? fr_cli_fail(cmd, st == FR_EIO ? 1 : 2) : 0;
+    if (!st) st = fr_serve_curve_key_file(c);
+    if (st) return fr_cli_fail(cmd, st == FR_EIO ? 1 : 2);
+    return fr_serve_curve_check_bind(cmd, c);
 }
 
 /* What the server is told, and the arrays and strings it points into. */
@@ -83,7 +91,7 @@ static int ms(double seconds)
     return (int)(seconds * 1000.0 + 0.5);
 }
 
-static void bridge_setup_fill(bridge_setup *b, const fr_serve_config *c, const fr_tp_launch *tl)
+static void bridge_setup_fill(bridge_setup *b, const fr_serve_config *c, const fr_tp_launch *tl, const fr_cli_text *tx)
 {
     snprintf(b->endpoint, sizeof b->endpoint, "tcp://%s:%d", c->coordinator.bind, c->coordinator.port);
     b->pub_endpoint[0] = '\0';
@@ -106,14 +114,15 @@ static void bridge_setup_fill(bridge_setup *b, const fr_serve_config *c, const f
         .max_message_bytes = c->coordinator.max_message_bytes, .curve_trainer_keys = b->trainer_keys,
         .n_curve_trainer_keys = c->curve.n_trainers, .metrics_max_connections = c->metrics_http.max_connections,
         .metrics_idle_timeout_s = c->metrics_http.idle_timeout_s, .metrics_token = c->metrics_http.token,
-        .metrics_external = 1};
+        .metrics_external = 1, .tokenizer = tx->tok, .tokenizer_name = tx->name};
     /* automatic recalibration: the config's texts and folder, by pointer */
     const fr_serve_recal *r = &c->recalibration;
     for (int i = 0; i < r->n_texts; i++) b->recal_texts[i] = r->texts[i];
     b->recal = (fr_recal_config){.kl_threshold = r->kl_threshold, .after_commit = r->after_commit,
                                  .min_positions = r->min_positions, .n_texts = r->n_texts, .texts = b->recal_texts,
                                  .context = r->context, .seed_tokens = r->seed_tokens,
-                                 .continue_tokens = r->continue_tokens, .out_dir = r->out_dir};
+                                 .continue_tokens = r->continue_tokens, .out_dir = r->out_dir,
+                                 .tokenizer = fr_cli_text_for_files(tx)};
     if (r->kl_threshold > 0 || r->after_commit) b->bc.recal = &b->recal;
 }
 
@@ -179,7 +188,7 @@ static void raise_fd_limit(void)
 
 /* The session and the server on it, run until a signal; on every rank. */
 static int serve(fr_cmd cmd, const char *label, const fr_serve_config *c, fr_engine_opts *eo, int kv_blocks,
-                 const fr_tp_launch *tl)
+                 const fr_tp_launch *tl, const fr_cli_text *tx)
 {
     fr_session s;
     int opened = fr_session_open(eo, kv_blocks, c->max_seqs, &s) == FR_OK;
@@ -190,7 +199,7 @@ static int serve(fr_cmd cmd, const char *label, const fr_serve_config *c, fr_eng
     }
     int rc = check_stops(cmd, label, c, &s.model->cfg), ran = 0;
     bridge_setup b;
-    bridge_setup_fill(&b, c, tl);
+    bridge_setup_fill(&b, c, tl, tx);
     fr_bridge_server *srv = NULL;
     fr_http *http = NULL;
     int made = !rc && fr_bridge_server_new(&s, &b.bc, &srv) == FR_OK;
@@ -201,9 +210,10 @@ static int serve(fr_cmd cmd, const char *label, const fr_serve_config *c, fr_eng
         volatile sig_atomic_t *stop = fr_cli_catch_stop();
         if (tl->output_rank)
             fr_info("serve: model %s backend %s kv %s max_seqs %d kv_blocks %d chunk %d kl_sample_rate %g "
-                    "engines %d tp %d ranks %d",
+                    "engines %d tp %d ranks %d tokenizer %s",
                     c->model, fr_backend_name(s.backend), fr_kv_dtype_name(c->kv_dtype), c->max_seqs, kv_blocks,
-                    c->chunk, c->kl_sample_rate, tl->n_engines, c->tp, tl->world_size);
+                    c->chunk, c->kl_sample_rate, tl->n_engines, c->tp, tl->world_size,
+                    tx->tok ? tx->name : "none (token ids only)");
         /* from here on a lost rank ends the job after rank_timeout_s instead of
          * freezing it (docs/failures.md); loading may take longer, so not before */
         if (tl->world) fr_mpi_world_set_timeout(tl->world, c->coordinator.rank_timeout_s * 1000);
@@ -240,14 +250,19 @@ int fr_cli_serve(int argc, char **argv)
     const char *label = fr_opt_given(v, FR_O_CONFIG) ? fr_opt_str(v, FR_O_CONFIG) : "command line";
     fr_serve_config_engine_opts(&c, &eo);
     if ((rc = plan(cmd, label, &c, &eo, &kv_blocks))) return rc;
+    /* Every rank's scheduler decodes for stop strings: every rank loads it. */
+    fr_cli_text tx;
+    if ((rc = fr_cli_text_open(cmd, c.model, c.tokenizer[0] ? c.tokenizer : NULL, &tx))) return rc;
     fr_tp_launch tl;
     fr_status st = fr_tp_launch_open(c.tp, &tl);
     if (st) {
         fprintf(stderr, "fp4rollout serve: %s: %s\n", label, fr_last_error());
+        fr_cli_text_close(&tx);
         return st == FR_EINVAL ? 2 : 1;
     }
     eo.group = tl.group;
-    rc = serve(cmd, label, &c, &eo, kv_blocks, &tl);
+    rc = serve(cmd, label, &c, &eo, kv_blocks, &tl, &tx);
     fr_tp_launch_close(&tl);
+    fr_cli_text_close(&tx);
     return rc;
 }

@@ -10,7 +10,8 @@ static const char usage_text[] =
     "Talks to `fp4rollout serve` (protocol version 1, docs/protocol.md). Each\n"
     "command does one protocol operation and prints JSON; generate checks what it\n"
     "receives (contiguous deltas, one done per sample, streamed tokens equal to the\n"
-    "done's count) and prints each sample as `fp4rollout rollout --json` does.\n"
+    "done's count, streamed text a prefix of the done's) and prints each sample as\n"
+    "`fp4rollout rollout --json` does.\n"
     "Exit status: 0 when everything came as the protocol says, 1 otherwise\n"
     "(an error reply, a timeout, a missing or repeated done), 2 for bad usage.\n";
 
@@ -20,13 +21,14 @@ static int cmd_keygen(const fr_client_ctx *ctx, const fr_cli_values *v);
 const fr_client_command fr_client_commands[] = {
     {"hello", FR_CMD_C_HELLO, "hello", "the server's information", cmd_reply},
     {"stats", FR_CMD_C_STATS, "stats", "the server's stats", cmd_reply},
-    {"pause", FR_CMD_C_PAUSE, "pause --mode abort|wait", "pause the engine; prints the reply once paused",
-     cmd_reply},
-    {"resume", FR_CMD_C_RESUME, "resume", "resume; prints the reply", cmd_reply},
+    {"pause", FR_CMD_C_PAUSE, "pause --mode abort|wait|keep [--recompute]",
+     "pause the engine; prints the reply once paused", cmd_reply},
+    {"resume", FR_CMD_C_RESUME, "resume [--recompute]", "resume; prints the reply", cmd_reply},
     {"generate", FR_CMD_C_GENERATE, "generate --prompts FILE [options]",
-     "one request per line of FILE (comma-separated token ids), request ids FIRST, FIRST+1, ...; prints each "
-     "sample as a JSON line when it ends (request_id, sample, token_ids, logprobs, finish_reason, n_tokens, "
-     "preemptions, ttft_ms, total_ms, seed: the seed that produced it)",
+     "one request per line of FILE (comma-separated token ids, or a JSON string: text for the server's "
+     "tokenizer), request ids FIRST, FIRST+1, ...; prints each sample as a JSON line when it ends (request_id, "
+     "sample, token_ids, logprobs, finish_reason, n_tokens, preemptions, ttft_ms, total_ms, seed: the seed that "
+     "produced it; with text: text, stop_str, prompt_token_ids)",
      fr_client_cmd_generate},
     {"push-weights", FR_CMD_C_PUSH_WEIGHTS, "push-weights --model SPEC --version V [options]",
      "send a model's weights (a checkpoint folder or synthetic:NAME[:SEED]) as weight version V; prints one JSON "
@@ -93,10 +95,15 @@ static int cmd_reply(const fr_client_ctx *ctx, const fr_cli_values *v)
         st = fr_client_stats(c, &m.u.stats_reply);
     } else if (v->cmd == FR_CMD_C_RESUME) {
         m.type = FR_MSG_RESUME_REPLY;
-        st = fr_client_resume(c, &m.u.resume_reply);
+        st = fr_client_resume_ex(c, (int)fr_opt_int(v, FR_O_RECOMPUTE), &m.u.resume_reply);
     } else {
         m.type = FR_MSG_PAUSE_REPLY;
-        st = fr_client_pause(c, (fr_pause_mode)fr_opt_int(v, FR_O_MODE), &m.u.pause_reply);
+        const fr_pause_mode mode = (fr_pause_mode)fr_opt_int(v, FR_O_MODE);
+        if (fr_opt_int(v, FR_O_RECOMPUTE) && mode != FR_PAUSE_KEEP) {
+            fr_client_destroy(&c);
+            return fr_cli_usage_error(v->cmd, "--recompute goes with --mode keep");
+        }
+        st = fr_client_pause_ex(c, mode, (int)fr_opt_int(v, FR_O_RECOMPUTE), &m.u.pause_reply);
     }
     int rc = st ? fr_cli_fail(v->cmd, 1) : 0;
     if (!st) fr_client_print_reply(&m);

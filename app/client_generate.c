@@ -1,7 +1,8 @@
 /* fp4rollout-client generate: a file of prompts as requests, each sample
  * checked as it streams (contiguous deltas, one done per sample, streamed
- * tokens equal to the done's count) and printed as a JSON line when it
- * ends, as `fp4rollout rollout --json` prints it. */
+ * tokens equal to the done's count, streamed text a prefix of the done's)
+ * and printed as a JSON line when it ends, as `fp4rollout rollout --json`
+ * prints it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,7 @@ typedef struct {
     float *lp;
     int n, cap;
     int dones;
+    fr_buf text;              /* the deltas' text joined */
 } sample_acc;
 
 typedef struct {
@@ -71,6 +73,7 @@ static void on_tokens(void *user, const fr_msg_tokens *t)
     memcpy(a->tok + a->n, t->token_ids, sizeof(int) * (size_t)t->n);
     memcpy(a->lp + a->n, t->logprobs, sizeof(float) * (size_t)t->n);
     a->n += t->n;
+    if (t->has_text) fr_buf_put(&a->text, t->text, t->text_len);   /* UTF-8, or the decoder refused it */
     if (g->abort_id >= 0 && (long long)t->request_id == g->abort_id) {
         g->abort_seen += t->n;
         if (g->abort_seen >= g->abort_after && !g->abort_sent) g->abort_due = 1;
@@ -92,6 +95,12 @@ static void on_done(void *user, const fr_msg_done *d)
                 (unsigned long long)d->request_id, d->sample, a->n, d->n_tokens);
         g->failed = 1;
     }
+    if (d->has_text && (a->text.failed || a->text.len > d->text_len ||
+                        (a->text.len && memcmp(a->text.data, d->text, a->text.len) != 0))) {
+        fprintf(stderr, "fp4rollout-client: request %llu sample %d: the streamed text is not a prefix of the done's\n",
+                (unsigned long long)d->request_id, d->sample);
+        g->failed = 1;
+    }
     printf("{\"request_id\":%llu,\"sample\":%d,\"token_ids\":[", (unsigned long long)d->request_id, d->sample);
     for (int i = 0; i < a->n; i++) printf("%s%d", i ? "," : "", a->tok[i]);
     printf("],\"logprobs\":[");
@@ -103,6 +112,13 @@ static void on_done(void *user, const fr_msg_done *d)
     printf(",\"total_ms\":%.3f", d->total_ms);
     if (d->has_seed) printf(",\"seed\":%llu", (unsigned long long)d->seed);
     fr_buf extra = {0};
+    if (d->has_text) fr_cli_json_string(&extra, "text", d->text, d->text_len);
+    if (d->stop_str) fr_cli_json_string(&extra, "stop_str", d->stop_str, strlen(d->stop_str));
+    if (d->prompt_token_ids) {
+        fr_buf_printf(&extra, ",\"prompt_token_ids\":[");
+        for (int i = 0; i < d->n_prompt_token_ids; i++) fr_buf_printf(&extra, "%s%d", i ? "," : "", d->prompt_token_ids[i]);
+        fr_buf_printf(&extra, "]");
+    }
     fr_cli_json_logprobs(&extra, d->top_k, d->top_token_ids, d->top_logprobs, d->n_tokens, d->prompt_logprobs,
                          d->n_prompt_logprobs);
     if (extra.failed) g->failed = 1;
@@ -152,6 +168,13 @@ static fr_msg_generate request_of(const fr_cli_values *v)
         g.has_group_id = 1;
         g.group_id = (uint64_t)fr_opt_long(v, FR_O_GROUP_ID);
     }
+    const fr_opt_value *stops = fr_opt_val(v, FR_O_STOP);
+    if (stops->given) {   /* the option's strings, as char * for the struct (the encoder only reads them) */
+        g.stop = (char **)stops->list;
+        g.n_stop = stops->n;
+    }
+    g.include_stop_str_in_output = fr_opt_int(v, FR_O_INCLUDE_STOP);
+    g.return_text = fr_opt_int(v, FR_O_RETURN_TEXT) || stops->given;
     return g;
 }
 
@@ -163,6 +186,11 @@ static int send_all(fr_client *c, const fr_msg_generate *base, const fr_cli_prom
         r.request_id = (uint64_t)(first_id + i);
         r.prompt = p->ids[i];
         r.n_prompt = p->len[i];
+        if (p->text[i]) {   /* for the server's tokenizer, and its text back */
+            r.prompt_text = p->text[i];
+            r.prompt_text_len = strlen(p->text[i]);
+            r.return_text = 1;
+        }
         if (fr_client_generate(c, &r)) {
             fprintf(stderr, "fp4rollout-client generate: request %lld: %s\n", first_id + i, fr_last_error());
             return 1;
@@ -240,6 +268,7 @@ int fr_client_cmd_generate(const fr_client_ctx *ctx, const fr_cli_values *v)
     for (int i = 0; g.acc && i < p.n * base.n; i++) {
         free(g.acc[i].tok);
         free(g.acc[i].lp);
+        fr_buf_free(&g.acc[i].text);
     }
     free(g.acc);
     fr_cli_prompts_free(&p);

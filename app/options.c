@@ -55,9 +55,9 @@ static fr_status parse_backend(const char *s, int *out)
 
 static fr_status parse_pause_mode(const char *s, int *out)
 {
-    static const char *const names[] = {"abort", "wait"};
-    static const int values[] = {FR_PAUSE_ABORT, FR_PAUSE_WAIT};
-    return one_of(s, "pause mode", names, values, 2, out);
+    static const char *const names[] = {"abort", "wait", "keep"};
+    static const int values[] = {FR_PAUSE_ABORT, FR_PAUSE_WAIT, FR_PAUSE_KEEP};
+    return one_of(s, "pause mode", names, values, 3, out);
 }
 
 static fr_status parse_wire_dtype(const char *s, int *out)

@@ -177,7 +177,7 @@ static fr_status check_objects(const char *label, const unsigned char *given, co
     if (strstr(c->coordinator.bind, "://"))
         return fr_fail(FR_EINVAL, "%s: coordinator.bind: give the host or interface only (e.g. \"127.0.0.1\" or "
                                   "\"*\"), not a URL", label);
-    const int secret = c->curve.server_secret_key[0] != '\0';
+    const int secret = c->curve.server_secret_key[0] != '\0' || c->curve.server_secret_key_file[0] != '\0';
     if (secret && c->curve.n_clients + c->curve.n_trainers == 0)
         return fr_fail(FR_EINVAL, "%s: curve: a server_secret_key needs at least one key in client_public_keys "
                                   "(only listed clients may connect) or trainer_public_keys", label);
@@ -201,6 +201,13 @@ static fr_status check_objects(const char *label, const unsigned char *given, co
 fr_status fr_serve_config_settle(const char *label, const unsigned char given[FR_O_COUNT], fr_serve_config *c)
 {
     if (given[FR_O_METRICS_PORT]) c->metrics_port_default = 0;
+    /* The secret key itself or a file of it: one text gives one of them,
+     * and a later text's replaces an earlier one's. */
+    char *key = c->curve.server_secret_key, *file = c->curve.server_secret_key_file;
+    if (given[FR_O_CURVE_SERVER_KEY] && given[FR_O_CURVE_SERVER_KEY_FILE] && key[0] && file[0])
+        return fr_fail(FR_EINVAL, "%s: curve: give server_secret_key or server_secret_key_file, not both", label);
+    if (given[FR_O_CURVE_SERVER_KEY_FILE] && file[0]) key[0] = '\0';
+    if (given[FR_O_CURVE_SERVER_KEY] && key[0]) file[0] = '\0';
     fr_status st = check_objects(label, given, c);
     if (st) return st;
     if (given[FR_O_KV_MEMORY_FRACTION] && given[FR_O_KV_BLOCKS] && c->kv_blocks > 0)
@@ -340,6 +347,7 @@ fr_status fr_serve_config_load(const char *path, fr_serve_config *c)
     }
     if ((st = rebase(t.model, sizeof t.model, slash ? dir : NULL, path, "model"))) return st;
     if ((st = rebase(t.calib, sizeof t.calib, slash ? dir : NULL, path, "calib"))) return st;
+    if ((st = rebase(t.tokenizer, sizeof t.tokenizer, slash ? dir : NULL, path, "tokenizer"))) return st;
     for (int i = 0; i < t.recalibration.n_texts; i++)
         if ((st = rebase(t.recalibration.texts[i], sizeof t.recalibration.texts[i], slash ? dir : NULL, path,
                          "recalibration.texts")))
@@ -348,6 +356,9 @@ fr_status fr_serve_config_load(const char *path, fr_serve_config *c)
                      "recalibration.out_dir")))
         return st;
     if ((st = rebase(t.metrics_log, sizeof t.metrics_log, slash ? dir : NULL, path, "metrics_log"))) return st;
+    if ((st = rebase(t.curve.server_secret_key_file, sizeof t.curve.server_secret_key_file, slash ? dir : NULL, path,
+                     "curve.server_secret_key_file")))
+        return st;
     *c = t;
     return FR_OK;
 }
@@ -363,8 +374,9 @@ static int omitted(int r, const fr_serve_config *c)
     case FR_O_KV_MEMORY_FRACTION: return c->kv_blocks != 0 || c->backend == FR_BACKEND_CPU;   /* GPU-only alternative */
     case FR_O_METRICS_PORT: return c->metrics_port_default;
     case FR_O_CURVE_SERVER_KEY:
+    case FR_O_CURVE_SERVER_KEY_FILE:
     case FR_O_CURVE_CLIENT_KEYS:
-    case FR_O_CURVE_TRAINER_KEYS: return !c->curve.server_secret_key[0];
+    case FR_O_CURVE_TRAINER_KEYS: return !c->curve.server_secret_key[0] && !c->curve.server_secret_key_file[0];
     case FR_O_RECAL_KL_THRESHOLD: return !recal || rc->kl_threshold <= 0;
     case FR_O_RECAL_CONTEXT: return !recal || rc->context < 0;
     default: return !recal && strncmp(fr_opts[r].key, "recalibration.", 14) == 0;

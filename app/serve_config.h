@@ -63,6 +63,7 @@ typedef struct {
     fr_fp4_compute fp4_compute;
     fr_recipe recipe;
     char calib[FR_SERVE_PATH_MAX];         /* calibration file; "" when none */
+    char tokenizer[FR_SERVE_PATH_MAX];     /* tokenizer.json or its folder; "" the model's (app/cli_text.c) */
     int max_seqs;                          /* sequences decoded together by one engine */
     int kv_blocks;                         /* KV pages per engine; 0: automatic */
     double kv_memory_fraction;             /* cuda, kv_blocks 0: share of free GPU memory for KV pages */
@@ -98,7 +99,8 @@ typedef struct {
     double weight_update_idle_s;           /* a staged weight update idle this long is dropped; 0: never */
     double nccl_timeout_s;                 /* an NCCL weight group without progress this long is aborted */
     struct {                               /* CURVE authentication of the trainer-facing socket */
-        char server_secret_key[FR_SERVE_CURVE_KEY];   /* "" when off */
+        char server_secret_key[FR_SERVE_CURVE_KEY];   /* "" when off (or given by the file below) */
+        char server_secret_key_file[FR_SERVE_PATH_MAX];   /* a file holding it; "" none (app/serve_curve.h) */
         int n_clients;
         char client_public_keys[FR_SERVE_MAX_CURVE_CLIENTS][FR_SERVE_CURVE_KEY];
         int n_trainers;                    /* keys with the trainer role (docs/protocol.md, "Roles") */

@@ -37,6 +37,8 @@
  * usage: decode_step [--model M] [--kv T] [--tp N] [--batches 1,16,64] [--context N]
  *                    [--chunk N] [--steps N] [--fill] [--vs-deterministic] [--markdown]
  * 64K contexts need synthetic:qwen3-4b-128k (Qwen3-4B's window is 40,960).
+ * Other shapes: synthetic:qwen3-30b-a3b (Qwen3-MoE), synthetic:deepseek-v2-lite
+ * (DeepSeek-V2-Lite: latent attention, routed and shared experts; a 32K window).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +108,7 @@ static void usage(FILE *f)
                "  --fill   fill the contexts without attention (fr_session_fill) instead of prefilling them;\n"
                "           the prefill figure is then the fill's. 64K contexts: --model synthetic:qwen3-4b-128k\n"
                "  --vs-deterministic  time each batch in the default mode and in deterministic mode\n"
+               "  models: synthetic:qwen3-4b (default), qwen3-14b, qwen3-30b-a3b, deepseek-v2-lite, or a folder\n"
                "Decode step time and prefill throughput of the CUDA engine against the memory roofline.\n");
 }
 

@@ -81,6 +81,18 @@ static fr_status mark_special(fr_tokenizer *t)
     return FR_OK;
 }
 
+/* The post-processor's ids must be the tokenizer's own: a template naming
+ * an id no token has would hand the engine ids outside the vocabulary
+ * (known only once the added tokens are read). */
+static fr_status check_template(const fr_tokenizer *t)
+{
+    for (size_t i = 0; i < t->n_tmpl; i++)
+        if (t->tmpl[i] != TOK_TMPL_SEQ && (t->tmpl[i] < 0 || t->tmpl[i] >= t->n_ids))
+            return fr_fail(FR_EFORMAT, "post_processor: its template adds id %d, and the vocabulary holds %d ids",
+                           t->tmpl[i], t->n_ids);
+    return FR_OK;
+}
+
 /* Refuses the top-level settings this library does not apply. */
 static fr_status check_top(const cJSON *root)
 {
@@ -108,6 +120,7 @@ static fr_status build(fr_tokenizer *t, const cJSON *root)
     if (st == FR_OK) st = tok_parse_decoder(t, cJSON_GetObjectItemCaseSensitive(root, "decoder"));
     if (st == FR_OK) st = tok_parse_post_processor(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"));
     if (st == FR_OK) st = tok_parse_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
+    if (st == FR_OK) st = check_template(t);
     if (st == FR_OK) st = tok_build_tries(t);
     if (st == FR_OK) st = mark_special(t);
     return st;

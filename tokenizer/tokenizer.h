@@ -48,6 +48,15 @@ fr_status fr_tokenizer_load_opts(const char *path, unsigned flags, fr_tokenizer 
 fr_status fr_tokenizer_from_json(const char *json, size_t len, const char *config, size_t config_len,
                                  const char *label, fr_tokenizer **out);
 
+/* The tokenizer of byte-level models (the bundled demo model, the project's
+ * test models), which ship no tokenizer.json: ids 0-255 are the bytes, and
+ * every id from 256 to vocab_size - 1 is a special token written "<ID>"
+ * ("<256>"). Encoding with special tokens puts bos_id first; bos_id and
+ * eos_id (-1: none) are what fr_tokenizer_bos_id and _eos_id give. Made as
+ * the tokenizer.json such a model would ship (a byte-level BPE without
+ * merges), so everything above works on it as on any other. */
+fr_status fr_tokenizer_bytes(int vocab_size, int bos_id, int eos_id, fr_tokenizer **out);
+
 /* Frees *tok and sets it to NULL; accepts NULL and a pointer to NULL. */
 void fr_tokenizer_free(fr_tokenizer **tok);
 

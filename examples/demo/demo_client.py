@@ -11,7 +11,7 @@ import asyncio
 import time
 import urllib.request
 
-from fp4rollout_client import AsyncRolloutClient
+from fp4rollout_client import AsyncRolloutClient, ByteTokenizer
 
 PROMPTS = ["def ", "import os\nimport sys\n\n\ndef main(", "class Config:\n    def __init__(self"]
 
@@ -23,6 +23,7 @@ def show(text: str, width: int) -> str:
 
 
 def print_sample(s, tok) -> None:
+    """s.text is the server's (its tokenizer decodes); tok spells out single tokens for the log-prob line."""
     d = s.divergence
     kl = "not monitored" if d["kl_mean"] is None else f"KL {d['kl_mean']:.1e}, top-1 {100 * d['top1_agreement']:.0f}%"
     print(f"  [{s.request_id}.{s.sample}] {kl}: {show(s.text, 80)}")
@@ -42,7 +43,7 @@ async def run(a) -> int:
             if s.request_id not in shown:
                 shown.add(s.request_id)
                 print(f"prompt {s.request_id}: \"{show(PROMPTS[s.request_id], 60)}\", n = 4, temperature 0.8")
-            print_sample(s, c.tokenizer)
+            print_sample(s, ByteTokenizer())   # the demo model is byte-level: one token, one byte
             samples.append(s)
             tokens += len(s.token_ids)
         secs = time.monotonic() - t0

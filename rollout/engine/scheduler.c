@@ -33,6 +33,8 @@ static void free_req(req *r)
         free(r->samples[i].kl);
         free(r->samples[i].top_ids);
         free(r->samples[i].top_lps);
+        free(r->samples[i].routes);
+        fr_sample_text_free(&r->samples[i].text);
     }
     free(r->samples);
     free(r->plp);
@@ -48,6 +50,7 @@ void sch_remove_req(fr_scheduler *sch, req *r)
         if (sch->reqs[i] == r) {
             memmove(&sch->reqs[i], &sch->reqs[i + 1], sizeof(req *) * (size_t)(sch->n_reqs - i - 1));
             sch->n_reqs--;
+            sch->route_reqs -= r->routes;
             break;
         }
     free_req(r);
@@ -77,6 +80,9 @@ fr_status fr_scheduler_new(fr_session *s, const fr_scheduler_config *cfg, fr_sch
     sch->aligned_chunks = s->deterministic && kc->dtype != FR_KV_BF16 && kc->dtype != FR_KV_F32;
     sch->vocab = s->model->cfg.vocab_size;
     sch->n_blocks = kc->n_blocks;
+    sch->route_layers = fr_model_moe_layers(&s->model->cfg);
+    sch->route_k = sch->route_layers ? s->model->cfg.experts_per_tok : 0;
+    sch->route_width = s->model->cfg.num_experts > 256 ? 2 : 1;
     fr_serving_stats_init(&sch->serving);
     const char *ov = getenv("FR_SHADOW_OVERLAP"), *ca = getenv("FR_SHADOW_CARRY");
     sch->overlap = !ov || strcmp(ov, "0") != 0;
@@ -123,6 +129,9 @@ void fr_scheduler_destroy(fr_scheduler **p)
     free(sch->keep);
     free(sch->keep_at);
     free(sch->dlp);
+    free(sch->route_at);
+    free(sch->route_trow);
+    free(sch->route_buf);
     fr_sampler_destroy(&sch->sampler);
     fr_shadow_close(&sch->shadow);
     free(sch->ref);
@@ -143,29 +152,23 @@ void fr_scheduler_destroy(fr_scheduler **p)
     *p = NULL;
 }
 
-fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
+/* A continuation's sample begins with the tokens it already made; their
+ * log-probs and versions are never reported (the result starts after them). */
+static void load_continued(sample *x, const fr_request_spec *spec)
 {
-    if (!sch) return fr_fail(FR_EINVAL, "scheduler: NULL");
-    fr_status st = fr_request_spec_check(spec, sch->vocab);
-    if (st) return st;
-    const fr_model_config *mc = &sch->s->model->cfg;
-    if (spec->n_prompt >= mc->max_position)
-        return fr_fail(FR_EINVAL, "request %llu: the prompt (%d tokens) does not fit the context window of %d",
-                       (unsigned long long)spec->id, spec->n_prompt, mc->max_position);
-    int max_tokens = spec->max_tokens;
-    if (max_tokens > mc->max_position - spec->n_prompt) max_tokens = mc->max_position - spec->n_prompt;
-    if (sch_blocks_for(spec->n_prompt + max_tokens) > sch->n_blocks)
-        return fr_fail(FR_EINVAL, "request %llu: prompt (%d) + max_tokens (%d) needs %d KV blocks, the cache has %d",
-                       (unsigned long long)spec->id, spec->n_prompt, max_tokens,
-                       sch_blocks_for(spec->n_prompt + max_tokens), sch->n_blocks);
-    req *r = calloc(1, sizeof *r);
-    if (!r) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
-    if (spec->forced && spec->n_forced < max_tokens) max_tokens = spec->n_forced;
-    *r = (req){.id = spec->id, .group = spec->group, .n_prompt = spec->n_prompt, .n = spec->n,
-               .max_tokens = max_tokens, .params = spec->params, .n_stop = spec->n_stop, .open = spec->n,
-               .monitor = spec->monitor, .per_token_kl = spec->per_token_kl, .t_submit = fr_now_s(),
-               .report_id = spec->has_report_id ? spec->report_id : spec->id, .min_tokens = spec->min_tokens,
-               .top_n = spec->top_logprobs, .pen = spec->penalties};
+    memcpy(x->tokens, spec->continue_tokens, sizeof(int) * (size_t)spec->n_continue);
+    for (int i = 0; i < spec->n_continue; i++) {
+        x->logprobs[i] = NAN;
+        x->versions[i] = 0;
+    }
+    x->n = x->start = spec->n_continue;
+}
+
+/* The request's samples and arrays; 0 when out of memory (r then holds
+ * what was allocated, for free_req). */
+static int alloc_samples(fr_scheduler *sch, req *r, const fr_request_spec *spec)
+{
+    const int max_tokens = r->max_tokens;
     r->prompt = malloc(sizeof(int) * (size_t)spec->n_prompt);
     r->stop = malloc(sizeof(int) * (size_t)(spec->n_stop > 0 ? spec->n_stop : 1));
     r->samples = calloc((size_t)spec->n, sizeof(sample));
@@ -195,20 +198,79 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
             x->top_lps = malloc(sizeof(float) * (size_t)max_tokens * (size_t)r->top_n);
             ok = x->top_ids && x->top_lps;
         }
+        if (ok && r->routes) {
+            const size_t route_bytes = (size_t)sch->route_layers * (size_t)sch->route_k * (size_t)sch->route_width;
+            ok = (x->routes = malloc(route_bytes * (size_t)max_tokens)) != NULL;
+        }
+        if (ok && spec->n_continue > 0) load_continued(x, spec);
     }
+    return ok;
+}
+
+/* The request's prefill work at the back of the waiting queue: a prefill
+ * job per max_seqs samples, or a continuation's one job, which prefills the
+ * prompt and the continued tokens (room made first, so that no push fails
+ * halfway); 0 when out of memory. */
+static int queue_jobs(fr_scheduler *sch, req *r, const fr_request_spec *spec)
+{
+    if (spec->n_continue > 0) {
+        job j = {.r = r, .sample = 0, .seq = -1, .cont = 1, .n_total = r->n_prompt + spec->n_continue};
+        if (!(j.buf = malloc(sizeof(int) * (size_t)j.n_total))) return 0;
+        memcpy(j.buf, r->prompt, sizeof(int) * (size_t)r->n_prompt);
+        memcpy(j.buf + r->n_prompt, spec->continue_tokens, sizeof(int) * (size_t)spec->n_continue);
+        j.tokens = j.buf;
+        if (!sch_push_waiting(sch, j, 0)) return 1;
+        free(j.buf);
+        return 0;
+    }
+    int jobs = (spec->n + sch->cfg.max_seqs - 1) / sch->cfg.max_seqs;
+    int ok = !sch_grow((void **)&sch->waiting, &sch->cap_waiting, sch->n_waiting + jobs, sizeof(job));
+    for (int lo = 0; ok && lo < spec->n; lo += sch->cfg.max_seqs) {
+        int hi = spec->n - lo > sch->cfg.max_seqs ? lo + sch->cfg.max_seqs : spec->n;
+        job j = {.r = r, .sample = -1, .lo = lo, .hi = hi, .tokens = r->prompt, .n_total = r->n_prompt, .seq = -1};
+        ok = !sch_push_waiting(sch, j, 0);
+    }
+    return ok;
+}
+
+fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
+{
+    if (!sch) return fr_fail(FR_EINVAL, "scheduler: NULL");
+    fr_status st = fr_request_spec_check(spec, sch->vocab);
+    if (!st) st = sch_text_check(sch, spec);
+    if (st) return st;
+    const fr_model_config *mc = &sch->s->model->cfg;
+    if (spec->return_routed_experts && !sch->route_layers)
+        return fr_fail(FR_EINVAL, "request %llu: return_routed_experts: the model has no mixture-of-experts layer",
+                       (unsigned long long)spec->id);
+    if (spec->n_prompt >= mc->max_position)
+        return fr_fail(FR_EINVAL, "request %llu: the prompt (%d tokens) does not fit the context window of %d",
+                       (unsigned long long)spec->id, spec->n_prompt, mc->max_position);
+    int max_tokens = spec->max_tokens;
+    if (max_tokens > mc->max_position - spec->n_prompt) max_tokens = mc->max_position - spec->n_prompt;
+    if (sch_blocks_for(spec->n_prompt + max_tokens) > sch->n_blocks)
+        return fr_fail(FR_EINVAL, "request %llu: prompt (%d) + max_tokens (%d) needs %d KV blocks, the cache has %d",
+                       (unsigned long long)spec->id, spec->n_prompt, max_tokens,
+                       sch_blocks_for(spec->n_prompt + max_tokens), sch->n_blocks);
+    if (spec->n_continue >= max_tokens)
+        return fr_fail(FR_EINVAL, "request %llu: the prompt (%d tokens) and %d continued tokens leave nothing to "
+                                  "generate in the context window of %d",
+                       (unsigned long long)spec->id, spec->n_prompt, spec->n_continue, mc->max_position);
+    req *r = calloc(1, sizeof *r);
+    if (!r) return fr_fail(FR_ENOMEM, "scheduler: out of memory");
+    if (spec->forced && spec->n_forced < max_tokens) max_tokens = spec->n_forced;
+    *r = (req){.id = spec->id, .group = spec->group, .n_prompt = spec->n_prompt, .n = spec->n,
+               .max_tokens = max_tokens, .params = spec->params, .n_stop = spec->n_stop, .open = spec->n,
+               .monitor = spec->monitor, .per_token_kl = spec->per_token_kl, .t_submit = fr_now_s(),
+               .report_id = spec->has_report_id ? spec->report_id : spec->id, .min_tokens = spec->min_tokens,
+               .top_n = spec->top_logprobs, .routes = spec->return_routed_experts, .pen = spec->penalties};
+    int ok = alloc_samples(sch, r, spec);
+    if (ok) ok = !sch_text_open(sch, r, spec);
     if (ok) ok = !sch_grow((void **)&sch->reqs, &sch->cap_reqs, sch->n_reqs + 1, sizeof(req *));
     if (ok) {
         memcpy(r->prompt, spec->prompt, sizeof(int) * (size_t)spec->n_prompt);
         if (spec->n_stop > 0) memcpy(r->stop, spec->stop_ids, sizeof(int) * (size_t)spec->n_stop);
-        /* more samples than the engine runs at once: queued max_seqs at a time
-         * (room made first, so that no push fails halfway) */
-        int jobs = (spec->n + sch->cfg.max_seqs - 1) / sch->cfg.max_seqs;
-        ok = !sch_grow((void **)&sch->waiting, &sch->cap_waiting, sch->n_waiting + jobs, sizeof(job));
-        for (int lo = 0; ok && lo < spec->n; lo += sch->cfg.max_seqs) {
-            int hi = spec->n - lo > sch->cfg.max_seqs ? lo + sch->cfg.max_seqs : spec->n;
-            job j = {.r = r, .sample = -1, .lo = lo, .hi = hi, .tokens = r->prompt, .n_total = r->n_prompt, .seq = -1};
-            ok = !sch_push_waiting(sch, j, 0);
-        }
+        ok = queue_jobs(sch, r, spec);
     }
     if (!ok) {
         if (r->samples) free_req(r);
@@ -216,6 +278,7 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
         return fr_fail(FR_ENOMEM, "scheduler: out of memory");
     }
     sch->reqs[sch->n_reqs++] = r;
+    sch->route_reqs += r->routes;
     for (int i = 0; i < r->n; i++)
         if (r->samples[i].monitored) {
             sch_shadow_of(sch);   /* a failure is the prompt's completion's to handle: monitoring off */
@@ -226,10 +289,37 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
 
 int fr_scheduler_idle(const fr_scheduler *sch) { return !sch || sch->n_reqs == 0; }
 
+void fr_scheduler_set_mode(fr_scheduler *sch, fr_scheduler_mode mode)
+{
+    if (sch && (mode == FR_SCHED_RUN || mode == FR_SCHED_HOLD || mode == FR_SCHED_FREEZE)) sch->mode = mode;
+}
+
+fr_scheduler_mode fr_scheduler_mode_of(const fr_scheduler *sch) { return sch ? sch->mode : FR_SCHED_RUN; }
+
+int fr_scheduler_in_flight(const fr_scheduler *sch)
+{
+    if (!sch) return 0;
+    int n = sch->n_running;
+    for (int k = 0; k < sch->n_prefill; k++) n += sch_job_slots(&sch->prefill[k]);
+    for (int k = 0; k < sch->n_waiting; k++)
+        if (sch->waiting[k].started) n += sch_job_slots(&sch->waiting[k]);
+    return n;
+}
+
+/* Started work sits at the front of the waiting queue (preempted work
+ * re-enters there), so under FR_SCHED_HOLD the head says whether any is
+ * left to admit. */
+int fr_scheduler_busy(const fr_scheduler *sch)
+{
+    if (!sch || sch->n_reqs == 0 || sch->mode == FR_SCHED_FREEZE) return 0;
+    if (sch->mode == FR_SCHED_RUN) return 1;
+    return sch->n_running > 0 || sch->n_prefill > 0 || (sch->n_waiting > 0 && sch->waiting[0].started);
+}
+
 fr_status fr_scheduler_run(fr_scheduler *sch)
 {
     fr_status first = FR_OK;
-    while (!fr_scheduler_idle(sch)) {
+    while (fr_scheduler_busy(sch)) {
         long long before = sch->st.steps + sch->st.finished;
         fr_status st = fr_scheduler_step(sch);
         if (st && !first) first = st;
@@ -274,6 +364,7 @@ void fr_scheduler_stats_get(const fr_scheduler *sch, fr_scheduler_stats *out)
     for (int k = 0; k < sch->n_waiting; k++) out->waiting += sch_job_slots(&sch->waiting[k]);
     out->kv_blocks_free = fr_kv_free_blocks(sch->s->kv);
     out->kv_blocks_used = sch->n_blocks - out->kv_blocks_free;
+    out->in_flight = fr_scheduler_in_flight(sch);
     out->weight_version = sch->version;
     out->monitored = 0;
     for (int i = 0; i < sch->n_running; i++) out->monitored += sch->running[i]->shadow_seq >= 0;
@@ -321,6 +412,7 @@ void fr_scheduler_stats_add(fr_scheduler_stats *a, const fr_scheduler_stats *s)
     a->finished += s->finished;
     a->kv_blocks_used += s->kv_blocks_used;
     a->kv_blocks_free += s->kv_blocks_free;
+    a->in_flight += s->in_flight;
     a->monitored += s->monitored;
     /* -1 says no shadow is open: it counts as none once another engine has one */
     if (s->shadow_blocks_free >= 0)
@@ -339,6 +431,7 @@ void fr_scheduler_stats_put(fr_rank_buf *b, const fr_scheduler_stats *s)
     fr_rank_put_u64(b, (uint64_t)s->finished);
     fr_rank_put_i32(b, s->kv_blocks_used);
     fr_rank_put_i32(b, s->kv_blocks_free);
+    fr_rank_put_i32(b, s->in_flight);
     fr_rank_put_u64(b, s->weight_version);
     fr_rank_put_i32(b, s->monitored);
     fr_rank_put_i32(b, s->shadow_blocks_free);
@@ -357,6 +450,7 @@ void fr_scheduler_stats_read(fr_rank_reader *r, fr_scheduler_stats *s)
     s->finished = (long long)fr_rank_get_u64(r);
     s->kv_blocks_used = fr_rank_get_i32(r);
     s->kv_blocks_free = fr_rank_get_i32(r);
+    s->in_flight = fr_rank_get_i32(r);
     s->weight_version = fr_rank_get_u64(r);
     s->monitored = fr_rank_get_i32(r);
     s->shadow_blocks_free = fr_rank_get_i32(r);

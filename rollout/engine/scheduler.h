@@ -38,6 +38,16 @@ typedef void (*fr_sample_done_fn)(void *user, const fr_sample_result *r);
 typedef void (*fr_sample_token_fn)(void *user, uint64_t request_id, int sample, int index, int token,
                                    float logprob);
 
+/* Called, for samples whose request asks for text (with_text), right after
+ * the token report (above) of a token that made more of the sample's text
+ * final (fr_sample_text_get's stable part): text[0, len) is
+ * that new part, never a piece of a character nor anything a stop string
+ * may still take. The pieces joined are a prefix of the result's text
+ * (what was held back at the end comes only in the result). Must not call
+ * back into the scheduler. */
+typedef void (*fr_sample_text_fn)(void *user, uint64_t request_id, int sample, int index, const char *text,
+                                  size_t len);
+
 typedef struct {
     int max_seqs;          /* sequences at once; 0: the cache's slot count */
     int chunk;             /* tokens per step (decode + prefill); 0: 512. At
@@ -54,6 +64,12 @@ typedef struct {
      * shadow_blocks: the shadow cache's blocks (0: as many as the cache). */
     double kl_sample_rate;
     int shadow_blocks;
+    /* Text (rollout/engine/stop_strings.h): the tokenizer that decodes the
+     * samples of requests with stop strings or asking for text (NULL:
+     * such requests are refused; it must outlive the scheduler), and the
+     * reports of their text as it becomes final (NULL: none). */
+    const fr_tokenizer *tokenizer;
+    fr_sample_text_fn on_text;
 } fr_scheduler_config;
 
 typedef struct {
@@ -66,6 +82,10 @@ typedef struct {
     long long steps;
     long long finished;    /* samples ended, any reason */
     int kv_blocks_used, kv_blocks_free;
+    /* Samples in flight: running, in an admitted prefill, or preempted
+     * after their admission (waiting to be recomputed): what
+     * FR_SCHED_HOLD lets finish. */
+    int in_flight;
     uint64_t weight_version;   /* what new tokens are drawn with */
     int monitored;             /* running samples with a shadow */
     int shadow_blocks_free;    /* -1: no shadow open */
@@ -109,8 +129,9 @@ fr_status fr_scheduler_new(fr_session *s, const fr_scheduler_config *cfg, fr_sch
 void fr_scheduler_destroy(fr_scheduler **sch);
 
 /* Accepts a request (copied) or fails with FR_EINVAL and accepts nothing:
- * invalid fields, n above the slot count, or one sample that could never fit
- * the cache (prompt + max_tokens). Request ids should be unique; abort ends
+ * invalid fields, n above the slot count, one sample that could never fit
+ * the cache (prompt + max_tokens), or stop strings or text without a
+ * tokenizer. Request ids should be unique; abort ends
  * every request with the id. */
 fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *r);
 
@@ -118,9 +139,32 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *r);
  * samples in it end with reason error and the step's status is returned;
  * the scheduler stays usable. */
 fr_status fr_scheduler_step(fr_scheduler *sch);
-/* Steps until every sample has ended; the first failing step's status. */
+/* Steps while there is work the mode lets run (FR_SCHED_RUN: until every
+ * sample has ended); the first failing step's status. */
 fr_status fr_scheduler_run(fr_scheduler *sch);
+/* No request open (held or frozen ones count as open). */
 int fr_scheduler_idle(const fr_scheduler *sch);
+
+/* What the engine does while a trainer pauses it (docs/protocol.md,
+ * "pause"):
+ * - FR_SCHED_RUN: every step as usual;
+ * - FR_SCHED_HOLD: the samples in flight (stats.in_flight) go on to their
+ *   end; nothing that has not started is admitted (queued samples and new
+ *   requests wait);
+ * - FR_SCHED_FREEZE: no step at all: running samples keep their KV cache
+ *   and tokens, queued ones stay queued. Weights may be switched meanwhile
+ *   (fr_scheduler_set_weight_version): back in FR_SCHED_RUN, the samples
+ *   go on where they stopped, their new tokens drawn with the new weights,
+ *   over the KV cache of the old ones unless fr_scheduler_recompute_all
+ *   recomputes it.
+ * Submits and aborts work in every mode. */
+typedef enum { FR_SCHED_RUN = 0, FR_SCHED_HOLD, FR_SCHED_FREEZE } fr_scheduler_mode;
+void fr_scheduler_set_mode(fr_scheduler *sch, fr_scheduler_mode mode);
+fr_scheduler_mode fr_scheduler_mode_of(const fr_scheduler *sch);
+/* Whether a step would do anything: work the mode lets run. */
+int fr_scheduler_busy(const fr_scheduler *sch);
+/* stats.in_flight, without the rest of the stats. */
+int fr_scheduler_in_flight(const fr_scheduler *sch);
 
 /* Ends every unfinished sample of request `id` (or of every request) with
  * reason abort and its partial tokens; *n_ended (may be NULL) gets the count. */

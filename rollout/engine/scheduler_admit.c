@@ -71,7 +71,7 @@ static void preempt_sample(fr_scheduler *sch, sample *x)
     x->seq = -1;
     x->preemptions++;
     sch->st.preemptions++;
-    job j = {.r = r, .sample = x->index, .seq = -1, .n_total = r->n_prompt + x->n};
+    job j = {.r = r, .sample = x->index, .seq = -1, .n_total = r->n_prompt + x->n, .started = 1};
     j.buf = malloc(sizeof(int) * (size_t)j.n_total);
     if (!j.buf || sch_push_waiting(sch, j, 1)) {
         free(j.buf);
@@ -138,6 +138,7 @@ int sch_admit_head(fr_scheduler *sch)
 {
     if (sch->n_waiting == 0) return 0;
     job *j = &sch->waiting[0];
+    if (sch->mode == FR_SCHED_HOLD && !j->started) return 0;   /* a pause lets only what started go on */
     fr_kv_cache *kv = sch->s->kv;
     int slots = sch_job_slots(j), free_blocks = fr_kv_free_blocks(kv);
     if (slots_committed(sch) + slots > sch->cfg.max_seqs) return 0;
@@ -158,6 +159,7 @@ int sch_admit_head(fr_scheduler *sch)
     a.seq = seq;
     a.done = 0;
     a.admit = ++sch->next_admit;
+    a.started = 1;
     sch->prefill[sch->n_prefill++] = a;
     return 1;
 }

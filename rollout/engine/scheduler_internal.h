@@ -26,6 +26,7 @@ typedef struct {
     int *tokens;           /* [r->max_tokens] */
     float *logprobs;
     int n;
+    int start;             /* tokens a continuation began with (fr_request_spec.n_continue): never reported */
     int done;
     int preemptions;
     uint64_t admit;        /* admission number of the work that gave it its sequence */
@@ -38,6 +39,12 @@ typedef struct {
     double t_first;        /* when its first token was drawn (fr_now_s) */
     int *top_ids;          /* [r->max_tokens * r->top_n] when the request asks for top log-probs */
     float *top_lps;
+    uint8_t *routes;       /* [r->max_tokens] records of the routed experts when the request asks for them */
+    /* its text (scheduler_text.c) when the request gives stop strings or asks for text, else NULL */
+    fr_sample_text *text;
+    size_t text_sent;      /* bytes of it reported to on_text */
+    size_t text_from;      /* a continuation: the bytes its continued tokens decoded to, not this request's */
+    int stop_string;       /* k + 1 once stop string k ended it */
 } sample;
 
 struct req {
@@ -56,6 +63,8 @@ struct req {
     int min_tokens, top_n; /* the stop ids are barred before min_tokens; top log-probs per token */
     fr_penalties pen;      /* min_p and penalties (zeroed: none) */
     float *plp;            /* [n_prompt - 1] prompt log-probs when asked (sample 0's job fills them), else NULL */
+    int routes;            /* return_routed_experts */
+    int with_text;         /* on_text reports its samples' text */
 };
 
 /* Prefill work: a prompt for samples [lo, hi) of a request (sample -1; a
@@ -70,12 +79,15 @@ typedef struct {
     const int *tokens;
     int n_total, done, seq;
     uint64_t admit;
+    int started;           /* admitted once (what FR_SCHED_HOLD lets go on) */
+    int cont;              /* a continuation's first prefill (fr_request_spec.continue_tokens) */
 } job;
 
 struct fr_scheduler {
     fr_session *s;
     fr_scheduler_config cfg;
     int aligned_chunks;              /* deterministic mode with an FP4/FP8 cache: see schedule_batch */
+    fr_scheduler_mode mode;          /* run, hold or freeze (scheduler.h) */
     int vocab, n_blocks;
     req **reqs;
     int n_reqs, cap_reqs;
@@ -122,6 +134,15 @@ struct fr_scheduler {
     int cap_mref, cap_mserved, cap_mtok, cap_mrow, cap_mon_pre, cap_mres;
     fr_div_aggregates agg;
     fr_serving_stats serving;        /* latencies, prompt tokens, ends by reason */
+    /* Routed-expert replay (scheduler_routes.c): one token's record is
+     * route_layers x route_k ids of route_width bytes (0 layers: the model
+     * has no MoE layer); route_reqs open requests ask for them, and the
+     * runner captures while any does; route_at[row] is a batch row's record
+     * in route_buf (-1: none wanted), route_trow the token rows fetched. */
+    int route_layers, route_k, route_width, route_reqs, capturing;
+    int *route_at, *route_trow;
+    uint16_t *route_buf;
+    int cap_route_at, cap_route_trow, cap_route_buf;
     /* How a decode-only step runs the shadow on CUDA: carried in the serving
      * batch (default), else beside it on its own stream, else after it;
      * FR_SHADOW_CARRY=0 and FR_SHADOW_OVERLAP=0 step down, for measuring. */
@@ -145,6 +166,7 @@ typedef struct {
     int n_lrows;         /* logit rows of the step: one per row, a prompt's every row when it fills prompt log-probs */
     int n_draws;         /* tokens drawn on the backend (sch->sdraws) */
     int carried;         /* the shadow's rows rode in the serving batch */
+    int n_routes;        /* rows whose routed experts the step fetches (sch->route_trow) */
     int shadow_launched; /* the shadow's step ran beside the serving one */
 } step_plan;
 
@@ -197,6 +219,35 @@ void sch_finish(fr_scheduler *sch, sample *x, fr_finish_reason why);
 int sch_host_drawn(const sample *x);
 /* After the step: decode tokens and their D_t, then the prefills' progress. */
 void sch_postprocess(fr_scheduler *sch, const step_plan *p);
+
+/* ---- scheduler_routes.c: routed-expert replay ---- */
+
+/* The rows whose tokens are drawn this step for samples that record their
+ * routed experts (sch->route_at, route_trow), the runner's capture switched
+ * on while any open request asks and off after. */
+fr_status sch_schedule_routes(fr_scheduler *sch, step_plan *p);
+/* After the forward step: the planned rows' routed experts from the runner. */
+fr_status sch_fetch_routes(fr_scheduler *sch, const step_plan *p);
+/* Batch row `row`'s routed experts this step, or NULL. */
+const uint16_t *sch_route_of(const fr_scheduler *sch, int row);
+/* Keeps route as x's record of its next token (x->n), when x records them. */
+void sch_keep_route(const fr_scheduler *sch, sample *x, const uint16_t *route);
+
+/* ---- scheduler_text.c: the samples' text and stop strings ---- */
+
+/* Whether the request's samples keep a text state. */
+int sch_text_wanted(const fr_request_spec *spec);
+/* FR_EINVAL when the request wants text and the scheduler has no tokenizer. */
+fr_status sch_text_check(const fr_scheduler *sch, const fr_request_spec *spec);
+/* The text states of r's samples when the request wants them: 0, or -1
+ * when one could not be made. */
+int sch_text_open(fr_scheduler *sch, req *r, const fr_request_spec *spec);
+/* x's newest token (x->n - 1, just accepted) into its text: its report to
+ * on_text, and FR_FINISH_STOP when it completed a stop string (NONE
+ * otherwise, ERROR when the text failed). Nothing for a sample without text. */
+fr_finish_reason sch_text_token(fr_scheduler *sch, sample *x, int tok);
+/* The ending sample's text into its result (and its state freed). */
+void sch_text_result(sample *x, fr_sample_result *res);
 
 /* ---- scheduler_shadow.c: divergence monitoring ---- */
 

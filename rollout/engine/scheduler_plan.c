@@ -63,9 +63,15 @@ fr_status sch_schedule_batch(fr_scheduler *sch, step_plan *p)
         if (budget == 0) break;
         job *j = &sch->prefill[n_jobs];
         /* A recompute feeds the prompt in chunks, then its generated tokens
-         * one per step, as they first ran: the decode path again. */
-        int end = j->sample >= 0 && j->done < j->r->n_prompt ? j->r->n_prompt : j->n_total;
-        int m = j->sample >= 0 && j->done >= j->r->n_prompt ? 1 : end - j->done;
+         * one per step, as they first ran: the decode path again. A
+         * continuation's tokens go in chunks like the prompt, except where
+         * that would change their numbers (deterministic mode with an FP4
+         * or FP8 cache, whose prefill depends on its chunks: there they go
+         * one per step too, so the sample stays bitwise the uninterrupted
+         * one). */
+        const int per_token = j->sample >= 0 && !(j->cont && !sch->aligned_chunks);
+        int end = per_token && j->done < j->r->n_prompt ? j->r->n_prompt : j->n_total;
+        int m = per_token && j->done >= j->r->n_prompt ? 1 : end - j->done;
         if (sch->aligned_chunks && m > 1) {
             /* Cut at multiples of the chunk from the prompt's start whatever
              * the load: an FP4/FP8 prefill's numbers depend on its chunks. A
@@ -143,7 +149,8 @@ fr_status sch_schedule_outputs(fr_scheduler *sch, step_plan *p)
         const int host = sch_host_drawn(&r->samples[lo]);   /* the job's samples alike: none has a token yet, or one */
         int wanted = host;
         for (int i = lo; i < hi; i++)
-            wanted |= j->sample >= 0 ? r->samples[i].shadow_seq >= 0 : r->samples[i].monitored && !r->samples[i].done;
+            wanted |= j->sample >= 0 && !j->cont ? r->samples[i].shadow_seq >= 0
+                                                 : r->samples[i].monitored && !r->samples[i].done;
         if (wanted && sch->plp_at[row] >= 0) {
             sch->keep_at[row] = sch->plp_at[row] + m - 1;
         } else if (wanted) {

@@ -17,10 +17,24 @@ static void count_end(fr_scheduler *sch, const sample *x, fr_finish_reason why)
     fr_serving_stats *v = &sch->serving;
     if ((int)why > 0 && (int)why < FR_FINISH_KINDS) v->finished[why]++;
     const double now = fr_now_s();
+    const int made = x->n - x->start;
     fr_hist_add(&v->e2e, now - x->r->t_submit);
-    if (x->n >= 2) fr_hist_add(&v->tpot, (now - x->t_first) / (double)(x->n - 1));
-    if (x->monitored && x->n > 0)
+    if (made >= 2) fr_hist_add(&v->tpot, (now - x->t_first) / (double)(made - 1));
+    if (x->monitored && made > 0)
         fr_div_aggregates_add_sample(&sch->agg, x->versions[x->n - 1], x->r->report_id, (int)x->stream, &x->div);
+}
+
+/* A continuation's result holds the tokens it made, not the ones it began
+ * with: its per-token arrays move down by x->start. */
+static void drop_continued(sample *x)
+{
+    const size_t k = (size_t)x->start, n = (size_t)(x->n - x->start), top = (size_t)x->r->top_n;
+    memmove(x->tokens, x->tokens + k, sizeof(int) * n);
+    memmove(x->logprobs, x->logprobs + k, sizeof(float) * n);
+    memmove(x->versions, x->versions + k, sizeof(uint64_t) * n);
+    if (x->kl) memmove(x->kl, x->kl + k, sizeof(float) * n);
+    if (x->top_ids) memmove(x->top_ids, x->top_ids + k * top, sizeof(int) * n * top);
+    if (x->top_lps) memmove(x->top_lps, x->top_lps + k * top, sizeof(float) * n * top);
 }
 
 /* Ends a sample: frees its sequence, delivers its result, and frees the
@@ -41,11 +55,19 @@ void sch_finish(fr_scheduler *sch, sample *x, fr_finish_reason why)
     }
     if (x->monitored) sch->agg.samples++;
     count_end(sch, x, why);
-    fr_sample_result res = {.request_id = r->id, .group = r->group, .sample = (int)x->stream, .tokens = x->tokens,
-                            .logprobs = x->logprobs, .n_tokens = x->n, .finish = why,
+    if (x->start > 0) drop_continued(x);
+    fr_sample_result res = {.request_id = r->id, .group = r->group, .sample = (int)x->stream, .start = x->start,
+                            .tokens = x->tokens, .logprobs = x->logprobs, .n_tokens = x->n - x->start, .finish = why,
                             .preemptions = x->preemptions, .versions = x->versions,
                             .monitored = x->monitored, .div = x->div, .kl = x->kl, .top_n = r->top_n,
                             .top_ids = x->top_ids, .top_logprobs = x->top_lps};
+    if (x->routes) {
+        res.routed_experts = x->routes;
+        res.route_layers = sch->route_layers;
+        res.route_k = sch->route_k;
+        res.route_width = sch->route_width;
+        x->routes = NULL;
+    }
     if (x->index == 0 && r->plp) {   /* the request's first sample carries them */
         res.prompt_logprobs = r->plp;
         res.n_prompt_logprobs = r->n_prompt - 1;
@@ -57,6 +79,7 @@ void sch_finish(fr_scheduler *sch, sample *x, fr_finish_reason why)
     x->kl = NULL;
     x->top_ids = NULL;
     x->top_lps = NULL;
+    sch_text_result(x, &res);
     sch->st.finished++;
     if (sch->cfg.on_done) {
         sch->cfg.on_done(sch->cfg.user, &res);
@@ -95,18 +118,22 @@ static void first_token(fr_scheduler *sch, sample *x)
     x->r->prompt_counted = 1;
 }
 
-/* Records tok (drawn with log-prob lp) as x's next token; returns its finish
- * reason, or FR_FINISH_NONE when it goes on. */
-static fr_finish_reason accept(fr_scheduler *sch, sample *x, int tok, float lp)
+/* Records tok (drawn with log-prob lp, by a row whose routed experts are
+ * route, or NULL) as x's next token; returns its finish reason, or
+ * FR_FINISH_NONE when it goes on. */
+static fr_finish_reason accept(fr_scheduler *sch, sample *x, int tok, float lp, const uint16_t *route)
 {
     const req *r = x->r;
     if (tok < 0 || tok >= sch->vocab) return FR_FINISH_ERROR;   /* the device sampler's row error */
+    sch_keep_route(sch, x, route);
     x->tokens[x->n] = tok;
     x->versions[x->n] = sch->version;
     x->logprobs[x->n++] = lp;
     sch->st.tokens_generated++;
-    if (x->n == 1) first_token(sch, x);
+    if (x->n == x->start + 1) first_token(sch, x);
     if (sch->cfg.on_token) sch->cfg.on_token(sch->cfg.user, r->id, (int)x->stream, x->n - 1, tok, lp);
+    const fr_finish_reason by_text = sch_text_token(sch, x, tok);   /* a stop string, before the stop ids */
+    if (by_text) return by_text;
     if (is_stop(r, tok)) return FR_FINISH_STOP;
     if (x->n >= r->max_tokens) return FR_FINISH_LENGTH;
     return FR_FINISH_NONE;
@@ -123,7 +150,7 @@ int sch_host_drawn(const sample *x)
 }
 
 /* Draws the next token of x from logits (host), then accepts it. */
-static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits)
+static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits, const uint16_t *route)
 {
     const req *r = x->r;
     int tok;
@@ -145,31 +172,50 @@ static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits)
         if (fr_sample_ex(sch->sampler, logits, &r->params, x->stream, (uint64_t)x->n, &ex, &tok, &lp))
             return FR_FINISH_ERROR;
     }
-    return accept(sch, x, tok, lp);
+    return accept(sch, x, tok, lp, route);
 }
 
 /* x's next token: the one drawn for it on the backend (pre_tok[i], pre_lp[i])
  * when there is one, else drawn here from logits. */
 static fr_finish_reason take(fr_scheduler *sch, sample *x, const float *logits, const int *pre_tok,
-                             const float *pre_lp, int i)
+                             const float *pre_lp, int i, const uint16_t *route)
 {
-    return pre_tok ? accept(sch, x, pre_tok[i], pre_lp[i]) : draw(sch, x, logits);
+    return pre_tok ? accept(sch, x, pre_tok[i], pre_lp[i], route) : draw(sch, x, logits, route);
+}
+
+/* A monitored continuation's shadow: one prefill of its prompt and
+ * continued tokens (their distribution for its next token in sch->ref);
+ * 1 when it has one. */
+static int start_shadow(fr_scheduler *sch, sample *x, const job *j)
+{
+    if (!x->monitored || x->shadow_seq >= 0 || !sch_shadow_of(sch) || !sch_ref_rows(sch, 1)) return 0;
+    const double t0 = fr_now_s();
+    const int need = (j->n_total + T - 1) / T + 1;
+    int ok = fr_shadow_free_blocks(sch->shadow) >= need &&
+             !fr_shadow_start(sch->shadow, j->tokens, j->n_total, &x->shadow_seq, sch->ref);
+    if (!ok) x->shadow_seq = -1;   /* no room: it goes unmonitored */
+    sch->st.shadow_start_s += fr_now_s() - t0;
+    return ok;
 }
 
 /* A prefill's last chunk ran: its samples start. logits: the chunk's last
  * row (NULL when no sample needs it on the host); pre_tok/pre_lp: the first
- * tokens drawn on the backend, by sample index (NULL: draw here). */
-static void complete_job(fr_scheduler *sch, job *j, const float *logits, const int *pre_tok, const float *pre_lp)
+ * tokens drawn on the backend, by sample index (NULL: draw here); route: the
+ * routed experts of the chunk's last row (NULL when not recorded). */
+static void complete_job(fr_scheduler *sch, job *j, const float *logits, const int *pre_tok, const float *pre_lp,
+                         const uint16_t *route)
 {
     req *r = j->r;
     if (j->sample >= 0) {
         sample *x = &r->samples[j->sample];
+        const int shadow = j->cont && logits && start_shadow(sch, x, j);
         free(j->buf);
         x->seq = j->seq;
         x->admit = j->admit;
         sch->running[sch->n_running++] = x;
-        fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, 0);
-        if (why != FR_FINISH_ERROR && logits) sch_shadow_catch_up(sch, x, logits);
+        fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, 0, route);
+        if (why != FR_FINISH_ERROR && shadow) sch_measure_first(sch, &x, 1, logits);
+        else if (why != FR_FINISH_ERROR && logits && !j->cont) sch_shadow_catch_up(sch, x, logits);
         if (why) sch_finish(sch, x, why);
         return;
     }
@@ -208,7 +254,7 @@ static void complete_job(fr_scheduler *sch, job *j, const float *logits, const i
     for (int i = lo; i < hi; i++) {
         sample *x = &r->samples[i];
         if (x->done) continue;
-        fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, i - lo);
+        fr_finish_reason why = take(sch, x, logits, pre_tok, pre_lp, i - lo, route);
         if (why != FR_FINISH_ERROR && x->shadow_seq >= 0 && logits) mon[n_mon++] = x;   /* measured below, before any finish */
         if (!why && seq >= 0) {        /* the first one keeps the prefill's sequence */
             x->seq = seq;
@@ -258,7 +304,9 @@ void sch_postprocess(fr_scheduler *sch, const step_plan *p)
         sample *x = sch->row_samples[i];
         const float *lg = sch->keep_at[i] >= 0 ? sch->logits + (size_t)sch->keep_at[i] * V : NULL;
         const int slot = sch->dslot[i];
-        fr_finish_reason why = slot >= 0 ? accept(sch, x, sch->dtok[slot], sch->dlp[slot]) : draw(sch, x, lg);
+        const uint16_t *route = sch_route_of(sch, i);
+        fr_finish_reason why =
+            slot >= 0 ? accept(sch, x, sch->dtok[slot], sch->dlp[slot], route) : draw(sch, x, lg, route);
         if (p->n_mon && x->shadow_seq >= 0 && why != FR_FINISH_ERROR) {
             const int m = sch->mon_rows[i], at = pre ? sch->mon_pre[m] - 1 : -1;
             if (p->dev_kl) sch_record(sch, x, &sch->mon_kl[m]);
@@ -283,6 +331,6 @@ void sch_postprocess(fr_scheduler *sch, const step_plan *p)
         sch->n_prefill--;
         const int row = n_dec + k, slot = sch->dslot[row];
         complete_job(sch, &j, sch->keep_at[row] >= 0 ? sch->logits + (size_t)sch->keep_at[row] * V : NULL,
-                     slot >= 0 ? sch->dtok + slot : NULL, slot >= 0 ? sch->dlp + slot : NULL);
+                     slot >= 0 ? sch->dtok + slot : NULL, slot >= 0 ? sch->dlp + slot : NULL, sch_route_of(sch, row));
     }
 }

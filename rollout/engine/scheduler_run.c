@@ -69,13 +69,14 @@ static void fail_step(fr_scheduler *sch, const step_plan *p)
 fr_status fr_scheduler_step(fr_scheduler *sch)
 {
     if (!sch) return fr_fail(FR_EINVAL, "scheduler: NULL");
+    if (sch->mode == FR_SCHED_FREEZE) return FR_OK;   /* frozen: every sample keeps its state, KV cache included */
     step_plan p = {0};
     fr_status st = sch_schedule_blocks(sch);
     if (!st) st = sch_schedule_batch(sch, &p);
     if (st || p.n_rows == 0) return st;
-    if ((st = sch_schedule_outputs(sch, &p))) return st;
+    if ((st = sch_schedule_outputs(sch, &p)) || (st = sch_schedule_routes(sch, &p))) return st;
     double t0 = fr_now_s();
-    if ((st = run_forward(sch, &p))) {
+    if ((st = run_forward(sch, &p)) || (st = sch_fetch_routes(sch, &p))) {
         fail_step(sch, &p);
         return st;
     }

@@ -366,6 +366,18 @@ fr_status fr_session_step_draw(fr_session *s, const fr_step_seq *seqs, int n_seq
     return fr_runner_run(s->runner, &b);
 }
 
+fr_status fr_session_capture_routes(fr_session *s, int on)
+{
+    if (!s || !s->runner) return fr_fail(FR_EINVAL, "fr_session_capture_routes: no session");
+    return fr_runner_capture_routes(s->runner, on);
+}
+
+fr_status fr_session_routes(fr_session *s, const int *rows, int n, uint16_t *out)
+{
+    if (!s || !s->runner) return fr_fail(FR_EINVAL, "fr_session_routes: no session");
+    return fr_runner_routes(s->runner, rows, n, out);
+}
+
 fr_status fr_session_fork(fr_session *s, int src, int *dst)
 {
     fr_status st = fr_kv_seq_fork(s->kv, src, dst);

@@ -146,6 +146,12 @@ fr_status fr_session_step_draw(fr_session *s, const fr_step_seq *seqs, int n_seq
  * as a prefill's, their contents are not. */
 fr_status fr_session_fill(fr_session *s, const fr_step_seq *seqs, int n_seqs);
 
+/* Routed-expert replay (rollout/model/runner.h, fr_runner_capture_routes
+ * and fr_runner_routes): with capture on, the experts every MoE layer chose
+ * for each token row of the last step can be read, [n][moe layers][k]. */
+fr_status fr_session_capture_routes(fr_session *s, int on);
+fr_status fr_session_routes(fr_session *s, const int *rows, int n, uint16_t *out);
+
 /* A new sequence holding src's tokens (shared full pages, copied slots). */
 fr_status fr_session_fork(fr_session *s, int src, int *dst);
 

@@ -33,13 +33,13 @@ static fr_status weights_for(const fr_engine_opts *o, const char *spec, fr_model
     *wg = NULL;
     size_t plen = strlen(FR_SYNTHETIC_PREFIX);
     fr_status st;
-    if (strncmp(spec, FR_SYNTHETIC_PREFIX, plen) == 0) {
+    if (strncmp(spec, FR_SYNTHETIC_PREFIX, plen) == 0 && !fr_synthetic_host_only(spec + plen)) {
         fr_model_config cfg;
         uint64_t seed;
         if ((st = fr_synthetic_parse(spec + plen, &cfg, &seed))) return st;
         if ((st = fr_model_config_only(&cfg, spec, m))) return st;
         st = fr_weights_gpu_synthetic(&cfg, seed, wg);
-    } else {
+    } else {   /* a checkpoint, or a synthetic model built on the host (the same bits as the CPU's) */
         if ((st = fr_model_load(spec, m))) return st;
         st = fr_weights_gpu_from_model(*m, wg);
         if (!st) fr_model_drop_weights(*m);

@@ -66,10 +66,17 @@ static size_t layout(const fr_model_config *c, fr_weights *w, float *base)
         PLACE(L->mlp_norm, 1, H);
         if (fr_model_layer_is_moe(c, l)) {
             size_t E = (size_t)c->num_experts, Im = (size_t)c->moe_intermediate_size;
+            size_t Is = (size_t)fr_model_shared_inter(c);
             PLACE(L->router, E, H);
+            if (fr_model_has_router_bias(c)) PLACE(L->router_bias, 1, E);
             PLACE(L->expert_gate, E * Im, H);
             PLACE(L->expert_up, E * Im, H);
             PLACE(L->expert_down, E * H, Im);
+            if (Is) {
+                PLACE(L->shared_gate, Is, H);
+                PLACE(L->shared_up, Is, H);
+                PLACE(L->shared_down, H, Is);
+            }
         } else {
             PLACE(L->gate_proj, I, H);
             PLACE(L->up_proj, I, H);
@@ -105,10 +112,21 @@ fr_status fr_model_alloc(const fr_model_config *cfg, const char *name, fr_model 
         return fr_fail(FR_EUNSUPPORTED, "%s: head_dim %d is odd; RoPE needs an even head_dim", label,
                        cfg->head_dim);
     if (cfg->num_experts > 0 && (cfg->experts_per_tok < 1 || cfg->experts_per_tok > cfg->num_experts ||
-                                 cfg->moe_intermediate_size <= 0 || cfg->decoder_sparse_step < 1))
+                                 cfg->moe_intermediate_size <= 0 || cfg->decoder_sparse_step < 1 ||
+                                 cfg->n_shared_experts < 0))
         return fr_fail(FR_EINVAL, "%s: expert sizes must be positive and top-k within the %d experts (top-k %d, "
-                                  "expert intermediate %d, sparse step %d)", label, cfg->num_experts,
-                       cfg->experts_per_tok, cfg->moe_intermediate_size, cfg->decoder_sparse_step);
+                                  "expert intermediate %d, sparse step %d, shared experts %d)", label, cfg->num_experts,
+                       cfg->experts_per_tok, cfg->moe_intermediate_size, cfg->decoder_sparse_step,
+                       cfg->n_shared_experts);
+    if (cfg->num_experts > FR_MAX_EXPERTS || fr_model_groups(cfg) > FR_MAX_EXPERT_GROUPS)
+        return fr_fail(FR_EUNSUPPORTED, "%s: %d experts in %d groups; at most %d experts in %d groups are supported",
+                       label, cfg->num_experts, fr_model_groups(cfg), FR_MAX_EXPERTS, FR_MAX_EXPERT_GROUPS);
+    if (cfg->num_experts > 0 && (cfg->num_experts % fr_model_groups(cfg) ||
+                                 fr_model_topk_groups(cfg) > fr_model_groups(cfg) ||
+                                 cfg->experts_per_tok > fr_model_topk_groups(cfg) * (cfg->num_experts /
+                                                                                     fr_model_groups(cfg))))
+        return fr_fail(FR_EINVAL, "%s: %d expert groups, %d used per token, do not hold the %d experts and top-%d",
+                       label, fr_model_groups(cfg), fr_model_topk_groups(cfg), cfg->num_experts, cfg->experts_per_tok);
     if ((int64_t)cfg->num_heads * cfg->head_dim > INT_MAX)
         return fr_fail(FR_EUNSUPPORTED, "%s: num_heads x head_dim = %lld is too large", label,
                        (long long)cfg->num_heads * cfg->head_dim);
@@ -191,7 +209,9 @@ fr_status fr_model_swap_weights(fr_model *a, fr_model *b)
         x->num_heads != y->num_heads || x->num_kv_heads != y->num_kv_heads || x->head_dim != y->head_dim ||
         x->intermediate_size != y->intermediate_size || x->tie_word_embeddings != y->tie_word_embeddings ||
         x->num_experts != y->num_experts || x->moe_intermediate_size != y->moe_intermediate_size ||
-        x->decoder_sparse_step != y->decoder_sparse_step || memcmp(x->mlp_only, y->mlp_only, sizeof x->mlp_only))
+        x->decoder_sparse_step != y->decoder_sparse_step || memcmp(x->mlp_only, y->mlp_only, sizeof x->mlp_only) ||
+        x->n_shared_experts != y->n_shared_experts || x->topk_method != y->topk_method ||
+        x->kv_lora_rank != y->kv_lora_rank || x->q_lora_rank != y->q_lora_rank)
         return fr_fail(FR_EINVAL, "fr_model_swap_weights: the two models differ in shape");
     if (!a->data_ || !b->data_ || a->n_data_ != b->n_data_)
         return fr_fail(FR_EINVAL, "fr_model_swap_weights: both models must hold host weights of one size");
@@ -258,7 +278,8 @@ static void load_progress(load_ctx *lc)
     if (lv == FR_LOG_INFO) lc->last = now;
 }
 
-static fr_status load_dir(const char *dir, fr_model **out)
+/* A model spec that names a folder: it must be one. */
+static fr_status check_dir(const char *dir)
 {
     struct stat sb;
     if (stat(dir, &sb) != 0) {
@@ -271,6 +292,13 @@ static fr_status load_dir(const char *dir, fr_model **out)
         return fr_fail(FR_EINVAL, "model \"%s\": not a folder; a model spec is a Hugging Face checkpoint folder "
                                   "or synthetic:tiny[:SEED]",
                        dir);
+    return FR_OK;
+}
+
+static fr_status load_dir(const char *dir, fr_model **out)
+{
+    fr_status dst = check_dir(dir);
+    if (dst) return dst;
 
     fr_checkpoint *ck = NULL;
     fr_model *m = NULL;
@@ -301,7 +329,24 @@ done:
     return rc;
 }
 
-/* ---- the entry point ------------------------------------------------------ */
+/* ---- the entry points ----------------------------------------------------- */
+
+fr_status fr_model_spec_config(const char *spec, fr_model_config *cfg)
+{
+    if (!spec || !cfg) return fr_fail(FR_EINVAL, "fr_model_spec_config: NULL argument");
+    if (!spec[0])
+        return fr_fail(FR_EINVAL, "empty model spec; give a Hugging Face checkpoint folder or synthetic:tiny[:SEED]");
+    size_t plen = strlen(FR_SYNTHETIC_PREFIX);
+    if (strncmp(spec, FR_SYNTHETIC_PREFIX, plen) == 0) {
+        uint64_t seed;
+        return fr_synthetic_parse(spec + plen, cfg, &seed);
+    }
+    fr_status st = check_dir(spec);
+    if (st) return st;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", spec);
+    return fr_model_config_load(path, cfg);
+}
 
 fr_status fr_model_load(const char *spec, fr_model **out)
 {

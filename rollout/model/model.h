@@ -8,8 +8,11 @@
  *                   q_b_proj or q_proj, kv_a_proj, kv_a_norm, kv_b_proj,
  *                   o_proj), mlp_norm, then either the dense MLP gate_proj, up_proj,
  *                   down_proj or, in a Mixture-of-Experts layer
- *                   (fr_model_layer_is_moe), router, expert_gate,
- *                   expert_up, expert_down (the experts' tensors stacked),
+ *                   (fr_model_layer_is_moe), router, router_bias (when
+ *                   fr_model_has_router_bias), expert_gate, expert_up,
+ *                   expert_down (the experts' tensors stacked), then the
+ *                   shared experts' shared_gate, shared_up, shared_down
+ *                   (when n_shared_experts > 0),
  *   final_norm [hidden],
  *   lm_head [vocab][hidden]   (absent when tie_word_embeddings: it then
  *                              points at embed).
@@ -22,12 +25,23 @@
  *                           is checked;
  *   "synthetic:tiny"        the built-in random model below, seed 1;
  *   "synthetic:tiny:SEED"   the same with another seed (decimal, 0..2^64-1);
+ *   "synthetic:tiny-qwen3[:SEED]"  tiny's dimensions with Qwen3's vocabulary
+ *                           (151,936 ids; BOS 151643, EOS 151645): text
+ *                           through Qwen3's tokenizer on a model CI can run
+ *                           (156 MB of float32);
  *   "synthetic:qwen3-4b[:SEED]"  Qwen3-4B's shape, for benchmarks on the GPU
  *                           backend (host loading refuses it);
  *   "synthetic:qwen3-4b-128k[:SEED]"  the same weights with a 131,072-token
  *                           window, for long-context decode benchmarks;
  *   "synthetic:qwen3-30b-a3b[-128k][:SEED]"  Qwen3-30B-A3B's shape, a
- *                           Mixture-of-Experts model (GPU backend only).
+ *                           Mixture-of-Experts model (GPU backend only);
+ *   "synthetic:tiny-dsmoe[:SEED]", "synthetic:tiny-dsmoe-v2[:SEED]"
+ *                           small DeepSeek models (latent attention, a dense
+ *                           first layer, routed and shared experts) routed as
+ *                           DeepSeek-V3 (sigmoid, noaux_tc, groups) and as
+ *                           DeepSeek-V2 (softmax, group_limited_greedy), built
+ *                           on the host (synthetic_model.c);
+ *   "synthetic:deepseek-v2-lite[:SEED]"  DeepSeek-V2-Lite's shape (GPU only).
  *
  * synthetic:tiny is a Qwen3 with the byte tokenizer of tq6: vocab 272 (ids
  * 0..255 bytes, 256 BOS, 257 EOS, 258 PAD), hidden 128, 2 layers, 4 heads,
@@ -63,9 +77,15 @@ typedef struct {
     /* MoE layers only (the dense three above are then NULL); E experts of
      * moe_intermediate_size Im, expert e's tensors at offset e * Im * hidden: */
     float *router;      /* [E][hidden] mlp.gate */
+    float *router_bias; /* [E] mlp.gate.e_score_correction_bias (noaux_tc routing only) */
     float *expert_gate; /* [E][Im][hidden] mlp.experts.e.gate_proj */
     float *expert_up;   /* [E][Im][hidden] mlp.experts.e.up_proj */
     float *expert_down; /* [E][hidden][Im] mlp.experts.e.down_proj */
+    /* DeepSeek's shared experts, one MLP of Is = n_shared_experts * Im rows
+     * (NULL without them): */
+    float *shared_gate; /* [Is][hidden] mlp.shared_experts.gate_proj */
+    float *shared_up;   /* [Is][hidden] mlp.shared_experts.up_proj */
+    float *shared_down; /* [hidden][Is] mlp.shared_experts.down_proj */
     /* Multi-head latent attention only (k_proj, v_proj, q_norm, k_norm are
      * then NULL; q_proj [H*(dn+dr)][hidden] only without a query low rank;
      * o_proj [hidden][H*dv]): */
@@ -100,6 +120,9 @@ typedef struct {
 /* spec: a checkpoint directory, or "synthetic:tiny" / "synthetic:tiny:SEED".
  * On failure *out is NULL and fr_last_error() says what and where. */
 fr_status fr_model_load(const char *spec, fr_model **out);
+/* The configuration of a spec fr_model_load takes, without its weights:
+ * the same refusals of a missing folder and of unknown synthetic names. */
+fr_status fr_model_spec_config(const char *spec, fr_model_config *cfg);
 
 /* Sets *m = NULL; accepts NULL and *m == NULL. */
 void fr_model_destroy(fr_model **m);
@@ -136,6 +159,9 @@ void fr_synthetic_tiny_config(fr_model_config *cfg);
 /* synthetic:tiny with the given seed: what fr_model_load("synthetic:tiny:SEED")
  * returns. */
 fr_status fr_model_synthetic_tiny(uint64_t seed, fr_model **out);
+/* The synthetic:tiny-qwen3 configuration: tiny's, with Qwen3's vocabulary
+ * size and special ids. */
+void fr_synthetic_tiny_qwen3_config(fr_model_config *cfg);
 
 /* The configuration of synthetic:qwen3-4b, the shape of Qwen3-4B (36 layers,
  * hidden 2560, 32 query and 8 KV heads of 128, intermediate 9728, vocab
@@ -158,6 +184,28 @@ fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *s
 /* Builds a synthetic model in host memory; FR_EUNSUPPORTED for the ones
  * made on the GPU only. */
 fr_status fr_model_synthetic(const char *rest, fr_model **out);
+/* Whether the synthetic model `rest` names is built on the host only (a
+ * device copies it from there): the tiny DeepSeek models, which the device
+ * generator does not make (tiny is made either way, with the same bits). */
+int fr_synthetic_host_only(const char *rest);
+/* The small DeepSeek configurations (synthetic_model.c): tiny-dsmoe
+ * (DeepseekV3ForCausalLM: vocab 272 as tiny, hidden 128, 3 layers of which
+ * the first dense of 256, 4 heads, latent 256 and RoPE 64 (the widths the
+ * GPU's latent kernel takes), no query low rank, nope 64, values 64, 16
+ * experts of 64 rows, top-4 in 2 of 4 groups by noaux_tc, sigmoid,
+ * normalized, scale 2.5, one shared expert) and with v2 set tiny-dsmoe-v2
+ * (DeepseekV2ForCausalLM: query low rank 64, softmax, group_limited_greedy,
+ * no renormalization, scale 1.5, two shared experts). */
+void fr_synthetic_tiny_dsmoe_config(fr_model_config *cfg, int v2);
+/* DeepSeek-V2-Lite's shape (27 layers, hidden 2048, 16 heads, latent 512, no
+ * query low rank, nope 128, RoPE 64, values 128, first layer dense of 10944,
+ * then 64 experts of 1408 rows, top-6 greedy softmax, two shared experts,
+ * vocab 102400), made on the GPU. */
+void fr_synthetic_deepseek_v2_lite_config(fr_model_config *cfg);
+/* The host-built tiny DeepSeek models: every tensor of the table
+ * (tensor_table.h) filled by the generator of synthetic_model.c, stream t
+ * for the t-th tensor. */
+fr_status fr_model_synthetic_dsmoe(const fr_model_config *cfg, const char *name, uint64_t seed, fr_model **out);
 
 #ifdef __cplusplus
 }

@@ -99,8 +99,16 @@ static const struct {
 } known_archs[] = {
     {"Qwen3ForCausalLM", "qwen3"},
     {"Qwen3MoeForCausalLM", "qwen3_moe"},
+    {"DeepseekV2ForCausalLM", "deepseek_v2"},
     {"DeepseekV3ForCausalLM", "deepseek_v3"},
 };
+
+static int is_deepseek(const fr_model_config *c)
+{
+    return strcmp(c->architecture, "DeepseekV2ForCausalLM") == 0 || strcmp(c->architecture, "DeepseekV3ForCausalLM") == 0;
+}
+
+static int is_deepseek_v2(const fr_model_config *c) { return strcmp(c->architecture, "DeepseekV2ForCausalLM") == 0; }
 
 static fr_status check_identity(const cJSON *root, const char *label, fr_model_config *c)
 {
@@ -123,7 +131,8 @@ static fr_status check_identity(const cJSON *root, const char *label, fr_model_c
     }
     if (!c->architecture[0])
         return fr_fail(FR_EUNSUPPORTED, "%s: key \"architectures\" is [%s]; only Qwen3ForCausalLM, "
-                       "Qwen3MoeForCausalLM and DeepseekV3ForCausalLM are supported", label, found);
+                       "Qwen3MoeForCausalLM, DeepseekV2ForCausalLM and DeepseekV3ForCausalLM are supported", label,
+                       found);
 
     const cJSON *mt = get(root, "model_type");
     if (!mt) return fr_fail(FR_EFORMAT, "%s: missing key \"model_type\"", label);
@@ -139,6 +148,8 @@ static fr_status check_identity(const cJSON *root, const char *label, fr_model_c
     if (on) return fr_fail(FR_EUNSUPPORTED, "%s: key \"attention_bias\" is true; biased attention is not supported", label);
     if ((rc = opt_bool(root, label, "use_sliding_window", &on)) != FR_OK) return rc;
     if (on) return fr_fail(FR_EUNSUPPORTED, "%s: key \"use_sliding_window\" is true; sliding windows are not supported", label);
+    if ((rc = opt_bool(root, label, "mlp_bias", &on)) != FR_OK) return rc;
+    if (on) return fr_fail(FR_EUNSUPPORTED, "%s: key \"mlp_bias\" is true; biased MLPs are not supported", label);
     const cJSON *act = get(root, "hidden_act");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
         return fr_fail(FR_EUNSUPPORTED, "%s: key \"hidden_act\" must be \"silu\"", label);
@@ -284,34 +295,142 @@ static fr_status parse_moe(const cJSON *root, const char *label, fr_model_config
     return FR_OK;
 }
 
-/* The attention keys of a deepseek_v3 config. Only dense MLP layers are
- * implemented: DeepSeek's routed experts (sigmoid scores, group-limited
- * top-k, shared experts, a routed scaling factor) are refused by name. */
+/* The attention keys of a DeepSeek config (deepseek_v2, deepseek_v3):
+ * multi-head latent attention. */
 static fr_status parse_mla(const cJSON *root, const char *label, fr_model_config *c)
 {
     fr_status rc;
-    int dense = 0;
-    if (strcmp(c->architecture, "DeepseekV3ForCausalLM") != 0) return FR_OK;
+    if (!is_deepseek(c)) return FR_OK;
     if ((rc = positive_int(root, label, "kv_lora_rank", &c->kv_lora_rank)) != FR_OK ||
         (rc = opt_int(root, label, "q_lora_rank", 0, 0, &c->q_lora_rank)) != FR_OK ||
         (rc = positive_int(root, label, "qk_nope_head_dim", &c->qk_nope_dim)) != FR_OK ||
         (rc = positive_int(root, label, "qk_rope_head_dim", &c->qk_rope_dim)) != FR_OK ||
-        (rc = positive_int(root, label, "v_head_dim", &c->v_head_dim)) != FR_OK ||
-        (rc = opt_int(root, label, "first_k_dense_replace", 0, 0, &dense)) != FR_OK)
+        (rc = positive_int(root, label, "v_head_dim", &c->v_head_dim)) != FR_OK)
         return rc;
-    const cJSON *il = get(root, "rope_interleave");
+    /* transformers' DeepSeek-V2 rotates (2i, 2i + 1) pairs as complex
+     * numbers: the interleaved layout, whatever the config says. */
+    const cJSON *il = is_deepseek_v2(c) ? NULL : get(root, "rope_interleave");
     c->rope_interleave = 1;   /* transformers' default for DeepSeek-V3 */
     if (il && !cJSON_IsBool(il)) return fr_fail(FR_EFORMAT, "%s: key \"rope_interleave\" must be true or false", label);
     if (il) c->rope_interleave = cJSON_IsTrue(il);
-    if (dense < c->num_layers)
-        return fr_fail(FR_EUNSUPPORTED, "%s: key \"first_k_dense_replace\" is %d of %d layers: layers %d.. use "
-                       "DeepSeek's routed experts, which are not supported (only dense MLP layers with latent "
-                       "attention)", label, dense, c->num_layers, dense);
     if (c->qk_rope_dim % 2) return fr_fail(FR_EFORMAT, "%s: key \"qk_rope_head_dim\" must be even", label);
     /* The cache row of a token: latent then RoPE key, shared by the heads. */
     c->num_kv_heads = 1;
     c->head_dim = c->kv_lora_rank + c->qk_rope_dim;
     return FR_OK;
+}
+
+/* An optional string key: *out the default when absent. */
+static fr_status opt_string(const cJSON *root, const char *label, const char *key, const char *dflt, const char **out)
+{
+    const cJSON *v = get(root, key);
+    *out = dflt;
+    if (!v) return FR_OK;
+    if (!cJSON_IsString(v)) return fr_fail(FR_EFORMAT, "%s: key \"%s\" must be a string", label, key);
+    *out = v->valuestring;
+    return FR_OK;
+}
+
+static fr_status opt_positive_float(const cJSON *root, const char *label, const char *key, double dflt, float *out)
+{
+    const cJSON *v = get(root, key);
+    *out = (float)dflt;
+    if (!v) return FR_OK;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || !(v->valuedouble > 0) || v->valuedouble > 1e6)
+        return fr_fail(FR_EFORMAT, "%s: key \"%s\" must be a positive number", label, key);
+    *out = (float)v->valuedouble;
+    return FR_OK;
+}
+
+/* The routing keys of a DeepSeek config. Each architecture takes the
+ * routing its transformers class computes: DeepseekV3ForCausalLM sigmoid
+ * scores with noaux_tc (and nothing else: the class ignores the two keys),
+ * DeepseekV2ForCausalLM softmax scores with greedy or group_limited_greedy
+ * and no renormalization; anything else would be computed other than the
+ * reference does, so it is refused by name. */
+static fr_status parse_routing(const cJSON *root, const char *label, fr_model_config *c)
+{
+    const int v2 = is_deepseek_v2(c);
+    const char *scoring, *method;
+    fr_status rc;
+    if ((rc = opt_string(root, label, "scoring_func", v2 ? "softmax" : "sigmoid", &scoring)) != FR_OK ||
+        (rc = opt_string(root, label, "topk_method", v2 ? "greedy" : "noaux_tc", &method)) != FR_OK)
+        return rc;
+    if (strcmp(scoring, v2 ? "softmax" : "sigmoid") != 0)
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"scoring_func\" is \"%s\"; %s routes with %s scores only", label,
+                       scoring, c->architecture, v2 ? "softmax" : "sigmoid");
+    c->scoring_func = v2 ? FR_MOE_SOFTMAX : FR_MOE_SIGMOID;
+    if (!v2 && strcmp(method, "noaux_tc") == 0) c->topk_method = FR_MOE_NOAUX_TC;
+    else if (v2 && strcmp(method, "greedy") == 0) c->topk_method = FR_MOE_GREEDY;
+    else if (v2 && strcmp(method, "group_limited_greedy") == 0) c->topk_method = FR_MOE_GROUP_LIMITED;
+    else
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"topk_method\" is \"%s\"; %s routes with %s only", label, method,
+                       c->architecture, v2 ? "\"greedy\" or \"group_limited_greedy\"" : "\"noaux_tc\"");
+    /* Groups: V3's defaults 8 and 4; V2's null means none (greedy). */
+    const int grouped = c->topk_method != FR_MOE_GREEDY;
+    if ((rc = opt_int(root, label, "n_group", v2 ? 1 : 8, 1, &c->n_group)) != FR_OK ||
+        (rc = opt_int(root, label, "topk_group", v2 ? 1 : 4, 1, &c->topk_group)) != FR_OK)
+        return rc;
+    if (v2 && grouped && (!get(root, "n_group") || !get(root, "topk_group")))
+        return fr_fail(FR_EFORMAT, "%s: key \"topk_method\" \"group_limited_greedy\" needs keys \"n_group\" and "
+                       "\"topk_group\"", label);
+    if (!grouped) c->n_group = c->topk_group = 1;
+    const int E = c->num_experts, G = c->n_group;
+    if (E > FR_MAX_EXPERTS || G > FR_MAX_EXPERT_GROUPS)
+        return fr_fail(FR_EUNSUPPORTED, "%s: keys \"n_routed_experts\" (%d) and \"n_group\" (%d): at most %d experts "
+                       "in %d groups are supported", label, E, G, FR_MAX_EXPERTS, FR_MAX_EXPERT_GROUPS);
+    if (E % G || c->topk_group > G)
+        return fr_fail(FR_EFORMAT, "%s: key \"n_group\" (%d) must divide the %d experts and \"topk_group\" (%d) "
+                       "be at most it", label, G, E, c->topk_group);
+    if (c->topk_method == FR_MOE_NOAUX_TC && G > 1 && E / G < 2)
+        return fr_fail(FR_EFORMAT, "%s: key \"n_group\" (%d): noaux_tc ranks a group by its two best experts, and "
+                       "groups of %d experts have no two", label, G, E / G);
+    if (c->experts_per_tok > c->topk_group * (E / G))
+        return fr_fail(FR_EFORMAT, "%s: key \"num_experts_per_tok\" (%d) is more than the %d experts of %d groups",
+                       label, c->experts_per_tok, c->topk_group * (E / G), c->topk_group);
+    return FR_OK;
+}
+
+/* The mixture-of-experts keys of a DeepSeek config (docs/deepseek_moe.md
+ * has every key, its default and why). The layers before
+ * first_k_dense_replace are dense (mlp_only), every later one routed. */
+static fr_status parse_deepseek_moe(const cJSON *root, const char *label, fr_model_config *c)
+{
+    fr_status rc;
+    int dense = 0, freq = 1;
+    if (!is_deepseek(c)) return FR_OK;
+    const int v2 = is_deepseek_v2(c);
+    if ((rc = opt_int(root, label, "first_k_dense_replace", v2 ? 0 : 3, 0, &dense)) != FR_OK ||
+        (rc = opt_int(root, label, "moe_layer_freq", 1, 1, &freq)) != FR_OK)
+        return rc;
+    if (dense >= c->num_layers) return FR_OK;   /* dense MLPs only: the MoE keys are inert */
+    /* transformers makes every layer from first_k_dense_replace on an MoE
+     * layer; DeepSeek's own code also skips layers by moe_layer_freq. */
+    if (freq != 1)
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"moe_layer_freq\" is %d; only 1 (every layer after the dense "
+                       "ones routed, as transformers builds them) is supported", label, freq);
+    if ((rc = positive_int(root, label, "n_routed_experts", &c->num_experts)) != FR_OK ||
+        (rc = positive_int(root, label, "num_experts_per_tok", &c->experts_per_tok)) != FR_OK ||
+        (rc = positive_int(root, label, "moe_intermediate_size", &c->moe_intermediate_size)) != FR_OK ||
+        (rc = opt_int(root, label, "n_shared_experts", v2 ? 2 : 1, 0, &c->n_shared_experts)) != FR_OK ||
+        (rc = opt_positive_float(root, label, "routed_scaling_factor", v2 ? 1.0 : 2.5, &c->routed_scaling_factor)) !=
+            FR_OK)
+        return rc;
+    if (c->experts_per_tok > c->num_experts)
+        return fr_fail(FR_EFORMAT, "%s: key \"num_experts_per_tok\" (%d) is larger than the %d experts", label,
+                       c->experts_per_tok, c->num_experts);
+    c->norm_topk_prob = !v2;   /* transformers' default for V3 */
+    if (get(root, "norm_topk_prob") && (rc = opt_bool(root, label, "norm_topk_prob", &c->norm_topk_prob)) != FR_OK)
+        return rc;
+    /* DeepSeek-V2's own code renormalizes without the scaling factor when
+     * this is true; transformers' DeepseekV2 ignores the key. No published
+     * V2 checkpoint sets it, so the two never meet: refuse rather than pick. */
+    if (v2 && c->norm_topk_prob)
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"norm_topk_prob\" is true; DeepseekV2ForCausalLM with renormalized "
+                       "routing weights is not supported (its references disagree on the weights)", label);
+    c->decoder_sparse_step = 1;
+    for (int l = 0; l < dense; l++) c->mlp_only[l / 64] |= 1ull << (l % 64);
+    return parse_routing(root, label, c);
 }
 
 fr_status fr_model_config_parse(const char *json, size_t len, const char *label, fr_model_config *cfg)
@@ -340,7 +459,7 @@ fr_status fr_model_config_parse(const char *json, size_t len, const char *label,
              (rc = parse_rope(root, label, &c.rope_theta)) == FR_OK &&
              (rc = opt_bool(root, label, "tie_word_embeddings", &c.tie_word_embeddings)) == FR_OK &&
              (rc = parse_tokens(root, label, &c)) == FR_OK && (rc = parse_moe(root, label, &c)) == FR_OK &&
-             (rc = parse_mla(root, label, &c)) == FR_OK)
+             (rc = parse_mla(root, label, &c)) == FR_OK && (rc = parse_deepseek_moe(root, label, &c)) == FR_OK)
         *cfg = c;
     cJSON_Delete(root);
     free(text);

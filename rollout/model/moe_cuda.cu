@@ -16,14 +16,60 @@ __device__ __forceinline__ uint16_t to_bf16(float x) { return __bfloat16_as_usho
 
 /* ---- routing -------------------------------------------------------------- */
 
-/* One warp per token: softmax over the E logits (lane l holds experts l,
- * l + 32, ...), then k rounds of a warp arg-max; a tie goes to the lower
- * expert index, as in moe_cpu.c. */
-__global__ void route_kernel(const float *logits, int M, int E, int k, int norm, int *ids, float *weights)
+/* A router's rules (moe_cpu.h's fr_moe_routing, less the bias pointer). */
+struct RouteRules {
+    int scoring, method, n_group, topk_group, norm;
+    float scale;
+};
+
+/* Group-limited selection in one warp: lane g < G ranks group g (its best
+ * choice, or its two best added under noaux_tc) from the choices the warp
+ * left in sh[E]; the topk_group best groups are kept (a tie to the lower
+ * group), and every other expert's choice becomes 0.0, as moe_cpu.c does. */
+__device__ __forceinline__ void mask_groups(float (&c)[kMaxExperts / 32], const float *sh, int E, const RouteRules &rr)
 {
-    const int t = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & 31, G = rr.n_group, per = E / G;
+    float rank = -INFINITY;
+    if (lane < G) {
+        float a = -INFINITY, b = -INFINITY;
+        for (int i = 0; i < per; i++) {
+            const float v = sh[lane * per + i];
+            if (v > a) { b = a; a = v; }
+            else if (v > b) b = v;
+        }
+        rank = rr.method == FR_MOE_NOAUX_TC ? a + b : a;
+    }
+    unsigned kept = 0;
+    for (int j = 0; j < rr.topk_group; j++) {
+        float bv = (kept >> lane) & 1u ? -INFINITY : rank;
+        int bi = (kept >> lane) & 1u || lane >= G ? 32 : lane;
+        for (int o = 16; o; o >>= 1) {
+            const float ov = __shfl_xor_sync(kFull, bv, o);
+            const int oi = __shfl_xor_sync(kFull, bi, o);
+            if (oi < 32 && (bi == 32 || ov > bv || (ov == bv && oi < bi))) { bv = ov; bi = oi; }
+        }
+        kept |= 1u << bi;
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxExperts / 32; i++) {
+        const int e = lane + 32 * i;
+        if (e < E && !((kept >> (e / per)) & 1u)) c[i] = 0.0f;
+    }
+}
+
+/* One warp per token: the scores (softmax or sigmoid over the E logits; lane
+ * l holds experts l, l + 32, ...), the choices (scores plus the router bias
+ * under noaux_tc, the groups not kept masked to 0.0), then k rounds of a
+ * warp arg-max of the choices (a tie goes to the lower expert index, as in
+ * moe_cpu.c) whose unbiased scores are the weights, renormalized when
+ * rr.norm and times rr.scale. */
+__global__ void route_kernel(const float *logits, int M, int E, int k, RouteRules rr, const uint16_t *bias, int *ids,
+                             float *weights)
+{
+    __shared__ float sh[4][kMaxExperts];
+    const int w = threadIdx.x / 32, t = blockIdx.x * (blockDim.x / 32) + w, lane = threadIdx.x & 31;
     if (t >= M) return;
-    float p[kMaxExperts / 32];
+    float p[kMaxExperts / 32], c[kMaxExperts / 32];
     float mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < kMaxExperts / 32; i++) {
@@ -31,37 +77,73 @@ __global__ void route_kernel(const float *logits, int M, int E, int k, int norm,
         p[i] = e < E ? logits[(size_t)t * E + e] : -INFINITY;
         mx = fmaxf(mx, p[i]);
     }
-    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, o));
-    float sum = 0.0f;
+    if (rr.scoring == FR_MOE_SIGMOID) {
+#pragma unroll
+        for (int i = 0; i < kMaxExperts / 32; i++)
+            p[i] = lane + 32 * i < E ? __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-p[i]))) : 0.0f;
+    } else {
+        for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, o));
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kMaxExperts / 32; i++) {
+            p[i] = lane + 32 * i < E ? expf(p[i] - mx) : 0.0f;
+            sum += p[i];
+        }
+        for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(kFull, sum, o);
+        const float inv = 1.0f / sum;
+#pragma unroll
+        for (int i = 0; i < kMaxExperts / 32; i++) p[i] *= inv;
+    }
 #pragma unroll
     for (int i = 0; i < kMaxExperts / 32; i++) {
-        p[i] = lane + 32 * i < E ? expf(p[i] - mx) : 0.0f;
-        sum += p[i];
+        const int e = lane + 32 * i;
+        const bool biased = rr.method == FR_MOE_NOAUX_TC && bias && e < E;
+        const float b = biased ? __bfloat162float(__ushort_as_bfloat16(bias[e])) : 0.0f;
+        c[i] = e < E ? __fadd_rn(p[i], b) : -INFINITY;
+        if (e < E) sh[w][e] = c[i];
     }
-    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(kFull, sum, o);
-    const float inv = 1.0f / sum;
-#pragma unroll
-    for (int i = 0; i < kMaxExperts / 32; i++) p[i] = lane + 32 * i < E ? p[i] * inv : -1.0f;
+    __syncwarp();
+    if (rr.method != FR_MOE_GREEDY && rr.n_group > 1 && rr.topk_group < rr.n_group) mask_groups(c, sh[w], E, rr);
     float picked = 0.0f, mine = 0.0f;
     for (int j = 0; j < k; j++) {
-        float bv = -1.0f;
+        float bv = -INFINITY;
         int bi = kMaxExperts;
 #pragma unroll
         for (int i = 0; i < kMaxExperts / 32; i++)
-            if (p[i] > bv) { bv = p[i]; bi = lane + 32 * i; }
+            if (c[i] > bv) { bv = c[i]; bi = lane + 32 * i; }
         for (int o = 16; o; o >>= 1) {
             const float ov = __shfl_xor_sync(kFull, bv, o);
             const int oi = __shfl_xor_sync(kFull, bi, o);
             if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
         }
+        float score = 0.0f;
 #pragma unroll
         for (int i = 0; i < kMaxExperts / 32; i++)
-            if (lane + 32 * i == bi) p[i] = -1.0f;   /* taken */
-        picked += bv;
-        if (lane == j) mine = bv;
+            if (lane + 32 * i == bi) {
+                score = p[i];
+                c[i] = -INFINITY;   /* taken */
+            }
+        score = __shfl_sync(kFull, score, bi & 31);
+        picked = __fadd_rn(picked, score);
+        if (lane == j) mine = score;
         if (lane == 0) ids[(size_t)t * k + j] = bi;
     }
-    if (lane < k) weights[(size_t)t * k + lane] = norm ? mine / picked : mine;
+    if (lane < k) {
+        const float v = rr.norm ? __fdiv_rn(mine, __fadd_rn(picked, 1e-20f)) : mine;
+        weights[(size_t)t * k + lane] = __fmul_rn(v, rr.scale);
+    }
+}
+
+/* The routes of chosen token rows: out[i][m][k] = the experts MoE layer m
+ * (layer layer_of[m]) chose for row rows[i], from the per-layer ids. */
+__global__ void routes_kernel(const int *ids, size_t layer_stride, const int *layer_of, int moe_layers, int k,
+                              const int *rows, int n, uint16_t *out)
+{
+    const int total = n * moe_layers * k;
+    for (int a = blockIdx.x * blockDim.x + threadIdx.x; a < total; a += gridDim.x * blockDim.x) {
+        const int j = a % k, m = (a / k) % moe_layers, i = a / (k * moe_layers);
+        out[a] = (uint16_t)ids[(size_t)layer_of[m] * layer_stride + (size_t)rows[i] * k + j];
+    }
 }
 
 /* One block: counts per expert, their running offsets, and a slot for every
@@ -248,9 +330,15 @@ struct fr_moe_gpu {
     fr_model_config cfg;
     int max_tokens;
     float *logits, *weights, *y2;
-    int *ids, *slot_of, *token_of, *offsets;
+    int *ids;             /* [layers][max_tokens][k]: each layer's choices stay until the next step (replay) */
+    int *slot_of, *token_of, *offsets;
     int *active;          /* [layers]: experts chosen by at least one token, per layer */
     uint16_t *h;
+    /* routed-expert replay (fr_moe_gpu_routes): the MoE layers' indices, a
+     * list of rows and their routes, made on first use */
+    int moe_layers;
+    int *layer_of, *rows;
+    uint16_t *routes;
 };
 
 void fr_moe_gpu_destroy(fr_moe_gpu **ps)
@@ -259,6 +347,7 @@ void fr_moe_gpu_destroy(fr_moe_gpu **ps)
     if (!s) return;
     cudaFree(s->logits); cudaFree(s->weights); cudaFree(s->y2); cudaFree(s->ids);
     cudaFree(s->slot_of); cudaFree(s->token_of); cudaFree(s->offsets); cudaFree(s->h); cudaFree(s->active);
+    cudaFree(s->layer_of); cudaFree(s->rows); cudaFree(s->routes);
     free(s);
     *ps = NULL;
 }
@@ -271,6 +360,9 @@ fr_status fr_moe_gpu_new(const fr_model_config *c, int max_tokens, fr_moe_gpu **
         return fr_fail(FR_EUNSUPPORTED, "MoE on the GPU: %d experts (at most %d), top-%d (at most %d), hidden %d "
                        "(a multiple of 64), expert intermediate %d (a multiple of 32) are outside what the "
                        "kernels take", E, kMaxExperts, k, kMaxTopK, H, Im);
+    if (fr_model_groups(c) > 32)
+        return fr_fail(FR_EUNSUPPORTED, "MoE on the GPU: %d expert groups (the routing kernel ranks at most 32)",
+                       fr_model_groups(c));
     fr_moe_gpu *s = (fr_moe_gpu *)calloc(1, sizeof *s);
     if (!s) return fr_fail(FR_ENOMEM, "MoE on the GPU: out of memory");
     s->cfg = *c;
@@ -278,7 +370,7 @@ fr_status fr_moe_gpu_new(const fr_model_config *c, int max_tokens, fr_moe_gpu **
     const size_t T = (size_t)max_tokens, A = T * (size_t)k;
     cudaError_t e = cudaMalloc(&s->logits, sizeof(float) * T * E);
     if (e == cudaSuccess) e = cudaMalloc(&s->weights, sizeof(float) * A);
-    if (e == cudaSuccess) e = cudaMalloc(&s->ids, sizeof(int) * A);
+    if (e == cudaSuccess) e = cudaMalloc(&s->ids, sizeof(int) * A * (size_t)c->num_layers);
     if (e == cudaSuccess) e = cudaMalloc(&s->slot_of, sizeof(int) * A);
     if (e == cudaSuccess) e = cudaMalloc(&s->token_of, sizeof(int) * A);
     if (e == cudaSuccess) e = cudaMalloc(&s->offsets, sizeof(int) * (size_t)(E + 1));
@@ -305,14 +397,16 @@ fr_status fr_moe_gpu_forward(fr_moe_gpu *s, fr_gemm *g, const fr_layer_weights_g
                                                    s->max_tokens);
     fr_status st = fr_gemm_bf16(g, s->logits, xn, lw->router, M, E, H, 0.0f, stream);
     if (st) return st;
-    route_kernel<<<(M + 3) / 4, 128, 0, stream>>>(s->logits, M, E, k, c->norm_topk_prob, s->ids, s->weights);
-    group_kernel<<<1, 1024, 0, stream>>>(s->ids, M * k, k, E, s->offsets, s->slot_of, s->token_of,
-                                         s->active + layer);
+    const RouteRules rr = {c->scoring_func, c->topk_method, fr_model_groups(c), fr_model_topk_groups(c),
+                           c->norm_topk_prob, fr_model_routed_scale(c)};
+    int *ids = s->ids + (size_t)layer * s->max_tokens * k;
+    route_kernel<<<(M + 3) / 4, 128, 0, stream>>>(s->logits, M, E, k, rr, lw->router_bias, ids, s->weights);
+    group_kernel<<<1, 1024, 0, stream>>>(ids, M * k, k, E, s->offsets, s->slot_of, s->token_of, s->active + layer);
     launch_expert<0>(unroll_for(H), dim3((Im + 8 * kWarps - 1) / (8 * kWarps), E), stream, lw->expert_gate_up, xn,
                      s->offsets, s->token_of, H, Im, s->h, s->y2);
     launch_expert<1>(unroll_for(Im), dim3((H + 16 * kWarps - 1) / (16 * kWarps), E), stream, lw->expert_down, s->h,
                      s->offsets, s->token_of, H, Im, s->h, s->y2);
-    combine_kernel<<<M, 256, 0, stream>>>(s->ids, s->weights, s->slot_of, s->y2, k, H, y, accumulate);
+    combine_kernel<<<M, 256, 0, stream>>>(ids, s->weights, s->slot_of, s->y2, k, H, y, accumulate);
     cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? FR_OK : fr_fail(FR_EINTERNAL, "MoE on the GPU: launch failed: %s", cudaGetErrorString(e));
 }
@@ -335,4 +429,54 @@ fr_status fr_moe_gpu_counts(const fr_moe_gpu *s, int *counts, cudaStream_t strea
     for (int i = 0; i < E && e == cudaSuccess; i++) counts[i] = off[i + 1] - off[i];
     free(off);
     return e == cudaSuccess ? FR_OK : fr_fail(FR_EINTERNAL, "MoE on the GPU: %s", cudaGetErrorString(e));
+}
+
+/* The device lists routes_kernel reads, made on first use: the MoE layers'
+ * indices, room for max_tokens rows and their routes. */
+static fr_status routes_room(fr_moe_gpu *s)
+{
+    if (s->routes) return FR_OK;
+    const fr_model_config *c = &s->cfg;
+    const int layers = fr_model_moe_layers(c);
+    if (layers == 0) return fr_fail(FR_EINVAL, "routed experts: the model has no mixture-of-experts layer");
+    int *host = (int *)malloc(sizeof(int) * (size_t)layers);
+    if (!host) return fr_fail(FR_ENOMEM, "routed experts: out of memory");
+    for (int l = 0, m = 0; l < c->num_layers; l++)
+        if (fr_model_layer_is_moe(c, l)) host[m++] = l;
+    const size_t T = (size_t)s->max_tokens;
+    cudaError_t e = cudaMalloc(&s->layer_of, sizeof(int) * (size_t)layers);
+    if (e == cudaSuccess) e = cudaMemcpy(s->layer_of, host, sizeof(int) * (size_t)layers, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMalloc(&s->rows, sizeof(int) * T);
+    const size_t ids_per_row = (size_t)layers * (size_t)c->experts_per_tok;
+    if (e == cudaSuccess) e = cudaMalloc(&s->routes, sizeof(uint16_t) * T * ids_per_row);
+    free(host);
+    if (e != cudaSuccess) {
+        cudaFree(s->layer_of); cudaFree(s->rows); cudaFree(s->routes);
+        s->layer_of = s->rows = NULL;
+        s->routes = NULL;
+        return fr_fail(FR_ENOMEM, "routed experts: cannot allocate their device lists: %s", cudaGetErrorString(e));
+    }
+    s->moe_layers = layers;
+    return FR_OK;
+}
+
+fr_status fr_moe_gpu_routes(fr_moe_gpu *s, const int *rows, int n, uint16_t *out, cudaStream_t stream)
+{
+    if (n < 0 || n > s->max_tokens) return fr_fail(FR_EINVAL, "routed experts: %d rows (at most %d)", n, s->max_tokens);
+    for (int i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= s->max_tokens)
+            return fr_fail(FR_EINVAL, "routed experts: row %d is outside the step's %d", rows[i], s->max_tokens);
+    fr_status st = routes_room(s);
+    if (st || n == 0) return st;
+    const int k = s->cfg.experts_per_tok, total = n * s->moe_layers * k;
+    cudaError_t e = cudaMemcpyAsync(s->rows, rows, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice, stream);
+    if (e == cudaSuccess) {
+        routes_kernel<<<(total + 255) / 256, 256, 0, stream>>>(s->ids, (size_t)s->max_tokens * k, s->layer_of,
+                                                               s->moe_layers, k, s->rows, n, s->routes);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(out, s->routes, sizeof(uint16_t) * (size_t)total, cudaMemcpyDeviceToHost, stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    return e == cudaSuccess ? FR_OK : fr_fail(FR_EINTERNAL, "routed experts on the GPU: %s", cudaGetErrorString(e));
 }

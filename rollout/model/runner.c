@@ -54,6 +54,18 @@ fr_status fr_runner_weights_changed(fr_runner *r)
     return r->ops->weights_changed(r);
 }
 
+fr_status fr_runner_capture_routes(fr_runner *r, int on)
+{
+    if (!r) return fr_fail(FR_EINVAL, "fr_runner_capture_routes: no runner");
+    return r->ops->capture_routes(r, on);
+}
+
+fr_status fr_runner_routes(fr_runner *r, const int *rows, int n, uint16_t *out)
+{
+    if (!r || n < 0 || (n && (!rows || !out))) return fr_fail(FR_EINVAL, "fr_runner_routes: bad argument");
+    return n ? r->ops->routes(r, rows, n, out) : FR_OK;
+}
+
 void fr_runner_capture_stats(const fr_runner *r, int *captures, double *seconds)
 {
     *captures = 0;

@@ -101,6 +101,10 @@ typedef struct {
     fr_status (*set_observer)(fr_runner *r, const fr_forward_observer *obs);
     fr_status (*set_deterministic)(fr_runner *r, int on);
     fr_status (*weights_changed)(fr_runner *r);
+    /* Routed-expert replay: keep (on) the experts every MoE layer chose for
+     * each token row of the steps from now on; read after a step. */
+    fr_status (*capture_routes)(fr_runner *r, int on);
+    fr_status (*routes)(fr_runner *r, const int *rows, int n, uint16_t *out);
     void (*capture_stats)(const fr_runner *r, int *captures, double *seconds);
     /* release 1: give back the backend's own KV memory (the device cache;
      * nothing on the CPU, whose cache is kv), 0: allocate it again
@@ -150,6 +154,17 @@ fr_status fr_runner_set_observer(fr_runner *r, const fr_forward_observer *obs);
 fr_status fr_runner_set_deterministic(fr_runner *r, int on);
 /* After the model's host weights changed in place (a weight update). */
 fr_status fr_runner_weights_changed(fr_runner *r);
+/* Routed-expert replay (docs/deepseek_moe.md, "Routed-expert replay"). With
+ * capture on, the experts each MoE layer chose for every token row of a
+ * step stay readable until the next step; off (the default) costs nothing
+ * (the CUDA runner keeps each layer's choices in any case; the CPU runner
+ * copies them only while on). FR_EINVAL for a model without MoE layers. */
+fr_status fr_runner_capture_routes(fr_runner *r, int on);
+/* out[i][m][k] = the experts MoE layer m (in layer order) chose for token
+ * row rows[i] of the last step (token rows in step order, seqs[0]'s first;
+ * a decode's row i is sequence i), best first. After a launched decode,
+ * only once it has been waited for. */
+fr_status fr_runner_routes(fr_runner *r, const int *rows, int n, uint16_t *out);
 /* Decode graphs captured and the seconds their first uses took; 0 where
  * there are none (the CPU, NULL). */
 void fr_runner_capture_stats(const fr_runner *r, int *captures, double *seconds);

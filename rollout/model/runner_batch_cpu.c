@@ -130,6 +130,16 @@ static fr_status cpu_set_deterministic(fr_runner *base, int on)
 
 static fr_status cpu_weights_changed(fr_runner *base) { return fr_runner_cpu_weights_changed(cpu_of(base)->cpu); }
 
+static fr_status cpu_capture_routes(fr_runner *base, int on)
+{
+    return fr_runner_cpu_capture_routes(cpu_of(base)->cpu, on);
+}
+
+static fr_status cpu_routes(fr_runner *base, const int *rows, int n, uint16_t *out)
+{
+    return fr_runner_cpu_routes(cpu_of(base)->cpu, rows, n, out);
+}
+
 static void cpu_capture_stats(const fr_runner *base, int *captures, double *seconds)
 {
     (void)base;
@@ -161,6 +171,8 @@ static const fr_runner_ops cpu_ops = {
     .set_observer = cpu_set_observer,
     .set_deterministic = cpu_set_deterministic,
     .weights_changed = cpu_weights_changed,
+    .capture_routes = cpu_capture_routes,
+    .routes = cpu_routes,
     .capture_stats = cpu_capture_stats,
     .memory = cpu_memory,
     .destroy = cpu_destroy,

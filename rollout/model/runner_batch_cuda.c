@@ -125,6 +125,21 @@ static fr_status cuda_weights_changed(fr_runner *base)
     return FR_OK;
 }
 
+/* The device keeps every layer's choices in any case (moe_cuda.h): there is
+ * nothing to switch, only a model without experts to refuse. */
+static fr_status cuda_capture_routes(fr_runner *base, int on)
+{
+    const fr_model_config *c = fr_runner_cuda_config(cuda_of(base)->gpu);
+    if (on && fr_model_moe_layers(c) == 0)
+        return fr_fail(FR_EINVAL, "routed experts: the model has no mixture-of-experts layer");
+    return FR_OK;
+}
+
+static fr_status cuda_routes(fr_runner *base, const int *rows, int n, uint16_t *out)
+{
+    return fr_runner_cuda_routes(cuda_of(base)->gpu, rows, n, out);
+}
+
 static void cuda_capture_stats(const fr_runner *base, int *captures, double *seconds)
 {
     fr_runner_cuda_capture_stats(((const cuda_runner *)base)->gpu, captures, seconds);
@@ -151,6 +166,8 @@ static const fr_runner_ops cuda_ops = {
     .set_observer = cuda_set_observer,
     .set_deterministic = cuda_set_deterministic,
     .weights_changed = cuda_weights_changed,
+    .capture_routes = cuda_capture_routes,
+    .routes = cuda_routes,
     .capture_stats = cuda_capture_stats,
     .memory = cuda_memory,
     .destroy = cuda_destroy,

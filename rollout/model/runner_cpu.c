@@ -36,6 +36,11 @@ struct fr_runner_cpu {
     fr_forward_observer obs;    /* all callbacks NULL when unset */
     int fill_only;              /* the step under way only writes keys and values (fr_runner_cpu_fill) */
     int deterministic;          /* fr_runner_cpu_set_deterministic */
+    /* Routed-expert capture (fr_runner_cpu_capture_routes): the experts
+     * every MoE layer chose for each token row of the last step,
+     * [moe layers][max_tokens][k]; NULL while off. */
+    uint16_t *routes;
+    int route_rows;             /* token rows of the last step they hold (0: none) */
 };
 
 enum { PREFILL_ROWS = 256 };   /* query rows per score block in chunked attention */
@@ -48,6 +53,7 @@ void fr_runner_cpu_destroy(fr_runner_cpu **pr)
     free(r->hidden_out); free(r->kstep); free(r->vstep); free(r->pos);
     free(r->kbuf); free(r->vbuf); free(r->scores);
     free(r->logits_local);
+    free(r->routes);
     fr_moe_cpu_destroy(&r->moe);
     fr_mla_cpu_destroy(&r->mla);
     fr_tp_shard_destroy(&r->shard);
@@ -145,6 +151,48 @@ fr_status fr_runner_cpu_new_tp(const fr_model *m, fr_kv_cache *kv, int max_step_
 void fr_runner_cpu_set_deterministic(fr_runner_cpu *r, int on)
 {
     r->deterministic = on != 0;
+}
+
+fr_status fr_runner_cpu_capture_routes(fr_runner_cpu *r, int on)
+{
+    const fr_model_config *c = r->c;
+    if (!on) {
+        free(r->routes);
+        r->routes = NULL;
+        r->route_rows = 0;
+        return FR_OK;
+    }
+    if (r->routes) return FR_OK;
+    const int layers = fr_model_moe_layers(c);
+    if (layers == 0) return fr_fail(FR_EINVAL, "routed experts: the model has no mixture-of-experts layer");
+    r->routes = malloc(sizeof(uint16_t) * (size_t)layers * (size_t)r->max_tokens * (size_t)c->experts_per_tok);
+    if (!r->routes) return fr_fail(FR_ENOMEM, "routed experts: out of memory");
+    r->route_rows = 0;
+    return FR_OK;
+}
+
+fr_status fr_runner_cpu_routes(const fr_runner_cpu *r, const int *rows, int n, uint16_t *out)
+{
+    const int k = r->c->experts_per_tok, layers = fr_model_moe_layers(r->c);
+    if (!r->routes) return fr_fail(FR_EINVAL, "routed experts: capture is off");
+    for (int i = 0; i < n; i++) {
+        if (rows[i] < 0 || rows[i] >= r->route_rows)
+            return fr_fail(FR_EINVAL, "routed experts: token row %d is not in the last step's %d", rows[i],
+                           r->route_rows);
+        for (int m = 0; m < layers; m++)
+            memcpy(out + ((size_t)i * layers + m) * k, r->routes + ((size_t)m * r->max_tokens + rows[i]) * k,
+                   sizeof(uint16_t) * (size_t)k);
+    }
+    return FR_OK;
+}
+
+/* Keeps MoE layer m's choices for the step's M rows when capturing. */
+static void keep_routes(fr_runner_cpu *r, int m, int M)
+{
+    const int k = r->c->experts_per_tok;
+    const int *ids = fr_moe_cpu_ids(r->moe);
+    uint16_t *dst = r->routes + (size_t)m * r->max_tokens * k;
+    for (size_t i = 0; i < (size_t)M * k; i++) dst[i] = (uint16_t)ids[i];
 }
 
 /* BLAS by default; in deterministic mode the fixed-order kernel, whose rows
@@ -423,7 +471,8 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
     for (int s = 0, row = 0; s < n_seqs; row += seqs[s].n, s++)
         fr_embed(r->x + (size_t)row * D, w->embed, seqs[s].tokens, seqs[s].n, D);
 
-    for (int l = 0; l < c->num_layers && !st; l++) {
+    if (r->routes) r->route_rows = 0;   /* until this step's are all kept */
+    for (int l = 0, moe_layer = 0; l < c->num_layers && !st; l++) {
         const fr_layer_weights *lw = &w->layers[l];
         float *k = r->kstep + (size_t)l * r->max_tokens * kvd, *v = r->vstep + (size_t)l * r->max_tokens * kvd;
         fr_rmsnorm(r->xn, r->x, lw->attn_norm, M, D, c->rms_norm_eps);
@@ -446,10 +495,13 @@ fr_status fr_runner_cpu_step(fr_runner_cpu *r, const fr_step_seq *seqs, int n_se
         for (size_t i = 0; i < (size_t)M * D; i++) r->x[i] += r->hidden_out[i];
         fr_rmsnorm(r->xn, r->x, lw->mlp_norm, M, D, c->rms_norm_eps);
         mlp(r, lw, M);
+        if (lw->router && r->routes) keep_routes(r, moe_layer, M);
+        moe_layer += lw->router != NULL;
         if ((st = tp_allreduce(r, r->hidden_out, (size_t)M * D))) break;
         for (size_t i = 0; i < (size_t)M * D; i++) r->x[i] += r->hidden_out[i];
     }
     if (st) return st;
+    if (r->routes && !r->fill_only) r->route_rows = M;
 
     /* The step's tokens join the cache only after every layer has read them. */
     for (int s = 0, row = 0; s < n_seqs && !st; row += seqs[s].n, s++)

@@ -12,6 +12,8 @@
 #ifndef FR_RUNNER_CPU_H
 #define FR_RUNNER_CPU_H
 
+#include <stdint.h>
+
 #include "kvcache/kv_cache.h"
 #include "rollout/model/model.h"
 #include "rollout/model/tp_shard.h"
@@ -98,6 +100,17 @@ typedef struct {
  * so a token's logits are bitwise the same whatever else is in the step,
  * however its prompt was chunked, and with any thread count or CPU. */
 void fr_runner_cpu_set_deterministic(fr_runner_cpu *r, int on);
+
+/* Routed-expert replay (docs/deepseek_moe.md, "Routed-expert replay"):
+ * with on, every step keeps, until the next one, the experts each MoE layer
+ * chose for each of its token rows (rows in step order: seqs[0]'s tokens
+ * first); off (the default) keeps nothing and costs nothing. FR_EINVAL for
+ * a model without MoE layers. */
+fr_status fr_runner_cpu_capture_routes(fr_runner_cpu *r, int on);
+/* out[i][m][k] = the experts MoE layer m (in layer order) chose for token
+ * row rows[i] of the last step, best first; FR_EINVAL when capture is off
+ * or a row is not in the last step. */
+fr_status fr_runner_cpu_routes(const fr_runner_cpu *r, const int *rows, int n, uint16_t *out);
 
 /* Installs obs (copied), or removes it with NULL. Without an observer the
  * step does no extra work. The CUDA runner takes the same observer for its

@@ -95,8 +95,10 @@ fr_status fr_runner_cuda_new_tp(const fr_weights_gpu *w, fr_kv_cache *book, int 
     DEV_ALLOC(r->step_k, (size_t)M * kvd);
     DEV_ALLOC(r->step_v, mla ? 1 : (size_t)M * kvd);
     DEV_ALLOC(r->att, (size_t)M * att);
-    DEV_ALLOC(r->gu, (size_t)M * 2 * I);
-    DEV_ALLOC(r->h, (size_t)M * I);
+    /* the dense MLP's and DeepSeek's shared experts' (a dense MLP of Is rows) */
+    const size_t wide = (size_t)(fr_model_shared_inter(c) > I ? fr_model_shared_inter(c) : I);
+    DEV_ALLOC(r->gu, (size_t)M * 2 * wide);
+    DEV_ALLOC(r->h, (size_t)M * wide);
     /* Full-vocabulary logits of a whole prefill chunk would not fit for a
      * large vocabulary: the LM head runs in slices of logit_cap rows. */
     r->logit_cap = M;
@@ -321,6 +323,18 @@ fr_status fr_runner_cuda_set_key_mean(fr_runner_cuda *r, const float *key_mean)
 fr_status fr_runner_cuda_fork(fr_runner_cuda *r, int src_seq, int dst_seq)
 {
     return fr_kv_store_gpu_copy_slot(r->store, src_seq, dst_seq, r->stream);
+}
+
+const fr_model_config *fr_runner_cuda_config(const fr_runner_cuda *r) { return &r->w->cfg; }
+
+fr_status fr_runner_cuda_routes(fr_runner_cuda *r, const int *rows, int n, uint16_t *out)
+{
+    if (!r->moe) return fr_fail(FR_EINVAL, "routed experts: the model has no mixture-of-experts layer");
+    for (int i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= r->route_rows)
+            return fr_fail(FR_EINVAL, "routed experts: token row %d is not in the last step's %d", rows[i],
+                           r->route_rows);
+    return fr_moe_gpu_routes(r->moe, rows, n, out, r->stream);
 }
 
 fr_status fr_runner_cuda_moe_usage(fr_runner_cuda *r, int *active_per_layer, int *last_layer_counts)

@@ -159,6 +159,14 @@ fr_status fr_runner_cuda_memory(fr_runner_cuda *r, int release);
  * Synchronizes the runner's stream. FR_EINVAL for a dense model. */
 fr_status fr_runner_cuda_moe_usage(fr_runner_cuda *r, int *active_per_layer, int *last_layer_counts);
 
+/* Routed-expert replay (docs/deepseek_moe.md): out[i][m][k] = the experts MoE
+ * layer m chose for token row rows[i] of the last step (finished: after its
+ * wait), copied to the host; synchronizes the stream. The forward pass keeps
+ * every layer's choices anyway, so steps cost nothing more for it. */
+fr_status fr_runner_cuda_routes(fr_runner_cuda *r, const int *rows, int n, uint16_t *out);
+/* The model config the runner computes with (its rank's local one). */
+const fr_model_config *fr_runner_cuda_config(const fr_runner_cuda *r);
+
 #ifdef __cplusplus
 }
 #endif

@@ -35,6 +35,7 @@ struct fr_runner_cuda {
     int max_tokens, max_seqs, max_pages;
     int step_tokens;            /* rows of the residual stream in the step under way */
     int launched;               /* sequences of a decode launched and not yet waited for */
+    int route_rows;             /* token rows of the last step whose routed experts can be read */
     /* A rider: another runner's decode carried in this one's batch (the
      * BF16-KV shadow of monitored samples): its rows follow ours in every
      * matrix product, and only attention and the cache are its own. */

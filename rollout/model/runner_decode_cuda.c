@@ -131,6 +131,7 @@ static fr_status decode_launch(fr_runner_cuda *r, const fr_step_seq *seqs, const
     if (rd && (rows + r_rows > r->max_tokens || rows + r_rows > r->logit_cap))
         return fr_fail(FR_EINVAL, "decode: %d rows and %d of a rider exceed the step's %d", rows, r_rows,
                        r->max_tokens < r->logit_cap ? r->max_tokens : r->logit_cap);
+    r->route_rows = 0;   /* until this decode has run */
     fr_status st = rcuda_admit(r, seqs, n_seqs, &M);
     if (st) return st;
     if ((st = rcuda_upload_metadata(r, seqs, n_seqs, rows, M, &n_logits))) return st;
@@ -154,6 +155,7 @@ static fr_status decode_launch(fr_runner_cuda *r, const fr_step_seq *seqs, const
     FR_CUDA_TRY(cudaMemcpyAsync(r->h_logprobs, r->logprobs_out, sizeof(float) * (size_t)n_seqs,
                                 cudaMemcpyDeviceToHost, r->stream));
     r->launched = n_seqs;
+    r->route_rows = n_seqs;
     r->rider_seqs = rd ? rseqs : NULL;
     r->rider_n = rd ? n_r : 0;
     r->rider_rows = r_rows;

@@ -112,16 +112,23 @@ static fr_status residual_gemm(fr_runner_cuda *r, const uint16_t *in, const uint
 }
 
 /* The layer's MLP on r->xn into the residual stream: dense, or routed
- * experts (rollout/model/moe_cuda.h). */
+ * experts (rollout/model/moe_cuda.h) and DeepSeek's shared experts, a dense
+ * MLP whose down product adds into the same sum. */
 static fr_status mlp(fr_runner_cuda *r, const fr_layer_weights_gpu *lw, int l, int M)
 {
     const fr_model_config *c = &r->w->cfg;
     const int D = c->hidden_size, I = c->intermediate_size;
     fr_status st;
     if (lw->router) {
-        if (!r->nccl) return fr_moe_gpu_forward(r->moe, r->gemm, lw, l, r->xn, M, r->x, 1, r->stream);
-        st = fr_moe_gpu_forward(r->moe, r->gemm, lw, l, r->xn, M, r->partial, 0, r->stream);
-        return st ? st : residual_allreduce(r, M);
+        float *y = r->nccl ? r->partial : r->x;
+        const int Is = fr_model_shared_inter(c);
+        st = fr_moe_gpu_forward(r->moe, r->gemm, lw, l, r->xn, M, y, !r->nccl, r->stream);
+        if (!st && lw->shared_gate_up) {
+            st = fr_gemm_bf16(r->gemm, r->gu, r->xn, lw->shared_gate_up, M, 2 * Is, D, 0.0f, r->stream);
+            if (!st) st = fr_cuda_swiglu_rows(r->h, r->gu, M, Is, r->stream);
+            if (!st) st = fr_gemm_bf16(r->gemm, y, r->h, lw->shared_down, M, D, Is, 1.0f, r->stream);
+        }
+        return st || !r->nccl ? st : residual_allreduce(r, M);
     }
     st = fr_gemm_bf16(r->gemm, r->gu, r->xn, lw->gate_up, M, 2 * I, D, 0.0f, r->stream);
     if (!st) st = fr_cuda_swiglu_rows(r->h, r->gu, M, I, r->stream);
@@ -284,6 +291,7 @@ static fr_status forward_layers(fr_runner_cuda *r, const fr_step_seq *seqs, int 
     for (int l = 0; l < c->num_layers && !st; l++) st = layer_forward(r, l, M, n_seqs, max_new);
     r->obs_seqs = NULL;
     r->step_tokens = M;
+    r->route_rows = st ? 0 : M;
     return st;
 }
 

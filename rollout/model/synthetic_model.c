@@ -1,4 +1,6 @@
-/* synthetic:tiny, a random Qwen3 that needs no files.
+/* synthetic:tiny, a random Qwen3 that needs no files, and synthetic:tiny-qwen3,
+ * the same dimensions with Qwen3's vocabulary (151,936 ids, Qwen3's special
+ * ids): text through Qwen3's tokenizer on a model small enough for CI.
  *
  * The weights are a pure function of the seed, bit-identical on every machine,
  * because the generator uses only integer arithmetic plus IEEE-754 double
@@ -36,6 +38,7 @@
 #include <string.h>
 
 #include "rollout/model/model.h"
+#include "rollout/model/tensor_table.h"
 
 static uint64_t mix64(uint64_t z)
 {
@@ -61,12 +64,17 @@ static double syn_normal(syn_rng *r)
     return (double)centered * 0x1p-32;
 }
 
-typedef enum { FILL_EMBED, FILL_PROJ, FILL_NORM } fill_kind;
+/* The tiny DeepSeek models add two kinds: ROUTER, a projection whose rows
+ * (experts) have spreads 0.25 .. 3 times a projection's in a scattered order,
+ * so some experts win the top-k far more often than others (as the device
+ * generator's routers, weights_cuda.cu); BIAS, 0.05 z (a router bias that
+ * moves some choices without dwarfing the sigmoid scores). */
+typedef enum { FILL_EMBED, FILL_PROJ, FILL_NORM, FILL_ROUTER, FILL_BIAS } fill_kind;
 
 static void fill(float *dst, size_t rows, size_t cols, fill_kind kind, uint64_t seed, uint64_t tensor)
 {
     syn_rng r = {mix64(seed ^ mix64(tensor + 1))};
-    double scale = kind == FILL_PROJ ? 1.0 / sqrt((double)cols) : 1.0;
+    double scale = kind == FILL_PROJ || kind == FILL_ROUTER ? 1.0 / sqrt((double)cols) : 1.0;
     size_t n = rows * cols;
     for (size_t e = 0; e < n; e++) {
         double z = syn_normal(&r);
@@ -74,6 +82,12 @@ static void fill(float *dst, size_t rows, size_t cols, fill_kind kind, uint64_t 
         case FILL_EMBED: dst[e] = (float)z; break;
         case FILL_PROJ: dst[e] = (float)(z * scale); break;
         case FILL_NORM: dst[e] = (float)(1.0 + 0.1 * z); break;
+        case FILL_ROUTER: {
+            const double u = (double)((e / cols * 37) % rows) / (double)rows;
+            dst[e] = (float)(z * scale * (0.25 + 2.75 * (u * u)));
+            break;
+        }
+        case FILL_BIAS: dst[e] = (float)(0.05 * z); break;
         }
     }
 }
@@ -100,17 +114,31 @@ void fr_synthetic_tiny_config(fr_model_config *cfg)
     cfg->eos_ids[0] = 257;
 }
 
-fr_status fr_model_synthetic_tiny(uint64_t seed, fr_model **out)
+void fr_synthetic_tiny_qwen3_config(fr_model_config *cfg)
 {
-    if (!out) return fr_fail(FR_EINVAL, "fr_model_synthetic_tiny: out is NULL");
+    if (!cfg) return;
+    fr_synthetic_tiny_config(cfg);
+    /* Untied, as tiny: a tied random table makes the model repeat its
+     * input token, and text tests want varied tokens (every script, bytes
+     * split across tokens). */
+    cfg->vocab_size = 151936;
+    cfg->bos_id = 151643;
+    cfg->pad_id = 151643;
+    cfg->n_eos = 1;
+    cfg->eos_ids[0] = 151645;
+}
+
+/* The weights of a two-layer configuration c (tiny's shapes, any
+ * vocabulary), named base[:seed], on the host. */
+static fr_status synthetic_small(const fr_model_config *cfg, const char *base, uint64_t seed, fr_model **out)
+{
     *out = NULL;
-    fr_model_config c;
-    fr_synthetic_tiny_config(&c);
+    fr_model_config c = *cfg;
     char name[64];
     if (seed == FR_SYNTHETIC_DEFAULT_SEED)
-        snprintf(name, sizeof name, "%stiny", FR_SYNTHETIC_PREFIX);
+        snprintf(name, sizeof name, "%s%s", FR_SYNTHETIC_PREFIX, base);
     else
-        snprintf(name, sizeof name, "%stiny:%" PRIu64, FR_SYNTHETIC_PREFIX, seed);
+        snprintf(name, sizeof name, "%s%s:%" PRIu64, FR_SYNTHETIC_PREFIX, base, seed);
     fr_model *m = NULL;
     fr_status rc = fr_model_alloc(&c, name, &m);
     if (rc != FR_OK) return rc;
@@ -135,9 +163,17 @@ fr_status fr_model_synthetic_tiny(uint64_t seed, fr_model **out)
         fill(L->down_proj, H, I, FILL_PROJ, seed, t++);
     }
     fill(m->w.final_norm, 1, H, FILL_NORM, seed, t++);
-    fill(m->w.lm_head, V, H, FILL_PROJ, seed, t++);
+    if (!c.tie_word_embeddings) fill(m->w.lm_head, V, H, FILL_PROJ, seed, t++);
     *out = m;
     return FR_OK;
+}
+
+fr_status fr_model_synthetic_tiny(uint64_t seed, fr_model **out)
+{
+    if (!out) return fr_fail(FR_EINVAL, "fr_model_synthetic_tiny: out is NULL");
+    fr_model_config c;
+    fr_synthetic_tiny_config(&c);
+    return synthetic_small(&c, "tiny", seed, out);
 }
 
 void fr_synthetic_qwen3_4b_config(fr_model_config *cfg)
@@ -191,6 +227,70 @@ void fr_synthetic_qwen3_14b_config(fr_model_config *cfg)
     cfg->tie_word_embeddings = 0;
 }
 
+void fr_synthetic_tiny_dsmoe_config(fr_model_config *cfg, int v2)
+{
+    if (!cfg) return;
+    fr_synthetic_tiny_config(cfg);   /* the byte tokenizer's ids, RMSNorm, RoPE, window */
+    snprintf(cfg->architecture, sizeof cfg->architecture, "%s", v2 ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM");
+    cfg->num_layers = 3;
+    cfg->num_heads = 4;
+    cfg->num_kv_heads = 1;
+    /* latent 256 and RoPE 64: the widths the GPU's latent kernel takes */
+    cfg->kv_lora_rank = 256;
+    cfg->qk_rope_dim = 64;
+    cfg->qk_nope_dim = 64;
+    cfg->v_head_dim = 64;
+    cfg->q_lora_rank = v2 ? 64 : 0;
+    cfg->rope_interleave = 1;
+    cfg->head_dim = cfg->kv_lora_rank + cfg->qk_rope_dim;
+    cfg->intermediate_size = 256;
+    cfg->num_experts = 16;
+    cfg->experts_per_tok = 4;
+    cfg->moe_intermediate_size = 64;
+    cfg->decoder_sparse_step = 1;
+    memset(cfg->mlp_only, 0, sizeof cfg->mlp_only);
+    cfg->mlp_only[0] = 1;   /* first_k_dense_replace 1 */
+    cfg->n_group = 4;
+    cfg->topk_group = 2;
+    cfg->scoring_func = v2 ? FR_MOE_SOFTMAX : FR_MOE_SIGMOID;
+    cfg->topk_method = v2 ? FR_MOE_GROUP_LIMITED : FR_MOE_NOAUX_TC;
+    cfg->norm_topk_prob = !v2;
+    cfg->routed_scaling_factor = v2 ? 1.5f : 2.5f;
+    cfg->n_shared_experts = v2 ? 2 : 1;
+}
+
+void fr_synthetic_deepseek_v2_lite_config(fr_model_config *cfg)
+{
+    if (!cfg) return;
+    fr_synthetic_tiny_dsmoe_config(cfg, 1);
+    cfg->vocab_size = 102400;
+    cfg->hidden_size = 2048;
+    cfg->num_layers = 27;
+    cfg->num_heads = 16;
+    cfg->kv_lora_rank = 512;
+    cfg->qk_rope_dim = 64;
+    cfg->qk_nope_dim = 128;
+    cfg->v_head_dim = 128;
+    cfg->q_lora_rank = 0;
+    cfg->head_dim = cfg->kv_lora_rank + cfg->qk_rope_dim;
+    cfg->intermediate_size = 10944;
+    cfg->num_experts = 64;
+    cfg->experts_per_tok = 6;
+    cfg->moe_intermediate_size = 1408;
+    cfg->n_shared_experts = 2;
+    cfg->n_group = cfg->topk_group = 1;
+    cfg->scoring_func = FR_MOE_SOFTMAX;
+    cfg->topk_method = FR_MOE_GREEDY;
+    cfg->norm_topk_prob = 0;
+    cfg->routed_scaling_factor = 1.0f;
+    /* The published window (163,840) comes from YaRN, which the engine does
+     * not implement; 32K keeps the device workspaces sized for benchmarks. */
+    cfg->max_position = 32768;
+    cfg->bos_id = 100000;
+    cfg->pad_id = 100001;
+    cfg->eos_ids[0] = 100001;
+}
+
 /* Whether rest's name part (before any ":SEED") is exactly `name`. */
 static int named(const char *rest, size_t len, const char *name)
 {
@@ -206,17 +306,25 @@ fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *s
      * (Qwen3's extended context), for decode benchmarks at 64K and beyond. */
     if (named(rest, name_len, "tiny"))
         fr_synthetic_tiny_config(cfg);
+    else if (named(rest, name_len, "tiny-qwen3"))
+        fr_synthetic_tiny_qwen3_config(cfg);
     else if (named(rest, name_len, "qwen3-4b") || named(rest, name_len, "qwen3-4b-128k"))
         fr_synthetic_qwen3_4b_config(cfg);
     else if (named(rest, name_len, "qwen3-14b") || named(rest, name_len, "qwen3-14b-128k"))
         fr_synthetic_qwen3_14b_config(cfg);
     else if (named(rest, name_len, "qwen3-30b-a3b") || named(rest, name_len, "qwen3-30b-a3b-128k"))
         fr_synthetic_qwen3_30b_a3b_config(cfg);
+    else if (named(rest, name_len, "tiny-dsmoe") || named(rest, name_len, "tiny-dsmoe-v2"))
+        fr_synthetic_tiny_dsmoe_config(cfg, named(rest, name_len, "tiny-dsmoe-v2"));
+    else if (named(rest, name_len, "deepseek-v2-lite"))
+        fr_synthetic_deepseek_v2_lite_config(cfg);
     else
         return fr_fail(FR_EINVAL, "unknown synthetic model \"%.*s\" in spec \"%s%s\" (known: %stiny[:SEED], "
-                       "%sqwen3-4b[-128k][:SEED], %sqwen3-14b[-128k][:SEED], %sqwen3-30b-a3b[-128k][:SEED])",
+                       "%stiny-qwen3[:SEED], %sqwen3-4b[-128k][:SEED], %sqwen3-14b[-128k][:SEED], "
+                       "%sqwen3-30b-a3b[-128k][:SEED], %stiny-dsmoe[-v2][:SEED], %sdeepseek-v2-lite[:SEED])",
                        (int)(name_len > 64 ? 64 : name_len), rest, FR_SYNTHETIC_PREFIX, rest, FR_SYNTHETIC_PREFIX,
-                       FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX);
+                       FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX,
+                       FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX);
     if (name_len > 5 && strncmp(rest + name_len - 5, "-128k", 5) == 0) cfg->max_position = 131072;
     uint64_t seed = FR_SYNTHETIC_DEFAULT_SEED;
     if (colon) {
@@ -234,6 +342,50 @@ fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *s
     return FR_OK;
 }
 
+/* The fill of one tensor of a tiny DeepSeek model, by its name and shape. */
+typedef struct {
+    uint64_t seed, t;
+} dsmoe_fill;
+
+static int ends_with(const char *s, const char *tail)
+{
+    const size_t a = strlen(s), b = strlen(tail);
+    return a >= b && strcmp(s + a - b, tail) == 0;
+}
+
+static fr_status fill_named(void *user, const fr_model_tensor *t)
+{
+    dsmoe_fill *f = user;
+    fill_kind kind = FILL_PROJ;
+    if (strcmp(t->name, "model.embed_tokens.weight") == 0) kind = FILL_EMBED;
+    else if (ends_with(t->name, ".e_score_correction_bias")) kind = FILL_BIAS;
+    else if (ends_with(t->name, ".mlp.gate.weight")) kind = FILL_ROUTER;
+    else if (t->ndim == 1) kind = FILL_NORM;
+    fill(t->data, (size_t)t->rows, t->ndim == 2 ? (size_t)t->cols : 1, kind, f->seed, f->t++);
+    return FR_OK;
+}
+
+fr_status fr_model_synthetic_dsmoe(const fr_model_config *cfg, const char *name, uint64_t seed, fr_model **out)
+{
+    if (!out || !cfg) return fr_fail(FR_EINVAL, "fr_model_synthetic_dsmoe: NULL argument");
+    *out = NULL;
+    fr_model *m = NULL;
+    fr_status st = fr_model_alloc(cfg, name, &m);
+    dsmoe_fill f = {.seed = seed, .t = 0};
+    if (!st) st = fr_model_tensors_each(&m->cfg, &m->w, fill_named, &f);
+    if (st) fr_model_destroy(&m);
+    *out = m;
+    return st;
+}
+
+int fr_synthetic_host_only(const char *rest)
+{
+    fr_model_config cfg;
+    uint64_t seed;
+    if (!rest || fr_synthetic_parse(rest, &cfg, &seed)) return 0;
+    return cfg.vocab_size == 272 && fr_model_is_mla(&cfg);   /* the tiny DeepSeek models */
+}
+
 fr_status fr_model_synthetic(const char *rest, fr_model **out)
 {
     if (!out) return fr_fail(FR_EINVAL, "fr_model_synthetic: out is NULL");
@@ -242,8 +394,17 @@ fr_status fr_model_synthetic(const char *rest, fr_model **out)
     uint64_t seed;
     fr_status st = fr_synthetic_parse(rest, &cfg, &seed);
     if (st) return st;
-    if (cfg.num_layers != 2)   /* only tiny fits in host memory as float32 */
+    const int qwen3 = strcmp(cfg.architecture, "Qwen3ForCausalLM") == 0;
+    /* only the small ones fit in host memory as float32: the 272-id models
+     * and tiny-qwen3 (tiny's two layers with Qwen3's vocabulary) */
+    if (cfg.vocab_size != 272 && !(qwen3 && cfg.num_layers == 2))
         return fr_fail(FR_EUNSUPPORTED, "%s%s: the weights of this synthetic model are generated on the GPU; "
                        "it needs --backend cuda", FR_SYNTHETIC_PREFIX, rest);
-    return fr_model_synthetic_tiny(seed, out);
+    const char *colon = strchr(rest, ':');
+    char base[32];
+    snprintf(base, sizeof base, "%.*s", (int)(colon ? colon - rest : (ptrdiff_t)strlen(rest)), rest);
+    if (qwen3) return synthetic_small(&cfg, base, seed, out);
+    char name[96];
+    snprintf(name, sizeof name, "%s%s", FR_SYNTHETIC_PREFIX, rest);
+    return fr_model_synthetic_dsmoe(&cfg, name, seed, out);
 }

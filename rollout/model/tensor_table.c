@@ -11,7 +11,9 @@ size_t fr_model_tensor_count(const fr_model_config *c)
     /* norms, then the attention's tensors */
     const size_t attn = fr_model_is_mla(c) ? (c->q_lora_rank ? 7 : 5) : 6;
     for (int l = 0; l < c->num_layers; l++)
-        n += 2 + attn + (fr_model_layer_is_moe(c, l) ? 1 + 3 * (size_t)c->num_experts : 3);
+        n += 2 + attn + (fr_model_layer_is_moe(c, l) ? 1 + 3 * (size_t)c->num_experts + (size_t)fr_model_has_router_bias(c) +
+                                                        (fr_model_shared_inter(c) ? 3 : 0)
+                                                  : 3);
     return n;
 }
 
@@ -39,6 +41,8 @@ static fr_status experts(walk *k, const fr_model_config *c, const fr_layer_weigh
     const int64_t H = c->hidden_size, Im = c->moe_intermediate_size;
     const size_t per = (size_t)Im * (size_t)H;
     fr_status st = visit(k, L->router, c->num_experts, H, "model.layers.%d.mlp.gate.weight", l);
+    if (!st && fr_model_has_router_bias(c))
+        st = visit(k, L->router_bias, c->num_experts, 0, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
     for (int e = 0; e < c->num_experts && !st; e++) {
         size_t at = (size_t)e * per;
         st = visit(k, L->expert_gate ? L->expert_gate + at : NULL, Im, H,
@@ -50,12 +54,16 @@ static fr_status experts(walk *k, const fr_model_config *c, const fr_layer_weigh
             st = visit(k, L->expert_down ? L->expert_down + at : NULL, H, Im,
                        "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
     }
+    const int64_t Is = fr_model_shared_inter(c);
+    if (!st && Is) st = visit(k, L->shared_gate, Is, H, "model.layers.%d.mlp.shared_experts.gate_proj.weight", l);
+    if (!st && Is) st = visit(k, L->shared_up, Is, H, "model.layers.%d.mlp.shared_experts.up_proj.weight", l);
+    if (!st && Is) st = visit(k, L->shared_down, H, Is, "model.layers.%d.mlp.shared_experts.down_proj.weight", l);
     return st;
 }
 
 static fr_status mlp(walk *k, const fr_model_config *c, const fr_layer_weights *L, int l);
 
-/* Multi-head latent attention's tensors (DeepSeek-V3 names). */
+/* Multi-head latent attention's tensors (DeepSeek names). */
 static fr_status mla(walk *k, const fr_model_config *c, const fr_layer_weights *L, int l)
 {
     const int64_t H = c->hidden_size, nh = c->num_heads, dc = c->kv_lora_rank, dr = c->qk_rope_dim,

@@ -34,8 +34,10 @@ size_t fr_model_tensor_count(const fr_model_config *c);
 typedef fr_status (*fr_model_tensor_fn)(void *user, const fr_model_tensor *t);
 
 /* Visits the tensors of weights w (laid out for config c, model.h) in block
- * order: embed, each layer's tensors (a MoE layer's router, then expert 0's
- * gate, up and down, expert 1's, ...), final norm, lm_head when untied. */
+ * order: embed, each layer's tensors (a MoE layer's router, its
+ * e_score_correction_bias under noaux_tc routing, then expert 0's gate, up
+ * and down, expert 1's, ..., then the shared experts' gate, up and down),
+ * final norm, lm_head when untied. */
 fr_status fr_model_tensors_each(const fr_model_config *c, const fr_weights *w, fr_model_tensor_fn fn, void *user);
 
 /* The tensors fr_model_tensors_each visits, in its order, as a new array of

@@ -16,7 +16,7 @@ static void part_by_name(const fr_model_config *c, const fr_tp_layout *l, const 
     const int64_t qh = mla ? (int64_t)c->qk_nope_dim + c->qk_rope_dim : D;
     const int64_t ov = mla ? (int64_t)c->v_head_dim : D;
     const int64_t kvb = (int64_t)c->qk_nope_dim + c->v_head_dim;
-    const int expert = strstr(name, ".mlp.experts.") != NULL;
+    const int expert = strstr(name, ".mlp.experts.") != NULL, shared = strstr(name, ".mlp.shared_experts.") != NULL;
 #define SET(s, a, n) (p->split = (s), p->start = (a), p->len = (n))
     if (ends_with(name, ".self_attn.q_proj.weight") || ends_with(name, ".self_attn.q_b_proj.weight"))
         SET(FR_TP_ROWS, h0 * qh, nh * qh);
@@ -30,6 +30,10 @@ static void part_by_name(const fr_model_config *c, const fr_tp_layout *l, const 
         SET(FR_TP_ROWS, l->moe_inter0, l->moe_inter);
     else if (expert && ends_with(name, ".down_proj.weight"))
         SET(FR_TP_COLS, l->moe_inter0, l->moe_inter);
+    else if (shared && (ends_with(name, ".gate_proj.weight") || ends_with(name, ".up_proj.weight")))
+        SET(FR_TP_ROWS, l->shared_inter0, l->shared_inter);
+    else if (shared && ends_with(name, ".down_proj.weight"))
+        SET(FR_TP_COLS, l->shared_inter0, l->shared_inter);
     else if (ends_with(name, ".mlp.gate_proj.weight") || ends_with(name, ".mlp.up_proj.weight"))
         SET(FR_TP_ROWS, l->inter0, l->inter);
     else if (ends_with(name, ".mlp.down_proj.weight"))

@@ -4,10 +4,11 @@
  * it keeps only its shard and never holds the whole model.
  *
  * The parts are those of tp_shard.h (and of the device tensor table,
- * weights_cuda.h): a rank holds a tensor whole (norms, embedding, router, the
- * latent projections), a range of its rows (q, k, v, gate, up, the experts'
- * gate and up, q_b and kv_b, an untied lm_head) or a range of its columns
- * (o_proj, down_proj, the experts' down). Its local copy is that part,
+ * weights_cuda.h): a rank holds a tensor whole (norms, embedding, router and
+ * its bias, the latent projections), a range of its rows (q, k, v, gate, up,
+ * the experts' and shared experts' gate and up, q_b and kv_b, an untied
+ * lm_head) or a range of its columns (o_proj, down_proj, the experts' and
+ * shared experts' down). Its local copy is that part,
  * row-major and unpadded. Pure arithmetic: no MPI, no device. */
 #ifndef FR_TP_PIECE_H
 #define FR_TP_PIECE_H

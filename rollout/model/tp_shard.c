@@ -44,6 +44,8 @@ fr_status fr_tp_layout_of(const fr_model_config *c, int rank, int size, fr_tp_la
     if (c->num_experts > 0) {
         out->moe_inter = c->moe_intermediate_size / size;
         out->moe_inter0 = rank * out->moe_inter;
+        out->shared_inter = fr_model_shared_inter(c) / size;   /* tp divides Im, so it divides n_shared * Im */
+        out->shared_inter0 = rank * out->shared_inter;
     }
     out->vocab = c->vocab_size / size;
     out->vocab0 = rank * out->vocab;
@@ -80,15 +82,26 @@ static size_t owned_floats(const fr_model_config *c, const fr_tp_layout *l, int 
 {
     const size_t per_head = fr_model_is_mla(c) ? (size_t)c->v_head_dim : (size_t)c->head_dim;
     const size_t D = (size_t)c->hidden_size, o = D * (size_t)l->n_heads * per_head;
-    if (fr_model_layer_is_moe(c, i)) return o + 3 * (size_t)c->num_experts * (size_t)l->moe_inter * D;
+    if (fr_model_layer_is_moe(c, i))
+        return o + 3 * (size_t)c->num_experts * (size_t)l->moe_inter * D + D * (size_t)l->shared_inter;
     return o + D * (size_t)l->inter;
 }
 
 /* The rank's slice of every expert, copied to dst (gate, up, down after one
- * another, each stacked by expert as in the model). */
+ * another, each stacked by expert as in the model), then of the shared
+ * experts: their gate and up rows point into the model, their down
+ * columns are copied after the experts'. */
 static void shard_experts(const fr_model_config *c, const fr_tp_layout *l, const fr_layer_weights *src,
                           fr_layer_weights *dst, float *at)
 {
+    const size_t Is = (size_t)fr_model_shared_inter(c), sl = (size_t)l->shared_inter, s0 = (size_t)l->shared_inter0;
+    if (Is && src->shared_gate) {
+        const size_t D = (size_t)c->hidden_size, experts = 3 * (size_t)c->num_experts * (size_t)l->moe_inter * D;
+        dst->shared_gate = src->shared_gate + s0 * D;
+        dst->shared_up = src->shared_up + s0 * D;
+        dst->shared_down = at + experts;
+        copy_cols(dst->shared_down, src->shared_down, D, Is, s0, sl);
+    }
     const size_t D = (size_t)c->hidden_size, E = (size_t)c->num_experts, Im = (size_t)c->moe_intermediate_size;
     const size_t il = (size_t)l->moe_inter, i0 = (size_t)l->moe_inter0;
     dst->expert_gate = at;

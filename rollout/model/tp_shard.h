@@ -9,8 +9,10 @@
  *  - intermediate rows [t * I/tp, (t + 1) * I/tp) (rows of gate_proj and
  *    up_proj, columns of down_proj),
  *  - in a Mixture-of-Experts layer, rows [t * Im/tp, (t + 1) * Im/tp) of every
- *    expert's intermediate dimension (gate and up rows, down columns); the
- *    router is replicated, so every rank routes every token alike,
+ *    expert's intermediate dimension (gate and up rows, down columns), and
+ *    rows [t * Is/tp, (t + 1) * Is/tp) of the shared experts' MLP (DeepSeek,
+ *    Is = n_shared_experts * Im); the router and its bias are replicated,
+ *    so every rank routes every token alike,
  *  - vocabulary rows [t * V/tp, (t + 1) * V/tp) of lm_head.
  * Embedding and norms are replicated. o_proj and down_proj (and the experts'
  * weighted sum) produce partial
@@ -43,6 +45,7 @@ typedef struct {
     int n_kv_heads, kv_head0;   /* local KV heads: [kv_head0, kv_head0 + n_kv_heads) */
     int inter, inter0;          /* local intermediate rows: [inter0, inter0 + inter) */
     int moe_inter, moe_inter0;  /* local rows of each expert (0 for a dense model) */
+    int shared_inter, shared_inter0; /* local rows of the shared experts' MLP (0: none) */
     int vocab, vocab0;          /* local vocabulary rows: [vocab0, vocab0 + vocab) */
 } fr_tp_layout;
 
@@ -55,7 +58,8 @@ fr_status fr_tp_layout_of(const fr_model_config *cfg, int rank, int size, fr_tp_
 
 /* The model config a rank computes with: num_heads, num_kv_heads,
  * intermediate_size, moe_intermediate_size and vocab_size replaced by the
- * local counts. */
+ * local counts (n_shared_experts stays: the shared MLP's local rows are
+ * n_shared_experts times the local moe_intermediate_size). */
 void fr_tp_local_config(const fr_model_config *cfg, const fr_tp_layout *l, fr_model_config *out);
 
 /* Copies the local KV heads' rows of a per-(layer, KV head) table

@@ -10,7 +10,7 @@
 /* The tensors in the generator's order (model.h): stream t of the synthetic
  * generator is the t-th tensor of this walk, tied lm_head included as a
  * stream number even when it is not stored. */
-typedef enum { KIND_EMBED, KIND_PROJ, KIND_NORM, KIND_ROUTER } fill_kind;
+typedef enum { KIND_EMBED, KIND_PROJ, KIND_NORM, KIND_ROUTER, KIND_BIAS } fill_kind;
 
 typedef struct {
     uint16_t **dst;
@@ -36,12 +36,19 @@ static int plan_mlp(const fr_model_config *c, int l, fr_layer_weights_gpu *L, co
         return n;
     }
     const size_t E = (size_t)c->num_experts, Im = (size_t)c->moe_intermediate_size, per = Im * H;
+    const size_t Is = (size_t)fr_model_shared_inter(c);
     ADD(L->router, E, H, KIND_ROUTER, hl ? hl->router : NULL);
+    if (fr_model_has_router_bias(c)) ADD(L->router_bias, 1, E, KIND_BIAS, hl ? hl->router_bias : NULL);
     for (size_t e = 0; e < E; e++) {
         ADD(L->expert_gate_up, Im, H, KIND_PROJ, hl ? hl->expert_gate + e * per : NULL);
         ADD(L->expert_gate_up, Im, H, KIND_PROJ, hl ? hl->expert_up + e * per : NULL);
     }
     for (size_t e = 0; e < E; e++) ADD(L->expert_down, H, Im, KIND_PROJ, hl ? hl->expert_down + e * per : NULL);
+    if (Is) {   /* gate and up share one matrix, as the dense MLP's */
+        ADD(L->shared_gate_up, Is, H, KIND_PROJ, hl ? hl->shared_gate : NULL);
+        ADD(L->shared_gate_up, Is, H, KIND_PROJ, hl ? hl->shared_up : NULL);
+        ADD(L->shared_down, H, Is, KIND_PROJ, hl ? hl->shared_down : NULL);
+    }
 #undef ADD
     return n;
 }
@@ -252,7 +259,8 @@ __global__ void gen_kernel(uint16_t *dst, size_t n, uint64_t state0, int kind, d
         }
         float f = kind == KIND_EMBED ? (float)z
                   : kind == KIND_PROJ || kind == KIND_ROUTER ? (float)__dmul_rn(z, scale)
-                                      : (float)__dadd_rn(1.0, __dmul_rn(0.1, z));
+                  : kind == KIND_BIAS                        ? (float)__dmul_rn(0.05, z)
+                                                             : (float)__dadd_rn(1.0, __dmul_rn(0.1, z));
         dst[e] = bf16_rne(f);
     }
 }

@@ -11,7 +11,11 @@
  *   lm_head  points at embed when the model ties them;
  *   experts  (Mixture-of-Experts layers) expert_gate_up [E][2 * Im][hidden]:
  *            each expert's gate rows, then its up rows, as gate_up;
- *            expert_down [E][hidden][Im]; the router [E][hidden].
+ *            expert_down [E][hidden][Im]; the router [E][hidden] and, under
+ *            noaux_tc routing, its bias [E] (BF16 like every weight: its
+ *            rounding, 2^-9 of the bias, is below the BF16 router's own
+ *            noise); DeepSeek's shared experts as one dense gate|up and down
+ *            of Is = n_shared_experts * Im rows.
  * The synthetic MoE models' routers are drawn with a spread that differs from
  * expert to expert (fill kind ROUTER below), so that some experts win the
  * top-k far more often than others, as in trained routers.
@@ -36,8 +40,11 @@ typedef struct {
     uint16_t *down_proj;                               /* [hidden][intermediate] */
     /* MoE layers only (gate_up and down_proj are then NULL) */
     uint16_t *router;                                  /* [E][hidden] */
+    uint16_t *router_bias;                             /* [E] e_score_correction_bias (noaux_tc only), BF16 */
     uint16_t *expert_gate_up;                          /* [E][2 * Im][hidden] */
     uint16_t *expert_down;                             /* [E][hidden][Im] */
+    uint16_t *shared_gate_up;                          /* [2 * Is][hidden]: DeepSeek's shared experts (or NULL) */
+    uint16_t *shared_down;                             /* [hidden][Is] */
     /* Multi-head latent attention only (k_proj, v_proj, q_norm, k_norm are
      * then NULL; q_proj [H*(dn+dr)][hidden] only without a query low rank;
      * o_proj [hidden][H*dv]), shapes as in rollout/model/model.h: */
@@ -93,7 +100,8 @@ fr_status fr_weights_gpu_restore(fr_weights_gpu *w);
  * untied lm_head, the experts' gate and up; with latent attention q_b_proj
  * or q_proj and kv_b_proj, whose q_a_proj, kv_a_proj and their norms are
  * whole on every rank) or of its columns (COLS: o_proj,
- * down_proj, the experts' down), starting at row or column `start` of the
+ * down_proj, the experts' down; the shared experts' gate and up are ROWS and
+ * their down COLS, the router bias NONE), starting at row or column `start` of the
  * whole tensor; shape is the local one. A tied lm_head is not listed (it is
  * the embedding). */
 typedef enum { FR_SPLIT_NONE = 0, FR_SPLIT_ROWS, FR_SPLIT_COLS } fr_tensor_split;

@@ -29,13 +29,18 @@ static void add(table *b, uint16_t *dst, int ndim, int64_t d0, int64_t d1, fr_te
     x->start = start;
 }
 
-/* A MoE layer's router and experts: the router whole, of every expert this
- * rank's gate and up rows and down columns. */
+/* A MoE layer's router and experts: the router (and its bias) whole, of
+ * every expert this rank's gate and up rows and down columns, then its rows
+ * and columns of the shared experts. */
 static void add_experts(table *b, const fr_model_config *c, const fr_tp_layout *tl, const fr_layer_weights_gpu *L,
                         int l)
 {
     const int64_t H = c->hidden_size, Il = tl->moe_inter, i0 = tl->moe_inter0;
+    const int64_t Sl = tl->shared_inter, s0 = tl->shared_inter0;
     add(b, L->router, 2, c->num_experts, H, FR_SPLIT_NONE, 0, "model.layers.%d.mlp.gate.weight", l, 0);
+    if (fr_model_has_router_bias(c))
+        add(b, L->router_bias, 1, c->num_experts, 0, FR_SPLIT_NONE, 0,
+            "model.layers.%d.mlp.gate.e_score_correction_bias", l, 0);
     for (int e = 0; e < c->num_experts; e++) {
         uint16_t *gu = L->expert_gate_up + (size_t)e * 2 * (size_t)(Il * H);
         add(b, gu, 2, Il, H, FR_SPLIT_ROWS, i0, "model.layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
@@ -44,6 +49,11 @@ static void add_experts(table *b, const fr_model_config *c, const fr_tp_layout *
         add(b, L->expert_down + (size_t)e * (size_t)(H * Il), 2, H, Il, FR_SPLIT_COLS, i0,
             "model.layers.%d.mlp.experts.%d.down_proj.weight", l, e);
     }
+    if (!Sl) return;
+    add(b, L->shared_gate_up, 2, Sl, H, FR_SPLIT_ROWS, s0, "model.layers.%d.mlp.shared_experts.gate_proj.weight", l, 0);
+    add(b, L->shared_gate_up + (size_t)(Sl * H), 2, Sl, H, FR_SPLIT_ROWS, s0,
+        "model.layers.%d.mlp.shared_experts.up_proj.weight", l, 0);
+    add(b, L->shared_down, 2, H, Sl, FR_SPLIT_COLS, s0, "model.layers.%d.mlp.shared_experts.down_proj.weight", l, 0);
 }
 
 /* Latent attention (DeepSeek-V3 names): the query and kv_b rows of this

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "attention/fp_formats.h"
+#include "base/buf.h"
 #include "attention/prob_quant.h"
 #include "rollout/model/runner.h"
 
@@ -46,6 +47,52 @@ fr_status fr_byte_text_read(const fr_model_config *cfg, const char *path, int ma
         free(out);
     }
     free(buf);
+    return st;
+}
+
+/* The bytes of path into b. */
+static fr_status read_all(const char *path, fr_buf *b)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return fr_fail(FR_EIO, "cannot read text file %s", path);
+    char chunk[1 << 16];
+    size_t got;
+    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) fr_buf_put(b, chunk, got);
+    const int bad = ferror(f);
+    fclose(f);
+    if (bad) return fr_fail(FR_EIO, "cannot read text file %s", path);
+    return b->failed ? fr_fail(FR_ENOMEM, "%s: out of memory", path) : FR_OK;
+}
+
+fr_status fr_text_file_read(const fr_model_config *cfg, const fr_tokenizer *tok, const char *path, int max_tokens,
+                            int **ids, int *n)
+{
+    if (!tok) return fr_byte_text_read(cfg, path, max_tokens, ids, n);
+    *ids = NULL;
+    *n = 0;
+    if (max_tokens <= 0 || max_tokens > cfg->max_position) max_tokens = cfg->max_position;
+    fr_buf b = {0};
+    int *enc = NULL;
+    size_t got = 0;
+    fr_status st = read_all(path, &b);
+    if (!st && (st = fr_tokenizer_encode(tok, b.data ? b.data : "", b.len, 1, &enc, &got))) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", fr_last_error());
+        st = fr_fail(st, "%s: %s", path, msg);
+    }
+    fr_buf_free(&b);
+    if (!st && got == 0) st = fr_fail(FR_EINVAL, "%s: the text encodes to no token", path);
+    const int lead = !st && cfg->bos_id >= 0 && enc[0] != cfg->bos_id;   /* the tokenizer adds no BOS */
+    int *out = st ? NULL : malloc(sizeof(int) * (size_t)max_tokens);
+    if (!st && !out) st = fr_fail(FR_ENOMEM, "%s: out of memory", path);
+    if (!st) {
+        int k = 0;
+        if (lead) out[k++] = cfg->bos_id;
+        for (size_t i = 0; i < got && k < max_tokens; i++) out[k++] = enc[i];
+        *ids = out;
+        *n = k;
+    }
+    free(enc);
     return st;
 }
 

@@ -19,7 +19,7 @@
  *     masked); tau is the candidate threshold with the least total squared
  *     error of c p over all those blocks.
  *
- * Texts are token ids, BOS first (fr_byte_text_read makes them from files).
+ * Texts are token ids, BOS first (fr_text_file_read makes them from files).
  *
  * A multi-head latent attention model (paper Appendix G) caches one row per
  * token, [latent | RoPE key]: key_mean is then the latent mean (the RoPE
@@ -34,6 +34,7 @@
 #include "attention/ref_attention.h"
 #include "kvcache/calib_file.h"
 #include "rollout/model/model.h"
+#include "tokenizer/tokenizer.h"
 
 /* ---- byte texts ---- */
 
@@ -43,6 +44,15 @@
  * smaller than 256. */
 fr_status fr_byte_text_read(const fr_model_config *cfg, const char *path, int max_tokens, int **ids,
                             int *n);
+/* Reads a file as the model's token ids through tok: its special tokens
+ * added, and the model's BOS first when the tokenizer adds none (the
+ * tiling of step 2 and eval-kl start every sequence with it); at most
+ * max_tokens ids (0: the model's context window). tok NULL: as
+ * fr_byte_text_read (byte-level models, and models without a tokenizer,
+ * keep reading bytes). FR_EINVAL for text that is not UTF-8 (the
+ * tokenizer's message) or encodes to no token. */
+fr_status fr_text_file_read(const fr_model_config *cfg, const fr_tokenizer *tok, const char *path, int max_tokens,
+                            int **ids, int *n);
 
 /* ---- tau: the probability-scale threshold (Appendix C) ---- */
 

@@ -54,7 +54,7 @@ fr_status fr_recal_new(const fr_recal_config *cfg, const fr_model_config *mc, fr
                        ? fr_fail(FR_ENOMEM, "recalibration: out of memory")
                        : FR_OK;
     for (int i = 0; !st && i < cfg->n_texts; i++) {
-        st = fr_byte_text_read(mc, cfg->texts[i], 0, &r->texts[i], &r->lens[i]);
+        st = fr_text_file_read(mc, cfg->tokenizer, cfg->texts[i], 0, &r->texts[i], &r->lens[i]);
         if (!st) r->n_texts = i + 1;
     }
     struct stat sb;

@@ -31,7 +31,8 @@ typedef struct {
     int after_commit;             /* 1: also recalibrate once for every version committed after the start */
     int min_positions;            /* monitored positions of the version before it is judged */
     int n_texts;
-    const char *const *texts;     /* seed text files (raw bytes, as fp4rollout calibrate --texts) */
+    const char *const *texts;     /* seed text files (as fp4rollout calibrate --texts) */
+    const fr_tokenizer *tokenizer; /* what the files go through (fr_text_file_read; NULL: bytes) */
     int context, seed_tokens, continue_tokens;   /* calibrate's --context, --seed-tokens, --continue */
     const char *out_dir;          /* NULL or "": no files; else calib-v<version>.safetensors there */
     FILE *log;                    /* one line per recalibration; NULL: stderr */
@@ -48,8 +49,8 @@ typedef struct {
 
 typedef struct fr_recal fr_recal;
 
-/* Reads the texts now (a bad path fails here, not mid-serving) as byte
- * texts of model config mc. */
+/* Reads the texts now (a bad path fails here, not mid-serving) as texts of
+ * model config mc (fr_text_file_read with cfg->tokenizer). */
 fr_status fr_recal_new(const fr_recal_config *cfg, const fr_model_config *mc, fr_recal **out);
 void fr_recal_destroy(fr_recal **r);
 

@@ -25,7 +25,14 @@
 #    gives the tokens of the run without them (log-probs within 1e-5), each
 #    token first in its top list with its own log-prob, prompt log-probs for
 #    every prompt token of each prompt's first sample only; --min-tokens 8
-#    keeps the stop ids (the greedy first tokens) out of the first 8 tokens.
+#    keeps the stop ids (the greedy first tokens) out of the first 8 tokens;
+#  - text on CUDA (the tokens reach the host every step; the text and stop
+#    strings are the scheduler's, on the host): with Qwen3's tokenizer
+#    (../shared/tokenizers/qwen3 or $FR_TOKENIZERS_DIR) on the Qwen3-4B
+#    shape, generate's text is its tokens decoded (fp4rollout detokenize);
+#    on tq6, a stop string taken from a greedy sample's text ends every
+#    sample whose text holds it, at the token that completes it, the text
+#    cut before it, and no other sample.
 # Needs a GPU; tq6 from $FR_TQ6_DIR or ../shared/models/tq6 (its cases skip
 # without it).
 # usage: tests/gpu/scheduler_gpu.sh [BUILD_DIR]
@@ -159,6 +166,25 @@ for k, a in plain.items():
 print("scheduler_gpu: options on CUDA: %d samples, top and prompt log-probs, min_tokens as on the CPU" % len(plain))
 PY
 
+# Text through Qwen3's tokenizer on the Qwen3-4B shape: generate's text is its tokens decoded.
+qwen=${FR_TOKENIZERS_DIR:-../shared/tokenizers}/qwen3
+if [ -f "$qwen/tokenizer.json" ]; then
+  timeout 300 "$bin" generate --model synthetic:qwen3-4b --backend cuda --kv nvfp4 --tokenizer "$qwen" \
+    --prompt "Bonjour, 世界 ✅" --max-tokens 24 --temperature 1 --seed 3 --json > "$dir/q_text.json" 2> "$dir/q_text.err" ||
+    { tail -5 "$dir/q_text.err"; fail "generate with Qwen3's tokenizer"; }
+  ids=$($py -c 'import json, sys; print(",".join(map(str, json.load(open(sys.argv[1]))["token_ids"])))' "$dir/q_text.json")
+  "$bin" detokenize --tokenizer "$qwen" --ids "$ids" --skip-special > "$dir/q_detok.txt" || fail "detokenize"
+  $py - "$dir/q_text.json" "$dir/q_detok.txt" <<'PY' || fail "generate's text on CUDA is not its tokens decoded"
+import json, sys
+text = json.load(open(sys.argv[1]))["text"]
+want = open(sys.argv[2], encoding="utf-8", newline="").read()[:-1]   # detokenize ends with a newline
+assert text == want, (text, want)
+print("scheduler_gpu: Qwen3's tokenizer on CUDA: %d characters of text equal the decode" % len(text))
+PY
+else
+  echo "$name: $qwen not found: the Qwen3 tokenizer case skipped"
+fi
+
 tq6=$(cd "${FR_TQ6_DIR:-../shared/models/tq6}" 2>/dev/null && pwd || true)
 if [ -z "$tq6" ] || [ ! -f "$tq6/config.json" ]; then
   echo "$name: tq6 not found: its cases skipped"
@@ -196,5 +222,32 @@ for i in range(n):
         print("prompt %d: first difference at token %d" % (i, k))
 print("scheduler_gpu: greedy, %d of %d prompts equal to generate" % (n - bad, n))
 sys.exit(1 if bad else 0)
+PY
+
+# Stop strings on CUDA: one taken from prompt 0's greedy text ends every
+# sample whose text holds it, at the token that completes it.
+stop=$($py -c '
+import json, sys
+t = json.loads(open(sys.argv[1]).readline())["text"]
+s = next(t[i:i + 3] for i in range(len(t) // 3, len(t) - 3) if "\ufffd" not in t[i:i + 3] and "\0" not in t[i:i + 3])
+print(json.dumps(s))' "$dir/greedy_rollout.jsonl")
+stop=$($py -c 'import json, sys; print(json.loads(sys.argv[1]), end="")' "$stop")
+timeout 300 "$bin" rollout --prompts "$dir/ptq6.txt" --model "$tq6" --backend cuda --kv nvfp4 --greedy --max-tokens 64 \
+  --ignore-eos --max-seqs 16 --json --stop "$stop" > "$dir/stop_rollout.jsonl" 2> "$dir/stop_rollout.err" ||
+  { tail -5 "$dir/stop_rollout.err"; fail "rollout with a stop string"; }
+$py - "$dir/stop_rollout.jsonl" "$stop" <<'PY' || fail "stop strings on CUDA"
+import json, sys
+stop, stopped = sys.argv[2], 0
+decode = lambda ids: bytes(t for t in ids if t < 256).decode("utf-8", "replace")   # tq6 is byte-level
+for j in map(json.loads, open(sys.argv[1])):
+    whole = decode(j["token_ids"])
+    if j["finish_reason"] == "stop":
+        stopped += 1
+        assert j["stop_str"] == stop and stop not in j["text"], j
+        assert whole.startswith(j["text"] + stop) and stop not in decode(j["token_ids"][:-1]), j
+    else:
+        assert stop not in whole and j["text"] == whole, j
+assert stopped >= 1, "the sample the stop string came from did not stop"
+print("scheduler_gpu: stop string %r on CUDA: %d samples stopped where it completed" % (stop, stopped))
 PY
 echo "$name: PASS"

@@ -13,7 +13,10 @@
 #    FP4 path (docs/tensor_parallel.md has the figures);
 #  - generate --greedy --max-tokens 32: the same tokens;
 # then the same on the Mixture-of-Experts tqm ($FR_TQM_DIR) and the latent
-# attention tqa ($FR_TQA_DIR) when present.
+# attention tqa ($FR_TQA_DIR) when present, and DeepSeek's mixture of
+# experts on the tiny DeepSeek models (prefill of a prompt at tp 2 within
+# 2e-2 x max |logit| of tp 1: the shared experts' and every expert's rows
+# split, the router and its bias whole).
 # Needs two GPUs, mpirun and tq6 ($FR_TQ6_DIR or ../shared/models/tq6);
 # skipped with a message otherwise.
 # usage: tests/gpu/tp_gpu.sh [BUILD_DIR]
@@ -108,4 +111,17 @@ if [ -f "$tqm/golden.safetensors" ]; then check_model "$tqm" tqm; else echo "$na
 # replicated on both GPUs (docs/tensor_parallel.md); the same bounds.
 tqa=${FR_TQA_DIR:-../shared/models/tqa}
 if [ -f "$tqa/golden.safetensors" ]; then check_model "$tqa" tqa; else echo "$name: SKIP tqa: not found"; fi
+# DeepSeek's mixture of experts (docs/deepseek_moe.md) on the tiny models.
+for m in tiny-dsmoe tiny-dsmoe-v2; do
+  d=(--model "synthetic:$m" --backend cuda --prompt-ids 256,100,101,102,32,102,40,120,41,58,10,32,32,114,101,116)
+  "$bin" score "${d[@]}" --out "$dir/$m-1.f32"
+  run2 score --tp 2 "${d[@]}" --out "$dir/$m-2.f32"
+  $py - "$dir/$m-1.f32" "$dir/$m-2.f32" "$m" <<'PY' || fail "$m: tp 2 differs from tp 1 beyond 2e-2 of max |logit|"
+import array, sys
+a, b = (array.array('f', open(p, 'rb').read()) for p in sys.argv[1:3])
+top, d = max(abs(x) for x in a), max(abs(x - y) for x, y in zip(a, b))
+print("%s prefill: tp 2 vs tp 1 max |diff| %.4g (%.3g of max |logit| %.3g)" % (sys.argv[3], d, d / top, top))
+sys.exit(0 if len(a) == len(b) and d <= 2e-2 * top else 1)
+PY
+done
 echo "$name: all checks passed"

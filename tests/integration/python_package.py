@@ -21,9 +21,10 @@ check("site-packages" in here, f"the package was not imported from the environme
 check(os.path.dirname(fc._native._find_library()) == here, "the library is not the packaged copy")
 
 with fc.RolloutClient(endpoint) as c:
-    # Text: a byte-level server's model gets the byte tokenizer by itself.
+    # Text: through the server's tokenizer (a byte-level model's built-in one), no client tokenizer needed.
     text = list(c.generate("hello", n=2, max_tokens=8, seed=5, temperature=0.9))
-    check(isinstance(c.tokenizer, fc.ByteTokenizer), "no byte tokenizer chosen for a byte-level model")
+    check(c.tokenizer is None, "the client chose a tokenizer of its own over the server's")
+    check(all(s.prompt_token_ids == [256] + list(b"hello") for s in text), "the server's ids of the text prompt")
     check(text[0].request_id == 0, f"the first request id is {text[0].request_id}, not 0")
     ids = [256] + list(b"hello")
     by_ids = {s.sample: s.token_ids for s in c.generate(ids, n=2, max_tokens=8, seed=5, temperature=0.9)}

@@ -7,10 +7,15 @@
 # a mid-stream weight update to synthetic:tiny:7 commits on both ranks
 # (later tokens carry version 2, greedy outputs equal a fresh
 # synthetic:tiny:7 server's); a refused update (bad checksum) leaves version
-# 2 serving; SIGTERM ends everything with a done per open sample and exit 0.
+# 2 serving; a pause in keep mode freezes both ranks across an update (every
+# sample's versions switch where it stopped; recomputed at resume, its
+# tokens after the switch equal a continuation on the new weights,
+# serve_pause_ranks.py); SIGTERM ends everything with a done per open sample
+# and exit 0.
 # Then two engines of tp 1: the same 32 x 4 bitwise (tokens and log-probs:
 # deterministic mode makes them independent of which engine ran a sample and
-# of what else it batched), an update both engines take, a
+# of what else it batched), an update both engines take, a keep pause that
+# freezes both engines across another update (recomputed at the pause), a
 # SIGTERM to one rank only. A rank that cannot start (the port is taken)
 # makes every rank exit non-zero.
 set -euo pipefail
@@ -239,6 +244,8 @@ import json, sys
 a, b = ({(r["request_id"], r["sample"]): r["token_ids"] for r in map(json.loads, open(f))} for f in sys.argv[1:3])
 assert a == b and len(a) == 32
 PY
+BUILD="$build" timeout 120 $py "$(dirname "$0")/serve_pause_ranks.py" "$tp2_ep" "$dir/w7.bin" "$dir/w7.jsonl" 5 resume ||
+  fail "pause keep on the tp 2 job"
 
 # SIGTERM to both ranks while samples stream: each gets its done.
 c "$tp2_ep" generate --prompts "$dir/p32.txt" --n 4 --max-tokens 3000 --ignore-eos --temperature 1 --seed 3 \
@@ -260,6 +267,10 @@ same_as "$dir/e2_11.jsonl" "$dir/ref11.jsonl" 0
 c "$e2_ep" stats | $py -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if d["scheduler"]["finished"] == 128 and d["scheduler"]["kv_blocks_free"] == 1024 else 1)' ||
   fail "stats of two engines are not their sums"
 c "$e2_ep" push-weights --model synthetic:tiny:7 --version 2 > "$dir/push2.json" || fail "push-weights on two engines"
+$cli push-weights --model synthetic:tiny --export "$dir/w0.bin" > "$dir/w0.jsonl" || fail "export synthetic:tiny"
+BUILD="$build" timeout 120 $py "$(dirname "$0")/serve_pause_ranks.py" "$e2_ep" "$dir/w0.bin" "$dir/w0.jsonl" 3 pause ||
+  fail "pause keep on two engines"
+c "$e2_ep" push-weights --model synthetic:tiny:7 --version 4 > "$dir/push4.json" || fail "push-weights back to synthetic:tiny:7"
 greedy_c "$fresh_ep" "$dir/fresh_greedy.jsonl"
 greedy_c "$e2_ep" "$dir/e2_greedy.jsonl"
 $py - "$dir/e2_greedy.jsonl" "$dir/fresh_greedy.jsonl" <<'PY' || fail "greedy outputs of two engines after the update"

@@ -3,9 +3,13 @@
 # job at --tp 1 and under mpirun at --tp 2 (and 4) must agree.
 #  - synthetic:tiny: prefill logits at tp 2 and tp 4 (replicated KV heads),
 #    greedy tokens, the refusals (tp that does not divide, no mpirun, CUDA);
-#  - tqm (Mixture of experts) and tqa (multi-head latent attention), each
-#    skipped when absent: golden prompt p3, prefill and f32-KV decode within
-#    1e-4 x max |logit|, greedy tokens;
+#  - the tiny DeepSeek models (latent attention, routed and shared experts,
+#    noaux_tc and group_limited_greedy routing): prefill and f32-KV decode
+#    within 1e-4 x max |logit|, greedy tokens;
+#  - tqm (Mixture of experts), tqa (multi-head latent attention) and the
+#    DeepSeek MoE checkpoints dsmoe and dsmoe2, each skipped when absent:
+#    golden prompt p3, prefill and f32-KV decode within 1e-4 x max |logit|,
+#    greedy tokens;
 #  - tq6 (skipped when absent): golden prompt p3 (511 tokens), prefill and the
 #    f32-KV decode path within 1e-4 x max |logit|; the nvfp4 decode path
 #    within the bounds below; generate --greedy --max-tokens 32 same tokens.
@@ -115,6 +119,26 @@ golden_tp() {
 }
 golden_tp tqm "${FR_TQM_DIR:-../shared/models/tqm}"
 golden_tp tqa "${FR_TQA_DIR:-../shared/models/tqa}"
+golden_tp dsmoe "${FR_DSMOE_DIR:-../shared/models/dsmoe}"
+golden_tp dsmoe2 "${FR_DSMOE2_DIR:-../shared/models/dsmoe2}"
+
+# ---- the tiny DeepSeek models: heads split, the latent replicated, every ----
+# ---- expert's and the shared experts' rows split, the router replicated -----
+for m in tiny-dsmoe tiny-dsmoe-v2; do
+  dm=(--model "synthetic:$m" --backend cpu --prompt-ids $ids)
+  "$bin" score "${dm[@]}" --out "$dir/$m-1.f32"
+  run_np 2 score --tp 2 "${dm[@]}" --out "$dir/$m-2.f32"
+  echo -n "$m prefill tp 2: "; compare "$dir/$m-1.f32" "$dir/$m-2.f32" 1e-4 || fail "$m prefill logits differ at tp 2"
+  "$bin" score "${dm[@]}" --decode --kv f32 --out "$dir/$m-d1.f32"
+  run_np 2 score --tp 2 "${dm[@]}" --decode --kv f32 --out "$dir/$m-d2.f32"
+  echo -n "$m decode, f32 KV, tp 2: "; compare "$dir/$m-d1.f32" "$dir/$m-d2.f32" 1e-4 ||
+    fail "$m decode (f32 KV) differs at tp 2"
+  g=(generate --model "synthetic:$m" --backend cpu --prompt-ids $ids --greedy --max-tokens 24 --ignore-eos --json)
+  "$bin" "${g[@]}" > "$dir/$m-q1.json"
+  run_np 2 "${g[@]}" --tp 2 > "$dir/$m-q2.json"
+  same_tokens "$dir/$m-q1.json" "$dir/$m-q2.json" "$m greedy 24 tokens" ||
+    fail "$m greedy tokens differ at tp 2: $(cat "$dir/$m-q1.json" "$dir/$m-q2.json")"
+done
 
 # ---- tq6 -------------------------------------------------------------------
 tq6=${FR_TQ6_DIR:-../shared/models/tq6}

@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
+import faults_pause  # noqa: E402
 from harness import (BIN, BUILD, ROOT, Failure, Raw, Server, check, collect, pack, tmpdir,  # noqa: E402
                      wait_for)
 
@@ -774,6 +775,10 @@ def clients_aborts_updates(env):
     finally:
         for c in cs:
             c.close()
+
+
+for _f in faults_pause.SCENARIOS:
+    scenario(_f)
 
 
 class Env:

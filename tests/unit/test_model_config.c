@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rollout/model/model.h"
 #include "rollout/model/model_config.h"
 #include "tests/unit/test_util.h"
 
@@ -37,6 +38,31 @@ static const char *QWEN3_4B =
     "\"rms_norm_eps\":1e-06,\"rope_scaling\":null,\"rope_theta\":1000000,\"sliding_window\":null,"
     "\"tie_word_embeddings\":true,\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.51.0\","
     "\"use_cache\":true,\"use_sliding_window\":false,\"vocab_size\":151936}";
+
+/* DeepSeek-V3's published config (routing keys; 61 layers, no YaRN here:
+ * the published one scales RoPE, which is refused elsewhere). */
+static const char *DSV3 =
+    "{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"model_type\":\"deepseek_v3\",\"attention_bias\":false,"
+    "\"bos_token_id\":0,\"eos_token_id\":1,\"first_k_dense_replace\":3,\"hidden_act\":\"silu\","
+    "\"hidden_size\":7168,\"intermediate_size\":18432,\"kv_lora_rank\":512,\"max_position_embeddings\":4096,"
+    "\"moe_intermediate_size\":2048,\"moe_layer_freq\":1,\"n_group\":8,\"n_routed_experts\":256,"
+    "\"n_shared_experts\":1,\"norm_topk_prob\":true,\"num_attention_heads\":128,\"num_experts_per_tok\":8,"
+    "\"num_hidden_layers\":61,\"num_key_value_heads\":128,\"q_lora_rank\":1536,\"qk_nope_head_dim\":128,"
+    "\"qk_rope_head_dim\":64,\"rms_norm_eps\":1e-06,\"rope_theta\":10000,\"routed_scaling_factor\":2.5,"
+    "\"scoring_func\":\"sigmoid\",\"topk_group\":4,\"topk_method\":\"noaux_tc\",\"v_head_dim\":128,"
+    "\"vocab_size\":129280}";
+
+/* DeepSeek-V2-Lite's published config, less its YaRN rope_scaling. */
+static const char *DSV2_LITE =
+    "{\"architectures\":[\"DeepseekV2ForCausalLM\"],\"model_type\":\"deepseek_v2\",\"attention_bias\":false,"
+    "\"aux_loss_alpha\":0.001,\"bos_token_id\":100000,\"eos_token_id\":100001,\"first_k_dense_replace\":1,"
+    "\"hidden_act\":\"silu\",\"hidden_size\":2048,\"intermediate_size\":10944,\"kv_lora_rank\":512,"
+    "\"max_position_embeddings\":163840,\"moe_intermediate_size\":1408,\"moe_layer_freq\":1,\"n_group\":1,"
+    "\"n_routed_experts\":64,\"n_shared_experts\":2,\"norm_topk_prob\":false,\"num_attention_heads\":16,"
+    "\"num_experts_per_tok\":6,\"num_hidden_layers\":27,\"num_key_value_heads\":16,\"q_lora_rank\":null,"
+    "\"qk_nope_head_dim\":128,\"qk_rope_head_dim\":64,\"rms_norm_eps\":1e-06,\"rope_theta\":10000,"
+    "\"routed_scaling_factor\":1.0,\"scoring_func\":\"softmax\",\"seq_aux\":true,\"topk_group\":1,"
+    "\"topk_method\":\"greedy\",\"v_head_dim\":128,\"vocab_size\":102400}";
 
 static void assert_msg_has(const char *needle)
 {
@@ -277,12 +303,116 @@ static void test_moe_and_mla(void **state)
     assert_int_equal(c.head_dim, 256 + 64);   /* the cached latent row */
     assert_int_equal(parse_edit(tqa, "q_lora_rank", "null", &c), FR_OK);
     assert_int_equal(c.q_lora_rank, 0);
-    assert_int_equal(parse_edit(tqa, "first_k_dense_replace", "1", &c), FR_EUNSUPPORTED);
-    assert_msg_has("routed experts");
+    assert_int_equal(c.num_experts, 0);   /* every layer dense: the MoE keys are inert */
+    assert_int_equal(parse_edit(tqa, "first_k_dense_replace", "1", &c), FR_OK);
+    assert_int_equal(c.num_experts, 4);
+    assert_true(!fr_model_layer_is_moe(&c, 0) && fr_model_layer_is_moe(&c, 1) && fr_model_layer_is_moe(&c, 3));
     assert_int_equal(parse_edit(tqa, "kv_lora_rank", NULL, &c), FR_EFORMAT);
     assert_msg_has("kv_lora_rank");
     free(tqm);
     free(tqa);
+}
+
+/* DeepSeek's mixture of experts: the published V3 and V2-Lite configs, the
+ * defaults of an absent key (transformers' for each class), and every
+ * refusal naming its key. */
+static void test_deepseek_moe(void **state)
+{
+    (void)state;
+    fr_model_config c;
+    if (parse_text(DSV3, &c)) fail_msg("%s", fr_last_error());
+    assert_int_equal(c.num_experts, 256);
+    assert_int_equal(c.experts_per_tok, 8);
+    assert_int_equal(c.moe_intermediate_size, 2048);
+    assert_int_equal(c.n_shared_experts, 1);
+    assert_int_equal(fr_model_shared_inter(&c), 2048);
+    assert_int_equal(c.scoring_func, FR_MOE_SIGMOID);
+    assert_int_equal(c.topk_method, FR_MOE_NOAUX_TC);
+    assert_true(fr_model_has_router_bias(&c));
+    assert_int_equal(c.n_group, 8);
+    assert_int_equal(c.topk_group, 4);
+    assert_true(c.norm_topk_prob && c.routed_scaling_factor == 2.5f);
+    assert_true(!fr_model_layer_is_moe(&c, 2) && fr_model_layer_is_moe(&c, 3) && fr_model_layer_is_moe(&c, 60));
+    assert_int_equal(fr_model_moe_layers(&c), 58);
+    /* absent keys: DeepseekV3Config's defaults */
+    const char *keys[] = {"scoring_func", "topk_method", "n_group", "topk_group", "norm_topk_prob",
+                          "routed_scaling_factor", "n_shared_experts", "moe_layer_freq"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        fr_model_config d;
+        if (parse_edit(DSV3, keys[i], NULL, &d)) fail_msg("without %s: %s", keys[i], fr_last_error());
+        assert_memory_equal(&d, &c, sizeof c);
+    }
+    assert_int_equal(parse_edit(DSV3, "first_k_dense_replace", NULL, &c), FR_OK);
+    assert_true(!fr_model_layer_is_moe(&c, 2) && fr_model_layer_is_moe(&c, 3));
+    assert_int_equal(parse_edit(DSV3, "n_group", "1", &c), FR_EFORMAT);   /* topk_group 4 of 1 group */
+    assert_msg_has("topk_group");
+    assert_int_equal(parse_edit(DSV3, "topk_group", "1", &c), FR_OK);
+    assert_int_equal(parse_edit(DSV3, "n_shared_experts", "0", &c), FR_OK);
+    assert_int_equal(fr_model_shared_inter(&c), 0);
+    /* what transformers' DeepseekV3 would not compute as the config says */
+    assert_int_equal(parse_edit(DSV3, "scoring_func", "\"softmax\"", &c), FR_EUNSUPPORTED);
+    assert_msg_has("scoring_func");
+    assert_int_equal(parse_edit(DSV3, "topk_method", "\"group_limited_greedy\"", &c), FR_EUNSUPPORTED);
+    assert_msg_has("topk_method");
+    assert_int_equal(parse_edit(DSV3, "topk_method", "\"aux_free\"", &c), FR_EUNSUPPORTED);
+    assert_msg_has("aux_free");
+    assert_int_equal(parse_edit(DSV3, "moe_layer_freq", "2", &c), FR_EUNSUPPORTED);
+    assert_msg_has("moe_layer_freq");
+    assert_int_equal(parse_edit(DSV3, "n_group", "3", &c), FR_EFORMAT);   /* does not divide 256 */
+    assert_msg_has("n_group");
+    assert_int_equal(parse_edit(DSV3, "n_group", "256", &c), FR_EFORMAT);  /* groups of one */
+    assert_msg_has("two best");
+    assert_int_equal(parse_edit(DSV3, "num_experts_per_tok", "129", &c), FR_EFORMAT);
+    assert_msg_has("num_experts_per_tok");
+    assert_int_equal(parse_edit(DSV3, "routed_scaling_factor", "0", &c), FR_EFORMAT);
+    assert_msg_has("routed_scaling_factor");
+    assert_int_equal(parse_edit(DSV3, "n_routed_experts", NULL, &c), FR_EFORMAT);
+    assert_msg_has("n_routed_experts");
+    assert_int_equal(parse_edit(DSV3, "mlp_bias", "true", &c), FR_EUNSUPPORTED);
+
+    if (parse_text(DSV2_LITE, &c)) fail_msg("%s", fr_last_error());
+    assert_string_equal(c.architecture, "DeepseekV2ForCausalLM");
+    assert_true(fr_model_is_mla(&c) && c.rope_interleave && c.q_lora_rank == 0);
+    assert_int_equal(c.num_experts, 64);
+    assert_int_equal(c.experts_per_tok, 6);
+    assert_int_equal(fr_model_shared_inter(&c), 2 * 1408);
+    assert_int_equal(c.scoring_func, FR_MOE_SOFTMAX);
+    assert_int_equal(c.topk_method, FR_MOE_GREEDY);
+    assert_true(!fr_model_has_router_bias(&c) && !c.norm_topk_prob && fr_model_routed_scale(&c) == 1.0f);
+    assert_true(!fr_model_layer_is_moe(&c, 0) && fr_model_layer_is_moe(&c, 1));
+    fr_model_config lite;
+    fr_synthetic_deepseek_v2_lite_config(&lite);   /* the benchmark shape: the same routing */
+    assert_int_equal(lite.num_experts, c.num_experts);
+    assert_int_equal(fr_model_moe_layers(&lite), fr_model_moe_layers(&c));
+    assert_int_equal(parse_edit(DSV2_LITE, "rope_interleave", "false", &c), FR_OK);
+    assert_true(c.rope_interleave);   /* V2 rotates interleaved pairs whatever the key says */
+    /* DeepSeek-V2's group-limited routing (the full model: 8 groups, 3 kept) */
+    char *v2 = NULL;
+    {
+        cJSON *doc = cJSON_Parse(DSV2_LITE);
+        cJSON_ReplaceItemInObject(doc, "topk_method", cJSON_CreateString("group_limited_greedy"));
+        cJSON_ReplaceItemInObject(doc, "n_group", cJSON_CreateNumber(8));
+        cJSON_ReplaceItemInObject(doc, "topk_group", cJSON_CreateNumber(3));
+        v2 = cJSON_PrintUnformatted(doc);
+        cJSON_Delete(doc);
+    }
+    if (parse_text(v2, &c)) fail_msg("%s", fr_last_error());
+    assert_int_equal(c.topk_method, FR_MOE_GROUP_LIMITED);
+    assert_true(c.n_group == 8 && c.topk_group == 3);
+    assert_int_equal(parse_edit(v2, "n_group", NULL, &c), FR_EFORMAT);
+    assert_msg_has("n_group");
+    cJSON_free(v2);
+    assert_int_equal(parse_edit(DSV2_LITE, "topk_method", "\"noaux_tc\"", &c), FR_EUNSUPPORTED);
+    assert_msg_has("topk_method");
+    assert_int_equal(parse_edit(DSV2_LITE, "scoring_func", "\"sigmoid\"", &c), FR_EUNSUPPORTED);
+    assert_msg_has("scoring_func");
+    assert_int_equal(parse_edit(DSV2_LITE, "norm_topk_prob", "true", &c), FR_EUNSUPPORTED);
+    assert_msg_has("norm_topk_prob");
+    /* V2's defaults: greedy softmax, two shared experts, scale 1 */
+    assert_int_equal(parse_edit(DSV2_LITE, "topk_method", NULL, &c), FR_OK);
+    assert_int_equal(c.topk_method, FR_MOE_GREEDY);
+    assert_int_equal(parse_edit(DSV2_LITE, "n_shared_experts", NULL, &c), FR_OK);
+    assert_int_equal(c.n_shared_experts, 2);
 }
 
 static void test_malformed(void **state)
@@ -327,7 +457,7 @@ int main(void)
         cmocka_unit_test(test_defaults),       cmocka_unit_test(test_missing_keys),
         cmocka_unit_test(test_wrong_values),   cmocka_unit_test(test_unsupported_models),
         cmocka_unit_test(test_malformed),      cmocka_unit_test(test_load),
-        cmocka_unit_test(test_moe_and_mla),
+        cmocka_unit_test(test_moe_and_mla),    cmocka_unit_test(test_deepseek_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

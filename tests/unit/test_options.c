@@ -345,7 +345,9 @@ static void put(cJSON *root, const char *key, cJSON *item)
 /* What a key needs beside it to pass the checks across keys. */
 static cJSON *companions(const char *key)
 {
-    const char *text = strncmp(key, "curve.", 6) == 0
+    const char *text = strcmp(key, "curve.server_secret_key_file") == 0
+                           ? "{\"curve\": {\"client_public_keys\": [\"" KEY40 "\"]}}"
+                       : strncmp(key, "curve.", 6) == 0
                            ? "{\"curve\": {\"server_secret_key\": \"" KEY40 "\", \"client_public_keys\": [\"" KEY40 "\"]}}"
                        : strncmp(key, "recalibration.", 14) == 0
                            ? "{\"recalibration\": {\"kl_threshold\": 0.5, \"texts\": [\"a.txt\"]}}"
@@ -430,7 +432,7 @@ static void test_defaults_and_writer(void **state)
 static void test_serve_flags(void **state)
 {
     (void)state;
-    char *argv[8], flag[64], buf[64];
+    char *argv[10], flag[64], buf[64];
     for (int r = 0; r < FR_O_COUNT; r++) {
         const fr_opt *o = &fr_opts[r];
         const int serve = fr_opt_takes(o, FR_CMD_SERVE);
@@ -442,6 +444,13 @@ static void test_serve_flags(void **state)
         int n = 0;
         snprintf(flag, sizeof flag, "--%s", o->name);
         argv[n++] = "serve";
+        /* a CURVE flag passes the checks across keys beside a secret key
+         * (its file) and a client's key, as a curve key does */
+        const int curve = strncmp(o->key, "curve.", 6) == 0, key_file = r == FR_O_CURVE_SERVER_KEY_FILE;
+        if (curve) {
+            argv[n++] = key_file ? "--client-keys" : "--curve-secret-key-file";
+            argv[n++] = key_file ? KEY40 : "key.json";
+        }
         argv[n++] = flag;
         const char *val = sample(r, buf, sizeof buf);
         if (val) argv[n++] = (char *)val;
@@ -454,6 +463,8 @@ static void test_serve_flags(void **state)
         if (fr_serve_flags_apply(v, &a)) fail_msg("serve %s: %s", flag, fr_last_error());
         if (memcmp(&a, &d, sizeof a) == 0) fail_msg("serve %s %s changed nothing", flag, val ? val : "");
         cJSON *root = cJSON_CreateObject();
+        if (curve && key_file) put(root, "curve.client_public_keys", cJSON_CreateStringArray((const char *[]){KEY40}, 1));
+        if (curve && !key_file) put(root, "curve.server_secret_key_file", cJSON_CreateString("key.json"));
         put(root, o->key, fr_serve_key_json(o, &a));
         assert_int_equal(parse_json(root, &b), FR_OK);
         if (memcmp(&a, &b, sizeof a) != 0) fail_msg("serve %s sets other than the key %s does", flag, o->key);

@@ -633,7 +633,7 @@ static void test_other_client_message_errors(void **state)
     field neg_ids[] = {TYPE("abort"), V1, {.k = "request_ids", .t = V_INTS, .a = PNEG, .n = 2}};
     expect_fields_refused(neg_ids, N(neg_ids), FR_EFORMAT, "\"request_ids\"[1] must be an integer >= 0");
     field mode[] = {TYPE("pause"), V1, {.k = "mode", .t = V_STR, .s = "soon"}};
-    expect_fields_refused(mode, N(mode), FR_EFORMAT, "\"mode\" must be \"abort\" or \"wait\", got \"soon\"");
+    expect_fields_refused(mode, N(mode), FR_EFORMAT, "\"mode\" must be \"abort\", \"wait\" or \"keep\", got \"soon\"");
     field no_mode[] = {TYPE("pause"), V1};
     expect_fields_refused(no_mode, N(no_mode), FR_EFORMAT, "pause: missing key \"mode\"");
     field mode_int[] = {TYPE("pause"), V1, {.k = "mode", .t = V_INT, .i = 1}};

@@ -263,9 +263,13 @@ static void test_tq6_monitor_equals_eval_kl(void **state)
     assert_non_null(agg);
     assert_int_equal(agg->all.n, 2 * (L - 1));
 
+    /* eval-kl's configuration with the session's own arithmetic: the
+     * default fp4_compute is exact on the CPU and BF16 on CUDA (query and P
+     * unquantized), which is eval-kl's nvfp4-kv */
     fr_eval_config *cfgs;
     int n;
-    assert_int_equal(fr_eval_config_list("nvfp4", 0, &cfgs, &n), FR_OK);
+    const int bf16_compute = fr_kv_cache_config_of(s.kv)->compute == FR_COMPUTE_BF16;
+    assert_int_equal(fr_eval_config_list(bf16_compute ? "nvfp4-kv" : "nvfp4", 0, &cfgs, &n), FR_OK);
     int short_len[2] = {L - 1, L - 1};   /* eval-kl's positions 0 .. 381 are the distributions after */
     fr_eval_kl_params p = {.n_texts = 2, .texts = (const int *const *)ev, .lens = short_len, .configs = cfgs,
                            .n_configs = n, .gpu = cuda ? s.gpu_weights : NULL};
@@ -276,8 +280,8 @@ static void test_tq6_monitor_equals_eval_kl(void **state)
         assert_true(x->monitored);
         assert_int_equal(x->div.n, L - 1);
         const double m = fr_div_summary_mean(&x->div);
-        printf("  text %d: served sample %.4f, eval-kl %.4f (1e-3 nats); top-1 agreement %ld/%ld\n", i, 1e3 * m,
-               1e3 * r.results[0].text_kl[i], x->div.top1_agree, x->div.n);
+        printf("  text %d: served sample %.4f, eval-kl %s %.4f (1e-3 nats); top-1 agreement %ld/%ld\n", i, 1e3 * m,
+               bf16_compute ? "nvfp4-kv" : "nvfp4", 1e3 * r.results[0].text_kl[i], x->div.top1_agree, x->div.n);
         assert_true(fabs(m / r.results[0].text_kl[i] - 1.0) <= 0.10);
     }
     fr_eval_kl_report_free(&r);

@@ -112,6 +112,15 @@ static void test_refuses_malformed_files(void **state)
     expect_component_refused("\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": "
                              "[{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}], \"special_tokens\": {}},",
                              FR_EFORMAT, "<s>");
+    /* A template id beyond every token (a fuzzer's find: <s> is added as id 256, its template says 300). */
+    expect_component_refused("\"added_tokens\": [{\"id\": 5, \"content\": \"<s>\", \"special\": true}], "
+                             "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": "
+                             "[{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", "
+                             "\"type_id\": 0}}], \"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [300], "
+                             "\"tokens\": [\"<s>\"]}}},",
+                             FR_EFORMAT, "its template adds id 300");
+    expect_component_refused("\"post_processor\": {\"type\": \"RobertaProcessing\", \"cls\": [\"<s>\", 0], "
+                             "\"sep\": [\"</s>\", 999]},", FR_EFORMAT, "its template adds id 999");
 
     fr_tokenizer *t = (fr_tokenizer *)1;
     assert_int_equal(fr_tokenizer_load("tests/data/tokenizer/no-such-tokenizer", &t), FR_EIO);

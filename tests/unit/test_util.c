@@ -101,6 +101,12 @@ static void *serve_loop(void *arg)
 
 fr_status fr_test_server_start(const char *spec, int kv_blocks, int max_seqs, int max_tokens, fr_test_server **out)
 {
+    return fr_test_server_start_det(spec, kv_blocks, max_seqs, max_tokens, 0, out);
+}
+
+fr_status fr_test_server_start_det(const char *spec, int kv_blocks, int max_seqs, int max_tokens, int deterministic,
+                                   fr_test_server **out)
+{
     *out = NULL;
     fr_test_server *l = calloc(1, sizeof *l);
     if (!l) return fr_fail(FR_ENOMEM, "test server: out of memory");
@@ -108,6 +114,7 @@ fr_status fr_test_server_start(const char *spec, int kv_blocks, int max_seqs, in
     fr_engine_opts_default(&o);
     o.model = spec;
     o.backend = FR_BACKEND_CPU;
+    o.deterministic = deterministic;
     fr_status st = fr_session_open(&o, kv_blocks, max_seqs, &l->sess);
     if (st) {
         free(l);

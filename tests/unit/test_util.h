@@ -38,6 +38,10 @@ float fr_test_normal(fr_test_rng *r);           /* N(0, 1), Box-Muller */
  * greedy, max_tokens by default, its log discarded. */
 typedef struct fr_test_server fr_test_server;
 fr_status fr_test_server_start(const char *spec, int kv_blocks, int max_seqs, int max_tokens, fr_test_server **out);
+/* The same with the session in deterministic mode when deterministic is 1
+ * (docs/determinism.md). */
+fr_status fr_test_server_start_det(const char *spec, int kv_blocks, int max_seqs, int max_tokens, int deterministic,
+                                   fr_test_server **out);
 const char *fr_test_server_endpoint(const fr_test_server *l);
 /* Stops its loop and frees it; returns what the loop returned. */
 fr_status fr_test_server_stop(fr_test_server **l);

@@ -248,11 +248,13 @@ static fr_model *random_model(const fr_model_config *c, uint64_t seed)
 }
 
 /* Experts (rows of gate and up, columns of down, the router whole), an
- * untied lm_head, and latent attention (with and without a query LoRA). */
+ * untied lm_head, latent attention (with and without a query LoRA), and
+ * DeepSeek's experts (the router's bias whole, the shared experts' rows
+ * and columns) in both tiny DeepSeek models. */
 static void test_parts_of_other_layers(void **state)
 {
     (void)state;
-    fr_model_config c[3];
+    fr_model_config c[5];
     fr_synthetic_tiny_config(&c[0]);
     snprintf(c[0].architecture, sizeof c[0].architecture, "Qwen3MoeForCausalLM");
     c[0].num_experts = 4;
@@ -269,7 +271,9 @@ static void test_parts_of_other_layers(void **state)
         c[k].v_head_dim = 16;
         c[k].q_lora_rank = k == 2 ? 24 : 0;
     }
-    for (int k = 0; k < 3; k++) {
+    fr_synthetic_tiny_dsmoe_config(&c[3], 0);
+    fr_synthetic_tiny_dsmoe_config(&c[4], 1);
+    for (int k = 0; k < 5; k++) {
         fr_model *m = random_model(&c[k], 11 + (uint64_t)k);
         sync_plan s;
         plan_new(m, 1000, 1, &s);

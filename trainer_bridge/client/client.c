@@ -300,12 +300,14 @@ void fr_client_set_timeout(fr_client *c, int timeout_ms)
 
 void fr_client_sock_take_locked(fr_client *c)
 {
+    c->sock_wanted++;
     while (c->sock_busy) {
         /* the poller leaves zmq_poll when this byte arrives */
         const char one = 1;
         if (write(c->wake[1], &one, 1) < 0 && errno != EAGAIN) break;
         pthread_cond_wait(&c->cv, &c->mu);
     }
+    c->sock_wanted--;
     c->sock_busy = 1;
 }
 
@@ -480,7 +482,11 @@ static fr_status receive_ready_locked(fr_client *c, int most)
 
 fr_status fr_client_pump_locked(fr_client *c, double until)
 {
-    if (c->sock_busy) {   /* another thread receives: it wakes this one when it routed something */
+    /* Another thread receives (it wakes this one when it routed something),
+     * or wants to send: a poller that took the socket straight back would
+     * starve a sender for as long as its own wait lasts (a pause in mode
+     * wait: minutes). */
+    if (c->sock_busy || c->sock_wanted) {
         cond_wait_until(c, until);
         return FR_OK;
     }

@@ -68,16 +68,27 @@ void fr_client_set_timeout(fr_client *c, int timeout_ms);
 
 fr_status fr_client_hello(fr_client *c, const char *name, fr_msg_hello_reply *out);
 fr_status fr_client_stats(fr_client *c, fr_msg_stats_reply *out);
-/* Pause: abort mode ends the samples in flight now (their done messages,
- * reason abort, with what each sample made so far, come first and go to
- * their readers); wait mode returns once the engine has finished them. */
+/* Pause (docs/protocol.md, "pause"): abort mode ends the samples in
+ * flight now (their done messages, reason abort, with what each sample
+ * made so far, come first and go to their readers); wait mode returns once
+ * the engine has finished them, starting nothing new; keep mode freezes
+ * them where they are, KV cache kept, and returns at once: a weight update
+ * committed meanwhile draws their next tokens after the resume. */
 fr_status fr_client_pause(fr_client *c, fr_pause_mode mode, fr_msg_pause_reply *out);
 fr_status fr_client_resume(fr_client *c, fr_msg_resume_reply *out);
+/* With recompute (keep mode only): the frozen samples' KV cache is dropped
+ * at the pause (freeing its memory for the update) or at the resume, and
+ * recomputed with the weights serving when they go on, so their next
+ * tokens are exactly those of the new weights. */
+fr_status fr_client_pause_ex(fr_client *c, fr_pause_mode mode, int recompute, fr_msg_pause_reply *out);
+fr_status fr_client_resume_ex(fr_client *c, int recompute, fr_msg_resume_reply *out);
 
 /* Sends a generate. FR_EINVAL when request_id is already open on this
  * client (ids must be unique among open requests: a request stays open
  * until its last done or its error was handed out, or it was discarded) or
- * the message is invalid; nothing is sent then. */
+ * the message is invalid; nothing is sent then. A generate with
+ * continue_tokens continues a partial sample (fr_client_continue_sample
+ * fills one from a sample). */
 fr_status fr_client_generate(fr_client *c, const fr_msg_generate *g);
 /* fr_client_generate for a reader of its own: the request's results go only
  * to fr_client_wait_event calls that name it, never to the readers of
@@ -220,6 +231,7 @@ int fr_client_last_error(const fr_client *c, const char **code, const char **mes
 typedef struct {
     uint64_t request_id, group_id;
     int sample;
+    int start;                     /* a continuation: token_ids[0] is token `start` of the whole sample */
     int n_tokens;
     int *token_ids;                /* [n_tokens] */
     float *logprobs;               /* [n_tokens] */
@@ -237,6 +249,13 @@ typedef struct {
     float *top_logprobs;           /* [n_tokens * top_k] */
     float *prompt_logprobs;        /* prompt tokens 1 .. n_prompt - 1 (the request's first sample); NULL: none */
     int n_prompt_logprobs;
+    /* Asked for with the generate's return_text (the server's tokenizer). */
+    int has_text;
+    char *text;                    /* the whole text (text_len bytes, NUL-terminated) */
+    size_t text_len;
+    char *stop_str;                /* the stop string that ended it; NULL: none did */
+    int *prompt_token_ids;         /* [n_prompt]: the ids a prompt_text became; NULL otherwise */
+    int n_prompt_token_ids;
 } fr_client_sample;
 
 /* Reads the results of the requests not owned by a reader until a sample
@@ -249,6 +268,19 @@ typedef struct {
 fr_status fr_client_next_sample(fr_client *c, int timeout_ms, fr_client_sample **out, int *got);
 void fr_client_sample_free(fr_client_sample **s);
 
+/* The generate that continues sample s of request g (docs/sampling.md,
+ * "Continuing a sample"), e.g. one an abort or a pause with mode abort
+ * ended: g's prompt and sampling parameters (max_tokens counting the whole
+ * sample), s's seed and index (first_sample, n 1), its group, and as
+ * continue_tokens every token the sample made so far (g's own
+ * continue_tokens, then s's). out becomes a FR_MSG_GENERATE message with
+ * request_id that owns its arrays: send out->u.generate, then fr_msg_free.
+ * The continuation's sample holds the new tokens, from token `start` =
+ * the continued count; in deterministic mode they are bitwise those the
+ * sample would have made uninterrupted. */
+fr_status fr_client_continuation(const fr_msg_generate *g, const fr_client_sample *s, uint64_t request_id,
+                                 fr_msg *out);
+
 /* A token delta as it arrives (docs/protocol.md, "tokens"): tokens start
  * .. start + n - 1 of one sample. The arrays belong to the client and stay
  * valid until its next call. */
@@ -258,6 +290,10 @@ typedef struct {
     const int *token_ids;
     const float *logprobs;
     const uint64_t *weight_versions;
+    int has_text;                  /* the generate asked for return_text */
+    const char *text;              /* the text these tokens made final: text_len bytes (maybe 0), never half a
+                                      character nor the start of a stop string that may yet match */
+    size_t text_len;
 } fr_client_delta;
 
 /* fr_client_next_sample that also hands out every token delta as it
@@ -310,6 +346,8 @@ fr_status fr_client_hello_json(fr_client *c, const char *name, char **json);
 fr_status fr_client_stats_json(fr_client *c, char **json);
 fr_status fr_client_pause_json(fr_client *c, fr_pause_mode mode, char **json);
 fr_status fr_client_resume_json(fr_client *c, char **json);
+fr_status fr_client_pause_ex_json(fr_client *c, fr_pause_mode mode, int recompute, char **json);
+fr_status fr_client_resume_ex_json(fr_client *c, int recompute, char **json);
 fr_status fr_client_abort_json(fr_client *c, const uint64_t *ids, int n, char **json);
 void fr_client_free_string(char *s);
 /* One whole msgpack value (maps with string keys, arrays, numbers, strings,

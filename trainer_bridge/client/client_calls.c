@@ -84,11 +84,18 @@ static void hello_msg(fr_msg *m, const char *name)
     if (name) snprintf(m->u.hello.client, sizeof m->u.hello.client, "%s", name);
 }
 
-static int pause_msg(fr_msg *m, fr_pause_mode mode)
+static int pause_msg(fr_msg *m, fr_pause_mode mode, int recompute)
 {
     fr_msg_init(m, FR_MSG_PAUSE);
     m->u.pause.mode = mode;
+    m->u.pause.recompute = recompute;
     return mode == FR_PAUSE_WAIT ? -2 : -1;
+}
+
+static void resume_msg(fr_msg *m, int recompute)
+{
+    fr_msg_init(m, FR_MSG_RESUME);
+    m->u.resume.recompute = recompute;
 }
 
 static fr_status abort_msg(fr_msg *m, const uint64_t *ids, int n)
@@ -129,15 +136,22 @@ fr_status fr_client_stats(fr_client *c, fr_msg_stats_reply *out)
 
 fr_status fr_client_pause(fr_client *c, fr_pause_mode mode, fr_msg_pause_reply *out)
 {
+    return fr_client_pause_ex(c, mode, 0, out);
+}
+
+fr_status fr_client_pause_ex(fr_client *c, fr_pause_mode mode, int recompute, fr_msg_pause_reply *out)
+{
     fr_msg m;
-    const int wait = pause_msg(&m, mode);
+    const int wait = pause_msg(&m, mode, recompute);
     return struct_call(c, &m, FR_MSG_PAUSE_REPLY, wait, out, sizeof *out);
 }
 
-fr_status fr_client_resume(fr_client *c, fr_msg_resume_reply *out)
+fr_status fr_client_resume(fr_client *c, fr_msg_resume_reply *out) { return fr_client_resume_ex(c, 0, out); }
+
+fr_status fr_client_resume_ex(fr_client *c, int recompute, fr_msg_resume_reply *out)
 {
     fr_msg m;
-    fr_msg_init(&m, FR_MSG_RESUME);
+    resume_msg(&m, recompute);
     return struct_call(c, &m, FR_MSG_RESUME_REPLY, -1, out, sizeof *out);
 }
 
@@ -182,15 +196,22 @@ fr_status fr_client_stats_json(fr_client *c, char **json)
 
 fr_status fr_client_pause_json(fr_client *c, fr_pause_mode mode, char **json)
 {
+    return fr_client_pause_ex_json(c, mode, 0, json);
+}
+
+fr_status fr_client_pause_ex_json(fr_client *c, fr_pause_mode mode, int recompute, char **json)
+{
     fr_msg m;
-    const int wait = pause_msg(&m, mode);
+    const int wait = pause_msg(&m, mode, recompute);
     return json_call(c, &m, FR_MSG_PAUSE_REPLY, wait, json);
 }
 
-fr_status fr_client_resume_json(fr_client *c, char **json)
+fr_status fr_client_resume_json(fr_client *c, char **json) { return fr_client_resume_ex_json(c, 0, json); }
+
+fr_status fr_client_resume_ex_json(fr_client *c, int recompute, char **json)
 {
     fr_msg m;
-    fr_msg_init(&m, FR_MSG_RESUME);
+    resume_msg(&m, recompute);
     return json_call(c, &m, FR_MSG_RESUME_REPLY, -1, json);
 }
 

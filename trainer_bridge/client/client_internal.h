@@ -61,6 +61,7 @@ struct fr_client {
     pthread_mutex_t mu;
     pthread_cond_t cv;           /* something was routed, or the socket was given back */
     int sock_busy;               /* a thread uses or polls the socket */
+    int sock_wanted;             /* threads waiting to send: a poller gives the socket to them first */
     int wake[2];                 /* pipe: asks the polling thread to give the socket back */
     void *ctx, *sock;
     char *endpoint;

@@ -22,7 +22,27 @@ void fr_client_free_generate(fr_msg_generate *g)
     free(g->prompt);
     free(g->stop_token_ids);
     free(g->forced_tokens);
+    free(g->continue_tokens);
+    free(g->prompt_text);
+    for (int i = 0; g->stop && i < g->n_stop; i++) free(g->stop[i]);
+    free(g->stop);
     memset(g, 0, sizeof *g);
+}
+
+/* The text keys' copies: 0, or -1 when out of memory (what was copied stays for the free). */
+static int copy_generate_text(const fr_msg_generate *g, fr_msg_generate *out)
+{
+    out->prompt_text = NULL;
+    out->stop = NULL;
+    if (g->prompt_text) {
+        if (!(out->prompt_text = malloc(g->prompt_text_len + 1))) return -1;
+        memcpy(out->prompt_text, g->prompt_text, g->prompt_text_len);
+        out->prompt_text[g->prompt_text_len] = '\0';
+    }
+    if (g->stop && !(out->stop = calloc((size_t)(g->n_stop > 0 ? g->n_stop : 1), sizeof *out->stop))) return -1;
+    for (int i = 0; g->stop && i < g->n_stop; i++)
+        if (g->stop[i] && !(out->stop[i] = strdup(g->stop[i]))) return -1;
+    return 0;
 }
 
 static int copy_generate(const fr_msg_generate *g, fr_msg_generate *out)
@@ -31,8 +51,10 @@ static int copy_generate(const fr_msg_generate *g, fr_msg_generate *out)
     out->prompt = copy_ints(g->prompt, g->n_prompt);
     out->stop_token_ids = copy_ints(g->stop_token_ids, g->n_stop_token_ids);
     out->forced_tokens = copy_ints(g->forced_tokens, g->n_forced_tokens);
+    out->continue_tokens = copy_ints(g->continue_tokens, g->n_continue_tokens);
+    const int text_failed = copy_generate_text(g, out);
     if ((g->prompt && !out->prompt) || (g->stop_token_ids && !out->stop_token_ids) ||
-        (g->forced_tokens && !out->forced_tokens)) {
+        (g->forced_tokens && !out->forced_tokens) || (g->continue_tokens && !out->continue_tokens) || text_failed) {
         fr_client_free_generate(out);
         return -1;
     }

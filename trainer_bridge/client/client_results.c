@@ -104,11 +104,17 @@ void fr_client_sample_free(fr_client_sample **ps)
     free(s->top_token_ids);
     free(s->top_logprobs);
     free(s->prompt_logprobs);
+    free(s->text);
+    free(s->stop_str);
+    free(s->prompt_token_ids);
     free(s);
     *ps = NULL;
 }
 
-static partial *find_part(fr_client *c, uint64_t id, int sample)
+/* The part of a sample; a new one starts at token `start` of the sample
+ * (a continuation's tokens count from its continued ones: docs/protocol.md,
+ * "tokens"). */
+static partial *find_part(fr_client *c, uint64_t id, int sample, int start)
 {
     for (int i = 0; i < c->n_parts; i++)
         if (c->parts[i].s->request_id == id && c->parts[i].s->sample == sample) return &c->parts[i];
@@ -123,18 +129,20 @@ static partial *find_part(fr_client *c, uint64_t id, int sample)
     if (!s) return NULL;
     s->request_id = id;
     s->sample = sample;
+    s->start = start;
     c->parts[c->n_parts] = (partial){.s = s, .cap = 0};
     return &c->parts[c->n_parts++];
 }
 
 static fr_status add_tokens(fr_client *c, const fr_msg_tokens *t)
 {
-    partial *p = find_part(c, t->request_id, t->sample);
+    const req *q = fr_client_find_locked(c, t->request_id);
+    partial *p = find_part(c, t->request_id, t->sample, q && q->g.continue_tokens ? q->g.n_continue_tokens : 0);
     if (!p) return fr_fail(FR_ENOMEM, "client: out of memory keeping a sample");
     fr_client_sample *s = p->s;
-    if (t->start != s->n_tokens)
+    if (t->start != s->start + s->n_tokens)
         return fr_fail(FR_EFORMAT, "client: request %llu sample %d: a delta starts at token %d after %d tokens",
-                       (unsigned long long)t->request_id, t->sample, t->start, s->n_tokens);
+                       (unsigned long long)t->request_id, t->sample, t->start, s->start + s->n_tokens);
     if (s->n_tokens + t->n > p->cap) {
         int cap = p->cap ? p->cap : 64;
         while (cap < s->n_tokens + t->n) cap *= 2;
@@ -158,13 +166,15 @@ static fr_status add_tokens(fr_client *c, const fr_msg_tokens *t)
  * arrays move into it). */
 static fr_status finish_sample(fr_client *c, fr_msg_done *d, fr_client_sample **out)
 {
-    partial *p = find_part(c, d->request_id, d->sample);
+    partial *p = find_part(c, d->request_id, d->sample, d->start);   /* no delta came: it starts where the done says */
     if (!p) return fr_fail(FR_ENOMEM, "client: out of memory keeping a sample");
     fr_client_sample *s = p->s;
     *p = c->parts[--c->n_parts];
-    if (s->n_tokens != d->n_tokens) {
-        fr_status st = fr_fail(FR_EFORMAT, "client: request %llu sample %d: %d tokens streamed, the done says %d",
-                               (unsigned long long)d->request_id, d->sample, s->n_tokens, d->n_tokens);
+    if (s->n_tokens != d->n_tokens || s->start != d->start) {
+        fr_status st = fr_fail(FR_EFORMAT, "client: request %llu sample %d: %d tokens streamed from token %d, the "
+                                           "done says %d from token %d",
+                               (unsigned long long)d->request_id, d->sample, s->n_tokens, s->start, d->n_tokens,
+                               d->start);
         fr_client_sample_free(&s);
         return st;
     }
@@ -183,11 +193,20 @@ static fr_status finish_sample(fr_client *c, fr_msg_done *d, fr_client_sample **
     s->top_logprobs = d->top_logprobs;
     s->prompt_logprobs = d->prompt_logprobs;
     s->n_prompt_logprobs = d->n_prompt_logprobs;
+    s->has_text = d->has_text;
+    s->text = d->text;
+    s->text_len = d->text_len;
+    s->stop_str = d->stop_str;
+    s->prompt_token_ids = d->prompt_token_ids;
+    s->n_prompt_token_ids = d->n_prompt_token_ids;
     d->divergence.kl = NULL;
     d->divergence.n_kl = 0;
     d->top_token_ids = NULL;
     d->top_logprobs = NULL;
     d->prompt_logprobs = NULL;
+    d->text = NULL;
+    d->stop_str = NULL;
+    d->prompt_token_ids = NULL;
     *out = s;
     return FR_OK;
 }
@@ -221,7 +240,10 @@ static fr_status event_of(fr_client *c, fr_msg *m, int deltas, fr_client_event *
             ev->delta = (fr_client_delta){.request_id = t->request_id, .sample = t->sample, .start = t->start,
                                           .n = t->n, .token_ids = keep->u.tokens.token_ids,
                                           .logprobs = keep->u.tokens.logprobs,
-                                          .weight_versions = keep->u.tokens.weight_versions};
+                                          .weight_versions = keep->u.tokens.weight_versions,
+                                          .has_text = keep->u.tokens.has_text,
+                                          .text = keep->u.tokens.text ? keep->u.tokens.text : "",
+                                          .text_len = keep->u.tokens.text_len};
             return FR_OK;
         }
         if (!st && deltas) st = fr_fail(FR_ENOMEM, "client: out of memory handing out a delta");

@@ -103,7 +103,9 @@ fr_status fr_msg_to_json(const fr_msg *m, char **out)
         i32(&b, "chunk", h->chunk, 1);
         fr_buf_printf(&b, "\"eos_token_ids\":[");
         for (int i = 0; i < h->n_eos_token_ids; i++) fr_buf_printf(&b, "%s%d", i ? "," : "", h->eos_token_ids[i]);
-        fr_buf_printf(&b, "]");
+        fr_buf_printf(&b, "],\"tokenizer\":");
+        if (h->tokenizer[0]) str(&b, h->tokenizer);
+        else fr_buf_printf(&b, "null");
         break;
     }
     case FR_MSG_STATS_REPLY:

@@ -111,7 +111,10 @@ uint64_t fr_msg_tensor_bytes(const fr_msg_tensor *t)
     return n;
 }
 
-const char *fr_pause_mode_name(fr_pause_mode m) { return m == FR_PAUSE_WAIT ? "wait" : "abort"; }
+const char *fr_pause_mode_name(fr_pause_mode m)
+{
+    return m == FR_PAUSE_WAIT ? "wait" : m == FR_PAUSE_KEEP ? "keep" : "abort";
+}
 
 static const char *const finish_names[] = {"stop", "length", "abort", "error"};
 
@@ -136,6 +139,7 @@ void fr_msg_init(fr_msg *m, fr_msg_type t)
     if (t == FR_MSG_GENERATE) {
         m->u.generate.n = 1;
         m->u.generate.monitor_divergence = -1;
+        m->u.generate.add_special_tokens = 1;
     }
     if (t == FR_MSG_UPDATE_REPLY) m->u.update_reply.bucket = -1;
 }
@@ -148,12 +152,19 @@ void fr_msg_free(fr_msg *m)
         free(m->u.generate.prompt);
         free(m->u.generate.stop_token_ids);
         free(m->u.generate.forced_tokens);
+        free(m->u.generate.continue_tokens);
+        free(m->u.generate.prompt_text);
+        for (int i = 0; m->u.generate.stop && i < m->u.generate.n_stop; i++) free(m->u.generate.stop[i]);
+        free(m->u.generate.stop);
         break;
     case FR_MSG_DONE:
         free(m->u.done.divergence.kl);
         free(m->u.done.top_token_ids);
         free(m->u.done.top_logprobs);
         free(m->u.done.prompt_logprobs);
+        free(m->u.done.text);
+        free(m->u.done.stop_str);
+        free(m->u.done.prompt_token_ids);
         break;
     case FR_MSG_UPDATE_BEGIN:
         free(m->u.update_begin.tensors);
@@ -171,6 +182,7 @@ void fr_msg_free(fr_msg *m)
         free(m->u.tokens.token_ids);
         free(m->u.tokens.logprobs);
         free(m->u.tokens.weight_versions);
+        free(m->u.tokens.text);
         break;
     case FR_MSG_ABORT_REPLY:
         free(m->u.abort_reply.not_found);
@@ -214,11 +226,63 @@ static const char *num(double v, char *buf, size_t cap)
     return buf;
 }
 
+/* The text of a sample on the wire: bounded by the frame, not by this. */
+#define MAX_RESULT_TEXT ((size_t)1 << 30)
+
+/* A text key: len bytes of UTF-8 (NUL allowed), at most max. */
+static fr_status check_text(const char *type, const char *key, const char *s, size_t len, size_t max)
+{
+    if (len > max) return BAD("%s: \"%s\" is %zu bytes, the limit is %zu", type, key, len, max);
+    if (len > 0 && !s) return BAD("%s: \"%s\" has %zu bytes but no data", type, key, len);
+    if (!fr_utf8_valid(s, len)) return BAD("%s: \"%s\" is not valid UTF-8", type, key);
+    return FR_OK;
+}
+
+/* A stop string: 1 .. FR_PROTO_MAX_STOP_BYTES bytes of UTF-8 without NUL. */
+static fr_status check_stop_str(const char *type, const char *key, const char *s)
+{
+    size_t n = s ? strnlen(s, FR_PROTO_MAX_STOP_BYTES + 1) : 0;
+    if (n == 0) return BAD("%s: \"%s\" is empty", type, key);
+    if (n > FR_PROTO_MAX_STOP_BYTES)
+        return BAD("%s: \"%s\" is longer than %d bytes", type, key, FR_PROTO_MAX_STOP_BYTES);
+    return check_text(type, key, s, n, FR_PROTO_MAX_STOP_BYTES);
+}
+
+/* generate's text keys: prompt_text (instead of prompt), add_special_tokens, stop, the flags. */
+static fr_status check_generate_text(const fr_msg_generate *g)
+{
+    const char *t = "generate";
+    fr_status st;
+    if (g->prompt_text) {
+        if (g->n_prompt > 0 || g->prompt) return BAD("%s: give \"prompt\" or \"prompt_text\", not both", t);
+        if (g->prompt_text_len < 1) return BAD("%s: \"prompt_text\" is empty", t);
+        if ((st = check_text(t, "prompt_text", g->prompt_text, g->prompt_text_len, FR_PROTO_MAX_TEXT))) return st;
+    } else if ((st = check_ids(t, "prompt", g->prompt, g->n_prompt, 1))) {
+        return st;
+    }
+    if (g->has_add_special_tokens && !g->prompt_text)
+        return BAD("%s: \"add_special_tokens\" goes with \"prompt_text\" (token ids are sent as they are)", t);
+    if (g->add_special_tokens != 0 && g->add_special_tokens != 1)
+        return BAD("%s: \"add_special_tokens\" must be a boolean", t);
+    if (g->stop && (g->n_stop < 1 || g->n_stop > FR_PROTO_MAX_STOP))
+        return BAD("%s: \"stop\" must hold 1 to %d strings, got %d", t, FR_PROTO_MAX_STOP, g->n_stop);
+    if (!g->stop && g->n_stop != 0) return BAD("%s: \"stop\" has %d strings but no data", t, g->n_stop);
+    for (int i = 0; g->stop && i < g->n_stop; i++) {
+        char k[24];
+        snprintf(k, sizeof k, "stop[%d]", i);
+        if ((st = check_stop_str(t, k, g->stop[i]))) return st;
+    }
+    if (g->include_stop_str_in_output != 0 && g->include_stop_str_in_output != 1)
+        return BAD("%s: \"include_stop_str_in_output\" must be a boolean", t);
+    if (g->return_text != 0 && g->return_text != 1) return BAD("%s: \"return_text\" must be a boolean", t);
+    return FR_OK;
+}
+
 static fr_status check_generate(const fr_msg_generate *g)
 {
     const char *t = "generate";
     char nb[32];
-    fr_status st = check_ids(t, "prompt", g->prompt, g->n_prompt, 1);
+    fr_status st = check_generate_text(g);
     if (st) return st;
     if (g->n < 1 || g->n > FR_PROTO_MAX_SAMPLES)
         return BAD("%s: \"n\" must be in [1, %d], got %d", t, FR_PROTO_MAX_SAMPLES, g->n);
@@ -255,6 +319,11 @@ static fr_status check_generate(const fr_msg_generate *g)
     if (!(g->repetition_penalty >= 0 && g->repetition_penalty <= 2))
         return BAD("%s: \"repetition_penalty\" must be in (0, 2] (1 = off), got %s", t,
                    num(g->repetition_penalty, nb, sizeof nb));
+    if (g->n_continue_tokens < 0 || (g->n_continue_tokens > 0 && !g->continue_tokens))
+        return BAD("%s: \"continue_tokens\" must be an array of token ids", t);
+    if (g->n_continue_tokens > 0 &&
+        (st = check_ids(t, "continue_tokens", g->continue_tokens, g->n_continue_tokens, 0)))
+        return st;
     return FR_OK;
 }
 
@@ -370,6 +439,7 @@ static fr_status check_hello_reply(const fr_msg_hello_reply *h)
                    "and chunk must be >= 1");
     if (h->n_eos_token_ids < 0 || h->n_eos_token_ids > FR_PROTO_MAX_EOS)
         return BAD("hello_reply: \"eos_token_ids\" holds at most %d ids", FR_PROTO_MAX_EOS);
+    if ((st = check_name(t, "tokenizer", h->tokenizer, 0))) return st;
     return check_ids(t, "eos_token_ids", h->eos_token_ids, h->n_eos_token_ids, 0);
 }
 
@@ -383,13 +453,14 @@ static fr_status check_tokens(const fr_msg_tokens *k)
     for (int i = 0; i < k->n; i++)
         if (!(k->logprobs[i] <= 0) && !isnan(k->logprobs[i]))
             return BAD("tokens: \"logprobs\"[%d] must be <= 0, got %g", i, (double)k->logprobs[i]);
-    return FR_OK;
+    if (!k->has_text && (k->text || k->text_len)) return BAD("tokens: \"text\" given without has_text");
+    return k->has_text ? check_text(t, "text", k->text, k->text_len, MAX_RESULT_TEXT) : FR_OK;
 }
 
 static fr_status check_done(const fr_msg_done *d)
 {
-    if (d->sample < 0 || d->n_tokens < 0 || d->n_prompt < 0 || d->preemptions < 0)
-        return BAD("done: \"sample\", \"n_tokens\", \"n_prompt\" and \"preemptions\" must be >= 0");
+    if (d->sample < 0 || d->n_tokens < 0 || d->n_prompt < 0 || d->preemptions < 0 || d->start < 0)
+        return BAD("done: \"sample\", \"start\", \"n_tokens\", \"n_prompt\" and \"preemptions\" must be >= 0");
     if ((int)d->finish_reason < 0 || d->finish_reason > FR_WIRE_ERROR)
         return BAD("done: \"finish_reason\" must be stop, length, abort or error");
     if (!(d->total_ms >= 0) || (d->has_ttft && !(d->ttft_ms >= 0)))
@@ -405,6 +476,18 @@ static fr_status check_done(const fr_msg_done *d)
         (d->prompt_logprobs && d->n_prompt_logprobs != (d->n_prompt > 0 ? d->n_prompt - 1 : 0)))
         return BAD("done: \"prompt_logprobs\" must hold n_prompt - 1 = %d entries, got %d",
                    d->n_prompt > 0 ? d->n_prompt - 1 : 0, d->n_prompt_logprobs);
+    fr_status st;
+    if (!d->has_text && (d->text || d->text_len)) return BAD("done: \"text\" given without has_text");
+    if (d->has_text && (st = check_text("done", "text", d->text, d->text_len, MAX_RESULT_TEXT))) return st;
+    if (d->stop_str && (st = check_stop_str("done", "stop_str", d->stop_str))) return st;
+    if (d->stop_str && d->finish_reason != FR_WIRE_STOP)
+        return BAD("done: \"stop_str\" comes only with finish_reason stop");
+    if (d->prompt_token_ids && (st = check_ids("done", "prompt_token_ids", d->prompt_token_ids,
+                                               d->n_prompt_token_ids, 1)))
+        return st;
+    if (d->prompt_token_ids && d->n_prompt_token_ids != d->n_prompt)
+        return BAD("done: \"prompt_token_ids\" must hold n_prompt = %d ids, got %d", d->n_prompt,
+                   d->n_prompt_token_ids);
     return FR_OK;
 }
 
@@ -425,10 +508,15 @@ fr_status fr_proto_check(const fr_msg *m)
         return FR_OK;
     }
     case FR_MSG_PAUSE:
-        if (m->u.pause.mode != FR_PAUSE_ABORT && m->u.pause.mode != FR_PAUSE_WAIT)
-            return BAD("pause: \"mode\" must be \"abort\" or \"wait\"");
+        if (m->u.pause.mode != FR_PAUSE_ABORT && m->u.pause.mode != FR_PAUSE_WAIT && m->u.pause.mode != FR_PAUSE_KEEP)
+            return BAD("pause: \"mode\" must be \"abort\", \"wait\" or \"keep\"");
+        if (m->u.pause.recompute != 0 && (m->u.pause.recompute != 1 || m->u.pause.mode != FR_PAUSE_KEEP))
+            return BAD("pause: \"recompute\" is a boolean that goes with mode \"keep\"");
         return FR_OK;
     case FR_MSG_RESUME:
+        if (m->u.resume.recompute != 0 && m->u.resume.recompute != 1)
+            return BAD("resume: \"recompute\" must be a boolean");
+        return FR_OK;
     case FR_MSG_STATS:
     case FR_MSG_UPDATE_COMMIT:
     case FR_MSG_UPDATE_ABORT:
@@ -474,8 +562,9 @@ fr_status fr_proto_check(const fr_msg *m)
         return FR_OK;
     case FR_MSG_PAUSE_REPLY:
         if (m->u.pause_reply.aborted < 0) return BAD("pause_reply: \"aborted\" must be >= 0");
-        if (m->u.pause_reply.mode != FR_PAUSE_ABORT && m->u.pause_reply.mode != FR_PAUSE_WAIT)
-            return BAD("pause_reply: \"mode\" must be \"abort\" or \"wait\"");
+        if (m->u.pause_reply.mode != FR_PAUSE_ABORT && m->u.pause_reply.mode != FR_PAUSE_WAIT &&
+            m->u.pause_reply.mode != FR_PAUSE_KEEP)
+            return BAD("pause_reply: \"mode\" must be \"abort\", \"wait\" or \"keep\"");
         return FR_OK;
     case FR_MSG_RESUME_REPLY:
         if (m->u.resume_reply.released < 0) return BAD("resume_reply: \"released\" must be >= 0");

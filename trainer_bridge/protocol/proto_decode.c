@@ -10,15 +10,37 @@
 
 enum { I_MAX = INT_MAX };
 
+/* generate's text keys (docs/protocol.md): prompt_text instead of prompt,
+ * add_special_tokens, stop, include_stop_str_in_output, return_text. */
+static fr_status dec_generate_text(const fr_dec_ctx *c, fr_msg_generate *g)
+{
+    const msgpack_object *pr = fr_dec_find(c->map, "prompt");
+    int has_text = 0, has_prompt = pr && pr->type != MSGPACK_OBJECT_NIL;
+    const msgpack_object *pt = fr_dec_find(c->map, "prompt_text");
+    if (pt && pt->type != MSGPACK_OBJECT_NIL && has_prompt)
+        return BAD("generate: give \"prompt\" or \"prompt_text\", not both");
+    TRY(fr_dec_get_text(c, "prompt_text", 0, FR_PROTO_MAX_TEXT, &g->prompt_text, &g->prompt_text_len, &has_text));
+    if (has_text && g->prompt_text_len == 0) return BAD("generate: \"prompt_text\" is empty");
+    if (!has_text) TRY(fr_dec_get_ints(c, "prompt", 1, 0, I_MAX, &g->prompt, &g->n_prompt, NULL));
+    const msgpack_object *as = fr_dec_find(c->map, "add_special_tokens");
+    g->has_add_special_tokens = as && as->type != MSGPACK_OBJECT_NIL;
+    TRY(fr_dec_get_bool(c, "add_special_tokens", 0, &g->add_special_tokens));
+    TRY(fr_dec_get_strs(c, "stop", FR_PROTO_MAX_STOP, FR_PROTO_MAX_STOP_BYTES, &g->stop, &g->n_stop));
+    TRY(fr_dec_get_bool(c, "include_stop_str_in_output", 0, &g->include_stop_str_in_output));
+    TRY(fr_dec_get_bool(c, "return_text", 0, &g->return_text));
+    return FR_OK;
+}
+
 static fr_status dec_generate(const fr_dec_ctx *c, fr_msg_generate *g)
 {
     KEYS(c, "type", "v", "request_id", "prompt", "n", "group_id", "temperature", "top_k", "top_p", "max_tokens",
          "stop_token_ids", "seed", "monitor_divergence", "per_token_kl", "forced_tokens", "first_sample",
          "min_tokens", "logprobs", "prompt_logprobs", "min_p", "presence_penalty", "frequency_penalty",
-         "repetition_penalty");
+         "repetition_penalty", "continue_tokens", "prompt_text", "add_special_tokens", "stop",
+         "include_stop_str_in_output", "return_text");
     int has_n = 0;
     TRY(fr_dec_get_u64(c, "request_id", 1, &g->request_id, NULL));
-    TRY(fr_dec_get_ints(c, "prompt", 1, 0, I_MAX, &g->prompt, &g->n_prompt, NULL));
+    TRY(dec_generate_text(c, g));
     TRY(fr_dec_get_int(c, "n", 0, 1, FR_PROTO_MAX_SAMPLES, &g->n, &has_n));
     if (!has_n) g->n = 1;
     TRY(fr_dec_get_int(c, "first_sample", 0, 0, I_MAX - g->n, &g->first_sample, NULL));
@@ -46,6 +68,11 @@ static fr_status dec_generate(const fr_dec_ctx *c, fr_msg_generate *g)
     TRY(fr_dec_get_double(c, "repetition_penalty", 0, &g->repetition_penalty, &has_rp));
     if (has_rp && !(g->repetition_penalty > 0))
         return BAD("generate: \"repetition_penalty\" must be in (0, 2] (1 = off), got %g", g->repetition_penalty);
+    TRY(fr_dec_get_ints(c, "continue_tokens", 0, 0, I_MAX, &g->continue_tokens, &g->n_continue_tokens, NULL));
+    if (g->n_continue_tokens == 0) {   /* an empty array continues nothing: a sample from its start */
+        free(g->continue_tokens);
+        g->continue_tokens = NULL;
+    }
     return FR_OK;
 }
 
@@ -227,14 +254,16 @@ static fr_status get_mode(const fr_dec_ctx *c, fr_pause_mode *mode)
     TRY(fr_dec_get_str(c, "mode", 1, s, sizeof s));
     if (strcmp(s, "abort") == 0) *mode = FR_PAUSE_ABORT;
     else if (strcmp(s, "wait") == 0) *mode = FR_PAUSE_WAIT;
-    else return BAD("%s: \"mode\" must be \"abort\" or \"wait\", got \"%s\"", c->type, s);
+    else if (strcmp(s, "keep") == 0) *mode = FR_PAUSE_KEEP;
+    else return BAD("%s: \"mode\" must be \"abort\", \"wait\" or \"keep\", got \"%s\"", c->type, s);
     return FR_OK;
 }
 
 static fr_status dec_hello_reply(const fr_dec_ctx *c, fr_msg_hello_reply *h)
 {
     KEYS(c, "type", "v", "server", "model", "backend", "kv_dtype", "tp", "engines", "weight_version", "max_seqs",
-         "kv_blocks", "kv_block_tokens", "max_model_len", "vocab_size", "eos_token_ids", "chunk");
+         "kv_blocks", "kv_block_tokens", "max_model_len", "vocab_size", "eos_token_ids", "chunk", "tokenizer");
+    TRY(fr_dec_get_str(c, "tokenizer", 0, h->tokenizer, sizeof h->tokenizer));
     TRY(fr_dec_get_str(c, "server", 1, h->server, sizeof h->server));
     TRY(fr_dec_get_str(c, "model", 1, h->model, sizeof h->model));
     TRY(fr_dec_get_str(c, "backend", 1, h->backend, sizeof h->backend));
@@ -262,8 +291,9 @@ static fr_status dec_hello_reply(const fr_dec_ctx *c, fr_msg_hello_reply *h)
 
 static fr_status dec_tokens(const fr_dec_ctx *c, fr_msg_tokens *k)
 {
-    KEYS(c, "type", "v", "request_id", "sample", "start", "token_ids", "logprobs", "weight_versions");
+    KEYS(c, "type", "v", "request_id", "sample", "start", "token_ids", "logprobs", "weight_versions", "text");
     int n_lp = 0, n_wv = 0;
+    TRY(fr_dec_get_text(c, "text", 0, (size_t)1 << 30, &k->text, &k->text_len, &k->has_text));
     TRY(fr_dec_get_u64(c, "request_id", 1, &k->request_id, NULL));
     TRY(fr_dec_get_int(c, "sample", 1, 0, I_MAX, &k->sample, NULL));
     TRY(fr_dec_get_int(c, "start", 1, 0, I_MAX, &k->start, NULL));
@@ -305,14 +335,20 @@ static fr_status get_top_logprobs(const fr_dec_ctx *c, fr_msg_done *d)
 static fr_status dec_done(const fr_dec_ctx *c, fr_msg_done *d)
 {
     KEYS(c, "type", "v", "request_id", "group_id", "sample", "finish_reason", "n_tokens", "n_prompt", "preemptions",
-         "ttft_ms", "total_ms", "divergence", "seed", "top_logprobs", "prompt_logprobs");
+         "ttft_ms", "total_ms", "divergence", "seed", "top_logprobs", "prompt_logprobs", "start", "text", "stop_str",
+         "prompt_token_ids");
     char reason[16];
+    int has_stop = 0;
+    TRY(fr_dec_get_text(c, "text", 0, (size_t)1 << 30, &d->text, &d->text_len, &d->has_text));
+    TRY(fr_dec_get_text(c, "stop_str", 0, FR_PROTO_MAX_STOP_BYTES, &d->stop_str, &(size_t){0}, &has_stop));
+    TRY(fr_dec_get_ints(c, "prompt_token_ids", 0, 0, I_MAX, &d->prompt_token_ids, &d->n_prompt_token_ids, NULL));
     TRY(fr_dec_get_u64(c, "request_id", 1, &d->request_id, NULL));
     TRY(fr_dec_get_u64(c, "group_id", 1, &d->group_id, NULL));
     TRY(fr_dec_get_int(c, "sample", 1, 0, I_MAX, &d->sample, NULL));
     TRY(fr_dec_get_str(c, "finish_reason", 1, reason, sizeof reason));
     if (!fr_proto_finish_from_name(reason, strlen(reason), &d->finish_reason))
         return BAD("done: \"finish_reason\" must be stop, length, abort or error, got \"%s\"", reason);
+    TRY(fr_dec_get_int(c, "start", 0, 0, I_MAX, &d->start, NULL));
     TRY(fr_dec_get_int(c, "n_tokens", 1, 0, I_MAX, &d->n_tokens, NULL));
     TRY(fr_dec_get_int(c, "n_prompt", 1, 0, I_MAX, &d->n_prompt, NULL));
     TRY(fr_dec_get_int(c, "preemptions", 1, 0, I_MAX, &d->preemptions, NULL));
@@ -411,9 +447,16 @@ static fr_status dec_body(const fr_dec_ctx *c, fr_msg *m)
     case FR_MSG_ABORT:
         return dec_abort(c, &m->u.abort);
     case FR_MSG_PAUSE:
-        KEYS(c, "type", "v", "mode");
-        return get_mode(c, &m->u.pause.mode);
+        KEYS(c, "type", "v", "mode", "recompute");
+        TRY(get_mode(c, &m->u.pause.mode));
+        TRY(fr_dec_get_bool(c, "recompute", 0, &m->u.pause.recompute));
+        if (m->u.pause.recompute && m->u.pause.mode != FR_PAUSE_KEEP)
+            return BAD("pause: \"recompute\" goes with mode \"keep\" (got mode \"%s\")",
+                       fr_pause_mode_name(m->u.pause.mode));
+        return FR_OK;
     case FR_MSG_RESUME:
+        KEYS(c, "type", "v", "recompute");
+        return fr_dec_get_bool(c, "recompute", 0, &m->u.resume.recompute);
     case FR_MSG_STATS:
         KEYS(c, "type", "v");
         return FR_OK;

@@ -46,6 +46,14 @@ fr_status fr_dec_get_bool(const fr_dec_ctx *c, const char *name, int required, i
 /* A UTF-8 string without NUL into buf (cap bytes with the NUL). */
 fr_status fr_dec_get_str(const fr_dec_ctx *c, const char *name, int required, char *buf, size_t cap);
 fr_status fr_dec_get_array(const fr_dec_ctx *c, const char *name, int required, const msgpack_object_array **out);
+/* A UTF-8 string of at most max bytes (NUL allowed) into a new
+ * NUL-terminated buffer, *len its bytes; *present (may be NULL) says
+ * whether it was given (*out stays NULL when not). */
+fr_status fr_dec_get_text(const fr_dec_ctx *c, const char *name, int required, size_t max, char **out, size_t *len,
+                          int *present);
+/* An array of 1 to max_n strings, each 1 to max_bytes bytes of UTF-8
+ * without NUL, into a new array of new strings (NULL when absent). */
+fr_status fr_dec_get_strs(const fr_dec_ctx *c, const char *name, int max_n, size_t max_bytes, char ***out, int *n);
 /* An array of integers in [lo, hi] into a new int array (a 1-entry
  * allocation for an empty array, so present arrays are never NULL). */
 fr_status fr_dec_get_ints(const fr_dec_ctx *c, const char *name, int required, long long lo, long long hi, int **out,

@@ -69,6 +69,14 @@ static void kv_ints(msgpack_packer *pk, const char *k, const int *v, int n)
     for (int i = 0; i < n; i++) msgpack_pack_int64(pk, v[i]);
 }
 
+/* len bytes of text as they are (fr_proto_check made sure they are UTF-8). */
+static void kv_text(msgpack_packer *pk, const char *k, const char *s, size_t len)
+{
+    key(pk, k);
+    msgpack_pack_str(pk, len);
+    msgpack_pack_str_body(pk, s ? s : "", len);
+}
+
 static void kv_u64s(msgpack_packer *pk, const char *k, const uint64_t *v, int n)
 {
     key(pk, k);
@@ -84,16 +92,37 @@ static void head(msgpack_packer *pk, fr_msg_type t, int n_fields)
     kv_u64(pk, "v", FR_PROTO_VERSION);
 }
 
+/* generate's text keys, each sent only when it says something (docs/protocol.md, "Versioning"). */
+static int n_generate_text(const fr_msg_generate *g)
+{
+    return (g->has_add_special_tokens != 0) + (g->stop != NULL) + g->include_stop_str_in_output + g->return_text;
+}
+
+static void enc_generate_text(msgpack_packer *pk, const fr_msg_generate *g)
+{
+    if (g->has_add_special_tokens) kv_bool(pk, "add_special_tokens", g->add_special_tokens);
+    if (g->stop) {
+        key(pk, "stop");
+        msgpack_pack_array(pk, (size_t)g->n_stop);
+        for (int i = 0; i < g->n_stop; i++) put_str(pk, g->stop[i]);
+    }
+    if (g->include_stop_str_in_output) kv_bool(pk, "include_stop_str_in_output", 1);
+    if (g->return_text) kv_bool(pk, "return_text", 1);
+}
+
 static void enc_generate(msgpack_packer *pk, const fr_msg_generate *g)
 {
     int n = 3 + (g->first_sample > 0) + (g->min_tokens > 0) + (g->logprobs > 0) + g->prompt_logprobs +
             (g->monitor_divergence >= 0) + g->per_token_kl + (g->forced_tokens != NULL) + g->has_group_id +
             g->has_temperature + g->has_top_k + g->has_top_p + g->has_max_tokens + g->has_stop_token_ids + g->has_seed +
-            (g->min_p != 0) + (g->presence_penalty != 0) + (g->frequency_penalty != 0) + (g->repetition_penalty != 0);
+            (g->min_p != 0) + (g->presence_penalty != 0) + (g->frequency_penalty != 0) + (g->repetition_penalty != 0) +
+            (g->n_continue_tokens > 0) + n_generate_text(g);
     head(pk, FR_MSG_GENERATE, n);
     kv_u64(pk, "request_id", g->request_id);
-    kv_ints(pk, "prompt", g->prompt, g->n_prompt);
+    if (g->prompt_text) kv_text(pk, "prompt_text", g->prompt_text, g->prompt_text_len);
+    else kv_ints(pk, "prompt", g->prompt, g->n_prompt);
     kv_int(pk, "n", g->n);
+    enc_generate_text(pk, g);
     if (g->first_sample > 0) kv_int(pk, "first_sample", g->first_sample);
     if (g->min_tokens > 0) kv_int(pk, "min_tokens", g->min_tokens);
     if (g->logprobs > 0) kv_int(pk, "logprobs", g->logprobs);
@@ -112,11 +141,13 @@ static void enc_generate(msgpack_packer *pk, const fr_msg_generate *g)
     if (g->has_max_tokens) kv_int(pk, "max_tokens", g->max_tokens);
     if (g->has_stop_token_ids) kv_ints(pk, "stop_token_ids", g->stop_token_ids, g->n_stop_token_ids);
     if (g->has_seed) kv_u64(pk, "seed", g->seed);
+    if (g->n_continue_tokens > 0) kv_ints(pk, "continue_tokens", g->continue_tokens, g->n_continue_tokens);
 }
 
 static void enc_hello_reply(msgpack_packer *pk, const fr_msg_hello_reply *h)
 {
-    head(pk, FR_MSG_HELLO_REPLY, 14);
+    head(pk, FR_MSG_HELLO_REPLY, 14 + (h->tokenizer[0] != '\0'));
+    if (h->tokenizer[0]) kv_str(pk, "tokenizer", h->tokenizer);
     kv_str(pk, "server", h->server);
     kv_str(pk, "model", h->model);
     kv_str(pk, "backend", h->backend);
@@ -135,7 +166,8 @@ static void enc_hello_reply(msgpack_packer *pk, const fr_msg_hello_reply *h)
 
 static void enc_tokens(msgpack_packer *pk, const fr_msg_tokens *k)
 {
-    head(pk, FR_MSG_TOKENS, 6);
+    head(pk, FR_MSG_TOKENS, 6 + (k->has_text != 0));
+    if (k->has_text) kv_text(pk, "text", k->text, k->text_len);
     kv_u64(pk, "request_id", k->request_id);
     kv_int(pk, "sample", k->sample);
     kv_int(pk, "start", k->start);
@@ -148,11 +180,16 @@ static void enc_tokens(msgpack_packer *pk, const fr_msg_tokens *k)
 
 static void enc_done(msgpack_packer *pk, const fr_msg_done *d)
 {
-    head(pk, FR_MSG_DONE, 10 + (d->has_seed ? 1 : 0) + (d->top_k > 0) + (d->prompt_logprobs != NULL));
+    head(pk, FR_MSG_DONE, 10 + (d->has_seed ? 1 : 0) + (d->top_k > 0) + (d->prompt_logprobs != NULL) + (d->start > 0) +
+                              (d->has_text != 0) + (d->stop_str != NULL) + (d->prompt_token_ids != NULL));
+    if (d->has_text) kv_text(pk, "text", d->text, d->text_len);
+    if (d->stop_str) kv_str(pk, "stop_str", d->stop_str);
+    if (d->prompt_token_ids) kv_ints(pk, "prompt_token_ids", d->prompt_token_ids, d->n_prompt_token_ids);
     kv_u64(pk, "request_id", d->request_id);
     kv_u64(pk, "group_id", d->group_id);
     kv_int(pk, "sample", d->sample);
     kv_str(pk, "finish_reason", fr_wire_finish_name(d->finish_reason));
+    if (d->start > 0) kv_int(pk, "start", d->start);
     kv_int(pk, "n_tokens", d->n_tokens);
     kv_int(pk, "n_prompt", d->n_prompt);
     kv_int(pk, "preemptions", d->preemptions);
@@ -343,10 +380,14 @@ fr_status fr_msg_encode(const fr_msg *m, char **data, size_t *len)
         else kv_u64s(&pk, "request_ids", m->u.abort.request_ids, m->u.abort.n_request_ids);
         break;
     case FR_MSG_PAUSE:
-        head(&pk, m->type, 1);
+        head(&pk, m->type, 1 + (m->u.pause.recompute != 0));
         kv_str(&pk, "mode", fr_pause_mode_name(m->u.pause.mode));
+        if (m->u.pause.recompute) kv_bool(&pk, "recompute", 1);
         break;
     case FR_MSG_RESUME:
+        head(&pk, m->type, m->u.resume.recompute != 0);
+        if (m->u.resume.recompute) kv_bool(&pk, "recompute", 1);
+        break;
     case FR_MSG_STATS:
         head(&pk, m->type, 0);
         break;

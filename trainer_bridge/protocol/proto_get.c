@@ -185,6 +185,61 @@ fr_status fr_dec_get_array(const fr_dec_ctx *c, const char *name, int required, 
     return FR_OK;
 }
 
+/* The bytes of a msgpack str of at most max bytes, UTF-8, NUL as allowed. */
+static fr_status str_of(const fr_dec_ctx *c, const char *name, const msgpack_object *o, size_t max, int nul_ok)
+{
+    if (o->type != MSGPACK_OBJECT_STR)
+        return BAD("%s: \"%s%s\" must be a string, got %s", c->type, c->prefix, name, fr_dec_kind(o));
+    if (o->via.str.size > max)
+        return BAD("%s: \"%s%s\" is %u bytes, the limit is %zu", c->type, c->prefix, name, o->via.str.size, max);
+    if (!nul_ok && memchr(o->via.str.ptr, 0, o->via.str.size))
+        return BAD("%s: \"%s%s\" holds a NUL byte", c->type, c->prefix, name);
+    if (!fr_utf8_valid(o->via.str.ptr, o->via.str.size))
+        return BAD("%s: \"%s%s\" is not valid UTF-8", c->type, c->prefix, name);
+    return FR_OK;
+}
+
+static char *copy_str(const msgpack_object *o)
+{
+    char *s = malloc((size_t)o->via.str.size + 1);
+    if (!s) return NULL;
+    memcpy(s, o->via.str.ptr, o->via.str.size);
+    s[o->via.str.size] = '\0';
+    return s;
+}
+
+fr_status fr_dec_get_text(const fr_dec_ctx *c, const char *name, int required, size_t max, char **out, size_t *len,
+                          int *present)
+{
+    const msgpack_object *o = NULL;
+    fr_status st = fr_dec_get(c, name, required, &o);
+    if (present) *present = o != NULL;
+    if (st || !o) return st;
+    if ((st = str_of(c, name, o, max, 1))) return st;
+    if (!(*out = copy_str(o))) return fr_fail(FR_ENOMEM, "%s: out of memory reading \"%s\"", c->type, name);
+    *len = o->via.str.size;
+    return FR_OK;
+}
+
+fr_status fr_dec_get_strs(const fr_dec_ctx *c, const char *name, int max_n, size_t max_bytes, char ***out, int *n)
+{
+    const msgpack_object_array *a;
+    fr_status st = fr_dec_get_array(c, name, 0, &a);
+    if (st || !a) return st;
+    if (a->size < 1 || a->size > (uint32_t)max_n)
+        return BAD("%s: \"%s%s\" must hold 1 to %d strings, got %u", c->type, c->prefix, name, max_n, a->size);
+    if (!(*out = calloc(a->size, sizeof **out))) return fr_fail(FR_ENOMEM, "%s: out of memory reading \"%s\"", c->type, name);
+    *n = (int)a->size;   /* the caller frees what was read so far, whatever happens */
+    for (uint32_t i = 0; i < a->size; i++) {
+        char elem[64];
+        snprintf(elem, sizeof elem, "%s[%u]", name, i);
+        if ((st = str_of(c, elem, &a->ptr[i], max_bytes, 0))) return st;
+        if (a->ptr[i].via.str.size == 0) return BAD("%s: \"%s%s\" is empty", c->type, c->prefix, elem);
+        if (!((*out)[i] = copy_str(&a->ptr[i]))) return fr_fail(FR_ENOMEM, "%s: out of memory reading \"%s\"", c->type, name);
+    }
+    return FR_OK;
+}
+
 /* An array of integers in [lo, hi] into a new int array (a 1-entry
  * allocation for an empty array, so present arrays are never NULL). */
 fr_status fr_dec_get_ints(const fr_dec_ctx *c, const char *name, int required, long long lo, long long hi, int **out,

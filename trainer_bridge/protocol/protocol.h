@@ -33,6 +33,9 @@ extern "C" {
 #define FR_PROTO_MAX_TENSORS 65536 /* tensors of one weight update */
 #define FR_PROTO_NCCL_ID_BYTES 128 /* an NCCL unique id (ncclUniqueId) */
 #define FR_PROTO_MAX_LOGPROBS 20   /* top log-probs per generated token (generate's "logprobs") */
+#define FR_PROTO_MAX_TEXT (1 << 24) /* bytes of a generate's prompt_text */
+#define FR_PROTO_MAX_STOP 32       /* stop strings of a generate */
+#define FR_PROTO_MAX_STOP_BYTES 1024 /* bytes of one stop string */
 
 typedef enum {
     FR_MSG_NONE = 0,
@@ -69,8 +72,8 @@ const char *fr_msg_type_name(fr_msg_type t);
 /* 1 for the types a client sends, 0 otherwise. */
 int fr_msg_type_from_client(fr_msg_type t);
 
-typedef enum { FR_PAUSE_ABORT = 0, FR_PAUSE_WAIT } fr_pause_mode;
-const char *fr_pause_mode_name(fr_pause_mode m);   /* "abort", "wait" */
+typedef enum { FR_PAUSE_ABORT = 0, FR_PAUSE_WAIT, FR_PAUSE_KEEP } fr_pause_mode;
+const char *fr_pause_mode_name(fr_pause_mode m);   /* "abort", "wait", "keep" */
 
 /* Finish reasons on the wire: "stop", "length", "abort", "error". */
 typedef enum { FR_WIRE_STOP = 0, FR_WIRE_LENGTH, FR_WIRE_ABORT, FR_WIRE_ERROR } fr_wire_finish;
@@ -213,6 +216,23 @@ typedef struct {
     double presence_penalty;             /* [-2, 2] */
     double frequency_penalty;            /* [-2, 2] */
     double repetition_penalty;           /* (0, 2] when sent; 0 absent (off, as 1) */
+    int *continue_tokens;                /* a partial sample's tokens to continue from (n 1); NULL when absent */
+    int n_continue_tokens;               /* sent when > 0 */
+    /* Text (the server's tokenizer; docs/protocol.md, generate): the prompt
+     * as UTF-8 text instead of prompt's ids (exactly one of the two is
+     * given; NULL when absent), 1 .. FR_PROTO_MAX_TEXT bytes, NUL allowed;
+     * add_special_tokens with it: the tokenizer's special tokens around it
+     * (a beginning-of-sequence token), 1 when absent. */
+    char *prompt_text;
+    size_t prompt_text_len;
+    int has_add_special_tokens, add_special_tokens;
+    /* Stop strings (NULL when absent): n_stop of them, 1 .. FR_PROTO_MAX_STOP,
+     * each 1 .. FR_PROTO_MAX_STOP_BYTES bytes of UTF-8 without NUL;
+     * include_stop_str_in_output keeps the matched one in the text. */
+    char **stop;
+    int n_stop;
+    int include_stop_str_in_output;      /* 0 or 1 */
+    int return_text;                     /* 0 or 1: the tokens deltas and the done carry text */
 } fr_msg_generate;
 
 typedef struct {
@@ -223,7 +243,12 @@ typedef struct {
 
 typedef struct {
     fr_pause_mode mode;
+    int recompute;                       /* mode keep: drop the frozen samples' KV now; recomputed at resume */
 } fr_msg_pause;
+
+typedef struct {
+    int recompute;                       /* recompute the KV of the samples a keep pause froze */
+} fr_msg_resume;
 
 typedef struct {
     char server[FR_PROTO_NAME_MAX];      /* "fp4rollout" */
@@ -239,6 +264,8 @@ typedef struct {
     int eos_token_ids[FR_PROTO_MAX_EOS];
     int n_eos_token_ids;
     int chunk;                           /* tokens per engine step */
+    char tokenizer[FR_PROTO_NAME_MAX];   /* what turns text into ids on the server; "" (absent): none,
+                                            so generates with text are refused */
 } fr_msg_hello_reply;
 
 /* A streamed delta: tokens start .. start + n - 1 of one sample. */
@@ -250,6 +277,9 @@ typedef struct {
     int *token_ids;                      /* [n] */
     float *logprobs;                     /* [n] */
     uint64_t *weight_versions;           /* [n] */
+    int has_text;                        /* the generate asked for return_text */
+    char *text;                          /* the text these tokens made final (text_len bytes, maybe 0) */
+    size_t text_len;
 } fr_msg_tokens;
 
 /* The divergence summary of a monitored sample; has_values 0: every field
@@ -266,6 +296,7 @@ typedef struct {
     uint64_t request_id, group_id;
     int sample;
     fr_wire_finish finish_reason;
+    int start;                           /* a continuation: the tokens it continued (its first token's index) */
     int n_tokens;                        /* tokens streamed for the sample, in all */
     int n_prompt;
     int preemptions;
@@ -280,6 +311,12 @@ typedef struct {
     float *top_logprobs;                 /* [n_tokens * top_k] */
     float *prompt_logprobs;              /* log-probs of prompt tokens 1 .. n_prompt - 1; NULL when absent */
     int n_prompt_logprobs;
+    int has_text;                        /* the generate asked for return_text */
+    char *text;                          /* the sample's whole text (text_len bytes) */
+    size_t text_len;
+    char *stop_str;                      /* the stop string that ended the sample; NULL: none did */
+    int *prompt_token_ids;               /* [n_prompt] the prompt's ids, when it came as prompt_text; else NULL */
+    int n_prompt_token_ids;
 } fr_msg_done;
 
 typedef struct {
@@ -329,6 +366,7 @@ typedef struct {
         fr_msg_generate generate;
         fr_msg_abort abort;
         fr_msg_pause pause;
+        fr_msg_resume resume;
         fr_msg_hello_reply hello_reply;
         fr_msg_tokens tokens;
         fr_msg_done done;

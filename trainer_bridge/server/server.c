@@ -43,8 +43,7 @@ static int needs_trainer(fr_msg_type t)
     }
 }
 
-/* 1 when a ZeroMQ endpoint can only be reached from this host. */
-static int loopback_endpoint(const char *ep)
+int fr_bridge_endpoint_is_loopback(const char *ep)
 {
     static const char *const local[] = {"tcp://127.", "tcp://localhost:", "tcp://[::1]:", "ipc://", "inproc://"};
     for (size_t i = 0; i < sizeof local / sizeof local[0]; i++)
@@ -145,8 +144,8 @@ void srv_handle_message(fr_bridge_server *srv, fr_wire_msg *w)
     case FR_MSG_HELLO: srv_handle_hello(srv, peer); break;
     case FR_MSG_GENERATE: srv_handle_generate(srv, peer, &m.u.generate); break;
     case FR_MSG_ABORT: srv_handle_abort(srv, peer, &m.u.abort); break;
-    case FR_MSG_PAUSE: srv_handle_pause(srv, peer, m.u.pause.mode); break;
-    case FR_MSG_RESUME: srv_handle_resume(srv, peer); break;
+    case FR_MSG_PAUSE: srv_handle_pause(srv, peer, &m.u.pause); break;
+    case FR_MSG_RESUME: srv_handle_resume(srv, peer, &m.u.resume); break;
     case FR_MSG_STATS: srv_handle_stats(srv, peer); break;
     case FR_MSG_UPDATE_BEGIN: srv_handle_update_begin(srv, peer, &m.u.update_begin); break;
     case FR_MSG_UPDATE_BUCKET: srv_handle_update_bucket(srv, peer, &m.u.update_bucket, w); break;
@@ -237,6 +236,7 @@ static fr_status setup_engine(fr_bridge_server *srv, fr_session *s, const fr_bri
     }
     fr_scheduler_config sc = {.max_seqs = srv->max_seqs, .chunk = srv->chunk, .reserve_blocks = -1,
                               .on_done = srv_on_done, .user = srv, .on_token = srv_on_token,
+                              .on_text = srv_on_text, .tokenizer = cfg->tokenizer,
                               .kl_sample_rate = cfg->kl_sample_rate};
     fr_status st = fr_scheduler_new(s, &sc, &srv->sch);
     if (st || !cfg->recal) return st;
@@ -267,10 +267,11 @@ static fr_status open_socket(fr_bridge_server *srv, const fr_bridge_config *cfg)
         st = fr_fail(FR_EIO, "serve: cannot make a ZeroMQ ROUTER socket: %s", zmq_strerror(errno));
     } else if ((st = srv_conn_setup(srv, cfg))) {
         /* st says why */
-    } else if (!curve && !loopback_endpoint(cfg->endpoint)) {
+    } else if (!curve && !fr_bridge_endpoint_is_loopback(cfg->endpoint)) {
         st = fr_fail(FR_EINVAL, "serve: %s is not a loopback address and CURVE is off: without CURVE every client "
-                                "has the trainer role (weights, pause), so the server binds loopback only; set "
-                                "curve.server_secret_key and the key lists (docs/protocol.md, \"Roles\")",
+                                "has the trainer role (weights, pause), so the server binds loopback only; make "
+                                "key pairs with `fp4rollout-client keygen` and give the server's secret key and the "
+                                "clients' public keys (docs/protocol.md, \"Authentication\")",
                      cfg->endpoint);
     } else if (curve && (st = srv_setup_curve(srv, cfg))) {
         /* st says why */
@@ -433,7 +434,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
     while (!*stop) {
         fr_peers_stats ps;
         fr_peers_stats_get(srv->peers, &ps);
-        int work = !fr_scheduler_idle(srv->sch);
+        int work = fr_scheduler_busy(srv->sch);   /* a paused engine waits for messages */
         long wait = work ? 0 : ps.queued || srv_nccl_pending(srv) ? 1 : 100;
         if (srv_poll(srv, wait) < 0) {
             if (errno == EINTR) continue;
@@ -442,7 +443,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
         }
         if ((failure = srv_handle_waiting(srv, stop, 0))) break;
         srv_nccl_turn(srv);
-        if (!fr_scheduler_idle(srv->sch)) {
+        if (fr_scheduler_busy(srv->sch)) {
             if (fr_scheduler_step(srv->sch))
                 srv_log(srv, "engine step failed (its samples end with reason error): %s", fr_last_error());
         }
@@ -455,10 +456,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
             srv_log(srv, "recalibration left the engine unusable: %s", fr_last_error());
             break;
         }
-        if (srv->state == PAUSING && fr_scheduler_idle(srv->sch)) {
-            srv->state = PAUSED;
-            srv_reply_waiters(srv);
-        }
+        srv_pause_progress(srv);
         if (fr_peers_pump(srv->peers, NULL)) {
             failure = FR_EIO;
             break;

@@ -28,6 +28,7 @@
 #include "trainer_bridge/protocol/protocol.h"
 #include "rollout/monitor/recalibrate.h"
 #include "rollout/engine/session.h"
+#include "tokenizer/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -118,6 +119,12 @@ typedef struct {
      * results. fr_bridge_server_run is then collective over the world. */
     const fr_mpi_world *world;
     int tp;
+    /* Text (docs/protocol.md, generate's text keys): the tokenizer that
+     * encodes prompt_text and decodes samples for stop strings and
+     * return_text, on every rank (NULL: such requests are refused; it must
+     * outlive the server), and what hello calls it. */
+    const fr_tokenizer *tokenizer;
+    const char *tokenizer_name;
 } fr_bridge_config;
 
 typedef struct fr_bridge_server fr_bridge_server;
@@ -141,6 +148,11 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
 
 /* The metrics endpoint's port, -1 when there is none. */
 int fr_bridge_server_metrics_port(const fr_bridge_server *srv);
+
+/* 1 when a ZeroMQ endpoint can be reached from this host only (tcp on
+ * 127.x.x.x, localhost or [::1]; ipc; inproc): the only endpoints a server
+ * without CURVE binds (docs/protocol.md, "Roles"). */
+int fr_bridge_endpoint_is_loopback(const char *endpoint);
 
 /* The endpoint the socket is bound to (ZMQ_LAST_ENDPOINT). */
 const char *fr_bridge_server_endpoint(const fr_bridge_server *srv);

@@ -43,6 +43,8 @@ typedef struct {
     int has_first;
     double first_ms;         /* when its first token was drawn */
     int ended;               /* its done went out */
+    fr_buf text;             /* the text the engine made final so far (requests with return_text) */
+    size_t text_sent;        /* bytes of it streamed in deltas */
 } sample_state;
 
 /* An accepted generate. sid is the scheduler's id for it (the server's
@@ -53,6 +55,7 @@ typedef struct {
     int peer;
     int n, n_prompt, open;
     int first_sample;        /* the wire's sample of q->s[k] is first_sample + k, as the engine's */
+    int start;               /* a continuation's continued tokens: its deltas count from there */
     int held;                /* received during a pause: not yet submitted */
     fr_request_spec spec;    /* held: prompt and stop ids owned here */
     double t0_ms;            /* when it was received */
@@ -60,14 +63,19 @@ typedef struct {
     int engine;              /* several ranks: the engine serving it */
     int from_held;           /* submitted by a resume (a refusal then ends its samples) */
     sample_state *s;
+    /* text (server_text.c) */
+    int return_text;         /* deltas and dones carry text */
+    char **stops;            /* the stop strings (owned); a done names the one that matched */
+    int n_stops, include_stop;
+    int *prompt_ids;         /* the ids prompt_text became (owned), NULL when it came as ids */
 } request;
 
 /* Several ranks: what rank 0 sends every rank each turn (engine events; a
  * weight update's, over either transport, are EV_UPD_*)... */
 enum { EV_SUBMIT = 1, EV_ABORT, EV_ABORT_ALL, EV_UPD_BEGIN, EV_UPD_BUCKET, EV_UPD_DROP, EV_UPD_COMMIT,
-       EV_NCCL_INIT, EV_NCCL_END };
+       EV_NCCL_INIT, EV_NCCL_END, EV_MODE, EV_RECOMPUTE };
 /* ...and what each engine leader (OB_NCCL: any rank) sends rank 0 after its step. */
-enum { OB_TOKEN = 1, OB_DONE, OB_REJECT, OB_STATS, OB_NCCL };
+enum { OB_TOKEN = 1, OB_DONE, OB_REJECT, OB_STATS, OB_NCCL, OB_TEXT };
 
 /* A reply encoded now and sent once this turn's results went out. */
 typedef struct {
@@ -114,6 +122,7 @@ struct fr_bridge_server {
      * a request's seed does not depend on the engine that runs it. */
     fr_seed_stream seeds;
     int state;
+    fr_pause_mode pause_mode; /* paused or pausing: the mode in force (server_pause.c) */
     int *waiters;            /* peers waiting for a pause (wait mode) to complete */
     int n_waiters, cap_waiters;
     int vocab, n_blocks, max_pos, max_seqs, chunk;
@@ -197,21 +206,46 @@ void srv_token_in(fr_bridge_server *srv, uint64_t sid, int sample, int index, in
                   uint64_t version);
 fr_wire_finish srv_wire_finish(fr_finish_reason r);
 
+/* server_text.c: prompts as text, stop strings, text out */
+fr_status srv_text_request(fr_bridge_server *srv, request *q, const fr_msg_generate *g);
+void srv_text_spec(const request *q, fr_request_spec *spec);
+void srv_text_free(request *q);
+void srv_put_text_spec(fr_rank_buf *b, const fr_request_spec *r);
+/* The text part of a submit record into spec; *owned the strings to free
+ * (srv_free_strs, spec->stop_strings.n of them). -1 when out of memory; a
+ * malformed record sets r->bad. */
+int srv_get_text_spec(fr_rank_reader *r, fr_request_spec *spec, char ***owned);
+void srv_free_strs(char **s, int n);
+void srv_text_in(fr_bridge_server *srv, uint64_t sid, int sample, const char *text, size_t len);
+void srv_on_text(void *user, uint64_t sid, int sample, int index, const char *text, size_t len);
+void srv_take_text(fr_bridge_server *srv, fr_rank_reader *r);
+/* A delta's text: what the engine made final since the last delta. */
+void srv_text_delta(const request *q, sample_state *s, fr_msg_tokens *t);
+/* A done's text, stop string and prompt ids (pointers into q, s or res). */
+void srv_text_done(const request *q, const sample_state *s, const fr_sample_result *res, fr_msg_done *d);
+
 /* server_requests.c: the engines and the requests that come in */
 int srv_abort_held(fr_bridge_server *srv, request *q);
 int srv_abort_sid(fr_bridge_server *srv, uint64_t sid);
 fr_status srv_check_spec(const fr_bridge_server *srv, const fr_request_spec *r, uint64_t caller_id);
-int srv_eng_idle(const fr_bridge_server *srv);
+fr_status srv_eng_abort_all(fr_bridge_server *srv, int *n);
+fr_status srv_eng_submit(fr_bridge_server *srv, request *q, const fr_request_spec *spec);
 int srv_engine_samples(const fr_bridge_server *srv);
-void srv_fail_waiters(fr_bridge_server *srv, const char *code, const char *why);
 void srv_handle_abort(fr_bridge_server *srv, int peer, const fr_msg_abort *a);
 void srv_handle_generate(fr_bridge_server *srv, int peer, const fr_msg_generate *g);
 void srv_handle_hello(fr_bridge_server *srv, int peer);
-void srv_handle_pause(fr_bridge_server *srv, int peer, fr_pause_mode mode);
-void srv_handle_resume(fr_bridge_server *srv, int peer);
 void srv_handle_stats(fr_bridge_server *srv, int peer);
-void srv_reply_waiters(fr_bridge_server *srv);
 uint64_t *srv_sids_of(const fr_bridge_server *srv, int peer, int *n);
+
+/* server_pause.c: pause modes, resume, the engines' modes on every rank */
+/* Whether the engines have a step to take (rank 0: the poll's wait). */
+int srv_engines_busy(const fr_bridge_server *srv);
+void srv_fail_waiters(fr_bridge_server *srv, const char *code, const char *why);
+void srv_handle_pause(fr_bridge_server *srv, int peer, const fr_msg_pause *p);
+void srv_handle_resume(fr_bridge_server *srv, int peer, const fr_msg_resume *r);
+/* A wait pause whose samples in flight have all ended is answered. */
+void srv_pause_progress(fr_bridge_server *srv);
+void srv_reply_waiters(fr_bridge_server *srv);
 
 /* server_weights.c: weight updates, both transports, and the one commit */
 void srv_apply_update(fr_bridge_server *srv, int ev, fr_rank_reader *r);

@@ -196,7 +196,8 @@ static void run_command(fr_bridge_server *srv, int client, const fr_bridge_cmd *
     case FR_BRIDGE_CMD_FLUSH_CACHE:
         /* Prompt pages are shared within a request only: an idle engine
          * holds no page, so there is nothing to drop. */
-        if (!srv_eng_idle(srv)) answer(srv, client, "busy", "flush_cache: requests are running; the cache holds their pages");
+        if (srv->multi ? srv_engine_samples(srv) > 0 : !fr_scheduler_idle(srv->sch))
+            answer(srv, client, "busy", "flush_cache: requests are open; the cache holds their pages");
         else answer(srv, client, "ok", "the KV cache holds no pages");
         return;
     case FR_BRIDGE_CMD_RELEASE_MEMORY:

@@ -43,7 +43,7 @@ static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
 {
     fr_request_spec spec;
     memset(&spec, 0, sizeof spec);
-    int engine = fr_rank_get_i32(r), oom[3] = {0, 0, 0}, has_forced;
+    int engine = fr_rank_get_i32(r), oom[4] = {0, 0, 0, 0}, has_forced;
     spec.id = fr_rank_get_u64(r);
     spec.group = fr_rank_get_u64(r);
     int *prompt = fr_rank_get_i32s(r, &spec.n_prompt, &oom[0]);
@@ -66,13 +66,17 @@ static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
     spec.penalties.repetition_penalty = fr_rank_get_f32(r);
     has_forced = fr_rank_get_i32(r);
     int *forced = has_forced ? fr_rank_get_i32s(r, &spec.n_forced, &oom[2]) : NULL;
+    int *cont = fr_rank_get_i32s(r, &spec.n_continue, &oom[3]);
+    char **stops = NULL;
+    const int text_oom = srv_get_text_spec(r, &spec, &stops);
     spec.prompt = prompt;
     spec.stop_ids = stop;
     spec.forced = forced;
+    spec.continue_tokens = spec.n_continue > 0 ? cont : NULL;
     fr_status st = FR_OK;
     if (r->bad) {
         /* the caller reports the malformed stream */
-    } else if (oom[0] || oom[1] || oom[2]) {
+    } else if (oom[0] || oom[1] || oom[2] || oom[3] || text_oom) {
         st = fr_fail(FR_ENOMEM, "serve: rank %d: out of memory taking request %llu", srv->rank,
                      (unsigned long long)spec.id);
     } else if (engine == srv->engine && fr_scheduler_submit(srv->sch, &spec) && srv->leader) {
@@ -84,6 +88,8 @@ static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
     free(prompt);
     free(stop);
     free(forced);
+    free(cont);
+    srv_free_strs(stops, spec.stop_strings.n);
     return st;
 }
 
@@ -108,6 +114,14 @@ fr_status srv_apply_events(fr_bridge_server *srv)
         }
         case EV_ABORT_ALL:
             if (fr_scheduler_abort_all(srv->sch, NULL)) srv_log(srv, "rank %d: abort: %s", srv->rank, fr_last_error());
+            break;
+        case EV_MODE: {   /* a pause or resume: every rank of every engine at the same turn */
+            int mode = fr_rank_get_i32(&r);
+            if (!r.bad) fr_scheduler_set_mode(srv->sch, (fr_scheduler_mode)mode);
+            break;
+        }
+        case EV_RECOMPUTE:
+            fr_scheduler_recompute_all(srv->sch, NULL);
             break;
         case EV_UPD_BEGIN:
         case EV_UPD_BUCKET:
@@ -217,6 +231,7 @@ static fr_status exchange_results(fr_bridge_server *srv)
             break;
         }
         case OB_DONE: take_done(srv, &r); break;
+        case OB_TEXT: srv_take_text(srv, &r); break;
         case OB_REJECT: take_reject(srv, &r); break;
         case OB_STATS:
             take_stats(srv, &r, first_stats);
@@ -254,7 +269,7 @@ static fr_status drain_messages(fr_bridge_server *srv, const volatile sig_atomic
 {
     fr_peers_stats ps;
     fr_peers_stats_get(srv->peers, &ps);
-    long wait = !srv_eng_idle(srv) ? 0 : ps.queued || srv_nccl_pending(srv) ? 2 : 100;
+    long wait = srv_engines_busy(srv) ? 0 : ps.queued || srv_nccl_pending(srv) ? 2 : 100;
     if (srv_poll(srv, wait) < 0) {
         if (errno == EINTR) return FR_OK;
         return fr_fail(FR_EIO, "serve: poll failed: %s", zmq_strerror(errno));
@@ -269,10 +284,7 @@ static fr_status drain_messages(fr_bridge_server *srv, const volatile sig_atomic
 static fr_status after_turn(fr_bridge_server *srv)
 {
     srv_flush_all(srv);
-    if (srv->state == PAUSING && srv_eng_idle(srv)) {
-        srv->state = PAUSED;
-        srv_reply_waiters(srv);
-    }
+    srv_pause_progress(srv);
     srv_send_deferred(srv);
     if (fr_peers_pump(srv->peers, NULL)) return FR_EIO;
     srv_conn_watch(srv);   /* peers found gone by a send, or whose connection closed */
@@ -313,7 +325,7 @@ fr_status srv_run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop
         int all = 0;
         if (fr_mpi_world_all_ok(srv->world, !failure && !*stop, &all)) srv_comm_fatal(srv, "the turn's vote");
         if (!all) break;
-        if (!fr_scheduler_idle(srv->sch) && fr_scheduler_step(srv->sch)) {
+        if (fr_scheduler_busy(srv->sch) && fr_scheduler_step(srv->sch)) {
             /* with tp > 1 the engine's ranks may now disagree: stop */
             if (srv->tp > 1) NOTE_FAILURE(fr_fail(FR_EIO, "serve: rank %d: engine step failed: %s", srv->rank,
                                                   fr_last_error()));

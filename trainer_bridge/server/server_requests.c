@@ -1,5 +1,6 @@
 /* The engines (one, or several over the ranks) and the requests that come
- * in: generate, abort, pause, resume, stats, hello (docs/protocol.md). */
+ * in: generate, abort, stats, hello (docs/protocol.md); pause and resume
+ * are server_pause.c's. */
 #include "trainer_bridge/server/server_internal.h"
 
 static const char *const state_names[] = {"running", "pausing", "paused"};
@@ -37,6 +38,8 @@ static void put_spec(fr_rank_buf *b, int engine, const fr_request_spec *r)
     fr_rank_put_f32(b, r->penalties.repetition_penalty);
     fr_rank_put_i32(b, r->forced ? 1 : 0);
     if (r->forced) fr_rank_put_i32s(b, r->forced, r->n_forced);
+    fr_rank_put_i32s(b, r->continue_tokens, r->n_continue);
+    srv_put_text_spec(b, r);
 }
 
 /* Open samples of the requests the engines run (held ones excluded). */
@@ -48,14 +51,9 @@ int srv_engine_samples(const fr_bridge_server *srv)
     return n;
 }
 
-int srv_eng_idle(const fr_bridge_server *srv)
-{
-    return srv->multi ? srv_engine_samples(srv) == 0 : fr_scheduler_idle(srv->sch);
-}
-
 /* Starts q on an engine: with several, the one with the fewest open
  * samples (ties: turn by turn). */
-static fr_status eng_submit(fr_bridge_server *srv, request *q, const fr_request_spec *spec)
+fr_status srv_eng_submit(fr_bridge_server *srv, request *q, const fr_request_spec *spec)
 {
     if (srv->released)
         return fr_fail(FR_EUNSUPPORTED, "request %llu: the engine's memory is released (release_memory_occupation); "
@@ -85,7 +83,7 @@ static fr_status eng_abort(fr_bridge_server *srv, const request *q, int *n)
     return srv->events.failed ? fr_fail(FR_ENOMEM, "the server is out of memory") : FR_OK;
 }
 
-static fr_status eng_abort_all(fr_bridge_server *srv, int *n)
+fr_status srv_eng_abort_all(fr_bridge_server *srv, int *n)
 {
     if (!srv->multi) return fr_scheduler_abort_all(srv->sch, n);
     fr_rank_put_u8(&srv->events, EV_ABORT_ALL);
@@ -96,7 +94,7 @@ static fr_status eng_abort_all(fr_bridge_server *srv, int *n)
 /* ---- requests in ----------------------------------------------------------- */
 
 /* The engine request of a generate, with the server's defaults for what it
- * leaves out (prompt and stop ids point into g or the server). */
+ * leaves out (prompt and stop ids point into g, q or the server). */
 static void build_spec(const fr_bridge_server *srv, const request *q, const fr_msg_generate *g, fr_request_spec *r)
 {
     const fr_bridge_sampling *d = &srv->cfg.sampling;
@@ -105,8 +103,8 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
     r->group = q->group_id;
     r->report_id = q->request_id;   /* the metrics name the trainer's id */
     r->has_report_id = 1;
-    r->prompt = g->prompt;
-    r->n_prompt = g->n_prompt;
+    r->prompt = q->prompt_ids ? q->prompt_ids : g->prompt;
+    r->n_prompt = q->n_prompt;
     r->n = g->n;
     r->first_sample = q->first_sample;
     r->params = d->params;
@@ -132,6 +130,9 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
                                   .repetition_penalty = (float)g->repetition_penalty};
     r->forced = g->forced_tokens;
     r->n_forced = g->forced_tokens ? g->n_forced_tokens : 0;
+    r->continue_tokens = g->continue_tokens;
+    r->n_continue = g->continue_tokens ? g->n_continue_tokens : 0;
+    srv_text_spec(q, r);
 }
 
 /* The checks fr_scheduler_submit makes, so a request held during a pause
@@ -150,6 +151,10 @@ fr_status srv_check_spec(const fr_bridge_server *srv, const fr_request_spec *r, 
     if (blocks > srv->n_blocks)
         return fr_fail(FR_EINVAL, "request %llu: prompt (%d) + max_tokens (%d) needs %d KV blocks, the cache has %d",
                        (unsigned long long)caller_id, r->n_prompt, mt, blocks, srv->n_blocks);
+    if (r->n_continue >= mt)
+        return fr_fail(FR_EINVAL, "request %llu: the prompt (%d tokens) and %d continued tokens leave nothing to "
+                                  "generate in the context window of %d",
+                       (unsigned long long)caller_id, r->n_prompt, r->n_continue, srv->max_pos);
     return FR_OK;
 }
 
@@ -157,15 +162,15 @@ fr_status srv_check_spec(const fr_bridge_server *srv, const fr_request_spec *r, 
  * short would hand the trainer samples shorter than it asked for with no
  * word of why. Left out, the server's default applies, cut to the window
  * (docs/protocol.md, generate). */
-static fr_status check_window(const fr_bridge_server *srv, const fr_msg_generate *g)
+static fr_status check_window(const fr_bridge_server *srv, const fr_msg_generate *g, int n_prompt)
 {
-    if (!g->has_max_tokens || g->n_prompt >= srv->max_pos || g->max_tokens <= srv->max_pos - g->n_prompt)
+    if (!g->has_max_tokens || n_prompt >= srv->max_pos || g->max_tokens <= srv->max_pos - n_prompt)
         return FR_OK;
     return fr_fail(FR_EINVAL, "request %llu: max_tokens %d does not fit the context window: prompt (%d tokens) + "
                               "max_tokens must be at most max_model_len %d, so max_tokens is at most %d here "
                               "(left out, the most that fits applies)",
-                   (unsigned long long)g->request_id, g->max_tokens, g->n_prompt, srv->max_pos,
-                   srv->max_pos - g->n_prompt);
+                   (unsigned long long)g->request_id, g->max_tokens, n_prompt, srv->max_pos,
+                   srv->max_pos - n_prompt);
 }
 
 static int insert_request(fr_bridge_server *srv, request *q)
@@ -178,6 +183,41 @@ static int insert_request(fr_bridge_server *srv, request *q)
         srv->cap_reqs = c;
     }
     srv->reqs[srv->n_reqs++] = q;   /* sids increase: the order holds */
+    return 0;
+}
+
+/* A copy of n ids (NULL for none); *ok 0 when out of memory. */
+static int *copy_ids(const int *ids, int n, int *ok)
+{
+    if (!ids || n <= 0) return NULL;
+    int *c = malloc(sizeof(int) * (size_t)n);
+    if (!c) *ok = 0;
+    else memcpy(c, ids, sizeof(int) * (size_t)n);
+    return c;
+}
+
+/* A request held by a pause keeps its spec, with copies of the arrays the
+ * message owned; -1 when out of memory (nothing kept). */
+static int keep_held(request *q, fr_request_spec *spec)
+{
+    int ok = 1;
+    int *p = copy_ids(spec->prompt, spec->n_prompt, &ok);
+    int *s = copy_ids(spec->stop_ids, spec->n_stop, &ok);
+    int *f = copy_ids(spec->forced, spec->n_forced, &ok);
+    int *c = copy_ids(spec->continue_tokens, spec->n_continue, &ok);
+    if (!ok) {
+        free(p);
+        free(s);
+        free(f);
+        free(c);
+        return -1;
+    }
+    spec->prompt = p;
+    spec->stop_ids = s;
+    spec->forced = f;
+    spec->continue_tokens = c;
+    q->spec = *spec;
+    q->held = 1;
     return 0;
 }
 
@@ -212,13 +252,15 @@ void srv_handle_generate(fr_bridge_server *srv, int peer, const fr_msg_generate 
     q->peer = peer;
     q->n = q->open = g->n;
     q->first_sample = g->first_sample;
+    q->start = g->continue_tokens ? g->n_continue_tokens : 0;
     q->n_prompt = g->n_prompt;
     q->t0_ms = fr_now_ms();
     q->seed = g->has_seed ? g->seed : fr_seed_stream_next(&srv->seeds);
     fr_request_spec spec;
+    fr_status st = srv_text_request(srv, q, g);   /* prompt_text encoded, stop strings kept */
     build_spec(srv, q, g, &spec);
-    fr_status st = srv_check_spec(srv, &spec, id);
-    if (!st) st = check_window(srv, g);
+    if (!st) st = srv_check_spec(srv, &spec, id);
+    if (!st) st = check_window(srv, g, q->n_prompt);
     if (!st && insert_request(srv, q)) st = fr_fail(FR_ENOMEM, "the server is out of memory");
     if (st) {
         srv_free_request(q);
@@ -226,32 +268,17 @@ void srv_handle_generate(fr_bridge_server *srv, int peer, const fr_msg_generate 
         srv_send_error(srv, peer, st == FR_ENOMEM ? "out_of_memory" : "invalid_request", 1, id, "%s", fr_last_error());
         return;
     }
-    if (srv->state != RUNNING) {
-        /* Held until resume: keep copies of the arrays. */
-        int *p = malloc(sizeof(int) * (size_t)spec.n_prompt);
-        int *s = malloc(sizeof(int) * (size_t)(spec.n_stop > 0 ? spec.n_stop : 1));
-        int *f = spec.forced ? malloc(sizeof(int) * (size_t)spec.n_forced) : NULL;
-        if (!p || !s || (spec.forced && !f)) {
-            free(p);
-            free(s);
-            free(f);
+    if (srv->state != RUNNING) {   /* held until resume */
+        if (keep_held(q, &spec)) {
             srv_remove_request(srv, q);
             srv->requests_rejected++;
             srv_send_error(srv, peer, "out_of_memory", 1, id, "the server is out of memory");
             return;
         }
-        memcpy(p, spec.prompt, sizeof(int) * (size_t)spec.n_prompt);
-        if (spec.n_stop > 0) memcpy(s, spec.stop_ids, sizeof(int) * (size_t)spec.n_stop);
-        if (f) memcpy(f, spec.forced, sizeof(int) * (size_t)spec.n_forced);
-        spec.prompt = p;
-        spec.stop_ids = s;
-        spec.forced = f;
-        q->spec = spec;
-        q->held = 1;
         srv->requests_accepted++;
         return;
     }
-    if ((st = eng_submit(srv, q, &spec))) {
+    if ((st = srv_eng_submit(srv, q, &spec))) {
         char msg[FR_PROTO_TEXT_MAX];
         snprintf(msg, sizeof msg, "%s", fr_last_error());
         srv_remove_request(srv, q);
@@ -329,97 +356,6 @@ void srv_handle_abort(fr_bridge_server *srv, int peer, const fr_msg_abort *a)
     free(missing);
 }
 
-static void send_pause_reply(fr_bridge_server *srv, int peer, fr_pause_mode mode, int aborted)
-{
-    fr_msg m;
-    fr_msg_init(&m, FR_MSG_PAUSE_REPLY);
-    m.u.pause_reply.mode = mode;
-    m.u.pause_reply.aborted = aborted;
-    srv_send_later(srv, peer, &m);
-}
-
-void srv_reply_waiters(fr_bridge_server *srv)
-{
-    for (int i = 0; i < srv->n_waiters; i++) send_pause_reply(srv, srv->waiters[i], FR_PAUSE_WAIT, 0);
-    srv->n_waiters = 0;
-}
-
-void srv_handle_pause(fr_bridge_server *srv, int peer, fr_pause_mode mode)
-{
-    if (mode == FR_PAUSE_ABORT) {
-        int n = 0;
-        if (eng_abort_all(srv, &n)) srv_log(srv, "pause: %s", fr_last_error());
-        srv_flush_all(srv);
-        srv->state = PAUSED;
-        srv_reply_waiters(srv);
-        send_pause_reply(srv, peer, mode, n);
-        return;
-    }
-    if (srv->state == PAUSED || srv_eng_idle(srv)) {
-        srv->state = PAUSED;
-        srv_reply_waiters(srv);
-        send_pause_reply(srv, peer, mode, 0);
-        return;
-    }
-    srv->state = PAUSING;
-    if (srv->n_waiters == srv->cap_waiters) {
-        int c = srv->cap_waiters ? srv->cap_waiters * 2 : 4;
-        int *w = realloc(srv->waiters, sizeof(int) * (size_t)c);
-        if (!w) {
-            srv_send_error(srv, peer, "out_of_memory", 0, 0, "the server is out of memory");
-            return;
-        }
-        srv->waiters = w;
-        srv->cap_waiters = c;
-    }
-    srv->waiters[srv->n_waiters++] = peer;
-}
-
-/* Pause waiters get an error instead of their reply (resume or shutdown
- * came first). */
-void srv_fail_waiters(fr_bridge_server *srv, const char *code, const char *why)
-{
-    for (int i = 0; i < srv->n_waiters; i++) srv_send_error(srv, srv->waiters[i], code, 0, 0, "%s", why);
-    srv->n_waiters = 0;
-}
-
-void srv_handle_resume(fr_bridge_server *srv, int peer)
-{
-    if (srv->state == PAUSING)
-        srv_fail_waiters(srv, "pause_cancelled", "a resume arrived before the engine finished its work");
-    srv->state = RUNNING;
-    int released = 0, n;
-    uint64_t *sids = srv_sids_of(srv, -1, &n);
-    for (int i = 0; sids && i < n; i++) {
-        request *q = srv_find_sid(srv, sids[i]);
-        if (!q || !q->held) continue;
-        fr_status st = eng_submit(srv, q, &q->spec);
-        if (st) {
-            char msg[FR_PROTO_TEXT_MAX];
-            snprintf(msg, sizeof msg, "%s", fr_last_error());
-            int p = q->peer;
-            uint64_t id = q->request_id;
-            srv_abort_held(srv, q);
-            srv_send_error(srv, p, "invalid_request", 1, id, "held request could not start: %s", msg);
-            continue;
-        }
-        q->held = 0;
-        q->from_held = 1;
-        free((void *)q->spec.prompt);
-        free((void *)q->spec.stop_ids);
-        free((void *)q->spec.forced);
-        q->spec.prompt = NULL;
-        q->spec.stop_ids = NULL;
-        q->spec.forced = NULL;
-        released++;
-    }
-    free(sids);
-    fr_msg m;
-    fr_msg_init(&m, FR_MSG_RESUME_REPLY);
-    m.u.resume_reply.released = released;
-    srv_send_msg(srv, peer, &m);
-}
-
 void srv_handle_stats(fr_bridge_server *srv, int peer)
 {
     fr_msg m;
@@ -485,5 +421,7 @@ void srv_handle_hello(fr_bridge_server *srv, int peer)
     h->n_eos_token_ids = mc->n_eos < FR_PROTO_MAX_EOS ? mc->n_eos : FR_PROTO_MAX_EOS;
     for (int i = 0; i < h->n_eos_token_ids; i++) h->eos_token_ids[i] = mc->eos_ids[i];
     h->chunk = srv->chunk;
+    if (srv->cfg.tokenizer)
+        snprintf(h->tokenizer, sizeof h->tokenizer, "%s", srv->cfg.tokenizer_name ? srv->cfg.tokenizer_name : "yes");
     srv_send_msg(srv, peer, &m);
 }

@@ -37,10 +37,12 @@ void srv_free_request(request *q)
         free(q->s[k].lp);
         free(q->s[k].wv);
     }
+    srv_text_free(q);
     free(q->s);
     free((void *)q->spec.prompt);
     free((void *)q->spec.stop_ids);
     free((void *)q->spec.forced);
+    free((void *)q->spec.continue_tokens);
     free(q);
 }
 
@@ -156,8 +158,10 @@ static void flush_sample(fr_bridge_server *srv, request *q, int k)
     if (s->n_pending == 0) return;
     fr_msg m;
     fr_msg_init(&m, FR_MSG_TOKENS);
-    m.u.tokens = (fr_msg_tokens){.request_id = q->request_id, .sample = q->first_sample + k, .start = s->sent, .n = s->n_pending,
+    m.u.tokens = (fr_msg_tokens){.request_id = q->request_id, .sample = q->first_sample + k,
+                                 .start = q->start + s->sent, .n = s->n_pending,
                                  .token_ids = s->tok, .logprobs = s->lp, .weight_versions = s->wv};
+    srv_text_delta(q, s, &m.u.tokens);
     srv_send_msg(srv, q->peer, &m);
     srv->tokens_streamed += (uint64_t)s->n_pending;
     s->sent += s->n_pending;
@@ -185,7 +189,7 @@ void srv_send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish why,
     fr_msg_init(&m, FR_MSG_DONE);
     double t = fr_now_ms();
     m.u.done = (fr_msg_done){.request_id = q->request_id, .group_id = q->group_id, .sample = q->first_sample + k,
-                             .finish_reason = why, .n_tokens = s->sent, .n_prompt = q->n_prompt,
+                             .finish_reason = why, .start = q->start, .n_tokens = s->sent, .n_prompt = q->n_prompt,
                              .preemptions = preemptions, .has_ttft = s->has_first,
                              .ttft_ms = s->has_first ? s->first_ms - q->t0_ms : 0, .total_ms = t - q->t0_ms,
                              .has_seed = 1, .seed = q->seed};
@@ -199,6 +203,7 @@ void srv_send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish why,
         m.u.done.prompt_logprobs = res->prompt_logprobs;
         m.u.done.n_prompt_logprobs = res->n_prompt_logprobs;
     }
+    srv_text_done(q, s, res, &m.u.done);
     srv_send_msg(srv, q->peer, &m);
     srv->samples_done++;
     s->ended = 1;
@@ -236,9 +241,9 @@ void srv_token_in(fr_bridge_server *srv, uint64_t sid, int sample, int index, in
     request *q = srv_find_sid(srv, sid);
     if (!q || sample < q->first_sample || sample - q->first_sample >= q->n) return;
     sample_state *s = &q->s[sample - q->first_sample];
-    if (index != s->sent + s->n_pending)
+    if (index != q->start + s->sent + s->n_pending)   /* the engine counts a continuation's tokens from its start */
         srv_log(srv, "request %llu sample %d: token %d arrived out of order (expected %d)",
-              (unsigned long long)q->request_id, sample, index, s->sent + s->n_pending);
+              (unsigned long long)q->request_id, sample, index, q->start + s->sent + s->n_pending);
     if (s->n_pending == s->cap) {
         int c = s->cap ? s->cap * 2 : 16;
         int *t = realloc(s->tok, sizeof(int) * (size_t)c);

@@ -14,12 +14,12 @@ from . import _native
 from . import text as _text
 from ._calls import Drain as _Drain
 from ._types import (ClientError, ConnectError, DeadlineExceeded, SampleResult, ServerError, TokenDelta,
-                     from_event as _from_event, id_array as _id_array)
+                     from_event as _from_event, id_array as _id_array, stitch)
 from .text import ByteTokenizer
 
 __all__ = ["RolloutClient", "AsyncRolloutClient", "MetricsSubscriber", "SampleResult", "TokenDelta", "ServerError",
            "ClientError", "ConnectError", "DeadlineExceeded",
-           "ByteTokenizer", "group_by_prompt", "mismatch_metrics", "keypair", "load_exported"]
+           "ByteTokenizer", "group_by_prompt", "mismatch_metrics", "keypair", "load_exported", "stitch"]
 
 _lib = None
 
@@ -111,7 +111,8 @@ class MetricsSubscriber(_Closes):
 _OPTIONS = dict(n=1, temperature=None, top_k=None, top_p=None, max_tokens=None, stop_token_ids=None, seed=None,
                 monitor=None, per_token_kl=False, forced_tokens=None, group_id=None, first_sample=0, min_tokens=0,
                 logprobs=0, prompt_logprobs=False, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
-                repetition_penalty=None)
+                repetition_penalty=None, continue_tokens=None, stop=None, include_stop_str_in_output=False,
+                add_special_tokens=None, return_text=None)
 
 
 class RolloutClient(_Closes):
@@ -139,13 +140,17 @@ class RolloutClient(_Closes):
     def __init__(self, addr: str = "tcp://127.0.0.1:5555", timeout_ms: int = 30000,
                  server_public_key: Optional[str] = None, public_key: Optional[str] = None,
                  secret_key: Optional[str] = None, tokenizer=None):
-        """tokenizer: any object with Hugging Face's encode/decode (prompts may
-        then be text, and samples carry .text); "byte" for ByteTokenizer; None:
-        a byte-level server's model gets ByteTokenizer when text is first used."""
+        """tokenizer: None (default): the server's tokenizer (hello()["tokenizer"])
+        when text is first used: text prompts go as text, samples and deltas
+        carry the server's text (a server without one: ByteTokenizer for a
+        byte-level model); "server": the server's, without asking; any object
+        with Hugging Face's encode/decode: text is encoded and decoded here
+        (stop strings still need the server's); "byte": ByteTokenizer."""
         lib = _native_lib()
         self._lib = lib
         self.addr = addr
-        self.tokenizer = ByteTokenizer() if tokenizer == "byte" else tokenizer
+        self.tokenizer = ByteTokenizer() if tokenizer == "byte" else None if tokenizer == "server" else tokenizer
+        self._server_text = True if tokenizer == "server" else None   # None: not asked yet
         self._tokenizer_checked = tokenizer is not None
         self._c = ctypes.c_void_p()
         keys = _curve_keys(server_public_key, public_key, secret_key)
@@ -189,21 +194,39 @@ class RolloutClient(_Closes):
             self._lib.fr_client_free_string(out)
 
     def hello(self, name: str = "fp4rollout_client.py") -> dict:
-        return self._json(self._lib.fr_client_hello_json, name.encode())
+        reply = self._json(self._lib.fr_client_hello_json, name.encode())
+        if self._server_text is None:   # what text does from now on (return_text's default)
+            self._server_text = bool(reply.get("tokenizer"))
+        return reply
 
     def stats(self) -> dict:
         return self._json(self._lib.fr_client_stats_json)
 
-    def pause(self, mode: str = "wait") -> dict:
+    def pause(self, mode: str = "wait", recompute: bool = False) -> dict:
         """mode "abort": every sample in the engine ends now with finish_reason
         "abort" and what it made so far (tokens, log-probs, weight versions),
         each delivered once to the call that waits for it (generate(),
-        results()); "wait": returns once the engine finished what it has.
-        New requests are held until resume()."""
-        return self._json(self._lib.fr_client_pause_json, _native.PAUSE_MODES[mode])
+        results()); "wait": returns once the samples in flight finished,
+        starting nothing new; "keep": freezes the samples in flight where
+        they are (tokens and KV cache kept) and returns at once: weights
+        committed meanwhile draw their next tokens after resume() (each
+        token's weight_versions entry says which weights drew it). keep with
+        recompute=True drops their KV cache now (its memory is free during
+        the update) and recomputes it at resume with the weights serving
+        then. New requests are held until resume() (docs/protocol.md,
+        "pause")."""
+        if mode not in _native.PAUSE_MODES:
+            raise ClientError(f"pause: mode must be one of {', '.join(_native.PAUSE_MODES)}, got {mode!r}")
+        return self._json(self._lib.fr_client_pause_ex_json, _native.PAUSE_MODES[mode], int(bool(recompute)))
 
-    def resume(self) -> dict:
-        return self._json(self._lib.fr_client_resume_json)
+    def resume(self, recompute: bool = False) -> dict:
+        """Ends the pause: held requests start, frozen samples go on.
+        recompute=True (after a keep pause): the frozen samples' KV cache is
+        recomputed with the weights serving now, so their next tokens are
+        exactly those of the new weights; without it they go on over the KV
+        cache the old weights computed (as SGLang's and vLLM's pause in
+        place do)."""
+        return self._json(self._lib.fr_client_resume_ex_json, int(bool(recompute)))
 
     def abort(self, request_ids: Optional[Sequence[int]] = None) -> dict:
         """Ends the given requests (or every open one of this client). Each of
@@ -224,10 +247,20 @@ class RolloutClient(_Closes):
                forced_tokens: Optional[Sequence[int]] = None, request_id: Optional[int] = None,
                group_id: Optional[int] = None, first_sample: int = 0, min_tokens: int = 0, logprobs: int = 0,
                prompt_logprobs: bool = False, min_p: float = 0.0, presence_penalty: float = 0.0,
-               frequency_penalty: float = 0.0, repetition_penalty: Optional[float] = None) -> int:
+               frequency_penalty: float = 0.0, repetition_penalty: Optional[float] = None,
+               continue_tokens: Optional[Sequence[int]] = None,
+               stop: Optional[Sequence[str]] = None, include_stop_str_in_output: bool = False,
+               add_special_tokens: Optional[bool] = None, return_text: Optional[bool] = None) -> int:
         """Sends one generate and returns its request id (results come from results()).
-        prompt_ids: text (with a tokenizer), or token ids as a list, tuple, numpy
-        or torch integer array. The samples are numbered first_sample ..
+        prompt_ids: text (the server's tokenizer, or the client's), or token ids
+        as a list, tuple, numpy or torch integer array. stop: stop strings (the
+        server ends a sample as soon as its text holds one; .text stops before
+        it unless include_stop_str_in_output; .stop_str names it); return_text:
+        the server's text in .text and every TokenDelta (None: yes whenever
+        this client uses the server's tokenizer, which it learns from hello(),
+        tokenizer="server", or a first call with text or stop);
+        add_special_tokens (a text prompt for the server's tokenizer): its BOS
+        and the like (None: yes). The samples are numbered first_sample ..
         first_sample + n - 1, and sample i draws from the seed's stream i: a
         sample s replays alone with seed=s.seed, first_sample=s.sample, n=1 and
         the same prompt and parameters (docs/sampling.md, "Seeds"). min_tokens:
@@ -241,7 +274,9 @@ class RolloutClient(_Closes):
         the context window (hello()["max_model_len"] minus the prompt) and
         stop ids outside the vocabulary are refused (ServerError
         invalid_request naming the request); without max_tokens the server's
-        default applies, cut to the window."""
+        default applies, cut to the window. continue_tokens (n=1): the
+        tokens a sample already made, to continue it (continue_sample()
+        fills it in from a SampleResult)."""
         opts = {k: v for k, v in locals().items() if k in _OPTIONS}
         return self._send([self._ids(prompt_ids)], opts, request_id, False)[0]
 
@@ -259,9 +294,19 @@ class RolloutClient(_Closes):
         if not 0 <= rid < 1 << 64:
             raise ClientError(f"request_id {rid} is not a 64-bit unsigned integer")
         g = _native.Generate()
-        arr = _id_array(prompt, "prompt token", rid)
-        keep = [arr]
-        g.request_id, g.prompt, g.n_prompt = rid, arr, len(prompt)
+        keep = []
+        g.request_id = rid
+        if isinstance(prompt, str):   # for the server's tokenizer
+            raw = prompt.encode("utf-8")
+            keep.append(raw)
+            g.prompt_text, g.prompt_text_len = raw, len(raw)
+            if o["add_special_tokens"] is not None:
+                g.has_add_special_tokens, g.add_special_tokens = 1, int(bool(o["add_special_tokens"]))
+        else:
+            arr = _id_array(prompt, "prompt token", rid)
+            keep.append(arr)
+            g.prompt, g.n_prompt = arr, len(prompt)
+        self._request_text(g, keep, isinstance(prompt, str), o)
         g.prompt_logprobs = int(bool(o["prompt_logprobs"]))
         for key in ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if o[key] is not None:
@@ -291,7 +336,36 @@ class RolloutClient(_Closes):
             forced = _id_array(o["forced_tokens"], "forced token", rid)
             keep.append(forced)
             g.forced_tokens, g.n_forced_tokens = forced, len(o["forced_tokens"])
+        if o["continue_tokens"]:
+            cont = _id_array(o["continue_tokens"], "continued token", rid)
+            keep.append(cont)
+            g.continue_tokens, g.n_continue_tokens = cont, len(o["continue_tokens"])
         return g, keep
+
+    def _request_text(self, g, keep: list, text_prompt: bool, o: dict) -> None:
+        """The stop strings and the text flags of a generate."""
+        stops = o["stop"]
+        if isinstance(stops, str):
+            stops = [stops]
+        if stops is not None:
+            raw = [str(s).encode("utf-8") for s in stops]
+            if not raw:
+                raise ClientError("stop: give at least one stop string (or None)")
+            arr = (ctypes.c_char_p * len(raw))(*raw)
+            keep += [raw, arr]
+            g.stop, g.n_stop = arr, len(raw)
+        g.include_stop_str_in_output = int(bool(o["include_stop_str_in_output"]))
+        want = o["return_text"]
+        if want is None:   # asking the server only where text is in play: a call on ids alone never waits for hello
+            want = self.tokenizer is None and (self._server_text or ((text_prompt or stops is not None) and
+                                                                     self._server_has_text()))
+        g.return_text = int(bool(want))
+
+    def _server_has_text(self) -> bool:
+        """Whether the server turns text into ids and back (its hello's tokenizer); asked once."""
+        if self._server_text is None:
+            self.hello()
+        return bool(self._server_text)
 
     def _send(self, prompts: List[List[int]], opts: dict, first_id: Optional[int], owned: bool) -> List[int]:
         """Sends one request per prompt (ids consecutive), every one checked
@@ -354,6 +428,9 @@ class RolloutClient(_Closes):
                  first_sample: int = 0, min_tokens: int = 0, logprobs: int = 0,
                  prompt_logprobs: bool = False, min_p: float = 0.0, presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0, repetition_penalty: Optional[float] = None,
+                 continue_tokens: Optional[Sequence[int]] = None,
+                 stop: Optional[Sequence[str]] = None, include_stop_str_in_output: bool = False,
+                 add_special_tokens: Optional[bool] = None, return_text: Optional[bool] = None,
                  timeout_ms: Optional[int] = None) -> Iterator[SampleResult]:
         """Submits one prompt (text, or token ids as a list, tuple, numpy or torch
         integer array) or several (a list of such prompts, request ids in order)
@@ -365,10 +442,28 @@ class RolloutClient(_Closes):
         the server and DeadlineExceeded is raised, naming them, with what they
         made in its .samples; nothing of them reaches a later call. The
         iterator owns the requests: dropping it before its end, or an error,
-        aborts what is still open."""
+        aborts what is still open. stop, include_stop_str_in_output,
+        add_special_tokens and return_text as for submit()."""
         opts = {k: v for k, v in locals().items() if k in _OPTIONS}
         ids = self._send(self._prompts(prompt_ids, "generate"), opts, None, True)
         return _Drain(self, ids, False, timeout_ms, "generate")
+
+    def continue_sample(self, prompt_ids, sample: SampleResult, timeout_ms: Optional[int] = None,
+                        **kwargs) -> SampleResult:
+        """Generates the rest of `sample`, a partial sample of a request for
+        prompt_ids (e.g. one ended by abort() or pause("abort")), and returns
+        the whole sample (stitch()): its tokens so far are sent as
+        continue_tokens with its seed and index (seed, first_sample, n=1) and
+        group, and kwargs should repeat the original request's sampling
+        options (temperature, top_k, top_p, max_tokens, which counts the
+        whole sample, stop_token_ids, min_tokens, logprobs). The server puts
+        the tokens in the KV cache after the prompt and draws the next one
+        with the step of the sample's random stream it would have used, so
+        in deterministic mode the whole sample is bitwise the one an
+        uninterrupted request gives (docs/sampling.md, "Continuing a
+        sample")."""
+        rest = list(self.generate(prompt_ids, timeout_ms=timeout_ms, **continuation_options(sample, kwargs)))
+        return stitch(sample, rest[0], self.tokenizer)
 
     def generate_stream(self, prompt_ids, timeout_ms: Optional[int] = None,
                         **kwargs) -> Iterator[Union[TokenDelta, SampleResult]]:
@@ -427,11 +522,18 @@ class RolloutClient(_Closes):
         arr = (ctypes.c_uint64 * max(1, len(ids)))(*ids)
         self._lib.fr_client_discard(self._c, arr, len(ids))
 
-    def _ids(self, prompt) -> List[int]:
+    def _ids(self, prompt):
+        """A prompt as sent: its ids, or (for the server's tokenizer) its text."""
         if isinstance(prompt, str) and self.tokenizer is None and not self._tokenizer_checked:
             self._tokenizer_checked = True
-            if _text.is_byte_vocabulary(self.hello()):
-                self.tokenizer = ByteTokenizer(int(self.hello()["vocab_size"]))
+            if not self._server_has_text():   # a server that predates its tokenizer
+                hello = self.hello()
+                if _text.is_byte_vocabulary(hello):
+                    self.tokenizer = ByteTokenizer(int(hello["vocab_size"]))
+        if isinstance(prompt, str) and self.tokenizer is None and self._server_text:
+            if not prompt:
+                raise ClientError("prompt is empty")
+            return prompt
         try:
             return _text.prompt_ids(prompt, self.tokenizer)
         except ValueError as e:
@@ -585,6 +687,32 @@ def load_exported(bin_path: str, index_path: str):
     if off != flat.size:
         raise ClientError(f"{bin_path}: {flat.size - off} floats are left over after the index's tensors")
     return out
+
+
+def continuation_options(sample: SampleResult, kwargs: dict) -> dict:
+    """generate()'s keywords that continue `sample`: its tokens as
+    continue_tokens, its seed, index and group, over the caller's sampling
+    options."""
+    if sample.start != 0:
+        raise ClientError(f"continue_sample: sample {sample.sample} holds tokens from {sample.start} on: stitch() it "
+                          f"to the part before first")
+    if sample.seed is None:
+        raise ClientError(f"continue_sample: sample {sample.sample} of request {sample.request_id} has no seed (the "
+                          f"server did not report it)")
+    unknown = set(kwargs) - set(_OPTIONS)
+    if unknown:
+        raise TypeError(f"continue_sample: unknown keyword {sorted(unknown)[0]!r}")
+    # The original request's keywords may come as they were: its n and
+    # first_sample give way to the sample's own index; a seed must be the
+    # sample's; what a continuation cannot have is refused.
+    if kwargs.get("seed") not in (None, sample.seed):
+        raise ClientError(f"continue_sample: seed {kwargs['seed']} is not sample {sample.sample}'s ({sample.seed})")
+    for key in ("continue_tokens", "forced_tokens", "prompt_logprobs"):
+        if kwargs.get(key):
+            raise ClientError(f"continue_sample: {key} does not go with a continuation")
+    return {**kwargs, "n": 1, "first_sample": sample.sample, "seed": sample.seed, "forced_tokens": None,
+            "prompt_logprobs": False, "group_id": kwargs.get("group_id", sample.group_id),
+            "continue_tokens": list(sample.token_ids)}
 
 
 # ---- DAPO / GRPO helpers ----

@@ -29,24 +29,31 @@ class Generate(ctypes.Structure):
                 ("per_token_kl", c_int), ("forced_tokens", ctypes.POINTER(c_int)), ("n_forced_tokens", c_int),
                 ("min_tokens", c_int), ("logprobs", c_int), ("prompt_logprobs", c_int),
                 ("min_p", c_dbl), ("presence_penalty", c_dbl), ("frequency_penalty", c_dbl),
-                ("repetition_penalty", c_dbl)]
+                ("repetition_penalty", c_dbl),
+                ("continue_tokens", ctypes.POINTER(c_int)), ("n_continue_tokens", c_int),
+                ("prompt_text", c_char_p), ("prompt_text_len", ctypes.c_size_t), ("has_add_special_tokens", c_int),
+                ("add_special_tokens", c_int), ("stop", ctypes.POINTER(c_char_p)), ("n_stop", c_int),
+                ("include_stop_str_in_output", c_int), ("return_text", c_int)]
 
 
 class Sample(ctypes.Structure):
-    _fields_ = [("request_id", c_u64), ("group_id", c_u64), ("sample", c_int), ("n_tokens", c_int),
+    _fields_ = [("request_id", c_u64), ("group_id", c_u64), ("sample", c_int), ("start", c_int), ("n_tokens", c_int),
                 ("token_ids", ctypes.POINTER(c_int)), ("logprobs", ctypes.POINTER(ctypes.c_float)),
                 ("weight_versions", ctypes.POINTER(c_u64)), ("finish_reason", ctypes.c_char * 8),
                 ("n_prompt", c_int), ("preemptions", c_int), ("has_ttft", c_int), ("ttft_ms", c_dbl),
                 ("total_ms", c_dbl), ("divergence", Divergence), ("has_seed", c_int), ("seed", c_u64),
                 ("top_k", c_int), ("top_token_ids", ctypes.POINTER(c_int)),
                 ("top_logprobs", ctypes.POINTER(ctypes.c_float)), ("prompt_logprobs", ctypes.POINTER(ctypes.c_float)),
-                ("n_prompt_logprobs", c_int)]
+                ("n_prompt_logprobs", c_int), ("has_text", c_int), ("text", ctypes.POINTER(ctypes.c_char)),
+                ("text_len", ctypes.c_size_t), ("stop_str", c_char_p), ("prompt_token_ids", ctypes.POINTER(c_int)),
+                ("n_prompt_token_ids", c_int)]
 
 
 class Delta(ctypes.Structure):
     _fields_ = [("request_id", c_u64), ("sample", c_int), ("start", c_int), ("n", c_int),
                 ("token_ids", ctypes.POINTER(c_int)), ("logprobs", ctypes.POINTER(ctypes.c_float)),
-                ("weight_versions", ctypes.POINTER(c_u64))]
+                ("weight_versions", ctypes.POINTER(c_u64)), ("has_text", c_int),
+                ("text", ctypes.POINTER(ctypes.c_char)), ("text_len", ctypes.c_size_t)]
 
 
 class Event(ctypes.Structure):
@@ -77,7 +84,7 @@ class Curve(ctypes.Structure):
 
 
 DTYPES = {"f32": 0, "bf16": 1, "f16": 2}
-PAUSE_MODES = {"abort": 0, "wait": 1}
+PAUSE_MODES = {"abort": 0, "wait": 1, "keep": 2}
 
 
 def _find_library():
@@ -129,8 +136,8 @@ def load():
         "fr_client_last_error": (c_int, [ctypes.c_void_p, P(c_char_p), P(c_char_p), P(ctypes.c_longlong)]),
         "fr_client_hello_json": (c_int, [ctypes.c_void_p, c_char_p, P(ctypes.c_void_p)]),
         "fr_client_stats_json": (c_int, [ctypes.c_void_p, P(ctypes.c_void_p)]),
-        "fr_client_pause_json": (c_int, [ctypes.c_void_p, c_int, P(ctypes.c_void_p)]),
-        "fr_client_resume_json": (c_int, [ctypes.c_void_p, P(ctypes.c_void_p)]),
+        "fr_client_pause_ex_json": (c_int, [ctypes.c_void_p, c_int, c_int, P(ctypes.c_void_p)]),
+        "fr_client_resume_ex_json": (c_int, [ctypes.c_void_p, c_int, P(ctypes.c_void_p)]),
         "fr_client_abort_json": (c_int, [ctypes.c_void_p, P(c_u64), c_int, P(ctypes.c_void_p)]),
         "fr_client_free_string": (None, [ctypes.c_void_p]),
         "fr_client_error_text": (c_char_p, []),

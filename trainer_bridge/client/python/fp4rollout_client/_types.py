@@ -67,7 +67,9 @@ class SampleResult:
     # for an unseeded request): generate with it to replay the sample; None from a
     # server that does not report it
     seed: Optional[int] = None
-    # the tokens as text, when the client has a tokenizer (None otherwise)
+    # the sample's text: the server's (its tokenizer, cut before the stop string
+    # that ended it) when the request asked for text, else the client
+    # tokenizer's decode; None when neither
     text: Optional[str] = None
     # with logprobs=k: for every generated token, its k most likely tokens as
     # (token id, log-prob) pairs, best first (None when not asked)
@@ -76,6 +78,15 @@ class SampleResult:
     # prompt token, None for the first (nothing precedes it), else its log-prob
     # given the tokens before it
     prompt_logprobs: Optional[List[Optional[float]]] = None
+    # a continuation (continue_tokens): token_ids[0] is token `start` of the
+    # whole sample, the continued tokens being the ones before (stitch()
+    # joins a partial sample and its continuation); 0 otherwise
+    start: int = 0
+    # the stop string that ended the sample (finish_reason "stop"), else None
+    stop_str: Optional[str] = None
+    # the prompt's token ids, when it was sent as text for the server's
+    # tokenizer (what a trainer recomputes log-probs over), else None
+    prompt_token_ids: Optional[List[int]] = None
 
 
 @dataclass
@@ -88,8 +99,11 @@ class TokenDelta:
     token_ids: List[int]
     logprobs: List[float]
     weight_versions: List[int]
-    # the tokens as text, when the client has a tokenizer (None otherwise; a
-    # multi-byte character split between deltas decodes with replacements)
+    # the text these tokens made final: the server's when the request asked for
+    # text (never half a character, nor the start of a stop string that may
+    # still match; the deltas' texts joined are a prefix of the sample's), else
+    # the client tokenizer's decode of these tokens (a character split between
+    # deltas decodes with replacements); None when neither
     text: Optional[str] = None
 
 
@@ -104,6 +118,45 @@ def id_array(values: Sequence[int], what: str, request_id: int):
                                                  f"(refused before sending: token ids are below 2^31)", request_id)
         out.append(v)
     return (ctypes.c_int * max(1, len(out)))(*out)
+
+
+def _text_of(has, ptr, n) -> Optional[str]:
+    """The server's text (UTF-8 bytes), or None when it sent none."""
+    if not has:
+        return None
+    return ctypes.string_at(ptr, n).decode("utf-8", errors="replace") if n else ""
+
+
+def stitch(partial: SampleResult, continuation: SampleResult, tokenizer=None) -> SampleResult:
+    """The whole sample: `partial` (tokens 0 .. k-1 of a sample, e.g. ended by
+    abort) followed by `continuation` (the result of continuing it, start k):
+    token ids, log-probs, weight versions and top log-probs concatenated; the
+    finish reason, timings and divergence figures of the continuation;
+    preemptions summed; start that of `partial`."""
+    k = partial.start + len(partial.token_ids)
+    if continuation.start != k or continuation.sample != partial.sample:
+        raise ClientError(f"stitch: the continuation (sample {continuation.sample}, start {continuation.start}) does "
+                          f"not follow sample {partial.sample}, which ends at token {k}")
+    top = None
+    if partial.top_logprobs is not None or continuation.top_logprobs is not None:
+        top = (partial.top_logprobs or []) + (continuation.top_logprobs or [])
+    ids = partial.token_ids + continuation.token_ids
+    # The server's text of a continuation is what its tokens add to the
+    # whole sample's (decoded after the continued ones), so the texts join.
+    if partial.text is not None and continuation.text is not None and tokenizer is None:
+        text = partial.text + continuation.text
+    else:
+        text = _text.decode(tokenizer, ids) if tokenizer is not None else None
+    return SampleResult(request_id=continuation.request_id, group_id=continuation.group_id, sample=partial.sample,
+                        token_ids=ids, logprobs=partial.logprobs + continuation.logprobs,
+                        weight_versions=partial.weight_versions + continuation.weight_versions,
+                        finish_reason=continuation.finish_reason, n_prompt=partial.n_prompt,
+                        preemptions=partial.preemptions + continuation.preemptions,
+                        ttft_ms=partial.ttft_ms if partial.ttft_ms is not None else continuation.ttft_ms,
+                        total_ms=continuation.total_ms, divergence=continuation.divergence,
+                        seed=continuation.seed if continuation.seed is not None else partial.seed,
+                        text=text, top_logprobs=top, prompt_logprobs=partial.prompt_logprobs, start=partial.start,
+                        stop_str=continuation.stop_str, prompt_token_ids=partial.prompt_token_ids)
 
 
 def _sample(s, tokenizer) -> SampleResult:
@@ -126,7 +179,11 @@ def _sample(s, tokenizer) -> SampleResult:
                         ttft_ms=s.ttft_ms if s.has_ttft else None, total_ms=s.total_ms, divergence=div,
                         seed=s.seed if s.has_seed else None, top_logprobs=top,
                         prompt_logprobs=[None] + s.prompt_logprobs[:s.n_prompt_logprobs]
-                        if s.prompt_logprobs else None, text=_text.decode(tokenizer, ids))
+                        if s.prompt_logprobs else None,
+                        text=_text_of(s.has_text, s.text, s.text_len) if s.has_text else _text.decode(tokenizer, ids),
+                        stop_str=s.stop_str.decode("utf-8", errors="replace") if s.stop_str else None,
+                        prompt_token_ids=s.prompt_token_ids[:s.n_prompt_token_ids] if s.prompt_token_ids else None,
+                        start=s.start)
 
 
 def from_event(ev: "_native.Event", tokenizer):
@@ -138,7 +195,7 @@ def from_event(ev: "_native.Event", tokenizer):
         ids = d.token_ids[:d.n]
         return TokenDelta(request_id=d.request_id, sample=d.sample, start=d.start, token_ids=ids,
                           logprobs=d.logprobs[:d.n], weight_versions=d.weight_versions[:d.n],
-                          text=_text.decode(tokenizer, ids))
+                          text=_text_of(d.has_text, d.text, d.text_len) if d.has_text else _text.decode(tokenizer, ids))
     if ev.kind == _native.EVENT_SAMPLE:
         return _sample(ev.sample.contents, tokenizer)
     if ev.kind == _native.EVENT_ERROR:

@@ -135,11 +135,11 @@ class AsyncRolloutClient:
     async def stats(self) -> dict:
         return await self._call(self._client.stats)
 
-    async def pause(self, mode: str = "wait") -> dict:
-        return await self._call(self._client.pause, mode)
+    async def pause(self, mode: str = "wait", recompute: bool = False) -> dict:
+        return await self._call(self._client.pause, mode, recompute)
 
-    async def resume(self) -> dict:
-        return await self._call(self._client.resume)
+    async def resume(self, recompute: bool = False) -> dict:
+        return await self._call(self._client.resume, recompute)
 
     async def abort(self, request_ids=None) -> dict:
         return await self._call(self._client.abort, request_ids)
@@ -178,6 +178,14 @@ class AsyncRolloutClient:
     async def generate(self, prompts, timeout_ms: Optional[int] = None, **kwargs) -> List:
         """Every sample of the prompts, in the order they finished."""
         return [s async for s in self._run(prompts, kwargs, timeout_ms, False, "generate")]
+
+    async def continue_sample(self, prompt, sample: SampleResult, timeout_ms: Optional[int] = None,
+                              **kwargs) -> SampleResult:
+        """RolloutClient.continue_sample: the rest of a partial sample, returned
+        whole (stitched to `sample`)."""
+        from . import continuation_options, stitch
+        rest = await self.generate(prompt, timeout_ms=timeout_ms, **continuation_options(sample, kwargs))
+        return stitch(sample, rest[0], self.tokenizer)
 
     async def _run(self, prompts, kwargs, timeout_ms, deltas: bool, what: str) -> AsyncIterator:
         c = self._client

@@ -1,10 +1,12 @@
 """Text beside token ids: the built-in byte tokenizer and prompt normalization.
 
-The wire protocol carries token ids only; text is turned into ids here, on
-the client, by a tokenizer: any object with Hugging Face's `encode(text) ->
-ids` and `decode(ids) -> text` (a trainer already holds one for its model),
-or ByteTokenizer for byte-level models (ids 0-255 are bytes, 256 BOS,
-257 EOS, 258 PAD: the bundled demo model and the project's test models).
+By default text goes to the server as text and comes back as text, through
+the server's tokenizer (docs/protocol.md, generate's prompt_text and
+return_text). A client may keep its own tokenizer instead: any object with
+Hugging Face's `encode(text) -> ids` and `decode(ids) -> text` (a trainer
+already holds one for its model), or ByteTokenizer for byte-level models
+(ids 0-255 are bytes, 256 BOS, 257 EOS, 258 PAD: the bundled demo model and
+the project's test models); prompts then go as ids, decoded here.
 """
 from typing import List, Optional, Sequence
 
@@ -72,8 +74,9 @@ def prompt_ids(p, tokenizer, what: str = "prompt") -> List[int]:
     empty prompt, text without a tokenizer, or values that are not ids."""
     if isinstance(p, str):
         if tokenizer is None:
-            raise ValueError(f"{what} is text, and this client has no tokenizer: give RolloutClient(tokenizer=...) "
-                             "(any object with encode/decode), or token ids")
+            raise ValueError(f"{what} is text, and neither the server nor this client has a tokenizer: start the "
+                             "server with one (serve --tokenizer), give RolloutClient(tokenizer=...) (any object "
+                             "with encode/decode), or send token ids")
         ids = tokenizer.encode(p)
         ids = ids.get("input_ids", ids) if isinstance(ids, dict) else ids
     else:

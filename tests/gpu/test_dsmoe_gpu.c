@@ -1,0 +1,256 @@
+/* DeepSeek's mixture of experts on the CUDA backend against the CPU
+ * backend, the reference (rollout/model/moe_cpu.h, docs/deepseek_moe.md):
+ *  - the tiny DeepSeek models (synthetic:tiny-dsmoe, noaux_tc with a router
+ *    bias; synthetic:tiny-dsmoe-v2, group_limited_greedy; both with shared
+ *    experts; the same host-built weights on both backends): prefill logits
+ *    at BF16 level, the routed experts the device's routing kernel chose
+ *    against the CPU router's on the same prompt (BF16 weights move some
+ *    near-ties: at most 5% of (row, layer) sets may differ), and GPU decode
+ *    (CUDA graphs) against GPU prefill;
+ *  - the trained checkpoints dsmoe and dsmoe2 (models/dsmoe/README.md;
+ *    ../shared/models/<name> or $FR_DSMOE_DIR / $FR_DSMOE2_DIR, skipped
+ *    while absent): the golden prompts' prefill logits at BF16 level against
+ *    the CPU, greedy continuations through the scheduler with
+ *    return_routed_experts equal to transformers' float32 ones on at least
+ *    six of seven prompts, and their routed-expert records equal to
+ *    transformers' wherever the golden margin is at least 0.05 (a BF16
+ *    model's router is off by less), 2% of them excepted.
+ * Needs a device; skipped otherwise. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "gpu_test.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/safetensors.h"
+#include "rollout/engine/scheduler.h"
+#include "tests/unit/test_util.h"
+
+enum { V = 272, GREEDY = 64 };
+
+static void open_session(const char *model, fr_backend b, int n_blocks, int max_seqs, fr_session *s)
+{
+    fr_engine_opts o;
+    fr_engine_opts_default(&o);
+    o.backend = b;
+    o.model = model;
+    o.kv = FR_KV_BF16;
+    o.chunk = 512;
+    if (fr_session_open(&o, n_blocks, max_seqs, s)) fail_msg("%s: %s", model, fr_last_error());
+    assert_int_equal(s->backend, b);
+}
+
+/* Every row's logits of a prefill in one step, with the routes of every row. */
+static float *prefill(fr_session *s, const int *ids, int n, uint16_t *routes)
+{
+    float *logits = malloc(sizeof(float) * (size_t)n * V);
+    int seq, *rows = malloc(sizeof(int) * (size_t)n);
+    for (int i = 0; i < n; i++) rows[i] = i;
+    FR_OK_OR_FAIL(fr_session_capture_routes(s, 1));
+    assert_int_equal(fr_kv_seq_new(s->kv, &seq), FR_OK);
+    fr_step_seq st = {.seq = seq, .n = n, .tokens = ids, .all_logits = 1};
+    FR_OK_OR_FAIL(fr_session_step(s, &st, 1, logits));
+    FR_OK_OR_FAIL(fr_session_routes(s, rows, n, routes));
+    fr_kv_seq_free(s->kv, seq);
+    free(rows);
+    return logits;
+}
+
+static int cmp_u16(const void *a, const void *b) { return *(const uint16_t *)a - *(const uint16_t *)b; }
+
+/* Sets of (row, layer) routes that differ between a and b ([rows][L][k]). */
+static int route_sets_differ(uint16_t *a, uint16_t *b, int rows, int L, int k)
+{
+    int differ = 0;
+    for (int i = 0; i < rows * L; i++) {
+        qsort(a + (size_t)i * k, (size_t)k, sizeof(uint16_t), cmp_u16);
+        qsort(b + (size_t)i * k, (size_t)k, sizeof(uint16_t), cmp_u16);
+        differ += memcmp(a + (size_t)i * k, b + (size_t)i * k, sizeof(uint16_t) * (size_t)k) != 0;
+    }
+    return differ;
+}
+
+static void max_diff(const float *a, const float *b, size_t n, float *md, float *top)
+{
+    *md = *top = 0;
+    for (size_t i = 0; i < n; i++) {
+        *md = fmaxf(*md, fabsf(a[i] - b[i]));
+        *top = fmaxf(*top, fabsf(b[i]));
+    }
+}
+
+static void tiny_case(const char *model)
+{
+    int ids[200];
+    ids[0] = 256;
+    for (int i = 1; i < 200; i++) ids[i] = 32 + (i * 37) % 90;
+    const int n = 200, L = 2, k = 4;
+    fr_session cpu, gpu;
+    open_session(model, FR_BACKEND_CPU, 8, 2, &cpu);
+    open_session(model, FR_BACKEND_CUDA, 8, 2, &gpu);
+    uint16_t *rc = malloc(sizeof(uint16_t) * n * L * k), *rg = malloc(sizeof(uint16_t) * n * L * k);
+    float *c = prefill(&cpu, ids, n, rc), *g = prefill(&gpu, ids, n, rg), md, top;
+    max_diff(g, c, (size_t)n * V, &md, &top);
+    const int differ = route_sets_differ(rc, rg, n, L, k);
+    printf("  %s: GPU vs CPU prefill max |diff| %.4g of max |logit| %.3g; routes differ in %d of %d (row, layer)\n",
+           model, md, top, differ, n * L);
+    assert_true(md <= 1e-1f * top);
+    assert_true(differ <= n * L / 20);
+    /* decode (graphs) against prefill on the GPU */
+    int seq;
+    float *dec = malloc(sizeof(float) * (size_t)n * V);
+    assert_int_equal(fr_kv_seq_new(gpu.kv, &seq), FR_OK);
+    for (int i = 0; i < n; i++) {
+        fr_step_seq st = {.seq = seq, .n = 1, .tokens = ids + i, .all_logits = 1};
+        FR_OK_OR_FAIL(fr_session_step(&gpu, &st, 1, dec + (size_t)i * V));
+    }
+    fr_kv_seq_free(gpu.kv, seq);
+    max_diff(dec, g, (size_t)n * V, &md, &top);
+    printf("  %s: GPU decode vs GPU prefill max |diff| %.4g (%.2e)\n", model, md, md / top);
+    assert_true(md <= 1e-1f * top);
+    free(rc); free(rg); free(c); free(g); free(dec);
+    fr_session_close(&cpu);
+    fr_session_close(&gpu);
+}
+
+static void test_tiny(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    tiny_case("synthetic:tiny-dsmoe");
+    tiny_case("synthetic:tiny-dsmoe-v2");
+}
+
+static int *golden_ints(const fr_st_file *g, int p, const char *what, int *n)
+{
+    char name[64];
+    snprintf(name, sizeof name, "p%d.%s", p, what);
+    const fr_st_tensor *t = fr_st_file_find(g, name);
+    assert_non_null(t);
+    *n = (int)fr_st_tensor_numel(t);
+    int *out = malloc(sizeof(int) * (size_t)*n);
+    for (int i = 0; i < *n; i++)
+        out[i] = t->dtype == FR_DTYPE_U8 ? ((const uint8_t *)t->data)[i] : ((const int32_t *)t->data)[i];
+    return out;
+}
+
+typedef struct {
+    fr_sample_result res[7];
+} replay;
+
+static void on_done(void *user, const fr_sample_result *r)
+{
+    replay *rp = user;
+    fr_sample_result *d = &rp->res[r->request_id];
+    *d = (fr_sample_result){.n_tokens = r->n_tokens, .route_layers = r->route_layers, .route_k = r->route_k,
+                            .route_width = r->route_width};
+    d->tokens = malloc(sizeof(int) * (size_t)(r->n_tokens + 1));
+    memcpy(d->tokens, r->tokens, sizeof(int) * (size_t)r->n_tokens);
+    const size_t bytes = fr_sample_route_bytes(r) * (size_t)r->n_tokens;
+    d->routed_experts = malloc(bytes + 1);
+    if (r->routed_experts) memcpy(d->routed_experts, r->routed_experts, bytes);
+}
+
+/* The golden prompts through the CUDA scheduler (greedy, routed experts). */
+static void golden_case(const char *name)
+{
+    const char *dir = fr_test_require_model(name);
+    if (!dir) return;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/golden.safetensors", dir);
+    fr_st_file *g;
+    assert_int_equal(fr_st_file_open(path, &g), FR_OK);
+    fr_session cpu, gpu;
+    open_session(dir, FR_BACKEND_CPU, 4096 / 128 + 4, 1, &cpu);
+    open_session(dir, FR_BACKEND_CUDA, 4096 / 128 + 4, 1, &gpu);
+    const int L = fr_model_moe_layers(&gpu.model->cfg), k = gpu.model->cfg.experts_per_tok;
+    int *ids[7], n[7];
+    for (int p = 0; p < 7; p++) {
+        ids[p] = golden_ints(g, p, "ids", &n[p]);
+        if (n[p] > 512) continue;   /* one step of the session's 512 tokens; greedy covers p4 and p5 */
+        const size_t cells = (size_t)n[p] * L * k;
+        uint16_t *rc = malloc(sizeof(uint16_t) * cells), *rg = malloc(sizeof(uint16_t) * cells);
+        float *c = prefill(&cpu, ids[p], n[p], rc), *d = prefill(&gpu, ids[p], n[p], rg), md, top;
+        max_diff(d, c, (size_t)n[p] * V, &md, &top);
+        printf("  %s p%d (%4d tokens): GPU vs CPU max |diff| %.4g of %.3g\n", name, p, n[p], md, top);
+        assert_true(md <= 1e-1f * top);
+        free(rc); free(rg); free(c); free(d);
+    }
+    fr_session_close(&cpu);
+    replay rp;
+    memset(&rp, 0, sizeof rp);
+    fr_scheduler_config sc = {.max_seqs = 1, .chunk = 512, .on_done = on_done, .user = &rp};
+    fr_scheduler *sch = NULL;
+    FR_OK_OR_FAIL(fr_scheduler_new(&gpu, &sc, &sch));
+    for (int p = 0; p < 7; p++) {
+        fr_request_spec r = {.id = (uint64_t)p, .prompt = ids[p], .n_prompt = n[p], .n = 1,
+                             .params = {.temperature = 0.0f, .top_p = 1.0f}, .max_tokens = GREEDY,
+                             .return_routed_experts = 1};
+        FR_OK_OR_FAIL(fr_scheduler_submit(sch, &r));
+    }
+    FR_OK_OR_FAIL(fr_scheduler_run(sch));
+    fr_scheduler_destroy(&sch);
+    int equal = 0;
+    long compared = 0, differ = 0;
+    for (int p = 0; p < 7; p++) {
+        int ng, nr, nm;
+        int *want = golden_ints(g, p, "greedy", &ng), *routes = golden_ints(g, p, "routes", &nr);
+        char mname[64];
+        snprintf(mname, sizeof mname, "p%d.route_margin", p);
+        const fr_st_tensor *mt = fr_st_file_find(g, mname);
+        assert_non_null(mt);
+        nm = (int)fr_st_tensor_numel(mt);
+        float *margin = malloc(sizeof(float) * (size_t)nm);
+        assert_int_equal(fr_st_tensor_to_f32(mt, margin, (size_t)nm), FR_OK);
+        const fr_sample_result *r = &rp.res[p];
+        int same = 0;
+        while (same < r->n_tokens && same < ng && r->tokens[same] == want[same]) same++;
+        equal += same == GREEDY;
+        for (int t = 0; t < same; t++)
+            for (int m = 0; m < L; m++) {
+                const int pos = n[p] - 1 + t;
+                if (margin[(size_t)pos * L + m] < 0.05f) continue;
+                uint16_t ours[64], theirs[64];
+                for (int j = 0; j < k; j++) {
+                    ours[j] = (uint16_t)fr_sample_route_id(r, t, m, j);
+                    theirs[j] = (uint16_t)routes[((size_t)pos * L + m) * k + j];
+                }
+                compared++;
+                differ += route_sets_differ(ours, theirs, 1, 1, k);
+            }
+        printf("  %s p%d: %d of %d greedy tokens equal transformers'\n", name, p, same, GREEDY);
+        free(want); free(routes); free(margin); free(ids[p]);
+        free(rp.res[p].tokens); free(rp.res[p].routed_experts);
+    }
+    printf("  %s: %d of 7 greedy continuations equal; routes %ld of %ld compared equal\n", name, equal,
+           compared - differ, compared);
+    assert_true(equal >= 6);
+    assert_true(compared > 0 && differ * 50 <= compared);
+    fr_session_close(&gpu);
+    fr_st_file_close(&g);
+}
+
+static void test_golden(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    golden_case("dsmoe");
+    golden_case("dsmoe2");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tiny),
+        cmocka_unit_test(test_golden),
+    };
+    fr_gpu_test_filter();
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
