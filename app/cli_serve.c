@@ -165,13 +165,12 @@ static fr_status start_http(const fr_serve_config *c, fr_bridge_server *srv, fr_
     const int curve = c->curve.server_secret_key[0] != 0, token = c->metrics_http.token[0] != 0;
     /* with CURVE on and no read token the figures are for this host only (docs/metrics.md) */
     const char *bind = curve && !token ? "127.0.0.1" : c->coordinator.bind;
-    const int synthetic = strncmp(c->model, "synthetic:", 10) == 0;
     const fr_http_config hc = {.bind = bind, .port = c->metrics_port, .port_fallback = c->metrics_port_default,
                                .max_connections = c->metrics_http.max_connections,
                                .idle_timeout_s = c->metrics_http.idle_timeout_s,
                                .max_body_bytes = c->http.max_body_bytes, .read_token = c->metrics_http.token,
                                .client_token = c->http.client_token, .trainer_token = c->http.trainer_token,
-                               .model_name = c->model, .model_dir = synthetic ? NULL : c->model};
+                               .model_name = c->model};
     return fr_http_start(&hc, srv, out);
 }
 

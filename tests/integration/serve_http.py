@@ -2,9 +2,12 @@
 greedy /generate and /v1/completions against `fp4rollout generate`'s ids and
 text, streams reassembled, 2,000 concurrent streams each ending once while
 /health answers, abort, pause modes, weights from disk, memory release and
-resume, penalties equal to the ZeroMQ client's, and refused bodies.
+resume, penalties equal to the ZeroMQ client's, and refused bodies; text
+and stop strings (the engine's) equal to the ZeroMQ client's with the
+server's tokenizer, streamed without the stop string.
 
-Usage: serve_http.py HTTP_URL ZMQ_ENDPOINT REFERENCE_JSONL WORK_DIR MODEL_DIR"""
+Usage: serve_http.py HTTP_URL ZMQ_ENDPOINT REFERENCE_JSONL WORK_DIR MODEL_DIR
+       serve_http.py HTTP_URL ZMQ_ENDPOINT --text   (the text checks alone)"""
 import asyncio
 import json
 import os
@@ -14,8 +17,11 @@ import time
 
 import aiohttp
 
-url, zmq_ep, ref_path, work, model_dir = sys.argv[1:6]
-REF = json.loads(open(ref_path).readline())   # fp4rollout generate --prompt "def " --greedy --json
+url, zmq_ep = sys.argv[1:3]
+TEXT_ONLY = sys.argv[3] == "--text"
+if not TEXT_ONLY:
+    ref_path, work, model_dir = sys.argv[3:6]
+    REF = json.loads(open(ref_path).readline())   # fp4rollout generate --prompt "def " --greedy --json
 
 
 def check(cond, what):
@@ -160,9 +166,75 @@ async def aborts_and_pauses(s):
     check(st == 200 and p["aborted_samples"] == 0, f"pause wait: {p}")
     st, g = await task
     check(g["meta_info"]["finish_reason"]["type"] == "length", "pause wait let it finish")
-    st, p = await post(s, "/pause_generation", {"mode": "in_place"})
-    check(st == 400 and "not supported" in p["error"]["message"], f"a mode not yet supported: {p}")
     await post(s, "/continue_generation", {})
+    await keep_pauses(s)
+
+
+async def keep_pauses(s):
+    """keep (SGLang's in_place) freezes a running sample until continue, which it then finishes as if never
+    paused; retract (keep with recompute) frees its KV cache and recomputes it at continue."""
+    body = {"input_ids": [256, 100], "sampling_params": {"max_new_tokens": 1500, "temperature": 0,
+                                                         "ignore_eos": True}}
+    st, ref = await post(s, "/generate", body)
+    for mode in ("keep", "in_place", "retract"):
+        task = asyncio.ensure_future(post(s, "/generate", body))
+        await asyncio.sleep(0.3)
+        st, p = await post(s, "/pause_generation", {"mode": mode})
+        check(st == 200 and p["aborted_samples"] == 0, f"pause {mode}: {st} {p}")
+        await asyncio.sleep(0.5)
+        check(not task.done(), f"pause {mode} froze the running request")
+        st, info = await get(s, "/get_server_info")
+        check(json.loads(info)["state"] == "paused", f"paused ({mode}): {info}")
+        st, r = await post(s, "/continue_generation", {"recompute": mode == "keep"})
+        check(st == 200, f"continue after {mode}: {r}")
+        st, g = await task
+        check(g["meta_info"]["finish_reason"]["type"] == "length" and len(g["output_ids"]) == 1500,
+              f"the frozen request finished after {mode}: {g['meta_info']}")
+        if mode == "in_place":   # same weights, same KV cache: the greedy tokens of an unpaused run
+            check(g["output_ids"] == ref["output_ids"], "a keep pause changes no token")
+    st, r = await post(s, "/pause_generation", {"mode": "wait", "recompute": True})
+    check(st == 400 and "recompute" in r["error"]["message"], f"recompute with wait: {r}")
+    st, r = await post(s, "/pause_generation", {"mode": "freeze"})
+    check(st == 400 and "keep" in r["error"]["message"], f"an unknown mode: {r}")
+
+
+async def text_and_stops(s):
+    """Text is the engine's: HTTP answers equal the ZeroMQ client's with the server's tokenizer (tokens, text,
+    stop string); a stop string from a first run's text cuts the replay where it first occurs, streams never
+    show it, and SGLang's no_stop_trim and vLLM's include_stop_str_in_output keep it."""
+    from fp4rollout_client import RolloutClient
+    prompt = "Grüße aus 東京: def f(x):"
+    sp = {"max_new_tokens": 40, "temperature": 0.9, "seed": 5, "ignore_eos": True}
+    st, ref = await post(s, "/generate", {"text": prompt, "sampling_params": sp})
+    check(st == 200, f"a text prompt: {ref}")
+    text = ref["text"]
+    with RolloutClient(zmq_ep, tokenizer="server") as c:
+        z = list(c.generate(prompt, max_tokens=40, temperature=0.9, seed=5, stop_token_ids=[]))[0]
+    check(z.token_ids == ref["output_ids"] and z.text == text, f"HTTP {text!r} != ZeroMQ {z.text!r}")
+    check(ref["meta_info"]["prompt_tokens"] == len(z.prompt_token_ids), "the prompt as the server encodes it")
+    stop = next(text[i:i + 3] for i in range(len(text) // 2, len(text) - 3) if "\ufffd" not in text[i:i + 3])
+    cut = text[:text.index(stop)]
+    st, g = await post(s, "/generate", {"text": prompt, "sampling_params": dict(sp, stop=[stop])})
+    check(g["text"] == cut and g["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop},
+          f"the stop string {stop!r}: {g['text']!r}, {g['meta_info']['finish_reason']}")
+    ids = g["output_ids"]
+    check(ids == ref["output_ids"][:len(ids)], "a stop string changes no draw")
+    with RolloutClient(zmq_ep, tokenizer="server") as c:
+        z = list(c.generate(prompt, max_tokens=40, temperature=0.9, seed=5, stop_token_ids=[], stop=[stop]))[0]
+    check(z.token_ids == ids and z.text == cut and z.stop_str == stop, "the ZeroMQ client's stopped sample")
+    st, g = await post(s, "/generate", {"text": prompt, "sampling_params": dict(sp, stop=stop, no_stop_trim=True)})
+    check(g["text"] == cut + stop, f"no_stop_trim keeps it: {g['text']!r}")
+    ev = await sse(s, "/generate", {"text": prompt, "stream": True, "sampling_params": dict(sp, stop=[stop])})
+    check(all(cut.startswith(e["text"]) for e in ev) and ev[-1]["text"] == cut, "an SGLang stream with a stop")
+    body = {"prompt": prompt, "max_tokens": 40, "temperature": 0.9, "seed": 5, "ignore_eos": True, "stop": stop}
+    ev = await sse(s, "/v1/completions", dict(body, stream=True))
+    ch = [c for e in ev for c in e["choices"]]
+    check("".join(c["text"] for c in ch) == cut and [t for c in ch for t in c["token_ids"]] == ids,
+          "an OpenAI stream with a stop string")
+    check(ch[-1]["finish_reason"] == "stop" and ch[-1]["stop_reason"] == stop and ch[-1]["matched_stop"] == stop,
+          f"its last chunk: {ch[-1]}")
+    st, c = await post(s, "/v1/completions", dict(body, include_stop_str_in_output=True))
+    check(c["choices"][0]["text"] == cut + stop, "include_stop_str_in_output keeps it")
 
 
 def write_safetensors(path, tensors):
@@ -254,6 +326,10 @@ async def main():
     conn = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
+        await text_and_stops(s)
+        if TEXT_ONLY:
+            print("serve_http.py --text: ok")
+            return
         await greedy(s)
         await refusals(s)
         await aborts_and_pauses(s)

@@ -2,10 +2,12 @@
 # The HTTP API (docs/http.md) on the bundled demo model (byte-level: text in
 # and out) on the CPU: serve_http.py drives every endpoint with aiohttp
 # (greedy /generate and /v1/completions equal to `fp4rollout generate
-# --greedy`, streams, 2,000 concurrent streams, abort, pause, weights from
-# disk, memory release, penalties equal to the ZeroMQ client's, refusals);
-# curl checks the tokens and roles on a second server; both servers stop
-# cleanly on SIGINT.
+# --greedy`, streams, 2,000 concurrent streams, abort, pause modes, weights
+# from disk, memory release, penalties, text and stop strings equal to the
+# ZeroMQ client's, refusals); the text checks again on synthetic:tiny-qwen3
+# with Qwen3's tokenizer when ../shared/tokenizers/qwen3 is there; curl
+# checks the tokens and roles on another server; the servers stop cleanly
+# on SIGINT.
 set -euo pipefail
 name=serve_http
 source "$(dirname "$0")/serve_setup.bash"
@@ -28,6 +30,22 @@ PYTHONPATH=trainer_bridge/client/python FP4ROLLOUT_CLIENT_LIB=$build/libfp4rollo
 kill -INT "${pids[0]}"
 wait "${pids[0]}" || fail "the server did not exit cleanly"
 grep -q "serve: stopped" "$dir/s.log" || fail "no clean stop"
+
+# Text through Qwen3's tokenizer (multi-byte characters across tokens).
+qwen=${FR_TOKENIZERS_DIR:-../shared/tokenizers}/qwen3
+if [ -f "$qwen/tokenizer.json" ]; then
+  hport=$(free_port)
+  start_server q "{\"model\": \"synthetic:tiny-qwen3\", \"tokenizer\": \"$(cd "$qwen" && pwd)\", \"backend\": \"cpu\",
+   \"kv_dtype\": \"f32\", \"max_seqs\": 8, \"kv_blocks\": 96, \"metrics_port\": $hport,
+   \"coordinator\": {\"bind\": \"127.0.0.1\", \"port\": PORT}}"
+  PYTHONPATH=trainer_bridge/client/python FP4ROLLOUT_CLIENT_LIB=$build/libfp4rollout_client.so \
+    timeout 300 $py "$(dirname "$0")/serve_http.py" "http://127.0.0.1:$hport" "$ep" --text ||
+    fail "serve_http.py --text failed on Qwen3's tokenizer"
+  kill -INT "${pids[-1]}"
+  wait "${pids[-1]}" || fail "the Qwen3 server did not exit cleanly"
+else
+  echo "$name: SKIP the Qwen3 tokenizer checks: $qwen is absent"
+fi
 
 # Tokens and roles: read (metrics_http.token), client, trainer.
 hport=$(free_port)

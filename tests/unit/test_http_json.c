@@ -1,8 +1,10 @@
 /* The HTTP API's JSON (trainer_bridge/http/): request bodies of /generate
- * and /v1/completions read into the protocol's fields, each bad body
- * refused naming its field, and the answers built from samples (SGLang's
- * objects, OpenAI's completions and stream chunks) read back as the JSON
- * they claim to be; the sampler's penalties and min_p on the CPU. */
+ * and /v1/completions read into the protocol's fields (text prompts
+ * encoded as the server encodes prompt_text, stop strings handed on as the
+ * generate's stop), each bad body refused naming its field, and the
+ * answers built from samples (SGLang's objects, OpenAI's completions and
+ * stream chunks, a stop string named as both report it) read back as the
+ * JSON they claim to be; the sampler's penalties and min_p on the CPU. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,18 +18,18 @@
 #include "rollout/model/sampler.h"
 #include "trainer_bridge/http/http_internal.h"
 
-static http_text *byte_text(void)
+/* The tokenizer serve gives a byte-level model (app/cli_text.c). */
+static fr_tokenizer *byte_text(void)
 {
-    http_text *t = NULL;
-    assert_int_equal(http_text_new(NULL, 272, 256, &t), FR_OK);
-    assert_int_equal(http_text_has(t), 1);
+    fr_tokenizer *t = NULL;
+    assert_int_equal(fr_tokenizer_bytes(272, 256, 257, &t), FR_OK);
     return t;
 }
 
 static void test_generate_body(void **state)
 {
     (void)state;
-    http_text *t = byte_text();
+    fr_tokenizer *t = byte_text();
     http_gen g;
     const char *body = "{\"text\": \"ab\", \"rid\": \"r1\", \"return_logprob\": true, \"top_logprobs_num\": 3,"
                        "\"sampling_params\": {\"max_new_tokens\": 7, \"min_new_tokens\": 2, \"temperature\": 0.5,"
@@ -48,10 +50,10 @@ static void test_generate_body(void **state)
     assert_true(fabs(g.g.temperature - 0.5) < 1e-12 && fabs(g.g.min_p - 0.1) < 1e-12);
     assert_true(fabs(g.g.repetition_penalty - 1.2) < 1e-12 && fabs(g.g.frequency_penalty + 0.5) < 1e-12);
     assert_int_equal(g.g.has_seed, 1);
-    assert_int_equal(g.n_stop, 1);
-    assert_string_equal(g.stop[0], "xy");
+    assert_int_equal(g.g.n_stop, 1);   /* for the engine, which matches them */
+    assert_string_equal(g.g.stop[0], "xy");
+    assert_int_equal(g.g.include_stop_str_in_output, 0);
     assert_int_equal(g.g.n_stop_token_ids, 1);
-    assert_int_equal(g.skip_special, 0);
     assert_int_equal(g.g.logprobs, 3);
     assert_string_equal(g.rid[0], "r1");
     http_gen_free(&g);
@@ -64,18 +66,34 @@ static void test_generate_body(void **state)
     assert_int_equal(g.stream, 1);
     assert_int_equal(g.g.logprobs, 0);   /* no return_logprob: none */
     http_gen_free(&g);
-    http_text_free(&t);
+
+    /* SGLang's no_stop_trim keeps the stop string in the text: vLLM's include */
+    const char *trim = "{\"text\": [\"a\", \"\\u00e9\"], \"sampling_params\": {\"stop\": [\"x\", \"\\n\\n\"], "
+                       "\"no_stop_trim\": true}}";
+    assert_int_equal(http_parse_generate(trim, strlen(trim), t, &g), FR_OK);
+    assert_int_equal(g.g.n_stop, 2);
+    assert_string_equal(g.g.stop[1], "\n\n");
+    assert_int_equal(g.g.include_stop_str_in_output, 1);
+    /* the prompt is what the server makes of prompt_text: BOS and the two bytes of U+00E9 */
+    int *ids = NULL, n = 0;
+    assert_int_equal(fr_bridge_encode_prompt(t, "\xC3\xA9", 2, 1, &ids, &n), FR_OK);
+    assert_int_equal(g.n_prompt[1], n);
+    assert_memory_equal(g.prompt[1], ids, sizeof(int) * (size_t)n);
+    assert_int_equal(n, 3);
+    free(ids);
+    http_gen_free(&g);
+    fr_tokenizer_free(&t);
 }
 
 /* Each body is refused (FR_EINVAL) with a message naming `field`. */
 static void refused(int openai, const char *body, const char *field)
 {
-    http_text *t = byte_text();
+    fr_tokenizer *t = byte_text();
     http_gen g;
     fr_status st = openai ? http_parse_completions(body, strlen(body), t, &g) : http_parse_generate(body, strlen(body), t, &g);
     assert_int_equal(st, FR_EINVAL);
     if (!strstr(fr_last_error(), field)) fail_msg("%s: message '%s' lacks '%s'", body, fr_last_error(), field);
-    http_text_free(&t);
+    fr_tokenizer_free(&t);
 }
 
 static void test_refusals(void **state)
@@ -95,6 +113,13 @@ static void test_refusals(void **state)
     refused(0, "{\"text\": \"a\", \"sampling_params\": {\"regex\": \"a+\"}}", "sampling_params.regex");
     refused(0, "{\"text\": \"a\", \"sampling_params\": {\"repetition_penalty\": 0}}", "repetition_penalty");
     refused(0, "{\"text\": \"a\", \"sampling_params\": {\"stop\": [\"\"]}}", "sampling_params.stop[0]");
+    refused(0, "{\"text\": \"a\", \"sampling_params\": {\"stop\": 5}}", "sampling_params.stop");
+    refused(0, "{\"text\": \"a\", \"sampling_params\": {\"no_stop_trim\": 1}}", "sampling_params.no_stop_trim");
+    refused(1, "{\"prompt\": \"a\", \"stop\": [\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\",\"13\","
+               "\"14\",\"15\",\"16\",\"17\",\"18\",\"19\",\"20\",\"21\",\"22\",\"23\",\"24\",\"25\",\"26\",\"27\",\"28\",\"29\",\"30\","
+               "\"31\",\"32\",\"33\"]}",
+            "at most 32");
+    refused(1, "{\"prompt\": \"a\", \"include_stop_str_in_output\": \"yes\"}", "include_stop_str_in_output");
     refused(0, "{\"text\": [\"a\", \"b\"], \"rid\": \"one\"}", "rid");
     refused(0, "{\"text\": \"a\", \"top_logprobs_num\": 21}", "top_logprobs_num");
     refused(1, "{\"max_tokens\": 3}", "prompt");
@@ -107,13 +132,13 @@ static void test_refusals(void **state)
     http_gen g;
     const char *text = "{\"text\": \"a\"}";
     assert_int_equal(http_parse_generate(text, strlen(text), NULL, &g), FR_EINVAL);
-    assert_non_null(strstr(fr_last_error(), "no tokenizer"));
+    assert_non_null(strstr(fr_last_error(), "has none"));
 }
 
 static void test_completions_body(void **state)
 {
     (void)state;
-    http_text *t = byte_text();
+    fr_tokenizer *t = byte_text();
     http_gen g;
     const char *body = "{\"model\": \"m\", \"prompt\": [\"a\", \"bc\"], \"n\": 2, \"echo\": true, \"logprobs\": 1,"
                        "\"stream\": true, \"stream_options\": {\"include_usage\": true}, \"user\": \"u\", \"seed\": 3}";
@@ -126,7 +151,12 @@ static void test_completions_body(void **state)
     assert_int_equal(g.include_usage, 1);
     assert_string_equal(g.prompt_text[1], "bc");
     http_gen_free(&g);
-    http_text_free(&t);
+    const char *inc = "{\"prompt\": [1, 2], \"stop\": \"\\n\", \"include_stop_str_in_output\": true}";
+    assert_int_equal(http_parse_completions(inc, strlen(inc), t, &g), FR_OK);
+    assert_int_equal(g.g.n_stop, 1);
+    assert_int_equal(g.g.include_stop_str_in_output, 1);
+    http_gen_free(&g);
+    fr_tokenizer_free(&t);
 }
 
 static http_sample sample_of(const int *tok, int n, const char *text, fr_wire_finish why)
@@ -159,14 +189,14 @@ static cJSON *parsed(const fr_buf *b)
 static void test_answers(void **state)
 {
     (void)state;
-    http_text *t = byte_text();
+    fr_tokenizer *t = byte_text();
     http_gen g;
     const char *body = "{\"input_ids\": [256, 97], \"return_logprob\": true, \"sampling_params\": {\"n\": 2}}";
     assert_int_equal(http_parse_generate(body, strlen(body), t, &g), FR_OK);
     const int tok[] = {104, 105, 257};
     http_sample s[2] = {sample_of(tok, 3, "hi\"\n\xff", FR_WIRE_STOP), sample_of(tok, 2, "hi", FR_WIRE_LENGTH)};
     s[1].sample = 1;
-    http_view v = {.gen = &g, .s = s, .n_samples = 2, .text = t, .model = "m", .id = "gen-1", .created = 1};
+    http_view v = {.gen = &g, .s = s, .n_samples = 2, .tok = t, .model = "m", .id = "gen-1", .created = 1};
     fr_buf out = {0};
     http_answer_generate(&v, &out);
     cJSON *j = parsed(&out);
@@ -186,6 +216,15 @@ static void test_answers(void **state)
     assert_string_equal(cJSON_GetObjectItem(fin, "type")->valuestring, "length");
     cJSON_Delete(j);
 
+    /* a stop string (the done's stop_str) is named where a stop id would be */
+    s[0].matched = strdup("\n\n");
+    out.len = 0;
+    http_answer_generate(&v, &out);
+    j = parsed(&out);
+    fin = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "meta_info"), "finish_reason");
+    assert_string_equal(cJSON_GetObjectItem(fin, "matched")->valuestring, "\n\n");
+    cJSON_Delete(j);
+
     g.api = API_OPENAI;
     out.len = 0;
     http_answer_completions(&v, &out);
@@ -193,6 +232,10 @@ static void test_answers(void **state)
     const cJSON *ch = cJSON_GetObjectItem(j, "choices");
     assert_int_equal(cJSON_GetArraySize(ch), 2);
     assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(ch, 1), "finish_reason")->valuestring, "length");
+    const cJSON *c0 = cJSON_GetArrayItem(ch, 0);
+    assert_string_equal(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "stop");
+    assert_string_equal(cJSON_GetObjectItem(c0, "stop_reason")->valuestring, "\n\n");    /* vLLM's */
+    assert_string_equal(cJSON_GetObjectItem(c0, "matched_stop")->valuestring, "\n\n");   /* SGLang's */
     assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "total_tokens")->valueint, 2 + 5);
     cJSON_Delete(j);
 
@@ -214,7 +257,7 @@ static void test_answers(void **state)
     s[1].sample = 0;   /* the samples own no prompt log-probs here */
     for (int i = 0; i < 2; i++) http_sample_free(&s[i]);
     http_gen_free(&g);
-    http_text_free(&t);
+    fr_tokenizer_free(&t);
 }
 
 static void test_penalties(void **state)

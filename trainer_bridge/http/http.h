@@ -18,7 +18,6 @@
 #include <stddef.h>
 
 #include "base/fr_status.h"
-#include "tokenizer/tokenizer.h"
 #include "trainer_bridge/server/server.h"
 
 #ifdef __cplusplus
@@ -42,11 +41,10 @@ typedef struct {
      * own is open: to anyone for read, to loopback peers only for client
      * and trainer. A token grants its role and the roles below it. */
     const char *read_token, *client_token, *trainer_token;
-    /* The model's name in /v1/models and responses, and its folder: a
-     * tokenizer.json there gives text in and out; a byte-level model (ids
-     * 0-255 bytes, BOS 256) gets its bytes; otherwise text is refused. */
+    /* The model's name in /v1/models and responses. Text in and out is
+     * the server's tokenizer's (fr_bridge_server_tokenizer); without one
+     * text is refused and answers carry token ids only. */
     const char *model_name;
-    const char *model_dir;         /* NULL: no folder (a synthetic model) */
     FILE *log;                     /* NULL: the program's log */
 } fr_http_config;
 

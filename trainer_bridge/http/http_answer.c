@@ -78,7 +78,6 @@ void http_sample_free(http_sample *s)
     free(s->lp);
     free(s->wv);
     fr_buf_free(&s->text);
-    http_detok_free(&s->dt);
     free(s->matched);
     free(s->top_ids);
     free(s->top_lps);
@@ -86,12 +85,14 @@ void http_sample_free(http_sample *s)
     memset(s, 0, sizeof *s);
 }
 
-/* The text of sample s a stream may show now: all of it once ended, else
- * all but the bytes a stop string could still claim. */
-static size_t shown_len(const http_view *v, const http_sample *s)
+/* One token's own text (OpenAI's logprobs.tokens), special tokens
+ * written out; appended to out (nothing without a tokenizer). */
+static void token_piece(const fr_tokenizer *tok, int id, fr_buf *out)
 {
-    if (s->ended || v->hold == 0) return s->text.len;
-    return s->text.len > v->hold ? s->text.len - v->hold : 0;
+    char *t = NULL;
+    size_t n = 0;
+    if (tok && !fr_tokenizer_decode(tok, &id, 1, 0, &t, &n)) fr_buf_put(out, t, n);
+    free(t);
 }
 
 /* ---- SGLang ------------------------------------------------------------------ */
@@ -184,9 +185,9 @@ static void sglang_object(fr_buf *b, const http_view *v, int i, int index)
 {
     const http_sample *s = &v->s[i];
     fr_buf_printf(b, "{");
-    if (http_text_has(v->text)) {
+    if (v->tok) {
         fr_buf_printf(b, "\"text\":");
-        http_json_str(b, s->text.data ? s->text.data : "", shown_len(v, s));
+        http_json_str(b, s->text.data ? s->text.data : "", s->text.len);
         fr_buf_printf(b, ",");
     }
     fr_buf_printf(b, "\"output_ids\":[");
@@ -214,7 +215,7 @@ void http_chunk_generate(const http_view *v, int i, fr_buf *out)
     sglang_object(out, v, i, 1);
     fr_buf_printf(out, "\n\n");
     v->s[i].tok_sent = v->s[i].n;
-    v->s[i].text_sent = shown_len(v, &v->s[i]);
+    v->s[i].text_sent = v->s[i].text.len;
     v->s[i].final_sent = v->s[i].ended;
 }
 
@@ -235,7 +236,7 @@ static void openai_logprobs(fr_buf *b, const http_view *v, const http_sample *s,
         fr_buf_printf(&tops, "%snull", first ? "" : ",");
         fr_buf_printf(&offs, "%s%zu", first ? "" : ",", off);
         piece.len = 0;
-        http_text_token(v->text, g->prompt[p][i], &piece);
+        token_piece(v->tok, g->prompt[p][i], &piece);
         http_json_str(&tokens, piece.data ? piece.data : "", piece.len);
         off += piece.len;
         if (i == 0 || !s->plp) fr_buf_printf(&lps, "null");
@@ -247,7 +248,7 @@ static void openai_logprobs(fr_buf *b, const http_view *v, const http_sample *s,
         fr_buf_printf(&lps, "%s", first ? "" : ",");
         fr_buf_printf(&offs, "%s%zu", first ? "" : ",", off);
         piece.len = 0;
-        http_text_token(v->text, s->tok[i], &piece);
+        token_piece(v->tok, s->tok[i], &piece);
         http_json_str(&tokens, piece.data ? piece.data : "", piece.len);
         off += piece.len;
         json_lp(&lps, s->lp[i]);
@@ -256,7 +257,7 @@ static void openai_logprobs(fr_buf *b, const http_view *v, const http_sample *s,
             fr_buf_printf(&tops, "{");
             for (int k = 0; k < s->top_k; k++) {
                 piece.len = 0;
-                http_text_token(v->text, s->top_ids[(size_t)i * s->top_k + k], &piece);
+                token_piece(v->tok, s->top_ids[(size_t)i * s->top_k + k], &piece);
                 if (k) fr_buf_printf(&tops, ",");
                 http_json_str(&tops, piece.data ? piece.data : "", piece.len);
                 fr_buf_printf(&tops, ":");
@@ -293,8 +294,14 @@ static void openai_choice(fr_buf *b, const http_view *v, int i, int from, int to
     const char *pt = echo ? g->prompt_text[p] : NULL;
     fr_buf_printf(b, "{\"index\":%d,\"text\":", i);
     fr_buf t = {0};
-    if (pt) fr_buf_put(&t, pt, strlen(pt));
-    else if (echo) http_text_decode(v->text, g->prompt[p], g->n_prompt[p], g->skip_special, &t);
+    if (pt) {
+        fr_buf_put(&t, pt, strlen(pt));
+    } else if (echo && v->tok) {   /* a prompt of ids, as the engine's text would read it */
+        char *d = NULL;
+        size_t dn = 0;
+        if (!fr_tokenizer_decode(v->tok, g->prompt[p], (size_t)g->n_prompt[p], 1, &d, &dn)) fr_buf_put(&t, d, dn);
+        free(d);
+    }
     if (tto > tfrom) fr_buf_put(&t, s->text.data + tfrom, tto - tfrom);
     http_json_str(b, t.data ? t.data : "", t.len);
     fr_buf_free(&t);
@@ -303,10 +310,13 @@ static void openai_choice(fr_buf *b, const http_view *v, int i, int from, int to
     else fr_buf_printf(b, "null");
     fr_buf_printf(b, ",\"finish_reason\":");
     openai_finish(b, s);
-    fr_buf_printf(b, ",\"stop_reason\":");
-    if (s->ended && s->matched) http_json_str(b, s->matched, strlen(s->matched));
-    else if (s->ended && s->finish == FR_WIRE_STOP && s->n) fr_buf_printf(b, "%d", s->tok[s->n - 1]);
-    else fr_buf_printf(b, "null");
+    /* vLLM's stop_reason and SGLang's matched_stop: the stop string or stop token */
+    for (int k = 0; k < 2; k++) {
+        fr_buf_printf(b, k ? ",\"matched_stop\":" : ",\"stop_reason\":");
+        if (s->ended && s->matched) http_json_str(b, s->matched, strlen(s->matched));
+        else if (s->ended && s->finish == FR_WIRE_STOP && s->n) fr_buf_printf(b, "%d", s->tok[s->n - 1]);
+        else fr_buf_printf(b, "null");
+    }
     fr_buf_printf(b, ",\"token_ids\":[");
     for (int k = from; k < to; k++) fr_buf_printf(b, "%s%d", k > from ? "," : "", s->tok[k]);
     fr_buf_printf(b, "]");
@@ -348,7 +358,7 @@ void http_chunk_completions(const http_view *v, int i, fr_buf *out)
     /* top log-probs come with a sample's done: with them, its tokens wait for it */
     const int wait_top = v->gen->top_logprobs_num > 0 && !s->ended;
     const int to = wait_top ? s->tok_sent : s->n;
-    const size_t tto = wait_top ? s->text_sent : shown_len(v, s);
+    const size_t tto = wait_top ? s->text_sent : s->text.len;
     const int first = s->tok_sent == 0 && s->text_sent == 0;
     if (s->final_sent || (to == s->tok_sent && tto <= s->text_sent && !s->ended)) return;
     fr_buf_printf(out, "data: ");

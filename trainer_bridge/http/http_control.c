@@ -12,20 +12,17 @@
 #include <string.h>
 #include <time.h>
 
-/* Pause modes by name: SGLang's and the protocol's. A mode the protocol
- * does not have yet is refused, naming it; keeping samples in place
- * (SGLang's in_place, the protocol's keep) becomes a row with its mode
- * once the protocol has it. */
+/* Pause modes by name: the protocol's and SGLang's. SGLang's in_place
+ * keeps the samples and their KV cache (the protocol's keep); its retract
+ * frees their KV cache and recomputes it when they go on (keep with
+ * recompute). */
 static const struct {
     const char *name;
-    int supported;
     fr_pause_mode mode;
+    int recompute;
 } pause_modes[] = {
-    {"abort", 1, FR_PAUSE_ABORT},
-    {"wait", 1, FR_PAUSE_WAIT},
-    {"keep", 0, FR_PAUSE_ABORT},
-    {"in_place", 0, FR_PAUSE_ABORT},
-    {"retract", 0, FR_PAUSE_ABORT},
+    {"abort", FR_PAUSE_ABORT, 0}, {"wait", FR_PAUSE_WAIT, 0},    {"keep", FR_PAUSE_KEEP, 0},
+    {"in_place", FR_PAUSE_KEEP, 0}, {"retract", FR_PAUSE_KEEP, 1},
 };
 
 static void json_ok(http_call *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -82,6 +79,16 @@ static void command(http_call *c, fr_bridge_cmd_kind kind, int weights)
     }
 }
 
+/* The body's "recompute" (absent: no); -1 after answering 400. */
+static int body_recompute(http_call *c, const cJSON *o)
+{
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "recompute");
+    if (!r || cJSON_IsNull(r)) return 0;
+    if (cJSON_IsBool(r)) return cJSON_IsTrue(r);
+    http_fail(c, 400, "invalid_request_error", "recompute: must be true or false");
+    return -1;
+}
+
 static void route_pause(http_call *c)
 {
     cJSON *o = body_object(c);
@@ -91,17 +98,39 @@ static void route_pause(http_call *c)
     int found = -1;
     for (size_t i = 0; i < sizeof pause_modes / sizeof pause_modes[0]; i++)
         if (!strcmp(name, pause_modes[i].name)) found = (int)i;
+    const int recompute = body_recompute(c, o);
+    if (recompute < 0) {
+        cJSON_Delete(o);
+        return;
+    }
     if (mode && !cJSON_IsNull(mode) && !cJSON_IsString(mode)) {
-        http_fail(c, 400, "invalid_request_error", "mode: must be a string (abort or wait)");
+        http_fail(c, 400, "invalid_request_error", "mode: must be a string (abort, wait, keep, in_place or retract)");
     } else if (found < 0) {
-        http_fail(c, 400, "invalid_request_error", "mode: \"%s\" is not a pause mode (abort, wait)", name);
-    } else if (!pause_modes[found].supported) {
         http_fail(c, 400, "invalid_request_error",
-                  "mode: \"%s\" (keeping samples in place across the pause) is not supported yet: abort or wait", name);
+                  "mode: \"%s\" is not a pause mode (abort, wait, keep, in_place, retract)", name);
+    } else if (recompute && pause_modes[found].mode != FR_PAUSE_KEEP) {
+        http_fail(c, 400, "invalid_request_error", "recompute: only with mode keep (or in_place)");
     } else {
         fr_msg m;
         fr_msg_init(&m, FR_MSG_PAUSE);
         m.u.pause.mode = pause_modes[found].mode;
+        m.u.pause.recompute = recompute || pause_modes[found].recompute;
+        on_slot(c, &m);
+    }
+    cJSON_Delete(o);
+}
+
+/* Frozen samples go on; with "recompute", over a KV cache recomputed with
+ * the weights serving now. */
+static void route_continue(http_call *c)
+{
+    cJSON *o = body_object(c);
+    if (!o) return;
+    const int recompute = body_recompute(c, o);
+    if (recompute >= 0) {
+        fr_msg m;
+        fr_msg_init(&m, FR_MSG_RESUME);
+        m.u.resume.recompute = recompute;
         on_slot(c, &m);
     }
     cJSON_Delete(o);
@@ -198,7 +227,6 @@ static void route_health_generate(http_call *c)
     g->g.monitor_divergence = 0;
     g->g.has_max_tokens = g->g.has_temperature = 1;
     g->g.max_tokens = 1;
-    g->skip_special = 1;
     c->gen_ok = 1;
     c->health = 1;
     http_start_generation(c);
@@ -228,13 +256,10 @@ int http_control_route(http_call *c)
         http_fail(c, 405, "invalid_request_error", "%s takes POST", u);
         return 1;
     }
-    fr_msg m;
     if (!strcmp(u, "/abort_request")) route_abort(c);
     else if (!strcmp(u, "/pause_generation")) route_pause(c);
-    else if (!strcmp(u, "/continue_generation")) {
-        fr_msg_init(&m, FR_MSG_RESUME);
-        on_slot(c, &m);
-    } else if (!strcmp(u, "/flush_cache")) command(c, FR_BRIDGE_CMD_FLUSH_CACHE, 0);
+    else if (!strcmp(u, "/continue_generation")) route_continue(c);
+    else if (!strcmp(u, "/flush_cache")) command(c, FR_BRIDGE_CMD_FLUSH_CACHE, 0);
     else if (!strcmp(u, "/release_memory_occupation")) route_release(c);
     else if (!strcmp(u, "/resume_memory_occupation")) command(c, FR_BRIDGE_CMD_RESUME_MEMORY, 0);
     else http_disk_start(c);
@@ -251,14 +276,13 @@ static void model_info(http_call *c, const fr_msg_hello_reply *r)
     fr_buf_printf(b, "{\"model_path\":");
     http_json_str(b, r->model, strlen(r->model));
     fr_buf_printf(b, ",\"tokenizer_path\":");
-    if (h->cfg.model_dir && !strcmp(http_text_kind(h->text), "tokenizer.json"))
-        http_json_str(b, h->model_dir, strlen(h->model_dir));
+    if (h->tok && h->tok_name[0]) http_json_str(b, h->tok_name, strlen(h->tok_name));
     else fr_buf_printf(b, "null");
     fr_buf_printf(b, ",\"is_generation\":true,\"preferred_sampling_params\":null,\"weight_version\":\"%llu\","
                      "\"backend\":\"%s\",\"kv_dtype\":\"%s\",\"tp\":%d,\"engines\":%d,\"max_seqs\":%d,"
-                     "\"max_model_len\":%d,\"vocab_size\":%d,\"text\":\"%s\",\"eos_token_ids\":[",
+                     "\"max_model_len\":%d,\"vocab_size\":%d,\"text\":%s,\"eos_token_ids\":[",
                   (unsigned long long)r->weight_version, r->backend, r->kv_dtype, r->tp, r->engines, r->max_seqs,
-                  r->max_model_len, r->vocab_size, http_text_kind(h->text));
+                  r->max_model_len, r->vocab_size, h->tok ? "true" : "false");
     for (int i = 0; i < r->n_eos_token_ids; i++) fr_buf_printf(b, "%s%d", i ? "," : "", r->eos_token_ids[i]);
     fr_buf_printf(b, "],\"kv_blocks\":%d,\"kv_block_tokens\":%d,\"max_total_num_tokens\":%lld}", r->kv_blocks,
                   r->kv_block_tokens, (long long)r->kv_blocks * r->kv_block_tokens);

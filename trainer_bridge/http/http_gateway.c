@@ -4,9 +4,9 @@
  * HTTP_CTL_SLOTS carry one control call each. The loop's sink routes what
  * comes back by request id to the call's samples (tokens, dones, refusals),
  * or by client to the control call on that slot; a call's connection is
- * resumed when it has something to send. Text is decoded here, token by
- * token, and stop strings end a sample here (its engine request is aborted
- * once all of its samples ended). */
+ * resumed when it has something to send. The text is the engine's: each
+ * generate asks for it (return_text) when the server has a tokenizer, and
+ * carries the call's stop strings, which the engine matches. */
 #include "trainer_bridge/http/http_internal.h"
 
 #include <stdio.h>
@@ -165,6 +165,7 @@ static int build_generate(http_call *c, int p, fr_msg *m, int *stops)
     x->prompt = g->prompt[p];
     x->n_prompt = g->n_prompt[p];
     x->n = g->n;
+    x->return_text = c->h->tok != NULL;
     int n = 0;
     if (g->g.has_stop_token_ids || g->ignore_eos) {
         for (int i = 0; i < g->g.n_stop_token_ids && n < 256; i++) stops[n++] = g->g.stop_token_ids[i];
@@ -187,8 +188,6 @@ static fr_status alloc_call(http_call *c)
     for (int i = 0; i < c->n_samples; i++) {
         c->s[i].sample = i % g->n;
         c->s[i].n_prompt = g->n_prompt[i / g->n];
-        fr_status st = http_detok_new(c->h->text, g->skip_special, &c->s[i].dt);
-        if (st) return st;
     }
     c->samples_left = c->n_samples;
     return FR_OK;
@@ -259,7 +258,7 @@ static void progress(http_call *c)
         return;
     }
     if (c->samples_left > 0) return;
-    http_view v = {.gen = &c->gen, .s = c->s, .n_samples = c->n_samples, .text = c->h->text,
+    http_view v = {.gen = &c->gen, .s = c->s, .n_samples = c->n_samples, .tok = c->h->tok,
                    .model = c->h->model_name, .id = c->id, .created = c->created};
     c->answer.len = 0;
     if (c->health) fr_buf_printf(&c->answer, "{\"status\":\"ok\"}");
@@ -277,38 +276,13 @@ static void end_sample(http_call *c, http_sample *s, fr_wire_finish why)
     c->samples_left--;
 }
 
-/* Ends the sample when its text now holds a stop string (the text cut
- * where it starts, SGLang's and OpenAI's rule); only the text since the
- * last token can complete one. */
-static void check_stops(http_call *c, http_sample *s, size_t before)
-{
-    const http_gen *g = &c->gen;
-    size_t best = (size_t)-1;
-    int which = -1;
-    for (int k = 0; k < g->n_stop; k++) {
-        const size_t L = strlen(g->stop[k]);
-        size_t from = before >= L ? before - L + 1 : 0;
-        for (size_t i = from; i + L <= s->text.len; i++)
-            if (memcmp(s->text.data + i, g->stop[k], L) == 0) {
-                if (i < best) best = i, which = k;
-                break;
-            }
-    }
-    if (which < 0) return;
-    s->text.len = best;
-    s->text.data[best] = '\0';
-    s->matched = strdup(g->stop[which]);
-    s->by_string = 1;
-    end_sample(c, s, FR_WIRE_STOP);
-}
-
 static void take_tokens(http_call *c, int p, const fr_msg_tokens *t)
 {
     const int n = c->gen.n;
     const int k = t->sample;
     if (k < 0 || k >= n) return;
     http_sample *s = &c->s[p * n + k];
-    if (s->ended) return;   /* a stop string ended it: the rest is the engine's */
+    if (s->ended) return;
     if (s->n + t->n > s->cap) {
         int cap = s->cap ? s->cap : 16;
         while (cap < s->n + t->n) cap *= 2;
@@ -321,19 +295,26 @@ static void take_tokens(http_call *c, int p, const fr_msg_tokens *t)
         if (!wv) return;   /* out of memory: the done's count tells the tokens were lost */
         s->cap = cap;
     }
-    for (int i = 0; i < t->n && !s->ended; i++) {
+    for (int i = 0; i < t->n; i++) {
         s->tok[s->n] = t->token_ids[i];
         s->lp[s->n] = t->logprobs[i];
         s->wv[s->n++] = t->weight_versions[i];
-        const size_t before = s->text.len;
-        http_detok_push(s->dt, t->token_ids[i], &s->text);
-        if (c->gen.n_stop && s->text.len > before) check_stops(c, s, before);
     }
+    /* final text only: never half a character, nor a stop string's start */
+    if (t->has_text && t->text_len) fr_buf_put(&s->text, t->text, t->text_len);
     s->dirty = 1;
-    /* every sample of the request ended on a stop string: it is not needed */
-    int open = 0;
-    for (int j = 0; j < n; j++) open += !c->s[p * n + j].ended;
-    if (!open && c->req_open[p]) http_send_abort(c->h, NULL, &c->req_id[p], 1);
+}
+
+/* The done's text is the whole sample's: the deltas' (a prefix of it, so
+ * what was streamed stays valid) and what the engine held back, cut at the
+ * stop string unless it is kept. */
+static void take_done_text(http_sample *s, const fr_msg_done *d)
+{
+    if (d->has_text) {
+        s->text.len = 0;
+        fr_buf_put(&s->text, d->text ? d->text : "", d->text_len);
+    }
+    if (d->stop_str && !s->matched) s->matched = strdup(d->stop_str);
 }
 
 static void take_done(http_call *c, int p, const fr_msg_done *d)
@@ -341,7 +322,7 @@ static void take_done(http_call *c, int p, const fr_msg_done *d)
     const int n = c->gen.n;
     if (d->sample < 0 || d->sample >= n) return;
     http_sample *s = &c->s[p * n + d->sample];
-    s->got_done = 1;
+    if (s->ended) return;
     s->has_seed = d->has_seed;
     s->seed = d->seed;
     s->preemptions = d->preemptions;
@@ -371,13 +352,10 @@ static void take_done(http_call *c, int p, const fr_msg_done *d)
             }
         }
     }
-    if (!s->ended) {
-        http_detok_finish(s->dt, &s->text);
-        if (d->finish_reason == FR_WIRE_ABORT) snprintf(s->why, sizeof s->why, "aborted");
-        if (d->finish_reason == FR_WIRE_ERROR) snprintf(s->why, sizeof s->why, "the engine failed on this sample");
-        end_sample(c, s, d->finish_reason);
-    }
-    s->dirty = 1;
+    take_done_text(s, d);
+    if (d->finish_reason == FR_WIRE_ABORT) snprintf(s->why, sizeof s->why, "aborted");
+    if (d->finish_reason == FR_WIRE_ERROR) snprintf(s->why, sizeof s->why, "the engine failed on this sample");
+    end_sample(c, s, d->finish_reason);
 }
 
 /* A refused generate: every sample of it ends; a call that has sent
@@ -410,8 +388,8 @@ static void generation_msg(fr_http *h, const fr_msg *m)
         take_tokens(c, p, &m->u.tokens);
     } else if (m->type == FR_MSG_DONE) {
         take_done(c, p, &m->u.done);
-        int dones = 0;   /* the request closes with its last done, stop strings or not */
-        for (int j = 0; j < c->gen.n; j++) dones += c->s[p * c->gen.n + j].got_done;
+        int dones = 0;   /* the request closes with its last done */
+        for (int j = 0; j < c->gen.n; j++) dones += c->s[p * c->gen.n + j].ended;
         if (dones == c->gen.n) close_request(c, p);
     } else {
         take_refusal(c, p, &m->u.error);
@@ -494,13 +472,8 @@ int http_stream_read(http_call *c, char *buf, size_t max)
 {
     if (c->out_off == c->out.len) {
         c->out.len = c->out_off = 0;
-        size_t hold = 0;
-        for (int k = 0; k < c->gen.n_stop; k++) {
-            size_t L = strlen(c->gen.stop[k]);
-            if (L > hold + 1) hold = L - 1;
-        }
-        http_view v = {.gen = &c->gen, .s = c->s, .n_samples = c->n_samples, .text = c->h->text,
-                       .hold = hold, .model = c->h->model_name, .id = c->id, .created = c->created};
+        http_view v = {.gen = &c->gen, .s = c->s, .n_samples = c->n_samples, .tok = c->h->tok,
+                       .model = c->h->model_name, .id = c->id, .created = c->created};
         for (int i = 0; i < c->n_samples; i++) {
             if (!c->s[i].dirty) continue;
             c->s[i].dirty = 0;

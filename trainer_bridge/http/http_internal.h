@@ -13,36 +13,15 @@
 #include "base/buf.h"
 #include "trainer_bridge/protocol/protocol.h"
 
-/* ---- text in and out (http_text.c) ---------------------------------------- */
-
-/* The model's text: a tokenizer.json's, a byte-level model's bytes, or none
- * (text is then refused and answers carry no text). */
-typedef struct http_text http_text;
-
-/* vocab, bos, eos: the model's (a byte-level model is bos 256, vocab <= 512). */
-fr_status http_text_new(const char *model_dir, int vocab, int bos, http_text **out);
-void http_text_free(http_text **t);
-int http_text_has(const http_text *t);
-const char *http_text_kind(const http_text *t);   /* "tokenizer.json", "bytes", "none" */
-/* Text to ids, with the model's beginning-of-sequence token (as
- * `fp4rollout generate --prompt` and Hugging Face's add_special_tokens). */
-fr_status http_text_encode(const http_text *t, const char *s, size_t n, int **ids, int *n_ids);
-/* Incremental decoding: push ids one at a time, complete text appended to out. */
-typedef struct http_detok http_detok;
-fr_status http_detok_new(const http_text *t, int skip_special, http_detok **out);
-fr_status http_detok_push(http_detok *d, int id, fr_buf *out);
-fr_status http_detok_finish(http_detok *d, fr_buf *out);
-void http_detok_free(http_detok **d);
-/* The text of ids[0, n), appended to out (nothing without text). */
-void http_text_decode(const http_text *t, const int *ids, int n, int skip_special, fr_buf *out);
-/* One token's own text (OpenAI's logprobs.tokens), appended to out. */
-void http_text_token(const http_text *t, int id, fr_buf *out);
+/* Text in and out is the server's (fr_bridge_server_tokenizer): text
+ * prompts are encoded with it here (fr_bridge_encode_prompt, as the server
+ * encodes prompt_text), stop strings and the samples' text are the
+ * engine's (the protocol's stop, return_text; docs/protocol.md, "Text"). */
 
 /* ---- parsed requests (http_parse.c) --------------------------------------- */
 
 enum { API_SGLANG = 1, API_OPENAI = 2 };
 
-#define HTTP_MAX_STOPS 64
 #define HTTP_ID_MAX 128
 
 typedef struct {
@@ -54,11 +33,9 @@ typedef struct {
     char **prompt_text;         /* text prompts as given (owned; NULL entries for ids), for echo */
     int text_in;                /* the prompts came as text */
     int n;                      /* samples per prompt */
-    fr_msg_generate g;          /* the sampling keys (prompt, n and request_id are set per request) */
+    fr_msg_generate g;          /* the sampling keys and stop strings (owned; prompt, n, request_id and
+                                   return_text are set per request) */
     int ignore_eos;
-    char *stop[HTTP_MAX_STOPS]; /* stop strings (owned) */
-    int n_stop;
-    int skip_special;           /* decoded text leaves special tokens out (1) */
     int return_logprob;         /* SGLang: output_token_logprobs (and input ones from logprob_start_len) */
     int top_logprobs_num;       /* SGLang top log-probs per token; OpenAI logprobs k */
     int logprob_start_len;      /* < 0: no prompt log-probs */
@@ -71,10 +48,10 @@ typedef struct {
 } http_gen;
 
 /* Reads a body into out (cleared first); FR_EINVAL with a message naming
- * the field that is wrong. text: the model's, for text prompts (may be
- * NULL: text refused). */
-fr_status http_parse_generate(const char *body, size_t len, const http_text *text, http_gen *out);
-fr_status http_parse_completions(const char *body, size_t len, const http_text *text, http_gen *out);
+ * the field that is wrong. tok: the server's tokenizer, for text prompts
+ * (NULL: text refused). */
+fr_status http_parse_generate(const char *body, size_t len, const fr_tokenizer *tok, http_gen *out);
+fr_status http_parse_completions(const char *body, size_t len, const fr_tokenizer *tok, http_gen *out);
 void http_gen_free(http_gen *g);
 
 /* ---- results and answers (http_answer.c) ----------------------------------- */
@@ -85,17 +62,14 @@ typedef struct {
     float *lp;
     uint64_t *wv;
     int n, cap;
-    fr_buf text;                /* its text so far (cut at a stop string) */
+    fr_buf text;                /* the engine's text so far: its deltas', then its done's whole text */
     size_t text_sent;           /* bytes streamed (OpenAI deltas) */
     int tok_sent;               /* tokens streamed */
     int final_sent;             /* its last stream chunk went out */
-    int got_done;               /* the engine's done came */
     int dirty;                  /* changed since its last stream chunk */
-    http_detok *dt;
-    int ended;                  /* its done came, or a stop string ended it */
-    int by_string;              /* a stop string ended it (the engine's done is still to come) */
+    int ended;                  /* its done came (or its generate was refused) */
     fr_wire_finish finish;
-    char *matched;              /* the stop string that ended it */
+    char *matched;              /* the stop string that ended it (the done's stop_str) */
     char why[256];              /* abort or error: what happened */
     int *top_ids;               /* from its done: [n * top_k] */
     float *top_lps;
@@ -117,8 +91,7 @@ typedef struct {
     const http_gen *gen;
     http_sample *s;             /* the chunk functions advance what each sample streamed */
     int n_samples;
-    const http_text *text;      /* NULL or no text: answers carry token ids only */
-    size_t hold;                /* stream: bytes of text held back while a stop string could still match */
+    const fr_tokenizer *tok;     /* the server's; NULL: answers carry token ids only */
     const char *model;
     const char *id;             /* the call's id ("cmpl-..." / SGLang rid) */
     long created;               /* seconds since the epoch */
@@ -189,11 +162,12 @@ struct http_call {
 struct fr_http {
     fr_http_config cfg;
     char tokens[3][256];           /* read, client, trainer */
-    char model_name[512], model_dir[4096];
+    char model_name[512];
     fr_bridge_server *srv;
     struct MHD_Daemon *d;
     fr_metrics_http *metrics;
-    http_text *text;
+    const fr_tokenizer *tok;       /* the server's (NULL: none) and its name */
+    const char *tok_name;
     int vocab, n_eos, eos[8];
     int port;
     FILE *log;

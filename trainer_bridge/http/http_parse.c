@@ -28,7 +28,8 @@ void http_gen_free(http_gen *g)
     free(g->prompt_text);
     free(g->rid);
     free(g->g.stop_token_ids);
-    for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
+    for (int i = 0; g->g.stop && i < g->g.n_stop; i++) free(g->g.stop[i]);
+    free(g->g.stop);
     memset(g, 0, sizeof *g);
 }
 
@@ -95,25 +96,31 @@ static fr_status alloc_prompts(http_gen *g, int n)
     return FR_OK;
 }
 
-static fr_status text_prompt(http_gen *g, int i, const cJSON *x, const char *name, const http_text *text)
+/* A text prompt: encoded as the server encodes a generate's prompt_text,
+ * with the tokenizer's special tokens (SGLang's and vLLM's default). */
+static fr_status text_prompt(http_gen *g, int i, const cJSON *x, const char *name, const fr_tokenizer *tok)
 {
     if (!cJSON_IsString(x)) return BAD("%s: must be a string", name);
     size_t len = strlen(x->valuestring);
     if (len == 0) return BAD("%s: is empty", name);
-    fr_status st = http_text_encode(text, x->valuestring, len, &g->prompt[i], &g->n_prompt[i]);
-    if (st) return BAD("%s: %s", name, fr_last_error());
+    if (!tok)
+        return BAD("%s: text needs the server's tokenizer, and this server has none (serve --tokenizer PATH, or a "
+                   "checkpoint folder holding a tokenizer.json): send token ids",
+                   name);
+    fr_status st = fr_bridge_encode_prompt(tok, x->valuestring, len, 1, &g->prompt[i], &g->n_prompt[i]);
+    if (st) return fr_fail(st, "%s: %s", name, fr_last_error());
     if (!(g->prompt_text[i] = strdup(x->valuestring))) return fr_fail(FR_ENOMEM, "http: out of memory");
     g->text_in = 1;
     return FR_OK;
 }
 
 /* A prompt that is text, ids, or a list of either (batch). */
-static fr_status read_prompts(http_gen *g, const cJSON *x, const char *name, int ids_only, const http_text *text)
+static fr_status read_prompts(http_gen *g, const cJSON *x, const char *name, int ids_only, const fr_tokenizer *tok)
 {
     char item[64];
     if (cJSON_IsString(x) && !ids_only) {
         fr_status st = alloc_prompts(g, 1);
-        return st ? st : text_prompt(g, 0, x, name, text);
+        return st ? st : text_prompt(g, 0, x, name, tok);
     }
     if (!cJSON_IsArray(x) || cJSON_GetArraySize(x) == 0)
         return BAD("%s: must be %s", name, ids_only ? "a list of token ids or a list of such lists"
@@ -130,31 +137,43 @@ static fr_status read_prompts(http_gen *g, const cJSON *x, const char *name, int
     int i = 0;
     for (const cJSON *e = x->child; !st && e; e = e->next, i++) {
         snprintf(item, sizeof item, "%s[%d]", name, i);
-        if (cJSON_IsString(e) && !ids_only) st = text_prompt(g, i, e, item, text);
+        if (cJSON_IsString(e) && !ids_only) st = text_prompt(g, i, e, item, tok);
         else if (cJSON_IsArray(e)) st = get_ids(e, item, 1, &g->prompt[i], &g->n_prompt[i]);
         else st = BAD("%s: must be %s", item, ids_only ? "a list of token ids" : "a string or a list of token ids");
     }
     return st;
 }
 
+/* One stop string, within the engine's bounds (docs/sampling.md, "Stop
+ * strings"; the engine refuses what is not UTF-8). */
+static fr_status add_stop(http_gen *g, const cJSON *e, const char *name)
+{
+    if (!cJSON_IsString(e) || !e->valuestring[0]) return BAD("%s: must be a non-empty string", name);
+    if (strlen(e->valuestring) > FR_PROTO_MAX_STOP_BYTES)
+        return BAD("%s: longer than %d bytes", name, FR_PROTO_MAX_STOP_BYTES);
+    if (!(g->g.stop[g->g.n_stop] = strdup(e->valuestring))) return fr_fail(FR_ENOMEM, "http: out of memory");
+    g->g.n_stop++;
+    return FR_OK;
+}
+
+/* Stop strings go to the engine, which matches them (the protocol's stop). */
 static fr_status read_stop(http_gen *g, const cJSON *x, const char *name)
 {
-    if (is_null(x)) return FR_OK;
-    if (cJSON_IsString(x)) {
-        if (!x->valuestring[0]) return BAD("%s: an empty stop string", name);
-        if (!(g->stop[0] = strdup(x->valuestring))) return fr_fail(FR_ENOMEM, "http: out of memory");
-        g->n_stop = 1;
-        return FR_OK;
-    }
-    if (!cJSON_IsArray(x)) return BAD("%s: must be a string or a list of strings", name);
-    if (cJSON_GetArraySize(x) > HTTP_MAX_STOPS) return BAD("%s: at most %d stop strings", name, HTTP_MAX_STOPS);
+    if (is_null(x) || (cJSON_IsArray(x) && !x->child)) return FR_OK;
+    if (!cJSON_IsString(x) && !cJSON_IsArray(x)) return BAD("%s: must be a string or a list of strings", name);
+    const int n = cJSON_IsString(x) ? 1 : cJSON_GetArraySize(x);
+    if (n > FR_PROTO_MAX_STOP) return BAD("%s: at most %d stop strings", name, FR_PROTO_MAX_STOP);
+    if (g->g.stop) return BAD("%s: given twice", name);
+    if (!(g->g.stop = calloc((size_t)n, sizeof *g->g.stop))) return fr_fail(FR_ENOMEM, "http: out of memory");
+    if (cJSON_IsString(x)) return add_stop(g, x, name);
+    char item[160];
+    fr_status st = FR_OK;
     int i = 0;
-    for (const cJSON *e = x->child; e; e = e->next, i++) {
-        if (!cJSON_IsString(e) || !e->valuestring[0]) return BAD("%s[%d]: must be a non-empty string", name, i);
-        if (!(g->stop[g->n_stop] = strdup(e->valuestring))) return fr_fail(FR_ENOMEM, "http: out of memory");
-        g->n_stop++;
+    for (const cJSON *e = x->child; !st && e; e = e->next, i++) {
+        snprintf(item, sizeof item, "%s[%d]", name, i);
+        st = add_stop(g, e, item);
     }
-    return FR_OK;
+    return st;
 }
 
 /* Keys other servers know and this one does not do: refused when they ask
@@ -205,7 +224,10 @@ static fr_status common_key(http_gen *g, const cJSON *x, const char *key, const 
         return get_ids(x, name, 0, &m->stop_token_ids, &m->n_stop_token_ids);
     }
     if (!strcmp(key, "ignore_eos")) return get_bool(x, name, &g->ignore_eos);
-    if (!strcmp(key, "skip_special_tokens")) return get_bool(x, name, &g->skip_special);
+    if (!strcmp(key, "skip_special_tokens")) {   /* the engine's text always skips them (docs/http.md) */
+        int skip;
+        return get_bool(x, name, &skip);
+    }
     if (!strcmp(key, "n")) return get_int(x, name, 1, 65536, &g->n);
     if (!strcmp(key, "seed") || !strcmp(key, "sampling_seed")) {
         if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 9007199254740992.0 ||
@@ -220,7 +242,7 @@ static fr_status common_key(http_gen *g, const cJSON *x, const char *key, const 
 }
 
 static const char *const sglang_unsupported[] = {"json_schema", "regex", "ebnf", "structural_tag", "custom_params",
-                                                 "logit_bias", "no_stop_trim", NULL};
+                                                 "logit_bias", NULL};
 /* Keys SGLang knows that change nothing here. */
 static const char *const sglang_ignored[] = {"spaces_between_special_tokens", "stream_interval", NULL};
 
@@ -241,6 +263,8 @@ static fr_status sglang_sampling(http_gen *g, const cJSON *sp)
             st = get_int(x, name, 1, 1 << 30, &g->g.max_tokens);
         } else if (!strcmp(k, "min_new_tokens")) {
             st = get_int(x, name, 0, 1 << 30, &g->g.min_tokens);
+        } else if (!strcmp(k, "no_stop_trim")) {   /* the text keeps the stop string, as vLLM's include */
+            st = get_bool(x, name, &g->g.include_stop_str_in_output);
         } else {
             int ignored = 0;
             for (int i = 0; sglang_unsupported[i]; i++) ignored |= !strcmp(k, sglang_unsupported[i]);
@@ -274,7 +298,6 @@ static void defaults(http_gen *g, int api)
     memset(g, 0, sizeof *g);
     g->api = api;
     g->n = 1;
-    g->skip_special = 1;
     g->logprob_start_len = -1;
     g->g.monitor_divergence = -1;
 }
@@ -291,14 +314,14 @@ static cJSON *parse_object(const char *body, size_t len)
     return root;
 }
 
-static fr_status sglang_body(http_gen *g, const cJSON *root, const http_text *text)
+static fr_status sglang_body(http_gen *g, const cJSON *root, const fr_tokenizer *tok)
 {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "text");
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "input_ids");
     if (!is_null(cJSON_GetObjectItemCaseSensitive(root, "input_embeds")))
         return BAD("input_embeds: not supported by this server (send text or input_ids)");
     if (is_null(t) == is_null(ids)) return BAD("text, input_ids: give exactly one of them");
-    fr_status st = is_null(t) ? read_prompts(g, ids, "input_ids", 1, text) : read_prompts(g, t, "text", 0, text);
+    fr_status st = is_null(t) ? read_prompts(g, ids, "input_ids", 1, tok) : read_prompts(g, t, "text", 0, tok);
     if (!st) st = sglang_sampling(g, cJSON_GetObjectItemCaseSensitive(root, "sampling_params"));
     if (!st) st = sglang_rids(g, cJSON_GetObjectItemCaseSensitive(root, "rid"));
     const cJSON *x;
@@ -316,12 +339,12 @@ static fr_status sglang_body(http_gen *g, const cJSON *root, const http_text *te
     return st;
 }
 
-fr_status http_parse_generate(const char *body, size_t len, const http_text *text, http_gen *g)
+fr_status http_parse_generate(const char *body, size_t len, const fr_tokenizer *tok, http_gen *g)
 {
     defaults(g, API_SGLANG);
     cJSON *root = parse_object(body, len);
     if (!root) return FR_EINVAL;
-    fr_status st = sglang_body(g, root, text);
+    fr_status st = sglang_body(g, root, tok);
     cJSON_Delete(root);
     if (!st) {
         g->g.logprobs = g->top_logprobs_num;
@@ -347,6 +370,7 @@ static fr_status openai_key(http_gen *g, const cJSON *x, const char *k)
         return get_int(x, k, 0, FR_PROTO_MAX_LOGPROBS, &g->top_logprobs_num);
     }
     if (!strcmp(k, "echo")) return get_bool(x, k, &g->echo);
+    if (!strcmp(k, "include_stop_str_in_output")) return get_bool(x, k, &g->g.include_stop_str_in_output);
     if (!strcmp(k, "stream")) return get_bool(x, k, &g->stream);
     if (!strcmp(k, "stream_options")) {
         const cJSON *u = cJSON_IsObject(x) ? cJSON_GetObjectItemCaseSensitive(x, "include_usage") : NULL;
@@ -366,7 +390,7 @@ static fr_status openai_key(http_gen *g, const cJSON *x, const char *k)
     return FR_OK;   /* user, and keys only other servers read */
 }
 
-fr_status http_parse_completions(const char *body, size_t len, const http_text *text, http_gen *g)
+fr_status http_parse_completions(const char *body, size_t len, const fr_tokenizer *tok, http_gen *g)
 {
     defaults(g, API_OPENAI);
     g->g.has_max_tokens = 1;   /* OpenAI's default */
@@ -374,7 +398,7 @@ fr_status http_parse_completions(const char *body, size_t len, const http_text *
     cJSON *root = parse_object(body, len);
     if (!root) return FR_EINVAL;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-    fr_status st = is_null(p) ? BAD("prompt: required") : read_prompts(g, p, "prompt", 0, text);
+    fr_status st = is_null(p) ? BAD("prompt: required") : read_prompts(g, p, "prompt", 0, tok);
     if (!st) st = refuse_unsupported(root, "", openai_unsupported);
     for (const cJSON *x = root->child; !st && x; x = x->next) {
         int known = 0;

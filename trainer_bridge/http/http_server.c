@@ -224,16 +224,16 @@ static enum MHD_Result metrics_route(fr_http *h, struct MHD_Connection *conn, co
 static void start_generation(http_call *c, int openai)
 {
     fr_http *h = c->h;
-    fr_status st = openai ? http_parse_completions(c->body.data, c->body.len, h->text, &c->gen)
-                          : http_parse_generate(c->body.data, c->body.len, h->text, &c->gen);
+    fr_status st = openai ? http_parse_completions(c->body.data, c->body.len, h->tok, &c->gen)
+                          : http_parse_generate(c->body.data, c->body.len, h->tok, &c->gen);
     if (st) {
         http_fail(c, 400, "invalid_request_error", "%s", fr_last_error());
         return;
     }
     c->gen_ok = 1;
-    if (c->gen.n_stop && !http_text_has(h->text)) {
-        http_fail(c, 400, "invalid_request_error", "stop: stop strings need the model's text, and this model has no "
-                                                   "tokenizer; use stop_token_ids");
+    if (c->gen.g.n_stop && !h->tok) {
+        http_fail(c, 400, "invalid_request_error", "stop: stop strings need the server's tokenizer, and this server "
+                                                   "has none; use stop_token_ids");
         return;
     }
     http_start_generation(c);
@@ -369,9 +369,7 @@ static void copy_config(fr_http *h, const fr_http_config *cfg)
     const char *tok[3] = {cfg->read_token, cfg->client_token, cfg->trainer_token};
     for (int i = 0; i < 3; i++) snprintf(h->tokens[i], sizeof h->tokens[i], "%s", tok[i] ? tok[i] : "");
     snprintf(h->model_name, sizeof h->model_name, "%s", cfg->model_name ? cfg->model_name : "fp4rollout");
-    snprintf(h->model_dir, sizeof h->model_dir, "%s", cfg->model_dir ? cfg->model_dir : "");
     h->cfg.model_name = h->model_name;
-    h->cfg.model_dir = h->model_dir[0] ? h->model_dir : NULL;
     h->cfg.read_token = h->cfg.client_token = h->cfg.trainer_token = NULL;
     if (h->cfg.max_connections <= 0) h->cfg.max_connections = 4096;
     if (h->cfg.idle_timeout_s <= 0) h->cfg.idle_timeout_s = 10;
@@ -395,9 +393,9 @@ fr_status fr_http_start(const fr_http_config *cfg, fr_bridge_server *srv, fr_htt
     h->vocab = mc->vocab_size;
     h->n_eos = mc->n_eos < 8 ? mc->n_eos : 8;
     memcpy(h->eos, mc->eos_ids, sizeof(int) * (size_t)h->n_eos);
-    fr_status st = http_text_new(h->cfg.model_dir, mc->vocab_size, mc->bos_id, &h->text);
+    h->tok = fr_bridge_server_tokenizer(srv, &h->tok_name);
     const fr_bridge_local_sink sink = {.on_msg = http_on_msg, .on_command = http_on_command, .user = h};
-    if (!st) st = fr_bridge_server_local_open(srv, 1 + HTTP_CTL_SLOTS, &sink);
+    fr_status st = fr_bridge_server_local_open(srv, 1 + HTTP_CTL_SLOTS, &sink);
     const char *bind = !cfg->bind ? "127.0.0.1" : (!strcmp(cfg->bind, "*") ? "0.0.0.0" : cfg->bind);
     if (!st && (st = listen_on(h, bind, cfg->port)) && cfg->port_fallback && cfg->port > 0) {
         http_log(h, "port %d: %s; taking a free port instead", cfg->port, fr_last_error());
@@ -408,7 +406,7 @@ fr_status fr_http_start(const fr_http_config *cfg, fr_bridge_server *srv, fr_htt
         return st;
     }
     http_log(h, "API on http://%s:%d (/generate, /v1/completions, control endpoints; /metrics, /dashboard, /health; "
-                "text: %s)", bind, h->port, http_text_kind(h->text));
+                "text: %s)", bind, h->port, h->tok ? h->tok_name : "none, token ids only");
     if (h->metrics)
         http_log(h, "metrics on http://%s:%d/metrics and /dashboard%s", bind, h->port,
                  h->tokens[0][0] ? " (a bearer token required)" : "");
@@ -477,7 +475,6 @@ void fr_http_stop(fr_http **ph)
     pthread_mutex_unlock(&h->mu);
     http_table_free(h);
     free(h->aborts);
-    http_text_free(&h->text);
     pthread_mutex_destroy(&h->mu);
     free(h);
     *ph = NULL;

@@ -208,6 +208,16 @@ fr_status fr_bridge_server_local_command(fr_bridge_server *srv, int client, cons
 struct fr_metrics_http *fr_bridge_server_metrics(fr_bridge_server *srv);
 /* The served model's configuration (vocabulary, BOS and EOS ids). */
 const fr_model_config *fr_bridge_server_model_config(const fr_bridge_server *srv);
+/* The tokenizer the server encodes and decodes text with (the config's;
+ * NULL: none), and what hello calls it in *name (may be NULL). */
+const fr_tokenizer *fr_bridge_server_tokenizer(const fr_bridge_server *srv, const char **name);
+/* A prompt given as text into ids (*ids malloc'd, *n > 0), exactly as the
+ * server encodes a generate's prompt_text (docs/protocol.md, "Text"):
+ * add_special puts the tokenizer's special tokens around it. FR_EINVAL
+ * when it is not UTF-8, encodes to no token or to more than a generate
+ * may hold. */
+fr_status fr_bridge_encode_prompt(const fr_tokenizer *tok, const char *text, size_t len, int add_special, int **ids,
+                                  int *n);
 
 /* NULL-safe; ends anything still open with reason abort first. */
 void fr_bridge_server_destroy(fr_bridge_server **srv);
