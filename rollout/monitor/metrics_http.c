@@ -181,15 +181,20 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
         static const char nf[] = "not found: /metrics, /metrics.json, /health, /history.json, /dashboard\n";
         text_reply(&rp, MHD_HTTP_NOT_FOUND, nf);
     }
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(rp.len, rp.body, rp.owned ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    return (enum MHD_Result)fr_metrics_http_send(c, &rp);
+}
+
+int fr_metrics_http_send(struct MHD_Connection *conn, fr_metrics_reply *rp)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(rp->len, rp->body,
+                                                             rp->owned ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     if (!r) {
-        if (rp.owned) free(rp.body);
+        if (rp->owned) free(rp->body);
         return MHD_NO;
     }
-    MHD_add_response_header(r, "Content-Type", rp.type);
+    MHD_add_response_header(r, "Content-Type", rp->type);
     MHD_add_response_header(r, "Cache-Control", "no-store");
-    enum MHD_Result ret = MHD_queue_response(c, rp.status, r);
+    enum MHD_Result ret = MHD_queue_response(conn, rp->status, r);
     MHD_destroy_response(r);
     return ret;
 }

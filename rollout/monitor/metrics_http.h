@@ -55,6 +55,11 @@ typedef struct {
  * /metrics.json, /health, /history.json, /dashboard, /uplot.js,
  * /uplot.css), else 0. */
 int fr_metrics_http_route(fr_metrics_http *h, const char *url, fr_metrics_reply *r);
+/* Queues r on a libmicrohttpd connection, which takes its body when owned
+ * (freed here when the response cannot be made); libmicrohttpd's result
+ * (MHD_YES, MHD_NO) as an int, so this header needs none of its types. */
+struct MHD_Connection;
+int fr_metrics_http_send(struct MHD_Connection *conn, fr_metrics_reply *r);
 /* 1 when the engine is serving (not paused, not stopping): what /health says. */
 int fr_metrics_http_serving(fr_metrics_http *h);
 /* Copies s as the snapshot requests see from now on. */

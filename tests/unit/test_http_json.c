@@ -18,18 +18,26 @@
 #include "rollout/model/sampler.h"
 #include "trainer_bridge/http/http_internal.h"
 
-/* The tokenizer serve gives a byte-level model (app/cli_text.c). */
-static fr_tokenizer *byte_text(void)
+/* Every test's state: the tokenizer serve gives a byte-level model
+ * (app/cli_text.c). */
+static int open_tokenizer(void **state)
 {
     fr_tokenizer *t = NULL;
-    assert_int_equal(fr_tokenizer_bytes(272, 256, 257, &t), FR_OK);
-    return t;
+    if (fr_tokenizer_bytes(272, 256, 257, &t)) return -1;
+    *state = t;
+    return 0;
+}
+
+static int close_tokenizer(void **state)
+{
+    fr_tokenizer *t = *state;
+    fr_tokenizer_free(&t);
+    return 0;
 }
 
 static void test_generate_body(void **state)
 {
-    (void)state;
-    fr_tokenizer *t = byte_text();
+    const fr_tokenizer *t = *state;
     http_gen g;
     const char *body = "{\"text\": \"ab\", \"rid\": \"r1\", \"return_logprob\": true, \"top_logprobs_num\": 3,"
                        "\"sampling_params\": {\"max_new_tokens\": 7, \"min_new_tokens\": 2, \"temperature\": 0.5,"
@@ -82,52 +90,49 @@ static void test_generate_body(void **state)
     assert_int_equal(n, 3);
     free(ids);
     http_gen_free(&g);
-    fr_tokenizer_free(&t);
 }
 
 /* Each body is refused (FR_EINVAL) with a message naming `field`. */
-static void refused(int openai, const char *body, const char *field)
+static void refused(const fr_tokenizer *t, int openai, const char *body, const char *field)
 {
-    fr_tokenizer *t = byte_text();
     http_gen g;
     fr_status st = openai ? http_parse_completions(body, strlen(body), t, &g) : http_parse_generate(body, strlen(body), t, &g);
     assert_int_equal(st, FR_EINVAL);
     if (!strstr(fr_last_error(), field)) fail_msg("%s: message '%s' lacks '%s'", body, fr_last_error(), field);
-    fr_tokenizer_free(&t);
 }
 
 static void test_refusals(void **state)
 {
-    (void)state;
-    refused(0, "{not json", "JSON");
-    refused(0, "[1, 2]", "object");
-    refused(0, "{}", "text, input_ids");
-    refused(0, "{\"text\": \"a\", \"input_ids\": [1]}", "text, input_ids");
-    refused(0, "{\"text\": 5}", "text");
-    refused(0, "{\"input_ids\": [1, -2]}", "input_ids[1]");
-    refused(0, "{\"input_ids\": [[1], \"x\"]}", "input_ids[1]");
-    refused(0, "{\"text\": \"a\", \"sampling_params\": {\"temperature\": -1}}", "sampling_params.temperature");
-    refused(0, "{\"text\": \"a\", \"sampling_params\": {\"top_p\": 0}}", "sampling_params.top_p");
-    refused(0, "{\"text\": \"a\", \"sampling_params\": {\"max_new_tokens\": 0}}", "sampling_params.max_new_tokens");
-    refused(0, "{\"text\": \"a\", \"sampling_params\": {\"temprature\": 1}}", "sampling_params.temprature");
-    refused(0, "{\"text\": \"a\", \"sampling_params\": {\"regex\": \"a+\"}}", "sampling_params.regex");
-    refused(0, "{\"text\": \"a\", \"sampling_params\": {\"repetition_penalty\": 0}}", "repetition_penalty");
-    refused(0, "{\"text\": \"a\", \"sampling_params\": {\"stop\": [\"\"]}}", "sampling_params.stop[0]");
-    refused(0, "{\"text\": \"a\", \"sampling_params\": {\"stop\": 5}}", "sampling_params.stop");
-    refused(0, "{\"text\": \"a\", \"sampling_params\": {\"no_stop_trim\": 1}}", "sampling_params.no_stop_trim");
-    refused(1, "{\"prompt\": \"a\", \"stop\": [\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\",\"13\","
+    const fr_tokenizer *t = *state;
+    refused(t, 0, "{not json", "JSON");
+    refused(t, 0, "[1, 2]", "object");
+    refused(t, 0, "{}", "text, input_ids");
+    refused(t, 0, "{\"text\": \"a\", \"input_ids\": [1]}", "text, input_ids");
+    refused(t, 0, "{\"text\": 5}", "text");
+    refused(t, 0, "{\"input_ids\": [1, -2]}", "input_ids[1]");
+    refused(t, 0, "{\"input_ids\": [[1], \"x\"]}", "input_ids[1]");
+    refused(t, 0, "{\"text\": \"a\", \"sampling_params\": {\"temperature\": -1}}", "sampling_params.temperature");
+    refused(t, 0, "{\"text\": \"a\", \"sampling_params\": {\"top_p\": 0}}", "sampling_params.top_p");
+    refused(t, 0, "{\"text\": \"a\", \"sampling_params\": {\"max_new_tokens\": 0}}", "sampling_params.max_new_tokens");
+    refused(t, 0, "{\"text\": \"a\", \"sampling_params\": {\"temprature\": 1}}", "sampling_params.temprature");
+    refused(t, 0, "{\"text\": \"a\", \"sampling_params\": {\"regex\": \"a+\"}}", "sampling_params.regex");
+    refused(t, 0, "{\"text\": \"a\", \"sampling_params\": {\"repetition_penalty\": 0}}", "repetition_penalty");
+    refused(t, 0, "{\"text\": \"a\", \"sampling_params\": {\"stop\": [\"\"]}}", "sampling_params.stop[0]");
+    refused(t, 0, "{\"text\": \"a\", \"sampling_params\": {\"stop\": 5}}", "sampling_params.stop");
+    refused(t, 0, "{\"text\": \"a\", \"sampling_params\": {\"no_stop_trim\": 1}}", "sampling_params.no_stop_trim");
+    refused(t, 1, "{\"prompt\": \"a\", \"stop\": [\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\",\"12\",\"13\","
                "\"14\",\"15\",\"16\",\"17\",\"18\",\"19\",\"20\",\"21\",\"22\",\"23\",\"24\",\"25\",\"26\",\"27\",\"28\",\"29\",\"30\","
                "\"31\",\"32\",\"33\"]}",
             "at most 32");
-    refused(1, "{\"prompt\": \"a\", \"include_stop_str_in_output\": \"yes\"}", "include_stop_str_in_output");
-    refused(0, "{\"text\": [\"a\", \"b\"], \"rid\": \"one\"}", "rid");
-    refused(0, "{\"text\": \"a\", \"top_logprobs_num\": 21}", "top_logprobs_num");
-    refused(1, "{\"max_tokens\": 3}", "prompt");
-    refused(1, "{\"prompt\": \"a\", \"max_tokens\": 0}", "max_tokens");
-    refused(1, "{\"prompt\": \"a\", \"logprobs\": 21}", "logprobs");
-    refused(1, "{\"prompt\": \"a\", \"best_of\": 3}", "best_of");
-    refused(1, "{\"prompt\": \"a\", \"suffix\": \"z\"}", "suffix");
-    refused(1, "{\"prompt\": \"a\", \"presence_penalty\": 3}", "presence_penalty");
+    refused(t, 1, "{\"prompt\": \"a\", \"include_stop_str_in_output\": \"yes\"}", "include_stop_str_in_output");
+    refused(t, 0, "{\"text\": [\"a\", \"b\"], \"rid\": \"one\"}", "rid");
+    refused(t, 0, "{\"text\": \"a\", \"top_logprobs_num\": 21}", "top_logprobs_num");
+    refused(t, 1, "{\"max_tokens\": 3}", "prompt");
+    refused(t, 1, "{\"prompt\": \"a\", \"max_tokens\": 0}", "max_tokens");
+    refused(t, 1, "{\"prompt\": \"a\", \"logprobs\": 21}", "logprobs");
+    refused(t, 1, "{\"prompt\": \"a\", \"best_of\": 3}", "best_of");
+    refused(t, 1, "{\"prompt\": \"a\", \"suffix\": \"z\"}", "suffix");
+    refused(t, 1, "{\"prompt\": \"a\", \"presence_penalty\": 3}", "presence_penalty");
     /* no tokenizer: text is refused, ids are not */
     http_gen g;
     const char *text = "{\"text\": \"a\"}";
@@ -137,8 +142,7 @@ static void test_refusals(void **state)
 
 static void test_completions_body(void **state)
 {
-    (void)state;
-    fr_tokenizer *t = byte_text();
+    const fr_tokenizer *t = *state;
     http_gen g;
     const char *body = "{\"model\": \"m\", \"prompt\": [\"a\", \"bc\"], \"n\": 2, \"echo\": true, \"logprobs\": 1,"
                        "\"stream\": true, \"stream_options\": {\"include_usage\": true}, \"user\": \"u\", \"seed\": 3}";
@@ -156,21 +160,16 @@ static void test_completions_body(void **state)
     assert_int_equal(g.g.n_stop, 1);
     assert_int_equal(g.g.include_stop_str_in_output, 1);
     http_gen_free(&g);
-    fr_tokenizer_free(&t);
 }
 
 static http_sample sample_of(const int *tok, int n, const char *text, fr_wire_finish why)
 {
     http_sample s;
     memset(&s, 0, sizeof s);
-    s.tok = malloc(sizeof(int) * (size_t)n);
-    s.lp = malloc(sizeof(float) * (size_t)n);
-    s.wv = calloc((size_t)n, sizeof(uint64_t));
-    for (int i = 0; i < n; i++) {
-        s.tok[i] = tok[i];
-        s.lp[i] = i == 0 ? -INFINITY : -0.5f * (float)i;
-    }
-    s.n = s.cap = n;
+    float lp[8];
+    uint64_t wv[8] = {0};
+    for (int i = 0; i < n; i++) lp[i] = i == 0 ? -INFINITY : -0.5f * (float)i;
+    assert_int_equal(http_sample_append(&s, tok, lp, wv, n), 0);
     fr_buf_put(&s.text, text, strlen(text));
     s.ended = 1;
     s.finish = why;
@@ -188,8 +187,7 @@ static cJSON *parsed(const fr_buf *b)
 
 static void test_answers(void **state)
 {
-    (void)state;
-    fr_tokenizer *t = byte_text();
+    const fr_tokenizer *t = *state;
     http_gen g;
     const char *body = "{\"input_ids\": [256, 97], \"return_logprob\": true, \"sampling_params\": {\"n\": 2}}";
     assert_int_equal(http_parse_generate(body, strlen(body), t, &g), FR_OK);
@@ -257,7 +255,6 @@ static void test_answers(void **state)
     s[1].sample = 0;   /* the samples own no prompt log-probs here */
     for (int i = 0; i < 2; i++) http_sample_free(&s[i]);
     http_gen_free(&g);
-    fr_tokenizer_free(&t);
 }
 
 static void test_penalties(void **state)
@@ -312,5 +309,5 @@ int main(void)
         cmocka_unit_test(test_answers),
         cmocka_unit_test(test_penalties),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, open_tokenizer, close_tokenizer);
 }

@@ -74,15 +74,32 @@ void http_error_json(fr_buf *out, unsigned status, const char *type, const char 
 void http_sample_free(http_sample *s)
 {
     if (!s) return;
-    free(s->tok);
-    free(s->lp);
-    free(s->wv);
+    fr_buf_free(&s->tokb);
+    fr_buf_free(&s->lpb);
+    fr_buf_free(&s->wvb);
     fr_buf_free(&s->text);
     free(s->matched);
     free(s->top_ids);
     free(s->top_lps);
     if (s->sample == 0) free(s->plp);
     memset(s, 0, sizeof *s);
+}
+
+int http_sample_append(http_sample *s, const int *tok, const float *lp, const uint64_t *wv, int n)
+{
+    const size_t k = (size_t)n;
+    if (fr_buf_reserve(&s->tokb, sizeof *tok * k) || fr_buf_reserve(&s->lpb, sizeof *lp * k) ||
+        fr_buf_reserve(&s->wvb, sizeof *wv * k))
+        return -1;
+    fr_buf_put(&s->tokb, tok, sizeof *tok * k);
+    fr_buf_put(&s->lpb, lp, sizeof *lp * k);
+    fr_buf_put(&s->wvb, wv, sizeof *wv * k);
+    /* malloc'd, so aligned for any of the three */
+    s->tok = (int *)(void *)s->tokb.data;
+    s->lp = (float *)(void *)s->lpb.data;
+    s->wv = (uint64_t *)(void *)s->wvb.data;
+    s->n += n;
+    return 0;
 }
 
 /* One token's own text (OpenAI's logprobs.tokens), special tokens

@@ -283,23 +283,8 @@ static void take_tokens(http_call *c, int p, const fr_msg_tokens *t)
     if (k < 0 || k >= n) return;
     http_sample *s = &c->s[p * n + k];
     if (s->ended) return;
-    if (s->n + t->n > s->cap) {
-        int cap = s->cap ? s->cap : 16;
-        while (cap < s->n + t->n) cap *= 2;
-        int *tk = realloc(s->tok, sizeof(int) * (size_t)cap);
-        if (tk) s->tok = tk;
-        float *lp = tk ? realloc(s->lp, sizeof(float) * (size_t)cap) : NULL;
-        if (lp) s->lp = lp;
-        uint64_t *wv = lp ? realloc(s->wv, sizeof(uint64_t) * (size_t)cap) : NULL;
-        if (wv) s->wv = wv;
-        if (!wv) return;   /* out of memory: the done's count tells the tokens were lost */
-        s->cap = cap;
-    }
-    for (int i = 0; i < t->n; i++) {
-        s->tok[s->n] = t->token_ids[i];
-        s->lp[s->n] = t->logprobs[i];
-        s->wv[s->n++] = t->weight_versions[i];
-    }
+    /* out of memory: the done's count tells the tokens were lost */
+    if (http_sample_append(s, t->token_ids, t->logprobs, t->weight_versions, t->n)) return;
     /* final text only: never half a character, nor a stop string's start */
     if (t->has_text && t->text_len) fr_buf_put(&s->text, t->text, t->text_len);
     s->dirty = 1;

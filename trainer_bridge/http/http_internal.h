@@ -58,10 +58,11 @@ void http_gen_free(http_gen *g);
 
 /* One sample as the calls see it. */
 typedef struct {
-    int *tok;
+    int *tok;                   /* [n] each: views of the buffers below */
     float *lp;
     uint64_t *wv;
-    int n, cap;
+    int n;
+    fr_buf tokb, lpb, wvb;      /* what the deltas brought, appended (http_sample_append) */
     fr_buf text;                /* the engine's text so far: its deltas', then its done's whole text */
     size_t text_sent;           /* bytes streamed (OpenAI deltas) */
     int tok_sent;               /* tokens streamed */
@@ -85,6 +86,9 @@ typedef struct {
 } http_sample;
 
 void http_sample_free(http_sample *s);
+/* Appends n tokens with their log-probs and versions; -1 when out of
+ * memory (the sample then keeps what it had). */
+int http_sample_append(http_sample *s, const int *tok, const float *lp, const uint64_t *wv, int n);
 
 /* The JSON answers. Samples are ordered prompt by prompt (s[p * n + k]). */
 typedef struct {

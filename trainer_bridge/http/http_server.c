@@ -207,17 +207,7 @@ static enum MHD_Result metrics_route(fr_http *h, struct MHD_Connection *conn, co
     *done = 0;
     if (!h->metrics || !fr_metrics_http_route(h->metrics, url, &rp)) return MHD_YES;
     *done = 1;
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(rp.len, rp.body, rp.owned ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
-    if (!r) {
-        if (rp.owned) free(rp.body);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, "Content-Type", rp.type);
-    MHD_add_response_header(r, "Cache-Control", "no-store");
-    enum MHD_Result ret = MHD_queue_response(conn, rp.status, r);
-    MHD_destroy_response(r);
-    return ret;
+    return (enum MHD_Result)fr_metrics_http_send(conn, &rp);
 }
 
 /* A generation: parsed, then sent to the engine (http_gateway.c). */
