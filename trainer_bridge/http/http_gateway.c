@@ -185,10 +185,7 @@ static fr_status alloc_call(http_call *c)
     c->req_id = calloc((size_t)g->n_prompts, sizeof *c->req_id);
     c->req_open = calloc((size_t)g->n_prompts, sizeof *c->req_open);
     if (!c->s || !c->req_id || !c->req_open) return fr_fail(FR_ENOMEM, "http: out of memory");
-    for (int i = 0; i < c->n_samples; i++) {
-        c->s[i].sample = i % g->n;
-        c->s[i].n_prompt = g->n_prompt[i / g->n];
-    }
+    for (int i = 0; i < c->n_samples; i++) c->s[i].sample = i % g->n;
     c->samples_left = c->n_samples;
     return FR_OK;
 }
@@ -310,12 +307,8 @@ static void take_done(http_call *c, int p, const fr_msg_done *d)
     if (s->ended) return;
     s->has_seed = d->has_seed;
     s->seed = d->seed;
-    s->preemptions = d->preemptions;
-    s->ttft_ms = d->ttft_ms;
     s->total_ms = d->total_ms;
-    s->div = d->divergence;
-    s->div.kl = NULL;
-    s->div.n_kl = 0;
+    s->div = d->divergence;   /* a summary: kl is NULL, as no call asks for per_token_kl */
     if (d->top_k > 0 && d->top_token_ids && !s->top_ids) {
         const size_t m = (size_t)d->n_tokens * (size_t)d->top_k;
         s->top_ids = malloc(sizeof(int) * (m ? m : 1));

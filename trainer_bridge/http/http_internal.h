@@ -80,8 +80,7 @@ typedef struct {
     int has_seed;
     uint64_t seed;
     int sample;
-    int n_prompt, preemptions;
-    double ttft_ms, total_ms;
+    double total_ms;            /* from the server receiving the request to the sample's done */
     fr_msg_divergence div;      /* summary only (kl NULL) */
 } http_sample;
 
