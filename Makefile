@@ -28,7 +28,7 @@ NVFLAGS  := -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
 
 # One static library per module, in dependency order (a module may use the
 # ones after it in this list, never the ones before; docs/architecture.md).
-MODULES  := app trainer_bridge/server trainer_bridge/client rollout/monitor rollout/engine rollout/model \
+MODULES  := app trainer_bridge/http trainer_bridge/server trainer_bridge/client rollout/monitor rollout/engine rollout/model \
             kvcache attention trainer_bridge/protocol comm tokenizer base
 lib_of    = $(BUILD)/lib$(subst /,_,$(1)).a
 # C files named *_cuda.c call the CUDA runtime: built only when nvcc is.

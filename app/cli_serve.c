@@ -3,6 +3,7 @@
  * configured by a JSON file (configs/README.md). */
 #include <malloc.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@
 #include "base/log.h"
 #include "rollout/engine/session.h"
 #include "app/tp_launch.h"
+#include "trainer_bridge/http/http.h"
 #include "trainer_bridge/server/server.h"
 
 const char fr_serve_usage[] =
@@ -112,7 +114,7 @@ static void bridge_setup_fill(bridge_setup *b, const fr_serve_config *c, const f
         .max_message_bytes = c->coordinator.max_message_bytes, .curve_trainer_keys = b->trainer_keys,
         .n_curve_trainer_keys = c->curve.n_trainers, .metrics_max_connections = c->metrics_http.max_connections,
         .metrics_idle_timeout_s = c->metrics_http.idle_timeout_s, .metrics_token = c->metrics_http.token,
-        .tokenizer = tx->tok, .tokenizer_name = tx->name};
+        .metrics_external = 1, .tokenizer = tx->tok, .tokenizer_name = tx->name};
     /* automatic recalibration: the config's texts and folder, by pointer */
     const fr_serve_recal *r = &c->recalibration;
     for (int i = 0; i < r->n_texts; i++) b->recal_texts[i] = r->texts[i];
@@ -154,6 +156,35 @@ static int check_stops(fr_cmd cmd, const char *label, const fr_serve_config *c, 
     return 0;
 }
 
+/* The HTTP API on world rank 0 (docs/http.md), on the metrics port, which
+ * it serves too: its bind, limits and tokens from the configuration. */
+static fr_status start_http(const fr_serve_config *c, fr_bridge_server *srv, fr_http **out)
+{
+    *out = NULL;
+    if (c->metrics_port == 0) return FR_OK;
+    const int curve = c->curve.server_secret_key[0] != 0, token = c->metrics_http.token[0] != 0;
+    /* with CURVE on and no read token the figures are for this host only (docs/metrics.md) */
+    const char *bind = curve && !token ? "127.0.0.1" : c->coordinator.bind;
+    const fr_http_config hc = {.bind = bind, .port = c->metrics_port, .port_fallback = c->metrics_port_default,
+                               .max_connections = c->metrics_http.max_connections,
+                               .idle_timeout_s = c->metrics_http.idle_timeout_s,
+                               .max_body_bytes = c->http.max_body_bytes, .read_token = c->metrics_http.token,
+                               .client_token = c->http.client_token, .trainer_token = c->http.trainer_token,
+                               .model_name = c->model};
+    return fr_http_start(&hc, srv, out);
+}
+
+/* Thousands of HTTP connections at once need as many descriptors: the soft
+ * limit goes up to the hard one. */
+static void raise_fd_limit(void)
+{
+    struct rlimit r;
+    if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+        r.rlim_cur = r.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &r);
+    }
+}
+
 /* The session and the server on it, run until a signal; on every rank. */
 static int serve(fr_cmd cmd, const char *label, const fr_serve_config *c, fr_engine_opts *eo, int kv_blocks,
                  const fr_tp_launch *tl, const fr_cli_text *tx)
@@ -169,7 +200,9 @@ static int serve(fr_cmd cmd, const char *label, const fr_serve_config *c, fr_eng
     bridge_setup b;
     bridge_setup_fill(&b, c, tl, tx);
     fr_bridge_server *srv = NULL;
+    fr_http *http = NULL;
     int made = !rc && fr_bridge_server_new(&s, &b.bc, &srv) == FR_OK;
+    if (made && (!tl->world || tl->world_rank == 0) && start_http(c, srv, &http)) made = 0;
     if (!rc && !made) fr_cli_fail(cmd, 1);
     if (!rc && !all_ranks_ok(tl, made)) rc = 1;
     if (!rc) {
@@ -186,6 +219,7 @@ static int serve(fr_cmd cmd, const char *label, const fr_serve_config *c, fr_eng
         if (fr_bridge_server_run(srv, stop)) rc = fr_cli_fail(cmd, 1);
         ran = 1;
     }
+    fr_http_stop(&http);   /* every call answered before the server goes */
     fr_bridge_server_destroy(&srv);
     fr_session_close(&s);
     if (ran && tl->output_rank) fr_info("serve: stopped");
@@ -211,6 +245,7 @@ int fr_cli_serve(int argc, char **argv)
     mallopt(M_ARENA_MAX, 1);
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TRIM_THRESHOLD, -1);   /* never give the heap back */
+    raise_fd_limit();
     const char *label = fr_opt_given(v, FR_O_CONFIG) ? fr_opt_str(v, FR_O_CONFIG) : "command line";
     fr_serve_config_engine_opts(&c, &eo);
     if ((rc = plan(cmd, label, &c, &eo, &kv_blocks))) return rc;

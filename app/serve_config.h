@@ -89,6 +89,11 @@ typedef struct {
         int idle_timeout_s;
         char token[128];                   /* "": none required */
     } metrics_http;
+    struct {                               /* the HTTP API's tokens and body limit (docs/http.md) */
+        char client_token[128];            /* "": generation open to loopback peers only */
+        char trainer_token[128];           /* "": control open to loopback peers only */
+        int max_body_bytes;
+    } http;
     double kl_sample_rate;                 /* share of samples with a BF16-KV shadow */
     double log_stats_interval_s;           /* the serving summary line every this many seconds; 0: never */
     double weight_update_idle_s;           /* a staged weight update idle this long is dropped; 0: never */

@@ -121,6 +121,39 @@ fr_status fr_kv_cache_set_key_mean(fr_kv_cache *c, const float *key_mean)
     return FR_OK;
 }
 
+fr_status fr_kv_cache_release_memory(fr_kv_cache *c)
+{
+    if (!c) return fr_fail(FR_EINVAL, "fr_kv_cache_release_memory: no cache");
+    for (int s = 0; s < c->cfg.max_seqs; s++)
+        if (c->seqs[s].used) return fr_fail(FR_EINVAL, "kv cache: sequence %d is live; its memory cannot be released", s);
+    if (c->cfg.bookkeeping_only || !c->pool) return FR_OK;
+    free(c->pool);
+    free(c->recent);
+    free(c->sink);
+    c->pool = NULL;
+    c->recent = c->sink = NULL;
+    return FR_OK;
+}
+
+fr_status fr_kv_cache_restore_memory(fr_kv_cache *c)
+{
+    if (!c) return fr_fail(FR_EINVAL, "fr_kv_cache_restore_memory: no cache");
+    if (c->cfg.bookkeeping_only || c->pool) return FR_OK;
+    c->pool = calloc((size_t)c->cfg.n_blocks, c->block_bytes);
+    c->recent = malloc(sizeof(float) * halves(c) * c->slot_elems * (size_t)c->cfg.max_seqs);
+    c->sink = malloc(sizeof(float) * halves(c) * c->sink_elems * (size_t)c->cfg.max_seqs);
+    if (!c->pool || !c->recent || !c->sink) {
+        free(c->pool);
+        free(c->recent);
+        free(c->sink);
+        c->pool = NULL;
+        c->recent = c->sink = NULL;
+        return fr_fail(FR_ENOMEM, "kv cache: cannot allocate %d blocks of %zu bytes again", c->cfg.n_blocks,
+                       c->block_bytes);
+    }
+    return FR_OK;
+}
+
 void fr_kv_cache_destroy(fr_kv_cache **pc)
 {
     fr_kv_cache *c = pc ? *pc : NULL;

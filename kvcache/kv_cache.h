@@ -63,6 +63,15 @@ typedef struct fr_kv_cache fr_kv_cache;
 
 fr_status fr_kv_cache_new(const fr_kv_cache_config *cfg, fr_kv_cache **out);
 void fr_kv_cache_destroy(fr_kv_cache **c);
+
+/* Gives the memory of the pages and the sink and recent slots back while no
+ * sequence is live (FR_EINVAL otherwise), for another user of the machine
+ * (a trainer sharing it: the HTTP API's release_memory_occupation); the
+ * cache must not be used until fr_kv_cache_restore_memory has made it again
+ * (zeroed). A bookkeeping-only cache has nothing to give back. Both are
+ * idempotent. */
+fr_status fr_kv_cache_release_memory(fr_kv_cache *c);
+fr_status fr_kv_cache_restore_memory(fr_kv_cache *c);
 const fr_kv_cache_config *fr_kv_cache_config_of(const fr_kv_cache *c);
 /* Replaces the key mean ([layers][kv_heads][d], copied; NULL: zeros) that
  * keys written from now on are smoothed with. Keys already stored keep the

@@ -491,6 +491,43 @@ fr_status fr_kv_store_gpu_new(const fr_kv_cache_config *cfg, fr_kv_store_gpu **o
     return FR_OK;
 }
 
+fr_status fr_kv_store_gpu_release(fr_kv_store_gpu *s)
+{
+    if (!s) return fr_fail(FR_EINVAL, "kv store (GPU): NULL store");
+    if (!s->pool) return FR_OK;
+    FR_CUDA_TRY(cudaDeviceSynchronize());   /* nothing in flight may still read them */
+    cudaFree(s->pool);
+    cudaFree(s->recent);
+    cudaFree(s->sink);
+    s->pool = NULL;
+    s->recent = s->sink = NULL;
+    return FR_OK;
+}
+
+fr_status fr_kv_store_gpu_restore(fr_kv_store_gpu *s)
+{
+    if (!s) return fr_fail(FR_EINVAL, "kv store (GPU): NULL store");
+    if (s->pool) return FR_OK;
+    const size_t pool = (size_t)s->cfg.n_blocks * s->block_bytes;
+    const size_t recent = sizeof(uint16_t) * (size_t)s->halves * s->slot_elems * (size_t)s->cfg.max_seqs;
+    const size_t sink = sizeof(uint16_t) * (size_t)s->halves * s->sink_elems * (size_t)s->cfg.max_seqs;
+    if (cudaMalloc((void **)&s->pool, pool) != cudaSuccess || cudaMalloc((void **)&s->recent, recent) != cudaSuccess ||
+        cudaMalloc((void **)&s->sink, sink) != cudaSuccess) {
+        cudaFree(s->pool);
+        cudaFree(s->recent);
+        cudaFree(s->sink);
+        s->pool = NULL;
+        s->recent = s->sink = NULL;
+        return fr_fail(FR_ENOMEM, "kv store (GPU): cannot allocate the pages again (%zu bytes): is the memory still "
+                                  "in another process's use?", pool + recent + sink);
+    }
+    FR_CUDA_TRY(cudaMemset(s->pool, 0, pool));
+    FR_CUDA_TRY(cudaMemset(s->recent, 0, recent));
+    FR_CUDA_TRY(cudaMemset(s->sink, 0, sink));
+    FR_CUDA_TRY(cudaDeviceSynchronize());
+    return FR_OK;
+}
+
 void fr_kv_store_gpu_destroy(fr_kv_store_gpu **ps)
 {
     fr_kv_store_gpu *s = ps ? *ps : NULL;

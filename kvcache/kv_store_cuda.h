@@ -60,6 +60,12 @@ typedef struct fr_kv_store_gpu fr_kv_store_gpu;
  * cfg->bookkeeping_only is ignored. Fails with FR_EUNSUPPORTED for f32. */
 fr_status fr_kv_store_gpu_new(const fr_kv_cache_config *cfg, fr_kv_store_gpu **out);
 void fr_kv_store_gpu_destroy(fr_kv_store_gpu **s);
+/* Frees the pages and the sink and recent slots (the key mean, FP8 scales
+ * and error flag stay), and allocates them again, zeroed, possibly at other
+ * addresses: whoever captured them (a decode graph) must drop them. For an
+ * idle engine only; both idempotent. */
+fr_status fr_kv_store_gpu_release(fr_kv_store_gpu *s);
+fr_status fr_kv_store_gpu_restore(fr_kv_store_gpu *s);
 /* Replaces the device key mean (host [layers][kv_heads][d]; NULL: zeros) in
  * place, so captured graphs stay valid; synchronous. The caller makes sure
  * no step is in flight and that no sequence holds keys smoothed with the

@@ -28,6 +28,8 @@ RULES = {
     'trainer_bridge/client': ['base', 'trainer_bridge/protocol', 'comm'],
     'trainer_bridge/server': ['base', 'trainer_bridge/protocol', 'comm', 'attention', 'kvcache', 'tokenizer',
                               'rollout/model', 'rollout/engine', 'rollout/monitor'],
+    'trainer_bridge/http': ['base', 'trainer_bridge/protocol', 'comm', 'attention', 'kvcache', 'rollout/model',
+                            'rollout/engine', 'rollout/monitor', 'trainer_bridge/server', 'tokenizer'],
     'app': None,   # everything
 }
 FREE = ('tests/', 'bench/', 'examples/')

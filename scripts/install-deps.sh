@@ -8,7 +8,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   libzmq3-dev libmsgpack-dev libcjson-dev libcmocka-dev libopenblas-dev libxxhash-dev libmicrohttpd-dev
   libpcre2-dev libutf8proc-dev
-  python3-zmq python3-msgpack python3-numpy
+  python3-zmq python3-msgpack python3-numpy python3-aiohttp
   python3-venv python3-pip python3-setuptools python3-wheel
   python3-torch python3-matplotlib
   clang libclang-rt-dev chromium

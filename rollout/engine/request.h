@@ -70,6 +70,10 @@ typedef struct {
     int min_tokens;
     int top_logprobs;
     int prompt_logprobs;
+    /* min_p and the presence, frequency and repetition penalties
+     * (rollout/model/sampler.h; zeroed: off). Rows with any of them are
+     * drawn on the host, from their logits, on either backend. */
+    fr_penalties penalties;
     /* Routed-expert replay (0 or 1; docs/deepseek_moe.md, "Routed-expert
      * replay"): 1 records, for every generated token, the experts each MoE
      * layer chose (fr_sample_result.routed_experts); 0, the default, records

@@ -263,7 +263,7 @@ fr_status fr_scheduler_submit(fr_scheduler *sch, const fr_request_spec *spec)
                .max_tokens = max_tokens, .params = spec->params, .n_stop = spec->n_stop, .open = spec->n,
                .monitor = spec->monitor, .per_token_kl = spec->per_token_kl, .t_submit = fr_now_s(),
                .report_id = spec->has_report_id ? spec->report_id : spec->id, .min_tokens = spec->min_tokens,
-               .top_n = spec->top_logprobs, .routes = spec->return_routed_experts};
+               .top_n = spec->top_logprobs, .routes = spec->return_routed_experts, .pen = spec->penalties};
     int ok = alloc_samples(sch, r, spec);
     if (ok) ok = !sch_text_open(sch, r, spec);
     if (ok) ok = !sch_grow((void **)&sch->reqs, &sch->cap_reqs, sch->n_reqs + 1, sizeof(req *));

@@ -61,6 +61,7 @@ struct req {
     double t_submit;       /* fr_now_s at submit: latencies count from here */
     int prompt_counted;    /* its prompt tokens are in the serving figures */
     int min_tokens, top_n; /* the stop ids are barred before min_tokens; top log-probs per token */
+    fr_penalties pen;      /* min_p and penalties (zeroed: none) */
     float *plp;            /* [n_prompt - 1] prompt log-probs when asked (sample 0's job fills them), else NULL */
     int routes;            /* return_routed_experts */
     int with_text;         /* on_text reports its samples' text */

@@ -140,12 +140,13 @@ static fr_finish_reason accept(fr_scheduler *sch, sample *x, int tok, float lp, 
 }
 
 /* Whether x's next token is drawn on the host, from its logits: teacher
- * forcing, top log-probs, and stop ids barred by min_tokens need the CPU
- * sampler's extras (the backend's sampler draws the rest). */
+ * forcing, top log-probs, stop ids barred by min_tokens, min_p and the
+ * penalties need the CPU sampler's extras (the backend's sampler draws the
+ * rest). */
 int sch_host_drawn(const sample *x)
 {
     const req *r = x->r;
-    return r->forced || r->top_n > 0 || (r->n_stop > 0 && x->n < r->min_tokens);
+    return r->forced || r->top_n > 0 || (r->n_stop > 0 && x->n < r->min_tokens) || fr_penalties_active(&r->pen);
 }
 
 /* Draws the next token of x from logits (host), then accepts it. */
@@ -166,7 +167,8 @@ static fr_finish_reason draw(fr_scheduler *sch, sample *x, const float *logits, 
     } else {
         const int bar = x->n < r->min_tokens;
         fr_sample_extras ex = {.banned = bar ? r->stop : NULL, .n_banned = bar ? r->n_stop : 0, .top_n = r->top_n,
-                               .top_ids = top_ids, .top_logprobs = top_lps};
+                               .top_ids = top_ids, .top_logprobs = top_lps, .pen = r->pen, .prompt = r->prompt,
+                               .n_prompt = r->n_prompt, .output = x->tokens, .n_output = x->n};
         if (fr_sample_ex(sch->sampler, logits, &r->params, x->stream, (uint64_t)x->n, &ex, &tok, &lp))
             return FR_FINISH_ERROR;
     }

@@ -234,6 +234,39 @@ fr_status fr_session_open_shadow(const fr_session *main, int n_blocks, int max_s
     return st;
 }
 
+fr_status fr_session_release_memory(fr_session *s, int weights)
+{
+    if (!s || !s->kv || !s->runner) return fr_fail(FR_EINVAL, "fr_session_release_memory: no session");
+    if (s->tp.size > 1)
+        return fr_fail(FR_EUNSUPPORTED, "releasing the memory of a tensor-parallel engine (tp %d) is not supported",
+                       s->tp.size);
+    if (s->released) return FR_OK;
+    fr_status st = fr_kv_cache_release_memory(s->kv);   /* refuses while a sequence is live */
+    if (!st) st = fr_runner_memory(s->runner, 1);
+    if (!st && weights) st = fr_session_device_memory(s, 1);
+    if (st) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", fr_last_error());
+        fr_session_device_memory(s, 0);   /* whatever was given back is taken again */
+        fr_runner_memory(s->runner, 0);
+        fr_kv_cache_restore_memory(s->kv);
+        return fr_fail(st, "%s", why);
+    }
+    s->released = weights ? 2 : 1;
+    return FR_OK;
+}
+
+fr_status fr_session_resume_memory(fr_session *s)
+{
+    if (!s || !s->kv || !s->runner) return fr_fail(FR_EINVAL, "fr_session_resume_memory: no session");
+    if (!s->released) return FR_OK;
+    fr_status st = fr_session_device_memory(s, 0);
+    if (!st) st = fr_runner_memory(s->runner, 0);
+    if (!st) st = fr_kv_cache_restore_memory(s->kv);
+    if (!st) s->released = 0;
+    return st;
+}
+
 fr_status fr_session_set_key_mean(fr_session *s, const float *key_mean)
 {
     if (!s || !s->kv || !s->model || !key_mean) return fr_fail(FR_EINVAL, "fr_session_set_key_mean: NULL argument");

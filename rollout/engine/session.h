@@ -52,6 +52,7 @@ typedef struct {
     fr_calib calib;
     int has_calib;
     int deterministic;          /* the options' deterministic mode (a shadow: main's) */
+    int released;               /* fr_session_release_memory: 1 the KV cache, 2 the weights too */
     fr_tp tp;                   /* this rank in its engine; size 1 without tensor parallelism.
                                  * With size > 1 every session call that steps the model is
                                  * collective over the engine and the KV cache holds this
@@ -85,6 +86,16 @@ fr_status fr_backend_pick(fr_backend want, fr_backend *out);
  * recompute every sequence (kvcache/kv_cache.h). One rank per engine only
  * (tp 1): a tensor-parallel engine would need every rank to agree. */
 fr_status fr_session_set_key_mean(fr_session *s, const float *key_mean);
+
+/* Gives the KV cache's memory back while no sequence is live (the host
+ * pages on the CPU, the device pages and slots on CUDA; with weights, on
+ * CUDA the device weights too, kept in host memory meanwhile), for a
+ * trainer that shares the machine; the session must not step until
+ * fr_session_resume_memory has taken it again (the cache then empty). The
+ * CPU backend's weights stay (they are the host's). Idempotent. One rank
+ * per engine (tp 1). */
+fr_status fr_session_release_memory(fr_session *s, int weights);
+fr_status fr_session_resume_memory(fr_session *s);
 
 /* One forward step on the session's backend (fr_runner_cpu_step's contract):
  * every logit row to logits. */

@@ -66,6 +66,12 @@ fr_status fr_session_device_adopt(const fr_engine_opts *o, fr_session *s, fr_mod
     return st;
 }
 
+fr_status fr_session_device_memory(fr_session *s, int release)
+{
+    if (!s->gpu_weights) return FR_OK;
+    return release ? fr_weights_gpu_release(s->gpu_weights) : fr_weights_gpu_restore(s->gpu_weights);
+}
+
 void fr_session_device_release(fr_session *s)
 {
     fr_weights_gpu_destroy(&s->gpu_weights);

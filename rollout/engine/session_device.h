@@ -18,6 +18,9 @@ fr_status fr_session_device_load(const fr_engine_opts *o, fr_session *s, fr_mode
 /* The same from a model already loaded on the host (copied; m stays the
  * caller's). */
 fr_status fr_session_device_adopt(const fr_engine_opts *o, fr_session *s, fr_model *m);
+/* The device weights to host memory and back (fr_session_release_memory);
+ * nothing without CUDA. */
+fr_status fr_session_device_memory(fr_session *s, int release);
 /* Frees s->gpu_weights and s->nccl (NULL-safe). */
 void fr_session_device_release(fr_session *s);
 

@@ -16,4 +16,11 @@ fr_status fr_session_device_adopt(const fr_engine_opts *o, fr_session *s, fr_mod
     return fr_fail(FR_EUNSUPPORTED, "--backend cuda: this build has no CUDA support (nvcc was absent)");
 }
 
+fr_status fr_session_device_memory(fr_session *s, int release)
+{
+    (void)s;
+    (void)release;
+    return FR_OK;   /* no device: the weights are the host's */
+}
+
 void fr_session_device_release(fr_session *s) { (void)s; }

@@ -73,4 +73,10 @@ void fr_runner_capture_stats(const fr_runner *r, int *captures, double *seconds)
     if (r) r->ops->capture_stats(r, captures, seconds);
 }
 
+fr_status fr_runner_memory(fr_runner *r, int release)
+{
+    if (!r) return fr_fail(FR_EINVAL, "fr_runner_memory: no runner");
+    return r->ops->memory(r, release);
+}
+
 int fr_runner_on_device(const fr_runner *r) { return r && r->on_device; }

@@ -106,6 +106,10 @@ typedef struct {
     fr_status (*capture_routes)(fr_runner *r, int on);
     fr_status (*routes)(fr_runner *r, const int *rows, int n, uint16_t *out);
     void (*capture_stats)(const fr_runner *r, int *captures, double *seconds);
+    /* release 1: give back the backend's own KV memory (the device cache;
+     * nothing on the CPU, whose cache is kv), 0: allocate it again
+     * (fr_session_release_memory) */
+    fr_status (*memory)(fr_runner *r, int release);
     void (*destroy)(fr_runner *r);
 } fr_runner_ops;
 
@@ -165,6 +169,8 @@ fr_status fr_runner_routes(fr_runner *r, const int *rows, int n, uint16_t *out);
  * there are none (the CPU, NULL). */
 void fr_runner_capture_stats(const fr_runner *r, int *captures, double *seconds);
 int fr_runner_on_device(const fr_runner *r);
+/* The backend's memory op (above); the runner must be idle. */
+fr_status fr_runner_memory(fr_runner *r, int release);
 
 /* Whether this build has the CUDA backend (nvcc was present). */
 int fr_cuda_built(void);

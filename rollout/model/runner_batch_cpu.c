@@ -156,6 +156,14 @@ static void cpu_destroy(fr_runner *base)
     free(r);
 }
 
+/* The CPU runner keeps no cache of its own: the session releases kv's. */
+static fr_status cpu_memory(fr_runner *base, int release)
+{
+    (void)base;
+    (void)release;
+    return FR_OK;
+}
+
 static const fr_runner_ops cpu_ops = {
     .run = cpu_run,
     .fork = cpu_fork,
@@ -166,6 +174,7 @@ static const fr_runner_ops cpu_ops = {
     .capture_routes = cpu_capture_routes,
     .routes = cpu_routes,
     .capture_stats = cpu_capture_stats,
+    .memory = cpu_memory,
     .destroy = cpu_destroy,
 };
 

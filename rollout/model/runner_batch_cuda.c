@@ -154,6 +154,11 @@ static void cuda_destroy(fr_runner *base)
     free(r);
 }
 
+static fr_status cuda_memory(fr_runner *base, int release)
+{
+    return fr_runner_cuda_memory(cuda_of(base)->gpu, release);
+}
+
 static const fr_runner_ops cuda_ops = {
     .run = cuda_run,
     .fork = cuda_fork,
@@ -164,6 +169,7 @@ static const fr_runner_ops cuda_ops = {
     .capture_routes = cuda_capture_routes,
     .routes = cuda_routes,
     .capture_stats = cuda_capture_stats,
+    .memory = cuda_memory,
     .destroy = cuda_destroy,
 };
 

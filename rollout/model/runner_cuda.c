@@ -232,6 +232,14 @@ void fr_runner_cuda_capture_stats(const fr_runner_cuda *r, int *captures, double
     *seconds = r ? r->capture_s : 0.0;
 }
 
+fr_status fr_runner_cuda_memory(fr_runner_cuda *r, int release)
+{
+    if (!r) return fr_fail(FR_EINVAL, "CUDA runner: NULL runner");
+    if (r->launched) return fr_fail(FR_EINVAL, "CUDA runner: memory released while a decode is in flight");
+    rcuda_drop_graphs(r);   /* they hold the pages' and the weights' addresses */
+    return release ? fr_kv_store_gpu_release(r->store) : fr_kv_store_gpu_restore(r->store);
+}
+
 void rcuda_drop_graphs(fr_runner_cuda *r)
 {
     for (int b = 0; b < FR_CUDA_GRAPH_BUCKETS; b++) {

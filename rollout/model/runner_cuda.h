@@ -147,6 +147,10 @@ fr_status fr_runner_cuda_set_deterministic(fr_runner_cuda *r, int on);
 
 fr_status fr_runner_cuda_set_key_mean(fr_runner_cuda *r, const float *key_mean);
 fr_status fr_runner_cuda_fork(fr_runner_cuda *r, int src_seq, int dst_seq);
+/* release 1: frees the device KV cache's pages and slots and drops the
+ * decode graphs that captured them; 0: allocates them again (zeroed). The
+ * runner must be idle (no live sequence, no decode in flight). */
+fr_status fr_runner_cuda_memory(fr_runner_cuda *r, int release);
 
 /* A Mixture-of-Experts model's expert use in the last step (what its expert
  * weight traffic was): per layer the number of experts at least one token

@@ -10,7 +10,8 @@ struct fr_sampler {
     int vocab;
     int *order;    /* candidate token ids, best first once selected */
     double *w;     /* unnormalized probability of order[i] */
-    float *barred; /* the logits with the banned tokens at -inf (fr_sample_ex) */
+    float *barred; /* the logits with the banned tokens at -inf and the penalties applied (fr_sample_ex) */
+    int *count;    /* per token: times generated (penalties); all 0 between calls */
 };
 
 fr_status fr_sampling_params_check(const fr_sampling_params *p, int vocab)
@@ -41,8 +42,9 @@ fr_status fr_sampler_new(int vocab, fr_sampler **out)
         s->order = malloc((size_t)vocab * sizeof *s->order);
         s->w = malloc((size_t)vocab * sizeof *s->w);
         s->barred = malloc((size_t)vocab * sizeof *s->barred);
+        s->count = calloc((size_t)vocab, sizeof *s->count);
     }
-    if (!s || !s->order || !s->w || !s->barred) {
+    if (!s || !s->order || !s->w || !s->barred || !s->count) {
         fr_sampler_destroy(&s);
         return fr_fail(FR_ENOMEM, "fr_sampler_new: no memory for vocab %d", vocab);
     }
@@ -57,6 +59,7 @@ void fr_sampler_destroy(fr_sampler **s)
     free((*s)->order);
     free((*s)->w);
     free((*s)->barred);
+    free((*s)->count);
     free(*s);
     *s = NULL;
 }
@@ -162,7 +165,7 @@ static void select_best(int *ids, int n, int k, const float *logits)
 }
 
 static int draw(fr_sampler *s, const float *logits, const fr_sampling_params *p,
-                const softmax_stats *st, uint64_t sequence, uint64_t step)
+                const softmax_stats *st, uint64_t sequence, uint64_t step, float min_p)
 {
     /* Candidates are the tokens with nonzero probability in the limit: -inf
      * never, and only the +inf ones when there are any. */
@@ -191,6 +194,17 @@ static int draw(fr_sampler *s, const float *logits, const fr_sampling_params *p,
         if (total >= nucleus_mass)
             break;
     }
+    /* min_p: the weights are relative to the best token's (1), so the cut
+     * is a prefix of the sampling order too, and the best always stays. */
+    if (min_p > 0.0f) {
+        int cut = 1;
+        while (cut < kept && s->w[cut] >= (double)min_p) cut++;
+        if (cut < kept) {
+            kept = cut;
+            total = 0.0;
+            for (int i = 0; i < kept; i++) total += s->w[i];
+        }
+    }
 
     double target = (double)fr_philox_uniform(p->seed, sequence, step) * total;
     double cum = 0.0;
@@ -216,7 +230,7 @@ fr_status fr_sample(fr_sampler *s, const float *logits, const fr_sampling_params
     st = softmax_scan(logits, s->vocab, p->temperature, &sm);
     if (st != FR_OK)
         return st;
-    int tok = p->temperature == 0.0f ? sm.argmax : draw(s, logits, p, &sm, sequence, step);
+    int tok = p->temperature == 0.0f ? sm.argmax : draw(s, logits, p, &sm, sequence, step, 0.0f);
     *token = tok;
     if (logprob)
         *logprob = logprob_at(&sm, logits[tok]);
@@ -232,6 +246,67 @@ static void top_of(fr_sampler *s, const float *logits, const softmax_stats *sm, 
     for (int i = 0; i < top_n; i++) {
         ids[i] = s->order[i];
         lps[i] = logprob_at(sm, logits[ids[i]]);
+    }
+}
+
+int fr_penalties_active(const fr_penalties *p)
+{
+    return p && (p->min_p > 0.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f ||
+                 (p->repetition_penalty != 0.0f && p->repetition_penalty != 1.0f));
+}
+
+fr_status fr_penalties_check(const fr_penalties *p)
+{
+    if (!p) return fr_fail(FR_EINVAL, "penalties are NULL");
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) return fr_fail(FR_EINVAL, "min_p %g must be in [0, 1]", (double)p->min_p);
+    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
+        return fr_fail(FR_EINVAL, "presence_penalty %g must be in [-2, 2]", (double)p->presence_penalty);
+    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
+        return fr_fail(FR_EINVAL, "frequency_penalty %g must be in [-2, 2]", (double)p->frequency_penalty);
+    if (!(p->repetition_penalty >= 0.0f && p->repetition_penalty <= 2.0f))
+        return fr_fail(FR_EINVAL, "repetition_penalty %g must be in (0, 2] (1 means off)", (double)p->repetition_penalty);
+    return FR_OK;
+}
+
+static fr_status check_history(const fr_sampler *s, const int *ids, int n, const char *what)
+{
+    if (n < 0 || (n > 0 && !ids)) return fr_fail(FR_EINVAL, "fr_sample_ex: bad list of %s tokens", what);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= s->vocab)
+            return fr_fail(FR_EINVAL, "fr_sample_ex: %s token %d is outside the vocabulary of %d", what, ids[i],
+                           s->vocab);
+    return FR_OK;
+}
+
+/* The penalized logits into s->barred: the repetition penalty once per
+ * token of the prompt or the output, then presence and frequency by the
+ * output's counts (vLLM's and SGLang's order). s->count is left all 0. */
+static void penalize(fr_sampler *s, const fr_sample_extras *x)
+{
+    const fr_penalties *p = &x->pen;
+    const float rp = p->repetition_penalty;
+    if (rp != 0.0f && rp != 1.0f) {
+        /* count marks the tokens already penalized: 1 each, cleared below */
+        for (int pass = 0; pass < 2; pass++) {
+            const int *ids = pass ? x->output : x->prompt;
+            const int n = pass ? x->n_output : x->n_prompt;
+            for (int i = 0; i < n; i++) {
+                int t = ids[i];
+                if (s->count[t]) continue;
+                s->count[t] = 1;
+                s->barred[t] = s->barred[t] > 0.0f ? s->barred[t] / rp : s->barred[t] * rp;
+            }
+        }
+        for (int i = 0; i < x->n_prompt; i++) s->count[x->prompt[i]] = 0;
+        for (int i = 0; i < x->n_output; i++) s->count[x->output[i]] = 0;
+    }
+    if (p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f) return;
+    for (int i = 0; i < x->n_output; i++) s->count[x->output[i]]++;
+    for (int i = 0; i < x->n_output; i++) {
+        int t = x->output[i];
+        if (!s->count[t]) continue;   /* done at its first occurrence */
+        s->barred[t] -= p->frequency_penalty * (float)s->count[t] + p->presence_penalty;
+        s->count[t] = 0;
     }
 }
 
@@ -259,22 +334,30 @@ fr_status fr_sample_ex(fr_sampler *s, const float *logits, const fr_sampling_par
         if (x->banned[i] < 0 || x->banned[i] >= s->vocab)
             return fr_fail(FR_EINVAL, "fr_sample_ex: barred token %d is outside the vocabulary of %d", x->banned[i],
                            s->vocab);
-    if ((st = fr_sampling_params_check(p, s->vocab))) return st;
+    if ((st = fr_sampling_params_check(p, s->vocab)) || (st = fr_penalties_check(&x->pen))) return st;
+    const int pen = fr_penalties_active(&x->pen);
+    if (pen && ((st = check_history(s, x->prompt, x->n_prompt, "prompt")) ||
+                (st = check_history(s, x->output, x->n_output, "output"))))
+        return st;
     softmax_stats full;
     if ((st = softmax_scan(logits, s->vocab, p->temperature, &full))) return st;
     int tok;
-    if (x->n_banned == 0) {
-        tok = p->temperature == 0.0f ? full.argmax : draw(s, logits, p, &full, sequence, step);
+    const int changed = x->n_banned > 0 || x->pen.presence_penalty != 0.0f || x->pen.frequency_penalty != 0.0f ||
+                        (x->pen.repetition_penalty != 0.0f && x->pen.repetition_penalty != 1.0f);
+    if (!changed) {
+        tok = p->temperature == 0.0f ? full.argmax : draw(s, logits, p, &full, sequence, step, x->pen.min_p);
     } else {
-        /* The draw sees the barred tokens at -inf: the rules of fr_sample on
-         * the rest, renormalized; the log-probs stay the full distribution's. */
+        /* The draw sees the penalized logits with the barred tokens at
+         * -inf: the rules of fr_sample on the rest, renormalized; the
+         * log-probs stay the full, unpenalized distribution's. */
         for (int i = 0; i < s->vocab; i++) s->barred[i] = logits[i];
+        if (pen) penalize(s, x);
         for (int i = 0; i < x->n_banned; i++) s->barred[x->banned[i]] = -INFINITY;
         softmax_stats kept;
         if (softmax_scan(s->barred, s->vocab, p->temperature, &kept))
             return fr_fail(FR_EINVAL, "every token is barred (%d barred of %d, the rest -inf)", x->n_banned,
                            s->vocab);
-        tok = p->temperature == 0.0f ? kept.argmax : draw(s, s->barred, p, &kept, sequence, step);
+        tok = p->temperature == 0.0f ? kept.argmax : draw(s, s->barred, p, &kept, sequence, step, x->pen.min_p);
     }
     if (x->top_n > 0) top_of(s, logits, &full, x->top_n, x->top_ids, x->top_logprobs);
     *token = tok;

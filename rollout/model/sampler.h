@@ -58,6 +58,24 @@ fr_status fr_sample(fr_sampler *s, const float *logits, const fr_sampling_params
 /* The most top log-probs a step reports (docs/sampling.md, "Top log-probs"). */
 #define FR_MAX_TOP_LOGPROBS 20
 
+/* Penalties and min_p (docs/sampling.md, "Penalties and min_p"), SGLang's
+ * and vLLM's options of the same names. Zeroed: all off (a repetition
+ * penalty of 0 or 1 is off). They change which token is drawn, never a
+ * reported log-prob: those stay the full-vocabulary log-softmax of the
+ * unpenalized logits / temperature, the quantity a trainer recomputes. */
+typedef struct {
+    float min_p;              /* [0, 1]: after top-k and top-p, keep the tokens at least min_p times as likely as the best */
+    float presence_penalty;   /* [-2, 2]: subtracted from the logit of every token generated so far */
+    float frequency_penalty;  /* [-2, 2]: subtracted once per time a token was generated so far */
+    float repetition_penalty; /* 0 or (0, 2]: the logit of a token of the prompt or generated so far is divided by
+                                 it when positive, multiplied when not */
+} fr_penalties;
+
+/* 1 when any of p changes a draw. */
+int fr_penalties_active(const fr_penalties *p);
+/* FR_EINVAL naming the field when one is out of its range (NaN included). */
+fr_status fr_penalties_check(const fr_penalties *p);
+
 /* What a draw can do beyond fr_sample (all optional; zeroed: nothing).
  * banned: token ids the draw never picks, as if their logits were -inf
  * (min_tokens bars the stop ids this way); the log-probs are still those of
@@ -71,6 +89,11 @@ typedef struct {
     int top_n;
     int *top_ids;          /* [top_n] */
     float *top_logprobs;   /* [top_n] */
+    /* Penalties (above): they read the prompt (the repetition penalty) and
+     * the tokens generated so far. */
+    fr_penalties pen;
+    const int *prompt, *output;
+    int n_prompt, n_output;
 } fr_sample_extras;
 
 /* fr_sample with extras (NULL: fr_sample). Barring every token that could

@@ -294,7 +294,8 @@ void fr_weights_gpu_destroy(fr_weights_gpu **pw)
 {
     fr_weights_gpu *w = pw ? *pw : NULL;
     if (!w) return;
-    if (w->block_) cudaFree(w->block_);
+    if (w->block_ && !w->host_copy_) cudaFree(w->block_);   /* released: block_ is gone already */
+    free(w->host_copy_);
     free(w->layers);
     free(w);
     *pw = NULL;

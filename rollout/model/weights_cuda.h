@@ -67,6 +67,7 @@ typedef struct fr_weights_gpu {
      * tp_size; vocab_full is the model's vocabulary, the embedding's rows
      * (the embedding is whole on every rank). tp_size 1: the whole model. */
     int tp_rank, tp_size, vocab_full;
+    void *host_copy_;       /* while released (fr_weights_gpu_release): block_'s bytes, on the host */
 } fr_weights_gpu;
 
 /* Copies a host model to the GPU as BF16. */
@@ -83,6 +84,13 @@ fr_status fr_weights_gpu_alloc(const fr_model_config *cfg, int vocab_full, fr_we
  * their slice; embedding and norms whole). full stays valid. */
 fr_status fr_weights_gpu_shard(const fr_weights_gpu *full, int rank, int size, fr_weights_gpu **out);
 void fr_weights_gpu_destroy(fr_weights_gpu **w);
+/* Moves the weights to host memory and frees their device allocation (for
+ * a trainer sharing the GPU), and back into a new allocation, every tensor
+ * pointer rebased: whoever captured the old addresses (a decode graph)
+ * must drop them. Idempotent; the weights must not be used while
+ * released. */
+fr_status fr_weights_gpu_release(fr_weights_gpu *w);
+fr_status fr_weights_gpu_restore(fr_weights_gpu *w);
 
 /* One tensor of device weights under its Hugging Face name (tensor_table.h
  * lists them): where its BF16 values start in w's block (gate_proj and

@@ -59,13 +59,7 @@ static void daemon_log(void *cls, const char *fmt, va_list ap)
 
 /* ---- the routes beside /metrics ---- */
 
-typedef struct {
-    char *body;
-    size_t len;
-    const char *type;
-    unsigned status;
-    int owned;   /* body is malloc'ed */
-} reply;
+typedef fr_metrics_reply reply;
 
 static int text_reply(reply *r, unsigned status, const char *msg)
 {
@@ -131,6 +125,38 @@ static int other_route(fr_metrics_http *h, const char *url, reply *r)
 }
 
 
+int fr_metrics_http_route(fr_metrics_http *h, const char *url, fr_metrics_reply *rp)
+{
+    if (!h || !url || !rp) return 0;
+    if (other_route(h, url, rp)) return 1;
+    const int json = strcmp(url, "/metrics.json") == 0;
+    if (!json && strcmp(url, "/metrics") != 0) return 0;
+    *rp = (reply){.type = json ? "application/json" : "text/plain; version=0.0.4; charset=utf-8",
+                  .status = MHD_HTTP_OK, .owned = 1};
+    if (h->offline) {
+        static const char gone[] = "not found: a finished run has no live metrics\n";
+        return text_reply(rp, MHD_HTTP_NOT_FOUND, gone);
+    }
+    fr_metrics_snapshot s;
+    pthread_mutex_lock(&h->mu);
+    s = h->snap;
+    pthread_mutex_unlock(&h->mu);
+    if (json ? fr_metrics_json(&s, &rp->body, &rp->len) : fr_metrics_prometheus(&s, &rp->body, &rp->len)) {
+        static const char err[] = "out of memory\n";
+        return text_reply(rp, MHD_HTTP_INTERNAL_SERVER_ERROR, err);
+    }
+    return 1;
+}
+
+int fr_metrics_http_serving(fr_metrics_http *h)
+{
+    if (!h) return 0;
+    pthread_mutex_lock(&h->mu);
+    const int state = h->offline ? FR_METRICS_SERVING : h->snap.state;
+    pthread_mutex_unlock(&h->mu);
+    return state == FR_METRICS_SERVING;
+}
+
 static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                               const char *version, const char *upload, size_t *upload_len, void **con_cls)
 {
@@ -150,48 +176,37 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
         MHD_destroy_response(r);
         return ret;
     }
-    char *body = NULL;
-    size_t len = 0;
-    const char *type = "text/plain; version=0.0.4; charset=utf-8";
-    unsigned status = MHD_HTTP_OK;
-    int owned = 1;
     reply rp;
-    if (other_route(h, url, &rp)) {
-        body = rp.body, len = rp.len, type = rp.type, status = rp.status, owned = rp.owned;
-    } else if (h->offline) {
-        status = MHD_HTTP_NOT_FOUND;
-    } else if (strcmp(url, "/metrics") == 0 || strcmp(url, "/metrics.json") == 0) {
-        fr_metrics_snapshot s;
-        pthread_mutex_lock(&h->mu);
-        s = h->snap;
-        pthread_mutex_unlock(&h->mu);
-        const int json = strcmp(url, "/metrics.json") == 0;
-        if (json) type = "application/json";
-        if (json ? fr_metrics_json(&s, &body, &len) : fr_metrics_prometheus(&s, &body, &len)) {
-            body = NULL;
-            status = MHD_HTTP_INTERNAL_SERVER_ERROR;
-        }
-    } else {
-        status = MHD_HTTP_NOT_FOUND;
+    if (!fr_metrics_http_route(h, url, &rp)) {
+        static const char nf[] = "not found: /metrics, /metrics.json, /health, /history.json, /dashboard\n";
+        text_reply(&rp, MHD_HTTP_NOT_FOUND, nf);
     }
-    if (!body) {
-        static const char nf[] = "not found: /metrics, /metrics.json, /health, /history.json, /dashboard\n", err[] = "out of memory\n";
-        body = (char *)(status == MHD_HTTP_NOT_FOUND ? nf : err);
-        len = strlen(body);
-        owned = 0;
-        type = "text/plain; charset=utf-8";
-    }
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(len, body, owned ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    return (enum MHD_Result)fr_metrics_http_send(c, &rp);
+}
+
+int fr_metrics_http_send(struct MHD_Connection *conn, fr_metrics_reply *rp)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(rp->len, rp->body,
+                                                             rp->owned ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     if (!r) {
-        if (owned) free(body);
+        if (rp->owned) free(rp->body);
         return MHD_NO;
     }
-    MHD_add_response_header(r, "Content-Type", type);
+    MHD_add_response_header(r, "Content-Type", rp->type);
     MHD_add_response_header(r, "Cache-Control", "no-store");
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    enum MHD_Result ret = MHD_queue_response(conn, rp->status, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+fr_status fr_metrics_http_new(fr_metrics_http **out)
+{
+    if (!out) return fr_fail(FR_EINVAL, "fr_metrics_http_new: NULL argument");
+    fr_metrics_http *h = calloc(1, sizeof *h);
+    if (!h) return fr_fail(FR_ENOMEM, "metrics: out of memory");
+    pthread_mutex_init(&h->mu, NULL);
+    *out = h;
+    return FR_OK;
 }
 
 fr_status fr_metrics_http_start(const char *bind_addr, int port, fr_metrics_http **out)
@@ -281,7 +296,7 @@ void fr_metrics_http_stop(fr_metrics_http **ph)
 {
     fr_metrics_http *h = ph ? *ph : NULL;
     if (!h) return;
-    MHD_stop_daemon(h->d);
+    if (h->d) MHD_stop_daemon(h->d);
     fr_metrics_history_free(&h->hist);
     pthread_mutex_destroy(&h->mu);
     free(h);

@@ -35,6 +35,33 @@ typedef struct {
 fr_status fr_metrics_http_start_opts(const char *bind_addr, int port, const fr_metrics_http_opts *o,
                                      fr_metrics_http **out);
 int fr_metrics_http_port(const fr_metrics_http *h);
+
+/* Snapshots and history without a daemon of their own: another HTTP server
+ * (the serve command's HTTP API, trainer_bridge/http/) answers these routes
+ * on its port with fr_metrics_http_route. fr_metrics_http_port is then 0. */
+fr_status fr_metrics_http_new(fr_metrics_http **out);
+
+/* One answer of the routes above, for a GET of url (no query string).
+ * body: malloc'ed when owned, else static. */
+typedef struct {
+    char *body;
+    size_t len;
+    const char *type;
+    unsigned status;
+    int owned;
+} fr_metrics_reply;
+
+/* 1 and *r when url is one of the endpoint's routes (/metrics,
+ * /metrics.json, /health, /history.json, /dashboard, /uplot.js,
+ * /uplot.css), else 0. */
+int fr_metrics_http_route(fr_metrics_http *h, const char *url, fr_metrics_reply *r);
+/* Queues r on a libmicrohttpd connection, which takes its body when owned
+ * (freed here when the response cannot be made); libmicrohttpd's result
+ * (MHD_YES, MHD_NO) as an int, so this header needs none of its types. */
+struct MHD_Connection;
+int fr_metrics_http_send(struct MHD_Connection *conn, fr_metrics_reply *r);
+/* 1 when the engine is serving (not paused, not stopping): what /health says. */
+int fr_metrics_http_serving(fr_metrics_http *h);
 /* Copies s as the snapshot requests see from now on. */
 void fr_metrics_http_publish(fr_metrics_http *h, const fr_metrics_snapshot *s);
 /* Stops the thread and frees everything; NULL-safe. */

@@ -311,6 +311,14 @@ static fr_status check_generate(const fr_msg_generate *g)
         return BAD("%s: \"logprobs\" must be in [0, %d] (top log-probs per token), got %d", t, FR_PROTO_MAX_LOGPROBS,
                    g->logprobs);
     if (g->prompt_logprobs != 0 && g->prompt_logprobs != 1) return BAD("%s: \"prompt_logprobs\" must be a boolean", t);
+    if (!(g->min_p >= 0 && g->min_p <= 1)) return BAD("%s: \"min_p\" must be in [0, 1], got %s", t, num(g->min_p, nb, sizeof nb));
+    if (!(g->presence_penalty >= -2 && g->presence_penalty <= 2))
+        return BAD("%s: \"presence_penalty\" must be in [-2, 2], got %s", t, num(g->presence_penalty, nb, sizeof nb));
+    if (!(g->frequency_penalty >= -2 && g->frequency_penalty <= 2))
+        return BAD("%s: \"frequency_penalty\" must be in [-2, 2], got %s", t, num(g->frequency_penalty, nb, sizeof nb));
+    if (!(g->repetition_penalty >= 0 && g->repetition_penalty <= 2))
+        return BAD("%s: \"repetition_penalty\" must be in (0, 2] (1 = off), got %s", t,
+                   num(g->repetition_penalty, nb, sizeof nb));
     if (g->n_continue_tokens < 0 || (g->n_continue_tokens > 0 && !g->continue_tokens))
         return BAD("%s: \"continue_tokens\" must be an array of token ids", t);
     if (g->n_continue_tokens > 0 &&

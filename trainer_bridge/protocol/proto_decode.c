@@ -35,7 +35,8 @@ static fr_status dec_generate(const fr_dec_ctx *c, fr_msg_generate *g)
 {
     KEYS(c, "type", "v", "request_id", "prompt", "n", "group_id", "temperature", "top_k", "top_p", "max_tokens",
          "stop_token_ids", "seed", "monitor_divergence", "per_token_kl", "forced_tokens", "first_sample",
-         "min_tokens", "logprobs", "prompt_logprobs", "continue_tokens", "prompt_text", "add_special_tokens", "stop",
+         "min_tokens", "logprobs", "prompt_logprobs", "min_p", "presence_penalty", "frequency_penalty",
+         "repetition_penalty", "continue_tokens", "prompt_text", "add_special_tokens", "stop",
          "include_stop_str_in_output", "return_text");
     int has_n = 0;
     TRY(fr_dec_get_u64(c, "request_id", 1, &g->request_id, NULL));
@@ -60,6 +61,13 @@ static fr_status dec_generate(const fr_dec_ctx *c, fr_msg_generate *g)
         return BAD("generate: \"min_tokens\" (%d) must not exceed \"max_tokens\" (%d)", g->min_tokens, g->max_tokens);
     TRY(fr_dec_get_int(c, "logprobs", 0, 0, FR_PROTO_MAX_LOGPROBS, &g->logprobs, NULL));
     TRY(fr_dec_get_bool(c, "prompt_logprobs", 0, &g->prompt_logprobs));
+    TRY(fr_dec_get_double(c, "min_p", 0, &g->min_p, NULL));
+    TRY(fr_dec_get_double(c, "presence_penalty", 0, &g->presence_penalty, NULL));
+    TRY(fr_dec_get_double(c, "frequency_penalty", 0, &g->frequency_penalty, NULL));
+    int has_rp = 0;
+    TRY(fr_dec_get_double(c, "repetition_penalty", 0, &g->repetition_penalty, &has_rp));
+    if (has_rp && !(g->repetition_penalty > 0))
+        return BAD("generate: \"repetition_penalty\" must be in (0, 2] (1 = off), got %g", g->repetition_penalty);
     TRY(fr_dec_get_ints(c, "continue_tokens", 0, 0, I_MAX, &g->continue_tokens, &g->n_continue_tokens, NULL));
     if (g->n_continue_tokens == 0) {   /* an empty array continues nothing: a sample from its start */
         free(g->continue_tokens);

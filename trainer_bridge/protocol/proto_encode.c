@@ -115,6 +115,7 @@ static void enc_generate(msgpack_packer *pk, const fr_msg_generate *g)
     int n = 3 + (g->first_sample > 0) + (g->min_tokens > 0) + (g->logprobs > 0) + g->prompt_logprobs +
             (g->monitor_divergence >= 0) + g->per_token_kl + (g->forced_tokens != NULL) + g->has_group_id +
             g->has_temperature + g->has_top_k + g->has_top_p + g->has_max_tokens + g->has_stop_token_ids + g->has_seed +
+            (g->min_p != 0) + (g->presence_penalty != 0) + (g->frequency_penalty != 0) + (g->repetition_penalty != 0) +
             (g->n_continue_tokens > 0) + n_generate_text(g);
     head(pk, FR_MSG_GENERATE, n);
     kv_u64(pk, "request_id", g->request_id);
@@ -126,6 +127,10 @@ static void enc_generate(msgpack_packer *pk, const fr_msg_generate *g)
     if (g->min_tokens > 0) kv_int(pk, "min_tokens", g->min_tokens);
     if (g->logprobs > 0) kv_int(pk, "logprobs", g->logprobs);
     if (g->prompt_logprobs) kv_bool(pk, "prompt_logprobs", 1);
+    if (g->min_p != 0) kv_double(pk, "min_p", g->min_p);
+    if (g->presence_penalty != 0) kv_double(pk, "presence_penalty", g->presence_penalty);
+    if (g->frequency_penalty != 0) kv_double(pk, "frequency_penalty", g->frequency_penalty);
+    if (g->repetition_penalty != 0) kv_double(pk, "repetition_penalty", g->repetition_penalty);
     if (g->monitor_divergence >= 0) kv_bool(pk, "monitor_divergence", g->monitor_divergence);
     if (g->per_token_kl) kv_bool(pk, "per_token_kl", 1);
     if (g->forced_tokens) kv_ints(pk, "forced_tokens", g->forced_tokens, g->n_forced_tokens);

@@ -210,6 +210,12 @@ typedef struct {
     int min_tokens;                      /* >= 0 (0 when absent): stop tokens barred before this many tokens */
     int logprobs;                        /* 0 .. FR_PROTO_MAX_LOGPROBS (0 when absent): top log-probs per token */
     int prompt_logprobs;                 /* 0 or 1: the first sample's done carries the prompt's log-probs */
+    /* min_p and penalties (docs/sampling.md, "Penalties and min_p"); 0 when
+     * absent (off), sent when not 0 */
+    double min_p;                        /* [0, 1] */
+    double presence_penalty;             /* [-2, 2] */
+    double frequency_penalty;            /* [-2, 2] */
+    double repetition_penalty;           /* (0, 2] when sent; 0 absent (off, as 1) */
     int *continue_tokens;                /* a partial sample's tokens to continue from (n 1); NULL when absent */
     int n_continue_tokens;               /* sent when > 0 */
     /* Text (the server's tokenizer; docs/protocol.md, generate): the prompt

@@ -295,6 +295,11 @@ static fr_status start_metrics(fr_bridge_server *srv, const fr_bridge_config *cf
                          FR_METRICS_TOPIC);
     }
     if (st || cfg->metrics_port == 0) return st;
+    if (cfg->metrics_external) {   /* the HTTP API's server answers /metrics from these snapshots */
+        st = fr_metrics_http_new(&srv->metrics);
+        if (!st && cfg->metrics_log && cfg->metrics_log[0]) st = fr_metrics_http_log_to(srv->metrics, cfg->metrics_log);
+        return st;
+    }
     const int curve = cfg->curve_secret_key && cfg->curve_secret_key[0];
     const int token = cfg->metrics_token && cfg->metrics_token[0];
     const char *bind = curve && !token ? "127.0.0.1" : cfg->metrics_bind;
@@ -348,6 +353,16 @@ int fr_bridge_server_metrics_port(const fr_bridge_server *srv)
 }
 
 const char *fr_bridge_server_endpoint(const fr_bridge_server *srv) { return srv ? srv->endpoint : ""; }
+
+const fr_model_config *fr_bridge_server_model_config(const fr_bridge_server *srv)
+{
+    return &srv->sess->model->cfg;
+}
+
+struct fr_metrics_http *fr_bridge_server_metrics(fr_bridge_server *srv)
+{
+    return srv && srv->cfg.metrics_external ? srv->metrics : NULL;
+}
 
 /* Ends everything open with reason abort (held requests and the engine's). */
 int srv_abort_everything(fr_bridge_server *srv)
@@ -421,8 +436,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
         fr_peers_stats_get(srv->peers, &ps);
         int work = fr_scheduler_busy(srv->sch);   /* a paused engine waits for messages */
         long wait = work ? 0 : ps.queued || srv_nccl_pending(srv) ? 1 : 100;
-        zmq_pollitem_t it = {.socket = srv->sock, .events = ZMQ_POLLIN};
-        if (zmq_poll(&it, 1, wait) < 0) {
+        if (srv_poll(srv, wait) < 0) {
             if (errno == EINTR) continue;
             failure = fr_fail(FR_EIO, "serve: poll failed: %s", zmq_strerror(errno));
             break;
@@ -457,6 +471,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
     srv_log_stats(srv, 1);
     int ended = srv_abort_everything(srv);
     srv_fail_waiters(srv, "shutdown", "the server is shutting down");
+    srv_local_close(srv);   /* the in-process clients had their dones; nothing more is taken */
     srv_log(srv, "shutting down: %d open samples ended with reason abort", ended);
     fr_peers_flush(srv->peers, srv->cfg.shutdown_linger_ms > 0 ? srv->cfg.shutdown_linger_ms : 0);
     fr_peers_stats ps;
@@ -479,6 +494,7 @@ void fr_bridge_server_destroy(fr_bridge_server **pp)
     for (int i = 0; i < srv->n_reqs; i++) srv_free_request(srv->reqs[i]);
     free(srv->reqs);
     free(srv->waiters);
+    srv_local_destroy(srv);
     fr_peers_destroy(&srv->peers);
     srv_conn_close(srv);
     if (srv->sock) zmq_close(srv->sock);

@@ -24,6 +24,8 @@
 #include <stdio.h>
 
 #include "comm/mpi_world.h"
+#include "rollout/monitor/metrics_http.h"
+#include "trainer_bridge/protocol/protocol.h"
 #include "rollout/monitor/recalibrate.h"
 #include "rollout/engine/session.h"
 #include "tokenizer/tokenizer.h"
@@ -89,6 +91,10 @@ typedef struct {
     int metrics_port;
     int metrics_port_fallback;
     const char *metrics_bind;
+    /* 1: no metrics port of the server's own: another HTTP server (the
+     * HTTP API) serves the snapshots (fr_bridge_server_metrics) on its
+     * port; metrics_port only says whether there are metrics at all */
+    int metrics_external;
     /* Its limits (docs/metrics.md, "Limits"): connections at once (0: 64),
      * seconds an idle connection stays (0: 10), and a bearer token (NULL or
      * "": none). With CURVE on and no token it binds 127.0.0.1 whatever
@@ -150,6 +156,68 @@ int fr_bridge_endpoint_is_loopback(const char *endpoint);
 
 /* The endpoint the socket is bound to (ZMQ_LAST_ENDPOINT). */
 const char *fr_bridge_server_endpoint(const fr_bridge_server *srv);
+
+/* In-process clients: the HTTP API of the same process (trainer_bridge/http/)
+ * reaches the engine through the serve loop, as a ZeroMQ client does.
+ * fr_bridge_server_local_open (before run; world rank 0 only) makes
+ * n_clients clients, each a peer of its own with its own request ids.
+ * fr_bridge_server_local_send, from any thread, queues one protocol message
+ * (frame 0, msgpack, with payload frames that stay the caller's until the
+ * server answered it) from a client with the trainer role or not; the loop
+ * handles it as it handles the socket's (docs/protocol.md), and whatever
+ * it sends that client reaches sink->on_msg on the loop's thread, in
+ * order. fr_bridge_server_local_command queues a command beyond the
+ * protocol, run between engine steps and answered once through
+ * sink->on_command with a code ("ok", "busy", "failed", "unsupported") and
+ * a message. After the loop ends nothing is taken (FR_EIO) and what was
+ * queued is dropped unanswered: the client ends its own waits then. */
+typedef struct {
+    void (*on_msg)(void *user, int client, const fr_msg *m);
+    void (*on_command)(void *user, int client, const char *code, const char *message);
+    void *user;
+} fr_bridge_local_sink;
+
+typedef struct {
+    const void *data;
+    size_t len;
+} fr_bridge_frame;
+
+typedef enum {
+    /* frees the KV cache's memory (and with weights the device weights'),
+     * kept by an idle engine of one rank; generates are refused
+     * (memory_released) until resumed */
+    FR_BRIDGE_CMD_RELEASE_MEMORY = 1,
+    FR_BRIDGE_CMD_RESUME_MEMORY,
+    /* "ok" when the engine is idle (no page is held across requests) */
+    FR_BRIDGE_CMD_FLUSH_CACHE,
+} fr_bridge_cmd_kind;
+
+typedef struct {
+    fr_bridge_cmd_kind kind;
+    int weights;   /* RELEASE_MEMORY: the weights' device memory too (CUDA) */
+} fr_bridge_cmd;
+
+fr_status fr_bridge_server_local_open(fr_bridge_server *srv, int n_clients, const fr_bridge_local_sink *sink);
+fr_status fr_bridge_server_local_send(fr_bridge_server *srv, int client, int trainer, const void *frame0,
+                                      size_t len0, const fr_bridge_frame *payload, int n_payload);
+fr_status fr_bridge_server_local_command(fr_bridge_server *srv, int client, const fr_bridge_cmd *cmd);
+
+/* The metrics snapshots the server publishes, for an HTTP server that
+ * serves /metrics, /health and /dashboard itself (NULL when metrics are
+ * off, or the server binds its own metrics port). */
+struct fr_metrics_http *fr_bridge_server_metrics(fr_bridge_server *srv);
+/* The served model's configuration (vocabulary, BOS and EOS ids). */
+const fr_model_config *fr_bridge_server_model_config(const fr_bridge_server *srv);
+/* The tokenizer the server encodes and decodes text with (the config's;
+ * NULL: none), and what hello calls it in *name (may be NULL). */
+const fr_tokenizer *fr_bridge_server_tokenizer(const fr_bridge_server *srv, const char **name);
+/* A prompt given as text into ids (*ids malloc'd, *n > 0), exactly as the
+ * server encodes a generate's prompt_text (docs/protocol.md, "Text"):
+ * add_special puts the tokenizer's special tokens around it. FR_EINVAL
+ * when it is not UTF-8, encodes to no token or to more than a generate
+ * may hold. */
+fr_status fr_bridge_encode_prompt(const fr_tokenizer *tok, const char *text, size_t len, int add_special, int **ids,
+                                  int *n);
 
 /* NULL-safe; ends anything still open with reason abort first. */
 void fr_bridge_server_destroy(fr_bridge_server **srv);

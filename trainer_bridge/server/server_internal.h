@@ -31,6 +31,8 @@
 
 enum { RUNNING = 0, PAUSING, PAUSED };
 
+typedef struct srv_local srv_local;   /* in-process clients (server_local.c) */
+
 /* A sample's tokens drawn since its last delta went out. */
 typedef struct {
     int *tok;
@@ -178,6 +180,8 @@ struct fr_bridge_server {
     int ng_peer;              /* the client whose group it is */
     int ng_commit;            /* 1: that client's commit waits for buckets in flight */
     uint64_t ng_commit_version;
+    srv_local *local;         /* in-process clients (server_local.c), NULL when none */
+    int released;             /* 1: the KV cache's memory given back, 2: the weights' too; generates refused */
 };
 
 /* server_stream.c: the request table, sending, streaming tokens and ends */
@@ -297,6 +301,14 @@ void srv_conn_refused(size_t bytes);
 fr_status srv_conn_setup(fr_bridge_server *srv, const fr_bridge_config *cfg);
 void srv_conn_watch(fr_bridge_server *srv);
 long long srv_max_message_bytes(const fr_bridge_config *cfg);
+
+/* server_local.c: in-process clients (the HTTP API) */
+int srv_local_client_of(const fr_bridge_server *srv, int peer);   /* -1: a ZeroMQ peer */
+void srv_local_deliver(fr_bridge_server *srv, int client, const fr_msg *m);
+void srv_local_drain(fr_bridge_server *srv, const volatile sig_atomic_t *stop, int at_barrier);
+int srv_poll(fr_bridge_server *srv, long wait_ms);   /* the socket and the local queue; zmq_poll's result */
+void srv_local_close(fr_bridge_server *srv);
+void srv_local_destroy(fr_bridge_server *srv);
 
 /* server_auth.c: CURVE authentication */
 fr_status srv_setup_curve(fr_bridge_server *srv, const fr_bridge_config *cfg);

@@ -60,6 +60,10 @@ static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
     spec.min_tokens = fr_rank_get_i32(r);
     spec.top_logprobs = fr_rank_get_i32(r);
     spec.prompt_logprobs = fr_rank_get_i32(r);
+    spec.penalties.min_p = fr_rank_get_f32(r);
+    spec.penalties.presence_penalty = fr_rank_get_f32(r);
+    spec.penalties.frequency_penalty = fr_rank_get_f32(r);
+    spec.penalties.repetition_penalty = fr_rank_get_f32(r);
     has_forced = fr_rank_get_i32(r);
     int *forced = has_forced ? fr_rank_get_i32s(r, &spec.n_forced, &oom[2]) : NULL;
     int *cont = fr_rank_get_i32s(r, &spec.n_continue, &oom[3]);
@@ -255,6 +259,7 @@ fr_status srv_handle_waiting(fr_bridge_server *srv, const volatile sig_atomic_t 
         srv_handle_message(srv, &w);
         fr_wire_msg_free(&w);
     }
+    srv_local_drain(srv, stop, at_barrier);
     return FR_OK;
 }
 
@@ -265,8 +270,7 @@ static fr_status drain_messages(fr_bridge_server *srv, const volatile sig_atomic
     fr_peers_stats ps;
     fr_peers_stats_get(srv->peers, &ps);
     long wait = srv_engines_busy(srv) ? 0 : ps.queued || srv_nccl_pending(srv) ? 2 : 100;
-    zmq_pollitem_t it = {.socket = srv->sock, .events = ZMQ_POLLIN};
-    if (zmq_poll(&it, 1, wait) < 0) {
+    if (srv_poll(srv, wait) < 0) {
         if (errno == EINTR) return FR_OK;
         return fr_fail(FR_EIO, "serve: poll failed: %s", zmq_strerror(errno));
     }

@@ -32,6 +32,10 @@ static void put_spec(fr_rank_buf *b, int engine, const fr_request_spec *r)
     fr_rank_put_i32(b, r->min_tokens);
     fr_rank_put_i32(b, r->top_logprobs);
     fr_rank_put_i32(b, r->prompt_logprobs);
+    fr_rank_put_f32(b, r->penalties.min_p);
+    fr_rank_put_f32(b, r->penalties.presence_penalty);
+    fr_rank_put_f32(b, r->penalties.frequency_penalty);
+    fr_rank_put_f32(b, r->penalties.repetition_penalty);
     fr_rank_put_i32(b, r->forced ? 1 : 0);
     if (r->forced) fr_rank_put_i32s(b, r->forced, r->n_forced);
     fr_rank_put_i32s(b, r->continue_tokens, r->n_continue);
@@ -51,6 +55,9 @@ int srv_engine_samples(const fr_bridge_server *srv)
  * samples (ties: turn by turn). */
 fr_status srv_eng_submit(fr_bridge_server *srv, request *q, const fr_request_spec *spec)
 {
+    if (srv->released)
+        return fr_fail(FR_EUNSUPPORTED, "request %llu: the engine's memory is released (release_memory_occupation); "
+                                 "resume it first", (unsigned long long)q->request_id);
     if (!srv->multi) return fr_scheduler_submit(srv->sch, spec);
     int best = -1;
     for (int k = 0; k < srv->n_engines; k++) {
@@ -118,6 +125,9 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
     r->min_tokens = g->min_tokens;
     r->top_logprobs = g->logprobs;
     r->prompt_logprobs = g->prompt_logprobs;
+    r->penalties = (fr_penalties){.min_p = (float)g->min_p, .presence_penalty = (float)g->presence_penalty,
+                                  .frequency_penalty = (float)g->frequency_penalty,
+                                  .repetition_penalty = (float)g->repetition_penalty};
     r->forced = g->forced_tokens;
     r->n_forced = g->forced_tokens ? g->n_forced_tokens : 0;
     r->continue_tokens = g->continue_tokens;
@@ -214,6 +224,13 @@ static int keep_held(request *q, fr_request_spec *spec)
 void srv_handle_generate(fr_bridge_server *srv, int peer, const fr_msg_generate *g)
 {
     uint64_t id = g->request_id;
+    if (srv->released) {
+        srv->requests_rejected++;
+        srv_send_error(srv, peer, "memory_released", 1, id,
+                       "request %llu: the engine's memory is released (release_memory_occupation); resume it first",
+                       (unsigned long long)id);
+        return;
+    }
     if (srv_find_caller(srv, peer, id)) {
         srv->requests_rejected++;
         srv_send_error(srv, peer, "duplicate_request_id", 1, id,
@@ -266,7 +283,7 @@ void srv_handle_generate(fr_bridge_server *srv, int peer, const fr_msg_generate 
         snprintf(msg, sizeof msg, "%s", fr_last_error());
         srv_remove_request(srv, q);
         srv->requests_rejected++;
-        srv_send_error(srv, peer, "invalid_request", 1, id, "%s", msg);
+        srv_send_error(srv, peer, srv->released ? "memory_released" : "invalid_request", 1, id, "%s", msg);
         return;
     }
     srv->requests_accepted++;

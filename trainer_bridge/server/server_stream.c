@@ -62,6 +62,12 @@ void srv_remove_request(fr_bridge_server *srv, request *q)
  * queued is reported in the log (it is a bug or out of memory). */
 void srv_send_msg(fr_bridge_server *srv, int peer, const fr_msg *m)
 {
+    const int local = srv_local_client_of(srv, peer);
+    if (local >= 0) {   /* an in-process client: the message itself, no encoding */
+        srv_local_deliver(srv, local, m);
+        srv->messages_out++;
+        return;
+    }
     char *data;
     size_t len;
     fr_status st = fr_msg_encode(m, &data, &len);
@@ -111,6 +117,17 @@ void srv_send_deferred(fr_bridge_server *srv)
 {
     for (int i = 0; i < srv->n_deferred; i++) {
         deferred_msg *d = &srv->deferred[i];
+        const int local = srv_local_client_of(srv, d->peer);
+        if (local >= 0) {
+            fr_msg m;
+            if (!fr_msg_decode(d->data, d->len, &m)) {
+                srv_local_deliver(srv, local, &m);
+                fr_msg_free(&m);
+                srv->messages_out++;
+            }
+            free(d->data);
+            continue;
+        }
         if (fr_peers_send(srv->peers, d->peer, d->data, d->len))
             srv_log(srv, "sending to client %s: %s", fr_peers_name(srv->peers, d->peer), fr_last_error());
         else srv->messages_out++;

@@ -33,21 +33,38 @@ fr_status srv_text_request(fr_bridge_server *srv, request *q, const fr_msg_gener
             if (!(q->stops[i] = strdup(g->stop[i]))) return fr_fail(FR_ENOMEM, "the server is out of memory");
     }
     if (!g->prompt_text) return FR_OK;
-    size_t n = 0;
     const int special = g->has_add_special_tokens ? g->add_special_tokens : 1;
-    if ((st = fr_tokenizer_encode(srv->cfg.tokenizer, g->prompt_text, g->prompt_text_len, special, &q->prompt_ids,
-                                  &n))) {
+    if ((st = fr_bridge_encode_prompt(srv->cfg.tokenizer, g->prompt_text, g->prompt_text_len, special, &q->prompt_ids,
+                                      &q->n_prompt))) {
         char msg[FR_PROTO_TEXT_MAX];
         snprintf(msg, sizeof msg, "%s", fr_last_error());
-        return fr_fail(st == FR_ENOMEM ? FR_ENOMEM : FR_EINVAL, "request %llu: prompt_text: %s",
-                       (unsigned long long)id, msg);
+        return fr_fail(st, "request %llu: prompt_text: %s", (unsigned long long)id, msg);
     }
-    if (n == 0) return fr_fail(FR_EINVAL, "request %llu: prompt_text encodes to no token", (unsigned long long)id);
-    if (n > (size_t)FR_PROTO_MAX_ARRAY)
-        return fr_fail(FR_EINVAL, "request %llu: prompt_text encodes to %zu tokens, more than %d",
-                       (unsigned long long)id, n, FR_PROTO_MAX_ARRAY);
-    q->n_prompt = (int)n;
     return FR_OK;
+}
+
+fr_status fr_bridge_encode_prompt(const fr_tokenizer *tok, const char *text, size_t len, int add_special, int **ids,
+                                  int *n)
+{
+    *ids = NULL;
+    *n = 0;
+    size_t m = 0;
+    fr_status st = fr_tokenizer_encode(tok, text, len, add_special, ids, &m);
+    if (st) return st == FR_ENOMEM ? FR_ENOMEM : FR_EINVAL;   /* the tokenizer's message stands */
+    if (m == 0 || m > (size_t)FR_PROTO_MAX_ARRAY) {
+        free(*ids);
+        *ids = NULL;
+        if (m == 0) return fr_fail(FR_EINVAL, "the text encodes to no token");
+        return fr_fail(FR_EINVAL, "the text encodes to %zu tokens, more than %d", m, FR_PROTO_MAX_ARRAY);
+    }
+    *n = (int)m;
+    return FR_OK;
+}
+
+const fr_tokenizer *fr_bridge_server_tokenizer(const fr_bridge_server *srv, const char **name)
+{
+    if (name) *name = srv->cfg.tokenizer && srv->cfg.tokenizer_name ? srv->cfg.tokenizer_name : "";
+    return srv->cfg.tokenizer;
 }
 
 void srv_text_spec(const request *q, fr_request_spec *spec)

@@ -110,7 +110,8 @@ class MetricsSubscriber(_Closes):
 # A generate's options and their defaults (submit()'s keywords).
 _OPTIONS = dict(n=1, temperature=None, top_k=None, top_p=None, max_tokens=None, stop_token_ids=None, seed=None,
                 monitor=None, per_token_kl=False, forced_tokens=None, group_id=None, first_sample=0, min_tokens=0,
-                logprobs=0, prompt_logprobs=False, continue_tokens=None, stop=None, include_stop_str_in_output=False,
+                logprobs=0, prompt_logprobs=False, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
+                repetition_penalty=None, continue_tokens=None, stop=None, include_stop_str_in_output=False,
                 add_special_tokens=None, return_text=None)
 
 
@@ -245,7 +246,9 @@ class RolloutClient(_Closes):
                monitor: Optional[bool] = None, per_token_kl: bool = False,
                forced_tokens: Optional[Sequence[int]] = None, request_id: Optional[int] = None,
                group_id: Optional[int] = None, first_sample: int = 0, min_tokens: int = 0, logprobs: int = 0,
-               prompt_logprobs: bool = False, continue_tokens: Optional[Sequence[int]] = None,
+               prompt_logprobs: bool = False, min_p: float = 0.0, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0, repetition_penalty: Optional[float] = None,
+               continue_tokens: Optional[Sequence[int]] = None,
                stop: Optional[Sequence[str]] = None, include_stop_str_in_output: bool = False,
                add_special_tokens: Optional[bool] = None, return_text: Optional[bool] = None) -> int:
         """Sends one generate and returns its request id (results come from results()).
@@ -264,7 +267,10 @@ class RolloutClient(_Closes):
         the stop tokens are barred until that many tokens were generated;
         logprobs=k (k <= 20): every token's k most likely tokens and their
         log-probs (SampleResult.top_logprobs); prompt_logprobs: the prompt
-        tokens' log-probs in the first sample's result. max_tokens beyond
+        tokens' log-probs in the first sample's result. min_p, presence_penalty,
+        frequency_penalty and repetition_penalty (None or 1: off) change the
+        draws, not the reported log-probs (docs/sampling.md, "Penalties and
+        min_p"). max_tokens beyond
         the context window (hello()["max_model_len"] minus the prompt) and
         stop ids outside the vocabulary are refused (ServerError
         invalid_request naming the request); without max_tokens the server's
@@ -302,6 +308,9 @@ class RolloutClient(_Closes):
             g.prompt, g.n_prompt = arr, len(prompt)
         self._request_text(g, keep, isinstance(prompt, str), o)
         g.prompt_logprobs = int(bool(o["prompt_logprobs"]))
+        for key in ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            if o[key] is not None:
+                setattr(g, key, float(o[key]))
         for key, flag, conv in (("n", None, int), ("first_sample", None, int), ("min_tokens", None, int),
                                 ("logprobs", None, int), ("group_id", "has_group_id", int),
                                 ("temperature", "has_temperature", float), ("top_k", "has_top_k", int),
@@ -417,7 +426,9 @@ class RolloutClient(_Closes):
                  monitor: Optional[bool] = None, per_token_kl: bool = False,
                  forced_tokens: Optional[Sequence[int]] = None, group_id: Optional[int] = None,
                  first_sample: int = 0, min_tokens: int = 0, logprobs: int = 0,
-                 prompt_logprobs: bool = False, continue_tokens: Optional[Sequence[int]] = None,
+                 prompt_logprobs: bool = False, min_p: float = 0.0, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0, repetition_penalty: Optional[float] = None,
+                 continue_tokens: Optional[Sequence[int]] = None,
                  stop: Optional[Sequence[str]] = None, include_stop_str_in_output: bool = False,
                  add_special_tokens: Optional[bool] = None, return_text: Optional[bool] = None,
                  timeout_ms: Optional[int] = None) -> Iterator[SampleResult]:

@@ -28,6 +28,8 @@ class Generate(ctypes.Structure):
                 ("n_stop_token_ids", c_int), ("seed", c_u64), ("monitor_divergence", c_int),
                 ("per_token_kl", c_int), ("forced_tokens", ctypes.POINTER(c_int)), ("n_forced_tokens", c_int),
                 ("min_tokens", c_int), ("logprobs", c_int), ("prompt_logprobs", c_int),
+                ("min_p", c_dbl), ("presence_penalty", c_dbl), ("frequency_penalty", c_dbl),
+                ("repetition_penalty", c_dbl),
                 ("continue_tokens", ctypes.POINTER(c_int)), ("n_continue_tokens", c_int),
                 ("prompt_text", c_char_p), ("prompt_text_len", ctypes.c_size_t), ("has_add_special_tokens", c_int),
                 ("add_special_tokens", c_int), ("stop", ctypes.POINTER(c_char_p)), ("n_stop", c_int),
