@@ -964,16 +964,14 @@ static void test_timing(void **state)
     cudaFree(bt); cudaFree(seqs_dev);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_arguments), cmocka_unit_test(test_nvfp4_exact),
-        cmocka_unit_test(test_nvfp4_bf16),    cmocka_unit_test(test_mxfp4_exact),
-        cmocka_unit_test(test_mxfp4_bf16),    cmocka_unit_test(test_fp8),
-        cmocka_unit_test(test_long),          cmocka_unit_test(test_graph_replay),
-        cmocka_unit_test(test_real_tq6),
-        cmocka_unit_test(test_timing),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_bad_arguments),
+                 cmocka_unit_test(test_nvfp4_exact),
+                 cmocka_unit_test(test_nvfp4_bf16),
+                 cmocka_unit_test(test_mxfp4_exact),
+                 cmocka_unit_test(test_mxfp4_bf16),
+                 cmocka_unit_test(test_fp8),
+                 cmocka_unit_test(test_long),
+                 cmocka_unit_test(test_graph_replay),
+                 cmocka_unit_test(test_real_tq6),
+                 cmocka_unit_test(test_timing))

@@ -343,13 +343,7 @@ static void test_engine_batch_invariant(void **state)
     }
 }
 
-int main(void)
-{
-    fr_gpu_test_filter();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemm_fixed),
-        cmocka_unit_test(test_prefill_equals_decode),
-        cmocka_unit_test(test_engine_batch_invariant),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_gemm_fixed),
+                 cmocka_unit_test(test_prefill_equals_decode),
+                 cmocka_unit_test(test_engine_batch_invariant))

@@ -245,12 +245,6 @@ static void test_golden(void **state)
     golden_case("dsmoe2");
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tiny),
-        cmocka_unit_test(test_golden),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_tiny),
+                 cmocka_unit_test(test_golden))

@@ -781,26 +781,20 @@ static void test_shard_table(void **state)
     fr_model_destroy(&m);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_synthetic_weights_match),
-        cmocka_unit_test(test_tiny_cpu_vs_cuda),
-        cmocka_unit_test(test_fill_cpu_vs_cuda),
-        cmocka_unit_test(test_fork_on_gpu),
-        cmocka_unit_test_prestate(test_golden_logits, (void *)&m_tq6),
-        cmocka_unit_test_prestate(test_golden_decode_vs_prefill, (void *)&m_tq6),
-        cmocka_unit_test_prestate(test_golden_greedy, (void *)&m_tq6),
-        cmocka_unit_test_prestate(test_decode_graphs, (void *)&m_tq6),
-        cmocka_unit_test_prestate(test_golden_logits, (void *)&m_tqm),
-        cmocka_unit_test_prestate(test_golden_decode_vs_prefill, (void *)&m_tqm),
-        cmocka_unit_test_prestate(test_golden_greedy, (void *)&m_tqm),
-        cmocka_unit_test_prestate(test_decode_graphs, (void *)&m_tqm),
-        cmocka_unit_test(test_tq6_quantized_cache_gpu_vs_cpu),
-        cmocka_unit_test(test_weight_update_on_gpu),
-        cmocka_unit_test(test_device_stage_partial),
-        cmocka_unit_test(test_shard_table),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_synthetic_weights_match),
+                 cmocka_unit_test(test_tiny_cpu_vs_cuda),
+                 cmocka_unit_test(test_fill_cpu_vs_cuda),
+                 cmocka_unit_test(test_fork_on_gpu),
+                 cmocka_unit_test_prestate(test_golden_logits, (void *)&m_tq6),
+                 cmocka_unit_test_prestate(test_golden_decode_vs_prefill, (void *)&m_tq6),
+                 cmocka_unit_test_prestate(test_golden_greedy, (void *)&m_tq6),
+                 cmocka_unit_test_prestate(test_decode_graphs, (void *)&m_tq6),
+                 cmocka_unit_test_prestate(test_golden_logits, (void *)&m_tqm),
+                 cmocka_unit_test_prestate(test_golden_decode_vs_prefill, (void *)&m_tqm),
+                 cmocka_unit_test_prestate(test_golden_greedy, (void *)&m_tqm),
+                 cmocka_unit_test_prestate(test_decode_graphs, (void *)&m_tqm),
+                 cmocka_unit_test(test_tq6_quantized_cache_gpu_vs_cpu),
+                 cmocka_unit_test(test_weight_update_on_gpu),
+                 cmocka_unit_test(test_device_stage_partial),
+                 cmocka_unit_test(test_shard_table))

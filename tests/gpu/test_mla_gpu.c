@@ -307,18 +307,12 @@ static void test_refusals(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_logits_bf16),
-        cmocka_unit_test(test_logits_nvfp4),
-        cmocka_unit_test(test_logits_mxfp4_fp8),
-        cmocka_unit_test(test_greedy_bf16),
-        cmocka_unit_test(test_greedy_nvfp4),
-        cmocka_unit_test(test_decode_vs_prefill),
-        cmocka_unit_test(test_fork),
-        cmocka_unit_test(test_refusals),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_logits_bf16),
+                 cmocka_unit_test(test_logits_nvfp4),
+                 cmocka_unit_test(test_logits_mxfp4_fp8),
+                 cmocka_unit_test(test_greedy_bf16),
+                 cmocka_unit_test(test_greedy_nvfp4),
+                 cmocka_unit_test(test_decode_vs_prefill),
+                 cmocka_unit_test(test_fork),
+                 cmocka_unit_test(test_refusals))

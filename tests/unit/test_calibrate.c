@@ -518,18 +518,13 @@ static void test_byte_text_read(void **state)
     assert_int_equal(fr_byte_text_read(&cfg, "/nonexistent/x.txt", 0, &ids, &n), FR_EIO);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_key_mean_matches_runner_keys),
-        cmocka_unit_test(test_calibrate_rejects_bad_options),
-        cmocka_unit_test_setup_teardown(test_calib_file_round_trip, make_dir, remove_dir),
-        cmocka_unit_test_setup_teardown(test_calib_file_rejects_bad_files, make_dir, remove_dir),
-        cmocka_unit_test(test_tau_candidates),
-        cmocka_unit_test(test_tau_selection_brute_force),
-        cmocka_unit_test(test_tau_replay_counts_blocks),
-        cmocka_unit_test(test_observer_does_not_change_logits),
-        cmocka_unit_test_setup_teardown(test_byte_text_read, make_dir, remove_dir),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_key_mean_matches_runner_keys),
+             cmocka_unit_test(test_calibrate_rejects_bad_options),
+             cmocka_unit_test_setup_teardown(test_calib_file_round_trip, make_dir, remove_dir),
+             cmocka_unit_test_setup_teardown(test_calib_file_rejects_bad_files, make_dir, remove_dir),
+             cmocka_unit_test(test_tau_candidates),
+             cmocka_unit_test(test_tau_selection_brute_force),
+             cmocka_unit_test(test_tau_replay_counts_blocks),
+             cmocka_unit_test(test_observer_does_not_change_logits),
+             cmocka_unit_test_setup_teardown(test_byte_text_read, make_dir, remove_dir))

@@ -15,6 +15,7 @@
 
 #include "rollout/model/checkpoint.h"
 #include "tests/unit/test_util.h"
+#include "test_util.h"
 
 static const char *CONFIG =
     "{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"vocab_size\":8,"
@@ -314,14 +315,9 @@ static void test_tq6(void **state)
     fr_checkpoint_close(&c);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup(test_single_file, empty_dir),
-        cmocka_unit_test_setup(test_sharded, empty_dir),
-        cmocka_unit_test_setup(test_shard_defects, empty_dir),
-        cmocka_unit_test_setup(test_folder_defects, empty_dir),
-        cmocka_unit_test(test_tq6),
-    };
-    return cmocka_run_group_tests(tests, make_dir, remove_dir);
-}
+FR_TEST_MAIN(make_dir, remove_dir,
+             cmocka_unit_test_setup(test_single_file, empty_dir),
+             cmocka_unit_test_setup(test_sharded, empty_dir),
+             cmocka_unit_test_setup(test_shard_defects, empty_dir),
+             cmocka_unit_test_setup(test_folder_defects, empty_dir),
+             cmocka_unit_test(test_tq6))

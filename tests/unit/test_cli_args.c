@@ -19,6 +19,7 @@
 #include "app/cli.h"
 #include "app/serve_flags.h"
 #include "base/log.h"
+#include "test_util.h"
 
 /* Parses words (words[0] the command's name) for cmd; the status it asks
  * the command to return (0 when it goes on), what it printed on stderr in
@@ -270,16 +271,11 @@ static void test_log_lines(void **state)
     assert_int_not_equal(fr_log_level_parse("verbose", &l), FR_OK);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_equals_and_space),
-        cmocka_unit_test(test_aliases_and_files),
-        cmocka_unit_test(test_usage_errors),
-        cmocka_unit_test(test_engine_opts),
-        cmocka_unit_test(test_id_lists),
-        cmocka_unit_test(test_serve_flags_override),
-        cmocka_unit_test(test_log_lines),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_equals_and_space),
+             cmocka_unit_test(test_aliases_and_files),
+             cmocka_unit_test(test_usage_errors),
+             cmocka_unit_test(test_engine_opts),
+             cmocka_unit_test(test_id_lists),
+             cmocka_unit_test(test_serve_flags_override),
+             cmocka_unit_test(test_log_lines))

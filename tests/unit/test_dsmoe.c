@@ -442,16 +442,15 @@ static void test_route_capture(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_route_greedy),          cmocka_unit_test(test_route_group_limited),
-        cmocka_unit_test(test_route_noaux_tc),        cmocka_unit_test(test_route_masked_zero),
-        cmocka_unit_test(test_route_ties),            cmocka_unit_test(test_tiny_tables),
-        cmocka_unit_test(test_moe_layer_reference),   cmocka_unit_test(test_decode_matches_prefill),
-        cmocka_unit_test(test_moe_batch_invariant),
-        cmocka_unit_test(test_tp_partial_sums),
-        cmocka_unit_test(test_route_capture),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_route_greedy),
+             cmocka_unit_test(test_route_group_limited),
+             cmocka_unit_test(test_route_noaux_tc),
+             cmocka_unit_test(test_route_masked_zero),
+             cmocka_unit_test(test_route_ties),
+             cmocka_unit_test(test_tiny_tables),
+             cmocka_unit_test(test_moe_layer_reference),
+             cmocka_unit_test(test_decode_matches_prefill),
+             cmocka_unit_test(test_moe_batch_invariant),
+             cmocka_unit_test(test_tp_partial_sums),
+             cmocka_unit_test(test_route_capture))

@@ -327,15 +327,10 @@ static void test_routes_match_golden(void **state)
     fr_st_file_close(&g);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_prestate(test_prefill_and_greedy, &dsmoe),
-        cmocka_unit_test_prestate(test_decode_matches_prefill, &dsmoe),
-        cmocka_unit_test_prestate(test_routes_match_golden, &dsmoe),
-        cmocka_unit_test_prestate(test_prefill_and_greedy, &dsmoe2),
-        cmocka_unit_test_prestate(test_decode_matches_prefill, &dsmoe2),
-        cmocka_unit_test_prestate(test_routes_match_golden, &dsmoe2),
-    };
-    return cmocka_run_group_tests(tests, NULL, free_models);
-}
+FR_TEST_MAIN(NULL, free_models,
+             cmocka_unit_test_prestate(test_prefill_and_greedy, &dsmoe),
+             cmocka_unit_test_prestate(test_decode_matches_prefill, &dsmoe),
+             cmocka_unit_test_prestate(test_routes_match_golden, &dsmoe),
+             cmocka_unit_test_prestate(test_prefill_and_greedy, &dsmoe2),
+             cmocka_unit_test_prestate(test_decode_matches_prefill, &dsmoe2),
+             cmocka_unit_test_prestate(test_routes_match_golden, &dsmoe2))

@@ -364,18 +364,13 @@ static void test_latent_dtypes_decode(void **state)
     fr_st_file_close(&g);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tq6),
-        cmocka_unit_test_prestate(test_decode_matches_prefill, &tq6),
-        cmocka_unit_test_prestate(test_nvfp4_decode_close, &tq6),
-        cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tqm),
-        cmocka_unit_test_prestate(test_decode_matches_prefill, &tqm),
-        cmocka_unit_test_prestate(test_nvfp4_decode_close, &tqm),
-        cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tqa),
-        cmocka_unit_test_prestate(test_decode_matches_prefill, &tqa),
-        cmocka_unit_test_prestate(test_latent_dtypes_decode, &tqa),
-    };
-    return cmocka_run_group_tests(tests, NULL, free_models);
-}
+FR_TEST_MAIN(NULL, free_models,
+             cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tq6),
+             cmocka_unit_test_prestate(test_decode_matches_prefill, &tq6),
+             cmocka_unit_test_prestate(test_nvfp4_decode_close, &tq6),
+             cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tqm),
+             cmocka_unit_test_prestate(test_decode_matches_prefill, &tqm),
+             cmocka_unit_test_prestate(test_nvfp4_decode_close, &tqm),
+             cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tqa),
+             cmocka_unit_test_prestate(test_decode_matches_prefill, &tqa),
+             cmocka_unit_test_prestate(test_latent_dtypes_decode, &tqa))

@@ -17,6 +17,7 @@
 #include "rollout/engine/weight_update.h"
 #include "rollout/model/model.h"
 #include "tests/unit/test_util.h"
+#include "test_util.h"
 
 static void assert_msg_has(const char *needle)
 {
@@ -588,16 +589,11 @@ static void test_moe_folder(void **state)
     tiny_moe = 0;
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_synthetic_config),
-        cmocka_unit_test(test_synthetic_deterministic),
-        cmocka_unit_test(test_bad_specs),
-        cmocka_unit_test(test_folder_loads),
-        cmocka_unit_test(test_folder_defects),
-        cmocka_unit_test(test_moe_folder),
-        cmocka_unit_test(test_tq6),
-    };
-    return cmocka_run_group_tests(tests, make_dir, remove_dir);
-}
+FR_TEST_MAIN(make_dir, remove_dir,
+             cmocka_unit_test(test_synthetic_config),
+             cmocka_unit_test(test_synthetic_deterministic),
+             cmocka_unit_test(test_bad_specs),
+             cmocka_unit_test(test_folder_loads),
+             cmocka_unit_test(test_folder_defects),
+             cmocka_unit_test(test_moe_folder),
+             cmocka_unit_test(test_tq6))

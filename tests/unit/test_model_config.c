@@ -14,6 +14,7 @@
 #include "rollout/model/model.h"
 #include "rollout/model/model_config.h"
 #include "tests/unit/test_util.h"
+#include "test_util.h"
 
 #define LABEL "cfg/config.json"
 
@@ -449,15 +450,16 @@ static void test_load(void **state)
     assert_true(c.rope_theta == 1e6);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tq6_spelling),   cmocka_unit_test(test_official_spelling),
-        cmocka_unit_test(test_rope_variants),  cmocka_unit_test(test_eos_forms),
-        cmocka_unit_test(test_defaults),       cmocka_unit_test(test_missing_keys),
-        cmocka_unit_test(test_wrong_values),   cmocka_unit_test(test_unsupported_models),
-        cmocka_unit_test(test_malformed),      cmocka_unit_test(test_load),
-        cmocka_unit_test(test_moe_and_mla),    cmocka_unit_test(test_deepseek_moe),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_tq6_spelling),
+             cmocka_unit_test(test_official_spelling),
+             cmocka_unit_test(test_rope_variants),
+             cmocka_unit_test(test_eos_forms),
+             cmocka_unit_test(test_defaults),
+             cmocka_unit_test(test_missing_keys),
+             cmocka_unit_test(test_wrong_values),
+             cmocka_unit_test(test_unsupported_models),
+             cmocka_unit_test(test_malformed),
+             cmocka_unit_test(test_load),
+             cmocka_unit_test(test_moe_and_mla),
+             cmocka_unit_test(test_deepseek_moe))

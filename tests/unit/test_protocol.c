@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "trainer_bridge/protocol/protocol.h"
+#include "test_util.h"
 
 static void assert_msg_has(const char *needle)
 {
@@ -780,25 +781,20 @@ static void test_check_bounds(void **state)
     assert_int_equal(fr_msg_check_bounds(fix, sizeof fix, 2), FR_EFORMAT);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hello_and_empty_messages),
-        cmocka_unit_test(test_generate_full_and_minimal),
-        cmocka_unit_test(test_abort),
-        cmocka_unit_test(test_hello_reply),
-        cmocka_unit_test(test_tokens),
-        cmocka_unit_test(test_done),
-        cmocka_unit_test(test_stats_reply_and_error),
-        cmocka_unit_test(test_encode_refuses_invalid),
-        cmocka_unit_test(test_frame_level_errors),
-        cmocka_unit_test(test_generate_errors),
-        cmocka_unit_test(test_other_client_message_errors),
-        cmocka_unit_test(test_server_message_errors),
-        cmocka_unit_test(test_peek_request_id),
-        cmocka_unit_test(test_truncated_frames),
-        cmocka_unit_test(test_utf8),
-        cmocka_unit_test(test_check_bounds),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_hello_and_empty_messages),
+             cmocka_unit_test(test_generate_full_and_minimal),
+             cmocka_unit_test(test_abort),
+             cmocka_unit_test(test_hello_reply),
+             cmocka_unit_test(test_tokens),
+             cmocka_unit_test(test_done),
+             cmocka_unit_test(test_stats_reply_and_error),
+             cmocka_unit_test(test_encode_refuses_invalid),
+             cmocka_unit_test(test_frame_level_errors),
+             cmocka_unit_test(test_generate_errors),
+             cmocka_unit_test(test_other_client_message_errors),
+             cmocka_unit_test(test_server_message_errors),
+             cmocka_unit_test(test_peek_request_id),
+             cmocka_unit_test(test_truncated_frames),
+             cmocka_unit_test(test_utf8),
+             cmocka_unit_test(test_check_bounds))

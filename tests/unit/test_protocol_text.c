@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "trainer_bridge/protocol/protocol.h"
+#include "test_util.h"
 
 static void assert_msg_has(const char *needle)
 {
@@ -308,11 +309,8 @@ static void test_decode_refuses(void **state)
     assert_int_equal(decode_generate(2, nil_prompt_and_text), FR_OK);   /* nil is absent */
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_generate_text_keys), cmocka_unit_test(test_results_text_keys),
-        cmocka_unit_test(test_encode_refuses), cmocka_unit_test(test_decode_refuses),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_generate_text_keys),
+             cmocka_unit_test(test_results_text_keys),
+             cmocka_unit_test(test_encode_refuses),
+             cmocka_unit_test(test_decode_refuses))

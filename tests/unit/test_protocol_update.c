@@ -26,6 +26,7 @@
 #include "trainer_bridge/client/client_internal.h"
 #include "trainer_bridge/protocol/protocol.h"
 #include "trainer_bridge/server/update.h"
+#include "test_util.h"
 
 static void assert_msg_has(const char *needle)
 {
@@ -717,18 +718,13 @@ static void test_staging_failures(void **state)
     source_free(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_update_messages_round_trip),
-        cmocka_unit_test(test_new_generate_done_stats_keys),
-        cmocka_unit_test(test_update_messages_refused),
-        cmocka_unit_test(test_nccl_messages),
-        cmocka_unit_test(test_nccl_messages_refused),
-        cmocka_unit_test(test_client_nccl_without_device),
-        cmocka_unit_test(test_client_settle_drops_stale_answers),
-        cmocka_unit_test(test_staging_whole_model),
-        cmocka_unit_test(test_staging_failures),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_update_messages_round_trip),
+             cmocka_unit_test(test_new_generate_done_stats_keys),
+             cmocka_unit_test(test_update_messages_refused),
+             cmocka_unit_test(test_nccl_messages),
+             cmocka_unit_test(test_nccl_messages_refused),
+             cmocka_unit_test(test_client_nccl_without_device),
+             cmocka_unit_test(test_client_settle_drops_stale_answers),
+             cmocka_unit_test(test_staging_whole_model),
+             cmocka_unit_test(test_staging_failures))

@@ -235,13 +235,8 @@ static void test_refusals(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_routes_match_router),
-        cmocka_unit_test(test_no_draw_changes),
-        cmocka_unit_test(test_record_round_trip),
-        cmocka_unit_test(test_refusals),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_routes_match_router),
+             cmocka_unit_test(test_no_draw_changes),
+             cmocka_unit_test(test_record_round_trip),
+             cmocka_unit_test(test_refusals))

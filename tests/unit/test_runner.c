@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "rollout/model/runner.h"
+#include "test_util.h"
 
 typedef struct {
     fr_model *m;
@@ -211,13 +212,8 @@ static void test_cuda_absent_from_cpu_build(void **state)
     rig_close(&g);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_decode_equals_step_and_sample),
-        cmocka_unit_test(test_fill_then_decode),
-        cmocka_unit_test(test_cpu_refusals_and_reports),
-        cmocka_unit_test(test_cuda_absent_from_cpu_build),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_decode_equals_step_and_sample),
+             cmocka_unit_test(test_fill_then_decode),
+             cmocka_unit_test(test_cpu_refusals_and_reports),
+             cmocka_unit_test(test_cuda_absent_from_cpu_build))

@@ -14,6 +14,7 @@
 
 #include "base/safetensors.h"
 #include "tests/unit/test_util.h"
+#include "test_util.h"
 
 #define LABEL "bad.safetensors"
 
@@ -462,19 +463,14 @@ static void test_golden(void **state)
     fr_st_file_close(&f);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dtype_table),
-        cmocka_unit_test(test_parse_valid),
-        cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_f16_exhaustive),
-        cmocka_unit_test(test_f32_and_unsupported),
-        cmocka_unit_test(test_reject_framing),
-        cmocka_unit_test(test_reject_entries),
-        cmocka_unit_test(test_mutations),
-        cmocka_unit_test(test_file_open),
-        cmocka_unit_test(test_golden),
-    };
-    return cmocka_run_group_tests(tests, make_dir, remove_dir);
-}
+FR_TEST_MAIN(make_dir, remove_dir,
+             cmocka_unit_test(test_dtype_table),
+             cmocka_unit_test(test_parse_valid),
+             cmocka_unit_test(test_bf16),
+             cmocka_unit_test(test_f16_exhaustive),
+             cmocka_unit_test(test_f32_and_unsupported),
+             cmocka_unit_test(test_reject_framing),
+             cmocka_unit_test(test_reject_entries),
+             cmocka_unit_test(test_mutations),
+             cmocka_unit_test(test_file_open),
+             cmocka_unit_test(test_golden))

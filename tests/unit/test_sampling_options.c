@@ -229,13 +229,8 @@ static void test_refused(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_top_logprobs),
-        cmocka_unit_test(test_min_tokens),
-        cmocka_unit_test(test_prompt_logprobs),
-        cmocka_unit_test(test_refused),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_top_logprobs),
+             cmocka_unit_test(test_min_tokens),
+             cmocka_unit_test(test_prompt_logprobs),
+             cmocka_unit_test(test_refused))

@@ -417,14 +417,9 @@ static void test_stop_and_length(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_preemption_recompute_exact),
-        cmocka_unit_test(test_recompute_all),
-        cmocka_unit_test(test_samples_share_pages),
-        cmocka_unit_test(test_abort),
-        cmocka_unit_test(test_stop_and_length),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_preemption_recompute_exact),
+             cmocka_unit_test(test_recompute_all),
+             cmocka_unit_test(test_samples_share_pages),
+             cmocka_unit_test(test_abort),
+             cmocka_unit_test(test_stop_and_length))

@@ -374,12 +374,10 @@ static void test_hold(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_continue_bitwise),  cmocka_unit_test(test_continue_options),
-        cmocka_unit_test(test_continue_monitored), cmocka_unit_test(test_continue_refused),
-        cmocka_unit_test(test_freeze),            cmocka_unit_test(test_hold),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_continue_bitwise),
+             cmocka_unit_test(test_continue_options),
+             cmocka_unit_test(test_continue_monitored),
+             cmocka_unit_test(test_continue_refused),
+             cmocka_unit_test(test_freeze),
+             cmocka_unit_test(test_hold))

@@ -344,12 +344,9 @@ static void test_refused_without_tokenizer(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_stops_bytes),          cmocka_unit_test(test_stops_qwen3),
-        cmocka_unit_test(test_min_tokens),           cmocka_unit_test(test_preemption_and_abort),
-        cmocka_unit_test(test_refused_without_tokenizer),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_stops_bytes),
+             cmocka_unit_test(test_stops_qwen3),
+             cmocka_unit_test(test_min_tokens),
+             cmocka_unit_test(test_preemption_and_abort),
+             cmocka_unit_test(test_refused_without_tokenizer))

@@ -121,11 +121,6 @@ static void test_tokens_then_abort(void **state)
     free(rec);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tokens_reported_once_through_preemption),
-        cmocka_unit_test(test_tokens_then_abort),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_tokens_reported_once_through_preemption),
+             cmocka_unit_test(test_tokens_then_abort))

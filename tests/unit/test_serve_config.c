@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "app/serve_config.h"
+#include "test_util.h"
 
 #define LABEL "conf/serve.json"
 
@@ -437,19 +438,14 @@ static void test_example_files(void **state)
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),
-        cmocka_unit_test(test_every_key),
-        cmocka_unit_test(test_unknown_keys),
-        cmocka_unit_test(test_bad_values),
-        cmocka_unit_test(test_contradictions),
-        cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_failure_keeps_config),
-        cmocka_unit_test(test_json_round_trip),
-        cmocka_unit_test(test_load_paths),
-        cmocka_unit_test(test_example_files),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_defaults),
+             cmocka_unit_test(test_every_key),
+             cmocka_unit_test(test_unknown_keys),
+             cmocka_unit_test(test_bad_values),
+             cmocka_unit_test(test_contradictions),
+             cmocka_unit_test(test_malformed),
+             cmocka_unit_test(test_failure_keeps_config),
+             cmocka_unit_test(test_json_round_trip),
+             cmocka_unit_test(test_load_paths),
+             cmocka_unit_test(test_example_files))

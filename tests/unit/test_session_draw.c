@@ -23,6 +23,7 @@
 
 #include "rollout/model/sampler.h"
 #include "rollout/engine/session.h"
+#include "test_util.h"
 
 static void open_tiny(fr_session *s)
 {
@@ -228,13 +229,8 @@ static void test_refusals(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_step_draw_equals_step_and_sample),
-        cmocka_unit_test(test_decode_keep),
-        cmocka_unit_test(test_fill),
-        cmocka_unit_test(test_refusals),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_step_draw_equals_step_and_sample),
+             cmocka_unit_test(test_decode_keep),
+             cmocka_unit_test(test_fill),
+             cmocka_unit_test(test_refusals))

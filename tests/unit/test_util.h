@@ -50,4 +50,15 @@ fr_status fr_test_server_stop(fr_test_server **l);
 }
 #endif
 
+/* The main() of a test binary that needs nothing prepared before its tests:
+ * FR_TEST_MAIN(group_setup, group_teardown, cmocka_unit_test(a), ...).
+ * Include after <cmocka.h>. The array keeps the name `tests` because cmocka
+ * prints it as the group's name. */
+#define FR_TEST_MAIN(group_setup, group_teardown, ...)                       \
+    int main(void)                                                           \
+    {                                                                        \
+        const struct CMUnitTest tests[] = {__VA_ARGS__};                     \
+        return cmocka_run_group_tests(tests, group_setup, group_teardown);   \
+    }
+
 #endif
