@@ -61,10 +61,7 @@ static void test_key_mean_matches_runner_keys(void **state)
     /* Independently: prefill the calibration sequence, read the keys back. */
     const fr_model_config *mc = &m->cfg;
     const int L = mc->num_layers, H = mc->num_kv_heads, d = mc->head_dim, n = rep.n_tokens;
-    fr_engine_opts eo;
-    fr_engine_opts_default(&eo);
-    eo.backend = FR_BACKEND_CPU;
-    eo.kv = FR_KV_F32;
+    fr_engine_opts eo = fr_test_engine_opts(FR_BACKEND_CPU, NULL, FR_KV_F32);
     eo.chunk = n;
     fr_session s;
     assert_int_equal(fr_session_open(&eo, n / 128 + 2, 1, &s), FR_OK);
@@ -279,10 +276,7 @@ static void test_calib_file_round_trip(void **state)
     float *mean = calloc(mk, sizeof(float));
     fr_calib mcal = {.key_mean = mean, .tau = fr_tau_candidate(9), .has_tau = 1};
     assert_int_equal(fr_calib_save(path, fr_model_calib_dims(mc), &mcal), FR_OK);
-    fr_engine_opts eo;
-    fr_engine_opts_default(&eo);
-    eo.backend = FR_BACKEND_CPU;
-    eo.kv = FR_KV_NVFP4;
+    fr_engine_opts eo = fr_test_engine_opts(FR_BACKEND_CPU, NULL, FR_KV_NVFP4);
     eo.calib = path;
     fr_session s;
     assert_int_equal(fr_session_open_model(&eo, m, 4, 1, &s), FR_OK);

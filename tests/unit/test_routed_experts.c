@@ -51,11 +51,7 @@ static void on_done(void *user, const fr_sample_result *r)
 
 static fr_session open_session(const char *spec, int blocks)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.model = spec;
-    o.backend = FR_BACKEND_CPU;
-    o.kv = FR_KV_F32;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, spec, FR_KV_F32);
     o.chunk = 192;   /* room for prefill_routes's one step; the scheduler steps 48 */
     fr_session s;
     if (fr_session_open(&o, blocks, 8, &s)) fail_msg("%s", fr_last_error());

@@ -52,11 +52,7 @@ static void on_done(void *user, const fr_sample_result *r)
 
 static fr_session open_session(void)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.model = "synthetic:tiny";
-    o.backend = FR_BACKEND_CPU;
-    o.kv = FR_KV_BF16;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, "synthetic:tiny", FR_KV_BF16);
     o.deterministic = 1;
     fr_session s;
     if (fr_session_open(&o, 64, 8, &s)) fail_msg("%s", fr_last_error());

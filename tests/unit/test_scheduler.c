@@ -18,11 +18,8 @@
  * runs across batching, chunking and preemption bitwise. */
 static void open_session(fr_session *s, fr_kv_dtype kv, int n_blocks, int max_seqs, int chunk)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CPU;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, NULL, kv);
     o.deterministic = kv == FR_KV_F32;
-    o.kv = kv;
     o.chunk = chunk;
     assert_int_equal(fr_session_open(&o, n_blocks, max_seqs, s), FR_OK);
 }

@@ -32,11 +32,8 @@ static int on_cuda(void)
 
 static void open_det(fr_session *s, fr_kv_dtype kv, int n_blocks, int max_seqs, int chunk)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = on_cuda() ? FR_BACKEND_CUDA : FR_BACKEND_CPU;
+    fr_engine_opts o = fr_test_engine_opts(on_cuda() ? FR_BACKEND_CUDA : FR_BACKEND_CPU, NULL, on_cuda() && kv == FR_KV_F32 ? FR_KV_BF16 : kv);
     o.deterministic = 1;
-    o.kv = on_cuda() && kv == FR_KV_F32 ? FR_KV_BF16 : kv;
     o.chunk = chunk;
     assert_int_equal(fr_session_open(&o, n_blocks, max_seqs, s), FR_OK);
 }

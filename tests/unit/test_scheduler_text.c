@@ -103,11 +103,7 @@ static void run(const run_opts *ro, const fr_tokenizer *tok, fr_request_spec *sp
 {
     memset(rec, 0, sizeof *rec);
     rec->tok = tok;
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.model = ro->model;
-    o.backend = FR_BACKEND_CPU;
-    o.kv = FR_KV_F32;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, ro->model, FR_KV_F32);
     o.chunk = 32;
     fr_session s;
     assert_int_equal(fr_session_open(&o, ro->blocks, 8, &s), FR_OK);

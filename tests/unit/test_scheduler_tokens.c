@@ -57,10 +57,7 @@ static void on_done(void *user, const fr_sample_result *res)
 /* A tight cache (preemptions) and NREQ requests of NS samples. */
 static void run(int abort_after_steps, long long *preemptions, record *rec)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CPU;
-    o.kv = FR_KV_F32;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, NULL, FR_KV_F32);
     o.chunk = 64;
     fr_session s;
     assert_int_equal(fr_session_open(&o, 6, 8, &s), FR_OK);

@@ -27,10 +27,7 @@
 
 static void open_tiny(fr_session *s)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CPU;
-    o.kv = FR_KV_NVFP4;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, NULL, FR_KV_NVFP4);
     if (fr_session_open(&o, 32, 8, s)) fail_msg("%s", fr_last_error());
 }
 

@@ -154,3 +154,13 @@ fr_status fr_test_server_stop(fr_test_server **pl)
     *pl = NULL;
     return st;
 }
+
+fr_engine_opts fr_test_engine_opts(fr_backend backend, const char *model, fr_kv_dtype kv)
+{
+    fr_engine_opts o;
+    fr_engine_opts_default(&o);
+    o.backend = backend;
+    if (model) o.model = model;
+    o.kv = kv;
+    return o;
+}

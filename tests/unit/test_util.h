@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "base/fr_status.h"
+#include "rollout/engine/session.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,6 +32,11 @@ typedef struct { uint64_t s; } fr_test_rng;
 uint64_t fr_test_u64(fr_test_rng *r);
 float fr_test_uniform(fr_test_rng *r);          /* [0, 1) */
 float fr_test_normal(fr_test_rng *r);           /* N(0, 1), Box-Muller */
+
+/* Engine options (rollout/engine/session.h) with the defaults but for the
+ * backend, the model (NULL: the default's) and the KV dtype, which every
+ * test names. */
+fr_engine_opts fr_test_engine_opts(fr_backend backend, const char *model, fr_kv_dtype kv);
 
 /* The bridge server (trainer_bridge/server/server.h) on a thread of this
  * process, bound to a free loopback port, over a CPU session of the
