@@ -1,5 +1,11 @@
 #include "test_util.h"
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
 #include <dirent.h>
 #include <math.h>
 #include <string.h>
@@ -163,4 +169,20 @@ fr_engine_opts fr_test_engine_opts(fr_backend backend, const char *model, fr_kv_
     if (model) o.model = model;
     o.kv = kv;
     return o;
+}
+
+void fr_test_error_has(const char *needle)
+{
+    if (!strstr(fr_last_error(), needle)) fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
+}
+
+void fr_test_round_trip(const fr_msg *m, fr_msg *out, size_t *len)
+{
+    char *data = NULL;
+    size_t n = 0;
+    if (fr_msg_encode(m, &data, &n)) fail_msg("encode %s: %s", fr_msg_type_name(m->type), fr_last_error());
+    if (fr_msg_decode(data, n, out)) fail_msg("decode %s: %s", fr_msg_type_name(m->type), fr_last_error());
+    free(data);
+    if (len) *len = n;
+    assert_int_equal(out->type, m->type);
 }

@@ -7,6 +7,7 @@
 
 #include "base/fr_status.h"
 #include "rollout/engine/session.h"
+#include "trainer_bridge/protocol/protocol.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,6 +33,15 @@ typedef struct { uint64_t s; } fr_test_rng;
 uint64_t fr_test_u64(fr_test_rng *r);
 float fr_test_uniform(fr_test_rng *r);          /* [0, 1) */
 float fr_test_normal(fr_test_rng *r);           /* N(0, 1), Box-Muller */
+
+/* Fails the calling cmocka test unless the thread's last error message
+ * (fr_last_error) holds needle. */
+void fr_test_error_has(const char *needle);
+
+/* Encodes m and decodes the bytes into *out (the caller frees it with
+ * fr_msg_free), the encoded length in *len when len is not NULL; fails the
+ * calling test when either fails or the type changes. */
+void fr_test_round_trip(const fr_msg *m, fr_msg *out, size_t *len);
 
 /* Engine options (rollout/engine/session.h) with the defaults but for the
  * backend, the model (NULL: the default's) and the KV dtype, which every
