@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "trainer_bridge/protocol/protocol.h"
+#include "protocol_samples.h"
 #include "test_util.h"
 
 static void test_hello_and_empty_messages(void **state)
@@ -160,24 +161,8 @@ static void test_hello_reply(void **state)
 {
     (void)state;
     fr_msg m, d;
-    fr_msg_init(&m, FR_MSG_HELLO_REPLY);
-    fr_msg_hello_reply *h = &m.u.hello_reply;
-    snprintf(h->server, sizeof h->server, "fp4rollout");
-    snprintf(h->model, sizeof h->model, "synthetic:tiny");
-    snprintf(h->backend, sizeof h->backend, "cpu");
-    snprintf(h->kv_dtype, sizeof h->kv_dtype, "nvfp4");
-    h->tp = 2;
-    h->engines = 3;
-    h->weight_version = 17;
-    h->max_seqs = 64;
-    h->kv_blocks = 1024;
-    h->kv_block_tokens = 128;
-    h->max_model_len = 4096;
-    h->vocab_size = 272;
-    h->eos_token_ids[0] = 257;
-    h->eos_token_ids[1] = 258;
-    h->n_eos_token_ids = 2;
-    h->chunk = 512;
+    fr_sample_hello_reply(&m);
+    const fr_msg_hello_reply *h = &m.u.hello_reply;
     fr_test_round_trip(&m, &d, NULL);
     assert_memory_equal(&d.u.hello_reply, h, sizeof *h);
 }
@@ -185,27 +170,17 @@ static void test_hello_reply(void **state)
 static void test_tokens(void **state)
 {
     (void)state;
-    int toks[] = {5, 0, 271};
-    float lps[] = {-0.25f, -7.5f, 0.0f};
-    uint64_t wv[] = {3, 3, 4};
     fr_msg m, d;
-    fr_msg_init(&m, FR_MSG_TOKENS);
-    fr_msg_tokens *k = &m.u.tokens;
-    k->request_id = 42;
-    k->sample = 3;
-    k->start = 17;
-    k->n = 3;
-    k->token_ids = toks;
-    k->logprobs = lps;
-    k->weight_versions = wv;
+    fr_sample_tokens(&m);
+    const fr_msg_tokens *k = &m.u.tokens;
     fr_test_round_trip(&m, &d, NULL);
-    assert_true(d.u.tokens.request_id == 42);
-    assert_int_equal(d.u.tokens.sample, 3);
-    assert_int_equal(d.u.tokens.start, 17);
-    assert_int_equal(d.u.tokens.n, 3);
-    assert_memory_equal(d.u.tokens.token_ids, toks, sizeof toks);
-    assert_memory_equal(d.u.tokens.logprobs, lps, sizeof lps);   /* float32 on the wire: exact */
-    assert_memory_equal(d.u.tokens.weight_versions, wv, sizeof wv);
+    assert_true(d.u.tokens.request_id == k->request_id);
+    assert_int_equal(d.u.tokens.sample, k->sample);
+    assert_int_equal(d.u.tokens.start, k->start);
+    assert_int_equal(d.u.tokens.n, k->n);
+    assert_memory_equal(d.u.tokens.token_ids, k->token_ids, sizeof(int) * 3);
+    assert_memory_equal(d.u.tokens.logprobs, k->logprobs, sizeof(float) * 3);   /* float32 on the wire: exact */
+    assert_memory_equal(d.u.tokens.weight_versions, k->weight_versions, sizeof(uint64_t) * 3);
     fr_msg_free(&d);
 }
 

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "trainer_bridge/protocol/protocol.h"
+#include "protocol_samples.h"
 #include "test_util.h"
 
 static void test_generate_text_keys(void **state)
@@ -104,14 +105,8 @@ static void test_results_text_keys(void **state)
     assert_memory_equal(d.u.done.prompt_token_ids, prompt_ids, sizeof prompt_ids);
     fr_msg_free(&d);
 
-    fr_msg_init(&m, FR_MSG_HELLO_REPLY);
+    fr_sample_hello_reply(&m);
     fr_msg_hello_reply *h = &m.u.hello_reply;
-    snprintf(h->server, sizeof h->server, "fp4rollout");
-    snprintf(h->model, sizeof h->model, "m");
-    snprintf(h->backend, sizeof h->backend, "cpu");
-    snprintf(h->kv_dtype, sizeof h->kv_dtype, "bf16");
-    h->tp = h->engines = h->max_seqs = h->kv_blocks = h->kv_block_tokens = h->max_model_len = h->vocab_size = 1;
-    h->chunk = 1;
     fr_test_round_trip(&m, &d, NULL);
     assert_string_equal(d.u.hello_reply.tokenizer, "");   /* none: the key is not sent */
     snprintf(h->tokenizer, sizeof h->tokenizer, "byte-level");
