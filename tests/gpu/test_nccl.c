@@ -252,23 +252,11 @@ static int teardown(void **state)
     return 0;
 }
 
-int main(int argc, char **argv)
-{
-    if (fr_mpi_world_init(&argc, &argv, &W)) {
-        fprintf(stderr, "test_nccl: %s\n", fr_last_error());
-        return 1;
-    }
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_group),
-        cmocka_unit_test(test_allreduce_f32),
-        cmocka_unit_test(test_allreduce_bf16),
-        cmocka_unit_test(test_bcast),
-        cmocka_unit_test(test_graph_replay),
-        cmocka_unit_test(test_shared_gpu_rejected),
-        cmocka_unit_test(test_bad_arguments),
-    };
-    int failed = cmocka_run_group_tests(tests, setup, teardown), any = failed;
-    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, W->comm);
-    fr_mpi_world_finalize(&W);
-    return any ? 1 : 0;
-}
+FR_MPI_TEST_MAIN(W, setup, teardown,
+                 cmocka_unit_test(test_group),
+                 cmocka_unit_test(test_allreduce_f32),
+                 cmocka_unit_test(test_allreduce_bf16),
+                 cmocka_unit_test(test_bcast),
+                 cmocka_unit_test(test_graph_replay),
+                 cmocka_unit_test(test_shared_gpu_rejected),
+                 cmocka_unit_test(test_bad_arguments))

@@ -32,20 +32,7 @@ static void on_done(void *user, const fr_sample_result *r)
     results *rs = user;
     assert_true(r->request_id < NREQ && r->sample >= 0 && r->sample < NS);
     fr_sample_result *dst = &rs->res[r->request_id][r->sample];
-    *dst = *r;   /* the arrays are handed over: keep them */
-    size_t n = (size_t)r->n_tokens;
-    dst->tokens = malloc(sizeof(int) * (n ? n : 1));
-    memcpy(dst->tokens, r->tokens, sizeof(int) * n);
-    dst->logprobs = NULL;
-    dst->versions = NULL;
-    dst->kl = NULL;
-    dst->top_ids = NULL;
-    dst->top_logprobs = NULL;
-    dst->prompt_logprobs = NULL;
-    if (r->routed_experts) {
-        dst->routed_experts = malloc(fr_sample_route_bytes(r) * (n ? n : 1));
-        memcpy(dst->routed_experts, r->routed_experts, fr_sample_route_bytes(r) * n);
-    }
+    fr_test_keep_result(dst, r);
     rs->done++;
 }
 

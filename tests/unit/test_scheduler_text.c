@@ -69,20 +69,7 @@ static void on_done(void *user, const fr_sample_result *res)
     assert_true(res->request_id < MAXR);
     if (res->sample != 0) return;
     fr_sample_result *k = &r->res[res->request_id];
-    *k = *res;   /* keep the arrays needed: tokens and text */
-    k->tokens = malloc(sizeof(int) * (size_t)(res->n_tokens ? res->n_tokens : 1));
-    memcpy(k->tokens, res->tokens, sizeof(int) * (size_t)res->n_tokens);
-    k->text = NULL;
-    if (res->text) {   /* the text may hold NUL (token 0 is a byte) */
-        k->text = malloc(res->text_len + 1);
-        memcpy(k->text, res->text, res->text_len + 1);
-    }
-    k->logprobs = NULL;
-    k->versions = NULL;
-    k->kl = NULL;
-    k->top_ids = NULL;
-    k->top_logprobs = NULL;
-    k->prompt_logprobs = NULL;
+    fr_test_keep_result(k, res);
     r->got[res->request_id] = 1;
 }
 

@@ -186,3 +186,29 @@ void fr_test_round_trip(const fr_msg *m, fr_msg *out, size_t *len)
     if (len) *len = n;
     assert_int_equal(out->type, m->type);
 }
+
+/* malloc'd copy of n bytes (at least one byte, so that an empty array is
+ * not NULL), or NULL when src is. */
+static void *copy_of(const void *src, size_t n)
+{
+    if (!src) return NULL;
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    memcpy(p, src, n);
+    return p;
+}
+
+void fr_test_keep_result(fr_sample_result *dst, const fr_sample_result *src)
+{
+    const size_t n = (size_t)src->n_tokens;
+    *dst = *src;
+    dst->tokens = copy_of(src->tokens, sizeof(int) * n);
+    dst->text = copy_of(src->text, src->text_len + 1);   /* may hold NUL: token 0 is a byte */
+    dst->routed_experts = copy_of(src->routed_experts, fr_sample_route_bytes(src) * n);
+    dst->logprobs = NULL;
+    dst->versions = NULL;
+    dst->kl = NULL;
+    dst->top_ids = NULL;
+    dst->top_logprobs = NULL;
+    dst->prompt_logprobs = NULL;
+}

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "base/fr_status.h"
+#include "rollout/engine/request.h"
 #include "rollout/engine/session.h"
 #include "trainer_bridge/protocol/protocol.h"
 
@@ -43,6 +44,11 @@ void fr_test_error_has(const char *needle);
  * calling test when either fails or the type changes. */
 void fr_test_round_trip(const fr_msg *m, fr_msg *out, size_t *len);
 
+/* A copy of a scheduler's result that outlives its on_done callback: the
+ * tokens, the text and the routed experts copied, the other arrays left out
+ * (NULL); free it with fr_sample_result_free. */
+void fr_test_keep_result(fr_sample_result *dst, const fr_sample_result *src);
+
 /* Engine options (rollout/engine/session.h) with the defaults but for the
  * backend, the model (NULL: the default's) and the KV dtype, which every
  * test names. */
@@ -75,6 +81,24 @@ fr_status fr_test_server_stop(fr_test_server **l);
     {                                                                        \
         const struct CMUnitTest tests[] = {__VA_ARGS__};                     \
         return cmocka_run_group_tests(tests, group_setup, group_teardown);   \
+    }
+
+/* The main() of a test binary that runs on every rank of an MPI world (the
+ * fr_mpi_world pointer `world`, comm/mpi_world.h, made here): it exits 1 on
+ * every rank when the tests failed on any. */
+#define FR_MPI_TEST_MAIN(world, group_setup, group_teardown, ...)                     \
+    int main(int argc, char **argv)                                                   \
+    {                                                                                 \
+        if (fr_mpi_world_init(&argc, &argv, &world)) {                                \
+            fprintf(stderr, "%s: %s\n", argv[0], fr_last_error());                    \
+            return 1;                                                                 \
+        }                                                                             \
+        const struct CMUnitTest tests[] = {__VA_ARGS__};                              \
+        int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);      \
+        int any = failed;                                                             \
+        MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, world->comm);               \
+        fr_mpi_world_finalize(&world);                                                \
+        return any ? 1 : 0;                                                           \
     }
 
 #endif
