@@ -59,6 +59,19 @@ fr_st_file *fr_test_golden_open(const char *name, fr_model **model)
     return g;
 }
 
+float fr_test_within(const float *ref, const float *got, size_t n, float bound, const char *fmt, ...)
+{
+    float d = fr_test_max_diff(ref, got, n), m = fr_test_max_abs(ref, n);
+    va_list ap;
+    va_start(ap, fmt);
+    printf("  ");
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf(": max |diff| %.3g, ratio %.2e\n", d, d / m);
+    assert_true(d <= bound * m);
+    return d;
+}
+
 const fr_st_tensor *fr_test_golden(const fr_st_file *g, int p, const char *what)
 {
     char name[64];

@@ -18,6 +18,11 @@ float *fr_test_logits(fr_session *s, const int *ids, int n, int chunk);
 
 float fr_test_max_abs(const float *x, size_t n);
 float fr_test_max_diff(const float *a, const float *b, size_t n);
+/* max |got - ref| over n values, printed after the printf-style label with
+ * its ratio to max |ref| ("  LABEL: max |diff| D, ratio R"); fails the test
+ * unless it is at most bound x max |ref|. Returns the difference. */
+float fr_test_within(const float *ref, const float *got, size_t n, float bound, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
 /* The golden file of checkpoint `name` (fr_test_require_model), open, with
  * the checkpoint loaded into *model unless it is already (the cases of one

@@ -212,3 +212,11 @@ void fr_test_keep_result(fr_sample_result *dst, const fr_sample_result *src)
     dst->top_logprobs = NULL;
     dst->prompt_logprobs = NULL;
 }
+
+fr_scheduler *fr_test_scheduler(fr_session *s, int chunk)
+{
+    fr_scheduler_config c = {.max_seqs = 0, .chunk = chunk, .reserve_blocks = -1};
+    fr_scheduler *sch = NULL;
+    if (fr_scheduler_new(s, &c, &sch)) fail_msg("scheduler: %s", fr_last_error());
+    return sch;
+}

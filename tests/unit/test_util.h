@@ -7,6 +7,7 @@
 
 #include "base/fr_status.h"
 #include "rollout/engine/request.h"
+#include "rollout/engine/scheduler.h"
 #include "rollout/engine/session.h"
 #include "trainer_bridge/protocol/protocol.h"
 
@@ -48,6 +49,10 @@ void fr_test_round_trip(const fr_msg *m, fr_msg *out, size_t *len);
  * tokens, the text and the routed experts copied, the other arrays left out
  * (NULL); free it with fr_sample_result_free. */
 void fr_test_keep_result(fr_sample_result *dst, const fr_sample_result *src);
+
+/* A scheduler over s that prefills in chunks of `chunk` tokens, with the
+ * default sequence limit and block reserve; fails the test when refused. */
+fr_scheduler *fr_test_scheduler(fr_session *s, int chunk);
 
 /* Engine options (rollout/engine/session.h) with the defaults but for the
  * backend, the model (NULL: the default's) and the KV dtype, which every
