@@ -16,6 +16,7 @@
 #include "base/dtype.h"
 #include "base/fr_status.h"
 #include "base/seed.h"
+#include "test_util.h"
 
 static void test_buf_grows_and_stays_terminated(void **state)
 {
@@ -187,16 +188,11 @@ static void test_error_store(void **state)
     assert_int_equal(id, 7);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_buf_grows_and_stays_terminated),
-        cmocka_unit_test(test_buf_failure_is_sticky),
-        cmocka_unit_test(test_dtype),
-        cmocka_unit_test(test_clock),
-        cmocka_unit_test(test_atomic_file),
-        cmocka_unit_test(test_seed_stream),
-        cmocka_unit_test(test_error_store),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_buf_grows_and_stays_terminated),
+             cmocka_unit_test(test_buf_failure_is_sticky),
+             cmocka_unit_test(test_dtype),
+             cmocka_unit_test(test_clock),
+             cmocka_unit_test(test_atomic_file),
+             cmocka_unit_test(test_seed_stream),
+             cmocka_unit_test(test_error_store))
