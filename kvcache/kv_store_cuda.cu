@@ -510,26 +510,33 @@ void fr_kv_store_gpu_destroy(fr_kv_store_gpu **ps)
     *ps = NULL;
 }
 
+/* What both views (per-head pages, latent rows) say alike: the pool, the
+ * recent and sink slots, and the layer. */
+template <class View> static void view_pages(const fr_kv_store_gpu *s, int layer, View &v)
+{
+    v.pool = s->pool;
+    v.block_bytes = s->block_bytes;
+    v.recent = s->recent;
+    v.sink = s->sink;
+    v.slot_elems = s->slot_elems;
+    v.sink_elems = s->sink_elems;
+    v.layer = layer;
+}
+
 fr_paged_kv fr_kv_store_gpu_view(const fr_kv_store_gpu *s, int layer, const uint16_t *step_k,
                                  const uint16_t *step_v)
 {
     fr_paged_kv v;
     memset(&v, 0, sizeof v);
     if (!s || layer < 0 || layer >= s->cfg.n_layers) return v;
-    v.pool = s->pool;
-    v.block_bytes = s->block_bytes;
+    view_pages(s, layer, v);
     v.head_page_bytes = s->layout.head_page_bytes;
     v.k_codes = s->layout.k_codes;
     v.k_scales = s->layout.k_scales;
     v.v_codes = s->layout.v_codes;
     v.v_scales = s->layout.v_scales;
-    v.recent = s->recent;
-    v.sink = s->sink;
-    v.slot_elems = s->slot_elems;
-    v.sink_elems = s->sink_elems;
     v.step_k = step_k;
     v.step_v = step_v;
-    v.layer = layer;
     v.n_layers = s->cfg.n_layers;
     v.n_kv_heads = s->cfg.n_kv_heads;
     v.head_dim = s->cfg.head_dim;
@@ -541,18 +548,12 @@ fr_latent_kv fr_kv_store_gpu_latent_view(const fr_kv_store_gpu *s, int layer, co
     fr_latent_kv v;
     memset(&v, 0, sizeof v);
     if (!s || s->cfg.latent_dim <= 0 || layer < 0 || layer >= s->cfg.n_layers) return v;
-    v.pool = s->pool;
-    v.block_bytes = s->block_bytes;
+    view_pages(s, layer, v);
     v.page_bytes = s->layout.head_page_bytes;
     v.codes = s->layout.k_codes;
     v.scales = s->layout.k_scales;
     v.rope = s->layout.rope;
-    v.recent = s->recent;
-    v.sink = s->sink;
-    v.slot_elems = s->slot_elems;
-    v.sink_elems = s->sink_elems;
     v.step_rows = step_rows;
-    v.layer = layer;
     return v;
 }
 
