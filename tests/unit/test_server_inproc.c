@@ -5,7 +5,7 @@
  * new weights does), two partial pushes that together bring the old
  * weights back, a push that is neither whole nor partial (refused, nothing
  * changes), and a frame that is not a message (an error, and the server
- * keeps serving). Also the reading of a socket monitor's events. */
+ * keeps serving). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -208,54 +208,10 @@ static void test_server_in_process(void **state)
     stop(b);
 }
 
-/* fr_wire_monitor_event on a real monitor: nothing queued gives 0; a
- * connection accepted and then closed by its peer gives ACCEPTED and then
- * DISCONNECTED, both naming the same file descriptor. */
-static void test_monitor_events(void **state)
-{
-    (void)state;
-    void *ctx = zmq_ctx_new(), *router = zmq_socket(ctx, ZMQ_ROUTER), *mon = zmq_socket(ctx, ZMQ_PAIR);
-    assert_int_equal(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
-    assert_int_equal(zmq_socket_monitor(router, "inproc://test-monitor", ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED), 0);
-    assert_int_equal(zmq_connect(mon, "inproc://test-monitor"), 0);
-    uint16_t event = 1;
-    int32_t fd = 0, accepted_fd = -1;
-    assert_int_equal(fr_wire_monitor_event(mon, &event, &fd), 0);
-    char endpoint[256];
-    size_t len = sizeof endpoint;
-    assert_int_equal(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, endpoint, &len), 0);
-    void *dealer = zmq_socket(ctx, ZMQ_DEALER);
-    assert_int_equal(zmq_connect(dealer, endpoint), 0);
-    int closed = 0;
-    for (int i = 0; i < 2000 && !closed; i++) {   /* 20 s at most */
-        if (!fr_wire_monitor_event(mon, &event, &fd)) {
-            zmq_pollitem_t it = {.socket = mon, .events = ZMQ_POLLIN};
-            zmq_poll(&it, 1, 10);
-            continue;
-        }
-        if (event == ZMQ_EVENT_ACCEPTED) {
-            assert_true(fd >= 0);
-            accepted_fd = fd;
-            zmq_close(dealer);   /* the peer goes: the router sees the connection end */
-            dealer = NULL;
-        } else if (event == ZMQ_EVENT_DISCONNECTED) {
-            assert_int_equal(fd, accepted_fd);
-            closed = 1;
-        }
-    }
-    assert_true(closed);
-    if (dealer) zmq_close(dealer);
-    zmq_socket_monitor(router, NULL, 0);
-    zmq_close(mon);
-    zmq_close(router);
-    zmq_ctx_term(ctx);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_server_in_process),
-        cmocka_unit_test(test_monitor_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
