@@ -57,6 +57,27 @@ static void test_buf_failure_is_sticky(void **state)
     assert_false(b.failed);
 }
 
+static void test_array_room(void **state)
+{
+    (void)state;
+    int *a = NULL;
+    size_t n = 0, cap = 0;
+    for (int i = 0; i < 100; i++) {
+        int *v = fr_array_room(a, n, &cap, sizeof *v, 4);
+        assert_non_null(v);
+        a = v;
+        a[n++] = i;
+        assert_true(n <= cap);
+    }
+    assert_int_equal(cap, 128);   /* 4, 8, ..., 128: doubled only when full */
+    for (int i = 0; i < 100; i++) assert_int_equal(a[i], i);
+    assert_ptr_equal(fr_array_room(a, 5, &cap, sizeof *a, 4), a);   /* room left: untouched */
+    size_t huge = SIZE_MAX / 2;
+    assert_null(fr_array_room(a, huge, &huge, sizeof *a, 4));   /* too large: refused, nothing changed */
+    assert_int_equal(huge, SIZE_MAX / 2);
+    free(a);
+}
+
 static void test_dtype(void **state)
 {
     (void)state;
@@ -191,6 +212,7 @@ static void test_error_store(void **state)
 FR_TEST_MAIN(NULL, NULL,
              cmocka_unit_test(test_buf_grows_and_stays_terminated),
              cmocka_unit_test(test_buf_failure_is_sticky),
+             cmocka_unit_test(test_array_room),
              cmocka_unit_test(test_dtype),
              cmocka_unit_test(test_clock),
              cmocka_unit_test(test_atomic_file),

@@ -2,7 +2,8 @@
  * message type encoded and decoded back field by field, and every way a
  * frame can be refused (not msgpack, not a map, type and version, missing,
  * unknown, repeated and mistyped keys, values out of range), each with a
- * message naming the problem. */
+ * message naming the problem; and the reading of a socket monitor's events
+ * (wire.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,10 +15,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zmq.h>
 
 #include "trainer_bridge/protocol/protocol.h"
 #include "protocol_samples.h"
 #include "test_util.h"
+#include "trainer_bridge/protocol/wire.h"
 
 static void test_hello_and_empty_messages(void **state)
 {
@@ -739,6 +742,49 @@ static void test_check_bounds(void **state)
     assert_int_equal(fr_msg_check_bounds(fix, sizeof fix, 2), FR_EFORMAT);
 }
 
+/* fr_wire_monitor_event on a real monitor: nothing queued gives 0; a
+ * connection accepted and then closed by its peer gives ACCEPTED and then
+ * DISCONNECTED, both naming the same file descriptor. */
+static void test_monitor_events(void **state)
+{
+    (void)state;
+    void *ctx = zmq_ctx_new(), *router = zmq_socket(ctx, ZMQ_ROUTER), *mon = zmq_socket(ctx, ZMQ_PAIR);
+    assert_int_equal(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
+    assert_int_equal(zmq_socket_monitor(router, "inproc://test-monitor", ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED), 0);
+    assert_int_equal(zmq_connect(mon, "inproc://test-monitor"), 0);
+    uint16_t event = 1;
+    int32_t fd = 0, accepted_fd = -1;
+    assert_int_equal(fr_wire_monitor_event(mon, &event, &fd), 0);
+    char endpoint[256];
+    size_t len = sizeof endpoint;
+    assert_int_equal(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, endpoint, &len), 0);
+    void *dealer = zmq_socket(ctx, ZMQ_DEALER);
+    assert_int_equal(zmq_connect(dealer, endpoint), 0);
+    int closed = 0;
+    for (int i = 0; i < 2000 && !closed; i++) {   /* 20 s at most */
+        if (!fr_wire_monitor_event(mon, &event, &fd)) {
+            zmq_pollitem_t it = {.socket = mon, .events = ZMQ_POLLIN};
+            zmq_poll(&it, 1, 10);
+            continue;
+        }
+        if (event == ZMQ_EVENT_ACCEPTED) {
+            assert_true(fd >= 0);
+            accepted_fd = fd;
+            zmq_close(dealer);   /* the peer goes: the router sees the connection end */
+            dealer = NULL;
+        } else if (event == ZMQ_EVENT_DISCONNECTED) {
+            assert_int_equal(fd, accepted_fd);
+            closed = 1;
+        }
+    }
+    assert_true(closed);
+    if (dealer) zmq_close(dealer);
+    zmq_socket_monitor(router, NULL, 0);
+    zmq_close(mon);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+}
+
 FR_TEST_MAIN(NULL, NULL,
              cmocka_unit_test(test_hello_and_empty_messages),
              cmocka_unit_test(test_generate_full_and_minimal),
@@ -755,4 +801,5 @@ FR_TEST_MAIN(NULL, NULL,
              cmocka_unit_test(test_peek_request_id),
              cmocka_unit_test(test_truncated_frames),
              cmocka_unit_test(test_utf8),
-             cmocka_unit_test(test_check_bounds))
+             cmocka_unit_test(test_check_bounds),
+             cmocka_unit_test(test_monitor_events))
