@@ -112,7 +112,8 @@ static int loopback_peer(struct MHD_Connection *conn)
 
 /* The role a request has: the highest whose token it carries, and any role
  * without a token of its own (read: for everyone; client and trainer: for
- * loopback peers). */
+ * loopback peers). A role without a token still wants the nearest token set
+ * below it: a read token must not be bypassed by asking for more. */
 static int role_of(fr_http *h, struct MHD_Connection *conn)
 {
     const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
@@ -120,7 +121,13 @@ static int role_of(fr_http *h, struct MHD_Connection *conn)
     const int local = loopback_peer(conn);
     for (int r = ROLE_TRAINER; r >= ROLE_READ; r--) {
         const char *want = h->tokens[r - 1];
-        if (want[0] ? got && same_token(got, want) : (r == ROLE_READ || local)) return r;
+        if (want[0]) {
+            if (got && same_token(got, want)) return r;
+            continue;
+        }
+        const char *below = "";
+        for (int k = r - 1; k >= ROLE_READ && !below[0]; k--) below = h->tokens[k - 1];
+        if ((r == ROLE_READ || local) && (!below[0] || (got && same_token(got, below)))) return r;
     }
     return ROLE_NONE;
 }
