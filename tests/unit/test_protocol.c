@@ -651,14 +651,13 @@ static void test_routed_experts_round_trip(void **state)
     fr_msg_init(&m, FR_MSG_GENERATE);
     int prompt[] = {1, 2};
     m.u.generate = (fr_msg_generate){.request_id = 3, .prompt = prompt, .n_prompt = 2, .n = 1,
-                                     .monitor_divergence = -1, .return_routed_experts = 1};
-    round_trip(&m, &d);
-    assert_int_equal(d.u.generate.return_routed_experts, 1);
-    fr_msg_free(&d);
-    m.u.generate.return_routed_experts = 0;
-    round_trip(&m, &d);
-    assert_int_equal(d.u.generate.return_routed_experts, 0);
-    fr_msg_free(&d);
+                                     .monitor_divergence = -1};
+    for (int flag = 1; flag >= 0; flag--) {
+        m.u.generate.return_routed_experts = flag;
+        round_trip(&m, &d);
+        assert_int_equal(d.u.generate.return_routed_experts, flag);
+        fr_msg_free(&d);
+    }
     uint8_t ids[5 * 3 * 2 * 2];
     for (int i = 0; i < (int)sizeof ids; i++) ids[i] = (uint8_t)(i * 37 + 1);
     for (int width = 1; width <= 2; width++)
