@@ -135,6 +135,16 @@ static void test_routes_match_router(void **state)
     assert_true(pre > 0);
 }
 
+/* A scheduler of 4 sequences on s whose results land in *rs (cleared). */
+static fr_scheduler *start(fr_session *s, results *rs)
+{
+    memset(rs, 0, sizeof *rs);
+    fr_scheduler_config c = {.max_seqs = 4, .chunk = 48, .on_done = on_done, .user = rs};
+    fr_scheduler *sch = NULL;
+    assert_int_equal(fr_scheduler_new(s, &c, &sch), FR_OK);
+    return sch;
+}
+
 /* Asking for routes changes no draw: one prompt, seed and sampling, with
  * and without them, gives the same tokens. */
 static void test_no_draw_changes(void **state)
@@ -142,10 +152,7 @@ static void test_no_draw_changes(void **state)
     (void)state;
     fr_session s = open_session("synthetic:tiny-dsmoe-v2", 12);
     results rs;
-    memset(&rs, 0, sizeof rs);
-    fr_scheduler_config c = {.max_seqs = 4, .chunk = 48, .on_done = on_done, .user = &rs};
-    fr_scheduler *sch = NULL;
-    assert_int_equal(fr_scheduler_new(&s, &c, &sch), FR_OK);
+    fr_scheduler *sch = start(&s, &rs);
     int prompt[30];
     prompt[0] = 256;
     for (int i = 1; i < 30; i++) prompt[i] = 60 + i;
@@ -175,10 +182,7 @@ static void test_continuation(void **state)
     (void)state;
     fr_session s = open_session("synthetic:tiny-dsmoe", 12);
     results rs;
-    memset(&rs, 0, sizeof rs);
-    fr_scheduler_config c = {.max_seqs = 4, .chunk = 48, .on_done = on_done, .user = &rs};
-    fr_scheduler *sch = NULL;
-    assert_int_equal(fr_scheduler_new(&s, &c, &sch), FR_OK);
+    fr_scheduler *sch = start(&s, &rs);
     int prompt[20], cont[10];
     prompt[0] = 256;
     for (int i = 1; i < 20; i++) prompt[i] = 30 + 7 * i;
