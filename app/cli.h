@@ -113,6 +113,7 @@ int fr_cli_fail(fr_cmd cmd, int status);
 typedef struct {
     int n_samples, max_tokens, json, ignore_eos;
     int min_tokens, logprobs, prompt_logprobs;   /* rollout/engine/request.h's options */
+    int return_routed_experts;
     int first_sample;               /* samples are numbered first_sample, ...: stream i of the seed */
     const int *stop;                /* --stop-ids (n_stop of them), or NULL */
     int n_stop;
@@ -171,6 +172,10 @@ void fr_cli_prompts_free(fr_cli_prompts *p);
  * prompt token) when plp is non-NULL. */
 void fr_cli_json_logprobs(fr_buf *b, int top_k, const int *ids, const float *lps, int n_tokens, const float *plp,
                           int n_plp);
+/* ,"routed_experts":[[[id,...],...],...] when ids is non-NULL: per token a
+ * list per MoE layer of its k expert ids (n_tokens records of layers x k
+ * ids, each width bytes, little endian: rollout/engine/request.h). */
+void fr_cli_json_routes(fr_buf *b, const uint8_t *ids, int n_tokens, int layers, int k, int width);
 
 /* ---- text (cli_text.c) ------------------------------------------------------ */
 

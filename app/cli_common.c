@@ -79,6 +79,25 @@ void fr_cli_json_logprobs(fr_buf *b, int top_k, const int *ids, const float *lps
     }
 }
 
+void fr_cli_json_routes(fr_buf *b, const uint8_t *ids, int n_tokens, int layers, int k, int width)
+{
+    if (!ids) return;
+    fr_buf_printf(b, ",\"routed_experts\":[");
+    for (int i = 0; i < n_tokens; i++) {
+        fr_buf_printf(b, "%s[", i ? "," : "");
+        for (int m = 0; m < layers; m++) {
+            fr_buf_printf(b, "%s[", m ? "," : "");
+            for (int j = 0; j < k; j++) {
+                const uint8_t *p = ids + (((size_t)i * (size_t)layers + (size_t)m) * (size_t)k + (size_t)j) * (size_t)width;
+                fr_buf_printf(b, "%s%d", j ? "," : "", width == 1 ? p[0] : p[0] | p[1] << 8);
+            }
+            fr_buf_printf(b, "]");
+        }
+        fr_buf_printf(b, "]");
+    }
+    fr_buf_printf(b, "]");
+}
+
 fr_status fr_cli_ids_file(const char *path, int **ids, int *n)
 {
     if (access(path, R_OK) != 0) return fr_fail(FR_EIO, "cannot read %s: %s", path, strerror(errno));

@@ -80,6 +80,7 @@ int fr_cli_sampling_get(fr_cmd cmd, const fr_cli_values *v, fr_cli_sampling *o)
     o->min_tokens = fr_opt_int(v, FR_O_MIN_TOKENS);
     o->logprobs = fr_opt_int(v, FR_O_LOGPROBS);
     o->prompt_logprobs = fr_opt_int(v, FR_O_PROMPT_LOGPROBS);
+    o->return_routed_experts = fr_opt_int(v, FR_O_RETURN_ROUTES);
     o->first_sample = fr_opt_int(v, FR_O_FIRST_SAMPLE);
     const fr_opt_value *stop = fr_opt_val(v, FR_O_STOP_IDS);
     if (stop->given) {

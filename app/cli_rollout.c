@@ -35,7 +35,8 @@ const char fr_rollout_usage[] =
     "logprobs, finish_reason (stop | length | abort | error), seed, with a\n"
     "tokenizer text (and stop_str when a stop string ended it), for monitored\n"
     "samples kl_mean, kl_max and top1_agreement, and with the log-prob options\n"
-    "top_logprobs and prompt_logprobs; without it, a readable line per sample.\n";
+    "top_logprobs and prompt_logprobs, and routed_experts with\n"
+    "--return-routed-experts; without it, a readable line per sample.\n";
 
 /* Where finished samples go: printed at once (one process), kept as records
  * for world rank 0 (an engine leader under mpirun), or dropped (the other
@@ -95,6 +96,7 @@ static void format_line(int json, uint64_t seed, const fr_stop_strings *stops, c
         put_text(b, 1, stops, r);
         fr_cli_json_logprobs(b, r->top_n, r->top_ids, r->top_logprobs, r->n_tokens, r->prompt_logprobs,
                              r->n_prompt_logprobs);
+        fr_cli_json_routes(b, r->routed_experts, r->n_tokens, r->route_layers, r->route_k, r->route_width);
         fr_buf_printf(b, "}\n");
     } else {
         fr_buf_printf(b, "request %llu sample %d (%s, %d tokens):", (unsigned long long)r->request_id, r->sample,
@@ -269,7 +271,8 @@ static fr_status submit_all(fr_scheduler *sch, const rollout_run *run, int *n_re
                              .n = so->n_samples, .first_sample = so->first_sample, .params = so->sp,
                              .max_tokens = so->max_tokens, .stop_ids = so->stop, .n_stop = so->n_stop,
                              .monitor = -1, .min_tokens = so->min_tokens, .top_logprobs = so->logprobs,
-                             .prompt_logprobs = so->prompt_logprobs, .stop_strings = *run->stops,
+                             .prompt_logprobs = so->prompt_logprobs,
+                             .return_routed_experts = so->return_routed_experts, .stop_strings = *run->stops,
                              .with_text = run->tok != NULL};
         fr_status st = fr_scheduler_submit(sch, &r);
         if (st) {

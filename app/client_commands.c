@@ -28,7 +28,8 @@ const fr_client_command fr_client_commands[] = {
      "one request per line of FILE (comma-separated token ids, or a JSON string: text for the server's "
      "tokenizer), request ids FIRST, FIRST+1, ...; prints each sample as a JSON line when it ends (request_id, "
      "sample, token_ids, logprobs, finish_reason, n_tokens, preemptions, ttft_ms, total_ms, seed: the seed that "
-     "produced it; with text: text, stop_str, prompt_token_ids)",
+     "produced it; with text: text, stop_str, prompt_token_ids; with --return-routed-experts: routed_experts, per "
+     "token a list per MoE layer of its k expert ids)",
      fr_client_cmd_generate},
     {"push-weights", FR_CMD_C_PUSH_WEIGHTS, "push-weights --model SPEC --version V [options]",
      "send a model's weights (a checkpoint folder or synthetic:NAME[:SEED]) as weight version V; prints one JSON "

@@ -121,6 +121,7 @@ static void on_done(void *user, const fr_msg_done *d)
     }
     fr_cli_json_logprobs(&extra, d->top_k, d->top_token_ids, d->top_logprobs, d->n_tokens, d->prompt_logprobs,
                          d->n_prompt_logprobs);
+    fr_cli_json_routes(&extra, d->routed_experts, d->n_tokens, d->route_layers, d->route_k, d->route_width);
     if (extra.failed) g->failed = 1;
     else if (extra.len) fwrite(extra.data, 1, extra.len, stdout);
     fr_buf_free(&extra);
@@ -157,6 +158,7 @@ static fr_msg_generate request_of(const fr_cli_values *v)
     g.min_tokens = fr_opt_int(v, FR_O_MIN_TOKENS);
     g.logprobs = fr_opt_int(v, FR_O_LOGPROBS);
     g.prompt_logprobs = fr_opt_int(v, FR_O_PROMPT_LOGPROBS);
+    g.return_routed_experts = fr_opt_int(v, FR_O_RETURN_ROUTES);
     g.first_sample = fr_opt_int(v, FR_O_FIRST_SAMPLE);
     const fr_opt_value *stop = fr_opt_val(v, FR_O_C_STOP_IDS);
     g.has_stop_token_ids = stop->given || fr_opt_given(v, FR_O_IGNORE_EOS);   /* --ignore-eos: an empty list */

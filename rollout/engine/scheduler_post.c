@@ -26,15 +26,17 @@ static void count_end(fr_scheduler *sch, const sample *x, fr_finish_reason why)
 
 /* A continuation's result holds the tokens it made, not the ones it began
  * with: its per-token arrays move down by x->start. */
-static void drop_continued(sample *x)
+static void drop_continued(const fr_scheduler *sch, sample *x)
 {
     const size_t k = (size_t)x->start, n = (size_t)(x->n - x->start), top = (size_t)x->r->top_n;
+    const size_t route = (size_t)sch->route_layers * (size_t)sch->route_k * (size_t)sch->route_width;
     memmove(x->tokens, x->tokens + k, sizeof(int) * n);
     memmove(x->logprobs, x->logprobs + k, sizeof(float) * n);
     memmove(x->versions, x->versions + k, sizeof(uint64_t) * n);
     if (x->kl) memmove(x->kl, x->kl + k, sizeof(float) * n);
     if (x->top_ids) memmove(x->top_ids, x->top_ids + k * top, sizeof(int) * n * top);
     if (x->top_lps) memmove(x->top_lps, x->top_lps + k * top, sizeof(float) * n * top);
+    if (x->routes) memmove(x->routes, x->routes + k * route, n * route);
 }
 
 /* Ends a sample: frees its sequence, delivers its result, and frees the
@@ -55,7 +57,7 @@ void sch_finish(fr_scheduler *sch, sample *x, fr_finish_reason why)
     }
     if (x->monitored) sch->agg.samples++;
     count_end(sch, x, why);
-    if (x->start > 0) drop_continued(x);
+    if (x->start > 0) drop_continued(sch, x);
     fr_sample_result res = {.request_id = r->id, .group = r->group, .sample = (int)x->stream, .start = x->start,
                             .tokens = x->tokens, .logprobs = x->logprobs, .n_tokens = x->n - x->start, .finish = why,
                             .preemptions = x->preemptions, .versions = x->versions,

@@ -67,6 +67,8 @@ static void protocol_request_seeds(void)
     m.u.generate.seed = 1234;
     m.u.generate.monitor_divergence = 1;
     frame("generate_full", &m);
+    m.u.generate.return_routed_experts = 1;
+    frame("generate_routes", &m);
 
     fr_msg_init(&m, FR_MSG_ABORT);
     m.u.abort.request_ids = ids;
@@ -115,6 +117,12 @@ static void protocol_reply_seeds(void)
     d->divergence = (fr_msg_divergence){.has_values = 1, .kl_mean = 0.002, .kl_max = 0.04,
                                         .top1_agreement = 0.99, .logprob_diff_mean = -0.001, .positions = 96};
     frame("done_divergence", &m);
+    static uint8_t routes[4 * 3 * 2 * 2];   /* 4 tokens, 3 MoE layers, k 2, u16 */
+    for (size_t i = 0; i < sizeof routes; i++) routes[i] = (uint8_t)(i * 7);
+    *d = (fr_msg_done){.request_id = 42, .group_id = 42, .finish_reason = FR_WIRE_LENGTH, .n_tokens = 4,
+                       .n_prompt = 10, .total_ms = 3.5, .routed_experts = routes, .route_layers = 3, .route_k = 2,
+                       .route_width = 2};
+    frame("done_routes", &m);
 
     fr_msg_init(&m, FR_MSG_ABORT_REPLY);
     m.u.abort_reply.samples = 4;

@@ -144,6 +144,13 @@ static void test_continue_after_abort(void **state)
     fr_client_sample odd = {.sample = 0, .start = 3, .has_seed = 1, .seed = 77};
     fr_msg m;
     assert_int_equal(fr_client_continuation(&g, &odd, 50, &m), FR_EINVAL);
+    /* a continuation asks for what its request asked, routed experts included */
+    fr_client_sample first = {.sample = 0, .has_seed = 1, .seed = 77};
+    fr_msg_generate routed = g;
+    routed.return_routed_experts = 1;
+    assert_int_equal(fr_client_continuation(&routed, &first, 51, &m), FR_OK);
+    assert_int_equal(m.u.generate.return_routed_experts, 1);
+    fr_msg_free(&m);
     fr_client_destroy(&c);
 }
 

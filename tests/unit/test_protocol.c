@@ -604,6 +604,123 @@ static void test_other_client_message_errors(void **state)
 
 static const int TOK3[] = {1, 2, 3};
 
+/* Routed experts: the generate's flag, and a done's ids in both widths
+ * (u16 ids above 255 survive, little endian), for tokens and for none. */
+static void test_routed_experts_round_trip(void **state)
+{
+    (void)state;
+    fr_msg m, d;
+    fr_msg_init(&m, FR_MSG_GENERATE);
+    int prompt[] = {1, 2};
+    m.u.generate = (fr_msg_generate){.request_id = 3, .prompt = prompt, .n_prompt = 2, .n = 1,
+                                     .monitor_divergence = -1};
+    for (int flag = 1; flag >= 0; flag--) {
+        m.u.generate.return_routed_experts = flag;
+        fr_test_round_trip(&m, &d, NULL);
+        assert_int_equal(d.u.generate.return_routed_experts, flag);
+        fr_msg_free(&d);
+    }
+    uint8_t ids[5 * 3 * 2 * 2];
+    for (int i = 0; i < (int)sizeof ids; i++) ids[i] = (uint8_t)(i * 37 + 1);
+    for (int width = 1; width <= 2; width++)
+        for (int n_tokens = 0; n_tokens <= 5; n_tokens += 5) {
+            fr_msg_init(&m, FR_MSG_DONE);
+            m.u.done = (fr_msg_done){.request_id = 3, .group_id = 3, .n_tokens = n_tokens, .n_prompt = 2,
+                                     .total_ms = 1, .routed_experts = ids, .route_layers = 3, .route_k = 2,
+                                     .route_width = width};
+            fr_test_round_trip(&m, &d, NULL);
+            const fr_msg_done *y = &d.u.done;
+            assert_non_null(y->routed_experts);
+            assert_int_equal(y->route_layers, 3);
+            assert_int_equal(y->route_k, 2);
+            assert_int_equal(y->route_width, width);
+            if (n_tokens) assert_memory_equal(y->routed_experts, ids, (size_t)(n_tokens * 3 * 2 * width));
+            fr_msg_free(&d);
+        }
+    fr_msg_init(&m, FR_MSG_DONE);   /* not asked: none */
+    m.u.done = (fr_msg_done){.request_id = 3, .group_id = 3, .n_tokens = 1, .total_ms = 1};
+    fr_test_round_trip(&m, &d, NULL);
+    assert_null(d.u.done.routed_experts);
+    fr_msg_free(&d);
+    m.u.done = (fr_msg_done){.request_id = 3, .group_id = 3, .n_tokens = 1, .total_ms = 1, .routed_experts = ids,
+                             .route_layers = 3, .route_k = 2, .route_width = 4};
+    char *data = NULL;
+    size_t len = 0;
+    assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
+    fr_test_error_has("routed_experts_dtype");
+    m.u.done.route_width = 1;
+    m.u.done.route_k = 0;
+    assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
+    fr_test_error_has("routed_experts_shape");
+}
+
+/* A done of n_tokens 2 with routed_experts of `bytes` bytes, shape [3, 2]
+ * (or `shape_n` entries), dtype `dtype` (NULL: no dtype key). */
+static msgpack_sbuffer done_with_routes(int bytes, int shape_n, const char *dtype)
+{
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    field f[] = {TYPE("done"), V1, {.k = "request_id", .t = V_UINT, .i = 1}, {.k = "group_id", .t = V_UINT, .i = 1},
+                 {.k = "sample", .t = V_INT, .i = 0}, {.k = "finish_reason", .t = V_STR, .s = "length"},
+                 {.k = "n_tokens", .t = V_INT, .i = 2}, {.k = "n_prompt", .t = V_INT, .i = 3},
+                 {.k = "preemptions", .t = V_INT, .i = 0}, {.k = "ttft_ms", .t = V_NIL},
+                 {.k = "total_ms", .t = V_DBL, .d = 1.0}};
+    msgpack_pack_map(&pk, (size_t)N(f) + 3 + (dtype != NULL));
+    for (int i = 0; i < N(f); i++) {
+        msgpack_pack_str_with_body(&pk, f[i].k, strlen(f[i].k));
+        pack_value(&pk, &f[i]);
+    }
+    msgpack_pack_str_with_body(&pk, "divergence", 10);
+    static const char *const div[] = {"kl_mean", "kl_max", "top1_agreement", "logprob_diff_mean", "positions",
+                                      "per_token_kl"};
+    msgpack_pack_map(&pk, 6);
+    for (int i = 0; i < 6; i++) {
+        msgpack_pack_str_with_body(&pk, div[i], strlen(div[i]));
+        msgpack_pack_nil(&pk);
+    }
+    static const char zeros[64];
+    msgpack_pack_str_with_body(&pk, "routed_experts", 14);
+    msgpack_pack_bin_with_body(&pk, zeros, (size_t)bytes);
+    msgpack_pack_str_with_body(&pk, "routed_experts_shape", 20);
+    msgpack_pack_array(&pk, (size_t)shape_n);
+    for (int i = 0; i < shape_n; i++) msgpack_pack_int(&pk, i == 0 ? 3 : 2);
+    if (dtype) {
+        msgpack_pack_str_with_body(&pk, "routed_experts_dtype", 20);
+        msgpack_pack_str_with_body(&pk, dtype, strlen(dtype));
+    }
+    return sb;
+}
+
+/* Malformed routed experts are refused naming the field: a size that is
+ * not n_tokens x layers x k x width, an unknown dtype, a shape that is not
+ * [layers, k], a missing dtype. */
+static void test_routed_experts_refused(void **state)
+{
+    (void)state;
+    struct { int bytes, shape_n; const char *dtype, *needle; } cases[] = {
+        {12, 2, "u8", NULL}, {24, 2, "u16", NULL},
+        {13, 2, "u8", "\"routed_experts\" must hold n_tokens x layers x k x width = 2 x 3 x 2 x 1 = 12 bytes, got 13"},
+        {12, 2, "u16", "= 24 bytes, got 12"},
+        {12, 2, "i32", "\"routed_experts_dtype\" must be \"u8\" or \"u16\", got \"i32\""},
+        {12, 3, "u8", "\"routed_experts_shape\" must be [layers, k], got 3 entries"},
+        {12, 2, NULL, "missing key \"routed_experts_dtype\""},
+    };
+    for (int c = 0; c < N(cases); c++) {
+        msgpack_sbuffer sb = done_with_routes(cases[c].bytes, cases[c].shape_n, cases[c].dtype);
+        if (cases[c].needle) {
+            expect_refused(sb.data, sb.size, FR_EFORMAT, cases[c].needle);
+        } else {
+            fr_msg d;
+            if (fr_msg_decode(sb.data, sb.size, &d)) fail_msg("case %d refused: %s", c, fr_last_error());
+            assert_int_equal(d.u.done.route_width, cases[c].bytes / 12);
+            fr_msg_free(&d);
+        }
+        msgpack_sbuffer_destroy(&sb);
+    }
+}
+
 static void test_server_message_errors(void **state)
 {
     (void)state;
@@ -792,6 +909,8 @@ FR_TEST_MAIN(NULL, NULL,
              cmocka_unit_test(test_hello_reply),
              cmocka_unit_test(test_tokens),
              cmocka_unit_test(test_done),
+             cmocka_unit_test(test_routed_experts_round_trip),
+             cmocka_unit_test(test_routed_experts_refused),
              cmocka_unit_test(test_stats_reply_and_error),
              cmocka_unit_test(test_encode_refuses_invalid),
              cmocka_unit_test(test_frame_level_errors),

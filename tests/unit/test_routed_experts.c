@@ -4,8 +4,8 @@
  * checked against the CPU router's choices in one prefill of the prompt and
  * the generated tokens (another path: one step, all rows), through sampled
  * and greedy samples, a tight cache (preemption by recompute) and the
- * record between ranks; a request that does not ask gets nothing; the
- * refusals. */
+ * record between ranks; a continuation's records are its own tokens'; a
+ * request that does not ask gets nothing; the refusals. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -135,6 +135,16 @@ static void test_routes_match_router(void **state)
     assert_true(pre > 0);
 }
 
+/* A scheduler of 4 sequences on s whose results land in *rs (cleared). */
+static fr_scheduler *start(fr_session *s, results *rs)
+{
+    memset(rs, 0, sizeof *rs);
+    fr_scheduler_config c = {.max_seqs = 4, .chunk = 48, .on_done = on_done, .user = rs};
+    fr_scheduler *sch = NULL;
+    assert_int_equal(fr_scheduler_new(s, &c, &sch), FR_OK);
+    return sch;
+}
+
 /* Asking for routes changes no draw: one prompt, seed and sampling, with
  * and without them, gives the same tokens. */
 static void test_no_draw_changes(void **state)
@@ -142,10 +152,7 @@ static void test_no_draw_changes(void **state)
     (void)state;
     fr_session s = open_session("synthetic:tiny-dsmoe-v2", 12);
     results rs;
-    memset(&rs, 0, sizeof rs);
-    fr_scheduler_config c = {.max_seqs = 4, .chunk = 48, .on_done = on_done, .user = &rs};
-    fr_scheduler *sch = NULL;
-    assert_int_equal(fr_scheduler_new(&s, &c, &sch), FR_OK);
+    fr_scheduler *sch = start(&s, &rs);
     int prompt[30];
     prompt[0] = 256;
     for (int i = 1; i < 30; i++) prompt[i] = 60 + i;
@@ -165,6 +172,44 @@ static void test_no_draw_changes(void **state)
         fr_sample_result_free(&rs.res[0][x]);
         fr_sample_result_free(&rs.res[1][x]);
     }
+    fr_session_close(&s);
+}
+
+/* A continuation records its own tokens' experts: those of the positions
+ * after the continued tokens (its records move down with its tokens). */
+static void test_continuation(void **state)
+{
+    (void)state;
+    fr_session s = open_session("synthetic:tiny-dsmoe", 12);
+    results rs;
+    fr_scheduler *sch = start(&s, &rs);
+    int prompt[20], cont[10];
+    prompt[0] = 256;
+    for (int i = 1; i < 20; i++) prompt[i] = 30 + 7 * i;
+    for (int i = 0; i < 10; i++) cont[i] = 97 + i;
+    fr_request_spec r = {.id = 0, .prompt = prompt, .n_prompt = 20, .n = 1,
+                         .params = {.temperature = 1.0f, .top_p = 1.0f, .seed = 5}, .max_tokens = MAXT,
+                         .return_routed_experts = 1, .continue_tokens = cont, .n_continue = 10};
+    assert_int_equal(fr_scheduler_submit(sch, &r), FR_OK);
+    assert_int_equal(fr_scheduler_run(sch), FR_OK);
+    fr_scheduler_destroy(&sch);
+    fr_sample_result *x = &rs.res[0][0];
+    assert_int_equal(x->start, 10);
+    assert_int_equal(x->n_tokens, MAXT - 10);
+    assert_non_null(x->routed_experts);
+    int whole[MAXT];
+    memcpy(whole, cont, sizeof cont);
+    memcpy(whole + 10, x->tokens, sizeof(int) * (size_t)x->n_tokens);
+    uint16_t *want = prefill_routes(&s, prompt, 20, whole, MAXT);
+    const int L = x->route_layers, k = x->route_k;
+    for (int t = 0; t < x->n_tokens; t++)
+        for (int m = 0; m < L; m++)
+            for (int j = 0; j < k; j++)
+                if (fr_sample_route_id(x, t, m, j) != want[((size_t)(20 - 1 + 10 + t) * L + m) * k + j])
+                    fail_msg("continued token %d layer %d: expert %d is %d, the router chose %d", t, m, j,
+                             fr_sample_route_id(x, t, m, j), want[((size_t)(29 + t) * L + m) * k + j]);
+    free(want);
+    fr_sample_result_free(x);
     fr_session_close(&s);
 }
 
@@ -221,5 +266,6 @@ static void test_refusals(void **state)
 FR_TEST_MAIN(NULL, NULL,
              cmocka_unit_test(test_routes_match_router),
              cmocka_unit_test(test_no_draw_changes),
+             cmocka_unit_test(test_continuation),
              cmocka_unit_test(test_record_round_trip),
              cmocka_unit_test(test_refusals))

@@ -256,6 +256,12 @@ typedef struct {
     char *stop_str;                /* the stop string that ended it; NULL: none did */
     int *prompt_token_ids;         /* [n_prompt]: the ids a prompt_text became; NULL otherwise */
     int n_prompt_token_ids;
+    /* Asked for with the generate's return_routed_experts (a model with
+     * MoE layers): token i's route_layers x route_k expert ids, each
+     * route_width bytes (1, or 2 little endian), at routed_experts + i *
+     * route_layers * route_k * route_width; NULL: none. */
+    uint8_t *routed_experts;
+    int route_layers, route_k, route_width;
 } fr_client_sample;
 
 /* Reads the results of the requests not owned by a reader until a sample

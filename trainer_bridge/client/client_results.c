@@ -107,6 +107,7 @@ void fr_client_sample_free(fr_client_sample **ps)
     free(s->text);
     free(s->stop_str);
     free(s->prompt_token_ids);
+    free(s->routed_experts);
     free(s);
     *ps = NULL;
 }
@@ -199,6 +200,11 @@ static fr_status finish_sample(fr_client *c, fr_msg_done *d, fr_client_sample **
     s->stop_str = d->stop_str;
     s->prompt_token_ids = d->prompt_token_ids;
     s->n_prompt_token_ids = d->n_prompt_token_ids;
+    s->routed_experts = d->routed_experts;
+    s->route_layers = d->route_layers;
+    s->route_k = d->route_k;
+    s->route_width = d->route_width;
+    d->routed_experts = NULL;
     d->divergence.kl = NULL;
     d->divergence.n_kl = 0;
     d->top_token_ids = NULL;

@@ -82,6 +82,7 @@ void http_sample_free(http_sample *s)
     free(s->top_ids);
     free(s->top_lps);
     if (s->sample == 0) free(s->plp);
+    free(s->routes);
     memset(s, 0, sizeof *s);
 }
 
@@ -173,6 +174,28 @@ static void sglang_logprobs(fr_buf *b, const http_view *v, const http_sample *s,
     }
 }
 
+/* SGLang's meta_info.routed_experts: the ids as little-endian int32 in
+ * base64 (token, layer, slot order), with their shape beside them. */
+static void sglang_routes(fr_buf *b, const http_sample *s)
+{
+    static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const size_t ids = (size_t)s->n * (size_t)s->route_layers * (size_t)s->route_k, len = 4 * ids;
+    fr_buf_printf(b, ",\"routed_experts\":\"");
+    uint8_t q[3];
+    size_t nq = 0;
+    for (size_t at = 0; at < len; at++) {
+        const uint8_t *p = s->routes + (at / 4) * (size_t)s->route_width;
+        const size_t byte = at % 4;
+        q[nq++] = byte == 0 ? p[0] : byte == 1 && s->route_width == 2 ? p[1] : 0;
+        if (nq < 3 && at + 1 < len) continue;
+        const unsigned w = (unsigned)q[0] << 16 | (nq > 1 ? (unsigned)q[1] << 8 : 0) | (nq > 2 ? q[2] : 0);
+        char out[5] = {abc[w >> 18], abc[w >> 12 & 63], nq > 1 ? abc[w >> 6 & 63] : '=', nq > 2 ? abc[w & 63] : '=', 0};
+        fr_buf_put(b, out, 4);
+        nq = 0;
+    }
+    fr_buf_printf(b, "\",\"routed_experts_shape\":[%d,%d,%d]", s->n, s->route_layers, s->route_k);
+}
+
 static void sglang_meta(fr_buf *b, const http_view *v, int i)
 {
     const http_sample *s = &v->s[i];
@@ -195,6 +218,7 @@ static void sglang_meta(fr_buf *b, const http_view *v, int i)
         fr_buf_printf(b, ",\"kl\":{\"mean\":%.9g,\"max\":%.9g,\"top1_agreement\":%.9g,\"logprob_diff_mean\":%.9g,"
                          "\"positions\":%d}",
                       s->div.kl_mean, s->div.kl_max, s->div.top1_agreement, s->div.logprob_diff_mean, s->div.positions);
+    if (s->ended && s->routes) sglang_routes(b, s);
     fr_buf_printf(b, "}");
 }
 

@@ -299,6 +299,18 @@ static void take_done_text(http_sample *s, const fr_msg_done *d)
     if (d->stop_str && !s->matched) s->matched = strdup(d->stop_str);
 }
 
+/* The done's routed experts, kept as they came (meta_info.routed_experts). */
+static void take_done_routes(http_sample *s, const fr_msg_done *d)
+{
+    if (!d->routed_experts || s->routes || d->n_tokens != s->n) return;   /* lost tokens: no record fits */
+    const size_t m = (size_t)d->n_tokens * (size_t)d->route_layers * (size_t)d->route_k * (size_t)d->route_width;
+    if (!(s->routes = malloc(m ? m : 1))) return;   /* out of memory: the answer goes without them */
+    memcpy(s->routes, d->routed_experts, m);
+    s->route_layers = d->route_layers;
+    s->route_k = d->route_k;
+    s->route_width = d->route_width;
+}
+
 static void take_done(http_call *c, int p, const fr_msg_done *d)
 {
     const int n = c->gen.n;
@@ -330,6 +342,7 @@ static void take_done(http_call *c, int p, const fr_msg_done *d)
             }
         }
     }
+    take_done_routes(s, d);
     take_done_text(s, d);
     if (d->finish_reason == FR_WIRE_ABORT) snprintf(s->why, sizeof s->why, "aborted");
     if (d->finish_reason == FR_WIRE_ERROR) snprintf(s->why, sizeof s->why, "the engine failed on this sample");

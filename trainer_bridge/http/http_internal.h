@@ -82,6 +82,8 @@ typedef struct {
     int sample;
     double total_ms;            /* from the server receiving the request to the sample's done */
     fr_msg_divergence div;      /* summary only (kl NULL) */
+    uint8_t *routes;            /* from its done: routed experts, [n][layers][k] ids of route_width bytes */
+    int route_layers, route_k, route_width;
 } http_sample;
 
 void http_sample_free(http_sample *s);

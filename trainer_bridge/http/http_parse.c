@@ -332,6 +332,8 @@ static fr_status sglang_body(http_gen *g, const cJSON *root, const fr_tokenizer 
     if (!st && !is_null(x = cJSON_GetObjectItemCaseSensitive(root, "logprob_start_len")))
         st = get_int(x, "logprob_start_len", -1, 1 << 30, &g->logprob_start_len);
     if (!st && !is_null(x = cJSON_GetObjectItemCaseSensitive(root, "stream"))) st = get_bool(x, "stream", &g->stream);
+    if (!st && !is_null(x = cJSON_GetObjectItemCaseSensitive(root, "return_routed_experts")))
+        st = get_bool(x, "return_routed_experts", &g->g.return_routed_experts);
     if (!st && !g->return_logprob) {   /* SGLang reports log-probs only when asked */
         g->top_logprobs_num = 0;
         g->logprob_start_len = -1;

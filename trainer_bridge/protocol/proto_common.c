@@ -160,6 +160,7 @@ void fr_msg_free(fr_msg *m)
         free(m->u.done.text);
         free(m->u.done.stop_str);
         free(m->u.done.prompt_token_ids);
+        free(m->u.done.routed_experts);
         break;
     case FR_MSG_UPDATE_BEGIN:
         free(m->u.update_begin.tensors);
@@ -306,6 +307,8 @@ static fr_status check_generate(const fr_msg_generate *g)
         return BAD("%s: \"logprobs\" must be in [0, %d] (top log-probs per token), got %d", t, FR_PROTO_MAX_LOGPROBS,
                    g->logprobs);
     if (g->prompt_logprobs != 0 && g->prompt_logprobs != 1) return BAD("%s: \"prompt_logprobs\" must be a boolean", t);
+    if (g->return_routed_experts != 0 && g->return_routed_experts != 1)
+        return BAD("%s: \"return_routed_experts\" must be a boolean", t);
     if (!(g->min_p >= 0 && g->min_p <= 1)) return BAD("%s: \"min_p\" must be in [0, 1], got %s", t, num(g->min_p, nb, sizeof nb));
     if (!(g->presence_penalty >= -2 && g->presence_penalty <= 2))
         return BAD("%s: \"presence_penalty\" must be in [-2, 2], got %s", t, num(g->presence_penalty, nb, sizeof nb));
@@ -452,6 +455,29 @@ static fr_status check_tokens(const fr_msg_tokens *k)
     return k->has_text ? check_text(t, "text", k->text, k->text_len, MAX_RESULT_TEXT) : FR_OK;
 }
 
+/* A done's routed experts: the shape and width, and bytes a msgpack bin
+ * can hold. */
+static fr_status check_routes(const fr_msg_done *d)
+{
+    if (!d->routed_experts) return FR_OK;
+    if (d->route_layers < 1 || d->route_layers > FR_PROTO_MAX_ROUTE_DIM || d->route_k < 1 ||
+        d->route_k > FR_PROTO_MAX_ROUTE_DIM)
+        return BAD("done: \"routed_experts_shape\" must be [layers, k], each in [1, %d], got [%d, %d]",
+                   FR_PROTO_MAX_ROUTE_DIM, d->route_layers, d->route_k);
+    if (d->route_width != 1 && d->route_width != 2)
+        return BAD("done: \"routed_experts_dtype\" must be \"u8\" or \"u16\" (width 1 or 2), got width %d",
+                   d->route_width);
+    if (fr_proto_route_bytes(d) > UINT32_MAX)
+        return BAD("done: \"routed_experts\" of %d tokens x [%d, %d] ids is more than a message carries",
+                   d->n_tokens, d->route_layers, d->route_k);
+    return FR_OK;
+}
+
+uint64_t fr_proto_route_bytes(const fr_msg_done *d)
+{
+    return (uint64_t)d->n_tokens * (uint64_t)d->route_layers * (uint64_t)d->route_k * (uint64_t)d->route_width;
+}
+
 static fr_status check_done(const fr_msg_done *d)
 {
     if (d->sample < 0 || d->n_tokens < 0 || d->n_prompt < 0 || d->preemptions < 0 || d->start < 0)
@@ -483,7 +509,7 @@ static fr_status check_done(const fr_msg_done *d)
     if (d->prompt_token_ids && d->n_prompt_token_ids != d->n_prompt)
         return BAD("done: \"prompt_token_ids\" must hold n_prompt = %d ids, got %d", d->n_prompt,
                    d->n_prompt_token_ids);
-    return FR_OK;
+    return check_routes(d);
 }
 
 fr_status fr_proto_check(const fr_msg *m)

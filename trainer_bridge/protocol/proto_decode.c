@@ -37,7 +37,7 @@ static fr_status dec_generate(const fr_dec_ctx *c, fr_msg_generate *g)
          "stop_token_ids", "seed", "monitor_divergence", "per_token_kl", "forced_tokens", "first_sample",
          "min_tokens", "logprobs", "prompt_logprobs", "min_p", "presence_penalty", "frequency_penalty",
          "repetition_penalty", "continue_tokens", "prompt_text", "add_special_tokens", "stop",
-         "include_stop_str_in_output", "return_text");
+         "include_stop_str_in_output", "return_text", "return_routed_experts");
     int has_n = 0;
     TRY(fr_dec_get_u64(c, "request_id", 1, &g->request_id, NULL));
     TRY(dec_generate_text(c, g));
@@ -61,6 +61,7 @@ static fr_status dec_generate(const fr_dec_ctx *c, fr_msg_generate *g)
         return BAD("generate: \"min_tokens\" (%d) must not exceed \"max_tokens\" (%d)", g->min_tokens, g->max_tokens);
     TRY(fr_dec_get_int(c, "logprobs", 0, 0, FR_PROTO_MAX_LOGPROBS, &g->logprobs, NULL));
     TRY(fr_dec_get_bool(c, "prompt_logprobs", 0, &g->prompt_logprobs));
+    TRY(fr_dec_get_bool(c, "return_routed_experts", 0, &g->return_routed_experts));
     TRY(fr_dec_get_double(c, "min_p", 0, &g->min_p, NULL));
     TRY(fr_dec_get_double(c, "presence_penalty", 0, &g->presence_penalty, NULL));
     TRY(fr_dec_get_double(c, "frequency_penalty", 0, &g->frequency_penalty, NULL));
@@ -332,11 +333,46 @@ static fr_status get_top_logprobs(const fr_dec_ctx *c, fr_msg_done *d)
     return FR_OK;
 }
 
+/* done's optional routed experts: "routed_experts" (bin of n_tokens x
+ * layers x k ids), "routed_experts_shape" ([layers, k]) and
+ * "routed_experts_dtype" ("u8", "u16"), all three or none; after n_tokens. */
+static fr_status get_routes(const fr_dec_ctx *c, fr_msg_done *d)
+{
+    const msgpack_object *o = fr_dec_find(c->map, "routed_experts");
+    const msgpack_object *sh = fr_dec_find(c->map, "routed_experts_shape");
+    const msgpack_object *dt = fr_dec_find(c->map, "routed_experts_dtype");
+    const int has = o && o->type != MSGPACK_OBJECT_NIL;
+    if (!has && !(sh && sh->type != MSGPACK_OBJECT_NIL) && !(dt && dt->type != MSGPACK_OBJECT_NIL)) return FR_OK;
+    if (!has) return BAD("done: \"routed_experts_shape\" and \"routed_experts_dtype\" come only with \"routed_experts\"");
+    if (o->type != MSGPACK_OBJECT_BIN) return BAD("done: \"routed_experts\" must be binary data, got %s", fr_dec_kind(o));
+    const msgpack_object_array *a;
+    TRY(fr_dec_get_array(c, "routed_experts_shape", 1, &a));
+    long long dims[2];
+    if (a->size != 2) return BAD("done: \"routed_experts_shape\" must be [layers, k], got %u entries", a->size);
+    for (int i = 0; i < 2; i++)
+        TRY(fr_dec_as_i64(c, "routed_experts_shape", &a->ptr[i], 1, FR_PROTO_MAX_ROUTE_DIM, &dims[i]));
+    char dtype[8];
+    TRY(fr_dec_get_str(c, "routed_experts_dtype", 1, dtype, sizeof dtype));
+    if (strcmp(dtype, "u8") && strcmp(dtype, "u16"))
+        return BAD("done: \"routed_experts_dtype\" must be \"u8\" or \"u16\", got \"%s\"", dtype);
+    d->route_layers = (int)dims[0];
+    d->route_k = (int)dims[1];
+    d->route_width = dtype[1] == '8' ? 1 : 2;
+    const uint64_t want = fr_proto_route_bytes(d);
+    if (o->via.bin.size != want)
+        return BAD("done: \"routed_experts\" must hold n_tokens x layers x k x width = %d x %d x %d x %d = %llu bytes, "
+                   "got %u", d->n_tokens, d->route_layers, d->route_k, d->route_width, (unsigned long long)want,
+                   o->via.bin.size);
+    if (!(d->routed_experts = malloc(want ? (size_t)want : 1))) return fr_fail(FR_ENOMEM, "done: out of memory");
+    if (want) memcpy(d->routed_experts, o->via.bin.ptr, (size_t)want);
+    return FR_OK;
+}
+
 static fr_status dec_done(const fr_dec_ctx *c, fr_msg_done *d)
 {
     KEYS(c, "type", "v", "request_id", "group_id", "sample", "finish_reason", "n_tokens", "n_prompt", "preemptions",
          "ttft_ms", "total_ms", "divergence", "seed", "top_logprobs", "prompt_logprobs", "start", "text", "stop_str",
-         "prompt_token_ids");
+         "prompt_token_ids", "routed_experts", "routed_experts_shape", "routed_experts_dtype");
     char reason[16];
     int has_stop = 0;
     TRY(fr_dec_get_text(c, "text", 0, (size_t)1 << 30, &d->text, &d->text_len, &d->has_text));
@@ -356,6 +392,7 @@ static fr_status dec_done(const fr_dec_ctx *c, fr_msg_done *d)
     TRY(fr_dec_get_double(c, "total_ms", 1, &d->total_ms, NULL));
     TRY(fr_dec_get_u64(c, "seed", 0, &d->seed, &d->has_seed));
     TRY(get_top_logprobs(c, d));
+    TRY(get_routes(c, d));
     const msgpack_object *plp = fr_dec_find(c->map, "prompt_logprobs");
     if (plp && plp->type != MSGPACK_OBJECT_NIL) {
         TRY(fr_dec_get_floats(c, "prompt_logprobs", &d->prompt_logprobs, &d->n_prompt_logprobs));

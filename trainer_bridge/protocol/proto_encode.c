@@ -116,7 +116,7 @@ static void enc_generate(msgpack_packer *pk, const fr_msg_generate *g)
             (g->monitor_divergence >= 0) + g->per_token_kl + (g->forced_tokens != NULL) + g->has_group_id +
             g->has_temperature + g->has_top_k + g->has_top_p + g->has_max_tokens + g->has_stop_token_ids + g->has_seed +
             (g->min_p != 0) + (g->presence_penalty != 0) + (g->frequency_penalty != 0) + (g->repetition_penalty != 0) +
-            (g->n_continue_tokens > 0) + n_generate_text(g);
+            (g->n_continue_tokens > 0) + g->return_routed_experts + n_generate_text(g);
     head(pk, FR_MSG_GENERATE, n);
     kv_u64(pk, "request_id", g->request_id);
     if (g->prompt_text) kv_text(pk, "prompt_text", g->prompt_text, g->prompt_text_len);
@@ -127,6 +127,7 @@ static void enc_generate(msgpack_packer *pk, const fr_msg_generate *g)
     if (g->min_tokens > 0) kv_int(pk, "min_tokens", g->min_tokens);
     if (g->logprobs > 0) kv_int(pk, "logprobs", g->logprobs);
     if (g->prompt_logprobs) kv_bool(pk, "prompt_logprobs", 1);
+    if (g->return_routed_experts) kv_bool(pk, "return_routed_experts", 1);
     if (g->min_p != 0) kv_double(pk, "min_p", g->min_p);
     if (g->presence_penalty != 0) kv_double(pk, "presence_penalty", g->presence_penalty);
     if (g->frequency_penalty != 0) kv_double(pk, "frequency_penalty", g->frequency_penalty);
@@ -178,10 +179,26 @@ static void enc_tokens(msgpack_packer *pk, const fr_msg_tokens *k)
     kv_u64s(pk, "weight_versions", k->weight_versions, k->n);
 }
 
+/* done's routed experts: the ids as bytes, their shape per token and width. */
+static void enc_routes(msgpack_packer *pk, const fr_msg_done *d)
+{
+    const size_t n = (size_t)fr_proto_route_bytes(d);
+    key(pk, "routed_experts");
+    msgpack_pack_bin(pk, n);
+    msgpack_pack_bin_body(pk, d->routed_experts, n);
+    key(pk, "routed_experts_shape");
+    msgpack_pack_array(pk, 2);
+    msgpack_pack_int64(pk, d->route_layers);
+    msgpack_pack_int64(pk, d->route_k);
+    kv_str(pk, "routed_experts_dtype", d->route_width == 1 ? "u8" : "u16");
+}
+
 static void enc_done(msgpack_packer *pk, const fr_msg_done *d)
 {
     head(pk, FR_MSG_DONE, 10 + (d->has_seed ? 1 : 0) + (d->top_k > 0) + (d->prompt_logprobs != NULL) + (d->start > 0) +
-                              (d->has_text != 0) + (d->stop_str != NULL) + (d->prompt_token_ids != NULL));
+                              (d->has_text != 0) + (d->stop_str != NULL) + (d->prompt_token_ids != NULL) +
+                              (d->routed_experts != NULL) * 3);
+    if (d->routed_experts) enc_routes(pk, d);
     if (d->has_text) kv_text(pk, "text", d->text, d->text_len);
     if (d->stop_str) kv_str(pk, "stop_str", d->stop_str);
     if (d->prompt_token_ids) kv_ints(pk, "prompt_token_ids", d->prompt_token_ids, d->n_prompt_token_ids);

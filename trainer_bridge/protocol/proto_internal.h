@@ -20,5 +20,7 @@ int fr_proto_nccl_state_from_name(const char *s, size_t len, fr_nccl_state *out)
 /* The value checks of a message (ranges, required arrays), the same for
  * encoding and decoding: FR_EFORMAT naming the field. */
 fr_status fr_proto_check(const fr_msg *m);
+/* Bytes of a done's routed experts: n_tokens x layers x k x width. */
+uint64_t fr_proto_route_bytes(const fr_msg_done *d);
 
 #endif

@@ -36,6 +36,7 @@ extern "C" {
 #define FR_PROTO_MAX_TEXT (1 << 24) /* bytes of a generate's prompt_text */
 #define FR_PROTO_MAX_STOP 32       /* stop strings of a generate */
 #define FR_PROTO_MAX_STOP_BYTES 1024 /* bytes of one stop string */
+#define FR_PROTO_MAX_ROUTE_DIM 65536 /* layers, and experts per token, of routed experts */
 
 typedef enum {
     FR_MSG_NONE = 0,
@@ -233,6 +234,7 @@ typedef struct {
     int n_stop;
     int include_stop_str_in_output;      /* 0 or 1 */
     int return_text;                     /* 0 or 1: the tokens deltas and the done carry text */
+    int return_routed_experts;           /* 0 or 1: each done carries its tokens' routed experts */
 } fr_msg_generate;
 
 typedef struct {
@@ -317,6 +319,13 @@ typedef struct {
     char *stop_str;                      /* the stop string that ended the sample; NULL: none did */
     int *prompt_token_ids;               /* [n_prompt] the prompt's ids, when it came as prompt_text; else NULL */
     int n_prompt_token_ids;
+    /* Routed experts (the generate asked for return_routed_experts; NULL
+     * when absent): token i's route_layers x route_k expert ids, each
+     * route_width bytes (1: "u8", 2: "u16", little endian), at
+     * routed_experts + i * route_layers * route_k * route_width, for the
+     * n_tokens tokens of this done (docs/protocol.md, done). */
+    uint8_t *routed_experts;
+    int route_layers, route_k, route_width;
 } fr_msg_done;
 
 typedef struct {

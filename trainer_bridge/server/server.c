@@ -221,6 +221,7 @@ static fr_status setup_engine(fr_bridge_server *srv, fr_session *s, const fr_bri
     const fr_kv_cache_config *kc = fr_kv_cache_config_of(s->kv);
     srv->vocab = mc->vocab_size;
     srv->max_pos = mc->max_position;
+    srv->moe_layers = fr_model_moe_layers(mc);
     srv->n_blocks = kc->n_blocks;
     srv->max_seqs = cfg->max_seqs > 0 ? cfg->max_seqs : kc->max_seqs;
     srv->chunk = cfg->chunk > 0 ? cfg->chunk : 512;

@@ -126,6 +126,7 @@ struct fr_bridge_server {
     int *waiters;            /* peers waiting for a pause (wait mode) to complete */
     int n_waiters, cap_waiters;
     int vocab, n_blocks, max_pos, max_seqs, chunk;
+    int moe_layers;                   /* the model's MoE layers: 0 refuses return_routed_experts */
     int default_stop[FR_BRIDGE_MAX_STOP_IDS];
     int n_default_stop;
     uint64_t weight_version;

@@ -60,6 +60,7 @@ static fr_status apply_submit(fr_bridge_server *srv, fr_rank_reader *r)
     spec.min_tokens = fr_rank_get_i32(r);
     spec.top_logprobs = fr_rank_get_i32(r);
     spec.prompt_logprobs = fr_rank_get_i32(r);
+    spec.return_routed_experts = fr_rank_get_i32(r);
     spec.penalties.min_p = fr_rank_get_f32(r);
     spec.penalties.presence_penalty = fr_rank_get_f32(r);
     spec.penalties.frequency_penalty = fr_rank_get_f32(r);

@@ -32,6 +32,7 @@ static void put_spec(fr_rank_buf *b, int engine, const fr_request_spec *r)
     fr_rank_put_i32(b, r->min_tokens);
     fr_rank_put_i32(b, r->top_logprobs);
     fr_rank_put_i32(b, r->prompt_logprobs);
+    fr_rank_put_i32(b, r->return_routed_experts);
     fr_rank_put_f32(b, r->penalties.min_p);
     fr_rank_put_f32(b, r->penalties.presence_penalty);
     fr_rank_put_f32(b, r->penalties.frequency_penalty);
@@ -125,6 +126,7 @@ static void build_spec(const fr_bridge_server *srv, const request *q, const fr_m
     r->min_tokens = g->min_tokens;
     r->top_logprobs = g->logprobs;
     r->prompt_logprobs = g->prompt_logprobs;
+    r->return_routed_experts = g->return_routed_experts;
     r->penalties = (fr_penalties){.min_p = (float)g->min_p, .presence_penalty = (float)g->presence_penalty,
                                   .frequency_penalty = (float)g->frequency_penalty,
                                   .repetition_penalty = (float)g->repetition_penalty};
@@ -143,6 +145,10 @@ fr_status srv_check_spec(const fr_bridge_server *srv, const fr_request_spec *r, 
     named.id = caller_id;
     fr_status st = fr_request_spec_check(&named, srv->vocab);
     if (st) return st;
+    /* the engine refuses it too, but naming its own id, and on other ranks only after the answer */
+    if (r->return_routed_experts && !srv->moe_layers)
+        return fr_fail(FR_EINVAL, "request %llu: return_routed_experts: the model has no mixture-of-experts layer",
+                       (unsigned long long)caller_id);
     if (r->n_prompt >= srv->max_pos)
         return fr_fail(FR_EINVAL, "request %llu: the prompt (%d tokens) does not fit the context window of %d",
                        (unsigned long long)caller_id, r->n_prompt, srv->max_pos);

@@ -203,6 +203,12 @@ void srv_send_done(fr_bridge_server *srv, request *q, int k, fr_wire_finish why,
         m.u.done.prompt_logprobs = res->prompt_logprobs;
         m.u.done.n_prompt_logprobs = res->n_prompt_logprobs;
     }
+    if (res && res->routed_experts && res->n_tokens == s->sent) {
+        m.u.done.routed_experts = res->routed_experts;
+        m.u.done.route_layers = res->route_layers;
+        m.u.done.route_k = res->route_k;
+        m.u.done.route_width = res->route_width;
+    }
     srv_text_done(q, s, res, &m.u.done);
     srv_send_msg(srv, q->peer, &m);
     srv->samples_done++;

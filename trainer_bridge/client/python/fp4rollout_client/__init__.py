@@ -112,7 +112,7 @@ _OPTIONS = dict(n=1, temperature=None, top_k=None, top_p=None, max_tokens=None, 
                 monitor=None, per_token_kl=False, forced_tokens=None, group_id=None, first_sample=0, min_tokens=0,
                 logprobs=0, prompt_logprobs=False, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
                 repetition_penalty=None, continue_tokens=None, stop=None, include_stop_str_in_output=False,
-                add_special_tokens=None, return_text=None)
+                add_special_tokens=None, return_text=None, return_routed_experts=False)
 
 
 class RolloutClient(_Closes):
@@ -250,7 +250,8 @@ class RolloutClient(_Closes):
                frequency_penalty: float = 0.0, repetition_penalty: Optional[float] = None,
                continue_tokens: Optional[Sequence[int]] = None,
                stop: Optional[Sequence[str]] = None, include_stop_str_in_output: bool = False,
-               add_special_tokens: Optional[bool] = None, return_text: Optional[bool] = None) -> int:
+               add_special_tokens: Optional[bool] = None, return_text: Optional[bool] = None,
+               return_routed_experts: bool = False) -> int:
         """Sends one generate and returns its request id (results come from results()).
         prompt_ids: text (the server's tokenizer, or the client's), or token ids
         as a list, tuple, numpy or torch integer array. stop: stop strings (the
@@ -276,7 +277,11 @@ class RolloutClient(_Closes):
         invalid_request naming the request); without max_tokens the server's
         default applies, cut to the window. continue_tokens (n=1): the
         tokens a sample already made, to continue it (continue_sample()
-        fills it in from a SampleResult)."""
+        fills it in from a SampleResult). return_routed_experts (a model with
+        MoE layers; others refuse it, ServerError invalid_request): the experts
+        every MoE layer chose for each token, in SampleResult.routed_experts,
+        to replay the routing in the trainer's forward pass
+        (docs/deepseek_moe.md, "Routed-expert replay")."""
         opts = {k: v for k, v in locals().items() if k in _OPTIONS}
         return self._send([self._ids(prompt_ids)], opts, request_id, False)[0]
 
@@ -308,6 +313,7 @@ class RolloutClient(_Closes):
             g.prompt, g.n_prompt = arr, len(prompt)
         self._request_text(g, keep, isinstance(prompt, str), o)
         g.prompt_logprobs = int(bool(o["prompt_logprobs"]))
+        g.return_routed_experts = int(bool(o["return_routed_experts"]))
         for key in ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if o[key] is not None:
                 setattr(g, key, float(o[key]))
@@ -431,6 +437,7 @@ class RolloutClient(_Closes):
                  continue_tokens: Optional[Sequence[int]] = None,
                  stop: Optional[Sequence[str]] = None, include_stop_str_in_output: bool = False,
                  add_special_tokens: Optional[bool] = None, return_text: Optional[bool] = None,
+                 return_routed_experts: bool = False,
                  timeout_ms: Optional[int] = None) -> Iterator[SampleResult]:
         """Submits one prompt (text, or token ids as a list, tuple, numpy or torch
         integer array) or several (a list of such prompts, request ids in order)
@@ -443,7 +450,8 @@ class RolloutClient(_Closes):
         made in its .samples; nothing of them reaches a later call. The
         iterator owns the requests: dropping it before its end, or an error,
         aborts what is still open. stop, include_stop_str_in_output,
-        add_special_tokens and return_text as for submit()."""
+        add_special_tokens, return_text and return_routed_experts as for
+        submit()."""
         opts = {k: v for k, v in locals().items() if k in _OPTIONS}
         ids = self._send(self._prompts(prompt_ids, "generate"), opts, None, True)
         return _Drain(self, ids, False, timeout_ms, "generate")

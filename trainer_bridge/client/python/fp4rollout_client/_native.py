@@ -33,7 +33,7 @@ class Generate(ctypes.Structure):
                 ("continue_tokens", ctypes.POINTER(c_int)), ("n_continue_tokens", c_int),
                 ("prompt_text", c_char_p), ("prompt_text_len", ctypes.c_size_t), ("has_add_special_tokens", c_int),
                 ("add_special_tokens", c_int), ("stop", ctypes.POINTER(c_char_p)), ("n_stop", c_int),
-                ("include_stop_str_in_output", c_int), ("return_text", c_int)]
+                ("include_stop_str_in_output", c_int), ("return_text", c_int), ("return_routed_experts", c_int)]
 
 
 class Sample(ctypes.Structure):
@@ -46,7 +46,8 @@ class Sample(ctypes.Structure):
                 ("top_logprobs", ctypes.POINTER(ctypes.c_float)), ("prompt_logprobs", ctypes.POINTER(ctypes.c_float)),
                 ("n_prompt_logprobs", c_int), ("has_text", c_int), ("text", ctypes.POINTER(ctypes.c_char)),
                 ("text_len", ctypes.c_size_t), ("stop_str", c_char_p), ("prompt_token_ids", ctypes.POINTER(c_int)),
-                ("n_prompt_token_ids", c_int)]
+                ("n_prompt_token_ids", c_int), ("routed_experts", ctypes.POINTER(ctypes.c_uint8)),
+                ("route_layers", c_int), ("route_k", c_int), ("route_width", c_int)]
 
 
 class Delta(ctypes.Structure):

@@ -87,6 +87,11 @@ class SampleResult:
     # the prompt's token ids, when it was sent as text for the server's
     # tokenizer (what a trainer recomputes log-probs over), else None
     prompt_token_ids: Optional[List[int]] = None
+    # with return_routed_experts=True: the experts every MoE layer chose for
+    # each token (those of the forward pass that drew it), shape (n_tokens,
+    # layers, k), each layer's k ids best first: a numpy array (uint8 or
+    # uint16) when numpy is importable, else nested lists; None when not asked
+    routed_experts: Optional[object] = None
 
 
 @dataclass
@@ -127,10 +132,46 @@ def _text_of(has, ptr, n) -> Optional[str]:
     return ctypes.string_at(ptr, n).decode("utf-8", errors="replace") if n else ""
 
 
+def routes_from_bytes(raw: bytes, n_tokens: int, layers: int, k: int, width: int):
+    """Routed experts as the server sends them (n_tokens x layers x k ids,
+    each `width` bytes, little endian) as an array of shape (n_tokens,
+    layers, k): numpy's when it is importable, else nested lists."""
+    if len(raw) != n_tokens * layers * k * width or width not in (1, 2):
+        raise ClientError(f"routed experts: {len(raw)} bytes for {n_tokens} x {layers} x {k} ids of {width} bytes")
+    try:
+        import numpy as np
+    except ImportError:
+        ids = raw if width == 1 else [raw[i] | raw[i + 1] << 8 for i in range(0, len(raw), 2)]
+        return [[list(ids[(t * layers + m) * k:(t * layers + m + 1) * k]) for m in range(layers)]
+                for t in range(n_tokens)]
+    return np.frombuffer(raw, dtype="<u1" if width == 1 else "<u2").reshape(n_tokens, layers, k).copy()
+
+
+def _join_routes(a, b):
+    """Two samples' routed experts, one after the other (None unless both
+    have them)."""
+    if a is None or b is None:
+        return None
+    if isinstance(a, list):
+        return a + (b.tolist() if hasattr(b, "tolist") else list(b))
+    import numpy as np
+    return np.concatenate([a, np.asarray(b, dtype=a.dtype)])
+
+
+def _routes_of(s):
+    """A C sample's routed experts (routes_from_bytes), None when absent."""
+    if not s.routed_experts:
+        return None
+    n = s.n_tokens * s.route_layers * s.route_k * s.route_width
+    return routes_from_bytes(ctypes.string_at(s.routed_experts, n), s.n_tokens, s.route_layers, s.route_k,
+                             s.route_width)
+
+
 def stitch(partial: SampleResult, continuation: SampleResult, tokenizer=None) -> SampleResult:
     """The whole sample: `partial` (tokens 0 .. k-1 of a sample, e.g. ended by
     abort) followed by `continuation` (the result of continuing it, start k):
-    token ids, log-probs, weight versions and top log-probs concatenated; the
+    token ids, log-probs, weight versions, top log-probs and routed experts
+    (when both have them, else None) concatenated; the
     finish reason, timings and divergence figures of the continuation;
     preemptions summed; start that of `partial`."""
     k = partial.start + len(partial.token_ids)
@@ -156,7 +197,8 @@ def stitch(partial: SampleResult, continuation: SampleResult, tokenizer=None) ->
                         total_ms=continuation.total_ms, divergence=continuation.divergence,
                         seed=continuation.seed if continuation.seed is not None else partial.seed,
                         text=text, top_logprobs=top, prompt_logprobs=partial.prompt_logprobs, start=partial.start,
-                        stop_str=continuation.stop_str, prompt_token_ids=partial.prompt_token_ids)
+                        stop_str=continuation.stop_str, prompt_token_ids=partial.prompt_token_ids,
+                        routed_experts=_join_routes(partial.routed_experts, continuation.routed_experts))
 
 
 def _sample(s, tokenizer) -> SampleResult:
@@ -183,7 +225,7 @@ def _sample(s, tokenizer) -> SampleResult:
                         text=_text_of(s.has_text, s.text, s.text_len) if s.has_text else _text.decode(tokenizer, ids),
                         stop_str=s.stop_str.decode("utf-8", errors="replace") if s.stop_str else None,
                         prompt_token_ids=s.prompt_token_ids[:s.n_prompt_token_ids] if s.prompt_token_ids else None,
-                        start=s.start)
+                        start=s.start, routed_experts=_routes_of(s))
 
 
 def from_event(ev: "_native.Event", tokenizer):
