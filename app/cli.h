@@ -43,13 +43,14 @@ int fr_cli_score(int argc, char **argv);
 int fr_cli_generate(int argc, char **argv);
 int fr_cli_calibrate(int argc, char **argv);
 int fr_cli_eval_kl(int argc, char **argv);
+int fr_cli_eval_task(int argc, char **argv);
 int fr_cli_rollout(int argc, char **argv);
 int fr_cli_serve(int argc, char **argv);
 int fr_cli_dashboard(int argc, char **argv);
 int fr_cli_tokenize(int argc, char **argv);
 int fr_cli_detokenize(int argc, char **argv);
 extern const char fr_quant_usage[], fr_demo_usage[], fr_score_usage[], fr_generate_usage[], fr_calibrate_usage[],
-    fr_eval_kl_usage[], fr_rollout_usage[], fr_serve_usage[], fr_dashboard_usage[], fr_tokenize_usage[],
+    fr_eval_kl_usage[], fr_eval_task_usage[], fr_rollout_usage[], fr_serve_usage[], fr_dashboard_usage[], fr_tokenize_usage[],
     fr_detokenize_usage[];
 
 /* ---- reading a command line ---------------------------------------------- */
