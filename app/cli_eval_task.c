@@ -81,21 +81,40 @@ static void print_json(const fr_eval_task_report *r, const fr_eval_config *cfgs,
     fr_buf_free(&b);
 }
 
-/* The prompts through the tokenizer and each one's token budget: 0, or
- * the exit status after printing why. */
-static int encode_tasks(fr_cmd cmd, const fr_cli_text *tx, const fr_task_set *ts, int margin, int **ids, int *lens,
-                        int *max_tokens)
+/* The prompts through the tokenizer, and each one's token budget. */
+typedef struct {
+    int **ids, *lens, *max_tokens, n;
+} encoded_tasks;
+
+static void encoded_free(encoded_tasks *e)
 {
+    for (int i = 0; e->ids && i < e->n; i++) free(e->ids[i]);
+    free(e->ids);
+    free(e->lens);
+    free(e->max_tokens);
+}
+
+/* 0, or the exit status after printing why. */
+static int encode_tasks(fr_cmd cmd, const fr_cli_text *tx, const fr_task_set *ts, int margin, encoded_tasks *e)
+{
+    e->n = ts->n;
+    e->ids = calloc((size_t)ts->n, sizeof *e->ids);
+    e->lens = calloc((size_t)ts->n, sizeof(int));
+    e->max_tokens = calloc((size_t)ts->n, sizeof(int));
+    if (!e->ids || !e->lens || !e->max_tokens) {
+        fr_fail(FR_ENOMEM, "out of memory");
+        return fr_cli_fail(cmd, 1);
+    }
     for (int i = 0; i < ts->n; i++) {
         char what[64];
         snprintf(what, sizeof what, "prompt %d", i);
         const fr_task_item *it = &ts->items[i];
         int *a = NULL, na = 0;
-        fr_status st = fr_cli_text_encode(tx, what, it->prompt, strlen(it->prompt), &ids[i], &lens[i]);
+        fr_status st = fr_cli_text_encode(tx, what, it->prompt, strlen(it->prompt), &e->ids[i], &e->lens[i]);
         if (!st) st = fr_cli_text_encode(tx, what, it->answer, strlen(it->answer), &a, &na);
         free(a);
         if (st) return fr_cli_fail(cmd, 1);
-        max_tokens[i] = na + margin;
+        e->max_tokens[i] = na + margin;
     }
     return 0;
 }
@@ -108,50 +127,48 @@ typedef struct {
     int n_cfgs;
 } task_run;
 
+/* The cells of the report, printed: 0 or the exit status. */
+static int report(fr_cmd cmd, const task_run *t, const fr_task_set *ts, const fr_eval_task_report *rep)
+{
+    const char **variants = calloc((size_t)ts->n, sizeof *variants);
+    int *contexts = calloc((size_t)ts->n, sizeof(int)), ng = 0;
+    fr_task_group *groups = NULL;
+    fr_task_cell *cells = NULL;
+    fr_status st = variants && contexts ? FR_OK : fr_fail(FR_ENOMEM, "out of memory");
+    for (int i = 0; !st && i < ts->n; i++) {
+        variants[i] = ts->items[i].variant;
+        contexts[i] = ts->items[i].context;
+    }
+    if (!st) st = fr_task_cells(rep->correct, rep->n_configs, rep->n, variants, contexts, &groups, &ng, &cells);
+    const char *path = fr_opt_str(t->v, FR_O_TASKS);
+    if (!st && fr_opt_int(t->v, FR_O_JSON)) print_json(rep, t->cfgs, groups, ng, cells, t->eo->model, path);
+    else if (!st) print_table(rep, t->cfgs, groups, ng, cells, t->eo->model, path);
+    free(variants);
+    free(contexts);
+    free(groups);
+    free(cells);
+    return st ? fr_cli_fail(cmd, 1) : 0;
+}
+
 /* The tasks read and encoded, every configuration run, the report printed:
  * 0 or the exit status. */
 static int evaluate(fr_cmd cmd, const task_run *t)
 {
     const fr_cli_values *v = t->v;
-    const char *path = fr_opt_str(v, FR_O_TASKS);
     fr_task_set ts;
-    if (fr_task_set_read(path, &ts)) return fr_cli_fail(cmd, 1);
-    int **ids = calloc((size_t)ts.n, sizeof *ids), *lens = calloc((size_t)ts.n, sizeof(int));
-    int *max_tokens = calloc((size_t)ts.n, sizeof(int)), rc = 0;
-    const char **variants = calloc((size_t)ts.n, sizeof *variants);
-    int *contexts = calloc((size_t)ts.n, sizeof(int));
-    if (!ids || !lens || !max_tokens || !variants || !contexts) {
-        fr_fail(FR_ENOMEM, "out of memory");
-        rc = fr_cli_fail(cmd, 1);
-    }
-    if (!rc) rc = encode_tasks(cmd, t->tx, &ts, fr_opt_int(v, FR_O_ANSWER_MARGIN), ids, lens, max_tokens);
+    if (fr_task_set_read(fr_opt_str(v, FR_O_TASKS), &ts)) return fr_cli_fail(cmd, 1);
+    encoded_tasks e = {0};
+    int rc = encode_tasks(cmd, t->tx, &ts, fr_opt_int(v, FR_O_ANSWER_MARGIN), &e);
     fr_eval_task_report rep = {0};
     const fr_eval_task_params p = {.engine = t->eo, .configs = t->cfgs, .n_configs = t->n_cfgs, .tasks = &ts,
-                                   .prompt_ids = (const int *const *)ids, .prompt_lens = lens,
-                                   .max_tokens = max_tokens, .tok = t->tx->tok,
+                                   .prompt_ids = (const int *const *)e.ids, .prompt_lens = e.lens,
+                                   .max_tokens = e.max_tokens, .tok = t->tx->tok,
                                    .max_seqs = fr_opt_int(v, FR_O_MAX_SEQS), .kv_blocks = fr_opt_int(v, FR_O_KV_BLOCKS),
                                    .verbose = !fr_opt_int(v, FR_O_QUIET)};
     if (!rc && fr_eval_task(&p, &rep)) rc = fr_cli_fail(cmd, 1);
-    fr_task_group *groups = NULL;
-    fr_task_cell *cells = NULL;
-    int ng = 0;
-    for (int i = 0; !rc && i < ts.n; i++) {
-        variants[i] = ts.items[i].variant;
-        contexts[i] = ts.items[i].context;
-    }
-    if (!rc && fr_task_cells(rep.correct, rep.n_configs, rep.n, variants, contexts, &groups, &ng, &cells))
-        rc = fr_cli_fail(cmd, 1);
-    if (!rc && fr_opt_int(v, FR_O_JSON)) print_json(&rep, t->cfgs, groups, ng, cells, t->eo->model, path);
-    else if (!rc) print_table(&rep, t->cfgs, groups, ng, cells, t->eo->model, path);
-    for (int i = 0; ids && i < ts.n; i++) free(ids[i]);
-    free(ids);
-    free(lens);
-    free(max_tokens);
-    free(variants);
-    free(contexts);
-    free(groups);
-    free(cells);
+    if (!rc) rc = report(cmd, t, &ts, &rep);
     fr_eval_task_report_free(&rep);
+    encoded_free(&e);
     fr_task_set_free(&ts);
     return rc;
 }

@@ -2,7 +2,6 @@
  * configuration, exact-match scoring. */
 #include "rollout/monitor/eval_task.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "base/clock.h"
+#include "base/text_lines.h"
 #include "rollout/engine/scheduler.h"
 
 /* ---- the task file -------------------------------------------------------- */
@@ -67,30 +67,23 @@ static fr_status set_add(fr_task_set *t, const fr_task_item *it)
     return FR_OK;
 }
 
+/* One line of a task file into t (a blank one adds nothing). */
+static fr_status task_line(void *t, const char *line)
+{
+    if (line[strspn(line, " \t\r\n")] == '\0') return FR_OK;
+    fr_task_item it;
+    fr_status st = parse_item(line, &it);
+    if (!st && (st = set_add(t, &it))) {
+        free(it.prompt);
+        free(it.answer);
+    }
+    return st;
+}
+
 fr_status fr_task_set_read(const char *path, fr_task_set *out)
 {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "r");
-    if (!f) return fr_fail(FR_EIO, "cannot read %s: %s", path, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    fr_status st = FR_OK;
-    for (int lineno = 1; !st && getline(&line, &cap, f) >= 0; lineno++) {
-        if (line[strspn(line, " \t\r\n")] == '\0') continue;
-        fr_task_item it;
-        if (!(st = parse_item(line, &it)) && (st = set_add(out, &it))) {
-            free(it.prompt);
-            free(it.answer);
-        }
-        if (st && st != FR_ENOMEM) {
-            char msg[512];
-            snprintf(msg, sizeof msg, "%s", fr_last_error());
-            st = fr_fail(st, "%s line %d: %s", path, lineno, msg);
-        }
-    }
-    if (!st && ferror(f)) st = fr_fail(FR_EIO, "cannot read %s: %s", path, strerror(errno));
-    free(line);
-    fclose(f);
+    fr_status st = fr_read_lines(path, task_line, out);
     if (!st && out->n == 0) st = fr_fail(FR_EFORMAT, "%s holds no prompt", path);
     if (st) fr_task_set_free(out);
     return st;
