@@ -25,30 +25,32 @@ extern "C" {
 /* The release, printed by --version. */
 #define FR_VERSION "0.9.0"
 
+typedef struct fr_cli_values fr_cli_values;   /* below, "reading a command line" */
+
 typedef struct {
     const char *name;
     fr_cmd cmd;
     const char *summary;
     const char *usage;     /* the --help text above the option list */
-    int (*run)(int argc, char **argv);
+    int (*run)(const fr_cli_values *v);   /* after fr_cli_parse read its command line into v */
 } fr_cli_command;
 
 /* fp4rollout's commands, in the order its --help lists them. */
 extern const fr_cli_command fr_cli_commands[];
 extern const int fr_cli_n_commands;
 
-int fr_cli_quant(int argc, char **argv);
-int fr_cli_demo(int argc, char **argv);
-int fr_cli_score(int argc, char **argv);
-int fr_cli_generate(int argc, char **argv);
-int fr_cli_calibrate(int argc, char **argv);
-int fr_cli_eval_kl(int argc, char **argv);
-int fr_cli_eval_task(int argc, char **argv);
-int fr_cli_rollout(int argc, char **argv);
-int fr_cli_serve(int argc, char **argv);
-int fr_cli_dashboard(int argc, char **argv);
-int fr_cli_tokenize(int argc, char **argv);
-int fr_cli_detokenize(int argc, char **argv);
+int fr_cli_quant(const fr_cli_values *v);
+int fr_cli_demo(const fr_cli_values *v);
+int fr_cli_score(const fr_cli_values *v);
+int fr_cli_generate(const fr_cli_values *v);
+int fr_cli_calibrate(const fr_cli_values *v);
+int fr_cli_eval_kl(const fr_cli_values *v);
+int fr_cli_eval_task(const fr_cli_values *v);
+int fr_cli_rollout(const fr_cli_values *v);
+int fr_cli_serve(const fr_cli_values *v);
+int fr_cli_dashboard(const fr_cli_values *v);
+int fr_cli_tokenize(const fr_cli_values *v);
+int fr_cli_detokenize(const fr_cli_values *v);
 extern const char fr_quant_usage[], fr_demo_usage[], fr_score_usage[], fr_generate_usage[], fr_calibrate_usage[],
     fr_eval_kl_usage[], fr_eval_task_usage[], fr_rollout_usage[], fr_serve_usage[], fr_dashboard_usage[], fr_tokenize_usage[],
     fr_detokenize_usage[];
@@ -57,7 +59,7 @@ extern const char fr_quant_usage[], fr_demo_usage[], fr_score_usage[], fr_genera
 
 /* A command's options, each given or at its row's default, and the
  * arguments that are not options. */
-typedef struct fr_cli_values {
+struct fr_cli_values {
     fr_cmd cmd;
     fr_opt_value v[FR_O_COUNT];
     const char *spelled[FR_O_COUNT];   /* the name or alias written, for messages */
@@ -65,7 +67,7 @@ typedef struct fr_cli_values {
     int n_operands;
     int next;                          /* fr_cli_parse_head: argv's index of the first operand */
     struct fr_cli_values *held;        /* the values fr_cli_args_release frees */
-} fr_cli_values;
+};
 
 /* Reads argv (argv[0] the command's name) with getopt_long against the
  * table's options of cmd: `--opt value` and `--opt=value` alike, an

@@ -132,15 +132,13 @@ static fr_status calibrate(const fr_engine_opts *eo, fr_backend backend, fr_cali
     return st;
 }
 
-int fr_cli_calibrate(int argc, char **argv)
+int fr_cli_calibrate(const fr_cli_values *v)
 {
     const fr_cmd cmd = FR_CMD_CALIBRATE;
-    fr_cli_values *v;
     fr_engine_opts eo;
     fr_calib_opts co;
     fr_backend backend = FR_BACKEND_CPU;
     int rc;
-    if (fr_cli_parse(cmd, fr_calibrate_usage, argc, argv, &v, &rc)) return rc;
     fr_cli_engine_opts_get(v, &eo);
     fr_calib_opts_default(&co);
     if (fr_opt_given(v, FR_O_CONTEXT)) co.context = fr_opt_int(v, FR_O_CONTEXT);

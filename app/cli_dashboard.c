@@ -15,12 +15,9 @@ const char fr_dashboard_usage[] =
     "metrics_log) at http://ADDR:PORT/dashboard until interrupted; /history.json\n"
     "holds the records, /health answers 200, /metrics is absent (no live server).\n";
 
-int fr_cli_dashboard(int argc, char **argv)
+int fr_cli_dashboard(const fr_cli_values *v)
 {
     const fr_cmd cmd = FR_CMD_DASHBOARD;
-    fr_cli_values *v;
-    int rc;
-    if (fr_cli_parse(cmd, fr_dashboard_usage, argc, argv, &v, &rc)) return rc;
     if (v->n_operands == 0) return fr_cli_usage_error(cmd, "a metrics_log FILE is required");
     const char *path = v->operands[0], *bind = fr_opt_str(v, FR_O_BIND);
     fr_metrics_history *hist;

@@ -147,18 +147,15 @@ static int attention_table(const float *k, const float *v, const float *q, const
     return rc;
 }
 
-int fr_cli_demo(int argc, char **argv)
+int fr_cli_demo(const fr_cli_values *opts)
 {
-    fr_cli_values *opts;
-    int rc;
-    if (fr_cli_parse(FR_CMD_DEMO, fr_demo_usage, argc, argv, &opts, &rc)) return rc;
     rng_state = (uint64_t)fr_opt_int(opts, FR_O_DEMO_SEED);
     float *k = malloc(sizeof(float) * (N_TOK * D * 2 + N_QUERY * G * D + D));
     if (!k) { fprintf(stderr, "fp4rollout demo: out of memory\n"); return 1; }
     float *v = k + N_TOK * D, *q = v + N_TOK * D, *mu = q + N_QUERY * G * D;
     make_tensors(k, v, q, mu);
     key_table(k, mu);
-    rc = attention_table(k, v, q, mu);
+    int rc = attention_table(k, v, q, mu);
     free(k);
     return rc;
 }

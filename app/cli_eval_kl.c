@@ -223,13 +223,11 @@ static fr_status evaluate(const eval_run *e, fr_model *m, int **texts, int *lens
     return st;
 }
 
-int fr_cli_eval_kl(int argc, char **argv)
+int fr_cli_eval_kl(const fr_cli_values *v)
 {
     const fr_cmd cmd = FR_CMD_EVAL_KL;
-    fr_cli_values *v;
     fr_eval_config *cfgs = NULL;
     int n_cfgs = 0, on_gpu = 0, rc;
-    if (fr_cli_parse(cmd, fr_eval_kl_usage, argc, argv, &v, &rc)) return rc;
     if ((rc = pick(cmd, v, &on_gpu, &cfgs, &n_cfgs))) return rc;
     fr_tp_launch tl;
     if ((rc = fr_cli_launch(cmd, fr_opt_int(v, FR_O_TP), &tl))) {

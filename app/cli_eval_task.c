@@ -173,13 +173,11 @@ static int evaluate(fr_cmd cmd, const task_run *t)
     return rc;
 }
 
-int fr_cli_eval_task(int argc, char **argv)
+int fr_cli_eval_task(const fr_cli_values *v)
 {
     const fr_cmd cmd = FR_CMD_EVAL_TASK;
-    fr_cli_values *v;
     fr_eval_config *cfgs = NULL;
     int n_cfgs = 0, rc;
-    if (fr_cli_parse(cmd, fr_eval_task_usage, argc, argv, &v, &rc)) return rc;
     if (fr_eval_config_list(fr_opt_str(v, FR_O_TASK_KV), fr_opt_int(v, FR_O_ABLATION), &cfgs, &n_cfgs))
         return fr_cli_fail(cmd, 2);
     fr_engine_opts eo;

@@ -320,17 +320,15 @@ static int read_text(fr_cmd cmd, const fr_cli_values *v, const fr_engine_opts *e
     return rc;
 }
 
-int fr_cli_generate(int argc, char **argv)
+int fr_cli_generate(const fr_cli_values *v)
 {
     const fr_cmd cmd = FR_CMD_GENERATE;
-    fr_cli_values *v;
     fr_cli_sampling so;
     fr_engine_opts eo;
     fr_cli_text tx;
     fr_stop_strings stop_strings;
     const int *ids = NULL;
     int *owned = NULL, *stops = NULL, n_ids = 0, rc;
-    if (fr_cli_parse(cmd, fr_generate_usage, argc, argv, &v, &rc)) return rc;
     if ((rc = fr_cli_sampling_get(cmd, v, &so))) return rc;
     fr_cli_engine_opts_get(v, &eo);
     if ((rc = read_text(cmd, v, &eo, &tx, &stop_strings, &ids, &n_ids, &owned))) {

@@ -40,12 +40,9 @@ static int quantize_file(FILE *in, FILE *out, fr_fp4_format f, int search, int d
     return st;
 }
 
-int fr_cli_quant(int argc, char **argv)
+int fr_cli_quant(const fr_cli_values *v)
 {
     const fr_cmd cmd = FR_CMD_QUANT;
-    fr_cli_values *v;
-    int rc;
-    if (fr_cli_parse(cmd, fr_quant_usage, argc, argv, &v, &rc)) return rc;
     const fr_fp4_format f = (fr_fp4_format)fr_opt_int(v, FR_O_FORMAT);
     const int d = fr_opt_int(v, FR_O_DIM);
     if (d % fr_fp4_block_size(f))

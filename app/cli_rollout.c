@@ -372,17 +372,15 @@ static int read_inputs(fr_cmd cmd, const fr_cli_values *v, const fr_engine_opts 
     return rc;
 }
 
-int fr_cli_rollout(int argc, char **argv)
+int fr_cli_rollout(const fr_cli_values *v)
 {
     const fr_cmd cmd = FR_CMD_ROLLOUT;
-    fr_cli_values *v;
     fr_cli_sampling so;
     fr_engine_opts eo;
     fr_cli_prompts pl = {0};
     fr_cli_text tx = {0};
     fr_stop_strings stop_strings;
     int rc, *stops = NULL;
-    if (fr_cli_parse(cmd, fr_rollout_usage, argc, argv, &v, &rc)) return rc;
     if ((rc = fr_cli_sampling_get(cmd, v, &so))) return rc;
     fr_cli_engine_opts_get(v, &eo);
     const int max_seqs = fr_opt_int(v, FR_O_MAX_SEQS);

@@ -44,12 +44,10 @@ static fr_status score_logits(fr_session *s, const int *ids, int n, int chunk, i
     return st;
 }
 
-int fr_cli_score(int argc, char **argv)
+int fr_cli_score(const fr_cli_values *v)
 {
     const fr_cmd cmd = FR_CMD_SCORE;
-    fr_cli_values *v;
     int rc;
-    if (fr_cli_parse(cmd, fr_score_usage, argc, argv, &v, &rc)) return rc;
     const int from_command_line = fr_opt_given(v, FR_O_PROMPT_IDS) || fr_opt_given(v, FR_O_PROMPT);
     fr_engine_opts eo;
     fr_cli_engine_opts_get(v, &eo);

@@ -226,14 +226,13 @@ static int serve(fr_cmd cmd, const char *label, const fr_serve_config *c, fr_eng
     return rc;
 }
 
-int fr_cli_serve(int argc, char **argv)
+int fr_cli_serve(const fr_cli_values *v)
 {
     const fr_cmd cmd = FR_CMD_SERVE;
-    fr_cli_values *v;
     fr_serve_config c;
     fr_engine_opts eo;
     int rc, kv_blocks = 0;
-    if (fr_cli_parse(cmd, fr_serve_usage, argc, argv, &v, &rc) || (rc = read_config(cmd, v, &c))) return rc;
+    if ((rc = read_config(cmd, v, &c))) return rc;
     /* Weight updates allocate and free buffers of hundreds of MiB (ZeroMQ's
      * message per bucket on its I/O thread, the staging copy). glibc maps
      * each such block afresh and the kernel zeroes every page again on

@@ -58,12 +58,9 @@ static int print_ids(const fr_tokenizer *t, const char *text, size_t len, int sp
     return rc;
 }
 
-int fr_cli_tokenize(int argc, char **argv)
+int fr_cli_tokenize(const fr_cli_values *v)
 {
     const fr_cmd cmd = FR_CMD_TOKENIZE;
-    fr_cli_values *v;
-    int rc0;
-    if (fr_cli_parse(cmd, fr_tokenize_usage, argc, argv, &v, &rc0)) return rc0;
     const char *path = fr_opt_str(v, FR_O_TOKENIZER), *file = fr_opt_str(v, FR_O_TEXT_FILE);
     const char *text = fr_opt_str(v, FR_O_TEXT);
     const int special = fr_opt_int(v, FR_O_SPECIAL);
@@ -79,12 +76,9 @@ int fr_cli_tokenize(int argc, char **argv)
     return rc;
 }
 
-int fr_cli_detokenize(int argc, char **argv)
+int fr_cli_detokenize(const fr_cli_values *v)
 {
     const fr_cmd cmd = FR_CMD_DETOKENIZE;
-    fr_cli_values *v;
-    int rc0;
-    if (fr_cli_parse(cmd, fr_detokenize_usage, argc, argv, &v, &rc0)) return rc0;
     const char *path = fr_opt_str(v, FR_O_TOKENIZER), *ids_text = fr_opt_str(v, FR_O_IDS);
     const int skip = fr_opt_int(v, FR_O_SKIP_SPECIAL);
     int *ids = NULL, n = 0;

@@ -32,7 +32,10 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < fr_cli_n_commands; i++)
         if (strcmp(argv[1], fr_cli_commands[i].name) == 0) {
-            int rc = fr_cli_commands[i].run(argc - 1, argv + 1);
+            const fr_cli_command *c = &fr_cli_commands[i];
+            fr_cli_values *v;
+            int rc;
+            if (!fr_cli_parse(c->cmd, c->usage, argc - 1, argv + 1, &v, &rc)) rc = c->run(v);
             fr_cli_args_release();
             return rc;
         }

@@ -281,10 +281,8 @@ decode_split_kernel(fr_paged_kv kv, const fr_paged_seq *__restrict__ seqs, const
     uint32_t qa[D / 16][4];
     load_q<D>(qa, g < group ? qh + g * D : nullptr, g + 8 < group ? qh + (g + 8) * D : nullptr, lane);
 
-    float o[D / 8][4];
-#pragma unroll
-    for (int j = 0; j < D / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float m_a = kNegInf, m_b = kNegInf, l_a = 0.0f, l_b = 0.0f;
+    float o[D / 8][4], m_a, m_b, l_a, l_b;
+    softmax_start<D>(o, m_a, m_b, l_a, l_b);
 
     /* Per chunk: wait for this lane's copies of chunk k, then __syncwarp, which makes
      * the other lanes' copies visible and guarantees that every lane is done with
@@ -305,10 +303,7 @@ decode_split_kernel(fr_paged_kv kv, const fr_paged_seq *__restrict__ seqs, const
      * l covers its own two keys per n-tile: the quad's four lanes add up to the
      * row's. */
     cp_async_wait<0>();
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+    quad_sums(l_a, l_b);
     __syncthreads();   /* every warp is done with its buffers */
 
     /* The merge of the four warps, in the pipeline's bytes: each warp writes its
@@ -556,10 +551,8 @@ prefill_kernel(fr_paged_kv kv, const fr_paged_seq *__restrict__ seqs, const floa
     uint32_t qa[D / 16][4];
     load_q<D>(qa, q_row(fa), q_row(fb), lane);
 
-    float o[D / 8][4];
-#pragma unroll
-    for (int j = 0; j < D / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float m_a = kNegInf, m_b = kNegInf, l_a = 0.0f, l_b = 0.0f;
+    float o[D / 8][4], m_a, m_b, l_a, l_b;
+    softmax_start<D>(o, m_a, m_b, l_a, l_b);
 
     /* One barrier per tile: after it tile j has landed for every thread and every
      * warp has left tile j - 1, whose stage the issue below refills with tile j + 2.
@@ -580,10 +573,7 @@ prefill_kernel(fr_paged_kv kv, const fr_paged_seq *__restrict__ seqs, const floa
         }
     }
     cp_async_wait<0>();
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+    quad_sums(l_a, l_b);
 
     /* The quad's lanes hold different keys of a row: their l add up to the row's sum.
      * Each lane then writes its C columns 8j + 2t, 8j + 2t + 1 of rows fa and fb,

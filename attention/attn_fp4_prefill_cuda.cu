@@ -433,10 +433,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const __grid_const
     const int fa = fw + g, fb = fa + 8;
     const int ia = min(fa, rows - 1) / group, ib = min(fb, rows - 1) / group;
 
-    float o[D / 8][4];
-#pragma unroll
-    for (int j = 0; j < D / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float m_a = kNegInf, m_b = kNegInf, l_a = 0.0f, l_b = 0.0f;
+    float o[D / 8][4], m_a, m_b, l_a, l_b;
+    softmax_start<D>(o, m_a, m_b, l_a, l_b);
 
     /* Each iteration commits two groups (rows j + 1, raw j + 3), so at iteration j
      * cp_async_wait<1> leaves only raw j + 2 in flight: rows j and raw j + 1 have
@@ -465,10 +463,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const __grid_const
         }
     }
     cp_async_wait<0>();
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
-    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
-    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+    quad_sums(l_a, l_b);
 
     /* The quad's lanes add their l to the row's sum. The output is O / l, times the V
      * scale for FP8, rounded to BF16 once. */

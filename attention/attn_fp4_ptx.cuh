@@ -134,31 +134,16 @@ FR_PTX uint32_t pack_f16x2(float lo, float hi)
 }
 
 /* One float to FP16 bits (round to nearest even, subnormals kept). */
-FR_PTX uint16_t f32_to_f16(float x)
-{
-    uint16_t d;
-    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(d) : "f"(x));
-    return d;
-}
+FR_PTX uint16_t f32_to_f16(float x) { uint16_t d; asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(d) : "f"(x)); return d; }
 
-FR_PTX float f16_to_f32(uint16_t h)
-{
-    float d;
-    asm("cvt.f32.f16 %0, %1;\n" : "=f"(d) : "h"(h));
-    return d;
-}
+FR_PTX float f16_to_f32(uint16_t h) { float d; asm("cvt.f32.f16 %0, %1;\n" : "=f"(d) : "h"(h)); return d; }
 
 /* 2^x, MUFU (relative error about 2^-22; -inf gives 0). */
 /* The split kernels' softmax exponentials: one MUFU instruction, whose error is far
  * below the FP16 or E2M1 rounding P goes through next (docs/attention_gpu.md,
  * "Precision"). .ftz flushes results below 2^-126 to 0: weights negligible next to
  * the running maximum's 1. */
-FR_PTX float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
+FR_PTX float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x)); return y; }
 
 /* ---- asynchronous copies ---- */
 

@@ -166,6 +166,27 @@ __device__ __forceinline__ void stage_query(uint32_t sq, const RowOf &row_of, bo
 
 /* ---- one warp, 16 query rows, one tile of keys --------------------------- */
 
+/* The online-softmax state of the lane's rows g and g + 8 before any key:
+ * no output, maxima at -inf, empty sums (as attend_tile takes them). */
+template <int D>
+__device__ __forceinline__ void softmax_start(float (&o)[D / 8][4], float &m_a, float &m_b, float &l_a, float &l_b)
+{
+#pragma unroll
+    for (int j = 0; j < D / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    m_a = m_b = kNegInf;
+    l_a = l_b = 0.0f;
+}
+
+/* The quad's lanes hold different keys of a row: after attend_tile, their
+ * shares of l_a and l_b add up to the rows' sums. */
+__device__ __forceinline__ void quad_sums(float &l_a, float &l_b)
+{
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+}
+
 /* Online-softmax step over KEYS keys at tb held in swizzled shared tiles sk/sv
  * ([KEYS][D] BF16 each). Key t is visible to the lane's row g iff t < lim_a
  * (row g + 8: lim_b); need_mask = 0 promises every key is visible. o holds

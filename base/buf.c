@@ -1,5 +1,6 @@
 #include "base/buf.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,4 +68,15 @@ void fr_buf_free(fr_buf *b)
 {
     free(b->data);
     *b = (fr_buf){0};
+}
+
+void *fr_array_room(void *items, size_t n, size_t *cap, size_t elem, size_t first)
+{
+    if (n < *cap) return items;
+    size_t c = *cap ? 2 * *cap : first;
+    if (c <= n) c = n + 1;
+    if (elem && c > SIZE_MAX / elem) return NULL;
+    void *v = realloc(items, c * elem);
+    if (v) *cap = c;
+    return v;
 }

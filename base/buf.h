@@ -41,6 +41,12 @@ void fr_buf_vprintf(fr_buf *b, const char *fmt, va_list ap) __attribute__((forma
 /* Releases the memory and resets *b to empty; accepts an empty buffer. */
 void fr_buf_free(fr_buf *b);
 
+/* Room for one more element of a growing array of n used elements of elem
+ * bytes (capacity *cap): the array itself while n < *cap, else the array
+ * reallocated to twice *cap elements (first when empty), *cap updated.
+ * NULL when memory ran out; the array and *cap are then as they were. */
+void *fr_array_room(void *items, size_t n, size_t *cap, size_t elem, size_t first);
+
 #ifdef __cplusplus
 }
 #endif

@@ -65,6 +65,8 @@
 #include "attention/ref_attention.h"
 #include "kvcache/page_layout.h"
 #include "bench/copy_bandwidth.h"
+#include "base/clock.h"
+#include "bench/bench_util.h"
 
 enum { PAGE = FR_PAGE_TOKENS, SINK = FR_SINK_TOKENS, MAX_LIST = 32, GATE_CHUNK = 50, MAX_RUNS = 10000 };
 
@@ -131,19 +133,6 @@ static void usage(FILE *f)
 }
 
 /* ---- small helpers ------------------------------------------------------ */
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static uint64_t rng_next(uint64_t *s)   /* splitmix64 */
 {
@@ -439,9 +428,9 @@ typedef struct {
 static void gate_wait(void *arg)
 {
     gate *g = arg;
-    const double t0 = now_s();
+    const double t0 = fr_now_s();
     while (!atomic_load(&g->open))
-        if (now_s() - t0 > 5.0) { atomic_store(&g->timed_out, 1); break; }
+        if (fr_now_s() - t0 > 5.0) { atomic_store(&g->timed_out, 1); break; }
         else sched_yield();
 }
 
@@ -508,7 +497,7 @@ static void time_kernel(const runner *r, int warmup, int runs, timing *t)
         if (check_cuda(t, cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime")) goto done;
         us[i] = 1e3 * (double)ms;
     }
-    qsort(us, (size_t)runs, sizeof(double), cmp_double);
+    qsort(us, (size_t)runs, sizeof(double), fr_bench_cmp_double);
     t->ok = 1;
     t->med_us = runs % 2 ? us[runs / 2] : 0.5 * (us[runs / 2 - 1] + us[runs / 2]);
     t->min_us = us[0];

@@ -53,19 +53,8 @@
 #include "app/cli.h"
 #include "app/tp_launch.h"
 #include "bench/copy_bandwidth.h"
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "base/clock.h"
+#include "bench/bench_util.h"
 
 /* Bytes read plus written per second by cudaMemcpy device to device on 2 GiB. */
 /* The weight bytes a decode step reads. A dense model reads all of them; a
@@ -139,15 +128,15 @@ static int time_steps(fr_session *s, int B, const int *seqs, int *tok, int n_ste
             rows[b] = (fr_decode_row){.params = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 7},
                                       .sequence = (uint64_t)b, .step = (uint64_t)it};
         }
-        double t = now_s();
+        double t = fr_now_s();
         if (fr_session_decode(s, steps, rows, B, tok, NULL)) {
             fprintf(stderr, "decode_step: %s\n", fr_last_error());
             rc = 1;
         }
-        if (it >= 3) times[it - 3] = now_s() - t;
+        if (it >= 3) times[it - 3] = fr_now_s() - t;
     }
     if (!rc) {
-        qsort(times, (size_t)n_steps, sizeof(double), cmp_double);
+        qsort(times, (size_t)n_steps, sizeof(double), fr_bench_cmp_double);
         *median = times[n_steps / 2];
     }
     free(steps);
@@ -163,14 +152,14 @@ static int prefill_both_modes(fr_session *s, const int *ids, int n, int chunk, f
 {
     for (int mode = 0; mode < 2; mode++)
         for (int rep = 0; rep < 2; rep++) {   /* the first run warms the plans */
-            double a = now_s();
+            double a = fr_now_s();
             int seq;
             if (fr_runner_set_deterministic(s->runner, mode) ||
                 fr_session_prefill(s, ids, n, chunk, &seq, last, NULL)) {
                 fprintf(stderr, "decode_step: %s\n", fr_last_error());
                 return 1;
             }
-            secs[mode] = now_s() - a;
+            secs[mode] = fr_now_s() - a;
             fr_kv_seq_free(s->kv, seq);
         }
     if (fr_runner_set_deterministic(s->runner, 0)) {
@@ -325,14 +314,14 @@ int main(int argc, char **argv)
         if (!freopen("/dev/null", "w", stdout)) return 1;
     }
     fr_session s;
-    double t0 = now_s();
+    double t0 = fr_now_s();
     if (fr_session_open(&eo, pages * (max_batch + 1), max_batch + 1, &s)) {
         fprintf(stderr, "decode_step: %s\n", fr_last_error());
         fr_tp_launch_close(&launch);
         return 1;
     }
     const fr_model_config *c = &s.model->cfg;
-    fprintf(stderr, "model %s loaded on the GPU in %.1f s\n", eo.model, now_s() - t0);
+    fprintf(stderr, "model %s loaded on the GPU in %.1f s\n", eo.model, fr_now_s() - t0);
     double bw = fr_bench_copy_bandwidth((size_t)2 << 30, 0);
     size_t weight_bytes = s.gpu_weights->bytes;
     const int tp = eo.tp, kvh = fr_kv_cache_config_of(s.kv)->n_kv_heads;   /* this rank's KV heads */
@@ -351,13 +340,13 @@ int main(int argc, char **argv)
     float *last = malloc(sizeof(float) * (size_t)c->vocab_size);
     double prefill_s = 0.0;
     for (int rep = 0; rep < 2; rep++) {   /* the first run warms the plans */
-        double a = now_s();
+        double a = fr_now_s();
         if (fill ? fill_context(&s, ids, context, eo.chunk, &seq)
                  : fr_session_prefill(&s, ids, context, eo.chunk, &seq, last, NULL)) {
             fprintf(stderr, "decode_step: %s\n", fr_last_error());
             return 1;
         }
-        prefill_s = now_s() - a;
+        prefill_s = fr_now_s() - a;
         fr_kv_seq_free(s.kv, seq);
     }
     /* With --vs-deterministic: a real prefill of up to 4,096 tokens in each mode. */
@@ -374,7 +363,7 @@ int main(int argc, char **argv)
     int *len = malloc(sizeof(int) * (size_t)max_batch), n_filled = 0;
     for (int bi = 0; bi < n_batches; bi++) {
         int B = batches[bi];
-        double a = now_s();
+        double a = fr_now_s();
         for (int b = n_filled; b < B; b++, n_filled++) {   /* each sequence its own tokens */
             for (int i = 0; i < context; i++) ids[i] = (int)((rng = rng * 1103515245u + 12345u) >> 8) % c->vocab_size;
             if (fill ? fill_context(&s, ids, context, eo.chunk, &seqs[b])
@@ -386,7 +375,7 @@ int main(int argc, char **argv)
             len[b] = context;
         }
         fprintf(stderr, "batch %d: %d sequences of %d tokens %s in %.1f s\n", B, B, context,
-                fill ? "filled" : "prefilled", now_s() - a);
+                fill ? "filled" : "prefilled", fr_now_s() - a);
         row w = {.B = B};
         if (time_modes(&s, seqs, tok, len, n_steps, vs_det, (double)weight_bytes, kv_token_bytes, bw, &w)) return 1;
         print_row(&w, tp, vs_det, markdown);

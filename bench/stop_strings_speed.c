@@ -20,36 +20,12 @@
 
 #include "rollout/engine/stop_strings.h"
 #include "tokenizer/tokenizer.h"
+#include "bench/bench_util.h"
 
 static const char sample_text[] =
     "The answer is 42, as the scheduler's postprocessing shows.\n\ndef step(self, batch):\n"
     "    return [t for t in batch if t is not None]  # \xe8\xbf\x99\xe6\x98\xaf\xe4\xb8\xad\xe6\x96\x87 "
     "\xe3\x83\x86\xe3\x82\xad\xe3\x82\xb9\xe3\x83\x88 \xf0\x9f\x99\x82 caf\xc3\xa9\n";
-
-static double cpu_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) b[n] = '\0';
-    *len = b ? (size_t)n : 0;
-    return b;
-}
 
 /* ns of CPU time per token pushed through fresh states of `per` tokens. */
 static double per_token_ns(const fr_tokenizer *tok, const fr_stop_strings *stops, const int *ids, size_t n,
@@ -57,7 +33,7 @@ static double per_token_ns(const fr_tokenizer *tok, const fr_stop_strings *stops
 {
     double best = 1e30;
     for (int pass = 0; pass < 3; pass++) {
-        const double t0 = cpu_s();
+        const double t0 = fr_bench_cpu_s();
         for (size_t at = 0; at + per <= n; at += per) {
             fr_sample_text *st;
             if (fr_sample_text_new(tok, stops, &st)) return -1;
@@ -70,7 +46,7 @@ static double per_token_ns(const fr_tokenizer *tok, const fr_stop_strings *stops
             }
             fr_sample_text_free(&st);
         }
-        const double dt = (cpu_s() - t0) / (double)(n / per * per);
+        const double dt = (fr_bench_cpu_s() - t0) / (double)(n / per * per);
         if (dt < best) best = dt;
     }
     return best * 1e9;
@@ -84,7 +60,7 @@ int main(int argc, char **argv)
         return 1;
     }
     size_t len = 0;
-    char *text = argc > 2 ? read_file(argv[2], &len) : NULL;
+    char *text = argc > 2 ? fr_bench_read_file(argv[2], &len) : NULL;
     if (argc > 2 && !text) {
         fprintf(stderr, "stop_strings_speed: cannot read %s\n", argv[2]);
         fr_tokenizer_free(&tok);

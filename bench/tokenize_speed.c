@@ -18,37 +18,7 @@
 
 #include "base/clock.h"
 #include "tokenizer/tokenizer.h"
-
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) b[n] = '\0';
-    *len = (size_t)n;
-    return b;
-}
-
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "bench/bench_util.h"
 
 /* One pass: encodes text whole (lines == 0) or line by line; returns the
  * CPU seconds taken (*wall: wall-clock seconds) and adds the ids made to
@@ -56,7 +26,7 @@ static int cmp_double(const void *a, const void *b)
 static double pass(const fr_tokenizer *t, const char *text, size_t len, int lines, int special, size_t *tokens,
                    double *wall)
 {
-    double t0 = fr_now_s(), c0 = cpu_s();
+    double t0 = fr_now_s(), c0 = fr_bench_cpu_s();
     size_t from = 0;
     while (from < len) {
         size_t to = len;
@@ -75,7 +45,7 @@ static double pass(const fr_tokenizer *t, const char *text, size_t len, int line
         from = to;
     }
     *wall = fr_now_s() - t0;
-    return cpu_s() - c0;
+    return fr_bench_cpu_s() - c0;
 }
 
 static void report(const fr_tokenizer *t, const char *text, size_t len, int lines, int special, int passes)
@@ -85,8 +55,8 @@ static void report(const fr_tokenizer *t, const char *text, size_t len, int line
     size_t per_pass = tokens;
     double *s = malloc(2 * (size_t)passes * sizeof *s), *w = s + passes;
     for (int i = 0; i < passes; i++) s[i] = pass(t, text, len, lines, special, &tokens, &w[i]);
-    qsort(s, (size_t)passes, sizeof *s, cmp_double);
-    qsort(w, (size_t)passes, sizeof *w, cmp_double);
+    qsort(s, (size_t)passes, sizeof *s, fr_bench_cmp_double);
+    qsort(w, (size_t)passes, sizeof *w, fr_bench_cmp_double);
     double med = s[passes / 2], wmed = w[passes / 2];
     printf("encode %-12s %8.2f MB/s %10.0f tokens/s   (wall %.2f MB/s; cold first pass %.2f MB/s; %zu tokens, "
            "%d passes)\n", lines ? "line by line" : "whole file", len / med / 1e6, per_pass / med, len / wmed / 1e6,
@@ -111,7 +81,7 @@ int main(int argc, char **argv)
     }
     if (passes < 1) passes = 1;
     size_t len;
-    char *text = read_file(argv[2], &len);
+    char *text = fr_bench_read_file(argv[2], &len);
     if (!text) {
         fprintf(stderr, "tokenize_speed: cannot read %s\n", argv[2]);
         return 1;
@@ -120,12 +90,12 @@ int main(int argc, char **argv)
     double first = 0, best = 1e30, best_wall = 1e30;
     for (int i = 0; i < 3; i++) {
         fr_tokenizer_free(&t);
-        double t0 = fr_now_s(), c0 = cpu_s();
+        double t0 = fr_now_s(), c0 = fr_bench_cpu_s();
         if (fr_tokenizer_load(argv[1], &t) != FR_OK) {
             fprintf(stderr, "tokenize_speed: %s\n", fr_last_error());
             return 1;
         }
-        double dt = cpu_s() - c0, dw = fr_now_s() - t0;
+        double dt = fr_bench_cpu_s() - c0, dw = fr_now_s() - t0;
         if (i == 0) first = dt;
         if (dt < best) best = dt;
         if (dw < best_wall) best_wall = dw;

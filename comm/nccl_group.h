@@ -20,11 +20,13 @@
 #include "comm_status.h"
 #include "engine_group.h"
 
+/* The engine's NCCL communicator and this rank's device; opaque. A type
+ * has no linkage, so it stands outside the C-linkage block below. */
+typedef struct fr_nccl_group fr_nccl_group;
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct fr_nccl_group fr_nccl_group;
 
 /* Collective over the engine. Selects this rank's GPU (cudaSetDevice(local_rank
  * % device_count); the device stays current for the calling thread), then the

@@ -71,12 +71,21 @@ fr_status fr_block_alloc_n(fr_block_allocator *a, int n, int *blocks)
     return FR_OK;
 }
 
-fr_status fr_block_incref(fr_block_allocator *a, int block)
+/* An allocator and a block id within it (who names the caller). */
+static fr_status check_block(const fr_block_allocator *a, const char *who, int block)
 {
     if (!a)
-        return fr_fail(FR_EINVAL, "fr_block_incref: allocator is NULL");
+        return fr_fail(FR_EINVAL, "%s: allocator is NULL", who);
     if (block < 0 || block >= a->n)
         return fr_fail(FR_EINVAL, "KV block %d out of range [0, %d)", block, a->n);
+    return FR_OK;
+}
+
+fr_status fr_block_incref(fr_block_allocator *a, int block)
+{
+    fr_status st = check_block(a, "fr_block_incref", block);
+    if (st)
+        return st;
     if (a->refcount[block] == 0)
         return fr_fail(FR_EINVAL, "cannot share KV block %d: it is free", block);
     if (a->refcount[block] == INT_MAX)
@@ -87,10 +96,9 @@ fr_status fr_block_incref(fr_block_allocator *a, int block)
 
 fr_status fr_block_decref(fr_block_allocator *a, int block)
 {
-    if (!a)
-        return fr_fail(FR_EINVAL, "fr_block_decref: allocator is NULL");
-    if (block < 0 || block >= a->n)
-        return fr_fail(FR_EINVAL, "KV block %d out of range [0, %d)", block, a->n);
+    fr_status st = check_block(a, "fr_block_decref", block);
+    if (st)
+        return st;
     if (a->refcount[block] == 0)
         return fr_fail(FR_EINVAL, "KV block %d is already free (double free)", block);
     /* The stack cannot overflow: a block is pushed only on its 1 -> 0 step. */

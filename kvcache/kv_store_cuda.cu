@@ -411,14 +411,22 @@ static fr_status check_config(const fr_kv_cache_config *cfg)
     return FR_OK;
 }
 
-fr_status fr_kv_store_gpu_set_key_mean(fr_kv_store_gpu *s, const float *key_mean)
+/* The key mean to the device in place (NULL: zeros). */
+static fr_status upload_key_mean(fr_kv_store_gpu *s, const float *key_mean)
 {
-    if (!s) return fr_fail(FR_EINVAL, "fr_kv_store_gpu_set_key_mean: no store");
     const size_t n = (size_t)s->cfg.n_layers * s->cfg.n_kv_heads * s->cfg.head_dim;
     if (key_mean)
         FR_CUDA_TRY(cudaMemcpy(s->key_mean, key_mean, sizeof(float) * n, cudaMemcpyHostToDevice));
     else
         FR_CUDA_TRY(cudaMemset(s->key_mean, 0, sizeof(float) * n));
+    return FR_OK;
+}
+
+fr_status fr_kv_store_gpu_set_key_mean(fr_kv_store_gpu *s, const float *key_mean)
+{
+    if (!s) return fr_fail(FR_EINVAL, "fr_kv_store_gpu_set_key_mean: no store");
+    fr_status st = upload_key_mean(s, key_mean);
+    if (st) return st;
     FR_CUDA_TRY(cudaDeviceSynchronize());
     return FR_OK;
 }
@@ -426,12 +434,9 @@ fr_status fr_kv_store_gpu_set_key_mean(fr_kv_store_gpu *s, const float *key_mean
 /* The key mean (zeros when absent) and FP8 scales (1.0 when absent) to the device. */
 static fr_status upload_calibration(fr_kv_store_gpu *s, const fr_kv_cache_config *cfg)
 {
-    const size_t n_mean = (size_t)cfg->n_layers * cfg->n_kv_heads * cfg->head_dim;
     const size_t n_scales = (size_t)cfg->n_layers * cfg->n_kv_heads * 2;
-    if (cfg->key_mean)
-        FR_CUDA_TRY(cudaMemcpy(s->key_mean, cfg->key_mean, sizeof(float) * n_mean, cudaMemcpyHostToDevice));
-    else
-        FR_CUDA_TRY(cudaMemset(s->key_mean, 0, sizeof(float) * n_mean));
+    fr_status st = upload_key_mean(s, cfg->key_mean);
+    if (st) return st;
     float *scales = (float *)malloc(sizeof(float) * n_scales);
     if (!scales) return fr_fail(FR_ENOMEM, "kv store (GPU): out of memory");
     for (size_t i = 0; i < n_scales; i++) scales[i] = cfg->fp8_scales ? cfg->fp8_scales[i] : 1.0f;
@@ -542,26 +547,33 @@ void fr_kv_store_gpu_destroy(fr_kv_store_gpu **ps)
     *ps = NULL;
 }
 
+/* What both views (per-head pages, latent rows) say alike: the pool, the
+ * recent and sink slots, and the layer. */
+template <class View> static void view_pages(const fr_kv_store_gpu *s, int layer, View &v)
+{
+    v.pool = s->pool;
+    v.block_bytes = s->block_bytes;
+    v.recent = s->recent;
+    v.sink = s->sink;
+    v.slot_elems = s->slot_elems;
+    v.sink_elems = s->sink_elems;
+    v.layer = layer;
+}
+
 fr_paged_kv fr_kv_store_gpu_view(const fr_kv_store_gpu *s, int layer, const uint16_t *step_k,
                                  const uint16_t *step_v)
 {
     fr_paged_kv v;
     memset(&v, 0, sizeof v);
     if (!s || layer < 0 || layer >= s->cfg.n_layers) return v;
-    v.pool = s->pool;
-    v.block_bytes = s->block_bytes;
+    view_pages(s, layer, v);
     v.head_page_bytes = s->layout.head_page_bytes;
     v.k_codes = s->layout.k_codes;
     v.k_scales = s->layout.k_scales;
     v.v_codes = s->layout.v_codes;
     v.v_scales = s->layout.v_scales;
-    v.recent = s->recent;
-    v.sink = s->sink;
-    v.slot_elems = s->slot_elems;
-    v.sink_elems = s->sink_elems;
     v.step_k = step_k;
     v.step_v = step_v;
-    v.layer = layer;
     v.n_layers = s->cfg.n_layers;
     v.n_kv_heads = s->cfg.n_kv_heads;
     v.head_dim = s->cfg.head_dim;
@@ -573,18 +585,12 @@ fr_latent_kv fr_kv_store_gpu_latent_view(const fr_kv_store_gpu *s, int layer, co
     fr_latent_kv v;
     memset(&v, 0, sizeof v);
     if (!s || s->cfg.latent_dim <= 0 || layer < 0 || layer >= s->cfg.n_layers) return v;
-    v.pool = s->pool;
-    v.block_bytes = s->block_bytes;
+    view_pages(s, layer, v);
     v.page_bytes = s->layout.head_page_bytes;
     v.codes = s->layout.k_codes;
     v.scales = s->layout.k_scales;
     v.rope = s->layout.rope;
-    v.recent = s->recent;
-    v.sink = s->sink;
-    v.slot_elems = s->slot_elems;
-    v.sink_elems = s->sink_elems;
     v.step_rows = step_rows;
-    v.layer = layer;
     return v;
 }
 
@@ -651,6 +657,15 @@ fr_status fr_kv_store_gpu_stage(const fr_kv_store_gpu *s, int layer, int rows, c
     return FR_OK;
 }
 
+/* Grid (sequence, page, head) for heads, (sequence, page) for latent rows. */
+template <fr_kv_dtype DT> static void launch_promote(int latent, dim3 grid, const commit_args &a, cudaStream_t stream)
+{
+    if (latent)
+        latent_promote_kernel<DT><<<grid, PROMOTE_THREADS, 0, stream>>>(a);
+    else
+        promote_kernel<DT><<<grid, PROMOTE_THREADS, 0, stream>>>(a);
+}
+
 fr_status fr_kv_store_gpu_commit(const fr_kv_store_gpu *s, int layer, const fr_paged_seq *seqs, int n_seqs,
                                  int max_pages_per_seq, const uint16_t *step_k, const uint16_t *step_v,
                                  cudaStream_t stream)
@@ -692,22 +707,13 @@ fr_status fr_kv_store_gpu_commit(const fr_kv_store_gpu *s, int layer, const fr_p
     a.search = s->cfg.recipe.scale_search;
     a.zero_sink = is_fp4(s) && s->cfg.recipe.sink_recent;
     /* Promotion first: it reads recent slot rows the slot writes replace. */
-    if (max_pages_per_seq > 0 && latent) {
-        const dim3 grid((unsigned)n_seqs, (unsigned)max_pages_per_seq, 1u);
+    if (max_pages_per_seq > 0) {
+        const dim3 grid((unsigned)n_seqs, (unsigned)max_pages_per_seq, latent ? 1u : (unsigned)H);
         switch (s->cfg.dtype) {
-        case FR_KV_NVFP4: latent_promote_kernel<FR_KV_NVFP4><<<grid, PROMOTE_THREADS, 0, stream>>>(a); break;
-        case FR_KV_MXFP4: latent_promote_kernel<FR_KV_MXFP4><<<grid, PROMOTE_THREADS, 0, stream>>>(a); break;
-        case FR_KV_FP8: latent_promote_kernel<FR_KV_FP8><<<grid, PROMOTE_THREADS, 0, stream>>>(a); break;
-        default: latent_promote_kernel<FR_KV_BF16><<<grid, PROMOTE_THREADS, 0, stream>>>(a); break;
-        }
-        FR_CUDA_LAUNCHED();
-    } else if (max_pages_per_seq > 0) {
-        const dim3 grid((unsigned)n_seqs, (unsigned)max_pages_per_seq, (unsigned)H);
-        switch (s->cfg.dtype) {
-        case FR_KV_NVFP4: promote_kernel<FR_KV_NVFP4><<<grid, PROMOTE_THREADS, 0, stream>>>(a); break;
-        case FR_KV_MXFP4: promote_kernel<FR_KV_MXFP4><<<grid, PROMOTE_THREADS, 0, stream>>>(a); break;
-        case FR_KV_FP8: promote_kernel<FR_KV_FP8><<<grid, PROMOTE_THREADS, 0, stream>>>(a); break;
-        default: promote_kernel<FR_KV_BF16><<<grid, PROMOTE_THREADS, 0, stream>>>(a); break;
+        case FR_KV_NVFP4: launch_promote<FR_KV_NVFP4>(latent, grid, a, stream); break;
+        case FR_KV_MXFP4: launch_promote<FR_KV_MXFP4>(latent, grid, a, stream); break;
+        case FR_KV_FP8: launch_promote<FR_KV_FP8>(latent, grid, a, stream); break;
+        default: launch_promote<FR_KV_BF16>(latent, grid, a, stream); break;
         }
         FR_CUDA_LAUNCHED();
     }

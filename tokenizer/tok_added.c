@@ -25,13 +25,9 @@ void tok_trie_free(tok_trie *tr)
 
 static int trie_node(tok_trie *tr)
 {
-    if (tr->n_nodes == tr->cap_nodes) {
-        size_t cap = tr->cap_nodes ? 2 * tr->cap_nodes : 64;
-        int32_t *v = realloc(tr->term, cap * sizeof *v);
-        if (!v) return -1;
-        tr->term = v;
-        tr->cap_nodes = cap;
-    }
+    int32_t *v = fr_array_room(tr->term, tr->n_nodes, &tr->cap_nodes, sizeof *v, 64);
+    if (!v) return -1;
+    tr->term = v;
     tr->term[tr->n_nodes] = -1;
     return (int)tr->n_nodes++;
 }

@@ -17,13 +17,9 @@ enum { CACHE_MAX_KEY = 256, CACHE_SLOTS = 1 << 15, CACHE_BYTES = 4 << 20, SCAN_M
 
 int tok_ws_push_id(tok_ws *ws, int id)
 {
-    if (ws->n_ids == ws->cap_ids) {
-        size_t cap = ws->cap_ids ? 2 * ws->cap_ids : 1024;
-        int *v = realloc(ws->ids, cap * sizeof *v);
-        if (!v) return -1;
-        ws->ids = v;
-        ws->cap_ids = cap;
-    }
+    int *v = fr_array_room(ws->ids, ws->n_ids, &ws->cap_ids, sizeof *v, 1024);
+    if (!v) return -1;
+    ws->ids = v;
     ws->ids[ws->n_ids++] = id;
     return 0;
 }

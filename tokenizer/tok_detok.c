@@ -89,13 +89,9 @@ fr_status fr_detok_push(fr_detok *d, int id, const char **text, size_t *len)
             d->prefix_index = d->n;
         }
     }
-    if (d->n == d->cap) {
-        size_t cap = d->cap ? 2 * d->cap : 16;
-        int *v = realloc(d->ids, cap * sizeof *v);
-        if (!v) return fr_fail(FR_ENOMEM, "out of memory for the detokenizer's window");
-        d->ids = v;
-        d->cap = cap;
-    }
+    int *v = fr_array_room(d->ids, d->n, &d->cap, sizeof *v, 16);
+    if (!v) return fr_fail(FR_ENOMEM, "out of memory for the detokenizer's window");
+    d->ids = v;
     d->ids[d->n++] = id;
     if ((st = decode_window(d, 0, &d->cur)) != FR_OK) return st;
     if (d->cur.len <= d->prefix.len || ends_with_replacement(&d->cur)) return FR_OK;

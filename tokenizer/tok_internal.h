@@ -180,7 +180,7 @@ typedef struct tok_ws {
 
 /* ---- functions shared between the files ---- */
 
-/* tok_load_parts.c: components from their JSON. */
+/* tok_load_model.c, tok_load_pipeline.c, tok_load_output.c: components from their JSON. */
 fr_status tok_parse_normalizer(fr_tokenizer *t, const cJSON *j);
 fr_status tok_parse_pre_tokenizer(fr_tokenizer *t, const cJSON *j);
 fr_status tok_parse_decoder(fr_tokenizer *t, const cJSON *j);
@@ -193,6 +193,20 @@ uint32_t tok_str_add(fr_tokenizer *t, const char *s, size_t len);
 int tok_set_id(fr_tokenizer *t, int id, uint32_t off, uint32_t len);
 /* The JSON string of item, or NULL. */
 const char *tok_json_str(const cJSON *o, const char *key);
+
+/* tok_load_fields.c: fields the component loaders share; where names the
+ * component in refusals ("pre_tokenizer.pretokenizers[1]"). */
+/* A boolean field: absent or null gives def. */
+fr_status tok_field_bool(const cJSON *j, const char *key, int def, const char *where, int *out);
+/* A string field of exactly one character ("▁"). */
+fr_status tok_field_char(const cJSON *j, const char *key, const char *where, uint32_t *out);
+/* The "pattern" object, {"String": s} or {"Regex": r}, compiled. */
+fr_status tok_field_pattern(const cJSON *j, const char *where, tok_regex *re);
+/* Reads one component (a Sequence's item included) at nesting depth. */
+typedef fr_status (*tok_parse_fn)(fr_tokenizer *t, const cJSON *j, const char *where, int depth);
+/* A Sequence: parse on each item of the list j[key], nesting bounded. */
+fr_status tok_parse_sequence(fr_tokenizer *t, const cJSON *j, const char *key, const char *where, int depth,
+                             tok_parse_fn parse);
 
 /* tok_added.c */
 fr_status tok_parse_added(fr_tokenizer *t, const cJSON *list);

@@ -3,14 +3,10 @@
  * one template of the single-sequence case (ids around TOK_TMPL_SEQ), so
  * encoding with special tokens is one copy. Types this library does not
  * implement are refused by name. */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tok_internal.h"
-#include "tok_utf8.h"
-
-enum { MAX_DEPTH = 8 };
 
 /* ---- decoders ---- */
 
@@ -24,15 +20,6 @@ static fr_status add_dec(fr_tokenizer *t, tok_dec d)
     }
     t->dec = v;
     t->dec[t->n_dec++] = d;
-    return FR_OK;
-}
-
-static fr_status one_char(const cJSON *j, const char *key, const char *where, uint32_t *out)
-{
-    const char *s = tok_json_str(j, key);
-    size_t n = s ? strlen(s) : 0;
-    if (!n || tok_utf8_valid_prefix(s, n) != n || (size_t)tok_utf8_next(s, out) != n)
-        return fr_fail(FR_EFORMAT, "%s: \"%s\" is not a string of one character", where, key);
     return FR_OK;
 }
 
@@ -53,7 +40,8 @@ static fr_status parse_one_dec(const cJSON *j, const char *type, const char *whe
     if (strcmp(type, "Fuse") == 0) { d->kind = TOK_DEC_FUSE; return FR_OK; }
     if (strcmp(type, "Strip") == 0) {
         d->kind = TOK_DEC_STRIP;
-        if ((st = one_char(j, "content", where, &d->ch)) != FR_OK || (st = count_field(j, "start", where, &d->start)) != FR_OK)
+        if ((st = tok_field_char(j, "content", where, &d->ch)) != FR_OK ||
+            (st = count_field(j, "start", where, &d->start)) != FR_OK)
             return st;
         return count_field(j, "stop", where, &d->stop);
     }
@@ -67,14 +55,11 @@ static fr_status parse_one_dec(const cJSON *j, const char *type, const char *whe
         d->text_len = strlen(text);
         if (!d->text) return fr_fail(FR_ENOMEM, "out of memory reading the decoder");
         if (bpe) return FR_OK;
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "pattern");
-        const char *s = tok_json_str(p, "String"), *r = tok_json_str(p, "Regex");
-        if (!s && !r) return fr_fail(FR_EFORMAT, "%s: \"pattern\" is neither {\"String\": ...} nor {\"Regex\": ...}", where);
-        return tok_regex_compile(&d->re, s ? s : r, strlen(s ? s : r), s != NULL, where);
+        return tok_field_pattern(j, where, &d->re);
     }
     if (strcmp(type, "Metaspace") == 0) {
         d->kind = TOK_DEC_METASPACE;
-        if ((st = one_char(j, "replacement", where, &d->ch)) != FR_OK) return st;
+        if ((st = tok_field_char(j, "replacement", where, &d->ch)) != FR_OK) return st;
         const char *s = tok_json_str(j, "prepend_scheme");
         d->prepend = s && strcmp(s, "never") == 0 ? TOK_PREPEND_NEVER : TOK_PREPEND_ALWAYS;
         if (cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "add_prefix_space"))) d->prepend = TOK_PREPEND_NEVER;
@@ -88,19 +73,7 @@ static fr_status parse_dec(fr_tokenizer *t, const cJSON *j, const char *where, i
 {
     const char *type = tok_json_str(j, "type");
     if (!type) return fr_fail(FR_EFORMAT, "%s: not an object with a \"type\"", where);
-    if (strcmp(type, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "decoders");
-        if (!cJSON_IsArray(list)) return fr_fail(FR_EFORMAT, "%s: Sequence without a \"decoders\" list", where);
-        if (depth >= MAX_DEPTH) return fr_fail(FR_EUNSUPPORTED, "%s: Sequences nested too deep", where);
-        size_t i = 0;
-        for (const cJSON *e = list->child; e; e = e->next, i++) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.decoders[%zu]", where, i);
-            fr_status st = parse_dec(t, e, sub, depth + 1);
-            if (st != FR_OK) return st;
-        }
-        return FR_OK;
-    }
+    if (strcmp(type, "Sequence") == 0) return tok_parse_sequence(t, j, "decoders", where, depth, parse_dec);
     tok_dec d = {0};
     fr_status st = parse_one_dec(j, type, where, &d);
     if (st != FR_OK) {
@@ -212,19 +185,7 @@ static fr_status parse_post(fr_tokenizer *t, const cJSON *j, const char *where, 
         int outer[3] = {cls, TOK_TMPL_SEQ, sep};
         return wrap(t, outer, 3);
     }
-    if (strcmp(type, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "processors");
-        if (!cJSON_IsArray(list)) return fr_fail(FR_EFORMAT, "%s: Sequence without a \"processors\" list", where);
-        if (depth >= MAX_DEPTH) return fr_fail(FR_EUNSUPPORTED, "%s: Sequences nested too deep", where);
-        size_t i = 0;
-        for (const cJSON *e = list->child; e; e = e->next, i++) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.processors[%zu]", where, i);
-            fr_status st = parse_post(t, e, sub, depth + 1);
-            if (st != FR_OK) return st;
-        }
-        return FR_OK;
-    }
+    if (strcmp(type, "Sequence") == 0) return tok_parse_sequence(t, j, "processors", where, depth, parse_post);
     return fr_fail(FR_EUNSUPPORTED, "%s: post-processor type %s is not supported (supported: TemplateProcessing, "
                    "ByteLevel, RobertaProcessing, BertProcessing, Sequence)", where, type);
 }

@@ -2,44 +2,10 @@
  * arrays the encoder runs. A type this library does not implement is
  * refused with its name and place ("pre_tokenizer.pretokenizers[1]: type
  * Whitespace is not supported"): encoding without it would give other ids. */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tok_internal.h"
-#include "tok_utf8.h"
-
-enum { MAX_DEPTH = 8 };
-
-/* A boolean field: absent or null gives def. */
-static fr_status get_bool(const cJSON *j, const char *key, int def, const char *where, int *out)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
-    *out = def;
-    if (!v || cJSON_IsNull(v)) return FR_OK;
-    if (!cJSON_IsBool(v)) return fr_fail(FR_EFORMAT, "%s: \"%s\" is not a boolean", where, key);
-    *out = cJSON_IsTrue(v);
-    return FR_OK;
-}
-
-/* The one character of a string field ("▁"). */
-static fr_status get_char(const cJSON *j, const char *key, const char *where, uint32_t *out)
-{
-    const char *s = tok_json_str(j, key);
-    size_t n = s ? strlen(s) : 0;
-    if (!n || tok_utf8_valid_prefix(s, n) != n || (size_t)tok_utf8_next(s, out) != n)
-        return fr_fail(FR_EFORMAT, "%s: \"%s\" is not a string of one character", where, key);
-    return FR_OK;
-}
-
-/* A pattern object, {"String": s} or {"Regex": r}, compiled. */
-static fr_status get_pattern(const cJSON *j, const char *where, tok_regex *re)
-{
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "pattern");
-    const char *s = tok_json_str(p, "String"), *r = tok_json_str(p, "Regex");
-    if (!s && !r) return fr_fail(FR_EFORMAT, "%s: \"pattern\" is neither {\"String\": ...} nor {\"Regex\": ...}", where);
-    return tok_regex_compile(re, s ? s : r, strlen(s ? s : r), s != NULL, where);
-}
 
 static fr_status get_prepend_scheme(const cJSON *j, const char *where, tok_prepend *out)
 {
@@ -80,33 +46,21 @@ static fr_status parse_norm(fr_tokenizer *t, const cJSON *j, const char *where, 
     static const char *const forms[] = {"NFC", "NFD", "NFKC", "NFKD"};
     for (int i = 0; i < 4; i++)
         if (strcmp(type, forms[i]) == 0) return add_norm(t, (tok_norm){.kind = (tok_norm_kind)(TOK_NORM_NFC + i)});
-    if (strcmp(type, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "normalizers");
-        if (!cJSON_IsArray(list)) return fr_fail(FR_EFORMAT, "%s: Sequence without a \"normalizers\" list", where);
-        if (depth >= MAX_DEPTH) return fr_fail(FR_EUNSUPPORTED, "%s: Sequences nested too deep", where);
-        size_t i = 0;
-        for (const cJSON *e = list->child; e; e = e->next, i++) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.normalizers[%zu]", where, i);
-            fr_status st = parse_norm(t, e, sub, depth + 1);
-            if (st != FR_OK) return st;
-        }
-        return FR_OK;
-    }
+    if (strcmp(type, "Sequence") == 0) return tok_parse_sequence(t, j, "normalizers", where, depth, parse_norm);
     tok_norm z = {0};
     fr_status st = FR_OK;
     if (strcmp(type, "Prepend") == 0 || strcmp(type, "Replace") == 0) {
         const char *text = tok_json_str(j, type[0] == 'P' ? "prepend" : "content");
         if (!text) return fr_fail(FR_EFORMAT, "%s: %s without its string", where, type);
         z.kind = type[0] == 'P' ? TOK_NORM_PREPEND : TOK_NORM_REPLACE;
-        if (z.kind == TOK_NORM_REPLACE && (st = get_pattern(j, where, &z.re)) != FR_OK) return st;
+        if (z.kind == TOK_NORM_REPLACE && (st = tok_field_pattern(j, where, &z.re)) != FR_OK) return st;
         z.text = strdup(text);
         z.text_len = strlen(text);
         if (!z.text) { tok_regex_free(&z.re); return fr_fail(FR_ENOMEM, "out of memory reading the normalizer"); }
     } else if (strcmp(type, "Strip") == 0) {
         z.kind = TOK_NORM_STRIP;
-        if ((st = get_bool(j, "strip_left", 1, where, &z.left)) != FR_OK ||
-            (st = get_bool(j, "strip_right", 1, where, &z.right)) != FR_OK)
+        if ((st = tok_field_bool(j, "strip_left", 1, where, &z.left)) != FR_OK ||
+            (st = tok_field_bool(j, "strip_right", 1, where, &z.right)) != FR_OK)
             return st;
     } else if (strcmp(type, "ByteLevel") == 0) {
         z.kind = TOK_NORM_BYTE_LEVEL;
@@ -159,27 +113,27 @@ static fr_status parse_one_pre(const cJSON *j, const char *type, const char *whe
     if (strcmp(type, "Split") == 0) {
         p->kind = TOK_PRE_SPLIT;
         if ((st = parse_behavior(j, where, &p->behavior)) != FR_OK ||
-            (st = get_bool(j, "invert", 0, where, &p->invert)) != FR_OK)
+            (st = tok_field_bool(j, "invert", 0, where, &p->invert)) != FR_OK)
             return st;
-        return get_pattern(j, where, &p->re);
+        return tok_field_pattern(j, where, &p->re);
     }
     if (strcmp(type, "ByteLevel") == 0) {
         p->kind = TOK_PRE_BYTE_LEVEL;
-        if ((st = get_bool(j, "add_prefix_space", 1, where, &p->add_prefix_space)) != FR_OK ||
-            (st = get_bool(j, "use_regex", 1, where, &p->use_regex)) != FR_OK)
+        if ((st = tok_field_bool(j, "add_prefix_space", 1, where, &p->add_prefix_space)) != FR_OK ||
+            (st = tok_field_bool(j, "use_regex", 1, where, &p->use_regex)) != FR_OK)
             return st;
         return p->use_regex ? tok_regex_compile(&p->re, gpt2_pattern, sizeof gpt2_pattern - 1, 0, where) : FR_OK;
     }
     if (strcmp(type, "Digits") == 0) {
         p->kind = TOK_PRE_DIGITS;
-        return get_bool(j, "individual_digits", 0, where, &p->individual);
+        return tok_field_bool(j, "individual_digits", 0, where, &p->individual);
     }
     if (strcmp(type, "Metaspace") == 0) {
         p->kind = TOK_PRE_METASPACE;
-        if ((st = get_char(j, "replacement", where, &p->ch)) != FR_OK ||
+        if ((st = tok_field_char(j, "replacement", where, &p->ch)) != FR_OK ||
             (st = get_prepend_scheme(j, where, &p->prepend)) != FR_OK)
             return st;
-        return get_bool(j, "split", 1, where, &p->split);
+        return tok_field_bool(j, "split", 1, where, &p->split);
     }
     if (strcmp(type, "WhitespaceSplit") == 0) {
         p->kind = TOK_PRE_WHITESPACE_SPLIT;
@@ -187,7 +141,7 @@ static fr_status parse_one_pre(const cJSON *j, const char *type, const char *whe
     }
     if (strcmp(type, "CharDelimiterSplit") == 0) {
         p->kind = TOK_PRE_CHAR_SPLIT;
-        return get_char(j, "delimiter", where, &p->ch);
+        return tok_field_char(j, "delimiter", where, &p->ch);
     }
     return fr_fail(FR_EUNSUPPORTED, "%s: pre-tokenizer type %s is not supported (supported: Split, ByteLevel, "
                    "Digits, Metaspace, WhitespaceSplit, CharDelimiterSplit, Sequence)", where, type);
@@ -197,19 +151,7 @@ static fr_status parse_pre(fr_tokenizer *t, const cJSON *j, const char *where, i
 {
     const char *type = tok_json_str(j, "type");
     if (!type) return fr_fail(FR_EFORMAT, "%s: not an object with a \"type\"", where);
-    if (strcmp(type, "Sequence") == 0) {
-        const cJSON *list = cJSON_GetObjectItemCaseSensitive(j, "pretokenizers");
-        if (!cJSON_IsArray(list)) return fr_fail(FR_EFORMAT, "%s: Sequence without a \"pretokenizers\" list", where);
-        if (depth >= MAX_DEPTH) return fr_fail(FR_EUNSUPPORTED, "%s: Sequences nested too deep", where);
-        size_t i = 0;
-        for (const cJSON *e = list->child; e; e = e->next, i++) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%zu]", where, i);
-            fr_status st = parse_pre(t, e, sub, depth + 1);
-            if (st != FR_OK) return st;
-        }
-        return FR_OK;
-    }
+    if (strcmp(type, "Sequence") == 0) return tok_parse_sequence(t, j, "pretokenizers", where, depth, parse_pre);
     tok_pre p = {0};
     fr_status st = parse_one_pre(j, type, where, &p);
     if (st != FR_OK) {

@@ -163,13 +163,9 @@ void tok_rx_ctx_free(tok_rx_ctx *c)
 
 int tok_segs_push(tok_segs *l, uint32_t s, uint32_t e, uint32_t match)
 {
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 64;
-        tok_seg *v = realloc(l->v, cap * sizeof *v);
-        if (!v) return -1;
-        l->v = v;
-        l->cap = cap;
-    }
+    tok_seg *v = fr_array_room(l->v, l->n, &l->cap, sizeof *v, 64);
+    if (!v) return -1;
+    l->v = v;
     l->v[l->n++] = (tok_seg){s, e, match};
     return 0;
 }

@@ -72,14 +72,8 @@ void tok_ws_put(const fr_tokenizer *t, tok_ws *ws)
 {
     fr_tokenizer *m = (fr_tokenizer *)t;
     pthread_mutex_lock(&m->pool_lock);
-    if (m->n_pool == m->cap_pool) {
-        size_t cap = m->cap_pool ? 2 * m->cap_pool : 4;
-        tok_ws **p = realloc(m->pool, cap * sizeof *p);
-        if (p) {
-            m->pool = p;
-            m->cap_pool = cap;
-        }
-    }
+    tok_ws **p = fr_array_room(m->pool, m->n_pool, &m->cap_pool, sizeof *p, 4);
+    if (p) m->pool = p;
     if (m->n_pool < m->cap_pool) {
         m->pool[m->n_pool++] = ws;
         ws = NULL;

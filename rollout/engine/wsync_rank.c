@@ -55,12 +55,9 @@ fr_status fr_wsync_rank_new(const fr_model_config *cfg, int tp_rank, int tp_size
     if (!st && host_stage && !(r->shard = malloc(sizeof(float) * (r->shard_at[r->n_mt] ? r->shard_at[r->n_mt] : 1))))
         st = fr_fail(FR_ENOMEM, "weight sync: cannot allocate rank %d's shard (%zu floats)", tp_rank,
                      r->shard_at[r->n_mt]);
-    if (st) {
-        fr_wsync_rank_destroy(&r);
-        return st;
-    }
+    if (st) fr_wsync_rank_destroy(&r);   /* r is NULL then, as *out must be */
     *out = r;
-    return FR_OK;
+    return st;
 }
 
 void fr_wsync_rank_destroy(fr_wsync_rank **pr)

@@ -289,23 +289,32 @@ fr_status fr_mla_gpu_project(fr_mla_gpu *m, fr_gemm *g, const fr_layer_weights_g
     return FR_OK;
 }
 
+/* One product per head over kv_b_proj, whose head h holds W_UK_h [dn][dc]
+ * then W_UV_h [dv][dc]: x and y rows hold every head's x_w and y_w elements
+ * side by side. */
+static fr_gemm_batch per_head(const fr_mla_gpu *m, int M, int N, int K, int w_trans, int x_w, int y_w)
+{
+    fr_gemm_batch b;
+    memset(&b, 0, sizeof b);
+    b.M = M;
+    b.N = N;
+    b.K = K;
+    b.batch = m->H;
+    b.w_trans = w_trans;
+    b.ldx = (long long)m->H * x_w;
+    b.x_stride = x_w;
+    b.ldw = m->dc;
+    b.w_stride = (long long)(m->dn + m->dv) * m->dc;
+    b.ldy = (long long)m->H * y_w;
+    b.y_stride = y_w;
+    return b;
+}
+
 fr_status fr_mla_gpu_absorb(fr_mla_gpu *m, fr_gemm *g, const fr_layer_weights_gpu *lw, int M, cudaStream_t stream)
 {
     if (!m || !g || !lw || M < 0 || M > m->M) return fr_fail(FR_EINVAL, "latent attention (GPU) absorb: bad arguments");
     /* per head h: qcat_h[M][dc] = qn_h[M][dn] . W_UK_h[dn][dc], W_UK_h not transposed */
-    fr_gemm_batch b;
-    memset(&b, 0, sizeof b);
-    b.M = M;
-    b.N = m->dc;
-    b.K = m->dn;
-    b.batch = m->H;
-    b.w_trans = 0;
-    b.ldx = (long long)m->H * m->dn;
-    b.x_stride = m->dn;
-    b.ldw = m->dc;
-    b.w_stride = (long long)(m->dn + m->dv) * m->dc;
-    b.ldy = (long long)m->H * m->row;
-    b.y_stride = m->row;
+    const fr_gemm_batch b = per_head(m, M, m->dc, m->dn, 0, m->dn, m->row);
     return fr_gemm_bf16_batched(g, &b, m->qcat, m->qn, lw->kv_b_proj, 0.0f, stream);
 }
 
@@ -358,20 +367,8 @@ fr_status fr_mla_gpu_values(fr_mla_gpu *m, fr_gemm *g, const fr_layer_weights_gp
     if (!m || !g || !lw || !out || M < 0 || M > m->M)
         return fr_fail(FR_EINVAL, "latent attention (GPU) values: bad arguments");
     /* per head h: out_h[M][dv] = ctx_h[M][dc] . W_UV_h[dv][dc]^T */
-    fr_gemm_batch b;
-    memset(&b, 0, sizeof b);
-    b.M = M;
-    b.N = m->dv;
-    b.K = m->dc;
-    b.batch = m->H;
-    b.w_trans = 1;
+    fr_gemm_batch b = per_head(m, M, m->dv, m->dc, 1, m->dc, m->dv);
     b.y_bf16 = 1;
-    b.ldx = (long long)m->H * m->dc;
-    b.x_stride = m->dc;
-    b.ldw = m->dc;
-    b.w_stride = (long long)(m->dn + m->dv) * m->dc;
-    b.ldy = (long long)m->H * m->dv;
-    b.y_stride = m->dv;
     return fr_gemm_bf16_batched(g, &b, out, m->ctx, lw->kv_b_proj + (size_t)m->dn * m->dc, 0.0f, stream);
 }
 

@@ -90,7 +90,9 @@ typedef struct {
     float *kept_logits;           /* [n_keep][vocab] */
 } fr_batch;
 
-/* A backend's implementation. Every entry is set. */
+/* A backend's implementation. Every entry is set but fork, set_key_mean,
+ * capture_stats and memory, NULL where the backend has nothing to do (the
+ * CPU, whose cache is the runner's own and which captures no graphs). */
 typedef struct {
     fr_status (*run)(fr_runner *r, const fr_batch *b);
     /* After fr_kv_seq_fork(kv, src, &dst): the backend's own copy of src's
@@ -132,6 +134,13 @@ typedef struct {
     struct fr_nccl_group *nccl;       /* the engine's NCCL group on the GPU when gpu is a shard */
     int deterministic;                /* docs/determinism.md; refused where the backend lacks it */
 } fr_runner_config;
+
+/* For a backend's open (who names it in messages): sets *out to NULL,
+ * checks out and c (a KV cache, and device weights when on_device, else the
+ * host model) and allocates *out, a zeroed runner of size bytes whose head
+ * holds ops and on_device. */
+fr_status fr_runner_backend_new(const char *who, const fr_runner_config *c, const fr_runner_ops *ops, int on_device,
+                                size_t size, fr_runner **out);
 
 /* The runner c asks for: CUDA with device weights, else the CPU. */
 fr_status fr_runner_open(const fr_runner_config *c, fr_runner **out);

@@ -103,19 +103,6 @@ static fr_status cpu_run(fr_runner *base, const fr_batch *b)
     return fr_fail(FR_EINVAL, "CPU runner: unknown batch kind %d", (int)b->kind);
 }
 
-/* The CPU cache is the runner's own: fork and key mean are done there. */
-static fr_status cpu_fork(fr_runner *base, int src_seq, int dst_seq)
-{
-    (void)base, (void)src_seq, (void)dst_seq;
-    return FR_OK;
-}
-
-static fr_status cpu_set_key_mean(fr_runner *base, const float *key_mean)
-{
-    (void)base, (void)key_mean;
-    return FR_OK;
-}
-
 static fr_status cpu_set_observer(fr_runner *base, const fr_forward_observer *obs)
 {
     fr_runner_cpu_set_observer(cpu_of(base)->cpu, obs);
@@ -140,13 +127,6 @@ static fr_status cpu_routes(fr_runner *base, const int *rows, int n, uint16_t *o
     return fr_runner_cpu_routes(cpu_of(base)->cpu, rows, n, out);
 }
 
-static void cpu_capture_stats(const fr_runner *base, int *captures, double *seconds)
-{
-    (void)base;
-    *captures = 0;
-    *seconds = 0.0;
-}
-
 static void cpu_destroy(fr_runner *base)
 {
     cpu_runner *r = cpu_of(base);
@@ -156,43 +136,31 @@ static void cpu_destroy(fr_runner *base)
     free(r);
 }
 
-/* The CPU runner keeps no cache of its own: the session releases kv's. */
-static fr_status cpu_memory(fr_runner *base, int release)
-{
-    (void)base;
-    (void)release;
-    return FR_OK;
-}
-
+/* No fork, key mean, capture statistics or memory op: the CPU cache is
+ * the runner's own (fork and key mean are done there, the session releases
+ * its pages) and nothing is captured. */
 static const fr_runner_ops cpu_ops = {
     .run = cpu_run,
-    .fork = cpu_fork,
-    .set_key_mean = cpu_set_key_mean,
     .set_observer = cpu_set_observer,
     .set_deterministic = cpu_set_deterministic,
     .weights_changed = cpu_weights_changed,
     .capture_routes = cpu_capture_routes,
     .routes = cpu_routes,
-    .capture_stats = cpu_capture_stats,
-    .memory = cpu_memory,
     .destroy = cpu_destroy,
 };
 
 fr_status fr_runner_cpu_open(const fr_runner_config *c, fr_runner **out)
 {
-    if (!out) return fr_fail(FR_EINVAL, "fr_runner_cpu_open: out is NULL");
-    *out = NULL;
-    if (!c || !c->model || !c->kv) return fr_fail(FR_EINVAL, "fr_runner_cpu_open: no model or KV cache");
-    cpu_runner *r = calloc(1, sizeof *r);
-    if (!r) return fr_fail(FR_ENOMEM, "CPU runner: out of memory");
-    r->base = (fr_runner){.ops = &cpu_ops, .on_device = 0};
+    fr_status st = fr_runner_backend_new("fr_runner_cpu_open", c, &cpu_ops, 0, sizeof(cpu_runner), out);
+    if (st) return st;
+    cpu_runner *r = cpu_of(*out);
     r->vocab = c->model->cfg.vocab_size;
-    fr_status st = fr_runner_cpu_new_tp(c->model, c->kv, c->max_step_tokens, c->tp, &r->cpu);
+    st = fr_runner_cpu_new_tp(c->model, c->kv, c->max_step_tokens, c->tp, &r->cpu);
     if (st) {
         free(r);
+        *out = NULL;
         return st;
     }
     fr_runner_cpu_set_deterministic(r->cpu, c->deterministic);
-    *out = &r->base;
     return FR_OK;
 }

@@ -18,6 +18,8 @@ typedef struct {
     int cap;
 } cuda_runner;
 
+/* Defined at the end, after the functions it names; fr_runner_cuda_of tells
+ * this backend's runners by it. */
 static const fr_runner_ops cuda_ops;
 
 static cuda_runner *cuda_of(fr_runner *r) { return (cuda_runner *)r; }
@@ -36,6 +38,15 @@ static fr_status room(cuda_runner *r, int n)
     if (!p || !rows) return fr_fail(FR_ENOMEM, "out of memory");
     r->cap = n;
     return FR_OK;
+}
+
+static void cuda_destroy(fr_runner *base)
+{
+    cuda_runner *r = cuda_of(base);
+    fr_runner_cuda_destroy(&r->gpu);
+    free(r->params);
+    free(r->draw_rows);
+    free(r);
 }
 
 static fr_sample_row sample_row(const fr_decode_row *d)
@@ -145,13 +156,20 @@ static void cuda_capture_stats(const fr_runner *base, int *captures, double *sec
     fr_runner_cuda_capture_stats(((const cuda_runner *)base)->gpu, captures, seconds);
 }
 
-static void cuda_destroy(fr_runner *base)
+fr_status fr_runner_cuda_open(const fr_runner_config *c, fr_runner **out)
 {
-    cuda_runner *r = cuda_of(base);
-    fr_runner_cuda_destroy(&r->gpu);
-    free(r->params);
-    free(r->draw_rows);
-    free(r);
+    fr_status st = fr_runner_backend_new("fr_runner_cuda_open", c, &cuda_ops, 1, sizeof(cuda_runner), out);
+    if (st) return st;
+    cuda_runner *r = cuda_of(*out);
+    st = fr_runner_cuda_new_tp(c->gpu, c->kv, c->max_step_tokens, c->nccl, &r->gpu);
+    /* Off is the runner's default: only a change is asked for. */
+    if (!st && c->deterministic) st = fr_runner_cuda_set_deterministic(r->gpu, 1);
+    if (!st) st = room(r, fr_kv_cache_config_of(c->kv)->max_seqs);
+    if (st) {
+        cuda_destroy(*out);
+        *out = NULL;
+    }
+    return st;
 }
 
 static fr_status cuda_memory(fr_runner *base, int release)
@@ -172,23 +190,3 @@ static const fr_runner_ops cuda_ops = {
     .memory = cuda_memory,
     .destroy = cuda_destroy,
 };
-
-fr_status fr_runner_cuda_open(const fr_runner_config *c, fr_runner **out)
-{
-    if (!out) return fr_fail(FR_EINVAL, "fr_runner_cuda_open: out is NULL");
-    *out = NULL;
-    if (!c || !c->gpu || !c->kv) return fr_fail(FR_EINVAL, "fr_runner_cuda_open: no device weights or KV cache");
-    cuda_runner *r = calloc(1, sizeof *r);
-    if (!r) return fr_fail(FR_ENOMEM, "CUDA runner: out of memory");
-    r->base = (fr_runner){.ops = &cuda_ops, .on_device = 1};
-    fr_status st = fr_runner_cuda_new_tp(c->gpu, c->kv, c->max_step_tokens, c->nccl, &r->gpu);
-    /* Off is the runner's default: only a change is asked for. */
-    if (!st && c->deterministic) st = fr_runner_cuda_set_deterministic(r->gpu, 1);
-    if (!st) st = room(r, fr_kv_cache_config_of(c->kv)->max_seqs);
-    if (st) {
-        cuda_destroy(&r->base);
-        return st;
-    }
-    *out = &r->base;
-    return FR_OK;
-}

@@ -117,6 +117,16 @@ void fr_synthetic_tiny_config(fr_model_config *cfg)
     cfg->eos_ids[0] = 257;
 }
 
+/* The Qwen tokenizer's vocabulary and special ids. */
+static void qwen_vocab(fr_model_config *cfg)
+{
+    cfg->vocab_size = 151936;
+    cfg->bos_id = 151643;
+    cfg->pad_id = 151643;
+    cfg->n_eos = 1;
+    cfg->eos_ids[0] = 151645;
+}
+
 void fr_synthetic_tiny_qwen3_config(fr_model_config *cfg)
 {
     if (!cfg) return;
@@ -124,11 +134,7 @@ void fr_synthetic_tiny_qwen3_config(fr_model_config *cfg)
     /* Untied, as tiny: a tied random table makes the model repeat its
      * input token, and text tests want varied tokens (every script, bytes
      * split across tokens). */
-    cfg->vocab_size = 151936;
-    cfg->bos_id = 151643;
-    cfg->pad_id = 151643;
-    cfg->n_eos = 1;
-    cfg->eos_ids[0] = 151645;
+    qwen_vocab(cfg);
 }
 
 /* The weights of a two-layer configuration c (tiny's shapes, any
@@ -190,8 +196,7 @@ fr_status fr_model_synthetic_tiny(uint64_t seed, fr_model **out)
 void fr_synthetic_qwen3_4b_config(fr_model_config *cfg)
 {
     if (!cfg) return;
-    fr_synthetic_tiny_config(cfg);   /* tokenizer ids; every size below replaces tiny's */
-    cfg->vocab_size = 151936;
+    fr_synthetic_tiny_config(cfg);   /* every size below replaces tiny's */
     cfg->hidden_size = 2560;
     cfg->num_layers = 36;
     cfg->num_heads = 32;
@@ -201,10 +206,7 @@ void fr_synthetic_qwen3_4b_config(fr_model_config *cfg)
     cfg->max_position = 40960;
     cfg->rope_theta = 1000000.0;
     cfg->tie_word_embeddings = 1;
-    cfg->bos_id = 151643;
-    cfg->pad_id = 151643;
-    cfg->n_eos = 1;
-    cfg->eos_ids[0] = 151645;
+    qwen_vocab(cfg);
 }
 
 void fr_synthetic_qwen3_30b_a3b_config(fr_model_config *cfg)

@@ -71,6 +71,15 @@ fr_status fr_eval_config_parse(const char *name, fr_eval_config *out)
 
 static int recipe_equal(const fr_recipe *a, const fr_recipe *b) { return memcmp(a, b, sizeof *a) == 0; }
 
+/* "vanilla", "full recipe", or the recipe's parts. */
+static void recipe_name(const fr_recipe *rc, char *buf, int len)
+{
+    fr_recipe van = fr_recipe_vanilla(), full = fr_recipe_full();
+    if (recipe_equal(rc, &van)) snprintf(buf, (size_t)len, "vanilla");
+    else if (recipe_equal(rc, &full)) snprintf(buf, (size_t)len, "full recipe");
+    else fr_recipe_format(rc, buf, len);
+}
+
 void fr_eval_config_describe(const fr_eval_config *c, char *buf, int len)
 {
     switch (c->kv) {
@@ -79,11 +88,8 @@ void fr_eval_config_describe(const fr_eval_config *c, char *buf, int len)
     case FR_KV_FP8: snprintf(buf, (size_t)len, "FP8 E4M3 KV, per-head scales"); return;
     default: break;
     }
-    fr_recipe van = fr_recipe_vanilla(), full = fr_recipe_full();
     char r[96];
-    if (recipe_equal(&c->recipe, &van)) snprintf(r, sizeof r, "vanilla");
-    else if (recipe_equal(&c->recipe, &full)) snprintf(r, sizeof r, "full recipe");
-    else fr_recipe_format(&c->recipe, r, (int)sizeof r);
+    recipe_name(&c->recipe, r, (int)sizeof r);
     snprintf(buf, (size_t)len, "%s KV, %s, %s", c->kv == FR_KV_NVFP4 ? "NVFP4" : "MXFP4", r,
              c->compute == FR_COMPUTE_BF16 ? "query and P in BF16" : "FP4 query and P");
 }
@@ -98,11 +104,8 @@ void fr_eval_config_describe_latent(const fr_eval_config *c, char *buf, int len)
         fr_eval_config_describe(c, buf, len);
         return;
     }
-    fr_recipe van = fr_recipe_vanilla(), full = fr_recipe_full();
     char r[96];
-    if (recipe_equal(&c->recipe, &van)) snprintf(r, sizeof r, "vanilla");
-    else if (recipe_equal(&c->recipe, &full)) snprintf(r, sizeof r, "full recipe");
-    else fr_recipe_format(&c->recipe, r, (int)sizeof r);
+    recipe_name(&c->recipe, r, (int)sizeof r);
     snprintf(buf, (size_t)len, "%s latent, %s, %s, P unquantized", c->kv == FR_KV_NVFP4 ? "NVFP4" : "MXFP4", r,
              c->compute == FR_COMPUTE_BF16 ? "query in BF16" : "FP4 query");
 }

@@ -8,6 +8,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "base/buf.h"
 #include "base/clock.h"
 #include "base/text_lines.h"
 #include "rollout/engine/scheduler.h"
@@ -56,13 +57,9 @@ static fr_status parse_item(const char *line, fr_task_item *it)
 
 static fr_status set_add(fr_task_set *t, const fr_task_item *it)
 {
-    if (t->n == t->cap) {
-        const int c = t->cap ? t->cap * 2 : 64;
-        fr_task_item *v = realloc(t->items, sizeof *v * (size_t)c);
-        if (!v) return fr_fail(FR_ENOMEM, "out of memory");
-        t->items = v;
-        t->cap = c;
-    }
+    fr_task_item *v = fr_array_room(t->items, (size_t)t->n, &t->cap, sizeof *v, 64);
+    if (!v) return fr_fail(FR_ENOMEM, "out of memory");
+    t->items = v;
     t->items[t->n++] = *it;
     return FR_OK;
 }

@@ -26,7 +26,8 @@ typedef struct {
 
 typedef struct {
     fr_task_item *items;
-    int n, cap;
+    int n;
+    size_t cap;
 } fr_task_set;
 
 /* JSON lines, each an object with the strings "prompt", "answer" and

@@ -139,6 +139,25 @@ static void divergence_families(text *t, const fr_metrics_snapshot *s)
         }
 }
 
+static double kl_max(const fr_div_summary *b) { return b->kl_max; }
+static double top1_share(const fr_div_summary *b) { return (double)b->top1_agree / (double)b->n; }
+
+/* A gauge family by weight version and position bucket, over the buckets
+ * that measured something; a share is printed to 6 decimals, else 9
+ * significant digits. */
+static void bucket_gauge(text *t, const fr_metrics_snapshot *s, const char *name, const char *help,
+                         double (*value)(const fr_div_summary *), int share)
+{
+    gauge(t, name, help, "gauge");
+    for (int v = 0; v < FR_DIV_VERSIONS; v++)
+        for (int b = 0; s->div.v[v].used && b < FR_DIV_BUCKETS; b++)
+            if (s->div.v[v].bucket[b].n)
+                fr_buf_printf(t, share ? "fp4rollout_%s{version=\"%llu\",bucket=\"%s\"} %.6f\n"
+                                       : "fp4rollout_%s{version=\"%llu\",bucket=\"%s\"} %.9g\n",
+                              name, (unsigned long long)s->div.v[v].version, fr_div_bucket_name(b),
+                              value(&s->div.v[v].bucket[b]));
+}
+
 fr_status fr_metrics_prometheus(const fr_metrics_snapshot *s, char **out, size_t *len)
 {
     if (!s || !out || !len) return fr_fail(FR_EINVAL, "fr_metrics_prometheus: NULL argument");
@@ -189,26 +208,11 @@ fr_status fr_metrics_prometheus(const fr_metrics_snapshot *s, char **out, size_t
         for (int b = 0; s->div.v[v].used && b < FR_DIV_BUCKETS; b++)
             fr_buf_printf(&t, "fp4rollout_kl_positions_total{version=\"%llu\",bucket=\"%s\"} %ld\n",
                           (unsigned long long)s->div.v[v].version, fr_div_bucket_name(b), s->div.v[v].bucket[b].n);
-    gauge(&t, "kl_mean_nats", "mean KL(BF16 KV || served KV) over BF16's top-128 tokens (paper Eq. 9)", "gauge");
-    for (int v = 0; v < FR_DIV_VERSIONS; v++)
-        for (int b = 0; s->div.v[v].used && b < FR_DIV_BUCKETS; b++)
-            if (s->div.v[v].bucket[b].n)
-                fr_buf_printf(&t, "fp4rollout_kl_mean_nats{version=\"%llu\",bucket=\"%s\"} %.9g\n",
-                              (unsigned long long)s->div.v[v].version, fr_div_bucket_name(b),
-                              fr_div_summary_mean(&s->div.v[v].bucket[b]));
-    gauge(&t, "kl_max_nats", "largest per-position KL", "gauge");
-    for (int v = 0; v < FR_DIV_VERSIONS; v++)
-        for (int b = 0; s->div.v[v].used && b < FR_DIV_BUCKETS; b++)
-            if (s->div.v[v].bucket[b].n)
-                fr_buf_printf(&t, "fp4rollout_kl_max_nats{version=\"%llu\",bucket=\"%s\"} %.9g\n",
-                              (unsigned long long)s->div.v[v].version, fr_div_bucket_name(b), s->div.v[v].bucket[b].kl_max);
-    gauge(&t, "top1_agreement", "share of positions where BF16 KV and served KV agree on the top token", "gauge");
-    for (int v = 0; v < FR_DIV_VERSIONS; v++)
-        for (int b = 0; s->div.v[v].used && b < FR_DIV_BUCKETS; b++)
-            if (s->div.v[v].bucket[b].n)
-                fr_buf_printf(&t, "fp4rollout_top1_agreement{version=\"%llu\",bucket=\"%s\"} %.6f\n",
-                              (unsigned long long)s->div.v[v].version, fr_div_bucket_name(b),
-                              (double)s->div.v[v].bucket[b].top1_agree / (double)s->div.v[v].bucket[b].n);
+    bucket_gauge(&t, s, "kl_mean_nats", "mean KL(BF16 KV || served KV) over BF16's top-128 tokens (paper Eq. 9)",
+                 fr_div_summary_mean, 0);
+    bucket_gauge(&t, s, "kl_max_nats", "largest per-position KL", kl_max, 0);
+    bucket_gauge(&t, s, "top1_agreement", "share of positions where BF16 KV and served KV agree on the top token",
+                 top1_share, 1);
     serving_families(&t, s);
     divergence_families(&t, s);
     return finish(&t, out, len);

@@ -13,7 +13,7 @@ FUZZ_TARGETS := protocol safetensors model_config serve_config tokenizer
 FUZZ_BINS    := $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 FUZZ_CFLAGS  := -std=c11 -g -O1 -fno-omit-frame-pointer $(WARN) $(filter -D% -I%,$(CFLAGS)) \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-FUZZ_HDRS    := $(wildcard tests/fuzz/*.h base/*.h app/*.h attention/*.h kvcache/*.h trainer_bridge/*.h trainer_bridge/*/*.h rollout/*/*.h tokenizer/*.h)
+FUZZ_HDRS    := $(wildcard tests/fuzz/*.h tests/unit/protocol_samples.h base/*.h app/*.h attention/*.h kvcache/*.h trainer_bridge/*.h trainer_bridge/*/*.h rollout/*/*.h tokenizer/*.h)
 # the codec: every protocol file but the ZeroMQ framing (wire.c)
 PROTO_SRCS   := $(filter-out %/wire.c,$(wildcard trainer_bridge/protocol/*.c)) $(BASE_SRCS)
 

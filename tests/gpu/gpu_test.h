@@ -45,4 +45,14 @@ void fr_gpu_test_filter(void);
         if (st_ != FR_OK) fail_msg("%s: %s: %s", #call, fr_status_name(st_), fr_last_error());     \
     } while (0)
 
+/* The main() of a GPU test binary: FR_TEST_MAIN (tests/unit/test_util.h)
+ * that first applies $FR_GPU_TEST_FILTER. */
+#define FR_GPU_TEST_MAIN(group_setup, group_teardown, ...)                   \
+    int main(void)                                                           \
+    {                                                                        \
+        const struct CMUnitTest tests[] = {__VA_ARGS__};                     \
+        fr_gpu_test_filter();                                                \
+        return cmocka_run_group_tests(tests, group_setup, group_teardown);   \
+    }
+
 #endif

@@ -634,18 +634,12 @@ static void test_decode_timing(void **state)
     cudaFree(out); cudaFree(bt); cudaFree(seqs_dev);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_decode_lengths),
-        cmocka_unit_test(test_decode_split_fallbacks),
-        cmocka_unit_test(test_decode_graph_replay),
-        cmocka_unit_test(test_prefill_chunks),
-        cmocka_unit_test(test_fixed_every_group),
-        cmocka_unit_test(test_head_dim_64),
-        cmocka_unit_test(test_decode_timing),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_bad_arguments),
+                 cmocka_unit_test(test_decode_lengths),
+                 cmocka_unit_test(test_decode_split_fallbacks),
+                 cmocka_unit_test(test_decode_graph_replay),
+                 cmocka_unit_test(test_prefill_chunks),
+                 cmocka_unit_test(test_fixed_every_group),
+                 cmocka_unit_test(test_head_dim_64),
+                 cmocka_unit_test(test_decode_timing))

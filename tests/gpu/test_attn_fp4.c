@@ -740,11 +740,7 @@ static void test_real_tq6(void **state)
     const char *dir = fr_test_require_tq6();
     if (!dir) skip();
     enum { N = 1100 };
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CPU;
-    o.model = dir;
-    o.kv = FR_KV_F32;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, dir, FR_KV_F32);
     fr_session ss;
     FR_OK_OR_FAIL(fr_session_open(&o, N / T + 4, 1, &ss));
     capture c = {.layer0 = 4, .n = N, .kvh = ss.model->cfg.num_kv_heads, .heads = ss.model->cfg.num_heads};
@@ -964,16 +960,14 @@ static void test_timing(void **state)
     cudaFree(bt); cudaFree(seqs_dev);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_arguments), cmocka_unit_test(test_nvfp4_exact),
-        cmocka_unit_test(test_nvfp4_bf16),    cmocka_unit_test(test_mxfp4_exact),
-        cmocka_unit_test(test_mxfp4_bf16),    cmocka_unit_test(test_fp8),
-        cmocka_unit_test(test_long),          cmocka_unit_test(test_graph_replay),
-        cmocka_unit_test(test_real_tq6),
-        cmocka_unit_test(test_timing),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_bad_arguments),
+                 cmocka_unit_test(test_nvfp4_exact),
+                 cmocka_unit_test(test_nvfp4_bf16),
+                 cmocka_unit_test(test_mxfp4_exact),
+                 cmocka_unit_test(test_mxfp4_bf16),
+                 cmocka_unit_test(test_fp8),
+                 cmocka_unit_test(test_long),
+                 cmocka_unit_test(test_graph_replay),
+                 cmocka_unit_test(test_real_tq6),
+                 cmocka_unit_test(test_timing))

@@ -600,16 +600,10 @@ static void test_bad_arguments(void **state)
     assert_int_equal(fr_attn_fp4_prefill_workspace_bytes(&cfg, 4, 100, 8, 2, NULL), FR_EINVAL);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_nvfp4),
-        cmocka_unit_test(test_mxfp4),
-        cmocka_unit_test(test_fp8),
-        cmocka_unit_test(test_head_dim_64),
-        cmocka_unit_test(test_graph_capture),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_bad_arguments),
+                 cmocka_unit_test(test_nvfp4),
+                 cmocka_unit_test(test_mxfp4),
+                 cmocka_unit_test(test_fp8),
+                 cmocka_unit_test(test_head_dim_64),
+                 cmocka_unit_test(test_graph_capture))

@@ -401,13 +401,7 @@ static void test_bad_arguments(void **state)
     assert_int_not_equal(fr_attn_mla(&c, NULL, NULL, 1, 1, 10, NULL, NULL, NULL, 0, 0), FR_OK);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_decode),
-        cmocka_unit_test(test_prefill),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_bad_arguments),
+                 cmocka_unit_test(test_decode),
+                 cmocka_unit_test(test_prefill))

@@ -174,12 +174,6 @@ static void test_eval_kl_gpu_vs_cpu(void **state)
     rig_close(&r);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_calibrate_gpu_vs_cpu),
-        cmocka_unit_test(test_eval_kl_gpu_vs_cpu),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_calibrate_gpu_vs_cpu),
+                 cmocka_unit_test(test_eval_kl_gpu_vs_cpu))

@@ -25,6 +25,7 @@
 #include "rollout/engine/session.h"
 #include "rollout/model/gemm_cuda.h"
 #include "tests/gpu/gpu_test.h"
+#include "tests/unit/logits_util.h"
 #include "tests/unit/test_util.h"
 
 /* ---- the GEMM ---- */
@@ -169,35 +170,10 @@ static int have_tq6_and_gpu(void)
 
 static void open_cuda(fr_kv_dtype kv, int deterministic, int chunk, int n_blocks, int max_seqs, fr_session *s)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CUDA;
-    o.model = tq6;
-    o.kv = kv;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CUDA, tq6, kv);
     o.chunk = chunk;
     o.deterministic = deterministic;
     if (fr_session_open(&o, n_blocks, max_seqs, s)) fail_msg("session: %s", fr_last_error());
-}
-
-/* Every position's logits: prefill in chunks of `chunk`, or (chunk 0) token
- * by token through the decode path. */
-static float *logits_of(fr_session *s, const int *ids, int n, int chunk)
-{
-    const int V = s->model->cfg.vocab_size;
-    int seq;
-    float *l = malloc(sizeof(float) * (size_t)n * V);
-    assert_non_null(l);
-    if (chunk) {
-        if (fr_session_prefill(s, ids, n, chunk, &seq, NULL, l)) fail_msg("prefill: %s", fr_last_error());
-    } else {
-        assert_int_equal(fr_kv_seq_new(s->kv, &seq), FR_OK);
-        for (int i = 0; i < n; i++) {
-            fr_step_seq step = {.seq = seq, .n = 1, .tokens = ids + i, .all_logits = 1};
-            if (fr_session_step(s, &step, 1, l + (size_t)i * V)) fail_msg("decode: %s", fr_last_error());
-        }
-    }
-    fr_kv_seq_free(s->kv, seq);
-    return l;
 }
 
 static double mean_abs_diff(const float *a, const float *b, size_t n)
@@ -229,10 +205,10 @@ static void test_prefill_equals_decode(void **state)
         int n = (int)t->shape[0];
         if (n > 700) n = 700;   /* token-by-token decode of the longest prompts is slow */
         const size_t cells = (size_t)n * det.model->cfg.vocab_size;
-        float *one = logits_of(&det, (const int *)t->data, n, 512);
-        float *chunked = logits_of(&det, (const int *)t->data, n, 37);
-        float *decoded = logits_of(&det, (const int *)t->data, n, 0);
-        float *fast = logits_of(&def, (const int *)t->data, n, 512);
+        float *one = fr_test_logits(&det, (const int *)t->data, n, 512);
+        float *chunked = fr_test_logits(&det, (const int *)t->data, n, 37);
+        float *decoded = fr_test_logits(&det, (const int *)t->data, n, 0);
+        float *fast = fr_test_logits(&def, (const int *)t->data, n, 512);
         const double e_det = mean_abs_diff(one, ref->data, cells), e_def = mean_abs_diff(fast, ref->data, cells);
         printf("  p%d (%d tokens): prefill = chunks of 37: %s, = decode: %s; mean |logit - golden| "
                "deterministic %.3g, default %.3g\n", p, n, memcmp(one, chunked, cells * 4) ? "NO" : "yes",
@@ -343,13 +319,7 @@ static void test_engine_batch_invariant(void **state)
     }
 }
 
-int main(void)
-{
-    fr_gpu_test_filter();
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_gemm_fixed),
-        cmocka_unit_test(test_prefill_equals_decode),
-        cmocka_unit_test(test_engine_batch_invariant),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_gemm_fixed),
+                 cmocka_unit_test(test_prefill_equals_decode),
+                 cmocka_unit_test(test_engine_batch_invariant))

@@ -37,11 +37,7 @@ enum { V = 272, GREEDY = 64 };
 
 static void open_session(const char *model, fr_backend b, int n_blocks, int max_seqs, fr_session *s)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = b;
-    o.model = model;
-    o.kv = FR_KV_BF16;
+    fr_engine_opts o = fr_test_engine_opts(b, model, FR_KV_BF16);
     o.chunk = 512;
     if (fr_session_open(&o, n_blocks, max_seqs, s)) fail_msg("%s: %s", model, fr_last_error());
     assert_int_equal(s->backend, b);
@@ -245,12 +241,6 @@ static void test_golden(void **state)
     golden_case("dsmoe2");
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tiny),
-        cmocka_unit_test(test_golden),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_tiny),
+                 cmocka_unit_test(test_golden))

@@ -28,14 +28,8 @@
 #include "rollout/engine/session.h"
 #include "rollout/engine/weight_update.h"
 #include "rollout/model/weights_cuda.h"
+#include "tests/unit/logits_util.h"
 #include "tests/unit/test_util.h"
-
-static float max_abs(const float *x, size_t n)
-{
-    float m = 0;
-    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
-    return m;
-}
 
 static void diff_stats(const float *a, const float *b, size_t n, float *max_d, double *mean_d)
 {
@@ -53,26 +47,6 @@ static void diff_stats(const float *a, const float *b, size_t n, float *max_d, d
 static void open_or_fail(const fr_engine_opts *o, int n_blocks, int max_seqs, fr_session *s)
 {
     if (fr_session_open(o, n_blocks, max_seqs, s)) fail_msg("session: %s", fr_last_error());
-}
-
-/* Logits at every position: one prefill of `chunk`-token steps, or token by
- * token through the decode path. */
-static float *score(fr_session *s, const int *ids, int n, int chunk, int decode)
-{
-    int V = s->model->cfg.vocab_size, seq;
-    float *logits = malloc(sizeof(float) * (size_t)n * V);
-    assert_non_null(logits);
-    if (!decode) {
-        if (fr_session_prefill(s, ids, n, chunk, &seq, NULL, logits)) fail_msg("prefill: %s", fr_last_error());
-    } else {
-        assert_int_equal(fr_kv_seq_new(s->kv, &seq), FR_OK);
-        for (int i = 0; i < n; i++) {
-            fr_step_seq step = {.seq = seq, .n = 1, .tokens = ids + i, .all_logits = 1};
-            if (fr_session_step(s, &step, 1, logits + (size_t)i * V)) fail_msg("decode: %s", fr_last_error());
-        }
-    }
-    fr_kv_seq_free(s->kv, seq);
-    return logits;
 }
 
 /* synthetic:tiny generated on the GPU holds exactly the BF16 rounding of the
@@ -157,11 +131,12 @@ static void test_tiny_cpu_vs_cuda(void **state)
     for (int i = 0; i < N; i++) ids[i] = (int)(fr_test_u64(&g) % 272);
     const int V = 272;
     for (int decode = 0; decode < 2; decode++) {
-        float *a = score(&cpu, ids, N, 128, decode), *b = score(&gpu, ids, N, 128, decode);
+        const int chunk = decode ? 0 : 128;
+        float *a = fr_test_logits(&cpu, ids, N, chunk), *b = fr_test_logits(&gpu, ids, N, chunk);
         float md;
         double mean;
         diff_stats(a, b, (size_t)N * V, &md, &mean);
-        float ref = max_abs(a, (size_t)N * V);
+        float ref = fr_test_max_abs(a, (size_t)N * V);
         printf("  synthetic:tiny %s: max |diff| %.4g (%.2e of max |logit| %.3g), mean %.3g\n",
                decode ? "decode" : "prefill", md, md / ref, ref, mean);
         assert_true(md <= 3e-2f * ref);
@@ -209,7 +184,7 @@ static void test_fill_cpu_vs_cuda(void **state)
     float md;
     double mean;
     diff_stats(out[0], out[1], (size_t)STEPS * V, &md, &mean);
-    float ref = max_abs(out[0], (size_t)STEPS * V);
+    float ref = fr_test_max_abs(out[0], (size_t)STEPS * V);
     printf("  fill, then decode: max |diff| %.4g (%.2e of max |logit| %.3g), mean %.3g\n", md, md / ref, ref, mean);
     assert_true(md <= 3e-2f * ref);
     free(out[0]);
@@ -253,18 +228,6 @@ static void open_tq6_cuda(fr_session *s, int n_blocks)
     open_or_fail(&o, n_blocks, 2, s);
 }
 
-static int *golden_ids(const fr_st_file *g, int p, int *n)
-{
-    char name[32];
-    snprintf(name, sizeof name, "p%d.ids", p);
-    const fr_st_tensor *t = fr_st_file_find(g, name);
-    assert_non_null(t);
-    *n = (int)t->shape[0];
-    int *ids = malloc(sizeof(int) * (size_t)*n);
-    memcpy(ids, t->data, sizeof(int) * (size_t)*n);
-    return ids;
-}
-
 /* transformers' bf16 figures per prompt, when the file is given. */
 static int read_hf_stats(double maxd[7], double meand[7])
 {
@@ -300,12 +263,12 @@ static void test_golden_logits(void **state)
     open_tq6_cuda(&s, 4096 / 128 + 2);
     for (int p = 0; p < 7; p++) {
         int n;
-        int *ids = golden_ids(g, p, &n);
+        int *ids = fr_test_golden_ints(g, p, "ids", &n);
         char name[32];
         snprintf(name, sizeof name, "p%d.logits_f32", p);
         const fr_st_tensor *ref = fr_st_file_find(g, name);
         assert_non_null(ref);
-        float *ours = score(&s, ids, n, 512, 0);
+        float *ours = fr_test_logits(&s, ids, n, 512);
         float md;
         double mean;
         diff_stats(ours, (const float *)ref->data, (size_t)n * 272, &md, &mean);
@@ -316,7 +279,7 @@ static void test_golden_logits(void **state)
             assert_true(md <= 2.0 * hf_max[p]);
             assert_true(mean <= 2.0 * hf_mean[p]);
         } else if (gm != &m_tq6) {
-            float top = max_abs((const float *)ref->data, (size_t)n * 272);
+            float top = fr_test_max_abs((const float *)ref->data, (size_t)n * 272);
             printf("    mean |diff| %.2e of max |golden| %.3g\n", mean / top, top);
             assert_true(mean <= 1e-2 * top);
         }
@@ -342,7 +305,7 @@ static void test_golden_greedy(void **state)
     int total = 0, matched = 0;
     for (int p = 0; p < 7; p++) {
         int n, seq, tok;
-        int *ids = golden_ids(g, p, &n);
+        int *ids = fr_test_golden_ints(g, p, "ids", &n);
         char name[32];
         snprintf(name, sizeof name, "p%d.greedy", p);
         const fr_st_tensor *want = fr_st_file_find(g, name);
@@ -384,12 +347,12 @@ static void test_golden_decode_vs_prefill(void **state)
     fr_session s;
     open_tq6_cuda(&s, 8);
     int n;
-    int *ids = golden_ids(g, 3, &n);
-    float *pre = score(&s, ids, n, 512, 0), *dec = score(&s, ids, n, 512, 1);
+    int *ids = fr_test_golden_ints(g, 3, "ids", &n);
+    float *pre = fr_test_logits(&s, ids, n, 512), *dec = fr_test_logits(&s, ids, n, 0);
     float md;
     double mean;
     diff_stats(pre, dec, (size_t)n * 272, &md, &mean);
-    float ref = max_abs(pre, (size_t)n * 272);
+    float ref = fr_test_max_abs(pre, (size_t)n * 272);
     printf("  p3 GPU decode vs GPU prefill: max |diff| %.4g (%.2e of max |logit|), mean %.3g\n", md, md / ref, mean);
     assert_true(md <= 3e-2f * ref);
     free(pre);
@@ -480,7 +443,7 @@ static void test_decode_graphs(void **state)
     fr_st_file *g;
     assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
     int n;
-    int *ids = golden_ids(g, 6, &n);
+    int *ids = fr_test_golden_ints(g, 6, "ids", &n);
     const fr_st_tensor *want = fr_st_file_find(g, "p6.greedy");
     assert_non_null(want);
     int toks[64];
@@ -513,7 +476,7 @@ static void test_decode_graphs(void **state)
 static void gpu_vs_cpu_case(const fr_st_file *g, fr_kv_dtype kv, fr_fp4_compute comp)
 {
     int n;
-    int *ids = golden_ids(g, 6, &n);
+    int *ids = fr_test_golden_ints(g, 6, "ids", &n);
     fr_engine_opts o;
     fr_engine_opts_default(&o);
     o.model = tq6;
@@ -524,11 +487,11 @@ static void gpu_vs_cpu_case(const fr_st_file *g, fr_kv_dtype kv, fr_fp4_compute 
     open_or_fail(&o, 8, 2, &cpu);
     o.backend = FR_BACKEND_CUDA;
     open_or_fail(&o, 8, 2, &gpu);
-    float *a = score(&cpu, ids, n, 512, 1), *b = score(&gpu, ids, n, 512, 1);
+    float *a = fr_test_logits(&cpu, ids, n, 0), *b = fr_test_logits(&gpu, ids, n, 0);
     float md;
     double mean, kl = 0.0;
     diff_stats(a, b, (size_t)n * 272, &md, &mean);
-    float ref = max_abs(a, (size_t)n * 272);
+    float ref = fr_test_max_abs(a, (size_t)n * 272);
     int agree = 0;
     for (int t = 0; t < n; t++) {
         fr_kl_result r;
@@ -621,7 +584,7 @@ static void test_weight_update_on_gpu(void **state)
     assert_int_equal(off, total);
     FR_OK_OR_FAIL(fr_session_commit_weights(&a, u));
     fr_weight_update_free(&u);
-    float *la = score(&a, prompt, N, 64, 0), *lb = score(&b, prompt, N, 64, 0);
+    float *la = fr_test_logits(&a, prompt, N, 64), *lb = fr_test_logits(&b, prompt, N, 64);
     const int V = a.model->cfg.vocab_size;
     float md;
     double mean;
@@ -686,7 +649,7 @@ static void test_device_stage_partial(void **state)
     static const int prompt[] = {256, 35, 32, 97, 32, 115, 109, 97, 108, 108};
     enum { N = sizeof prompt / sizeof prompt[0] };
     const int V = a.model->cfg.vocab_size;
-    float *l7 = score(&a, prompt, N, 64, 0), *l0 = score(&c, prompt, N, 64, 0);
+    float *l7 = fr_test_logits(&a, prompt, N, 64), *l0 = fr_test_logits(&c, prompt, N, 64);
     fr_model *m0;
     assert_int_equal(fr_model_load("synthetic:tiny", &m0), FR_OK);
     fr_weight_update *u;
@@ -707,14 +670,14 @@ static void test_device_stage_partial(void **state)
     const int n = fr_weight_update_tensor_count(u);
     for (int i = 1; i < n; i++) put_bf16(u, m0, i);
     FR_OK_OR_FAIL(fr_session_commit_weights_move(&a, u));
-    float *lp = score(&a, prompt, N, 64, 0);
+    float *lp = fr_test_logits(&a, prompt, N, 64);
     assert_true(memcmp(lp, l7, sizeof(float) * (size_t)N * V) != 0);
     assert_true(memcmp(lp, l0, sizeof(float) * (size_t)N * V) != 0);
     FR_OK_OR_FAIL(fr_weight_update_restart(u, 5));
     FR_OK_OR_FAIL(fr_weight_update_set_partial(u, 1));
     put_bf16(u, m0, 0);
     FR_OK_OR_FAIL(fr_session_commit_weights_move(&a, u));
-    float *la = score(&a, prompt, N, 64, 0);
+    float *la = fr_test_logits(&a, prompt, N, 64);
     float md;
     double mean;
     diff_stats(la, l0, (size_t)N * V, &md, &mean);
@@ -781,26 +744,20 @@ static void test_shard_table(void **state)
     fr_model_destroy(&m);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_synthetic_weights_match),
-        cmocka_unit_test(test_tiny_cpu_vs_cuda),
-        cmocka_unit_test(test_fill_cpu_vs_cuda),
-        cmocka_unit_test(test_fork_on_gpu),
-        cmocka_unit_test_prestate(test_golden_logits, (void *)&m_tq6),
-        cmocka_unit_test_prestate(test_golden_decode_vs_prefill, (void *)&m_tq6),
-        cmocka_unit_test_prestate(test_golden_greedy, (void *)&m_tq6),
-        cmocka_unit_test_prestate(test_decode_graphs, (void *)&m_tq6),
-        cmocka_unit_test_prestate(test_golden_logits, (void *)&m_tqm),
-        cmocka_unit_test_prestate(test_golden_decode_vs_prefill, (void *)&m_tqm),
-        cmocka_unit_test_prestate(test_golden_greedy, (void *)&m_tqm),
-        cmocka_unit_test_prestate(test_decode_graphs, (void *)&m_tqm),
-        cmocka_unit_test(test_tq6_quantized_cache_gpu_vs_cpu),
-        cmocka_unit_test(test_weight_update_on_gpu),
-        cmocka_unit_test(test_device_stage_partial),
-        cmocka_unit_test(test_shard_table),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_synthetic_weights_match),
+                 cmocka_unit_test(test_tiny_cpu_vs_cuda),
+                 cmocka_unit_test(test_fill_cpu_vs_cuda),
+                 cmocka_unit_test(test_fork_on_gpu),
+                 cmocka_unit_test_prestate(test_golden_logits, (void *)&m_tq6),
+                 cmocka_unit_test_prestate(test_golden_decode_vs_prefill, (void *)&m_tq6),
+                 cmocka_unit_test_prestate(test_golden_greedy, (void *)&m_tq6),
+                 cmocka_unit_test_prestate(test_decode_graphs, (void *)&m_tq6),
+                 cmocka_unit_test_prestate(test_golden_logits, (void *)&m_tqm),
+                 cmocka_unit_test_prestate(test_golden_decode_vs_prefill, (void *)&m_tqm),
+                 cmocka_unit_test_prestate(test_golden_greedy, (void *)&m_tqm),
+                 cmocka_unit_test_prestate(test_decode_graphs, (void *)&m_tqm),
+                 cmocka_unit_test(test_tq6_quantized_cache_gpu_vs_cpu),
+                 cmocka_unit_test(test_weight_update_on_gpu),
+                 cmocka_unit_test(test_device_stage_partial),
+                 cmocka_unit_test(test_shard_table))

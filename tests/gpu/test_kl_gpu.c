@@ -274,15 +274,9 @@ static void test_timing(void **state)
     free(served);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_qwen_vocab),
-        cmocka_unit_test(test_small_vocab_and_picked_rows),
-        cmocka_unit_test(test_ties_at_kth),
-        cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_timing),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_qwen_vocab),
+                 cmocka_unit_test(test_small_vocab_and_picked_rows),
+                 cmocka_unit_test(test_ties_at_kth),
+                 cmocka_unit_test(test_bad_arguments),
+                 cmocka_unit_test(test_timing))

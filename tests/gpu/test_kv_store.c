@@ -627,18 +627,12 @@ static void test_device_record_errors(void **state)
     fr_kv_store_gpu_destroy(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_config_errors),
-        cmocka_unit_test(test_call_errors),
-        cmocka_unit_test(test_device_record_errors),
-        cmocka_unit_test(test_store_nvfp4),
-        cmocka_unit_test(test_store_mxfp4),
-        cmocka_unit_test(test_store_fp8),
-        cmocka_unit_test(test_store_bf16),
-        cmocka_unit_test(test_fork),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_config_errors),
+                 cmocka_unit_test(test_call_errors),
+                 cmocka_unit_test(test_device_record_errors),
+                 cmocka_unit_test(test_store_nvfp4),
+                 cmocka_unit_test(test_store_mxfp4),
+                 cmocka_unit_test(test_store_fp8),
+                 cmocka_unit_test(test_store_bf16),
+                 cmocka_unit_test(test_fork))

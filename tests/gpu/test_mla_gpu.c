@@ -26,6 +26,7 @@
 
 #include "base/safetensors.h"
 #include "rollout/engine/session.h"
+#include "tests/unit/logits_util.h"
 #include "tests/unit/test_util.h"
 
 enum { V = 272, N_PROMPTS = 7, GREEDY = 64 };
@@ -45,27 +46,10 @@ static int have_tqa_and_gpu(void)
 static void open_session(fr_backend b, fr_kv_dtype kv, fr_fp4_compute compute, int n_blocks, int max_seqs,
                          fr_session *s)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = b;
-    o.model = tqa;
-    o.kv = kv;
+    fr_engine_opts o = fr_test_engine_opts(b, tqa, kv);
     o.compute = compute;
     if (fr_session_open(&o, n_blocks, max_seqs, s)) fail_msg("session: %s", fr_last_error());
     assert_int_equal(s->backend, b);
-}
-
-static int *golden_ids(const fr_st_file *g, int p, int *n)
-{
-    char name[32];
-    snprintf(name, sizeof name, "p%d.ids", p);
-    const fr_st_tensor *t = fr_st_file_find(g, name);
-    assert_non_null(t);
-    *n = (int)t->shape[0];
-    int *ids = malloc(sizeof(int) * (size_t)*n);
-    assert_non_null(ids);
-    memcpy(ids, t->data, sizeof(int) * (size_t)*n);
-    return ids;
 }
 
 static float *prefill_logits(fr_session *s, const int *ids, int n)
@@ -106,7 +90,7 @@ static void logits_case(fr_kv_dtype kv, fr_fp4_compute compute)
     open_session(FR_BACKEND_CUDA, kv, compute, 4096 / 128 + 2, 1, &gpu);
     for (int p = 0; p < N_PROMPTS; p++) {
         int n;
-        int *ids = golden_ids(g, p, &n);
+        int *ids = fr_test_golden_ints(g, p, "ids", &n);
         float *c = prefill_logits(&cpu, ids, n), *d = prefill_logits(&gpu, ids, n);
         float md, top;
         double mean;
@@ -176,7 +160,7 @@ static void greedy_case(fr_kv_dtype kv)
     int equal_cpu = 0, equal_golden = 0;
     for (int p = 0; p < N_PROMPTS; p++) {
         int n, c[GREEDY], d[GREEDY], want[GREEDY];
-        int *ids = golden_ids(g, p, &n);
+        int *ids = fr_test_golden_ints(g, p, "ids", &n);
         char name[32];
         snprintf(name, sizeof name, "p%d.greedy", p);
         const fr_st_tensor *t = fr_st_file_find(g, name);
@@ -228,7 +212,7 @@ static void test_decode_vs_prefill(void **state)
         fr_session s;
         open_session(FR_BACKEND_CUDA, kinds[k], FR_COMPUTE_BF16, 12, 1, &s);
         int n, seq;
-        int *ids = golden_ids(g, 3, &n);
+        int *ids = fr_test_golden_ints(g, 3, "ids", &n);
         float *pre = prefill_logits(&s, ids, n), *dec = malloc(sizeof(float) * (size_t)n * V);
         assert_non_null(dec);
         assert_int_equal(fr_kv_seq_new(s.kv, &seq), FR_OK);
@@ -307,18 +291,12 @@ static void test_refusals(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_logits_bf16),
-        cmocka_unit_test(test_logits_nvfp4),
-        cmocka_unit_test(test_logits_mxfp4_fp8),
-        cmocka_unit_test(test_greedy_bf16),
-        cmocka_unit_test(test_greedy_nvfp4),
-        cmocka_unit_test(test_decode_vs_prefill),
-        cmocka_unit_test(test_fork),
-        cmocka_unit_test(test_refusals),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_logits_bf16),
+                 cmocka_unit_test(test_logits_nvfp4),
+                 cmocka_unit_test(test_logits_mxfp4_fp8),
+                 cmocka_unit_test(test_greedy_bf16),
+                 cmocka_unit_test(test_greedy_nvfp4),
+                 cmocka_unit_test(test_decode_vs_prefill),
+                 cmocka_unit_test(test_fork),
+                 cmocka_unit_test(test_refusals))

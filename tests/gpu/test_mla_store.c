@@ -322,14 +322,8 @@ static void test_latent_config_errors(void **state)
     assert_null(s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_latent_pages_fp4),
-        cmocka_unit_test(test_latent_pages_fp8_bf16),
-        cmocka_unit_test(test_latent_fork),
-        cmocka_unit_test(test_latent_config_errors),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_latent_pages_fp4),
+                 cmocka_unit_test(test_latent_pages_fp8_bf16),
+                 cmocka_unit_test(test_latent_fork),
+                 cmocka_unit_test(test_latent_config_errors))

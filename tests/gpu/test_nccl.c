@@ -22,6 +22,7 @@
 #include "comm/engine_group.h"
 #include "comm/mpi_world.h"
 #include "comm/nccl_group.h"
+#include "tests/unit/test_util.h"
 
 static fr_mpi_world *W;
 static fr_engine_group *G;  /* one engine of every rank */
@@ -34,12 +35,6 @@ static int crowded; /* 2+ ranks, more ranks than GPUs on a host */
     do {                       \
         if (!ready) skip();    \
     } while (0)
-
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(fr_last_error(), needle))
-        fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
-}
 
 static uint16_t to_bf16(float f)
 {
@@ -202,8 +197,8 @@ static void test_shared_gpu_rejected(void **state)
     fr_nccl_group_destroy(&n);
     fr_engine_group_destroy(&g);
     assert_int_equal(st, FR_COMM_ECUDA);
-    assert_msg_has("would share GPU");
-    assert_msg_has("at most one rank per GPU");
+    fr_test_error_has("would share GPU");
+    fr_test_error_has("at most one rank per GPU");
 }
 
 static void test_bad_arguments(void **state)
@@ -212,11 +207,11 @@ static void test_bad_arguments(void **state)
     NEED_GPUS();
     float *d = (float *)(uintptr_t)0x1000; /* never touched: every call fails its checks first */
     assert_int_equal(fr_nccl_bcast(N, d, 4, W->size, S), FR_COMM_EINVAL);
-    assert_msg_has("root");
+    fr_test_error_has("root");
     assert_int_equal(fr_nccl_bcast(N, d, 4, -1, S), FR_COMM_EINVAL);
     assert_int_equal(fr_nccl_allreduce_sum(N, NULL, 4, FR_DTYPE_F32, S), FR_COMM_EINVAL);
     assert_int_equal(fr_nccl_allreduce_sum(N, d, 4, (fr_dtype)7, S), FR_COMM_EINVAL);
-    assert_msg_has("dtype");
+    fr_test_error_has("dtype");
     assert_int_equal(fr_nccl_allreduce_sum(NULL, d, 4, FR_DTYPE_F32, S), FR_COMM_EINVAL);
     assert_int_equal(fr_nccl_group_check(NULL), FR_COMM_EINVAL);
     assert_int_equal(fr_nccl_group_new(NULL, NULL), FR_COMM_EINVAL);
@@ -257,23 +252,11 @@ static int teardown(void **state)
     return 0;
 }
 
-int main(int argc, char **argv)
-{
-    if (fr_mpi_world_init(&argc, &argv, &W)) {
-        fprintf(stderr, "test_nccl: %s\n", fr_last_error());
-        return 1;
-    }
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_group),
-        cmocka_unit_test(test_allreduce_f32),
-        cmocka_unit_test(test_allreduce_bf16),
-        cmocka_unit_test(test_bcast),
-        cmocka_unit_test(test_graph_replay),
-        cmocka_unit_test(test_shared_gpu_rejected),
-        cmocka_unit_test(test_bad_arguments),
-    };
-    int failed = cmocka_run_group_tests(tests, setup, teardown), any = failed;
-    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, W->comm);
-    fr_mpi_world_finalize(&W);
-    return any ? 1 : 0;
-}
+FR_MPI_TEST_MAIN(W, setup, teardown,
+                 cmocka_unit_test(test_group),
+                 cmocka_unit_test(test_allreduce_f32),
+                 cmocka_unit_test(test_allreduce_bf16),
+                 cmocka_unit_test(test_bcast),
+                 cmocka_unit_test(test_graph_replay),
+                 cmocka_unit_test(test_shared_gpu_rejected),
+                 cmocka_unit_test(test_bad_arguments))

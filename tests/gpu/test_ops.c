@@ -426,16 +426,10 @@ static void test_timing_4b(void **state)
     CUDA_OK(cudaFree(w)); CUDA_OK(cudaFree(x)); CUDA_OK(cudaFree(y));
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_rmsnorm_zero_row),
-        cmocka_unit_test(test_rope_table),
-        cmocka_unit_test(test_gemm_plan_cache),
-        cmocka_unit_test(test_graph_capture),
-        cmocka_unit_test(test_timing_4b),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
-}
+FR_GPU_TEST_MAIN(group_setup, group_teardown,
+                 cmocka_unit_test(test_bad_arguments),
+                 cmocka_unit_test(test_rmsnorm_zero_row),
+                 cmocka_unit_test(test_rope_table),
+                 cmocka_unit_test(test_gemm_plan_cache),
+                 cmocka_unit_test(test_graph_capture),
+                 cmocka_unit_test(test_timing_4b))

@@ -194,12 +194,6 @@ static void test_logprobs_at_tokens(void **state)
     free(ls);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matches_cpu),
-        cmocka_unit_test(test_logprobs_at_tokens),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_GPU_TEST_MAIN(NULL, NULL,
+                 cmocka_unit_test(test_matches_cpu),
+                 cmocka_unit_test(test_logprobs_at_tokens))

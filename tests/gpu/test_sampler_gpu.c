@@ -662,19 +662,13 @@ static void test_timing(void **state)
     free(p);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_uniforms_match_philox),
-        cmocka_unit_test(test_special_rows),
-        cmocka_unit_test(test_small_vocab_matches_cpu),
-        cmocka_unit_test(test_large_vocab_matches_cpu),
-        cmocka_unit_test(test_every_param_on_every_kind),
-        cmocka_unit_test(test_reproducible),
-        cmocka_unit_test(test_graph_capture),
-        cmocka_unit_test(test_timing),
-    };
-    fr_gpu_test_filter();
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
-}
+FR_GPU_TEST_MAIN(group_setup, group_teardown,
+                 cmocka_unit_test(test_bad_arguments),
+                 cmocka_unit_test(test_uniforms_match_philox),
+                 cmocka_unit_test(test_special_rows),
+                 cmocka_unit_test(test_small_vocab_matches_cpu),
+                 cmocka_unit_test(test_large_vocab_matches_cpu),
+                 cmocka_unit_test(test_every_param_on_every_kind),
+                 cmocka_unit_test(test_reproducible),
+                 cmocka_unit_test(test_graph_capture),
+                 cmocka_unit_test(test_timing))

@@ -18,26 +18,9 @@ set -euo pipefail
 name=weight_sync_nccl
 BUILD=${1:-${BUILD:-build}}
 source "$(dirname "$0")/../integration/serve_setup.bash"
-here=$(cd "$(dirname "$0")" && pwd)
-tpy=${PYTHON:-python3}
-tq6=$(cd "${FR_TQ6_DIR:-../shared/models/tq6}" 2>/dev/null && pwd || true)
-ngpu=$(nvidia-smi -L 2>/dev/null | wc -l || true)
-if [ "${ngpu:-0}" -lt 2 ]; then echo "$name: SKIP: needs 2 GPUs"; exit 0; fi
-if [ -z "$tq6" ] || [ ! -f "$tq6/config.json" ]; then echo "$name: SKIP: tq6 not found"; exit 0; fi
-$tpy -c 'import torch, numpy; assert torch.cuda.is_available()' 2>/dev/null ||
-  { echo "$name: SKIP: $tpy has no PyTorch with CUDA (or no numpy)"; exit 0; }
-[ -f "$build/libfp4rollout_client.so" ] || fail "build first (make)"
-export FP4ROLLOUT_CLIENT_LIB=$(cd "$build" && pwd)/libfp4rollout_client.so
-
-$tpy "$here/../integration/serve_tq6_update.py" "$tq6" "$dir/perturbed" > "$dir/perturb.log" 2>&1 ||
-  fail "perturbing tq6 failed"
+need_gpus=2 need_why="the trainer and the server"
+source "$(dirname "$0")/weight_sync_setup.bash"
 base="\"backend\": \"cuda\", \"kv_dtype\": \"nvfp4\", \"max_seqs\": 16, \"kv_blocks\": 256, \"nccl_timeout_s\": 5, \"coordinator\": {\"bind\": \"127.0.0.1\", \"port\": PORT}"
-# NCCL refuses a group whose members run different NCCL versions: the
-# servers load the libnccl PyTorch loads.
-nccl_dir=$($tpy -c 'import os, torch; torch.cuda.init()
-print(next((os.path.dirname(l.split()[-1]) for l in open("/proc/self/maps") if "libnccl.so" in l), ""))')
-[ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="$nccl_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-echo "$name: NCCL for the servers from ${nccl_dir:-the system}"
 export CUDA_VISIBLE_DEVICES=1,0   # the server uses its device 0 (GPU 1); GPU 0 stays visible for peer access
 start_server main "{\"model\": \"$tq6\", $base}"; main_ep=$ep
 start_server fresh "{\"model\": \"$dir/perturbed\", $base}"; fresh_ep=$ep

@@ -5,11 +5,8 @@
 # both commands on the Mixture-of-Experts checkpoint tqm and the latent
 # attention checkpoint tqa when present.
 set -euo pipefail
-bin=${BUILD:-build}/fp4rollout
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "cli_calibrate_eval: $*" >&2; exit 1; }
-py=/usr/bin/python3
+name=cli_calibrate_eval
+source "$(dirname "$0")/cli_setup.bash"
 
 $py - "$dir" <<'PY'
 import random, sys

@@ -7,11 +7,8 @@
 # through as it is; and the refusals: a missing file, a bad JSON line named
 # by its number, an unknown configuration, no --tasks.
 set -euo pipefail
-bin=${BUILD:-build}/fp4rollout
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "cli_eval_task: $*" >&2; exit 1; }
-py=/usr/bin/python3
+name=cli_eval_task
+source "$(dirname "$0")/cli_setup.bash"
 model=models/demo
 
 # Greedy continuations in deterministic mode: eval-task's batches cannot

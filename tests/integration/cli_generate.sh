@@ -5,11 +5,8 @@
 # command-line convention across commands (2 usage, 1 runtime, with the
 # option or file named).
 set -euo pipefail
-bin=${BUILD:-build}/fp4rollout
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "cli_generate: $*" >&2; exit 1; }
-py=/usr/bin/python3
+name=cli_generate
+source "$(dirname "$0")/cli_setup.bash"
 
 gen() { "$bin" generate --model synthetic:tiny --prompt-ids 256,1,2,3 "$@"; }
 

@@ -2,14 +2,11 @@
 # Black-box checks of `fp4rollout quant`: round trips against known values,
 # and clear errors (non-zero exit, nothing written) on bad input.
 set -euo pipefail
-bin=${BUILD:-build}/fp4rollout
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "cli_quant: $*" >&2; exit 1; }
+name=cli_quant
+source "$(dirname "$0")/cli_setup.bash"
 
 # One NVFP4 block: amax 6 -> scale E4M3(1) = 1, so every value is its own E2M1
 # rounding: 0.25 -> 0 and 0.75 -> 1 (ties to even), 5 -> 4, 7 -> 6 (saturated).
-py=/usr/bin/python3
 $py - "$dir/in.f32" <<'PY'
 import struct, sys
 vals = [6, 0.25, 0.75, 5, -1.25, 2.5, 3.5, -0.5, 1.75, 0, 0, 0, 0, 0, 0, 0.1]

@@ -4,20 +4,10 @@
 # capacity-limited run that preempts, with other prefill chunks, yet yields
 # bitwise the same tokens and log-probs in deterministic mode (f32 KV).
 set -euo pipefail
-bin=${BUILD:-build}/fp4rollout
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "cli_rollout: $*" >&2; exit 1; }
-py=/usr/bin/python3
+name=cli_rollout
+source "$(dirname "$0")/cli_setup.bash"
 
-$py - "$dir/prompts.txt" <<'PY'
-import random, sys
-random.seed(5)
-with open(sys.argv[1], "w") as f:
-    for i in range(64):
-        n = random.randint(3, 150)
-        f.write(",".join(["256"] + [str(random.randint(0, 255)) for _ in range(n)]) + "\n")
-PY
+random_prompts "$dir/prompts.txt" 5 64
 run() { "$bin" rollout --model synthetic:tiny --backend cpu --prompts "$dir/prompts.txt" --n 4 \
           --max-tokens 40 --temperature 1 --seed 11 --kv f32 --deterministic --json "$@"; }
 run > "$dir/ample.jsonl" 2> "$dir/ample.err" || fail "ample run failed: $(cat "$dir/ample.err")"

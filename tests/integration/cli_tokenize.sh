@@ -5,11 +5,9 @@
 # files and standard input, and exit status 2 / 1 with a message on bad
 # usage and bad input.
 set -euo pipefail
-bin=${BUILD:-build}/fp4rollout
+name=cli_tokenize
+source "$(dirname "$0")/cli_setup.bash"
 data=tests/data/tokenizer
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "cli_tokenize: $*" >&2; exit 1; }
 
 # The golden ids of a corpus text, as the JSON line tokenize prints.
 golden_line() {   # golden-name item key
@@ -19,20 +17,20 @@ print(json.dumps({"ids": g["items"][sys.argv[2]][sys.argv[3]]}))' "$data/golden/
 }
 
 check_tokenizer() {   # golden-name tokenizer-path
-  local name=$1 tok=$2 item
+  local golden=$1 tok=$2 item
   for item in en_plain emoji crlf chinese decomposed_accents llama_specials; do
     got=$("$bin" tokenize --tokenizer "$tok" --file "$data/corpus/$item.txt")
-    [ "$got" = "$(golden_line "$name" "$item" ids)" ] || fail "$name $item: $got"
+    [ "$got" = "$(golden_line "$golden" "$item" ids)" ] || fail "$golden $item: $got"
     got=$("$bin" tokenize --tokenizer "$tok" --file - --special < "$data/corpus/$item.txt")
-    [ "$got" = "$(golden_line "$name" "$item" ids_special)" ] || fail "$name $item --special: $got"
+    [ "$got" = "$(golden_line "$golden" "$item" ids_special)" ] || fail "$golden $item --special: $got"
   done
   # --text and --file agree; detokenize gives the text back (the SentencePiece
   # tokenizers strip the one leading space they add).
   text='Hello, wörld! 12345 你好 😀'
   ids=$("$bin" tokenize --tokenizer "$tok" --text "$text" | python3 -c 'import json, sys; print(",".join(map(str, json.load(sys.stdin)["ids"])))')
-  [ -n "$ids" ] || fail "$name: no ids for '$text'"
+  [ -n "$ids" ] || fail "$golden: no ids for '$text'"
   back=$("$bin" detokenize --tokenizer "$tok" --ids "$ids")
-  [ "$back" = "$text" ] || fail "$name: detokenize gave '$back', want '$text'"
+  [ "$back" = "$text" ] || fail "$golden: detokenize gave '$back', want '$text'"
 }
 
 check_tokenizer spm_bpe "$data/spm_bpe"

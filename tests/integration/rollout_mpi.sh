@@ -15,14 +15,7 @@ set -euo pipefail
 name=rollout_mpi mpi_limit=120
 source "$(dirname "$0")/mpi_setup.bash"
 
-$py - "$dir/prompts.txt" <<'PY'
-import random, sys
-random.seed(7)
-with open(sys.argv[1], "w") as f:
-    for i in range(64):
-        n = random.randint(3, 150)
-        f.write(",".join(["256"] + [str(random.randint(0, 255)) for _ in range(n)]) + "\n")
-PY
+random_prompts "$dir/prompts.txt" 7 64
 head -32 "$dir/prompts.txt" > "$dir/prompts32.txt"
 args=(rollout --model synthetic:tiny --backend cpu --n 4 --max-tokens 40 --temperature 1 --seed 11 --json)
 

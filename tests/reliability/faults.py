@@ -19,7 +19,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 import faults_pause  # noqa: E402
-from harness import (BIN, BUILD, ROOT, Failure, Raw, Server, check, collect, pack, tmpdir,  # noqa: E402
+from harness import (BIN, BUILD, ROOT, Failure, Raw, Server, check, collect, idle_connections, pack, tmpdir,  # noqa: E402
                      wait_for)
 
 CLI = os.path.join(os.path.dirname(BIN), "fp4rollout-client")
@@ -99,8 +99,7 @@ def departed_takeover(env):
     first_tokens(a)
     a.close()
     time.sleep(0.5)
-    b = Raw(srv.endpoint, routing_id=b"victim-1")
-    try:
+    with Raw(srv.endpoint, routing_id=b"victim-1") as b:
         r = b.call({"type": "abort", "request_ids": [7]}, "abort_reply")
         check(r["type"] == "abort_reply" and r["not_found"] == [7], f"the new connection could abort: {r}")
         stray = [m for m in b.other if m["type"] in ("tokens", "done")]
@@ -110,8 +109,6 @@ def departed_takeover(env):
             if m and m["type"] in ("tokens", "done"):
                 stray.append(m)
         check(not stray, f"the new connection received {len(stray)} messages of the departed client's stream")
-    finally:
-        b.close()
     check(idle(srv, probe, 3), "samples still open")
 
 
@@ -180,8 +177,7 @@ def raw_map(*pairs):
 def utf8(env):
     """Invalid UTF-8 in a type, a key or a string: bad_message, and the error
     itself is valid UTF-8 (a strict decoder reads it)."""
-    c = Raw(env.srv.endpoint)
-    try:
+    with Raw(env.srv.endpoint) as c:
         cases = [("type", raw_map((b"type", b"\xff\xfe"), (b"v", 1))),
                  ("key", raw_map((b"type", b"stats"), (b"v", 1), (b"\xc3\x28", 1))),
                  ("hello client", raw_map((b"type", b"hello"), (b"v", 1), (b"client", b"ab\xed\xa0\x80")))]
@@ -194,8 +190,6 @@ def utf8(env):
             except Exception as e:  # noqa: BLE001
                 raise Failure(f"{what}: the reply is not valid UTF-8 msgpack: {e}: {frame[:80]!r}")
             check(m["type"] == "error" and m["code"] == "bad_message", f"{what}: {m}")
-    finally:
-        c.close()
 
 
 # ---- 4. bounds ------------------------------------------------------------------
@@ -205,8 +199,7 @@ def huge_prompt(env):
     """A prompt of 4M entries (far beyond the window) is refused before it is
     unpacked: bad_message at once, memory flat."""
     srv = env.srv
-    c = Raw(srv.endpoint)
-    try:
+    with Raw(srv.endpoint) as c:
         rss0 = srv.rss_kb()
         t0 = time.time()
         gen(c, 20, prompt=[1] * (4 << 20))
@@ -218,8 +211,6 @@ def huge_prompt(env):
         grew = (srv.rss_kb() - rss0) / 1024
         check(grew < 24, f"resident memory grew {grew:.0f} MiB after the refusal")
         check(dt < 2, f"took {dt:.1f} s")
-    finally:
-        c.close()
 
 
 @scenario
@@ -254,16 +245,13 @@ def oversized_frame(env):
 def error_texts(env):
     """Errors name the client's request id, print uint64 values as sent and
     floats to the digit that matters."""
-    c = Raw(env.srv.endpoint)
-    try:
+    with Raw(env.srv.endpoint) as c:
         r = c.call({"type": "generate", "request_id": 20, "prompt": [272]}, "error")
         check("request 20:" in r["message"] and r.get("request_id") == 20, f"vocabulary: {r['message']!r}")
         r = c.call({"type": "generate", "request_id": 21, "prompt": [1], "top_p": 1.0000001}, "error")
         check("1.0000001" in r["message"], f"top_p: {r['message']!r}")
         r = c.call({"type": "generate", "request_id": 22, "prompt": [1], "n": 2 ** 64 - 1}, "error")
         check("18446744073709551615" in r["message"], f"n: {r['message']!r}")
-    finally:
-        c.close()
 
 
 # ---- 8. docs against behaviour --------------------------------------------------
@@ -271,13 +259,10 @@ def error_texts(env):
 @scenario
 def missing_version(env):
     """A message without "v" gets unsupported_version, as the doc says."""
-    c = Raw(env.srv.endpoint)
-    try:
+    with Raw(env.srv.endpoint) as c:
         c.send(pack({"type": "hello"}))
         m = c.recv(5000)
         check(m and m["type"] == "error" and m["code"] == "unsupported_version", f"{m}")
-    finally:
-        c.close()
 
 
 @scenario
@@ -355,11 +340,7 @@ def http_idle_flood(env):
         first = socket.create_connection(("127.0.0.1", mport))
         first.settimeout(5)
         t0 = time.time()
-        for _ in range(1100):
-            s = socket.socket()
-            s.setblocking(False)
-            s.connect_ex(("127.0.0.1", mport))
-            socks.append(s)
+        socks = idle_connections(mport, 1100)
         time.sleep(0.5)
         check(srv.fds() <= fd0 + 40, f"the server holds {srv.fds() - fd0} more descriptors (limit 32)")
         try:
@@ -597,8 +578,7 @@ def abort_partials(srv):
     """Abort of one request, pause abort, and abort of a held request: every
     sample ends once, before the reply, with the tokens and top log-probs it
     made (a held one with none)."""
-    c = Raw(srv.endpoint)
-    try:
+    with Raw(srv.endpoint) as c:
         for r in (1, 2):
             gen(c, r, n=2, prompt=[256, r, 9], logprobs=2, **LONG)
         for _ in range(200):   # stats replies pace the reads until both requests stream
@@ -624,8 +604,6 @@ def abort_partials(srv):
         c.send({"type": "resume"})
         until_reply(c, "resume_reply")
         check(c.stats()["server"]["open_requests"] == 0, "requests left open")
-    finally:
-        c.close()
 
 
 @scenario

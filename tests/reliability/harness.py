@@ -107,6 +107,18 @@ def pack(msg):
     return msgpack.packb(msg, use_bin_type=True)
 
 
+def idle_connections(port, n):
+    """n TCP connections to a loopback port that send nothing (non-blocking
+    connects: the caller closes them)."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        socks.append(s)
+    return socks
+
+
 class Raw:
     """A DEALER speaking the protocol by hand."""
 
@@ -158,6 +170,12 @@ class Raw:
 
     def close(self):
         self.sock.close(0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def wait_for(pred, timeout_s, step=0.05):

@@ -11,13 +11,12 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import BIN, Raw, Server, free_port, pack, tmpdir  # noqa: E402
+from harness import BIN, Raw, Server, free_port, idle_connections, pack, tmpdir  # noqa: E402
 
 CLI = os.path.join(os.path.dirname(BIN), "fp4rollout-client")
 
@@ -138,12 +137,7 @@ def huge_prompt(srv, rng):
 
 
 def http_flood(srv, rng, mport):
-    socks = []
-    for _ in range(300):
-        s = socket.socket()
-        s.setblocking(False)
-        s.connect_ex(("127.0.0.1", mport))
-        socks.append(s)
+    socks = idle_connections(mport, 300)
     time.sleep(0.3)
     for s in socks:
         s.close()

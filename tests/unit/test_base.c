@@ -16,6 +16,7 @@
 #include "base/dtype.h"
 #include "base/fr_status.h"
 #include "base/seed.h"
+#include "test_util.h"
 
 static void test_buf_grows_and_stays_terminated(void **state)
 {
@@ -54,6 +55,27 @@ static void test_buf_failure_is_sticky(void **state)
     assert_int_equal(b.len, 0);
     fr_buf_free(&b);
     assert_false(b.failed);
+}
+
+static void test_array_room(void **state)
+{
+    (void)state;
+    int *a = NULL;
+    size_t n = 0, cap = 0;
+    for (int i = 0; i < 100; i++) {
+        int *v = fr_array_room(a, n, &cap, sizeof *v, 4);
+        assert_non_null(v);
+        a = v;
+        a[n++] = i;
+        assert_true(n <= cap);
+    }
+    assert_int_equal(cap, 128);   /* 4, 8, ..., 128: doubled only when full */
+    for (int i = 0; i < 100; i++) assert_int_equal(a[i], i);
+    assert_ptr_equal(fr_array_room(a, 5, &cap, sizeof *a, 4), a);   /* room left: untouched */
+    size_t huge = SIZE_MAX / 2;
+    assert_null(fr_array_room(a, huge, &huge, sizeof *a, 4));   /* too large: refused, nothing changed */
+    assert_int_equal(huge, SIZE_MAX / 2);
+    free(a);
 }
 
 static void test_dtype(void **state)
@@ -187,16 +209,12 @@ static void test_error_store(void **state)
     assert_int_equal(id, 7);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_buf_grows_and_stays_terminated),
-        cmocka_unit_test(test_buf_failure_is_sticky),
-        cmocka_unit_test(test_dtype),
-        cmocka_unit_test(test_clock),
-        cmocka_unit_test(test_atomic_file),
-        cmocka_unit_test(test_seed_stream),
-        cmocka_unit_test(test_error_store),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_buf_grows_and_stays_terminated),
+             cmocka_unit_test(test_buf_failure_is_sticky),
+             cmocka_unit_test(test_array_room),
+             cmocka_unit_test(test_dtype),
+             cmocka_unit_test(test_clock),
+             cmocka_unit_test(test_atomic_file),
+             cmocka_unit_test(test_seed_stream),
+             cmocka_unit_test(test_error_store))

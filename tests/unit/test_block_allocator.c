@@ -340,17 +340,12 @@ static void test_stress_against_shadow(void **state)
     fr_block_allocator_destroy(&a);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_new_rejects_bad_count),
-        cmocka_unit_test(test_alloc_until_exhausted),
-        cmocka_unit_test(test_alloc_n_all_or_nothing),
-        cmocka_unit_test(test_incref_decref),
-        cmocka_unit_test(test_table_push_grows),
-        cmocka_unit_test(test_fork_shares_and_release_returns_all),
-        cmocka_unit_test(test_fork_rolls_back),
-        cmocka_unit_test(test_stress_against_shadow),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_new_rejects_bad_count),
+             cmocka_unit_test(test_alloc_until_exhausted),
+             cmocka_unit_test(test_alloc_n_all_or_nothing),
+             cmocka_unit_test(test_incref_decref),
+             cmocka_unit_test(test_table_push_grows),
+             cmocka_unit_test(test_fork_shares_and_release_returns_all),
+             cmocka_unit_test(test_fork_rolls_back),
+             cmocka_unit_test(test_stress_against_shadow))

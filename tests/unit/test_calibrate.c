@@ -61,10 +61,7 @@ static void test_key_mean_matches_runner_keys(void **state)
     /* Independently: prefill the calibration sequence, read the keys back. */
     const fr_model_config *mc = &m->cfg;
     const int L = mc->num_layers, H = mc->num_kv_heads, d = mc->head_dim, n = rep.n_tokens;
-    fr_engine_opts eo;
-    fr_engine_opts_default(&eo);
-    eo.backend = FR_BACKEND_CPU;
-    eo.kv = FR_KV_F32;
+    fr_engine_opts eo = fr_test_engine_opts(FR_BACKEND_CPU, NULL, FR_KV_F32);
     eo.chunk = n;
     fr_session s;
     assert_int_equal(fr_session_open(&eo, n / 128 + 2, 1, &s), FR_OK);
@@ -279,10 +276,7 @@ static void test_calib_file_round_trip(void **state)
     float *mean = calloc(mk, sizeof(float));
     fr_calib mcal = {.key_mean = mean, .tau = fr_tau_candidate(9), .has_tau = 1};
     assert_int_equal(fr_calib_save(path, fr_model_calib_dims(mc), &mcal), FR_OK);
-    fr_engine_opts eo;
-    fr_engine_opts_default(&eo);
-    eo.backend = FR_BACKEND_CPU;
-    eo.kv = FR_KV_NVFP4;
+    fr_engine_opts eo = fr_test_engine_opts(FR_BACKEND_CPU, NULL, FR_KV_NVFP4);
     eo.calib = path;
     fr_session s;
     assert_int_equal(fr_session_open_model(&eo, m, 4, 1, &s), FR_OK);
@@ -518,18 +512,13 @@ static void test_byte_text_read(void **state)
     assert_int_equal(fr_byte_text_read(&cfg, "/nonexistent/x.txt", 0, &ids, &n), FR_EIO);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_key_mean_matches_runner_keys),
-        cmocka_unit_test(test_calibrate_rejects_bad_options),
-        cmocka_unit_test_setup_teardown(test_calib_file_round_trip, make_dir, remove_dir),
-        cmocka_unit_test_setup_teardown(test_calib_file_rejects_bad_files, make_dir, remove_dir),
-        cmocka_unit_test(test_tau_candidates),
-        cmocka_unit_test(test_tau_selection_brute_force),
-        cmocka_unit_test(test_tau_replay_counts_blocks),
-        cmocka_unit_test(test_observer_does_not_change_logits),
-        cmocka_unit_test_setup_teardown(test_byte_text_read, make_dir, remove_dir),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_key_mean_matches_runner_keys),
+             cmocka_unit_test(test_calibrate_rejects_bad_options),
+             cmocka_unit_test_setup_teardown(test_calib_file_round_trip, make_dir, remove_dir),
+             cmocka_unit_test_setup_teardown(test_calib_file_rejects_bad_files, make_dir, remove_dir),
+             cmocka_unit_test(test_tau_candidates),
+             cmocka_unit_test(test_tau_selection_brute_force),
+             cmocka_unit_test(test_tau_replay_counts_blocks),
+             cmocka_unit_test(test_observer_does_not_change_logits),
+             cmocka_unit_test_setup_teardown(test_byte_text_read, make_dir, remove_dir))

@@ -15,6 +15,7 @@
 
 #include "rollout/model/checkpoint.h"
 #include "tests/unit/test_util.h"
+#include "test_util.h"
 
 static const char *CONFIG =
     "{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"vocab_size\":8,"
@@ -103,12 +104,6 @@ static void data_b(uint8_t d[16])
     for (int i = 0; i < 4; i++) put_f32(d + 4 * i, -(float)(i + 1));
 }
 
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(fr_last_error(), needle))
-        fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
-}
-
 static fr_checkpoint *open_ok(void)
 {
     fr_checkpoint *c = NULL;
@@ -128,14 +123,14 @@ static void check_a_b_c(fr_checkpoint *c, const char *shard_of_a)
     assert_null(fr_checkpoint_find(c, "d"));
 
     assert_int_equal(fr_checkpoint_load_f32(c, "a", 2, wrong, v), FR_EFORMAT);
-    assert_msg_has(shard_of_a);
-    assert_msg_has("tensor a has shape [2, 3], expected [3, 2]");
+    fr_test_error_has(shard_of_a);
+    fr_test_error_has("tensor a has shape [2, 3], expected [3, 2]");
     assert_int_equal(fr_checkpoint_load_f32(c, "a", 1, sb, v), FR_EFORMAT); /* rank differs */
     assert_int_equal(fr_checkpoint_load_f32(c, "c", 1, (const int64_t[]){2}, v), FR_EUNSUPPORTED);
-    assert_msg_has("tensor c");
-    assert_msg_has("I32");
+    fr_test_error_has("tensor c");
+    fr_test_error_has("I32");
     assert_int_equal(fr_checkpoint_load_f32(c, "model.norm.weight", 1, sb, v), FR_EFORMAT);
-    assert_msg_has("missing tensor model.norm.weight");
+    fr_test_error_has("missing tensor model.norm.weight");
     assert_int_equal(fr_checkpoint_load_f32(c, "a", 2, sa, NULL), FR_EINVAL);
     assert_int_equal(fr_checkpoint_load_f32(c, "a", 9, sa, v), FR_EINVAL);
 }
@@ -187,8 +182,8 @@ static void expect_open_fails(fr_status want, const char *needle1, const char *n
     fr_status rc = fr_checkpoint_open(tmpdir, &c);
     if (rc != want) fail_msg("got status %d (%s), want %d", rc, fr_last_error(), want);
     assert_null(c);
-    if (needle1) assert_msg_has(needle1);
-    if (needle2) assert_msg_has(needle2);
+    if (needle1) fr_test_error_has(needle1);
+    if (needle2) fr_test_error_has(needle2);
 }
 
 static void test_shard_defects(void **state)
@@ -306,22 +301,17 @@ static void test_tq6(void **state)
 
     assert_int_equal(fr_checkpoint_load_f32(c, "model.layers.5.mlp.down_proj.weight", 2, wrong, down),
                      FR_EFORMAT);
-    assert_msg_has("model-00004-of-00004.safetensors");
-    assert_msg_has("has shape [512, 1536], expected [1536, 512]");
+    fr_test_error_has("model-00004-of-00004.safetensors");
+    fr_test_error_has("has shape [512, 1536], expected [1536, 512]");
     assert_non_null(fr_checkpoint_find(c, "lm_head.weight"));
     free(emb);
     free(down);
     fr_checkpoint_close(&c);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup(test_single_file, empty_dir),
-        cmocka_unit_test_setup(test_sharded, empty_dir),
-        cmocka_unit_test_setup(test_shard_defects, empty_dir),
-        cmocka_unit_test_setup(test_folder_defects, empty_dir),
-        cmocka_unit_test(test_tq6),
-    };
-    return cmocka_run_group_tests(tests, make_dir, remove_dir);
-}
+FR_TEST_MAIN(make_dir, remove_dir,
+             cmocka_unit_test_setup(test_single_file, empty_dir),
+             cmocka_unit_test_setup(test_sharded, empty_dir),
+             cmocka_unit_test_setup(test_shard_defects, empty_dir),
+             cmocka_unit_test_setup(test_folder_defects, empty_dir),
+             cmocka_unit_test(test_tq6))

@@ -19,6 +19,7 @@
 #include "app/cli.h"
 #include "app/serve_flags.h"
 #include "base/log.h"
+#include "test_util.h"
 
 /* Parses words (words[0] the command's name) for cmd; the status it asks
  * the command to return (0 when it goes on), what it printed on stderr in
@@ -118,37 +119,37 @@ static void test_aliases_and_files(void **state)
 static void test_usage_errors(void **state)
 {
     (void)state;
-    const char *unknown[] = {"generate", "--bogus", "1"};
-    const char *missing[] = {"generate", "--model"};
-    const char *flag_value[] = {"generate", "--greedy=yes"};
-    const char *bad_level[] = {"generate", "--log-level", "loud"};
-    const char *other_cmd[] = {"generate", "--kv-blocks", "4"};
-    expect_usage(FR_CMD_GENERATE, 3, unknown, "unknown or ambiguous option '--bogus'");
-    expect_usage(FR_CMD_GENERATE, 2, missing, "--model needs a value");
-    expect_usage(FR_CMD_GENERATE, 2, flag_value, "--greedy takes no value");
-    expect_usage(FR_CMD_GENERATE, 3, bad_level, "--log-level: ");
-    expect_usage(FR_CMD_GENERATE, 3, other_cmd, "unknown or ambiguous option '--kv-blocks'");
-    /* The cases that once exited 1 or without a reason: every bad value is
-     * a usage error naming the option. */
-    const char *temp[] = {"generate", "--temperature", "-1"};
-    const char *top_k[] = {"generate", "--top-k", "-1"};
-    const char *empty[] = {"generate", "--prompt-ids", ""};
-    const char *hole[] = {"generate", "--prompt-ids", "256,,3"};
-    const char *nan[] = {"rollout", "--prompts", "p", "--kl-sample-rate", "nan"};
-    const char *big[] = {"serve", "--port", "70000"};
-    expect_usage(FR_CMD_GENERATE, 3, temp, "--temperature expects a number in [0, 1e+06], got '-1'");
-    expect_usage(FR_CMD_GENERATE, 3, top_k, "--top-k expects an integer in [0, 1073741824], got '-1'");
-    expect_usage(FR_CMD_GENERATE, 3, empty, "--prompt-ids needs at least one token id");
-    expect_usage(FR_CMD_GENERATE, 3, hole, "--prompt-ids: token ids: an empty entry");
-    expect_usage(FR_CMD_ROLLOUT, 5, nan, "--kl-sample-rate expects a number in [0, 1], got 'nan'");
-    expect_usage(FR_CMD_SERVE, 3, big, "--port expects an integer in [1, 65535], got '70000'");
-    /* Required options and values checked together. */
-    const char *no_prompts[] = {"rollout", "--n", "2"};
-    const char *no_texts[] = {"calibrate", "--model", "m", "--out", "o"};
-    const char *no_files[] = {"calibrate", "--model", "m", "--out", "o", "--texts"};
-    expect_usage(FR_CMD_ROLLOUT, 3, no_prompts, "--prompts is required");
-    expect_usage(FR_CMD_CALIBRATE, 5, no_texts, "--texts needs at least one file");
-    expect_usage(FR_CMD_CALIBRATE, 6, no_files, "--texts needs a value");
+    /* Each a usage error (status 2) whose message names the problem. */
+    struct {
+        fr_cmd cmd;
+        const char *words[8];   /* up to the first NULL */
+        const char *needle;
+    } bad[] = {
+        {FR_CMD_GENERATE, {"generate", "--bogus", "1"}, "unknown or ambiguous option '--bogus'"},
+        {FR_CMD_GENERATE, {"generate", "--model"}, "--model needs a value"},
+        {FR_CMD_GENERATE, {"generate", "--greedy=yes"}, "--greedy takes no value"},
+        {FR_CMD_GENERATE, {"generate", "--log-level", "loud"}, "--log-level: "},
+        {FR_CMD_GENERATE, {"generate", "--kv-blocks", "4"}, "unknown or ambiguous option '--kv-blocks'"},
+        /* The cases that once exited 1 or without a reason: every bad value is
+         * a usage error naming the option. */
+        {FR_CMD_GENERATE, {"generate", "--temperature", "-1"},
+         "--temperature expects a number in [0, 1e+06], got '-1'"},
+        {FR_CMD_GENERATE, {"generate", "--top-k", "-1"}, "--top-k expects an integer in [0, 1073741824], got '-1'"},
+        {FR_CMD_GENERATE, {"generate", "--prompt-ids", ""}, "--prompt-ids needs at least one token id"},
+        {FR_CMD_GENERATE, {"generate", "--prompt-ids", "256,,3"}, "--prompt-ids: token ids: an empty entry"},
+        {FR_CMD_ROLLOUT, {"rollout", "--prompts", "p", "--kl-sample-rate", "nan"},
+         "--kl-sample-rate expects a number in [0, 1], got 'nan'"},
+        {FR_CMD_SERVE, {"serve", "--port", "70000"}, "--port expects an integer in [1, 65535], got '70000'"},
+        /* Required options and values checked together. */
+        {FR_CMD_ROLLOUT, {"rollout", "--n", "2"}, "--prompts is required"},
+        {FR_CMD_CALIBRATE, {"calibrate", "--model", "m", "--out", "o"}, "--texts needs at least one file"},
+        {FR_CMD_CALIBRATE, {"calibrate", "--model", "m", "--out", "o", "--texts"}, "--texts needs a value"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int n = 0;
+        while (bad[i].words[n]) n++;
+        expect_usage(bad[i].cmd, n, bad[i].words, bad[i].needle);
+    }
     fr_cli_values *v;
     fr_cli_sampling so;
     const char *greedy[] = {"generate", "--greedy", "--temperature", "0.5"};
@@ -270,16 +271,11 @@ static void test_log_lines(void **state)
     assert_int_not_equal(fr_log_level_parse("verbose", &l), FR_OK);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_equals_and_space),
-        cmocka_unit_test(test_aliases_and_files),
-        cmocka_unit_test(test_usage_errors),
-        cmocka_unit_test(test_engine_opts),
-        cmocka_unit_test(test_id_lists),
-        cmocka_unit_test(test_serve_flags_override),
-        cmocka_unit_test(test_log_lines),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_equals_and_space),
+             cmocka_unit_test(test_aliases_and_files),
+             cmocka_unit_test(test_usage_errors),
+             cmocka_unit_test(test_engine_opts),
+             cmocka_unit_test(test_id_lists),
+             cmocka_unit_test(test_serve_flags_override),
+             cmocka_unit_test(test_log_lines))

@@ -197,11 +197,6 @@ static int teardown(void **state)
     return fr_test_server_stop(&l) == FR_OK ? 0 : -1;
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_continue_after_abort),
-        cmocka_unit_test(test_pause_keep),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+FR_TEST_MAIN(setup, teardown,
+             cmocka_unit_test(test_continue_after_abort),
+             cmocka_unit_test(test_pause_keep))

@@ -256,13 +256,8 @@ static int teardown(void **state)
     return fr_test_server_stop(&l) == FR_OK ? 0 : -1;
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_threads_get_their_own),
-        cmocka_unit_test(test_abort_keeps_what_was_made),
-        cmocka_unit_test(test_discard_drops_everything),
-        cmocka_unit_test(test_calls_from_threads),
-    };
-    return cmocka_run_group_tests(tests, setup, teardown);
-}
+FR_TEST_MAIN(setup, teardown,
+             cmocka_unit_test(test_threads_get_their_own),
+             cmocka_unit_test(test_abort_keeps_what_was_made),
+             cmocka_unit_test(test_discard_drops_everything),
+             cmocka_unit_test(test_calls_from_threads))

@@ -19,14 +19,9 @@
 
 #include "comm/engine_group.h"
 #include "comm/mpi_world.h"
+#include "test_util.h"
 
 static fr_mpi_world *W;
-
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(fr_last_error(), needle))
-        fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
-}
 
 /* The tp values worth testing in this world: 1, 2 and 4 where they divide
  * the world, and the whole world. */
@@ -67,12 +62,12 @@ static void test_layout_rejects(void **state)
     (void)state;
     fr_engine_layout l;
     assert_int_equal(fr_engine_layout_of(0, 6, 4, &l), FR_COMM_EINVAL);
-    assert_msg_has("6 ranks cannot form engines of tp 4");
-    assert_msg_has("multiple of tp");
+    fr_test_error_has("6 ranks cannot form engines of tp 4");
+    fr_test_error_has("multiple of tp");
     assert_int_equal(fr_engine_layout_of(0, 4, 0, &l), FR_COMM_EINVAL);
-    assert_msg_has("at least 1");
+    fr_test_error_has("at least 1");
     assert_int_equal(fr_engine_layout_of(4, 4, 1, &l), FR_COMM_EINVAL);
-    assert_msg_has("outside");
+    fr_test_error_has("outside");
     assert_int_equal(fr_engine_layout_of(-1, 4, 1, &l), FR_COMM_EINVAL);
     assert_int_equal(fr_engine_layout_of(0, 0, 1, &l), FR_COMM_EINVAL);
     assert_int_equal(fr_engine_layout_of(0, 4, 2, NULL), FR_COMM_EINVAL);
@@ -138,7 +133,7 @@ static void test_world_bcast_and_vote(void **state)
     assert_int_equal(st_bar, FR_COMM_OK);
     /* Local argument checks (no collective is entered). */
     assert_int_equal(fr_mpi_world_bcast(W, buf, N, W->size), FR_COMM_EINVAL);
-    assert_msg_has("root");
+    fr_test_error_has("root");
     assert_int_equal(fr_mpi_world_bcast(W, NULL, 4, 0), FR_COMM_EINVAL);
     assert_int_equal(fr_mpi_world_all_ok(W, 1, NULL), FR_COMM_EINVAL);
 }
@@ -177,7 +172,7 @@ static void test_world_gather_bytes(void **state)
     free(got);
     /* Local argument checks (no collective is entered). */
     assert_int_equal(fr_mpi_world_gather_bytes(W, send, 1, W->size, &got, &len, NULL), FR_COMM_EINVAL);
-    assert_msg_has("root");
+    fr_test_error_has("root");
     assert_int_equal(fr_mpi_world_gather_bytes(W, NULL, 4, 0, &got, &len, NULL), FR_COMM_EINVAL);
     assert_int_equal(fr_mpi_world_gather_bytes(W, send, 1, 0, NULL, &len, NULL), FR_COMM_EINVAL);
 }
@@ -237,7 +232,7 @@ static void test_engine_split_rejects(void **state)
     /* W->size + 1 never divides W->size (for size 1 it is tp 2 on 1 rank). */
     assert_int_equal(fr_engine_group_new(W, W->size + 1, &g), FR_COMM_EINVAL);
     assert_null(g);
-    assert_msg_has("multiple of tp");
+    fr_test_error_has("multiple of tp");
     assert_int_equal(fr_engine_group_new(W, 0, &g), FR_COMM_EINVAL);
     assert_int_equal(fr_engine_group_new(NULL, 1, &g), FR_COMM_EINVAL);
     assert_int_equal(fr_engine_group_new(W, 1, NULL), FR_COMM_EINVAL);
@@ -423,9 +418,9 @@ static void test_mpi_error_message(void **state)
     fr_engine_group fake = {.layout = {.tp_size = 1}, .is_leader = 1, .world = W, .comm = MPI_COMM_NULL};
     float x = 1;
     assert_int_equal(fr_engine_allreduce_sum_f32(&fake, &x, 1), FR_COMM_EMPI);
-    assert_msg_has("MPI_Allreduce");
-    assert_msg_has("failed: ");
-    assert_msg_has("communicator");
+    fr_test_error_has("MPI_Allreduce");
+    fr_test_error_has("failed: ");
+    fr_test_error_has("communicator");
     assert_int_equal(fr_engine_allreduce_sum_f32(NULL, &x, 1), FR_COMM_EINVAL);
     assert_int_equal(fr_engine_bcast_msg(&fake, NULL, NULL, NULL), FR_COMM_EINVAL);
 }

@@ -165,10 +165,7 @@ static fr_model *engine_model;
 static long long run(fr_kv_dtype kv, const scenario *sc, outcome *out)
 {
     openblas_set_num_threads(sc->threads);
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CPU;
-    o.kv = kv;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, NULL, kv);
     o.deterministic = 1;
     fr_session s;
     if (fr_session_open_model(&o, engine_model, sc->n_blocks, 8, &s)) fail_msg("%s", fr_last_error());

@@ -19,6 +19,7 @@
 #include "rollout/model/moe_cpu.h"
 #include "rollout/model/tensor_table.h"
 #include "rollout/model/tp_shard.h"
+#include "logits_util.h"
 #include "test_util.h"
 
 /* logit(p): the sigmoid router's logit whose score is p. */
@@ -196,34 +197,10 @@ static void test_tiny_tables(void **state)
 
 static fr_session open_tiny(const char *spec, fr_kv_dtype kv)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.model = spec;
-    o.backend = FR_BACKEND_CPU;
-    o.kv = kv;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, spec, kv);
     fr_session s;
     if (fr_session_open(&o, 8, 2, &s)) fail_msg("%s: %s", spec, fr_last_error());
     return s;
-}
-
-/* Logits at every position: a prefill in chunks of `chunk`, or (0) one
- * decode step per token. */
-static float *logits_of(fr_session *s, const int *ids, int n, int chunk)
-{
-    const int V = s->model->cfg.vocab_size;
-    float *out = malloc(sizeof(float) * (size_t)n * V);
-    int seq;
-    if (chunk) {
-        assert_int_equal(fr_session_prefill(s, ids, n, chunk, &seq, NULL, out), FR_OK);
-    } else {
-        assert_int_equal(fr_kv_seq_new(s->kv, &seq), FR_OK);
-        for (int i = 0; i < n; i++) {
-            fr_step_seq st = {.seq = seq, .n = 1, .tokens = ids + i, .all_logits = 1};
-            assert_int_equal(fr_session_step(s, &st, 1, out + (size_t)i * V), FR_OK);
-        }
-    }
-    fr_kv_seq_free(s->kv, seq);
-    return out;
 }
 
 static const int PROMPT[] = {256, 100, 101, 102, 32, 109, 97, 105, 110, 40, 41, 58, 10, 32, 32, 32, 32, 114, 101,
@@ -239,7 +216,7 @@ static void test_decode_matches_prefill(void **state)
     for (int v = 0; v < 2; v++) {
         fr_session s = open_tiny(specs[v], FR_KV_F32);
         const size_t count = (size_t)NP * s.model->cfg.vocab_size;
-        float *pre = logits_of(&s, PROMPT, NP, NP), *dec = logits_of(&s, PROMPT, NP, 0);
+        float *pre = fr_test_logits(&s, PROMPT, NP, NP), *dec = fr_test_logits(&s, PROMPT, NP, 0);
         float d = 0, m = 0;
         for (size_t i = 0; i < count; i++) {
             d = fmaxf(d, fabsf(pre[i] - dec[i]));
@@ -442,16 +419,15 @@ static void test_route_capture(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_route_greedy),          cmocka_unit_test(test_route_group_limited),
-        cmocka_unit_test(test_route_noaux_tc),        cmocka_unit_test(test_route_masked_zero),
-        cmocka_unit_test(test_route_ties),            cmocka_unit_test(test_tiny_tables),
-        cmocka_unit_test(test_moe_layer_reference),   cmocka_unit_test(test_decode_matches_prefill),
-        cmocka_unit_test(test_moe_batch_invariant),
-        cmocka_unit_test(test_tp_partial_sums),
-        cmocka_unit_test(test_route_capture),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_route_greedy),
+             cmocka_unit_test(test_route_group_limited),
+             cmocka_unit_test(test_route_noaux_tc),
+             cmocka_unit_test(test_route_masked_zero),
+             cmocka_unit_test(test_route_ties),
+             cmocka_unit_test(test_tiny_tables),
+             cmocka_unit_test(test_moe_layer_reference),
+             cmocka_unit_test(test_decode_matches_prefill),
+             cmocka_unit_test(test_moe_batch_invariant),
+             cmocka_unit_test(test_tp_partial_sums),
+             cmocka_unit_test(test_route_capture))

@@ -25,6 +25,7 @@
 #include "base/safetensors.h"
 #include "rollout/engine/scheduler.h"
 #include "rollout/model/sampler.h"
+#include "logits_util.h"
 #include "test_util.h"
 
 /* greedy_prompts: as tqm's, an MoE model may lose one prompt to a near-tie
@@ -36,19 +37,6 @@ typedef struct {
 } golden_model;
 
 static golden_model dsmoe = {"dsmoe", 6, NULL}, dsmoe2 = {"dsmoe2", 6, NULL};
-static char golden_path[4096];
-
-static int have(void **state)
-{
-    golden_model *gm = *state;
-    const char *d = fr_test_require_model(gm->name);
-    if (!d) return 0;
-    snprintf(golden_path, sizeof golden_path, "%s/golden.safetensors", d);
-    printf("  %s:\n", gm->name);
-    if (!gm->model && fr_model_load(d, &gm->model)) fail_msg("%s: %s", gm->name, fr_last_error());
-    return 1;
-}
-
 static int free_models(void **state)
 {
     (void)state;
@@ -57,111 +45,37 @@ static int free_models(void **state)
     return 0;
 }
 
-static const fr_st_tensor *find(const fr_st_file *g, int p, const char *what)
-{
-    char name[64];
-    snprintf(name, sizeof name, "p%d.%s", p, what);
-    return fr_st_file_find(g, name);
-}
-
-static int *ints_of(const fr_st_tensor *t, int *n)
-{
-    assert_non_null(t);
-    *n = (int)fr_st_tensor_numel(t);
-    int *out = malloc(sizeof(int) * (size_t)(*n > 0 ? *n : 1));
-    for (int i = 0; i < *n; i++) {
-        if (t->dtype == FR_DTYPE_U8) out[i] = ((const uint8_t *)t->data)[i];
-        else if (t->dtype == FR_DTYPE_I32) memcpy(&out[i], (const char *)t->data + 4 * (size_t)i, 4);
-        else fail_msg("golden integers of dtype %d", (int)t->dtype);
-    }
-    return out;
-}
-
-static float max_abs(const float *x, size_t n)
-{
-    float m = 0;
-    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
-    return m;
-}
-
-static float max_diff(const float *a, const float *b, size_t n)
-{
-    float m = 0;
-    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i] - b[i]));
-    return m;
-}
-
-static void open_session(const golden_model *gm, fr_session *s, fr_kv_dtype kv, int n_tokens, int chunk)
-{
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CPU;
-    o.kv = kv;
-    o.chunk = chunk;
-    if (fr_session_open_model(&o, gm->model, n_tokens / 128 + 2, 2, s)) fail_msg("session: %s", fr_last_error());
-}
-
-static void close_session(fr_session *s)
-{
-    s->model = NULL;   /* the checkpoint's model is shared by every case */
-    fr_session_close(s);
-}
-
 /* Prefill logits within 1e-3 x max |golden| where the golden file has them,
  * and greedy continuations of 64 tokens equal transformers'. */
 static void test_prefill_and_greedy(void **state)
 {
-    if (!have(state)) skip();
     golden_model *gm = *state;
-    fr_st_file *g;
-    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
+    fr_st_file *g = fr_test_golden_open(gm->name, &gm->model);
+    if (!g) skip();
     const int V = gm->model->cfg.vocab_size;
-    fr_sampler *smp;
-    assert_int_equal(fr_sampler_new(V, &smp), FR_OK);
-    const fr_sampling_params greedy = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
     float *logits = malloc(sizeof(float) * (size_t)V);
     int prompts_equal = 0, compared = 0;
     for (int p = 0; p < 7; p++) {
-        int n, n_new, seq, tok;
-        int *ids = ints_of(find(g, p, "ids"), &n), *want = ints_of(find(g, p, "greedy"), &n_new);
+        int n, n_new, seq;
+        int *ids = fr_test_golden_ints(g, p, "ids", &n), *want = fr_test_golden_ints(g, p, "greedy", &n_new);
         fr_session s;   /* f32 KV: the continuation's logits carry float32 order alone */
-        open_session(gm, &s, FR_KV_F32, n + n_new, n);
+        fr_test_shared_open(gm->model, FR_KV_F32, n + n_new, n, &s);
         float *ours = malloc(sizeof(float) * (size_t)n * V);
         assert_int_equal(fr_session_prefill(&s, ids, n, n, &seq, logits, ours), FR_OK);
-        const fr_st_tensor *t = find(g, p, "logits_f32");
+        const fr_st_tensor *t = fr_test_golden(g, p, "logits_f32");
         if (t) {
-            size_t count = fr_st_tensor_numel(t);
-            assert_int_equal(count, (size_t)n * V);
-            float *ref = malloc(sizeof(float) * count);
-            assert_int_equal(fr_st_tensor_to_f32(t, ref, count), FR_OK);
-            float d = max_diff(ours, ref, count), m = max_abs(ref, count);
-            printf("  p%d (%5d tokens): prefill max |diff| %.3g, max |golden| %.3g, ratio %.2e\n", p, n, d, m, d / m);
-            assert_true(m > 0.0f && d <= 1e-3f * m);
+            fr_test_check_golden_logits(t, ours, p, n, V);
             compared++;
-            free(ref);
         } else {
             printf("  p%d (%5d tokens): no golden logits (greedy only)\n", p, n);
         }
         free(ours);
-        int matched = 0;
-        for (int i = 0; i < n_new && matched == i; i++) {
-            assert_int_equal(fr_sample(smp, logits, &greedy, 0, (uint64_t)i, &tok, NULL), FR_OK);
-            if (tok != want[i]) {
-                printf("  p%d: greedy token %d is %d, transformers has %d\n", p, i, tok, want[i]);
-                break;
-            }
-            matched++;
-            fr_step_seq step = {.seq = seq, .n = 1, .tokens = &tok, .all_logits = 0};
-            assert_int_equal(fr_session_step(&s, &step, 1, logits), FR_OK);
-        }
-        printf("  p%d: %d/%d greedy tokens equal\n", p, matched, n_new);
-        prompts_equal += matched == n_new;
+        prompts_equal += fr_test_greedy_matches(&s, seq, logits, want, n_new, p) == n_new;
         free(ids);
         free(want);
-        close_session(&s);
+        fr_test_shared_close(&s);
     }
     free(logits);
-    fr_sampler_destroy(&smp);
     fr_st_file_close(&g);
     printf("  %d of 7 prompts' greedy continuations equal transformers' (at least %d required)\n", prompts_equal,
            gm->greedy_prompts);
@@ -169,54 +83,30 @@ static void test_prefill_and_greedy(void **state)
     assert_true(prompts_equal >= gm->greedy_prompts);
 }
 
-/* Logits at every position: one prefill, or (chunk 0) one decode step per
- * token through the cache. */
-static float *score(fr_session *s, const int *ids, int n, int chunk)
-{
-    const int V = s->model->cfg.vocab_size;
-    int seq;
-    float *out = malloc(sizeof(float) * (size_t)n * V);
-    if (chunk) {
-        assert_int_equal(fr_session_prefill(s, ids, n, chunk, &seq, NULL, out), FR_OK);
-    } else {
-        assert_int_equal(fr_kv_seq_new(s->kv, &seq), FR_OK);
-        for (int i = 0; i < n; i++) {
-            fr_step_seq st = {.seq = seq, .n = 1, .tokens = ids + i, .all_logits = 1};
-            if (fr_session_step(s, &st, 1, out + (size_t)i * V)) fail_msg("%s", fr_last_error());
-        }
-    }
-    fr_kv_seq_free(s->kv, seq);
-    return out;
-}
-
 /* The decode path against one prefill: f32 KV within 1e-3 of max |logit|
  * (float32 order alone); BF16 KV within 0.1, the bound tqm needs: the
  * cache's rounding can move a token across a near-tie of two experts. */
 static void test_decode_matches_prefill(void **state)
 {
-    if (!have(state)) skip();
     golden_model *gm = *state;
-    fr_st_file *g;
-    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
+    fr_st_file *g = fr_test_golden_open(gm->name, &gm->model);
+    if (!g) skip();
     const int prompts[2] = {1, 3};
     const fr_kv_dtype dts[2] = {FR_KV_F32, FR_KV_BF16};
     const float bound[2] = {1e-3f, 0.1f};
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < 2; i++) {
             int n;
-            int *ids = ints_of(find(g, prompts[i], "ids"), &n);
+            int *ids = fr_test_golden_ints(g, prompts[i], "ids", &n);
             fr_session s;
-            open_session(gm, &s, dts[k], n, n);
-            float *pre = score(&s, ids, n, n), *dec = score(&s, ids, n, 0);
-            const size_t count = (size_t)n * s.model->cfg.vocab_size;
-            float d = max_diff(pre, dec, count), m = max_abs(pre, count);
-            printf("  p%d %s KV, decode vs prefill: max |diff| %.3g, ratio %.2e\n", prompts[i],
-                   fr_kv_dtype_name(dts[k]), d, d / m);
-            assert_true(d <= bound[k] * m);
+            fr_test_shared_open(gm->model, dts[k], n, n, &s);
+            float *pre = fr_test_logits(&s, ids, n, n), *dec = fr_test_logits(&s, ids, n, 0);
+            fr_test_within(pre, dec, (size_t)n * s.model->cfg.vocab_size, bound[k], "p%d %s KV, decode vs prefill",
+                           prompts[i], fr_kv_dtype_name(dts[k]));
             free(pre);
             free(dec);
             free(ids);
-            close_session(&s);
+            fr_test_shared_close(&s);
         }
     fr_st_file_close(&g);
 }
@@ -253,14 +143,13 @@ static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(co
  * way; they are counted). */
 static void test_routes_match_golden(void **state)
 {
-    if (!have(state)) skip();
     golden_model *gm = *state;
-    fr_st_file *g;
-    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
+    fr_st_file *g = fr_test_golden_open(gm->name, &gm->model);
+    if (!g) skip();
     const fr_model_config *c = &gm->model->cfg;
     const int L = fr_model_moe_layers(c), k = c->experts_per_tok;
     fr_session s;
-    open_session(gm, &s, FR_KV_F32, 4096 + 64 + 128, 512);
+    fr_test_shared_open(gm->model, FR_KV_F32, 4096 + 64 + 128, 512, &s);
     replay rp;
     memset(&rp, 0, sizeof rp);
     fr_scheduler_config sc = {.max_seqs = 2, .chunk = 512, .on_done = on_done, .user = &rp};
@@ -268,7 +157,7 @@ static void test_routes_match_golden(void **state)
     assert_int_equal(fr_scheduler_new(&s, &sc, &sch), FR_OK);
     int *ids[7], n[7];
     for (int p = 0; p < 7; p++) {
-        ids[p] = ints_of(find(g, p, "ids"), &n[p]);
+        ids[p] = fr_test_golden_ints(g, p, "ids", &n[p]);
         fr_request_spec r = {.id = (uint64_t)p, .prompt = ids[p], .n_prompt = n[p], .n = 1,
                              .params = {.temperature = 0.0f, .top_p = 1.0f}, .max_tokens = 64,
                              .return_routed_experts = 1};
@@ -280,8 +169,9 @@ static void test_routes_match_golden(void **state)
     for (int p = 0; p < 7; p++) {
         const fr_sample_result *r = &rp.res[p];
         int n_routes, n_greedy, n_margin;
-        int *want = ints_of(find(g, p, "routes"), &n_routes), *greedy = ints_of(find(g, p, "greedy"), &n_greedy);
-        const fr_st_tensor *mt = find(g, p, "route_margin");
+        int *want = fr_test_golden_ints(g, p, "routes", &n_routes);
+        int *greedy = fr_test_golden_ints(g, p, "greedy", &n_greedy);
+        const fr_st_tensor *mt = fr_test_golden(g, p, "route_margin");
         assert_non_null(mt);
         n_margin = (int)fr_st_tensor_numel(mt);
         float *margin = malloc(sizeof(float) * (size_t)n_margin);
@@ -323,19 +213,14 @@ static void test_routes_match_golden(void **state)
     assert_true(compared > 7 * 32 * L);
     assert_int_equal(differ, 0);
     fr_scheduler_destroy(&sch);
-    close_session(&s);
+    fr_test_shared_close(&s);
     fr_st_file_close(&g);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_prestate(test_prefill_and_greedy, &dsmoe),
-        cmocka_unit_test_prestate(test_decode_matches_prefill, &dsmoe),
-        cmocka_unit_test_prestate(test_routes_match_golden, &dsmoe),
-        cmocka_unit_test_prestate(test_prefill_and_greedy, &dsmoe2),
-        cmocka_unit_test_prestate(test_decode_matches_prefill, &dsmoe2),
-        cmocka_unit_test_prestate(test_routes_match_golden, &dsmoe2),
-    };
-    return cmocka_run_group_tests(tests, NULL, free_models);
-}
+FR_TEST_MAIN(NULL, free_models,
+             cmocka_unit_test_prestate(test_prefill_and_greedy, &dsmoe),
+             cmocka_unit_test_prestate(test_decode_matches_prefill, &dsmoe),
+             cmocka_unit_test_prestate(test_routes_match_golden, &dsmoe),
+             cmocka_unit_test_prestate(test_prefill_and_greedy, &dsmoe2),
+             cmocka_unit_test_prestate(test_decode_matches_prefill, &dsmoe2),
+             cmocka_unit_test_prestate(test_routes_match_golden, &dsmoe2))

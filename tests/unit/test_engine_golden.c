@@ -17,6 +17,7 @@
 #include "base/safetensors.h"
 #include "rollout/model/sampler.h"
 #include "rollout/engine/session.h"
+#include "logits_util.h"
 #include "test_util.h"
 
 /* One checkpoint under test. greedy_prompts: how many of the seven greedy
@@ -45,19 +46,6 @@ static golden_model tq6 = {"tq6", 7, 4e-3f, 1, 4, NULL, {NULL}, {0}},
                     tqm = {"tqm", 6, 0.1f, 1, 2, NULL, {NULL}, {0}},
                     tqa = {"tqa", 6, 8e-3f, 0, 2, NULL, {NULL}, {0}};
 
-static char golden_path[4096];
-
-static int have(void **state)
-{
-    golden_model *gm = *state;
-    const char *d = fr_test_require_model(gm->name);
-    if (!d) return 0;
-    snprintf(golden_path, sizeof golden_path, "%s/golden.safetensors", d);
-    printf("  %s:\n", gm->name);
-    if (!gm->model && fr_model_load(d, &gm->model)) fail_msg("%s: %s", gm->name, fr_last_error());
-    return 1;
-}
-
 static int free_models(void **state)
 {
     (void)state;
@@ -69,76 +57,6 @@ static int free_models(void **state)
     return 0;
 }
 
-static const fr_st_tensor *golden(const fr_st_file *g, int p, const char *what)
-{
-    char name[64];
-    snprintf(name, sizeof name, "p%d.%s", p, what);
-    const fr_st_tensor *t = fr_st_file_find(g, name);
-    assert_non_null(t);
-    return t;
-}
-
-static int *golden_ids(const fr_st_file *g, int p, int *n)
-{
-    const fr_st_tensor *t = golden(g, p, "ids");
-    *n = (int)t->shape[0];
-    int *ids = malloc(sizeof(int) * (size_t)*n);
-    memcpy(ids, t->data, sizeof(int) * (size_t)*n);
-    return ids;
-}
-
-static float max_abs(const float *x, size_t n)
-{
-    float m = 0;
-    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
-    return m;
-}
-
-static float max_diff(const float *a, const float *b, size_t n)
-{
-    float m = 0;
-    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(a[i] - b[i]));
-    return m;
-}
-
-/* A session over the checkpoint's shared model; close_session hands the
- * model back instead of freeing it. */
-static void open_session(const golden_model *gm, fr_session *s, fr_kv_dtype kv, int n_tokens, int chunk)
-{
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CPU;   /* this test checks the CPU engine, also where a GPU is present */
-    o.kv = kv;
-    o.chunk = chunk;
-    fr_status st = fr_session_open_model(&o, gm->model, n_tokens / 128 + 2, 2, s);
-    if (st) fail_msg("session: %s", fr_last_error());
-}
-
-static void close_session(fr_session *s)
-{
-    s->model = NULL;
-    fr_session_close(s);
-}
-
-/* Logits at every position of ids: a prefill in chunks of `chunk` tokens,
- * or (chunk 0) the decode path, one step per token through the cache. */
-static float *score(fr_session *s, const int *ids, int n, int chunk)
-{
-    int V = s->model->cfg.vocab_size, seq;
-    float *logits = malloc(sizeof(float) * (size_t)n * V);
-    if (chunk > 0) {
-        assert_int_equal(fr_session_prefill(s, ids, n, chunk, &seq, NULL, logits), FR_OK);
-    } else {
-        assert_int_equal(fr_kv_seq_new(s->kv, &seq), FR_OK);
-        for (int i = 0; i < n; i++) {
-            fr_step_seq step = {.seq = seq, .n = 1, .tokens = ids + i, .all_logits = 1};
-            if (fr_session_step(s, &step, 1, logits + (size_t)i * V)) fail_msg("%s", fr_last_error());
-        }
-    }
-    fr_kv_seq_free(s->kv, seq);
-    return logits;
-}
-
 /* The decode-path logits of the first n tokens of prompt p on session s (a
  * cache of kv, room for n tokens). BF16 ones of prompts 3 and 6 are kept in
  * gm and handed out again (*kept set: the caller does not free them); the
@@ -148,7 +66,7 @@ static float *decode_logits(golden_model *gm, fr_session *s, const int *ids, int
     int c = kv != FR_KV_BF16 ? -1 : p == 3 ? 0 : p == 6 ? 1 : -1;
     *kept = c >= 0;
     if (c >= 0 && gm->bf16_decode[c] && gm->bf16_decode_n[c] >= n) return gm->bf16_decode[c];
-    float *x = score(s, ids, n, 0);
+    float *x = fr_test_logits(s, ids, n, 0);
     if (c >= 0) {
         free(gm->bf16_decode[c]);
         gm->bf16_decode[c] = x;
@@ -163,56 +81,30 @@ static float *decode_logits(golden_model *gm, fr_session *s, const int *ids, int
  * chunks from the cache: test_decode_matches_prefill.) */
 static void test_prefill_and_greedy_match_golden(void **state)
 {
-    if (!have(state)) skip();
     golden_model *gm = *state;
-    fr_st_file *g;
-    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
-    fr_sampler *smp;
+    fr_st_file *g = fr_test_golden_open(gm->name, &gm->model);
+    if (!g) skip();
     const int V = gm->model->cfg.vocab_size;
-    assert_int_equal(fr_sampler_new(V, &smp), FR_OK);
-    fr_sampling_params greedy = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
     float *logits = malloc(sizeof(float) * (size_t)V);
     int prompts_equal = 0;
     for (int p = 0; p < 7; p++) {
-        int n, seq, tok;
-        int *ids = golden_ids(g, p, &n);
-        const fr_st_tensor *want = golden(g, p, "greedy");
-        const int n_new = (int)want->shape[0];
+        int n, n_new, seq;
+        int *ids = fr_test_golden_ints(g, p, "ids", &n), *want = fr_test_golden_ints(g, p, "greedy", &n_new);
         fr_session s;
-        open_session(gm, &s, FR_KV_BF16, n + n_new, n);
+        fr_test_shared_open(gm->model, FR_KV_BF16, n + n_new, n, &s);
         float *ours = malloc(sizeof(float) * (size_t)n * V);
         assert_int_equal(fr_session_prefill(&s, ids, n, n, &seq, logits, ours), FR_OK);
-        const fr_st_tensor *t = golden(g, p, "logits_f32");
-        size_t count = fr_st_tensor_numel(t);
-        assert_int_equal(count, (size_t)n * V);
-        float *ref = malloc(sizeof(float) * count);
-        assert_int_equal(fr_st_tensor_to_f32(t, ref, count), FR_OK);
-        float d = max_diff(ours, ref, count), m = max_abs(ref, count);
-        printf("  p%d (%5d tokens): prefill max |diff| %.3g, max |golden| %.3g, ratio %.2e\n", p, n, d, m, d / m);
-        assert_true(d <= 1e-3f * m);
+        const fr_st_tensor *t = fr_test_golden(g, p, "logits_f32");
+        assert_non_null(t);
+        fr_test_check_golden_logits(t, ours, p, n, V);
         assert_memory_equal(logits, ours + (size_t)(n - 1) * V, sizeof(float) * (size_t)V);
-        free(ref); free(ours);
-
-        int matched = 0;
-        for (int i = 0; i < n_new && matched == i; i++) {
-            assert_int_equal(fr_sample(smp, logits, &greedy, 0, (uint64_t)i, &tok, NULL), FR_OK);
-            int expect;
-            memcpy(&expect, (const char *)want->data + 4 * i, 4);
-            if (tok != expect) {
-                printf("  p%d: greedy token %d is %d, transformers has %d\n", p, i, tok, expect);
-                break;
-            }
-            matched++;
-            fr_step_seq step = {.seq = seq, .n = 1, .tokens = &tok, .all_logits = 0};
-            assert_int_equal(fr_session_step(&s, &step, 1, logits), FR_OK);
-        }
-        printf("  p%d: %d/%d greedy tokens equal\n", p, matched, n_new);
-        prompts_equal += matched == n_new;
+        free(ours);
+        prompts_equal += fr_test_greedy_matches(&s, seq, logits, want, n_new, p) == n_new;
         free(ids);
-        close_session(&s);
+        free(want);
+        fr_test_shared_close(&s);
     }
     free(logits);
-    fr_sampler_destroy(&smp);
     fr_st_file_close(&g);
     printf("  %d of 7 prompts' greedy continuations equal transformers' (at least %d required)\n",
            prompts_equal, gm->greedy_prompts);
@@ -237,38 +129,33 @@ static void test_prefill_and_greedy_match_golden(void **state)
  * path, within the same bounds. */
 static void test_decode_matches_prefill(void **state)
 {
-    if (!have(state)) skip();
-    fr_st_file *g;
-    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
+    golden_model *gm = *state;
+    fr_st_file *g = fr_test_golden_open(gm->name, &gm->model);
+    if (!g) skip();
     const int prompts[] = {1, 3, 2, 6}, chunk = 64;
     const fr_kv_dtype dtypes[] = {FR_KV_F32, FR_KV_BF16};
-    golden_model *gm = *state;
     const float bound[] = {1e-3f, gm->bf16_decode_bound};
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < gm->decode_prompts; i++) {
             int n, p = prompts[i], kept;
-            int *ids = golden_ids(g, p, &n);
+            int *ids = fr_test_golden_ints(g, p, "ids", &n);
             fr_session s;
-            open_session(gm, &s, dtypes[k], n, n);
-            float *pre = score(&s, ids, n, n), *dec = decode_logits(gm, &s, ids, n, p, dtypes[k], &kept);
-            size_t count = (size_t)n * s.model->cfg.vocab_size;
-            float d = max_diff(pre, dec, count), m = max_abs(pre, count);
-            printf("  p%d %s KV, decode vs prefill: max |diff| %.3g, ratio %.2e\n", p,
-                   fr_kv_dtype_name(dtypes[k]), d, d / m);
-            assert_true(d <= bound[k] * m);
+            fr_test_shared_open(gm->model, dtypes[k], n, n, &s);
+            float *pre = fr_test_logits(&s, ids, n, n), *dec = decode_logits(gm, &s, ids, n, p, dtypes[k], &kept);
+            const size_t count = (size_t)n * s.model->cfg.vocab_size;
+            const char *kv = fr_kv_dtype_name(dtypes[k]);
+            float d = fr_test_within(pre, dec, count, bound[k], "p%d %s KV, decode vs prefill", p, kv);
             if (dtypes[k] == FR_KV_BF16) assert_true(d > 0.0f);   /* really reads the BF16 cache */
             if (n > chunk) {
-                float *chunked = score(&s, ids, n, chunk);
-                float dc = max_diff(pre, chunked, count);
-                printf("  p%d %s KV, prefill in chunks of %d vs one: max |diff| %.3g, ratio %.2e\n", p,
-                       fr_kv_dtype_name(dtypes[k]), chunk, dc, dc / m);
-                assert_true(dc <= bound[k] * m);
+                float *chunked = fr_test_logits(&s, ids, n, chunk);
+                float dc = fr_test_within(pre, chunked, count, bound[k], "p%d %s KV, prefill in chunks of %d vs one",
+                                          p, kv, chunk);
                 if (dtypes[k] == FR_KV_BF16) assert_true(dc > 0.0f);
                 free(chunked);
             }
             free(pre); free(ids);
             if (!kept) free(dec);
-            close_session(&s);
+            fr_test_shared_close(&s);
         }
     fr_st_file_close(&g);
 }
@@ -277,24 +164,23 @@ static void test_decode_matches_prefill(void **state)
  * and stays close to BF16: mean KL over BF16's top-128 tokens. */
 static void test_nvfp4_decode_close(void **state)
 {
-    if (!have(state)) skip();
     golden_model *gm = *state;
     if (!gm->fp4_cache) skip();
-    fr_st_file *g;
-    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
+    fr_st_file *g = fr_test_golden_open(gm->name, &gm->model);
+    if (!g) skip();
     const int prompts[] = {3, 6};
     double kl_sum = 0.0;
     long positions = 0, agree = 0;
     for (int i = 0; i < 2; i++) {
         int n, p = prompts[i], kept;
-        int *ids = golden_ids(g, p, &n);
+        int *ids = fr_test_golden_ints(g, p, "ids", &n);
         fr_session a, b;
-        open_session(gm, &a, FR_KV_BF16, n, n);
-        open_session(gm, &b, FR_KV_NVFP4, n, n);
-        float *ref = decode_logits(gm, &a, ids, n, p, FR_KV_BF16, &kept), *fp4 = score(&b, ids, n, 0);
+        fr_test_shared_open(gm->model, FR_KV_BF16, n, n, &a);
+        fr_test_shared_open(gm->model, FR_KV_NVFP4, n, n, &b);
+        float *ref = decode_logits(gm, &a, ids, n, p, FR_KV_BF16, &kept), *fp4 = fr_test_logits(&b, ids, n, 0);
         int V = a.model->cfg.vocab_size;
         /* Past the first page, attention reads FP4 pages: logits must move. */
-        assert_true(max_diff(ref + (size_t)200 * V, fp4 + (size_t)200 * V, (size_t)(n - 200) * V) > 1e-3f);
+        assert_true(fr_test_max_diff(ref + (size_t)200 * V, fp4 + (size_t)200 * V, (size_t)(n - 200) * V) > 1e-3f);
         for (int t = 0; t < n; t++) {
             fr_kl_result r;
             assert_int_equal(fr_kl_topk(ref + (size_t)t * V, fp4 + (size_t)t * V, V, FR_KL_TOP_K, -1, &r), FR_OK);
@@ -304,8 +190,8 @@ static void test_nvfp4_decode_close(void **state)
         }
         if (!kept) free(ref);
         free(fp4); free(ids);
-        close_session(&a);
-        close_session(&b);
+        fr_test_shared_close(&a);
+        fr_test_shared_close(&b);
     }
     double mean = kl_sum / positions;
     printf("  nvfp4 (full recipe, no calibration) vs bf16 decode path: mean KL %.3f e-3 nats, "
@@ -320,27 +206,26 @@ static void test_nvfp4_decode_close(void **state)
  * prompt (no calibration; the README's table has the full figures). */
 static void test_latent_dtypes_decode(void **state)
 {
-    if (!have(state)) skip();
     golden_model *gm = *state;
-    fr_st_file *g;
-    assert_int_equal(fr_st_file_open(golden_path, &g), FR_OK);
+    fr_st_file *g = fr_test_golden_open(gm->name, &gm->model);
+    if (!g) skip();
     int n, kept;
-    int *ids = golden_ids(g, 3, &n);
+    int *ids = fr_test_golden_ints(g, 3, "ids", &n);
     if (n > 300) n = 300;
     assert_true(n > 2 * FR_PAGE_TOKENS);
     const fr_kv_dtype dts[] = {FR_KV_FP8, FR_KV_NVFP4, FR_KV_MXFP4};
     const float bound[] = {0.002f, 0.002f, 0.005f};   /* nats; measured 0.39e-3, 0.29e-3, 0.86e-3 */
     fr_session a;
-    open_session(gm, &a, FR_KV_BF16, n, n);
+    fr_test_shared_open(gm->model, FR_KV_BF16, n, n, &a);
     float *ref = decode_logits(gm, &a, ids, n, 3, FR_KV_BF16, &kept);
     const int V = a.model->cfg.vocab_size;
     for (int k = 0; k < 3; k++) {
         fr_session b;
-        open_session(gm, &b, dts[k], n, n);
-        float *got = score(&b, ids, n, 0);
+        fr_test_shared_open(gm->model, dts[k], n, n, &b);
+        float *got = fr_test_logits(&b, ids, n, 0);
         /* the first page is read from the BF16 slots; then from the pages */
-        float early = max_diff(ref, got, (size_t)FR_PAGE_TOKENS * V);
-        float late = max_diff(ref + (size_t)(n - 20) * V, got + (size_t)(n - 20) * V, (size_t)20 * V);
+        float early = fr_test_max_diff(ref, got, (size_t)FR_PAGE_TOKENS * V);
+        float late = fr_test_max_diff(ref + (size_t)(n - 20) * V, got + (size_t)(n - 20) * V, (size_t)20 * V);
         double kl = 0.0;
         long agree = 0;
         for (int t = 0; t < n; t++) {
@@ -356,26 +241,21 @@ static void test_latent_dtypes_decode(void **state)
         assert_true(kl > 0.0 && kl < bound[k]);
         if (dts[k] != FR_KV_FP8) assert_true(early < late);   /* FP4: BF16 sink and recent tokens */
         free(got);
-        close_session(&b);
+        fr_test_shared_close(&b);
     }
     if (!kept) free(ref);
     free(ids);
-    close_session(&a);
+    fr_test_shared_close(&a);
     fr_st_file_close(&g);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tq6),
-        cmocka_unit_test_prestate(test_decode_matches_prefill, &tq6),
-        cmocka_unit_test_prestate(test_nvfp4_decode_close, &tq6),
-        cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tqm),
-        cmocka_unit_test_prestate(test_decode_matches_prefill, &tqm),
-        cmocka_unit_test_prestate(test_nvfp4_decode_close, &tqm),
-        cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tqa),
-        cmocka_unit_test_prestate(test_decode_matches_prefill, &tqa),
-        cmocka_unit_test_prestate(test_latent_dtypes_decode, &tqa),
-    };
-    return cmocka_run_group_tests(tests, NULL, free_models);
-}
+FR_TEST_MAIN(NULL, free_models,
+             cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tq6),
+             cmocka_unit_test_prestate(test_decode_matches_prefill, &tq6),
+             cmocka_unit_test_prestate(test_nvfp4_decode_close, &tq6),
+             cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tqm),
+             cmocka_unit_test_prestate(test_decode_matches_prefill, &tqm),
+             cmocka_unit_test_prestate(test_nvfp4_decode_close, &tqm),
+             cmocka_unit_test_prestate(test_prefill_and_greedy_match_golden, &tqa),
+             cmocka_unit_test_prestate(test_decode_matches_prefill, &tqa),
+             cmocka_unit_test_prestate(test_latent_dtypes_decode, &tqa))

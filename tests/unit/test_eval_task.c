@@ -14,6 +14,7 @@
 
 #include "rollout/monitor/eval_task.h"
 #include "rollout/monitor/task_stats.h"
+#include "test_util.h"
 
 static void test_wilson(void **state)
 {
@@ -174,11 +175,5 @@ static void test_match(void **state)
     assert_false(fr_task_match("x1,y2", 5, "x1, y2"));
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_wilson), cmocka_unit_test(test_mcnemar), cmocka_unit_test(test_cells),
-        cmocka_unit_test(test_task_file), cmocka_unit_test(test_match),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL, cmocka_unit_test(test_wilson), cmocka_unit_test(test_mcnemar), cmocka_unit_test(test_cells),
+             cmocka_unit_test(test_task_file), cmocka_unit_test(test_match))

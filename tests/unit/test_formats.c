@@ -315,21 +315,16 @@ static void test_floor_log2(void **state)
     assert_int_equal(fr_floor_log2(0.75f), -1);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_e2m1_all_codes),
-        cmocka_unit_test(test_e2m1_ties_and_neighbours),
-        cmocka_unit_test(test_e2m1_saturation_and_nan),
-        cmocka_unit_test(test_e2m1_random_against_model),
-        cmocka_unit_test(test_e4m3_all_codes),
-        cmocka_unit_test(test_e4m3_every_tie),
-        cmocka_unit_test(test_e4m3_random_against_model),
-        cmocka_unit_test(test_e4m3_saturation_underflow_nan),
-        cmocka_unit_test(test_e8m0),
-        cmocka_unit_test(test_bf16_hand_cases),
-        cmocka_unit_test(test_bf16_random_against_rint),
-        cmocka_unit_test(test_floor_log2),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_e2m1_all_codes),
+             cmocka_unit_test(test_e2m1_ties_and_neighbours),
+             cmocka_unit_test(test_e2m1_saturation_and_nan),
+             cmocka_unit_test(test_e2m1_random_against_model),
+             cmocka_unit_test(test_e4m3_all_codes),
+             cmocka_unit_test(test_e4m3_every_tie),
+             cmocka_unit_test(test_e4m3_random_against_model),
+             cmocka_unit_test(test_e4m3_saturation_underflow_nan),
+             cmocka_unit_test(test_e8m0),
+             cmocka_unit_test(test_bf16_hand_cases),
+             cmocka_unit_test(test_bf16_random_against_rint),
+             cmocka_unit_test(test_floor_log2))

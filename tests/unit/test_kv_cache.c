@@ -1251,27 +1251,22 @@ static void test_bookkeeping_only(void **state)
     fr_kv_cache_destroy(&c);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_page_layout_sizes),
-        cmocka_unit_test(test_bookkeeping_only),
-        cmocka_unit_test(test_promotion_fp4),
-        cmocka_unit_test(test_promotion_fp8_bf16),
-        cmocka_unit_test(test_search_changes_bytes),
-        cmocka_unit_test(test_gather_regions),
-        cmocka_unit_test(test_gather_edges),
-        cmocka_unit_test(test_gather_step_is_float32),
-        cmocka_unit_test(test_fork_shares_pages),
-        cmocka_unit_test(test_destroy_with_live_sequences),
-        cmocka_unit_test(test_reserve_exhaustion),
-        cmocka_unit_test(test_bad_arguments),
-        cmocka_unit_test(test_new_rejects),
-        cmocka_unit_test(test_config_is_copied),
-        cmocka_unit_test(test_set_key_mean),
-        cmocka_unit_test(test_matches_reference_exact_inputs),
-        cmocka_unit_test(test_matches_reference_bf16_inputs),
-        cmocka_unit_test(test_matches_reference_on_store_form),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_page_layout_sizes),
+             cmocka_unit_test(test_bookkeeping_only),
+             cmocka_unit_test(test_promotion_fp4),
+             cmocka_unit_test(test_promotion_fp8_bf16),
+             cmocka_unit_test(test_search_changes_bytes),
+             cmocka_unit_test(test_gather_regions),
+             cmocka_unit_test(test_gather_edges),
+             cmocka_unit_test(test_gather_step_is_float32),
+             cmocka_unit_test(test_fork_shares_pages),
+             cmocka_unit_test(test_destroy_with_live_sequences),
+             cmocka_unit_test(test_reserve_exhaustion),
+             cmocka_unit_test(test_bad_arguments),
+             cmocka_unit_test(test_new_rejects),
+             cmocka_unit_test(test_config_is_copied),
+             cmocka_unit_test(test_set_key_mean),
+             cmocka_unit_test(test_matches_reference_exact_inputs),
+             cmocka_unit_test(test_matches_reference_bf16_inputs),
+             cmocka_unit_test(test_matches_reference_on_store_form))

@@ -531,18 +531,13 @@ static void test_attend_store_form(void **state)
     free(ac); free(store); free(scores);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_layout),
-        cmocka_unit_test(test_nvfp4_round_trip),
-        cmocka_unit_test(test_mxfp4_round_trip),
-        cmocka_unit_test(test_nvfp4_no_search_round_trip),
-        cmocka_unit_test(test_vanilla_on_the_fly),
-        cmocka_unit_test(test_plain_dtypes),
-        cmocka_unit_test(test_fork),
-        cmocka_unit_test(test_config_errors),
-        cmocka_unit_test(test_attend_store_form),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_layout),
+             cmocka_unit_test(test_nvfp4_round_trip),
+             cmocka_unit_test(test_mxfp4_round_trip),
+             cmocka_unit_test(test_nvfp4_no_search_round_trip),
+             cmocka_unit_test(test_vanilla_on_the_fly),
+             cmocka_unit_test(test_plain_dtypes),
+             cmocka_unit_test(test_fork),
+             cmocka_unit_test(test_config_errors),
+             cmocka_unit_test(test_attend_store_form))

@@ -107,6 +107,15 @@ static char *get(int port, const char *path)
     return buf;
 }
 
+/* GET path: fails unless the reply has the content type and holds body. */
+static void expect_page(int port, const char *path, const char *type, const char *body)
+{
+    char *r = get(port, path);
+    has(r, type);
+    has(r, body);
+    free(r);
+}
+
 static void test_http(void **state)
 {
     (void)state;
@@ -128,10 +137,7 @@ static void test_http(void **state)
     free(r);
     s.stats.tokens_generated = 5000;
     fr_metrics_http_publish(h, &s);
-    r = get(port, "/metrics.json");
-    has(r, "application/json");
-    has(r, "\"tokens_generated_total\":5000");
-    free(r);
+    expect_page(port, "/metrics.json", "application/json", "\"tokens_generated_total\":5000");
     r = get(port, "/dashboard");
     has(r, "text/html");
     has(r, "fetch('/history.json')");
@@ -144,14 +150,8 @@ static void test_http(void **state)
     assert_true(js > 10000 && fr_metrics_uplot_js[js] == 0 && strlen(fr_metrics_uplot_js) == js);
     assert_memory_equal(r + strlen(r) - js, fr_metrics_uplot_js, js);
     free(r);
-    r = get(port, "/uplot.css");
-    has(r, "text/css");
-    has(r, ".uplot");
-    free(r);
-    r = get(port, "/history.json");
-    has(r, "application/json");
-    has(r, "\"versions\":{\"version\":[3,4]");
-    free(r);
+    expect_page(port, "/uplot.css", "text/css", ".uplot");
+    expect_page(port, "/history.json", "application/json", "\"versions\":{\"version\":[3,4]");
     r = get(port, "/nope");
     has(r, "404");
     free(r);

@@ -827,27 +827,22 @@ static void test_pquant_underflow(void **state)
     assert_true(out32[0] == cp32[0]);    /* 4 * 2^-19 */
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_format_basics),
-        cmocka_unit_test(test_nvfp4_hand_blocks),
-        cmocka_unit_test(test_nvfp4_zero_and_underflow),
-        cmocka_unit_test(test_nvfp4_random_blocks),
-        cmocka_unit_test(test_mxfp4_hand_blocks),
-        cmocka_unit_test(test_mxfp4_random_blocks),
-        cmocka_unit_test(test_nan_inf_blocks),
-        cmocka_unit_test(test_pack_unpack),
-        cmocka_unit_test(test_rows),
-        cmocka_unit_test(test_dual_terms),
-        cmocka_unit_test(test_dual_residual_query_share),
-        cmocka_unit_test(test_hadamard_involution),
-        cmocka_unit_test(test_hadamard_orthonormal),
-        cmocka_unit_test(test_hadamard_inner_products),
-        cmocka_unit_test(test_hadamard_rejects),
-        cmocka_unit_test(test_pquant_params_and_kappa),
-        cmocka_unit_test(test_pquant_underflow),
-        cmocka_unit_test(test_code_words),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_format_basics),
+             cmocka_unit_test(test_nvfp4_hand_blocks),
+             cmocka_unit_test(test_nvfp4_zero_and_underflow),
+             cmocka_unit_test(test_nvfp4_random_blocks),
+             cmocka_unit_test(test_mxfp4_hand_blocks),
+             cmocka_unit_test(test_mxfp4_random_blocks),
+             cmocka_unit_test(test_nan_inf_blocks),
+             cmocka_unit_test(test_pack_unpack),
+             cmocka_unit_test(test_rows),
+             cmocka_unit_test(test_dual_terms),
+             cmocka_unit_test(test_dual_residual_query_share),
+             cmocka_unit_test(test_hadamard_involution),
+             cmocka_unit_test(test_hadamard_orthonormal),
+             cmocka_unit_test(test_hadamard_inner_products),
+             cmocka_unit_test(test_hadamard_rejects),
+             cmocka_unit_test(test_pquant_params_and_kappa),
+             cmocka_unit_test(test_pquant_underflow),
+             cmocka_unit_test(test_code_words))

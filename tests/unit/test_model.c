@@ -17,12 +17,7 @@
 #include "rollout/engine/weight_update.h"
 #include "rollout/model/model.h"
 #include "tests/unit/test_util.h"
-
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(fr_last_error(), needle))
-        fail_msg("error message \"%s\" lacks \"%s\"", fr_last_error(), needle);
-}
+#include "test_util.h"
 
 static void expect_load_fails(const char *spec, fr_status want, const char *needle1, const char *needle2)
 {
@@ -32,8 +27,8 @@ static void expect_load_fails(const char *spec, fr_status want, const char *need
         fail_msg("spec \"%s\": status %s, want %s (message: %s)", spec, fr_status_name(rc), fr_status_name(want),
                  fr_last_error());
     assert_null(m);
-    if (needle1) assert_msg_has(needle1);
-    if (needle2) assert_msg_has(needle2);
+    if (needle1) fr_test_error_has(needle1);
+    if (needle2) fr_test_error_has(needle2);
 }
 
 /* FNV-1a over the bytes of the weight block. */
@@ -193,14 +188,14 @@ static void test_bad_specs(void **state)
     fr_synthetic_tiny_config(&c);
     c.head_dim = 3;
     assert_int_equal(fr_model_alloc(&c, "odd", &m), FR_EUNSUPPORTED);
-    assert_msg_has("head_dim 3");
+    fr_test_error_has("head_dim 3");
     c.head_dim = 64;
     c.num_kv_heads = 3;
     assert_int_equal(fr_model_alloc(&c, "gqa", &m), FR_EINVAL);
     c.num_kv_heads = 2;
     c.hidden_size = 0;
     assert_int_equal(fr_model_alloc(&c, "zero", &m), FR_EINVAL);
-    assert_msg_has("hidden 0");
+    fr_test_error_has("hidden 0");
     c.hidden_size = 1 << 30;
     c.vocab_size = 1 << 30;
     c.intermediate_size = 1 << 30;
@@ -588,16 +583,11 @@ static void test_moe_folder(void **state)
     tiny_moe = 0;
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_synthetic_config),
-        cmocka_unit_test(test_synthetic_deterministic),
-        cmocka_unit_test(test_bad_specs),
-        cmocka_unit_test(test_folder_loads),
-        cmocka_unit_test(test_folder_defects),
-        cmocka_unit_test(test_moe_folder),
-        cmocka_unit_test(test_tq6),
-    };
-    return cmocka_run_group_tests(tests, make_dir, remove_dir);
-}
+FR_TEST_MAIN(make_dir, remove_dir,
+             cmocka_unit_test(test_synthetic_config),
+             cmocka_unit_test(test_synthetic_deterministic),
+             cmocka_unit_test(test_bad_specs),
+             cmocka_unit_test(test_folder_loads),
+             cmocka_unit_test(test_folder_defects),
+             cmocka_unit_test(test_moe_folder),
+             cmocka_unit_test(test_tq6))

@@ -14,6 +14,7 @@
 #include "rollout/model/model.h"
 #include "rollout/model/model_config.h"
 #include "tests/unit/test_util.h"
+#include "test_util.h"
 
 #define LABEL "cfg/config.json"
 
@@ -64,12 +65,6 @@ static const char *DSV2_LITE =
     "\"routed_scaling_factor\":1.0,\"scoring_func\":\"softmax\",\"seq_aux\":true,\"topk_group\":1,"
     "\"topk_method\":\"greedy\",\"v_head_dim\":128,\"vocab_size\":102400}";
 
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(fr_last_error(), needle))
-        fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
-}
-
 static fr_status parse_text(const char *text, fr_model_config *cfg)
 {
     return fr_model_config_parse(text, strlen(text), LABEL, cfg);
@@ -103,8 +98,8 @@ static void expect_edit_fails(const char *key, const char *value, fr_status want
     if (rc != want)
         fail_msg("%s = %s: got status %d (%s), want %d", key, value ? value : "(deleted)", rc,
                  fr_last_error(), want);
-    assert_msg_has(LABEL);
-    assert_msg_has(needle);
+    fr_test_error_has(LABEL);
+    fr_test_error_has(needle);
     assert_int_equal(cfg.hidden_size, 0); /* nothing half-filled */
 }
 
@@ -213,7 +208,7 @@ static void test_missing_keys(void **state)
                               "max_position_embeddings", "rms_norm_eps"};
     for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
         expect_edit_fails(required[i], NULL, FR_EFORMAT, required[i]);
-        assert_msg_has("missing");
+        fr_test_error_has("missing");
     }
 }
 
@@ -286,9 +281,9 @@ static void test_moe_and_mla(void **state)
     assert_true(c.norm_topk_prob && fr_model_layer_is_moe(&c, 0) && fr_model_layer_is_moe(&c, 3));
     assert_int_equal(parse_edit(tqm, "num_experts", "16", &c), FR_OK);
     assert_int_equal(parse_edit(tqm, "num_experts", "8", &c), FR_EFORMAT);
-    assert_msg_has("disagree");
+    fr_test_error_has("disagree");
     assert_int_equal(parse_edit(tqm, "num_experts_per_tok", "17", &c), FR_EFORMAT);
-    assert_msg_has("num_experts_per_tok");
+    fr_test_error_has("num_experts_per_tok");
     assert_int_equal(parse_edit(tqm, "mlp_only_layers", "[1, 3]", &c), FR_OK);
     assert_true(fr_model_layer_is_moe(&c, 0) && !fr_model_layer_is_moe(&c, 1) && !fr_model_layer_is_moe(&c, 3));
     assert_int_equal(parse_edit(tqm, "decoder_sparse_step", "2", &c), FR_OK);
@@ -308,7 +303,7 @@ static void test_moe_and_mla(void **state)
     assert_int_equal(c.num_experts, 4);
     assert_true(!fr_model_layer_is_moe(&c, 0) && fr_model_layer_is_moe(&c, 1) && fr_model_layer_is_moe(&c, 3));
     assert_int_equal(parse_edit(tqa, "kv_lora_rank", NULL, &c), FR_EFORMAT);
-    assert_msg_has("kv_lora_rank");
+    fr_test_error_has("kv_lora_rank");
     free(tqm);
     free(tqa);
 }
@@ -345,29 +340,29 @@ static void test_deepseek_moe(void **state)
     assert_int_equal(parse_edit(DSV3, "first_k_dense_replace", NULL, &c), FR_OK);
     assert_true(!fr_model_layer_is_moe(&c, 2) && fr_model_layer_is_moe(&c, 3));
     assert_int_equal(parse_edit(DSV3, "n_group", "1", &c), FR_EFORMAT);   /* topk_group 4 of 1 group */
-    assert_msg_has("topk_group");
+    fr_test_error_has("topk_group");
     assert_int_equal(parse_edit(DSV3, "topk_group", "1", &c), FR_OK);
     assert_int_equal(parse_edit(DSV3, "n_shared_experts", "0", &c), FR_OK);
     assert_int_equal(fr_model_shared_inter(&c), 0);
     /* what transformers' DeepseekV3 would not compute as the config says */
     assert_int_equal(parse_edit(DSV3, "scoring_func", "\"softmax\"", &c), FR_EUNSUPPORTED);
-    assert_msg_has("scoring_func");
+    fr_test_error_has("scoring_func");
     assert_int_equal(parse_edit(DSV3, "topk_method", "\"group_limited_greedy\"", &c), FR_EUNSUPPORTED);
-    assert_msg_has("topk_method");
+    fr_test_error_has("topk_method");
     assert_int_equal(parse_edit(DSV3, "topk_method", "\"aux_free\"", &c), FR_EUNSUPPORTED);
-    assert_msg_has("aux_free");
+    fr_test_error_has("aux_free");
     assert_int_equal(parse_edit(DSV3, "moe_layer_freq", "2", &c), FR_EUNSUPPORTED);
-    assert_msg_has("moe_layer_freq");
+    fr_test_error_has("moe_layer_freq");
     assert_int_equal(parse_edit(DSV3, "n_group", "3", &c), FR_EFORMAT);   /* does not divide 256 */
-    assert_msg_has("n_group");
+    fr_test_error_has("n_group");
     assert_int_equal(parse_edit(DSV3, "n_group", "256", &c), FR_EFORMAT);  /* groups of one */
-    assert_msg_has("two best");
+    fr_test_error_has("two best");
     assert_int_equal(parse_edit(DSV3, "num_experts_per_tok", "129", &c), FR_EFORMAT);
-    assert_msg_has("num_experts_per_tok");
+    fr_test_error_has("num_experts_per_tok");
     assert_int_equal(parse_edit(DSV3, "routed_scaling_factor", "0", &c), FR_EFORMAT);
-    assert_msg_has("routed_scaling_factor");
+    fr_test_error_has("routed_scaling_factor");
     assert_int_equal(parse_edit(DSV3, "n_routed_experts", NULL, &c), FR_EFORMAT);
-    assert_msg_has("n_routed_experts");
+    fr_test_error_has("n_routed_experts");
     assert_int_equal(parse_edit(DSV3, "mlp_bias", "true", &c), FR_EUNSUPPORTED);
 
     if (parse_text(DSV2_LITE, &c)) fail_msg("%s", fr_last_error());
@@ -400,14 +395,14 @@ static void test_deepseek_moe(void **state)
     assert_int_equal(c.topk_method, FR_MOE_GROUP_LIMITED);
     assert_true(c.n_group == 8 && c.topk_group == 3);
     assert_int_equal(parse_edit(v2, "n_group", NULL, &c), FR_EFORMAT);
-    assert_msg_has("n_group");
+    fr_test_error_has("n_group");
     cJSON_free(v2);
     assert_int_equal(parse_edit(DSV2_LITE, "topk_method", "\"noaux_tc\"", &c), FR_EUNSUPPORTED);
-    assert_msg_has("topk_method");
+    fr_test_error_has("topk_method");
     assert_int_equal(parse_edit(DSV2_LITE, "scoring_func", "\"sigmoid\"", &c), FR_EUNSUPPORTED);
-    assert_msg_has("scoring_func");
+    fr_test_error_has("scoring_func");
     assert_int_equal(parse_edit(DSV2_LITE, "norm_topk_prob", "true", &c), FR_EUNSUPPORTED);
-    assert_msg_has("norm_topk_prob");
+    fr_test_error_has("norm_topk_prob");
     /* V2's defaults: greedy softmax, two shared experts, scale 1 */
     assert_int_equal(parse_edit(DSV2_LITE, "topk_method", NULL, &c), FR_OK);
     assert_int_equal(c.topk_method, FR_MOE_GREEDY);
@@ -422,7 +417,7 @@ static void test_malformed(void **state)
     const char *bad[] = {"", "{", "[1]", "{\"a\":1} trailing", "null", "{\"hidden_size\":}"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(parse_text(bad[i], &c), FR_EFORMAT);
-        assert_msg_has(LABEL);
+        fr_test_error_has(LABEL);
     }
     /* The length bounds the input: a valid document cut short is malformed. */
     assert_int_equal(fr_model_config_parse(TQ6, strlen(TQ6) - 1, LABEL, &c), FR_EFORMAT);
@@ -435,7 +430,7 @@ static void test_load(void **state)
     (void)state;
     fr_model_config c;
     assert_int_equal(fr_model_config_load("/nonexistent/dir/config.json", &c), FR_EIO);
-    assert_msg_has("/nonexistent/dir/config.json");
+    fr_test_error_has("/nonexistent/dir/config.json");
     assert_int_equal(fr_model_config_load("/", &c), FR_EIO);
     assert_int_equal(fr_model_config_load(NULL, &c), FR_EINVAL);
 
@@ -449,15 +444,16 @@ static void test_load(void **state)
     assert_true(c.rope_theta == 1e6);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tq6_spelling),   cmocka_unit_test(test_official_spelling),
-        cmocka_unit_test(test_rope_variants),  cmocka_unit_test(test_eos_forms),
-        cmocka_unit_test(test_defaults),       cmocka_unit_test(test_missing_keys),
-        cmocka_unit_test(test_wrong_values),   cmocka_unit_test(test_unsupported_models),
-        cmocka_unit_test(test_malformed),      cmocka_unit_test(test_load),
-        cmocka_unit_test(test_moe_and_mla),    cmocka_unit_test(test_deepseek_moe),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_tq6_spelling),
+             cmocka_unit_test(test_official_spelling),
+             cmocka_unit_test(test_rope_variants),
+             cmocka_unit_test(test_eos_forms),
+             cmocka_unit_test(test_defaults),
+             cmocka_unit_test(test_missing_keys),
+             cmocka_unit_test(test_wrong_values),
+             cmocka_unit_test(test_unsupported_models),
+             cmocka_unit_test(test_malformed),
+             cmocka_unit_test(test_load),
+             cmocka_unit_test(test_moe_and_mla),
+             cmocka_unit_test(test_deepseek_moe))

@@ -13,6 +13,7 @@
 #include "rollout/model/moe_cpu.h"
 #include "rollout/model/ops_cpu.h"
 #include "tests/unit/test_util.h"
+#include "test_util.h"
 
 static float *randn(fr_test_rng *r, size_t n, float scale)
 {
@@ -330,21 +331,16 @@ static void test_moe_route(void **state)
     assert_int_equal(seen, 31);   /* k = E picks every expert once */
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rmsnorm),
-        cmocka_unit_test(test_rmsnorm_eps_and_zero),
-        cmocka_unit_test(test_rope_reference),
-        cmocka_unit_test(test_rope_small_positions_match_exact_math),
-        cmocka_unit_test(test_rope_position_zero_is_identity),
-        cmocka_unit_test(test_rope_preserves_pair_norms),
-        cmocka_unit_test(test_rope_cos_sin_is_what_rope_uses),
-        cmocka_unit_test(test_swiglu),
-        cmocka_unit_test(test_matmul),
-        cmocka_unit_test(test_matmul_degenerate),
-        cmocka_unit_test(test_embed),
-        cmocka_unit_test(test_moe_route),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_rmsnorm),
+             cmocka_unit_test(test_rmsnorm_eps_and_zero),
+             cmocka_unit_test(test_rope_reference),
+             cmocka_unit_test(test_rope_small_positions_match_exact_math),
+             cmocka_unit_test(test_rope_position_zero_is_identity),
+             cmocka_unit_test(test_rope_preserves_pair_norms),
+             cmocka_unit_test(test_rope_cos_sin_is_what_rope_uses),
+             cmocka_unit_test(test_swiglu),
+             cmocka_unit_test(test_matmul),
+             cmocka_unit_test(test_matmul_degenerate),
+             cmocka_unit_test(test_embed),
+             cmocka_unit_test(test_moe_route))

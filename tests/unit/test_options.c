@@ -25,6 +25,7 @@
 #include "app/serve_flags.h"
 #include "app/serve_keys.h"
 #include "base/log.h"
+#include "test_util.h"
 
 #define KEY40 "0123456789abcdefghijklmnopqrstuvwxyzABCD"
 
@@ -510,16 +511,11 @@ static void test_documented(void **state)
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rows),
-        cmocka_unit_test(test_getopt_tables),
-        cmocka_unit_test(test_help),
-        cmocka_unit_test(test_config_keys),
-        cmocka_unit_test(test_defaults_and_writer),
-        cmocka_unit_test(test_serve_flags),
-        cmocka_unit_test(test_documented),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_rows),
+             cmocka_unit_test(test_getopt_tables),
+             cmocka_unit_test(test_help),
+             cmocka_unit_test(test_config_keys),
+             cmocka_unit_test(test_defaults_and_writer),
+             cmocka_unit_test(test_serve_flags),
+             cmocka_unit_test(test_documented))

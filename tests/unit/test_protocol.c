@@ -2,7 +2,8 @@
  * message type encoded and decoded back field by field, and every way a
  * frame can be refused (not msgpack, not a map, type and version, missing,
  * unknown, repeated and mistyped keys, values out of range), each with a
- * message naming the problem. */
+ * message naming the problem; and the reading of a socket monitor's events
+ * (wire.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,59 +15,46 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zmq.h>
 
 #include "trainer_bridge/protocol/protocol.h"
-
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(fr_last_error(), needle))
-        fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
-}
-
-/* Encodes m, decodes the bytes into *out (caller frees). */
-static void round_trip(const fr_msg *m, fr_msg *out)
-{
-    char *data = NULL;
-    size_t len = 0;
-    if (fr_msg_encode(m, &data, &len)) fail_msg("encode %s: %s", fr_msg_type_name(m->type), fr_last_error());
-    if (fr_msg_decode(data, len, out)) fail_msg("decode %s: %s", fr_msg_type_name(m->type), fr_last_error());
-    free(data);
-    assert_int_equal(out->type, m->type);
-}
+#include "protocol_samples.h"
+#include "test_util.h"
+#include "trainer_bridge/protocol/wire.h"
 
 static void test_hello_and_empty_messages(void **state)
 {
     (void)state;
     fr_msg m, d;
     fr_msg_init(&m, FR_MSG_HELLO);
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_string_equal(d.u.hello.client, "");
     fr_msg_free(&d);
     snprintf(m.u.hello.client, sizeof m.u.hello.client, "trainer-7");
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_string_equal(d.u.hello.client, "trainer-7");
     fr_msg_free(&d);
     fr_msg_type empty[] = {FR_MSG_RESUME, FR_MSG_STATS};
     for (int i = 0; i < 2; i++) {
         fr_msg_init(&m, empty[i]);
-        round_trip(&m, &d);
+        fr_test_round_trip(&m, &d, NULL);
         fr_msg_free(&d);
     }
     fr_msg_init(&m, FR_MSG_PAUSE);
     m.u.pause.mode = FR_PAUSE_WAIT;
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_int_equal(d.u.pause.mode, FR_PAUSE_WAIT);
     m.u.pause.mode = FR_PAUSE_ABORT;
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_int_equal(d.u.pause.mode, FR_PAUSE_ABORT);
     fr_msg_init(&m, FR_MSG_RESUME_REPLY);
     m.u.resume_reply.released = 3;
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_int_equal(d.u.resume_reply.released, 3);
     fr_msg_init(&m, FR_MSG_PAUSE_REPLY);
     m.u.pause_reply.mode = FR_PAUSE_WAIT;
     m.u.pause_reply.aborted = 5;
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_int_equal(d.u.pause_reply.mode, FR_PAUSE_WAIT);
     assert_int_equal(d.u.pause_reply.aborted, 5);
 }
@@ -102,7 +90,7 @@ static void test_generate_full_and_minimal(void **state)
     g->logprobs = 20;
     g->prompt_logprobs = 1;
     g->monitor_divergence = 1;
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     const fr_msg_generate *h = &d.u.generate;
     assert_true(h->request_id == UINT64_MAX);
     assert_int_equal(h->n_prompt, 4);
@@ -131,7 +119,7 @@ static void test_generate_full_and_minimal(void **state)
     g->has_stop_token_ids = 1;
     g->n_stop_token_ids = 0;
     g->stop_token_ids = NULL;
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     h = &d.u.generate;
     assert_int_equal(h->n, 1);
     assert_false(h->has_group_id || h->has_temperature || h->has_top_k || h->has_top_p || h->has_max_tokens ||
@@ -150,14 +138,14 @@ static void test_abort(void **state)
     fr_msg_init(&m, FR_MSG_ABORT);
     m.u.abort.request_ids = ids;
     m.u.abort.n_request_ids = 3;
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_int_equal(d.u.abort.all, 0);
     assert_int_equal(d.u.abort.n_request_ids, 3);
     assert_memory_equal(d.u.abort.request_ids, ids, sizeof ids);
     fr_msg_free(&d);
     fr_msg_init(&m, FR_MSG_ABORT);
     m.u.abort.all = 1;
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_int_equal(d.u.abort.all, 1);
     assert_int_equal(d.u.abort.n_request_ids, 0);
     fr_msg_free(&d);
@@ -165,7 +153,7 @@ static void test_abort(void **state)
     m.u.abort_reply.samples = 8;
     m.u.abort_reply.not_found = ids;
     m.u.abort_reply.n_not_found = 2;
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_int_equal(d.u.abort_reply.samples, 8);
     assert_int_equal(d.u.abort_reply.n_not_found, 2);
     assert_true(d.u.abort_reply.not_found[1] == 99);
@@ -176,52 +164,26 @@ static void test_hello_reply(void **state)
 {
     (void)state;
     fr_msg m, d;
-    fr_msg_init(&m, FR_MSG_HELLO_REPLY);
-    fr_msg_hello_reply *h = &m.u.hello_reply;
-    snprintf(h->server, sizeof h->server, "fp4rollout");
-    snprintf(h->model, sizeof h->model, "synthetic:tiny");
-    snprintf(h->backend, sizeof h->backend, "cpu");
-    snprintf(h->kv_dtype, sizeof h->kv_dtype, "nvfp4");
-    h->tp = 2;
-    h->engines = 3;
-    h->weight_version = 17;
-    h->max_seqs = 64;
-    h->kv_blocks = 1024;
-    h->kv_block_tokens = 128;
-    h->max_model_len = 4096;
-    h->vocab_size = 272;
-    h->eos_token_ids[0] = 257;
-    h->eos_token_ids[1] = 258;
-    h->n_eos_token_ids = 2;
-    h->chunk = 512;
-    round_trip(&m, &d);
+    fr_sample_hello_reply(&m);
+    const fr_msg_hello_reply *h = &m.u.hello_reply;
+    fr_test_round_trip(&m, &d, NULL);
     assert_memory_equal(&d.u.hello_reply, h, sizeof *h);
 }
 
 static void test_tokens(void **state)
 {
     (void)state;
-    int toks[] = {5, 0, 271};
-    float lps[] = {-0.25f, -7.5f, 0.0f};
-    uint64_t wv[] = {3, 3, 4};
     fr_msg m, d;
-    fr_msg_init(&m, FR_MSG_TOKENS);
-    fr_msg_tokens *k = &m.u.tokens;
-    k->request_id = 42;
-    k->sample = 3;
-    k->start = 17;
-    k->n = 3;
-    k->token_ids = toks;
-    k->logprobs = lps;
-    k->weight_versions = wv;
-    round_trip(&m, &d);
-    assert_true(d.u.tokens.request_id == 42);
-    assert_int_equal(d.u.tokens.sample, 3);
-    assert_int_equal(d.u.tokens.start, 17);
-    assert_int_equal(d.u.tokens.n, 3);
-    assert_memory_equal(d.u.tokens.token_ids, toks, sizeof toks);
-    assert_memory_equal(d.u.tokens.logprobs, lps, sizeof lps);   /* float32 on the wire: exact */
-    assert_memory_equal(d.u.tokens.weight_versions, wv, sizeof wv);
+    fr_sample_tokens(&m);
+    const fr_msg_tokens *k = &m.u.tokens;
+    fr_test_round_trip(&m, &d, NULL);
+    assert_true(d.u.tokens.request_id == k->request_id);
+    assert_int_equal(d.u.tokens.sample, k->sample);
+    assert_int_equal(d.u.tokens.start, k->start);
+    assert_int_equal(d.u.tokens.n, k->n);
+    assert_memory_equal(d.u.tokens.token_ids, k->token_ids, sizeof(int) * 3);
+    assert_memory_equal(d.u.tokens.logprobs, k->logprobs, sizeof(float) * 3);   /* float32 on the wire: exact */
+    assert_memory_equal(d.u.tokens.weight_versions, k->weight_versions, sizeof(uint64_t) * 3);
     fr_msg_free(&d);
 }
 
@@ -265,7 +227,7 @@ static void test_done(void **state)
             x->divergence = (fr_msg_divergence){.has_values = 1, .kl_mean = 1e-3, .kl_max = 0.02,
                                                 .top1_agreement = 0.98, .logprob_diff_mean = -0.01, .positions = 40};
         }
-        round_trip(&m, &d);
+        fr_test_round_trip(&m, &d, NULL);
         const fr_msg_done *y = &d.u.done;
         assert_true(y->request_id == 9 && y->group_id == 2);
         assert_int_equal(y->sample, 1);
@@ -330,19 +292,19 @@ static void test_stats_reply_and_error(void **state)
     s->send_retries = 23;
     s->queued_messages = 24;
     s->undeliverable_messages = 25;
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_memory_equal(&d.u.stats_reply, s, sizeof *s);
 
     fr_msg_init(&m, FR_MSG_ERROR);
     snprintf(m.u.error.code, sizeof m.u.error.code, "invalid_request");
     snprintf(m.u.error.message, sizeof m.u.error.message, "generate: \"top_p\" must be in (0, 1]");
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_string_equal(d.u.error.code, "invalid_request");
     assert_string_equal(d.u.error.message, m.u.error.message);
     assert_int_equal(d.u.error.has_request_id, 0);
     m.u.error.has_request_id = 1;
     m.u.error.request_id = 77;
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_true(d.u.error.has_request_id && d.u.error.request_id == 77);
 }
 
@@ -355,20 +317,20 @@ static void test_encode_refuses_invalid(void **state)
     fr_msg_init(&m, FR_MSG_GENERATE);   /* no prompt */
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
     assert_null(data);
-    assert_msg_has("\"prompt\" must hold 1");
+    fr_test_error_has("\"prompt\" must hold 1");
     int p[] = {1};
     m.u.generate.prompt = p;
     m.u.generate.n_prompt = 1;
     m.u.generate.has_top_p = 1;
     m.u.generate.top_p = 0;
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
-    assert_msg_has("top_p");
+    fr_test_error_has("top_p");
     fr_msg_init(&m, FR_MSG_ABORT);
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
-    assert_msg_has("at least one id");
+    fr_test_error_has("at least one id");
     fr_msg_init(&m, FR_MSG_ERROR);
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
-    assert_msg_has("\"code\" is empty");
+    fr_test_error_has("\"code\" is empty");
     fr_msg_init(&m, FR_MSG_NONE);
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
     assert_int_equal(fr_msg_encode(NULL, &data, &len), FR_EINVAL);
@@ -448,7 +410,7 @@ static void expect_refused(const void *data, size_t len, fr_status want, const c
     fr_status st = fr_msg_decode(data, len, &d);
     if (st != want) fail_msg("expected status %d for \"%s\", got %d (%s)", (int)want, needle, (int)st, fr_last_error());
     assert_int_equal(d.type, FR_MSG_NONE);
-    assert_msg_has(needle);
+    fr_test_error_has(needle);
 }
 
 static void expect_fields_refused(const field *f, int n, fr_status want, const char *needle)
@@ -774,31 +736,70 @@ static void test_check_bounds(void **state)
     static const unsigned char arr16[] = {0x81, 0xa1, 'p', 0xdc, 0x01, 0x00};   /* declares 256 entries */
     assert_int_equal(fr_msg_check_bounds(arr16, sizeof arr16, 256), FR_OK);
     assert_int_equal(fr_msg_check_bounds(arr16, sizeof arr16, 255), FR_EFORMAT);
-    assert_msg_has("declares 256 entries");
+    fr_test_error_has("declares 256 entries");
     static const unsigned char fix[] = {0x81, 0xa1, 'p', 0x93, 1, 2, 3};
     assert_int_equal(fr_msg_check_bounds(fix, sizeof fix, 3), FR_OK);
     assert_int_equal(fr_msg_check_bounds(fix, sizeof fix, 2), FR_EFORMAT);
 }
 
-int main(void)
+/* fr_wire_monitor_event on a real monitor: nothing queued gives 0; a
+ * connection accepted and then closed by its peer gives ACCEPTED and then
+ * DISCONNECTED, both naming the same file descriptor. */
+static void test_monitor_events(void **state)
 {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hello_and_empty_messages),
-        cmocka_unit_test(test_generate_full_and_minimal),
-        cmocka_unit_test(test_abort),
-        cmocka_unit_test(test_hello_reply),
-        cmocka_unit_test(test_tokens),
-        cmocka_unit_test(test_done),
-        cmocka_unit_test(test_stats_reply_and_error),
-        cmocka_unit_test(test_encode_refuses_invalid),
-        cmocka_unit_test(test_frame_level_errors),
-        cmocka_unit_test(test_generate_errors),
-        cmocka_unit_test(test_other_client_message_errors),
-        cmocka_unit_test(test_server_message_errors),
-        cmocka_unit_test(test_peek_request_id),
-        cmocka_unit_test(test_truncated_frames),
-        cmocka_unit_test(test_utf8),
-        cmocka_unit_test(test_check_bounds),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    (void)state;
+    void *ctx = zmq_ctx_new(), *router = zmq_socket(ctx, ZMQ_ROUTER), *mon = zmq_socket(ctx, ZMQ_PAIR);
+    assert_int_equal(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
+    assert_int_equal(zmq_socket_monitor(router, "inproc://test-monitor", ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED), 0);
+    assert_int_equal(zmq_connect(mon, "inproc://test-monitor"), 0);
+    uint16_t event = 1;
+    int32_t fd = 0, accepted_fd = -1;
+    assert_int_equal(fr_wire_monitor_event(mon, &event, &fd), 0);
+    char endpoint[256];
+    size_t len = sizeof endpoint;
+    assert_int_equal(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, endpoint, &len), 0);
+    void *dealer = zmq_socket(ctx, ZMQ_DEALER);
+    assert_int_equal(zmq_connect(dealer, endpoint), 0);
+    int closed = 0;
+    for (int i = 0; i < 2000 && !closed; i++) {   /* 20 s at most */
+        if (!fr_wire_monitor_event(mon, &event, &fd)) {
+            zmq_pollitem_t it = {.socket = mon, .events = ZMQ_POLLIN};
+            zmq_poll(&it, 1, 10);
+            continue;
+        }
+        if (event == ZMQ_EVENT_ACCEPTED) {
+            assert_true(fd >= 0);
+            accepted_fd = fd;
+            zmq_close(dealer);   /* the peer goes: the router sees the connection end */
+            dealer = NULL;
+        } else if (event == ZMQ_EVENT_DISCONNECTED) {
+            assert_int_equal(fd, accepted_fd);
+            closed = 1;
+        }
+    }
+    assert_true(closed);
+    if (dealer) zmq_close(dealer);
+    zmq_socket_monitor(router, NULL, 0);
+    zmq_close(mon);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
 }
+
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_hello_and_empty_messages),
+             cmocka_unit_test(test_generate_full_and_minimal),
+             cmocka_unit_test(test_abort),
+             cmocka_unit_test(test_hello_reply),
+             cmocka_unit_test(test_tokens),
+             cmocka_unit_test(test_done),
+             cmocka_unit_test(test_stats_reply_and_error),
+             cmocka_unit_test(test_encode_refuses_invalid),
+             cmocka_unit_test(test_frame_level_errors),
+             cmocka_unit_test(test_generate_errors),
+             cmocka_unit_test(test_other_client_message_errors),
+             cmocka_unit_test(test_server_message_errors),
+             cmocka_unit_test(test_peek_request_id),
+             cmocka_unit_test(test_truncated_frames),
+             cmocka_unit_test(test_utf8),
+             cmocka_unit_test(test_check_bounds),
+             cmocka_unit_test(test_monitor_events))

@@ -16,21 +16,8 @@
 #include <string.h>
 
 #include "trainer_bridge/protocol/protocol.h"
-
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(fr_last_error(), needle)) fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
-}
-
-static void round_trip(const fr_msg *m, fr_msg *out, size_t *len_out)
-{
-    char *data = NULL;
-    size_t len = 0;
-    if (fr_msg_encode(m, &data, &len)) fail_msg("encode %s: %s", fr_msg_type_name(m->type), fr_last_error());
-    if (fr_msg_decode(data, len, out)) fail_msg("decode %s: %s", fr_msg_type_name(m->type), fr_last_error());
-    if (len_out) *len_out = len;
-    free(data);
-}
+#include "protocol_samples.h"
+#include "test_util.h"
 
 static void test_generate_text_keys(void **state)
 {
@@ -49,7 +36,7 @@ static void test_generate_text_keys(void **state)
     g->n_stop = 3;
     g->include_stop_str_in_output = 1;
     g->return_text = 1;
-    round_trip(&m, &d, NULL);
+    fr_test_round_trip(&m, &d, NULL);
     const fr_msg_generate *e = &d.u.generate;
     assert_null(e->prompt);
     assert_int_equal(e->n_prompt, 0);
@@ -93,13 +80,13 @@ static void test_results_text_keys(void **state)
     fr_msg_init(&m, FR_MSG_TOKENS);
     m.u.tokens = (fr_msg_tokens){.request_id = 3, .sample = 1, .start = 4, .n = 2, .token_ids = ids, .logprobs = lps,
                                  .weight_versions = wv, .has_text = 1, .text = "", .text_len = 0};
-    round_trip(&m, &d, NULL);   /* a delta whose text is still held back: "" */
+    fr_test_round_trip(&m, &d, NULL);   /* a delta whose text is still held back: "" */
     assert_int_equal(d.u.tokens.has_text, 1);
     assert_int_equal(d.u.tokens.text_len, 0);
     fr_msg_free(&d);
     m.u.tokens.has_text = 0;
     m.u.tokens.text = NULL;
-    round_trip(&m, &d, NULL);
+    fr_test_round_trip(&m, &d, NULL);
     assert_int_equal(d.u.tokens.has_text, 0);
     assert_null(d.u.tokens.text);
     fr_msg_free(&d);
@@ -109,7 +96,7 @@ static void test_results_text_keys(void **state)
     m.u.done = (fr_msg_done){.request_id = 3, .group_id = 3, .sample = 1, .finish_reason = FR_WIRE_STOP, .n_tokens = 6,
                              .n_prompt = 3, .total_ms = 1.0, .has_text = 1, .text = "hi \xE2\x9C\x85", .text_len = 6,
                              .stop_str = "\n\n", .prompt_token_ids = prompt_ids, .n_prompt_token_ids = 3};
-    round_trip(&m, &d, NULL);
+    fr_test_round_trip(&m, &d, NULL);
     assert_int_equal(d.u.done.has_text, 1);
     assert_int_equal(d.u.done.text_len, 6);
     assert_string_equal(d.u.done.text, "hi \xE2\x9C\x85");
@@ -118,18 +105,12 @@ static void test_results_text_keys(void **state)
     assert_memory_equal(d.u.done.prompt_token_ids, prompt_ids, sizeof prompt_ids);
     fr_msg_free(&d);
 
-    fr_msg_init(&m, FR_MSG_HELLO_REPLY);
+    fr_sample_hello_reply(&m);
     fr_msg_hello_reply *h = &m.u.hello_reply;
-    snprintf(h->server, sizeof h->server, "fp4rollout");
-    snprintf(h->model, sizeof h->model, "m");
-    snprintf(h->backend, sizeof h->backend, "cpu");
-    snprintf(h->kv_dtype, sizeof h->kv_dtype, "bf16");
-    h->tp = h->engines = h->max_seqs = h->kv_blocks = h->kv_block_tokens = h->max_model_len = h->vocab_size = 1;
-    h->chunk = 1;
-    round_trip(&m, &d, NULL);
+    fr_test_round_trip(&m, &d, NULL);
     assert_string_equal(d.u.hello_reply.tokenizer, "");   /* none: the key is not sent */
     snprintf(h->tokenizer, sizeof h->tokenizer, "byte-level");
-    round_trip(&m, &d, NULL);
+    fr_test_round_trip(&m, &d, NULL);
     assert_string_equal(d.u.hello_reply.tokenizer, "byte-level");
 }
 
@@ -149,45 +130,45 @@ static void test_encode_refuses(void **state)
     m.u.generate.prompt_text = "x";
     m.u.generate.prompt_text_len = 1;
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
-    assert_msg_has("give \"prompt\" or \"prompt_text\", not both");
+    fr_test_error_has("give \"prompt\" or \"prompt_text\", not both");
     fr_msg_init(&m, FR_MSG_GENERATE);
     m.u.generate.prompt_text = "x";
     m.u.generate.prompt_text_len = 0;
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
-    assert_msg_has("\"prompt_text\" is empty");
+    fr_test_error_has("\"prompt_text\" is empty");
     m.u.generate.prompt_text = "\xFF";
     m.u.generate.prompt_text_len = 1;
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
-    assert_msg_has("\"prompt_text\" is not valid UTF-8");
+    fr_test_error_has("\"prompt_text\" is not valid UTF-8");
     fr_msg_init(&m, FR_MSG_GENERATE);
     m.u.generate.prompt = prompt;
     m.u.generate.n_prompt = 1;
     m.u.generate.has_add_special_tokens = 1;
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
-    assert_msg_has("\"add_special_tokens\" goes with \"prompt_text\"");
+    fr_test_error_has("\"add_special_tokens\" goes with \"prompt_text\"");
     m.u.generate.has_add_special_tokens = 0;
     m.u.generate.stop = empty;
     m.u.generate.n_stop = 2;
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
-    assert_msg_has("\"stop[1]\" is empty");
+    fr_test_error_has("\"stop[1]\" is empty");
     m.u.generate.stop = bad_utf8;
     m.u.generate.n_stop = 1;
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
-    assert_msg_has("\"stop[0]\" is not valid UTF-8");
+    fr_test_error_has("\"stop[0]\" is not valid UTF-8");
     m.u.generate.stop = many;
     m.u.generate.n_stop = FR_PROTO_MAX_STOP + 1;
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
-    assert_msg_has("\"stop\" must hold 1 to 32 strings, got 33");
+    fr_test_error_has("\"stop\" must hold 1 to 32 strings, got 33");
 
     fr_msg_init(&m, FR_MSG_DONE);
     m.u.done = (fr_msg_done){.finish_reason = FR_WIRE_LENGTH, .total_ms = 1, .stop_str = "x"};
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
-    assert_msg_has("\"stop_str\" comes only with finish_reason stop");
+    fr_test_error_has("\"stop_str\" comes only with finish_reason stop");
     int ids[] = {1, 2};
     m.u.done = (fr_msg_done){.finish_reason = FR_WIRE_STOP, .total_ms = 1, .n_prompt = 3, .prompt_token_ids = ids,
                              .n_prompt_token_ids = 2};
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
-    assert_msg_has("\"prompt_token_ids\" must hold n_prompt = 3 ids, got 2");
+    fr_test_error_has("\"prompt_token_ids\" must hold n_prompt = 3 ids, got 2");
 }
 
 /* A generate's frame 0 from its parts: request_id 1, then key/value pairs
@@ -303,16 +284,13 @@ static void test_decode_refuses(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         assert_int_equal(decode_generate(cases[i].n, cases[i].fn), FR_EFORMAT);
-        assert_msg_has(cases[i].msg);
+        fr_test_error_has(cases[i].msg);
     }
     assert_int_equal(decode_generate(2, nil_prompt_and_text), FR_OK);   /* nil is absent */
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_generate_text_keys), cmocka_unit_test(test_results_text_keys),
-        cmocka_unit_test(test_encode_refuses), cmocka_unit_test(test_decode_refuses),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_generate_text_keys),
+             cmocka_unit_test(test_results_text_keys),
+             cmocka_unit_test(test_encode_refuses),
+             cmocka_unit_test(test_decode_refuses))

@@ -26,21 +26,7 @@
 #include "trainer_bridge/client/client_internal.h"
 #include "trainer_bridge/protocol/protocol.h"
 #include "trainer_bridge/server/update.h"
-
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(fr_last_error(), needle)) fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
-}
-
-static void round_trip(const fr_msg *m, fr_msg *out)
-{
-    char *data = NULL;
-    size_t len = 0;
-    if (fr_msg_encode(m, &data, &len)) fail_msg("encode %s: %s", fr_msg_type_name(m->type), fr_last_error());
-    if (fr_msg_decode(data, len, out)) fail_msg("decode %s: %s", fr_msg_type_name(m->type), fr_last_error());
-    free(data);
-    assert_int_equal(out->type, m->type);
-}
+#include "test_util.h"
 
 static fr_msg_tensor tensor(const char *name, fr_dtype dt, int ndim, int64_t d0, int64_t d1)
 {
@@ -58,7 +44,7 @@ static void test_update_messages_round_trip(void **state)
     fr_msg_init(&m, FR_MSG_UPDATE_BEGIN);
     m.u.update_begin = (fr_msg_update_begin){.version = 7, .tensors = ts, .n_tensors = 2,
                                              .total_bytes = 64 * 4 + 272 * 64 * 2, .bucket_bytes = 1 << 20};
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_true(d.u.update_begin.version == 7 && d.u.update_begin.n_tensors == 2 &&
                 d.u.update_begin.bucket_bytes == 1 << 20);
     assert_int_equal(d.u.update_begin.partial, 0);   /* absent: a whole update */
@@ -66,7 +52,7 @@ static void test_update_messages_round_trip(void **state)
     fr_msg_free(&d);
     m.u.update_begin.partial = 1;   /* "partial": true, beside "transport": "nccl" */
     m.u.update_begin.nccl = 1;
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_true(d.u.update_begin.partial == 1 && d.u.update_begin.nccl == 1);
     fr_msg_free(&d);
 
@@ -74,7 +60,7 @@ static void test_update_messages_round_trip(void **state)
     fr_msg_init(&m, FR_MSG_UPDATE_BUCKET);
     m.u.update_bucket = (fr_msg_update_bucket){.version = 7, .bucket = 3, .xxh64 = UINT64_MAX, .pieces = ps,
                                                .n_pieces = 2};
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_true(d.u.update_bucket.bucket == 3 && d.u.update_bucket.xxh64 == UINT64_MAX &&
                 d.u.update_bucket.n_pieces == 2);
     assert_memory_equal(d.u.update_bucket.pieces, ps, sizeof ps);
@@ -84,7 +70,7 @@ static void test_update_messages_round_trip(void **state)
     for (int i = 0; i < 2; i++) {
         fr_msg_init(&m, ends[i]);
         m.u.update_end.version = 1ull << 50;
-        round_trip(&m, &d);
+        fr_test_round_trip(&m, &d, NULL);
         assert_true(d.u.update_end.version == 1ull << 50);
         assert_true(fr_msg_type_from_client(ends[i]));
     }
@@ -95,7 +81,7 @@ static void test_update_messages_round_trip(void **state)
         m.u.update_reply = (fr_msg_update_reply){.version = 2, .stage = (fr_update_stage)stage,
                                                  .bucket = stage == FR_UPD_BUCKET ? 5 : -1, .bytes = 99,
                                                  .weight_version = 1};
-        round_trip(&m, &d);
+        fr_test_round_trip(&m, &d, NULL);
         assert_memory_equal(&d.u.update_reply, &m.u.update_reply, sizeof m.u.update_reply);
     }
     const char *dt[] = {"f32", "bf16", "f16"};
@@ -118,7 +104,7 @@ static void test_new_generate_done_stats_keys(void **state)
             m.u.generate.forced_tokens = forced;
             m.u.generate.n_forced_tokens = 3;
         }
-        round_trip(&m, &d);
+        fr_test_round_trip(&m, &d, NULL);
         assert_int_equal(d.u.generate.monitor_divergence, mon);
         assert_int_equal(d.u.generate.per_token_kl, mon == 1);
         if (mon == 0) {
@@ -138,7 +124,7 @@ static void test_new_generate_done_stats_keys(void **state)
     char *data;
     size_t len;
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
-    assert_msg_has("\"forced_tokens\" must hold 1 to");
+    fr_test_error_has("\"forced_tokens\" must hold 1 to");
 
     float kl[3] = {0.0f, 1e-3f, 0.25f};
     fr_msg_init(&m, FR_MSG_DONE);
@@ -147,13 +133,13 @@ static void test_new_generate_done_stats_keys(void **state)
     m.u.done.divergence = (fr_msg_divergence){.has_values = 1, .kl_mean = 0.1, .kl_max = 0.25,
                                               .top1_agreement = 1, .logprob_diff_mean = 0.01, .positions = 3,
                                               .kl = kl, .n_kl = 3};
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_int_equal(d.u.done.divergence.n_kl, 3);
     assert_memory_equal(d.u.done.divergence.kl, kl, sizeof kl);
     fr_msg_free(&d);
     m.u.done.divergence.has_values = 0;   /* per-token KL without the summary: refused */
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_EFORMAT);
-    assert_msg_has("per_token_kl");
+    fr_test_error_has("per_token_kl");
 
     fr_msg_init(&m, FR_MSG_STATS_REPLY);
     snprintf(m.u.stats_reply.state, sizeof m.u.stats_reply.state, "running");
@@ -161,7 +147,7 @@ static void test_new_generate_done_stats_keys(void **state)
     m.u.stats_reply.update_version = 4;
     m.u.stats_reply.updates_committed = 2;
     m.u.stats_reply.updates_failed = 5;
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_memory_equal(&d.u.stats_reply, &m.u.stats_reply, sizeof m.u.stats_reply);
 }
 
@@ -171,7 +157,7 @@ static void expect_encode_refused(const fr_msg *m, const char *needle)
     size_t len;
     fr_status st = fr_msg_encode(m, &data, &len);
     if (st != FR_EFORMAT) fail_msg("encoded a bad %s (wanted: %s)", fr_msg_type_name(m->type), needle);
-    assert_msg_has(needle);
+    fr_test_error_has(needle);
 }
 
 static void test_update_messages_refused(void **state)
@@ -201,7 +187,7 @@ static void test_update_messages_refused(void **state)
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_OK);
     fr_msg d;
     assert_int_equal(fr_msg_decode(data, len, &d), FR_EFORMAT);
-    assert_msg_has("tensor \"a\" is listed twice");
+    fr_test_error_has("tensor \"a\" is listed twice");
     assert_int_equal(d.type, FR_MSG_NONE);
     free(data);
 
@@ -228,17 +214,17 @@ static void test_nccl_messages(void **state)
     fr_msg m, d;
     fr_msg_init(&m, FR_MSG_NCCL_INIT);
     for (int i = 0; i < FR_PROTO_NCCL_ID_BYTES; i++) m.u.nccl_init.unique_id[i] = (unsigned char)(i * 7 + 3);
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_memory_equal(d.u.nccl_init.unique_id, m.u.nccl_init.unique_id, FR_PROTO_NCCL_ID_BYTES);
     fr_msg_free(&d);
 
     fr_msg_init(&m, FR_MSG_NCCL_CLOSE);
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     fr_msg_free(&d);
 
     fr_msg_init(&m, FR_MSG_NCCL_REPLY);
     m.u.nccl_reply = (fr_msg_nccl_reply){.state = FR_NCCL_JOINING, .nranks = 2, .rank = 0, .timeout_s = 12.5};
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_true(d.u.nccl_reply.state == FR_NCCL_JOINING && d.u.nccl_reply.nranks == 2 && d.u.nccl_reply.rank == 0 &&
                 d.u.nccl_reply.timeout_s == 12.5);
     char *json = NULL;
@@ -252,11 +238,11 @@ static void test_nccl_messages(void **state)
     fr_msg_init(&m, FR_MSG_UPDATE_BEGIN);
     m.u.update_begin = (fr_msg_update_begin){.version = 9, .tensors = ts, .n_tensors = 2,
                                              .total_bytes = 64 * 4 + 272 * 64 * 2, .bucket_bytes = 1 << 20, .nccl = 1};
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_int_equal(d.u.update_begin.nccl, 1);
     fr_msg_free(&d);
     m.u.update_begin.nccl = 0;
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_int_equal(d.u.update_begin.nccl, 0);
     fr_msg_free(&d);
 
@@ -265,7 +251,7 @@ static void test_nccl_messages(void **state)
     fr_msg_init(&m, FR_MSG_NCCL_BUCKET);
     m.u.nccl_bucket = (fr_msg_nccl_bucket){.version = 9, .bucket = 3, .nbytes = 4608, .checksum = 0xfedcba9876543210ull,
                                            .pieces = ps, .n_pieces = 2};
-    round_trip(&m, &d);
+    fr_test_round_trip(&m, &d, NULL);
     assert_true(d.u.nccl_bucket.version == 9 && d.u.nccl_bucket.bucket == 3 && d.u.nccl_bucket.nbytes == 4608 &&
                 d.u.nccl_bucket.checksum == 0xfedcba9876543210ull && d.u.nccl_bucket.n_pieces == 2);
     assert_memory_equal(d.u.nccl_bucket.pieces, ps, sizeof ps);
@@ -295,7 +281,7 @@ static void expect_decode_refused(const unsigned char *frame, size_t len, const 
     fr_msg d;
     if (fr_msg_decode(frame, len, &d) == FR_OK) fail_msg("decoded a frame that should be refused (%s)", needle);
     assert_int_equal(d.type, FR_MSG_NONE);
-    assert_msg_has(needle);
+    fr_test_error_has(needle);
 }
 
 static size_t put_head(unsigned char *b, int n_keys, const char *type)
@@ -393,9 +379,9 @@ static void test_client_nccl_without_device(void **state)
     fr_client_set_timeout(c, 500);
     assert_int_equal(fr_client_nccl_group_init(c, 1 << 20), FR_EUNSUPPORTED);
 #ifdef FR_HAVE_CUDA
-    assert_msg_has("no CUDA device");
+    fr_test_error_has("no CUDA device");
 #else
-    assert_msg_has("built without CUDA");
+    fr_test_error_has("built without CUDA");
 #endif
     int64_t shape[1] = {4};
     float dev[4] = {0};
@@ -403,10 +389,10 @@ static void test_client_nccl_without_device(void **state)
     fr_status st = fr_client_update_weights_nccl(c, &t, 1, 2, NULL, NULL, NULL);
 #ifdef FR_HAVE_CUDA
     assert_int_equal(st, FR_EINVAL);
-    assert_msg_has("needs an NCCL weight group");
+    fr_test_error_has("needs an NCCL weight group");
 #else
     assert_int_equal(st, FR_EUNSUPPORTED);
-    assert_msg_has("built without CUDA");
+    fr_test_error_has("built without CUDA");
 #endif
     assert_int_equal(fr_client_nccl_group_close(c), FR_OK);   /* nothing to close */
     assert_int_equal(fr_client_nccl_group_size(c), 0);
@@ -638,7 +624,7 @@ static void expect_code(fr_status st, const char **code, const char *want, const
 {
     if (st == FR_OK) fail_msg("accepted (wanted %s)", want);
     assert_string_equal(*code, want);
-    assert_msg_has(needle);
+    fr_test_error_has(needle);
 }
 
 static void test_staging_failures(void **state)
@@ -712,23 +698,18 @@ static void test_staging_failures(void **state)
     fr_weight_refusal why;
     assert_int_not_equal(fr_weight_update_ready(u, &why), FR_OK);
     assert_string_equal(fr_weight_refusal_name(why), "missing_tensor");
-    assert_msg_has(s.t[s.n - 1].name);
+    fr_test_error_has(s.t[s.n - 1].name);
     fr_weight_update_free(&u);
     source_free(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_update_messages_round_trip),
-        cmocka_unit_test(test_new_generate_done_stats_keys),
-        cmocka_unit_test(test_update_messages_refused),
-        cmocka_unit_test(test_nccl_messages),
-        cmocka_unit_test(test_nccl_messages_refused),
-        cmocka_unit_test(test_client_nccl_without_device),
-        cmocka_unit_test(test_client_settle_drops_stale_answers),
-        cmocka_unit_test(test_staging_whole_model),
-        cmocka_unit_test(test_staging_failures),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_update_messages_round_trip),
+             cmocka_unit_test(test_new_generate_done_stats_keys),
+             cmocka_unit_test(test_update_messages_refused),
+             cmocka_unit_test(test_nccl_messages),
+             cmocka_unit_test(test_nccl_messages_refused),
+             cmocka_unit_test(test_client_nccl_without_device),
+             cmocka_unit_test(test_client_settle_drops_stale_answers),
+             cmocka_unit_test(test_staging_whole_model),
+             cmocka_unit_test(test_staging_failures))

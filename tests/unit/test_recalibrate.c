@@ -50,10 +50,7 @@ static int teardown(void **state)
 
 static void open_session(fr_session *s)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CPU;
-    o.kv = FR_KV_NVFP4;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, NULL, FR_KV_NVFP4);
     assert_int_equal(fr_session_open(&o, 64, 8, s), FR_OK);
 }
 

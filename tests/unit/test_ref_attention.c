@@ -799,22 +799,17 @@ static void test_bad_arguments(void **state)
     cache_free(&c);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_numerics_parsing),
-        cmocka_unit_test(test_config_to_params),
-        cmocka_unit_test(test_bf16_equals_naive),
-        cmocka_unit_test(test_fp8_storage),
-        cmocka_unit_test(test_regions_and_storage),
-        cmocka_unit_test(test_split_plan_covers_once),
-        cmocka_unit_test(test_combine),
-        cmocka_unit_test(test_split_kv_every_mode),
-        cmocka_unit_test(test_exact_tile_step_by_step),
-        cmocka_unit_test(test_fp4_close_to_bf16),
-        cmocka_unit_test(test_sink_masked),
-        cmocka_unit_test(test_row_max),
-        cmocka_unit_test(test_bad_arguments),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_numerics_parsing),
+             cmocka_unit_test(test_config_to_params),
+             cmocka_unit_test(test_bf16_equals_naive),
+             cmocka_unit_test(test_fp8_storage),
+             cmocka_unit_test(test_regions_and_storage),
+             cmocka_unit_test(test_split_plan_covers_once),
+             cmocka_unit_test(test_combine),
+             cmocka_unit_test(test_split_kv_every_mode),
+             cmocka_unit_test(test_exact_tile_step_by_step),
+             cmocka_unit_test(test_fp4_close_to_bf16),
+             cmocka_unit_test(test_sink_masked),
+             cmocka_unit_test(test_row_max),
+             cmocka_unit_test(test_bad_arguments))

@@ -32,30 +32,13 @@ static void on_done(void *user, const fr_sample_result *r)
     results *rs = user;
     assert_true(r->request_id < NREQ && r->sample >= 0 && r->sample < NS);
     fr_sample_result *dst = &rs->res[r->request_id][r->sample];
-    *dst = *r;   /* the arrays are handed over: keep them */
-    size_t n = (size_t)r->n_tokens;
-    dst->tokens = malloc(sizeof(int) * (n ? n : 1));
-    memcpy(dst->tokens, r->tokens, sizeof(int) * n);
-    dst->logprobs = NULL;
-    dst->versions = NULL;
-    dst->kl = NULL;
-    dst->top_ids = NULL;
-    dst->top_logprobs = NULL;
-    dst->prompt_logprobs = NULL;
-    if (r->routed_experts) {
-        dst->routed_experts = malloc(fr_sample_route_bytes(r) * (n ? n : 1));
-        memcpy(dst->routed_experts, r->routed_experts, fr_sample_route_bytes(r) * n);
-    }
+    fr_test_keep_result(dst, r);
     rs->done++;
 }
 
 static fr_session open_session(const char *spec, int blocks)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.model = spec;
-    o.backend = FR_BACKEND_CPU;
-    o.kv = FR_KV_F32;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, spec, FR_KV_F32);
     o.chunk = 192;   /* room for prefill_routes's one step; the scheduler steps 48 */
     fr_session s;
     if (fr_session_open(&o, blocks, 8, &s)) fail_msg("%s", fr_last_error());
@@ -235,13 +218,8 @@ static void test_refusals(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_routes_match_router),
-        cmocka_unit_test(test_no_draw_changes),
-        cmocka_unit_test(test_record_round_trip),
-        cmocka_unit_test(test_refusals),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_routes_match_router),
+             cmocka_unit_test(test_no_draw_changes),
+             cmocka_unit_test(test_record_round_trip),
+             cmocka_unit_test(test_refusals))

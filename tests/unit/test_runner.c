@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "rollout/model/runner.h"
+#include "test_util.h"
 
 typedef struct {
     fr_model *m;
@@ -46,11 +47,6 @@ static void rig_close(rig *g)
     assert_null(g->r);
     fr_kv_cache_destroy(&g->kv);
     fr_model_destroy(&g->m);
-}
-
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(fr_last_error(), needle)) fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
 }
 
 /* Sequences a and b, each holding the prompt, in g. */
@@ -151,7 +147,7 @@ static void test_cpu_refusals_and_reports(void **state)
     const fr_decode_row row = {.params = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f}};
     fr_batch b = {.kind = FR_BATCH_DECODE, .phase = FR_RUN_LAUNCH, .seqs = &one, .n_seqs = 1, .rows = &row};
     assert_int_equal(fr_runner_run(g.r, &b), FR_EUNSUPPORTED);
-    assert_msg_has("launched apart from its wait needs the CUDA backend");
+    fr_test_error_has("launched apart from its wait needs the CUDA backend");
     b.phase = FR_RUN_WAIT;
     assert_int_equal(fr_runner_run(g.r, &b), FR_EUNSUPPORTED);
     b.phase = FR_RUN_LAUNCH;
@@ -159,13 +155,13 @@ static void test_cpu_refusals_and_reports(void **state)
     b.rider_seqs = &one;
     b.n_rider = 1;
     assert_int_equal(fr_runner_run(g.r, &b), FR_EUNSUPPORTED);
-    assert_msg_has("carrying another session's needs the CUDA backend");
+    fr_test_error_has("carrying another session's needs the CUDA backend");
     const int keep[1] = {1};
     float kept[1];
     const fr_batch out = {.kind = FR_BATCH_DECODE, .seqs = &one, .n_seqs = 1, .rows = &row, .keep = keep,
                           .n_keep = 1, .tokens = &tok, .kept_logits = kept};
     assert_int_equal(fr_runner_run(g.r, &out), FR_EINVAL);
-    assert_msg_has("outside the batch");
+    fr_test_error_has("outside the batch");
     assert_int_equal(fr_kv_seq_len(g.kv, s), 0);   /* refused before anything ran */
     const fr_batch odd = {.kind = (fr_batch_kind)42, .seqs = &one, .n_seqs = 1};
     assert_int_equal(fr_runner_run(g.r, &odd), FR_EINVAL);
@@ -203,7 +199,7 @@ static void test_cuda_absent_from_cpu_build(void **state)
     fr_runner *r = NULL;
     fr_runner_config rc = {.model = g.m, .kv = g.kv, .max_step_tokens = 8};
     assert_int_equal(fr_runner_cuda_open(&rc, &r), FR_EUNSUPPORTED);
-    assert_msg_has("no CUDA support");
+    fr_test_error_has("no CUDA support");
     assert_null(r);
     rc.gpu = (const struct fr_weights_gpu *)&g;   /* never read: refused first */
     assert_int_equal(fr_runner_open(&rc, &r), FR_EUNSUPPORTED);
@@ -211,13 +207,8 @@ static void test_cuda_absent_from_cpu_build(void **state)
     rig_close(&g);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_decode_equals_step_and_sample),
-        cmocka_unit_test(test_fill_then_decode),
-        cmocka_unit_test(test_cpu_refusals_and_reports),
-        cmocka_unit_test(test_cuda_absent_from_cpu_build),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_decode_equals_step_and_sample),
+             cmocka_unit_test(test_fill_then_decode),
+             cmocka_unit_test(test_cpu_refusals_and_reports),
+             cmocka_unit_test(test_cuda_absent_from_cpu_build))

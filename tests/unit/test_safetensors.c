@@ -14,6 +14,7 @@
 
 #include "base/safetensors.h"
 #include "tests/unit/test_util.h"
+#include "test_util.h"
 
 #define LABEL "bad.safetensors"
 
@@ -30,12 +31,6 @@ static uint8_t *image(const char *header, const void *data, size_t data_len, siz
     return b;
 }
 
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(fr_last_error(), needle))
-        fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
-}
-
 /* Parses header+data and expects failure `want` naming the label and, when
  * given, the tensor. */
 static void expect_reject(const char *header, size_t data_len, fr_status want, const char *tensor)
@@ -49,8 +44,8 @@ static void expect_reject(const char *header, size_t data_len, fr_status want, c
     free(b);
     if (rc != want) fail_msg("header %s: got status %d (%s), want %d", header, rc, fr_last_error(), want);
     assert_null(h);
-    assert_msg_has(LABEL);
-    if (tensor) assert_msg_has(tensor);
+    fr_test_error_has(LABEL);
+    if (tensor) fr_test_error_has(tensor);
 }
 
 static void test_dtype_table(void **state)
@@ -223,14 +218,14 @@ static void test_f32_and_unsupported(void **state)
 
     /* Integer dtypes are not silently reinterpreted. */
     assert_int_equal(convert("I32", raw, 4, 4, out), FR_EUNSUPPORTED);
-    assert_msg_has("t.x");
-    assert_msg_has("I32");
+    fr_test_error_has("t.x");
+    fr_test_error_has("I32");
     assert_int_equal(convert("F64", raw, 4, 8, out), FR_EUNSUPPORTED);
 
     /* A wrong element count is a caller bug, reported with the name. */
     fr_st_tensor t = {.name = "t.count", .dtype = FR_DTYPE_F32, .ndim = 1, .shape = {4}, .nbytes = 16, .data = raw};
     assert_int_equal(fr_st_tensor_to_f32(&t, out, 5), FR_EINVAL);
-    assert_msg_has("t.count");
+    fr_test_error_has("t.count");
     assert_int_equal(fr_st_tensor_to_f32(&t, NULL, 4), FR_EINVAL);
     assert_int_equal(fr_st_tensor_to_f32(NULL, out, 4), FR_EINVAL);
 }
@@ -242,23 +237,23 @@ static void test_reject_framing(void **state)
     const uint8_t small[3] = {1, 0, 0};
     assert_int_equal(fr_st_parse_header(small, sizeof small, LABEL, &h), FR_EFORMAT);
     assert_null(h);
-    assert_msg_has(LABEL);
-    assert_msg_has("truncated");
+    fr_test_error_has(LABEL);
+    fr_test_error_has("truncated");
 
     /* Header length past the end, and one so large that len + 8 would wrap. */
     size_t len;
     uint8_t *b = image("{}", NULL, 0, &len);
     b[0] = 200;
     assert_int_equal(fr_st_parse_header(b, len, LABEL, &h), FR_EFORMAT);
-    assert_msg_has(LABEL);
-    assert_msg_has("header length 200");
+    fr_test_error_has(LABEL);
+    fr_test_error_has("header length 200");
     memset(b, 0xff, 8);
     assert_int_equal(fr_st_parse_header(b, len, LABEL, &h), FR_EFORMAT);
-    assert_msg_has(LABEL);
-    assert_msg_has("limit");
+    fr_test_error_has(LABEL);
+    fr_test_error_has("limit");
     memset(b, 0, 8);
     assert_int_equal(fr_st_parse_header(b, len, LABEL, &h), FR_EFORMAT); /* empty header */
-    assert_msg_has(LABEL);
+    fr_test_error_has(LABEL);
     free(b);
 
     assert_int_equal(fr_st_parse_header(NULL, 0, LABEL, &h), FR_EFORMAT);
@@ -272,7 +267,7 @@ static void test_reject_framing(void **state)
     /* A NUL inside the header must not end it early: C strings would. */
     const uint8_t nul[] = {5, 0, 0, 0, 0, 0, 0, 0, '{', '}', 0, ' ', ' '};
     assert_int_equal(fr_st_parse_header(nul, sizeof nul, LABEL, &h), FR_EFORMAT);
-    assert_msg_has(LABEL);
+    fr_test_error_has(LABEL);
 }
 
 static void test_reject_entries(void **state)
@@ -290,7 +285,7 @@ static void test_reject_entries(void **state)
     expect_reject(ENTRY("{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,16]}"), 32, FR_EFORMAT, "w.bad");
     /* Dtype problems. */
     expect_reject(ENTRY("{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,1]}"), 16, FR_EFORMAT, "w.bad");
-    assert_msg_has("Q4");
+    fr_test_error_has("Q4");
     expect_reject(ENTRY("{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}"), 16, FR_EFORMAT, "w.bad");
     expect_reject(ENTRY("{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}"), 16, FR_EFORMAT, "w.bad");
     expect_reject(ENTRY("{\"shape\":[1],\"data_offsets\":[0,4]}"), 16, FR_EFORMAT, "w.bad");
@@ -303,14 +298,14 @@ static void test_reject_entries(void **state)
     /* 2^32 * 2^32 * 4 wraps a 64-bit product to 0, which would match [0,0]. */
     expect_reject(ENTRY("{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,0]}"), 16,
                   FR_EFORMAT, "w.bad");
-    assert_msg_has("overflow");
+    fr_test_error_has("overflow");
     expect_reject(ENTRY("{\"dtype\":\"U8\",\"shape\":[1e300],\"data_offsets\":[0,1]}"), 16, FR_EFORMAT, "w.bad");
     expect_reject(ENTRY("7"), 16, FR_EFORMAT, "w.bad");
     /* Duplicate names (JSON allows them syntactically). */
     expect_reject(ENTRY("{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]},"
                         "\"w.bad\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[2,3]}"),
                   16, FR_EFORMAT, "w.bad");
-    assert_msg_has("duplicate");
+    fr_test_error_has("duplicate");
 #undef ENTRY
 }
 
@@ -341,7 +336,7 @@ static void test_mutations(void **state)
             fr_st_header_free(&h);
         } else {
             assert_null(h);
-            assert_msg_has("mut");
+            fr_test_error_has("mut");
         }
     }
     free(b);
@@ -407,33 +402,33 @@ static void test_file_open(void **state)
     path = write_file("trunc.safetensors", b, len - 3);
     assert_int_equal(fr_st_file_open(path, &f), FR_EFORMAT);
     assert_null(f);
-    assert_msg_has(path);
-    assert_msg_has("w.two");
+    fr_test_error_has(path);
+    fr_test_error_has("w.two");
 
     /* Truncated inside the length prefix, and empty. */
     path = write_file("tiny.safetensors", b, 5);
     assert_int_equal(fr_st_file_open(path, &f), FR_EFORMAT);
-    assert_msg_has(path);
+    fr_test_error_has(path);
     path = write_file("empty.safetensors", b, 0);
     assert_int_equal(fr_st_file_open(path, &f), FR_EFORMAT);
-    assert_msg_has(path);
-    assert_msg_has("truncated");
+    fr_test_error_has(path);
+    fr_test_error_has("truncated");
     free(b);
 
     /* Malformed header. */
     b = image("{\"w.one\": nonsense}", NULL, 0, &len);
     path = write_file("json.safetensors", b, len);
     assert_int_equal(fr_st_file_open(path, &f), FR_EFORMAT);
-    assert_msg_has(path);
+    fr_test_error_has(path);
     free(b);
 
     /* Missing, and not a regular file. */
     char missing[512];
     snprintf(missing, sizeof missing, "%s/none.safetensors", tmpdir);
     assert_int_equal(fr_st_file_open(missing, &f), FR_EIO);
-    assert_msg_has(missing);
+    fr_test_error_has(missing);
     assert_int_equal(fr_st_file_open(tmpdir, &f), FR_EIO);
-    assert_msg_has(tmpdir);
+    fr_test_error_has(tmpdir);
     assert_int_equal(fr_st_file_open(NULL, &f), FR_EINVAL);
     assert_int_equal(fr_st_file_open(missing, NULL), FR_EINVAL);
 }
@@ -462,19 +457,14 @@ static void test_golden(void **state)
     fr_st_file_close(&f);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_dtype_table),
-        cmocka_unit_test(test_parse_valid),
-        cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_f16_exhaustive),
-        cmocka_unit_test(test_f32_and_unsupported),
-        cmocka_unit_test(test_reject_framing),
-        cmocka_unit_test(test_reject_entries),
-        cmocka_unit_test(test_mutations),
-        cmocka_unit_test(test_file_open),
-        cmocka_unit_test(test_golden),
-    };
-    return cmocka_run_group_tests(tests, make_dir, remove_dir);
-}
+FR_TEST_MAIN(make_dir, remove_dir,
+             cmocka_unit_test(test_dtype_table),
+             cmocka_unit_test(test_parse_valid),
+             cmocka_unit_test(test_bf16),
+             cmocka_unit_test(test_f16_exhaustive),
+             cmocka_unit_test(test_f32_and_unsupported),
+             cmocka_unit_test(test_reject_framing),
+             cmocka_unit_test(test_reject_entries),
+             cmocka_unit_test(test_mutations),
+             cmocka_unit_test(test_file_open),
+             cmocka_unit_test(test_golden))

@@ -564,24 +564,19 @@ static void test_bad_params_rejected(void **state)
     fr_sampler_destroy(NULL);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_philox_known_answers),
-        cmocka_unit_test(test_philox_uniform_rule),
-        cmocka_unit_test(test_greedy_argmax_ties_to_lowest),
-        cmocka_unit_test(test_logprob_matches_naive),
-        cmocka_unit_test(test_extras),
-        cmocka_unit_test(test_reproducible_and_streams_differ),
-        cmocka_unit_test(test_stats_top_p),
-        cmocka_unit_test(test_stats_top_p_over_sequences),
-        cmocka_unit_test(test_stats_top_k),
-        cmocka_unit_test(test_stats_top_k_then_top_p),
-        cmocka_unit_test(test_stats_temperature),
-        cmocka_unit_test(test_ties_break_to_lower_ids),
-        cmocka_unit_test(test_infinities),
-        cmocka_unit_test(test_large_vocab_matches_reference),
-        cmocka_unit_test(test_bad_params_rejected),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_philox_known_answers),
+             cmocka_unit_test(test_philox_uniform_rule),
+             cmocka_unit_test(test_greedy_argmax_ties_to_lowest),
+             cmocka_unit_test(test_logprob_matches_naive),
+             cmocka_unit_test(test_extras),
+             cmocka_unit_test(test_reproducible_and_streams_differ),
+             cmocka_unit_test(test_stats_top_p),
+             cmocka_unit_test(test_stats_top_p_over_sequences),
+             cmocka_unit_test(test_stats_top_k),
+             cmocka_unit_test(test_stats_top_k_then_top_p),
+             cmocka_unit_test(test_stats_temperature),
+             cmocka_unit_test(test_ties_break_to_lower_ids),
+             cmocka_unit_test(test_infinities),
+             cmocka_unit_test(test_large_vocab_matches_reference),
+             cmocka_unit_test(test_bad_params_rejected))

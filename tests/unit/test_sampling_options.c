@@ -52,11 +52,7 @@ static void on_done(void *user, const fr_sample_result *r)
 
 static fr_session open_session(void)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.model = "synthetic:tiny";
-    o.backend = FR_BACKEND_CPU;
-    o.kv = FR_KV_BF16;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, "synthetic:tiny", FR_KV_BF16);
     o.deterministic = 1;
     fr_session s;
     if (fr_session_open(&o, 64, 8, &s)) fail_msg("%s", fr_last_error());
@@ -229,13 +225,8 @@ static void test_refused(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_top_logprobs),
-        cmocka_unit_test(test_min_tokens),
-        cmocka_unit_test(test_prompt_logprobs),
-        cmocka_unit_test(test_refused),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_top_logprobs),
+             cmocka_unit_test(test_min_tokens),
+             cmocka_unit_test(test_prompt_logprobs),
+             cmocka_unit_test(test_refused))

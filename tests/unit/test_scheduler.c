@@ -18,21 +18,10 @@
  * runs across batching, chunking and preemption bitwise. */
 static void open_session(fr_session *s, fr_kv_dtype kv, int n_blocks, int max_seqs, int chunk)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CPU;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, NULL, kv);
     o.deterministic = kv == FR_KV_F32;
-    o.kv = kv;
     o.chunk = chunk;
     assert_int_equal(fr_session_open(&o, n_blocks, max_seqs, s), FR_OK);
-}
-
-static fr_scheduler *new_sched(fr_session *s, int chunk)
-{
-    fr_scheduler_config c = {.max_seqs = 0, .chunk = chunk, .reserve_blocks = -1};
-    fr_scheduler *sch = NULL;
-    assert_int_equal(fr_scheduler_new(s, &c, &sch), FR_OK);
-    return sch;
 }
 
 /* Collects every queued result into out[request][sample] (asserting each
@@ -74,6 +63,24 @@ static void make_requests(test_req *q, int count)
     }
 }
 
+/* got against ref, sample by sample: the same tokens and log-probs,
+ * bitwise; frees both. Returns how many of got's samples were preempted. */
+static int same_runs(const test_req *q, int nr, fr_sample_result got[][MAXN], fr_sample_result ref[][MAXN])
+{
+    int preempted = 0;
+    for (int i = 0; i < nr; i++)
+        for (int k = 0; k < q[i].n; k++) {
+            fr_sample_result *a = &got[i][k], *b = &ref[i][k];
+            assert_int_equal(a->n_tokens, b->n_tokens);
+            assert_memory_equal(a->tokens, b->tokens, sizeof(int) * (size_t)a->n_tokens);
+            assert_memory_equal(a->logprobs, b->logprobs, sizeof(float) * (size_t)a->n_tokens);
+            preempted += a->preemptions > 0;
+            fr_sample_result_free(a);
+            fr_sample_result_free(b);
+        }
+    return preempted;
+}
+
 /* 32 requests on a cache with room for 8 sequences: all finish, some are
  * preempted, and every sample's tokens equal those of its request run alone
  * with ample capacity, bitwise with their log-probs (f32 KV, deterministic
@@ -90,7 +97,7 @@ static void test_preemption_recompute_exact(void **state)
 
     fr_session s;
     open_session(&s, FR_KV_F32, 10, 8, 64);
-    fr_scheduler *sch = new_sched(&s, 64);
+    fr_scheduler *sch = fr_test_scheduler(&s, 64);
     int total = 0;
     for (int i = 0; i < NR; i++) {
         assert_int_equal(fr_scheduler_submit(sch, &q[i].spec), FR_OK);
@@ -108,7 +115,7 @@ static void test_preemption_recompute_exact(void **state)
     fr_session_close(&s);
 
     open_session(&s, FR_KV_F32, 64, 8, 64);
-    sch = new_sched(&s, 64);
+    sch = fr_test_scheduler(&s, 64);
     for (int i = 0; i < NR; i++) {
         assert_int_equal(fr_scheduler_submit(sch, &q[i].spec), FR_OK);
         assert_int_equal(fr_scheduler_run(sch), FR_OK);
@@ -119,21 +126,13 @@ static void test_preemption_recompute_exact(void **state)
     fr_scheduler_destroy(&sch);
     fr_session_close(&s);
 
-    int preempted = 0;
     for (int i = 0; i < NR; i++)
         for (int k = 0; k < q[i].n; k++) {
-            fr_sample_result *a = &got[i][k], *b = &ref[i][k];
-            assert_int_equal(a->finish, FR_FINISH_LENGTH);
-            assert_int_equal(a->n_tokens, 48);
-            assert_int_equal(b->n_tokens, 48);
-            assert_memory_equal(a->tokens, b->tokens, sizeof(int) * 48);
-            assert_memory_equal(a->logprobs, b->logprobs, sizeof(float) * 48);
-            assert_int_equal(a->group, 7);
-            preempted += a->preemptions > 0;
-            fr_sample_result_free(a);
-            fr_sample_result_free(b);
+            assert_int_equal(got[i][k].finish, FR_FINISH_LENGTH);
+            assert_int_equal(got[i][k].n_tokens, 48);
+            assert_int_equal(got[i][k].group, 7);
         }
-    assert_true(preempted > 0);
+    assert_true(same_runs(q, NR, got, ref) > 0);
     for (int i = 0; i < NR; i++) free(q[i].prompt);
 }
 
@@ -155,7 +154,7 @@ static void test_recompute_all(void **state)
     for (int pass = 0; pass < 2; pass++) {
         fr_session s;
         open_session(&s, FR_KV_F32, 64, 16, 64);
-        fr_scheduler *sch = new_sched(&s, 64);
+        fr_scheduler *sch = fr_test_scheduler(&s, 64);
         for (int i = 0; i < NR; i++) assert_int_equal(fr_scheduler_submit(sch, &q[i].spec), FR_OK);
         if (pass == 1) {
             for (int k = 0; k < 12; k++) assert_int_equal(fr_scheduler_step(sch), FR_OK);
@@ -176,18 +175,7 @@ static void test_recompute_all(void **state)
         fr_scheduler_destroy(&sch);
         fr_session_close(&s);
     }
-    int preempted = 0;
-    for (int i = 0; i < NR; i++)
-        for (int k = 0; k < q[i].n; k++) {
-            fr_sample_result *a = &got[i][k], *b = &ref[i][k];
-            assert_int_equal(a->n_tokens, b->n_tokens);
-            assert_memory_equal(a->tokens, b->tokens, sizeof(int) * (size_t)a->n_tokens);
-            assert_memory_equal(a->logprobs, b->logprobs, sizeof(float) * (size_t)a->n_tokens);
-            preempted += a->preemptions > 0;
-            fr_sample_result_free(a);
-            fr_sample_result_free(b);
-        }
-    assert_true(preempted > 0);
+    assert_true(same_runs(q, NR, got, ref) > 0);
     for (int i = 0; i < NR; i++) free(q[i].prompt);
 }
 
@@ -199,7 +187,7 @@ static void test_samples_share_pages(void **state)
     (void)state;
     fr_session s;
     open_session(&s, FR_KV_BF16, 32, 8, 512);
-    fr_scheduler *sch = new_sched(&s, 512);
+    fr_scheduler *sch = fr_test_scheduler(&s, 512);
     int prompt[300];
     for (int i = 0; i < 300; i++) prompt[i] = (i * 37 + 5) % 256;
     fr_request_spec r = {.id = 1, .prompt = prompt, .n_prompt = 300, .n = 4,
@@ -329,7 +317,7 @@ static void test_abort(void **state)
 
 static fr_sample_result run_one(fr_session *s, const fr_request_spec *r)
 {
-    fr_scheduler *sch = new_sched(s, 512);
+    fr_scheduler *sch = fr_test_scheduler(s, 512);
     assert_int_equal(fr_scheduler_submit(sch, r), FR_OK);
     assert_int_equal(fr_scheduler_run(sch), FR_OK);
     fr_sample_result out;
@@ -371,7 +359,7 @@ static void test_stop_and_length(void **state)
     fr_sample_result_free(&b);
     fr_sample_result_free(&c);
 
-    fr_scheduler *sch = new_sched(&s, 512);
+    fr_scheduler *sch = fr_test_scheduler(&s, 512);
     /* More samples than the 4 slots queue: 4 run, then the fifth, each drawn
      * as it would be in a batch of its own request alone. */
     fr_request_spec many = r;
@@ -417,14 +405,9 @@ static void test_stop_and_length(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_preemption_recompute_exact),
-        cmocka_unit_test(test_recompute_all),
-        cmocka_unit_test(test_samples_share_pages),
-        cmocka_unit_test(test_abort),
-        cmocka_unit_test(test_stop_and_length),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_preemption_recompute_exact),
+             cmocka_unit_test(test_recompute_all),
+             cmocka_unit_test(test_samples_share_pages),
+             cmocka_unit_test(test_abort),
+             cmocka_unit_test(test_stop_and_length))

@@ -34,11 +34,8 @@
 static void open_session_det(fr_session *s, const char *model, fr_kv_dtype kv, int n_blocks, int max_seqs,
                              fr_backend backend, int deterministic)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
+    fr_engine_opts o = fr_test_engine_opts(backend, NULL, kv);
     o.deterministic = deterministic;
-    o.backend = backend;
-    o.kv = kv;
     if (model) o.model = model;
     if (fr_session_open(&o, n_blocks, max_seqs, s)) fail_msg("%s", fr_last_error());
 }

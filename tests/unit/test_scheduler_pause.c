@@ -32,21 +32,12 @@ static int on_cuda(void)
 
 static void open_det(fr_session *s, fr_kv_dtype kv, int n_blocks, int max_seqs, int chunk)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = on_cuda() ? FR_BACKEND_CUDA : FR_BACKEND_CPU;
+    const int cuda = on_cuda();
+    fr_engine_opts o = fr_test_engine_opts(cuda ? FR_BACKEND_CUDA : FR_BACKEND_CPU, NULL,
+                                           cuda && kv == FR_KV_F32 ? FR_KV_BF16 : kv);
     o.deterministic = 1;
-    o.kv = on_cuda() && kv == FR_KV_F32 ? FR_KV_BF16 : kv;
     o.chunk = chunk;
     assert_int_equal(fr_session_open(&o, n_blocks, max_seqs, s), FR_OK);
-}
-
-static fr_scheduler *new_sched(fr_session *s, int chunk)
-{
-    fr_scheduler_config c = {.max_seqs = 0, .chunk = chunk, .reserve_blocks = -1};
-    fr_scheduler *sch = NULL;
-    assert_int_equal(fr_scheduler_new(s, &c, &sch), FR_OK);
-    return sch;
 }
 
 /* Every queued result into out[request][sample - first], each once. */
@@ -82,7 +73,7 @@ static fr_request_spec spec_of(uint64_t id, int n, int max_tokens)
 /* The one sample of r run alone on a fresh scheduler. */
 static fr_sample_result run_alone(fr_session *s, int chunk, const fr_request_spec *r)
 {
-    fr_scheduler *sch = new_sched(s, chunk);
+    fr_scheduler *sch = fr_test_scheduler(s, chunk);
     assert_int_equal(fr_scheduler_submit(sch, r), FR_OK);
     assert_int_equal(fr_scheduler_run(sch), FR_OK);
     fr_sample_result out, extra;
@@ -120,7 +111,7 @@ static fr_sample_result run_continuation(fr_session *s, int chunk, fr_request_sp
     r.continue_tokens = a->tokens;
     r.n_continue = k;
     if (!busy) return run_alone(s, chunk, &r);
-    fr_scheduler *sch = new_sched(s, chunk);
+    fr_scheduler *sch = fr_test_scheduler(s, chunk);
     fr_request_spec other = spec_of(1, 2, 30);
     assert_int_equal(fr_scheduler_submit(sch, &other), FR_OK);
     for (int i = 0; i < 4; i++) assert_int_equal(fr_scheduler_step(sch), FR_OK);
@@ -221,7 +212,7 @@ static void test_continue_refused(void **state)
     (void)state;
     fr_session s;
     open_det(&s, FR_KV_F32, 64, 8, 64);
-    fr_scheduler *sch = new_sched(&s, 64);
+    fr_scheduler *sch = fr_test_scheduler(&s, 64);
     int cont[30], forced[4] = {1, 2, 3, 4};
     for (int i = 0; i < 30; i++) cont[i] = 40 + i;
     fr_request_spec r = spec_of(0, 1, 20);
@@ -273,7 +264,7 @@ static void test_freeze(void **state)
         for (int pass = 0; pass < 2; pass++) {
             fr_session s;
             open_det(&s, FR_KV_BF16, 64, 8, 32);
-            fr_scheduler *sch = new_sched(&s, 32);
+            fr_scheduler *sch = fr_test_scheduler(&s, 32);
             fr_request_spec a = spec_of(0, 2, 30), b = spec_of(1, 1, 30), c = spec_of(2, 1, 30);
             assert_int_equal(fr_scheduler_submit(sch, &a), FR_OK);
             assert_int_equal(fr_scheduler_submit(sch, &b), FR_OK);
@@ -331,7 +322,7 @@ static void test_hold(void **state)
     memset(got, 0, sizeof got);
     fr_session s;
     open_det(&s, FR_KV_F32, 5, 4, 64);   /* 5 pages: the decodes of three samples run out and preempt */
-    fr_scheduler *sch = new_sched(&s, 64);
+    fr_scheduler *sch = fr_test_scheduler(&s, 64);
     fr_request_spec r[3] = {spec_of(0, 2, 180), spec_of(1, 1, 180), spec_of(2, 2, 40)};
     for (int i = 0; i < 3; i++) assert_int_equal(fr_scheduler_submit(sch, &r[i]), FR_OK);
     fr_scheduler_stats st;
@@ -374,12 +365,10 @@ static void test_hold(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_continue_bitwise),  cmocka_unit_test(test_continue_options),
-        cmocka_unit_test(test_continue_monitored), cmocka_unit_test(test_continue_refused),
-        cmocka_unit_test(test_freeze),            cmocka_unit_test(test_hold),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_continue_bitwise),
+             cmocka_unit_test(test_continue_options),
+             cmocka_unit_test(test_continue_monitored),
+             cmocka_unit_test(test_continue_refused),
+             cmocka_unit_test(test_freeze),
+             cmocka_unit_test(test_hold))

@@ -69,20 +69,7 @@ static void on_done(void *user, const fr_sample_result *res)
     assert_true(res->request_id < MAXR);
     if (res->sample != 0) return;
     fr_sample_result *k = &r->res[res->request_id];
-    *k = *res;   /* keep the arrays needed: tokens and text */
-    k->tokens = malloc(sizeof(int) * (size_t)(res->n_tokens ? res->n_tokens : 1));
-    memcpy(k->tokens, res->tokens, sizeof(int) * (size_t)res->n_tokens);
-    k->text = NULL;
-    if (res->text) {   /* the text may hold NUL (token 0 is a byte) */
-        k->text = malloc(res->text_len + 1);
-        memcpy(k->text, res->text, res->text_len + 1);
-    }
-    k->logprobs = NULL;
-    k->versions = NULL;
-    k->kl = NULL;
-    k->top_ids = NULL;
-    k->top_logprobs = NULL;
-    k->prompt_logprobs = NULL;
+    fr_test_keep_result(k, res);
     r->got[res->request_id] = 1;
 }
 
@@ -104,11 +91,7 @@ static void run(const run_opts *ro, const fr_tokenizer *tok, fr_request_spec *sp
 {
     memset(rec, 0, sizeof *rec);
     rec->tok = tok;
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.model = ro->model;
-    o.backend = FR_BACKEND_CPU;
-    o.kv = FR_KV_F32;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, ro->model, FR_KV_F32);
     o.chunk = 32;
     o.deterministic = ro->deterministic;
     fr_session s;
@@ -424,12 +407,10 @@ static void test_refused_without_tokenizer(void **state)
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_stops_bytes),          cmocka_unit_test(test_stops_qwen3),
-        cmocka_unit_test(test_min_tokens),           cmocka_unit_test(test_preemption_and_abort),
-        cmocka_unit_test(test_refused_without_tokenizer), cmocka_unit_test(test_continuation),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_stops_bytes),
+             cmocka_unit_test(test_stops_qwen3),
+             cmocka_unit_test(test_min_tokens),
+             cmocka_unit_test(test_preemption_and_abort),
+             cmocka_unit_test(test_refused_without_tokenizer),
+             cmocka_unit_test(test_continuation))

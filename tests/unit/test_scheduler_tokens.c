@@ -57,10 +57,7 @@ static void on_done(void *user, const fr_sample_result *res)
 /* A tight cache (preemptions) and NREQ requests of NS samples. */
 static void run(int abort_after_steps, long long *preemptions, record *rec)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CPU;
-    o.kv = FR_KV_F32;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, NULL, FR_KV_F32);
     o.chunk = 64;
     fr_session s;
     assert_int_equal(fr_session_open(&o, 6, 8, &s), FR_OK);
@@ -121,11 +118,6 @@ static void test_tokens_then_abort(void **state)
     free(rec);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tokens_reported_once_through_preemption),
-        cmocka_unit_test(test_tokens_then_abort),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_tokens_reported_once_through_preemption),
+             cmocka_unit_test(test_tokens_then_abort))

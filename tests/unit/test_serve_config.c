@@ -14,14 +14,9 @@
 #include <unistd.h>
 
 #include "app/serve_config.h"
+#include "test_util.h"
 
 #define LABEL "conf/serve.json"
-
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(fr_last_error(), needle))
-        fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
-}
 
 static fr_status parse(const char *text, fr_serve_config *c)
 {
@@ -162,7 +157,7 @@ static void test_unknown_keys(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         fr_serve_config c;
         if (parse(cases[i].json, &c) != FR_EINVAL) fail_msg("accepted: %s", cases[i].json);
-        for (int k = 0; k < 3 && cases[i].want[k]; k++) assert_msg_has(cases[i].want[k]);
+        for (int k = 0; k < 3 && cases[i].want[k]; k++) fr_test_error_has(cases[i].want[k]);
     }
 }
 
@@ -216,8 +211,8 @@ static void test_bad_values(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         fr_serve_config c;
         if (parse(cases[i].json, &c) != FR_EINVAL) fail_msg("accepted: %s", cases[i].json);
-        assert_msg_has(LABEL ": ");
-        for (int k = 0; k < 2 && cases[i].want[k]; k++) assert_msg_has(cases[i].want[k]);
+        fr_test_error_has(LABEL ": ");
+        for (int k = 0; k < 2 && cases[i].want[k]; k++) fr_test_error_has(cases[i].want[k]);
     }
     /* Too many stop ids. */
     char many[1024] = "{\"sampling\": {\"stop_token_ids\": [";
@@ -226,7 +221,7 @@ static void test_bad_values(void **state)
     strcat(many, "]}}");
     fr_serve_config c;
     assert_int_equal(parse(many, &c), FR_EINVAL);
-    assert_msg_has("sampling.stop_token_ids: has 65 ids; at most 64");
+    fr_test_error_has("sampling.stop_token_ids: has 65 ids; at most 64");
 }
 
 static void test_contradictions(void **state)
@@ -234,17 +229,17 @@ static void test_contradictions(void **state)
     (void)state;
     fr_serve_config c;
     assert_int_equal(parse("{\"kv_blocks\": 100, \"kv_memory_fraction\": 0.5}", &c), FR_EINVAL);
-    assert_msg_has("kv_blocks (100) and kv_memory_fraction are alternatives");
+    fr_test_error_has("kv_blocks (100) and kv_memory_fraction are alternatives");
     assert_int_equal(parse("{\"backend\": \"cpu\", \"kv_memory_fraction\": 0.5}", &c), FR_EINVAL);
-    assert_msg_has("with backend \"cpu\" give kv_blocks");
+    fr_test_error_has("with backend \"cpu\" give kv_blocks");
     assert_int_equal(parse("{\"metrics_port\": 5555}", &c), FR_EINVAL);
-    assert_msg_has("coordinator.port and metrics_port are both 5555");
+    fr_test_error_has("coordinator.port and metrics_port are both 5555");
     assert_int_equal(parse("{\"metrics_port\": 7000, \"metrics_pub_port\": 7000}", &c), FR_EINVAL);
-    assert_msg_has("metrics_port and metrics_pub_port are both 7000");
+    fr_test_error_has("metrics_port and metrics_pub_port are both 7000");
     assert_int_equal(parse("{\"metrics_pub_port\": 7001}", &c), FR_OK);
     assert_int_equal(c.metrics_pub_port, 7001);
     assert_int_equal(parse("{\"metrics_log\": \"run.jsonl\", \"metrics_port\": 0}", &c), FR_EINVAL);
-    assert_msg_has("metrics_log records the history the metrics endpoint keeps: set metrics_port too");
+    fr_test_error_has("metrics_log records the history the metrics endpoint keeps: set metrics_port too");
     assert_int_equal(parse("{\"metrics_log\": \"run.jsonl\"}", &c), FR_OK);   /* the default endpoint keeps it */
     assert_int_equal(parse("{\"recalibration\": {\"kl_threshold\": 0.02, \"texts\": [\"a.txt\", \"b.txt\"], "
                            "\"min_positions\": 100, \"continue\": 0, \"out_dir\": \"recal\"}}", &c), FR_OK);
@@ -256,7 +251,7 @@ static void test_contradictions(void **state)
     assert_int_equal(c.recalibration.context, -1);
     assert_string_equal(c.recalibration.out_dir, "recal");
     assert_int_equal(parse("{\"coordinator\": {\"engine_port\": 5556}}", &c), FR_EINVAL);
-    assert_msg_has("coordinator.weight_port and coordinator.engine_port are both 5556");
+    fr_test_error_has("coordinator.weight_port and coordinator.engine_port are both 5556");
     /* kv_blocks 0 means automatic: it goes with kv_memory_fraction. */
     assert_int_equal(parse("{\"kv_blocks\": 0, \"kv_memory_fraction\": 0.5}", &c), FR_OK);
     assert_int_equal(parse("{\"backend\": \"cpu\", \"kv_blocks\": 64}", &c), FR_OK);
@@ -267,7 +262,7 @@ static void test_contradictions(void **state)
      * metrics_port given is the user's and must not collide. */
     assert_int_equal(parse("{\"coordinator\": {\"port\": 8000}}", &c), FR_OK);
     assert_int_equal(parse("{\"metrics_port\": 8000, \"coordinator\": {\"port\": 8000}}", &c), FR_EINVAL);
-    assert_msg_has("coordinator.port and metrics_port are both 8000");
+    fr_test_error_has("coordinator.port and metrics_port are both 8000");
 }
 
 static void test_malformed(void **state)
@@ -275,13 +270,13 @@ static void test_malformed(void **state)
     (void)state;
     fr_serve_config c;
     assert_int_equal(parse("{\"tp\": }", &c), FR_EFORMAT);
-    assert_msg_has(LABEL ": not valid JSON (line 1, column 8)");
+    fr_test_error_has(LABEL ": not valid JSON (line 1, column 8)");
     assert_int_equal(parse("{\n  \"tp\": 2,\n  \"chunk\": 12x\n}", &c), FR_EFORMAT);
-    assert_msg_has("(line 3, column");
+    fr_test_error_has("(line 3, column");
     assert_int_equal(parse("{\"tp\": 2} {\"tp\": 3}", &c), FR_EFORMAT);
-    assert_msg_has("unexpected text after the JSON object (line 1, column 11)");
+    fr_test_error_has("unexpected text after the JSON object (line 1, column 11)");
     assert_int_equal(parse("[1, 2]", &c), FR_EFORMAT);
-    assert_msg_has("must be a JSON object, got an array");
+    fr_test_error_has("must be a JSON object, got an array");
     assert_int_equal(parse("", &c), FR_EFORMAT);
     assert_int_equal(fr_serve_config_parse(NULL, 0, LABEL, &c), FR_EINVAL);
     /* Text need not end in NUL: only len bytes are read. */
@@ -387,12 +382,12 @@ static void test_load_paths(void **state)
     fputs("{\"tp\": 2,\n \"bogus_key\": 1}", f);
     fclose(f);
     assert_int_equal(fr_serve_config_load(path, &c), FR_EINVAL);
-    assert_msg_has(path);
-    assert_msg_has("unknown key \"bogus_key\"");
+    fr_test_error_has(path);
+    fr_test_error_has("unknown key \"bogus_key\"");
     remove(path);
     assert_int_equal(fr_serve_config_load(path, &c), FR_EIO);
-    assert_msg_has("cannot read config file");
-    assert_msg_has(path);
+    fr_test_error_has("cannot read config file");
+    fr_test_error_has(path);
     rmdir(dir);
 }
 
@@ -437,19 +432,14 @@ static void test_example_files(void **state)
     }
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),
-        cmocka_unit_test(test_every_key),
-        cmocka_unit_test(test_unknown_keys),
-        cmocka_unit_test(test_bad_values),
-        cmocka_unit_test(test_contradictions),
-        cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_failure_keeps_config),
-        cmocka_unit_test(test_json_round_trip),
-        cmocka_unit_test(test_load_paths),
-        cmocka_unit_test(test_example_files),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_defaults),
+             cmocka_unit_test(test_every_key),
+             cmocka_unit_test(test_unknown_keys),
+             cmocka_unit_test(test_bad_values),
+             cmocka_unit_test(test_contradictions),
+             cmocka_unit_test(test_malformed),
+             cmocka_unit_test(test_failure_keeps_config),
+             cmocka_unit_test(test_json_round_trip),
+             cmocka_unit_test(test_load_paths),
+             cmocka_unit_test(test_example_files))

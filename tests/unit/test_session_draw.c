@@ -23,19 +23,12 @@
 
 #include "rollout/model/sampler.h"
 #include "rollout/engine/session.h"
+#include "test_util.h"
 
 static void open_tiny(fr_session *s)
 {
-    fr_engine_opts o;
-    fr_engine_opts_default(&o);
-    o.backend = FR_BACKEND_CPU;
-    o.kv = FR_KV_NVFP4;
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, NULL, FR_KV_NVFP4);
     if (fr_session_open(&o, 32, 8, s)) fail_msg("%s", fr_last_error());
-}
-
-static void assert_msg_has(const char *needle)
-{
-    if (!strstr(fr_last_error(), needle)) fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
 }
 
 /* Two twin sessions, each with sequence a holding `prompt` and sequence b
@@ -210,31 +203,26 @@ static void test_refusals(void **state)
     float *kept = malloc(sizeof(float) * (size_t)V);
     assert_non_null(kept);
     assert_int_equal(fr_session_step_draw(&s, seqs, 1, &d, 1, &tok, NULL, NULL, 0, NULL), FR_EINVAL);
-    assert_msg_has("reads logit row 1 of 1");
+    fr_test_error_has("reads logit row 1 of 1");
     d.row = 0;
     d.d.params.top_p = 1.5f;
     assert_int_equal(fr_session_step_draw(&s, seqs, 1, &d, 1, &tok, NULL, NULL, 0, NULL), FR_EINVAL);
     d.d.params.top_p = 1.0f;
     const int bad_keep = 2;
     assert_int_equal(fr_session_step_draw(&s, seqs, 1, &d, 1, &tok, NULL, &bad_keep, 1, kept), FR_EINVAL);
-    assert_msg_has("outside the step");
+    fr_test_error_has("outside the step");
     assert_int_equal(fr_kv_seq_len(s.kv, a), 0);   /* nothing ran */
     fr_step_seq one[1] = {{.seq = a, .n = 1, .tokens = toks}};
     fr_decode_row r = {.params = {.temperature = 0.0f, .top_p = 1.0f}};
     assert_int_equal(fr_session_decode_keep(&s, one, &r, 1, &tok, NULL, &bad_keep, 1, kept), FR_EINVAL);
     assert_int_equal(fr_session_decode_launch(&s, one, &r, 1), FR_EUNSUPPORTED);
-    assert_msg_has("CUDA");
+    fr_test_error_has("CUDA");
     free(kept);
     fr_session_close(&s);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_step_draw_equals_step_and_sample),
-        cmocka_unit_test(test_decode_keep),
-        cmocka_unit_test(test_fill),
-        cmocka_unit_test(test_refusals),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_step_draw_equals_step_and_sample),
+             cmocka_unit_test(test_decode_keep),
+             cmocka_unit_test(test_fill),
+             cmocka_unit_test(test_refusals))

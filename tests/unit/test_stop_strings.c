@@ -17,6 +17,7 @@
 #include "rollout/engine/stop_strings.h"
 #include "tests/unit/tokenizer_util.h"
 #include "tokenizer/tokenizer.h"
+#include "test_util.h"
 
 static fr_stop_matcher *matcher(const char *const *s, int n)
 {
@@ -374,12 +375,10 @@ static void test_sample_text_qwen3(void **state)
     fr_tokenizer_free(&t);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matcher_basics),   cmocka_unit_test(test_matcher_random),
-        cmocka_unit_test(test_refusals),         cmocka_unit_test(test_byte_tokenizer),
-        cmocka_unit_test(test_sample_text_bytes), cmocka_unit_test(test_sample_text_qwen3),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_matcher_basics),
+             cmocka_unit_test(test_matcher_random),
+             cmocka_unit_test(test_refusals),
+             cmocka_unit_test(test_byte_tokenizer),
+             cmocka_unit_test(test_sample_text_bytes),
+             cmocka_unit_test(test_sample_text_qwen3))

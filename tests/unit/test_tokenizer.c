@@ -15,6 +15,7 @@
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/tok_utf8.h"
 #include "tokenizer/tokenizer.h"
+#include "test_util.h"
 
 /* A byte-level BPE tokenizer.json: the 256 byte characters as ids 0..255,
  * then `extra` (a JSON fragment of more "token": id entries, may be ""),
@@ -364,17 +365,12 @@ static void test_checkpoint_configs(void **state)
     fr_tokenizer_free(&d);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_refuses_unsupported_components),
-        cmocka_unit_test(test_refuses_malformed_files),
-        cmocka_unit_test(test_invalid_utf8),
-        cmocka_unit_test(test_api_edges),
-        cmocka_unit_test(test_bpe_long_runs),
-        cmocka_unit_test(test_byte_fallback_and_unk),
-        cmocka_unit_test(test_config),
-        cmocka_unit_test(test_checkpoint_configs),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_refuses_unsupported_components),
+             cmocka_unit_test(test_refuses_malformed_files),
+             cmocka_unit_test(test_invalid_utf8),
+             cmocka_unit_test(test_api_edges),
+             cmocka_unit_test(test_bpe_long_runs),
+             cmocka_unit_test(test_byte_fallback_and_unk),
+             cmocka_unit_test(test_config),
+             cmocka_unit_test(test_checkpoint_configs))

@@ -20,6 +20,7 @@
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/tok_utf8.h"
 #include "tokenizer/tokenizer.h"
+#include "test_util.h"
 
 /* A byte-level tokenizer with one token per byte (ids 0..255), plus <s> = 256. */
 static fr_tokenizer *bytes_tokenizer(void)
@@ -320,16 +321,11 @@ static void test_large_inputs(void **state)
     fr_tokenizer_free(&t);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_detok_multibyte),
-        cmocka_unit_test(test_detok_byte_fallback),
-        cmocka_unit_test(test_normal_forms_piecewise),
-        cmocka_unit_test(test_regex_translation),
-        cmocka_unit_test(test_split_behaviors),
-        cmocka_unit_test(test_threads),
-        cmocka_unit_test(test_large_inputs),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_detok_multibyte),
+             cmocka_unit_test(test_detok_byte_fallback),
+             cmocka_unit_test(test_normal_forms_piecewise),
+             cmocka_unit_test(test_regex_translation),
+             cmocka_unit_test(test_split_behaviors),
+             cmocka_unit_test(test_threads),
+             cmocka_unit_test(test_large_inputs))

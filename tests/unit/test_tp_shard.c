@@ -17,6 +17,7 @@
 #include "rollout/model/moe_cpu.h"
 #include "rollout/model/tp_shard.h"
 #include "tests/unit/test_util.h"
+#include "test_util.h"
 
 /* Qwen3-4B's shape: 32 query heads, 8 KV heads, intermediate 9728, vocab 151936. */
 static fr_model_config qwen3_4b(void)
@@ -244,13 +245,10 @@ static void test_shard_experts(void **state)
     fr_model_destroy(&m);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_even_split),  cmocka_unit_test(test_replicated_kv),
-        cmocka_unit_test(test_refusals),    cmocka_unit_test(test_kv_table),
-        cmocka_unit_test(test_shard_weights),
-        cmocka_unit_test(test_shard_experts),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_even_split),
+             cmocka_unit_test(test_replicated_kv),
+             cmocka_unit_test(test_refusals),
+             cmocka_unit_test(test_kv_table),
+             cmocka_unit_test(test_shard_weights),
+             cmocka_unit_test(test_shard_experts))

@@ -1,5 +1,11 @@
 #include "test_util.h"
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
 #include <dirent.h>
 #include <math.h>
 #include <string.h>
@@ -153,4 +159,64 @@ fr_status fr_test_server_stop(fr_test_server **pl)
     free(l);
     *pl = NULL;
     return st;
+}
+
+fr_engine_opts fr_test_engine_opts(fr_backend backend, const char *model, fr_kv_dtype kv)
+{
+    fr_engine_opts o;
+    fr_engine_opts_default(&o);
+    o.backend = backend;
+    if (model) o.model = model;
+    o.kv = kv;
+    return o;
+}
+
+void fr_test_error_has(const char *needle)
+{
+    if (!strstr(fr_last_error(), needle)) fail_msg("error \"%s\" does not mention \"%s\"", fr_last_error(), needle);
+}
+
+void fr_test_round_trip(const fr_msg *m, fr_msg *out, size_t *len)
+{
+    char *data = NULL;
+    size_t n = 0;
+    if (fr_msg_encode(m, &data, &n)) fail_msg("encode %s: %s", fr_msg_type_name(m->type), fr_last_error());
+    if (fr_msg_decode(data, n, out)) fail_msg("decode %s: %s", fr_msg_type_name(m->type), fr_last_error());
+    free(data);
+    if (len) *len = n;
+    assert_int_equal(out->type, m->type);
+}
+
+/* malloc'd copy of n bytes (at least one byte, so that an empty array is
+ * not NULL), or NULL when src is. */
+static void *copy_of(const void *src, size_t n)
+{
+    if (!src) return NULL;
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    memcpy(p, src, n);
+    return p;
+}
+
+void fr_test_keep_result(fr_sample_result *dst, const fr_sample_result *src)
+{
+    const size_t n = (size_t)src->n_tokens;
+    *dst = *src;
+    dst->tokens = copy_of(src->tokens, sizeof(int) * n);
+    dst->text = copy_of(src->text, src->text_len + 1);   /* may hold NUL: token 0 is a byte */
+    dst->routed_experts = copy_of(src->routed_experts, fr_sample_route_bytes(src) * n);
+    dst->logprobs = NULL;
+    dst->versions = NULL;
+    dst->kl = NULL;
+    dst->top_ids = NULL;
+    dst->top_logprobs = NULL;
+    dst->prompt_logprobs = NULL;
+}
+
+fr_scheduler *fr_test_scheduler(fr_session *s, int chunk)
+{
+    fr_scheduler_config c = {.max_seqs = 0, .chunk = chunk, .reserve_blocks = -1};
+    fr_scheduler *sch = NULL;
+    if (fr_scheduler_new(s, &c, &sch)) fail_msg("scheduler: %s", fr_last_error());
+    return sch;
 }

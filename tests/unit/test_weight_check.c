@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "rollout/engine/weight_check.h"
+#include "test_util.h"
 
 /* synthetic:tiny's tensors used here, with their shapes. */
 #define EMBED "model.embed_tokens.weight"
@@ -339,14 +340,9 @@ static void test_open_update(void **state)
     assert_string_equal(fr_weight_refusal_name(FR_WREF_FAILED), "update_failed");
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_begin_refusals, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_bucket_refusals, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_piece_refusals, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_done_and_ready, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_open_update, setup, teardown),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test_setup_teardown(test_begin_refusals, setup, teardown),
+             cmocka_unit_test_setup_teardown(test_bucket_refusals, setup, teardown),
+             cmocka_unit_test_setup_teardown(test_piece_refusals, setup, teardown),
+             cmocka_unit_test_setup_teardown(test_done_and_ready, setup, teardown),
+             cmocka_unit_test_setup_teardown(test_open_update, setup, teardown))

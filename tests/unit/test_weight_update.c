@@ -18,6 +18,7 @@
 #include "attention/fp_formats.h"
 #include "rollout/engine/session.h"
 #include "rollout/engine/weight_update.h"
+#include "test_util.h"
 
 static const int PROMPT[] = {256, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100};
 enum { NP = sizeof PROMPT / sizeof PROMPT[0] };
@@ -318,13 +319,8 @@ static void test_partial_update(void **state)
     fr_session_close(&c);
 }
 
-int main(void)
-{
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_update_equals_fresh_session),
-        cmocka_unit_test(test_refusals_change_nothing),
-        cmocka_unit_test(test_commit_by_move),
-        cmocka_unit_test(test_partial_update),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
-}
+FR_TEST_MAIN(NULL, NULL,
+             cmocka_unit_test(test_update_equals_fresh_session),
+             cmocka_unit_test(test_refusals_change_nothing),
+             cmocka_unit_test(test_commit_by_move),
+             cmocka_unit_test(test_partial_update))

@@ -598,25 +598,12 @@ static void test_mpi_all_or_nothing(void **state)
     fr_model_destroy(&m);
 }
 
-int main(int argc, char **argv)
-{
-    if (fr_mpi_world_init(&argc, &argv, &W)) {
-        fprintf(stderr, "test_wsync_rank: %s\n", fr_last_error());
-        return 1;
-    }
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_piece_rects),
-        cmocka_unit_test(test_parts_cover_the_shard),
-        cmocka_unit_test(test_parts_of_other_layers),
-        cmocka_unit_test(test_wrong_checksum_on_one_rank),
-        cmocka_unit_test(test_sender_gone),
-        cmocka_unit_test(test_refusals),
-        cmocka_unit_test(test_overlapped_buckets),
-        cmocka_unit_test(test_mpi_all_or_nothing),
-    };
-    int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    int any = 0;
-    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, W->comm);
-    fr_mpi_world_finalize(&W);
-    return any ? 1 : 0;
-}
+FR_MPI_TEST_MAIN(W, NULL, NULL,
+                 cmocka_unit_test(test_piece_rects),
+                 cmocka_unit_test(test_parts_cover_the_shard),
+                 cmocka_unit_test(test_parts_of_other_layers),
+                 cmocka_unit_test(test_wrong_checksum_on_one_rank),
+                 cmocka_unit_test(test_sender_gone),
+                 cmocka_unit_test(test_refusals),
+                 cmocka_unit_test(test_overlapped_buckets),
+                 cmocka_unit_test(test_mpi_all_or_nothing))

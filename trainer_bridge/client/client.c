@@ -142,23 +142,8 @@ static void connection_ended_locked(fr_client *c)
 /* Reads the monitor's events (the socket held by this thread). */
 void fr_client_read_monitor_locked(fr_client *c)
 {
-    for (int more = 1; c->monitor && more;) {
-        zmq_msg_t f;
-        zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, c->monitor, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&f);
-            return;
-        }
-        uint16_t event = 0;
-        if (zmq_msg_size(&f) == 6) memcpy(&event, zmq_msg_data(&f), 2);
-        more = zmq_msg_more(&f);
-        zmq_msg_close(&f);
-        while (more) {   /* the event's endpoint frame */
-            zmq_msg_init(&f);
-            more = zmq_msg_recv(&f, c->monitor, 0) >= 0 && zmq_msg_more(&f);
-            zmq_msg_close(&f);
-        }
-        more = 1;
+    uint16_t event;
+    while (c->monitor && fr_wire_monitor_event(c->monitor, &event, NULL)) {
         if (event == ZMQ_EVENT_DISCONNECTED) {
             /* what the ended connection brought is still queued: read it all
              * now, so nothing of it is taken for what a resubmission brings */

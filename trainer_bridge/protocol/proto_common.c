@@ -87,11 +87,10 @@ int fr_proto_dtype_from_name(const char *s, size_t len, fr_dtype *out)
 
 static const char *const stage_names[] = {"begin", "bucket", "commit", "abort"};
 
-const char *fr_update_stage_name(fr_update_stage s)
-{
-    if ((int)s < 0 || (int)s > FR_UPD_ABORT) return "none";
-    return stage_names[s];
-}
+/* names[i] of a table of n, "none" outside it. */
+static const char *name_at(const char *const *names, int n, int i) { return i >= 0 && i < n ? names[i] : "none"; }
+
+const char *fr_update_stage_name(fr_update_stage s) { return name_at(stage_names, FR_UPD_ABORT + 1, (int)s); }
 
 int fr_proto_stage_from_name(const char *s, size_t len, fr_update_stage *out)
 {
@@ -118,11 +117,7 @@ const char *fr_pause_mode_name(fr_pause_mode m)
 
 static const char *const finish_names[] = {"stop", "length", "abort", "error"};
 
-const char *fr_wire_finish_name(fr_wire_finish f)
-{
-    if ((int)f < 0 || (int)f > FR_WIRE_ERROR) return "none";
-    return finish_names[f];
-}
+const char *fr_wire_finish_name(fr_wire_finish f) { return name_at(finish_names, FR_WIRE_ERROR + 1, (int)f); }
 
 int fr_proto_finish_from_name(const char *s, size_t len, fr_wire_finish *out)
 {

@@ -240,17 +240,31 @@ fr_status fr_dec_get_strs(const fr_dec_ctx *c, const char *name, int max_n, size
     return FR_OK;
 }
 
+/* The array `name` (*a NULL when absent) and, when present, room for its
+ * elements in *room (a 1-entry allocation for an empty array, so present
+ * arrays are never NULL); *present, when asked, says which. */
+static fr_status array_room(const fr_dec_ctx *c, const char *name, int required, size_t elem,
+                            const msgpack_object_array **a, void **room, int *present)
+{
+    fr_status st = fr_dec_get_array(c, name, required, a);
+    if (present) *present = *a != NULL;
+    *room = NULL;
+    if (st || !*a) return st;
+    *room = malloc(elem * ((*a)->size ? (*a)->size : 1));
+    if (!*room) return fr_fail(FR_ENOMEM, "%s: out of memory reading \"%s\"", c->type, name);
+    return FR_OK;
+}
+
 /* An array of integers in [lo, hi] into a new int array (a 1-entry
  * allocation for an empty array, so present arrays are never NULL). */
 fr_status fr_dec_get_ints(const fr_dec_ctx *c, const char *name, int required, long long lo, long long hi, int **out,
                           int *n, int *present)
 {
     const msgpack_object_array *a;
-    fr_status st = fr_dec_get_array(c, name, required, &a);
-    if (present) *present = a != NULL;
+    void *room;
+    fr_status st = array_room(c, name, required, sizeof(int), &a, &room, present);
     if (st || !a) return st;
-    int *v = malloc(sizeof(int) * (a->size ? a->size : 1));
-    if (!v) return fr_fail(FR_ENOMEM, "%s: out of memory reading \"%s\"", c->type, name);
+    int *v = room;
     for (uint32_t i = 0; i < a->size; i++) {
         const msgpack_object *e = &a->ptr[i];
         long long x;
@@ -278,11 +292,10 @@ fr_status fr_dec_get_ints(const fr_dec_ctx *c, const char *name, int required, l
 fr_status fr_dec_get_u64s(const fr_dec_ctx *c, const char *name, int required, uint64_t **out, int *n, int *present)
 {
     const msgpack_object_array *a;
-    fr_status st = fr_dec_get_array(c, name, required, &a);
-    if (present) *present = a != NULL;
+    void *room;
+    fr_status st = array_room(c, name, required, sizeof(uint64_t), &a, &room, present);
     if (st || !a) return st;
-    uint64_t *v = malloc(sizeof(uint64_t) * (a->size ? a->size : 1));
-    if (!v) return fr_fail(FR_ENOMEM, "%s: out of memory reading \"%s\"", c->type, name);
+    uint64_t *v = room;
     for (uint32_t i = 0; i < a->size; i++) {
         if (a->ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
             free(v);
@@ -299,10 +312,10 @@ fr_status fr_dec_get_u64s(const fr_dec_ctx *c, const char *name, int required, u
 fr_status fr_dec_get_floats(const fr_dec_ctx *c, const char *name, float **out, int *n)
 {
     const msgpack_object_array *a;
-    fr_status st = fr_dec_get_array(c, name, 1, &a);
+    void *room;
+    fr_status st = array_room(c, name, 1, sizeof(float), &a, &room, NULL);
     if (st) return st;
-    float *v = malloc(sizeof(float) * (a->size ? a->size : 1));
-    if (!v) return fr_fail(FR_ENOMEM, "%s: out of memory reading \"%s\"", c->type, name);
+    float *v = room;
     for (uint32_t i = 0; i < a->size; i++) {
         double x;
         char elem[96];

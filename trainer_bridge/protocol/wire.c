@@ -173,3 +173,28 @@ const char *fr_wire_peer_hex(const unsigned char *peer, size_t len, char *buf, s
     for (size_t i = 0; i < len && o + 3 <= cap; i++) o += (size_t)snprintf(buf + o, cap - o, "%02x", peer[i]);
     return buf;
 }
+
+int fr_wire_monitor_event(void *monitor, uint16_t *event, int32_t *value)
+{
+    zmq_msg_t f;
+    zmq_msg_init(&f);
+    if (zmq_msg_recv(&f, monitor, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&f);
+        return 0;
+    }
+    /* frame 1: 6 bytes, the event (16 bits) then its value (32 bits) */
+    *event = 0;
+    if (value) *value = -1;
+    if (zmq_msg_size(&f) == 6) {
+        memcpy(event, zmq_msg_data(&f), 2);
+        if (value) memcpy(value, (char *)zmq_msg_data(&f) + 2, 4);
+    }
+    int more = zmq_msg_more(&f);
+    zmq_msg_close(&f);
+    while (more) {   /* frame 2: the endpoint */
+        zmq_msg_init(&f);
+        more = zmq_msg_recv(&f, monitor, 0) >= 0 && zmq_msg_more(&f);
+        zmq_msg_close(&f);
+    }
+    return 1;
+}

@@ -1,11 +1,12 @@
 /* ZeroMQ framing of the protocol (docs/protocol.md, "Framing"): receiving
  * one whole multipart message, with the sender's routing id on a ROUTER
- * socket, and sending frame 0 to a peer without blocking. Shared by the
- * server and the client library. */
+ * socket, sending frame 0 to a peer without blocking, and reading a
+ * socket monitor's events. Shared by the server and the client library. */
 #ifndef FR_WIRE_H
 #define FR_WIRE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/fr_status.h"
 
@@ -57,6 +58,12 @@ fr_status fr_wire_send(void *sock, const void *peer, size_t peer_len, const void
 
 /* The routing id as hex text into buf (for logs). */
 const char *fr_wire_peer_hex(const unsigned char *peer, size_t len, char *buf, size_t cap);
+
+/* One event of a socket monitor (zmq_socket_monitor's PAIR end), without
+ * waiting: *event, and *value (for ZMQ_EVENT_DISCONNECTED the connection's
+ * file descriptor; value may be NULL), its endpoint frame read past.
+ * 1 with an event, 0 when none is queued. */
+int fr_wire_monitor_event(void *monitor, uint16_t *event, int32_t *value);
 
 #ifdef __cplusplus
 }

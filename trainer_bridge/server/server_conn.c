@@ -44,33 +44,13 @@ fr_status srv_conn_setup(fr_bridge_server *srv, const fr_bridge_config *cfg)
 }
 
 /* Reads the monitor's events: every connection that closed makes its
- * peers gone. An event is two frames: 6 bytes (event, value), then the
- * endpoint. */
+ * peers gone. */
 static void read_events(fr_bridge_server *srv)
 {
-    for (;;) {
-        zmq_msg_t f;
-        zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, srv->monitor, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&f);
-            return;
-        }
-        uint16_t event = 0;
-        int32_t fd = -1;
-        if (zmq_msg_size(&f) == 6) {
-            memcpy(&event, zmq_msg_data(&f), 2);
-            memcpy(&fd, (char *)zmq_msg_data(&f) + 2, 4);
-        }
-        int more = zmq_msg_more(&f);
-        zmq_msg_close(&f);
-        while (more) {
-            zmq_msg_init(&f);
-            if (zmq_msg_recv(&f, srv->monitor, 0) < 0) more = 0;
-            else more = zmq_msg_more(&f);
-            zmq_msg_close(&f);
-        }
+    uint16_t event;
+    int32_t fd;
+    while (fr_wire_monitor_event(srv->monitor, &event, &fd))
         if (event == ZMQ_EVENT_DISCONNECTED) fr_peers_closed(srv->peers, fd);
-    }
 }
 
 void srv_conn_watch(fr_bridge_server *srv)
