@@ -57,15 +57,16 @@ def model_config(a):
 
 
 def build_model(cfg):
+    import transformers
     from transformers import Qwen3Config, Qwen3ForCausalLM
-    c = dict(cfg)
-    c.pop("architectures")
-    c.pop("model_type")
-    try:   # transformers 5 keeps the RoPE base in rope_parameters
-        config = Qwen3Config(**dict(c, rope_parameters={"rope_type": "default", "rope_theta": c.pop("rope_theta")}))
-    except TypeError:
-        config = Qwen3Config(**cfg)
-    return Qwen3ForCausalLM(config)
+    c = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type")}
+    if int(transformers.__version__.split(".")[0]) >= 5:   # 5.x keeps the RoPE base in rope_parameters
+        c["rope_parameters"] = {"rope_type": "default", "rope_theta": c.pop("rope_theta")}
+    model = Qwen3ForCausalLM(Qwen3Config(**c))
+    theta = getattr(model.config, "rope_theta", None) or model.config.rope_parameters["rope_theta"]
+    if theta != cfg["rope_theta"]:
+        die("transformers %s did not take the RoPE base (%r)" % (transformers.__version__, theta))
+    return model
 
 
 def parse_stages(text):
@@ -126,7 +127,10 @@ def save_state(path, model, opt, stage, step, total_step, history, a):
 def export(model, cfg, a, history, seconds):
     import transformers
     out = a.out
-    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    try:
+        model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    except TypeError:   # releases that write safetensors only take no such argument
+        model.to(torch.bfloat16).save_pretrained(out)
     model.float()
     with open(os.path.join(out, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": rt.BOS, "eos_token_id": rt.EOS, "pad_token_id": rt.PAD}, f, indent=2)
