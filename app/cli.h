@@ -45,13 +45,14 @@ int fr_cli_score(const fr_cli_values *v);
 int fr_cli_generate(const fr_cli_values *v);
 int fr_cli_calibrate(const fr_cli_values *v);
 int fr_cli_eval_kl(const fr_cli_values *v);
+int fr_cli_eval_task(const fr_cli_values *v);
 int fr_cli_rollout(const fr_cli_values *v);
 int fr_cli_serve(const fr_cli_values *v);
 int fr_cli_dashboard(const fr_cli_values *v);
 int fr_cli_tokenize(const fr_cli_values *v);
 int fr_cli_detokenize(const fr_cli_values *v);
 extern const char fr_quant_usage[], fr_demo_usage[], fr_score_usage[], fr_generate_usage[], fr_calibrate_usage[],
-    fr_eval_kl_usage[], fr_rollout_usage[], fr_serve_usage[], fr_dashboard_usage[], fr_tokenize_usage[],
+    fr_eval_kl_usage[], fr_eval_task_usage[], fr_rollout_usage[], fr_serve_usage[], fr_dashboard_usage[], fr_tokenize_usage[],
     fr_detokenize_usage[];
 
 /* ---- reading a command line ---------------------------------------------- */

@@ -18,6 +18,8 @@ const fr_cli_command fr_cli_commands[] = {
      fr_calibrate_usage, fr_cli_calibrate},
     {"eval-kl", FR_CMD_EVAL_KL, "teacher-forced KL of KV cache configurations against BF16 KV (Appendix A)",
      fr_eval_kl_usage, fr_cli_eval_kl},
+    {"eval-task", FR_CMD_EVAL_TASK, "exact-match task accuracy of KV cache configurations, with paired tests",
+     fr_eval_task_usage, fr_cli_eval_task},
     {"dashboard", FR_CMD_DASHBOARD, "serve the divergence dashboard of a finished run from its metrics_log",
      fr_dashboard_usage, fr_cli_dashboard},
     {"demo", FR_CMD_DEMO, "print the quantization error table of every format on a demo tensor", fr_demo_usage,

@@ -14,6 +14,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "base/text_lines.h"
+
 /* The bundled demo model is found from the program's own place (build/,
  * build/cpu/ or an installed bin/ below the tree), then from the working
  * directory, so it works without an install step or a variable. */
@@ -164,23 +166,11 @@ static fr_status prompts_line(const char *line, fr_cli_prompts *p)
     return st;
 }
 
+static fr_status prompts_line_of(void *p, const char *line) { return prompts_line(line, p); }
+
 fr_status fr_cli_prompts_read(const char *path, fr_cli_prompts *p)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return fr_fail(FR_EIO, "cannot read %s: %s", path, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    fr_status st = FR_OK;
-    for (int lineno = 1; !st && getline(&line, &cap, f) >= 0; lineno++) {
-        if ((st = prompts_line(line, p)) && st != FR_ENOMEM) {
-            char msg[512];
-            snprintf(msg, sizeof msg, "%s", fr_last_error());
-            st = fr_fail(st, "%s line %d: %s", path, lineno, msg);
-        }
-    }
-    if (!st && ferror(f)) st = fr_fail(FR_EIO, "cannot read %s: %s", path, strerror(errno));
-    free(line);
-    fclose(f);
+    fr_status st = fr_read_lines(path, prompts_line_of, p);
     if (!st && p->n == 0) st = fr_fail(FR_EINVAL, "%s holds no prompt", path);
     return st;
 }

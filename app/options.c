@@ -13,6 +13,7 @@
 #include "base/log.h"
 #include "rollout/engine/session.h"
 #include "rollout/monitor/eval_kl.h"
+#include "rollout/monitor/eval_task.h"
 #include "trainer_bridge/protocol/protocol.h"
 
 /* ---- the choices: a name read into an int, and back ---------------------- */
@@ -109,6 +110,7 @@ static const struct {
     [FR_CMD_QUANT] = {"quant", 0, 2},          [FR_CMD_DEMO] = {"demo", 0, 0},
     [FR_CMD_GENERATE] = {"generate", 0, 0},    [FR_CMD_SCORE] = {"score", 0, 0},
     [FR_CMD_CALIBRATE] = {"calibrate", 0, 0},  [FR_CMD_EVAL_KL] = {"eval-kl", 0, 0},
+    [FR_CMD_EVAL_TASK] = {"eval-task", 0, 0},
     [FR_CMD_ROLLOUT] = {"rollout", 0, 0},      [FR_CMD_SERVE] = {"serve", 0, 0},
     [FR_CMD_DASHBOARD] = {"dashboard", 0, 1},  [FR_CMD_TOKENIZE] = {"tokenize", 0, 0},
     [FR_CMD_DETOKENIZE] = {"detokenize", 0, 0}, [FR_CMD_CLIENT] = {"", 1, 0},

@@ -28,6 +28,7 @@ typedef enum {
     FR_CMD_SCORE,
     FR_CMD_CALIBRATE,
     FR_CMD_EVAL_KL,
+    FR_CMD_EVAL_TASK,
     FR_CMD_ROLLOUT,
     FR_CMD_SERVE,
     FR_CMD_DASHBOARD,
