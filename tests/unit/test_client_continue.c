@@ -151,6 +151,31 @@ static void test_continue_after_abort(void **state)
     assert_int_equal(fr_client_continuation(&routed, &first, 51, &m), FR_OK);
     assert_int_equal(m.u.generate.return_routed_experts, 1);
     fr_msg_free(&m);
+    /* and its text: a prompt given as text and the stop strings are the
+     * continuation's own copies (freeing both requests frees each once) */
+    fr_msg texted;
+    fr_msg_init(&texted, FR_MSG_GENERATE);
+    texted.u.generate = g;
+    texted.u.generate.prompt = NULL;
+    texted.u.generate.n_prompt = 0;
+    texted.u.generate.stop_token_ids = NULL;
+    texted.u.generate.has_stop_token_ids = 0;
+    texted.u.generate.n_stop_token_ids = 0;
+    texted.u.generate.prompt_text = strdup("def f(x):");
+    texted.u.generate.prompt_text_len = strlen("def f(x):");
+    texted.u.generate.stop = calloc(1, sizeof(char *));
+    texted.u.generate.stop[0] = strdup("\n\n");
+    texted.u.generate.n_stop = 1;
+    assert_int_equal(fr_client_continuation(&texted.u.generate, &first, 52, &m), FR_OK);
+    assert_null(m.u.generate.prompt);
+    assert_ptr_not_equal(m.u.generate.prompt_text, texted.u.generate.prompt_text);
+    assert_int_equal(m.u.generate.prompt_text_len, texted.u.generate.prompt_text_len);
+    assert_memory_equal(m.u.generate.prompt_text, "def f(x):", m.u.generate.prompt_text_len);
+    assert_int_equal(m.u.generate.n_stop, 1);
+    assert_ptr_not_equal(m.u.generate.stop, texted.u.generate.stop);
+    assert_string_equal(m.u.generate.stop[0], "\n\n");
+    fr_msg_free(&m);
+    fr_msg_free(&texted);
     fr_client_destroy(&c);
 }
 

@@ -21,7 +21,7 @@ fr_status fr_client_continuation(const fr_msg_generate *g, const fr_client_sampl
 {
     if (!out) return fr_fail(FR_EINVAL, "client: continuation needs out");
     fr_msg_init(out, FR_MSG_GENERATE);
-    if (!g || !s || !g->prompt || g->n_prompt < 1)
+    if (!g || !s || ((!g->prompt || g->n_prompt < 1) && !g->prompt_text))
         return fr_fail(FR_EINVAL, "client: continuation needs the request and its sample");
     const int before = g->continue_tokens ? g->n_continue_tokens : 0;
     if (s->start != before)
@@ -44,11 +44,15 @@ fr_status fr_client_continuation(const fr_msg_generate *g, const fr_client_sampl
     c->prompt_logprobs = 0;   /* they came with the sample's first part */
     c->forced_tokens = NULL;
     c->n_forced_tokens = 0;
-    c->prompt = concat(g->prompt, g->n_prompt, NULL, 0);
+    /* a text prompt goes again as text: the server's tokenizer makes the
+     * same ids of it */
+    c->prompt = g->prompt ? concat(g->prompt, g->n_prompt, NULL, 0) : NULL;
     c->stop_token_ids = g->has_stop_token_ids ? concat(g->stop_token_ids, g->n_stop_token_ids, NULL, 0) : NULL;
     c->continue_tokens = concat(g->continue_tokens, before, s->token_ids, s->n_tokens);
     c->n_continue_tokens = before + s->n_tokens;
-    if (!c->prompt || !c->continue_tokens || (g->has_stop_token_ids && !c->stop_token_ids)) {
+    const int text_failed = fr_client_copy_generate_text(g, c);
+    if ((g->prompt && !c->prompt) || !c->continue_tokens || (g->has_stop_token_ids && !c->stop_token_ids) ||
+        text_failed) {
         fr_msg_free(out);
         fr_msg_init(out, FR_MSG_GENERATE);
         return fr_fail(FR_ENOMEM, "client: out of memory");

@@ -126,6 +126,10 @@ int fr_client_left_ms(double until);
 /* ---- client_requests.c ---------------------------------------------------- */
 
 void fr_client_free_generate(fr_msg_generate *g);
+/* out's own copies of g's prompt text and stop strings (both NULL where g
+ * has none); -1 when out of memory, what was copied left for the caller's
+ * free. */
+int fr_client_copy_generate_text(const fr_msg_generate *g, fr_msg_generate *out);
 /* The request with this id, or NULL. */
 req *fr_client_find_locked(const fr_client *c, uint64_t id);
 void fr_client_remove_req_locked(fr_client *c, req *q);

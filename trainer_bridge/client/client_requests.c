@@ -30,7 +30,7 @@ void fr_client_free_generate(fr_msg_generate *g)
 }
 
 /* The text keys' copies: 0, or -1 when out of memory (what was copied stays for the free). */
-static int copy_generate_text(const fr_msg_generate *g, fr_msg_generate *out)
+int fr_client_copy_generate_text(const fr_msg_generate *g, fr_msg_generate *out)
 {
     out->prompt_text = NULL;
     out->stop = NULL;
@@ -52,7 +52,7 @@ static int copy_generate(const fr_msg_generate *g, fr_msg_generate *out)
     out->stop_token_ids = copy_ints(g->stop_token_ids, g->n_stop_token_ids);
     out->forced_tokens = copy_ints(g->forced_tokens, g->n_forced_tokens);
     out->continue_tokens = copy_ints(g->continue_tokens, g->n_continue_tokens);
-    const int text_failed = copy_generate_text(g, out);
+    const int text_failed = fr_client_copy_generate_text(g, out);
     if ((g->prompt && !out->prompt) || (g->stop_token_ids && !out->stop_token_ids) ||
         (g->forced_tokens && !out->forced_tokens) || (g->continue_tokens && !out->continue_tokens) || text_failed) {
         fr_client_free_generate(out);
