@@ -187,7 +187,7 @@ static fr_status gen_run_alloc(gen_run *g, int V, int all_logits)
             g->smp[i].top_lps = malloc(sizeof(float) * T * K);
             ok = g->smp[i].top_ids && g->smp[i].top_lps;
         }
-        if (ok && g->tok && fr_sample_text_new(g->tok, g->stops, &g->smp[i].text)) return FR_ENOMEM;
+        if (ok && g->tok && fr_sample_text_new(g->tok, g->stops, 1, &g->smp[i].text)) return FR_ENOMEM;
     }
     if (!ok) return fr_fail(FR_ENOMEM, "out of memory");
     return fr_sampler_new(V, &g->sampler);

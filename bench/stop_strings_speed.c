@@ -36,7 +36,7 @@ static double per_token_ns(const fr_tokenizer *tok, const fr_stop_strings *stops
         const double t0 = fr_bench_cpu_s();
         for (size_t at = 0; at + per <= n; at += per) {
             fr_sample_text *st;
-            if (fr_sample_text_new(tok, stops, &st)) return -1;
+            if (fr_sample_text_new(tok, stops, 1, &st)) return -1;
             for (size_t i = 0; i < per; i++) {
                 int m;
                 if (fr_sample_text_push(st, ids[at + i], 1, &m) || m >= 0) {

@@ -255,6 +255,8 @@ fr_status fr_request_spec_check(const fr_request_spec *r, int vocab)
     if ((st = fr_stop_strings_check(&r->stop_strings, what))) return st;
     if (r->stop_strings.include != 0 && r->stop_strings.include != 1)
         return fr_fail(FR_EINVAL, "%s: include (of the stop strings) must be 0 or 1", what);
+    if (r->keep_special != 0 && r->keep_special != 1)
+        return fr_fail(FR_EINVAL, "%s: keep_special must be 0 or 1", what);
     st = fr_sampling_params_check(&r->params, vocab);
     if (!st) st = fr_penalties_check(&r->penalties);
     if (st) {

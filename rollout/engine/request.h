@@ -99,6 +99,9 @@ typedef struct {
      * matches). */
     fr_stop_strings stop_strings;
     int with_text;
+    /* 1: the text holds the special tokens too (as vLLM's and SGLang's
+     * skip_special_tokens false); 0, the default, leaves them out. */
+    int keep_special;
 } fr_request_spec;
 
 /* One finished sample. tokens and logprobs hold n_tokens entries each; a

@@ -22,7 +22,7 @@ int sch_text_open(fr_scheduler *sch, req *r, const fr_request_spec *spec)
     r->with_text = spec->with_text != 0;
     if (!sch_text_wanted(spec)) return 0;
     for (int i = 0; i < r->n; i++)
-        if (fr_sample_text_new(sch->cfg.tokenizer, &spec->stop_strings, &r->samples[i].text)) return -1;
+        if (fr_sample_text_new(sch->cfg.tokenizer, &spec->stop_strings, !spec->keep_special, &r->samples[i].text)) return -1;
     /* A continuation's text is what its own tokens add to the whole
      * sample's text: the continued tokens go through the detokenizer first
      * (no stop string ends them), so a stop string across the seam matches,

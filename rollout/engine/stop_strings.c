@@ -173,7 +173,8 @@ struct fr_sample_text {
     int ended;            /* matched or finished: the text is final */
 };
 
-fr_status fr_sample_text_new(const fr_tokenizer *tok, const fr_stop_strings *stops, fr_sample_text **out)
+fr_status fr_sample_text_new(const fr_tokenizer *tok, const fr_stop_strings *stops, int skip_special,
+                             fr_sample_text **out)
 {
     if (!out) return fr_fail(FR_EINVAL, "fr_sample_text_new: no place for the result");
     *out = NULL;
@@ -181,7 +182,7 @@ fr_status fr_sample_text_new(const fr_tokenizer *tok, const fr_stop_strings *sto
     if (!t) return fr_fail(FR_ENOMEM, "out of memory for a sample's text");
     t->matched = -1;
     t->include = stops && stops->include;
-    fr_status st = fr_detok_new(tok, 1, &t->d);
+    fr_status st = fr_detok_new(tok, skip_special != 0, &t->d);
     if (!st && stops && stops->n > 0) st = fr_stop_matcher_new(stops, &t->m);
     if (st) {
         fr_sample_text_free(&t);

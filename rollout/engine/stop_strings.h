@@ -16,7 +16,7 @@
  * server's HTTP side, say) may keep its own:
  *
  *     fr_sample_text *t;
- *     fr_sample_text_new(tok, &stops, &t);
+ *     fr_sample_text_new(tok, &stops, 1, &t);
  *     for each token: fr_sample_text_push(t, token, 1, &matched);   // matched >= 0: stop now
  *     text = fr_sample_text_get(t, &len, &stable);   // send text[sent, stable) to a stream
  *     at an end without a match: fr_sample_text_finish(t);      // then stable == len
@@ -81,8 +81,11 @@ size_t fr_stop_matcher_len(const fr_stop_matcher *m, int i);
 typedef struct fr_sample_text fr_sample_text;
 
 /* A state for one sample, decoding with tok (which must outlive it) and
- * matching stops (copied; NULL or n 0: text alone, no matching). */
-fr_status fr_sample_text_new(const fr_tokenizer *tok, const fr_stop_strings *stops, fr_sample_text **out);
+ * matching stops (copied; NULL or n 0: text alone, no matching);
+ * skip_special 1 leaves the special tokens out of the text (stop strings
+ * then never match them), 0 decodes them as their content. */
+fr_status fr_sample_text_new(const fr_tokenizer *tok, const fr_stop_strings *stops, int skip_special,
+                             fr_sample_text **out);
 void fr_sample_text_free(fr_sample_text **t);
 
 /* The sample's next token. *matched: the index of the stop string its text

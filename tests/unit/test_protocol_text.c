@@ -36,6 +36,7 @@ static void test_generate_text_keys(void **state)
     g->n_stop = 3;
     g->include_stop_str_in_output = 1;
     g->return_text = 1;
+    g->keep_special_tokens = 1;
     fr_test_round_trip(&m, &d, NULL);
     const fr_msg_generate *e = &d.u.generate;
     assert_null(e->prompt);
@@ -48,6 +49,7 @@ static void test_generate_text_keys(void **state)
     for (int i = 0; i < 3; i++) assert_string_equal(e->stop[i], stops[i]);
     assert_int_equal(e->include_stop_str_in_output, 1);
     assert_int_equal(e->return_text, 1);
+    assert_int_equal(e->keep_special_tokens, 1);
     fr_msg_free(&d);
 
     /* Without them a generate is the message it was: none of the keys is sent. */
@@ -59,13 +61,14 @@ static void test_generate_text_keys(void **state)
     char *data;
     size_t len;
     assert_int_equal(fr_msg_encode(&m, &data, &len), FR_OK);
-    const char *keys[] = {"prompt_text", "add_special_tokens", "stop", "include_stop", "return_text"};
+    const char *keys[] = {"prompt_text", "add_special_tokens", "stop", "include_stop", "return_text", "skip_special"};
     for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) assert_null(memmem(data, len, keys[k], strlen(keys[k])));
     assert_int_equal(fr_msg_decode(data, len, &d), FR_OK);
     assert_int_equal(d.u.generate.add_special_tokens, 1);   /* absent: the tokenizer's special tokens */
     assert_int_equal(d.u.generate.has_add_special_tokens, 0);
     assert_null(d.u.generate.stop);
     assert_null(d.u.generate.prompt_text);
+    assert_int_equal(d.u.generate.keep_special_tokens, 0);   /* absent: skipped, as vLLM's default */
     fr_msg_free(&d);
     free(data);
 }

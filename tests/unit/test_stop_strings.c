@@ -251,7 +251,7 @@ static void test_sample_text_bytes(void **state)
     const char *s[] = {"\xC3\xA9t\xC3\xA9", "\n\n"};   /* "été" */
     fr_stop_strings ss = {.s = s, .n = 2};
     fr_sample_text *st;
-    assert_int_equal(fr_sample_text_new(t, &ss, &st), FR_OK);
+    assert_int_equal(fr_sample_text_new(t, &ss, 1, &st), FR_OK);
     size_t hi = 0, len, stable;
     /* "un été": the stop string ends with the last byte of its last character (token 7, 0-based). */
     assert_int_equal(push_bytes(st, "un \xC3\xA9t\xC3\xA9 chaud", &hi), 7);
@@ -266,7 +266,7 @@ static void test_sample_text_bytes(void **state)
 
     /* Included, and a special token's text skipped. */
     ss.include = 1;
-    assert_int_equal(fr_sample_text_new(t, &ss, &st), FR_OK);
+    assert_int_equal(fr_sample_text_new(t, &ss, 1, &st), FR_OK);
     assert_int_equal(fr_sample_text_push(st, 256, 1, &m), FR_OK);
     hi = 0;
     assert_int_equal(push_bytes(st, "ab\n\ncd", &hi), 3);
@@ -277,7 +277,7 @@ static void test_sample_text_bytes(void **state)
 
     /* No match: the held-back start of a stop string and a half character join at the end. */
     ss.include = 0;
-    assert_int_equal(fr_sample_text_new(t, &ss, &st), FR_OK);
+    assert_int_equal(fr_sample_text_new(t, &ss, 1, &st), FR_OK);
     hi = 0;
     assert_int_equal(push_bytes(st, "hi \xC3\xA9t", &hi), -1);
     fr_sample_text_get(st, &len, &stable);
@@ -294,7 +294,7 @@ static void test_sample_text_bytes(void **state)
     fr_sample_text_free(&st);
 
     /* Stop strings passed over (min_tokens), then one that ends the sample. */
-    assert_int_equal(fr_sample_text_new(t, &ss, &st), FR_OK);
+    assert_int_equal(fr_sample_text_new(t, &ss, 1, &st), FR_OK);
     for (const char *p = "a\n\nb"; *p; p++) {
         assert_int_equal(fr_sample_text_push(st, (unsigned char)*p, 0, &m), FR_OK);
         assert_int_equal(m, -1);
@@ -305,11 +305,31 @@ static void test_sample_text_bytes(void **state)
     fr_sample_text_free(&st);
 
     /* Text alone: everything decoded is stable at once. */
-    assert_int_equal(fr_sample_text_new(t, NULL, &st), FR_OK);
+    assert_int_equal(fr_sample_text_new(t, NULL, 1, &st), FR_OK);
     hi = 0;
     assert_int_equal(push_bytes(st, "a\n\nb", &hi), -1);
     fr_sample_text_get(st, &len, &stable);
     assert_int_equal(stable, 4);
+    fr_sample_text_free(&st);
+
+    /* A special token: out of the text by default, in it (as "<257>") when
+     * kept, and only then can a stop string match it. */
+    const char *end_list[] = {"<257>"};
+    fr_stop_strings es = {.s = end_list, .n = 1};
+    for (int skip = 1; skip >= 0; skip--) {
+        assert_int_equal(fr_sample_text_new(t, &es, skip, &st), FR_OK);
+        assert_int_equal(fr_sample_text_push(st, 'x', 1, &m), FR_OK);
+        assert_int_equal(fr_sample_text_push(st, 257, 1, &m), FR_OK);
+        assert_int_equal(m, skip ? -1 : 0);
+        if (skip) assert_int_equal(fr_sample_text_finish(st), FR_OK);
+        assert_string_equal(fr_sample_text_get(st, &len, NULL), "x");   /* the stop string itself is cut */
+        fr_sample_text_free(&st);
+    }
+    es.include = 1;
+    assert_int_equal(fr_sample_text_new(t, &es, 0, &st), FR_OK);
+    assert_int_equal(fr_sample_text_push(st, 'x', 1, &m), FR_OK);
+    assert_int_equal(fr_sample_text_push(st, 257, 1, &m), FR_OK);
+    assert_string_equal(fr_sample_text_get(st, &len, NULL), "x<257>");
     fr_sample_text_free(&st);
     fr_tokenizer_free(&t);
 }
@@ -344,11 +364,11 @@ static void test_sample_text_qwen3(void **state)
         fr_stop_strings ss = {.s = s, .n = 1};
         fr_sample_text *st;
         if (cases[c].refused) {
-            assert_int_equal(fr_sample_text_new(t, &ss, &st), FR_EINVAL);
+            assert_int_equal(fr_sample_text_new(t, &ss, 1, &st), FR_EINVAL);
             assert_null(st);
             continue;
         }
-        assert_int_equal(fr_sample_text_new(t, &ss, &st), FR_OK);
+        assert_int_equal(fr_sample_text_new(t, &ss, 1, &st), FR_OK);
         int m = -1;
         size_t i = 0;
         for (; i < n && m < 0; i++) assert_int_equal(fr_sample_text_push(st, ids[i], 1, &m), FR_OK);

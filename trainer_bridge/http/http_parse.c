@@ -224,9 +224,11 @@ static fr_status common_key(http_gen *g, const cJSON *x, const char *key, const 
         return get_ids(x, name, 0, &m->stop_token_ids, &m->n_stop_token_ids);
     }
     if (!strcmp(key, "ignore_eos")) return get_bool(x, name, &g->ignore_eos);
-    if (!strcmp(key, "skip_special_tokens")) {   /* the engine's text always skips them (docs/http.md) */
-        int skip;
-        return get_bool(x, name, &skip);
+    if (!strcmp(key, "skip_special_tokens")) {
+        int skip = 1;
+        fr_status st = get_bool(x, name, &skip);
+        m->keep_special_tokens = !skip;
+        return st;
     }
     if (!strcmp(key, "n")) return get_int(x, name, 1, 65536, &g->n);
     if (!strcmp(key, "seed") || !strcmp(key, "sampling_seed")) {

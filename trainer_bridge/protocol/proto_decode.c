@@ -11,7 +11,8 @@
 enum { I_MAX = INT_MAX };
 
 /* generate's text keys (docs/protocol.md): prompt_text instead of prompt,
- * add_special_tokens, stop, include_stop_str_in_output, return_text. */
+ * add_special_tokens, stop, include_stop_str_in_output, return_text,
+ * skip_special_tokens. */
 static fr_status dec_generate_text(const fr_dec_ctx *c, fr_msg_generate *g)
 {
     const msgpack_object *pr = fr_dec_find(c->map, "prompt");
@@ -28,6 +29,10 @@ static fr_status dec_generate_text(const fr_dec_ctx *c, fr_msg_generate *g)
     TRY(fr_dec_get_strs(c, "stop", FR_PROTO_MAX_STOP, FR_PROTO_MAX_STOP_BYTES, &g->stop, &g->n_stop));
     TRY(fr_dec_get_bool(c, "include_stop_str_in_output", 0, &g->include_stop_str_in_output));
     TRY(fr_dec_get_bool(c, "return_text", 0, &g->return_text));
+    int skip = 1;
+    const msgpack_object *sk = fr_dec_find(c->map, "skip_special_tokens");
+    if (sk && sk->type != MSGPACK_OBJECT_NIL) TRY(fr_dec_get_bool(c, "skip_special_tokens", 0, &skip));
+    g->keep_special_tokens = !skip;
     return FR_OK;
 }
 
@@ -37,7 +42,7 @@ static fr_status dec_generate(const fr_dec_ctx *c, fr_msg_generate *g)
          "stop_token_ids", "seed", "monitor_divergence", "per_token_kl", "forced_tokens", "first_sample",
          "min_tokens", "logprobs", "prompt_logprobs", "min_p", "presence_penalty", "frequency_penalty",
          "repetition_penalty", "continue_tokens", "prompt_text", "add_special_tokens", "stop",
-         "include_stop_str_in_output", "return_text", "return_routed_experts");
+         "include_stop_str_in_output", "return_text", "return_routed_experts", "skip_special_tokens");
     int has_n = 0;
     TRY(fr_dec_get_u64(c, "request_id", 1, &g->request_id, NULL));
     TRY(dec_generate_text(c, g));

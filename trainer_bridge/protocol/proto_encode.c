@@ -95,7 +95,8 @@ static void head(msgpack_packer *pk, fr_msg_type t, int n_fields)
 /* generate's text keys, each sent only when it says something (docs/protocol.md, "Versioning"). */
 static int n_generate_text(const fr_msg_generate *g)
 {
-    return (g->has_add_special_tokens != 0) + (g->stop != NULL) + g->include_stop_str_in_output + g->return_text;
+    return (g->has_add_special_tokens != 0) + (g->stop != NULL) + g->include_stop_str_in_output + g->return_text +
+           g->keep_special_tokens;
 }
 
 static void enc_generate_text(msgpack_packer *pk, const fr_msg_generate *g)
@@ -108,6 +109,7 @@ static void enc_generate_text(msgpack_packer *pk, const fr_msg_generate *g)
     }
     if (g->include_stop_str_in_output) kv_bool(pk, "include_stop_str_in_output", 1);
     if (g->return_text) kv_bool(pk, "return_text", 1);
+    if (g->keep_special_tokens) kv_bool(pk, "skip_special_tokens", 0);
 }
 
 static void enc_generate(msgpack_packer *pk, const fr_msg_generate *g)

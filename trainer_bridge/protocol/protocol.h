@@ -235,6 +235,7 @@ typedef struct {
     int include_stop_str_in_output;      /* 0 or 1 */
     int return_text;                     /* 0 or 1: the tokens deltas and the done carry text */
     int return_routed_experts;           /* 0 or 1: each done carries its tokens' routed experts */
+    int keep_special_tokens;             /* 0 or 1: the text holds the special tokens (wire: skip_special_tokens false) */
 } fr_msg_generate;
 
 typedef struct {

@@ -66,7 +66,7 @@ typedef struct {
     /* text (server_text.c) */
     int return_text;         /* deltas and dones carry text */
     char **stops;            /* the stop strings (owned); a done names the one that matched */
-    int n_stops, include_stop;
+    int n_stops, include_stop, keep_special;
     int *prompt_ids;         /* the ids prompt_text became (owned), NULL when it came as ids */
 } request;
 

@@ -25,6 +25,7 @@ fr_status srv_text_request(fr_bridge_server *srv, request *q, const fr_msg_gener
     if (st) return st;
     q->return_text = g->return_text;
     q->include_stop = g->include_stop_str_in_output;
+    q->keep_special = g->keep_special_tokens;
     if (g->stop) {
         if (!(q->stops = calloc((size_t)g->n_stop, sizeof *q->stops)))
             return fr_fail(FR_ENOMEM, "the server is out of memory");
@@ -72,6 +73,7 @@ void srv_text_spec(const request *q, fr_request_spec *spec)
     spec->stop_strings = (fr_stop_strings){.s = (const char *const *)q->stops, .n = q->n_stops,
                                            .include = q->include_stop};
     spec->with_text = q->return_text;
+    spec->keep_special = q->keep_special;
 }
 
 void srv_text_free(request *q)
@@ -87,6 +89,7 @@ void srv_text_free(request *q)
 void srv_put_text_spec(fr_rank_buf *b, const fr_request_spec *r)
 {
     fr_rank_put_i32(b, r->with_text);
+    fr_rank_put_i32(b, r->keep_special);
     fr_rank_put_i32(b, r->stop_strings.include);
     fr_rank_put_i32(b, r->stop_strings.n);
     for (int i = 0; i < r->stop_strings.n; i++)
@@ -97,6 +100,7 @@ int srv_get_text_spec(fr_rank_reader *r, fr_request_spec *spec, char ***owned)
 {
     *owned = NULL;
     spec->with_text = fr_rank_get_i32(r);
+    spec->keep_special = fr_rank_get_i32(r);
     spec->stop_strings.include = fr_rank_get_i32(r);
     const int n = fr_rank_get_i32(r);
     if (r->bad || n < 0 || n > FR_PROTO_MAX_STOP) {

@@ -112,7 +112,7 @@ _OPTIONS = dict(n=1, temperature=None, top_k=None, top_p=None, max_tokens=None, 
                 monitor=None, per_token_kl=False, forced_tokens=None, group_id=None, first_sample=0, min_tokens=0,
                 logprobs=0, prompt_logprobs=False, min_p=0.0, presence_penalty=0.0, frequency_penalty=0.0,
                 repetition_penalty=None, continue_tokens=None, stop=None, include_stop_str_in_output=False,
-                add_special_tokens=None, return_text=None, return_routed_experts=False)
+                add_special_tokens=None, return_text=None, return_routed_experts=False, skip_special_tokens=True)
 
 
 class RolloutClient(_Closes):
@@ -251,7 +251,7 @@ class RolloutClient(_Closes):
                continue_tokens: Optional[Sequence[int]] = None,
                stop: Optional[Sequence[str]] = None, include_stop_str_in_output: bool = False,
                add_special_tokens: Optional[bool] = None, return_text: Optional[bool] = None,
-               return_routed_experts: bool = False) -> int:
+               return_routed_experts: bool = False, skip_special_tokens: bool = True) -> int:
         """Sends one generate and returns its request id (results come from results()).
         prompt_ids: text (the server's tokenizer, or the client's), or token ids
         as a list, tuple, numpy or torch integer array. stop: stop strings (the
@@ -260,6 +260,8 @@ class RolloutClient(_Closes):
         the server's text in .text and every TokenDelta (None: yes whenever
         this client uses the server's tokenizer, which it learns from hello(),
         tokenizer="server", or a first call with text or stop);
+        skip_special_tokens False: the server's text holds the special tokens
+        too (stop strings may then match them);
         add_special_tokens (a text prompt for the server's tokenizer): its BOS
         and the like (None: yes). The samples are numbered first_sample ..
         first_sample + n - 1, and sample i draws from the seed's stream i: a
@@ -361,6 +363,7 @@ class RolloutClient(_Closes):
             keep += [raw, arr]
             g.stop, g.n_stop = arr, len(raw)
         g.include_stop_str_in_output = int(bool(o["include_stop_str_in_output"]))
+        g.keep_special_tokens = int(not o["skip_special_tokens"])
         want = o["return_text"]
         if want is None:   # asking the server only where text is in play: a call on ids alone never waits for hello
             want = self.tokenizer is None and (self._server_text or ((text_prompt or stops is not None) and
@@ -437,7 +440,7 @@ class RolloutClient(_Closes):
                  continue_tokens: Optional[Sequence[int]] = None,
                  stop: Optional[Sequence[str]] = None, include_stop_str_in_output: bool = False,
                  add_special_tokens: Optional[bool] = None, return_text: Optional[bool] = None,
-                 return_routed_experts: bool = False,
+                 return_routed_experts: bool = False, skip_special_tokens: bool = True,
                  timeout_ms: Optional[int] = None) -> Iterator[SampleResult]:
         """Submits one prompt (text, or token ids as a list, tuple, numpy or torch
         integer array) or several (a list of such prompts, request ids in order)
@@ -450,8 +453,8 @@ class RolloutClient(_Closes):
         made in its .samples; nothing of them reaches a later call. The
         iterator owns the requests: dropping it before its end, or an error,
         aborts what is still open. stop, include_stop_str_in_output,
-        add_special_tokens, return_text and return_routed_experts as for
-        submit()."""
+        add_special_tokens, return_text, return_routed_experts and
+        skip_special_tokens as for submit()."""
         opts = {k: v for k, v in locals().items() if k in _OPTIONS}
         ids = self._send(self._prompts(prompt_ids, "generate"), opts, None, True)
         return _Drain(self, ids, False, timeout_ms, "generate")

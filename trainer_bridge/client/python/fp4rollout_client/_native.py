@@ -33,7 +33,8 @@ class Generate(ctypes.Structure):
                 ("continue_tokens", ctypes.POINTER(c_int)), ("n_continue_tokens", c_int),
                 ("prompt_text", c_char_p), ("prompt_text_len", ctypes.c_size_t), ("has_add_special_tokens", c_int),
                 ("add_special_tokens", c_int), ("stop", ctypes.POINTER(c_char_p)), ("n_stop", c_int),
-                ("include_stop_str_in_output", c_int), ("return_text", c_int), ("return_routed_experts", c_int)]
+                ("include_stop_str_in_output", c_int), ("return_text", c_int), ("return_routed_experts", c_int),
+                ("keep_special_tokens", c_int)]
 
 
 class Sample(ctypes.Structure):
