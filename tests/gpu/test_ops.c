@@ -173,11 +173,11 @@ static void test_bad_arguments(void **state)
     EXPECT_EINVAL(fr_cuda_swiglu(b, NULL, f, 8, 0));
     EXPECT_EINVAL(fr_cuda_f32_to_bf16(NULL, f, 8, 0));
     float *c = f, *s = f;
-    EXPECT_EINVAL(fr_cuda_rope_table_new(0, 128, 1e4, &c, &s));
+    EXPECT_EINVAL(fr_cuda_rope_table_new(0, 128, 1e4, NULL, &c, &s));
     assert_null(c);
     assert_null(s);
-    EXPECT_EINVAL(fr_cuda_rope_table_new(16, 127, 1e4, &c, &s));
-    EXPECT_EINVAL(fr_cuda_rope_table_new(16, 128, 0.0, &c, &s));
+    EXPECT_EINVAL(fr_cuda_rope_table_new(16, 127, 1e4, NULL, &c, &s));
+    EXPECT_EINVAL(fr_cuda_rope_table_new(16, 128, 0.0, NULL, &c, &s));
     EXPECT_EINVAL(fr_gemm_bf16(NULL, f, b, b, 1, 1, 1, 0.0f, 0));
     /* Nothing to do is fine. */
     assert_int_equal(fr_cuda_embed(NULL, NULL, NULL, 0, 8, 1, 0), FR_OK);
@@ -215,14 +215,14 @@ static void test_rope_table(void **state)
     REQUIRE_GPU();
     const int max_pos = 5000, d = Q4_HEAD_DIM, h = d / 2;
     float *dc = NULL, *ds = NULL;
-    FR_OK_OR_FAIL(fr_cuda_rope_table_new(max_pos, d, Q4_THETA, &dc, &ds));
+    FR_OK_OR_FAIL(fr_cuda_rope_table_new(max_pos, d, Q4_THETA, NULL, &dc, &ds));
     float *c = xmalloc((size_t)max_pos * h * sizeof *c), *s = xmalloc((size_t)max_pos * h * sizeof *s);
     download(c, dc, (size_t)max_pos * h * sizeof *c);
     download(s, ds, (size_t)max_pos * h * sizeof *s);
     const int probe[] = {0, 1, 2, 255, 4095, max_pos - 1};
     for (size_t i = 0; i < sizeof probe / sizeof probe[0]; i++) {
         float wc[64], ws[64];
-        fr_rope_cos_sin(wc, ws, d, probe[i], Q4_THETA);
+        fr_rope_cos_sin(wc, ws, d, probe[i], Q4_THETA, NULL);
         expect_bits_f32("rope table cos", c + (size_t)probe[i] * h, wc, (size_t)h);
         expect_bits_f32("rope table sin", s + (size_t)probe[i] * h, ws, (size_t)h);
     }
@@ -398,7 +398,7 @@ static void test_timing_4b(void **state)
                    bytes / us * 1e-3);
         }
     float *dc, *ds;
-    FR_OK_OR_FAIL(fr_cuda_rope_table_new(4096, Q4_HEAD_DIM, Q4_THETA, &dc, &ds));
+    FR_OK_OR_FAIL(fr_cuda_rope_table_new(4096, Q4_HEAD_DIM, Q4_THETA, NULL, &dc, &ds));
     int *ids = dmalloc((size_t)maxM * sizeof(int));
     CUDA_OK(cudaMemset(ids, 0, (size_t)maxM * sizeof(int)));
     float *fx = dmalloc((size_t)maxM * 2 * Q4_INTER * 4), *delta = dmalloc((size_t)maxM * Q4_HIDDEN * 4);
