@@ -216,24 +216,21 @@ static void test_yarn_published(void **state)
 static void test_yarn_refused(void **state)
 {
     (void)state;
-    static const struct {
-        const char *value, *needle;
-    } bad[] = {
-        {"{\"rope_type\":\"yarn\"}", "rope_scaling.factor"},
-        {"{\"rope_type\":\"yarn\",\"factor\":0.5}", "rope_scaling.factor"},
-        {"{\"rope_type\":\"yarn\",\"factor\":\"4\"}", "rope_scaling.factor"},
-        {"{\"rope_type\":\"yarn\",\"factor\":4,\"beta_fast\":-1}", "rope_scaling.beta_fast"},
-        {"{\"rope_type\":\"yarn\",\"factor\":4,\"beta_fast\":1,\"beta_slow\":2}", "rope_scaling.beta_fast"},
-        {"{\"rope_type\":\"yarn\",\"factor\":4,\"mscale\":-0.5}", "rope_scaling.mscale"},
-        {"{\"rope_type\":\"yarn\",\"factor\":4,\"mscale_all_dim\":true}", "rope_scaling.mscale_all_dim"},
-        {"{\"rope_type\":\"yarn\",\"factor\":4,\"attention_factor\":0}", "rope_scaling.attention_factor"},
-        {"{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":0}",
-         "rope_scaling.original_max_position_embeddings"},
-        {"{\"rope_type\":\"yarn\",\"factor\":4,\"original_max_position_embeddings\":1.5}",
-         "rope_scaling.original_max_position_embeddings"},
-        {"{\"rope_type\":\"yarn\",\"factor\":4,\"truncate\":1}", "rope_scaling.truncate"},
-    };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) expect_edit_fails("rope_scaling", bad[i].value, FR_EFORMAT, bad[i].needle);
+    expect_edit_fails("rope_scaling", "{\"rope_type\":\"yarn\"}", FR_EFORMAT, "rope_scaling.factor");
+    /* one key of a YaRN object at a time: its name and a bad value */
+    static const char *bad[][2] = {{"factor", "0.5"}, {"factor", "\"4\""}, {"beta_fast", "-1"},
+                                   {"mscale", "-0.5"}, {"mscale_all_dim", "true"}, {"attention_factor", "0"},
+                                   {"original_max_position_embeddings", "0"},
+                                   {"original_max_position_embeddings", "1.5"}, {"truncate", "1"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char obj[160], needle[64];
+        const char *rest = strcmp(bad[i][0], "factor") ? "\"factor\":4," : "";
+        snprintf(obj, sizeof obj, "{\"rope_type\":\"yarn\",%s\"%s\":%s}", rest, bad[i][0], bad[i][1]);
+        snprintf(needle, sizeof needle, "rope_scaling.%s", bad[i][0]);
+        expect_edit_fails("rope_scaling", obj, FR_EFORMAT, needle);
+    }
+    expect_edit_fails("rope_scaling", "{\"rope_type\":\"yarn\",\"factor\":4,\"beta_fast\":1,\"beta_slow\":2}",
+                      FR_EFORMAT, "rope_scaling.beta_fast");
     /* both keys saying YaRN must agree */
     fr_model_config c;
     const char *p = "{\"rope_theta\":1e6,\"rope_type\":\"yarn\",\"factor\":2}";
