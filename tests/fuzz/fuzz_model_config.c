@@ -35,7 +35,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
 
-    FUZZ_CHECK(strcmp(c.architecture, "Qwen3ForCausalLM") == 0, "architecture \"%.64s\"", c.architecture);
+    FUZZ_CHECK(strcmp(c.architecture, "Qwen3ForCausalLM") == 0 || strcmp(c.architecture, "Qwen3MoeForCausalLM") == 0 ||
+                   strcmp(c.architecture, "DeepseekV2ForCausalLM") == 0 ||
+                   strcmp(c.architecture, "DeepseekV3ForCausalLM") == 0,
+               "architecture \"%.64s\"", c.architecture);
     FUZZ_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.num_layers > 0 && c.num_heads > 0 &&
                    c.num_kv_heads > 0 && c.head_dim > 0 && c.intermediate_size > 0 && c.max_position > 0,
                "a size is not positive");
