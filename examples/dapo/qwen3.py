@@ -100,6 +100,13 @@ class Config:
         rope = d.get("rope_parameters") or {}
         self.rope_theta = float(rope.get("rope_theta", d.get("rope_theta", 10000.0)))
         self.tie_word_embeddings = bool(d.get("tie_word_embeddings", False))
+        # The engine serves YaRN-scaled RoPE; this model computes plain RoPE
+        # only, so its log-probs would silently differ from the engine's.
+        for key in ("rope_parameters", "rope_scaling"):
+            scaling = d.get(key) or {}
+            kind = scaling.get("rope_type", scaling.get("type", "default"))
+            if kind != "default":
+                raise ValueError("%s: RoPE type %r is not implemented here (plain RoPE only)" % (key, kind))
         if self.num_heads % self.num_kv_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
 

@@ -10,6 +10,7 @@
 #include "attention/microscale.h"
 #include "base/fixed_math.h"
 #include "rollout/model/ops_cpu.h"
+#include "rollout/model/rope_yarn.h"
 
 enum { ROWS = 256 };   /* query rows per score block */
 
@@ -62,7 +63,7 @@ static void rope(fr_mla_cpu *s, const fr_model_config *c, float *x, int pos)
         }
         memcpy(x, s->tmp, sizeof(float) * (size_t)dr);
     }
-    fr_rope(x, 1, dr, pos, c->rope_theta);
+    fr_rope(x, 1, dr, pos, c->rope_theta, &c->rope_scaling);
 }
 
 void fr_mla_cpu_project(fr_mla_cpu *s, const fr_model_config *c, const fr_layer_weights *lw, const float *xn, int M,
@@ -147,7 +148,7 @@ void fr_mla_cpu_attend(fr_mla_cpu *s, const fr_model_config *c, const fr_layer_w
 {
     const int H = c->num_heads, dc = c->kv_lora_rank, dr = c->qk_rope_dim, dn = c->qk_nope_dim, dv = c->v_head_dim;
     const int qh = dn + dr, row = dc + dr;
-    const float scale = 1.0f / sqrtf((float)qh);
+    const float scale = fr_mla_softmax_scale(c);
     const float *keys = view->k;
     const int rotate = form && form->rotate;
     const float *mean = form ? form->mean : NULL;

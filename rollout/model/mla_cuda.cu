@@ -12,6 +12,7 @@
 #include "attention/cuda_check.h"
 #include "attention/fp4_device.cuh"
 #include "rollout/model/ops_cuda.h"
+#include "rollout/model/rope_yarn.h"
 
 enum { ROW_THREADS = 256 };
 
@@ -132,7 +133,7 @@ static fr_attn_mla_config base_config(const fr_model_config *c, const fr_kv_cach
     cfg.n_heads = c->num_heads;
     cfg.latent_dim = c->kv_lora_rank;
     cfg.rope_dim = c->qk_rope_dim;
-    cfg.scale = 1.0f / sqrtf((float)(c->qk_nope_dim + c->qk_rope_dim));
+    cfg.scale = fr_mla_softmax_scale(c);   /* with DeepSeek's YaRN correction */
     cfg.rotate = fp4 && kc->recipe.rotate;
     cfg.sink_recent = fp4 && kc->recipe.sink_recent;
     cfg.q_search = kc->recipe.scale_search;
@@ -238,7 +239,8 @@ fr_status fr_mla_gpu_new(const fr_model_config *c, const fr_kv_cache *book, cons
                 cudaMemset(m->ctx, 0, sizeof(uint16_t) * M * H * m->dc) != cudaSuccess ||
                 cudaDeviceSynchronize() != cudaSuccess))   /* memsets run async to the runner's stream */
         st = fr_fail(FR_EINTERNAL, "latent attention (GPU): cannot clear the attention buffers");
-    if (!st) st = fr_cuda_rope_table_new(c->max_position, m->dr, c->rope_theta, &m->rope_cos, &m->rope_sin);
+    if (!st) st = fr_cuda_rope_table_new(c->max_position, m->dr, c->rope_theta, &c->rope_scaling, &m->rope_cos,
+                                           &m->rope_sin);
     if (!st) st = decode_workspace(m);
     if (st) {
         fr_mla_gpu_destroy(&m);

@@ -54,33 +54,101 @@ static fr_status opt_bool(const cJSON *root, const char *label, const char *key,
     return FR_OK;
 }
 
-/* Only unscaled RoPE is implemented; HF spells the type "rope_type" (older:
- * "type") and uses "default" for plain RoPE. */
-static fr_status check_rope_type(const cJSON *obj, const char *label, const char *key)
+/* The RoPE type of a rope_scaling or rope_parameters object: plain (no type,
+ * or "default") or YaRN; every other type is refused by name. HF spells the
+ * key "rope_type" (older: "type"). */
+static fr_status rope_type(const cJSON *obj, const char *label, const char *key, int *yarn)
 {
+    *yarn = 0;
     if (!cJSON_IsObject(obj)) return fr_fail(FR_EFORMAT, "%s: key \"%s\" must be an object", label, key);
     const cJSON *t = get(obj, "rope_type");
     if (!t) t = get(obj, "type");
     if (!t) return FR_OK;
     if (!cJSON_IsString(t)) return fr_fail(FR_EFORMAT, "%s: key \"%s.rope_type\" must be a string", label, key);
-    if (strcmp(t->valuestring, "default") != 0)
-        return fr_fail(FR_EUNSUPPORTED, "%s: key \"%s\": RoPE type \"%s\" is not supported (only \"default\")",
-                       label, key, t->valuestring);
+    *yarn = strcmp(t->valuestring, "yarn") == 0;
+    if (!*yarn && strcmp(t->valuestring, "default") != 0)
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"%s\": RoPE type \"%s\" is not supported (only \"default\" and "
+                       "\"yarn\")", label, key, t->valuestring);
+    return FR_OK;
+}
+
+/* An optional number of a RoPE object in [min, 1e6] (above min only when
+ * open), the default when absent. */
+static fr_status rope_number(const cJSON *obj, const char *label, const char *key, const char *name, double min,
+                             int open, double dflt, double *out)
+{
+    const cJSON *v = get(obj, name);
+    *out = dflt;
+    if (!v) return FR_OK;
+    const double x = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(x >= min && x <= 1e6) || (open && x == min))
+        return fr_fail(FR_EFORMAT, "%s: key \"%s.%s\" must be a number %s %g and at most 1e6", label, key, name,
+                       open ? ">" : ">=", min);
+    *out = x;
+    return FR_OK;
+}
+
+/* The keys of a YaRN object, with transformers' defaults: beta_fast 32 and
+ * beta_slow 1 (a 0 also means the default there), the original window
+ * max_position_embeddings, truncate true; mscale, mscale_all_dim and
+ * attention_factor 0 when absent (rope_yarn.h derives the scales). */
+static fr_status parse_yarn(const cJSON *obj, const char *label, const char *key, int max_position, fr_rope_scaling *y)
+{
+    memset(y, 0, sizeof *y);
+    y->yarn = 1;
+    if (!get(obj, "factor")) return fr_fail(FR_EFORMAT, "%s: key \"%s.factor\" is missing; YaRN needs it", label, key);
+    fr_status rc;
+    if ((rc = rope_number(obj, label, key, "factor", 1.0, 0, 1.0, &y->factor)) != FR_OK ||
+        (rc = rope_number(obj, label, key, "beta_fast", 0.0, 0, 0.0, &y->beta_fast)) != FR_OK ||
+        (rc = rope_number(obj, label, key, "beta_slow", 0.0, 0, 0.0, &y->beta_slow)) != FR_OK ||
+        (rc = rope_number(obj, label, key, "mscale", 0.0, 0, 0.0, &y->mscale)) != FR_OK ||
+        (rc = rope_number(obj, label, key, "mscale_all_dim", 0.0, 0, 0.0, &y->mscale_all_dim)) != FR_OK ||
+        (rc = rope_number(obj, label, key, "attention_factor", 0.0, 1, 0.0, &y->attention_factor)) != FR_OK)
+        return rc;
+    if (y->beta_fast == 0) y->beta_fast = 32;
+    if (y->beta_slow == 0) y->beta_slow = 1;
+    if (y->beta_fast < y->beta_slow)
+        return fr_fail(FR_EFORMAT, "%s: key \"%s.beta_fast\" (%g) must be at least \"%s.beta_slow\" (%g)", label, key,
+                       y->beta_fast, key, y->beta_slow);
+    const cJSON *o = get(obj, "original_max_position_embeddings");
+    y->original_max_position = max_position;
+    if (o && (!as_int(o, &y->original_max_position) || y->original_max_position <= 0))
+        return fr_fail(FR_EFORMAT, "%s: key \"%s.original_max_position_embeddings\" must be a positive integer", label,
+                       key);
+    const cJSON *t = get(obj, "truncate");
+    y->truncate = 1;
+    if (t && !cJSON_IsBool(t)) return fr_fail(FR_EFORMAT, "%s: key \"%s.truncate\" must be true or false", label, key);
+    if (t) y->truncate = cJSON_IsTrue(t);
+    return FR_OK;
+}
+
+/* rope_scaling (older configs) and rope_parameters (transformers 5) may both
+ * carry the scaling; when both say YaRN they must agree. */
+static fr_status parse_scaling(const cJSON *params, const cJSON *scaling, const char *label, fr_model_config *c)
+{
+    int yp = 0, ys = 0;
+    fr_status rc;
+    if (params && (rc = rope_type(params, label, "rope_parameters", &yp)) != FR_OK) return rc;
+    if (scaling && (rc = rope_type(scaling, label, "rope_scaling", &ys)) != FR_OK) return rc;
+    fr_rope_scaling a, b;
+    if (yp && (rc = parse_yarn(params, label, "rope_parameters", c->max_position, &a)) != FR_OK) return rc;
+    if (ys && (rc = parse_yarn(scaling, label, "rope_scaling", c->max_position, &b)) != FR_OK) return rc;
+    if (yp && ys && memcmp(&a, &b, sizeof a) != 0)
+        return fr_fail(FR_EFORMAT, "%s: keys \"rope_parameters\" and \"rope_scaling\" give different YaRN settings",
+                       label);
+    if (yp || ys) c->rope_scaling = yp ? a : b;
     return FR_OK;
 }
 
 /* Newer transformers write rope_parameters.rope_theta, official Qwen3
  * checkpoints a top-level rope_theta; when both appear they must agree. */
-static fr_status parse_rope(const cJSON *root, const char *label, double *theta)
+static fr_status parse_rope(const cJSON *root, const char *label, fr_model_config *c)
 {
     const cJSON *params = get(root, "rope_parameters"), *scaling = get(root, "rope_scaling");
     const cJSON *top = get(root, "rope_theta"), *nested = NULL;
     fr_status rc;
-    if (params) {
-        if ((rc = check_rope_type(params, label, "rope_parameters")) != FR_OK) return rc;
-        nested = get(params, "rope_theta");
-    }
-    if (scaling && (rc = check_rope_type(scaling, label, "rope_scaling")) != FR_OK) return rc;
+    if ((rc = parse_scaling(params, scaling, label, c)) != FR_OK) return rc;
+    if (params) nested = get(params, "rope_theta");
     if (!top && !nested)
         return fr_fail(FR_EFORMAT, "%s: missing key \"rope_theta\" (top level or in rope_parameters)", label);
     const cJSON *v = nested ? nested : top;
@@ -89,7 +157,10 @@ static fr_status parse_rope(const cJSON *root, const char *label, double *theta)
         return fr_fail(FR_EFORMAT, "%s: key \"%s\" must be a positive number", label, key);
     if (top && nested && (!cJSON_IsNumber(top) || top->valuedouble != nested->valuedouble))
         return fr_fail(FR_EFORMAT, "%s: keys \"rope_theta\" and \"rope_parameters.rope_theta\" disagree", label);
-    *theta = v->valuedouble;
+    /* YaRN's correction range divides by log(theta). */
+    if (c->rope_scaling.yarn && v->valuedouble <= 1.0)
+        return fr_fail(FR_EFORMAT, "%s: key \"%s\" must be above 1 with YaRN scaling", label, key);
+    c->rope_theta = v->valuedouble;
     return FR_OK;
 }
 
@@ -456,7 +527,7 @@ fr_status fr_model_config_parse(const char *json, size_t len, const char *label,
     else if (!cJSON_IsObject(root))
         rc = fr_fail(FR_EFORMAT, "%s: not a JSON object", label);
     else if ((rc = check_identity(root, label, &c)) == FR_OK && (rc = parse_sizes(root, label, &c)) == FR_OK &&
-             (rc = parse_rope(root, label, &c.rope_theta)) == FR_OK &&
+             (rc = parse_rope(root, label, &c)) == FR_OK &&
              (rc = opt_bool(root, label, "tie_word_embeddings", &c.tie_word_embeddings)) == FR_OK &&
              (rc = parse_tokens(root, label, &c)) == FR_OK && (rc = parse_moe(root, label, &c)) == FR_OK &&
              (rc = parse_mla(root, label, &c)) == FR_OK && (rc = parse_deepseek_moe(root, label, &c)) == FR_OK)

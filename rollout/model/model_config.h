@@ -5,9 +5,9 @@
  * docs/deepseek_moe.md).
  *
  * Only what the forward pass needs is kept. Anything that would change the
- * math without the engine knowing (another architecture, scaled RoPE, biased
- * attention, sliding windows, another activation) is refused with
- * FR_EUNSUPPORTED rather than silently ignored.
+ * math without the engine knowing (another architecture, RoPE scaling other
+ * than YaRN, biased attention, sliding windows, another activation) is
+ * refused with FR_EUNSUPPORTED rather than silently ignored.
  */
 #ifndef FR_MODEL_CONFIG_H
 #define FR_MODEL_CONFIG_H
@@ -43,12 +43,26 @@ typedef enum { FR_MOE_SOFTMAX = 0, FR_MOE_SIGMOID } fr_moe_scoring;
  * docs/deepseek_moe.md states every rule exactly. */
 typedef enum { FR_MOE_GREEDY = 0, FR_MOE_GROUP_LIMITED, FR_MOE_NOAUX_TC } fr_moe_topk_method;
 
+/* YaRN RoPE scaling: rope_scaling (or rope_parameters) of type "yarn", as
+ * transformers reads it; rollout/model/rope_yarn.h turns it into frequencies
+ * and scales (docs/mla.md, "YaRN"). A zeroed struct is plain RoPE. */
+typedef struct {
+    int yarn;                  /* 1: the fields below apply */
+    double factor;             /* factor, >= 1 */
+    int original_max_position; /* original_max_position_embeddings (default: max_position_embeddings) */
+    double beta_fast, beta_slow; /* rotations bounding the ramp; defaults 32 and 1 */
+    double mscale, mscale_all_dim; /* DeepSeek's; 0 when absent */
+    double attention_factor;   /* the cos/sin multiplier as given; 0: derived (rope_yarn.h) */
+    int truncate;              /* floor/ceil the correction range (default 1) */
+} fr_rope_scaling;
+
 typedef struct {
     char architecture[64];   /* "Qwen3ForCausalLM" */
     int vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, head_dim,
         intermediate_size, max_position;
     float rms_norm_eps;
     double rope_theta;
+    fr_rope_scaling rope_scaling; /* yarn 0: plain RoPE */
     int tie_word_embeddings; /* 0 or 1; absent means 0 */
     int bos_id, pad_id;      /* -1 when absent or null */
     int n_eos;               /* 0..8 */

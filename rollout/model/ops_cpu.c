@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/fixed_math.h"
+#include "rollout/model/rope_yarn.h"
 
 void fr_rmsnorm(float *out, const float *x, const float *w, int rows, int n, float eps)
 {
@@ -29,40 +30,50 @@ void fr_rmsnorm(float *out, const float *x, const float *w, int rows, int n, flo
     }
 }
 
-/* cos/sin for pair indices i0 .. i0+len of a head, the HF way (see header). */
-static void rope_cos_sin_range(float *c, float *s, int i0, int len, int head_dim, int pos, double theta)
-{
-    float base = (float)theta;
-    float fpos = (float)pos;
-    for (int j = 0; j < len; j++) {
-        float expo = (float)(2 * (i0 + j)) / (float)head_dim;
-        float inv_freq = 1.0f / fr_powf(base, expo);
-        float angle = fpos * inv_freq;
-        double sd, cd;
-        fr_sincos((double)angle, &sd, &cd);
-        c[j] = (float)cd;
-        s[j] = (float)sd;
-    }
-}
-
-void fr_rope_cos_sin(float *cos_out, float *sin_out, int head_dim, int pos, double theta)
-{
-    if (head_dim < 2) return;
-    rope_cos_sin_range(cos_out, sin_out, 0, head_dim / 2, head_dim, pos, theta);
-}
-
 /* Covers any real head_dim in one chunk (Qwen3 uses 128); larger ones are
  * done in chunks of the cos/sin table. */
 #define ROPE_CHUNK 256
 
-void fr_rope(float *x, int n_heads, int head_dim, int pos, double theta)
+/* cos/sin for pair indices i0 .. i0+len (len <= ROPE_CHUNK) of a head, the
+ * HF way (see header). */
+static void rope_cos_sin_range(float *c, float *s, int i0, int len, int head_dim, int pos, double theta,
+                               const fr_rope_scaling *y)
+{
+    float inv_freq[ROPE_CHUNK];
+    fr_rope_inv_freq(inv_freq, i0, len, head_dim, theta, y);
+    const int scaled = y && y->yarn;
+    const float af = (float)fr_rope_attention_factor(y);
+    float fpos = (float)pos;
+    for (int j = 0; j < len; j++) {
+        float angle = fpos * inv_freq[j];
+        double sd, cd;
+        fr_sincos((double)angle, &sd, &cd);
+        c[j] = (float)cd;
+        s[j] = (float)sd;
+        if (scaled) {
+            c[j] *= af;
+            s[j] *= af;
+        }
+    }
+}
+
+void fr_rope_cos_sin(float *cos_out, float *sin_out, int head_dim, int pos, double theta, const fr_rope_scaling *y)
+{
+    if (head_dim < 2) return;
+    const int h = head_dim / 2;
+    for (int i0 = 0; i0 < h; i0 += ROPE_CHUNK)
+        rope_cos_sin_range(cos_out + i0, sin_out + i0, i0, h - i0 < ROPE_CHUNK ? h - i0 : ROPE_CHUNK, head_dim, pos,
+                           theta, y);
+}
+
+void fr_rope(float *x, int n_heads, int head_dim, int pos, double theta, const fr_rope_scaling *y)
 {
     if (n_heads <= 0 || head_dim < 2) return;
     int h = head_dim / 2;
     float c[ROPE_CHUNK], s[ROPE_CHUNK];
     for (int i0 = 0; i0 < h; i0 += ROPE_CHUNK) {
         int len = h - i0 < ROPE_CHUNK ? h - i0 : ROPE_CHUNK;
-        rope_cos_sin_range(c, s, i0, len, head_dim, pos, theta);
+        rope_cos_sin_range(c, s, i0, len, head_dim, pos, theta, y);
         for (int hd = 0; hd < n_heads; hd++) {
             float *xh = x + (size_t)hd * (size_t)head_dim;
             for (int j = 0; j < len; j++) {

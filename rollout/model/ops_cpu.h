@@ -15,6 +15,8 @@
 
 #include <stddef.h>
 
+#include "rollout/model/model_config.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -31,20 +33,24 @@ void fr_rmsnorm(float *out, const float *x, const float *w, int rows, int n, flo
 /* RoPE, Hugging Face "rotate_half" convention (the first and second halves of
  * a head are the pair), for n_heads rows of head_dim floats at position pos,
  * in place. head_dim must be even. For i < h = head_dim/2, in float32:
- *   inv_freq_i = 1.0f / powf((float)theta, (float)(2*i) / (float)head_dim)
+ *   inv_freq_i = rollout/model/rope_yarn.h's (plain RoPE:
+ *                1.0f / powf((float)theta, (float)(2*i) / (float)head_dim))
  *   angle      = (float)pos * inv_freq_i
- *   c = cosf(angle), s = sinf(angle)
+ *   c = cosf(angle), s = sinf(angle), each times (float)attention_factor
+ *       with YaRN (transformers' attention_scaling; not multiplied at all
+ *       for plain RoPE)
  *   out[i]     = x[i] * c - x[i+h] * s
  *   out[i+h]   = x[i+h] * c + x[i] * s
  * (HF's x*cos + rotate_half(x)*sin; the negation in rotate_half is exact.)
+ * y is the model's RoPE scaling; NULL means plain RoPE.
  * Note: torch evaluates cos/sin with its own vectorized routines, which may
  * differ from a correctly rounded cos/sin by an ulp. cos and sin (and powf) are
  * the engine's own (base/fixed_math.h), the same bits on every CPU. */
-void fr_rope(float *x, int n_heads, int head_dim, int pos, double theta);
+void fr_rope(float *x, int n_heads, int head_dim, int pos, double theta, const fr_rope_scaling *y);
 
 /* The cos and sin fr_rope uses at position pos: head_dim/2 values each, so a
  * table or a GPU kernel can reuse exactly the same float32 numbers. */
-void fr_rope_cos_sin(float *cos_out, float *sin_out, int head_dim, int pos, double theta);
+void fr_rope_cos_sin(float *cos_out, float *sin_out, int head_dim, int pos, double theta, const fr_rope_scaling *y);
 
 /* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1.0f + expf(-g)) in float32
  * (torch's CPU SiLU), expf being base/fixed_math.h's. out may alias gate or

@@ -468,8 +468,8 @@ extern "C" fr_status fr_cuda_rmsnorm_rows(uint16_t *out_bf16, const float *x, in
                                     row_ids, x_rows, n_out, n, eps, stream);
 }
 
-extern "C" fr_status fr_cuda_rope_table_new(int max_pos, int head_dim, double theta, float **cos_dev,
-                                            float **sin_dev)
+extern "C" fr_status fr_cuda_rope_table_new(int max_pos, int head_dim, double theta, const fr_rope_scaling *y,
+                                            float **cos_dev, float **sin_dev)
 {
     if (!cos_dev || !sin_dev) return fr_fail(FR_EINVAL, "rope table: NULL output pointer");
     *cos_dev = *sin_dev = nullptr;
@@ -484,7 +484,7 @@ extern "C" fr_status fr_cuda_rope_table_new(int max_pos, int head_dim, double th
         free(hs);
         return fr_fail(FR_ENOMEM, "rope table: cannot allocate %zu bytes on the host", 2 * bytes);
     }
-    for (int p = 0; p < max_pos; p++) fr_rope_cos_sin(hc + (size_t)p * h, hs + (size_t)p * h, head_dim, p, theta);
+    for (int p = 0; p < max_pos; p++) fr_rope_cos_sin(hc + (size_t)p * h, hs + (size_t)p * h, head_dim, p, theta, y);
     float *dc = nullptr, *ds = nullptr;
     cudaError_t e = cudaMalloc((void **)&dc, bytes);
     if (e == cudaSuccess) e = cudaMalloc((void **)&ds, bytes);

@@ -50,6 +50,7 @@ extern "C" {
 #endif
 
 #include "base/fr_status.h"
+#include "rollout/model/model_config.h"
 
 /* Largest head_dim fr_cuda_qk_norm_rope and the RoPE table accept. */
 #define FR_CUDA_MAX_HEAD_DIM 512
@@ -101,11 +102,13 @@ fr_status fr_cuda_rmsnorm_rows(uint16_t *out_bf16, const float *x, int x_rows, c
 /* ---- q/k norm and RoPE -------------------------------------------------- */
 
 /* The RoPE table: cos and sin, each [max_pos][head_dim/2] float32 on the
- * device, row p being fr_rope_cos_sin(head_dim, p, theta) computed on the host,
- * so the GPU rotates by exactly the numbers fr_rope uses. Built once (this one
- * allocates and copies synchronously; not for a captured stream). head_dim even,
+ * device, row p being fr_rope_cos_sin(head_dim, p, theta, y) computed on the
+ * host, so the GPU rotates by exactly the numbers fr_rope uses, YaRN's
+ * frequencies and cos/sin factor included (y NULL: plain RoPE; the kernels
+ * never compute a frequency). Built once (this one allocates and copies
+ * synchronously; not for a captured stream). head_dim even,
  * 2..FR_CUDA_MAX_HEAD_DIM; max_pos >= 1; theta > 0. On failure both are NULL. */
-fr_status fr_cuda_rope_table_new(int max_pos, int head_dim, double theta, float **cos_dev,
+fr_status fr_cuda_rope_table_new(int max_pos, int head_dim, double theta, const fr_rope_scaling *y, float **cos_dev,
                                  float **sin_dev);
 /* Frees both and sets them to NULL; accepts NULL pointers. */
 void fr_cuda_rope_table_free(float **cos_dev, float **sin_dev);

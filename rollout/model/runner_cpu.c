@@ -434,8 +434,8 @@ static void qwen_qkv(fr_runner_cpu *r, const fr_layer_weights *lw, int M, float 
     fr_rmsnorm(r->q, r->q, lw->q_norm, M * H, d, c->rms_norm_eps);
     fr_rmsnorm(k, k, lw->k_norm, M * KVH, d, c->rms_norm_eps);
     for (int t = 0; t < M; t++) {
-        fr_rope(r->q + (size_t)t * qd, H, d, r->pos[t], c->rope_theta);
-        fr_rope(k + (size_t)t * kvd, KVH, d, r->pos[t], c->rope_theta);
+        fr_rope(r->q + (size_t)t * qd, H, d, r->pos[t], c->rope_theta, &c->rope_scaling);
+        fr_rope(k + (size_t)t * kvd, KVH, d, r->pos[t], c->rope_theta, &c->rope_scaling);
     }
 }
 

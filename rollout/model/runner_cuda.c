@@ -131,7 +131,8 @@ fr_status fr_runner_cuda_new_tp(const fr_weights_gpu *w, fr_kv_cache *book, int 
         r->quantized_kv = kc->dtype != FR_KV_BF16;
         st = fr_mla_gpu_new(c, book, r->store, M, r->max_seqs, &r->mla);
     }
-    if (!st && !mla) st = fr_cuda_rope_table_new(c->max_position, d, c->rope_theta, &r->rope_cos, &r->rope_sin);
+    if (!st && !mla) st = fr_cuda_rope_table_new(c->max_position, d, c->rope_theta, &c->rope_scaling, &r->rope_cos,
+                                                   &r->rope_sin);
     if (!st && !mla) {
         st = fr_attn_bf16_workspace_bytes(r->max_seqs, c->num_heads, c->num_kv_heads, d, c->max_position,
                                           &r->attn_ws_bytes);

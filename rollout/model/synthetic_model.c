@@ -296,8 +296,9 @@ void fr_synthetic_deepseek_v2_lite_config(fr_model_config *cfg)
     cfg->topk_method = FR_MOE_GREEDY;
     cfg->norm_topk_prob = 0;
     cfg->routed_scaling_factor = 1.0f;
-    /* The published window (163,840) comes from YaRN, which the engine does
-     * not implement; 32K keeps the device workspaces sized for benchmarks. */
+    /* The published window (163,840) comes with YaRN scaling; this shape
+     * keeps plain RoPE and a 32K window, which sizes the device workspaces
+     * for benchmarks (a loaded checkpoint gets its config's YaRN). */
     cfg->max_position = 32768;
     cfg->bos_id = 100000;
     cfg->pad_id = 100001;

@@ -35,13 +35,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
 
-    FUZZ_CHECK(strcmp(c.architecture, "Qwen3ForCausalLM") == 0, "architecture \"%.64s\"", c.architecture);
+    FUZZ_CHECK(strcmp(c.architecture, "Qwen3ForCausalLM") == 0 || strcmp(c.architecture, "Qwen3MoeForCausalLM") == 0 ||
+                   strcmp(c.architecture, "DeepseekV2ForCausalLM") == 0 ||
+                   strcmp(c.architecture, "DeepseekV3ForCausalLM") == 0,
+               "architecture \"%.64s\"", c.architecture);
     FUZZ_CHECK(c.vocab_size > 0 && c.hidden_size > 0 && c.num_layers > 0 && c.num_heads > 0 &&
                    c.num_kv_heads > 0 && c.head_dim > 0 && c.intermediate_size > 0 && c.max_position > 0,
                "a size is not positive");
     FUZZ_CHECK(c.num_heads % c.num_kv_heads == 0, "%d heads over %d KV heads", c.num_heads, c.num_kv_heads);
     FUZZ_CHECK(c.rms_norm_eps >= 0 && c.rms_norm_eps <= 1, "rms_norm_eps %g", (double)c.rms_norm_eps);
     FUZZ_CHECK(isfinite(c.rope_theta) && c.rope_theta > 0, "rope_theta %g", c.rope_theta);
+    const fr_rope_scaling *y = &c.rope_scaling;
+    FUZZ_CHECK(!y->yarn || (y->factor >= 1 && y->factor <= 1e6 && y->original_max_position > 0 && y->beta_slow > 0 &&
+                            y->beta_fast >= y->beta_slow && y->mscale >= 0 && y->mscale_all_dim >= 0 &&
+                            y->attention_factor >= 0 && c.rope_theta > 1),
+               "YaRN settings out of range (factor %g)", y->factor);
     FUZZ_CHECK(c.tie_word_embeddings == 0 || c.tie_word_embeddings == 1, "tie_word_embeddings %d",
                c.tie_word_embeddings);
     FUZZ_CHECK(c.bos_id >= -1 && c.bos_id < c.vocab_size, "bos_id %d", c.bos_id);

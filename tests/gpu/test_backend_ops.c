@@ -417,7 +417,7 @@ static void ref_norm_rope(float *x, const float *wf, const int *pos, int rows, i
             continue;
         }
         fr_rmsnorm(xr, xr, wf, heads, d, EPS);
-        fr_rope(xr, heads, d, pos[t], THETA);
+        fr_rope(xr, heads, d, pos[t], THETA, NULL);
     }
 }
 
@@ -436,7 +436,7 @@ static outputs run_qk_norm_rope(const op_case *c, fr_test_rng *r)
     ref_norm_rope(o.want, qwf, pos, rows, H, d);
     ref_norm_rope(o.want + nq, kwf, pos, rows, KVH, d);
     float *dc, *ds;
-    FR_OK_OR_FAIL(fr_cuda_rope_table_new(MAX_POS, d, THETA, &dc, &ds));
+    FR_OK_OR_FAIL(fr_cuda_rope_table_new(MAX_POS, d, THETA, NULL, &dc, &ds));
     float *dq = dmalloc(nq * sizeof *dq), *dk = dmalloc(nk * sizeof *dk);
     uint16_t *dqw = dmalloc((size_t)d * sizeof *dqw), *dkw = dmalloc((size_t)d * sizeof *dkw);
     int *dpos = dmalloc((size_t)rows * sizeof *dpos);

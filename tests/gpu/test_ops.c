@@ -173,11 +173,11 @@ static void test_bad_arguments(void **state)
     EXPECT_EINVAL(fr_cuda_swiglu(b, NULL, f, 8, 0));
     EXPECT_EINVAL(fr_cuda_f32_to_bf16(NULL, f, 8, 0));
     float *c = f, *s = f;
-    EXPECT_EINVAL(fr_cuda_rope_table_new(0, 128, 1e4, &c, &s));
+    EXPECT_EINVAL(fr_cuda_rope_table_new(0, 128, 1e4, NULL, &c, &s));
     assert_null(c);
     assert_null(s);
-    EXPECT_EINVAL(fr_cuda_rope_table_new(16, 127, 1e4, &c, &s));
-    EXPECT_EINVAL(fr_cuda_rope_table_new(16, 128, 0.0, &c, &s));
+    EXPECT_EINVAL(fr_cuda_rope_table_new(16, 127, 1e4, NULL, &c, &s));
+    EXPECT_EINVAL(fr_cuda_rope_table_new(16, 128, 0.0, NULL, &c, &s));
     EXPECT_EINVAL(fr_gemm_bf16(NULL, f, b, b, 1, 1, 1, 0.0f, 0));
     /* Nothing to do is fine. */
     assert_int_equal(fr_cuda_embed(NULL, NULL, NULL, 0, 8, 1, 0), FR_OK);
@@ -209,29 +209,39 @@ static void test_rmsnorm_zero_row(void **state)
     CUDA_OK(cudaFree(dout));
 }
 
+/* The table holds fr_rope_cos_sin's bits, plain and with Qwen3's YaRN
+ * setting (whose rows then differ from plain RoPE's). */
 static void test_rope_table(void **state)
 {
     (void)state;
     REQUIRE_GPU();
     const int max_pos = 5000, d = Q4_HEAD_DIM, h = d / 2;
-    float *dc = NULL, *ds = NULL;
-    FR_OK_OR_FAIL(fr_cuda_rope_table_new(max_pos, d, Q4_THETA, &dc, &ds));
-    float *c = xmalloc((size_t)max_pos * h * sizeof *c), *s = xmalloc((size_t)max_pos * h * sizeof *s);
-    download(c, dc, (size_t)max_pos * h * sizeof *c);
-    download(s, ds, (size_t)max_pos * h * sizeof *s);
-    const int probe[] = {0, 1, 2, 255, 4095, max_pos - 1};
-    for (size_t i = 0; i < sizeof probe / sizeof probe[0]; i++) {
-        float wc[64], ws[64];
-        fr_rope_cos_sin(wc, ws, d, probe[i], Q4_THETA);
-        expect_bits_f32("rope table cos", c + (size_t)probe[i] * h, wc, (size_t)h);
-        expect_bits_f32("rope table sin", s + (size_t)probe[i] * h, ws, (size_t)h);
+    const fr_rope_scaling yarn = {.yarn = 1, .factor = 4, .original_max_position = 32768, .beta_fast = 32,
+                                  .beta_slow = 1, .truncate = 1};
+    const fr_rope_scaling *scalings[2] = {NULL, &yarn};
+    for (int k = 0; k < 2; k++) {
+        const fr_rope_scaling *y = scalings[k];
+        float *dc = NULL, *ds = NULL;
+        FR_OK_OR_FAIL(fr_cuda_rope_table_new(max_pos, d, Q4_THETA, y, &dc, &ds));
+        float *c = xmalloc((size_t)max_pos * h * sizeof *c), *s = xmalloc((size_t)max_pos * h * sizeof *s);
+        download(c, dc, (size_t)max_pos * h * sizeof *c);
+        download(s, ds, (size_t)max_pos * h * sizeof *s);
+        const int probe[] = {0, 1, 2, 255, 4095, max_pos - 1};
+        for (size_t i = 0; i < sizeof probe / sizeof probe[0]; i++) {
+            float wc[64], ws[64], pc[64], ps[64];
+            fr_rope_cos_sin(wc, ws, d, probe[i], Q4_THETA, y);
+            expect_bits_f32("rope table cos", c + (size_t)probe[i] * h, wc, (size_t)h);
+            expect_bits_f32("rope table sin", s + (size_t)probe[i] * h, ws, (size_t)h);
+            fr_rope_cos_sin(pc, ps, d, probe[i], Q4_THETA, NULL);
+            if (y) assert_true(memcmp(pc, wc, sizeof pc) != 0);   /* YaRN's factor scales even position 0 */
+        }
+        fr_cuda_rope_table_free(&dc, &ds);
+        assert_null(dc);
+        assert_null(ds);
+        fr_cuda_rope_table_free(&dc, &ds);   /* twice is fine */
+        free(c);
+        free(s);
     }
-    fr_cuda_rope_table_free(&dc, &ds);
-    assert_null(dc);
-    assert_null(ds);
-    fr_cuda_rope_table_free(&dc, &ds);   /* twice is fine */
-    free(c);
-    free(s);
 }
 
 /* ---- GEMM plans ------------------------------------------------------------ */
@@ -398,7 +408,7 @@ static void test_timing_4b(void **state)
                    bytes / us * 1e-3);
         }
     float *dc, *ds;
-    FR_OK_OR_FAIL(fr_cuda_rope_table_new(4096, Q4_HEAD_DIM, Q4_THETA, &dc, &ds));
+    FR_OK_OR_FAIL(fr_cuda_rope_table_new(4096, Q4_HEAD_DIM, Q4_THETA, NULL, &dc, &ds));
     int *ids = dmalloc((size_t)maxM * sizeof(int));
     CUDA_OK(cudaMemset(ids, 0, (size_t)maxM * sizeof(int)));
     float *fx = dmalloc((size_t)maxM * 2 * Q4_INTER * 4), *delta = dmalloc((size_t)maxM * Q4_HIDDEN * 4);

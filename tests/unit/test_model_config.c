@@ -40,8 +40,8 @@ static const char *QWEN3_4B =
     "\"tie_word_embeddings\":true,\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.51.0\","
     "\"use_cache\":true,\"use_sliding_window\":false,\"vocab_size\":151936}";
 
-/* DeepSeek-V3's published config (routing keys; 61 layers, no YaRN here:
- * the published one scales RoPE, which is refused elsewhere). */
+/* DeepSeek-V3's published config (routing keys; 61 layers), less its YaRN
+ * rope_scaling and with a 4096 window (test_yarn_published adds both). */
 static const char *DSV3 =
     "{\"architectures\":[\"DeepseekV3ForCausalLM\"],\"model_type\":\"deepseek_v3\",\"attention_bias\":false,"
     "\"bos_token_id\":0,\"eos_token_id\":1,\"first_k_dense_replace\":3,\"hidden_act\":\"silu\","
@@ -53,7 +53,8 @@ static const char *DSV3 =
     "\"scoring_func\":\"sigmoid\",\"topk_group\":4,\"topk_method\":\"noaux_tc\",\"v_head_dim\":128,"
     "\"vocab_size\":129280}";
 
-/* DeepSeek-V2-Lite's published config, less its YaRN rope_scaling. */
+/* DeepSeek-V2-Lite's published config, less its YaRN rope_scaling
+ * (test_yarn_published adds it). */
 static const char *DSV2_LITE =
     "{\"architectures\":[\"DeepseekV2ForCausalLM\"],\"model_type\":\"deepseek_v2\",\"attention_bias\":false,"
     "\"aux_loss_alpha\":0.001,\"bos_token_id\":100000,\"eos_token_id\":100001,\"first_k_dense_replace\":1,"
@@ -158,10 +159,95 @@ static void test_rope_variants(void **state)
     expect_edit_fails("rope_parameters", "{\"rope_type\":\"default\"}", FR_EFORMAT, "rope_theta");
     expect_edit_fails("rope_parameters", "{\"rope_theta\":-1}", FR_EFORMAT, "rope_theta");
     expect_edit_fails("rope_parameters", "5", FR_EFORMAT, "rope_parameters");
-    /* Scaled RoPE is refused, whichever key carries it. */
-    expect_edit_fails("rope_parameters", "{\"rope_theta\":1e6,\"rope_type\":\"yarn\",\"factor\":4}",
-                      FR_EUNSUPPORTED, "yarn");
+    /* Scaling other than YaRN is refused by name, whichever key carries it. */
+    expect_edit_fails("rope_parameters", "{\"rope_theta\":1e6,\"rope_type\":\"dynamic\",\"factor\":4}",
+                      FR_EUNSUPPORTED, "dynamic");
     expect_edit_fails("rope_scaling", "{\"type\":\"linear\",\"factor\":2}", FR_EUNSUPPORTED, "linear");
+    expect_edit_fails("rope_scaling", "{\"rope_type\":\"llama3\",\"factor\":8}", FR_EUNSUPPORTED, "llama3");
+}
+
+/* The published YaRN settings: DeepSeek-V2-Lite's and V3's rope_scaling, and
+ * Qwen3's long-context one in either spelling. */
+static void test_yarn_published(void **state)
+{
+    (void)state;
+    fr_model_config c;
+    const char *lite = "{\"beta_fast\":32,\"beta_slow\":1,\"factor\":40,\"mscale\":0.707,\"mscale_all_dim\":0.707,"
+                       "\"original_max_position_embeddings\":4096,\"type\":\"yarn\"}";
+    if (parse_edit(DSV2_LITE, "rope_scaling", lite, &c)) fail_msg("%s", fr_last_error());
+    const fr_rope_scaling *y = &c.rope_scaling;
+    assert_true(y->yarn && y->factor == 40 && y->original_max_position == 4096 && y->beta_fast == 32 &&
+                y->beta_slow == 1 && y->mscale == 0.707 && y->mscale_all_dim == 0.707 && y->truncate &&
+                y->attention_factor == 0);
+    assert_int_equal(c.max_position, 163840);
+
+    const char *v3 = "{\"beta_fast\":32,\"beta_slow\":1,\"factor\":40,\"mscale\":1.0,\"mscale_all_dim\":1.0,"
+                     "\"original_max_position_embeddings\":4096,\"type\":\"yarn\"}";
+    char *text = NULL;
+    {
+        cJSON *doc = cJSON_Parse(DSV3);
+        cJSON_ReplaceItemInObject(doc, "max_position_embeddings", cJSON_CreateNumber(163840));
+        cJSON_AddItemToObject(doc, "rope_scaling", cJSON_Parse(v3));
+        text = cJSON_PrintUnformatted(doc);
+        cJSON_Delete(doc);
+    }
+    if (parse_text(text, &c)) fail_msg("%s", fr_last_error());
+    cJSON_free(text);
+    assert_true(y->yarn && y->factor == 40 && y->mscale == 1.0 && y->mscale_all_dim == 1.0);
+    assert_int_equal(c.max_position, 163840);
+
+    const char *qwen = "{\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":32768}";
+    if (parse_edit(QWEN3_4B, "rope_scaling", qwen, &c)) fail_msg("%s", fr_last_error());
+    assert_true(y->yarn && y->factor == 4.0 && y->original_max_position == 32768 && y->beta_fast == 32 &&
+                y->beta_slow == 1 && y->mscale == 0 && y->mscale_all_dim == 0 && y->truncate);
+    assert_true(c.rope_theta == 1e6);
+    /* transformers 5's spelling; without original_max_position_embeddings
+     * the window is max_position_embeddings */
+    const char *tq = "{\"rope_theta\":1e6,\"rope_type\":\"yarn\",\"factor\":2,\"truncate\":false}";
+    if (parse_edit(TQ6, "rope_parameters", tq, &c)) fail_msg("%s", fr_last_error());
+    assert_true(y->yarn && y->factor == 2 && !y->truncate && y->original_max_position == c.max_position);
+    assert_true(c.rope_theta == 1e6);
+    /* plain configs carry no scaling */
+    assert_int_equal(parse_text(TQ6, &c), FR_OK);
+    assert_false(c.rope_scaling.yarn);
+}
+
+/* Bad YaRN values are refused naming the key. */
+static void test_yarn_refused(void **state)
+{
+    (void)state;
+    expect_edit_fails("rope_scaling", "{\"rope_type\":\"yarn\"}", FR_EFORMAT, "rope_scaling.factor");
+    /* one key of a YaRN object at a time: its name and a bad value */
+    static const char *bad[][2] = {{"factor", "0.5"}, {"factor", "\"4\""}, {"beta_fast", "-1"},
+                                   {"mscale", "-0.5"}, {"mscale_all_dim", "true"}, {"attention_factor", "0"},
+                                   {"original_max_position_embeddings", "0"},
+                                   {"original_max_position_embeddings", "1.5"}, {"truncate", "1"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char obj[160], needle[64];
+        const char *rest = strcmp(bad[i][0], "factor") ? "\"factor\":4," : "";
+        snprintf(obj, sizeof obj, "{\"rope_type\":\"yarn\",%s\"%s\":%s}", rest, bad[i][0], bad[i][1]);
+        snprintf(needle, sizeof needle, "rope_scaling.%s", bad[i][0]);
+        expect_edit_fails("rope_scaling", obj, FR_EFORMAT, needle);
+    }
+    expect_edit_fails("rope_scaling", "{\"rope_type\":\"yarn\",\"factor\":4,\"beta_fast\":1,\"beta_slow\":2}",
+                      FR_EFORMAT, "rope_scaling.beta_fast");
+    /* both keys saying YaRN must agree */
+    fr_model_config c;
+    const char *p = "{\"rope_theta\":1e6,\"rope_type\":\"yarn\",\"factor\":2}";
+    char *text = NULL;
+    {
+        cJSON *doc = cJSON_Parse(TQ6);
+        cJSON_ReplaceItemInObject(doc, "rope_parameters", cJSON_Parse(p));
+        cJSON_AddItemToObject(doc, "rope_scaling", cJSON_Parse("{\"type\":\"yarn\",\"factor\":4}"));
+        text = cJSON_PrintUnformatted(doc);
+        cJSON_Delete(doc);
+    }
+    assert_int_equal(parse_text(text, &c), FR_EFORMAT);
+    fr_test_error_has("rope_scaling");
+    cJSON_free(text);
+    /* YaRN's range divides by log(theta) */
+    expect_edit_fails("rope_parameters", "{\"rope_theta\":1,\"rope_type\":\"yarn\",\"factor\":2}", FR_EFORMAT,
+                      "rope_theta");
 }
 
 static void test_eos_forms(void **state)
@@ -448,6 +534,8 @@ FR_TEST_MAIN(NULL, NULL,
              cmocka_unit_test(test_tq6_spelling),
              cmocka_unit_test(test_official_spelling),
              cmocka_unit_test(test_rope_variants),
+             cmocka_unit_test(test_yarn_published),
+             cmocka_unit_test(test_yarn_refused),
              cmocka_unit_test(test_eos_forms),
              cmocka_unit_test(test_defaults),
              cmocka_unit_test(test_missing_keys),

@@ -118,7 +118,7 @@ static void test_rope_reference(void **state)
                 ref_rope(ref, x, heads, d, pos, thetas[ti]);
                 /* The tolerance floor: a rotated pair can land near zero in
                  * one coordinate; scale by the pair's norm instead. */
-                fr_rope(x, heads, d, pos, thetas[ti]);
+                fr_rope(x, heads, d, pos, thetas[ti], NULL);
                 for (size_t i = 0; i < n; i++) {
                     size_t hd = i / (size_t)d, k = i % (size_t)d, h = (size_t)d / 2;
                     size_t a = hd * d + (k % h), b = a + h;
@@ -145,7 +145,7 @@ static void test_rope_small_positions_match_exact_math(void **state)
             ref[i] = x[i] * cos(ang) - x[i + h] * sin(ang);
             ref[i + h] = x[i + h] * cos(ang) + x[i] * sin(ang);
         }
-        fr_rope(x, 1, d, pos, 1000000.0);
+        fr_rope(x, 1, d, pos, 1000000.0, NULL);
         for (int i = 0; i < d; i++)
             check_close("rope exact", (size_t)i, x[i], ref[i], 1e-5, hypot(ref[i % h], ref[i % h + h]));
         free(x);
@@ -160,7 +160,7 @@ static void test_rope_position_zero_is_identity(void **state)
     float *y = malloc(8 * 128 * sizeof *y);
     assert_non_null(y);
     memcpy(y, x, 8 * 128 * sizeof *y);
-    fr_rope(y, 8, 128, 0, 1000000.0);
+    fr_rope(y, 8, 128, 0, 1000000.0, NULL);
     assert_memory_equal(x, y, 8 * 128 * sizeof *y);
     free(x);
     free(y);
@@ -176,7 +176,7 @@ static void test_rope_preserves_pair_norms(void **state)
         float *y = malloc((size_t)heads * d * sizeof *y);
         assert_non_null(y);
         memcpy(y, x, (size_t)heads * d * sizeof *y);
-        fr_rope(y, heads, d, pos, 10000.0);
+        fr_rope(y, heads, d, pos, 10000.0, NULL);
         for (int hd = 0; hd < heads; hd++)
             for (int i = 0; i < h; i++) {
                 const float *a = x + hd * d, *b = y + hd * d;
@@ -193,12 +193,12 @@ static void test_rope_cos_sin_is_what_rope_uses(void **state)
     (void)state;
     int d = 128, h = 64, pos = 3001;
     float c[64], s[64], x[128];
-    fr_rope_cos_sin(c, s, d, pos, 1000000.0);
+    fr_rope_cos_sin(c, s, d, pos, 1000000.0, NULL);
     for (int i = 0; i < h; i++) {
         /* x = e_i: the output is (cos, sin) on pair i exactly. */
         memset(x, 0, sizeof x);
         x[i] = 1.0f;
-        fr_rope(x, 1, d, pos, 1000000.0);
+        fr_rope(x, 1, d, pos, 1000000.0, NULL);
         assert_true(x[i] == c[i]);
         assert_true(x[i + h] == s[i]);
     }
