@@ -29,9 +29,8 @@ static fr_status dec_generate_text(const fr_dec_ctx *c, fr_msg_generate *g)
     TRY(fr_dec_get_strs(c, "stop", FR_PROTO_MAX_STOP, FR_PROTO_MAX_STOP_BYTES, &g->stop, &g->n_stop));
     TRY(fr_dec_get_bool(c, "include_stop_str_in_output", 0, &g->include_stop_str_in_output));
     TRY(fr_dec_get_bool(c, "return_text", 0, &g->return_text));
-    int skip = 1;
-    const msgpack_object *sk = fr_dec_find(c->map, "skip_special_tokens");
-    if (sk && sk->type != MSGPACK_OBJECT_NIL) TRY(fr_dec_get_bool(c, "skip_special_tokens", 0, &skip));
+    int skip = 1;   /* absent: skipped, as vLLM's default */
+    TRY(fr_dec_get_bool(c, "skip_special_tokens", 0, &skip));
     g->keep_special_tokens = !skip;
     return FR_OK;
 }
