@@ -10,7 +10,10 @@
 # After a weight update to synthetic:tiny:7 (version 1) it recalibrates
 # again, once, and that mean equals calibrate on synthetic:tiny:7. A server
 # with after_commit and no threshold leaves its starting version alone and
-# recalibrates right after an update commits, to the same mean.
+# recalibrates right after an update commits, to the same mean. The servers
+# run in deterministic mode: the greedy comparison across servers must not
+# hang on how each one happened to batch the prompts (the recalibration's
+# passes are calibrate's either way).
 set -euo pipefail
 name=serve_recalibrate
 source "$(dirname "$0")/serve_setup.bash"
@@ -50,7 +53,7 @@ PY
 }
 
 mport=$(free_port)
-base='"backend": "cpu", "kv_dtype": "nvfp4", "max_seqs": 8, "coordinator": {"bind": "127.0.0.1", "port": PORT}'
+base='"backend": "cpu", "kv_dtype": "nvfp4", "deterministic": true, "max_seqs": 8, "coordinator": {"bind": "127.0.0.1", "port": PORT}'
 start_server auto "{\"model\": \"synthetic:tiny\", $base, \"kl_sample_rate\": 1.0, \"metrics_port\": $mport,
   \"recalibration\": {\"kl_threshold\": 1e-9, \"min_positions\": 50, \"texts\": [\"t1.txt\", \"t2.txt\"],
                      \"context\": 512, \"seed_tokens\": 64, \"continue\": 8, \"out_dir\": \"out\"}}"
