@@ -22,6 +22,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "trainer_bridge", "client", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "models", "torch_qwen3"))
 
 import torch  # noqa: E402
 

@@ -23,39 +23,15 @@ import json
 import math
 import os
 import random
-import struct
+import sys
 import time
 import zlib
 
 import torch
 import torch.nn.functional as F
 
-BOS, EOS, PAD, VOCAB = 256, 257, 258, 272
-
-
-def model_config(a):
-    return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "vocab_size": VOCAB,
-        "hidden_size": a.hidden,
-        "intermediate_size": a.intermediate,
-        "num_hidden_layers": a.layers,
-        "num_attention_heads": a.heads,
-        "num_key_value_heads": a.kv_heads,
-        "head_dim": a.head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "max_position_embeddings": a.max_position,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "bos_token_id": BOS,
-        "eos_token_id": EOS,
-        "pad_token_id": PAD,
-        "torch_dtype": "bfloat16",
-        "use_sliding_window": False,
-    }
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "torch_qwen3"))
+from qwen3 import BOS, EOS, PAD, VOCAB, byte_model_config, greedy, new_model, save_checkpoint  # noqa: E402
 
 
 # --------------------------------------------------------------------------
@@ -113,102 +89,7 @@ class Windows:
 
 
 # --------------------------------------------------------------------------
-# Qwen3, as fp4rollout computes it (parameter names as in the checkpoints).
-
-class RMSNorm(torch.nn.Module):
-    def __init__(self, d, eps):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x):
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
-
-
-class Attention(torch.nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        h, d, kv = c["num_attention_heads"], c["head_dim"], c["num_key_value_heads"]
-        self.h, self.d, self.kv = h, d, kv
-        self.q_proj = torch.nn.Linear(c["hidden_size"], h * d, bias=False)
-        self.k_proj = torch.nn.Linear(c["hidden_size"], kv * d, bias=False)
-        self.v_proj = torch.nn.Linear(c["hidden_size"], kv * d, bias=False)
-        self.o_proj = torch.nn.Linear(h * d, c["hidden_size"], bias=False)
-        self.q_norm = RMSNorm(d, c["rms_norm_eps"])
-        self.k_norm = RMSNorm(d, c["rms_norm_eps"])
-
-    def forward(self, x, cos, sin):
-        b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, self.h, self.d)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(b, t, self.kv, self.d)).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.kv, self.d).transpose(1, 2)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        k = k.repeat_interleave(self.h // self.kv, dim=1)
-        v = v.repeat_interleave(self.h // self.kv, dim=1)
-        # written out: the PyTorch of Debian 12 predates scaled_dot_product_attention
-        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(self.d))
-        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-        y = scores.masked_fill(mask, float("-inf")).softmax(-1) @ v
-        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.h * self.d))
-
-
-def rope_tables(t, d, theta, device):
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
-    ang = torch.outer(torch.arange(t, device=device, dtype=torch.float32), inv)
-    ang = torch.cat([ang, ang], dim=-1)
-    return ang.cos(), ang.sin()
-
-
-def rope(x, cos, sin):
-    """Rotates the two halves of each head (Hugging Face's rotate_half layout)."""
-    half = x.shape[-1] // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rot * sin
-
-
-class Layer(torch.nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.input_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
-        self.self_attn = Attention(c)
-        self.post_attention_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
-        self.mlp = torch.nn.Module()
-        self.mlp.gate_proj = torch.nn.Linear(c["hidden_size"], c["intermediate_size"], bias=False)
-        self.mlp.up_proj = torch.nn.Linear(c["hidden_size"], c["intermediate_size"], bias=False)
-        self.mlp.down_proj = torch.nn.Linear(c["intermediate_size"], c["hidden_size"], bias=False)
-
-    def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        h = self.post_attention_layernorm(x)
-        return x + self.mlp.down_proj(F.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
-
-
-class Qwen3(torch.nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.c = c
-        self.model = torch.nn.Module()
-        self.model.embed_tokens = torch.nn.Embedding(c["vocab_size"], c["hidden_size"])
-        self.model.layers = torch.nn.ModuleList(Layer(c) for _ in range(c["num_hidden_layers"]))
-        self.model.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
-        self.lm_head = torch.nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
-        for name, p in self.named_parameters():
-            if p.dim() == 2:
-                torch.nn.init.normal_(p, std=0.02)
-        # residual branches start small, as deeper stacks need
-        scale = 0.02 / math.sqrt(2 * c["num_hidden_layers"])
-        for layer in self.model.layers:
-            torch.nn.init.normal_(layer.self_attn.o_proj.weight, std=scale)
-            torch.nn.init.normal_(layer.mlp.down_proj.weight, std=scale)
-
-    def forward(self, ids):
-        cos, sin = rope_tables(ids.shape[1], self.c["head_dim"], self.c["rope_theta"], ids.device)
-        x = self.model.embed_tokens(ids)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin)
-        return self.lm_head(self.model.norm(x))
-
+# Training (the model is models/torch_qwen3's).
 
 def loss_of(model, batch):
     logits = model(batch[:, :-1]).float()
@@ -222,41 +103,6 @@ def validate(model, windows, batches, batch_size):
     total = sum(loss_of(model, windows.batch(batch_size)).item() for _ in range(batches)) / batches
     model.train()
     return total
-
-
-@torch.no_grad()
-def greedy(model, prompt, n):
-    model.eval()
-    ids = [BOS] + list(prompt.encode())
-    for _ in range(n):
-        nxt = int(model(torch.tensor([ids]))[0, -1].argmax())
-        if nxt == EOS:
-            break
-        ids.append(nxt)
-    model.train()
-    return bytes(i for i in ids[1 + len(prompt.encode()):] if i < 256).decode("utf-8", "replace")
-
-
-# --------------------------------------------------------------------------
-# Export: BF16 safetensors (8-byte header length, JSON header, raw data).
-
-def save_safetensors(model, path):
-    header, blobs, offset = {}, [], 0
-    for name, p in sorted(model.state_dict().items()):
-        raw = p.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(p.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    header["__metadata__"] = {"format": "pt"}
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(head)))
-        f.write(head)
-        for b in blobs:
-            f.write(b)
-    os.replace(tmp, path)
 
 
 def write_json(path, obj):
@@ -298,8 +144,8 @@ def main():
     print(f"corpus: {len(train_files)} training files ({n_bytes} bytes), {len(val_files)} held out", flush=True)
     train, val = Windows(train_files, a.seq_len, a.seed), Windows(val_files, a.seq_len, a.seed + 1)
 
-    cfg = model_config(a)
-    model = Qwen3(cfg).to(device)
+    cfg = byte_model_config(a.hidden, a.intermediate, a.layers, a.heads, a.kv_heads, a.head_dim, a.max_position)
+    model = new_model(cfg).to(device)
     if a.init_state:
         model.load_state_dict(torch.load(a.init_state, map_location=device))
     n_params = sum(p.numel() for p in model.parameters())
@@ -326,17 +172,15 @@ def main():
             print(f"step {step} loss {ema:.3f} lr {lr:.2e} tokens {seen} {time.time() - t0:.0f}s", flush=True)
 
     val_loss = validate(model, val, 16, a.batch)
-    sample = greedy(model, "def ", 48)
+    out = greedy(model, [BOS] + list(b"def "), 48)
+    sample = bytes(i for i in out if i < 256).decode("utf-8", "replace")
     print(f"done: {step} steps, {seen} tokens, validation loss {val_loss:.3f} nats/byte", flush=True)
     print(f"greedy after 'def ': {sample!r}", flush=True)
 
     os.makedirs(a.out, exist_ok=True)
     if a.save_state:
         torch.save(model.state_dict(), a.save_state)
-    save_safetensors(model, os.path.join(a.out, "model.safetensors"))
-    write_json(os.path.join(a.out, "config.json"), cfg)
-    write_json(os.path.join(a.out, "generation_config.json"),
-               {"bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD})
+    save_checkpoint(model, cfg, a.out)
     write_json(os.path.join(a.out, "train_info.json"), {
         "name": "demo", "params": n_params, "steps": step, "tokens": seen, "seq_len": a.seq_len,
         "batch": a.batch, "lr": a.lr, "seed": a.seed, "minutes": round((time.time() - t0) / 60.0, 1),

@@ -24,7 +24,7 @@ tq6=$(cd "$tq6" && pwd)
 t_start=$SECONDS
 
 # 1. The policy's forward against transformers' float32 logits.
-$py "$ex/qwen3.py" --model "$tq6" --check-golden p1,p2,p6 --tol 1e-3 > "$dir/golden.out" 2>&1 ||
+$py models/torch_qwen3/qwen3.py --model "$tq6" --check-golden p1,p2,p6 --tol 1e-3 > "$dir/golden.out" 2>&1 ||
   fail "the policy's logits differ from golden.safetensors: $(cat "$dir/golden.out")"
 
 # 2. The reward sandbox: right and wrong types, syntax errors, blocked

@@ -1,8 +1,14 @@
-"""The policy: a Qwen3 causal LM in plain PyTorch, float32, loaded from a
-Hugging Face checkpoint folder (config.json + safetensors, sharded or not).
+"""Qwen3ForCausalLM in plain PyTorch, with the safetensors reader and writer
+the project's training scripts and the DAPO trainer share: no transformers,
+no other package, so it runs on Debian's PyTorch (1.13) as on current ones.
 
 Parameter names are the checkpoint's (model.layers.N.self_attn.q_proj.weight,
-...), so `named_parameters()` is exactly what `update_weights` sends.
+...), so `named_parameters()` is exactly what `update_weights` sends and
+`save_checkpoint` writes the folder fp4rollout serves.
+
+Attention uses torch.nn.functional.scaled_dot_product_attention where the
+PyTorch has it (2.0 on: flash or memory-efficient kernels, which long
+contexts need on a GPU), else the product written out.
 
     python3 qwen3.py --model DIR --check-golden p1,p2,p6
 
@@ -85,7 +91,38 @@ def read_checkpoint(folder):
     return tensors
 
 
+def save_safetensors(tensors, path, dtype="BF16"):
+    """Writes {name: tensor} as one safetensors file, BF16 (rounded to nearest
+    even, as torch's cast) or F32, names sorted; atomically (a temporary file
+    renamed), so a run killed while writing keeps the previous file."""
+    if dtype not in ("BF16", "F32"):
+        raise ValueError(f"save_safetensors: dtype {dtype!r} (BF16 or F32)")
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu")
+        if dtype == "BF16":
+            raw = t.to(torch.bfloat16).contiguous().view(torch.int16).numpy().tobytes()
+        else:
+            raw = t.to(torch.float32).contiguous().numpy().tobytes()
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    header["__metadata__"] = {"format": "pt"}
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)       # the data starts 8-aligned
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for b in blobs:
+            f.write(b)
+    os.replace(tmp, path)
+
+
 # ---------------------------------------------------------------- model
+
+# None on PyTorch before 2.0 (Debian 12 has 1.13): the product is written out.
+_SDPA = getattr(F, "scaled_dot_product_attention", None)
 
 class Config:
     def __init__(self, d):
@@ -148,8 +185,13 @@ class Attention(nn.Module):
         group = c.num_heads // c.num_kv_heads      # query head h reads KV head h // group
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-        scores = (q @ k.transpose(-1, -2)) * (c.head_dim ** -0.5) + mask
-        out = torch.softmax(scores, dim=-1) @ v
+        if _SDPA is not None:
+            # under autocast v leaves its matmul in BF16 while the norms and RoPE
+            # widen q and k; the kernel wants one dtype
+            out = _SDPA(q.to(v.dtype), k.to(v.dtype), v, is_causal=True)
+        else:
+            scores = (q @ k.transpose(-1, -2)) * (c.head_dim ** -0.5) + mask
+            out = torch.softmax(scores, dim=-1) @ v
         return self.o_proj(out.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
 
 
@@ -204,7 +246,7 @@ class Qwen3(nn.Module):
         freqs = torch.outer(pos, self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos()[None, None], emb.sin()[None, None]
-        mask = torch.full((T, T), float("-inf"), device=ids.device).triu(1)
+        mask = None if _SDPA is not None else torch.full((T, T), float("-inf"), device=ids.device).triu(1)
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             x = layer(x, cos, sin, mask)
@@ -233,6 +275,77 @@ def load_policy(folder):
                 raise ValueError(f"{name}: checkpoint shape {tuple(t.shape)}, model {tuple(p.shape)}")
             p.copy_(t.float())
     return model
+
+
+# ---------------------------------------------------------------- byte models
+
+# The byte tokenizer of the project's test models: ids 0..255 are bytes.
+BOS, EOS, PAD, VOCAB = 256, 257, 258, 272
+
+
+def byte_model_config(hidden, intermediate, layers, heads, kv_heads, head_dim, max_position,
+                      rope_theta=1000000.0):
+    """config.json of a byte-level Qwen3 test model (untied embeddings)."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": VOCAB,
+        "hidden_size": hidden, "intermediate_size": intermediate, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+        "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": rope_theta,
+        "max_position_embeddings": max_position, "attention_bias": False, "tie_word_embeddings": False,
+        "bos_token_id": BOS, "eos_token_id": EOS, "pad_token_id": PAD, "torch_dtype": "bfloat16",
+        "use_sliding_window": False,
+    }
+
+
+def new_model(config):
+    """A freshly initialised Qwen3 of a config dict: normal(0.02) matrices and
+    residual projections scaled down by sqrt(2 x layers), as deep stacks need;
+    norms at 1. The same seed gives the same weights."""
+    model = Qwen3(Config(config))
+    for _, p in model.named_parameters():
+        if p.dim() == 2:
+            nn.init.normal_(p, std=0.02)
+    scale = 0.02 / math.sqrt(2 * config["num_hidden_layers"])
+    for layer in model.model.layers:
+        nn.init.normal_(layer.self_attn.o_proj.weight, std=scale)
+        nn.init.normal_(layer.mlp.down_proj.weight, std=scale)
+    return model
+
+
+def save_checkpoint(model, config, folder, dtype="BF16"):
+    """The Hugging Face folder fp4rollout loads: config.json, generation_config.json
+    (the byte tokenizer's ids) and model.safetensors."""
+    os.makedirs(folder, exist_ok=True)
+    cfg = dict(config, torch_dtype="bfloat16" if dtype == "BF16" else "float32")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": cfg.get("bos_token_id", BOS), "eos_token_id": cfg.get("eos_token_id", EOS),
+                   "pad_token_id": cfg.get("pad_token_id", PAD)}, f, indent=2)
+        f.write("\n")
+    save_safetensors(model.state_dict(), os.path.join(folder, "model.safetensors"), dtype)
+
+
+@torch.no_grad()
+def greedy(model, ids, max_new, stop_ids=(EOS,)):
+    """Greedy continuation of one prompt (a list of ids), at most max_new ids,
+    ending at (and including) the first of stop_ids. No KV cache: every step
+    runs the whole sequence, which is what short answers after long prompts
+    cost anyway."""
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    seq = list(ids)
+    out = []
+    for _ in range(max_new):
+        nxt = int(model(torch.tensor([seq], device=dev))[0, -1].argmax())
+        out.append(nxt)
+        seq.append(nxt)
+        if nxt in stop_ids:
+            break
+    model.train(was_training)
+    return out
 
 
 def check_golden(model, golden_path, prompts):
