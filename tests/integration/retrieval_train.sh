@@ -17,6 +17,9 @@ set -euo pipefail
 name=retrieval_train
 source "$(dirname "$0")/cli_setup.bash"
 export PYTHONDONTWRITEBYTECODE=1   # nothing written into the source tree
+# --threads sets PyTorch's own threads; Debian's PyTorch multiplies through
+# OpenBLAS, whose threads only its variable sets.
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 $py -c 'import torch' 2>/dev/null || { echo "$name: SKIP: python3-torch is missing (scripts/install-deps.sh)"; exit 0; }
 t_start=$SECONDS
 
