@@ -269,7 +269,7 @@ def parse_args():
 
 
 def check_args(a, stages):
-    if a.variants is None or any(v not in rt.VARIANTS for v in a.variants) or not a.variants:
+    if not a.variants or any(v not in rt.VARIANTS for v in a.variants):
         die("--variants: one or more of %s" % ", ".join(rt.VARIANTS))
     if a.head_dim != 128:
         print("train_retrieval: warning: head_dim %d: the CUDA FP4/FP8 decode kernels take 128 only" % a.head_dim)
