@@ -3,26 +3,28 @@
 retrieval_tasks.py, for the task-accuracy comparison of KV cache formats
 (docs/eval_task.md; models/retrieval/README.md is its card).
 
-The model is transformers' Qwen3ForCausalLM with the byte tokenizer of the
-project's test models (ids 0..255 bytes, 256 BOS, 257 EOS, 258 PAD,
-vocabulary 272). A training example is BOS, a prompt of the train split, its
-answer and a newline; the loss falls on the answer and the newline only.
-The curriculum runs stages of growing context (bytes per prompt), each a
-number of optimizer steps at a constant number of tokens per batch, under
-one warm-up and cosine decay. At the end of every stage it prints greedy
-exact-match accuracy on held-out prompts of that context and of the
-longest one (transformers' generate, the same scoring as eval-task).
+The model is the project's plain-PyTorch Qwen3 (models/torch_qwen3/qwen3.py)
+with the byte tokenizer of the project's test models (ids 0..255 bytes, 256
+BOS, 257 EOS, 258 PAD, vocabulary 272). A training example is BOS, a prompt
+of the train split, its answer and a newline; the loss falls on the answer
+and the newline only. The curriculum runs stages of growing context (bytes
+per prompt), each a number of optimizer steps at a constant number of
+tokens per batch, under one warm-up and cosine decay. At the end of every
+stage it prints greedy exact-match accuracy on held-out prompts of that
+context and of the longest one (the same scoring as eval-task).
 
     python3 models/retrieval/train_retrieval.py --out ../shared/models/retrieval
     python3 models/retrieval/train_retrieval.py --out /tmp/r --stages 512:20,1024:20 --eval-n 8   # a quick check
 
 writes into --out the Hugging Face folder fp4rollout loads (config.json,
 generation_config.json, model.safetensors in BF16), train_info.json with
-the accuracies, and train_state.pt, the float32 state, optimizer and
-position of the run, saved every --save-every steps and at each stage's
-end: the same command with --resume continues where it stopped, on the
-same batches. Needs PyTorch and transformers; one GPU (the CPU works, very
-slowly).
+the accuracies, and train_state.pt, the float32 weights, optimizer and
+position of the run, saved every --save-every steps, at each stage's end
+and at --stop-after: the same command with --resume continues where it
+stopped, on the same batches. Needs PyTorch (Debian's 1.13 or later); on a
+GPU BF16 autocast, on the CPU float32. --check-transformers also needs
+transformers: it loads the written folder into transformers'
+Qwen3ForCausalLM and compares its logits with this model's.
 """
 import argparse
 import json
@@ -34,39 +36,21 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "torch_qwen3"))
 import retrieval_tasks as rt  # noqa: E402  (beside this script; no torch)
+from qwen3 import (VOCAB, byte_model_config, greedy_cached, load_policy, new_model,  # noqa: E402
+                   save_checkpoint)
 
-VOCAB = 272
+# What decides the weights and the batches: a resumed run must share them.
+SAME_ON_RESUME = ("stages", "variants", "batch_tokens", "hidden", "intermediate", "layers", "heads", "kv_heads",
+                  "head_dim", "rope_theta", "max_position", "lr", "warmup", "seed")
 
 
 def die(msg):
     print("train_retrieval: " + msg, file=sys.stderr)
     sys.exit(1)
-
-
-def model_config(a):
-    return {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": VOCAB,
-        "hidden_size": a.hidden, "intermediate_size": a.intermediate, "num_hidden_layers": a.layers,
-        "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads, "head_dim": a.head_dim,
-        "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": a.rope_theta,
-        "max_position_embeddings": a.max_position, "attention_bias": False, "tie_word_embeddings": False,
-        "bos_token_id": rt.BOS, "eos_token_id": rt.EOS, "pad_token_id": rt.PAD, "use_sliding_window": False,
-    }
-
-
-def build_model(cfg):
-    import transformers
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    c = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type")}
-    if int(transformers.__version__.split(".")[0]) >= 5:   # 5.x keeps the RoPE base in rope_parameters
-        c["rope_parameters"] = {"rope_type": "default", "rope_theta": c.pop("rope_theta")}
-    model = Qwen3ForCausalLM(Qwen3Config(**c))
-    theta = getattr(model.config, "rope_theta", None) or model.config.rope_parameters["rope_theta"]
-    if theta != cfg["rope_theta"]:
-        die("transformers %s did not take the RoPE base (%r)" % (transformers.__version__, theta))
-    return model
 
 
 def parse_stages(text):
@@ -86,81 +70,100 @@ def lr_at(step, total, a):
     return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
+def autocast(device):
+    """BF16 autocast on a GPU; float32 elsewhere (the CPU's BF16 is slow and
+    would make the CPU runs' results depend on its kernels)."""
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
 def loss_of(model, batch, device):
     ids = torch.tensor([i for i, _ in batch], dtype=torch.long, device=device)
     mask = torch.tensor([m for _, m in batch], dtype=torch.float32, device=device)
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        logits = model(input_ids=ids[:, :-1]).logits
+    with autocast(device):
+        logits = model(ids[:, :-1])
     ce = F.cross_entropy(logits.float().reshape(-1, VOCAB), ids[:, 1:].reshape(-1), reduction="none")
     m = mask[:, 1:].reshape(-1)
     return (ce * m).sum() / m.sum()
 
 
-@torch.no_grad()
+def answer_of(model, task, device):
+    """The model's greedy answer to a task, scored as eval-task scores: the
+    text up to the first newline, spaces, tabs and carriage returns trimmed."""
+    ids = [rt.BOS] + list(task["prompt"].encode())
+    with autocast(device):
+        gen = greedy_cached(model, ids, len(task["answer"].encode()) + 8, stop_ids=(rt.EOS, 10))
+    text = bytes(x for x in gen if x < 256).decode(errors="replace")
+    return text.split("\n")[0].strip(" \t\r")
+
+
 def accuracy(model, a, context, device):
     """Greedy exact match on held-out prompts of every variant at context."""
-    model.eval()
     out = {}
     for variant in a.variants:
         right = 0
         for i in range(a.eval_n):
             t = rt.make_task(a.seed, "heldout", variant, context, i)
-            ids = torch.tensor([[rt.BOS] + list(t["prompt"].encode())], device=device)
-            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                     max_new_tokens=len(t["answer"]) + 8, eos_token_id=[rt.EOS, 10],
-                                     pad_token_id=rt.PAD)
-            text = bytes(x for x in gen[0, ids.shape[1]:].tolist() if x < 256).decode(errors="replace")
-            right += text.split("\n")[0].strip(" \t\r") == t["answer"].strip(" \t\r")
+            right += answer_of(model, t, device) == t["answer"].strip(" \t\r")
         out[variant] = right / a.eval_n
-    model.train()
     return out
 
 
-def save_state(path, model, opt, stage, step, total_step, history, a):
+def save_state(path, model, opt, pos, history, seconds, a):
+    """pos: (stage, step within it, steps of the whole run) of the next step."""
     tmp = path + ".tmp"
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "stage": stage, "step": step,
-                "total_step": total_step, "history": history, "args": vars(a)}, tmp)
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "stage": pos[0], "step": pos[1],
+                "total_step": pos[2], "history": history, "seconds": seconds, "args": vars(a)}, tmp)
     os.replace(tmp, path)   # a run killed while saving keeps the previous state
 
 
-def export(model, cfg, a, history, seconds):
-    import transformers
-    out = a.out
-    try:
-        model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
-    except TypeError:   # releases that write safetensors only take no such argument
-        model.to(torch.bfloat16).save_pretrained(out)
-    model.float()
-    with open(os.path.join(out, "generation_config.json"), "w") as f:
-        json.dump({"bos_token_id": rt.BOS, "eos_token_id": rt.EOS, "pad_token_id": rt.PAD}, f, indent=2)
+def write_json(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
         f.write("\n")
-    info = {"config": cfg, "stages": a.stages, "tokens_per_batch": a.batch_tokens, "lr": a.lr, "seed": a.seed,
-            "variants": a.variants, "params": sum(p.numel() for p in model.parameters()),
-            "train_seconds": round(seconds, 1), "heldout_accuracy": history, "torch": torch.__version__,
-            "transformers": transformers.__version__}
-    with open(os.path.join(out, "train_info.json"), "w") as f:
-        json.dump(info, f, indent=1)
-        f.write("\n")
-    for name in ("config.json", "model.safetensors", "generation_config.json", "train_info.json"):
-        if not os.path.exists(os.path.join(out, name)):
-            die("%s was not written" % os.path.join(out, name))
+    os.replace(tmp, path)
+
+
+def export(model, cfg, a, history, seconds, total_step):
+    save_checkpoint(model, cfg, a.out, "BF16")
+    info = {"config": cfg, "stages": a.stages, "tokens_per_batch": a.batch_tokens, "lr": a.lr,
+            "warmup": a.warmup, "seed": a.seed, "variants": a.variants, "steps": total_step,
+            "params": sum(p.numel() for p in model.parameters()), "train_seconds": round(seconds, 1),
+            "heldout_accuracy": history, "eval_n": a.eval_n, "torch": torch.__version__, "device": a.device,
+            "threads": torch.get_num_threads()}
+    write_json(os.path.join(a.out, "train_info.json"), info)
+
+
+def stage_end(model, a, stages, si, device, history):
+    context = stages[si][0]
+    model.eval()
+    acc = {"stage": si, "context": context, "accuracy": accuracy(model, a, context, device)}
+    longest = stages[-1][0]
+    if longest != context:
+        acc["accuracy_at_%d" % longest] = accuracy(model, a, longest, device)
+    model.train()
+    history.append(acc)
+    print("held-out greedy exact match after stage %d: %s" % (si, json.dumps(acc)), flush=True)
 
 
 def train(model, a, device, stages, state):
+    """Runs the curriculum from the state's position (or the start). Returns
+    (history, seconds, steps done), or None when --stop-after stopped it."""
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    stage0, step0, total_step, history = 0, 0, 0, []
+    stage0, step0, total_step, history, seconds0 = 0, 0, 0, [], 0.0
     if state:
         opt.load_state_dict(state["opt"])
-        stage0, step0, total_step, history = state["stage"], state["step"], state["total_step"], state["history"]
+        stage0, step0, total_step = state["stage"], state["step"], state["total_step"]
+        history, seconds0 = state["history"], state.get("seconds", 0.0)
     total = sum(s for _, s in stages)
     path = os.path.join(a.out, "train_state.pt")
     t0 = time.time()
     for si in range(stage0, len(stages)):
         context, steps = stages[si]
         batch = max(1, a.batch_tokens // (context + 64))
-        data = rt.train_batches(a.seed, a.variants, context, batch, start=step0 if si == stage0 else 0)
-        for step in range(step0 if si == stage0 else 0, steps):
+        first = step0 if si == stage0 else 0
+        data = rt.train_batches(a.seed, a.variants, context, batch, start=first)
+        for step in range(first, steps):
             for g in opt.param_groups:
                 g["lr"] = lr_at(total_step, total, a)
             loss = loss_of(model, next(data), device)
@@ -169,23 +172,67 @@ def train(model, a, device, stages, state):
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             total_step += 1
-            if step % a.log_every == 0:
+            if step % a.log_every == 0 or step + 1 == steps:
                 print("stage %d (context %d, batch %d) step %d/%d loss %.4f lr %.2e %.0f s" % (
-                    si, context, batch, step, steps, loss.item(), lr_at(total_step, total, a), time.time() - t0),
-                    flush=True)
-            if a.save_every and total_step % a.save_every == 0:
-                save_state(path, model, opt, si, step + 1, total_step, history, a)
-        acc = {"stage": si, "context": context, "accuracy": accuracy(model, a, context, device)}
-        longest = stages[-1][0]
-        if longest != context:
-            acc["accuracy_at_%d" % longest] = accuracy(model, a, longest, device)
-        history.append(acc)
-        print("held-out greedy exact match after stage %d: %s" % (si, json.dumps(acc)), flush=True)
-        save_state(path, model, opt, si + 1, 0, total_step, history, a)
-    return history, time.time() - t0
+                    si, context, batch, step + 1, steps, loss.item(), lr_at(total_step - 1, total, a),
+                    seconds0 + time.time() - t0), flush=True)
+            last = step + 1 == steps
+            if (a.save_every and total_step % a.save_every == 0 and not last) or \
+                    (total_step == a.stop_after and not last):
+                save_state(path, model, opt, (si, step + 1, total_step), history, seconds0 + time.time() - t0, a)
+            if total_step == a.stop_after and not last:
+                return None
+        stage_end(model, a, stages, si, device, history)
+        save_state(path, model, opt, (si + 1, 0, total_step), history, seconds0 + time.time() - t0, a)
+        if total_step == a.stop_after and si + 1 < len(stages):
+            return None
+    return history, seconds0 + time.time() - t0, total_step
 
 
-def main():
+def transformers_class():
+    """transformers' Qwen3ForCausalLM, or a clear exit when it is not importable."""
+    try:
+        import transformers
+        return transformers, transformers.Qwen3ForCausalLM
+    except (ImportError, AttributeError) as e:
+        die("--check-transformers needs transformers with Qwen3 (pip install transformers): %s" % e)
+
+
+def check_transformers(a, stages, device):
+    """Loads the written folder into transformers' Qwen3ForCausalLM and into
+    this script's model, both float32, and compares their logits on one
+    held-out prompt per variant at the first and the longest context."""
+    transformers, cls = transformers_class()
+    kw = {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": torch.float32}
+    hf, info = cls.from_pretrained(a.out, output_loading_info=True, **kw)
+    bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if bad:
+        die("--check-transformers: transformers %s loads %s with %s" % (transformers.__version__, a.out, bad))
+    theta = getattr(hf.config, "rope_theta", None) or (hf.config.rope_parameters or {}).get("rope_theta")
+    if theta != a.rope_theta:
+        die("--check-transformers: transformers %s took RoPE base %r, the folder says %r" % (
+            transformers.__version__, theta, a.rope_theta))
+    ours = load_policy(a.out).to(device).eval()
+    hf = hf.to(device).eval()
+    worst = 0.0
+    for context in sorted({stages[0][0], stages[-1][0]}):
+        for variant in a.variants:
+            t = rt.make_task(a.seed, "heldout", variant, context, 0)
+            ids = torch.tensor([[rt.BOS] + list(t["prompt"].encode())], device=device)
+            with torch.no_grad():
+                ref = hf(input_ids=ids).logits[0].float()
+                got = ours(ids)[0].float()
+            err = float((got - ref).abs().max() / ref.abs().max())
+            print("check-transformers: %s at %d: max |logit error| / max |logit| %.2e" % (variant, context, err))
+            worst = max(worst, err)
+    if worst > a.check_tol:
+        die("--check-transformers: logits differ from transformers' by %.2e of the largest (limit %g)" % (
+            worst, a.check_tol))
+    print("check-transformers: transformers %s agrees within %.2e (limit %g)" % (
+        transformers.__version__, worst, a.check_tol))
+
+
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="the model folder (and the run's train_state.pt)")
     ap.add_argument("--stages", default="512:400,1024:400,2048:600,4096:800,8192:800,16384:1000",
@@ -207,38 +254,81 @@ def main():
     ap.add_argument("--eval-n", type=int, default=64, help="held-out prompts per variant at each stage's end")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--save-every", type=int, default=200, help="steps between train_state.pt saves (0: stage ends)")
+    ap.add_argument("--stop-after", type=int, default=0,
+                    help="stop after this many optimizer steps of the whole run, the state saved and nothing "
+                         "exported (--resume continues); 0: run to the end")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads of PyTorch (0: its default)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    a = ap.parse_args()
-    a.variants = [v for v in a.variants.split(",") if v]
-    if any(v not in rt.VARIANTS for v in a.variants):
-        die("--variants: one of %s" % ", ".join(rt.VARIANTS))
-    stages = parse_stages(a.stages)
+    ap.add_argument("--check-transformers", action="store_true",
+                    help="after writing the folder, compare transformers' logits with this model's (needs "
+                         "transformers)")
+    ap.add_argument("--check-tol", type=float, default=1e-3,
+                    help="--check-transformers' largest logit error, relative to the largest logit")
+    return ap.parse_args()
+
+
+def check_args(a, stages):
+    if not a.variants or any(v not in rt.VARIANTS for v in a.variants):
+        die("--variants: one or more of %s" % ", ".join(rt.VARIANTS))
     if a.head_dim != 128:
         print("train_retrieval: warning: head_dim %d: the CUDA FP4/FP8 decode kernels take 128 only" % a.head_dim)
     if max(c for c, _ in stages) + 64 > a.max_position:
         die("--max-position %d is below the longest stage's context" % a.max_position)
+    for context, _ in stages:
+        for v in a.variants:
+            try:
+                rt.make_task(a.seed, "train", v, context, 0)
+            except ValueError as e:
+                die("--stages: %s: %s" % (v, e))
+    if a.stop_after < 0 or a.threads < 0:
+        die("--stop-after and --threads take a number >= 0")
+    if a.check_transformers:
+        transformers_class()   # refused now rather than after the training
+
+
+def load_state(a):
+    path = os.path.join(a.out, "train_state.pt")
+    if not os.path.exists(path):
+        die("--resume: %s does not exist" % path)
+    state = torch.load(path, map_location="cpu")
+    for k in SAME_ON_RESUME:
+        if state["args"].get(k) != getattr(a, k):
+            die("--resume: --%s %r differs from the saved run's (%r)" % (
+                k.replace("_", "-"), getattr(a, k), state["args"].get(k)))
+    return state
+
+
+def main():
+    a = parse_args()
+    a.variants = [v for v in a.variants.split(",") if v]
+    stages = parse_stages(a.stages)
+    check_args(a, stages)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     os.makedirs(a.out, exist_ok=True)
-    state = None
-    if a.resume:
-        path = os.path.join(a.out, "train_state.pt")
-        if not os.path.exists(path):
-            die("--resume: %s does not exist" % path)
-        state = torch.load(path, map_location="cpu")
-        for k in ("stages", "seed", "variants", "batch_tokens", "hidden", "layers", "heads", "kv_heads", "head_dim"):
-            if state["args"][k] != getattr(a, k):
-                die("--resume: --%s differs from the saved run's (%r)" % (k.replace("_", "-"), state["args"][k]))
+    state = load_state(a) if a.resume else None
+    if state and a.stop_after and a.stop_after <= state["total_step"]:
+        die("--stop-after %d: the saved run is at step %d already" % (a.stop_after, state["total_step"]))
     torch.manual_seed(a.seed)
     device = torch.device(a.device)
-    cfg = model_config(a)
-    model = build_model(cfg)
+    cfg = byte_model_config(a.hidden, a.intermediate, a.layers, a.heads, a.kv_heads, a.head_dim, a.max_position,
+                            a.rope_theta)
+    model = new_model(cfg)
     if state:
         model.load_state_dict(state["model"])
     model.to(device).train()
-    print("model: %d parameters, %s; stages %s" % (sum(p.numel() for p in model.parameters()), device, stages))
-    history, seconds = train(model, a, device, stages, state)
-    export(model.to("cpu"), cfg, a, history, seconds)
-    print("wrote %s (config.json, model.safetensors, generation_config.json, train_info.json)" % a.out)
+    print("model: %d parameters, %s, %d threads; stages %s" % (
+        sum(p.numel() for p in model.parameters()), device, torch.get_num_threads(), stages), flush=True)
+    done = train(model, a, device, stages, state)
+    if done is None:
+        print("stopped after %d steps (--stop-after); --resume continues" % a.stop_after)
+        return
+    history, seconds, steps = done
+    export(model.to("cpu"), cfg, a, history, seconds, steps)
+    print("wrote %s (config.json, model.safetensors, generation_config.json, train_info.json)" % a.out, flush=True)
+    if a.check_transformers:
+        check_transformers(a, stages, device)
 
 
 if __name__ == "__main__":

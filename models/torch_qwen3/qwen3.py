@@ -174,7 +174,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.eps)    # per head, before RoPE
         self.k_norm = RMSNorm(c.head_dim, c.eps)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, mask, cache=None):
         c = self.c
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, c.num_heads, c.head_dim)).transpose(1, 2)
@@ -182,15 +182,23 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
+        if cache is not None:
+            if cache:
+                k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
+            cache[:] = [k, v]
         group = c.num_heads // c.num_kv_heads      # query head h reads KV head h // group
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
         if _SDPA is not None:
             # under autocast v leaves its matmul in BF16 while the norms and RoPE
-            # widen q and k; the kernel wants one dtype
-            out = _SDPA(q.to(v.dtype), k.to(v.dtype), v, is_causal=True)
+            # widen q and k; the kernel wants one dtype. With earlier keys in a
+            # cache the causal mask is not the square one is_causal means.
+            square = k.shape[2] == T
+            out = _SDPA(q.to(v.dtype), k.to(v.dtype), v, attn_mask=None if square else mask, is_causal=square)
         else:
-            scores = (q @ k.transpose(-1, -2)) * (c.head_dim ** -0.5) + mask
+            scores = (q @ k.transpose(-1, -2)) * (c.head_dim ** -0.5)
+            if mask is not None:
+                scores = scores + mask
             out = torch.softmax(scores, dim=-1) @ v
         return self.o_proj(out.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim))
 
@@ -214,8 +222,8 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.eps)
         self.mlp = MLP(c)
 
-    def forward(self, x, cos, sin, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+    def forward(self, x, cos, sin, mask, cache=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -240,16 +248,29 @@ class Qwen3(nn.Module):
         inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
         self.register_buffer("inv_freq", inv.float(), persistent=False)
 
-    def forward(self, ids):
+    def new_cache(self):
+        """An empty KV cache for forward(ids, cache): one [keys, values] per layer."""
+        return [[] for _ in self.model.layers]
+
+    def forward(self, ids, cache=None):
+        """With a cache (new_cache()), ids continue the sequence the cache holds:
+        their positions follow it, they attend to it, and their keys and values
+        join it (every row of the batch the same length)."""
         B, T = ids.shape
-        pos = torch.arange(T, dtype=torch.float32, device=ids.device)
+        past = cache[0][0].shape[2] if cache and cache[0] else 0
+        pos = torch.arange(past, past + T, dtype=torch.float32, device=ids.device)
         freqs = torch.outer(pos, self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos()[None, None], emb.sin()[None, None]
-        mask = None if _SDPA is not None else torch.full((T, T), float("-inf"), device=ids.device).triu(1)
+        mask = None
+        if _SDPA is None or past:
+            # query i (position past + i) sees keys 0 .. past + i
+            mask = torch.full((T, past + T), float("-inf"), device=ids.device).triu(past + 1)
+            if _SDPA is not None:
+                mask = mask == 0      # SDPA's boolean mask: True where attention is allowed
         x = self.model.embed_tokens(ids)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, mask)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, mask, None if cache is None else cache[i])
         x = self.model.norm(x)
         if self.config.tie_word_embeddings:
             return x @ self.model.embed_tokens.weight.t()
@@ -344,6 +365,28 @@ def greedy(model, ids, max_new, stop_ids=(EOS,)):
         seq.append(nxt)
         if nxt in stop_ids:
             break
+    model.train(was_training)
+    return out
+
+
+@torch.no_grad()
+def greedy_cached(model, ids, max_new, stop_ids=(EOS,)):
+    """greedy() with a KV cache: the prompt runs once, then one position per
+    new id, so long prompts cost one prefill instead of one per new id. The
+    same ids as greedy() up to rounding (a different order of sums can turn
+    a near tie the other way)."""
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    cache = model.new_cache()
+    logits = model(torch.tensor([list(ids)], device=dev), cache)
+    out = []
+    for _ in range(max_new):
+        nxt = int(logits[0, -1].argmax())
+        out.append(nxt)
+        if nxt in stop_ids or len(out) == max_new:
+            break
+        logits = model(torch.tensor([[nxt]], device=dev), cache)
     model.train(was_training)
     return out
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The retrieval task generator and the training script's data pipeline
 # (models/retrieval/), which need no PyTorch: tests/integration/retrieval_tasks.py;
-# the training script itself only compiles here (it needs PyTorch).
+# and that the training script compiles (retrieval_train.sh trains with it).
 set -euo pipefail
 py=/usr/bin/python3
 export PYTHONDONTWRITEBYTECODE=1   # nothing written into the source tree
