@@ -122,6 +122,8 @@ def main(argv=None):
     policy = load_policy(args.model).to(args.device)
     with open(os.path.join(args.model, "config.json")) as f:
         config = json.load(f)
+    if "dtype" in config:       # newer transformers' name of torch_dtype: the file is float32 now
+        config["dtype"] = "float32"
     opt = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     start = 0
     if args.resume and os.path.exists(state_path):
