@@ -22,7 +22,8 @@ STATE = "state.pt"
 # Options a resumed run may change; every other one must match the saved run,
 # or the resumed steps would not continue the same experiment.
 MAY_CHANGE = {"steps", "time_limit_s", "server", "resume", "threads", "no_plot", "timeout_s", "save_every",
-              "sandbox_jobs", "device", "model", "allow_updated_server"}
+              "sandbox_jobs", "device", "model", "allow_updated_server",
+              "micro_batch"}
 
 
 def _load(path, device):

@@ -41,6 +41,8 @@ def parse_args(argv=None):
     ap.add_argument("--out", required=True, help="the warm-up checkpoint folder (created)")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch", type=int, default=16, help="problems per step")
+    ap.add_argument("--micro-batch", type=int, default=0,
+                    help="problems per forward pass, gradients accumulated (0: the whole batch at once)")
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--warmup-steps", type=int, default=50)
     ap.add_argument("--weight-decay", type=float, default=0.0)
@@ -67,11 +69,21 @@ def lr_at(args, step):
     return args.lr * (1.0 - 0.9 * min(1.0, frac))
 
 
-def batch_loss(policy, args, step):
+def backward_batch(policy, args, step):
+    """The gradient of step's token-mean loss, `--micro-batch` problems per
+    forward; returns the loss."""
     ps = problems(args.seed, "sft-train", args.batch, args.operands, args.digits, start=step * args.batch)
     seqs = [p.token_ids + list(p.solution.encode()) + [EOS] for p in ps]
-    logp, mask = token_logprobs(policy, seqs, [len(p.token_ids) for p in ps])
-    return -(logp * mask).sum() / mask.sum()
+    plens = [len(p.token_ids) for p in ps]
+    tokens = float(sum(len(s) - n for s, n in zip(seqs, plens)))
+    micro = args.micro_batch if args.micro_batch > 0 else len(seqs)
+    total = 0.0
+    for i in range(0, len(seqs), micro):
+        logp, mask = token_logprobs(policy, seqs[i:i + micro], plens[i:i + micro])
+        loss = -(logp * mask).sum() / tokens
+        loss.backward()
+        total += float(loss)
+    return total
 
 
 def evaluate(policy, args):
@@ -152,9 +164,8 @@ def main(argv=None):
         lr = lr_at(args, step)
         for g in opt.param_groups:
             g["lr"] = lr
-        loss = batch_loss(policy, args, step)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = backward_batch(policy, args, step)
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         opt.step()
         dt = time.monotonic() - ts

@@ -94,6 +94,9 @@ def parse_args(argv=None):
     ap.add_argument("--mini-batches", type=int, default=1,
                     help="optimizer updates per step, each on a share of the groups; weights are pushed "
                          "once per step, after the last")
+    ap.add_argument("--micro-batch", type=int, default=0,
+                    help="responses per forward pass of the trainer, gradients accumulated (0: a mini-batch "
+                         "at once); bounds the trainer's memory with long responses")
     ap.add_argument("--monitor-share", type=float, default=0.25,
                     help="share of requests asked to run the BF16-KV divergence shadow (monitor=True)")
     ap.add_argument("--push-dtype", choices=["f32", "bf16"], default="f32")
@@ -203,6 +206,45 @@ def rollouts(client, spec, args, rng, next_group):
     return kept, dropped, every, attempts, gen_s, reward_s
 
 
+def old_logprobs(policy, seqs, plens, args):
+    """pi_old's log-probs of every response [rows, longest], `--micro-batch`
+    rows per forward."""
+    policy.eval()
+    step = args.micro_batch if args.micro_batch > 0 else len(seqs)
+    L = max(len(s) - p for s, p in zip(seqs, plens))
+    parts = []
+    with torch.no_grad():
+        for i in range(0, len(seqs), step):
+            logp, _ = token_logprobs(policy, seqs[i:i + step], plens[i:i + step], args.temperature)
+            parts.append(torch.nn.functional.pad(logp, (0, L - logp.shape[1])))
+    return torch.cat(parts)
+
+
+def update(policy, opt, rows, seqs, plens, old_logp, rollout_logp, adv_t, args):
+    """One optimizer update on `rows`, their gradient accumulated over
+    `--micro-batch` rows at a time, each micro-batch's loss weighted by its
+    share of the tokens (the loss is a token mean over all rows). Returns
+    (loss, gradient norm, [(stats, tokens)])."""
+    step = args.micro_batch if args.micro_batch > 0 else len(rows)
+    tokens = float(sum(len(seqs[r]) - plens[r] for r in rows))
+    opt.zero_grad(set_to_none=True)
+    total, stats = 0.0, []
+    for i in range(0, len(rows), step):
+        part = rows[i:i + step]
+        idx = torch.tensor(part)
+        logp, m = token_logprobs(policy, [seqs[r] for r in part], [plens[r] for r in part], args.temperature)
+        Lc = m.shape[1]
+        loss, st = dapo_loss(logp, old_logp[idx, :Lc], rollout_logp[idx, :Lc], adv_t[idx], m,
+                             args.eps_low, args.eps_high, args.tis_cap)
+        share = float(m.sum()) / tokens
+        (loss * share).backward()
+        total += float(loss) * share
+        stats.append((st, float(m.sum())))
+    norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
+    opt.step()
+    return total, float(norm), stats
+
+
 def train_on(policy, opt, batch, args):
     """pi_old log-probs, mismatch figures and the optimizer updates of one
     step. Returns (seqs, versions, mismatch, losses, norms, stats_acc)."""
@@ -218,9 +260,7 @@ def train_on(policy, opt, batch, args):
     L = max(len(r) for r in roll)
     rollout_logp = torch.tensor([r + [0.0] * (L - len(r)) for r in roll], dtype=torch.float32)
     adv_t = torch.tensor(advs, dtype=torch.float32)
-    policy.eval()
-    with torch.no_grad():
-        old_logp, mask = token_logprobs(policy, seqs, plens, args.temperature)
+    old_logp = old_logprobs(policy, seqs, plens, args)
     mm = mismatch_metrics(roll, [old_logp[b, :len(r)].tolist() for b, r in enumerate(roll)])
 
     policy.train()
@@ -235,18 +275,10 @@ def train_on(policy, opt, batch, args):
         if not chunk:
             continue
         rows = [starts[g] + j for g in chunk for j in range(len(batch[g][2]))]
-        idx = torch.tensor(rows)
-        logp, m = token_logprobs(policy, [seqs[r] for r in rows], [plens[r] for r in rows], args.temperature)
-        Lc = m.shape[1]
-        loss, st = dapo_loss(logp, old_logp[idx, :Lc], rollout_logp[idx, :Lc], adv_t[idx], m,
-                             args.eps_low, args.eps_high, args.tis_cap)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), args.grad_clip)
-        opt.step()
-        losses.append(float(loss))
-        norms.append(float(norm))
-        stats_acc.append((st, float(m.sum())))
+        loss, norm, st = update(policy, opt, rows, seqs, plens, old_logp, rollout_logp, adv_t, args)
+        losses.append(loss)
+        norms.append(norm)
+        stats_acc.extend(st)
     return seqs, versions, mm, losses, norms, stats_acc
 
 

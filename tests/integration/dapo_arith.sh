@@ -8,7 +8,8 @@
 #    is a float32 checkpoint with calibration texts, a 10-row loss log and a
 #    held-out evaluation; the cached greedy decoder matches qwen3.greedy;
 # 3. two DAPO steps on the arith task against a real `fp4rollout serve`
-#    (deterministic mode, BF16 KV) started from that checkpoint, in one go;
+#    (deterministic mode, BF16 KV) started from that checkpoint, in one go,
+#    the trainer's gradients accumulated one response at a time;
 # 4. the same two steps as one step, a fresh server, and --resume (after
 #    rows of a step past the saved state were appended, as a run killed
 #    between a save and the next leaves them): metrics.csv (every column but
@@ -78,7 +79,7 @@ serve='{"model": "'$dir/sft'", "backend": "cpu", "kv_dtype": "bf16", "max_seqs":
  "coordinator": {"bind": "127.0.0.1", "port": PORT}}'
 dapo=(--model "$dir/sft" --task arith --operands 2 --digits 2 --batch-groups 1 --n 2 --max-tokens 96
       --overlong-cache 64 --oversample 1 --max-attempts 2 --filter-on reward --monitor-share 1 --lr 1e-4
-      --seed 11 --threads 1 --no-plot)
+      --seed 11 --threads 1 --micro-batch 1 --no-plot)
 train() { # LOG ENDPOINT OPTIONS...
   local log=$1 e=$2
   shift 2
