@@ -26,7 +26,9 @@ MAY_CHANGE = {"steps", "time_limit_s", "server", "resume", "threads", "no_plot",
               "micro_batch"}
 
 
-def _load(path, device):
+def load_torch(path, device):
+    """torch.load of a file this example wrote (it holds Python random
+    states, which newer PyTorch refuses to unpickle by default)."""
     kw = {"weights_only": False} if "weights_only" in inspect.signature(torch.load).parameters else {}
     return torch.load(path, map_location=device, **kw)
 
@@ -45,7 +47,7 @@ def save_state(out, step, base, policy, opt, rng, task_rng, group_counter, args)
 def load_state(out, device):
     """The saved state, or None when OUT holds none."""
     path = os.path.join(out, STATE)
-    return _load(path, device) if os.path.exists(path) else None
+    return load_torch(path, device) if os.path.exists(path) else None
 
 
 def changed_options(saved, args):
@@ -59,7 +61,7 @@ def restore(state, policy, opt, rng, task_rng):
     opt.load_state_dict(state["opt"])
     rng.setstate(state["rng"])
     task_rng.setstate(state["task_rng"])
-    torch.set_rng_state(state["torch_rng"])
+    torch.set_rng_state(state["torch_rng"].cpu())     # loaded onto the policy's device
 
 
 def trim_outputs(out, step):

@@ -32,6 +32,7 @@ from arith_task import EOS, check, completion_text, problems  # noqa: E402
 from cached_greedy import greedy_batch  # noqa: E402
 from dapo import token_logprobs  # noqa: E402
 from qwen3 import load_policy, save_checkpoint  # noqa: E402
+from run_state import load_torch  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -139,7 +140,7 @@ def main(argv=None):
     opt = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     start = 0
     if args.resume and os.path.exists(state_path):
-        st = torch.load(state_path, map_location=args.device)
+        st = load_torch(state_path, args.device)
         policy.load_state_dict(st["policy"])
         opt.load_state_dict(st["opt"])
         start = st["step"]
