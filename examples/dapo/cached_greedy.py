@@ -1,4 +1,4 @@
-"""Batched greedy decoding with a KV cache for the plain-PyTorch Qwen3
+"""Batched greedy (or sampled) decoding with a KV cache for the plain-PyTorch Qwen3
 (models/torch_qwen3/qwen3.py), built from its modules' weights.
 
 qwen3.greedy runs the whole sequence again for every new token, which is
@@ -52,10 +52,21 @@ def _logits(model, x):
     return model.lm_head(x)
 
 
+def _pick(logits, temperature, generator):
+    """[B, 1] next ids: the argmax, or a draw from softmax(logits / T)."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits[:, -1].float() / temperature, dim=-1)
+    return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
+
+
 @torch.no_grad()
-def greedy_batch(model, prompts, max_new, eos):
+def greedy_batch(model, prompts, max_new, eos, temperature=0.0, generator=None):
     """Greedy continuations of equal-length prompts (lists of ids): one list
-    per prompt, ending at (and including) eos or after max_new ids."""
+    per prompt, ending at (and including) eos or after max_new ids. With
+    temperature > 0, samples from softmax(logits / temperature) instead,
+    drawing on the CPU from `generator` (a torch.Generator) so the draws do
+    not depend on the device."""
     if len({len(p) for p in prompts}) != 1:
         raise ValueError("greedy_batch: the prompts must have the same length")
     was_training = model.training
@@ -69,7 +80,7 @@ def greedy_batch(model, prompts, max_new, eos):
     x = model.model.embed_tokens(ids)
     for layer, cache in zip(model.model.layers, caches):
         x = _layer(layer, c, x, cos, sin, cache, True)
-    nxt = _logits(model, x[:, -1:]).argmax(-1)          # [B, 1]
+    nxt = _pick(_logits(model, x[:, -1:]), temperature, generator)          # [B, 1]
     out = [nxt]
     done = nxt[:, 0] == eos
     for _ in range(max_new - 1):
@@ -80,7 +91,7 @@ def greedy_batch(model, prompts, max_new, eos):
         x = model.model.embed_tokens(nxt)
         for layer, cache in zip(model.model.layers, caches):
             x = _layer(layer, c, x, cos, sin, cache, False)
-        nxt = _logits(model, x).argmax(-1)
+        nxt = _pick(_logits(model, x), temperature, generator)
         out.append(nxt)
         done |= nxt[:, 0] == eos
     model.train(was_training)

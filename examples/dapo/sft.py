@@ -10,10 +10,11 @@ float32 (the optimizer's small steps survive, and the trainer's policy, the
 server's version 0 and the float32 weight pushes all start from the same
 numbers), texts/calib_*.txt (worked problems of the same sizes, for
 `fp4rollout calibrate`), sft_log.csv (loss per step) and sft_eval.json
-(greedy accuracy on held-out problems). OUT/sft_state.pt holds what a
-resumed run needs (model, optimizer, step; the data of step s follows from
-(seed, s) alone); --resume continues from it, and --time-limit-s stops
-cleanly before a step that would pass the limit.
+(held-out accuracy, greedy and with one sample at temperature 1).
+OUT/sft_state.pt holds what a resumed run needs (model, optimizer, step;
+the data of step s follows from (seed, s) alone); --resume continues from
+it (a finished run only evaluates again), and --time-limit-s stops cleanly
+before a step that would pass the limit.
 """
 import argparse
 import csv
@@ -50,7 +51,7 @@ def parse_args(argv=None):
     ap.add_argument("--operands", type=int, default=8)
     ap.add_argument("--digits", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--eval-n", type=int, default=64, help="held-out problems scored greedily at the end")
+    ap.add_argument("--eval-n", type=int, default=64, help="held-out problems scored at the end (greedy, and sampled)")
     ap.add_argument("--eval-batch", type=int, default=32)
     ap.add_argument("--save-every", type=int, default=200, help="steps between resumable states (0: at the end)")
     ap.add_argument("--time-limit-s", type=float, default=0,
@@ -88,20 +89,25 @@ def backward_batch(policy, args, step):
 
 
 def evaluate(policy, args):
-    """Greedy accuracy on held-out problems: {accuracy, answer_found,
-    lines_right, n, solution_bytes_mean}."""
+    """Held-out accuracy: greedy, and one sample per problem at temperature 1
+    (what RL's groups see). {n, accuracy, answer_found, lines_right,
+    sampled_accuracy, sampled_lines_right, solution_bytes_mean, ...}."""
     ps = problems(args.seed, "sft-heldout", args.eval_n, args.operands, args.digits)
     max_new = max(len(p.solution) for p in ps) + 32
-    res = []
+    gen = torch.Generator().manual_seed(args.seed)
+    greedy, sampled = [], []
     for i in range(0, len(ps), args.eval_batch):
         chunk = ps[i:i + args.eval_batch]
-        outs = greedy_batch(policy, [p.token_ids for p in chunk], max_new, EOS)
-        res += [check(p, completion_text(o)) for p, o in zip(chunk, outs)]
-    n = max(1, len(res))
-    return {"n": len(res), "accuracy": sum(r["score"] for r in res) / n,
-            "answer_found": sum(r["answer_found"] for r in res) / n,
-            "lines_right": sum(r["lines_right"] for r in res) / n,
-            "solution_bytes_mean": sum(len(p.solution) for p in ps) / max(1, len(ps)),
+        for temp, res in ((0.0, greedy), (1.0, sampled)):
+            outs = greedy_batch(policy, [p.token_ids for p in chunk], max_new, EOS, temp, gen)
+            res += [check(p, completion_text(o)) for p, o in zip(chunk, outs)]
+    n = max(1, len(ps))
+    return {"n": len(ps), "accuracy": sum(r["score"] for r in greedy) / n,
+            "answer_found": sum(r["answer_found"] for r in greedy) / n,
+            "lines_right": sum(r["lines_right"] for r in greedy) / n,
+            "sampled_accuracy": sum(r["score"] for r in sampled) / n,
+            "sampled_lines_right": sum(r["lines_right"] for r in sampled) / n,
+            "solution_bytes_mean": sum(len(p.solution) for p in ps) / n,
             "operands": args.operands, "digits": args.digits}
 
 
@@ -190,7 +196,7 @@ def main(argv=None):
     ev["steps"] = step
     with open(os.path.join(args.out, "sft_eval.json"), "w") as f:
         json.dump(ev, f, indent=1)
-    print(f"sft: wrote {args.out}; held-out greedy: {json.dumps(ev)}", flush=True)
+    print(f"sft: wrote {args.out}; held-out: {json.dumps(ev)}", flush=True)
     return 0
 
 
