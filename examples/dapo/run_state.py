@@ -87,3 +87,13 @@ def trim_outputs(out, step):
             f.writelines(lines)
         os.replace(spath + ".tmp", spath)
     return len(rows), len(lines)
+
+
+def recent_slowest_step(out, last=20):
+    """The longest `step_s` of the last `last` rows of metrics.csv (0 when none)."""
+    path = os.path.join(out, "metrics.csv")
+    if not os.path.exists(path):
+        return 0.0
+    with open(path, newline="") as f:
+        times = [float(r["step_s"]) for r in csv.DictReader(f)]
+    return max(times[-last:], default=0.0)

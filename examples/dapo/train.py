@@ -64,7 +64,8 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--time-limit-s", type=float, default=0,
                     help="stop before a step that would end past this many seconds from the start, judged "
-                         "by the slowest step so far; the state is saved for --resume (0: none)")
+                         "by the slowest step so far (after --resume, of the last 20 before it too); the state "
+                         "is saved for --resume (0: none)")
     ap.add_argument("--save-every", type=int, default=0,
                     help="save OUT/state.pt every this many steps (0: only when the run stops)")
     ap.add_argument("--resume", action="store_true",
@@ -428,7 +429,9 @@ def main(argv=None):
         return group_counter[0]
 
     metrics_f, writer, samples_f = open_outputs(args, spec, info, start)
-    slowest, step = 0.0, start
+    # A resumed run judges its first step by the slowest of the last steps
+    # before it, so that a call does not begin a step it cannot finish.
+    slowest, step = (run_state.recent_slowest_step(args.out) if start > 0 else 0.0), start
     while step < args.steps:
         if args.time_limit_s > 0 and time.monotonic() - t_start + slowest > args.time_limit_s:
             print(f"train: time limit of {args.time_limit_s:g} s: stopping before step {step}", flush=True)
