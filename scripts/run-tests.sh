@@ -59,7 +59,7 @@ add fuzz "BUILD=$(printf '%q' "$build") FUZZ_JOBS=\${FUZZ_JOBS:-1} scripts/run-f
 # The longest tests start first, so that no long one is left for the end
 # with the other slot idle (seconds measured on two cores; order only).
 slow=(unit/test_engine_golden integration/tp_cpu fuzz unit/test_eval_kl unit/test_determinism
-      integration/cli_calibrate_eval integration/dapo_smoke unit/test_scheduler_monitor integration/serve_bridge
+      integration/cli_calibrate_eval integration/dapo_smoke integration/dapo_arith unit/test_scheduler_monitor integration/serve_bridge
       integration/cli_generate integration/rollout_mpi integration/serve_pause)
 # Run after the others, one at a time, with the machine to themselves.
 alone=(integration/serve_mpi)

@@ -4,10 +4,16 @@
 #
 #   examples/dapo/run_experiment.sh KIND OUT [train.py options...]
 #   examples/dapo/run_experiment.sh all OUT [train.py options...]
+#   examples/dapo/run_experiment.sh fig8 OUT [train.py options...]
 #
 # KIND: bf16 | fp8 | nvfp4 | nvfp4-vanilla | mxfp4 | mxfp4-vanilla | f32.
 # `all` runs bf16, nvfp4 and nvfp4-vanilla one after the other into OUT/KIND
 # and then draws OUT/compare.png and prints a markdown table (plot.py).
+# `fig8`: the same three on the arithmetic task, resumable, for a sequence
+# of time-limited calls: each call spends at most CALL_S seconds (540) on
+# the warm-up (sft.py into OUT/sft, SFT_ARGS) until it is done, then on the
+# run with the fewest steps; run it again until it says all three are done
+# (README.md, "The Figure 8 experiment").
 # Run it from the repository root after `make`.
 #
 # Environment: MODEL (checkpoint folder, default ../shared/models/tq6),
@@ -17,14 +23,19 @@
 # MODEL/texts/calib_*.txt when those exist; none: no calibration file; or a
 # file), BUILD (build), PYTHON (the interpreter with PyTorch, default
 # /usr/bin/python3), KV_BLOCKS (KV pages; default: sized by the CPU
-# backend itself, else MAX_SEQS x 16).
-# The server's own log goes to OUT/serve.log.
+# backend itself, else MAX_SEQS x 16), DEADLINE (epoch seconds: the trainer
+# stops before a step that would end past it, less 30 s; fig8 sets it),
+# fig8 only: CALL_S, SFT_ARGS, OPERANDS (8), DIGITS (20), DEVICE (cuda when
+# nvidia-smi works, else cpu), MIN_LEFT (150: seconds a call needs left to
+# start another run).
+# The server's own log goes to OUT/serve.log; a run into a folder that holds
+# OUT/calib.safetensors reuses it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${BUILD:-build}
 bin=$build/fp4rollout
 py=${PYTHON:-/usr/bin/python3}
-[ $# -ge 2 ] || { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 kind=$1; out=$2; shift 2
 [ -x "$bin" ] || { echo "run_experiment: $bin is missing (run make)" >&2; exit 1; }
 
@@ -36,6 +47,9 @@ if [ "$kind" = all ]; then
     --labels "BF16 KV,NVFP4 KV (full recipe),NVFP4 KV (vanilla)" --smooth 5 --out "$out/compare.png" \
     | tee "$out/compare.md"
   exit 0
+fi
+if [ "$kind" = fig8 ]; then
+  exec bash "$here/fig8.sh" "$out" "$@"
 fi
 
 case $kind in
@@ -56,7 +70,9 @@ calib=${CALIB:-auto}
 if [ "$calib" = auto ]; then
   calib=none
   texts=("$model"/texts/calib_*.txt)
-  if [ "$kv" != bf16 ] && [ "$kv" != f32 ] && [ "$recipe" = full ] && [ -f "${texts[0]}" ]; then
+  if [ "$kv" != bf16 ] && [ "$kv" != f32 ] && [ "$recipe" = full ] && [ -f "$out/calib.safetensors" ]; then
+    calib=$out/calib.safetensors      # a resumed run keeps its first calibration
+  elif [ "$kv" != bf16 ] && [ "$kv" != f32 ] && [ "$recipe" = full ] && [ -f "${texts[0]}" ]; then
     echo "run_experiment: calibrating $model into $out/calib.safetensors" >&2
     "$bin" calibrate --model "$model" --backend "${BACKEND:-auto}" --texts "${texts[@]}" \
       --out "$out/calib.safetensors" --quiet > "$out/calib.log"
@@ -87,5 +103,11 @@ done
 grep -q "listening on" "$out/serve.log" || { echo "run_experiment: the server did not start" >&2; exit 1; }
 echo "run_experiment: $kind ($kv, recipe $recipe) serving on port $port; training into $out" >&2
 
-BUILD="$build" $py "$here/train.py" --server "tcp://127.0.0.1:$port" --model "$model" --out "$out" "$@" \
-  2>&1 | tee "$out/train.log"
+limit=()
+if [ -n "${DEADLINE:-}" ]; then
+  left=$(( DEADLINE - $(date +%s) - 30 ))
+  [ $left -gt 0 ] || { echo "run_experiment: no time left before DEADLINE" >&2; exit 0; }
+  limit=(--time-limit-s "$left")
+fi
+BUILD="$build" $py "$here/train.py" --server "tcp://127.0.0.1:$port" --model "$model" --out "$out" "$@" "${limit[@]}" \
+  2>&1 | tee -a "$out/train.log"

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The Figure 8 experiment in time-limited calls: `run_experiment.sh fig8 OUT
+# [train.py options...]` runs this. Each call, within CALL_S seconds:
+#   1. the warm-up: sft.py into OUT/sft (resumed, SFT_ARGS), until its
+#      held-out evaluation is written;
+#   2. then, while MIN_LEFT seconds remain, the run of bf16, nvfp4 (full
+#      recipe, calibrated on the warm-up's texts) and nvfp4-vanilla with the
+#      fewest steps, resumed (train.py --task arith --resume), so the three
+#      advance together;
+#   3. OUT/compare.png and OUT/compare.md over the steps all three have.
+# It prints "fig8: done" once every run has --steps (default 300) steps.
+# Environment: run_experiment.sh's, and CALL_S (540), SFT_ARGS, OPERANDS (8),
+# DIGITS (20), DEVICE, MIN_LEFT (150).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+py=${PYTHON:-/usr/bin/python3}
+out=$1
+shift
+t0=$(date +%s)
+deadline=$(( t0 + ${CALL_S:-540} ))
+min_left=${MIN_LEFT:-150}
+operands=${OPERANDS:-8}
+digits=${DIGITS:-20}
+if [ -z "${DEVICE:-}" ]; then
+  if nvidia-smi -L > /dev/null 2>&1; then DEVICE=cuda; else DEVICE=cpu; fi
+fi
+# the step count asked for: the last --steps of the options, else 300
+steps=300
+prev=
+for a in "$@"; do
+  [ "$prev" = --steps ] && steps=$a
+  prev=$a
+done
+mkdir -p "$out"
+
+# 1. The warm-up.
+if [ ! -f "$out/sft/sft_eval.json" ]; then
+  left=$(( deadline - $(date +%s) - 30 ))
+  echo "fig8: warm-up into $out/sft ($left s left in this call)" >&2
+  rc=0
+  # shellcheck disable=SC2086  # SFT_ARGS is a list of options
+  $py "$here/sft.py" --model "${MODEL:-../shared/models/tq6}" --out "$out/sft" --operands "$operands" \
+    --digits "$digits" --device "$DEVICE" --resume --time-limit-s "$left" ${SFT_ARGS:-} \
+    2>&1 | tee -a "$out/sft.log" || rc=$?
+  [ -f "$out/sft/sft_eval.json" ] || { echo "fig8: the warm-up goes on in the next call (rc $rc)"; exit 0; }
+fi
+
+done_steps() { # KIND -> steps in OUT/KIND/metrics.csv
+  local f=$out/$1/metrics.csv
+  if [ -f "$f" ]; then echo $(( $(wc -l < "$f") - 1 )); else echo 0; fi
+}
+
+# 2. The runs, the least advanced first.
+while [ $(( deadline - $(date +%s) )) -ge "$min_left" ]; do
+  pick=
+  best=
+  for k in bf16 nvfp4 nvfp4-vanilla; do
+    n=$(done_steps "$k")
+    [ "$n" -ge "$steps" ] && continue
+    if [ -z "$best" ] || [ "$n" -lt "$best" ]; then pick=$k; best=$n; fi
+  done
+  [ -n "$pick" ] || break
+  echo "fig8: $pick from step $best ($(( deadline - $(date +%s) )) s left in this call)" >&2
+  before=$best
+  MODEL="$out/sft" DEADLINE=$deadline bash "$here/run_experiment.sh" "$pick" "$out/$pick" --task arith \
+    --operands "$operands" --digits "$digits" --device "$DEVICE" --steps "$steps" --resume "$@"
+  # a call that made no step (the time went to starting up) ends here
+  [ "$(done_steps "$pick")" -gt "$before" ] || break
+done
+
+# 3. The figure and the tables over the steps all three have.
+have=()
+for k in bf16 nvfp4 nvfp4-vanilla; do [ "$(done_steps "$k")" -gt 0 ] && have+=("$k"); done
+if [ ${#have[@]} -eq 3 ]; then
+  $py "$here/plot.py" --compare "$out/bf16" "$out/nvfp4" "$out/nvfp4-vanilla" \
+    --labels "BF16 KV,NVFP4 KV (full recipe),NVFP4 KV (vanilla)" --smooth 10 --paired --out "$out/compare.png" \
+    > "$out/compare.md"
+  cat "$out/compare.md"
+fi
+echo "fig8: steps: bf16 $(done_steps bf16), nvfp4 $(done_steps nvfp4), nvfp4-vanilla $(done_steps nvfp4-vanilla) of $steps"
+all=1
+for k in bf16 nvfp4 nvfp4-vanilla; do [ "$(done_steps "$k")" -ge "$steps" ] || all=0; done
+[ $all -eq 1 ] && echo "fig8: done"
+exit 0
