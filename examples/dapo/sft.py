@@ -30,9 +30,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "models", "torch_qwen3"))
 import torch  # noqa: E402
 
 from arith_task import EOS, check, completion_text, problems  # noqa: E402
-from cached_greedy import greedy_batch  # noqa: E402
 from dapo import token_logprobs  # noqa: E402
-from qwen3 import load_policy, save_checkpoint  # noqa: E402
+from qwen3 import greedy_batch, load_policy, save_checkpoint  # noqa: E402
 from run_state import load_torch  # noqa: E402
 
 

@@ -369,26 +369,49 @@ def greedy(model, ids, max_new, stop_ids=(EOS,)):
     return out
 
 
+def _pick(logits, temperature, generator):
+    """[B, 1] next ids of [B, 1, vocab] logits: the argmax, or a draw from
+    softmax(logits / temperature) made on the CPU from `generator`, so the
+    draws do not depend on the device."""
+    if temperature <= 0:
+        return logits[:, -1:].argmax(-1)
+    probs = torch.softmax(logits[:, -1].float() / temperature, dim=-1)
+    return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
+
+
 @torch.no_grad()
-def greedy_cached(model, ids, max_new, stop_ids=(EOS,)):
-    """greedy() with a KV cache: the prompt runs once, then one position per
-    new id, so long prompts cost one prefill instead of one per new id. The
-    same ids as greedy() up to rounding (a different order of sums can turn
-    a near tie the other way)."""
+def greedy_batch(model, prompts, max_new, stop_ids=(EOS,), temperature=0.0, generator=None):
+    """Continuations of equal-length prompts (lists of ids) with a KV cache:
+    one prefill, then one position per new id. One list per prompt, ending at
+    (and including) the first of stop_ids (an id or several) or after max_new
+    ids. Greedy by default; temperature > 0 samples (see _pick). The same ids
+    as greedy() up to rounding (another order of sums can turn a near tie)."""
+    if len({len(p) for p in prompts}) != 1:
+        raise ValueError("greedy_batch: the prompts must have the same length")
+    stops = (stop_ids,) if isinstance(stop_ids, int) else tuple(stop_ids)
     was_training = model.training
     model.eval()
     dev = next(model.parameters()).device
     cache = model.new_cache()
-    logits = model(torch.tensor([list(ids)], device=dev), cache)
+    logits = model(torch.tensor(prompts, dtype=torch.long, device=dev), cache)
+    stop_t = torch.tensor(stops, dtype=torch.long, device=dev)
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=dev)
     out = []
-    for _ in range(max_new):
-        nxt = int(logits[0, -1].argmax())
+    for i in range(max_new):
+        nxt = _pick(logits, temperature, generator)          # [B, 1]
         out.append(nxt)
-        if nxt in stop_ids or len(out) == max_new:
+        done |= torch.isin(nxt[:, 0], stop_t)
+        if bool(done.all()) or i == max_new - 1:
             break
-        logits = model(torch.tensor([[nxt]], device=dev), cache)
+        logits = model(nxt, cache)
     model.train(was_training)
-    return out
+    rows = torch.cat(out, dim=1).tolist() if out else [[] for _ in prompts]
+    return [next((r[:k + 1] for k, x in enumerate(r) if x in stops), r) for r in rows]
+
+
+def greedy_cached(model, ids, max_new, stop_ids=(EOS,)):
+    """greedy() with a KV cache: greedy_batch of one prompt."""
+    return greedy_batch(model, [list(ids)], max_new, stop_ids)[0]
 
 
 def check_golden(model, golden_path, prompts):

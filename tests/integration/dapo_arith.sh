@@ -46,8 +46,7 @@ $py - "$dir/sft" "$tq6" <<'PY' || fail "the warm-up checkpoint"
 import csv, json, os, sys
 sys.path[:0] = ["examples/dapo", "models/torch_qwen3"]
 from arith_task import EOS, problems
-from cached_greedy import greedy_batch
-from qwen3 import greedy, load_policy
+from qwen3 import greedy, greedy_batch, load_policy
 out, tq6 = sys.argv[1], sys.argv[2]
 
 def check(cond, what):
