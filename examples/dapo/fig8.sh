@@ -3,14 +3,17 @@
 # [train.py options...]` runs this. Each call, within CALL_S seconds:
 #   1. the warm-up: sft.py into OUT/sft (resumed, SFT_ARGS), until its
 #      held-out evaluation is written;
-#   2. then, while MIN_LEFT seconds remain, the run of bf16, nvfp4 (full
-#      recipe, calibrated on the warm-up's texts) and nvfp4-vanilla with the
-#      fewest steps, resumed (train.py --task arith --resume), so the three
-#      advance together;
+#   2. then the runs of bf16, nvfp4 (full recipe, calibrated on the
+#      warm-up's texts) and nvfp4-vanilla, resumed (train.py --task arith
+#      --resume): with PARALLEL=1 (the default on a GPU, where one tq6
+#      server and trainer leave the device mostly idle) all three at once,
+#      each with its own server, until the call's deadline; with PARALLEL=0
+#      (the default on the CPU), while MIN_LEFT seconds remain, the one with
+#      the fewest steps, so the three advance together;
 #   3. OUT/compare.png and OUT/compare.md over the steps all three have.
 # It prints "fig8: done" once every run has --steps (default 300) steps.
 # Environment: run_experiment.sh's, and CALL_S (540), SFT_ARGS, OPERANDS (8),
-# DIGITS (20), DEVICE, MIN_LEFT (150).
+# DIGITS (20), DEVICE, MIN_LEFT (150), PARALLEL.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-/usr/bin/python3}
@@ -23,6 +26,9 @@ operands=${OPERANDS:-8}
 digits=${DIGITS:-20}
 if [ -z "${DEVICE:-}" ]; then
   if nvidia-smi -L > /dev/null 2>&1; then DEVICE=cuda; else DEVICE=cpu; fi
+fi
+if [ -z "${PARALLEL:-}" ]; then
+  if [ "$DEVICE" = cpu ]; then PARALLEL=0; else PARALLEL=1; fi
 fi
 # the step count asked for: the last --steps of the options, else 300
 steps=300
@@ -50,8 +56,26 @@ done_steps() { # KIND -> steps in OUT/KIND/metrics.csv
   if [ -f "$f" ]; then echo $(( $(wc -l < "$f") - 1 )); else echo 0; fi
 }
 
-# 2. The runs, the least advanced first.
-while [ $(( deadline - $(date +%s) )) -ge "$min_left" ]; do
+run_kind() { # KIND [train.py options]: one resumed run of KIND until the call's deadline
+  local kind=$1
+  shift
+  MODEL="$out/sft" DEADLINE=$deadline bash "$here/run_experiment.sh" "$kind" "$out/$kind" --task arith \
+    --operands "$operands" --digits "$digits" --device "$DEVICE" --steps "$steps" --resume "$@"
+}
+
+# 2. The runs: all three at once, or the least advanced first.
+if [ "$PARALLEL" = 1 ] && [ $(( deadline - $(date +%s) )) -ge "$min_left" ]; then
+  pids=()
+  for k in bf16 nvfp4 nvfp4-vanilla; do
+    [ "$(done_steps "$k")" -ge "$steps" ] && continue
+    echo "fig8: $k from step $(done_steps "$k"), beside the others ($(( deadline - $(date +%s) )) s left)" >&2
+    mkdir -p "$out/$k"
+    run_kind "$k" "$@" > "$out/$k/call.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || echo "fig8: a run ended with status $? (its call.log)" >&2; done
+fi
+while [ "$PARALLEL" != 1 ] && [ $(( deadline - $(date +%s) )) -ge "$min_left" ]; do
   pick=
   best=
   for k in bf16 nvfp4 nvfp4-vanilla; do
@@ -62,8 +86,7 @@ while [ $(( deadline - $(date +%s) )) -ge "$min_left" ]; do
   [ -n "$pick" ] || break
   echo "fig8: $pick from step $best ($(( deadline - $(date +%s) )) s left in this call)" >&2
   before=$best
-  MODEL="$out/sft" DEADLINE=$deadline bash "$here/run_experiment.sh" "$pick" "$out/$pick" --task arith \
-    --operands "$operands" --digits "$digits" --device "$DEVICE" --steps "$steps" --resume "$@"
+  run_kind "$pick" "$@"
   # a call that made no step (the time went to starting up) ends here
   [ "$(done_steps "$pick")" -gt "$before" ] || break
 done

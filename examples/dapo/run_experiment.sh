@@ -27,7 +27,8 @@
 # stops before a step that would end past it, less 30 s; fig8 sets it),
 # fig8 only: CALL_S, SFT_ARGS, OPERANDS (8), DIGITS (20), DEVICE (cuda when
 # nvidia-smi works, else cpu), MIN_LEFT (150: seconds a call needs left to
-# start another run).
+# start another run), PARALLEL (1 on a GPU: the three runs at once; 0 on the
+# CPU: one after another).
 # The server's own log goes to OUT/serve.log; a run into a folder that holds
 # OUT/calib.safetensors reuses it.
 set -euo pipefail
@@ -35,7 +36,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 build=${BUILD:-build}
 bin=$build/fp4rollout
 py=${PYTHON:-/usr/bin/python3}
-[ $# -ge 2 ] || { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 kind=$1; out=$2; shift 2
 [ -x "$bin" ] || { echo "run_experiment: $bin is missing (run make)" >&2; exit 1; }
 

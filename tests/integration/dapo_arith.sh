@@ -20,16 +20,7 @@
 # or the tq6 checkpoint (../shared/models/tq6, or $TQ6).
 set -euo pipefail
 name=dapo_arith
-source "$(dirname "$0")/serve_setup.bash"
-tq6=${TQ6:-../shared/models/tq6}
-ex=examples/dapo
-
-$py -c 'import torch' 2>/dev/null || { echo "$name: SKIP: python3-torch is missing (scripts/install-deps.sh)"; exit 0; }
-$py -c 'import matplotlib' 2>/dev/null ||
-  { echo "$name: SKIP: python3-matplotlib is missing (scripts/install-deps.sh)"; exit 0; }
-[ -f "$tq6/config.json" ] || { echo "$name: SKIP: the tq6 checkpoint is absent ($tq6)"; exit 0; }
-[ -f "$build/libfp4rollout_client.so" ] || fail "build first (make)"
-tq6=$(cd "$tq6" && pwd)
+source "$(dirname "$0")/dapo_setup.bash"
 t_start=$SECONDS
 
 # 1. The task.

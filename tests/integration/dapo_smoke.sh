@@ -10,17 +10,8 @@
 # or the tq6 checkpoint (../shared/models/tq6, or $TQ6).
 set -euo pipefail
 name=dapo_smoke
-source "$(dirname "$0")/serve_setup.bash"
-tq6=${TQ6:-../shared/models/tq6}
-ex=examples/dapo
-
-$py -c 'import torch' 2>/dev/null || { echo "$name: SKIP: python3-torch is missing (scripts/install-deps.sh)"; exit 0; }
-$py -c 'import matplotlib' 2>/dev/null ||
-  { echo "$name: SKIP: python3-matplotlib is missing (scripts/install-deps.sh)"; exit 0; }
-[ -f "$tq6/config.json" ] && [ -f "$tq6/golden.safetensors" ] ||
-  { echo "$name: SKIP: the tq6 checkpoint is absent ($tq6)"; exit 0; }
-[ -f "$build/libfp4rollout_client.so" ] || fail "build first (make)"
-tq6=$(cd "$tq6" && pwd)
+source "$(dirname "$0")/dapo_setup.bash"
+[ -f "$tq6/golden.safetensors" ] || { echo "$name: SKIP: tq6 has no golden.safetensors ($tq6)"; exit 0; }
 t_start=$SECONDS
 
 # 1. The policy's forward against transformers' float32 logits.
