@@ -11,11 +11,12 @@ the next) belong to steps the resumed run does again: `trim_outputs` drops
 them so that metrics.csv and samples.jsonl hold each step once.
 """
 import csv
-import inspect
 import json
 import os
 
 import torch
+
+from qwen3 import load_state_file, save_state_file   # models/torch_qwen3, on the path of train.py
 
 STATE = "state.pt"
 
@@ -26,28 +27,19 @@ MAY_CHANGE = {"steps", "time_limit_s", "server", "resume", "threads", "no_plot",
               "micro_batch"}
 
 
-def load_torch(path, device):
-    """torch.load of a file this example wrote (it holds Python random
-    states, which newer PyTorch refuses to unpickle by default)."""
-    kw = {"weights_only": False} if "weights_only" in inspect.signature(torch.load).parameters else {}
-    return torch.load(path, map_location=device, **kw)
-
-
 def save_state(out, step, base, policy, opt, rng, task_rng, group_counter, args):
     state = {
         "step": step, "base": base, "policy": policy.state_dict(), "opt": opt.state_dict(),
         "rng": rng.getstate(), "task_rng": task_rng.getstate(), "torch_rng": torch.get_rng_state(),
         "group_counter": group_counter, "args": vars(args),
     }
-    path = os.path.join(out, STATE)
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
+    save_state_file(state, os.path.join(out, STATE))
 
 
 def load_state(out, device):
     """The saved state, or None when OUT holds none."""
     path = os.path.join(out, STATE)
-    return load_torch(path, device) if os.path.exists(path) else None
+    return load_state_file(path, device) if os.path.exists(path) else None
 
 
 def changed_options(saved, args):

@@ -31,8 +31,7 @@ import torch  # noqa: E402
 
 from arith_task import EOS, check, completion_text, problems  # noqa: E402
 from dapo import token_logprobs  # noqa: E402
-from qwen3 import greedy_batch, load_policy, save_checkpoint  # noqa: E402
-from run_state import load_torch  # noqa: E402
+from qwen3 import greedy_batch, load_policy, load_state_file, save_checkpoint, save_state_file  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -125,9 +124,7 @@ def write_calib_texts(args):
 
 
 def save_state(path, policy, opt, step):
-    tmp = path + ".tmp"
-    torch.save({"step": step, "policy": policy.state_dict(), "opt": opt.state_dict()}, tmp)
-    os.replace(tmp, path)
+    save_state_file({"step": step, "policy": policy.state_dict(), "opt": opt.state_dict()}, path)
 
 
 def main(argv=None):
@@ -145,7 +142,7 @@ def main(argv=None):
     opt = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     start = 0
     if args.resume and os.path.exists(state_path):
-        st = load_torch(state_path, args.device)
+        st = load_state_file(state_path, args.device)
         policy.load_state_dict(st["policy"])
         opt.load_state_dict(st["opt"])
         start = st["step"]

@@ -40,8 +40,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "torch_qwen3"))
 import retrieval_tasks as rt  # noqa: E402  (beside this script; no torch)
-from qwen3 import (VOCAB, byte_model_config, greedy_cached, load_policy, new_model,  # noqa: E402
-                   save_checkpoint)
+from qwen3 import (VOCAB, byte_model_config, greedy_cached, load_policy, load_state_file, new_model,  # noqa: E402
+                   save_checkpoint, save_state_file)
 
 # What decides the weights and the batches: a resumed run must share them.
 SAME_ON_RESUME = ("stages", "variants", "batch_tokens", "hidden", "intermediate", "layers", "heads", "kv_heads",
@@ -110,10 +110,8 @@ def accuracy(model, a, context, device):
 
 def save_state(path, model, opt, pos, history, seconds, a):
     """pos: (stage, step within it, steps of the whole run) of the next step."""
-    tmp = path + ".tmp"
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "stage": pos[0], "step": pos[1],
-                "total_step": pos[2], "history": history, "seconds": seconds, "args": vars(a)}, tmp)
-    os.replace(tmp, path)   # a run killed while saving keeps the previous state
+    save_state_file({"model": model.state_dict(), "opt": opt.state_dict(), "stage": pos[0], "step": pos[1],
+                     "total_step": pos[2], "history": history, "seconds": seconds, "args": vars(a)}, path)
 
 
 def write_json(path, obj):
@@ -291,7 +289,7 @@ def load_state(a):
     path = os.path.join(a.out, "train_state.pt")
     if not os.path.exists(path):
         die("--resume: %s does not exist" % path)
-    state = torch.load(path, map_location="cpu")
+    state = load_state_file(path, "cpu")
     for k in SAME_ON_RESUME:
         if state["args"].get(k) != getattr(a, k):
             die("--resume: --%s %r differs from the saved run's (%r)" % (

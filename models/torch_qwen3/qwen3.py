@@ -17,6 +17,7 @@ compares the logits with the `pN.logits_f32` tensors of DIR/golden.safetensors
 exceeds --tol of the largest reference logit.
 """
 import argparse
+import inspect
 import json
 import math
 import os
@@ -118,6 +119,20 @@ def save_safetensors(tensors, path, dtype="BF16"):
             f.write(b)
     os.replace(tmp, path)
 
+
+
+def save_state_file(obj, path):
+    """torch.save of a training run's resumable state, atomically: a run
+    killed while saving keeps the previous file."""
+    torch.save(obj, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_state_file(path, device):
+    """torch.load of a state save_state_file wrote. Such states may hold Python
+    random states, which PyTorch 2.6 on refuses to unpickle by default."""
+    kw = {"weights_only": False} if "weights_only" in inspect.signature(torch.load).parameters else {}
+    return torch.load(path, map_location=device, **kw)
 
 # ---------------------------------------------------------------- model
 

@@ -92,7 +92,7 @@ grep -q "pushed the saved weights as version 1" "$dir/trainB2.log" || fail "no r
 
 BUILD="$build" $py - "$dir/A" "$dir/B" "$ep" <<'PY' || fail "A and B differ; $(tail -3 "$dir/trainB2.log")"
 import csv, json, math, os, sys
-sys.path[:0] = ["examples/dapo", os.path.join("trainer_bridge", "client", "python")]
+sys.path[:0] = ["examples/dapo", "models/torch_qwen3", os.path.join("trainer_bridge", "client", "python")]
 import run_state
 from fp4rollout_client import RolloutClient
 a, b, ep = sys.argv[1:4]
