@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "tok_internal.h"
+#include "tok_utf8.h"
 
 const char *tok_json_str(const cJSON *o, const char *key)
 {
@@ -138,8 +139,14 @@ fr_status fr_tokenizer_from_json(const char *json, size_t len, const char *confi
     pthread_mutex_init(&t->pool_lock, NULL);
     t->bos_id = t->eos_id = -1;
     fr_status st;
-    cJSON *root = cJSON_ParseWithLength(json, len);
-    if (!root) {
+    /* JSON is UTF-8 (RFC 8259) and Hugging Face's loader refuses anything
+     * else; cJSON does not check, and an invalid byte in a token would come
+     * back out of decode. */
+    size_t valid = tok_utf8_valid_prefix(json, len);
+    cJSON *root = valid == len ? cJSON_ParseWithLength(json, len) : NULL;
+    if (valid != len) {
+        st = fr_fail(FR_EFORMAT, "%s: not UTF-8 (byte %zu)", label, valid);
+    } else if (!root) {
         st = fr_fail(FR_EFORMAT, "%s: not valid JSON (near byte %zu)", label,
                      cJSON_GetErrorPtr() ? (size_t)(cJSON_GetErrorPtr() - json) : (size_t)0);
     } else {

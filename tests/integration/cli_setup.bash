@@ -5,7 +5,7 @@
 # random_prompts FILE SEED N (N prompts of BOS 256 and 3 to 150 byte ids,
 # the same for the same seed); checks that the binary is built.
 bin=${cli_bin:-${BUILD:-build}/fp4rollout}
-py=/usr/bin/python3
+py=${FR_PYTHON:-/usr/bin/python3}   # FR_PYTHON: another interpreter with numpy (a GPU machine's)
 fail() { echo "$name: $*" >&2; exit 1; }
 [ -x "$bin" ] || fail "$bin is missing (run make)"
 dir=$(mktemp -d)

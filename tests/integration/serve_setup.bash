@@ -10,7 +10,7 @@
 build=${BUILD:-build}
 bin=$build/fp4rollout
 cli=$build/fp4rollout-client
-py=/usr/bin/python3
+py=${FR_PYTHON:-/usr/bin/python3}   # FR_PYTHON: another interpreter with numpy (a GPU machine's)
 dir=$(mktemp -d)
 server_pid=
 pids=()

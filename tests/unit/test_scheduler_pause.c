@@ -37,7 +37,7 @@ static void open_det(fr_session *s, fr_kv_dtype kv, int n_blocks, int max_seqs, 
                                            cuda && kv == FR_KV_F32 ? FR_KV_BF16 : kv);
     o.deterministic = 1;
     o.chunk = chunk;
-    assert_int_equal(fr_session_open(&o, n_blocks, max_seqs, s), FR_OK);
+    if (fr_session_open(&o, n_blocks, max_seqs, s) != FR_OK) fail_msg("session: %s", fr_last_error());
 }
 
 /* Every queued result into out[request][sample - first], each once. */

@@ -94,6 +94,9 @@ static void test_refuses_malformed_files(void **state)
     (void)state;
     expect_refused("{\"model\": ", FR_EFORMAT, "not valid JSON");
     expect_refused("[1, 2]", FR_EFORMAT, "not a JSON object");
+    /* a token of bytes that are not UTF-8 would come back out of decode */
+    expect_refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"\xff\xfe\": 1}, \"merges\": []}}",
+                   FR_EFORMAT, "not UTF-8 (byte 45)");
     expect_refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a c\"]}}",
                    FR_EFORMAT, "merges[0]: token \"c\" is not in the vocabulary");
     expect_refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a b\"]}}",

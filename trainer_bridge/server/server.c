@@ -471,6 +471,7 @@ fr_status fr_bridge_server_run(fr_bridge_server *srv, const volatile sig_atomic_
     if (srv_publishes(srv)) srv_publish_metrics(srv);   /* /health: 503 from now on */
     srv_log_stats(srv, 1);
     int ended = srv_abort_everything(srv);
+    srv_answer_waiting(srv);
     srv_fail_waiters(srv, "shutdown", "the server is shutting down");
     srv_local_close(srv);   /* the in-process clients had their dones; nothing more is taken */
     srv_log(srv, "shutting down: %d open samples ended with reason abort", ended);

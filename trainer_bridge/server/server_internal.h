@@ -318,6 +318,7 @@ fr_status srv_setup_curve(fr_bridge_server *srv, const fr_bridge_config *cfg);
 fr_status srv_apply_events(fr_bridge_server *srv);
 void srv_comm_fatal(fr_bridge_server *srv, const char *what);
 fr_status srv_handle_waiting(fr_bridge_server *srv, const volatile sig_atomic_t *stop, int at_barrier);
+void srv_answer_waiting(fr_bridge_server *srv);
 fr_status srv_run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop);
 
 #endif

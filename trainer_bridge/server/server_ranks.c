@@ -12,6 +12,7 @@ void srv_comm_fatal(fr_bridge_server *srv, const char *what)
         /* the coordinator knows every open sample: each gets its done (reason
          * error) before the job ends, so no client waits for ever */
         int n = srv_end_all(srv, FR_WIRE_ERROR);
+        srv_answer_waiting(srv);   /* what arrived while this rank waited on the lost one */
         srv_send_deferred(srv);
         srv_fail_waiters(srv, "shutdown", "a rank was lost: the server is ending");
         fr_peers_flush(srv->peers, srv->cfg.shutdown_linger_ms > 0 ? srv->cfg.shutdown_linger_ms : 1000);
@@ -264,6 +265,16 @@ fr_status srv_handle_waiting(fr_bridge_server *srv, const volatile sig_atomic_t 
     return FR_OK;
 }
 
+/* Rank 0, the loop over: every message still on the socket is answered (a
+ * generate with an error reply, "shutdown"), so no client is left to guess
+ * whether a request it sent will run. */
+void srv_answer_waiting(fr_bridge_server *srv)
+{
+    static const volatile sig_atomic_t go_on = 0;
+    srv->stopping = 1;
+    srv_handle_waiting(srv, &go_on, 0);
+}
+
 /* Rank 0: reads what the clients sent (waiting when the engines are idle)
  * into this turn's events. */
 static fr_status drain_messages(fr_bridge_server *srv, const volatile sig_atomic_t *stop)
@@ -347,6 +358,7 @@ fr_status srv_run_ranks(fr_bridge_server *srv, const volatile sig_atomic_t *stop
     if (srv->rank == 0) {
         srv_log_stats(srv, 1);
         ended += srv_abort_everything(srv);
+        srv_answer_waiting(srv);
         srv_send_deferred(srv);
         srv_fail_waiters(srv, "shutdown", "the server is shutting down");
         srv_log(srv, "shutting down: %d open samples ended with reason abort", ended);

@@ -230,6 +230,12 @@ static int keep_held(request *q, fr_request_spec *spec)
 void srv_handle_generate(fr_bridge_server *srv, int peer, const fr_msg_generate *g)
 {
     uint64_t id = g->request_id;
+    if (srv->stopping) {   /* read after the last turn: nothing will run it */
+        srv->requests_rejected++;
+        srv_send_error(srv, peer, "shutdown", 1, id, "request %llu: the server is shutting down",
+                       (unsigned long long)id);
+        return;
+    }
     if (srv->released) {
         srv->requests_rejected++;
         srv_send_error(srv, peer, "memory_released", 1, id,
