@@ -24,6 +24,31 @@ struct fr_detok {
     fr_buf out;         /* what the last call handed out */
 };
 
+int fr_tokenizer_streams_exactly(const fr_tokenizer *tok)
+{
+    if (!tok) return 0;
+    int joined = 0;   /* the list is one string, the whole text, from here on */
+    for (size_t k = 0; k < tok->n_dec; k++) {
+        const tok_dec *d = &tok->dec[k];
+        switch (d->kind) {
+        case TOK_DEC_BYTE_LEVEL:
+        case TOK_DEC_FUSE: joined = 1; break;
+        case TOK_DEC_STRIP:
+            /* one leading character is safe: the window's text and the
+             * text it grows into lose the same one */
+            if (joined && (d->start > 1 || d->stop)) return 0;
+            break;
+        case TOK_DEC_REPLACE:
+        case TOK_DEC_METASPACE:
+            if (joined) return 0;
+            break;
+        case TOK_DEC_BPE: return 0;
+        case TOK_DEC_BYTE_FALLBACK: break;
+        }
+    }
+    return 1;
+}
+
 static int ends_with_replacement(const fr_buf *b)
 {
     return b->len >= 3 && memcmp(b->data + b->len - 3, "\xEF\xBF\xBD", 3) == 0;

@@ -100,9 +100,19 @@ int fr_tokenizer_eos_id(const fr_tokenizer *tok);
  * is handed out only once it can no longer change: never half a UTF-8
  * character, never a byte-fallback sequence still waiting for its next
  * bytes. The pieces joined equal fr_tokenizer_decode of all the ids once
- * fr_detok_finish has handed out what was held back. It keeps a window of
- * a few ids, not the whole sequence. */
+ * fr_detok_finish has handed out what was held back, for every tokenizer
+ * of which fr_tokenizer_streams_exactly says so (Qwen3's, DeepSeek's, the
+ * SentencePiece-style ones); others stream as tokenizers' DecodeStream
+ * does. It keeps a window of a few ids, not the whole sequence. */
 typedef struct fr_detok fr_detok;
+
+/* 1 when streamed pieces always add up to the decode: no decoder edits the
+ * text at its start or end once the tokens are joined into one string
+ * (Strip of more than one leading or of any trailing character, Replace or
+ * Metaspace after Fuse or ByteLevel, or BPEDecoder's last-token rule). Such an edit at the edge of the window
+ * lands where it would not in the whole text, so those tokenizers' pieces
+ * can differ from the decode, as DecodeStream's do. */
+int fr_tokenizer_streams_exactly(const fr_tokenizer *tok);
 
 fr_status fr_detok_new(const fr_tokenizer *tok, int skip_special, fr_detok **out);
 /* Adds one id. *text (not NUL-terminated, *len bytes, possibly 0) is the new

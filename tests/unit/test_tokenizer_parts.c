@@ -1,5 +1,5 @@
 /* The tokenizer's parts checked on their own: the incremental detokenizer
- * on characters split across tokens, normal forms computed piecewise
+ * on characters split across tokens and where it streams exactly, normal forms computed piecewise
  * against utf8proc on whole strings, the Oniguruma-to-PCRE2 translation,
  * Split behaviours, and encoding from several threads at once. */
 #include <setjmp.h>
@@ -119,6 +119,49 @@ static void test_detok_byte_fallback(void **state)
     const char *want[] = {"", "", "", "\xE4\xBD\xA0", "", "", "", "\xF0\x9F\x98\x80"};
     for (size_t i = 0; i < n; i++)
         if (strcmp(out[i], want[i]) != 0) fail_msg("push %zu gave \"%s\", want \"%s\"", i, out[i], want[i]);
+    fr_detok_free(&d);
+    fr_tokenizer_free(&t);
+}
+
+/* Which tokenizers stream exactly: byte-level and SentencePiece-style
+ * decoders do; a Strip of a trailing character after Fuse does not, and
+ * there the pieces follow DecodeStream: "x", " ", " ", "y" under Strip(" ",
+ * 2, 1) decodes to "x  y" but streams as "x", " ", "y" (the window's second
+ * leading space is stripped too). */
+static void test_detok_exactness(void **state)
+{
+    (void)state;
+    fr_tokenizer *t = bytes_tokenizer();
+    assert_int_equal(fr_tokenizer_streams_exactly(t), 1);
+    fr_tokenizer_free(&t);
+    t = fr_test_tokenizer_folder("data:spm_bpe");
+    assert_non_null(t);
+    assert_int_equal(fr_tokenizer_streams_exactly(t), 1);
+    fr_tokenizer_free(&t);
+    assert_int_equal(fr_tokenizer_streams_exactly(NULL), 0);
+    static const char json[] =
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"x\": 0, \" \": 1, \"y\": 2}, \"merges\": []}, "
+        "\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Fuse\"}, "
+        "{\"type\": \"Strip\", \"content\": \" \", \"start\": 2, \"stop\": 1}]}}";
+    if (fr_tokenizer_from_json(json, sizeof json - 1, NULL, 0, "strip.json", &t) != FR_OK) fail_msg("%s", fr_last_error());
+    assert_int_equal(fr_tokenizer_streams_exactly(t), 0);
+    int ids[] = {0, 1, 1, 2};
+    char *text;
+    size_t len;
+    assert_int_equal(fr_tokenizer_decode(t, ids, 4, 0, &text, &len), FR_OK);
+    assert_string_equal(text, "x  y");
+    free(text);
+    fr_detok *d;
+    assert_int_equal(fr_detok_new(t, 0, &d), FR_OK);
+    char out[5][16];
+    stream(d, ids, 4, out);
+    const char *s;
+    size_t l;
+    assert_int_equal(fr_detok_finish(d, &s, &l), FR_OK);
+    snprintf(out[4], sizeof out[4], "%.*s", (int)l, s);
+    char joined[96];
+    snprintf(joined, sizeof joined, "%s%s%s%s%s", out[0], out[1], out[2], out[3], out[4]);
+    assert_string_equal(joined, "x y");
     fr_detok_free(&d);
     fr_tokenizer_free(&t);
 }
@@ -324,6 +367,7 @@ static void test_large_inputs(void **state)
 FR_TEST_MAIN(NULL, NULL,
              cmocka_unit_test(test_detok_multibyte),
              cmocka_unit_test(test_detok_byte_fallback),
+             cmocka_unit_test(test_detok_exactness),
              cmocka_unit_test(test_normal_forms_piecewise),
              cmocka_unit_test(test_regex_translation),
              cmocka_unit_test(test_split_behaviors),
