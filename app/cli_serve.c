@@ -134,10 +134,15 @@ static int plan(fr_cmd cmd, const char *label, const fr_serve_config *c, fr_engi
     if (fr_backend_pick(eo->backend, &backend)) return fr_cli_fail(cmd, 1);
     eo->backend = backend;
     *kv_blocks = c->kv_blocks;
-    if (*kv_blocks == 0 && backend == FR_BACKEND_CUDA)
-        return fr_cli_usage_error(cmd, "%s: kv_blocks 0 (KV pages sized by kv_memory_fraction) is not built yet for "
-                                       "the cuda backend; give kv_blocks", label);
-    if (*kv_blocks == 0) *kv_blocks = c->max_seqs * FR_SERVE_CPU_PAGES_PER_SEQ;
+    /* Sizing by free GPU memory (kv_memory_fraction) is not built yet, so
+     * both backends take the same fixed share per sequence slot. */
+    if (*kv_blocks == 0) {
+        *kv_blocks = c->max_seqs * FR_SERVE_PAGES_PER_SEQ;
+        if (backend == FR_BACKEND_CUDA)
+            fr_info("serve: kv_blocks 0: %d pages (%d per sequence slot, %d tokens each); long samples will be "
+                        "preempted and recomputed: give kv_blocks to size the cache to the GPU", *kv_blocks,
+                        FR_SERVE_PAGES_PER_SEQ, FR_SERVE_PAGES_PER_SEQ * 128);
+    }
     /* Every rank reads the same configuration, so the checks above fail on
      * every rank alike; from here on, failures are agreed on. */
     if (c->tp > 1 && !fr_tp_under_mpirun())
