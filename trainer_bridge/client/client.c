@@ -254,6 +254,7 @@ void fr_client_destroy(fr_client **pc)
         free(c->reqs[i]);
     }
     free(c->reqs);
+    free(c->by_id);
     for (int i = 0; i < c->n_parts; i++) fr_client_sample_free(&c->parts[i].s);
     free(c->parts);
     fr_msg_free(&c->delta);

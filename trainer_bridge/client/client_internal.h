@@ -38,6 +38,7 @@ typedef struct req {
     int lost;                    /* sent on a connection that ended with samples still to come */
     fr_msg_generate g;           /* what was sent (arrays owned), for fr_client_resubmit */
     item *first, *last;          /* its results not yet taken */
+    unsigned long counted;       /* the count (client's count_gen) that last took it: each once */
 } req;
 
 /* A call waiting for its reply; in the order the calls were sent. */
@@ -75,6 +76,9 @@ struct fr_client {
     ticket *calls, *calls_tail;  /* calls waiting for replies, oldest first */
     req **reqs;
     int n_reqs, cap_reqs;
+    req **by_id;                 /* reqs indexed by id (open addressing, a power of two of slots) */
+    int cap_by_id;
+    unsigned long count_gen;     /* one per count over a reader's requests */
     partial *parts;              /* samples with deltas and no done yet */
     int n_parts, cap_parts;
     /* the last error message from the server */

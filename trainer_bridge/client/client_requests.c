@@ -63,10 +63,63 @@ static int copy_generate(const fr_msg_generate *g, fr_msg_generate *out)
 
 /* ---- the request table ------------------------------------------------------ */
 
+/* Requests by id: every result and every reader's wait looks requests up,
+ * and a rollout batch holds thousands open at once, so a scan of the table
+ * per lookup made reading results quadratic (bench/RESULTS.md, "HTTP API
+ * against ZeroMQ"). Linear probing; a removal shifts the run after it back
+ * (no tombstones). */
+static size_t id_slot(uint64_t id, int cap)
+{
+    id ^= id >> 33;
+    id *= 0xff51afd7ed558ccdull;
+    id ^= id >> 33;
+    return (size_t)id & (size_t)(cap - 1);
+}
+
+static void index_put(req **t, int cap, req *q)
+{
+    size_t i = id_slot(q->id, cap);
+    while (t[i]) i = (i + 1) & (size_t)(cap - 1);
+    t[i] = q;
+}
+
+/* Room for one more request in the index (at most half full); -1 when out of memory. */
+static int index_reserve(fr_client *c)
+{
+    if (2 * (c->n_reqs + 1) <= c->cap_by_id) return 0;
+    int cap = c->cap_by_id ? 2 * c->cap_by_id : 128;
+    req **t = calloc((size_t)cap, sizeof *t);
+    if (!t) return -1;
+    for (int i = 0; i < c->n_reqs; i++) index_put(t, cap, c->reqs[i]);
+    free(c->by_id);
+    c->by_id = t;
+    c->cap_by_id = cap;
+    return 0;
+}
+
+static void index_remove(fr_client *c, const req *q)
+{
+    const size_t mask = (size_t)c->cap_by_id - 1;
+    size_t i = id_slot(q->id, c->cap_by_id);
+    while (c->by_id[i] != q) i = (i + 1) & mask;
+    c->by_id[i] = NULL;
+    for (size_t j = (i + 1) & mask; c->by_id[j]; j = (j + 1) & mask) {
+        req *r = c->by_id[j];
+        const size_t home = id_slot(r->id, c->cap_by_id);
+        /* r stays unless the emptied slot i lies on its way from home to j */
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            c->by_id[i] = r;
+            c->by_id[j] = NULL;
+            i = j;
+        }
+    }
+}
+
 req *fr_client_find_locked(const fr_client *c, uint64_t id)
 {
-    for (int i = 0; i < c->n_reqs; i++)
-        if (c->reqs[i]->id == id) return c->reqs[i];
+    if (!c->cap_by_id) return NULL;
+    for (size_t i = id_slot(id, c->cap_by_id); c->by_id[i]; i = (i + 1) & (size_t)(c->cap_by_id - 1))
+        if (c->by_id[i]->id == id) return c->by_id[i];
     return NULL;
 }
 
@@ -74,6 +127,7 @@ void fr_client_remove_req_locked(fr_client *c, req *q)
 {
     for (int i = 0; i < c->n_reqs; i++)
         if (c->reqs[i] == q) {
+            index_remove(c, q);
             c->reqs[i] = c->reqs[--c->n_reqs];
             break;
         }
@@ -144,6 +198,16 @@ static int for_reader(const req *q, const uint64_t *ids, int n)
 int fr_client_lost_locked(const fr_client *c, const uint64_t *ids, int n)
 {
     int k = 0;
+    if (ids && n > 0) {
+        const unsigned long gen = ++((fr_client *)c)->count_gen;
+        for (int i = 0; i < n; i++) {
+            req *q = fr_client_find_locked(c, ids[i]);
+            if (!q || q->discarded || q->counted == gen) continue;
+            q->counted = gen;
+            if (q->lost && q->unreceived > 0) k += q->unreceived;
+        }
+        return k;
+    }
     for (int i = 0; i < c->n_reqs; i++)
         if (c->reqs[i]->lost && c->reqs[i]->unreceived > 0 && for_reader(c->reqs[i], ids, n))
             k += c->reqs[i]->unreceived;
@@ -182,6 +246,7 @@ static fr_status add_request_locked(fr_client *c, const fr_msg_generate *g, int 
         c->reqs = v;
         c->cap_reqs = cap;
     }
+    if (index_reserve(c)) return fr_fail(FR_ENOMEM, "client: out of memory");
     req *q = calloc(1, sizeof *q);
     if (!q || copy_generate(g, &q->g)) {
         free(q);
@@ -200,6 +265,7 @@ static fr_status add_request_locked(fr_client *c, const fr_msg_generate *g, int 
         return st;
     }
     c->reqs[c->n_reqs++] = q;
+    index_put(c->by_id, c->cap_by_id, q);
     return FR_OK;
 }
 
@@ -293,6 +359,16 @@ int fr_client_lost(const fr_client *c)
 int fr_client_open_locked(const fr_client *c, const uint64_t *ids, int n)
 {
     int open = 0;
+    if (ids && n > 0) {   /* by id: see fr_client_lost_locked */
+        const unsigned long gen = ++((fr_client *)c)->count_gen;
+        for (int i = 0; i < n; i++) {
+            req *q = fr_client_find_locked(c, ids[i]);
+            if (!q || q->discarded || q->counted == gen) continue;
+            q->counted = gen;
+            open += q->undelivered > 0 ? q->undelivered : 0;
+        }
+        return open;
+    }
     for (int i = 0; i < c->n_reqs; i++) {
         const req *q = c->reqs[i];
         if (!for_reader(q, ids, n)) continue;
