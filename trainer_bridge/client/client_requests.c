@@ -181,36 +181,48 @@ item *fr_client_pop_locked(fr_client *c, req *q, item *it)
     return it;
 }
 
-static int names_id(const uint64_t *ids, int n, uint64_t id)
+/* The requests a reader counts, each once: those it names, looked up by id
+ * (a reader may name a whole batch, and a scan of the table per name made
+ * every wait quadratic); with ids NULL every one not owned; with ids but n
+ * 0 every one. Discarded requests never count. mu held. */
+typedef struct {
+    const fr_client *c;
+    const uint64_t *ids;   /* NULL: walk the table */
+    int n, i, all;
+    unsigned long gen;
+} reader_walk;
+
+static reader_walk walk_reader(const fr_client *c, const uint64_t *ids, int n)
 {
-    if (n == 0) return 1;
-    for (int i = 0; i < n; i++)
-        if (ids[i] == id) return 1;
-    return 0;
+    return (reader_walk){.c = c, .ids = n > 0 ? ids : NULL, .n = n, .all = ids != NULL,
+                         .gen = ++((fr_client *)c)->count_gen};
 }
 
-/* The request counts for a reader: one it names, or (ids NULL) any not owned. */
-static int for_reader(const req *q, const uint64_t *ids, int n)
+static req *next_of_reader(reader_walk *w)
 {
-    return !q->discarded && (ids ? names_id(ids, n, q->id) : !q->owned);
+    if (w->ids) {
+        while (w->i < w->n) {
+            req *q = fr_client_find_locked(w->c, w->ids[w->i++]);
+            if (q && !q->discarded && q->counted != w->gen) {
+                q->counted = w->gen;   /* a name given twice counts once */
+                return q;
+            }
+        }
+        return NULL;
+    }
+    while (w->i < w->c->n_reqs) {
+        req *q = w->c->reqs[w->i++];
+        if (!q->discarded && (w->all || !q->owned)) return q;
+    }
+    return NULL;
 }
 
 int fr_client_lost_locked(const fr_client *c, const uint64_t *ids, int n)
 {
     int k = 0;
-    if (ids && n > 0) {
-        const unsigned long gen = ++((fr_client *)c)->count_gen;
-        for (int i = 0; i < n; i++) {
-            req *q = fr_client_find_locked(c, ids[i]);
-            if (!q || q->discarded || q->counted == gen) continue;
-            q->counted = gen;
-            if (q->lost && q->unreceived > 0) k += q->unreceived;
-        }
-        return k;
-    }
-    for (int i = 0; i < c->n_reqs; i++)
-        if (c->reqs[i]->lost && c->reqs[i]->unreceived > 0 && for_reader(c->reqs[i], ids, n))
-            k += c->reqs[i]->unreceived;
+    reader_walk w = walk_reader(c, ids, n);
+    for (const req *q; (q = next_of_reader(&w));)
+        if (q->lost && q->unreceived > 0) k += q->unreceived;
     return k;
 }
 
@@ -219,9 +231,9 @@ fr_status fr_client_lost_error_locked(fr_client *c, const uint64_t *ids, int n)
     char list[600] = "";
     size_t o = 0;
     int listed = 0;
-    for (int i = 0; i < c->n_reqs; i++) {
-        const req *q = c->reqs[i];
-        if (!q->lost || q->unreceived <= 0 || !for_reader(q, ids, n)) continue;
+    reader_walk w = walk_reader(c, ids, n);
+    for (const req *q; (q = next_of_reader(&w));) {
+        if (!q->lost || q->unreceived <= 0) continue;
         if (o + 64 < sizeof list)
             o += (size_t)snprintf(list + o, sizeof list - o, "%s request %llu (%d of %d samples)", listed ? "," : "",
                                   (unsigned long long)q->id, q->unreceived, q->g.n);
@@ -359,21 +371,8 @@ int fr_client_lost(const fr_client *c)
 int fr_client_open_locked(const fr_client *c, const uint64_t *ids, int n)
 {
     int open = 0;
-    if (ids && n > 0) {   /* by id: see fr_client_lost_locked */
-        const unsigned long gen = ++((fr_client *)c)->count_gen;
-        for (int i = 0; i < n; i++) {
-            req *q = fr_client_find_locked(c, ids[i]);
-            if (!q || q->discarded || q->counted == gen) continue;
-            q->counted = gen;
-            open += q->undelivered > 0 ? q->undelivered : 0;
-        }
-        return open;
-    }
-    for (int i = 0; i < c->n_reqs; i++) {
-        const req *q = c->reqs[i];
-        if (!for_reader(q, ids, n)) continue;
-        open += q->undelivered > 0 ? q->undelivered : 0;
-    }
+    reader_walk w = walk_reader(c, ids, n);
+    for (const req *q; (q = next_of_reader(&w));) open += q->undelivered > 0 ? q->undelivered : 0;
     return open;
 }
 
