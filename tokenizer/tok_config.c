@@ -57,9 +57,9 @@ static fr_status rebuild_template(fr_tokenizer *t, const cJSON *root, const char
 
 fr_status tok_apply_config(fr_tokenizer *t, const char *json, size_t len, const char *label)
 {
-    if (tok_utf8_valid_prefix(json, len) != len)   /* as tokenizer.json: JSON is UTF-8 */
-        return fr_fail(FR_EFORMAT, "tokenizer_config.json beside %s is not UTF-8 (byte %zu)", label,
-                       tok_utf8_valid_prefix(json, len));
+    const size_t valid = tok_utf8_valid_prefix(json, len);   /* as tokenizer.json: JSON is UTF-8 */
+    if (valid != len)
+        return fr_fail(FR_EFORMAT, "tokenizer_config.json beside %s is not UTF-8 (byte %zu)", label, valid);
     cJSON *root = cJSON_ParseWithLength(json, len);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);

@@ -109,9 +109,10 @@ typedef struct fr_detok fr_detok;
 /* 1 when streamed pieces always add up to the decode: no decoder edits the
  * text at its start or end once the tokens are joined into one string
  * (Strip of more than one leading or of any trailing character, Replace or
- * Metaspace after Fuse or ByteLevel, or BPEDecoder's last-token rule). Such an edit at the edge of the window
- * lands where it would not in the whole text, so those tokenizers' pieces
- * can differ from the decode, as DecodeStream's do. */
+ * Metaspace after Fuse or ByteLevel, or BPEDecoder's last-token rule). Such
+ * an edit at the edge of the window lands where it would not in the whole
+ * text, so those tokenizers' pieces can differ from the decode, as
+ * DecodeStream's do. */
 int fr_tokenizer_streams_exactly(const fr_tokenizer *tok);
 
 fr_status fr_detok_new(const fr_tokenizer *tok, int skip_special, fr_detok **out);

@@ -120,7 +120,6 @@ def save_safetensors(tensors, path, dtype="BF16"):
     os.replace(tmp, path)
 
 
-
 def save_state_file(obj, path):
     """torch.save of a training run's resumable state, atomically: a run
     killed while saving keeps the previous file."""
@@ -133,6 +132,7 @@ def load_state_file(path, device):
     random states, which PyTorch 2.6 on refuses to unpickle by default."""
     kw = {"weights_only": False} if "weights_only" in inspect.signature(torch.load).parameters else {}
     return torch.load(path, map_location=device, **kw)
+
 
 # ---------------------------------------------------------------- model
 

@@ -15,9 +15,7 @@ set -euo pipefail
 name=http_memory_gpu
 BUILD=${1:-${BUILD:-build}}
 source "$(dirname "$0")/../integration/serve_setup.bash"
-tq6=$(cd "${FR_TQ6_DIR:-../shared/models/tq6}" 2>/dev/null && pwd || true)
-if ! nvidia-smi -L >/dev/null 2>&1; then echo "$name: SKIP: no GPU"; exit 0; fi
-if [ -z "$tq6" ] || [ ! -f "$tq6/config.json" ]; then echo "$name: SKIP: tq6 not found"; exit 0; fi
+need_gpu_tq6
 command -v curl >/dev/null || { echo "$name: SKIP: no curl"; exit 0; }
 hport=$(free_port)
 start_server h "{\"model\": \"$tq6\", \"backend\": \"cuda\", \"kv_dtype\": \"nvfp4\", \"max_seqs\": 16,

@@ -17,9 +17,7 @@ set -euo pipefail
 name=serve_gpu
 BUILD=${1:-${BUILD:-build}}
 source "$(dirname "$0")/../integration/serve_setup.bash"
-tq6=$(cd "${FR_TQ6_DIR:-../shared/models/tq6}" 2>/dev/null && pwd || true)
-if ! nvidia-smi -L >/dev/null 2>&1; then echo "$name: SKIP: no GPU"; exit 0; fi
-if [ -z "$tq6" ] || [ ! -f "$tq6/config.json" ]; then echo "$name: SKIP: tq6 not found"; exit 0; fi
+need_gpu_tq6
 texts=("$tq6/texts/calib_0.txt" "$tq6/texts/calib_1.txt")
 $py - "$dir/p.txt" <<'PY'
 import random, sys
