@@ -76,7 +76,7 @@ typedef struct {
 typedef struct {
     fr_kv_dtype dtype;        /* FR_KV_BF16, FR_KV_FP8, FR_KV_NVFP4 or FR_KV_MXFP4 */
     int n_heads;              /* query heads of this rank */
-    int latent_dim, rope_dim; /* d_c (a multiple of 64, at most 512) and d_r (a multiple of 16, at most 64) */
+    int latent_dim, rope_dim; /* d_c (a multiple of 64 from 128 to 512; a power of two to rotate) and d_r (64) */
     float scale;              /* softmax scale, 1 / sqrt(qk_nope + qk_rope) */
     int rotate;               /* latents stored Hadamard-rotated (FP4 recipe) */
     const float *mean;        /* device [latent_dim]: the latent mean subtracted before storing, or NULL */

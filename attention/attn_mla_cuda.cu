@@ -30,20 +30,28 @@ int kind_of(fr_kv_dtype t)
     return t == FR_KV_BF16 ? kBF16 : t == FR_KV_FP8 ? kFP8 : t == FR_KV_NVFP4 ? kNV : t == FR_KV_MXFP4 ? kMX : -1;
 }
 
-/* The kernels are instantiated for d_c 256 and 512 with d_r 64 (tqa and DeepSeek-V3)
- * and the four latent dtypes; anything else is refused by name rather than run
- * through a kernel built for another shape. The softmax scale must be positive, and
- * so must FP8's layer scale, which scales the query and the output and divides the
- * on-the-fly latents. */
+/* The kernels are instantiated for every latent width d_c that is a multiple of 64
+ * from 128 to 512 (tqa's 256, DeepSeek-V3's 512, and the widths between) with d_r 64,
+ * and the four latent dtypes; anything else is refused by name (FR_EUNSUPPORTED, so
+ * --backend auto runs such a model on the CPU) rather than run through a kernel built
+ * for another shape. The Hadamard rotation needs a power-of-two d_c, as the caches
+ * do. The softmax scale must be positive, and so must FP8's layer scale, which
+ * scales the query and the output and divides the on-the-fly latents. */
+constexpr int kMinLatent = 128, kMaxLatent = 512, kLatentStep = 64, kRope = 64;
+
 fr_status check_config(const fr_attn_mla_config *cfg)
 {
     if (!cfg) return fr_fail(FR_EINVAL, "attn_mla: NULL config");
     if (kind_of(cfg->dtype) < 0)
         return fr_fail(FR_EUNSUPPORTED, "attn_mla: no latent kernel for KV dtype %s (bf16, fp8, nvfp4, mxfp4)",
                        fr_kv_dtype_name(cfg->dtype));
-    if (!((cfg->latent_dim == 512 || cfg->latent_dim == 256) && cfg->rope_dim == 64))
-        return fr_fail(FR_EUNSUPPORTED, "attn_mla: latent width %d and RoPE width %d (built for 256 or 512, and 64)",
-                       cfg->latent_dim, cfg->rope_dim);
+    const int dc = cfg->latent_dim;
+    if (dc < kMinLatent || dc > kMaxLatent || dc % kLatentStep || cfg->rope_dim != kRope)
+        return fr_fail(FR_EUNSUPPORTED, "attn_mla: latent width %d and RoPE width %d (built for latent widths %d to "
+                       "%d in steps of %d, and RoPE width %d)", dc, cfg->rope_dim, kMinLatent, kMaxLatent,
+                       kLatentStep, kRope);
+    if (cfg->rotate && (dc & (dc - 1)))
+        return fr_fail(FR_EINVAL, "attn_mla: the Hadamard rotation needs a power-of-two latent width, not %d", dc);
     if (cfg->n_heads < 1) return fr_fail(FR_EINVAL, "attn_mla: %d query heads", cfg->n_heads);
     if (!(cfg->scale > 0.0f) || (cfg->dtype == FR_KV_FP8 && !(cfg->fp8_scale > 0.0f)))
         return fr_fail(FR_EINVAL, "attn_mla: softmax scale %g and FP8 scale %g must be positive", cfg->scale,
@@ -129,10 +137,22 @@ template <int DC, int DR, int KIND> fr_status launch(const Params &P, int n_seqs
 template <int DC> fr_status launch_dc(int kind, const Params &P, int n_seqs, cudaStream_t stream)
 {
     switch (kind) {
-    case kBF16: return launch<DC, 64, kBF16>(P, n_seqs, stream);
-    case kFP8: return launch<DC, 64, kFP8>(P, n_seqs, stream);
-    case kNV: return launch<DC, 64, kNV>(P, n_seqs, stream);
-    default: return launch<DC, 64, kMX>(P, n_seqs, stream);
+    case kBF16: return launch<DC, kRope, kBF16>(P, n_seqs, stream);
+    case kFP8: return launch<DC, kRope, kFP8>(P, n_seqs, stream);
+    case kNV: return launch<DC, kRope, kNV>(P, n_seqs, stream);
+    default: return launch<DC, kRope, kMX>(P, n_seqs, stream);
+    }
+}
+
+/* The width's instances: the recursion walks DC = 128, 192, ... up to the checked
+ * width and launches that one. */
+template <int DC = kMinLatent> fr_status launch_width(int dc, int kind, const Params &P, int n_seqs, cudaStream_t stream)
+{
+    if constexpr (DC > kMaxLatent) {
+        return fr_fail(FR_EINTERNAL, "attn_mla: no instance for latent width %d", dc);
+    } else {
+        return dc == DC ? launch_dc<DC>(kind, P, n_seqs, stream)
+                        : launch_width<DC + kLatentStep>(dc, kind, P, n_seqs, stream);
     }
 }
 
@@ -230,5 +250,5 @@ extern "C" fr_status fr_attn_mla(const fr_attn_mla_config *cfg, const fr_latent_
     P.q_search = cfg->q_search;
     P.q_bf16 = cfg->q_bf16;
     const int kind = kind_of(cfg->dtype);
-    return cfg->latent_dim == 512 ? launch_dc<512>(kind, P, n_seqs, stream) : launch_dc<256>(kind, P, n_seqs, stream);
+    return launch_width(cfg->latent_dim, kind, P, n_seqs, stream);
 }

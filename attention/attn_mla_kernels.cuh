@@ -85,6 +85,7 @@ template <int DC, int DR, int KIND> struct Geo {
     static constexpr int SMEM = MAIN > FIN ? MAIN : FIN;
     static_assert(DC % 64 == 0 && DR % 32 == 0 && (D / 16) % 2 == 0, "latent shape");
     static_assert(RAW % 16 == 0 && (QP * 2) % 16 == 0, "16-byte rows");
+    static_assert(SMEM <= 227 * 1024, "one CTA's shared memory fits a Hopper SM's opt-in");
 };
 
 /* What the kernels read, by value. o_part / lse_part: the split partials
@@ -130,6 +131,16 @@ FR_MK void pair_barrier(int rt) { asm volatile("bar.sync %0, 64;\n" ::"r"(rt + 1
  * FP4 tokens: exact compute. */
 FR_MK bool fp4_terms(const Params &P) { return P.q_mode != FR_Q_UNQUANTIZED && !P.q_bf16; }
 
+/* The Hadamard of a latent striped over a warp (E registers a lane). The rotation
+ * exists for power-of-two widths only (the caches refuse it for others, and so does
+ * attn_mla_cuda.cu's check), so the other widths' instances leave it out. */
+template <int E> FR_MK void rotate_striped(bool rotate, float (&x)[E])
+{
+    if constexpr ((E & (E - 1)) == 0) {
+        if (rotate) fr_dev_hadamard_warp<E>(x, 32 * E);
+    }
+}
+
 /* The 64 rows' query operands in shared memory: QA [64][d_c + d_r] and, dual, QB
  * [64][d_c]. terms: the FP4 terms of the rotated content query (else the query
  * rounded to BF16; FP8 folds its scale in here). Warp w takes rows 8 w .. 8 w + 7.
@@ -158,7 +169,7 @@ __device__ void prep_queries(const Params &P, const fr_paged_seq &s, int group, 
         for (int e = 0; e < E; e++) xc[e] = valid ? qp[32 * e + lane] : 0.0f;
 #pragma unroll
         for (int e = 0; e < ER; e++) xr[e] = valid ? qp[DC + 32 * e + lane] : 0.0f;
-        if (P.rotate) fr_dev_hadamard_warp<E>(xc, DC);
+        rotate_striped<E>(P.rotate, xc);
         uint16_t *qa = QA + r * G::QP, *qb = QB + r * G::BP;
 #pragma unroll
         for (int e = 0; e < E; e++) {
@@ -516,7 +527,7 @@ FR_MK void finish_row(const Params &P, float (&x)[DC / 32], uint16_t *dst)
 {
     constexpr int E = DC / 32;
     const int lane = threadIdx.x & 31;
-    if (P.rotate) fr_dev_hadamard_warp<E>(x, DC);
+    rotate_striped<E>(P.rotate, x);
 #pragma unroll
     for (int e = 0; e < E; e++) {
         float v = x[e];

@@ -248,7 +248,7 @@ void fr_synthetic_tiny_dsmoe_config(fr_model_config *cfg, int v2)
     cfg->num_layers = 3;
     cfg->num_heads = 4;
     cfg->num_kv_heads = 1;
-    /* latent 256 and RoPE 64: the widths the GPU's latent kernel takes */
+    /* latent 256 and RoPE 64 (tqa's; the GPU's latent kernel takes latents of 128 to 512) */
     cfg->kv_lora_rank = 256;
     cfg->qk_rope_dim = 64;
     cfg->qk_nope_dim = 64;
@@ -311,11 +311,31 @@ static int named(const char *rest, size_t len, const char *name)
     return len == strlen(name) && strncmp(rest, name, len) == 0;
 }
 
+/* tiny-dsmoe-dcN: synthetic:tiny-dsmoe with latent width N, which exercises
+ * the latent kernels' widths (the GPU builds 128 to 512 in steps of 64; a
+ * width it lacks runs on the CPU under --backend auto). N is a multiple of
+ * 64 from 64 to 512 (the CPU cache's widest row is 576, RoPE included).
+ * Returns N, 0 when the name is not of this form, -1 when N is out of range. */
+#define DSMOE_DC_PREFIX "tiny-dsmoe-dc"
+
+static int dsmoe_latent_width(const char *rest, size_t len)
+{
+    const size_t pre = strlen(DSMOE_DC_PREFIX);
+    if (len <= pre || len > pre + 3 || strncmp(rest, DSMOE_DC_PREFIX, pre) != 0) return 0;
+    int n = 0;
+    for (size_t i = pre; i < len; i++) {
+        if (rest[i] < '0' || rest[i] > '9') return 0;
+        n = 10 * n + (rest[i] - '0');
+    }
+    return n >= 64 && n <= 512 && n % 64 == 0 ? n : -1;
+}
+
 fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *seed_out)
 {
     if (!rest || !cfg || !seed_out) return fr_fail(FR_EINVAL, "fr_synthetic_parse: NULL argument");
     const char *colon = strchr(rest, ':');
     size_t name_len = colon ? (size_t)(colon - rest) : strlen(rest);
+    int dc = 0;
     /* The -128k variants: the same weights with a 131,072-token window
      * (Qwen3's extended context), for decode benchmarks at 64K and beyond. */
     if (named(rest, name_len, "tiny"))
@@ -332,13 +352,21 @@ fr_status fr_synthetic_parse(const char *rest, fr_model_config *cfg, uint64_t *s
         fr_synthetic_tiny_dsmoe_config(cfg, named(rest, name_len, "tiny-dsmoe-v2"));
     else if (named(rest, name_len, "deepseek-v2-lite"))
         fr_synthetic_deepseek_v2_lite_config(cfg);
+    else if ((dc = dsmoe_latent_width(rest, name_len)) > 0) {
+        fr_synthetic_tiny_dsmoe_config(cfg, 0);
+        cfg->kv_lora_rank = dc;
+        cfg->head_dim = dc + cfg->qk_rope_dim;
+    } else if (dc < 0)
+        return fr_fail(FR_EINVAL, "spec \"%s%.*s\": the latent width of " DSMOE_DC_PREFIX "N is a multiple of 64 "
+                       "from 64 to 512", FR_SYNTHETIC_PREFIX, (int)name_len, rest);
     else
         return fr_fail(FR_EINVAL, "unknown synthetic model \"%.*s\" in spec \"%s%s\" (known: %stiny[:SEED], "
                        "%stiny-qwen3[:SEED], %sqwen3-4b[-128k][:SEED], %sqwen3-14b[-128k][:SEED], "
-                       "%sqwen3-30b-a3b[-128k][:SEED], %stiny-dsmoe[-v2][:SEED], %sdeepseek-v2-lite[:SEED])",
+                       "%sqwen3-30b-a3b[-128k][:SEED], %stiny-dsmoe[-v2][:SEED], %s" DSMOE_DC_PREFIX "N[:SEED], "
+                       "%sdeepseek-v2-lite[:SEED])",
                        (int)(name_len > 64 ? 64 : name_len), rest, FR_SYNTHETIC_PREFIX, rest, FR_SYNTHETIC_PREFIX,
                        FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX,
-                       FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX);
+                       FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX, FR_SYNTHETIC_PREFIX);
     if (name_len > 5 && strncmp(rest + name_len - 5, "-128k", 5) == 0) cfg->max_position = 131072;
     uint64_t seed = FR_SYNTHETIC_DEFAULT_SEED;
     if (colon) {

@@ -21,7 +21,11 @@
  *
  * Matrix: bf16, fp8, nvfp4 (full, vanilla, full,-dual, bf16 compute, full,-sink),
  * mxfp4 (full); d_c 256 (tqa) and 512 (DeepSeek-V3), d_r 64; 6 and 128
- * heads; decode over lengths 0 .. 4200 and a chunked prefill of 37 tokens. */
+ * heads; decode over lengths 0 .. 4200 and a chunked prefill of 37 tokens.
+ * Every other width the kernels are built for (128 to 448 in steps of 64)
+ * runs bf16, fp8, nvfp4 and mxfp4, decode and a short prefill; widths that
+ * are no power of two take the recipe without the rotation (the caches
+ * refuse a Hadamard over them). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -382,6 +386,26 @@ static void test_prefill(void **state)
     }
 }
 
+static void test_widths(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    static const int lens[] = {0, 17, 128, 300, 1000};
+    static const mode pow2[] = {{FR_KV_BF16, "full", FR_COMPUTE_EXACT}, {FR_KV_FP8, "full", FR_COMPUTE_EXACT},
+                                {FR_KV_NVFP4, "full", FR_COMPUTE_EXACT}, {FR_KV_MXFP4, "full", FR_COMPUTE_BF16}};
+    static const mode other[] = {{FR_KV_BF16, "full", FR_COMPUTE_EXACT}, {FR_KV_FP8, "full", FR_COMPUTE_EXACT},
+                                 {FR_KV_NVFP4, "full,-rotate", FR_COMPUTE_EXACT},
+                                 {FR_KV_MXFP4, "full,-rotate", FR_COMPUTE_BF16}};
+    for (int dc = 128; dc <= 448; dc += 64) {
+        if (dc == 256) continue;   /* test_decode and test_prefill's */
+        const mode *ms = (dc & (dc - 1)) == 0 ? pow2 : other;
+        for (int i = 0; i < 4; i++) {
+            run_case(&ms[i], dc, 16, lens, 5, 1, 91 + i + dc);
+            run_case(&ms[i], dc, 6, lens + 1, 2, 9, 97 + i + dc);
+        }
+    }
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -389,8 +413,22 @@ static void test_bad_arguments(void **state)
     fr_attn_mla_plan p;
     assert_int_not_equal(fr_attn_mla_plan_for(&c, 1, 1, 10, 0, &p), FR_OK);
     c.dtype = FR_KV_NVFP4;
+    static const int unbuilt[] = {64, 96, 544, 576, 1024};   /* the kernels take 128 to 512 in steps of 64 */
+    for (size_t i = 0; i < sizeof unbuilt / sizeof unbuilt[0]; i++) {
+        c.latent_dim = unbuilt[i];
+        assert_int_equal(fr_attn_mla_plan_for(&c, 1, 1, 10, 0, &p), FR_EUNSUPPORTED);
+        assert_non_null(strstr(fr_last_error(), "latent width"));
+    }
     c.latent_dim = 384;
-    assert_int_not_equal(fr_attn_mla_plan_for(&c, 1, 1, 10, 0, &p), FR_OK);
+    assert_int_equal(fr_attn_mla_plan_for(&c, 1, 1, 10, 0, &p), FR_OK);
+    c.rope_dim = 32;
+    assert_int_equal(fr_attn_mla_plan_for(&c, 1, 1, 10, 0, &p), FR_EUNSUPPORTED);
+    c.rope_dim = 64;
+    c.rotate = 1;   /* no Hadamard over a width that is no power of two */
+    assert_int_equal(fr_attn_mla_plan_for(&c, 1, 1, 10, 0, &p), FR_EINVAL);
+    c.latent_dim = 128;
+    assert_int_equal(fr_attn_mla_plan_for(&c, 1, 1, 10, 0, &p), FR_OK);
+    c.rotate = 0;
     c.latent_dim = 512;
     c.n_heads = 0;
     assert_int_not_equal(fr_attn_mla_plan_for(&c, 1, 1, 10, 0, &p), FR_OK);
@@ -404,4 +442,5 @@ static void test_bad_arguments(void **state)
 FR_GPU_TEST_MAIN(NULL, NULL,
                  cmocka_unit_test(test_bad_arguments),
                  cmocka_unit_test(test_decode),
-                 cmocka_unit_test(test_prefill))
+                 cmocka_unit_test(test_prefill),
+                 cmocka_unit_test(test_widths))

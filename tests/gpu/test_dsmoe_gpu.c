@@ -2,7 +2,8 @@
  * backend, the reference (rollout/model/moe_cpu.h, docs/deepseek_moe.md):
  *  - the tiny DeepSeek models (synthetic:tiny-dsmoe, noaux_tc with a router
  *    bias; synthetic:tiny-dsmoe-v2, group_limited_greedy; both with shared
- *    experts; the same host-built weights on both backends): prefill logits
+ *    experts; tiny-dsmoe-dc128 and -dc192, other latent widths; the same
+ *    host-built weights on both backends): prefill logits
  *    at BF16 level, the routed experts the device's routing kernel chose
  *    against the CPU router's on the same prompt (BF16 weights move some
  *    near-ties: at most 5% of (row, layer) sets may differ), and GPU decode
@@ -17,7 +18,9 @@
  *    return_routed_experts equal to transformers' float32 ones on at least
  *    six of seven prompts, and their routed-expert records equal to
  *    transformers' wherever the golden margin is at least 0.05 (a BF16
- *    model's router is off by less), 2% of them excepted.
+ *    model's router is off by less), 2% of them excepted;
+ *  - a latent width the GPU's kernel lacks (tiny-dsmoe-dc64): --backend auto
+ *    runs on the CPU, --backend cuda refuses it by name.
  * Needs a device; skipped otherwise. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -150,6 +153,26 @@ static void test_tiny(void **state)
     REQUIRE_GPU();
     tiny_case("synthetic:tiny-dsmoe");
     tiny_case("synthetic:tiny-dsmoe-v2");
+    tiny_case("synthetic:tiny-dsmoe-dc128");   /* latent widths beside tqa's 256 */
+    tiny_case("synthetic:tiny-dsmoe-dc192");
+}
+
+/* A latent width the GPU's kernel is not built for (64): --backend auto runs
+ * the model on the CPU, --backend cuda refuses it naming the width. */
+static void test_unbuilt_width(void **state)
+{
+    (void)state;
+    REQUIRE_GPU();
+    const char *model = "synthetic:tiny-dsmoe-dc64";
+    fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_AUTO, model, FR_KV_BF16);
+    fr_session s;
+    if (fr_session_open(&o, 8, 2, &s)) fail_msg("%s, --backend auto: %s", model, fr_last_error());
+    assert_int_equal(s.backend, FR_BACKEND_CPU);
+    fr_session_close(&s);
+    o.backend = FR_BACKEND_CUDA;
+    assert_int_equal(fr_session_open(&o, 8, 2, &s), FR_EUNSUPPORTED);
+    printf("  %s, --backend cuda: %s\n", model, fr_last_error());
+    assert_non_null(strstr(fr_last_error(), "latent width 64"));
 }
 
 static int *golden_ints(const fr_st_file *g, int p, const char *what, int *n)
@@ -273,4 +296,5 @@ static void test_golden(void **state)
 
 FR_GPU_TEST_MAIN(NULL, NULL,
                  cmocka_unit_test(test_tiny),
+                 cmocka_unit_test(test_unbuilt_width),
                  cmocka_unit_test(test_golden))

@@ -195,6 +195,36 @@ static void test_tiny_tables(void **state)
     assert_int_equal(fr_model_load("synthetic:deepseek-v2-lite", &m), FR_EUNSUPPORTED);   /* made on the GPU */
 }
 
+/* tiny-dsmoe-dcN: tiny-dsmoe with the latent width N (a multiple of 64 from 64
+ * to 512), every other size and the routing unchanged. */
+static void test_latent_width_specs(void **state)
+{
+    (void)state;
+    fr_model_config base, c;
+    assert_int_equal(fr_model_spec_config("synthetic:tiny-dsmoe", &base), FR_OK);
+    static const int widths[] = {64, 128, 192, 448, 512};
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) {
+        char spec[64];
+        snprintf(spec, sizeof spec, "synthetic:tiny-dsmoe-dc%d:3", widths[i]);
+        if (fr_model_spec_config(spec, &c)) fail_msg("%s: %s", spec, fr_last_error());
+        assert_int_equal(c.kv_lora_rank, widths[i]);
+        assert_int_equal(c.head_dim, widths[i] + c.qk_rope_dim);
+        c.kv_lora_rank = base.kv_lora_rank;
+        c.head_dim = base.head_dim;
+        assert_memory_equal(&c, &base, sizeof c);
+    }
+    static const char *const bad[] = {"synthetic:tiny-dsmoe-dc100", "synthetic:tiny-dsmoe-dc0",
+                                      "synthetic:tiny-dsmoe-dc576", "synthetic:tiny-dsmoe-dc960"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(fr_model_spec_config(bad[i], &c), FR_EINVAL);
+        assert_non_null(strstr(fr_last_error(), "a multiple of 64 from 64 to 512"));
+    }
+    assert_int_equal(fr_model_spec_config("synthetic:tiny-dsmoe-dcx", &c), FR_EINVAL);
+    assert_non_null(strstr(fr_last_error(), "unknown synthetic model"));
+    assert_int_equal(fr_model_spec_config("synthetic:tiny-dsmoe-dc1024", &c), FR_EINVAL);
+    assert_non_null(strstr(fr_last_error(), "unknown synthetic model"));
+}
+
 static fr_session open_tiny(const char *spec, fr_kv_dtype kv)
 {
     fr_engine_opts o = fr_test_engine_opts(FR_BACKEND_CPU, spec, kv);
@@ -212,8 +242,10 @@ static const int PROMPT[] = {256, 100, 101, 102, 32, 109, 97, 105, 110, 40, 41, 
 static void test_decode_matches_prefill(void **state)
 {
     (void)state;
-    const char *specs[2] = {"synthetic:tiny-dsmoe", "synthetic:tiny-dsmoe-v2"};
-    for (int v = 0; v < 2; v++) {
+    /* with the latent widths of tiny-dsmoe-dcN beside the tiny models' 256 */
+    const char *specs[] = {"synthetic:tiny-dsmoe", "synthetic:tiny-dsmoe-v2", "synthetic:tiny-dsmoe-dc128",
+                           "synthetic:tiny-dsmoe-dc192", "synthetic:tiny-dsmoe-dc64"};
+    for (size_t v = 0; v < sizeof specs / sizeof specs[0]; v++) {
         fr_session s = open_tiny(specs[v], FR_KV_F32);
         const size_t count = (size_t)NP * s.model->cfg.vocab_size;
         float *pre = fr_test_logits(&s, PROMPT, NP, NP), *dec = fr_test_logits(&s, PROMPT, NP, 0);
@@ -426,6 +458,7 @@ FR_TEST_MAIN(NULL, NULL,
              cmocka_unit_test(test_route_masked_zero),
              cmocka_unit_test(test_route_ties),
              cmocka_unit_test(test_tiny_tables),
+             cmocka_unit_test(test_latent_width_specs),
              cmocka_unit_test(test_moe_layer_reference),
              cmocka_unit_test(test_decode_matches_prefill),
              cmocka_unit_test(test_moe_batch_invariant),
