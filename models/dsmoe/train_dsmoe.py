@@ -16,7 +16,8 @@ layer and DeepSeek's routed and shared experts in the others:
           experts, no query low-rank path.
 
 Each is trained briefly on tq6's texts (so that the router is far from
-uniform), then on the CPU in float32 with transformers' own forward pass:
+uniform), then run in float32 with transformers' own forward pass (on the
+CPU, or with --golden-device cuda on the GPU with TF32 off):
 
   model.safetensors   float32 weights under the published checkpoints' names
                       (per-expert tensors, mlp.gate.weight, the router bias
@@ -42,6 +43,7 @@ logits, and the outputs must stay under 20 MB.
 
     python3 models/dsmoe/train_dsmoe.py --tq6 ../shared/models/tq6 --out ../shared/models
     python3 models/dsmoe/train_dsmoe.py --variant dsmoe --steps 50 --out /tmp/x   # a quick check
+    python3 models/dsmoe/train_dsmoe.py --golden-device cuda --out OUT   # golden outputs on the GPU too
 """
 import argparse
 import json
@@ -413,11 +415,13 @@ def routes_and_margins(cfg, records, bias_per_layer):
 
 
 # --------------------------------------------------------------------------
-# golden outputs, on the CPU in float32
+# golden outputs in float32 (the CPU by default; --golden-device cuda runs
+# them on the GPU with TF32 off, float32 products in another order)
 
 @torch.no_grad()
 def greedy(model, ids):
-    out = model(input_ids=torch.tensor([ids]), use_cache=True)
+    dev = next(model.parameters()).device
+    out = model(input_ids=torch.tensor([ids], device=dev), use_cache=True)
     past, toks = getattr(out, "past_key_values", None), []
     logits = out.logits[0, -1]
     for i in range(GREEDY):
@@ -426,10 +430,10 @@ def greedy(model, ids):
         if i == GREEDY - 1:
             break
         if past is not None:
-            out = model(input_ids=torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+            out = model(input_ids=torch.tensor([[tok]], device=dev), past_key_values=past, use_cache=True)
             past, logits = out.past_key_values, out.logits[0, -1]
         else:
-            logits = model(input_ids=torch.tensor([ids + toks])).logits[0, -1]
+            logits = model(input_ids=torch.tensor([ids + toks], device=dev)).logits[0, -1]
     return toks
 
 
@@ -439,15 +443,16 @@ def golden(model, cfg, prompts):
     bias = [b.gate.e_score_correction_bias.detach().float().cpu() for b in blocks] \
         if cfg["topk_method"] == "noaux_tc" else None
     tensors, ties, prompt_ties = {}, 0, 0
+    dev = next(model.parameters()).device
     for p, ids in enumerate(prompts):
         t0 = time.time()
-        x = torch.tensor([ids])
+        x = torch.tensor([ids], device=dev)
         if len(ids) <= LOGIT_ROWS_CAP:
-            tensors["p%d.logits_f32" % p] = model(input_ids=x).logits[0].float().contiguous()
+            tensors["p%d.logits_f32" % p] = model(input_ids=x).logits[0].float().cpu().contiguous()
         g = greedy(model, ids)
         seq = ids + g[:-1]
         with RouteTap(blocks, cfg["num_experts_per_tok"]) as tap:
-            model(input_ids=torch.tensor([seq]))
+            model(input_ids=torch.tensor([seq], device=dev))
         routes, margins, n_ties = routes_and_margins(cfg, tap.records, bias)
         if routes.shape[0] != len(seq):
             die("p%d: %d routed positions for %d tokens" % (p, routes.shape[0], len(seq)))
@@ -467,9 +472,10 @@ def expert_use(model, cfg, texts):
     """How often each expert of each MoE layer is chosen over 4 x 512 tokens."""
     blocks = moe_blocks(model, cfg)
     counts = [[0] * cfg["n_routed_experts"] for _ in blocks]
+    dev = next(model.parameters()).device
     with torch.no_grad(), RouteTap(blocks, cfg["num_experts_per_tok"]) as tap:
         for t in texts[:4]:
-            model(input_ids=torch.tensor([[BOS] + t[:511]]))
+            model(input_ids=torch.tensor([[BOS] + t[:511]], device=dev))
     for m, recs in enumerate(tap.records):
         for _, idx in recs:
             for e in idx.reshape(-1).tolist():
@@ -489,7 +495,8 @@ def check_reload(out_dir, model, model_cls, prompt):
     bad = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     if bad:
         die("transformers loading %s: %s" % (out_dir, bad))
-    a = model(input_ids=torch.tensor([prompt])).logits
+    dev = next(model.parameters()).device
+    a = model(input_ids=torch.tensor([prompt], device=dev)).logits.cpu()
     b = back.float().eval()(input_ids=torch.tensor([prompt])).logits
     d = float((a - b).abs().max())
     if d > 1e-5 * float(a.abs().max()):
@@ -499,7 +506,7 @@ def check_reload(out_dir, model, model_cls, prompt):
 
 # --------------------------------------------------------------------------
 
-def make(variant, a, texts, prompts, device):
+def make(variant, a, texts, prompts, device, golden_device):
     import transformers
     print("%s: building (transformers %s, torch %s, %s)" % (variant, transformers.__version__, torch.__version__,
                                                             device), flush=True)
@@ -516,7 +523,7 @@ def make(variant, a, texts, prompts, device):
     bias = set_router_bias(model, cfg)
     model.to(device)
     losses, seconds = train(model, texts, a, device)
-    model.to("cpu").float().eval()
+    model.to(golden_device).float().eval()
     if bias and [round(float(x), 6) for x in blocks[0].gate.e_score_correction_bias] != bias[0]:
         die("training moved e_score_correction_bias")
     counts = expert_use(model, cfg, texts)
@@ -547,6 +554,7 @@ def make(variant, a, texts, prompts, device):
             "e_score_correction_bias": bias or None, "near_tie_decisions": ties,
             "near_tie_decisions_replayed": prompt_ties, "reload_max_logit_diff": reload_diff,
             "torch": torch.__version__, "transformers": transformers.__version__, "device": str(device),
+            "golden_device": str(golden_device),
             "corpus": "tq6 texts (calib_*.txt, eval_*.txt)"}
     with open(os.path.join(out_dir, "train_info.json"), "w") as f:
         json.dump(info, f, indent=1)
@@ -571,9 +579,11 @@ def main():
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="training device")
+    ap.add_argument("--golden-device", default="cpu",
+                    help="where the float32 golden outputs are computed: cpu (default) or the GPU (cuda; TF32 off)")
     a = ap.parse_args()
-    if a.device.startswith("cuda"):
+    if a.device.startswith("cuda") or a.golden_device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     gold = os.path.join(a.tq6, "golden.safetensors")
@@ -586,7 +596,7 @@ def main():
     texts = load_texts(a.tq6)
     total = 0
     for v in (["dsmoe", "dsmoe2"] if a.variant == "both" else [a.variant]):
-        total += make(v, a, texts, prompts, torch.device(a.device))
+        total += make(v, a, texts, prompts, torch.device(a.device), torch.device(a.golden_device))
     print("train_dsmoe: %d bytes written in all" % total)
     if total > MAX_BYTES:
         die("the outputs take %d bytes, more than %d" % (total, MAX_BYTES))
