@@ -7,10 +7,14 @@ prompts, sampling and batch limits: the server's). docs/http.md.
     bench/http_vs_zmq.py --http http://127.0.0.1:8000 --zmq tcp://127.0.0.1:5555 --n 1024 --max-tokens 256
 
 Each side runs twice (the first warms the engine) and the second is timed;
-prints one JSON line per side and the ratio."""
+prints one JSON line per side and the ratio. Beside tokens/s each line has
+the CPU seconds per token of this client (client_cpu_us_per_token) and,
+with --server-pid, of the server process (server_cpu_us_per_token), which
+say which side would bound the rate where the engine is faster."""
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -43,6 +47,15 @@ def zmq_run(ep, ps, a):
         return sum(len(s.token_ids) for s in out), time.monotonic() - t0
 
 
+def server_cpu_s(pid):
+    """User + system CPU seconds of process pid so far (Linux /proc), or None."""
+    if not pid:
+        return None
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--http", required=True)
@@ -52,15 +65,21 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--vocab", type=int, default=256, help="prompt ids are drawn below this")
+    ap.add_argument("--server-pid", type=int, default=0, help="the server's pid, for its CPU time per token")
     a = ap.parse_args()
     ps = prompts(a.n, a.prompt_len, a.vocab, 1)
     res = {}
     for side in ("zmq", "http"):
         for rep in range(2):
+            c0, s0 = time.process_time(), server_cpu_s(a.server_pid)
             n, secs = zmq_run(a.zmq, ps, a) if side == "zmq" else asyncio.run(http_run(a.http, ps, a))
+            c1, s1 = time.process_time(), server_cpu_s(a.server_pid)
         res[side] = n / secs
-        print(json.dumps({"side": side, "requests": a.n, "tokens": n, "seconds": round(secs, 3),
-                          "tokens_per_s": round(n / secs, 1)}))
+        line = {"side": side, "requests": a.n, "tokens": n, "seconds": round(secs, 3),
+                "tokens_per_s": round(n / secs, 1), "client_cpu_us_per_token": round(1e6 * (c1 - c0) / n, 1)}
+        if s0 is not None:
+            line["server_cpu_us_per_token"] = round(1e6 * (s1 - s0) / n, 1)
+        print(json.dumps(line))
     print(json.dumps({"http_over_zmq": round(res["http"] / res["zmq"], 3)}))
 
 
