@@ -84,12 +84,16 @@ BENCH_CPU  := bench/tokenize_speed.c bench/stop_strings_speed.c
 BENCH_SRCS := $(if $(HAVE_NVCC),$(wildcard bench/*.c),$(BENCH_CPU))
 BENCH_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRCS))
 BENCH_CPU_BINS := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_CPU))
+# Benchmarks written in CUDA (bench/*_cuda.cu; today the check and timing of the
+# kernel experiments of attention/dev/) build with the GPU tests, so that they
+# keep compiling.
+BENCH_CU_BINS := $(patsubst bench/%_cuda.cu,$(BUILD)/bench/%,$(if $(HAVE_NVCC),$(wildcard bench/*_cuda.cu)))
 
 .PHONY: all deps test unit integration demo gpu bench clean
 .SECONDARY: $(UNIT_HOBJ) $(GPU_HOBJ)
-all: $(BIN) $(CLIENT_BIN) $(CLIENT_SO) $(UNIT_BINS) $(GPU_BINS) $(BENCH_CPU_BINS)
+all: $(BIN) $(CLIENT_BIN) $(CLIENT_SO) $(UNIT_BINS) $(GPU_BINS) $(BENCH_CPU_BINS) $(BENCH_CU_BINS)
 gpu: $(GPU_BINS) bench
-bench: $(BENCH_BINS)
+bench: $(BENCH_BINS) $(BENCH_CU_BINS)
 
 deps:
 	@scripts/install-deps.sh
@@ -145,6 +149,11 @@ $(BUILD)/gpu/%: tests/gpu/%.c $(UNIT_HOBJ) $(GPU_HOBJ) $(LIBS)
 $(BUILD)/bench/%: bench/%.c $(LIBS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(LIBS) -o $@ $(LDLIBS)
+
+BENCH_CU_LIBS := $(call lib_of,kvcache) $(call lib_of,attention) $(call lib_of,base)
+$(BUILD)/bench/%: bench/%_cuda.cu $(BENCH_CU_LIBS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) $< $(BENCH_CU_LIBS) -o $@
 
 # The tokenizer's benchmark needs only its module and base/.
 $(BUILD)/bench/tokenize_speed: bench/tokenize_speed.c $(call lib_of,tokenizer) $(call lib_of,base)

@@ -200,9 +200,11 @@ extern "C" fr_status fr_attn_mla_workspace_bytes(const fr_attn_mla_config *cfg, 
     return FR_OK;
 }
 
-extern "C" fr_status fr_attn_mla(const fr_attn_mla_config *cfg, const fr_latent_kv *kv, const fr_paged_seq *seqs_dev,
-                                 int n_seqs, int max_new, int max_ctx, const float *q, uint16_t *out, void *workspace,
-                                 size_t workspace_bytes, cudaStream_t stream)
+/* The checks, plan and parameter block of one call (attn_mla_kernels.cuh declares
+ * it for attention/dev/'s kernels too). */
+fr_status fr_mla::call_params(const fr_attn_mla_config *cfg, const fr_latent_kv *kv, const fr_paged_seq *seqs_dev,
+                              int n_seqs, int max_new, int max_ctx, const float *q, uint16_t *out, void *workspace,
+                              size_t workspace_bytes, Params *out_params, int *kind)
 {
     fr_attn_mla_plan plan = {};
     /* The plan first: it also checks the configuration and the bounds. Then the view:
@@ -217,9 +219,6 @@ extern "C" fr_status fr_attn_mla(const fr_attn_mla_config *cfg, const fr_latent_
     if (!kv->pool || !kv->recent || (cfg->sink_recent && !kv->sink) || ((kv->codes | kv->scales | kv->rope |
                                                                           kv->page_bytes | kv->block_bytes) % 16))
         return fr_fail(FR_EINVAL, "attn_mla: the cache view needs a pool, slots and 16-byte aligned page parts");
-    /* An empty step launches nothing, but its arguments were checked like any
-     * other's. */
-    if (n_seqs == 0) return FR_OK;
     /* The parameter block: the partials' two arrays at the workspace's start (o_part,
      * then lse_part at the next 256-byte boundary); the softmax scale in base-2
      * units; FP8's layer scale (1 for the other dtypes); sink/recent only for FP4
@@ -249,6 +248,21 @@ extern "C" fr_status fr_attn_mla(const fr_attn_mla_config *cfg, const fr_latent_
     P.q_mode = cfg->q_mode;
     P.q_search = cfg->q_search;
     P.q_bf16 = cfg->q_bf16;
-    const int kind = kind_of(cfg->dtype);
+    *out_params = P;
+    *kind = kind_of(cfg->dtype);
+    return FR_OK;
+}
+
+extern "C" fr_status fr_attn_mla(const fr_attn_mla_config *cfg, const fr_latent_kv *kv, const fr_paged_seq *seqs_dev,
+                                 int n_seqs, int max_new, int max_ctx, const float *q, uint16_t *out, void *workspace,
+                                 size_t workspace_bytes, cudaStream_t stream)
+{
+    Params P;
+    int kind = 0;
+    fr_status st = call_params(cfg, kv, seqs_dev, n_seqs, max_new, max_ctx, q, out, workspace, workspace_bytes, &P,
+                               &kind);
+    /* An empty step launches nothing, but its arguments were checked like any
+     * other's. */
+    if (st || n_seqs == 0) return st;
     return launch_width(cfg->latent_dim, kind, P, n_seqs, stream);
 }

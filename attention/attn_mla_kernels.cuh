@@ -88,6 +88,15 @@ template <int DC, int DR, int KIND> struct Geo {
     static_assert(SMEM <= 227 * 1024, "one CTA's shared memory fits a Hopper SM's opt-in");
 };
 
+/* Where element (row, channel) of a BF16 operand tile lives in shared memory, in
+ * halves from the tile's base: rows of PITCH halves, as the mma.sync kernel's ldmatrix
+ * loads want them (Geo's pitches). The loaders below take the layout as a template
+ * argument so that another MMA path (attention/dev/) can lay the same tiles out its
+ * way. */
+template <int PITCH> struct Pitched {
+    static FR_MK int at(int row, int ch) { return row * PITCH + ch; }
+};
+
 /* What the kernels read, by value. o_part / lse_part: the split partials
  * [seq][row][split] (with n_splits > 1); mean: the latent mean to add back (FP4
  * smoothing only, else NULL); scale_log2: the softmax scale times log2(e); fp8_scale:
@@ -104,6 +113,13 @@ struct Params {
     float scale_log2, fp8_scale;
     int rotate, sink_recent, q_mode, q_search, q_bf16;
 };
+
+/* The checks, plan and parameter block of one fr_attn_mla call (attn_mla_cuda.cu),
+ * and the dtype's Kind; fr_attn_mla launches mla_kernel with them, and the
+ * experimental kernels of attention/dev/ use the same ones. */
+fr_status call_params(const fr_attn_mla_config *cfg, const fr_latent_kv *kv, const fr_paged_seq *seqs_dev,
+                      int n_seqs, int max_new, int max_ctx, const float *q, uint16_t *out, void *workspace,
+                      size_t workspace_bytes, Params *out_params, int *kind);
 
 /* The query rows' facts every thread needs: token index in the step and the last
  * visible token (-1: no such row). Row r of row group `group` is flattened row group
@@ -151,7 +167,8 @@ template <int E> FR_MK void rotate_striped(bool rotate, float (&x)[E])
  * as the CPU's fr_fp4_quantize_dual does. The terms are E2M1 times their block scale,
  * exact in BF16 (at most 6 significant bits); the RoPE part is always the query
  * rounded to BF16. Padding rows (past the chunk's tokens) are zeros. */
-template <int DC, int DR, int KIND>
+template <int DC, int DR, int KIND, class QL = Pitched<Geo<DC, DR, KIND>::QP>,
+          class BL = Pitched<Geo<DC, DR, KIND>::BP>>
 __device__ void prep_queries(const Params &P, const fr_paged_seq &s, int group, bool terms, uint16_t *QA,
                              uint16_t *QB)
 {
@@ -170,24 +187,23 @@ __device__ void prep_queries(const Params &P, const fr_paged_seq &s, int group, 
 #pragma unroll
         for (int e = 0; e < ER; e++) xr[e] = valid ? qp[DC + 32 * e + lane] : 0.0f;
         rotate_striped<E>(P.rotate, xc);
-        uint16_t *qa = QA + r * G::QP, *qb = QB + r * G::BP;
 #pragma unroll
         for (int e = 0; e < E; e++) {
             const int j = 32 * e + lane;
             if (G::FP4 && terms) {
                 uint8_t code, sc;
                 const float t1 = fr_dev_fp4_fake_quant_warp<FF>(xc[e], P.q_search, code, sc);
-                qa[j] = fr_dev_bf16_encode(t1);   /* exact: E2M1 times its block scale */
+                QA[QL::at(r, j)] = fr_dev_bf16_encode(t1);   /* exact: E2M1 times its block scale */
                 if (P.q_mode == FR_Q_DUAL) {
                     const float res = __fsub_rn(fr_dev_isnan(xc[e]) ? 0.0f : xc[e], t1);
-                    qb[j] = fr_dev_bf16_encode(fr_dev_fp4_fake_quant_warp<FF>(res, P.q_search, code, sc));
+                    QB[BL::at(r, j)] = fr_dev_bf16_encode(fr_dev_fp4_fake_quant_warp<FF>(res, P.q_search, code, sc));
                 }
             } else {
-                qa[j] = fr_dev_bf16_encode(KIND == kFP8 ? __fmul_rn(xc[e], P.fp8_scale) : xc[e]);
+                QA[QL::at(r, j)] = fr_dev_bf16_encode(KIND == kFP8 ? __fmul_rn(xc[e], P.fp8_scale) : xc[e]);
             }
         }
 #pragma unroll
-        for (int e = 0; e < ER; e++) qa[DC + 32 * e + lane] = fr_dev_bf16_encode(xr[e]);
+        for (int e = 0; e < ER; e++) QA[QL::at(r, DC + 32 * e + lane)] = fr_dev_bf16_encode(xr[e]);
     }
 }
 
@@ -203,7 +219,7 @@ FR_MK const uint8_t *page_of(const Params &P, const fr_paged_seq &s, int pt)
  * 32 consecutive tokens, so each of its parts is one contiguous run of the page (the
  * codes and scales are per token). Every thread commits one group, so
  * cp_async_wait_all in the tile loop covers exactly this copy. */
-template <int DC, int DR, int KIND>
+template <int DC, int DR, int KIND, class TL = Pitched<Geo<DC, DR, KIND>::KP>>
 FR_MK void issue_paged(const Params &P, const fr_paged_seq &s, int pt, uint16_t *kt, uint8_t *st)
 {
     using G = Geo<DC, DR, KIND>;
@@ -218,7 +234,7 @@ FR_MK void issue_paged(const Params &P, const fr_paged_seq &s, int pt, uint16_t 
             const int tok = c / CH, j = c % CH, t = sub * kTile + tok;
             const uint8_t *src = j < DC / 8 ? page + P.kv.codes + ((size_t)t * DC + 8 * j) * 2
                                             : page + P.kv.rope + ((size_t)t * DR + 8 * (j - DC / 8)) * 2;
-            cp_async16(kt + tok * G::KP + 8 * j, src, 16);
+            cp_async16(kt + TL::at(tok, 8 * j), src, 16);
         }
     } else {
         for (int c = threadIdx.x; c < G::RAW / 16; c += kThreads) {
@@ -252,7 +268,8 @@ template <int e> FR_MK uint32_t word_code(uint32_t w)
  * (bench/RESULTS.md, "Latent (MLA) attention on one H200", the attempts). The FP16
  * value * 2^-14 widened to float and multiplied by scale * 2^14 is exact while scale
  * * 2^14 stays finite, i.e. for MXFP4 scales below 2^114, far above any latent's. */
-template <int DC, int DR, int KIND> FR_MK void dequant_tile(const uint8_t *st, uint16_t *kt)
+template <int DC, int DR, int KIND, class TL = Pitched<Geo<DC, DR, KIND>::KP>>
+FR_MK void dequant_tile(const uint8_t *st, uint16_t *kt)
 {
     using G = Geo<DC, DR, KIND>;
     if (G::FP4) {
@@ -279,7 +296,7 @@ template <int DC, int DR, int KIND> FR_MK void dequant_tile(const uint8_t *st, u
             o.y = pack_bf16x2(f[1].x, f[3].x);
             o.z = pack_bf16x2(f[0].y, f[2].y);
             o.w = pack_bf16x2(f[1].y, f[3].y);
-            *reinterpret_cast<uint4 *>(kt + tok * G::KP + 8 * wi) = o;
+            *reinterpret_cast<uint4 *>(kt + TL::at(tok, 8 * wi)) = o;
         }
     } else {
         constexpr int CPR = DC / 8;   /* 8-byte groups per row */
@@ -294,7 +311,7 @@ template <int DC, int DR, int KIND> FR_MK void dequant_tile(const uint8_t *st, u
                 const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h2));
                 ov[p] = pack_bf16x2(f.x, f.y);
             }
-            *reinterpret_cast<uint4 *>(kt + tok * G::KP + 8 * c) = o;
+            *reinterpret_cast<uint4 *>(kt + TL::at(tok, 8 * c)) = o;
         }
     }
     /* The RoPE part is BF16 in every page format: copied into the tile row's last d_r
@@ -303,7 +320,7 @@ template <int DC, int DR, int KIND> FR_MK void dequant_tile(const uint8_t *st, u
     const uint8_t *rope = st + G::CODE_B + G::SCALE_B;
     for (int k = threadIdx.x; k < kTile * RC; k += kThreads) {
         const int tok = k / RC, c = k % RC;
-        *reinterpret_cast<uint4 *>(kt + tok * G::KP + DC + 8 * c) =
+        *reinterpret_cast<uint4 *>(kt + TL::at(tok, DC + 8 * c)) =
             *reinterpret_cast<const uint4 *>(rope + (tok * DR + 8 * c) * 2);
     }
 }
@@ -335,7 +352,7 @@ FR_MK Unpaged unpaged_of(const Params &P, const fr_paged_seq &s)
  * content channels only; the RoPE part stays BF16); FP8 rounds E4M3(x / scale) and
  * keeps the unscaled value, as a page would. An empty slot is a zero row at position
  * INT_MAX, masked for every query row. */
-template <int DC, int DR, int KIND>
+template <int DC, int DR, int KIND, class TL = Pitched<Geo<DC, DR, KIND>::KP>>
 __device__ void load_unpaged(const Params &P, const fr_paged_seq &s, const Unpaged &u, int ut, uint16_t *kt,
                              int *tok)
 {
@@ -373,7 +390,7 @@ __device__ void load_unpaged(const Params &P, const fr_paged_seq &s, const Unpag
                     x = fr_dev_e4m3_round(__fdiv_rn(x, P.fp8_scale));
                 }
             }
-            kt[slot * G::KP + j] = fr_dev_bf16_encode(x);
+            kt[TL::at(slot, j)] = fr_dev_bf16_encode(x);
         }
     }
 }
@@ -408,31 +425,18 @@ FR_MK void score_steps(const uint16_t *q, const uint16_t *kb, int k0, float (&s)
     }
 }
 
-/* One tile: scores, softmax update, context. mask(n, lim) says whether token column n
- * is hidden from a row whose last visible token is lim.
- *
- * Lane (g, t) of warp (rt, hf) holds rows 16 rt + g and + 8 (lim[0], lim[1]). Its A
- * addresses (qa) walk the rows' channels 16 at a time; its B addresses (kb) cover
- * tokens 0-7 and 8-15 of a 16-token pair with the k-step's two 8-channel halves (mi =
- * lane / 8), the ldmatrix order of b0, b1 for n-tiles 0 and 1. The warp's k-steps are
- * its half of the row (hf), content and RoPE alike; dual adds the second term's
- * products over the content channels into the same accumulators. */
-template <int DC, int DR, int KIND, typename Mask>
-__device__ void tile_step(const Params &P, const uint16_t *QA, const uint16_t *QB, bool dual, const uint16_t *kt,
-                          float *sx, const int (&lim)[2], Acc<DC> &acc, Mask mask)
+/* The softmax half of a tile (tile_step's, and attention/dev/'s wgmma tile's): the
+ * warp's partial scores s (16 rows x 32 tokens of its channel half) joined with its
+ * partner's through SX, masked (mask(n, lim) says whether token column n is hidden
+ * from a row whose last visible token is lim), the online-softmax update of acc (m,
+ * l, and O rescaled) and P as the context product's A fragments, pa[kk] for the
+ * tile's k-step kk of 16 tokens. */
+template <int DC, typename Mask>
+FR_MK void softmax_tile(const Params &P, float *sx, const int (&lim)[2], Acc<DC> &acc, Mask mask, float (&s)[4][4],
+                        uint32_t (&pa)[2][4])
 {
-    using G = Geo<DC, DR, KIND>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rt = warp & 3, hf = warp >> 2;
-    const int g = lane >> 2, tq = lane & 3, mi = lane >> 3;
-    float s[4][4] = {};
-    {
-        constexpr int KS = G::D / 16, KC = DC / 16;
-        const uint16_t *qa = QA + (rt * 16 + (lane & 15)) * G::QP + (lane >> 4) * 8;
-        const uint16_t *kb = kt + ((mi >> 1) * 8 + (lane & 7)) * G::KP + (mi & 1) * 8;
-        score_steps<KS / 2, 6, G::KP>(qa, kb, hf * (KS / 2), s);
-        if (dual)
-            score_steps<KC / 2, 4, G::KP>(QB + (rt * 16 + (lane & 15)) * G::BP + (lane >> 4) * 8, kb, hf * (KC / 2), s);
-    }
+    const int g = lane >> 2, tq = lane & 3;
     /* the two channel halves' partials, added in one order by both warps: each warp
      * writes its half to SX[hf], the pair barrier, then both read SX[0] + SX[1] (in
      * that order) for the same elements. Both warps thus hold bitwise the same
@@ -479,7 +483,6 @@ __device__ void tile_step(const Params &P, const uint16_t *QA, const uint16_t *Q
      * token yet (m_old = -inf) gets alpha 0, or 1 when it still sees none (nothing to
      * rescale, and -inf - -inf would be NaN). base keeps the exponent finite for such
      * a row, whose scores are all -inf and give P = 0. */
-    uint32_t pa[2][4];
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
@@ -500,6 +503,35 @@ __device__ void tile_step(const Params &P, const uint16_t *QA, const uint16_t *Q
         acc.o[nt][2] *= alpha[1];
         acc.o[nt][3] *= alpha[1];
     }
+}
+
+/* One tile: scores, softmax update, context. mask(n, lim) says whether token column n
+ * is hidden from a row whose last visible token is lim.
+ *
+ * Lane (g, t) of warp (rt, hf) holds rows 16 rt + g and + 8 (lim[0], lim[1]). Its A
+ * addresses (qa) walk the rows' channels 16 at a time; its B addresses (kb) cover
+ * tokens 0-7 and 8-15 of a 16-token pair with the k-step's two 8-channel halves (mi =
+ * lane / 8), the ldmatrix order of b0, b1 for n-tiles 0 and 1. The warp's k-steps are
+ * its half of the row (hf), content and RoPE alike; dual adds the second term's
+ * products over the content channels into the same accumulators. */
+template <int DC, int DR, int KIND, typename Mask>
+__device__ void tile_step(const Params &P, const uint16_t *QA, const uint16_t *QB, bool dual, const uint16_t *kt,
+                          float *sx, const int (&lim)[2], Acc<DC> &acc, Mask mask)
+{
+    using G = Geo<DC, DR, KIND>;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rt = warp & 3, hf = warp >> 2;
+    const int mi = lane >> 3;
+    float s[4][4] = {};
+    {
+        constexpr int KS = G::D / 16, KC = DC / 16;
+        const uint16_t *qa = QA + (rt * 16 + (lane & 15)) * G::QP + (lane >> 4) * 8;
+        const uint16_t *kb = kt + ((mi >> 1) * 8 + (lane & 7)) * G::KP + (mi & 1) * 8;
+        score_steps<KS / 2, 6, G::KP>(qa, kb, hf * (KS / 2), s);
+        if (dual)
+            score_steps<KC / 2, 4, G::KP>(QB + (rt * 16 + (lane & 15)) * G::BP + (lane >> 4) * 8, kb, hf * (KC / 2), s);
+    }
+    uint32_t pa[2][4];
+    softmax_tile<DC>(P, sx, lim, acc, mask, s, pa);
     /* O += P V over the warp's half of the channels: V's B fragments by transposed
      * ldmatrix of the tile's [token][channel] rows (lanes 0-7 tokens 0-7, 8-15 tokens
      * 8-15 of 8 channels; 16-31 the next 8 channels), for the tile's two k-steps of
@@ -545,6 +577,88 @@ FR_MK uint16_t *out_row(const Params &P, const fr_paged_seq &s, int group, int r
     return P.out + ((size_t)(s.q_row + i) * P.n_heads + h) * dc;
 }
 
+/* The tiles one CTA walks: this split's pages [p0, p1) of the sequence's full
+ * pages, dealt evenly (so each split's range depends on the plan and the length
+ * only), as tiles [pt0, pt1); the last split adds n_ut unpaged tiles, up to the row
+ * group's last visible token (the unpaged list rises in position). */
+struct Walk {
+    int pt0, pt1, n_ut;
+};
+
+FR_MK Walk walk_of(const Params &P, const fr_paged_seq &s, const Unpaged &u, int split, int group)
+{
+    int max_lim = -1;   /* the group's last visible token */
+    for (int r = kRows - 1; r >= 0 && max_lim < 0; r--) max_lim = row_limit(P, s, group, r);
+    const int pages = u.full / kPage, per = kPage / kTile;
+    const int p0 = (int)((long)split * pages / P.n_splits), p1 = (int)((long)(split + 1) * pages / P.n_splits);
+    Walk w = {p0 * per, p1 * per, 0};
+    if (split == P.n_splits - 1)
+        while (w.n_ut * kTile < u.count) {
+            const int v = w.n_ut * kTile;
+            const int t = v < u.n_sink ? v : v < u.n_sink + u.n_recent ? u.full + v - u.n_sink : s.len + v - u.n_sink - u.n_recent;
+            if (t > max_lim) break;
+            w.n_ut++;
+        }
+    return w;
+}
+
+/* The end of a CTA's walk: the rows' totals (the quad's lanes hold different
+ * columns), then either the split's partial (normalized O of the warp's half of the
+ * channels, LSE m + log2 l in base 2, -inf for a row with no visible token) or, with
+ * one split, the final rows. smem: the CTA's shared memory, free to reuse. */
+template <int DC, int KIND>
+__device__ void finish_walk(const Params &P, const fr_paged_seq &s, int split, int group, Acc<DC> &acc, uint8_t *smem)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rt = warp & 3, hf = warp >> 2;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        acc.l[hr] += __shfl_xor_sync(0xFFFFFFFFu, acc.l[hr], 1);
+        acc.l[hr] += __shfl_xor_sync(0xFFFFFFFFu, acc.l[hr], 2);
+    }
+    const int g = lane >> 2, tq = lane & 3;
+    if (P.n_splits > 1) {
+        const size_t rows = (size_t)P.row_groups * kRows;
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int r = rt * 16 + g + 8 * hr;
+            const size_t slot = ((size_t)blockIdx.z * rows + (size_t)group * kRows + r) * P.n_splits + split;
+            const float inv = acc.l[hr] > 0.0f ? 1.0f / acc.l[hr] : 0.0f;
+            float *o = P.o_part + slot * DC + hf * (DC / 2);
+#pragma unroll
+            for (int nt = 0; nt < Acc<DC>::NO; nt++)
+                *reinterpret_cast<float2 *>(o + nt * 8 + 2 * tq) =
+                    make_float2(acc.o[nt][2 * hr] * inv, acc.o[nt][2 * hr + 1] * inv);
+            if (hf == 0 && tq == 0)
+                P.lse_part[slot] = acc.l[hr] > 0.0f ? acc.m[hr] + log2f(acc.l[hr]) : -INFINITY;
+        }
+        return;
+    }
+    /* One split: the rows are finished here. Every warp writes its normalized half of
+     * O into F ([64][d_c] floats over the tile buffers, 128 KiB at d_c 512), and
+     * after the barrier warp w finishes rows 8 w .. 8 w + 7 from there, striped as
+     * finish_row needs them. */
+    __syncthreads();   /* the tiles' buffers become the rows' outputs */
+    float *F = reinterpret_cast<float *>(smem);
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int r = rt * 16 + g + 8 * hr;
+        const float inv = acc.l[hr] > 0.0f ? 1.0f / acc.l[hr] : 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < Acc<DC>::NO; nt++)
+            *reinterpret_cast<float2 *>(F + r * DC + hf * (DC / 2) + nt * 8 + 2 * tq) =
+                make_float2(acc.o[nt][2 * hr] * inv, acc.o[nt][2 * hr + 1] * inv);
+    }
+    __syncthreads();
+    for (int rr = 0; rr < kRows / 8; rr++) {
+        const int r = warp * (kRows / 8) + rr;
+        if (row_limit(P, s, group, r) < 0) continue;   /* warp-uniform */
+        float x[DC / 32];
+#pragma unroll
+        for (int e = 0; e < DC / 32; e++) x[e] = F[r * DC + 32 * e + lane];
+        finish_row<DC, KIND>(P, x, out_row(P, s, group, r, DC));
+    }
+}
+
 /* Grid (split, row group, sequence). One CTA fits an SM (its shared memory); the
  * launch bounds ask for just that, which leaves up to 255 registers a thread for the
  * 8 warps (O alone is 128 floats at d_c 512). */
@@ -561,28 +675,12 @@ template <int DC, int DR, int KIND> __global__ void __launch_bounds__(kThreads, 
     const int split = blockIdx.x, group = blockIdx.y;
     const fr_paged_seq s = P.seqs[blockIdx.z];
     if (s.n_new <= 0 || group * kRows >= s.n_new * P.n_heads) return;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, rt = warp & 3, hf = warp >> 2;
+    const int lane = threadIdx.x & 31, rt = (threadIdx.x >> 5) & 3;
+    /* lim: the last visible token of this lane's two rows. */
     const int lim[2] = {row_limit(P, s, group, rt * 16 + (lane >> 2)), row_limit(P, s, group, rt * 16 + (lane >> 2) + 8)};
-    /* lim: the last visible token of this lane's two rows; max_lim: the group's,
-     * which bounds the unpaged tiles worth walking. */
-    int max_lim = -1;   /* the group's last visible token */
-    for (int r = kRows - 1; r >= 0 && max_lim < 0; r--) max_lim = row_limit(P, s, group, r);
-
-    /* This split's pages [p0, p1) of the sequence's full pages, dealt evenly (so each
-     * split's range depends on the plan and the length only), as tiles [pt0, pt1);
-     * the last split adds the unpaged tiles, up to the group's last visible token. */
     const Unpaged u = unpaged_of(P, s);
-    const int pages = u.full / kPage, per = kPage / kTile;
-    const int p0 = (int)((long)split * pages / P.n_splits), p1 = (int)((long)(split + 1) * pages / P.n_splits);
-    const int pt0 = p0 * per, pt1 = p1 * per;
-    int n_ut = 0;
-    if (split == P.n_splits - 1)
-        while (n_ut * kTile < u.count) {   /* the list rises in position: stop past the group's last token */
-            const int v = n_ut * kTile;
-            const int t = v < u.n_sink ? v : v < u.n_sink + u.n_recent ? u.full + v - u.n_sink : s.len + v - u.n_sink - u.n_recent;
-            if (t > max_lim) break;
-            n_ut++;
-        }
+    const Walk wk = walk_of(P, s, u, split, group);
+    const int pt0 = wk.pt0, pt1 = wk.pt1, n_ut = wk.n_ut;
 
     /* Which query form the tiles meet: FP4 pages meet the FP4 terms in exact compute;
      * unpaged tokens meet them only without sink/recent (quantized on the fly, as
@@ -641,57 +739,7 @@ template <int DC, int DR, int KIND> __global__ void __launch_bounds__(kThreads, 
         }
     }
 
-    /* the rows' totals: the quad's lanes hold different columns. Then either the
-     * split's partial (normalized O of the warp's half of the channels, LSE m + log2
-     * l in base 2, -inf for a row with no visible token) or, with one split, the
-     * final rows. */
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        acc.l[hr] += __shfl_xor_sync(0xFFFFFFFFu, acc.l[hr], 1);
-        acc.l[hr] += __shfl_xor_sync(0xFFFFFFFFu, acc.l[hr], 2);
-    }
-    const int g = lane >> 2, tq = lane & 3;
-    if (P.n_splits > 1) {
-        const size_t rows = (size_t)P.row_groups * kRows;
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int r = rt * 16 + g + 8 * hr;
-            const size_t slot = ((size_t)blockIdx.z * rows + (size_t)group * kRows + r) * P.n_splits + split;
-            const float inv = acc.l[hr] > 0.0f ? 1.0f / acc.l[hr] : 0.0f;
-            float *o = P.o_part + slot * DC + hf * (DC / 2);
-#pragma unroll
-            for (int nt = 0; nt < Acc<DC>::NO; nt++)
-                *reinterpret_cast<float2 *>(o + nt * 8 + 2 * tq) =
-                    make_float2(acc.o[nt][2 * hr] * inv, acc.o[nt][2 * hr + 1] * inv);
-            if (hf == 0 && tq == 0)
-                P.lse_part[slot] = acc.l[hr] > 0.0f ? acc.m[hr] + log2f(acc.l[hr]) : -INFINITY;
-        }
-        return;
-    }
-    /* One split: the rows are finished here. Every warp writes its normalized half of
-     * O into F ([64][d_c] floats over the tile buffers, 128 KiB at d_c 512), and
-     * after the barrier warp w finishes rows 8 w .. 8 w + 7 from there, striped as
-     * finish_row needs them. */
-    __syncthreads();   /* the tiles' buffers become the rows' outputs */
-    float *F = reinterpret_cast<float *>(smem);
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int r = rt * 16 + g + 8 * hr;
-        const float inv = acc.l[hr] > 0.0f ? 1.0f / acc.l[hr] : 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < Acc<DC>::NO; nt++)
-            *reinterpret_cast<float2 *>(F + r * DC + hf * (DC / 2) + nt * 8 + 2 * tq) =
-                make_float2(acc.o[nt][2 * hr] * inv, acc.o[nt][2 * hr + 1] * inv);
-    }
-    __syncthreads();
-    for (int rr = 0; rr < kRows / 8; rr++) {
-        const int r = warp * (kRows / 8) + rr;
-        if (row_limit(P, s, group, r) < 0) continue;   /* warp-uniform */
-        float x[DC / 32];
-#pragma unroll
-        for (int e = 0; e < DC / 32; e++) x[e] = F[r * DC + 32 * e + lane];
-        finish_row<DC, KIND>(P, x, out_row(P, s, group, r, DC));
-    }
+    finish_walk<DC, KIND>(P, s, split, group, acc, smem);
 }
 
 /* Joins the split partials of every row: one warp per row (a lane holds channels j %
