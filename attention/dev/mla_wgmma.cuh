@@ -75,15 +75,15 @@ template <int DC, int DR, int KIND> struct GeoW {
 using QLay = Sw128<kRows>;
 using TLay = Sw128<kTile>;
 
-/* One tile on wgmma: the scores, the mainline's softmax step, the context. */
-template <int DC, int DR, int KIND, typename Mask>
-__device__ void tile_step_wg(const Params &P, const uint16_t *QA, const uint16_t *QB, bool dual, const uint16_t *kt,
-                             float *sx, const int (&lim)[2], Acc<DC> &acc, Mask mask)
+/* The scores' wgmma group: the warpgroup's half of the k-steps (content and RoPE)
+ * of Q against the tile, and with DUAL the second term's half of the content
+ * k-steps. One straight sequence per variant, between one fence and one wait. */
+template <int DC, int DR, bool DUAL>
+FR_WK void scores_wg(const uint16_t *QA, const uint16_t *QB, const uint16_t *kt, float (&sf)[16])
 {
     const int hf = threadIdx.x >> 7;
     constexpr int KS = (DC + DR) / 16, KC = DC / 16;
-    float s[4][4] = {};
-    float(&sf)[16] = *reinterpret_cast<float(*)[16]>(&s[0][0]);
+    fr_wgmma::pin(sf);
     fr_wgmma::fence();
 #pragma unroll
     for (int k = 0; k < KS / 2; k++) {
@@ -92,7 +92,7 @@ __device__ void tile_step_wg(const Params &P, const uint16_t *QA, const uint16_t
         const uint64_t db = fr_wgmma::sw128_desc(kt + (ks >> 2) * TLay::BLOCK + (ks & 3) * 16, 16, 1024);
         fr_wgmma::m64n32k16_ss(sf, da, db, 1);
     }
-    if (dual) {
+    if constexpr (DUAL) {
 #pragma unroll
         for (int k = 0; k < KC / 2; k++) {
             const int ks = hf * (KC / 2) + k;
@@ -103,12 +103,27 @@ __device__ void tile_step_wg(const Params &P, const uint16_t *QA, const uint16_t
     }
     fr_wgmma::commit();
     fr_wgmma::wait<0>();
+    fr_wgmma::pin(sf);
+}
+
+/* One tile on wgmma: the scores, the mainline's softmax step, the context. */
+template <int DC, int DR, int KIND, typename Mask>
+__device__ void tile_step_wg(const Params &P, const uint16_t *QA, const uint16_t *QB, bool dual, const uint16_t *kt,
+                             float *sx, const int (&lim)[2], Acc<DC> &acc, Mask mask)
+{
+    const int hf = threadIdx.x >> 7;
+    float s[4][4] = {};
+    float(&sf)[16] = *reinterpret_cast<float(*)[16]>(&s[0][0]);
+    float(&of)[Acc<DC>::NO * 4] = *reinterpret_cast<float(*)[Acc<DC>::NO * 4]>(&acc.o[0][0]);
+    if (Geo<DC, DR, KIND>::FP4 && dual) scores_wg<DC, DR, true>(QA, QB, kt, sf);
+    else scores_wg<DC, DR, false>(QA, QB, kt, sf);
     uint32_t pa[2][4];
     softmax_tile<DC>(P, sx, lim, acc, mask, s, pa);
     /* O += P V: the tile's rows are tokens (K) with 64 channels (N) a row in each
      * block, i.e. MN-major; warpgroup hf's channels are blocks hf DC / 128 .. The
      * 16 tokens of k-step kk start 16 rows (2048 bytes) into a block; 8-row groups
      * are 1024 bytes apart, blocks 32 rows (4096 bytes). */
+    fr_wgmma::pin(of);
     fr_wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < 2; kk++)
@@ -116,10 +131,11 @@ __device__ void tile_step_wg(const Params &P, const uint16_t *QA, const uint16_t
         for (int nb = 0; nb < DC / 128; nb++) {
             const uint16_t *vb = kt + (hf * (DC / 128) + nb) * TLay::BLOCK + kk * 16 * 64;
             const uint64_t db = fr_wgmma::sw128_desc(vb, kTile * 128, 1024);
-            fr_wgmma::m64n64k16_rs(*reinterpret_cast<float(*)[32]>(&acc.o[nb * 8][0]), pa[kk], db);
+            fr_wgmma::m64n64k16_rs(*reinterpret_cast<float(*)[32]>(&of[nb * 32]), pa[kk], db);
         }
     fr_wgmma::commit();
     fr_wgmma::wait<0>();
+    fr_wgmma::pin(of);
 }
 
 /* The mainline mla_kernel's walk (splits, paged then unpaged tiles, the query form

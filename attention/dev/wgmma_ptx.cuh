@@ -40,6 +40,15 @@ FR_WG void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 FR_WG void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> FR_WG void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 
+/* Pins registers a wgmma group uses (accumulators) so that the compiler neither
+ * moves nor copies them between the group's fence and its wait; without it ptxas
+ * may have to add a warpgroup.arrive of its own (note C7519). */
+template <int N> FR_WG void pin(float (&r)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
 /* Ordinary shared-memory stores (st.shared, cp.async) become visible to the async
  * proxy that wgmma reads through. Each writing thread fences, then the barrier. */
 FR_WG void fence_smem_for_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
