@@ -24,6 +24,137 @@
 
 namespace fr_fp4 {
 
+/* ======================= combine ======================= */
+
+/* Query head h of sequence seq: o = sum_i 2^(lse_i - L) o_i / sum_i 2^(lse_i - L) over
+ * the n_splits + 1 partials, as BF16, by the THREADS threads of a CTA. At batch 1 a
+ * head has up to a few hundred partials, and the time is the latency of their loads:
+ * warp w takes partials w, w + W, ..., a lane four dims (one 16-byte load), eight
+ * partials in flight, instead of one chain per dim. The W warp sums are added in warp
+ * order, so the result depends only on the split count and THREADS (deterministic
+ * mode relies on that: its split count is fixed per sequence, and it always runs the
+ * combine kernel). Shared memory: w, one weight per partial (n_splits + 1 <=
+ * FR_ATTN_FP4_MAX_SPLITS + 1 = 257); red, W floats; part, W x D / 4 float4. CG: the
+ * partials were written by other CTAs of the running grid (the fused combine), so
+ * they are read past L1. */
+template <int D, int THREADS, bool CG>
+FR_K void combine_head(const Params &P, const fr_paged_seq &s, int seq, int h, float *w, float *red, float4 *part)
+{
+    static_assert(D == 4 * 32 && D <= THREADS, "a lane sums four dims; a thread writes one");
+    constexpr int W = THREADS / 32, kUnroll = 8;
+    const int G = P.group, kh = h / G, gi = h % G, slots = P.n_splits + 1;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t row0 = ((size_t)seq * P.kv.n_kv_heads + kh) * slots * G + gi;
+    auto lse_at = [&](int i) { return CG ? __ldcg(P.lse_part + row0 + (size_t)i * G) : P.lse_part[row0 + (size_t)i * G]; };
+    float mx = kNegInf;
+    /* The largest LSE L_max, so that every weight 2^(lse_i - L_max) <= 1 (the sum
+     * cannot overflow and the largest partial keeps its precision). */
+    for (int i = threadIdx.x; i < slots; i += THREADS) mx = fmaxf(mx, lse_at(i));
+#pragma unroll
+    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = red[0];
+#pragma unroll
+    for (int k = 1; k < W; k++) mx = fmaxf(mx, red[k]);
+    /* red is reused for the sums below: every thread must have read the maxima first. */
+    __syncthreads();
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < slots; i += THREADS) {
+        const float l = lse_at(i);
+        const float e = (mx == kNegInf || l == kNegInf) ? 0.0f : exp2f(l - mx);
+        w[i] = e;
+        sum += e;
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();   /* also publishes w[] */
+    sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < W; k++) sum += red[k];
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+
+    /* The weighted sum of the partials. A partial of weight 0 (an empty split, or one
+     * far below the maximum) is not loaded: at batch 1 many splits of a short
+     * sequence are empty. */
+    const float4 *src = reinterpret_cast<const float4 *>(P.o_part) + lane;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i0 = warp; i0 < slots; i0 += W * kUnroll) {
+        float4 v[kUnroll];
+        float wi[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) {   /* loads first, so all of them are in flight */
+            const int i = i0 + u * W;
+            wi[u] = i < slots ? w[i] : 0.0f;
+            const float4 *at = src + (row0 + (size_t)i * G) * (D / 4);
+            v[u] = wi[u] != 0.0f ? (CG ? __ldcg(at) : *at) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) {
+            acc.x += wi[u] * v[u].x;
+            acc.y += wi[u] * v[u].y;
+            acc.z += wi[u] * v[u].z;
+            acc.w += wi[u] * v[u].w;
+        }
+    }
+    part[warp * (D / 4) + lane] = acc;
+    __syncthreads();
+    const int d = threadIdx.x;
+    if (d < D) {
+        const float *pf = reinterpret_cast<const float *>(part);
+        float o = pf[d];
+#pragma unroll
+        for (int k = 1; k < W; k++) o += pf[k * D + d];
+        P.out[((size_t)s.q_row * P.n_heads + h) * D + d] = fr_dev_bf16_encode(o * inv);
+    }
+}
+
+/* The fused combine (P.tickets set; never in deterministic mode): after its partial,
+ * each split CTA of (seq, head) takes a ticket, and the last of the n_splits + 1 joins
+ * the partials of the group's G query heads, in place of the combine kernel's launch
+ * and its wait for the whole grid. The usual last-block pattern: every thread fences
+ * its partial's stores device-wide before the ticket, the last CTA fences again
+ * before it reads (past L1). The tickets are zeroed by the preparation kernel, which
+ * this grid's griddep_wait orders first (a CTA with no tokens has not waited yet).
+ * The CTA's shared memory is free by now: the split bodies end with their partial. */
+template <int D> FR_K void combine_if_last(const Params &P, const fr_paged_seq &s, int seq, int head, uint8_t *smem)
+{
+    griddep_wait();
+    __threadfence();
+    __syncthreads();
+    int *last = reinterpret_cast<int *>(smem);
+    if (threadIdx.x == 0)
+        *last = atomicAdd(P.tickets + (size_t)seq * P.kv.n_kv_heads + head, 1) == P.n_splits;
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    constexpr int W = kThreads / 32;
+    float *red = reinterpret_cast<float *>(smem + 16);
+    float4 *part = reinterpret_cast<float4 *>(smem + 16 + 16 * W);
+    float *w = reinterpret_cast<float *>(smem + 16 + 16 * W + 16 * W * (D / 4));
+    for (int gi = 0; gi < P.group; gi++) {
+        combine_head<D, kThreads, true>(P, s, seq, head * P.group + gi, w, red, part);
+        __syncthreads();   /* the next head rewrites w, red and part */
+    }
+}
+
+/* The combine kernel: grid (n_heads, n_seqs), kCombineThreads threads, one query head
+ * a CTA, after the split grid (programmatic dependent launch: it may be scheduled
+ * while the split grid's last CTAs merge). */
+constexpr int kCombineWarps = 8, kCombineThreads = 32 * kCombineWarps;
+template <int D> __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params P)
+{
+    __shared__ float w[1024];
+    __shared__ float red[kCombineWarps];
+    __shared__ float4 part[kCombineWarps][D / 4];
+    griddep_wait();   /* the split partials are the previous grid's output */
+    const int h = blockIdx.x, seq = blockIdx.y;
+    const fr_paged_seq s = P.seqs[seq];
+    if (s.n_new != 1) return;
+    combine_head<D, kCombineThreads, false>(P, s, seq, h, w, red, &part[0][0]);
+}
+
 /* Grid (n_splits + 1, n_kv_heads, n_seqs): x = 0 is the BF16 split (slot n_splits of
  * the partials), x = 1 + i the quantized split i.
  *
@@ -60,102 +191,12 @@ __global__ void __launch_bounds__(kThreads, FMT == kFP8 ? (NQ == 1 ? 5 : 2) : (N
                               reinterpret_cast<float *>(smem + Sm::lred));
         else
             write_empty(P, ((size_t)seq * P.kv.n_kv_heads + head) * (P.n_splits + 1) + P.n_splits);
-        return;
-    }
-    if constexpr (FMT == kFP8)
+    } else if constexpr (FMT == kFP8) {
         fp8_split<NQ, D>(P, smem, seq, head, blockIdx.x - 1, s);
-    else
+    } else {
         fp4_split_tok<FMT, EXACT, (NQ > 2 ? 2 : 1), D>(P, smem, seq, head, blockIdx.x - 1, s);
-}
-
-/* ======================= combine ======================= */
-
-/* Grid (n_heads, n_seqs), kCombineThreads threads: o = sum_i 2^(lse_i - L) o_i /
- * sum_i 2^(lse_i - L) over the n_splits + 1 partials, as BF16. At batch 1 a head has
- * up to a few hundred partials, and this kernel's time is the latency of their loads:
- * warp w takes partials w, w + 8, ..., a lane four dims (one 16-byte load), eight
- * partials in flight, instead of one chain per dim. The eight warp sums are added in
- * warp order, so the result depends only on the split count (deterministic mode
- * relies on that: its split count is fixed per sequence). */
-constexpr int kCombineWarps = 8, kCombineThreads = 32 * kCombineWarps;
-template <int D> __global__ void __launch_bounds__(kCombineThreads) combine_kernel(Params P)
-{
-    static_assert(D == 4 * 32 && D <= kCombineThreads, "a lane sums four dims; a thread writes one");
-    constexpr int kUnroll = 8;
-    /* w: one weight per partial (n_splits + 1 <= FR_ATTN_FP4_MAX_SPLITS + 1 = 257
-     * fit); red: the per-warp maxima, then the per-warp sums; part: each warp's
-     * float4 sums of the dims, added in warp order at the end. */
-    __shared__ float w[1024];
-    __shared__ float red[kCombineWarps];
-    __shared__ float4 part[kCombineWarps][D / 4];
-    griddep_wait();   /* the split partials are the previous grid's output */
-    const int h = blockIdx.x, seq = blockIdx.y;
-    const fr_paged_seq s = P.seqs[seq];
-    if (s.n_new != 1) return;
-    const int G = P.group, kh = h / G, gi = h % G, slots = P.n_splits + 1;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const size_t row0 = ((size_t)seq * P.kv.n_kv_heads + kh) * slots * G + gi;
-    float mx = kNegInf;
-    /* The largest LSE L_max, so that every weight 2^(lse_i - L_max) <= 1 (the sum
-     * cannot overflow and the largest partial keeps its precision). */
-    for (int i = threadIdx.x; i < slots; i += kCombineThreads) mx = fmaxf(mx, P.lse_part[row0 + (size_t)i * G]);
-#pragma unroll
-    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    mx = red[0];
-#pragma unroll
-    for (int k = 1; k < kCombineWarps; k++) mx = fmaxf(mx, red[k]);
-    /* red is reused for the sums below: every thread must have read the maxima first. */
-    __syncthreads();
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < slots; i += kCombineThreads) {
-        const float l = P.lse_part[row0 + (size_t)i * G];
-        const float e = (mx == kNegInf || l == kNegInf) ? 0.0f : exp2f(l - mx);
-        w[i] = e;
-        sum += e;
     }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-    if (lane == 0) red[warp] = sum;
-    __syncthreads();   /* also publishes w[] */
-    sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kCombineWarps; k++) sum += red[k];
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-
-    /* The weighted sum of the partials. A partial of weight 0 (an empty split, or one
-     * far below the maximum) is not loaded: at batch 1 many splits of a short
-     * sequence are empty. */
-    const float4 *src = reinterpret_cast<const float4 *>(P.o_part) + lane;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int i0 = warp; i0 < slots; i0 += kCombineWarps * kUnroll) {
-        float4 v[kUnroll];
-        float wi[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; u++) {   /* loads first, so all of them are in flight */
-            const int i = i0 + u * kCombineWarps;
-            wi[u] = i < slots ? w[i] : 0.0f;
-            v[u] = wi[u] != 0.0f ? src[(row0 + (size_t)i * G) * (D / 4)] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; u++) {
-            acc.x += wi[u] * v[u].x;
-            acc.y += wi[u] * v[u].y;
-            acc.z += wi[u] * v[u].z;
-            acc.w += wi[u] * v[u].w;
-        }
-    }
-    part[warp][lane] = acc;
-    __syncthreads();
-    const int d = threadIdx.x;
-    if (d < D) {
-        const float *pf = reinterpret_cast<const float *>(part);
-        float o = pf[d];
-#pragma unroll
-        for (int k = 1; k < kCombineWarps; k++) o += pf[k * D + d];
-        P.out[((size_t)s.q_row * P.n_heads + h) * D + d] = fr_dev_bf16_encode(o * inv);
-    }
+    if (P.tickets) combine_if_last<D>(P, s, seq, head, smem);
 }
 
 #undef FR_K

@@ -356,10 +356,14 @@ template <int FMT, int D> __global__ void __launch_bounds__(kPrepThreads) prep_k
     const int seq = blockIdx.x, head = blockIdx.y, z = blockIdx.z;
     const fr_paged_seq s = P.seqs[seq];
     if (s.n_new != 1) return;
-    if (z == 0)
+    if (z == 0) {
         prep_query<FMT, D>(P, seq, head, s);
-    else
+        /* the split CTAs of (seq, head) count themselves in tickets after their
+         * griddep_wait, so this grid's zero comes first */
+        if (P.tickets && threadIdx.x == 0) P.tickets[(size_t)seq * P.kv.n_kv_heads + head] = 0;
+    } else {
         prep_page<FMT, D>(P, seq, head, s, z - 1);
+    }
 }
 
 } // namespace fr_fp4
