@@ -134,14 +134,18 @@ static int plan(fr_cmd cmd, const char *label, const fr_serve_config *c, fr_engi
     if (fr_backend_pick(eo->backend, &backend)) return fr_cli_fail(cmd, 1);
     eo->backend = backend;
     *kv_blocks = c->kv_blocks;
-    /* Sizing by free GPU memory (kv_memory_fraction) is not built yet, so
-     * both backends take the same fixed share per sequence slot. */
-    if (*kv_blocks == 0) {
+    /* kv_blocks 0: on one GPU, kv_memory_fraction of its memory, less the
+     * weights, once they are loaded (fr_session_open, kv_blocks stays 0 until
+     * then); on the CPU, and for an engine of several ranks (which must agree
+     * on the size), a fixed share per sequence slot. */
+    if (*kv_blocks == 0 && backend == FR_BACKEND_CUDA && c->tp == 1) {
+        eo->kv_memory_fraction = c->kv_memory_fraction;
+    } else if (*kv_blocks == 0) {
         *kv_blocks = c->max_seqs * FR_SERVE_PAGES_PER_SEQ;
         if (backend == FR_BACKEND_CUDA)
-            fr_info("serve: kv_blocks 0: %d pages (%d per sequence slot, %d tokens each); long samples will be "
-                        "preempted and recomputed: give kv_blocks to size the cache to the GPU", *kv_blocks,
-                        FR_SERVE_PAGES_PER_SEQ, FR_SERVE_PAGES_PER_SEQ * 128);
+            fr_info("serve: kv_blocks 0 with tp %d: %d pages (%d per sequence slot, %d tokens each); long samples "
+                    "will be preempted and recomputed: give kv_blocks to size the cache to the GPUs", c->tp,
+                    *kv_blocks, FR_SERVE_PAGES_PER_SEQ, FR_SERVE_PAGES_PER_SEQ * 128);
     }
     /* Every rank reads the same configuration, so the checks above fail on
      * every rank alike; from here on, failures are agreed on. */
@@ -215,7 +219,8 @@ static int serve(fr_cmd cmd, const char *label, const fr_serve_config *c, fr_eng
         if (tl->output_rank)
             fr_info("serve: model %s backend %s kv %s max_seqs %d kv_blocks %d chunk %d kl_sample_rate %g "
                     "engines %d tp %d ranks %d tokenizer %s",
-                    c->model, fr_backend_name(s.backend), fr_kv_dtype_name(c->kv_dtype), c->max_seqs, kv_blocks,
+                    c->model, fr_backend_name(s.backend), fr_kv_dtype_name(c->kv_dtype), c->max_seqs,
+                    fr_kv_cache_config_of(s.kv)->n_blocks,
                     c->chunk, c->kl_sample_rate, tl->n_engines, c->tp, tl->world_size,
                     tx->tok ? tx->name : "none (token ids only)");
         /* from here on a lost rank ends the job after rank_timeout_s instead of

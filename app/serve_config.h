@@ -33,9 +33,9 @@ extern "C" {
 #define FR_SERVE_PATH_MAX 4096     /* model and calib paths, bytes with the NUL */
 #define FR_SERVE_HOST_MAX 256      /* coordinator.bind */
 #define FR_SERVE_MAX_STOP_IDS FR_BRIDGE_MAX_STOP_IDS   /* sampling.stop_token_ids */
-/* kv_blocks 0 on the CPU backend: this many KV pages per sequence slot
- * (max_seqs of them), i.e. 16 x 128 = 2048 tokens each. */
-#define FR_SERVE_PAGES_PER_SEQ 16
+/* kv_blocks 0 without sizing by GPU memory: this many KV pages per sequence
+ * slot (max_seqs of them), i.e. 16 x 128 = 2048 tokens each. */
+#define FR_SERVE_PAGES_PER_SEQ FR_SESSION_PAGES_PER_SEQ
 #define FR_SERVE_MAX_CURVE_CLIENTS 64   /* curve.client_public_keys */
 #define FR_SERVE_CURVE_KEY 41           /* a Z85 CURVE key: 40 characters and the NUL */
 #define FR_SERVE_MAX_RECAL_TEXTS 8      /* recalibration.texts */
@@ -66,7 +66,7 @@ typedef struct {
     char tokenizer[FR_SERVE_PATH_MAX];     /* tokenizer.json or its folder; "" the model's (app/cli_text.c) */
     int max_seqs;                          /* sequences decoded together by one engine */
     int kv_blocks;                         /* KV pages per engine; 0: automatic */
-    double kv_memory_fraction;             /* reserved: sizing by free GPU memory is not built yet */
+    double kv_memory_fraction;             /* kv_blocks 0 on one GPU: weights + KV cache share of its memory */
     int chunk;                             /* the most tokens of one forward step */
     int max_model_len;                     /* > 0: the context window capped at this */
     int deterministic;                     /* batch-invariant numbers (docs/determinism.md) */

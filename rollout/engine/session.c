@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/log.h"
+#include "kvcache/page_layout.h"
 #include "rollout/engine/session_device.h"
 
 void fr_engine_opts_default(fr_engine_opts *o)
@@ -28,6 +30,58 @@ fr_fp4_compute fr_fp4_compute_for(fr_fp4_compute c, fr_backend b)
 const char *fr_backend_name(fr_backend b)
 {
     return b == FR_BACKEND_CPU ? "cpu" : b == FR_BACKEND_CUDA ? "cuda" : "auto";
+}
+
+fr_status fr_kv_blocks_for_memory(const fr_model_config *c, int n_kv_heads, fr_kv_dtype kv, size_t free_bytes,
+                                  size_t total_bytes, double fraction, int max_seqs, int *n_blocks,
+                                  size_t *block_bytes)
+{
+    if (!c || !n_blocks || n_kv_heads < 1 || max_seqs < 1 || free_bytes > total_bytes)
+        return fr_fail(FR_EINVAL, "kv_memory_fraction: bad arguments");
+    if (!(fraction > 0.0 && fraction <= 1.0))
+        return fr_fail(FR_EINVAL, "kv_memory_fraction %g is not in (0, 1]", fraction);
+    const fr_page_layout lay = fr_model_is_mla(c) ? fr_page_layout_latent(kv, c->kv_lora_rank, c->qk_rope_dim)
+                                                  : fr_page_layout_for(kv, c->head_dim);
+    const size_t block = lay.head_page_bytes * (size_t)c->num_layers * (size_t)n_kv_heads;
+    if (block_bytes) *block_bytes = block;
+    const double share = fraction * (double)total_bytes, used = (double)(total_bytes - free_bytes);
+    const double n = share > used && block > 0 ? (share - used) / (double)block : 0.0;
+    if (n < (double)max_seqs)
+        return fr_fail(FR_ENOMEM, "kv_memory_fraction %g of the device's %.2f GB is %.2f GB, and %.2f GB are in use "
+                       "already (weights and the rest): room for %lld KV blocks of %zu bytes, fewer than the %d "
+                       "sequence slots; raise kv_memory_fraction, lower max_seqs or give kv_blocks",
+                       fraction, total_bytes / 1e9, share / 1e9, used / 1e9, (long long)n, block, max_seqs);
+    *n_blocks = n > 2147483647.0 ? 2147483647 : (int)n;
+    return FR_OK;
+}
+
+/* n_blocks for a session whose cache is sized by o->kv_memory_fraction: the
+ * device's memory now that the weights are on it, this rank's KV heads. */
+static fr_status blocks_by_memory(const fr_engine_opts *o, const fr_model *m, int max_seqs, int *n_blocks)
+{
+    if (o->tp > 1)
+        return fr_fail(FR_EUNSUPPORTED, "kv_memory_fraction with tp %d: the ranks of an engine must agree on the "
+                                        "cache's size; give kv_blocks", o->tp);
+    size_t free_b = 0, total = 0, block = 0;
+    fr_status st = fr_session_device_free_memory(&free_b, &total);
+    if (!st) st = fr_kv_blocks_for_memory(&m->cfg, m->cfg.num_kv_heads, o->kv, free_b, total, o->kv_memory_fraction,
+                                         max_seqs, n_blocks, &block);
+    if (!st)
+        fr_info("kv_memory_fraction %g: %d KV blocks of %zu bytes (%.2f GB; %.2f of the device's %.2f GB were in use)",
+                o->kv_memory_fraction, *n_blocks, block, (double)*n_blocks * block / 1e9, (total - free_b) / 1e9,
+                total / 1e9);
+    return st;
+}
+
+/* The blocks of a cache that falls back to the CPU (--backend auto): the
+ * caller's count, or, where GPU memory sized it (asked 0), a fixed share per
+ * sequence slot, since the device's memory says nothing of the host's. */
+static int cpu_blocks(const fr_engine_opts *o, int asked, int n_blocks, int max_seqs)
+{
+    if (asked != 0 || !(o->kv_memory_fraction > 0)) return n_blocks;
+    fr_info("the model runs on the CPU: %d KV blocks (%d per sequence slot), not kv_memory_fraction's",
+            max_seqs * FR_SESSION_PAGES_PER_SEQ, FR_SESSION_PAGES_PER_SEQ);
+    return max_seqs * FR_SESSION_PAGES_PER_SEQ;
 }
 
 /* The session's runner over its cache: on the device when the session has
@@ -147,12 +201,18 @@ fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_bloc
     fr_status st = resolve_backend(o, &b);
     if (st) return st;
     memset(s, 0, sizeof *s);
+    const int asked = n_blocks;
     if (b == FR_BACKEND_CUDA && (st = fr_session_device_adopt(o, s, m))) return st;
+    if (b == FR_BACKEND_CUDA && n_blocks == 0 && o->kv_memory_fraction > 0 &&
+        (st = blocks_by_memory(o, m, max_seqs, &n_blocks))) {
+        fr_session_device_release(s);
+        return st;
+    }
     st = open_on(o, b, m, n_blocks, max_seqs, s);
     if (st && falls_back(o, b, st)) {
         s->model = NULL;   /* the caller's model: keep it */
         fr_session_close(s);
-        st = open_on(o, FR_BACKEND_CPU, m, n_blocks, max_seqs, s);
+        st = open_on(o, FR_BACKEND_CPU, m, cpu_blocks(o, asked, n_blocks, max_seqs), max_seqs, s);
     }
     if (st) {
         s->model = NULL;
@@ -170,6 +230,7 @@ static void cap_context(const fr_engine_opts *o, fr_model *m)
 
 fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, fr_session *s)
 {
+    const int asked = n_blocks;
     memset(s, 0, sizeof *s);
     fr_backend b = FR_BACKEND_CPU;
     fr_status st = resolve_backend(o, &b);
@@ -178,11 +239,17 @@ fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, f
     if (b == FR_BACKEND_CUDA) {
         if ((st = fr_session_device_load(o, s, &m))) return st;
         cap_context(o, m);
+        if (n_blocks == 0 && o->kv_memory_fraction > 0 && (st = blocks_by_memory(o, m, max_seqs, &n_blocks))) {
+            fr_session_device_release(s);
+            fr_model_destroy(&m);
+            return st;
+        }
         st = open_on(o, b, m, n_blocks, max_seqs, s);
         if (!st) return FR_OK;
         fr_session_close(s);   /* frees m and the device weights */
         if (!falls_back(o, b, st)) return st;
         b = FR_BACKEND_CPU;    /* auto: this configuration runs on the CPU only */
+        n_blocks = cpu_blocks(o, asked, n_blocks, max_seqs);
     }
     if ((st = fr_model_load(o->model, &m))) return st;
     cap_context(o, m);

@@ -15,6 +15,12 @@
 extern "C" {
 #endif
 
+/* KV pages per sequence slot of a cache sized neither by a block count nor by
+ * memory: a session sized by kv_memory_fraction that falls back to the CPU
+ * (--backend auto, a configuration the GPU does not run), and serve's kv_blocks
+ * 0 on the CPU. 16 x 128 = 2048 tokens a slot. */
+#define FR_SESSION_PAGES_PER_SEQ 16
+
 typedef struct {
     const char *model;          /* DIR or synthetic:NAME[:SEED] */
     fr_backend backend;
@@ -32,6 +38,10 @@ typedef struct {
     int deterministic;          /* --deterministic: a sample's numbers independent of the
                                  * batch, chunking, preemption, engine, thread count and
                                  * CPU (docs/determinism.md); CPU backend only */
+    double kv_memory_fraction;  /* > 0, with n_blocks 0 on the GPU and tp 1: the share of the
+                                 * device's memory the weights and the KV cache may take
+                                 * together (SGLang's mem_fraction_static); the cache gets
+                                 * the rest of that share once the weights are loaded */
 } fr_engine_opts;
 
 void fr_engine_opts_default(fr_engine_opts *o);
@@ -59,7 +69,21 @@ typedef struct {
                                  * rank's KV heads only. */
 } fr_session;
 
+/* n_blocks 0 with o->kv_memory_fraction > 0 on the GPU: as many blocks as that
+ * share of the device's memory holds after the weights (fr_kv_blocks_for_memory);
+ * the opened cache's config (fr_kv_cache_config_of) says how many. */
 fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, fr_session *s);
+
+/* The KV blocks a share of device memory holds: fraction x total, less what is in
+ * use already (total - free: the weights, the context, everything else), over one
+ * block's bytes (every layer's page of this rank's n_kv_heads KV heads, or its
+ * latent row, in dtype kv; kvcache/page_layout.h). Fails, naming the figures, when
+ * that is not one block per sequence slot. *block_bytes (optional) receives one
+ * block's size. Pure arithmetic: the caller reads the device's free and total
+ * memory. */
+fr_status fr_kv_blocks_for_memory(const fr_model_config *c, int n_kv_heads, fr_kv_dtype kv, size_t free_bytes,
+                                  size_t total_bytes, double fraction, int max_seqs, int *n_blocks,
+                                  size_t *block_bytes);
 /* Opens a session on an already loaded model, which it owns on success. */
 fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_blocks, int max_seqs,
                                 fr_session *s);

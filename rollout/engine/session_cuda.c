@@ -4,8 +4,19 @@
 
 #include <string.h>
 
+#include <cuda_runtime.h>
+
 #include "comm/nccl_group.h"
 #include "rollout/model/weights_cuda.h"
+
+fr_status fr_session_device_free_memory(size_t *free_bytes, size_t *total_bytes)
+{
+    const cudaError_t e = cudaMemGetInfo(free_bytes, total_bytes);
+    if (e == cudaSuccess) return FR_OK;
+    *free_bytes = *total_bytes = 0;
+    return fr_fail(FR_EINTERNAL, "kv_memory_fraction: cannot read the device's free memory: %s",
+                   cudaGetErrorString(e));
+}
 
 /* Tensor parallel: replaces *wg by this rank's shard of it. */
 static fr_status shard_weights(const fr_engine_opts *o, struct fr_weights_gpu **wg)

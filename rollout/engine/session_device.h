@@ -21,6 +21,8 @@ fr_status fr_session_device_adopt(const fr_engine_opts *o, fr_session *s, fr_mod
 /* The device weights to host memory and back (fr_session_release_memory);
  * nothing without CUDA. */
 fr_status fr_session_device_memory(fr_session *s, int release);
+/* The current device's free and total memory (cudaMemGetInfo). */
+fr_status fr_session_device_free_memory(size_t *free_bytes, size_t *total_bytes);
 /* Frees s->gpu_weights and s->nccl (NULL-safe). */
 void fr_session_device_release(fr_session *s);
 

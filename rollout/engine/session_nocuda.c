@@ -23,4 +23,10 @@ fr_status fr_session_device_memory(fr_session *s, int release)
     return FR_OK;   /* no device: the weights are the host's */
 }
 
+fr_status fr_session_device_free_memory(size_t *free_bytes, size_t *total_bytes)
+{
+    *free_bytes = *total_bytes = 0;
+    return fr_fail(FR_EUNSUPPORTED, "kv_memory_fraction: this build has no CUDA support (nvcc was absent)");
+}
+
 void fr_session_device_release(fr_session *s) { (void)s; }
