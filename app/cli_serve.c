@@ -140,6 +140,7 @@ static int plan(fr_cmd cmd, const char *label, const fr_serve_config *c, fr_engi
      * on the size), a fixed share per sequence slot. */
     if (*kv_blocks == 0 && backend == FR_BACKEND_CUDA && c->tp == 1) {
         eo->kv_memory_fraction = c->kv_memory_fraction;
+        eo->kv_shadow_share = c->kl_sample_rate;
     } else if (*kv_blocks == 0) {
         *kv_blocks = c->max_seqs * FR_SERVE_PAGES_PER_SEQ;
         if (backend == FR_BACKEND_CUDA)

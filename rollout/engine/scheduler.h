@@ -61,7 +61,8 @@ typedef struct {
      * (0..1) that also run a BF16-KV shadow, for requests that leave it to
      * the scheduler (monitor -1); the choice is a pure function of (request
      * id, sample index), so every rank of an engine makes the same one.
-     * shadow_blocks: the shadow cache's blocks (0: as many as the cache). */
+     * shadow_blocks: the shadow cache's blocks (0: what the session's memory
+     * sizing left for it, fr_session's shadow_blocks, else as many as the cache). */
     double kl_sample_rate;
     int shadow_blocks;
     /* Text (rollout/engine/stop_strings.h): the tokenizer that decodes the

@@ -28,7 +28,11 @@ int sch_chosen(uint64_t id, int index, double rate)
 fr_shadow *sch_shadow_of(fr_scheduler *sch)
 {
     if (sch->shadow || sch->shadow_failed) return sch->shadow;
-    int blocks = sch->cfg.shadow_blocks > 0 ? sch->cfg.shadow_blocks : sch->n_blocks;
+    /* the configuration's count, else what sizing the cache by memory left for
+     * the shadow, else as many as the cache */
+    int blocks = sch->cfg.shadow_blocks > 0 ? sch->cfg.shadow_blocks
+                 : sch->s->shadow_blocks > 0 ? sch->s->shadow_blocks
+                                             : sch->n_blocks;
     const double t0 = fr_now_s();
     if (fr_shadow_open(sch->s, sch->cfg.max_seqs, blocks, &sch->shadow)) {
         sch->shadow_failed = 1;

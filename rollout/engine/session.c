@@ -6,6 +6,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,45 +33,68 @@ const char *fr_backend_name(fr_backend b)
     return b == FR_BACKEND_CPU ? "cpu" : b == FR_BACKEND_CUDA ? "cuda" : "auto";
 }
 
-fr_status fr_kv_blocks_for_memory(const fr_model_config *c, int n_kv_heads, fr_kv_dtype kv, size_t free_bytes,
-                                  size_t total_bytes, double fraction, int max_seqs, int *n_blocks,
-                                  size_t *block_bytes)
+/* One block's bytes in dtype kv: every layer's page of n_kv_heads heads, or of the latent row. */
+static size_t block_bytes_of(const fr_model_config *c, int n_kv_heads, fr_kv_dtype kv)
 {
-    if (!c || !n_blocks || n_kv_heads < 1 || max_seqs < 1 || free_bytes > total_bytes)
+    const fr_page_layout lay = fr_model_is_mla(c) ? fr_page_layout_latent(kv, c->kv_lora_rank, c->qk_rope_dim)
+                                                  : fr_page_layout_for(kv, c->head_dim);
+    return lay.head_page_bytes * (size_t)c->num_layers * (size_t)(fr_model_is_mla(c) ? 1 : n_kv_heads);
+}
+
+fr_status fr_kv_blocks_for_memory(const fr_model_config *c, int n_kv_heads, fr_kv_dtype kv, size_t free_bytes,
+                                  size_t total_bytes, double fraction, double shadow_share, int max_seqs,
+                                  fr_kv_sizing *out)
+{
+    if (!c || !out || n_kv_heads < 1 || max_seqs < 1 || free_bytes > total_bytes || !(shadow_share >= 0.0))
         return fr_fail(FR_EINVAL, "kv_memory_fraction: bad arguments");
     if (!(fraction > 0.0 && fraction <= 1.0))
         return fr_fail(FR_EINVAL, "kv_memory_fraction %g is not in (0, 1]", fraction);
-    const fr_page_layout lay = fr_model_is_mla(c) ? fr_page_layout_latent(kv, c->kv_lora_rank, c->qk_rope_dim)
-                                                  : fr_page_layout_for(kv, c->head_dim);
-    const size_t block = lay.head_page_bytes * (size_t)c->num_layers * (size_t)n_kv_heads;
-    if (block_bytes) *block_bytes = block;
+    const double r = shadow_share > 1.0 ? 1.0 : shadow_share;
+    const size_t block = block_bytes_of(c, n_kv_heads, kv), sblock = block_bytes_of(c, n_kv_heads, FR_KV_BF16);
     const double share = fraction * (double)total_bytes, used = (double)(total_bytes - free_bytes);
-    const double n = share > used && block > 0 ? (share - used) / (double)block : 0.0;
+    const double room = share > used ? share - used : 0.0;
+    /* n x block + r n x sblock = room; the shadow at least one block a slot */
+    double n = room / ((double)block + r * (double)sblock), ns = r > 0.0 ? ceil(r * n) : 0.0;
+    if (r > 0.0 && ns < max_seqs) {
+        ns = max_seqs;
+        n = (room - ns * (double)sblock) / (double)block;
+    }
+    n = floor(n > 0.0 ? n : 0.0);
     if (n < (double)max_seqs)
         return fr_fail(FR_ENOMEM, "kv_memory_fraction %g of the device's %.2f GB is %.2f GB, and %.2f GB are in use "
-                       "already (weights and the rest): room for %lld KV blocks of %zu bytes, fewer than the %d "
+                       "already (weights and the rest): room for %lld KV blocks of %zu bytes%s, fewer than the %d "
                        "sequence slots; raise kv_memory_fraction, lower max_seqs or give kv_blocks",
-                       fraction, total_bytes / 1e9, share / 1e9, used / 1e9, (long long)n, block, max_seqs);
-    *n_blocks = n > 2147483647.0 ? 2147483647 : (int)n;
+                       fraction, total_bytes / 1e9, share / 1e9, used / 1e9, (long long)n, block,
+                       r > 0.0 ? " beside the monitoring shadow's" : "", max_seqs);
+    *out = (fr_kv_sizing){.n_blocks = n > 2147483647.0 ? 2147483647 : (int)n,
+                          .shadow_blocks = r > 0.0 ? (ns > 2147483647.0 ? 2147483647 : (int)ns) : max_seqs,
+                          .block_bytes = block, .shadow_block_bytes = sblock};
     return FR_OK;
 }
 
 /* n_blocks for a session whose cache is sized by o->kv_memory_fraction: the
  * device's memory now that the weights are on it, this rank's KV heads. */
-static fr_status blocks_by_memory(const fr_engine_opts *o, const fr_model *m, int max_seqs, int *n_blocks)
+static fr_status blocks_by_memory(const fr_engine_opts *o, const fr_model *m, int max_seqs, int *n_blocks,
+                                  int *shadow_blocks)
 {
     if (o->tp > 1)
         return fr_fail(FR_EUNSUPPORTED, "kv_memory_fraction with tp %d: the ranks of an engine must agree on the "
                                         "cache's size; give kv_blocks", o->tp);
-    size_t free_b = 0, total = 0, block = 0;
+    size_t free_b = 0, total = 0;
+    fr_kv_sizing z;
     fr_status st = fr_session_device_free_memory(&free_b, &total);
     if (!st) st = fr_kv_blocks_for_memory(&m->cfg, m->cfg.num_kv_heads, o->kv, free_b, total, o->kv_memory_fraction,
-                                         max_seqs, n_blocks, &block);
-    if (!st)
-        fr_info("kv_memory_fraction %g: %d KV blocks of %zu bytes (%.2f GB; %.2f of the device's %.2f GB were in use)",
-                o->kv_memory_fraction, *n_blocks, block, (double)*n_blocks * block / 1e9, (total - free_b) / 1e9,
-                total / 1e9);
-    return st;
+                                         o->kv_shadow_share, max_seqs, &z);
+    if (st) return st;
+    *n_blocks = z.n_blocks;
+    *shadow_blocks = z.shadow_blocks;
+    fr_info("kv_memory_fraction %g: %d KV blocks of %zu bytes (%.2f GB), a monitoring shadow's %d BF16 blocks of %zu "
+            "(%.2f GB%s); %.2f of the device's %.2f GB were in use", o->kv_memory_fraction, z.n_blocks, z.block_bytes,
+            (double)z.n_blocks * z.block_bytes / 1e9, z.shadow_blocks, z.shadow_block_bytes,
+            (double)z.shadow_blocks * z.shadow_block_bytes / 1e9,
+            o->kv_shadow_share > 0 ? "" : ", when a request asks for one, outside the share", (total - free_b) / 1e9,
+            total / 1e9);
+    return FR_OK;
 }
 
 /* The blocks of a cache that falls back to the CPU (--backend auto): the
@@ -203,12 +227,14 @@ fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_bloc
     memset(s, 0, sizeof *s);
     const int asked = n_blocks;
     if (b == FR_BACKEND_CUDA && (st = fr_session_device_adopt(o, s, m))) return st;
+    int shadow_blocks = 0;
     if (b == FR_BACKEND_CUDA && n_blocks == 0 && o->kv_memory_fraction > 0 &&
-        (st = blocks_by_memory(o, m, max_seqs, &n_blocks))) {
+        (st = blocks_by_memory(o, m, max_seqs, &n_blocks, &shadow_blocks))) {
         fr_session_device_release(s);
         return st;
     }
     st = open_on(o, b, m, n_blocks, max_seqs, s);
+    if (!st) s->shadow_blocks = shadow_blocks;
     if (st && falls_back(o, b, st)) {
         s->model = NULL;   /* the caller's model: keep it */
         fr_session_close(s);
@@ -239,13 +265,18 @@ fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, f
     if (b == FR_BACKEND_CUDA) {
         if ((st = fr_session_device_load(o, s, &m))) return st;
         cap_context(o, m);
-        if (n_blocks == 0 && o->kv_memory_fraction > 0 && (st = blocks_by_memory(o, m, max_seqs, &n_blocks))) {
+        int shadow_blocks = 0;
+        if (n_blocks == 0 && o->kv_memory_fraction > 0 &&
+            (st = blocks_by_memory(o, m, max_seqs, &n_blocks, &shadow_blocks))) {
             fr_session_device_release(s);
             fr_model_destroy(&m);
             return st;
         }
         st = open_on(o, b, m, n_blocks, max_seqs, s);
-        if (!st) return FR_OK;
+        if (!st) {
+            s->shadow_blocks = shadow_blocks;
+            return FR_OK;
+        }
         fr_session_close(s);   /* frees m and the device weights */
         if (!falls_back(o, b, st)) return st;
         b = FR_BACKEND_CPU;    /* auto: this configuration runs on the CPU only */

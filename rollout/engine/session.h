@@ -42,6 +42,9 @@ typedef struct {
                                  * device's memory the weights and the KV cache may take
                                  * together (SGLang's mem_fraction_static); the cache gets
                                  * the rest of that share once the weights are loaded */
+    double kv_shadow_share;     /* with kv_memory_fraction: the share of samples expected to run
+                                 * a BF16-KV shadow (kl_sample_rate), whose cache takes its part
+                                 * of the memory (fr_kv_sizing) */
 } fr_engine_opts;
 
 void fr_engine_opts_default(fr_engine_opts *o);
@@ -63,6 +66,8 @@ typedef struct {
     int has_calib;
     int deterministic;          /* the options' deterministic mode (a shadow: main's) */
     int released;               /* fr_session_release_memory: 1 the KV cache, 2 the weights too */
+    int shadow_blocks;          /* cache sized by memory: the blocks left for a BF16 shadow's
+                                 * cache (fr_kv_sizing); 0: as many as this cache */
     fr_tp tp;                   /* this rank in its engine; size 1 without tensor parallelism.
                                  * With size > 1 every session call that steps the model is
                                  * collective over the engine and the KV cache holds this
@@ -74,16 +79,28 @@ typedef struct {
  * the opened cache's config (fr_kv_cache_config_of) says how many. */
 fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, fr_session *s);
 
+/* How a share of device memory is cut into KV blocks (fr_kv_blocks_for_memory). */
+typedef struct {
+    int n_blocks;              /* the cache's */
+    int shadow_blocks;         /* a divergence shadow's (BF16 KV) */
+    size_t block_bytes;        /* one block of the cache: every layer's page of the rank's KV heads */
+    size_t shadow_block_bytes; /* one BF16 block */
+} fr_kv_sizing;
+
 /* The KV blocks a share of device memory holds: fraction x total, less what is in
- * use already (total - free: the weights, the context, everything else), over one
- * block's bytes (every layer's page of this rank's n_kv_heads KV heads, or its
- * latent row, in dtype kv; kvcache/page_layout.h). Fails, naming the figures, when
- * that is not one block per sequence slot. *block_bytes (optional) receives one
- * block's size. Pure arithmetic: the caller reads the device's free and total
- * memory. */
+ * use already (total - free: the weights, the context, everything else), cut
+ * between the cache (n_blocks, in dtype kv) and a BF16 shadow's cache holding
+ * shadow_share of the cache's blocks (kl_sample_rate: the share of samples that run
+ * a shadow), so that n_blocks x block + shadow_blocks x BF16 block fills it. With
+ * shadow_share 0 the share is the cache's alone, and shadow_blocks is max_seqs (one
+ * block a slot, for requests that ask to be monitored), outside the share. The
+ * shadow never gets fewer than max_seqs blocks. A block is every layer's page of
+ * this rank's n_kv_heads KV heads, or its latent row (kvcache/page_layout.h).
+ * Fails, naming the figures, when the cache would get fewer blocks than sequence
+ * slots. Pure arithmetic: the caller reads the device's free and total memory. */
 fr_status fr_kv_blocks_for_memory(const fr_model_config *c, int n_kv_heads, fr_kv_dtype kv, size_t free_bytes,
-                                  size_t total_bytes, double fraction, int max_seqs, int *n_blocks,
-                                  size_t *block_bytes);
+                                  size_t total_bytes, double fraction, double shadow_share, int max_seqs,
+                                  fr_kv_sizing *out);
 /* Opens a session on an already loaded model, which it owns on success. */
 fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_blocks, int max_seqs,
                                 fr_session *s);
