@@ -2,7 +2,9 @@
 # The KV cache sized by device memory (kv_blocks 0, kv_memory_fraction;
 # configs/README.md), with tq6 and an NVFP4 cache on one GPU:
 #  - the server logs the blocks kv_memory_fraction 0.25 gave, at least one
-#    per sequence slot, and its "serve:" line reports the same count;
+#    per sequence slot, and its "serve:" line reports the same count; with
+#    kl_sample_rate 0.0625 the monitoring shadow's BF16 blocks are logged
+#    too, at least one a slot;
 #  - the server's device memory (nvidia-smi) stays within 0.25 of the
 #    device's total plus 3 GiB (activations, workspaces, the CUDA context,
 #    which the fraction leaves out);
@@ -21,17 +23,19 @@ need_gpu_tq6
 command -v curl >/dev/null || { echo "$name: SKIP: no curl"; exit 0; }
 hport=$(free_port)
 start_server m "{\"model\": \"$tq6\", \"backend\": \"cuda\", \"kv_dtype\": \"nvfp4\", \"max_seqs\": 16,
- \"kv_memory_fraction\": 0.25, \"metrics_port\": $hport, \"coordinator\": {\"bind\": \"127.0.0.1\", \"port\": PORT}}"
+ \"kv_memory_fraction\": 0.25, \"kl_sample_rate\": 0.0625, \"metrics_port\": $hport, \"coordinator\": {\"bind\": \"127.0.0.1\", \"port\": PORT}}"
 logged=$(sed -n 's/.*kv_memory_fraction 0.25: \([0-9]*\) KV blocks.*/\1/p' "$dir/m.log" | head -1)
 served=$(sed -n 's/.*serve: model .* kv_blocks \([0-9]*\) .*/\1/p' "$dir/m.log" | head -1)
 [ -n "$logged" ] || fail "no kv_memory_fraction line in the log: $(cat "$dir/m.log")"
 [ "$logged" -ge 16 ] || fail "$logged blocks for 16 sequence slots"
 [ "$logged" = "$served" ] || fail "the sizing gave $logged blocks, the serve line says $served"
+shadow=$(sed -n "s/.*a monitoring shadow's \([0-9]*\) BF16 blocks.*/\1/p" "$dir/m.log" | head -1)
+[ -n "$shadow" ] && [ "$shadow" -ge 16 ] || fail "the shadow's blocks: '$shadow'"
 total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 used=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
   awk -F', *' -v p="${pids[0]}" '$1 == p {print $2}')
 limit=$(( total / 4 + 3072 ))
-echo "$name: $logged KV blocks; server device memory $used MiB of $total MiB (limit $limit)"
+echo "$name: $logged KV blocks, the shadow's $shadow; server device memory $used MiB of $total MiB (limit $limit)"
 [ "$used" -le "$limit" ] || fail "the server holds $used MiB, above 0.25 x $total + 3072"
 body='{"input_ids": [256, 100, 101, 102, 103, 104], "sampling_params": {"max_new_tokens": 16, "temperature": 0}}'
 code=$(curl -s -o "$dir/r.json" -w '%{http_code}' "http://127.0.0.1:$hport/generate" -d "$body")
