@@ -39,9 +39,9 @@ typedef struct {
                                  * batch, chunking, preemption, engine, thread count and
                                  * CPU (docs/determinism.md); CPU backend only */
     double kv_memory_fraction;  /* > 0, with n_blocks 0 on the GPU and tp 1: the share of the
-                                 * device's memory the weights and the KV cache may take
-                                 * together (SGLang's mem_fraction_static); the cache gets
-                                 * the rest of that share once the weights are loaded */
+                                 * device's memory that may be in use once the KV cache is
+                                 * made (SGLang's mem_fraction_static); the cache gets what is
+                                 * left of it once the weights are loaded */
     double kv_shadow_share;     /* with kv_memory_fraction: the share of samples expected to run
                                  * a BF16-KV shadow (kl_sample_rate), whose cache takes its part
                                  * of the memory (fr_kv_sizing) */
