@@ -20,8 +20,9 @@ writes into --out the Hugging Face folder fp4rollout loads (config.json,
 generation_config.json, model.safetensors in BF16), train_info.json with
 the accuracies, and train_state.pt, the float32 weights, optimizer and
 position of the run, saved every --save-every steps, at each stage's end
-and at --stop-after: the same command with --resume continues where it
-stopped, on the same batches. Needs PyTorch (Debian's 1.13 or later); on a
+and at --stop-after (steps) or --stop-after-minutes (this invocation's wall
+time, for runs cut into calls of limited length): the same command with
+--resume continues where it stopped, on the same batches. Needs PyTorch (Debian's 1.13 or later); on a
 GPU BF16 autocast, on the CPU float32. --check-transformers also needs
 transformers: it loads the written folder into transformers'
 Qwen3ForCausalLM and compares its logits with this model's.
@@ -146,7 +147,8 @@ def stage_end(model, a, stages, si, device, history):
 
 def train(model, a, device, stages, state):
     """Runs the curriculum from the state's position (or the start). Returns
-    (history, seconds, steps done), or None when --stop-after stopped it."""
+    (finished, history, seconds, steps done): finished False when --stop-after
+    or --stop-after-minutes stopped it (the state saved at a step's end)."""
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
     stage0, step0, total_step, history, seconds0 = 0, 0, 0, [], 0.0
     if state:
@@ -156,6 +158,10 @@ def train(model, a, device, stages, state):
     total = sum(s for _, s in stages)
     path = os.path.join(a.out, "train_state.pt")
     t0 = time.time()
+
+    def stop_at(step_total):
+        return step_total == a.stop_after or (a.stop_after_minutes > 0 and time.time() - t0 >= 60 * a.stop_after_minutes)
+
     for si in range(stage0, len(stages)):
         context, steps = stages[si]
         batch = max(1, a.batch_tokens // (context + 64))
@@ -175,16 +181,16 @@ def train(model, a, device, stages, state):
                     si, context, batch, step + 1, steps, loss.item(), lr_at(total_step - 1, total, a),
                     seconds0 + time.time() - t0), flush=True)
             last = step + 1 == steps
-            if (a.save_every and total_step % a.save_every == 0 and not last) or \
-                    (total_step == a.stop_after and not last):
+            stop = stop_at(total_step) and not last
+            if (a.save_every and total_step % a.save_every == 0 and not last) or stop:
                 save_state(path, model, opt, (si, step + 1, total_step), history, seconds0 + time.time() - t0, a)
-            if total_step == a.stop_after and not last:
-                return None
+            if stop:
+                return False, history, seconds0 + time.time() - t0, total_step
         stage_end(model, a, stages, si, device, history)
         save_state(path, model, opt, (si + 1, 0, total_step), history, seconds0 + time.time() - t0, a)
-        if total_step == a.stop_after and si + 1 < len(stages):
-            return None
-    return history, seconds0 + time.time() - t0, total_step
+        if stop_at(total_step) and si + 1 < len(stages):
+            return False, history, seconds0 + time.time() - t0, total_step
+    return True, history, seconds0 + time.time() - t0, total_step
 
 
 def transformers_class():
@@ -255,6 +261,9 @@ def parse_args():
     ap.add_argument("--stop-after", type=int, default=0,
                     help="stop after this many optimizer steps of the whole run, the state saved and nothing "
                          "exported (--resume continues); 0: run to the end")
+    ap.add_argument("--stop-after-minutes", type=float, default=0.0,
+                    help="stop at the first step's end (or stage's end) past this many minutes of this invocation, "
+                         "the state saved (--resume continues); 0: no limit")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads of PyTorch (0: its default)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -279,8 +288,8 @@ def check_args(a, stages):
                 rt.make_task(a.seed, "train", v, context, 0)
             except ValueError as e:
                 die("--stages: %s: %s" % (v, e))
-    if a.stop_after < 0 or a.threads < 0:
-        die("--stop-after and --threads take a number >= 0")
+    if a.stop_after < 0 or a.threads < 0 or a.stop_after_minutes < 0:
+        die("--stop-after, --stop-after-minutes and --threads take a number >= 0")
     if a.check_transformers:
         transformers_class()   # refused now rather than after the training
 
@@ -318,11 +327,11 @@ def main():
     model.to(device).train()
     print("model: %d parameters, %s, %d threads; stages %s" % (
         sum(p.numel() for p in model.parameters()), device, torch.get_num_threads(), stages), flush=True)
-    done = train(model, a, device, stages, state)
-    if done is None:
-        print("stopped after %d steps (--stop-after); --resume continues" % a.stop_after)
+    finished, history, seconds, steps = train(model, a, device, stages, state)
+    if not finished:
+        print("stopped after %d steps (%s); --resume continues" % (
+            steps, "--stop-after" if steps == a.stop_after else "--stop-after-minutes"))
         return
-    history, seconds, steps = done
     export(model.to("cpu"), cfg, a, history, seconds, steps)
     print("wrote %s (config.json, model.safetensors, generation_config.json, train_info.json)" % a.out, flush=True)
     if a.check_transformers:

@@ -2,7 +2,8 @@
 # models/retrieval/train_retrieval.py on the CPU with a tiny model (hidden 64,
 # 2 layers, head_dim 32) over two short stages, one thread:
 # - a run stopped after stage 0, resumed, stopped in the middle of stage 1
-#   and resumed again ends bitwise where an uninterrupted run ends (float32
+#   and resumed again, and one cut by --stop-after-minutes into parts of a
+#   step or a stage's end each, end bitwise where an uninterrupted run ends (float32
 #   weights and optimizer state, the BF16 folder, the held-out history): one
 #   thread on one machine runs the same float operations in the same order;
 # - --resume refuses a run whose learning rate differs, and a folder
@@ -39,8 +40,21 @@ train --out "$dir/b" "${args[@]}" --resume --stop-after 5 > "$dir/b2.log" ||
 grep -q "stopped after 5 steps" "$dir/b2.log" && ! grep -q "after stage 1" "$dir/b2.log" ||
   fail "the second part did not stop in stage 1: $(cat "$dir/b2.log")"
 train --out "$dir/b" "${args[@]}" --resume > "$dir/b3.log" || fail "final resume failed: $(tail "$dir/b3.log")"
+# A time limit stops at the first step's end past it (a limit of 0.6 ms: the
+# first step), and resumes from there as a step count does: run c gets to
+# the end in such pieces, each call at least one step further.
+for i in $(seq 12); do
+  [ -f "$dir/c/train_info.json" ] && break
+  resume=(); [ -f "$dir/c/train_state.pt" ] && resume=(--resume)
+  train --out "$dir/c" "${args[@]}" "${resume[@]}" --stop-after-minutes 0.00001 > "$dir/c$i.log" ||
+    fail "time-limited part $i failed: $(tail "$dir/c$i.log")"
+done
+[ -f "$dir/c/train_info.json" ] || fail "the time-limited parts did not finish the run"
+grep -q "stopped after 1 steps (--stop-after-minutes)" "$dir/c1.log" ||
+  fail "the first time-limited part: $(tail -3 "$dir/c1.log")"
 
-$py - "$dir/a" "$dir/b" <<'PY' || fail "the resumed run differs from the uninterrupted one"
+for other in b c; do
+$py - "$dir/a" "$dir/$other" <<'PY' || fail "the resumed run $other differs from the uninterrupted one"
 import json, sys, torch
 a, b = sys.argv[1], sys.argv[2]
 sa, sb = torch.load(a + "/train_state.pt"), torch.load(b + "/train_state.pt")
@@ -60,6 +74,7 @@ for i in (ia, ib):
 assert ia == ib, (ia, ib)
 assert [h["stage"] for h in ia["heldout_accuracy"]] == [0, 1] and ia["steps"] == 7, ia
 PY
+done
 
 set +e
 train --out "$dir/b" "${args[@]/3e-3/1e-3}" --resume > "$dir/refuse.log"; rc1=$?
