@@ -75,6 +75,13 @@ template <int DC, int DR, int KIND> struct GeoW {
 using QLay = Sw128<kRows>;
 using TLay = Sw128<kTile>;
 
+/* No descriptor here uses its leading byte offset: a K-major k-step (32 bytes)
+ * stays inside one 128-byte row, and the context's n64 B spans one 64-channel
+ * block. It is set to the 8-row stride anyway, which is what it would have to be
+ * if the hardware read the two offsets the other way round for either major-ness
+ * (the one reading of the PTX ISA this kernel has not been able to check). */
+constexpr uint32_t kUnusedLbo = 1024;
+
 /* The scores' wgmma group: the warpgroup's half of the k-steps (content and RoPE)
  * of Q against the tile, and with DUAL the second term's half of the content
  * k-steps. One straight sequence per variant, between one fence and one wait. */
@@ -88,16 +95,16 @@ FR_WK void scores_wg(const uint16_t *QA, const uint16_t *QB, const uint16_t *kt,
 #pragma unroll
     for (int k = 0; k < KS / 2; k++) {
         const int ks = hf * (KS / 2) + k;   /* 16 channels: block ks / 4, 32 bytes (ks % 4) into its rows */
-        const uint64_t da = fr_wgmma::sw128_desc(QA + (ks >> 2) * QLay::BLOCK + (ks & 3) * 16, 16, 1024);
-        const uint64_t db = fr_wgmma::sw128_desc(kt + (ks >> 2) * TLay::BLOCK + (ks & 3) * 16, 16, 1024);
+        const uint64_t da = fr_wgmma::sw128_desc(QA + (ks >> 2) * QLay::BLOCK + (ks & 3) * 16, kUnusedLbo, 1024);
+        const uint64_t db = fr_wgmma::sw128_desc(kt + (ks >> 2) * TLay::BLOCK + (ks & 3) * 16, kUnusedLbo, 1024);
         fr_wgmma::m64n32k16_ss(sf, da, db, 1);
     }
     if constexpr (DUAL) {
 #pragma unroll
         for (int k = 0; k < KC / 2; k++) {
             const int ks = hf * (KC / 2) + k;
-            const uint64_t da = fr_wgmma::sw128_desc(QB + (ks >> 2) * QLay::BLOCK + (ks & 3) * 16, 16, 1024);
-            const uint64_t db = fr_wgmma::sw128_desc(kt + (ks >> 2) * TLay::BLOCK + (ks & 3) * 16, 16, 1024);
+            const uint64_t da = fr_wgmma::sw128_desc(QB + (ks >> 2) * QLay::BLOCK + (ks & 3) * 16, kUnusedLbo, 1024);
+            const uint64_t db = fr_wgmma::sw128_desc(kt + (ks >> 2) * TLay::BLOCK + (ks & 3) * 16, kUnusedLbo, 1024);
             fr_wgmma::m64n32k16_ss(sf, da, db, 1);
         }
     }
@@ -130,7 +137,7 @@ __device__ void tile_step_wg(const Params &P, const uint16_t *QA, const uint16_t
 #pragma unroll
         for (int nb = 0; nb < DC / 128; nb++) {
             const uint16_t *vb = kt + (hf * (DC / 128) + nb) * TLay::BLOCK + kk * 16 * 64;
-            const uint64_t db = fr_wgmma::sw128_desc(vb, kTile * 128, 1024);
+            const uint64_t db = fr_wgmma::sw128_desc(vb, kUnusedLbo, 1024);
             fr_wgmma::m64n64k16_rs(*reinterpret_cast<float(*)[32]>(&of[nb * 32]), pa[kk], db);
         }
     fr_wgmma::commit();
