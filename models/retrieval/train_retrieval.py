@@ -22,7 +22,11 @@ the accuracies, and train_state.pt, the float32 weights, optimizer and
 position of the run, saved every --save-every steps, at each stage's end
 and at --stop-after (steps) or --stop-after-minutes (this invocation's wall
 time, for runs cut into calls of limited length): the same command with
---resume continues where it stopped, on the same batches. Needs PyTorch (Debian's 1.13 or later); on a
+--resume continues where it stopped, on the same batches. A stop also
+writes OUT/handoff/ (the weights in BF16 and the run's position, a sixth of
+train_state.pt's size): where only that travels to another machine,
+--resume goes on from it with a fresh optimizer, re-warmed over --rewarm
+steps (the same batches, no longer bitwise the same run). Needs PyTorch (Debian's 1.13 or later); on a
 GPU BF16 autocast, on the CPU float32. --check-transformers also needs
 transformers: it loads the written folder into transformers'
 Qwen3ForCausalLM and compares its logits with this model's.
@@ -42,7 +46,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "torch_qwen3"))
 import retrieval_tasks as rt  # noqa: E402  (beside this script; no torch)
 from qwen3 import (VOCAB, byte_model_config, greedy_cached, load_policy, load_state_file, new_model,  # noqa: E402
-                   save_checkpoint, save_state_file)
+                   read_safetensors, save_checkpoint, save_safetensors, save_state_file)
 
 # What decides the weights and the batches: a resumed run must share them.
 SAME_ON_RESUME = ("stages", "variants", "batch_tokens", "hidden", "intermediate", "layers", "heads", "kv_heads",
@@ -109,6 +113,18 @@ def accuracy(model, a, context, device):
     return out
 
 
+def save_handoff(model, pos, history, seconds, a):
+    """OUT/handoff: the BF16 weights and the position of the next step, what a
+    run needs to go on elsewhere without train_state.pt (its optimizer starts
+    afresh there)."""
+    d = os.path.join(a.out, "handoff")
+    os.makedirs(d, exist_ok=True)
+    save_safetensors(model.state_dict(), os.path.join(d, "weights.safetensors"), "BF16")
+    write_json(os.path.join(d, "position.json"), {"stage": pos[0], "step": pos[1], "total_step": pos[2],
+                                                 "history": history, "seconds": seconds,
+                                                 "args": {k: getattr(a, k) for k in SAME_ON_RESUME}})
+
+
 def save_state(path, model, opt, pos, history, seconds, a):
     """pos: (stage, step within it, steps of the whole run) of the next step."""
     save_state_file({"model": model.state_dict(), "opt": opt.state_dict(), "stage": pos[0], "step": pos[1],
@@ -152,9 +168,12 @@ def train(model, a, device, stages, state):
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
     stage0, step0, total_step, history, seconds0 = 0, 0, 0, [], 0.0
     if state:
-        opt.load_state_dict(state["opt"])
+        if state.get("opt") is not None:
+            opt.load_state_dict(state["opt"])
         stage0, step0, total_step = state["stage"], state["step"], state["total_step"]
         history, seconds0 = state["history"], state.get("seconds", 0.0)
+    # from a handoff the optimizer starts afresh: its learning rate climbs back over --rewarm steps
+    rewarm_from = total_step if state and state.get("opt") is None else None
     total = sum(s for _, s in stages)
     path = os.path.join(a.out, "train_state.pt")
     t0 = time.time()
@@ -168,8 +187,11 @@ def train(model, a, device, stages, state):
         first = step0 if si == stage0 else 0
         data = rt.train_batches(a.seed, a.variants, context, batch, start=first)
         for step in range(first, steps):
+            lr = lr_at(total_step, total, a)
+            if rewarm_from is not None and total_step - rewarm_from < a.rewarm:
+                lr *= (total_step - rewarm_from + 1) / a.rewarm
             for g in opt.param_groups:
-                g["lr"] = lr_at(total_step, total, a)
+                g["lr"] = lr
             loss = loss_of(model, next(data), device)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -185,10 +207,12 @@ def train(model, a, device, stages, state):
             if (a.save_every and total_step % a.save_every == 0 and not last) or stop:
                 save_state(path, model, opt, (si, step + 1, total_step), history, seconds0 + time.time() - t0, a)
             if stop:
+                save_handoff(model, (si, step + 1, total_step), history, seconds0 + time.time() - t0, a)
                 return False, history, seconds0 + time.time() - t0, total_step
         stage_end(model, a, stages, si, device, history)
         save_state(path, model, opt, (si + 1, 0, total_step), history, seconds0 + time.time() - t0, a)
         if stop_at(total_step) and si + 1 < len(stages):
+            save_handoff(model, (si + 1, 0, total_step), history, seconds0 + time.time() - t0, a)
             return False, history, seconds0 + time.time() - t0, total_step
     return True, history, seconds0 + time.time() - t0, total_step
 
@@ -264,7 +288,11 @@ def parse_args():
     ap.add_argument("--stop-after-minutes", type=float, default=0.0,
                     help="stop at the first step's end (or stage's end) past this many minutes of this invocation, "
                          "the state saved (--resume continues); 0: no limit")
-    ap.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from OUT/train_state.pt, or without it from OUT/handoff (a stop's BF16 weights and "
+                         "position) with a fresh optimizer")
+    ap.add_argument("--rewarm", type=int, default=50,
+                    help="steps over which a resume from OUT/handoff brings the learning rate back")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads of PyTorch (0: its default)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--check-transformers", action="store_true",
@@ -288,17 +316,33 @@ def check_args(a, stages):
                 rt.make_task(a.seed, "train", v, context, 0)
             except ValueError as e:
                 die("--stages: %s: %s" % (v, e))
-    if a.stop_after < 0 or a.threads < 0 or a.stop_after_minutes < 0:
-        die("--stop-after, --stop-after-minutes and --threads take a number >= 0")
+    if a.stop_after < 0 or a.threads < 0 or a.stop_after_minutes < 0 or a.rewarm < 1:
+        die("--stop-after, --stop-after-minutes and --threads take a number >= 0, --rewarm one >= 1")
     if a.check_transformers:
         transformers_class()   # refused now rather than after the training
 
 
+def load_handoff(a):
+    """OUT/handoff as a state without an optimizer: the BF16 weights as float32."""
+    d = os.path.join(a.out, "handoff")
+    with open(os.path.join(d, "position.json")) as f:
+        pos = json.load(f)
+    weights = {k: v.float() for k, v in read_safetensors(os.path.join(d, "weights.safetensors")).items()}
+    print("--resume: no train_state.pt; going on from %s at step %d with a fresh optimizer, the learning rate "
+          "re-warmed over %d steps" % (d, pos["total_step"], a.rewarm), flush=True)
+    return {"model": weights, "opt": None, "stage": pos["stage"], "step": pos["step"],
+            "total_step": pos["total_step"], "history": pos["history"], "seconds": pos["seconds"],
+            "args": pos["args"]}
+
+
 def load_state(a):
     path = os.path.join(a.out, "train_state.pt")
-    if not os.path.exists(path):
-        die("--resume: %s does not exist" % path)
-    state = load_state_file(path, "cpu")
+    if os.path.exists(path):
+        state = load_state_file(path, "cpu")
+    elif os.path.exists(os.path.join(a.out, "handoff", "position.json")):
+        state = load_handoff(a)
+    else:
+        die("--resume: %s does not exist (nor a handoff folder)" % path)
     for k in SAME_ON_RESUME:
         if state["args"].get(k) != getattr(a, k):
             die("--resume: --%s %r differs from the saved run's (%r)" % (

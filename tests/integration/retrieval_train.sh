@@ -3,7 +3,9 @@
 # 2 layers, head_dim 32) over two short stages, one thread:
 # - a run stopped after stage 0, resumed, stopped in the middle of stage 1
 #   and resumed again, and one cut by --stop-after-minutes into parts of a
-#   step or a stage's end each, end bitwise where an uninterrupted run ends (float32
+#   step or a stage's end each, end bitwise where an uninterrupted run ends;
+#   a run resumed from a stop's handoff alone (BF16 weights and position,
+#   fresh optimizer) goes on to the end (float32
 #   weights and optimizer state, the BF16 folder, the held-out history): one
 #   thread on one machine runs the same float operations in the same order;
 # - --resume refuses a run whose learning rate differs, and a folder
@@ -52,6 +54,26 @@ done
 [ -f "$dir/c/train_info.json" ] || fail "the time-limited parts did not finish the run"
 grep -q "stopped after 1 steps (--stop-after-minutes)" "$dir/c1.log" ||
   fail "the first time-limited part: $(tail -3 "$dir/c1.log")"
+# Only the handoff travels (the BF16 weights and the position; train_state.pt
+# stays behind): --resume goes on from it with a fresh optimizer to the same
+# step count, the history of stage 0 kept, the folder exported.
+train --out "$dir/d" "${args[@]}" --stop-after 4 > "$dir/d1.log" || fail "run d to step 4: $(tail "$dir/d1.log")"
+[ -f "$dir/d/handoff/weights.safetensors" ] && [ -f "$dir/d/handoff/position.json" ] ||
+  fail "a stop wrote no handoff: $(ls "$dir/d")"
+mkdir "$dir/e" && cp -r "$dir/d/handoff" "$dir/e/"
+train --out "$dir/e" "${args[@]}" --resume --rewarm 2 > "$dir/e.log" || fail "resume from the handoff: $(tail "$dir/e.log")"
+grep -q "no train_state.pt; going on from .*handoff at step 4 with a fresh optimizer" "$dir/e.log" ||
+  fail "the handoff resume did not say so: $(head -3 "$dir/e.log")"
+$py - "$dir/d" "$dir/e" <<'PY' || fail "the handoff's run"
+import json, os, sys, torch
+d, e = sys.argv[1], sys.argv[2]
+st = os.path.getsize(d + "/train_state.pt")
+hw = os.path.getsize(d + "/handoff/weights.safetensors")
+assert hw * 5 < st, (hw, st)   # BF16 weights alone, against float32 weights and two moments
+info = json.load(open(e + "/train_info.json"))
+assert info["steps"] == 7 and [h["stage"] for h in info["heldout_accuracy"]] == [0, 1], info
+assert os.path.exists(e + "/model.safetensors")
+PY
 
 for other in b c; do
 $py - "$dir/a" "$dir/$other" <<'PY' || fail "the resumed run $other differs from the uninterrupted one"
