@@ -12,6 +12,9 @@
 #      the fewest steps, so the three advance together;
 #   3. OUT/compare.png and OUT/compare.md over the steps all three have.
 # It prints "fig8: done" once every run has --steps (default 300) steps.
+# Moving a run to another machine takes OUT/sft/sft_eval.json, and per run
+# OUT/KIND/metrics.csv, calib.safetensors (nvfp4) and either state.pt with
+# OUT/sft, or only OUT/KIND/handoff (its BF16 policy: examples/dapo/run_state.py).
 # Environment: run_experiment.sh's, and CALL_S (540), SFT_ARGS, OPERANDS (8),
 # DIGITS (20), DEVICE, MIN_LEFT (150), PARALLEL.
 set -euo pipefail
@@ -57,9 +60,12 @@ done_steps() { # KIND -> steps in OUT/KIND/metrics.csv
 }
 
 run_kind() { # KIND [train.py options]: one resumed run of KIND until the call's deadline
-  local kind=$1
+  local kind=$1 model=$out/sft
   shift
-  MODEL="$out/sft" DEADLINE=$deadline bash "$here/run_experiment.sh" "$kind" "$out/$kind" --task arith \
+  # a run carried here as its handoff alone (no state.pt, no warm-up folder):
+  # its server and trainer start from the handoff's BF16 policy
+  if [ ! -f "$out/$kind/state.pt" ] && [ -f "$out/$kind/handoff/config.json" ]; then model=$out/$kind/handoff; fi
+  MODEL="$model" DEADLINE=$deadline bash "$here/run_experiment.sh" "$kind" "$out/$kind" --task arith \
     --operands "$operands" --digits "$digits" --device "$DEVICE" --steps "$steps" --resume "$@"
 }
 

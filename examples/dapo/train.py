@@ -390,16 +390,28 @@ def open_outputs(args, spec, info, start):
 
 
 def resume_policy(args, policy, opt, rng, spec):
-    """(start step, version base, group counter) from OUT/state.pt, or a fresh
-    start's."""
+    """(start step, version base, group counter) from OUT/state.pt, else from
+    OUT/handoff (the BF16 policy, a fresh optimizer), or a fresh start's."""
     state = run_state.load_state(args.out, args.device) if args.resume else None
-    if state is None:
+    handoff = run_state.load_handoff(args.out) if args.resume and state is None else None
+    if state is None and handoff is None:
         return 0, None, 0
-    changed = run_state.changed_options(state["args"], args)
+    changed = run_state.changed_options((state or handoff)["args"], args)
     if changed:
         sys.exit(f"train: --resume with options that differ from the saved run's: {', '.join(changed)}")
-    run_state.restore(state, policy, opt, rng, spec.task.rng)
-    return state["step"], state["base"], state["group_counter"]
+    if state is not None:
+        run_state.restore(state, policy, opt, rng, spec.task.rng)
+        return state["step"], state["base"], state["group_counter"]
+    run_state.restore_handoff(args.out, handoff, policy, rng, spec.task.rng)
+    print(f"train: no {run_state.STATE}; going on from {args.out}/{run_state.HANDOFF} at step {handoff['step']} "
+          f"with its BF16 policy and a fresh optimizer", flush=True)
+    return handoff["step"], handoff["base"], handoff["group_counter"]
+
+
+def save_run(args, config, step, base, policy, opt, rng, spec, group_counter):
+    """OUT/state.pt and OUT/handoff (run_state.py)."""
+    run_state.save_state(args.out, step, base, policy, opt, rng, spec.task.rng, group_counter, args)
+    run_state.save_handoff(args.out, step, base, policy, config, rng, spec.task.rng, group_counter, args)
 
 
 def main(argv=None):
@@ -411,6 +423,8 @@ def main(argv=None):
     rng = random.Random(args.seed)
     os.makedirs(args.out, exist_ok=True)
     policy = load_policy(args.model).to(args.device)
+    with open(os.path.join(args.model, "config.json")) as f:
+        config = json.load(f)
     opt = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=args.weight_decay)
     spec = TaskSpec(args)
@@ -465,13 +479,13 @@ def main(argv=None):
         step += 1
         slowest = max(slowest, time.monotonic() - t_step)
         if args.save_every > 0 and step % args.save_every == 0 and step < args.steps:
-            run_state.save_state(args.out, step, base, policy, opt, rng, spec.task.rng, group_counter[0], args)
+            save_run(args, config, step, base, policy, opt, rng, spec, group_counter[0])
 
     metrics_f.close()
     samples_f.close()
     client.close()
     if args.save_every > 0 or args.time_limit_s > 0 or args.resume:
-        run_state.save_state(args.out, step, base, policy, opt, rng, spec.task.rng, group_counter[0], args)
+        save_run(args, config, step, base, policy, opt, rng, spec, group_counter[0])
     if not args.no_plot:
         from plot import plot_run
         plot_run(os.path.join(args.out, "metrics.csv"), os.path.join(args.out, "curves.png"))

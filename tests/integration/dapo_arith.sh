@@ -15,7 +15,9 @@
 #    between a save and the next leaves them): metrics.csv (every column but
 #    the timings) and samples.jsonl are the same as the uninterrupted run's,
 #    byte for byte, and so are the final weights; the resumed server ends at
-#    version 2 and step 1's tokens carry version 1.
+#    version 2 and step 1's tokens carry version 1;
+# 5. run C, moved as B's handoff alone after its first step, goes on from it
+#    (its server starting from the handoff's BF16 policy).
 # Skips (exit 0, with a message) without python3-torch, python3-matplotlib
 # or the tq6 checkpoint (../shared/models/tq6, or $TQ6).
 set -euo pipefail
@@ -83,6 +85,8 @@ kill -TERM "${pids[-1]}"
 start_server b1 "$serve"
 train trainB1.log "$ep" --out "$dir/B" --steps 1 --save-every 1
 kill -TERM "${pids[-1]}"
+# what a run moved to another machine as its handoff alone carries (run C below)
+mkdir -p "$dir/C" && cp -r "$dir/B/handoff" "$dir/B/metrics.csv" "$dir/C/"
 # what a run killed after writing step 1 but before saving it leaves behind
 sed -n '$p' "$dir/A/metrics.csv" >> "$dir/B/metrics.csv"
 grep '"step": 1,' "$dir/A/samples.jsonl" | head -1 >> "$dir/B/samples.jsonl"
@@ -126,6 +130,29 @@ check(all(bool((pa["policy"][k] == pb["policy"][k]).all()) for k in pa["policy"]
 with RolloutClient(ep, timeout_ms=20000) as c:
     st = c.stats()["server"]
 check(st["weight_version"] == 2 and st["updates_committed"] == 2 and st["updates_failed"] == 0, f"stats {st}")
+PY
+
+# 5. Run C: step 1 from B's handoff alone (no state.pt, no warm-up folder):
+#    its server and trainer start from the handoff's BF16 policy, the trainer
+#    says so, the step's tokens carry version 1 and the server ends at 2.
+handoff_serve=${serve//"$dir/sft"/"$dir/C/handoff"}
+start_server c "$handoff_serve"
+BUILD="$build" timeout 300 $py "$ex/train.py" --server "$ep" "${dapo[@]/"$dir/sft"/"$dir/C/handoff"}" --out "$dir/C" \
+  --steps 2 --resume > "$dir/trainC.log" 2>&1 || fail "train.py from the handoff: $(tail -20 "$dir/trainC.log")"
+grep -q "no state.pt; going on from .*handoff at step 1 with its BF16 policy and a fresh optimizer" "$dir/trainC.log" ||
+  fail "the handoff resume did not say so: $(head -5 "$dir/trainC.log")"
+BUILD="$build" $py - "$dir/C" "$ep" <<'PY' || fail "run C; $(tail -3 "$dir/trainC.log")"
+import csv, json, os, sys
+sys.path[:0] = [os.path.join("trainer_bridge", "client", "python")]
+from fp4rollout_client import RolloutClient
+c, ep = sys.argv[1:3]
+rows = list(csv.DictReader(open(f"{c}/metrics.csv")))
+assert len(rows) == 2 and int(rows[1]["rollout_version"]) == 1 and int(rows[1]["pushed_version"]) == 2, rows
+samples = [json.loads(l) for l in open(f"{c}/samples.jsonl")]
+assert samples and {tuple(s["weight_versions"]) for s in samples} == {(1,)}, "step 1's tokens do not carry version 1"
+with RolloutClient(ep, timeout_ms=20000) as cl:
+    st = cl.stats()["server"]
+assert st["weight_version"] == 2 and st["updates_failed"] == 0, st
 PY
 
 echo "$name: $(grep -o 'held-out:.*' "$dir/sft2.log")"
