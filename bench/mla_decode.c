@@ -26,6 +26,7 @@
 #include "attention/attn_mla.h"
 #include "attention/kv_numerics.h"
 #include "bench/copy_bandwidth.h"
+#include "bench/graph_time.h"
 #include "kvcache/page_layout.h"
 
 #define CK(x)                                                                                      \
@@ -54,6 +55,24 @@ typedef struct {
     int exact;   /* FP4 exact compute (dual FP4 query) instead of bf16 compute (CUDA's default) */
     double copy_bw;
 } bench_cfg;
+
+/* One fr_attn_mla call's arguments, for the timed graph. */
+typedef struct {
+    const fr_attn_mla_config *cfg;
+    const fr_latent_kv *kv;
+    const fr_paged_seq *seqs;
+    int batch, ctx;
+    const float *q;
+    uint16_t *out;
+    void *ws;
+    size_t ws_bytes;
+} mla_call;
+
+static void enqueue_mla(void *user, cudaStream_t st)
+{
+    const mla_call *c = (const mla_call *)user;
+    fr_attn_mla(c->cfg, c->kv, c->seqs, c->batch, 1, c->ctx, c->q, c->out, c->ws, c->ws_bytes, st);
+}
 
 /* Time of one decode step (ms), or a negative number when it cannot run. */
 static double time_step(const bench_cfg *b, fr_kv_dtype dt, int batch, int ctx, double *bytes, double *flops)
@@ -122,35 +141,17 @@ static double time_step(const bench_cfg *b, fr_kv_dtype dt, int batch, int ctx, 
             fprintf(stderr, "mla_decode: %s\n", fr_last_error());
             exit(1);
         }
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < b->iters; i++) fr_attn_mla(&cfg, &kv, seqs, batch, 1, ctx, q, out, ws, ws_bytes, st);
-    CK(cudaStreamEndCapture(st, &graph));
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    CK(cudaGraphLaunch(exec, st));
-    CK(cudaStreamSynchronize(st));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaEventRecord(e0, st));
-    CK(cudaGraphLaunch(exec, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0.0f;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
+    mla_call call = {&cfg, &kv, seqs, batch, ctx, q, out, ws, ws_bytes};
+    const double ms = fr_bench_graph_ms(enqueue_mla, &call, b->iters, st);
+    CK(cudaGetLastError());
     const double paged = (double)pages * T * (page_bytes / T), unpaged = (double)(rest + (fp4 ? 16 : 0) + 1) * row * 2;
     *bytes = batch * (paged + unpaged + (double)b->heads * row * 4 + (double)b->heads * b->dc * 2);
     *flops = (double)batch * ctx * b->heads * 2.0 * (row + b->dc + (fp4 && b->exact ? b->dc : 0));
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
     cudaStreamDestroy(st);
     cudaFree(pool); cudaFree(recent); cudaFree(sink); cudaFree(step); cudaFree(q); cudaFree(out); cudaFree(mean);
     cudaFree(tables); cudaFree(seqs); cudaFree(ws);
     printf("    (%s batch %d ctx %d: %d splits)\n", fr_kv_dtype_name(dt), batch, ctx, plan.n_splits);
-    return ms / b->iters;
+    return ms;
 }
 
 int main(int argc, char **argv)

@@ -19,6 +19,7 @@
 
 #include "attention/dev/mla_wgmma.cuh"
 #include "attention/fp_formats.h"
+#include "bench/graph_time.h"
 #include "kvcache/page_layout.h"
 
 namespace {
@@ -170,32 +171,32 @@ int kind_of_dt(fr_kv_dtype t) { return t == FR_KV_BF16 ? kBF16 : t == FR_KV_FP8 
 typedef fr_status (*attn_fn)(const fr_attn_mla_config *, const fr_latent_kv *, const fr_paged_seq *, int, int, int,
                              const float *, uint16_t *, void *, size_t, cudaStream_t);
 
-/* Mean time (ms) of one call over a graph of iters calls. */
+/* One call's arguments and kernel, for the timed graph. */
+struct Call {
+    attn_fn f;
+    const fr_attn_mla_config *cfg;
+    const fr_latent_kv *kv;
+    const fr_paged_seq *seqs;
+    Case c;
+    const float *q;
+    uint16_t *out;
+    void *ws;
+    size_t ws_bytes;
+};
+
+void enqueue_call(void *user, cudaStream_t st)
+{
+    const Call *k = static_cast<const Call *>(user);
+    k->f(k->cfg, k->kv, k->seqs, k->c.batch, k->c.n_new, k->c.ctx, k->q, k->out, k->ws, k->ws_bytes, st);
+}
+
 double time_calls(attn_fn f, const fr_attn_mla_config *cfg, const fr_latent_kv *kv, const fr_paged_seq *seqs,
                   const Case &c, const float *q, uint16_t *out, void *ws, size_t ws_bytes, int iters, cudaStream_t st)
 {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < iters; i++) f(cfg, kv, seqs, c.batch, c.n_new, c.ctx, q, out, ws, ws_bytes, st);
-    CK(cudaStreamEndCapture(st, &graph));
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    CK(cudaGraphLaunch(exec, st));
-    CK(cudaStreamSynchronize(st));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    CK(cudaEventRecord(e0, st));
-    CK(cudaGraphLaunch(exec, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0.0f;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    return ms / iters;
+    Call k = {f, cfg, kv, seqs, c, q, out, ws, ws_bytes};
+    const double ms = fr_bench_graph_ms(enqueue_call, &k, iters, st);
+    CK(cudaGetLastError());
+    return ms;
 }
 
 /* Runs one case; returns the largest row error (negative: a failure). */
