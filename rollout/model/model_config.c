@@ -224,6 +224,16 @@ static fr_status check_identity(const cJSON *root, const char *label, fr_model_c
     const cJSON *act = get(root, "hidden_act");
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
         return fr_fail(FR_EUNSUPPORTED, "%s: key \"hidden_act\" must be \"silu\"", label);
+    /* A quantized checkpoint (DeepSeek-V3/R1's FP8 blocks with their
+     * weight_scale_inv tensors, GPTQ, AWQ, ...) stores weights the loader
+     * would misread: refused by its method, before any tensor is read. */
+    const cJSON *q = get(root, "quantization_config");
+    if (q && !cJSON_IsNull(q)) {
+        const cJSON *m = cJSON_IsObject(q) ? get(q, "quant_method") : NULL;
+        return fr_fail(FR_EUNSUPPORTED, "%s: key \"quantization_config\" (quant_method %s): quantized checkpoints "
+                       "are not supported; give one in BF16, F16 or F32 (dequantize it first)", label,
+                       m && cJSON_IsString(m) ? m->valuestring : "not given");
+    }
     return FR_OK;
 }
 

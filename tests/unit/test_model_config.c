@@ -325,6 +325,13 @@ static void test_unsupported_models(void **state)
     expect_edit_fails("attention_bias", "true", FR_EUNSUPPORTED, "attention_bias");
     expect_edit_fails("use_sliding_window", "true", FR_EUNSUPPORTED, "use_sliding_window");
     expect_edit_fails("hidden_act", "\"gelu\"", FR_EUNSUPPORTED, "hidden_act");
+    expect_edit_fails("quantization_config",
+                      "{\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", \"quant_method\": \"fp8\", "
+                      "\"weight_block_size\": [128, 128]}",
+                      FR_EUNSUPPORTED, "quantization_config\" (quant_method fp8)");
+    expect_edit_fails("quantization_config", "{}", FR_EUNSUPPORTED, "quant_method not given");
+    fr_model_config q;
+    assert_int_equal(parse_edit(TQ6, "quantization_config", "null", &q), FR_OK);   /* none, spelled out */
 
     /* Listing Qwen3 among others is fine. */
     fr_model_config c;
