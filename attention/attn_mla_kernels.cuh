@@ -577,6 +577,23 @@ FR_MK uint16_t *out_row(const Params &P, const fr_paged_seq &s, int group, int r
     return P.out + ((size_t)(s.q_row + i) * P.n_heads + h) * dc;
 }
 
+/* The last visible token of this lane's two rows (rows g and g + 8 of its row
+ * tile), and the online softmax's empty start. */
+FR_MK void lane_limits(const Params &P, const fr_paged_seq &s, int group, int (&lim)[2])
+{
+    const int lane = threadIdx.x & 31, rt = (threadIdx.x >> 5) & 3;
+    lim[0] = row_limit(P, s, group, rt * 16 + (lane >> 2));
+    lim[1] = row_limit(P, s, group, rt * 16 + (lane >> 2) + 8);
+}
+
+template <int DC> FR_MK void acc_init(Acc<DC> &acc)
+{
+#pragma unroll
+    for (int nt = 0; nt < Acc<DC>::NO; nt++) acc.o[nt][0] = acc.o[nt][1] = acc.o[nt][2] = acc.o[nt][3] = 0.0f;
+    acc.m[0] = acc.m[1] = -INFINITY;
+    acc.l[0] = acc.l[1] = 0.0f;
+}
+
 /* The tiles one CTA walks: this split's pages [p0, p1) of the sequence's full
  * pages, dealt evenly (so each split's range depends on the plan and the length
  * only), as tiles [pt0, pt1); the last split adds n_ut unpaged tiles, up to the row
@@ -675,9 +692,8 @@ template <int DC, int DR, int KIND> __global__ void __launch_bounds__(kThreads, 
     const int split = blockIdx.x, group = blockIdx.y;
     const fr_paged_seq s = P.seqs[blockIdx.z];
     if (s.n_new <= 0 || group * kRows >= s.n_new * P.n_heads) return;
-    const int lane = threadIdx.x & 31, rt = (threadIdx.x >> 5) & 3;
-    /* lim: the last visible token of this lane's two rows. */
-    const int lim[2] = {row_limit(P, s, group, rt * 16 + (lane >> 2)), row_limit(P, s, group, rt * 16 + (lane >> 2) + 8)};
+    int lim[2];
+    lane_limits(P, s, group, lim);
     const Unpaged u = unpaged_of(P, s);
     const Walk wk = walk_of(P, s, u, split, group);
     const int pt0 = wk.pt0, pt1 = wk.pt1, n_ut = wk.n_ut;
@@ -693,10 +709,7 @@ template <int DC, int DR, int KIND> __global__ void __launch_bounds__(kThreads, 
     prep_queries<DC, DR, KIND>(P, s, group, terms, QA, QB);
 
     Acc<DC> acc;
-#pragma unroll
-    for (int nt = 0; nt < Acc<DC>::NO; nt++) acc.o[nt][0] = acc.o[nt][1] = acc.o[nt][2] = acc.o[nt][3] = 0.0f;
-    acc.m[0] = acc.m[1] = -INFINITY;
-    acc.l[0] = acc.l[1] = 0.0f;
+    acc_init(acc);
 
     const int n_tiles = pt1 - pt0 + n_ut;
     /* The tile loop: paged tiles first, then the unpaged ones. Two barriers a tile.

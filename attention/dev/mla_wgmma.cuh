@@ -165,8 +165,8 @@ template <int DC, int DR, int KIND> __global__ void __launch_bounds__(kThreads, 
     const int split = blockIdx.x, group = blockIdx.y;
     const fr_paged_seq s = P.seqs[blockIdx.z];
     if (s.n_new <= 0 || group * kRows >= s.n_new * P.n_heads) return;
-    const int lane = threadIdx.x & 31, rt = (threadIdx.x >> 5) & 3;
-    const int lim[2] = {row_limit(P, s, group, rt * 16 + (lane >> 2)), row_limit(P, s, group, rt * 16 + (lane >> 2) + 8)};
+    int lim[2];
+    lane_limits(P, s, group, lim);
     const Unpaged u = unpaged_of(P, s);
     const Walk wk = walk_of(P, s, u, split, group);
     const int pt0 = wk.pt0, pt1 = wk.pt1, n_ut = wk.n_ut;
@@ -178,10 +178,7 @@ template <int DC, int DR, int KIND> __global__ void __launch_bounds__(kThreads, 
     prep_queries<DC, DR, KIND, QLay, QLay>(P, s, group, terms, QA, QB);
 
     Acc<DC> acc;
-#pragma unroll
-    for (int nt = 0; nt < Acc<DC>::NO; nt++) acc.o[nt][0] = acc.o[nt][1] = acc.o[nt][2] = acc.o[nt][3] = 0.0f;
-    acc.m[0] = acc.m[1] = -INFINITY;
-    acc.l[0] = acc.l[1] = 0.0f;
+    acc_init(acc);
 
     const int n_tiles = pt1 - pt0 + n_ut;
     for (int it = 0; it < n_tiles; it++) {
