@@ -9,7 +9,10 @@
  * usage: build/bench/mla_wgmma [--latent 512] [--heads 128,16] [--batch 1,16,64]
  *                             [--ctx 4096,32768] [--dtypes bf16,fp8,nvfp4,mxfp4]
  *                             [--compute bf16|exact] [--iters 20] [--check-only]
- * Exit status 1 when any case's error is above 2e-2 or a launch fails. */
+ * A step over its own token alone (context 1) comes first: its output is that
+ * token's latent whatever the scores, which tells a wrong context product from a
+ * wrong scores product. Exit status 1 when any case's error is above 2e-2 or a
+ * launch fails. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -386,6 +389,19 @@ int main(int argc, char **argv)
     printf("dtype  heads batch     ctx new splits | main ms   wgmma ms  speedup | main   wgmma           | main    wgmma        | max row err\n");
     int bad = 0;
     uint64_t seed = 1;
+    /* First, a step whose only token is its own (context 1): its softmax weight is
+     * 1 whatever the scores, so the output is that token's latent. Right here and
+     * wrong below points at the scores' product; wrong here, at the context's (the
+     * V descriptor or the register A fragments of P). */
+    Opts one = o;
+    one.check_only = 1;
+    int bad_one = 0;
+    for (int d = 0; d < nd; d++) {
+        const double e = run_case(one, Case{dts[d], heads[0], 1, 1, 1}, seed++);
+        bad_one += !(e >= 0.0 && e <= 2e-2);
+    }
+    printf("context-1 cases (the context product alone): %s\n", bad_one ? "FAIL" : "ok");
+    bad += bad_one;
     for (int d = 0; d < nd; d++)
         for (int h = 0; h < nh; h++)
             for (int c = 0; c < nc; c++) {
