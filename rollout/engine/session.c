@@ -97,15 +97,19 @@ static fr_status blocks_by_memory(const fr_engine_opts *o, const fr_model *m, in
     return FR_OK;
 }
 
-/* The blocks of a cache that falls back to the CPU (--backend auto): the
- * caller's count, or, where GPU memory sized it (asked 0), a fixed share per
- * sequence slot, since the device's memory says nothing of the host's. */
-static int cpu_blocks(const fr_engine_opts *o, int asked, int n_blocks, int max_seqs)
+/* n_blocks 0 with kv_memory_fraction: on the GPU the blocks that share of its
+ * memory holds now that the weights are on it; on the CPU (a model --backend auto
+ * sends there) a fixed share per sequence slot, since the device's memory says
+ * nothing of the host's. Otherwise n_blocks as given. */
+static fr_status size_cache(const fr_engine_opts *o, fr_backend b, const fr_model *m, int max_seqs, int *n_blocks,
+                            int *shadow_blocks)
 {
-    if (asked != 0 || !(o->kv_memory_fraction > 0)) return n_blocks;
-    fr_info("the model runs on the CPU: %d KV blocks (%d per sequence slot), not kv_memory_fraction's",
-            max_seqs * FR_SESSION_PAGES_PER_SEQ, FR_SESSION_PAGES_PER_SEQ);
-    return max_seqs * FR_SESSION_PAGES_PER_SEQ;
+    if (*n_blocks != 0 || !(o->kv_memory_fraction > 0)) return FR_OK;
+    if (b == FR_BACKEND_CUDA) return blocks_by_memory(o, m, max_seqs, n_blocks, shadow_blocks);
+    *n_blocks = max_seqs * FR_SESSION_PAGES_PER_SEQ;
+    fr_info("the model runs on the CPU: %d KV blocks (%d per sequence slot), not kv_memory_fraction's", *n_blocks,
+            FR_SESSION_PAGES_PER_SEQ);
+    return FR_OK;
 }
 
 /* The session's runner over its cache: on the device when the session has
@@ -134,7 +138,8 @@ static fr_status open_on(const fr_engine_opts *o, fr_backend b, fr_model *m, int
     s->gpu_weights = wg;
     s->tp = (fr_tp){.rank = o->tp > 1 ? o->group->layout.tp_rank : 0, .size = o->tp,
                     .group = o->tp > 1 ? o->group : NULL};
-    fr_status st = FR_OK;
+    fr_status st = size_cache(o, b, m, max_seqs, &n_blocks, &s->shadow_blocks);
+    if (st) return st;
     if (o->calib) {
         if ((st = fr_calib_load(o->calib, fr_model_calib_dims(&m->cfg), &s->calib))) return st;
         s->has_calib = 1;
@@ -225,20 +230,12 @@ fr_status fr_session_open_model(const fr_engine_opts *o, fr_model *m, int n_bloc
     fr_status st = resolve_backend(o, &b);
     if (st) return st;
     memset(s, 0, sizeof *s);
-    const int asked = n_blocks;
     if (b == FR_BACKEND_CUDA && (st = fr_session_device_adopt(o, s, m))) return st;
-    int shadow_blocks = 0;
-    if (b == FR_BACKEND_CUDA && n_blocks == 0 && o->kv_memory_fraction > 0 &&
-        (st = blocks_by_memory(o, m, max_seqs, &n_blocks, &shadow_blocks))) {
-        fr_session_device_release(s);
-        return st;
-    }
     st = open_on(o, b, m, n_blocks, max_seqs, s);
-    if (!st) s->shadow_blocks = shadow_blocks;
     if (st && falls_back(o, b, st)) {
         s->model = NULL;   /* the caller's model: keep it */
         fr_session_close(s);
-        st = open_on(o, FR_BACKEND_CPU, m, cpu_blocks(o, asked, n_blocks, max_seqs), max_seqs, s);
+        st = open_on(o, FR_BACKEND_CPU, m, n_blocks, max_seqs, s);
     }
     if (st) {
         s->model = NULL;
@@ -256,7 +253,6 @@ static void cap_context(const fr_engine_opts *o, fr_model *m)
 
 fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, fr_session *s)
 {
-    const int asked = n_blocks;
     memset(s, 0, sizeof *s);
     fr_backend b = FR_BACKEND_CPU;
     fr_status st = resolve_backend(o, &b);
@@ -265,22 +261,11 @@ fr_status fr_session_open(const fr_engine_opts *o, int n_blocks, int max_seqs, f
     if (b == FR_BACKEND_CUDA) {
         if ((st = fr_session_device_load(o, s, &m))) return st;
         cap_context(o, m);
-        int shadow_blocks = 0;
-        if (n_blocks == 0 && o->kv_memory_fraction > 0 &&
-            (st = blocks_by_memory(o, m, max_seqs, &n_blocks, &shadow_blocks))) {
-            fr_session_device_release(s);
-            fr_model_destroy(&m);
-            return st;
-        }
         st = open_on(o, b, m, n_blocks, max_seqs, s);
-        if (!st) {
-            s->shadow_blocks = shadow_blocks;
-            return FR_OK;
-        }
+        if (!st) return FR_OK;
         fr_session_close(s);   /* frees m and the device weights */
         if (!falls_back(o, b, st)) return st;
         b = FR_BACKEND_CPU;    /* auto: this configuration runs on the CPU only */
-        n_blocks = cpu_blocks(o, asked, n_blocks, max_seqs);
     }
     if ((st = fr_model_load(o->model, &m))) return st;
     cap_context(o, m);
