@@ -253,14 +253,15 @@ struct Layout {
 /* FR_ATTN_FP4_COMBINE=last joins each (sequence, KV head)'s partials in the last of
  * its split CTAs (Params::tickets) instead of a combine kernel: a benchmarking knob
  * while it is measured against the kernel (bench/RESULTS.md), never used by
- * deterministic mode, whose combine order is the kernel's. */
-bool fused_combine()
+ * deterministic mode (fixed splits), whose combine order is the kernel's. The plan,
+ * the workspace and the launch all ask here, so their layouts agree. */
+bool fused_combine(const fr_attn_fp4_config *cfg)
 {
     static const bool on = [] {
         const char *e = getenv("FR_ATTN_FP4_COMBINE");
         return e && strcmp(e, "last") == 0;
     }();
-    return on;
+    return on && cfg->fixed_splits <= 0;
 }
 
 Layout layout_for(const Shape &sh, bool sink_recent, int n_seqs, int n_splits, bool fused)
@@ -416,7 +417,7 @@ extern "C" fr_status fr_attn_fp4_plan_for(const fr_attn_fp4_config *cfg, int n_s
     if (n_seqs < 1) return fr_fail(FR_EINVAL, "attn_fp4_plan_for: %d sequences", n_seqs);
     int slots;
     if ((st = setup(sh.v, &slots))) return st;
-    const bool fused = fused_combine() && cfg->fixed_splits <= 0;
+    const bool fused = fused_combine(cfg);
     int n = cfg->fixed_splits > 0 ? fixed_split_count(cfg->fixed_splits, max_ctx)
                                   : plan_splits(n_seqs, n_kv_heads, max_ctx, slots);
     if (cfg->fixed_splits <= 0 && forced_splits() > 0) n = fixed_split_count(forced_splits(), max_ctx);
@@ -451,7 +452,7 @@ extern "C" fr_status fr_attn_fp4_workspace_bytes(const fr_attn_fp4_config *cfg, 
     if (max_seqs < 0) return fr_fail(FR_EINVAL, "attn_fp4_workspace_bytes: max_seqs %d < 0", max_seqs);
     int slots;
     if ((st = setup(sh.v, &slots))) return st;
-    const bool fused = fused_combine() && cfg->fixed_splits <= 0;
+    const bool fused = fused_combine(cfg);
     size_t need = 0;
     for (int n = 1; n <= max_seqs; n++) {
         int splits = cfg->fixed_splits > 0 ? fixed_split_count(cfg->fixed_splits, max_ctx)
@@ -486,7 +487,7 @@ extern "C" fr_status fr_attn_fp4_decode(const fr_attn_fp4_config *cfg, const fr_
     if ((st = fr_attn_fp4_plan_for(cfg, n_seqs, n_heads, kv->n_kv_heads, kv->head_dim, max_ctx, workspace_bytes,
                                    &plan)))
         return st;
-    const bool fused = fused_combine() && cfg->fixed_splits <= 0;
+    const bool fused = fused_combine(cfg);
     const Layout l = layout_for(sh, cfg->sink_recent != 0, n_seqs, plan.n_splits, fused);
 
     /* The parameter block, passed by value: every kernel reads the same one. c and
