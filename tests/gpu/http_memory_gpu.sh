@@ -21,23 +21,19 @@ hport=$(free_port)
 start_server h "{\"model\": \"$tq6\", \"backend\": \"cuda\", \"kv_dtype\": \"nvfp4\", \"max_seqs\": 16,
  \"kv_blocks\": 4096, \"metrics_port\": $hport, \"coordinator\": {\"bind\": \"127.0.0.1\", \"port\": PORT}}"
 http=http://127.0.0.1:$hport
-mib() {   # the server's device memory in MiB, as nvidia-smi counts it
-  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
-    awk -F', *' -v p="${pids[0]}" '$1 == p {print $2}'
-}
 post() { local d='{}'; [ $# -ge 2 ] && d=$2; curl -s -o "$dir/r.json" -w '%{http_code}' "$http$1" -d "$d"; }
 body='{"input_ids": [256, 100, 101, 102, 103, 104], "sampling_params": {"max_new_tokens": 32, "temperature": 0, "ignore_eos": true}}'
 [ "$(post /generate "$body")" = 200 ] || fail "generate: $(cat "$dir/r.json")"
 before=$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["output_ids"])' "$dir/r.json")
-m0=$(mib)
+m0=$(device_mib "${pids[0]}")
 [ "$(post /pause_generation '{"mode": "abort"}')" = 200 ] || fail "pause: $(cat "$dir/r.json")"
 [ "$(post /release_memory_occupation '{"tags": ["kv_cache", "weights"]}')" = 200 ] || fail "release: $(cat "$dir/r.json")"
 sleep 1
-m1=$(mib)
+m1=$(device_mib "${pids[0]}")
 [ "$(post /generate "$body")" = 503 ] || fail "generate while released was not refused with 503: $(cat "$dir/r.json")"
 [ "$(post /resume_memory_occupation)" = 200 ] || fail "resume: $(cat "$dir/r.json")"
 [ "$(post /continue_generation)" = 200 ] || fail "continue: $(cat "$dir/r.json")"
-m2=$(mib)
+m2=$(device_mib "${pids[0]}")
 [ "$(post /generate "$body")" = 200 ] || fail "generate after resume: $(cat "$dir/r.json")"
 after=$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["output_ids"])' "$dir/r.json")
 weights_mib=$(du -cm "$tq6"/model-*.safetensors | tail -1 | cut -f1)

@@ -32,8 +32,7 @@ served=$(sed -n 's/.*serve: model .* kv_blocks \([0-9]*\) .*/\1/p' "$dir/m.log" 
 shadow=$(sed -n "s/.*a monitoring shadow's \([0-9]*\) BF16 blocks.*/\1/p" "$dir/m.log" | head -1)
 [ -n "$shadow" ] && [ "$shadow" -ge 16 ] || fail "the shadow's blocks: '$shadow'"
 total=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-used=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
-  awk -F', *' -v p="${pids[0]}" '$1 == p {print $2}')
+used=$(device_mib "${pids[0]}")
 limit=$(( total / 4 + 3072 ))
 echo "$name: $logged KV blocks, the shadow's $shadow; server device memory $used MiB of $total MiB (limit $limit)"
 [ "$used" -le "$limit" ] || fail "the server holds $used MiB, above 0.25 x $total + 3072"

@@ -7,7 +7,8 @@
 # JSON becomes a free port; the server's log is $dir/NAME.log; its endpoint
 # lands in $ep; a launcher such as mpirun -np 2 runs the server under it),
 # need_gpu_tq6 (for tests/gpu: tq6's folder into $tq6, or the script ends
-# skipped without a GPU or tq6); checks that the binaries are built.
+# skipped without a GPU or tq6), device_mib PID (its device memory in MiB);
+# checks that the binaries are built.
 build=${BUILD:-build}
 bin=$build/fp4rollout
 cli=$build/fp4rollout-client
@@ -41,6 +42,9 @@ need_gpu_tq6() {
   tq6=$(cd "${FR_TQ6_DIR:-../shared/models/tq6}" 2>/dev/null && pwd || true)
   if ! nvidia-smi -L >/dev/null 2>&1; then echo "$name: SKIP: no GPU"; exit 0; fi
   if [ -z "$tq6" ] || [ ! -f "$tq6/config.json" ]; then echo "$name: SKIP: tq6 not found"; exit 0; fi
+}
+device_mib() { # PID -> its device memory in MiB, as nvidia-smi counts it (tests/gpu)
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', *' -v p="$1" '$1 == p {print $2}'
 }
 free_port() { $py -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
 start_server() { # NAME CONFIG-JSON [LAUNCHER...] -> endpoint in $ep
