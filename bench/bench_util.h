@@ -1,11 +1,13 @@
 /* Small helpers of the benches: CPU time, a qsort comparison for medians,
- * and reading a whole text file (wall-clock time is base/clock.h's
- * fr_now_s). Header-only: each program of bench/ is one C file. */
+ * reading a whole text file (wall-clock time is base/clock.h's fr_now_s)
+ * and a comma list of integers. Header-only, for the C and CUDA programs of
+ * bench/ (one file each). */
 #ifndef FR_BENCH_UTIL_H
 #define FR_BENCH_UTIL_H
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 /* CPU seconds of this process: a shared machine's other load does not count. */
@@ -32,7 +34,7 @@ static inline char *fr_bench_read_file(const char *path, size_t *len)
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    char *b = n >= 0 ? (char *)malloc((size_t)n + 1) : NULL;
     if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
         free(b);
         b = NULL;
@@ -42,6 +44,20 @@ static inline char *fr_bench_read_file(const char *path, size_t *len)
     b[n] = '\0';
     *len = (size_t)n;
     return b;
+}
+
+/* The integers of a comma list ("1,16,64") into out, at most max of them;
+ * returns how many. */
+static inline int fr_bench_int_list(const char *s, int *out, int max)
+{
+    int n = 0;
+    for (const char *p = s; *p && n < max;) {
+        out[n++] = atoi(p);
+        const char *c = strchr(p, ',');
+        if (!c) break;
+        p = c + 1;
+    }
+    return n;
 }
 
 #endif

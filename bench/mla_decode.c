@@ -25,6 +25,7 @@
 
 #include "attention/attn_mla.h"
 #include "attention/kv_numerics.h"
+#include "bench/bench_util.h"
 #include "bench/copy_bandwidth.h"
 #include "bench/graph_time.h"
 #include "kvcache/page_layout.h"
@@ -37,18 +38,6 @@
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
-
-static int parse_list(const char *s, int *out, int max)
-{
-    int n = 0;
-    for (const char *p = s; *p && n < max;) {
-        out[n++] = atoi(p);
-        const char *c = strchr(p, ',');
-        if (!c) break;
-        p = c + 1;
-    }
-    return n;
-}
 
 typedef struct {
     int heads, dc, dr, iters;
@@ -170,8 +159,8 @@ int main(int argc, char **argv)
         if (i + 1 >= argc) { fprintf(stderr, "mla_decode: %s needs a value (see --help)\n", argv[i]); return 2; }
         if (!strcmp(argv[i], "--heads")) b.heads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--latent")) b.dc = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--ctx")) n_ctx = parse_list(argv[++i], ctxs, 8);
-        else if (!strcmp(argv[i], "--batch")) n_batch = parse_list(argv[++i], batches, 8);
+        else if (!strcmp(argv[i], "--ctx")) n_ctx = fr_bench_int_list(argv[++i], ctxs, 8);
+        else if (!strcmp(argv[i], "--batch")) n_batch = fr_bench_int_list(argv[++i], batches, 8);
         else if (!strcmp(argv[i], "--dtypes")) dtypes = argv[++i];
         else if (!strcmp(argv[i], "--iters")) b.iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--compute")) b.exact = !strcmp(argv[++i], "exact");

@@ -22,6 +22,7 @@
 
 #include "attention/dev/mla_wgmma.cuh"
 #include "attention/fp_formats.h"
+#include "bench/bench_util.h"
 #include "bench/graph_time.h"
 #include "kvcache/page_layout.h"
 
@@ -156,18 +157,6 @@ struct Case {
     fr_kv_dtype dt;
     int heads, batch, ctx, n_new;
 };
-
-int parse_list(const char *s, int *out, int max)
-{
-    int n = 0;
-    for (const char *p = s; *p && n < max;) {
-        out[n++] = atoi(p);
-        const char *c = strchr(p, ',');
-        if (!c) break;
-        p = c + 1;
-    }
-    return n;
-}
 
 int kind_of_dt(fr_kv_dtype t) { return t == FR_KV_BF16 ? kBF16 : t == FR_KV_FP8 ? kFP8 : t == FR_KV_NVFP4 ? kNV : kMX; }
 
@@ -362,9 +351,9 @@ int main(int argc, char **argv)
         }
         i++;
         if (!strcmp(a, "--latent")) o.dc = atoi(v);
-        else if (!strcmp(a, "--heads")) nh = parse_list(v, heads, 8);
-        else if (!strcmp(a, "--batch")) nb = parse_list(v, batch, 8);
-        else if (!strcmp(a, "--ctx")) nc = parse_list(v, ctx, 8);
+        else if (!strcmp(a, "--heads")) nh = fr_bench_int_list(v, heads, 8);
+        else if (!strcmp(a, "--batch")) nb = fr_bench_int_list(v, batch, 8);
+        else if (!strcmp(a, "--ctx")) nc = fr_bench_int_list(v, ctx, 8);
         else if (!strcmp(a, "--iters")) o.iters = atoi(v);
         else if (!strcmp(a, "--compute")) o.exact = !strcmp(v, "exact");
         else if (!strcmp(a, "--dtypes")) {
