@@ -91,7 +91,7 @@ BENCH_CU_BINS := $(patsubst bench/%_cuda.cu,$(BUILD)/bench/%,$(if $(HAVE_NVCC),$
 
 .PHONY: all deps test unit integration demo gpu bench clean
 .SECONDARY: $(UNIT_HOBJ) $(GPU_HOBJ)
-all: $(BIN) $(CLIENT_BIN) $(CLIENT_SO) $(UNIT_BINS) $(GPU_BINS) $(BENCH_CPU_BINS) $(BENCH_CU_BINS)
+all: $(BIN) $(CLIENT_BIN) $(CLIENT_SO) $(UNIT_BINS) $(GPU_BINS) $(BENCH_BINS) $(BENCH_CU_BINS)
 gpu: $(GPU_BINS) bench
 bench: $(BENCH_BINS) $(BENCH_CU_BINS)
 
