@@ -67,7 +67,7 @@ CLIENT_LDLIBS += -L$(CUDA_HOME)/lib64 -lnccl -lcudart
 endif
 # The same library shared, for language bindings (trainer_bridge/client/python/).
 CLIENT_SO  := $(BUILD)/libfp4rollout_client.so
-UNIT_HELP  := tests/unit/test_util.c tests/unit/tokenizer_util.c tests/unit/logits_util.c
+UNIT_HELP  := tests/unit/test_util.c tests/unit/tokenizer_util.c tests/unit/logits_util.c tests/unit/routes_util.c
 UNIT_SRCS  := $(filter-out $(UNIT_HELP),$(wildcard tests/unit/test_*.c))
 UNIT_BINS  := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRCS))
 UNIT_HOBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(UNIT_HELP))

@@ -38,13 +38,6 @@ void fr_gpu_test_filter(void);
         if (e_ != cudaSuccess) fail_msg("%s failed: %s", #call, cudaGetErrorString(e_)); \
     } while (0)
 
-/* Fails the test when a project call does not return FR_OK. */
-#define FR_OK_OR_FAIL(call)                                                                        \
-    do {                                                                                           \
-        fr_status st_ = (call);                                                                    \
-        if (st_ != FR_OK) fail_msg("%s: %s: %s", #call, fr_status_name(st_), fr_last_error());     \
-    } while (0)
-
 /* The main() of a GPU test binary: FR_TEST_MAIN (tests/unit/test_util.h)
  * that first applies $FR_GPU_TEST_FILTER. */
 #define FR_GPU_TEST_MAIN(group_setup, group_teardown, ...)                   \

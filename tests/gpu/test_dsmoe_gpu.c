@@ -15,10 +15,13 @@
  *    ../shared/models/<name> or $FR_DSMOE_DIR / $FR_DSMOE2_DIR, skipped
  *    while absent): the golden prompts' prefill logits at BF16 level against
  *    the CPU, greedy continuations through the scheduler with
- *    return_routed_experts equal to transformers' float32 ones on at least
- *    six of seven prompts, and their routed-expert records equal to
- *    transformers' wherever the golden margin is at least 0.05 (a BF16
- *    model's router is off by less), 2% of them excepted;
+ *    return_routed_experts against transformers' float32 ones: a BF16
+ *    model may settle a near-tie of two tokens the other way, so each may
+ *    leave theirs only at a near-tie (their token our second, within twice
+ *    the BF16 reach measured on the prefills) and half the tokens must come
+ *    before the first; their routed-expert records equal to transformers'
+ *    wherever the golden margin is at least 0.05 (a BF16 model's router is
+ *    off by less), 2% of them excepted;
  *  - a latent width the GPU's kernel lacks (tiny-dsmoe-dc64): --backend auto
  *    runs on the CPU, --backend cuda refuses it by name.
  * Needs a device; skipped otherwise. */
@@ -37,6 +40,7 @@
 
 #include "base/safetensors.h"
 #include "rollout/engine/scheduler.h"
+#include "tests/unit/routes_util.h"
 #include "tests/unit/test_util.h"
 
 enum { V = 272, GREEDY = 64 };
@@ -49,68 +53,17 @@ static void open_session(const char *model, fr_backend b, int n_blocks, int max_
     assert_int_equal(s->backend, b);
 }
 
-/* Every row's logits of a prefill in one step, with the routes of every row. */
-static float *prefill(fr_session *s, const int *ids, int n, uint16_t *routes)
+/* GPU against CPU, or decode against prefill, within BF16's reach of the
+ * reference's largest logit on the rows no differing route reaches; at most
+ * 5% of the (row, layer) choices may differ. */
+static float check_rows(const char *what, const char *model, const float *a, const float *b, int rows,
+                        const uint8_t *reached, int differ, int L)
 {
-    float *logits = malloc(sizeof(float) * (size_t)n * V);
-    int seq, *rows = malloc(sizeof(int) * (size_t)n);
-    for (int i = 0; i < n; i++) rows[i] = i;
-    FR_OK_OR_FAIL(fr_session_capture_routes(s, 1));
-    assert_int_equal(fr_kv_seq_new(s->kv, &seq), FR_OK);
-    fr_step_seq st = {.seq = seq, .n = n, .tokens = ids, .all_logits = 1};
-    FR_OK_OR_FAIL(fr_session_step(s, &st, 1, logits));
-    FR_OK_OR_FAIL(fr_session_routes(s, rows, n, routes));
-    fr_kv_seq_free(s->kv, seq);
-    free(rows);
-    return logits;
-}
-
-static int cmp_u16(const void *a, const void *b) { return *(const uint16_t *)a - *(const uint16_t *)b; }
-
-/* Sets of (row, layer) routes that differ between a and b ([rows][L][k]);
- * reached[row] (when not NULL): 1 where a differing set can change the
- * row's logits, in the row itself or, from a layer before the last, in any
- * earlier row. */
-static int route_sets_differ(uint16_t *a, uint16_t *b, int rows, int L, int k, uint8_t *reached)
-{
-    int differ = 0, early = 0;
-    for (int r = 0; r < rows; r++) {
-        int here = 0;
-        for (int m = 0; m < L; m++) {
-            const size_t at = ((size_t)r * L + m) * k;
-            qsort(a + at, (size_t)k, sizeof(uint16_t), cmp_u16);
-            qsort(b + at, (size_t)k, sizeof(uint16_t), cmp_u16);
-            if (memcmp(a + at, b + at, sizeof(uint16_t) * (size_t)k) == 0) continue;
-            differ++;
-            here = 1;
-            if (m < L - 1) early = 1;
-        }
-        if (reached) reached[r] = (uint8_t)(here || early);
-    }
-    return differ;
-}
-
-/* a against b (the reference) on the rows no differing route reaches:
- * within BF16's reach of b's largest logit there. */
-static void check_rows(const char *what, const char *model, const float *a, const float *b, int rows,
-                       const uint8_t *reached, int differ, int L)
-{
-    float md = 0, top = 0;
-    int clean = 0;
-    for (int r = 0; r < rows; r++) {
-        if (reached[r]) continue;
-        clean++;
-        for (int v = 0; v < V; v++) {
-            md = fmaxf(md, fabsf(a[(size_t)r * V + v] - b[(size_t)r * V + v]));
-            top = fmaxf(top, fabsf(b[(size_t)r * V + v]));
-        }
-    }
-    printf("  %s: %s: routes differ in %d of %d (row, layer); on the %d of %d rows they do not reach "
-           "max |diff| %.4g of max |logit| %.3g (%.2e)\n", model, what, differ, rows * L, clean, rows, md, top,
-           top > 0 ? md / top : 0.0);
+    char label[160];
+    snprintf(label, sizeof label, "%s: %s", model, what);
+    const float md = fr_test_check_clean_rows(label, a, b, rows, V, reached, differ, L, 2e-2f);
     assert_true(differ <= rows * L / 20);
-    assert_true(clean > 0);
-    assert_true(md <= 2e-2f * top);
+    return md;
 }
 
 static void tiny_case(const char *model)
@@ -125,22 +78,13 @@ static void tiny_case(const char *model)
     const size_t cells = (size_t)n * L * k;
     uint16_t *rc = malloc(sizeof(uint16_t) * cells), *rg = malloc(sizeof(uint16_t) * cells),
              *rd = malloc(sizeof(uint16_t) * cells);
-    float *c = prefill(&cpu, ids, n, rc), *g = prefill(&gpu, ids, n, rg);
+    float *c = fr_test_logits_routes(&cpu, ids, n, 0, rc), *g = fr_test_logits_routes(&gpu, ids, n, 0, rg);
     uint8_t reached[200];
-    int differ = route_sets_differ(rc, rg, n, L, k, reached);
+    int differ = fr_test_route_sets_differ(rc, rg, n, L, k, reached);
     check_rows("GPU prefill vs CPU prefill", model, g, c, n, reached, differ, L);
     /* decode (graphs) against prefill on the GPU, routes row by row */
-    int seq;
-    float *dec = malloc(sizeof(float) * (size_t)n * V);
-    assert_int_equal(fr_kv_seq_new(gpu.kv, &seq), FR_OK);
-    const int row0 = 0;
-    for (int i = 0; i < n; i++) {
-        fr_step_seq st = {.seq = seq, .n = 1, .tokens = ids + i, .all_logits = 1};
-        FR_OK_OR_FAIL(fr_session_step(&gpu, &st, 1, dec + (size_t)i * V));
-        FR_OK_OR_FAIL(fr_session_routes(&gpu, &row0, 1, rd + (size_t)i * L * k));
-    }
-    fr_kv_seq_free(gpu.kv, seq);
-    differ = route_sets_differ(rg, rd, n, L, k, reached);
+    float *dec = fr_test_logits_routes(&gpu, ids, n, 1, rd);
+    differ = fr_test_route_sets_differ(rg, rd, n, L, k, reached);
     check_rows("GPU decode vs GPU prefill", model, dec, g, n, reached, differ, L);
     free(rc); free(rg); free(rd); free(c); free(g); free(dec);
     fr_session_close(&cpu);
@@ -203,6 +147,31 @@ static void on_done(void *user, const fr_sample_result *r)
     const size_t bytes = fr_sample_route_bytes(r) * (size_t)r->n_tokens;
     d->routed_experts = malloc(bytes + 1);
     if (r->routed_experts) memcpy(d->routed_experts, r->routed_experts, bytes);
+    const size_t tops = (size_t)r->n_tokens * r->top_n;
+    d->top_n = r->top_n;
+    d->top_ids = malloc(sizeof(int) * tops + 1);
+    d->top_logprobs = malloc(sizeof(float) * tops + 1);
+    if (tops) {
+        memcpy(d->top_ids, r->top_ids, sizeof(int) * tops);
+        memcpy(d->top_logprobs, r->top_logprobs, sizeof(float) * tops);
+    }
+}
+
+/* Where our greedy token first differs from transformers' (step i of r,
+ * theirs `want`), a BF16 model may only have settled a near-tie the other
+ * way: transformers' token is our second, behind ours by at most 2 x reach.
+ * (With every logit of ours within reach of float32's, a gap of g in ours
+ * means float32 ranked ours below theirs by at most 2 x reach - g.) */
+static void check_near_tie(const char *name, int p, const fr_sample_result *r, int i, int want, float reach)
+{
+    assert_true(r->top_n == 2 && i < r->n_tokens);
+    const int *ids = r->top_ids + (size_t)i * 2;
+    const float *lp = r->top_logprobs + (size_t)i * 2, gap = lp[0] - lp[1];
+    printf("  %s p%d: token %d is %d, transformers' %d, our second (%s) %.4f nats behind (bound %.4f)\n", name, p,
+           i, ids[0], want, ids[1] == want ? "theirs" : "not theirs", gap, 2 * reach);
+    assert_int_equal(ids[0], r->tokens[i]);
+    assert_int_equal(ids[1], want);
+    assert_true(gap <= 2 * reach);
 }
 
 /* The golden prompts through the CUDA scheduler (greedy, routed experts). */
@@ -219,17 +188,18 @@ static void golden_case(const char *name)
     open_session(dir, FR_BACKEND_CUDA, 4096 / 128 + 4, 1, &gpu);
     const int L = fr_model_moe_layers(&gpu.model->cfg), k = gpu.model->cfg.experts_per_tok;
     int *ids[7], n[7];
+    float reach = 0;   /* the largest |GPU - CPU| logit difference on rows with the same experts */
     for (int p = 0; p < 7; p++) {
         ids[p] = golden_ints(g, p, "ids", &n[p]);
         if (n[p] > 512) continue;   /* one step of the session's 512 tokens; greedy covers p4 and p5 */
         const size_t cells = (size_t)n[p] * L * k;
         uint16_t *rc = malloc(sizeof(uint16_t) * cells), *rg = malloc(sizeof(uint16_t) * cells);
-        float *c = prefill(&cpu, ids[p], n[p], rc), *d = prefill(&gpu, ids[p], n[p], rg);
+        float *c = fr_test_logits_routes(&cpu, ids[p], n[p], 0, rc), *d = fr_test_logits_routes(&gpu, ids[p], n[p], 0, rg);
         uint8_t *reached = malloc((size_t)n[p]);
-        int differ = route_sets_differ(rc, rg, n[p], L, k, reached);
+        int differ = fr_test_route_sets_differ(rc, rg, n[p], L, k, reached);
         char what[64];
         snprintf(what, sizeof what, "p%d (%d tokens), GPU vs CPU", p, n[p]);
-        check_rows(what, name, d, c, n[p], reached, differ, L);
+        reach = fmaxf(reach, check_rows(what, name, d, c, n[p], reached, differ, L));
         free(rc); free(rg); free(c); free(d); free(reached);
     }
     fr_session_close(&cpu);
@@ -241,12 +211,12 @@ static void golden_case(const char *name)
     for (int p = 0; p < 7; p++) {
         fr_request_spec r = {.id = (uint64_t)p, .prompt = ids[p], .n_prompt = n[p], .n = 1,
                              .params = {.temperature = 0.0f, .top_p = 1.0f}, .max_tokens = GREEDY,
-                             .return_routed_experts = 1};
+                             .return_routed_experts = 1, .top_logprobs = 2};
         FR_OK_OR_FAIL(fr_scheduler_submit(sch, &r));
     }
     FR_OK_OR_FAIL(fr_scheduler_run(sch));
     fr_scheduler_destroy(&sch);
-    int equal = 0;
+    int equal = 0, matched = 0;
     long compared = 0, differ = 0;
     for (int p = 0; p < 7; p++) {
         int ng, nr, nm;
@@ -262,6 +232,8 @@ static void golden_case(const char *name)
         int same = 0;
         while (same < r->n_tokens && same < ng && r->tokens[same] == want[same]) same++;
         equal += same == GREEDY;
+        matched += same;
+        if (same < GREEDY) check_near_tie(name, p, r, same, want[same], reach);
         for (int t = 0; t < same; t++)
             for (int m = 0; m < L; m++) {
                 const int pos = n[p] - 1 + t;
@@ -272,15 +244,16 @@ static void golden_case(const char *name)
                     theirs[j] = (uint16_t)routes[((size_t)pos * L + m) * k + j];
                 }
                 compared++;
-                differ += route_sets_differ(ours, theirs, 1, 1, k, NULL);
+                differ += fr_test_route_sets_differ(ours, theirs, 1, 1, k, NULL);
             }
         printf("  %s p%d: %d of %d greedy tokens equal transformers'\n", name, p, same, GREEDY);
         free(want); free(routes); free(margin); free(ids[p]);
         free(rp.res[p].tokens); free(rp.res[p].routed_experts);
+        free(rp.res[p].top_ids); free(rp.res[p].top_logprobs);
     }
-    printf("  %s: %d of 7 greedy continuations equal; routes %ld of %ld compared equal\n", name, equal,
-           compared - differ, compared);
-    assert_true(equal >= 6);
+    printf("  %s: %d of 7 greedy continuations equal, %d of %d tokens before the first near-tie; routes %ld "
+           "of %ld compared equal\n", name, equal, matched, 7 * GREEDY, compared - differ, compared);
+    assert_true(matched * 2 >= 7 * GREEDY);
     assert_true(compared > 0 && differ * 50 <= compared);
     fr_session_close(&gpu);
     fr_st_file_close(&g);

@@ -77,6 +77,13 @@ fr_status fr_test_server_stop(fr_test_server **l);
 }
 #endif
 
+/* Fails the test when a project call does not return FR_OK. */
+#define FR_OK_OR_FAIL(call)                                                                        \
+    do {                                                                                           \
+        fr_status st_ = (call);                                                                    \
+        if (st_ != FR_OK) fail_msg("%s: %s: %s", #call, fr_status_name(st_), fr_last_error());     \
+    } while (0)
+
 /* The main() of a test binary that needs nothing prepared before its tests:
  * FR_TEST_MAIN(group_setup, group_teardown, cmocka_unit_test(a), ...).
  * Include after <cmocka.h>. The array keeps the name `tests` because cmocka
