@@ -98,7 +98,7 @@ PY
 golden_tp() {
   local name=$1 d=$2
   if [ ! -f "$d/golden.safetensors" ]; then
-    echo "tp_cpu: SKIP $name part: checkpoint not found (place it at $d)"
+    echo "tp_cpu: SKIP $name part: checkpoint not found at $d (FR_$(echo "$name" | tr a-z A-Z)_DIR names another folder; models/dsmoe/train_dsmoe.py makes the DeepSeek ones)"
     return 0
   fi
   golden_ids "$d" p3 "$dir/$name.txt"
