@@ -267,9 +267,9 @@ def parse_args():
                     help="the curriculum: CONTEXT:STEPS,... (context in bytes of prompt)")
     ap.add_argument("--variants", default=",".join(rt.VARIANTS))
     ap.add_argument("--batch-tokens", type=int, default=131072, help="tokens per optimizer step (about)")
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--intermediate", type=int, default=1536)
-    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=384)
+    ap.add_argument("--intermediate", type=int, default=1152)
+    ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--head-dim", type=int, default=128,
