@@ -80,11 +80,11 @@ static void tiny_case(const char *model)
              *rd = malloc(sizeof(uint16_t) * cells);
     float *c = fr_test_logits_routes(&cpu, ids, n, 0, rc), *g = fr_test_logits_routes(&gpu, ids, n, 0, rg);
     uint8_t reached[200];
-    int differ = fr_test_route_sets_differ(rc, rg, n, L, k, reached);
+    int differ = fr_test_route_sets_differ(rc, rg, n, L, k, reached, NULL);
     check_rows("GPU prefill vs CPU prefill", model, g, c, n, reached, differ, L);
     /* decode (graphs) against prefill on the GPU, routes row by row */
     float *dec = fr_test_logits_routes(&gpu, ids, n, 1, rd);
-    differ = fr_test_route_sets_differ(rg, rd, n, L, k, reached);
+    differ = fr_test_route_sets_differ(rg, rd, n, L, k, reached, NULL);
     check_rows("GPU decode vs GPU prefill", model, dec, g, n, reached, differ, L);
     free(rc); free(rg); free(rd); free(c); free(g); free(dec);
     fr_session_close(&cpu);
@@ -196,7 +196,7 @@ static void golden_case(const char *name)
         uint16_t *rc = malloc(sizeof(uint16_t) * cells), *rg = malloc(sizeof(uint16_t) * cells);
         float *c = fr_test_logits_routes(&cpu, ids[p], n[p], 0, rc), *d = fr_test_logits_routes(&gpu, ids[p], n[p], 0, rg);
         uint8_t *reached = malloc((size_t)n[p]);
-        int differ = fr_test_route_sets_differ(rc, rg, n[p], L, k, reached);
+        int differ = fr_test_route_sets_differ(rc, rg, n[p], L, k, reached, NULL);
         char what[64];
         snprintf(what, sizeof what, "p%d (%d tokens), GPU vs CPU", p, n[p]);
         reach = fmaxf(reach, check_rows(what, name, d, c, n[p], reached, differ, L));
@@ -244,7 +244,7 @@ static void golden_case(const char *name)
                     theirs[j] = (uint16_t)routes[((size_t)pos * L + m) * k + j];
                 }
                 compared++;
-                differ += fr_test_route_sets_differ(ours, theirs, 1, 1, k, NULL);
+                differ += fr_test_route_sets_differ(ours, theirs, 1, 1, k, NULL, NULL);
             }
         printf("  %s p%d: %d of %d greedy tokens equal transformers'\n", name, p, same, GREEDY);
         free(want); free(routes); free(margin); free(ids[p]);

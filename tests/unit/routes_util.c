@@ -42,7 +42,7 @@ float *fr_test_logits_routes(fr_session *s, const int *ids, int n, int decode, u
 
 static int cmp_u16(const void *a, const void *b) { return *(const uint16_t *)a - *(const uint16_t *)b; }
 
-int fr_test_route_sets_differ(uint16_t *a, uint16_t *b, int rows, int L, int k, uint8_t *reached)
+int fr_test_route_sets_differ(uint16_t *a, uint16_t *b, int rows, int L, int k, uint8_t *reached, uint8_t *first)
 {
     int differ = 0, early = 0;
     for (int r = 0; r < rows; r++) {
@@ -51,7 +51,9 @@ int fr_test_route_sets_differ(uint16_t *a, uint16_t *b, int rows, int L, int k, 
             const size_t at = ((size_t)r * L + m) * k;
             qsort(a + at, (size_t)k, sizeof(uint16_t), cmp_u16);
             qsort(b + at, (size_t)k, sizeof(uint16_t), cmp_u16);
-            if (memcmp(a + at, b + at, sizeof(uint16_t) * (size_t)k) == 0) continue;
+            const int same = memcmp(a + at, b + at, sizeof(uint16_t) * (size_t)k) == 0;
+            if (first) first[(size_t)r * L + m] = (uint8_t)(!same && !here && !early);
+            if (same) continue;
             differ++;
             here = 1;
             if (m < L - 1) early = 1;
@@ -77,7 +79,6 @@ float fr_test_check_clean_rows(const char *what, const float *a, const float *b,
     printf("  %s: routes differ in %d of %d (row, layer); on the %d of %d rows they do not reach "
            "max |diff| %.4g of max |logit| %.3g (%.2e)\n", what, differ, rows * L, clean, rows, md, top,
            top > 0 ? md / top : 0.0);
-    (void)differ;
     assert_true(clean > 0);
     assert_true(md <= bound * top);
     return md;

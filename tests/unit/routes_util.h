@@ -22,8 +22,11 @@ float *fr_test_logits_routes(fr_session *s, const int *ids, int n, int decode, u
 /* How many (row, layer) expert sets differ between a and b ([rows][L][k],
  * sorted in place); reached[row] (when not NULL) is set where a differing
  * set can change the row's logits: in the row itself or, from a layer
- * before the last, in any earlier row. */
-int fr_test_route_sets_differ(uint16_t *a, uint16_t *b, int rows, int L, int k, uint8_t *reached);
+ * before the last, in any earlier row; first[row][layer] (when not NULL)
+ * where a set differs that no earlier difference reaches (none in an
+ * earlier layer of the row, none before the last layer in an earlier row):
+ * a flip of the router's own, not a consequence of another. */
+int fr_test_route_sets_differ(uint16_t *a, uint16_t *b, int rows, int L, int k, uint8_t *reached, uint8_t *first);
 
 /* a against b (the reference, rows x V) on the rows not reached: prints the
  * figures after `what` (with `differ`, of rows x L sets), and fails unless
