@@ -5,7 +5,7 @@
  *
  * usage: build/bench/mla_decode [--heads H] [--latent 512] [--ctx 32768,131072]
  *                               [--batch 1,16,64] [--dtypes bf16,fp8,nvfp4,mxfp4] [--iters N]
- *                               [--compute bf16|exact]
+ *                               [--compute bf16|exact] [--no-rotate]
  *
  * Per configuration: a pool of pages filled with one valid byte pattern,
  * every sequence ctx - 1 cached tokens plus its step token, a CUDA graph of
@@ -16,7 +16,10 @@
  * they run close in time, so the bytes count it once. FLOPs: the scores
  * (2 H (d_c + d_r) per token, plus 2 H d_c for the dual FP4 query's second
  * term, --compute exact) and the context (2 H d_c per token) on BF16 tensor
- * cores. FP4 runs in bf16 compute unless --compute exact. */
+ * cores. FP4 runs in bf16 compute unless --compute exact. --no-rotate runs
+ * FP4 latents without the kernel's Hadamard and mean steps (the query's
+ * rotation before the scores, the context's back after the combine): the
+ * kernel's share of a rotation folded into W_UK and W_UV at load. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +45,7 @@
 typedef struct {
     int heads, dc, dr, iters;
     int exact;   /* FP4 exact compute (dual FP4 query) instead of bf16 compute (CUDA's default) */
+    int no_rotate;   /* FP4 without the in-kernel rotation and mean */
     double copy_bw;
 } bench_cfg;
 
@@ -71,7 +75,7 @@ static double time_step(const bench_cfg *b, fr_kv_dtype dt, int batch, int ctx, 
     const size_t page_bytes = lay.head_page_bytes, pool_bytes = page_bytes * (size_t)pages * batch;
     const int fp4 = fr_kv_dtype_is_fp4(dt);
     fr_attn_mla_config cfg = {.dtype = dt, .n_heads = b->heads, .latent_dim = b->dc, .rope_dim = b->dr,
-                              .scale = 1.0f / 13.856406f, .rotate = fp4, .sink_recent = fp4,
+                              .scale = 1.0f / 13.856406f, .rotate = fp4 && !b->no_rotate, .sink_recent = fp4,
                               .q_mode = fp4 && b->exact ? FR_Q_DUAL : FR_Q_UNQUANTIZED, .q_search = 1,
                               .q_bf16 = fp4 && !b->exact, .fp8_scale = 1.0f};
     uint8_t *pool = NULL;
@@ -96,7 +100,7 @@ static double time_step(const bench_cfg *b, fr_kv_dtype dt, int batch, int ctx, 
     CK(cudaMalloc((void **)&out, sizeof(uint16_t) * (size_t)batch * b->heads * b->dc));
     CK(cudaMalloc((void **)&mean, sizeof(float) * b->dc));
     CK(cudaMemset(mean, 0, sizeof(float) * b->dc));
-    cfg.mean = fp4 ? mean : NULL;
+    cfg.mean = fp4 && !b->no_rotate ? mean : NULL;
     float *hq = malloc(sizeof(float) * (size_t)batch * b->heads * row);
     for (size_t i = 0; i < (size_t)batch * b->heads * row; i++) hq[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
     CK(cudaMemcpy(q, hq, sizeof(float) * (size_t)batch * b->heads * row, cudaMemcpyHostToDevice));
@@ -151,10 +155,14 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: mla_decode [--heads H] [--latent D] [--ctx LIST] [--batch LIST] [--dtypes LIST] [--iters N]\n"
-                   "                  [--compute bf16|exact]\n"
+                   "                  [--compute bf16|exact] [--no-rotate]\n"
                    "The latent decode kernel at DeepSeek-V3's attention shape (128 heads, d_c 512, d_r 64):\n"
                    "time per step, bytes moved, ratio to the copy bandwidth and to the BF16 latent kernel.\n");
             return 0;
+        }
+        if (!strcmp(argv[i], "--no-rotate")) {
+            b.no_rotate = 1;
+            continue;
         }
         if (i + 1 >= argc) { fprintf(stderr, "mla_decode: %s needs a value (see --help)\n", argv[i]); return 2; }
         if (!strcmp(argv[i], "--heads")) b.heads = atoi(argv[++i]);
@@ -169,6 +177,7 @@ int main(int argc, char **argv)
     b.copy_bw = fr_bench_copy_bandwidth((size_t)1 << 30, 0);
     printf("copy bandwidth %.0f GB/s; heads %d, d_c %d, d_r %d; FP4 %s compute\n\n", b.copy_bw / 1e9, b.heads, b.dc, b.dr,
            b.exact ? "exact (dual FP4 query)" : "bf16");
+    if (b.no_rotate) printf("FP4 latents without the kernel's rotation and mean (--no-rotate)\n\n");
     printf("| dtype | batch | context | ms/step | bytes/token | GB moved | GB/s | of copy bw | TFLOP/s | vs bf16 |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|\n");
     for (int ci = 0; ci < n_ctx; ci++)
