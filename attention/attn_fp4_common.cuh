@@ -103,8 +103,6 @@ struct Params {
     uint8_t *otf;              /* [seq][kvh][page_bytes]: the partial page, quantized */
     float *o_part;             /* [seq][kvh][n_splits + 1][G][D] */
     float *lse_part;           /* [seq][kvh][n_splits + 1][G] */
-    int *tickets;              /* [seq][kvh] the split CTAs done (combine in the last of them), or NULL: the
-                                  combine kernel joins the partials */
 };
 
 /* ======================= small helpers ======================= */

@@ -241,30 +241,16 @@ fr_status check_config(const fr_attn_fp4_config *cfg, int n_heads, int n_kv_head
 /* The workspace's parts in order, each 256-byte aligned: the query fragments of every
  * (sequence, KV head) (FP4 A or FP8 B), the BF16 query's fragments (with sink/recent
  * only), the per-head factors [pairs][16], the on-the-fly pages (without sink/recent
- * only), then the partial outputs [seq][kvh][n_splits + 1][G][128] and their LSEs,
- * and with the fused combine one ticket per (sequence, KV head). Only the partials
+ * only), then the partial outputs [seq][kvh][n_splits + 1][G][128] and their LSEs.
+ * Only the partials
  * grow with the split count. */
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 struct Layout {
-    size_t qfrag, qfrag_bf, qscale, otf, o_part, lse_part, tickets, total;
+    size_t qfrag, qfrag_bf, qscale, otf, o_part, lse_part, total;
 };
 
-/* FR_ATTN_FP4_COMBINE=last joins each (sequence, KV head)'s partials in the last of
- * its split CTAs (Params::tickets) instead of a combine kernel: a benchmarking knob
- * while it is measured against the kernel (bench/RESULTS.md), never used by
- * deterministic mode (fixed splits), whose combine order is the kernel's. The plan,
- * the workspace and the launch all ask here, so their layouts agree. */
-bool fused_combine(const fr_attn_fp4_config *cfg)
-{
-    static const bool on = [] {
-        const char *e = getenv("FR_ATTN_FP4_COMBINE");
-        return e && strcmp(e, "last") == 0;
-    }();
-    return on && cfg->fixed_splits <= 0;
-}
-
-Layout layout_for(const Shape &sh, bool sink_recent, int n_seqs, int n_splits, bool fused)
+Layout layout_for(const Shape &sh, bool sink_recent, int n_seqs, int n_splits)
 {
     const size_t pairs = (size_t)n_seqs * sh.n_kv_heads;
     const size_t frag = pairs * qwords_of(sh.v) * 4, frag_bf = pairs * sh.v.nq * (kD / 16) * 32 * 8;
@@ -276,8 +262,7 @@ Layout layout_for(const Shape &sh, bool sink_recent, int n_seqs, int n_splits, b
     l.o_part = align_up(l.otf + (sh.otf ? pairs * page_bytes_of(sh.v.fmt) : 0));
     const size_t rows = pairs * (n_splits + 1) * sh.group;
     l.lse_part = align_up(l.o_part + rows * kD * sizeof(float));
-    l.tickets = align_up(l.lse_part + rows * sizeof(float));
-    l.total = align_up(l.tickets + (fused ? pairs * sizeof(int) : 0));
+    l.total = align_up(l.lse_part + rows * sizeof(float));
     return l;
 }
 
@@ -417,14 +402,13 @@ extern "C" fr_status fr_attn_fp4_plan_for(const fr_attn_fp4_config *cfg, int n_s
     if (n_seqs < 1) return fr_fail(FR_EINVAL, "attn_fp4_plan_for: %d sequences", n_seqs);
     int slots;
     if ((st = setup(sh.v, &slots))) return st;
-    const bool fused = fused_combine(cfg);
     int n = cfg->fixed_splits > 0 ? fixed_split_count(cfg->fixed_splits, max_ctx)
                                   : plan_splits(n_seqs, n_kv_heads, max_ctx, slots);
     if (cfg->fixed_splits <= 0 && forced_splits() > 0) n = fixed_split_count(forced_splits(), max_ctx);
-    Layout l = layout_for(sh, cfg->sink_recent != 0, n_seqs, n, fused);
+    Layout l = layout_for(sh, cfg->sink_recent != 0, n_seqs, n);
     while (cfg->fixed_splits <= 0 && n > 1 && l.total > workspace_bytes) {   /* fit the plan to the workspace */
         n--;
-        l = layout_for(sh, cfg->sink_recent != 0, n_seqs, n, fused);
+        l = layout_for(sh, cfg->sink_recent != 0, n_seqs, n);
     }
     if (l.total > workspace_bytes)
         return fr_fail(FR_EINVAL, "attn_fp4: the workspace of %zu bytes is below the %zu one split needs",
@@ -452,13 +436,12 @@ extern "C" fr_status fr_attn_fp4_workspace_bytes(const fr_attn_fp4_config *cfg, 
     if (max_seqs < 0) return fr_fail(FR_EINVAL, "attn_fp4_workspace_bytes: max_seqs %d < 0", max_seqs);
     int slots;
     if ((st = setup(sh.v, &slots))) return st;
-    const bool fused = fused_combine(cfg);
     size_t need = 0;
     for (int n = 1; n <= max_seqs; n++) {
         int splits = cfg->fixed_splits > 0 ? fixed_split_count(cfg->fixed_splits, max_ctx)
                                            : plan_splits(n, n_kv_heads, max_ctx, slots);
         if (cfg->fixed_splits <= 0 && forced_splits() > 0) splits = fixed_split_count(forced_splits(), max_ctx);
-        const Layout l = layout_for(sh, cfg->sink_recent != 0, n, splits, fused);
+        const Layout l = layout_for(sh, cfg->sink_recent != 0, n, splits);
         if (l.total > need) need = l.total;
     }
     *bytes = need;
@@ -487,8 +470,7 @@ extern "C" fr_status fr_attn_fp4_decode(const fr_attn_fp4_config *cfg, const fr_
     if ((st = fr_attn_fp4_plan_for(cfg, n_seqs, n_heads, kv->n_kv_heads, kv->head_dim, max_ctx, workspace_bytes,
                                    &plan)))
         return st;
-    const bool fused = fused_combine(cfg);
-    const Layout l = layout_for(sh, cfg->sink_recent != 0, n_seqs, plan.n_splits, fused);
+    const Layout l = layout_for(sh, cfg->sink_recent != 0, n_seqs, plan.n_splits);
 
     /* The parameter block, passed by value: every kernel reads the same one. c and
      * the P rule come from the params only when P is quantized; otherwise c = 1 and
@@ -522,7 +504,6 @@ extern "C" fr_status fr_attn_fp4_decode(const fr_attn_fp4_config *cfg, const fr_
     P.otf = ws + l.otf;
     P.o_part = reinterpret_cast<float *>(ws + l.o_part);
     P.lse_part = reinterpret_cast<float *>(ws + l.lse_part);
-    P.tickets = fused ? reinterpret_cast<int *>(ws + l.tickets) : nullptr;
 
     /* The launches, in stream order. prep_kernel starts only when the kernel before
      * it (the one that stages the step's keys and values) has ended; it writes the
@@ -536,6 +517,6 @@ extern "C" fr_status fr_attn_fp4_decode(const fr_attn_fp4_config *cfg, const fr_
     const bool pdl = use_pdl();
     FR_CUDA_TRY(launch(split_kernel_for(sh.v), dim3(plan.n_splits + 1, kv->n_kv_heads, n_seqs), kThreads,
                        split_smem_bytes(sh.v), stream, pdl, P));
-    if (!fused) FR_CUDA_TRY(launch(combine_kernel<kD>, dim3(n_heads, n_seqs), kCombineThreads, 0, stream, pdl, P));
+    FR_CUDA_TRY(launch(combine_kernel<kD>, dim3(n_heads, n_seqs), kCombineThreads, 0, stream, pdl, P));
     return FR_OK;
 }

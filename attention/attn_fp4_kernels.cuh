@@ -34,10 +34,10 @@ namespace fr_fp4 {
  * order, so the result depends only on the split count and THREADS (deterministic
  * mode relies on that: its split count is fixed per sequence, and it always runs the
  * combine kernel). Shared memory: w, one weight per partial (n_splits + 1 <=
- * FR_ATTN_FP4_MAX_SPLITS + 1 = 257); red, W floats; part, W x D / 4 float4. CG: the
- * partials were written by other CTAs of the running grid (the fused combine), so
- * they are read past L1. */
-template <int D, int THREADS, bool CG>
+ * FR_ATTN_FP4_MAX_SPLITS + 1 = 257); red, W floats; part, W x D / 4 float4. (Joining
+ * the partials in the last split CTA of each head instead of this kernel was measured
+ * slower at every shape: bench/RESULTS.md, "FP4 decode: the latency path".) */
+template <int D, int THREADS>
 FR_K void combine_head(const Params &P, const fr_paged_seq &s, int seq, int h, float *w, float *red, float4 *part)
 {
     static_assert(D == 4 * 32 && D <= THREADS, "a lane sums four dims; a thread writes one");
@@ -45,7 +45,7 @@ FR_K void combine_head(const Params &P, const fr_paged_seq &s, int seq, int h, f
     const int G = P.group, kh = h / G, gi = h % G, slots = P.n_splits + 1;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t row0 = ((size_t)seq * P.kv.n_kv_heads + kh) * slots * G + gi;
-    auto lse_at = [&](int i) { return CG ? __ldcg(P.lse_part + row0 + (size_t)i * G) : P.lse_part[row0 + (size_t)i * G]; };
+    auto lse_at = [&](int i) { return P.lse_part[row0 + (size_t)i * G]; };
     float mx = kNegInf;
     /* The largest LSE L_max, so that every weight 2^(lse_i - L_max) <= 1 (the sum
      * cannot overflow and the largest partial keeps its precision). */
@@ -88,7 +88,7 @@ FR_K void combine_head(const Params &P, const fr_paged_seq &s, int seq, int h, f
             const int i = i0 + u * W;
             wi[u] = i < slots ? w[i] : 0.0f;
             const float4 *at = src + (row0 + (size_t)i * G) * (D / 4);
-            v[u] = wi[u] != 0.0f ? (CG ? __ldcg(at) : *at) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            v[u] = wi[u] != 0.0f ? *at : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; u++) {
@@ -110,35 +110,6 @@ FR_K void combine_head(const Params &P, const fr_paged_seq &s, int seq, int h, f
     }
 }
 
-/* The fused combine (P.tickets set; never in deterministic mode): after its partial,
- * each split CTA of (seq, head) takes a ticket, and the last of the n_splits + 1 joins
- * the partials of the group's G query heads, in place of the combine kernel's launch
- * and its wait for the whole grid. The usual last-block pattern: every thread fences
- * its partial's stores device-wide before the ticket, the last CTA fences again
- * before it reads (past L1). The tickets are zeroed by the preparation kernel, which
- * this grid's griddep_wait orders first (a CTA with no tokens has not waited yet).
- * The CTA's shared memory is free by now: the split bodies end with their partial. */
-template <int D> FR_K void combine_if_last(const Params &P, const fr_paged_seq &s, int seq, int head, uint8_t *smem)
-{
-    griddep_wait();
-    __threadfence();
-    __syncthreads();
-    int *last = reinterpret_cast<int *>(smem);
-    if (threadIdx.x == 0)
-        *last = atomicAdd(P.tickets + (size_t)seq * P.kv.n_kv_heads + head, 1) == P.n_splits;
-    __syncthreads();
-    if (!*last) return;
-    __threadfence();
-    constexpr int W = kThreads / 32;
-    float *red = reinterpret_cast<float *>(smem + 16);
-    float4 *part = reinterpret_cast<float4 *>(smem + 16 + 16 * W);
-    float *w = reinterpret_cast<float *>(smem + 16 + 16 * W + 16 * W * (D / 4));
-    for (int gi = 0; gi < P.group; gi++) {
-        combine_head<D, kThreads, true>(P, s, seq, head * P.group + gi, w, red, part);
-        __syncthreads();   /* the next head rewrites w, red and part */
-    }
-}
-
 /* The combine kernel: grid (n_heads, n_seqs), kCombineThreads threads, one query head
  * a CTA, after the split grid (programmatic dependent launch: it may be scheduled
  * while the split grid's last CTAs merge). */
@@ -152,7 +123,7 @@ template <int D> __global__ void __launch_bounds__(kCombineThreads) combine_kern
     const int h = blockIdx.x, seq = blockIdx.y;
     const fr_paged_seq s = P.seqs[seq];
     if (s.n_new != 1) return;
-    combine_head<D, kCombineThreads, false>(P, s, seq, h, w, red, &part[0][0]);
+    combine_head<D, kCombineThreads>(P, s, seq, h, w, red, &part[0][0]);
 }
 
 /* Grid (n_splits + 1, n_kv_heads, n_seqs): x = 0 is the BF16 split (slot n_splits of
@@ -196,7 +167,6 @@ __global__ void __launch_bounds__(kThreads, FMT == kFP8 ? (NQ == 1 ? 5 : 2) : (N
     } else {
         fp4_split_tok<FMT, EXACT, (NQ > 2 ? 2 : 1), D>(P, smem, seq, head, blockIdx.x - 1, s);
     }
-    if (P.tickets) combine_if_last<D>(P, s, seq, head, smem);
 }
 
 #undef FR_K

@@ -358,9 +358,6 @@ template <int FMT, int D> __global__ void __launch_bounds__(kPrepThreads) prep_k
     if (s.n_new != 1) return;
     if (z == 0) {
         prep_query<FMT, D>(P, seq, head, s);
-        /* the split CTAs of (seq, head) count themselves in tickets after their
-         * griddep_wait, so this grid's zero comes first */
-        if (P.tickets && threadIdx.x == 0) P.tickets[(size_t)seq * P.kv.n_kv_heads + head] = 0;
     } else {
         prep_page<FMT, D>(P, seq, head, s, z - 1);
     }
