@@ -19,7 +19,10 @@ Each is trained briefly on tq6's texts (so that the router is far from
 uniform), then run in float32 with transformers' own forward pass (on the
 CPU, or with --golden-device cuda on the GPU with TF32 off):
 
-  model.safetensors   float32 weights under the published checkpoints' names
+  model.safetensors   float32 weights under the published checkpoints' names,
+                      each a BF16 value (rounded after training, so that the
+                      CUDA engine's BF16 weights are the same; --f32-weights
+                      keeps them as trained)
                       (per-expert tensors, mlp.gate.weight, the router bias
                       mlp.gate.e_score_correction_bias, mlp.shared_experts.*)
   config.json, generation_config.json, train_info.json
@@ -506,6 +509,17 @@ def check_reload(out_dir, model, model_cls, prompt):
 
 # --------------------------------------------------------------------------
 
+def bf16_exact(model):
+    """Rounds every trained weight to its nearest BF16 value (kept in float32).
+    The CUDA engine holds weights in BF16: with weights that BF16 represents
+    exactly, its logits differ from the float32 golden ones by its arithmetic
+    alone, not also by a rounding of every weight. The router bias is a buffer
+    and stays as set (the engine reads it in float32)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).to(p.dtype))
+
+
 def make(variant, a, texts, prompts, device, golden_device):
     import transformers
     print("%s: building (transformers %s, torch %s, %s)" % (variant, transformers.__version__, torch.__version__,
@@ -523,6 +537,8 @@ def make(variant, a, texts, prompts, device, golden_device):
     bias = set_router_bias(model, cfg)
     model.to(device)
     losses, seconds = train(model, texts, a, device)
+    if not a.f32_weights:
+        bf16_exact(model)
     model.to(golden_device).float().eval()
     if bias and [round(float(x), 6) for x in blocks[0].gate.e_score_correction_bias] != bias[0]:
         die("training moved e_score_correction_bias")
@@ -554,7 +570,7 @@ def make(variant, a, texts, prompts, device, golden_device):
             "e_score_correction_bias": bias or None, "near_tie_decisions": ties,
             "near_tie_decisions_replayed": prompt_ties, "reload_max_logit_diff": reload_diff,
             "torch": torch.__version__, "transformers": transformers.__version__, "device": str(device),
-            "golden_device": str(golden_device),
+            "golden_device": str(golden_device), "weights": "float32" if a.f32_weights else "bf16-exact",
             "corpus": "tq6 texts (calib_*.txt, eval_*.txt)"}
     with open(os.path.join(out_dir, "train_info.json"), "w") as f:
         json.dump(info, f, indent=1)
@@ -580,6 +596,8 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="training device")
+    ap.add_argument("--f32-weights", action="store_true",
+                    help="keep the trained float32 weights (default: rounded to BF16 values, see bf16_exact)")
     ap.add_argument("--golden-device", default="cpu",
                     help="where the float32 golden outputs are computed: cpu (default) or the GPU (cuda; TF32 off)")
     a = ap.parse_args()
