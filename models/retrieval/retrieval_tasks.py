@@ -71,25 +71,47 @@ def fill_records(rng, budget, used):
     return out
 
 
-def kv_task(rng, context, n_queries):
+def drill(key, value):
+    return "Question: what is the value of key %s?\nAnswer: %s\n" % (key, value)
+
+
+def kv_task(rng, context, n_queries, drills=0):
+    """A prompt of records and its final question. drills (training only): that
+    many answered single-key questions on random records between the records
+    and the final question, each answer a supervised span (their byte ranges in
+    the prompt); 0 draws nothing more from rng, so prompts without drills are
+    the same as ever."""
     if n_queries == 1:
         question = "Question: what is the value of key %s?\nAnswer: " % ("K" * 8)
     else:
         question = "Question: what are the values of keys %s, in this order?\nAnswer: " % ", ".join(
             ["K" * 8] * n_queries)
-    records = fill_records(rng, context - len(HEADER) - len(question), set())
+    drill_bytes = drills * len(drill("K" * 8, "v" * 6))
+    records = fill_records(rng, context - len(HEADER) - len(question) - drill_bytes, set())
     if len(records) < n_queries:
-        raise ValueError("context %d is too short for %d queries" % (context, n_queries))
+        raise ValueError("context %d is too short for %d queries%s" % (
+            context, n_queries, " and %d drills" % drills if drills else ""))
     asked = rng.sample(range(len(records)), n_queries)
     keys = [records[i][0] for i in asked]
     if n_queries == 1:
         question = "Question: what is the value of key %s?\nAnswer: " % keys[0]
     else:
         question = "Question: what are the values of keys %s, in this order?\nAnswer: " % ", ".join(keys)
-    prompt = HEADER + "".join(record(k, v) for k, v in records) + question
+    prompt = HEADER + "".join(record(k, v) for k, v in records)
+    spans = []
+    # distinct records while there are enough: a repeated one could be copied from the drill before
+    picks = rng.sample(range(len(records)), drills) if drills <= len(records) else [
+        rng.randrange(len(records)) for _ in range(drills)]
+    for i in picks:
+        k, v = records[i]
+        line = drill(k, v)
+        start = len(prompt) + len(line) - len(v) - 1
+        spans.append([start, start + len(v) + 1])   # the value and its newline
+        prompt += line
+    prompt += question
     answer = ", ".join(records[i][1] for i in asked)
     depth = asked[0] / max(1, len(records) - 1)
-    return prompt, answer, depth
+    return prompt, answer, depth, spans
 
 
 def chain(rng, hops, used):
@@ -128,18 +150,25 @@ def vartrack_task(rng, context, hops, distractors):
     return HEADER + "".join(body) + question, value, depth
 
 
-def make_task(seed, split, variant, context, index, keys=4, hops=4, distractors=2):
+def make_task(seed, split, variant, context, index, keys=4, hops=4, distractors=2, drills=0):
+    """One task; drills > 0 (single and multikey only, for training) adds that
+    many answered questions before the final one (kv_task) and a "drills" list
+    of their answers' byte ranges."""
     rng = rng_for(seed, split, variant, context, index)
+    spans = []
     if variant == "single":
-        prompt, answer, depth = kv_task(rng, context, 1)
+        prompt, answer, depth, spans = kv_task(rng, context, 1, drills)
     elif variant == "multikey":
-        prompt, answer, depth = kv_task(rng, context, keys)
+        prompt, answer, depth, spans = kv_task(rng, context, keys, drills)
     elif variant == "vartrack":
         prompt, answer, depth = vartrack_task(rng, context, hops, distractors)
     else:
         raise ValueError("unknown variant %r (one of %s)" % (variant, ", ".join(VARIANTS)))
-    return {"prompt": prompt, "answer": answer, "variant": variant, "context": context, "depth": round(depth, 4),
-            "split": split, "seed": seed, "index": index}
+    t = {"prompt": prompt, "answer": answer, "variant": variant, "context": context, "depth": round(depth, 4),
+         "split": split, "seed": seed, "index": index}
+    if spans:
+        t["drills"] = spans
+    return t
 
 
 def tasks(seed, split, variants, contexts, n, **kw):
@@ -152,12 +181,16 @@ def tasks(seed, split, variants, contexts, n, **kw):
 
 # --------------------------------------------------------------------------
 # What training sees: BOS, the prompt's bytes, the answer's and a newline,
-# the loss on the answer and the newline only (what eval-task scores).
+# the loss on the answer and the newline only (what eval-task scores), and on
+# the drills' answers of a training prompt that has them.
 
 def encode(task):
     prompt = [BOS] + list(task["prompt"].encode())
     target = list((task["answer"] + "\n").encode())
-    return prompt + target, [0] * len(prompt) + [1] * len(target)
+    mask = [0] * len(prompt) + [1] * len(target)
+    for start, end in task.get("drills", []):   # prompts are ASCII: byte offsets are character offsets
+        mask[1 + start:1 + end] = [1] * (end - start)
+    return prompt + target, mask
 
 
 def train_batches(seed, variants, context, batch, start=0, **kw):

@@ -7,7 +7,9 @@ The model is the project's plain-PyTorch Qwen3 (models/torch_qwen3/qwen3.py)
 with the byte tokenizer of the project's test models (ids 0..255 bytes, 256
 BOS, 257 EOS, 258 PAD, vocabulary 272). A training example is BOS, a prompt
 of the train split, its answer and a newline; the loss falls on the answer
-and the newline only. The curriculum runs stages of growing context (bytes
+and the newline only (with --drills N, single and multikey prompts of the
+train split also hold N answered questions before the final one, and their
+answers are in the loss too). The curriculum runs stages of growing context (bytes
 per prompt), each a number of optimizer steps at a constant number of
 tokens per batch, under one warm-up and cosine decay. At the end of every
 stage it prints greedy exact-match accuracy on held-out prompts of that
@@ -50,7 +52,9 @@ from qwen3 import (VOCAB, byte_model_config, greedy_cached, load_policy, load_st
 
 # What decides the weights and the batches: a resumed run must share them.
 SAME_ON_RESUME = ("stages", "variants", "batch_tokens", "hidden", "intermediate", "layers", "heads", "kv_heads",
-                  "head_dim", "rope_theta", "max_position", "lr", "warmup", "seed")
+                  "head_dim", "rope_theta", "max_position", "lr", "warmup", "seed", "drills")
+# Keys that runs saved before they existed lack, with the value those runs had.
+SAVED_BEFORE = {"drills": 0}
 
 
 def die(msg):
@@ -185,7 +189,7 @@ def train(model, a, device, stages, state):
         context, steps = stages[si]
         batch = max(1, a.batch_tokens // (context + 64))
         first = step0 if si == stage0 else 0
-        data = rt.train_batches(a.seed, a.variants, context, batch, start=first)
+        data = rt.train_batches(a.seed, a.variants, context, batch, start=first, drills=a.drills)
         for step in range(first, steps):
             lr = lr_at(total_step, total, a)
             if rewarm_from is not None and total_step - rewarm_from < a.rewarm:
@@ -266,6 +270,9 @@ def parse_args():
     ap.add_argument("--stages", default="512:400,1024:400,2048:600,4096:800,8192:800,16384:1000",
                     help="the curriculum: CONTEXT:STEPS,... (context in bytes of prompt)")
     ap.add_argument("--variants", default=",".join(rt.VARIANTS))
+    ap.add_argument("--drills", type=int, default=0,
+                    help="answered questions on random records before a single or multikey prompt's final one, "
+                         "each answer supervised (denser signal for learning the lookup; held-out prompts have none)")
     ap.add_argument("--batch-tokens", type=int, default=131072, help="tokens per optimizer step (about)")
     ap.add_argument("--hidden", type=int, default=384)
     ap.add_argument("--intermediate", type=int, default=1152)
@@ -310,10 +317,12 @@ def check_args(a, stages):
         print("train_retrieval: warning: head_dim %d: the CUDA FP4/FP8 decode kernels take 128 only" % a.head_dim)
     if max(c for c, _ in stages) + 64 > a.max_position:
         die("--max-position %d is below the longest stage's context" % a.max_position)
+    if a.drills < 0:
+        die("--drills takes a number >= 0")
     for context, _ in stages:
         for v in a.variants:
             try:
-                rt.make_task(a.seed, "train", v, context, 0)
+                rt.make_task(a.seed, "train", v, context, 0, drills=a.drills)
             except ValueError as e:
                 die("--stages: %s: %s" % (v, e))
     if a.stop_after < 0 or a.threads < 0 or a.stop_after_minutes < 0 or a.rewarm < 1:
@@ -344,9 +353,9 @@ def load_state(a):
     else:
         die("--resume: %s does not exist (nor a handoff folder)" % path)
     for k in SAME_ON_RESUME:
-        if state["args"].get(k) != getattr(a, k):
-            die("--resume: --%s %r differs from the saved run's (%r)" % (
-                k.replace("_", "-"), getattr(a, k), state["args"].get(k)))
+        saved = state["args"].get(k, SAVED_BEFORE.get(k))
+        if saved != getattr(a, k):
+            die("--resume: --%s %r differs from the saved run's (%r)" % (k.replace("_", "-"), getattr(a, k), saved))
     return state
 
 

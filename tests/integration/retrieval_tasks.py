@@ -112,6 +112,35 @@ class Generator(unittest.TestCase):
         held = rt.make_task(4, "heldout", "single", 800, 6)["prompt"]
         self.assertNotEqual(held, rt.make_task(4, "train", "single", 800, 6)["prompt"])
 
+    def test_drills(self):
+        """Answered questions before the final one: each answers a record of
+        the prompt, each answer (and its newline) is supervised, the prompt
+        stays within the context and still ends in the final question; none
+        asked, the prompt carries no drill list."""
+        self.assertNotIn("drills", rt.make_task(2, "train", "single", 1024, 0))
+        for variant in ("single", "multikey"):
+            for index in range(6):
+                t = rt.make_task(2, "train", variant, 1024, index, drills=4)
+                p = t["prompt"]
+                self.assertLessEqual(len(p.encode()), 1024)   # the context bounds the prompt, as without drills
+                self.assertTrue(p.endswith("Answer: ") and p.rindex("Question:") >= max(e for _, e in t["drills"]))
+                records = dict(re.findall(r"key (\w{8}) = value (\w{6})\n", p))
+                self.assertEqual(len(t["drills"]), 4)
+                asked = set()
+                for start, end in t["drills"]:
+                    key = re.search(r"key (\w{8})\?\nAnswer: $", p[:start]).group(1)
+                    self.assertEqual(p[start:end], records[key] + "\n")
+                    asked.add(key)
+                self.assertEqual(len(asked), 4)   # distinct records while there are enough
+                ids, mask = rt.encode(t)
+                self.assertEqual(sum(mask), 4 * 7 + len(t["answer"]) + 1)
+                for start, end in t["drills"]:
+                    self.assertEqual(mask[1 + start:1 + end], [1] * (end - start))
+                    self.assertEqual(mask[start], 0)
+        batch = next(rt.train_batches(2, ["single", "vartrack"], 1024, 2, drills=3))
+        self.assertEqual(sum(batch[0][1]), 3 * 7 + 7)
+        self.assertEqual(sum(batch[1][1]), 6)   # vartrack: the five digits and the newline, no drills
+
 
 if __name__ == "__main__":
     unittest.main()
