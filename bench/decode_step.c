@@ -269,6 +269,18 @@ static void print_row(const row *w, int tp, int vs_det, int markdown)
     fflush(stdout);
 }
 
+/* The copy bandwidth, measured after the session took its memory: with the
+ * cache sized to nearly all of it (bench/decode_64k.sh's peaks) two 2 GiB
+ * buffers may not fit, and smaller copies, down to 256 MiB (still four
+ * times the L2), measure the same bandwidth. 0 when none fits. */
+static double copy_bandwidth(void)
+{
+    double bw = 0.0;
+    for (size_t bytes = (size_t)2 << 30; bw == 0.0 && bytes >= ((size_t)256 << 20); bytes /= 2)
+        bw = fr_bench_copy_bandwidth(bytes, 0);
+    return bw;
+}
+
 int main(int argc, char **argv)
 {
     fr_engine_opts eo;
@@ -322,12 +334,7 @@ int main(int argc, char **argv)
     }
     const fr_model_config *c = &s.model->cfg;
     fprintf(stderr, "model %s loaded on the GPU in %.1f s\n", eo.model, fr_now_s() - t0);
-    /* With the cache sized to nearly all of the memory (bench/decode_64k.sh's
-     * peaks) two 2 GiB buffers may not fit: smaller copies, down to 256 MiB
-     * (still four times the L2), measure the same bandwidth. */
-    double bw = 0.0;
-    for (size_t bytes = (size_t)2 << 30; bw == 0.0 && bytes >= ((size_t)256 << 20); bytes /= 2)
-        bw = fr_bench_copy_bandwidth(bytes, 0);
+    const double bw = copy_bandwidth();
     size_t weight_bytes = s.gpu_weights->bytes;
     const int tp = eo.tp, kvh = fr_kv_cache_config_of(s.kv)->n_kv_heads;   /* this rank's KV heads */
     /* KV bytes a decode reads per cached token: the cache's own page bytes
