@@ -36,7 +36,8 @@ namespace fr_fp4 {
  * combine kernel). Shared memory: w, one weight per partial (n_splits + 1 <=
  * FR_ATTN_FP4_MAX_SPLITS + 1 = 257); red, W floats; part, W x D / 4 float4. (Joining
  * the partials in the last split CTA of each head instead of this kernel was measured
- * slower at every shape: bench/RESULTS.md, "FP4 decode: the latency path".) */
+ * slower at every shape: bench/RESULTS.md, "FP4 decode: the combine in the last split
+ * CTA".) */
 template <int D, int THREADS>
 FR_K void combine_head(const Params &P, const fr_paged_seq &s, int seq, int h, float *w, float *red, float4 *part)
 {
