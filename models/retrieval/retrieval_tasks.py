@@ -71,8 +71,8 @@ def fill_records(rng, budget, used):
     return out
 
 
-def drill(key, value):
-    return "Question: what is the value of key %s?\nAnswer: %s\n" % (key, value)
+def single_question(key):
+    return "Question: what is the value of key %s?\nAnswer: " % key
 
 
 def kv_task(rng, context, n_queries, drills=0):
@@ -82,11 +82,11 @@ def kv_task(rng, context, n_queries, drills=0):
     the prompt); 0 draws nothing more from rng, so prompts without drills are
     the same as ever."""
     if n_queries == 1:
-        question = "Question: what is the value of key %s?\nAnswer: " % ("K" * 8)
+        question = single_question("K" * 8)
     else:
         question = "Question: what are the values of keys %s, in this order?\nAnswer: " % ", ".join(
             ["K" * 8] * n_queries)
-    drill_bytes = drills * len(drill("K" * 8, "v" * 6))
+    drill_bytes = drills * len(single_question("K" * 8) + "v" * 6 + "\n")
     records = fill_records(rng, context - len(HEADER) - len(question) - drill_bytes, set())
     if len(records) < n_queries:
         raise ValueError("context %d is too short for %d queries%s" % (
@@ -94,7 +94,7 @@ def kv_task(rng, context, n_queries, drills=0):
     asked = rng.sample(range(len(records)), n_queries)
     keys = [records[i][0] for i in asked]
     if n_queries == 1:
-        question = "Question: what is the value of key %s?\nAnswer: " % keys[0]
+        question = single_question(keys[0])
     else:
         question = "Question: what are the values of keys %s, in this order?\nAnswer: " % ", ".join(keys)
     prompt = HEADER + "".join(record(k, v) for k, v in records)
@@ -104,10 +104,9 @@ def kv_task(rng, context, n_queries, drills=0):
         rng.randrange(len(records)) for _ in range(drills)]
     for i in picks:
         k, v = records[i]
-        line = drill(k, v)
-        start = len(prompt) + len(line) - len(v) - 1
-        spans.append([start, start + len(v) + 1])   # the value and its newline
-        prompt += line
+        prompt += single_question(k)
+        spans.append([len(prompt), len(prompt) + len(v) + 1])   # the value and its newline
+        prompt += v + "\n"
     prompt += question
     answer = ", ".join(records[i][1] for i in asked)
     depth = asked[0] / max(1, len(records) - 1)
