@@ -242,8 +242,7 @@ fr_status check_config(const fr_attn_fp4_config *cfg, int n_heads, int n_kv_head
  * (sequence, KV head) (FP4 A or FP8 B), the BF16 query's fragments (with sink/recent
  * only), the per-head factors [pairs][16], the on-the-fly pages (without sink/recent
  * only), then the partial outputs [seq][kvh][n_splits + 1][G][128] and their LSEs.
- * Only the partials
- * grow with the split count. */
+ * Only the partials grow with the split count. */
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 struct Layout {
