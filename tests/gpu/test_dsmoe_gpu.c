@@ -12,8 +12,8 @@
  *    layer, through attention in every later row; so logits are compared on
  *    the rows no flip reaches, where both sides ran the same experts;
  *  - the trained checkpoints dsmoe and dsmoe2 (models/dsmoe/README.md;
- *    ../shared/models/<name> or $FR_DSMOE_DIR / $FR_DSMOE2_DIR, skipped
- *    while absent): the golden prompts' prefill logits at BF16 level against
+ *    $FR_DSMOE_DIR / $FR_DSMOE2_DIR, else ../shared/models/<name>, else the
+ *    repository's models/dsmoe/<name>): the golden prompts' prefill logits at BF16 level against
  *    the CPU, greedy continuations through the scheduler with
  *    return_routed_experts against transformers' float32 ones: a BF16
  *    model may settle a near-tie of two tokens the other way, so each may

@@ -98,7 +98,7 @@ PY
 golden_tp() {
   local name=$1 d=$2
   if [ ! -f "$d/golden.safetensors" ]; then
-    echo "tp_cpu: SKIP $name part: checkpoint not found at $d (FR_$(echo "$name" | tr a-z A-Z)_DIR names another folder; models/dsmoe/train_dsmoe.py makes the DeepSeek ones)"
+    echo "tp_cpu: SKIP $name part: checkpoint not found at $d (FR_$(echo "$name" | tr a-z A-Z)_DIR names another folder)"
     return 0
   fi
   golden_ids "$d" p3 "$dir/$name.txt"
@@ -119,8 +119,8 @@ golden_tp() {
 }
 golden_tp tqm "${FR_TQM_DIR:-../shared/models/tqm}"
 golden_tp tqa "${FR_TQA_DIR:-../shared/models/tqa}"
-golden_tp dsmoe "${FR_DSMOE_DIR:-../shared/models/dsmoe}"
-golden_tp dsmoe2 "${FR_DSMOE2_DIR:-../shared/models/dsmoe2}"
+golden_tp dsmoe "${FR_DSMOE_DIR:-models/dsmoe/dsmoe}"
+golden_tp dsmoe2 "${FR_DSMOE2_DIR:-models/dsmoe/dsmoe2}"
 
 # ---- the tiny DeepSeek models: heads split, the latent replicated, every ----
 # ---- expert's and the shared experts' rows split, the router replicated -----

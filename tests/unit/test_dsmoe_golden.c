@@ -1,8 +1,8 @@
 /* The CPU engine against transformers on the DeepSeek mixture-of-experts
  * test checkpoints (models/dsmoe/README.md): dsmoe (DeepseekV3ForCausalLM,
  * noaux_tc routing with a router bias) and dsmoe2 (DeepseekV2ForCausalLM,
- * group_limited_greedy), each found at ../shared/models/<name> or
- * $FR_DSMOE_DIR / $FR_DSMOE2_DIR and skipped with a message while absent.
+ * group_limited_greedy), found at $FR_DSMOE_DIR / $FR_DSMOE2_DIR, else
+ * ../shared/models/<name>, else models/dsmoe/<name> (the repository's copies).
  * golden.safetensors holds tq6's seven prompts with float32 logits (every
  * prompt but p5), 64 greedy tokens, and the experts every MoE layer chose
  * at every position of the prompt and its greedy continuation:

@@ -22,8 +22,9 @@ extern "C" {
 const char *fr_test_tq6_dir(void);
 const char *fr_test_require_tq6(void);
 /* The same for any of the test checkpoints by folder name ("tq6", "tqm",
- * "tqa"): $FR_<NAME>_DIR, else ../shared/models/<name>. The returned string
- * is overwritten by the next call. */
+ * "tqa", "dsmoe", "dsmoe2"): $FR_<NAME>_DIR, else ../shared/models/<name>;
+ * the DeepSeek ones, which the repository holds, else models/dsmoe/<name>.
+ * The returned string is overwritten by the next call. */
 const char *fr_test_model_dir(const char *name);
 const char *fr_test_require_model(const char *name);
 
