@@ -354,9 +354,24 @@ def load_state(a):
         die("--resume: %s does not exist (nor a handoff folder)" % path)
     for k in SAME_ON_RESUME:
         saved = state["args"].get(k, SAVED_BEFORE.get(k))
-        if saved != getattr(a, k):
+        if k == "stages" and saved != a.stages:
+            check_stages_extend(parse_stages(saved), parse_stages(a.stages), state["stage"], state["step"])
+        elif saved != getattr(a, k):
             die("--resume: --%s %r differs from the saved run's (%r)" % (k.replace("_", "-"), getattr(a, k), saved))
     return state
+
+
+def check_stages_extend(saved, new, stage, step):
+    """A resumed run may change the stages it has not reached: the ones done and
+    the current one's context stay, the current one may not end before the
+    position. The learning rate's cosine then follows the new total."""
+    done = saved[:stage]
+    if new[:stage] != done or (stage < len(saved) and (len(new) <= stage or new[stage][0] != saved[stage][0]
+                                                       or new[stage][1] < step)):
+        die("--resume: --stages may change only the stages not yet reached (the run is at stage %d, step %d of %s)"
+            % (stage, step, ",".join("%d:%d" % s for s in saved)))
+    print("--resume: the stages after stage %d change: %d steps in all instead of %d" % (
+        stage, sum(n for _, n in new), sum(n for _, n in saved)), flush=True)
 
 
 def main():

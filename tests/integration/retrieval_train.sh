@@ -8,7 +8,8 @@
 #   fresh optimizer) goes on to the end (float32
 #   weights and optimizer state, the BF16 folder, the held-out history): one
 #   thread on one machine runs the same float operations in the same order;
-# - --resume refuses a run whose learning rate differs, and a folder
+# - --resume may add stages past the run's position, refuses to change one
+#   it has begun or a run whose learning rate differs, and a folder
 #   without a state; --check-transformers fails clearly without transformers
 #   (and must pass where transformers is importable);
 # - fp4rollout loads the folder: eval-task --kv bf16 reports every
@@ -74,6 +75,20 @@ info = json.load(open(e + "/train_info.json"))
 assert info["steps"] == 7 and [h["stage"] for h in info["heldout_accuracy"]] == [0, 1], info
 assert os.path.exists(e + "/model.safetensors")
 PY
+# A resumed run may grow its curriculum past where it stands (the cosine then
+# follows the new total), never rewrite a stage it has begun.
+mkdir "$dir/f" && cp -r "$dir/d/handoff" "$dir/f/"
+grown=("${args[@]/340:3,400:4/340:3,400:4,440:2}")
+train --out "$dir/f" "${grown[@]}" --resume --rewarm 2 > "$dir/f.log" || fail "resume with a grown curriculum: $(tail "$dir/f.log")"
+grep -q "the stages after stage 1 change: 9 steps in all instead of 7" "$dir/f.log" ||
+  fail "the grown resume did not say so: $(head -5 "$dir/f.log")"
+$py -c 'import json, sys; i = json.load(open(sys.argv[1])); assert i["steps"] == 9 and [h["stage"] for h in i["heldout_accuracy"]] == [0, 1, 2], i' \
+  "$dir/f/train_info.json" || fail "the grown run's train_info.json"
+set +e
+train --out "$dir/d" "${args[@]/340:3,400:4/340:2,400:4}" --resume > "$dir/shrunk.log"; rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q -- "--stages may change only the stages not yet reached (the run is at stage 1, step 1 of 340:3,400:4)" "$dir/shrunk.log" ||
+  fail "a resume that rewrites a begun stage: exit $rc, $(cat "$dir/shrunk.log")"
 
 for other in b c; do
 $py - "$dir/a" "$dir/$other" <<'PY' || fail "the resumed run $other differs from the uninterrupted one"
