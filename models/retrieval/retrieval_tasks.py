@@ -192,15 +192,16 @@ def encode(task):
     return prompt + target, mask
 
 
-def train_batches(seed, variants, context, batch, start=0, **kw):
+def train_batches(seed, variants, context, batch, start=0, offset=0, **kw):
     """Endless batches of the train split at one context, from batch `start`
-    on (a resumed run continues where it stopped): lists of (ids, mask) of
-    equal length, right-padded with PAD (mask 0)."""
+    on (a resumed run continues where it stopped), the prompts numbered from
+    `offset` (those earlier stages at this context drew): lists of (ids,
+    mask) of equal length, right-padded with PAD (mask 0)."""
     step = start
     while True:
         items = []
         for j in range(batch):
-            index = step * batch + j
+            index = offset + step * batch + j
             items.append(encode(make_task(seed, "train", variants[index % len(variants)], context, index, **kw)))
         width = max(len(ids) for ids, _ in items)
         yield [(ids + [PAD] * (width - len(ids)), mask + [0] * (width - len(mask))) for ids, mask in items]

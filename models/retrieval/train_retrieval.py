@@ -10,8 +10,9 @@ of the train split, its answer and a newline; the loss falls on the answer
 and the newline only (with --drills N, single and multikey prompts of the
 train split also hold N answered questions before the final one, and their
 answers are in the loss too). The curriculum runs stages of growing context (bytes
-per prompt), each a number of optimizer steps at a constant number of
-tokens per batch, under one warm-up and cosine decay. At the end of every
+per prompt), each a number of optimizer steps at about --batch-tokens tokens
+a step or a batch of its own, under one warm-up and cosine decay; a stage
+that repeats a context draws new prompts. At the end of every
 stage it prints greedy exact-match accuracy on held-out prompts of that
 context and of the longest one (the same scoring as eval-task).
 
@@ -51,6 +52,11 @@ from qwen3 import (VOCAB, byte_model_config, greedy_cached, load_policy, load_st
                    read_safetensors, save_checkpoint, save_safetensors, save_state_file)
 
 # What decides the weights and the batches: a resumed run must share them.
+# The recipe that learned the lookup on a GPU (models/retrieval/README.md): three records
+# (200 bytes) first, then growing contexts, 6,000 steps each in evaluated thirds; past 768
+# bytes not yet run.
+DEFAULT_STAGES = ",".join(["%d:2000" % c for c in (200, 300, 400, 512, 768, 1024, 1536, 2048) for _ in range(3)] +
+                          ["%d:2000:%d" % (c, b) for c, b in ((3072, 4), (4096, 3), (6144, 2), (8192, 2)) for _ in range(2)])
 SAME_ON_RESUME = ("stages", "variants", "batch_tokens", "hidden", "intermediate", "layers", "heads", "kv_heads",
                   "head_dim", "rope_theta", "max_position", "lr", "warmup", "seed", "drills")
 # Keys that runs saved before they existed lack, with the value those runs had.
@@ -63,13 +69,30 @@ def die(msg):
 
 
 def parse_stages(text):
+    """[(context, steps, batch)]: batch 0 where the stage leaves it to --batch-tokens."""
     stages = []
     for part in text.split(","):
-        ctx, _, steps = part.partition(":")
-        if not ctx.isdigit() or not steps.isdigit() or int(steps) < 1:
-            die("--stages takes CONTEXT:STEPS,... (got %r)" % part)
-        stages.append((int(ctx), int(steps)))
+        f = part.split(":")
+        if len(f) not in (2, 3) or not all(x.isdigit() for x in f) or int(f[1]) < 1 or (len(f) == 3 and int(f[2]) < 1):
+            die("--stages takes CONTEXT:STEPS or CONTEXT:STEPS:BATCH,... (got %r)" % part)
+        stages.append((int(f[0]), int(f[1]), int(f[2]) if len(f) == 3 else 0))
     return stages
+
+
+def stages_text(stages):
+    return ",".join("%d:%d" % s[:2] + (":%d" % s[2] if s[2] else "") for s in stages)
+
+
+def batch_of(stage, a):
+    """Prompts per step of a stage: its own, else about --batch-tokens tokens."""
+    context, _, batch = stage
+    return batch or max(1, a.batch_tokens // (context + 64))
+
+
+def drawn_before(stages, si, a):
+    """Training prompts the stages before si drew at si's context: a stage
+    that repeats a context goes on with new prompts instead of the same ones."""
+    return sum(st[1] * batch_of(st, a) for st in stages[:si] if st[0] == stages[si][0])
 
 
 def lr_at(step, total, a):
@@ -178,7 +201,7 @@ def train(model, a, device, stages, state):
         history, seconds0 = state["history"], state.get("seconds", 0.0)
     # from a handoff the optimizer starts afresh: its learning rate climbs back over --rewarm steps
     rewarm_from = total_step if state and state.get("opt") is None else None
-    total = sum(s for _, s in stages)
+    total = sum(st[1] for st in stages)
     path = os.path.join(a.out, "train_state.pt")
     t0 = time.time()
 
@@ -186,10 +209,11 @@ def train(model, a, device, stages, state):
         return step_total == a.stop_after or (a.stop_after_minutes > 0 and time.time() - t0 >= 60 * a.stop_after_minutes)
 
     for si in range(stage0, len(stages)):
-        context, steps = stages[si]
-        batch = max(1, a.batch_tokens // (context + 64))
+        context, steps, _ = stages[si]
+        batch = batch_of(stages[si], a)
         first = step0 if si == stage0 else 0
-        data = rt.train_batches(a.seed, a.variants, context, batch, start=first, drills=a.drills)
+        data = rt.train_batches(a.seed, a.variants, context, batch, start=first, offset=drawn_before(stages, si, a),
+                                drills=a.drills)
         for step in range(first, steps):
             lr = lr_at(total_step, total, a)
             if rewarm_from is not None and total_step - rewarm_from < a.rewarm:
@@ -267,13 +291,15 @@ def check_transformers(a, stages, device):
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="the model folder (and the run's train_state.pt)")
-    ap.add_argument("--stages", default="512:400,1024:400,2048:600,4096:800,8192:800,16384:1000",
-                    help="the curriculum: CONTEXT:STEPS,... (context in bytes of prompt)")
-    ap.add_argument("--variants", default=",".join(rt.VARIANTS))
+    ap.add_argument("--stages", default=DEFAULT_STAGES,
+                    help="the curriculum: CONTEXT:STEPS[:BATCH],... (context in bytes of prompt; BATCH prompts a "
+                         "step, else about --batch-tokens tokens); default: three records (200 bytes) grown to 8K")
+    ap.add_argument("--variants", default="single",
+                    help="of %s (multikey needs stages of 272 bytes or more, vartrack 324)" % ",".join(rt.VARIANTS))
     ap.add_argument("--drills", type=int, default=0,
                     help="answered questions on random records before a single or multikey prompt's final one, "
                          "each answer supervised (denser signal for learning the lookup; held-out prompts have none)")
-    ap.add_argument("--batch-tokens", type=int, default=131072, help="tokens per optimizer step (about)")
+    ap.add_argument("--batch-tokens", type=int, default=8192, help="tokens per optimizer step (about)")
     ap.add_argument("--hidden", type=int, default=384)
     ap.add_argument("--intermediate", type=int, default=1152)
     ap.add_argument("--layers", type=int, default=6)
@@ -283,8 +309,8 @@ def parse_args():
                     help="128: the CUDA FP4/FP8 decode kernels are built for it")
     ap.add_argument("--rope-theta", type=float, default=1000000.0)
     ap.add_argument("--max-position", type=int, default=32768)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--eval-n", type=int, default=64, help="held-out prompts per variant at each stage's end")
     ap.add_argument("--log-every", type=int, default=50)
@@ -315,11 +341,11 @@ def check_args(a, stages):
         die("--variants: one or more of %s" % ", ".join(rt.VARIANTS))
     if a.head_dim != 128:
         print("train_retrieval: warning: head_dim %d: the CUDA FP4/FP8 decode kernels take 128 only" % a.head_dim)
-    if max(c for c, _ in stages) + 64 > a.max_position:
+    if max(st[0] for st in stages) + 64 > a.max_position:
         die("--max-position %d is below the longest stage's context" % a.max_position)
     if a.drills < 0:
         die("--drills takes a number >= 0")
-    for context, _ in stages:
+    for context, *_ in stages:
         for v in a.variants:
             try:
                 rt.make_task(a.seed, "train", v, context, 0, drills=a.drills)
@@ -369,9 +395,9 @@ def check_stages_extend(saved, new, stage, step):
     if new[:stage] != done or (stage < len(saved) and (len(new) <= stage or new[stage][0] != saved[stage][0]
                                                        or new[stage][1] < step)):
         die("--resume: --stages may change only the stages not yet reached (the run is at stage %d, step %d of %s)"
-            % (stage, step, ",".join("%d:%d" % s for s in saved)))
+            % (stage, step, stages_text(saved)))
     print("--resume: the stages after stage %d change: %d steps in all instead of %d" % (
-        stage, sum(n for _, n in new), sum(n for _, n in saved)), flush=True)
+        stage, sum(st[1] for st in new), sum(st[1] for st in saved)), flush=True)
 
 
 def main():
@@ -394,7 +420,8 @@ def main():
         model.load_state_dict(state["model"])
     model.to(device).train()
     print("model: %d parameters, %s, %d threads; stages %s" % (
-        sum(p.numel() for p in model.parameters()), device, torch.get_num_threads(), stages), flush=True)
+        sum(p.numel() for p in model.parameters()), device, torch.get_num_threads(),
+        ",".join("%d:%d:%d" % (st[0], st[1], batch_of(st, a)) for st in stages)), flush=True)
     finished, history, seconds, steps = train(model, a, device, stages, state)
     if not finished:
         print("stopped after %d steps (%s); --resume continues" % (

@@ -95,12 +95,12 @@ class Generator(unittest.TestCase):
 
     def test_batches_are_the_train_prompts(self):
         variants = ["single", "vartrack"]
-        batches = rt.train_batches(4, variants, 800, 3, start=2)
+        batches = rt.train_batches(4, variants, 800, 3, start=2, offset=5)
         for step in (2, 3):
             batch = next(batches)
             width = len(batch[0][0])
             for j, (ids, mask) in enumerate(batch):
-                index = step * 3 + j
+                index = 5 + step * 3 + j   # the prompts numbered on from those earlier stages drew
                 t = rt.make_task(4, "train", variants[index % 2], 800, index)
                 p, a = t["prompt"].encode(), (t["answer"] + "\n").encode()
                 self.assertEqual(len(ids), width)

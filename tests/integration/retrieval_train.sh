@@ -29,7 +29,7 @@ t_start=$SECONDS
 
 # stage 0: 3 steps at 340 bytes (batch 5), stage 1: 4 steps at 400 (batch 4)
 args=(--hidden 64 --intermediate 128 --layers 2 --heads 2 --kv-heads 1 --head-dim 32 --max-position 512
-      --stages 340:3,400:4 --batch-tokens 2048 --warmup 2 --lr 3e-3 --seed 3 --eval-n 2 --threads 1
+      --variants single,multikey,vartrack --stages 340:3,400:4 --batch-tokens 2048 --warmup 2 --lr 3e-3 --seed 3 --eval-n 2 --threads 1
       --log-every 1 --save-every 2)
 train() { $py models/retrieval/train_retrieval.py "$@" 2>&1; }
 
@@ -78,10 +78,15 @@ PY
 # A resumed run may grow its curriculum past where it stands (the cosine then
 # follows the new total), never rewrite a stage it has begun.
 mkdir "$dir/f" && cp -r "$dir/d/handoff" "$dir/f/"
-grown=("${args[@]/340:3,400:4/340:3,400:4,440:2}")
+grown=("${args[@]/340:3,400:4/340:3,400:4,400:2:3}")   # a context again, with a batch of its own
 train --out "$dir/f" "${grown[@]}" --resume --rewarm 2 > "$dir/f.log" || fail "resume with a grown curriculum: $(tail "$dir/f.log")"
-grep -q "the stages after stage 1 change: 9 steps in all instead of 7" "$dir/f.log" ||
-  fail "the grown resume did not say so: $(head -5 "$dir/f.log")"
+grep -q "the stages after stage 1 change: 9 steps in all instead of 7" "$dir/f.log" &&
+  grep -q "stages 340:3:5,400:4:4,400:2:3$" "$dir/f.log" || fail "the grown resume did not say so: $(head -5 "$dir/f.log")"
+# the repeated context goes on with the prompts after the 16 its first stage drew
+$py -c 'import sys; sys.argv = ["t", "--out", "x"]; sys.path.insert(0, "models/retrieval"); import train_retrieval as t
+a = t.parse_args(); a.batch_tokens = 2048; st = t.parse_stages("340:3,400:4,400:2:3")
+assert [t.drawn_before(st, i, a) for i in range(3)] == [0, 0, 16], [t.drawn_before(st, i, a) for i in range(3)]' ||
+  fail "a repeated stage's prompts"
 $py -c 'import json, sys; i = json.load(open(sys.argv[1])); assert i["steps"] == 9 and [h["stage"] for h in i["heldout_accuracy"]] == [0, 1, 2], i' \
   "$dir/f/train_info.json" || fail "the grown run's train_info.json"
 set +e
