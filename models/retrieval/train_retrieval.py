@@ -166,14 +166,18 @@ def write_json(path, obj):
     os.replace(tmp, path)
 
 
-def export(model, cfg, a, history, seconds, total_step):
-    save_checkpoint(model, cfg, a.out, "BF16")
-    info = {"config": cfg, "stages": a.stages, "tokens_per_batch": a.batch_tokens, "lr": a.lr,
+def export(model, cfg, a, history, seconds, total_step, out=None, finished=True):
+    """The loadable folder: a.out at the run's end; out (OUT/snapshot) for a
+    stopped run's --snapshot, with finished false."""
+    out = out or a.out
+    os.makedirs(out, exist_ok=True)
+    save_checkpoint(model, cfg, out, "BF16")
+    info = {"finished": finished, "config": cfg, "stages": a.stages, "tokens_per_batch": a.batch_tokens, "lr": a.lr,
             "warmup": a.warmup, "seed": a.seed, "variants": a.variants, "steps": total_step,
             "params": sum(p.numel() for p in model.parameters()), "train_seconds": round(seconds, 1),
             "heldout_accuracy": history, "eval_n": a.eval_n, "torch": torch.__version__, "device": a.device,
             "threads": torch.get_num_threads()}
-    write_json(os.path.join(a.out, "train_info.json"), info)
+    write_json(os.path.join(out, "train_info.json"), info)
 
 
 def stage_end(model, a, stages, si, device, history):
@@ -324,6 +328,9 @@ def parse_args():
     ap.add_argument("--resume", action="store_true",
                     help="continue from OUT/train_state.pt, or without it from OUT/handoff (a stop's BF16 weights and "
                          "position) with a fresh optimizer")
+    ap.add_argument("--snapshot", action="store_true",
+                    help="at a stop, also write OUT/snapshot/, the weights so far as a model folder fp4rollout "
+                         "loads (train_info.json says finished: false)")
     ap.add_argument("--rewarm", type=int, default=50,
                     help="steps over which a resume from OUT/handoff brings the learning rate back")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads of PyTorch (0: its default)")
@@ -426,6 +433,10 @@ def main():
     if not finished:
         print("stopped after %d steps (%s); --resume continues" % (
             steps, "--stop-after" if steps == a.stop_after else "--stop-after-minutes"))
+        if a.snapshot:
+            snap = os.path.join(a.out, "snapshot")
+            export(model.to("cpu"), cfg, a, history, seconds, steps, out=snap, finished=False)
+            print("wrote %s: the weights at step %d as a model folder" % (snap, steps), flush=True)
         return
     export(model.to("cpu"), cfg, a, history, seconds, steps)
     print("wrote %s (config.json, model.safetensors, generation_config.json, train_info.json)" % a.out, flush=True)

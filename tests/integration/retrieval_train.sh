@@ -58,9 +58,15 @@ grep -q "stopped after 1 steps (--stop-after-minutes)" "$dir/c1.log" ||
 # Only the handoff travels (the BF16 weights and the position; train_state.pt
 # stays behind): --resume goes on from it with a fresh optimizer to the same
 # step count, the history of stage 0 kept, the folder exported.
-train --out "$dir/d" "${args[@]}" --stop-after 4 > "$dir/d1.log" || fail "run d to step 4: $(tail "$dir/d1.log")"
+train --out "$dir/d" "${args[@]}" --stop-after 4 --snapshot > "$dir/d1.log" || fail "run d to step 4: $(tail "$dir/d1.log")"
 [ -f "$dir/d/handoff/weights.safetensors" ] && [ -f "$dir/d/handoff/position.json" ] ||
   fail "a stop wrote no handoff: $(ls "$dir/d")"
+# --snapshot: the weights so far as a folder the engine loads, marked unfinished
+[ ! -f "$dir/d/model.safetensors" ] && $py -c 'import json, sys; i = json.load(open(sys.argv[1]))
+assert i["finished"] is False and i["steps"] == 4, i' "$dir/d/snapshot/train_info.json" ||
+  fail "the snapshot: $(ls "$dir/d" "$dir/d/snapshot")"
+"$bin" score --model "$dir/d/snapshot" --backend cpu --prompt "key A = value b" --out "$dir/snap.f32" > /dev/null 2>&1 ||
+  fail "fp4rollout does not load the snapshot"
 mkdir "$dir/e" && cp -r "$dir/d/handoff" "$dir/e/"
 train --out "$dir/e" "${args[@]}" --resume --rewarm 2 > "$dir/e.log" || fail "resume from the handoff: $(tail "$dir/e.log")"
 grep -q "no train_state.pt; going on from .*handoff at step 4 with a fresh optimizer" "$dir/e.log" ||
