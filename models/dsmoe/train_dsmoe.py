@@ -307,9 +307,9 @@ def train(model, texts, a, device):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if step % 50 == 0 or step == a.steps - 1:
-            print("  step %4d  loss %.4f  lr %.2e  %.0f s" % (step, float(loss), lr, time.time() - t0), flush=True)
+            print("  step %4d  loss %.4f  lr %.2e  %.0f s" % (step, losses[-1], lr, time.time() - t0), flush=True)
     return losses, time.time() - t0
 
 
