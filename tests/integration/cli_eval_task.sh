@@ -66,6 +66,16 @@ assert abs(alls[0]["ci95"][0] - n / (n + z2)) < 1e-5, alls[0]
 PY
 
 # The table: a header, then a row per configuration and cell.
+# bench/plot_eval_task.py draws the report (two variants, two contexts: curves), and refuses other JSON
+if $py -c 'import matplotlib' 2>/dev/null; then
+  $py bench/plot_eval_task.py "$dir/out.jsonl" --out "$dir/acc.png" --title t > /dev/null ||
+    fail "plot_eval_task.py on the report failed"
+  [ "$(head -c 4 "$dir/acc.png" | tail -c 3)" = PNG ] || fail "plot_eval_task.py wrote no PNG"
+  ! $py bench/plot_eval_task.py "$dir/tasks.jsonl" --out "$dir/bad.png" 2> "$dir/plot.err" && [ ! -f "$dir/bad.png" ] &&
+    grep -q "line 1: not an eval-task JSON line" "$dir/plot.err" || fail "plot_eval_task.py took a task file: $(cat "$dir/plot.err")"
+else
+  echo "cli_eval_task: plot_eval_task.py not checked: python3-matplotlib is missing"
+fi
 "$bin" eval-task --model "$model" --tasks "$dir/tasks.jsonl" --kv bf16,nvfp4 --quiet > "$dir/table.md" 2> "$dir/err" ||
   fail "eval-task (table) failed: $(cat "$dir/err")"
 grep -q "^| configuration | variant | context | n | exact | accuracy % | 95% CI % | vs bf16 (pp) | b / c | p |$" \
