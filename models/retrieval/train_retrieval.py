@@ -51,12 +51,12 @@ import retrieval_tasks as rt  # noqa: E402  (beside this script; no torch)
 from qwen3 import (VOCAB, byte_model_config, greedy_cached, load_policy, load_state_file, new_model,  # noqa: E402
                    read_safetensors, save_checkpoint, save_safetensors, save_state_file)
 
-# What decides the weights and the batches: a resumed run must share them.
 # The recipe that learned the lookup on a GPU (models/retrieval/README.md): three records
 # (200 bytes) first, then growing contexts, 6,000 steps each in evaluated thirds; past 768
 # bytes not yet run.
 DEFAULT_STAGES = ",".join(["%d:2000" % c for c in (200, 300, 400, 512, 768, 1024, 1536, 2048) for _ in range(3)] +
                           ["%d:2000:%d" % (c, b) for c, b in ((3072, 4), (4096, 3), (6144, 2), (8192, 2)) for _ in range(2)])
+# What decides the weights and the batches: a resumed run must share them.
 SAME_ON_RESUME = ("stages", "variants", "batch_tokens", "hidden", "intermediate", "layers", "heads", "kv_heads",
                   "head_dim", "rope_theta", "max_position", "lr", "warmup", "seed", "drills")
 # Keys that runs saved before they existed lack, with the value those runs had.

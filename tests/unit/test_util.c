@@ -28,23 +28,35 @@ static void dir_variable(const char *name, char *var, size_t cap)
     snprintf(var + n, cap - n, "_DIR");
 }
 
+/* 1 when dir holds a model folder (its config.json). */
+static int has_config(const char *dir)
+{
+    char probe[4200];
+    struct stat st;
+    snprintf(probe, sizeof probe, "%s/config.json", dir);
+    return stat(probe, &st) == 0;
+}
+
+/* The DeepSeek test checkpoints are small enough to live in the repository:
+ * "models/dsmoe/", where name is one of them, else NULL. */
+static const char *repo_copy_folder(const char *name) { return strncmp(name, "dsmoe", 5) == 0 ? "models/dsmoe/" : NULL; }
+
 const char *fr_test_model_dir(const char *name)
 {
     char var[64];
     dir_variable(name, var, sizeof var);
     const char *env = getenv(var);
-    static char dir[4096], probe[4200];
-    struct stat st;
-    if (env && *env) snprintf(dir, sizeof dir, "%s", env);
-    else snprintf(dir, sizeof dir, "../shared/models/%s", name);
-    snprintf(probe, sizeof probe, "%s/config.json", dir);
-    if (stat(probe, &st) == 0) return dir;
-    if (env && *env) return NULL;   /* a variable that points nowhere is not overridden */
-    /* the DeepSeek test checkpoints are small enough to live in the repository */
-    if (strncmp(name, "dsmoe", 5) != 0) return NULL;
-    snprintf(dir, sizeof dir, "models/dsmoe/%s", name);
-    snprintf(probe, sizeof probe, "%s/config.json", dir);
-    return stat(probe, &st) == 0 ? dir : NULL;
+    static char dir[4096];
+    if (env && *env) {   /* a variable that points nowhere is not overridden */
+        snprintf(dir, sizeof dir, "%s", env);
+        return has_config(dir) ? dir : NULL;
+    }
+    snprintf(dir, sizeof dir, "../shared/models/%s", name);
+    if (has_config(dir)) return dir;
+    const char *repo = repo_copy_folder(name);
+    if (!repo) return NULL;
+    snprintf(dir, sizeof dir, "%s%s", repo, name);
+    return has_config(dir) ? dir : NULL;
 }
 
 const char *fr_test_require_model(const char *name)
@@ -53,9 +65,9 @@ const char *fr_test_require_model(const char *name)
     if (!dir) {
         char var[64];
         dir_variable(name, var, sizeof var);
-        const int ours = strncmp(name, "dsmoe", 5) == 0;
-        fprintf(stderr, "SKIP: %s checkpoint not found (set %s or place it at ../shared/models/%s%s%s)\n", name, var,
-                name, ours ? " or models/dsmoe/" : "", ours ? name : "");
+        const char *repo = repo_copy_folder(name);
+        fprintf(stderr, "SKIP: %s checkpoint not found (set %s or place it at ../shared/models/%s%s%s%s)\n", name, var,
+                name, repo ? " or " : "", repo ? repo : "", repo ? name : "");
     }
     return dir;
 }
